@@ -1,0 +1,165 @@
+//! Engine options. Every limit has a unit in its name, a default here, and a
+//! line in format-spec/storage.md ("Limits").
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::record::RECORD_HEADER_BYTES;
+use crate::segment::SEGMENT_HEADER_BYTES;
+
+/// When an append counts as durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// An append returns only after its commit round's journal bytes were
+    /// fdatasync'ed. One fsync per round, however many groups it wrote.
+    Always,
+    /// Appends return once written to the page cache; the journal is
+    /// fdatasync'ed at least every `Duration` (a power loss may lose that much).
+    Interval(Duration),
+    /// Appends return once written to the page cache; the engine never syncs
+    /// the journal (survives a process crash, not a power loss).
+    Never,
+}
+
+impl std::str::FromStr for FsyncPolicy {
+    type Err = Error;
+
+    /// Parses `always`, `never` or `interval:MS`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "never" => Ok(FsyncPolicy::Never),
+            _ => {
+                let ms = s
+                    .strip_prefix("interval:")
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|ms| *ms > 0)
+                    .ok_or_else(|| Error::InvalidConfig {
+                        reason: format!(
+                            "fsync policy {s:?}: expected always, never or interval:MS with MS > 0"
+                        ),
+                    })?;
+                Ok(FsyncPolicy::Interval(Duration::from_millis(ms)))
+            }
+        }
+    }
+}
+
+/// Options of an engine. `Config::new(dir)` gives the documented defaults.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub fsync: FsyncPolicy,
+    /// A segment is sealed and a new one started before it would exceed this.
+    pub segment_bytes_max: u64,
+    /// One sparse-index entry per this many bytes of log.
+    pub index_interval_bytes: u32,
+    pub payload_bytes_max: usize,
+    /// Segment files kept open (file descriptor plus mapping) at once.
+    pub open_segments_max: usize,
+    /// A group remembers at least this many of its latest sends for dedup...
+    pub dedup_window_sends: usize,
+    /// ...and every send younger than this...
+    pub dedup_window_ms: u64,
+    /// ...but never more than this many entries per group (memory bound).
+    pub dedup_entries_max: usize,
+    /// Journal bytes after which a checkpoint syncs the group logs and starts
+    /// a new journal file.
+    pub journal_checkpoint_bytes: u64,
+    /// Bytes of records one commit round takes at most.
+    pub commit_round_bytes_max: usize,
+    /// Groups an engine holds.
+    pub groups_max: usize,
+}
+
+impl Config {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Config {
+            data_dir: data_dir.into(),
+            fsync: FsyncPolicy::Always,
+            segment_bytes_max: 32 << 20,
+            index_interval_bytes: 4096,
+            payload_bytes_max: 1 << 20,
+            open_segments_max: 4096,
+            dedup_window_sends: 10_000,
+            dedup_window_ms: 10 * 60 * 1000,
+            dedup_entries_max: 1_000_000,
+            journal_checkpoint_bytes: 64 << 20,
+            commit_round_bytes_max: 8 << 20,
+            groups_max: 10_000_000,
+        }
+    }
+
+    /// The largest record this configuration can produce.
+    pub fn record_bytes_max(&self) -> usize {
+        RECORD_HEADER_BYTES + self.payload_bytes_max
+    }
+
+    /// Checks the relationships between limits that the engine relies on.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(Error::InvalidConfig { reason });
+        if self.payload_bytes_max == 0 || self.payload_bytes_max > (u32::MAX as usize) / 2 {
+            return bad(format!(
+                "payload_bytes_max {} out of range",
+                self.payload_bytes_max
+            ));
+        }
+        // A segment must hold at least one record of the largest size, and
+        // record positions must fit the index's u32 position field.
+        let min_segment = (SEGMENT_HEADER_BYTES + self.record_bytes_max()) as u64;
+        if self.segment_bytes_max < min_segment || self.segment_bytes_max > u32::MAX as u64 {
+            return bad(format!(
+                "segment_bytes_max {} must be in [{min_segment}, {}]",
+                self.segment_bytes_max,
+                u32::MAX
+            ));
+        }
+        if self.index_interval_bytes == 0 {
+            return bad("index_interval_bytes must be positive".into());
+        }
+        if self.open_segments_max < 2 {
+            return bad("open_segments_max must be at least 2".into());
+        }
+        if self.commit_round_bytes_max < self.record_bytes_max() {
+            return bad("commit_round_bytes_max must hold the largest record".into());
+        }
+        if self.dedup_entries_max < self.dedup_window_sends {
+            return bad("dedup_entries_max must be at least dedup_window_sends".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::new("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn fsync_policy_parses_the_documented_forms() {
+        assert_eq!(
+            "always".parse::<FsyncPolicy>().unwrap(),
+            FsyncPolicy::Always
+        );
+        assert_eq!("never".parse::<FsyncPolicy>().unwrap(), FsyncPolicy::Never);
+        assert_eq!(
+            "interval:250".parse::<FsyncPolicy>().unwrap(),
+            FsyncPolicy::Interval(Duration::from_millis(250))
+        );
+        for bad in ["", "sometimes", "interval:", "interval:0", "interval:x"] {
+            assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn segment_smaller_than_largest_record_is_rejected() {
+        let mut c = Config::new("/tmp/x");
+        c.segment_bytes_max = c.payload_bytes_max as u64;
+        assert!(c.validate().is_err());
+    }
+}

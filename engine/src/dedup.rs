@@ -1,0 +1,202 @@
+//! The idempotence window of one group: `(sender, client_msg_id) -> msg_id`
+//! for its recent sends, so a retransmitted send returns the original id and
+//! stores nothing.
+//!
+//! The window holds at least the group's last `dedup_window_sends` sends and
+//! every send younger than `dedup_window_ms`, never more than
+//! `dedup_entries_max`. It is not persisted on its own: it is rebuilt from the
+//! group log (the records carry sender and client_msg_id), so it survives a
+//! restart exactly as far as the log does.
+//!
+//! Keys come from clients, so the map keeps std's randomly keyed SipHash:
+//! a client must not be able to choose colliding keys.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::group_log::{GroupLog, LogContext};
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    sender_id: u64,
+    client_msg_id: u64,
+    timestamp_ms: u64,
+}
+
+/// The limits of a window, taken from [`Config`].
+#[derive(Clone, Copy, Debug)]
+pub struct WindowLimits {
+    pub sends: usize,
+    pub age_ms: u64,
+    pub entries_max: usize,
+}
+
+impl WindowLimits {
+    pub fn from_config(c: &Config) -> Self {
+        WindowLimits {
+            sends: c.dedup_window_sends,
+            age_ms: c.dedup_window_ms,
+            entries_max: c.dedup_entries_max,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct DedupWindow {
+    by_key: HashMap<(u64, u64), u64>,
+    /// Entries of msg_ids `first_id .. first_id + recent.len()`, oldest first.
+    recent: VecDeque<Entry>,
+    first_id: u64,
+}
+
+impl DedupWindow {
+    /// The `(msg_id, timestamp_ms)` of an earlier send with this key, if it
+    /// is still in the window.
+    pub fn lookup(&self, sender_id: u64, client_msg_id: u64) -> Option<(u64, u64)> {
+        let id = *self.by_key.get(&(sender_id, client_msg_id))?;
+        let e = self.recent.get(usize::try_from(id - self.first_id).ok()?)?;
+        Some((id, e.timestamp_ms))
+    }
+
+    /// Remembers send `msg_id`, which must be the next id after the newest
+    /// one remembered, and evicts what left the window.
+    pub fn insert(
+        &mut self,
+        msg_id: u64,
+        sender_id: u64,
+        client_msg_id: u64,
+        timestamp_ms: u64,
+        limits: WindowLimits,
+    ) {
+        if self.recent.is_empty() {
+            self.first_id = msg_id;
+        }
+        debug_assert_eq!(
+            msg_id,
+            self.first_id + self.recent.len() as u64,
+            "dedup ids must be dense"
+        );
+        self.recent.push_back(Entry {
+            sender_id,
+            client_msg_id,
+            timestamp_ms,
+        });
+        self.by_key.insert((sender_id, client_msg_id), msg_id);
+        self.evict(timestamp_ms, limits);
+    }
+
+    fn evict(&mut self, now_ms: u64, limits: WindowLimits) {
+        while let Some(front) = self.recent.front() {
+            let over_cap = self.recent.len() > limits.entries_max;
+            let old = self.recent.len() > limits.sends
+                && front.timestamp_ms.saturating_add(limits.age_ms) < now_ms;
+            if !over_cap && !old {
+                break;
+            }
+            let key = (front.sender_id, front.client_msg_id);
+            if self.by_key.get(&key) == Some(&self.first_id) {
+                self.by_key.remove(&key);
+            }
+            self.recent.pop_front();
+            self.first_id += 1;
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.recent.len()
+    }
+
+    /// Rebuilds the window of `log` from its records: the last `sends`
+    /// records, extended back segment by segment while a segment's first
+    /// record is younger than `age_ms`.
+    pub fn rebuild(
+        log: &GroupLog,
+        ctx: &LogContext,
+        now_ms: u64,
+        limits: WindowLimits,
+    ) -> Result<DedupWindow> {
+        let mut window = DedupWindow::default();
+        let head = log.head();
+        if head < log.floor() {
+            return Ok(window);
+        }
+        let by_count = head
+            .saturating_sub(limits.sends as u64 - 1)
+            .max(log.floor());
+        let cap = head
+            .saturating_sub(limits.entries_max as u64 - 1)
+            .max(log.floor());
+        let mut start = by_count;
+        let mut seg = log.segment_of(start);
+        while seg > 0 {
+            let first_ts = log
+                .first_header_from(ctx, seg)?
+                .map(|h| h.timestamp_ms)
+                .unwrap_or(0);
+            if first_ts.saturating_add(limits.age_ms) < now_ms {
+                break;
+            }
+            seg -= 1;
+            start = log.segment_base(seg);
+        }
+        let start = start.max(cap);
+        let mut after = start - 1;
+        while after < head {
+            let batch = log.read(ctx, after, 4096, usize::MAX)?;
+            for r in batch.records() {
+                let h = r.header;
+                window.insert(
+                    h.msg_id,
+                    h.sender_id,
+                    h.client_msg_id,
+                    h.timestamp_ms,
+                    limits,
+                );
+            }
+            after = batch.last_id;
+        }
+        window.evict(now_ms, limits);
+        Ok(window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: WindowLimits = WindowLimits {
+        sends: 3,
+        age_ms: 1000,
+        entries_max: 5,
+    };
+
+    #[test]
+    fn keeps_the_last_sends_and_the_young_ones() {
+        let mut w = DedupWindow::default();
+        for id in 1..=5 {
+            w.insert(id, 1, 100 + id, 10, LIMITS);
+        }
+        // all young: kept up to the cap of 5
+        assert_eq!(w.len(), 5);
+        assert_eq!(w.lookup(1, 101), Some((1, 10)));
+        // time passes: only the last 3 sends stay
+        w.insert(6, 1, 106, 5000, LIMITS);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w.lookup(1, 103), None);
+        assert_eq!(w.lookup(1, 104), Some((4, 10)));
+        assert_eq!(w.lookup(1, 106), Some((6, 5000)));
+    }
+
+    #[test]
+    fn cap_bounds_memory_even_for_young_sends() {
+        let mut w = DedupWindow::default();
+        for id in 1..=100 {
+            w.insert(id, 2, id, 10, LIMITS);
+        }
+        assert_eq!(w.len(), 5);
+        assert_eq!(w.lookup(2, 95), None);
+        assert_eq!(w.lookup(2, 96), Some((96, 10)));
+    }
+}

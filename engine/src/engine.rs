@@ -1,0 +1,593 @@
+//! The facade: create and delete groups, append (idempotent, group-committed),
+//! read above an id, head. Owns the group registry, the pending commit round
+//! and the commit thread.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::config::Config;
+use crate::dedup::{DedupWindow, WindowLimits};
+use crate::error::{Error, Result};
+use crate::group::{AssignState, Group, LogSlot};
+use crate::group_log::{GroupLog, LogContext, ReadBatch};
+use crate::io::{OsVfs, Vfs};
+use crate::journal::{self, EntryKind};
+use crate::record::{self, NewRecord};
+use crate::recovery::{self, RecoveryReport};
+
+/// The outcome of an accepted append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    /// True when `(sender, client_msg_id)` was already in the group's window:
+    /// nothing new was stored and `msg_id` is the original one.
+    pub duplicate: bool,
+}
+
+/// A submitted append or group operation, durable once its round completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub appended: Appended,
+    /// The commit round that must complete before the append is acknowledged.
+    pub round: u64,
+}
+
+/// One append of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct AppendRequest<'a> {
+    pub group_id: u64,
+    pub sender_id: u64,
+    pub client_msg_id: u64,
+    pub payload: &'a [u8],
+}
+
+/// Counters of an engine since open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub appends: u64,
+    pub duplicates: u64,
+    pub rounds: u64,
+    pub round_records_max: u64,
+    pub journal_syncs: u64,
+    pub checkpoints: u64,
+    pub checkpoint_syncs: u64,
+    pub bytes_appended: u64,
+    pub groups: u64,
+    pub open_segments: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub appends: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub rounds: AtomicU64,
+    pub round_records_max: AtomicU64,
+    pub journal_syncs: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub checkpoint_syncs: AtomicU64,
+    pub bytes_appended: AtomicU64,
+}
+
+/// One operation of the pending round: the journal entry at `entry` in the
+/// round buffer, for `group`.
+pub(crate) struct Op {
+    pub group: Arc<Group>,
+    pub kind: EntryKind,
+    pub entry: std::ops::Range<usize>,
+}
+
+/// The round being filled by senders and taken whole by the commit thread.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub buf: Vec<u8>,
+    pub ops: Vec<Op>,
+    /// Number of the round being filled. Rounds complete in order.
+    pub round: u64,
+    pub shutdown: bool,
+    /// Shut down like a crash: no final checkpoint (tests only).
+    pub crash: bool,
+}
+
+/// Completion state of rounds.
+#[derive(Default)]
+pub(crate) struct Progress {
+    pub completed: u64,
+    /// The first round that failed, and why. No later round succeeds.
+    pub failed: Option<(u64, String)>,
+    pub commit_thread_exited: bool,
+}
+
+/// Called on the commit thread with the number of each completed round.
+pub type CommitListener = Arc<dyn Fn(u64) + Send + Sync>;
+
+pub(crate) struct Shared {
+    pub ctx: LogContext,
+    pub groups: RwLock<HashMap<u64, Arc<Group>>>,
+    pub pending: Mutex<Pending>,
+    /// Wakes the commit thread (work arrived) and senders (room in the round).
+    pub pending_cv: Condvar,
+    pub progress: Mutex<Progress>,
+    pub progress_cv: Condvar,
+    pub writes_stopped: AtomicBool,
+    pub counters: Counters,
+    pub listeners: Mutex<Vec<CommitListener>>,
+}
+
+/// A tidemark storage engine over one data directory.
+pub struct Engine {
+    shared: Arc<Shared>,
+    commit_thread: Option<JoinHandle<()>>,
+    recovery: RecoveryReport,
+    _lock: File,
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Opens (or creates) the engine in `config.data_dir`, recovering from a
+    /// crash if the last run did not shut down cleanly.
+    pub fn open(config: Config) -> Result<Engine> {
+        Engine::open_with_vfs(config, Arc::new(OsVfs))
+    }
+
+    /// Like [`Engine::open`], over a custom file layer (fault injection).
+    pub fn open_with_vfs(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
+        config.validate()?;
+        let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
+        let ctx = LogContext::new(vfs, config);
+        let (groups, journal, report) = recovery::recover(&ctx)?;
+        let shared = Arc::new(Shared {
+            ctx,
+            groups: RwLock::new(groups),
+            pending: Mutex::new(Pending {
+                round: 1,
+                ..Default::default()
+            }),
+            pending_cv: Condvar::new(),
+            progress: Mutex::new(Progress::default()),
+            progress_cv: Condvar::new(),
+            writes_stopped: AtomicBool::new(false),
+            counters: Counters::default(),
+            listeners: Mutex::new(Vec::new()),
+        });
+        let thread_shared = shared.clone();
+        let commit_thread = std::thread::Builder::new()
+            .name("tidemark-commit".into())
+            .spawn(move || crate::commit::run(thread_shared, journal))
+            .map_err(|e| Error::io("spawn commit thread", e))?;
+        log::info!(
+            "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}",
+            report.groups,
+            report.clean_shutdown,
+            report.journal_entries_replayed,
+            report.bytes_cut()
+        );
+        Ok(Engine {
+            shared,
+            commit_thread: Some(commit_thread),
+            recovery: report,
+            _lock: lock,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.ctx.config
+    }
+
+    /// What recovery found and repaired when this engine was opened.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    /// Registers a callback run on the commit thread after every completed
+    /// round with its number. It must be quick and must not call the engine's
+    /// write path (the server uses it to wake its event loop).
+    pub fn add_commit_listener(&self, f: CommitListener) {
+        self.shared.listeners.lock().push(f);
+    }
+
+    fn group(&self, group_id: u64) -> Result<Arc<Group>> {
+        self.shared
+            .groups
+            .read()
+            .get(&group_id)
+            .cloned()
+            .ok_or(Error::GroupNotFound { group: group_id })
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.shared.writes_stopped.load(Ordering::Acquire) {
+            let reason = self
+                .shared
+                .progress
+                .lock()
+                .failed
+                .as_ref()
+                .map(|f| f.1.clone())
+                .unwrap_or_default();
+            return Err(Error::WritesStopped { reason });
+        }
+        Ok(())
+    }
+
+    /// Creates an empty group; returns when its creation is durable.
+    pub fn create_group(&self, group_id: u64) -> Result<()> {
+        let ticket = self.submit_create_group(group_id)?;
+        self.wait(ticket).map(|_| ())
+    }
+
+    /// Creates the group's files and registers it; durable once the ticket's
+    /// round completes. Appends may follow at once.
+    pub fn submit_create_group(&self, group_id: u64) -> Result<Ticket> {
+        self.check_writable()?;
+        let mut groups = self.shared.groups.write();
+        if groups.contains_key(&group_id) {
+            return Err(Error::GroupExists { group: group_id });
+        }
+        if groups.len() >= self.shared.ctx.config.groups_max {
+            return Err(Error::InvalidConfig {
+                reason: format!("groups_max {} reached", groups.len()),
+            });
+        }
+        let log = GroupLog::create(&self.shared.ctx, group_id)?;
+        let group = Arc::new(Group::new(group_id, LogSlot::Loaded(log), 0));
+        group.assign.lock().ready = true;
+        // The create entry is queued under the registry lock, so no append to
+        // this group can reach the journal before it.
+        let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
+        groups.insert(group_id, group);
+        Ok(Ticket {
+            appended: Appended {
+                msg_id: 0,
+                timestamp_ms: 0,
+                duplicate: false,
+            },
+            round,
+        })
+    }
+
+    /// Deletes a group and its files; returns when the deletion is durable.
+    /// Appends already accepted are committed first; later ones fail.
+    pub fn delete_group(&self, group_id: u64) -> Result<()> {
+        self.check_writable()?;
+        let group = self.group(group_id)?;
+        let round = {
+            let mut assign = group.assign.lock();
+            if assign.deleted {
+                return Err(Error::GroupNotFound { group: group_id });
+            }
+            assign.deleted = true;
+            self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?
+        };
+        self.wait(Ticket {
+            appended: Appended {
+                msg_id: 0,
+                timestamp_ms: 0,
+                duplicate: false,
+            },
+            round,
+        })
+        .map(|_| ())
+    }
+
+    /// Queues one journal entry in the pending round; returns the round.
+    /// Record entries wait while the round is full (back-pressure); group
+    /// entries never do, since their callers may hold the registry lock that
+    /// the commit thread needs to finish the round.
+    fn push_entry(
+        &self,
+        group: &Arc<Group>,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<u64> {
+        let mut p = self.shared.pending.lock();
+        while kind == EntryKind::Record
+            && !p.ops.is_empty()
+            && p.buf.len() >= self.shared.ctx.config.commit_round_bytes_max
+            && !p.shutdown
+        {
+            self.shared.pending_cv.wait(&mut p);
+        }
+        if p.shutdown {
+            return Err(Error::ShuttingDown);
+        }
+        let start = journal::begin_entry(&mut p.buf, kind, group.id);
+        body(&mut p.buf);
+        journal::finish_entry(&mut p.buf, start);
+        let end = p.buf.len();
+        p.ops.push(Op {
+            group: group.clone(),
+            kind,
+            entry: start..end,
+        });
+        let round = p.round;
+        drop(p);
+        self.shared.pending_cv.notify_all();
+        Ok(round)
+    }
+
+    /// Appends a message and waits until it is acknowledged under the fsync
+    /// policy. A retransmit (same group, sender and client_msg_id within the
+    /// window) returns the original id and stores nothing.
+    pub fn append(
+        &self,
+        group_id: u64,
+        sender_id: u64,
+        client_msg_id: u64,
+        payload: &[u8],
+    ) -> Result<Appended> {
+        let ticket = self.submit(&AppendRequest {
+            group_id,
+            sender_id,
+            client_msg_id,
+            payload,
+        })?;
+        self.wait(ticket)
+    }
+
+    /// Appends many messages and waits once for all of them (one thread can
+    /// fill a commit round this way). Results are in request order; the first
+    /// error aborts the batch (earlier requests were accepted).
+    pub fn append_batch(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Appended>> {
+        let tickets = requests
+            .iter()
+            .map(|r| self.submit(r))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(last) = tickets.iter().map(|t| t.round).max() else {
+            return Ok(Vec::new());
+        };
+        self.wait_round(last)?;
+        Ok(tickets.into_iter().map(|t| t.appended).collect())
+    }
+
+    /// Assigns the next id of the group (or finds the original of a
+    /// retransmit) and queues the record; does not wait. The append is
+    /// acknowledged once [`Engine::wait`] or [`Engine::poll`] says so.
+    pub fn submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
+        let max = self.shared.ctx.config.payload_bytes_max;
+        if req.payload.len() > max {
+            return Err(Error::PayloadTooLarge {
+                len: req.payload.len(),
+                max,
+            });
+        }
+        self.check_writable()?;
+        let group = self.group(req.group_id)?;
+        let mut assign = group.assign.lock();
+        if assign.deleted {
+            return Err(Error::GroupNotFound {
+                group: req.group_id,
+            });
+        }
+        if !assign.ready {
+            self.init_assign(&group, &mut assign)?;
+        }
+        if let Some((msg_id, timestamp_ms)) = assign.dedup.lookup(req.sender_id, req.client_msg_id)
+        {
+            self.shared
+                .counters
+                .duplicates
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(Ticket {
+                appended: Appended {
+                    msg_id,
+                    timestamp_ms,
+                    duplicate: true,
+                },
+                round: assign.last_round,
+            });
+        }
+        let msg_id = assign.last_id + 1;
+        // Timestamps never go backwards within a group, whatever the clock does.
+        let timestamp_ms = now_ms().max(assign.last_timestamp_ms);
+        let rec = NewRecord {
+            msg_id,
+            timestamp_ms,
+            sender_id: req.sender_id,
+            client_msg_id: req.client_msg_id,
+            payload: req.payload,
+        };
+        let round = self.push_entry(&group, EntryKind::Record, |buf| {
+            record::encode_into(&rec, buf)
+        })?;
+        assign.last_id = msg_id;
+        assign.last_timestamp_ms = timestamp_ms;
+        assign.last_round = round;
+        let limits = WindowLimits::from_config(&self.shared.ctx.config);
+        assign.dedup.insert(
+            msg_id,
+            req.sender_id,
+            req.client_msg_id,
+            timestamp_ms,
+            limits,
+        );
+        self.shared.counters.appends.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .bytes_appended
+            .fetch_add(req.payload.len() as u64, Ordering::Relaxed);
+        Ok(Ticket {
+            appended: Appended {
+                msg_id,
+                timestamp_ms,
+                duplicate: false,
+            },
+            round,
+        })
+    }
+
+    /// First send to a group since open: load its log, rebuild the window.
+    fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+        let ctx = &self.shared.ctx;
+        let limits = WindowLimits::from_config(&ctx.config);
+        let (head, ts, dedup) = self.with_log(group, |log| {
+            let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
+            Ok((log.head(), log.last_timestamp_ms(), dedup))
+        })?;
+        *assign = AssignState {
+            ready: true,
+            last_id: head,
+            last_timestamp_ms: ts,
+            last_round: 0,
+            dedup,
+            deleted: false,
+        };
+        Ok(())
+    }
+
+    /// Waits until the ticket's round is durable (or failed).
+    pub fn wait(&self, ticket: Ticket) -> Result<Appended> {
+        self.wait_round(ticket.round)?;
+        Ok(ticket.appended)
+    }
+
+    fn wait_round(&self, round: u64) -> Result<()> {
+        let mut p = self.shared.progress.lock();
+        loop {
+            if let Some(r) = round_outcome(&p, round) {
+                return r;
+            }
+            self.shared.progress_cv.wait(&mut p);
+        }
+    }
+
+    /// Non-blocking: `Some` once the round has completed or failed.
+    pub fn poll(&self, ticket: &Ticket) -> Option<Result<Appended>> {
+        let p = self.shared.progress.lock();
+        round_outcome(&p, ticket.round).map(|r| r.map(|()| ticket.appended))
+    }
+
+    /// Runs `f` on the group's loaded log, loading (and verifying) it first
+    /// if needed.
+    pub(crate) fn with_log<R>(
+        &self,
+        group: &Group,
+        f: impl FnOnce(&GroupLog) -> Result<R>,
+    ) -> Result<R> {
+        recovery::ensure_loaded(&self.shared.ctx, group);
+        let slot = group.log.read();
+        match &*slot {
+            LogSlot::Loaded(log) => f(log),
+            LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
+                group: group.id,
+                reason: reason.clone(),
+            }),
+            LogSlot::Deleted => Err(Error::GroupNotFound { group: group.id }),
+            LogSlot::Unloaded(_) => unreachable!("ensure_loaded leaves no group unloaded"),
+        }
+    }
+
+    /// Records above `after_msg_id`, in id order, as borrowed segment bytes:
+    /// at most `max_count` records and `max_bytes` bytes, but always at least
+    /// one record if any exists.
+    pub fn read(
+        &self,
+        group_id: u64,
+        after_msg_id: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<ReadBatch> {
+        let group = self.group(group_id)?;
+        if after_msg_id >= group.head() {
+            return Ok(ReadBatch {
+                last_id: after_msg_id,
+                ..Default::default()
+            });
+        }
+        self.with_log(&group, |log| {
+            log.read(&self.shared.ctx, after_msg_id, max_count, max_bytes)
+        })
+    }
+
+    /// The group's newest readable msg_id, in O(1) without locks.
+    pub fn head(&self, group_id: u64) -> Result<u64> {
+        Ok(self.group(group_id)?.head())
+    }
+
+    /// Ids of all groups (unordered).
+    pub fn group_ids(&self) -> Vec<u64> {
+        self.shared.groups.read().keys().copied().collect()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.shared.counters;
+        EngineStats {
+            appends: c.appends.load(Ordering::Relaxed),
+            duplicates: c.duplicates.load(Ordering::Relaxed),
+            rounds: c.rounds.load(Ordering::Relaxed),
+            round_records_max: c.round_records_max.load(Ordering::Relaxed),
+            journal_syncs: c.journal_syncs.load(Ordering::Relaxed),
+            checkpoints: c.checkpoints.load(Ordering::Relaxed),
+            checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
+            bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
+            groups: self.shared.groups.read().len() as u64,
+            open_segments: self.shared.ctx.cache.len() as u64,
+        }
+    }
+
+    /// Stops accepting writes, commits what was accepted, writes a clean
+    /// checkpoint and joins the commit thread. Called by `Drop` too.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    /// Stops the engine the way a crash would, between two commit rounds:
+    /// accepted appends are committed, but no clean checkpoint is written, so
+    /// the next open recovers from the journal. For crash tests.
+    #[doc(hidden)]
+    pub fn simulate_crash(mut self) {
+        self.shared.pending.lock().crash = true;
+        let _ = self.shutdown();
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let Some(handle) = self.commit_thread.take() else {
+            return Ok(());
+        };
+        self.shared.pending.lock().shutdown = true;
+        self.shared.pending_cv.notify_all();
+        let _ = handle.join();
+        match &self.shared.progress.lock().failed {
+            Some((_, reason)) => Err(Error::WritesStopped {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn round_outcome(p: &Progress, round: u64) -> Option<Result<()>> {
+    if p.completed >= round {
+        return Some(Ok(()));
+    }
+    if let Some((failed, reason)) = &p.failed {
+        if round >= *failed {
+            return Some(Err(Error::WritesStopped {
+                reason: reason.clone(),
+            }));
+        }
+    }
+    if p.commit_thread_exited {
+        return Some(Err(Error::ShuttingDown));
+    }
+    None
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            log::error!("engine shutdown: {e}");
+        }
+    }
+}

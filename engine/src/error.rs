@@ -1,0 +1,110 @@
+//! Typed errors of the engine. Every variant is an operating error a caller can
+//! act on; programmer errors are assertions, never variants here.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias used throughout the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, with enough structure for the server to map each variant
+/// onto one wire error code.
+#[derive(Debug)]
+pub enum Error {
+    /// An I/O call failed. `context` names the operation and file.
+    Io { context: String, source: io::Error },
+    /// Bytes on disk are not what the format allows, somewhere a crash cannot
+    /// explain (not the torn tail of the newest data). The group is damaged.
+    Corrupt {
+        path: PathBuf,
+        group: Option<u64>,
+        offset: u64,
+        reason: String,
+    },
+    /// A payload larger than `payload_bytes_max`.
+    PayloadTooLarge { len: usize, max: usize },
+    /// The group does not exist.
+    GroupNotFound { group: u64 },
+    /// `create_group` for an id that already exists.
+    GroupExists { group: u64 },
+    /// A group whose files failed verification; it answers this until repaired.
+    GroupDamaged { group: u64, reason: String },
+    /// An earlier write or fsync failed: the engine accepts no more writes
+    /// until it is reopened (reads go on). Never retried, never papered over.
+    WritesStopped { reason: String },
+    /// The engine is shutting down.
+    ShuttingDown,
+    /// The data directory is held by another engine instance.
+    Locked { path: PathBuf },
+    /// A configuration value out of its allowed range.
+    InvalidConfig { reason: String },
+}
+
+impl Error {
+    /// Wraps an `io::Error` with the operation and path it came from.
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True when the error was caused by a full disk (ENOSPC or EDQUOT).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC) | Some(libc::EDQUOT)
+            ),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { context, source } => write!(f, "i/o error: {context}: {source}"),
+            Error::Corrupt {
+                path,
+                group,
+                offset,
+                reason,
+            } => {
+                write!(f, "corrupt data in {} at offset {offset}", path.display())?;
+                if let Some(g) = group {
+                    write!(f, " (group {g})")?;
+                }
+                write!(f, ": {reason}")
+            }
+            Error::PayloadTooLarge { len, max } => {
+                write!(f, "payload of {len} bytes exceeds the limit of {max}")
+            }
+            Error::GroupNotFound { group } => write!(f, "group {group} not found"),
+            Error::GroupExists { group } => write!(f, "group {group} already exists"),
+            Error::GroupDamaged { group, reason } => {
+                write!(f, "group {group} is damaged: {reason}")
+            }
+            Error::WritesStopped { reason } => {
+                write!(f, "writes stopped after an earlier failure: {reason}")
+            }
+            Error::ShuttingDown => write!(f, "engine is shutting down"),
+            Error::Locked { path } => write!(
+                f,
+                "data directory {} is locked by another process",
+                path.display()
+            ),
+            Error::InvalidConfig { reason } => write!(f, "invalid configuration: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! One group in memory: the id-assignment state (send path) and the log
+//! slot (commit and read paths), behind separate locks so senders, the
+//! commit thread and readers rarely wait on each other.
+//!
+//! Lock order: `assign` before the engine's pending-round lock; `log` is
+//! never held while taking `assign`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::dedup::DedupWindow;
+use crate::group_log::{GroupLog, LogState};
+
+pub struct Group {
+    pub id: u64,
+    pub assign: Mutex<AssignState>,
+    pub log: RwLock<LogSlot>,
+    /// The newest applied (readable) msg_id, readable without a lock.
+    visible_head: AtomicU64,
+}
+
+/// Where the group's log is.
+pub enum LogSlot {
+    /// Known from the checkpoint; opened and verified on first use.
+    Unloaded(LogState),
+    Loaded(GroupLog),
+    /// Failed verification. Kept with its last known state so a checkpoint
+    /// does not forget the group; answers `GroupDamaged` until repaired.
+    Damaged {
+        state: LogState,
+        reason: String,
+    },
+    /// Deleted; the registry no longer lists it.
+    Deleted,
+}
+
+/// The send path's view of a group.
+#[derive(Default)]
+pub struct AssignState {
+    /// Initialised from the log on first send (dedup window rebuilt).
+    pub ready: bool,
+    /// The last msg_id handed out (>= the visible head).
+    pub last_id: u64,
+    pub last_timestamp_ms: u64,
+    /// The commit round that holds `last_id`.
+    pub last_round: u64,
+    pub dedup: DedupWindow,
+    pub deleted: bool,
+}
+
+impl Group {
+    pub fn new(id: u64, slot: LogSlot, head: u64) -> Group {
+        Group {
+            id,
+            assign: Mutex::new(AssignState::default()),
+            log: RwLock::new(slot),
+            visible_head: AtomicU64::new(head),
+        }
+    }
+
+    pub fn head(&self) -> u64 {
+        self.visible_head.load(Ordering::Acquire)
+    }
+
+    pub fn publish_head(&self, head: u64) {
+        self.visible_head.store(head, Ordering::Release);
+    }
+}
+
+impl LogSlot {
+    /// The state a checkpoint records for this slot (None once deleted).
+    pub fn state(&self) -> Option<LogState> {
+        match self {
+            LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
+            LogSlot::Loaded(l) => Some(l.state()),
+            LogSlot::Deleted => None,
+        }
+    }
+}

@@ -1,0 +1,680 @@
+//! A group's log: its chain of segment files, the append path and the read
+//! path ("records above msg_id X").
+//!
+//! Invariants (checked by `debug_check` in tests):
+//! - `segments` is never empty; bases increase; the last one is active;
+//! - ids are dense: segment `i` holds `base_i ..= base_{i+1} - 1`, the active
+//!   one `base_last ..= head`;
+//! - `len` of a segment is the end of its last valid record.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::index::SparseIndex;
+use crate::io::Vfs;
+use crate::record::{self, RecordHeader};
+use crate::segment::{self, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
+use crate::segment_cache::SegmentCache;
+
+/// What a group log needs from the engine around it.
+pub struct LogContext {
+    pub vfs: Arc<dyn Vfs>,
+    pub config: Config,
+    pub cache: SegmentCache,
+}
+
+impl LogContext {
+    pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
+        let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
+        LogContext { vfs, config, cache }
+    }
+
+    /// `groups/<shard>/<group id>`: 1,024 shard directories keep every
+    /// directory to a few thousand entries up to a few million groups.
+    pub fn group_dir(&self, group_id: u64) -> PathBuf {
+        group_dir(&self.config.data_dir, group_id)
+    }
+}
+
+/// The directory of a group under `data_dir`.
+pub fn group_dir(data_dir: &Path, group_id: u64) -> PathBuf {
+    let shard = group_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+    data_dir
+        .join("groups")
+        .join(format!("{shard:03x}"))
+        .join(format!("{group_id:016x}"))
+}
+
+/// The state of a group log as a checkpoint records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogState {
+    pub head: u64,
+    /// `(base_msg_id, valid bytes)` of every segment, oldest first.
+    pub segments: Vec<(u64, u64)>,
+}
+
+/// One segment as the log tracks it.
+struct SegmentMeta {
+    base_id: u64,
+    len: u64,
+    /// Built by a verifying scan on first use; the active segment's is built
+    /// when the log is loaded and kept current by appends.
+    index: OnceLock<Result<SparseIndex, String>>,
+}
+
+/// What loading a log found and repaired.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    pub records_verified: u64,
+    /// Bytes cut from the tail of the active segment (torn or unsynced data).
+    pub bytes_cut: u64,
+}
+
+pub struct GroupLog {
+    group_id: u64,
+    dir: PathBuf,
+    segments: Vec<SegmentMeta>,
+    head: u64,
+    last_timestamp_ms: u64,
+    /// Bases of segments written since the last checkpoint synced them.
+    unsynced: Vec<u64>,
+    /// The group directory itself was created since the last checkpoint.
+    dir_unsynced: bool,
+}
+
+/// Records above some id, as borrowed byte ranges of segment mappings.
+#[derive(Default)]
+pub struct ReadBatch {
+    pub chunks: Vec<Chunk>,
+    /// Number of records.
+    pub count: u64,
+    /// Total bytes of the records.
+    pub bytes: usize,
+    /// Id of the last record returned (the `after` argument when empty).
+    pub last_id: u64,
+    /// More records exist above `last_id`.
+    pub has_more: bool,
+}
+
+/// A contiguous run of whole records in one segment.
+pub struct Chunk {
+    seg: Arc<SegmentFile>,
+    start: usize,
+    end: usize,
+}
+
+impl Chunk {
+    pub fn bytes(&self) -> &[u8] {
+        self.seg.bytes(self.start, self.end)
+    }
+}
+
+impl ReadBatch {
+    fn empty(after: u64, has_more: bool) -> Self {
+        ReadBatch {
+            last_id: after,
+            has_more,
+            ..Default::default()
+        }
+    }
+
+    /// The records, decoded (their bytes were verified when the segment was).
+    pub fn records(&self) -> impl Iterator<Item = record::RecordRef<'_>> {
+        self.chunks
+            .iter()
+            .flat_map(|c| ChunkRecords { buf: c.bytes() })
+    }
+}
+
+struct ChunkRecords<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Iterator for ChunkRecords<'a> {
+    type Item = record::RecordRef<'a>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let len = record::peek_len(self.buf)?;
+        let (bytes, rest) = self.buf.split_at(len);
+        self.buf = rest;
+        // Invariant: chunk bytes are whole records verified by a segment scan.
+        let header = record::decode_header(bytes, usize::MAX).expect("invariant: verified record");
+        Some(record::RecordRef { header, bytes })
+    }
+}
+
+impl GroupLog {
+    /// Creates the directory and first segment of a new group. A directory
+    /// left from an earlier incarnation of the same id is removed first.
+    pub fn create(ctx: &LogContext, group_id: u64) -> Result<GroupLog> {
+        let dir = ctx.group_dir(group_id);
+        if ctx.vfs.exists(&dir) {
+            ctx.vfs
+                .remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove stale {}", dir.display()), e))?;
+        }
+        ctx.vfs
+            .create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("mkdir {}", dir.display()), e))?;
+        let mut log = GroupLog {
+            group_id,
+            dir,
+            segments: Vec::new(),
+            head: 0,
+            last_timestamp_ms: 0,
+            unsynced: Vec::new(),
+            dir_unsynced: true,
+        };
+        log.start_segment(ctx, 1)?;
+        Ok(log)
+    }
+
+    /// Opens a log whose state a checkpoint recorded. The active segment is
+    /// verified: everything up to the checkpointed length must be intact
+    /// (it was fsynced); valid records written after it are kept (the journal
+    /// replay then skips them) and a torn tail after them is cut.
+    pub fn load(
+        ctx: &LogContext,
+        group_id: u64,
+        state: &LogState,
+    ) -> Result<(GroupLog, LoadReport)> {
+        let dir = ctx.group_dir(group_id);
+        let Some(&(active_base, active_len)) = state.segments.last() else {
+            return Err(Error::Corrupt {
+                path: ctx.config.data_dir.join("checkpoint"),
+                group: Some(group_id),
+                offset: 0,
+                reason: "group without segments".into(),
+            });
+        };
+        let segments = state
+            .segments
+            .iter()
+            .map(|&(base_id, len)| SegmentMeta {
+                base_id,
+                len,
+                index: OnceLock::new(),
+            })
+            .collect();
+        let mut log = GroupLog {
+            group_id,
+            dir,
+            segments,
+            head: state.head,
+            last_timestamp_ms: 0,
+            unsynced: Vec::new(),
+            dir_unsynced: false,
+        };
+        let path = log.segment_path(active_base);
+        let seg = ctx.cache.get(&*ctx.vfs, group_id, active_base, &path)?;
+        let file_len = seg.file_len()?;
+        let scan = segment::scan(
+            &seg,
+            file_len,
+            group_id,
+            ctx.config.record_bytes_max(),
+            ctx.config.index_interval_bytes,
+        )?;
+        if scan.header.base_msg_id != active_base
+            || scan.valid_len < active_len
+            || scan.last_id < state.head
+        {
+            let why = scan
+                .stopped
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "data ends early".into());
+            return Err(Error::Corrupt {
+                path,
+                group: Some(group_id),
+                offset: scan.valid_len,
+                reason: format!(
+                    "checkpointed data damaged (expected {active_len} bytes up to id {}): {why}",
+                    state.head
+                ),
+            });
+        }
+        let mut report = LoadReport {
+            records_verified: scan.records,
+            bytes_cut: file_len - scan.valid_len,
+        };
+        if report.bytes_cut > 0 {
+            seg.truncate(scan.valid_len)?;
+        }
+        if file_len > active_len {
+            log.unsynced.push(active_base);
+        }
+        report.records_verified = scan.records;
+        log.segments
+            .last_mut()
+            .expect("invariant: a log has a segment")
+            .len = scan.valid_len;
+        log.head = scan.last_id;
+        log.last_timestamp_ms = scan.last_timestamp_ms;
+        log.install_active_index(scan.index);
+        Ok((log, report))
+    }
+
+    /// Opens a log from its directory alone (no checkpoint): sealed segments
+    /// are taken at their file length (verified on first read), the active
+    /// one is scanned and a torn tail cut.
+    pub fn discover(ctx: &LogContext, group_id: u64) -> Result<(GroupLog, LoadReport)> {
+        let dir = ctx.group_dir(group_id);
+        let entries = ctx
+            .vfs
+            .read_dir(&dir)
+            .map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+        let mut bases: Vec<u64> = entries
+            .iter()
+            .filter_map(|p| segment::parse_file_name(p))
+            .collect();
+        bases.sort_unstable();
+        let mut log = GroupLog {
+            group_id,
+            dir,
+            segments: Vec::new(),
+            head: 0,
+            last_timestamp_ms: 0,
+            unsynced: Vec::new(),
+            dir_unsynced: true,
+        };
+        let Some(&active_base) = bases.last() else {
+            log.start_segment(ctx, 1)?;
+            return Ok((log, LoadReport::default()));
+        };
+        for &base_id in &bases[..bases.len() - 1] {
+            let path = log.segment_path(base_id);
+            let len = ctx
+                .cache
+                .get(&*ctx.vfs, group_id, base_id, &path)?
+                .file_len()?;
+            log.segments.push(SegmentMeta {
+                base_id,
+                len,
+                index: OnceLock::new(),
+            });
+        }
+        let path = log.segment_path(active_base);
+        let seg = ctx.cache.get(&*ctx.vfs, group_id, active_base, &path)?;
+        let file_len = seg.file_len()?;
+        let scan = segment::scan(
+            &seg,
+            file_len,
+            group_id,
+            ctx.config.record_bytes_max(),
+            ctx.config.index_interval_bytes,
+        )?;
+        if scan.header.base_msg_id != active_base {
+            return Err(Error::Corrupt {
+                path,
+                group: Some(group_id),
+                offset: 24,
+                reason: format!(
+                    "header says base {} but the name says {active_base}",
+                    scan.header.base_msg_id
+                ),
+            });
+        }
+        let report = LoadReport {
+            records_verified: scan.records,
+            bytes_cut: file_len - scan.valid_len,
+        };
+        if report.bytes_cut > 0 {
+            seg.truncate(scan.valid_len)?;
+            log.unsynced.push(active_base);
+        }
+        log.segments.push(SegmentMeta {
+            base_id: active_base,
+            len: scan.valid_len,
+            index: OnceLock::new(),
+        });
+        log.head = scan.last_id;
+        log.last_timestamp_ms = scan.last_timestamp_ms;
+        log.install_active_index(scan.index);
+        Ok((log, report))
+    }
+
+    fn install_active_index(&mut self, index: SparseIndex) {
+        // Invariant: segments is never empty.
+        let active = self
+            .segments
+            .last_mut()
+            .expect("invariant: a log has a segment");
+        active.index = OnceLock::from(Ok(index));
+    }
+
+    fn segment_path(&self, base_id: u64) -> PathBuf {
+        self.dir.join(segment::file_name(base_id))
+    }
+
+    fn start_segment(&mut self, ctx: &LogContext, base_id: u64) -> Result<()> {
+        let path = self.segment_path(base_id);
+        // The in-memory state says this segment does not exist; a file at
+        // this path is a leftover of writes after the last checkpoint that
+        // the journal did not keep (power loss under `never`).
+        if ctx.vfs.exists(&path) {
+            ctx.cache.forget(self.group_id, base_id);
+            ctx.vfs
+                .remove_file(&path)
+                .map_err(|e| Error::io(format!("remove stale {}", path.display()), e))?;
+        }
+        let header = SegmentHeader {
+            group_id: self.group_id,
+            base_msg_id: base_id,
+            created_ms: crate::now_ms(),
+        };
+        ctx.cache.create(&*ctx.vfs, &path, &header)?;
+        self.segments.push(SegmentMeta {
+            base_id,
+            len: SEGMENT_HEADER_BYTES as u64,
+            index: OnceLock::from(Ok(SparseIndex::new(
+                base_id,
+                ctx.config.index_interval_bytes,
+            ))),
+        });
+        self.unsynced.push(base_id);
+        Ok(())
+    }
+
+    pub fn group_id(&self) -> u64 {
+        self.group_id
+    }
+
+    /// The newest msg_id (0 for an empty group).
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// The oldest msg_id still stored (head + 1 when nothing is).
+    pub fn floor(&self) -> u64 {
+        self.segments[0].base_id
+    }
+
+    pub fn last_timestamp_ms(&self) -> u64 {
+        self.last_timestamp_ms
+    }
+
+    pub fn state(&self) -> LogState {
+        LogState {
+            head: self.head,
+            segments: self.segments.iter().map(|s| (s.base_id, s.len)).collect(),
+        }
+    }
+
+    /// Appends whole, verified records whose ids continue `head` densely.
+    /// Records go to the active segment in one write per segment; a segment
+    /// that cannot take the next record is sealed and a new one started.
+    pub fn append(&mut self, ctx: &LogContext, records: &[u8]) -> Result<()> {
+        let seg_max = ctx.config.segment_bytes_max;
+        let mut start = 0;
+        while start < records.len() {
+            // Invariant: segments is never empty.
+            let active = self
+                .segments
+                .last()
+                .expect("invariant: a log has a segment");
+            let (base, mut pos) = (active.base_id, active.len);
+            let mut end = start;
+            while end < records.len() {
+                // Invariant: the caller passes whole records.
+                let len =
+                    record::peek_len(&records[end..]).expect("invariant: whole records") as u64;
+                let empty = pos == SEGMENT_HEADER_BYTES as u64;
+                if pos + len > seg_max && !empty {
+                    break;
+                }
+                pos += len;
+                end += len as usize;
+            }
+            if end == start {
+                self.start_segment(ctx, self.head + 1)?;
+                continue;
+            }
+            let seg = ctx
+                .cache
+                .get(&*ctx.vfs, self.group_id, base, &self.segment_path(base))?;
+            let write_pos = self.segments.last().map(|s| s.len).unwrap_or_default();
+            seg.write_at(&records[start..end], write_pos)?;
+            // Only now, with the bytes in the file, does the log take them in.
+            let active = self
+                .segments
+                .last_mut()
+                .expect("invariant: a log has a segment");
+            let index = active.index.get_mut().and_then(|r| r.as_mut().ok());
+            let mut at = start;
+            let mut rec_pos = write_pos;
+            let mut id = self.head;
+            let mut last_ts = self.last_timestamp_ms;
+            let mut index = index;
+            while at < end {
+                let h = record::decode_header(&records[at..], usize::MAX)
+                    .expect("invariant: whole records");
+                id += 1;
+                debug_assert_eq!(h.msg_id, id, "ids must continue the head densely");
+                if let Some(ix) = index.as_deref_mut() {
+                    // Invariant: rec_pos < segment_bytes_max <= u32::MAX.
+                    ix.observe(id, rec_pos as u32);
+                }
+                last_ts = h.timestamp_ms;
+                rec_pos += h.record_len as u64;
+                at += h.record_len as usize;
+            }
+            active.len = rec_pos;
+            self.head = id;
+            self.last_timestamp_ms = last_ts;
+            if self.unsynced.last() != Some(&base) {
+                self.unsynced.push(base);
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Makes every write since the last checkpoint durable: fdatasync of each
+    /// written segment, and of the directories of new files. Returns the
+    /// number of sync calls.
+    pub fn sync(&mut self, ctx: &LogContext) -> Result<u64> {
+        let mut syncs = 0;
+        for base in std::mem::take(&mut self.unsynced) {
+            if self.segment_index(base).is_none() {
+                continue; // removed by retention since
+            }
+            let path = self.segment_path(base);
+            ctx.cache
+                .get(&*ctx.vfs, self.group_id, base, &path)?
+                .sync()?;
+            syncs += 1;
+        }
+        if self.dir_unsynced || syncs > 0 {
+            // New segment files need their directory entry synced; a new
+            // group directory needs its parent (the shard) and grandparent.
+            ctx.vfs
+                .sync_dir(&self.dir)
+                .map_err(|e| Error::io(format!("fsync dir {}", self.dir.display()), e))?;
+            syncs += 1;
+        }
+        if self.dir_unsynced {
+            for parent in self.dir.ancestors().skip(1).take(2) {
+                ctx.vfs
+                    .sync_dir(parent)
+                    .map_err(|e| Error::io(format!("fsync dir {}", parent.display()), e))?;
+                syncs += 1;
+            }
+            self.dir_unsynced = false;
+        }
+        Ok(syncs)
+    }
+
+    /// True if writes since the last checkpoint have not been synced.
+    pub fn needs_sync(&self) -> bool {
+        !self.unsynced.is_empty() || self.dir_unsynced
+    }
+
+    fn segment_index(&self, base: u64) -> Option<usize> {
+        self.segments
+            .binary_search_by_key(&base, |s| s.base_id)
+            .ok()
+    }
+
+    /// The verified sparse index of segment `i`, scanning it on first use.
+    fn index_of(&self, ctx: &LogContext, i: usize, seg: &SegmentFile) -> Result<&SparseIndex> {
+        let meta = &self.segments[i];
+        if meta.index.get().is_none() {
+            let expected_last = self
+                .segments
+                .get(i + 1)
+                .map(|n| n.base_id - 1)
+                .unwrap_or(self.head);
+            let built = segment::scan(
+                seg,
+                meta.len,
+                self.group_id,
+                ctx.config.record_bytes_max(),
+                ctx.config.index_interval_bytes,
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|s| {
+                if s.valid_len == meta.len
+                    && s.last_id == expected_last
+                    && s.header.base_msg_id == meta.base_id
+                {
+                    Ok(s.index)
+                } else {
+                    let why = s
+                        .stopped
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "ids do not match".into());
+                    Err(format!(
+                        "{}: offset {}: {why} (expected ids {}..={expected_last} in {} bytes)",
+                        seg.path.display(),
+                        s.valid_len,
+                        meta.base_id,
+                        meta.len
+                    ))
+                }
+            });
+            let _ = meta.index.set(built);
+        }
+        // Invariant: set just above if it was empty.
+        match meta.index.get().expect("invariant: index initialised") {
+            Ok(ix) => Ok(ix),
+            Err(reason) => Err(Error::GroupDamaged {
+                group: self.group_id,
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Reads the records above `after`, at most `max_count` of them and at
+    /// most `max_bytes` bytes, except that the first record is returned
+    /// whatever its size. `after` below `floor() - 1` reads from the floor;
+    /// callers that must not skip check `floor()` first.
+    pub fn read(
+        &self,
+        ctx: &LogContext,
+        after: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<ReadBatch> {
+        if after >= self.head || max_count == 0 {
+            return Ok(ReadBatch::empty(after, after < self.head));
+        }
+        let first = (after + 1).max(self.floor());
+        let mut batch = ReadBatch::empty(after, false);
+        let mut i = self.segments.partition_point(|s| s.base_id <= first) - 1;
+        let mut next_id = first;
+        loop {
+            let meta = &self.segments[i];
+            let path = self.segment_path(meta.base_id);
+            let seg = ctx
+                .cache
+                .get(&*ctx.vfs, self.group_id, meta.base_id, &path)?;
+            let index = self.index_of(ctx, i, &seg)?;
+            let seg_last = self
+                .segments
+                .get(i + 1)
+                .map(|n| n.base_id - 1)
+                .unwrap_or(self.head);
+            // Seek: nearest index entry at or below, then walk forward.
+            let (mut id, pos) = index
+                .floor(next_id)
+                .unwrap_or((meta.base_id, SEGMENT_HEADER_BYTES as u32));
+            let data = seg.bytes(0, meta.len as usize);
+            let mut pos = pos as usize;
+            while id < next_id {
+                pos += record::peek_len(&data[pos..]).expect("invariant: verified segment");
+                id += 1;
+            }
+            let start = pos;
+            let mut full = false;
+            while id <= seg_last {
+                let len = record::peek_len(&data[pos..]).expect("invariant: verified segment");
+                if batch.count as usize >= max_count
+                    || (batch.count > 0 && batch.bytes + len > max_bytes)
+                {
+                    full = true;
+                    break;
+                }
+                pos += len;
+                batch.bytes += len;
+                batch.count += 1;
+                id += 1;
+            }
+            if pos > start {
+                batch.chunks.push(Chunk {
+                    seg,
+                    start,
+                    end: pos,
+                });
+            }
+            batch.last_id = id - 1;
+            next_id = id;
+            if full || id > self.head {
+                batch.has_more = id <= self.head;
+                return Ok(batch);
+            }
+            i += 1;
+        }
+    }
+
+    /// Header of the first record of segment `segment_i`, for dedup rebuilds.
+    pub fn first_header_from(
+        &self,
+        ctx: &LogContext,
+        segment_i: usize,
+    ) -> Result<Option<RecordHeader>> {
+        let b = self.read(
+            ctx,
+            self.segments[segment_i].base_id.saturating_sub(1),
+            1,
+            0,
+        )?;
+        let first = b.records().next().map(|r| r.header);
+        Ok(first)
+    }
+
+    /// Index of the segment holding `msg_id` (clamped to the stored range).
+    pub fn segment_of(&self, msg_id: u64) -> usize {
+        self.segments
+            .partition_point(|s| s.base_id <= msg_id)
+            .saturating_sub(1)
+    }
+
+    /// Base id of segment `i`.
+    pub fn segment_base(&self, i: usize) -> u64 {
+        self.segments[i].base_id
+    }
+
+    /// Removes the group's files (after the group was deleted).
+    pub fn remove_files(&self, ctx: &LogContext) -> Result<()> {
+        for s in &self.segments {
+            ctx.cache.forget(self.group_id, s.base_id);
+        }
+        if ctx.vfs.exists(&self.dir) {
+            ctx.vfs
+                .remove_dir_all(&self.dir)
+                .map_err(|e| Error::io(format!("remove {}", self.dir.display()), e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! The file layer: every disk operation of the engine goes through [`Vfs`], so
+//! tests can count fsyncs and inject failures (a write that fails, an fsync
+//! that fails, a full disk) without touching the code under test.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A file opened through a [`Vfs`].
+pub trait VfsFile: Send + Sync {
+    /// Writes all of `buf` at `offset` (pwrite, looped).
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// fdatasync: the file's data (and the size) is durable when this returns.
+    fn sync_data(&self) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    fn file_len(&self) -> io::Result<u64>;
+    /// Maps `len` bytes read-only and shared. `len` may exceed the current file
+    /// size; the caller must never touch bytes at or beyond the file's end.
+    fn map(&self, len: usize) -> io::Result<memmap2::Mmap>;
+}
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    Read,
+    /// Read and write; creates the file when it is missing.
+    ReadWriteCreate,
+    /// Read and write; creates the file and fails if it exists.
+    CreateNew,
+}
+
+/// Directory and file operations.
+pub trait Vfs: Send + Sync + 'static {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>>;
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// fsync of a directory, so created, renamed and removed entries are durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// The entries of a directory (full paths), in no particular order.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+    fn exists(&self, path: &Path) -> bool;
+}
+
+/// The real file system.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsVfs;
+
+struct OsFile(File);
+
+impl VfsFile for OsFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn map(&self, len: usize) -> io::Result<memmap2::Mmap> {
+        // SAFETY: the engine only reads bytes below the verified end of data,
+        // which lies inside the file, and never truncates a file below bytes
+        // that a live mapping may still read (cuts happen before any reader
+        // exists, and removed files keep their pages while mapped).
+        unsafe { memmap2::MmapOptions::new().len(len).map(&self.0) }
+    }
+}
+
+impl Vfs for OsVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        let mut o = OpenOptions::new();
+        match mode {
+            OpenMode::Read => o.read(true),
+            OpenMode::ReadWriteCreate => o.read(true).write(true).create(true),
+            OpenMode::CreateNew => o.read(true).write(true).create_new(true),
+        };
+        Ok(Box::new(OsFile(o.open(path)?)))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::remove_dir_all(path)
+    }
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect()
+    }
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+}
+
+/// A [`Vfs`] over the real file system that counts syncs and can be told to
+/// fail. Shared state lives in [`FaultControl`], which tests keep a handle to.
+#[derive(Clone, Default)]
+pub struct FaultyVfs {
+    pub control: Arc<FaultControl>,
+}
+
+/// Counters and switches of a [`FaultyVfs`].
+#[derive(Default)]
+pub struct FaultControl {
+    /// fdatasync calls on files.
+    pub file_syncs: AtomicU64,
+    /// fsync calls on directories.
+    pub dir_syncs: AtomicU64,
+    /// Bytes successfully written.
+    pub bytes_written: AtomicU64,
+    /// When set, every write fails with ENOSPC (a full disk).
+    pub disk_full: AtomicBool,
+    /// When set, every sync fails with EIO.
+    pub fail_syncs: AtomicBool,
+    /// Writes fail with EIO once this many more bytes have been written
+    /// (`u64::MAX` = never). The failing write writes nothing.
+    pub write_budget_bytes: AtomicU64,
+    /// While set, file syncs block (so a test can pile work into the next
+    /// commit round); `syncs_held` counts the syncs waiting.
+    pub hold_syncs: AtomicBool,
+    pub syncs_held: AtomicU64,
+}
+
+impl FaultControl {
+    pub fn syncs(&self) -> u64 {
+        self.file_syncs.load(Ordering::SeqCst) + self.dir_syncs.load(Ordering::SeqCst)
+    }
+}
+
+impl FaultyVfs {
+    pub fn new() -> Self {
+        let v = FaultyVfs::default();
+        v.control
+            .write_budget_bytes
+            .store(u64::MAX, Ordering::SeqCst);
+        v
+    }
+}
+
+struct FaultyFile {
+    inner: Box<dyn VfsFile>,
+    control: Arc<FaultControl>,
+}
+
+impl FaultControl {
+    fn check_write(&self, len: usize) -> io::Result<()> {
+        if self.disk_full.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let len = len as u64;
+        let budget = self.write_budget_bytes.load(Ordering::SeqCst);
+        if budget != u64::MAX {
+            if budget < len {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.write_budget_bytes
+                .store(budget - len, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn check_sync(&self) -> io::Result<()> {
+        if self.hold_syncs.load(Ordering::SeqCst) {
+            self.syncs_held.fetch_add(1, Ordering::SeqCst);
+            while self.hold_syncs.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.syncs_held.fetch_sub(1, Ordering::SeqCst);
+        }
+        if self.fail_syncs.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+impl VfsFile for FaultyFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.control.check_write(buf.len())?;
+        self.inner.write_all_at(buf, offset)?;
+        self.control
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::SeqCst);
+        Ok(())
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.read_exact_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.control.check_sync()?;
+        self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        self.inner.file_len()
+    }
+    fn map(&self, len: usize) -> io::Result<memmap2::Mmap> {
+        self.inner.map(len)
+    }
+}
+
+impl Vfs for FaultyVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        Ok(Box::new(FaultyFile {
+            inner: OsVfs.open(path, mode)?,
+            control: self.control.clone(),
+        }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        if self.control.disk_full.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        OsVfs.create_dir_all(path)
+    }
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.control.check_sync()?;
+        self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
+        OsVfs.sync_dir(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        OsVfs.rename(from, to)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        OsVfs.remove_file(path)
+    }
+    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        OsVfs.remove_dir_all(path)
+    }
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        OsVfs.read_dir(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        OsVfs.exists(path)
+    }
+}

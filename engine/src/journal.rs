@@ -1,0 +1,351 @@
+//! The commit journal: one shared append-only file per checkpoint period into
+//! which every commit round writes its entries with one `write` and (under
+//! `fsync=always`) one `fdatasync`, whatever number of groups it touched.
+//! Group logs are written after the journal and synced only at checkpoints;
+//! recovery replays the journal into them.
+//!
+//! File header (little-endian), see format-spec/storage.md "Journal file":
+//! `{ magic: [u8; 8] = "TDMKJRNL" | version: u16 = 1 | header_len: u16 = 32 |
+//!    reserved: u32 = 0 | seq: u64 | reserved: u32 = 0 | crc32: u32 (of bytes 0..28) }`
+//!
+//! Entry: `{ crc32: u32 (of bytes 4..24 + body_len) | body_len: u32 | kind: u8 |
+//!    reserved: [u8; 7] = 0 | group_id: u64 | body: [u8; body_len] }`
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::io::{OpenMode, Vfs, VfsFile};
+
+pub const JOURNAL_HEADER_BYTES: usize = 32;
+pub const ENTRY_HEADER_BYTES: usize = 24;
+pub const JOURNAL_MAGIC: [u8; 8] = *b"TDMKJRNL";
+pub const JOURNAL_VERSION: u16 = 1;
+const JOURNAL_SUFFIX: &str = ".tmj";
+
+/// What a journal entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EntryKind {
+    /// Body: one message record (record.rs layout).
+    Record = 1,
+    /// Body: empty. The group was created.
+    CreateGroup = 2,
+    /// Body: empty. The group and its files were deleted.
+    DeleteGroup = 3,
+}
+
+impl EntryKind {
+    fn from_u8(b: u8) -> Option<EntryKind> {
+        match b {
+            1 => Some(EntryKind::Record),
+            2 => Some(EntryKind::CreateGroup),
+            3 => Some(EntryKind::DeleteGroup),
+            _ => None,
+        }
+    }
+}
+
+/// Starts an entry at the end of `out`; the caller appends the body, then
+/// calls [`finish_entry`] with the returned start offset.
+pub fn begin_entry(out: &mut Vec<u8>, kind: EntryKind, group_id: u64) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 8]); // crc, body_len: filled by finish_entry
+    out.push(kind as u8);
+    out.extend_from_slice(&[0u8; 7]);
+    out.extend_from_slice(&group_id.to_le_bytes());
+    start
+}
+
+/// Fills in the length and checksum of the entry begun at `start`.
+pub fn finish_entry(out: &mut [u8], start: usize) {
+    let body_len = out.len() - start - ENTRY_HEADER_BYTES;
+    // Invariant: bodies are single records, bounded by payload_bytes_max < u32::MAX / 2.
+    let body_len = u32::try_from(body_len).expect("invariant: entry body fits u32");
+    out[start + 4..start + 8].copy_from_slice(&body_len.to_le_bytes());
+    let crc = crc32fast::hash(&out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A decoded journal entry borrowing its body.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry<'a> {
+    pub kind: EntryKind,
+    pub group_id: u64,
+    pub body: &'a [u8],
+}
+
+/// Iterates over the entries of journal bytes (after the file header).
+/// Stops at the first invalid entry: that and everything after it is the
+/// torn tail of a crash.
+pub struct EntryIter<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    body_bytes_max: usize,
+    stop: Option<String>,
+}
+
+impl<'a> EntryIter<'a> {
+    pub fn new(buf: &'a [u8], body_bytes_max: usize) -> Self {
+        EntryIter {
+            buf,
+            pos: 0,
+            body_bytes_max,
+            stop: None,
+        }
+    }
+
+    /// Offset just past the last valid entry returned.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Why iteration stopped before the end, if it did.
+    pub fn stop_reason(&self) -> Option<&str> {
+        self.stop.as_deref()
+    }
+
+    fn fail(&mut self, why: String) -> Option<Entry<'a>> {
+        self.stop = Some(why);
+        None
+    }
+}
+
+impl<'a> Iterator for EntryIter<'a> {
+    type Item = Entry<'a>;
+
+    fn next(&mut self) -> Option<Entry<'a>> {
+        if self.stop.is_some() || self.pos >= self.buf.len() {
+            return None;
+        }
+        let rest = &self.buf[self.pos..];
+        if rest.len() < ENTRY_HEADER_BYTES {
+            return self.fail(format!("truncated entry header ({} bytes)", rest.len()));
+        }
+        let u32_at =
+            |o: usize| u32::from_le_bytes([rest[o], rest[o + 1], rest[o + 2], rest[o + 3]]);
+        let body_len = u32_at(4) as usize;
+        if body_len > self.body_bytes_max {
+            return self.fail(format!(
+                "entry body length {body_len} exceeds {}",
+                self.body_bytes_max
+            ));
+        }
+        let total = ENTRY_HEADER_BYTES + body_len;
+        if rest.len() < total {
+            return self.fail(format!(
+                "truncated entry: need {total} bytes, have {}",
+                rest.len()
+            ));
+        }
+        let computed = crc32fast::hash(&rest[4..total]);
+        if computed != u32_at(0) {
+            return self.fail(format!(
+                "entry checksum mismatch: stored {:#010x}, computed {computed:#010x}",
+                u32_at(0)
+            ));
+        }
+        let Some(kind) = EntryKind::from_u8(rest[8]) else {
+            return self.fail(format!("unknown entry kind {}", rest[8]));
+        };
+        if rest[9..16].iter().any(|&b| b != 0) {
+            return self.fail("reserved entry bytes set".into());
+        }
+        let mut g = [0u8; 8];
+        g.copy_from_slice(&rest[16..24]);
+        self.pos += total;
+        Some(Entry {
+            kind,
+            group_id: u64::from_le_bytes(g),
+            body: &rest[ENTRY_HEADER_BYTES..total],
+        })
+    }
+}
+
+fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
+    let mut b = [0u8; JOURNAL_HEADER_BYTES];
+    b[0..8].copy_from_slice(&JOURNAL_MAGIC);
+    b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    b[10..12].copy_from_slice(&(JOURNAL_HEADER_BYTES as u16).to_le_bytes());
+    b[16..24].copy_from_slice(&seq.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Checks a journal file header; returns its sequence number.
+pub fn decode_header(b: &[u8]) -> Result<u64, String> {
+    if b.len() < JOURNAL_HEADER_BYTES {
+        return Err(format!(
+            "file of {} bytes is shorter than the journal header",
+            b.len()
+        ));
+    }
+    let stored = u32::from_le_bytes([b[28], b[29], b[30], b[31]]);
+    if crc32fast::hash(&b[0..28]) != stored {
+        return Err("journal header checksum mismatch".into());
+    }
+    if b[0..8] != JOURNAL_MAGIC {
+        return Err("bad journal magic".into());
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    if version != JOURNAL_VERSION {
+        return Err(format!("unsupported journal version {version}"));
+    }
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&b[16..24]);
+    Ok(u64::from_le_bytes(s))
+}
+
+pub fn journal_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("journal")
+}
+
+pub fn journal_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}{JOURNAL_SUFFIX}"))
+}
+
+/// The journal files in `dir` as `(seq, path)`, oldest first.
+pub fn list(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let entries = vfs
+        .read_dir(dir)
+        .map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    let mut files: Vec<(u64, PathBuf)> = entries
+        .into_iter()
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let seq = name.strip_suffix(JOURNAL_SUFFIX)?.parse().ok()?;
+            Some((seq, p))
+        })
+        .collect();
+    files.sort_unstable();
+    Ok(files)
+}
+
+/// The journal file being appended to.
+pub struct Journal {
+    pub seq: u64,
+    path: PathBuf,
+    file: Box<dyn VfsFile>,
+    len: u64,
+}
+
+impl Journal {
+    /// Creates journal file `seq` in `dir` and makes it (and its directory
+    /// entry) durable, so a checkpoint may point at it.
+    pub fn create(vfs: &dyn Vfs, dir: &Path, seq: u64) -> Result<Journal> {
+        let path = journal_path(dir, seq);
+        let ctx = |op: &str| format!("{op} {}", path.display());
+        let file = vfs
+            .open(&path, OpenMode::ReadWriteCreate)
+            .map_err(|e| Error::io(ctx("create"), e))?;
+        file.set_len(0).map_err(|e| Error::io(ctx("truncate"), e))?;
+        file.write_all_at(&encode_header(seq), 0)
+            .map_err(|e| Error::io(ctx("write"), e))?;
+        file.sync_data()
+            .map_err(|e| Error::io(ctx("fdatasync"), e))?;
+        vfs.sync_dir(dir)
+            .map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))?;
+        Ok(Journal {
+            seq,
+            path,
+            file,
+            len: JOURNAL_HEADER_BYTES as u64,
+        })
+    }
+
+    pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(bytes, self.len)
+            .map_err(|e| Error::io(format!("write {}", self.path.display()), e))?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+    }
+
+    /// Bytes in the file, header included.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+/// Maps a whole journal file for replay.
+pub fn map_file(vfs: &dyn Vfs, path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let file = vfs
+        .open(path, OpenMode::Read)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let len = file
+        .file_len()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    if len == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len).map_err(|_| Error::Corrupt {
+        path: path.to_owned(),
+        group: None,
+        offset: 0,
+        reason: "journal larger than the address space".into(),
+    })?;
+    file.map(len)
+        .map(Some)
+        .map_err(|e| Error::io(format!("mmap {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(kind: EntryKind, group: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let s = begin_entry(&mut out, kind, group);
+        out.extend_from_slice(body);
+        finish_entry(&mut out, s);
+        out
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let mut buf = entry(EntryKind::CreateGroup, 9, b"");
+        buf.extend(entry(EntryKind::Record, 9, b"record bytes"));
+        let mut it = EntryIter::new(&buf, 1 << 20);
+        let a = it.next().unwrap();
+        assert_eq!(
+            (a.kind, a.group_id, a.body),
+            (EntryKind::CreateGroup, 9, &b""[..])
+        );
+        let b = it.next().unwrap();
+        assert_eq!(
+            (b.kind, b.group_id, b.body),
+            (EntryKind::Record, 9, &b"record bytes"[..])
+        );
+        assert!(it.next().is_none());
+        assert_eq!(it.position(), buf.len());
+        assert!(it.stop_reason().is_none());
+    }
+
+    #[test]
+    fn every_truncation_stops_cleanly_at_the_last_whole_entry() {
+        let first = entry(EntryKind::Record, 1, b"first");
+        let mut buf = first.clone();
+        buf.extend(entry(EntryKind::Record, 1, b"second"));
+        for cut in first.len()..buf.len() {
+            let mut it = EntryIter::new(&buf[..cut], 1 << 20);
+            assert_eq!(it.by_ref().count(), 1);
+            assert_eq!(it.position(), first.len());
+            assert_eq!(it.stop_reason().is_some(), cut > first.len());
+        }
+    }
+
+    #[test]
+    fn header_round_trips_and_detects_damage() {
+        let h = encode_header(77);
+        assert_eq!(decode_header(&h), Ok(77));
+        let mut d = h;
+        d[17] ^= 1;
+        assert!(decode_header(&d).is_err());
+    }
+}

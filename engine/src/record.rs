@@ -1,0 +1,341 @@
+//! The message record: the only module that knows its byte layout.
+//!
+//! A record lies byte-for-byte the same in a segment file, in the commit
+//! journal and in a pull response, so the node sends stored bytes without
+//! re-encoding them and the client can check the CRC end to end.
+//!
+//! Format (little-endian), see format-spec/storage.md "Record":
+//! `{ record_len: u32 | crc32: u32 | msg_id: u64 | timestamp_ms: u64 |
+//!    sender_id: u64 | client_msg_id: u64 | kind: u8 | flags: u8 |
+//!    reserved: u16 = 0 | payload: [u8; record_len - 44] }`
+//! `crc32` is CRC-32 (IEEE, as crc32fast computes it) of bytes `8..record_len`.
+
+/// Bytes before the payload.
+pub const RECORD_HEADER_BYTES: usize = 44;
+
+/// `kind` of an ordinary chat message. Other values are reserved.
+pub const KIND_MESSAGE: u8 = 0;
+
+const OFF_LEN: usize = 0;
+const OFF_CRC: usize = 4;
+const OFF_MSG_ID: usize = 8;
+const OFF_TIMESTAMP: usize = 16;
+const OFF_SENDER: usize = 24;
+const OFF_CLIENT_MSG_ID: usize = 32;
+const OFF_KIND: usize = 40;
+const OFF_FLAGS: usize = 41;
+const OFF_RESERVED: usize = 42;
+
+/// The fixed fields of a record, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub record_len: u32,
+    pub crc: u32,
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    pub sender_id: u64,
+    pub client_msg_id: u64,
+    pub kind: u8,
+    pub flags: u8,
+}
+
+impl RecordHeader {
+    pub fn payload_len(&self) -> usize {
+        self.record_len as usize - RECORD_HEADER_BYTES
+    }
+}
+
+/// Why bytes are not a valid record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordError {
+    /// Fewer bytes than the header, or than `record_len` says.
+    Truncated { need: usize, have: usize },
+    /// `record_len` below the header size or above the configured maximum.
+    BadLength { record_len: u32 },
+    /// Stored CRC does not match the bytes.
+    BadCrc { stored: u32, computed: u32 },
+    /// Reserved bits set, or an unknown kind.
+    BadHeader { reason: &'static str },
+}
+
+impl std::fmt::Display for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordError::Truncated { need, have } => {
+                write!(f, "truncated record: need {need} bytes, have {have}")
+            }
+            RecordError::BadLength { record_len } => {
+                write!(f, "invalid record length {record_len}")
+            }
+            RecordError::BadCrc { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+                )
+            }
+            RecordError::BadHeader { reason } => write!(f, "invalid record header: {reason}"),
+        }
+    }
+}
+
+/// The fields a caller supplies for a new record.
+#[derive(Clone, Copy, Debug)]
+pub struct NewRecord<'a> {
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    pub sender_id: u64,
+    pub client_msg_id: u64,
+    pub payload: &'a [u8],
+}
+
+/// Total encoded size of a record with `payload_len` payload bytes.
+pub const fn record_bytes(payload_len: usize) -> usize {
+    RECORD_HEADER_BYTES + payload_len
+}
+
+/// Appends the encoded record to `out`.
+pub fn encode_into(rec: &NewRecord<'_>, out: &mut Vec<u8>) {
+    let total = record_bytes(rec.payload.len());
+    let start = out.len();
+    // Invariant: payloads are checked against payload_bytes_max (< u32::MAX) by the caller.
+    let record_len = u32::try_from(total).expect("invariant: payload length checked by caller");
+    out.reserve(total);
+    out.extend_from_slice(&record_len.to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]); // crc, filled below
+    out.extend_from_slice(&rec.msg_id.to_le_bytes());
+    out.extend_from_slice(&rec.timestamp_ms.to_le_bytes());
+    out.extend_from_slice(&rec.sender_id.to_le_bytes());
+    out.extend_from_slice(&rec.client_msg_id.to_le_bytes());
+    out.push(KIND_MESSAGE);
+    out.push(0); // flags
+    out.extend_from_slice(&[0u8; 2]); // reserved
+    out.extend_from_slice(rec.payload);
+    let crc = crc32fast::hash(&out[start + OFF_MSG_ID..]);
+    out[start + OFF_CRC..start + OFF_MSG_ID].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Reads just the `record_len` field of the record starting at `buf[0]`, for
+/// walking already-verified bytes. `None` if fewer than 4 bytes remain.
+pub fn peek_len(buf: &[u8]) -> Option<usize> {
+    (buf.len() >= 4).then(|| u32_at(buf, OFF_LEN) as usize)
+}
+
+/// Reads just the `msg_id` of an already-verified record.
+pub fn peek_msg_id(buf: &[u8]) -> u64 {
+    u64_at(buf, OFF_MSG_ID)
+}
+
+/// Decodes the header of the record at `buf[0]` without checking the CRC.
+/// Length and reserved fields are checked, so the result is safe to use for
+/// slicing `buf[..record_len]`.
+pub fn decode_header(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader, RecordError> {
+    if buf.len() < RECORD_HEADER_BYTES {
+        return Err(RecordError::Truncated {
+            need: RECORD_HEADER_BYTES,
+            have: buf.len(),
+        });
+    }
+    let record_len = u32_at(buf, OFF_LEN);
+    if (record_len as usize) < RECORD_HEADER_BYTES || record_len as usize > record_bytes_max {
+        return Err(RecordError::BadLength { record_len });
+    }
+    if buf.len() < record_len as usize {
+        return Err(RecordError::Truncated {
+            need: record_len as usize,
+            have: buf.len(),
+        });
+    }
+    let kind = buf[OFF_KIND];
+    let flags = buf[OFF_FLAGS];
+    if kind != KIND_MESSAGE {
+        return Err(RecordError::BadHeader {
+            reason: "unknown kind",
+        });
+    }
+    if flags != 0 || buf[OFF_RESERVED] != 0 || buf[OFF_RESERVED + 1] != 0 {
+        return Err(RecordError::BadHeader {
+            reason: "reserved bits set",
+        });
+    }
+    Ok(RecordHeader {
+        record_len,
+        crc: u32_at(buf, OFF_CRC),
+        msg_id: u64_at(buf, OFF_MSG_ID),
+        timestamp_ms: u64_at(buf, OFF_TIMESTAMP),
+        sender_id: u64_at(buf, OFF_SENDER),
+        client_msg_id: u64_at(buf, OFF_CLIENT_MSG_ID),
+        kind,
+        flags,
+    })
+}
+
+/// Decodes and fully verifies (length, reserved bytes, CRC) the record at
+/// `buf[0]`. This is the check every byte read from a file passes before it is
+/// trusted.
+pub fn decode_verified(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader, RecordError> {
+    let h = decode_header(buf, record_bytes_max)?;
+    let computed = crc32fast::hash(&buf[OFF_MSG_ID..h.record_len as usize]);
+    if computed != h.crc {
+        return Err(RecordError::BadCrc {
+            stored: h.crc,
+            computed,
+        });
+    }
+    Ok(h)
+}
+
+/// A verified record borrowed from a buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordRef<'a> {
+    pub header: RecordHeader,
+    /// The whole record, header included (the bytes a pull response carries).
+    pub bytes: &'a [u8],
+}
+
+impl<'a> RecordRef<'a> {
+    pub fn payload(&self) -> &'a [u8] {
+        &self.bytes[RECORD_HEADER_BYTES..]
+    }
+}
+
+/// Iterates over the verified records of `buf`, which must hold whole records
+/// back to back. Stops at the first invalid one, returning its error.
+pub struct RecordIter<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    record_bytes_max: usize,
+}
+
+impl<'a> RecordIter<'a> {
+    pub fn new(buf: &'a [u8], record_bytes_max: usize) -> Self {
+        RecordIter {
+            buf,
+            pos: 0,
+            record_bytes_max,
+        }
+    }
+
+    /// Offset of the next record to be returned (the end of the last good one).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = Result<RecordRef<'a>, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.pos >= self.buf.len() {
+            return None;
+        }
+        let rest = &self.buf[self.pos..];
+        match decode_verified(rest, self.record_bytes_max) {
+            Ok(header) => {
+                let len = header.record_len as usize;
+                self.pos += len;
+                Some(Ok(RecordRef {
+                    header,
+                    bytes: &rest[..len],
+                }))
+            }
+            Err(e) => {
+                // Fuse: an invalid record ends the iteration.
+                self.pos = self.buf.len();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_into(
+            &NewRecord {
+                msg_id: 7,
+                timestamp_ms: 1_700_000_000_000,
+                sender_id: 42,
+                client_msg_id: 9,
+                payload,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn round_trip_preserves_every_field() {
+        let bytes = sample(b"hello");
+        assert_eq!(bytes.len(), RECORD_HEADER_BYTES + 5);
+        let h = decode_verified(&bytes, 1 << 20).unwrap();
+        assert_eq!(
+            (h.msg_id, h.timestamp_ms, h.sender_id, h.client_msg_id),
+            (7, 1_700_000_000_000, 42, 9)
+        );
+        assert_eq!(h.payload_len(), 5);
+        assert_eq!(&bytes[RECORD_HEADER_BYTES..], b"hello");
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let bytes = sample(b"payload bytes");
+        for i in 0..bytes.len() * 8 {
+            let mut b = bytes.clone();
+            b[i / 8] ^= 1 << (i % 8);
+            assert!(
+                decode_verified(&b, 1 << 20).is_err(),
+                "flip of bit {i} not detected"
+            );
+        }
+    }
+
+    #[test]
+    fn truncation_is_an_error_not_a_panic() {
+        let bytes = sample(b"abc");
+        for n in 0..bytes.len() {
+            assert!(matches!(
+                decode_verified(&bytes[..n], 1 << 20),
+                Err(RecordError::Truncated { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn oversized_length_is_rejected_before_slicing() {
+        let mut bytes = sample(b"abc");
+        bytes[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            decode_header(&bytes, 1 << 20),
+            Err(RecordError::BadLength { .. })
+        ));
+    }
+
+    #[test]
+    fn iterator_stops_at_first_bad_record() {
+        let mut buf = sample(b"one");
+        let first = buf.len();
+        buf.extend(sample(b"two"));
+        buf.push(0xff);
+        let mut it = RecordIter::new(&buf, 1 << 20);
+        assert!(it.next().unwrap().is_ok());
+        assert!(it.next().unwrap().is_ok());
+        assert_eq!(it.position(), first * 2);
+        assert!(it.next().unwrap().is_err());
+        assert!(it.next().is_none());
+    }
+}

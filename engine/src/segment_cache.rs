@@ -1,0 +1,76 @@
+//! The budget of open segment files: an LRU of `(group, base_msg_id)` to an
+//! open [`SegmentFile`] (one file descriptor and one mapping each), so an
+//! engine with 100,000 groups never holds 100,000 descriptors.
+//!
+//! A handle handed out stays valid after eviction (it is reference counted);
+//! the budget bounds the cached handles, and a handle in use by a reader
+//! outlives its eviction only until that reader drops it.
+
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::Result;
+use crate::io::Vfs;
+use crate::segment::{SegmentFile, SegmentHeader};
+
+type Key = (u64, u64);
+
+pub struct SegmentCache {
+    lru: Mutex<lru::LruCache<Key, Arc<SegmentFile>>>,
+    map_bytes: u64,
+}
+
+impl SegmentCache {
+    pub fn new(open_segments_max: usize, map_bytes: u64) -> Self {
+        // Invariant: Config::validate requires open_segments_max >= 2.
+        let cap = NonZeroUsize::new(open_segments_max).expect("invariant: validated budget");
+        SegmentCache {
+            lru: Mutex::new(lru::LruCache::new(cap)),
+            map_bytes,
+        }
+    }
+
+    /// The open segment `(group, base)`, opening `path` if it is not cached.
+    pub fn get(
+        &self,
+        vfs: &dyn Vfs,
+        group: u64,
+        base: u64,
+        path: &Path,
+    ) -> Result<Arc<SegmentFile>> {
+        if let Some(seg) = self.lru.lock().get(&(group, base)) {
+            return Ok(seg.clone());
+        }
+        // Open outside the lock: opening and mapping are system calls.
+        let seg = Arc::new(SegmentFile::open(vfs, path, self.map_bytes)?);
+        self.lru.lock().put((group, base), seg.clone());
+        Ok(seg)
+    }
+
+    /// Creates segment `(group, header.base_msg_id)` at `path` and caches it.
+    pub fn create(
+        &self,
+        vfs: &dyn Vfs,
+        path: &Path,
+        header: &SegmentHeader,
+    ) -> Result<Arc<SegmentFile>> {
+        let seg = Arc::new(SegmentFile::create(vfs, path, header, self.map_bytes)?);
+        self.lru
+            .lock()
+            .put((header.group_id, header.base_msg_id), seg.clone());
+        Ok(seg)
+    }
+
+    /// Drops the cached handle of one segment (before its file is removed).
+    pub fn forget(&self, group: u64, base: u64) {
+        self.lru.lock().pop(&(group, base));
+    }
+
+    /// Number of cached open segments.
+    pub fn len(&self) -> usize {
+        self.lru.lock().len()
+    }
+}

@@ -1,0 +1,586 @@
+//! Engine-level tests through the public API: dense ids, seeks, idempotence,
+//! group commit, failures, and crash recovery with torn and damaged files.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::io::FaultyVfs;
+use crate::{AppendRequest, Config, Engine, Error, FsyncPolicy};
+
+fn small_config(dir: &Path) -> Config {
+    let mut c = Config::new(dir);
+    c.payload_bytes_max = 1024;
+    c.segment_bytes_max = 8192;
+    c.index_interval_bytes = 512;
+    c.commit_round_bytes_max = 256 << 10;
+    c
+}
+
+/// A payload of 10..=209 bytes that names its group and index.
+fn payload(group: u64, i: u64) -> Vec<u8> {
+    let tag = format!("g{group}-m{i};");
+    tag.bytes()
+        .cycle()
+        .take(10 + (i * 37 % 200) as usize)
+        .collect()
+}
+
+fn read_all(e: &Engine, group: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let b = e.read(group, after, 7, 1 << 20).unwrap();
+        for r in b.records() {
+            out.push((r.header.msg_id, r.payload().to_vec()));
+        }
+        if !b.has_more {
+            return out;
+        }
+        after = b.last_id;
+    }
+}
+
+fn assert_dense_and_exact(e: &Engine, group: u64, count: u64) {
+    let all = read_all(e, group);
+    assert_eq!(all.len() as u64, count, "group {group}: record count");
+    for (i, (id, p)) in all.iter().enumerate() {
+        assert_eq!(*id, i as u64 + 1, "group {group}: ids must be dense");
+        assert_eq!(p, &payload(group, *id), "group {group} msg {id}: payload");
+    }
+    assert_eq!(e.head(group).unwrap(), count);
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else if entry.file_name() != "LOCK" {
+            std::fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+}
+
+fn fill(e: &Engine, groups: &[u64], per_group: u64) {
+    for &g in groups {
+        e.create_group(g).unwrap();
+    }
+    for i in 1..=per_group {
+        for &g in groups {
+            let a = e.append(g, 7, g * 1_000_000 + i, &payload(g, i)).unwrap();
+            assert_eq!(a.msg_id, i);
+        }
+    }
+}
+
+#[test]
+fn ids_are_dense_per_group_and_reads_return_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[1, 2, 3], 150);
+    for g in [1, 2, 3] {
+        assert_dense_and_exact(&e, g, 150);
+    }
+    e.close().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert!(e.recovery_report().clean_shutdown);
+    assert_eq!(e.recovery_report().journal_entries_replayed, 0);
+    for g in [1, 2, 3] {
+        assert_dense_and_exact(&e, g, 150);
+    }
+}
+
+#[test]
+fn seek_lands_on_the_first_record_above_every_id_across_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[9], 400);
+    // 400 records of ~130 bytes in 8 KiB segments: several segment boundaries.
+    let segments = std::fs::read_dir(crate::group_log::group_dir(dir.path(), 9))
+        .unwrap()
+        .count();
+    assert!(segments >= 5, "expected several segments, got {segments}");
+    for after in 0..=400u64 {
+        for count in [1usize, 3] {
+            let b = e.read(9, after, count, usize::MAX).unwrap();
+            let ids: Vec<u64> = b.records().map(|r| r.header.msg_id).collect();
+            let expected: Vec<u64> = (after + 1..=(after + count as u64).min(400)).collect();
+            assert_eq!(ids, expected, "after {after}");
+            assert_eq!(b.has_more, after + (count as u64) < 400);
+        }
+    }
+}
+
+#[test]
+fn read_limits_bytes_but_always_returns_one_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[4], 20);
+    let one = e.read(4, 0, 100, 1).unwrap();
+    assert_eq!(one.count, 1);
+    assert!(one.has_more);
+    let some = e.read(4, 0, 100, 600).unwrap();
+    assert!(some.bytes <= 600 && some.count > 1);
+    let sum: usize = some.chunks.iter().map(|c| c.bytes().len()).sum();
+    assert_eq!(sum, some.bytes);
+    assert_eq!(e.read(4, 20, 10, 1000).unwrap().count, 0);
+    assert_eq!(e.read(4, 999, 10, 1000).unwrap().count, 0);
+}
+
+#[test]
+fn payload_over_the_limit_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    let err = e.append(1, 1, 1, &vec![0u8; 1025]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                len: 1025,
+                max: 1024
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(e.append(1, 1, 2, &vec![0u8; 1024]).unwrap().msg_id, 1);
+    assert!(matches!(
+        e.append(77, 1, 1, b"x"),
+        Err(Error::GroupNotFound { group: 77 })
+    ));
+    assert!(matches!(
+        e.create_group(1),
+        Err(Error::GroupExists { group: 1 })
+    ));
+}
+
+#[test]
+fn retransmit_returns_the_original_id_across_clean_restart_and_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    e.create_group(5).unwrap();
+    let first = e.append(5, 10, 111, b"hello").unwrap();
+    e.append(5, 11, 111, b"other sender, same client id")
+        .unwrap();
+    let again = e.append(5, 10, 111, b"hello").unwrap();
+    assert!(again.duplicate);
+    assert_eq!(
+        (again.msg_id, again.timestamp_ms),
+        (first.msg_id, first.timestamp_ms)
+    );
+    assert_eq!(e.head(5).unwrap(), 2);
+    e.close().unwrap();
+
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let after_restart = e.append(5, 10, 111, b"hello").unwrap();
+    assert_eq!(after_restart.msg_id, first.msg_id);
+    assert!(after_restart.duplicate);
+    let third = e.append(5, 10, 112, b"new").unwrap();
+    assert_eq!(third.msg_id, 3);
+    e.simulate_crash();
+
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert!(!e.recovery_report().clean_shutdown);
+    assert_eq!(e.append(5, 10, 112, b"new").unwrap().msg_id, 3);
+    assert_eq!(e.append(5, 10, 111, b"hello").unwrap().msg_id, 1);
+    assert_eq!(e.head(5).unwrap(), 3);
+}
+
+#[test]
+fn dedup_window_keeps_at_least_the_configured_sends_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.dedup_window_sends = 50;
+    c.dedup_entries_max = 50;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    for i in 1..=120 {
+        e.append(1, 3, i, &payload(1, i)).unwrap();
+    }
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    // The last 50 sends are remembered...
+    assert!(e.append(1, 3, 71, b"x").unwrap().duplicate);
+    assert_eq!(e.append(1, 3, 120, b"x").unwrap().msg_id, 120);
+    // ...older ones beyond the cap are not (a new message).
+    let old = e.append(1, 3, 1, b"x").unwrap();
+    assert!(!old.duplicate);
+    assert_eq!(old.msg_id, 121);
+}
+
+#[test]
+fn a_round_writing_1000_groups_costs_one_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30; // no checkpoint during the test
+    let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
+    let groups: Vec<u64> = (1..=1000).collect();
+    let mut last = None;
+    for &g in &groups {
+        last = Some(e.submit_create_group(g).unwrap());
+    }
+    e.wait(last.unwrap()).unwrap();
+
+    // Round A: one append whose fsync we hold, so the next 1,000 pile up.
+    control.hold_syncs.store(true, Ordering::SeqCst);
+    let first = e
+        .submit(&AppendRequest {
+            group_id: 1,
+            sender_id: 1,
+            client_msg_id: 1,
+            payload: b"a",
+        })
+        .unwrap();
+    while control.syncs_held.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let syncs_before = control.syncs();
+    let rounds_before = e.stats().rounds;
+    let tickets: Vec<_> = groups
+        .iter()
+        .map(|&g| {
+            e.submit(&AppendRequest {
+                group_id: g,
+                sender_id: 2,
+                client_msg_id: g,
+                payload: &payload(g, 1),
+            })
+            .unwrap()
+        })
+        .collect();
+    control.hold_syncs.store(false, Ordering::SeqCst);
+    e.wait(first).unwrap();
+    for t in tickets {
+        e.wait(t).unwrap();
+    }
+    let stats = e.stats();
+    // The held sync (round A) plus exactly one for the round of 1,000 groups.
+    assert_eq!(
+        control.syncs() - syncs_before,
+        2,
+        "fsyncs for rounds A and B"
+    );
+    assert_eq!(stats.rounds - rounds_before, 2);
+    assert_eq!(stats.round_records_max, 1000);
+    for &g in &groups {
+        assert!(e.head(g).unwrap() >= 1);
+    }
+}
+
+#[test]
+fn a_failed_fsync_stops_writes_and_reads_go_on_until_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 10);
+    control.fail_syncs.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        e.append(1, 7, 99, b"lost?"),
+        Err(Error::WritesStopped { .. })
+    ));
+    // Never retried: the disk recovering does not bring writes back.
+    control.fail_syncs.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        e.append(1, 7, 100, b"x"),
+        Err(Error::WritesStopped { .. })
+    ));
+    assert_dense_and_exact(&e, 1, 10);
+    assert!(e.close().is_err());
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let head = e.head(1).unwrap();
+    // The failed append's bytes may have reached the journal (outcome unknown
+    // to its sender); whatever is there is dense, and a retransmit dedups.
+    assert!(head == 10 || head == 11);
+    assert_eq!(e.append(1, 7, 99, b"lost?").unwrap().msg_id, 11);
+}
+
+#[test]
+fn a_full_disk_is_reported_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 3);
+    control.disk_full.store(true, Ordering::SeqCst);
+    let err = e.append(1, 7, 50, b"no room").unwrap_err();
+    assert!(
+        matches!(err, Error::WritesStopped { ref reason } if reason.contains("No space")),
+        "{err}"
+    );
+    assert_dense_and_exact(&e, 1, 3);
+}
+
+#[test]
+fn many_groups_stay_within_the_open_segment_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.open_segments_max = 16;
+    let e = Engine::open(c.clone()).unwrap();
+    let groups: Vec<u64> = (100..400).collect();
+    fill(&e, &groups, 3);
+    assert!(e.stats().open_segments <= 16);
+    for &g in &groups {
+        assert_dense_and_exact(&e, g, 3);
+    }
+    assert!(e.stats().open_segments <= 16);
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_eq!(e.stats().groups, 300);
+    // Reopening from the checkpoint opened no group log.
+    assert!(e.stats().open_segments <= 1, "{}", e.stats().open_segments);
+}
+
+#[test]
+fn delete_group_removes_its_files_and_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[1, 2], 30);
+    e.delete_group(1).unwrap();
+    assert!(!crate::group_log::group_dir(dir.path(), 1).exists());
+    assert!(matches!(
+        e.append(1, 1, 1, b"x"),
+        Err(Error::GroupNotFound { .. })
+    ));
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert!(matches!(e.head(1), Err(Error::GroupNotFound { .. })));
+    assert_dense_and_exact(&e, 2, 30);
+    // The id can be used again, starting from 1.
+    e.create_group(1).unwrap();
+    assert_eq!(e.append(1, 1, 1, b"x").unwrap().msg_id, 1);
+}
+
+#[test]
+fn concurrent_appenders_get_dense_ids_in_assignment_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Arc::new(Engine::open(small_config(dir.path())).unwrap());
+    for g in 1..=4 {
+        e.create_group(g).unwrap();
+    }
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                for i in 0..200u64 {
+                    let g = 1 + (i + t) % 4;
+                    ids.push((g, e.append(g, t, i, &[t as u8; 16]).unwrap().msg_id));
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut per_group: Vec<Vec<u64>> = vec![Vec::new(); 5];
+    for t in threads {
+        for (g, id) in t.join().unwrap() {
+            per_group[g as usize].push(id);
+        }
+    }
+    for (g, ids) in per_group.iter_mut().enumerate().skip(1) {
+        ids.sort_unstable();
+        assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "group {g}");
+        let stored: Vec<u64> = read_all(&e, g as u64).iter().map(|r| r.0).collect();
+        assert_eq!(&stored, ids);
+    }
+}
+
+/// Positions of the last `n` record starts in a segment file and its length.
+fn last_record_offsets(path: &Path, n: usize) -> Vec<u64> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut pos = crate::segment::SEGMENT_HEADER_BYTES;
+    let mut starts = Vec::new();
+    while pos < bytes.len() {
+        starts.push(pos as u64);
+        pos += crate::record::peek_len(&bytes[pos..]).unwrap();
+    }
+    starts.split_off(starts.len().saturating_sub(n))
+}
+
+fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_str().unwrap().ends_with(suffix))
+        .collect();
+    files.sort();
+    files.pop().unwrap()
+}
+
+#[test]
+fn active_segment_cut_at_every_byte_of_its_last_records_is_refilled_from_the_journal() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    let e = Engine::open(small_config(&src)).unwrap();
+    fill(&e, &[1], 25);
+    e.simulate_crash();
+    let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let start = last_record_offsets(&seg, 3)[0];
+    for cut in start..len {
+        let dst = base.path().join(format!("cut{cut}"));
+        copy_dir(&src, &dst);
+        let target = crate::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let e = Engine::open(small_config(&dst)).unwrap();
+        assert_dense_and_exact(&e, 1, 25);
+        drop(e);
+        std::fs::remove_dir_all(&dst).unwrap();
+    }
+}
+
+#[test]
+fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones() {
+    let base = tempfile::tempdir().unwrap();
+    let src = base.path().join("src");
+    let mut c = small_config(&src);
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c).unwrap();
+    fill(&e, &[1], 25);
+    e.simulate_crash();
+    let journal = newest_file(&src.join("journal"), ".tmj");
+    let jbytes = std::fs::read(&journal).unwrap();
+    // Entry boundaries of the journal.
+    let mut it =
+        crate::journal::EntryIter::new(&jbytes[crate::journal::JOURNAL_HEADER_BYTES..], 1 << 20);
+    let mut ends = Vec::new();
+    while it.next().is_some() {
+        ends.push((crate::journal::JOURNAL_HEADER_BYTES + it.position()) as u64);
+    }
+    let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
+    let seg_starts = last_record_offsets(&seg, 25);
+    let from = ends[ends.len() - 4];
+    for cut in from..jbytes.len() as u64 {
+        // Records whose entries are whole before the cut (entry 0 creates the group).
+        let whole = ends.iter().filter(|&&e| e <= cut).count() as u64 - 1;
+        let dst = base.path().join(format!("cut{cut}"));
+        copy_dir(&src, &dst);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dst.join("journal").join(journal.file_name().unwrap()))
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        // The crash hit before the group log got the torn round's records.
+        let target = crate::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap()
+            .set_len(seg_starts[whole as usize])
+            .unwrap();
+        let e = Engine::open(small_config(&dst)).unwrap();
+        assert_dense_and_exact(&e, 1, whole);
+        let cut_bytes = e.recovery_report().bytes_cut();
+        assert_eq!(
+            cut_bytes > 0,
+            !ends.contains(&cut),
+            "cut {cut}: reported {cut_bytes}"
+        );
+        // Writing goes on densely after the repair.
+        assert_eq!(
+            e.append(1, 7, 1_000_000 + whole + 1, &payload(1, whole + 1))
+                .unwrap()
+                .msg_id,
+            whole + 1
+        );
+        drop(e);
+        std::fs::remove_dir_all(&dst).unwrap();
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_a_sealed_segment_is_reported_and_other_groups_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[1, 2], 200);
+    e.close().unwrap();
+    let gdir = crate::group_log::group_dir(dir.path(), 1);
+    let mut segs: Vec<_> = std::fs::read_dir(&gdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    segs.sort();
+    let victim = &segs[1];
+    let mut bytes = std::fs::read(victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(victim, &bytes).unwrap();
+
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let mut after = 0;
+    let err = loop {
+        match e.read(1, after, 50, 1 << 20) {
+            Ok(b) => after = b.last_id,
+            Err(err) => break err,
+        }
+    };
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::GroupDamaged { group: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(victim.file_name().unwrap().to_str().unwrap()),
+        "names the file: {text}"
+    );
+    assert!(after < 200);
+    assert_dense_and_exact(&e, 2, 200);
+}
+
+#[test]
+fn a_damaged_checkpoint_is_rejected_and_everything_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[1, 2, 3], 60);
+    e.close().unwrap();
+    let cp = dir.path().join("checkpoint");
+    let mut bytes = std::fs::read(&cp).unwrap();
+    let last = bytes.len() - 3;
+    bytes[last] ^= 0xff;
+    std::fs::write(&cp, &bytes).unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert!(e.recovery_report().checkpoint_rejected.is_some());
+    for g in [1, 2, 3] {
+        assert_dense_and_exact(&e, g, 60);
+    }
+}
+
+#[test]
+fn a_second_engine_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _e = Engine::open(small_config(dir.path())).unwrap();
+    assert!(matches!(
+        Engine::open(small_config(dir.path())),
+        Err(Error::Locked { .. })
+    ));
+}
+
+#[test]
+fn never_and_interval_policies_commit_without_syncing_every_round() {
+    for policy in [
+        FsyncPolicy::Never,
+        FsyncPolicy::Interval(std::time::Duration::from_secs(3600)),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = FaultyVfs::new();
+        let mut c = small_config(dir.path());
+        c.fsync = policy;
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        fill(&e, &[1], 50);
+        assert_eq!(e.stats().journal_syncs, 0, "{policy:?}");
+        e.simulate_crash();
+        let e = Engine::open(c).unwrap();
+        assert_dense_and_exact(&e, 1, 50);
+    }
+}

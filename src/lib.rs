@@ -1,0 +1,1 @@
+//! Workspace root: owns the integration tests and benchmarks.
