@@ -384,7 +384,11 @@ fn concurrent_appenders_get_dense_ids_in_assignment_order() {
     }
     for (g, ids) in per_group.iter_mut().enumerate().skip(1) {
         ids.sort_unstable();
-        assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "group {g}");
+        assert_eq!(
+            *ids,
+            (1..=ids.len() as u64).collect::<Vec<_>>(),
+            "group {g}"
+        );
         let stored: Vec<u64> = read_all(&e, g as u64).iter().map(|r| r.0).collect();
         assert_eq!(&stored, ids);
     }
