@@ -36,6 +36,8 @@ mod recovery;
 mod segment;
 mod segment_cache;
 #[cfg(test)]
+mod spec_vectors;
+#[cfg(test)]
 mod tests;
 
 pub use config::{Config, FsyncPolicy};

@@ -1,0 +1,1 @@
+//! Test vectors of format-spec/vectors/storage tie the spec to the code.
