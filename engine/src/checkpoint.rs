@@ -29,7 +29,10 @@ pub struct CheckpointBody {
     /// Written by a clean shutdown (the journal after it is empty).
     pub clean_shutdown: bool,
     pub created_ms: u64,
+    /// Groups in slot order (the memberships section refers to them by index).
     pub groups: Vec<GroupEntry>,
+    /// The memberships section (member_snapshot.rs format).
+    pub members: Vec<u8>,
 }
 
 #[derive(bincode::Encode, bincode::Decode, Clone, Debug, PartialEq, Eq)]
@@ -38,10 +41,17 @@ pub struct GroupEntry {
     pub head: u64,
     /// `(base_msg_id, bytes)` of every segment, oldest first; the last is the active one.
     pub segments: Vec<(u64, u64)>,
+    pub retention: crate::retention::Retention,
 }
 
 pub fn path(data_dir: &Path) -> PathBuf {
     data_dir.join("checkpoint")
+}
+
+/// The checkpoint before the current one, kept (with the journal files it
+/// needs) so a damaged current checkpoint still leaves a recovery point.
+pub fn previous_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("checkpoint.prev")
 }
 
 pub fn encode(body: &CheckpointBody) -> Vec<u8> {
@@ -104,15 +114,14 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointBody, String> {
     Ok(decoded)
 }
 
-/// Reads the checkpoint. `Ok(None)` when there is none; `Err(reason)` inside
-/// `Ok(Some(Err))` when it exists but is invalid (the caller rebuilds).
-pub fn load(vfs: &dyn Vfs, data_dir: &Path) -> Result<Option<Result<CheckpointBody, String>>> {
-    let p = path(data_dir);
-    if !vfs.exists(&p) {
+/// Reads a checkpoint file. `Ok(None)` when there is none; `Err(reason)`
+/// inside `Ok(Some(Err))` when it exists but is invalid.
+pub fn load(vfs: &dyn Vfs, p: &Path) -> Result<Option<Result<CheckpointBody, String>>> {
+    if !vfs.exists(p) {
         return Ok(None);
     }
     let file = vfs
-        .open(&p, OpenMode::Read)
+        .open(p, OpenMode::Read)
         .map_err(|e| Error::io(format!("open {}", p.display()), e))?;
     let len = file
         .file_len()
@@ -128,7 +137,8 @@ pub fn load(vfs: &dyn Vfs, data_dir: &Path) -> Result<Option<Result<CheckpointBo
     Ok(Some(decode(&buf)))
 }
 
-/// Writes the checkpoint atomically (tmp file, fdatasync, rename, dir fsync).
+/// Writes the checkpoint atomically (tmp file, fdatasync, the current one
+/// renamed to `checkpoint.prev`, tmp renamed to `checkpoint`, dir fsync).
 pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody) -> Result<()> {
     let final_path = path(data_dir);
     let tmp = data_dir.join("checkpoint.tmp");
@@ -143,6 +153,11 @@ pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody) -> Result<()
     file.sync_data()
         .map_err(|e| Error::io(format!("fdatasync {}", tmp.display()), e))?;
     drop(file);
+    if vfs.exists(&final_path) {
+        let prev = previous_path(data_dir);
+        vfs.rename(&final_path, &prev)
+            .map_err(|e| Error::io(format!("rename {}", final_path.display()), e))?;
+    }
     vfs.rename(&tmp, &final_path)
         .map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     vfs.sync_dir(data_dir)
@@ -162,7 +177,9 @@ mod tests {
                 group_id: 1,
                 head: 10,
                 segments: vec![(1, 64), (6, 300)],
+                retention: Default::default(),
             }],
+            members: vec![0],
         }
     }
 

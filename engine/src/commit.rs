@@ -1,22 +1,32 @@
 //! The commit thread: takes the pending round whole, writes it to the
 //! journal with one write, syncs it per the fsync policy (one fdatasync for
-//! the round, however many groups it touched), applies it to the group logs,
-//! then completes the round and wakes whoever waits. Checkpoints run here
-//! too, between rounds.
+//! the round, however many groups it touched), applies it to the group logs
+//! and the membership tables, then completes the round and wakes whoever
+//! waits. Cursor flushes, retention and checkpoints run here too, between
+//! rounds, so they always see a state that matches a journal position.
 //!
 //! A failed write or sync is never retried: the round and every later one
 //! fail with `WritesStopped`, and reads go on. Reopening recovers.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
 use crate::config::FsyncPolicy;
+use crate::cursors::CursorTable;
 use crate::engine::{Op, Shared};
 use crate::error::{Error, Result};
 use crate::group::LogSlot;
+use crate::group_log::LogContext;
 use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES};
+use crate::member_snapshot;
+use crate::record;
+use crate::retention;
+use crate::tidemarks::{self, JoinStart};
 
 struct Committer {
     shared: Arc<Shared>,
@@ -24,19 +34,38 @@ struct Committer {
     /// Journal bytes written but not yet synced (interval and never policies).
     unsynced_bytes: u64,
     last_sync: Instant,
-    /// Reused buffers: the round taken from senders and the per-group staging.
+    last_cursor_flush: Instant,
+    last_retention_check: Instant,
+    /// Reused buffers: the round taken from senders, per-group staging, cursor entries.
     round_buf: Vec<u8>,
     staging: Vec<u8>,
+    cursor_buf: Vec<u8>,
+}
+
+/// What woke the commit thread.
+enum Work {
+    Round {
+        ops: Vec<Op>,
+        round: u64,
+        flush_cursors: bool,
+        checkpoint: bool,
+    },
+    Timer,
+    Shutdown,
 }
 
 pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
+    let now = Instant::now();
     let mut c = Committer {
         shared,
         journal,
         unsynced_bytes: 0,
-        last_sync: Instant::now(),
+        last_sync: now,
+        last_cursor_flush: now,
+        last_retention_check: now,
         round_buf: Vec::new(),
         staging: Vec::new(),
+        cursor_buf: Vec::new(),
     };
     c.main_loop();
     let mut p = c.shared.progress.lock();
@@ -46,24 +75,44 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
 }
 
 impl Committer {
+    fn config(&self) -> &crate::config::Config {
+        &self.shared.ctx.config
+    }
+
     fn main_loop(&mut self) {
         loop {
-            let Some((ops, round)) = self.next_round() else {
-                break;
-            };
-            let result = self.commit_round(&ops);
-            self.finish_round(round, ops.len() as u64, result);
-            if self.journal.len() >= self.shared.ctx.config.journal_checkpoint_bytes
-                && !self.failed()
-            {
-                let r = self.checkpoint(false);
-                if let Err(e) = r {
-                    self.fail(round + 1, e);
+            match self.next_work() {
+                Work::Shutdown => break,
+                Work::Timer => {
+                    if let Err(e) = self.timers() {
+                        let round = self.shared.pending.lock().round;
+                        self.fail(round, e);
+                    }
+                }
+                Work::Round {
+                    ops,
+                    round,
+                    flush_cursors,
+                    checkpoint,
+                } => {
+                    let mut result = self.commit_round(&ops, flush_cursors);
+                    if result.is_ok() && checkpoint {
+                        result = self.checkpoint(false);
+                    }
+                    self.finish_round(round, &ops, result);
+                    if self.journal.len() >= self.config().journal_checkpoint_bytes
+                        && !self.failed()
+                    {
+                        if let Err(e) = self.checkpoint(false) {
+                            self.fail(round + 1, e);
+                        }
+                    }
                 }
             }
         }
-        // Shutdown: everything accepted was committed by the loop above.
-        if !self.failed() && !self.shared.pending.lock().crash {
+        let crash = self.shared.pending.lock().crash;
+        if !self.failed() && !crash {
+            // Everything accepted was committed by the loop above.
             if let Err(e) = self.checkpoint(true) {
                 log::error!("final checkpoint failed: {e}");
                 let mut p = self.shared.progress.lock();
@@ -76,101 +125,161 @@ impl Committer {
         self.shared.writes_stopped.load(Ordering::Acquire)
     }
 
-    /// Waits for work; returns the ops of the next round and its number, or
-    /// `None` at shutdown once nothing is pending. Syncs the journal when an
-    /// interval policy's period elapses.
-    fn next_round(&mut self) -> Option<(Vec<Op>, u64)> {
+    /// The earliest timer deadline: the interval sync, the cursor flush, the
+    /// retention check.
+    fn next_deadline(&self) -> Instant {
+        let c = self.config();
+        let mut d = self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms);
+        d = d.min(self.last_retention_check + Duration::from_millis(c.retention_check_ms));
+        if let FsyncPolicy::Interval(period) = c.fsync {
+            if self.unsynced_bytes > 0 {
+                d = d.min(self.last_sync + period);
+            }
+        }
+        d
+    }
+
+    fn next_work(&mut self) -> Work {
         let mut p = self.shared.pending.lock();
         loop {
-            if !p.ops.is_empty() {
+            if !p.ops.is_empty() || p.flush_cursors || p.checkpoint {
                 break;
             }
             if p.shutdown {
-                return None;
+                return Work::Shutdown;
             }
-            match self.shared.ctx.config.fsync {
-                FsyncPolicy::Interval(period) if self.unsynced_bytes > 0 => {
-                    let elapsed = self.last_sync.elapsed();
-                    if elapsed >= period {
-                        drop(p);
-                        self.interval_sync();
-                        p = self.shared.pending.lock();
-                    } else {
-                        self.shared.pending_cv.wait_for(&mut p, period - elapsed);
-                    }
-                }
-                _ => self.shared.pending_cv.wait(&mut p),
+            let deadline = self.next_deadline();
+            if Instant::now() >= deadline {
+                return Work::Timer;
             }
+            self.shared.pending_cv.wait_until(&mut p, deadline);
         }
         std::mem::swap(&mut p.buf, &mut self.round_buf);
         p.buf.clear();
         let ops = std::mem::take(&mut p.ops);
+        let flush_cursors = std::mem::take(&mut p.flush_cursors);
+        let checkpoint = std::mem::take(&mut p.checkpoint);
         let round = p.round;
         p.round += 1;
         drop(p);
         // Senders blocked on a full round may go on.
         self.shared.pending_cv.notify_all();
-        Some((ops, round))
+        Work::Round {
+            ops,
+            round,
+            flush_cursors,
+            checkpoint,
+        }
     }
 
-    fn interval_sync(&mut self) {
+    fn timers(&mut self) -> Result<()> {
         if self.failed() {
-            return;
+            // Nothing can be written; wait for shutdown without spinning.
+            self.last_cursor_flush = Instant::now();
+            self.last_retention_check = Instant::now();
+            return Ok(());
         }
-        match self.journal.sync() {
-            Ok(()) => {
-                self.shared
-                    .counters
-                    .journal_syncs
-                    .fetch_add(1, Ordering::Relaxed);
-                self.unsynced_bytes = 0;
-                self.last_sync = Instant::now();
-            }
-            Err(e) => {
-                let round = self.shared.pending.lock().round;
-                self.fail(round, e);
+        let now = Instant::now();
+        let c = self.config().clone();
+        if now >= self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms)
+            && self.write_dirty_cursors()?
+            && c.fsync != FsyncPolicy::Never
+        {
+            self.sync_journal()?;
+        }
+        if now >= self.last_retention_check + Duration::from_millis(c.retention_check_ms) {
+            self.last_retention_check = now;
+            if self.retention_due()? {
+                self.checkpoint(false)?;
             }
         }
+        if let FsyncPolicy::Interval(period) = c.fsync {
+            if self.unsynced_bytes > 0 && now >= self.last_sync + period {
+                self.sync_journal()?;
+            }
+        }
+        Ok(())
     }
 
-    fn commit_round(&mut self, ops: &[Op]) -> Result<()> {
+    fn sync_journal(&mut self) -> Result<()> {
+        self.journal.sync()?;
+        self.shared
+            .counters
+            .journal_syncs
+            .fetch_add(1, Ordering::Relaxed);
+        self.unsynced_bytes = 0;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Writes every moved cursor to the journal as `Cursors` entries (not
+    /// synced here). Returns whether anything was written.
+    fn write_dirty_cursors(&mut self) -> Result<bool> {
+        self.last_cursor_flush = Instant::now();
+        let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        self.shared
+            .cursors
+            .take_dirty(|user, slot, cursor| by_slot.entry(slot).or_default().push((user, cursor)));
+        if by_slot.is_empty() {
+            return Ok(false);
+        }
+        self.cursor_buf.clear();
+        let per_entry = self.config().record_bytes_max() / 16;
+        let catalog = self.shared.catalog.read();
+        for (slot, rows) in by_slot {
+            let Some(group) = catalog.by_slot(slot) else {
+                continue;
+            };
+            for chunk in rows.chunks(per_entry) {
+                let start =
+                    journal::begin_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id);
+                for &(user, cursor) in chunk {
+                    self.cursor_buf.extend_from_slice(&user.to_le_bytes());
+                    self.cursor_buf.extend_from_slice(&cursor.to_le_bytes());
+                }
+                journal::finish_entry(&mut self.cursor_buf, start);
+            }
+        }
+        drop(catalog);
+        self.journal.append(&self.cursor_buf)?;
+        self.unsynced_bytes += self.cursor_buf.len() as u64;
+        Ok(true)
+    }
+
+    fn commit_round(&mut self, ops: &[Op], flush_cursors: bool) -> Result<()> {
         if self.failed() {
             return Err(Error::WritesStopped {
                 reason: "an earlier round failed".into(),
             });
         }
+        if flush_cursors {
+            self.write_dirty_cursors()?;
+        }
         self.journal.append(&self.round_buf)?;
         self.unsynced_bytes += self.round_buf.len() as u64;
-        let sync_now = match self.shared.ctx.config.fsync {
+        let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Interval(period) => self.last_sync.elapsed() >= period,
             FsyncPolicy::Never => false,
         };
-        if sync_now {
-            self.journal.sync()?;
-            self.shared
-                .counters
-                .journal_syncs
-                .fetch_add(1, Ordering::Relaxed);
-            self.unsynced_bytes = 0;
-            self.last_sync = Instant::now();
+        if sync_now || (flush_cursors && self.config().fsync != FsyncPolicy::Never) {
+            self.sync_journal()?;
         }
         self.apply(ops)
     }
 
-    /// Applies the round's entries to the group logs: records of one group
-    /// go out in one write (its entries are staged contiguously first).
+    /// Applies the round's entries: records of one group go out in one write
+    /// (its entries are staged contiguously first); membership operations
+    /// change the tables and fill in their replies.
     fn apply(&mut self, ops: &[Op]) -> Result<()> {
-        // Stable sort: per-group order (= id order) is kept.
+        // Stable sort: per-group order (= journal order) is kept.
         let mut order: Vec<usize> = (0..ops.len()).collect();
         order.sort_by_key(|&i| ops[i].group.id);
         let mut i = 0;
         while i < order.len() {
             let op = &ops[order[i]];
             if op.kind != EntryKind::Record {
-                if op.kind == EntryKind::DeleteGroup {
-                    self.apply_delete(op)?;
-                }
+                self.apply_other(op)?;
                 i += 1;
                 continue;
             }
@@ -192,37 +301,91 @@ impl Committer {
             }
             // A group that is not loaded cannot have accepted a send (the
             // send path loads it); a damaged one refuses sends.
+            drop(slot);
+            self.advance_caught_up_senders(&op.group);
             i = j;
         }
         Ok(())
     }
 
-    fn apply_delete(&mut self, op: &Op) -> Result<()> {
-        let removed = self.shared.groups.write().remove(&op.group.id);
-        let mut slot = op.group.log.write();
-        let old = std::mem::replace(&mut *slot, LogSlot::Deleted);
-        drop(slot);
-        if let LogSlot::Loaded(log) = &old {
-            log.remove_files(&self.shared.ctx)?;
-        } else if removed.is_some() {
-            let dir = self.shared.ctx.group_dir(op.group.id);
-            if self.shared.ctx.vfs.exists(&dir) {
-                self.shared
-                    .ctx
-                    .vfs
-                    .remove_dir_all(&dir)
-                    .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+    /// A sender who had read everything before its own message has read
+    /// that message too: its cursor follows (so own messages are not unread).
+    fn advance_caught_up_senders(&self, group: &crate::group::Group) {
+        let mut buf = &self.staging[..];
+        while let Some(len) = record::peek_len(buf) {
+            // Invariant: staging holds whole records encoded by the engine.
+            let h = record::decode_header(buf, usize::MAX).expect("invariant: staged record");
+            if self
+                .shared
+                .cursors
+                .advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
+            {
+                group
+                    .members
+                    .lock()
+                    .read_counts
+                    .advance(h.msg_id - 1, h.msg_id);
             }
+            buf = &buf[len..];
+        }
+    }
+
+    fn apply_other(&mut self, op: &Op) -> Result<()> {
+        let body = &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end];
+        let shared = &self.shared;
+        let outcome = match op.kind {
+            EntryKind::DeleteGroup => {
+                delete_group(
+                    &shared.ctx,
+                    &mut shared.catalog.write(),
+                    &shared.cursors,
+                    op.group.id,
+                )?;
+                Ok(0)
+            }
+            EntryKind::Join => match JoinStart::decode(body) {
+                Some((user, start)) => tidemarks::apply_join(
+                    &shared.cursors,
+                    &shared.ctx.config,
+                    &op.group,
+                    user,
+                    start,
+                    true,
+                ),
+                None => Err(Error::InvalidConfig {
+                    reason: "malformed join entry".into(),
+                }),
+            },
+            EntryKind::Leave => match tidemarks::decode_user(body) {
+                Some(user) => tidemarks::apply_leave(&shared.cursors, &op.group, user),
+                None => Err(Error::InvalidConfig {
+                    reason: "malformed leave entry".into(),
+                }),
+            },
+            EntryKind::SetRetention => match tidemarks::decode_retention(body) {
+                Some(r) => {
+                    *op.group.retention.lock() = r;
+                    Ok(0)
+                }
+                None => Err(Error::InvalidConfig {
+                    reason: "malformed retention entry".into(),
+                }),
+            },
+            EntryKind::CreateGroup | EntryKind::Record | EntryKind::Cursors => Ok(0),
+        };
+        if let Some(reply) = &op.reply {
+            reply.set(outcome);
         }
         Ok(())
     }
 
-    fn finish_round(&mut self, round: u64, records: u64, result: Result<()>) {
+    fn finish_round(&mut self, round: u64, ops: &[Op], result: Result<()>) {
         match result {
             Ok(()) => {
                 let c = &self.shared.counters;
                 c.rounds.fetch_add(1, Ordering::Relaxed);
-                c.round_records_max.fetch_max(records, Ordering::Relaxed);
+                c.round_records_max
+                    .fetch_max(ops.len() as u64, Ordering::Relaxed);
                 self.shared.progress.lock().completed = round;
                 self.shared.progress_cv.notify_all();
                 let listeners = self.shared.listeners.lock().clone();
@@ -246,50 +409,169 @@ impl Committer {
         self.shared.progress_cv.notify_all();
     }
 
-    /// Makes the group logs durable, starts a new journal file and records
-    /// the recovery point; then the old journal files are deleted.
-    pub(crate) fn checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
-        let ctx = &self.shared.ctx;
-        let groups: Vec<_> = self.shared.groups.read().values().cloned().collect();
-        let mut entries = Vec::with_capacity(groups.len());
-        let mut syncs = 0;
-        for g in &groups {
-            let mut slot = g.log.write();
-            if let LogSlot::Loaded(log) = &mut *slot {
-                if log.needs_sync() {
-                    syncs += log.sync(ctx)?;
-                }
-            }
-            if let Some(state) = slot.state() {
-                entries.push(GroupEntry {
-                    group_id: g.id,
-                    head: state.head,
-                    segments: state.segments,
-                });
+    /// True if some group's retention policy would drop a segment now.
+    fn retention_due(&self) -> Result<bool> {
+        let catalog = self.shared.catalog.read();
+        for g in catalog.groups() {
+            if plan_retention(&self.shared.ctx, g)?.is_some() {
+                return Ok(true);
             }
         }
-        let dir = journal::journal_dir(&ctx.config.data_dir);
-        let old_seq = self.journal.seq;
-        let next = Journal::create(&*ctx.vfs, &dir, old_seq + 1)?;
-        let body = CheckpointBody {
-            journal_seq: next.seq,
+        Ok(false)
+    }
+
+    fn checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
+        let catalog = self.shared.catalog.read();
+        let next = write_checkpoint(
+            &self.shared.ctx,
+            &catalog,
+            &self.shared.cursors,
+            self.journal.seq + 1,
             clean_shutdown,
-            created_ms: crate::engine::now_ms(),
-            groups: entries,
-        };
-        checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body)?;
-        self.journal = next;
+        )?;
+        drop(catalog);
+        self.journal = next.journal;
         self.unsynced_bytes = 0;
-        for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
-            if seq <= old_seq {
-                ctx.vfs
-                    .remove_file(&path)
-                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-            }
-        }
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
-        c.checkpoint_syncs.fetch_add(syncs + 3, Ordering::Relaxed);
+        c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Number of sealed segments the group's retention policy drops now.
+fn plan_retention(ctx: &LogContext, g: &crate::group::Group) -> Result<Option<usize>> {
+    let policy = *g.retention.lock();
+    if policy.keeps_everything() {
+        return Ok(None);
+    }
+    let slot = g.log.read();
+    let LogSlot::Loaded(log) = &*slot else {
+        return Ok(None);
+    };
+    let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
+    let min_cursor = g.members.lock().read_counts.min_cursor();
+    let n = retention::droppable(
+        &policy,
+        &sealed,
+        log.total_bytes(),
+        min_cursor,
+        crate::engine::now_ms(),
+    );
+    Ok((n > 0).then_some(n))
+}
+
+/// Deletes a group: its memberships, its registry entry, its files.
+pub(crate) fn delete_group(
+    ctx: &LogContext,
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    id: u64,
+) -> Result<()> {
+    let Some(group) = catalog.get(id).cloned() else {
+        return Ok(());
+    };
+    tidemarks::remove_all_members(cursors, &group);
+    catalog.remove(id);
+    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if let LogSlot::Loaded(log) = &old {
+        log.remove_files(ctx)?;
+    } else {
+        let dir = ctx.group_dir(id);
+        if ctx.vfs.exists(&dir) {
+            ctx.vfs
+                .remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) struct CheckpointDone {
+    pub journal: Journal,
+    pub syncs: u64,
+}
+
+/// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
+/// retention, make every group log durable, start journal file
+/// `next_journal_seq`, write the checkpoint atomically, then delete older
+/// journal files and the segments retention dropped.
+pub(crate) fn write_checkpoint(
+    ctx: &LogContext,
+    catalog: &Catalog,
+    cursors: &CursorTable,
+    next_journal_seq: u64,
+    clean_shutdown: bool,
+) -> Result<CheckpointDone> {
+    let mut entries = Vec::with_capacity(catalog.len());
+    let mut ordinals: Vec<u64> = Vec::new();
+    let mut dropped: Vec<PathBuf> = Vec::new();
+    let mut syncs = 0;
+    for g in catalog.groups() {
+        let drop_n = plan_retention(ctx, g)?;
+        let mut slot = g.log.write();
+        if let LogSlot::Loaded(log) = &mut *slot {
+            if let Some(n) = drop_n {
+                dropped.extend(log.drop_oldest(ctx, n));
+            }
+            if log.needs_sync() {
+                syncs += log.sync(ctx)?;
+            }
+        }
+        if let Some(state) = slot.state() {
+            if ordinals.len() <= g.slot as usize {
+                ordinals.resize(g.slot as usize + 1, u64::MAX);
+            }
+            ordinals[g.slot as usize] = entries.len() as u64;
+            entries.push(GroupEntry {
+                group_id: g.id,
+                head: state.head,
+                segments: state.segments,
+                retention: *g.retention.lock(),
+            });
+        }
+    }
+    let mut members = Vec::new();
+    let mut users = 0u64;
+    cursors.snapshot(|user, ms| {
+        users += 1;
+        member_snapshot::encode_user(&mut members, user, ms, |slot| ordinals[slot as usize]);
+    });
+    let mut section = Vec::with_capacity(members.len() + 10);
+    member_snapshot::put_varint(&mut section, users);
+    section.extend_from_slice(&members);
+    drop(members);
+
+    let dir = journal::journal_dir(&ctx.config.data_dir);
+    let journal = Journal::create(&*ctx.vfs, &dir, next_journal_seq)?;
+    let body = CheckpointBody {
+        journal_seq: journal.seq,
+        clean_shutdown,
+        created_ms: crate::engine::now_ms(),
+        groups: entries,
+        members: section,
+    };
+    // Journal files from the previous checkpoint on are kept: they are what
+    // `checkpoint.prev` replays if the new checkpoint is ever unreadable.
+    let keep_from = match checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))? {
+        Some(Ok(current)) => current.journal_seq,
+        _ => journal.seq,
+    };
+    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body)?;
+    for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
+        if seq < keep_from {
+            ctx.vfs
+                .remove_file(&path)
+                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+        }
+    }
+    for path in dropped {
+        if let Err(e) = ctx.vfs.remove_file(&path) {
+            log::warn!("retention could not remove {}: {e}", path.display());
+        }
+    }
+    Ok(CheckpointDone {
+        journal,
+        syncs: syncs + 3,
+    })
 }

@@ -71,6 +71,12 @@ pub struct Config {
     pub commit_round_bytes_max: usize,
     /// Groups an engine holds.
     pub groups_max: usize,
+    pub members_per_group_max: usize,
+    pub groups_per_user_max: usize,
+    /// Moved cursors are written to the journal at least this often.
+    pub cursor_flush_ms: u64,
+    /// Retention policies are applied at least this often.
+    pub retention_check_ms: u64,
 }
 
 impl Config {
@@ -88,6 +94,10 @@ impl Config {
             journal_checkpoint_bytes: 64 << 20,
             commit_round_bytes_max: 8 << 20,
             groups_max: 10_000_000,
+            members_per_group_max: 500_000,
+            groups_per_user_max: 20_000,
+            cursor_flush_ms: 1000,
+            retention_check_ms: 60_000,
         }
     }
 
@@ -123,6 +133,12 @@ impl Config {
         }
         if self.commit_round_bytes_max < self.record_bytes_max() {
             return bad("commit_round_bytes_max must hold the largest record".into());
+        }
+        if self.groups_max >= u32::MAX as usize {
+            return bad("groups_max must be below 2^32".into());
+        }
+        if self.cursor_flush_ms == 0 || self.retention_check_ms == 0 {
+            return bad("cursor_flush_ms and retention_check_ms must be positive".into());
         }
         if self.dedup_entries_max < self.dedup_window_sends {
             return bad("dedup_entries_max must be at least dedup_window_sends".into());

@@ -2,7 +2,6 @@
 //! read above an id, head. Owns the group registry, the pending commit round
 //! and the commit thread.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +9,9 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::catalog::Catalog;
 use crate::config::Config;
+use crate::cursors::CursorTable;
 use crate::dedup::{DedupWindow, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
@@ -80,6 +81,21 @@ pub(crate) struct Op {
     pub group: Arc<Group>,
     pub kind: EntryKind,
     pub entry: std::ops::Range<usize>,
+    /// Where the commit thread puts the outcome of a membership operation.
+    pub reply: Option<Arc<Reply>>,
+}
+
+/// The outcome of one membership operation, filled in when it is applied.
+#[derive(Default)]
+pub(crate) struct Reply(Mutex<Option<Result<u64>>>);
+
+impl Reply {
+    pub fn set(&self, r: Result<u64>) {
+        *self.0.lock() = Some(r);
+    }
+    pub fn take(&self) -> Option<Result<u64>> {
+        self.0.lock().take()
+    }
 }
 
 /// The round being filled by senders and taken whole by the commit thread.
@@ -90,6 +106,10 @@ pub(crate) struct Pending {
     /// Number of the round being filled. Rounds complete in order.
     pub round: u64,
     pub shutdown: bool,
+    /// A caller waits for moved cursors to be persisted with this round.
+    pub flush_cursors: bool,
+    /// A caller waits for a checkpoint after this round.
+    pub checkpoint: bool,
     /// Shut down like a crash: no final checkpoint (tests only).
     pub crash: bool,
 }
@@ -108,7 +128,8 @@ pub type CommitListener = Arc<dyn Fn(u64) + Send + Sync>;
 
 pub(crate) struct Shared {
     pub ctx: LogContext,
-    pub groups: RwLock<HashMap<u64, Arc<Group>>>,
+    pub catalog: RwLock<Catalog>,
+    pub cursors: CursorTable,
     pub pending: Mutex<Pending>,
     /// Wakes the commit thread (work arrived) and senders (room in the round).
     pub pending_cv: Condvar,
@@ -121,7 +142,7 @@ pub(crate) struct Shared {
 
 /// A tidemark storage engine over one data directory.
 pub struct Engine {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
@@ -146,10 +167,12 @@ impl Engine {
         config.validate()?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let ctx = LogContext::new(vfs, config);
-        let (groups, journal, report) = recovery::recover(&ctx)?;
+        let recovered = recovery::recover(&ctx)?;
+        let (journal, report) = (recovered.journal, recovered.report);
         let shared = Arc::new(Shared {
             ctx,
-            groups: RwLock::new(groups),
+            catalog: RwLock::new(recovered.catalog),
+            cursors: recovered.cursors,
             pending: Mutex::new(Pending {
                 round: 1,
                 ..Default::default()
@@ -197,16 +220,16 @@ impl Engine {
         self.shared.listeners.lock().push(f);
     }
 
-    fn group(&self, group_id: u64) -> Result<Arc<Group>> {
+    pub(crate) fn group(&self, group_id: u64) -> Result<Arc<Group>> {
         self.shared
-            .groups
+            .catalog
             .read()
-            .get(&group_id)
+            .get(group_id)
             .cloned()
             .ok_or(Error::GroupNotFound { group: group_id })
     }
 
-    fn check_writable(&self) -> Result<()> {
+    pub(crate) fn check_writable(&self) -> Result<()> {
         if self.shared.writes_stopped.load(Ordering::Acquire) {
             let reason = self
                 .shared
@@ -231,22 +254,23 @@ impl Engine {
     /// round completes. Appends may follow at once.
     pub fn submit_create_group(&self, group_id: u64) -> Result<Ticket> {
         self.check_writable()?;
-        let mut groups = self.shared.groups.write();
-        if groups.contains_key(&group_id) {
+        let mut catalog = self.shared.catalog.write();
+        if catalog.contains(group_id) {
             return Err(Error::GroupExists { group: group_id });
         }
-        if groups.len() >= self.shared.ctx.config.groups_max {
-            return Err(Error::InvalidConfig {
-                reason: format!("groups_max {} reached", groups.len()),
+        let max = self.shared.ctx.config.groups_max;
+        if catalog.len() >= max {
+            return Err(Error::LimitExceeded {
+                what: "groups_max",
+                max,
             });
         }
         let log = GroupLog::create(&self.shared.ctx, group_id)?;
-        let group = Arc::new(Group::new(group_id, LogSlot::Loaded(log), 0));
+        let group = catalog.insert(group_id, LogSlot::Loaded(log), 0);
         group.assign.lock().ready = true;
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
-        groups.insert(group_id, group);
         Ok(Ticket {
             appended: Appended {
                 msg_id: 0,
@@ -291,6 +315,16 @@ impl Engine {
         kind: EntryKind,
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<u64> {
+        self.push_entry_with_reply(group, kind, body, None)
+    }
+
+    pub(crate) fn push_entry_with_reply(
+        &self,
+        group: &Arc<Group>,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+        reply: Option<Arc<Reply>>,
+    ) -> Result<u64> {
         let mut p = self.shared.pending.lock();
         while kind == EntryKind::Record
             && !p.ops.is_empty()
@@ -310,6 +344,7 @@ impl Engine {
             group: group.clone(),
             kind,
             entry: start..end,
+            reply,
         });
         let round = p.round;
         drop(p);
@@ -452,7 +487,34 @@ impl Engine {
         Ok(ticket.appended)
     }
 
-    fn wait_round(&self, round: u64) -> Result<()> {
+    /// Asks the commit thread to persist moved cursors with the next round;
+    /// returns that round.
+    pub(crate) fn request_cursor_flush(&self) -> Result<u64> {
+        self.request_round(|p| p.flush_cursors = true)
+    }
+
+    /// Writes a checkpoint now (applying retention policies) and returns
+    /// when it is durable. The commit thread also does this on its own
+    /// every `journal_checkpoint_bytes` and `retention_check_ms`.
+    pub fn checkpoint(&self) -> Result<()> {
+        let round = self.request_round(|p| p.checkpoint = true)?;
+        self.wait_round(round)
+    }
+
+    fn request_round(&self, set: impl FnOnce(&mut Pending)) -> Result<u64> {
+        self.check_writable()?;
+        let mut p = self.shared.pending.lock();
+        if p.shutdown {
+            return Err(Error::ShuttingDown);
+        }
+        set(&mut p);
+        let round = p.round;
+        drop(p);
+        self.shared.pending_cv.notify_all();
+        Ok(round)
+    }
+
+    pub(crate) fn wait_round(&self, round: u64) -> Result<()> {
         let mut p = self.shared.progress.lock();
         loop {
             if let Some(r) = round_outcome(&p, round) {
@@ -517,7 +579,7 @@ impl Engine {
 
     /// Ids of all groups (unordered).
     pub fn group_ids(&self) -> Vec<u64> {
-        self.shared.groups.read().keys().copied().collect()
+        self.shared.catalog.read().ids()
     }
 
     pub fn stats(&self) -> EngineStats {
@@ -531,9 +593,23 @@ impl Engine {
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
-            groups: self.shared.groups.read().len() as u64,
+            groups: self.shared.catalog.read().len() as u64,
             open_segments: self.shared.ctx.cache.len() as u64,
         }
+    }
+
+    /// Memberships and the heap bytes of the tables that hold them (cursor
+    /// table, member lists, read counts).
+    pub fn membership_memory(&self) -> (u64, usize) {
+        let catalog = self.shared.catalog.read();
+        let mut count = 0;
+        let mut bytes = self.shared.cursors.heap_bytes();
+        for g in catalog.groups() {
+            let m = g.members.lock();
+            count += m.len() as u64;
+            bytes += m.heap_bytes();
+        }
+        (count, bytes)
     }
 
     /// Stops accepting writes, commits what was accepted, writes a clean

@@ -39,6 +39,19 @@ pub enum Error {
     Locked { path: PathBuf },
     /// A configuration value out of its allowed range.
     InvalidConfig { reason: String },
+    /// The user is not a member of the group.
+    NotMember { group: u64, user: u64 },
+    /// An ACK for an id above the group's head.
+    CursorAboveHead {
+        group: u64,
+        requested: u64,
+        head: u64,
+    },
+    /// The messages asked for were dropped by retention; `earliest` is the
+    /// oldest msg_id still stored.
+    BelowRetentionFloor { group: u64, earliest: u64 },
+    /// A membership limit (`members_per_group_max`, `groups_per_user_max`).
+    LimitExceeded { what: &'static str, max: usize },
 }
 
 impl Error {
@@ -96,6 +109,23 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Error::InvalidConfig { reason } => write!(f, "invalid configuration: {reason}"),
+            Error::NotMember { group, user } => {
+                write!(f, "user {user} is not a member of group {group}")
+            }
+            Error::CursorAboveHead {
+                group,
+                requested,
+                head,
+            } => {
+                write!(
+                    f,
+                    "ack of msg_id {requested} above the head {head} of group {group}"
+                )
+            }
+            Error::BelowRetentionFloor { group, earliest } => {
+                write!(f, "group {group} no longer stores those messages; the earliest stored msg_id is {earliest}")
+            }
+            Error::LimitExceeded { what, max } => write!(f, "limit {what} = {max} reached"),
         }
     }
 }

@@ -11,9 +11,17 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::dedup::DedupWindow;
 use crate::group_log::{GroupLog, LogState};
+use crate::membership::GroupMembers;
+use crate::retention::Retention;
 
 pub struct Group {
     pub id: u64,
+    /// Dense small integer standing for the id in the cursor table.
+    pub slot: u32,
+    /// Member list and read counts. Never locked while a cursor-table shard
+    /// lock is held.
+    pub members: Mutex<GroupMembers>,
+    pub retention: Mutex<Retention>,
     pub assign: Mutex<AssignState>,
     pub log: RwLock<LogSlot>,
     /// The newest applied (readable) msg_id, readable without a lock.
@@ -50,11 +58,14 @@ pub struct AssignState {
 }
 
 impl Group {
-    pub fn new(id: u64, slot: LogSlot, head: u64) -> Group {
+    pub fn new(id: u64, slot: u32, log: LogSlot, head: u64) -> Group {
         Group {
             id,
+            slot,
+            members: Mutex::new(GroupMembers::new(0)),
+            retention: Mutex::new(Retention::default()),
             assign: Mutex::new(AssignState::default()),
-            log: RwLock::new(slot),
+            log: RwLock::new(log),
             visible_head: AtomicU64::new(head),
         }
     }

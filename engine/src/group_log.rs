@@ -376,10 +376,6 @@ impl GroupLog {
         Ok(())
     }
 
-    pub fn group_id(&self) -> u64 {
-        self.group_id
-    }
-
     /// The newest msg_id (0 for an empty group).
     pub fn head(&self) -> u64 {
         self.head
@@ -663,6 +659,49 @@ impl GroupLog {
     /// Base id of segment `i`.
     pub fn segment_base(&self, i: usize) -> u64 {
         self.segments[i].base_id
+    }
+
+    /// Sealed segments, oldest first, as the retention planner sees them.
+    pub fn sealed_segments(
+        &self,
+        ctx: &LogContext,
+        with_timestamps: bool,
+    ) -> Result<Vec<crate::retention::SealedSegment>> {
+        let mut out = Vec::with_capacity(self.segments.len().saturating_sub(1));
+        for i in 0..self.segments.len().saturating_sub(1) {
+            let next_first_timestamp_ms = if with_timestamps {
+                self.first_header_from(ctx, i + 1)?
+                    .map_or(u64::MAX, |h| h.timestamp_ms)
+            } else {
+                u64::MAX
+            };
+            out.push(crate::retention::SealedSegment {
+                last_id: self.segments[i + 1].base_id - 1,
+                bytes: self.segments[i].len,
+                next_first_timestamp_ms,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Bytes of all segments.
+    pub fn total_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+
+    /// Forgets the `n` oldest sealed segments (the floor rises) and returns
+    /// their paths; the caller deletes the files once a checkpoint no longer
+    /// names them.
+    pub fn drop_oldest(&mut self, ctx: &LogContext, n: usize) -> Vec<PathBuf> {
+        let n = n.min(self.segments.len() - 1);
+        let dropped: Vec<SegmentMeta> = self.segments.drain(..n).collect();
+        dropped
+            .iter()
+            .map(|s| {
+                ctx.cache.forget(self.group_id, s.base_id);
+                self.segment_path(s.base_id)
+            })
+            .collect()
     }
 
     /// Removes the group's files (after the group was deleted).

@@ -32,6 +32,14 @@ pub enum EntryKind {
     CreateGroup = 2,
     /// Body: empty. The group and its files were deleted.
     DeleteGroup = 3,
+    /// Body: `{ user: u64 | start: u8 (0 head, 1 earliest, 2 at) | at_msg_id: u64 }`.
+    Join = 4,
+    /// Body: `{ user: u64 }`.
+    Leave = 5,
+    /// Body: `n x { user: u64 | cursor: u64 }`: persisted tidemarks.
+    Cursors = 6,
+    /// Body: `{ by_cursor: u8 | max_age_ms: u64 | max_bytes: u64 }`.
+    SetRetention = 7,
 }
 
 impl EntryKind {
@@ -40,6 +48,10 @@ impl EntryKind {
             1 => Some(EntryKind::Record),
             2 => Some(EntryKind::CreateGroup),
             3 => Some(EntryKind::DeleteGroup),
+            4 => Some(EntryKind::Join),
+            5 => Some(EntryKind::Leave),
+            6 => Some(EntryKind::Cursors),
+            7 => Some(EntryKind::SetRetention),
             _ => None,
         }
     }
@@ -161,7 +173,7 @@ impl<'a> Iterator for EntryIter<'a> {
     }
 }
 
-fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
+pub(crate) fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
     let mut b = [0u8; JOURNAL_HEADER_BYTES];
     b[0..8].copy_from_slice(&JOURNAL_MAGIC);
     b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());

@@ -19,10 +19,12 @@
 //!
 //! Limits and their defaults are in [`Config`].
 
+mod catalog;
 mod checkpoint;
 mod codec;
 mod commit;
 pub mod config;
+mod cursors;
 mod dedup;
 mod engine;
 pub mod error;
@@ -31,19 +33,30 @@ mod group_log;
 mod index;
 pub mod io;
 mod journal;
+mod member_snapshot;
+mod membership;
+#[cfg(test)]
+mod model_tests;
+mod read_counts;
 pub mod record;
 mod recovery;
+pub mod retention;
 mod segment;
 mod segment_cache;
 #[cfg(test)]
 mod spec_vectors;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tidemark_tests;
+mod tidemarks;
 
 pub use config::{Config, FsyncPolicy};
 pub use engine::{AppendRequest, Appended, Engine, EngineStats, Ticket};
 pub use error::{Error, Result};
 pub use group_log::{Chunk, ReadBatch};
 pub use recovery::RecoveryReport;
+pub use retention::Retention;
+pub use tidemarks::{direct_group_id, History, JoinStart, Pull, Sync, SyncGroup, Unread};
 
 pub(crate) use engine::now_ms;

@@ -4,19 +4,23 @@
 //!
 //! The algorithm, step by step, is in format-spec/storage.md "Recovery".
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::Arc;
 
-use crate::checkpoint;
+use crate::catalog::Catalog;
+use crate::checkpoint::{self, CheckpointBody};
+use crate::commit;
+use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::io::Vfs;
 use crate::journal::{self, EntryKind, Journal, JOURNAL_HEADER_BYTES};
+use crate::member_snapshot;
 use crate::record;
+use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::tidemarks::{self, JoinStart};
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -68,12 +72,25 @@ pub(crate) fn lock_data_dir(vfs: &dyn Vfs, data_dir: &Path) -> Result<File> {
     Ok(file)
 }
 
-type Registry = HashMap<u64, Arc<Group>>;
+/// Everything recovery rebuilds.
+pub(crate) struct Recovered {
+    pub catalog: Catalog,
+    pub cursors: CursorTable,
+    pub journal: Journal,
+    pub report: RecoveryReport,
+}
 
-/// Rebuilds the in-memory registry from disk and returns the journal to
+fn damaged_state() -> LogState {
+    LogState {
+        head: 0,
+        segments: vec![(1, SEGMENT_HEADER_BYTES as u64)],
+    }
+}
+
+/// Rebuilds the in-memory state from disk and returns the journal to
 /// append to. Ends with a checkpoint, so a crash during a later run never
 /// replays the same journal twice.
-pub(crate) fn recover(ctx: &LogContext) -> Result<(Registry, Journal, RecoveryReport)> {
+pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     let vfs = &*ctx.vfs;
     let data_dir = &ctx.config.data_dir;
     let jdir = journal::journal_dir(data_dir);
@@ -82,33 +99,44 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<(Registry, Journal, RecoveryRe
     vfs.create_dir_all(&data_dir.join("groups"))
         .map_err(|e| Error::io("mkdir groups", e))?;
     let mut report = RecoveryReport::default();
-    let mut groups = Registry::new();
+    let mut catalog = Catalog::default();
+    let cursors = CursorTable::new(ctx.config.groups_per_user_max);
 
-    let replay_from = match checkpoint::load(vfs, data_dir)? {
-        Some(Ok(body)) => {
-            report.checkpoint_used = true;
-            for g in body.groups {
-                let state = LogState {
-                    head: g.head,
-                    segments: g.segments,
-                };
-                groups.insert(
-                    g.group_id,
-                    Arc::new(Group::new(g.group_id, LogSlot::Unloaded(state), g.head)),
-                );
+    let mut replay_from = 0;
+    let mut loaded = false;
+    for candidate in [
+        checkpoint::path(data_dir),
+        checkpoint::previous_path(data_dir),
+    ] {
+        match checkpoint::load(vfs, &candidate)? {
+            Some(Ok(body)) => {
+                replay_from = body.journal_seq;
+                report.clean_shutdown = body.clean_shutdown;
+                restore_checkpoint(&mut catalog, &cursors, body).map_err(|reason| {
+                    Error::Corrupt {
+                        path: candidate.clone(),
+                        group: None,
+                        offset: 0,
+                        reason,
+                    }
+                })?;
+                report.checkpoint_used = true;
+                loaded = true;
+                break;
             }
-            report.clean_shutdown = body.clean_shutdown;
-            body.journal_seq
-        }
-        found => {
-            if let Some(Err(reason)) = found {
-                log::warn!("checkpoint rejected ({reason}); rescanning every group");
-                report.checkpoint_rejected = Some(reason);
+            Some(Err(reason)) => {
+                log::warn!("checkpoint {} rejected: {reason}", candidate.display());
+                report.checkpoint_rejected.get_or_insert(reason);
             }
-            discover_groups(ctx, &mut groups, &mut report)?;
-            0
+            None => {}
         }
-    };
+    }
+    if !loaded {
+        if report.checkpoint_rejected.is_some() {
+            log::warn!("no usable checkpoint; rescanning every group (memberships come from the journal only)");
+        }
+        discover_groups(ctx, &mut catalog, &mut report)?;
+    }
 
     let files: Vec<_> = journal::list(vfs, &jdir)?
         .into_iter()
@@ -117,63 +145,98 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<(Registry, Journal, RecoveryRe
     let mut next_seq = replay_from.max(1);
     for (i, (seq, path)) in files.iter().enumerate() {
         let newest = i + 1 == files.len();
-        let replayed = replay_file(ctx, &mut groups, path, newest, &mut report)?;
-        if replayed > 0 {
+        let mut replay = Replay {
+            ctx,
+            catalog: &mut catalog,
+            cursors: &cursors,
+            report: &mut report,
+        };
+        if replay.file(path, newest)? > 0 {
             report.clean_shutdown = false;
         }
         next_seq = seq + 1;
     }
-    for g in groups.values() {
+    clamp_cursors_to_heads(&catalog, &cursors);
+    for g in catalog.groups() {
         if let LogSlot::Damaged { reason, .. } = &*g.log.read() {
             report.damaged_groups.push((g.id, reason.clone()));
         }
     }
-    report.groups = groups.len() as u64;
+    report.groups = catalog.len() as u64;
 
     // A fresh checkpoint over a fresh journal: the replayed journal files
     // are no longer needed once the logs they fed are synced.
-    let journal = Journal::create(vfs, &jdir, next_seq)?;
-    let mut entries = Vec::with_capacity(groups.len());
-    for g in groups.values() {
-        let mut slot = g.log.write();
-        if let LogSlot::Loaded(log) = &mut *slot {
-            log.sync(ctx)?;
-        }
-        if let Some(state) = slot.state() {
-            entries.push(checkpoint::GroupEntry {
-                group_id: g.id,
-                head: state.head,
-                segments: state.segments,
-            });
-        }
-    }
-    let body = checkpoint::CheckpointBody {
-        journal_seq: journal.seq,
-        clean_shutdown: false,
-        created_ms: crate::engine::now_ms(),
-        groups: entries,
-    };
-    checkpoint::store(vfs, data_dir, &body)?;
-    for (seq, path) in journal::list(vfs, &jdir)? {
-        if seq < journal.seq {
-            vfs.remove_file(&path)
-                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-        }
-    }
+    let done = commit::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }
     for (g, why) in &report.damaged_groups {
         log::error!("group {g} is damaged: {why}");
     }
-    Ok((groups, journal, report))
+    Ok(Recovered {
+        catalog,
+        cursors,
+        journal: done.journal,
+        report,
+    })
+}
+
+/// Registers the checkpoint's groups (unloaded) and memberships.
+fn restore_checkpoint(
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    body: CheckpointBody,
+) -> Result<(), String> {
+    let mut by_ordinal = Vec::with_capacity(body.groups.len());
+    for g in body.groups {
+        let state = LogState {
+            head: g.head,
+            segments: g.segments,
+        };
+        let group = catalog.insert(g.group_id, LogSlot::Unloaded(state), g.head);
+        *group.retention.lock() = g.retention;
+        by_ordinal.push(group);
+    }
+    member_snapshot::decode(&body.members, |m| {
+        let group = usize::try_from(m.group_ordinal)
+            .ok()
+            .and_then(|o| by_ordinal.get(o))
+            .ok_or_else(|| {
+                format!(
+                    "membership names group ordinal {} of {}",
+                    m.group_ordinal,
+                    by_ordinal.len()
+                )
+            })?;
+        if cursors
+            .insert(m.user, group.slot, m.cursor, m.join_point)
+            .is_ok()
+        {
+            group.members.lock().insert(m.user, m.cursor);
+        }
+        Ok(())
+    })
+}
+
+/// After replay: no cursor beyond its group's head.
+fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
+    let mut moved = Vec::new();
+    cursors.clamp_all(
+        |slot| catalog.by_slot(slot).map_or(u64::MAX, |g| g.head()),
+        |slot, old, new| moved.push((slot, old, new)),
+    );
+    for (slot, old, new) in moved {
+        if let Some(g) = catalog.by_slot(slot) {
+            g.members.lock().read_counts.advance(old, new);
+        }
+    }
 }
 
 /// Without a usable checkpoint: every group directory is opened and its
 /// active segment scanned.
 fn discover_groups(
     ctx: &LogContext,
-    groups: &mut Registry,
+    catalog: &mut Catalog,
     report: &mut RecoveryReport,
 ) -> Result<()> {
     let vfs = &*ctx.vfs;
@@ -196,176 +259,186 @@ fn discover_groups(
             if ctx.group_dir(id) != dir {
                 continue; // not a directory this engine would have made
             }
-            let slot = match GroupLog::discover(ctx, id) {
+            match GroupLog::discover(ctx, id) {
                 Ok((log, load)) => {
-                    note_cut(report, &log, &load);
+                    if load.bytes_cut > 0 {
+                        report.cuts.push((
+                            format!("group {id} active segment"),
+                            load.bytes_cut,
+                            "torn or unsynced tail".into(),
+                        ));
+                    }
                     let head = log.head();
-                    groups.insert(id, Arc::new(Group::new(id, LogSlot::Loaded(log), head)));
-                    continue;
+                    catalog.insert(id, LogSlot::Loaded(log), head);
                 }
-                Err(e) => LogSlot::Damaged {
-                    state: LogState {
-                        head: 0,
-                        segments: vec![(1, 64)],
-                    },
-                    reason: e.to_string(),
-                },
-            };
-            groups.insert(id, Arc::new(Group::new(id, slot, 0)));
+                Err(e) => {
+                    catalog.insert(
+                        id,
+                        LogSlot::Damaged {
+                            state: damaged_state(),
+                            reason: e.to_string(),
+                        },
+                        0,
+                    );
+                }
+            }
         }
     }
     Ok(())
 }
 
-fn note_cut(report: &mut RecoveryReport, log: &GroupLog, load: &LoadReport) {
-    if load.bytes_cut > 0 {
-        report.cuts.push((
-            format!("group {} active segment", log.group_id()),
-            load.bytes_cut,
-            "torn or unsynced tail".into(),
-        ));
-    }
+struct Replay<'a> {
+    ctx: &'a LogContext,
+    catalog: &'a mut Catalog,
+    cursors: &'a CursorTable,
+    report: &'a mut RecoveryReport,
 }
 
-/// Replays one journal file. Only the newest file may end in a torn entry;
-/// an invalid entry in an older one means acknowledged data is unreadable.
-fn replay_file(
-    ctx: &LogContext,
-    groups: &mut Registry,
-    path: &Path,
-    newest: bool,
-    report: &mut RecoveryReport,
-) -> Result<u64> {
-    let corrupt = |offset: u64, reason: String| Error::Corrupt {
-        path: path.to_owned(),
-        group: None,
-        offset,
-        reason,
-    };
-    let Some(map) = journal::map_file(&*ctx.vfs, path)? else {
-        return Ok(0);
-    };
-    if let Err(reason) = journal::decode_header(&map) {
-        if newest {
-            // A crash while creating the newest journal file: nothing in it
-            // was ever acknowledged.
-            report
-                .cuts
-                .push((path.display().to_string(), map.len() as u64, reason));
+impl Replay<'_> {
+    /// Replays one journal file. Only the newest file may end in a torn
+    /// entry; an invalid entry in an older one means acknowledged data is
+    /// unreadable.
+    fn file(&mut self, path: &Path, newest: bool) -> Result<u64> {
+        let corrupt = |offset: u64, reason: String| Error::Corrupt {
+            path: path.to_owned(),
+            group: None,
+            offset,
+            reason,
+        };
+        let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
             return Ok(0);
+        };
+        if let Err(reason) = journal::decode_header(&map) {
+            if newest {
+                // A crash while creating the newest journal file: nothing in it
+                // was ever acknowledged.
+                self.report
+                    .cuts
+                    .push((path.display().to_string(), map.len() as u64, reason));
+                return Ok(0);
+            }
+            return Err(corrupt(0, reason));
         }
-        return Err(corrupt(0, reason));
-    }
-    report.journal_files_replayed += 1;
-    let body_max = ctx.config.record_bytes_max();
-    let mut it = journal::EntryIter::new(&map[JOURNAL_HEADER_BYTES..], body_max);
-    let mut count = 0;
-    for entry in it.by_ref() {
-        count += 1;
-        report.journal_entries_replayed += 1;
-        replay_entry(ctx, groups, &entry, report);
-    }
-    if let Some(reason) = it.stop_reason() {
-        let valid = (JOURNAL_HEADER_BYTES + it.position()) as u64;
-        if !newest {
-            return Err(corrupt(
-                valid,
-                format!("invalid entry in a journal that is not the newest: {reason}"),
+        self.report.journal_files_replayed += 1;
+        let mut it = journal::EntryIter::new(
+            &map[JOURNAL_HEADER_BYTES..],
+            self.ctx.config.record_bytes_max(),
+        );
+        let mut count = 0;
+        for entry in it.by_ref() {
+            count += 1;
+            self.report.journal_entries_replayed += 1;
+            self.entry(&entry)?;
+        }
+        if let Some(reason) = it.stop_reason() {
+            let valid = (JOURNAL_HEADER_BYTES + it.position()) as u64;
+            if !newest {
+                return Err(corrupt(
+                    valid,
+                    format!("invalid entry in a journal that is not the newest: {reason}"),
+                ));
+            }
+            self.report.cuts.push((
+                path.display().to_string(),
+                map.len() as u64 - valid,
+                reason.to_string(),
             ));
         }
-        report.cuts.push((
-            path.display().to_string(),
-            map.len() as u64 - valid,
-            reason.to_string(),
-        ));
+        Ok(count)
     }
-    Ok(count)
-}
 
-fn replay_entry(
-    ctx: &LogContext,
-    groups: &mut Registry,
-    entry: &journal::Entry<'_>,
-    report: &mut RecoveryReport,
-) {
-    let id = entry.group_id;
-    match entry.kind {
-        EntryKind::CreateGroup => {
-            if groups.contains_key(&id) {
-                return;
+    fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
+        let id = entry.group_id;
+        if entry.kind == EntryKind::CreateGroup {
+            if !self.catalog.contains(id) {
+                match GroupLog::create(self.ctx, id) {
+                    Ok(log) => self.catalog.insert(id, LogSlot::Loaded(log), 0),
+                    Err(e) => self.catalog.insert(
+                        id,
+                        LogSlot::Damaged {
+                            state: damaged_state(),
+                            reason: e.to_string(),
+                        },
+                        0,
+                    ),
+                };
             }
-            let slot = match GroupLog::create(ctx, id) {
-                Ok(log) => LogSlot::Loaded(log),
-                Err(e) => LogSlot::Damaged {
-                    state: LogState {
-                        head: 0,
-                        segments: vec![(1, 64)],
-                    },
-                    reason: e.to_string(),
-                },
-            };
-            groups.insert(id, Arc::new(Group::new(id, slot, 0)));
+            return Ok(());
         }
-        EntryKind::DeleteGroup => {
-            if let Some(g) = groups.remove(&id) {
-                let dir = ctx.group_dir(id);
-                *g.log.write() = LogSlot::Deleted;
-                if ctx.vfs.exists(&dir) {
-                    if let Err(e) = ctx.vfs.remove_dir_all(&dir) {
-                        log::warn!(
-                            "could not remove deleted group directory {}: {e}",
-                            dir.display()
-                        );
+        let Some(group) = self.catalog.get(id).cloned() else {
+            self.report.orphan_entries += 1;
+            return Ok(());
+        };
+        let (ctx, cursors) = (self.ctx, self.cursors);
+        match entry.kind {
+            EntryKind::CreateGroup => {}
+            EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
+            EntryKind::Join => {
+                if let Some((user, start)) = JoinStart::decode(entry.body) {
+                    let _ = tidemarks::apply_join(cursors, &ctx.config, &group, user, start, false);
+                }
+            }
+            EntryKind::Leave => {
+                if let Some(user) = tidemarks::decode_user(entry.body) {
+                    let _ = tidemarks::apply_leave(cursors, &group, user);
+                }
+            }
+            EntryKind::SetRetention => {
+                if let Some(r) = tidemarks::decode_retention(entry.body) {
+                    *group.retention.lock() = r;
+                }
+            }
+            EntryKind::Cursors => {
+                for row in entry.body.chunks_exact(16) {
+                    let user = u64::from_le_bytes(row[0..8].try_into().unwrap_or_default());
+                    let cursor = u64::from_le_bytes(row[8..16].try_into().unwrap_or_default());
+                    if let Some((old, new)) = cursors.restore(user, group.slot, cursor) {
+                        if new != old {
+                            group.members.lock().read_counts.advance(old, new);
+                        }
                     }
                 }
             }
+            EntryKind::Record => self.record(&group, entry.body),
         }
-        EntryKind::Record => {
-            let Some(group) = groups.get(&id) else {
-                report.orphan_entries += 1;
+        Ok(())
+    }
+
+    fn record(&mut self, group: &Group, body: &[u8]) {
+        ensure_loaded_reporting(self.ctx, group, self.report);
+        let mut slot = group.log.write();
+        let LogSlot::Loaded(log) = &mut *slot else {
+            return;
+        };
+        let max = self.ctx.config.record_bytes_max();
+        let damage = |log: &GroupLog, reason: String| LogSlot::Damaged {
+            state: log.state(),
+            reason,
+        };
+        let header = match record::decode_verified(body, max) {
+            Ok(h) if h.record_len as usize == body.len() => h,
+            _ => {
+                *slot = damage(log, "journal entry holds an invalid record".into());
                 return;
-            };
-            ensure_loaded_reporting(ctx, group, report);
-            let mut slot = group.log.write();
-            let LogSlot::Loaded(log) = &mut *slot else {
-                return;
-            };
-            let header = match record::decode_verified(entry.body, ctx.config.record_bytes_max()) {
-                Ok(h) if h.record_len as usize == entry.body.len() => h,
-                Ok(_) | Err(_) => {
-                    let state = log.state();
-                    *slot = LogSlot::Damaged {
-                        state,
-                        reason: "journal entry holds an invalid record".into(),
-                    };
-                    return;
-                }
-            };
-            if header.msg_id <= log.head() {
-                report.records_already_present += 1;
-            } else if header.msg_id == log.head() + 1 {
-                match log.append(ctx, entry.body) {
-                    Ok(()) => {
-                        report.records_replayed += 1;
-                        group.publish_head(log.head());
-                    }
-                    Err(e) => {
-                        let state = log.state();
-                        *slot = LogSlot::Damaged {
-                            state,
-                            reason: format!("replay failed: {e}"),
-                        };
-                    }
-                }
-            } else {
-                let reason = format!(
-                    "journal holds msg_id {} but the log ends at {}",
-                    header.msg_id,
-                    log.head()
-                );
-                let state = log.state();
-                *slot = LogSlot::Damaged { state, reason };
             }
+        };
+        if header.msg_id <= log.head() {
+            self.report.records_already_present += 1;
+        } else if header.msg_id == log.head() + 1 {
+            match log.append(self.ctx, body) {
+                Ok(()) => {
+                    self.report.records_replayed += 1;
+                    group.publish_head(log.head());
+                }
+                Err(e) => *slot = damage(log, format!("replay failed: {e}")),
+            }
+        } else {
+            let reason = format!(
+                "journal holds msg_id {} but the log ends at {}",
+                header.msg_id,
+                log.head()
+            );
+            *slot = damage(log, reason);
         }
     }
 }

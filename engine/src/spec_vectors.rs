@@ -1,1 +1,442 @@
 //! Test vectors of format-spec/vectors/storage tie the spec to the code.
+//!
+//! Each `.hex` file is the byte-exact encoding of one structure described in
+//! format-spec/storage.md. Every test checks both directions: the encoder
+//! produces exactly the vector's bytes, and the decoder turns the vector's
+//! bytes back into the documented field values.
+
+use std::path::Path;
+
+use crate::checkpoint::{self, CheckpointBody, GroupEntry};
+use crate::io::OsVfs;
+use crate::journal::{self, EntryIter, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
+use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
+
+const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
+const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
+const JOURNAL_HEADER: &str = include_str!("../../format-spec/vectors/storage/journal-header.hex");
+const JOURNAL_ENTRY_RECORD: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-record.hex");
+const JOURNAL_ENTRY_CREATE_GROUP: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-create-group.hex");
+const CHECKPOINT: &str = include_str!("../../format-spec/vectors/storage/checkpoint.hex");
+
+const TIMESTAMP_MS: u64 = 1_700_000_000_000;
+const RECORD_BYTES_MAX: usize = RECORD_HEADER_BYTES + (1 << 20);
+
+/// Parses a vector: lines starting with `#` are comments, everything else is
+/// whitespace-separated two-digit hex bytes.
+fn parse_hex(text: &str) -> Vec<u8> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(|tok| {
+            assert_eq!(tok.len(), 2, "hex token {tok:?} is not one byte");
+            u8::from_str_radix(tok, 16).unwrap_or_else(|_| panic!("bad hex token {tok:?}"))
+        })
+        .collect()
+}
+
+/// The `# total: N bytes` line every vector carries.
+fn declared_total(text: &str) -> usize {
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# total: "))
+        .expect("vector declares its total");
+    line.trim_end_matches(" bytes").parse().unwrap()
+}
+
+fn vector(text: &str) -> Vec<u8> {
+    let bytes = parse_hex(text);
+    assert_eq!(bytes.len(), declared_total(text), "vector length");
+    bytes
+}
+
+fn sample_record() -> NewRecord<'static> {
+    NewRecord {
+        msg_id: 1,
+        timestamp_ms: TIMESTAMP_MS,
+        sender_id: 42,
+        client_msg_id: 7,
+        payload: b"hello",
+    }
+}
+
+#[test]
+fn record_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(RECORD);
+    let mut out = Vec::new();
+    record::encode_into(&sample_record(), &mut out);
+    assert_eq!(out, v);
+
+    let h = record::decode_verified(&v, RECORD_BYTES_MAX).unwrap();
+    assert_eq!(h.record_len, 49);
+    assert_eq!(h.crc, 0x9673_09e2);
+    assert_eq!(h.msg_id, 1);
+    assert_eq!(h.timestamp_ms, TIMESTAMP_MS);
+    assert_eq!(h.sender_id, 42);
+    assert_eq!(h.client_msg_id, 7);
+    assert_eq!(h.kind, KIND_MESSAGE);
+    assert_eq!(h.flags, 0);
+    assert_eq!(h.payload_len(), 5);
+    assert_eq!(&v[RECORD_HEADER_BYTES..], b"hello");
+    // The CRC covers bytes 8..record_len.
+    assert_eq!(crc32fast::hash(&v[8..]), h.crc);
+}
+
+#[test]
+fn record_invalid_values_get_the_documented_errors() {
+    let v = vector(RECORD);
+    let with = |off: usize, byte: u8| {
+        let mut b = v.clone();
+        b[off] = byte;
+        b
+    };
+    // record_len below the header size, or above the configured maximum.
+    let mut short = v.clone();
+    short[0..4].copy_from_slice(&43u32.to_le_bytes());
+    assert_eq!(
+        record::decode_verified(&short, RECORD_BYTES_MAX),
+        Err(RecordError::BadLength { record_len: 43 })
+    );
+    assert_eq!(
+        record::decode_verified(&v, 48),
+        Err(RecordError::BadLength { record_len: 49 })
+    );
+    // Fewer bytes than record_len.
+    assert_eq!(
+        record::decode_verified(&v[..48], RECORD_BYTES_MAX),
+        Err(RecordError::Truncated { need: 49, have: 48 })
+    );
+    // Unknown kind, flags, reserved: rejected before the CRC is looked at.
+    for (off, reason) in [
+        (40, "unknown kind"),
+        (41, "reserved bits set"),
+        (42, "reserved bits set"),
+        (43, "reserved bits set"),
+    ] {
+        assert_eq!(
+            record::decode_verified(&with(off, 1), RECORD_BYTES_MAX),
+            Err(RecordError::BadHeader { reason }),
+            "byte {off}"
+        );
+    }
+    // A payload byte changed: checksum mismatch.
+    assert!(matches!(
+        record::decode_verified(&with(44, b'j'), RECORD_BYTES_MAX),
+        Err(RecordError::BadCrc {
+            stored: 0x9673_09e2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn segment_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(SEGMENT_HEADER);
+    let header = SegmentHeader {
+        group_id: 5,
+        base_msg_id: 1,
+        created_ms: TIMESTAMP_MS,
+    };
+    assert_eq!(v.len(), SEGMENT_HEADER_BYTES);
+    assert_eq!(header.encode().to_vec(), v);
+    assert_eq!(SegmentHeader::decode(&v), Ok(header));
+    assert_eq!(&v[0..8], &segment::SEGMENT_MAGIC);
+    assert_eq!(u16::from_le_bytes([v[8], v[9]]), segment::SEGMENT_VERSION);
+    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 64);
+    assert_eq!(crc32fast::hash(&v[0..60]).to_le_bytes(), v[60..64]);
+
+    // An unknown version is refused, even with a matching CRC.
+    let mut future = v.clone();
+    future[8] = 2;
+    let crc = crc32fast::hash(&future[0..60]);
+    future[60..64].copy_from_slice(&crc.to_le_bytes());
+    assert_eq!(
+        SegmentHeader::decode(&future),
+        Err("unsupported segment version 2".to_string())
+    );
+}
+
+#[test]
+fn segment_file_of_header_and_record_scans_as_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(segment::file_name(1));
+    assert_eq!(
+        path.file_name().unwrap().to_str(),
+        Some("00000000000000000001.seg")
+    );
+    let header = SegmentHeader::decode(&vector(SEGMENT_HEADER)).unwrap();
+    let record = vector(RECORD);
+    let seg = SegmentFile::create(&OsVfs, &path, &header, 1 << 16).unwrap();
+    seg.write_at(&record, SEGMENT_HEADER_BYTES as u64).unwrap();
+    // A torn tail: the first 10 bytes of a second record.
+    seg.write_at(&record[..10], 113).unwrap();
+
+    let file = std::fs::read(&path).unwrap();
+    assert_eq!(file[..64], vector(SEGMENT_HEADER)[..]);
+    assert_eq!(file[64..113], record[..]);
+
+    let scan = segment::scan(&seg, 123, 5, RECORD_BYTES_MAX, 4096).unwrap();
+    assert_eq!(scan.header, header);
+    assert_eq!(scan.valid_len, 113);
+    assert_eq!(scan.last_id, 1);
+    assert_eq!(scan.last_timestamp_ms, TIMESTAMP_MS);
+    assert_eq!(scan.records, 1);
+    assert_eq!(
+        scan.stopped,
+        Some(ScanStop::Record(RecordError::Truncated {
+            need: RECORD_HEADER_BYTES,
+            have: 10
+        }))
+    );
+    // The first record of a segment is always indexed, at its file position.
+    assert_eq!(scan.index.floor(1), Some((1, 64)));
+
+    // A segment scanned for another group is corrupt at offset 16.
+    match segment::scan(&seg, 113, 6, RECORD_BYTES_MAX, 4096) {
+        Err(crate::Error::Corrupt { offset, .. }) => assert_eq!(offset, 16),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(JOURNAL_HEADER);
+    assert_eq!(v.len(), JOURNAL_HEADER_BYTES);
+    assert_eq!(journal::encode_header(1).to_vec(), v);
+    assert_eq!(journal::decode_header(&v), Ok(1));
+    assert_eq!(&v[0..8], &journal::JOURNAL_MAGIC);
+    assert_eq!(u16::from_le_bytes([v[8], v[9]]), journal::JOURNAL_VERSION);
+    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
+    assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
+    assert_eq!(
+        journal::journal_path(Path::new("data/journal"), 1),
+        Path::new("data/journal/00000000000000000001.tmj")
+    );
+}
+
+#[test]
+fn journal_record_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(JOURNAL_ENTRY_RECORD);
+    let record = vector(RECORD);
+    let mut out = Vec::new();
+    let start = journal::begin_entry(&mut out, EntryKind::Record, 5);
+    record::encode_into(&sample_record(), &mut out);
+    journal::finish_entry(&mut out, start);
+    assert_eq!(out, v);
+
+    // The body is the record, byte for byte.
+    assert_eq!(v[ENTRY_HEADER_BYTES..], record[..]);
+    assert_eq!(crc32fast::hash(&v[4..]).to_le_bytes(), v[0..4]);
+    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
+    let e = it.next().unwrap();
+    assert_eq!(e.kind, EntryKind::Record);
+    assert_eq!(e.group_id, 5);
+    assert_eq!(e.body, &record[..]);
+    assert!(it.next().is_none());
+    assert_eq!(it.position(), v.len());
+    assert_eq!(it.stop_reason(), None);
+}
+
+#[test]
+fn journal_create_group_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(JOURNAL_ENTRY_CREATE_GROUP);
+    let mut out = Vec::new();
+    let start = journal::begin_entry(&mut out, EntryKind::CreateGroup, 5);
+    journal::finish_entry(&mut out, start);
+    assert_eq!(out, v);
+
+    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
+    let e = it.next().unwrap();
+    assert_eq!(
+        (e.kind, e.group_id, e.body.len()),
+        (EntryKind::CreateGroup, 5, 0)
+    );
+    assert!(it.next().is_none());
+    assert_eq!(it.stop_reason(), None);
+}
+
+#[test]
+fn journal_entry_invalid_values_stop_the_scan_as_documented() {
+    let v = vector(JOURNAL_ENTRY_CREATE_GROUP);
+    let resealed = |mut b: Vec<u8>| {
+        let crc = crc32fast::hash(&b[4..]);
+        b[0..4].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    let stop = |b: &[u8], max: usize| {
+        let mut it = EntryIter::new(b, max);
+        let n = it.by_ref().count();
+        (n, it.position(), it.stop_reason().map(str::to_owned))
+    };
+    // A whole valid entry followed by each kind of invalid one: the scan
+    // keeps the first and stops at the second.
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (v[..23].to_vec(), "truncated entry header"),
+        (
+            {
+                let mut b = v.clone();
+                b[4..8].copy_from_slice(&100u32.to_le_bytes());
+                resealed(b)
+            },
+            "truncated entry",
+        ),
+        (
+            {
+                let mut b = v.clone();
+                b[20] ^= 1;
+                b
+            },
+            "entry checksum mismatch",
+        ),
+        (
+            {
+                let mut b = v.clone();
+                b[8] = 0;
+                resealed(b)
+            },
+            "unknown entry kind 0",
+        ),
+        (
+            {
+                let mut b = v.clone();
+                b[8] = 255;
+                resealed(b)
+            },
+            "unknown entry kind 255",
+        ),
+        (
+            {
+                let mut b = v.clone();
+                b[12] = 1;
+                resealed(b)
+            },
+            "reserved entry bytes set",
+        ),
+    ];
+    for (bad, why) in cases {
+        let mut buf = v.clone();
+        buf.extend_from_slice(&bad);
+        let (n, pos, reason) = stop(&buf, RECORD_BYTES_MAX);
+        assert_eq!((n, pos), (1, v.len()), "{why}");
+        let reason = reason.unwrap();
+        assert!(reason.starts_with(why), "{why}: {reason}");
+    }
+    // body_len above the maximum body size is refused before anything else.
+    let rec = vector(JOURNAL_ENTRY_RECORD);
+    let (n, pos, reason) = stop(&rec, 48);
+    assert_eq!((n, pos), (0, 0));
+    assert!(reason
+        .unwrap()
+        .starts_with("entry body length 49 exceeds 48"));
+}
+
+fn sample_checkpoint() -> CheckpointBody {
+    CheckpointBody {
+        journal_seq: 1,
+        clean_shutdown: true,
+        created_ms: TIMESTAMP_MS,
+        groups: vec![GroupEntry {
+            group_id: 5,
+            head: 1,
+            segments: vec![(1, 113)],
+            retention: Default::default(),
+        }],
+        members: vec![0],
+    }
+}
+
+#[test]
+fn checkpoint_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(CHECKPOINT);
+    assert_eq!(checkpoint::encode(&sample_checkpoint()), v);
+    let body = checkpoint::decode(&v).unwrap();
+    assert_eq!(body.journal_seq, 1);
+    assert!(body.clean_shutdown);
+    assert_eq!(body.created_ms, TIMESTAMP_MS);
+    assert_eq!(body.groups.len(), 1);
+    assert_eq!(body.groups[0].group_id, 5);
+    assert_eq!(body.groups[0].head, 1);
+    assert_eq!(body.groups[0].segments, vec![(1, 113)]);
+
+    assert_eq!(&v[0..8], &checkpoint::CHECKPOINT_MAGIC);
+    assert_eq!(
+        u16::from_le_bytes([v[8], v[9]]),
+        checkpoint::CHECKPOINT_VERSION
+    );
+    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
+    let body_bytes = &v[checkpoint::CHECKPOINT_HEADER_BYTES..];
+    assert_eq!(
+        body_bytes.len() as u64,
+        u64::from_le_bytes(v[16..24].try_into().unwrap())
+    );
+    assert_eq!(crc32fast::hash(body_bytes).to_le_bytes(), v[24..28]);
+    assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
+}
+
+#[test]
+fn checkpoint_invalid_values_are_rejected_as_documented() {
+    let v = vector(CHECKPOINT);
+    // A bool other than 0 or 1 (body offset 8), with both CRCs made valid.
+    let mut b = v.clone();
+    b[32 + 8] = 2;
+    let crc = crc32fast::hash(&b[32..]);
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    assert!(checkpoint::decode(&b).is_err());
+    // Trailing bytes after the body: body_len disagrees with the file.
+    let mut b = v.clone();
+    b.push(0);
+    assert!(checkpoint::decode(&b)
+        .unwrap_err()
+        .starts_with("body length 65"));
+    // A segment list whose last base is above head + 1.
+    let mut body = sample_checkpoint();
+    body.groups[0].segments = vec![(1, 113), (3, 64)];
+    assert_eq!(
+        checkpoint::decode(&checkpoint::encode(&body)),
+        Err("group 5 has an inconsistent segment list".to_string())
+    );
+    // A segment list with a base equal to head + 1 (an empty active segment) is valid.
+    body.groups[0].segments = vec![(1, 113), (2, 64)];
+    assert!(checkpoint::decode(&checkpoint::encode(&body)).is_ok());
+}
+
+#[test]
+fn crc32_is_the_ieee_crc_of_the_readme() {
+    // CRC-32/ISO-HDLC check value, as format-spec/README.md states it.
+    assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+}
+
+#[test]
+fn directory_layout_matches_the_spec() {
+    let data = Path::new("data");
+    assert_eq!(
+        crate::group_log::group_dir(data, 5),
+        Path::new("data/groups/05c/0000000000000005")
+    );
+    assert_eq!(
+        crate::group_log::group_dir(data, 42),
+        Path::new("data/groups/3d4/000000000000002a")
+    );
+    assert_eq!(
+        crate::group_log::group_dir(data, u64::MAX),
+        Path::new("data/groups/187/ffffffffffffffff")
+    );
+    assert_eq!(checkpoint::path(data), Path::new("data/checkpoint"));
+    assert_eq!(journal::journal_dir(data), Path::new("data/journal"));
+    // The shard formula of storage.md, spelled out.
+    for g in [0u64, 1, 5, 42, 1 << 40, u64::MAX] {
+        let shard = g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54;
+        assert!(shard < 1024);
+        let expected = data
+            .join("groups")
+            .join(format!("{shard:03x}"))
+            .join(format!("{g:016x}"));
+        assert_eq!(crate::group_log::group_dir(data, g), expected);
+    }
+}

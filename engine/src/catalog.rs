@@ -1,0 +1,66 @@
+//! The registry of groups: id -> group, and slot -> group. A slot is a dense
+//! small integer given to each live group so the cursor table can name a
+//! group in 4 bytes; slots of deleted groups are reused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::group::{Group, LogSlot};
+
+#[derive(Default)]
+pub struct Catalog {
+    by_id: HashMap<u64, Arc<Group>>,
+    by_slot: Vec<Option<Arc<Group>>>,
+    free: Vec<u32>,
+}
+
+impl Catalog {
+    pub fn get(&self, id: u64) -> Option<&Arc<Group>> {
+        self.by_id.get(&id)
+    }
+
+    pub fn by_slot(&self, slot: u32) -> Option<&Arc<Group>> {
+        self.by_slot.get(slot as usize)?.as_ref()
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Registers a new group in a free slot and returns it.
+    pub fn insert(&mut self, id: u64, log: LogSlot, head: u64) -> Arc<Group> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.by_slot.push(None);
+                // Invariant: groups_max (validated) keeps slots below u32::MAX.
+                u32::try_from(self.by_slot.len() - 1).expect("invariant: slot fits u32")
+            }
+        };
+        let group = Arc::new(Group::new(id, slot, log, head));
+        self.by_slot[slot as usize] = Some(group.clone());
+        self.by_id.insert(id, group.clone());
+        group
+    }
+
+    /// Unregisters a group; its slot becomes free once the caller removed
+    /// every membership naming it (done before calling this).
+    pub fn remove(&mut self, id: u64) -> Option<Arc<Group>> {
+        let g = self.by_id.remove(&id)?;
+        self.by_slot[g.slot as usize] = None;
+        self.free.push(g.slot);
+        Some(g)
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &Arc<Group>> {
+        self.by_slot.iter().flatten()
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.by_id.keys().copied().collect()
+    }
+}

@@ -1,0 +1,521 @@
+//! Members and tidemarks: join, leave, ACK (single and batched), pull above
+//! the cursor, unread counts, sync, history and read receipts.
+//!
+//! Joins and leaves are journaled and take effect when their commit round
+//! is applied (on the commit thread), so a checkpoint's snapshot of the
+//! memberships always matches the journal position it names. ACKs change
+//! only memory; moved cursors reach the journal in bulk every
+//! `cursor_flush_ms` and with every checkpoint.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::cursors::{CursorTable, InsertError};
+use crate::engine::{Engine, Reply};
+use crate::error::{Error, Result};
+use crate::group::{Group, LogSlot};
+use crate::group_log::ReadBatch;
+use crate::journal::EntryKind;
+use crate::retention::Retention;
+
+/// Where a new member's cursor starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinStart {
+    /// At the head: history before the join is not the member's.
+    Head,
+    /// Below the earliest stored message: everything stored is unread.
+    Earliest,
+    /// Unread from this msg_id on (clamped to what is stored).
+    At(u64),
+}
+
+impl JoinStart {
+    fn encode(self, user: u64, out: &mut Vec<u8>) {
+        let (tag, at) = match self {
+            JoinStart::Head => (0u8, 0),
+            JoinStart::Earliest => (1, 0),
+            JoinStart::At(m) => (2, m),
+        };
+        out.extend_from_slice(&user.to_le_bytes());
+        out.push(tag);
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+
+    /// Decodes a Join entry body into `(user, start)`.
+    pub(crate) fn decode(body: &[u8]) -> Option<(u64, JoinStart)> {
+        if body.len() != 17 {
+            return None;
+        }
+        let user = u64::from_le_bytes(body[0..8].try_into().ok()?);
+        let at = u64::from_le_bytes(body[9..17].try_into().ok()?);
+        let start = match body[8] {
+            0 => JoinStart::Head,
+            1 => JoinStart::Earliest,
+            2 => JoinStart::At(at),
+            _ => return None,
+        };
+        Some((user, start))
+    }
+}
+
+pub(crate) fn decode_user(body: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(body.try_into().ok()?))
+}
+
+pub(crate) fn encode_retention(r: &Retention, out: &mut Vec<u8>) {
+    out.push(r.by_cursor as u8);
+    out.extend_from_slice(&r.max_age_ms.to_le_bytes());
+    out.extend_from_slice(&r.max_bytes.to_le_bytes());
+}
+
+pub(crate) fn decode_retention(body: &[u8]) -> Option<Retention> {
+    if body.len() != 17 || body[0] > 1 {
+        return None;
+    }
+    Some(Retention {
+        by_cursor: body[0] == 1,
+        max_age_ms: u64::from_le_bytes(body[1..9].try_into().ok()?),
+        max_bytes: u64::from_le_bytes(body[9..17].try_into().ok()?),
+    })
+}
+
+/// Applies a join (commit thread or replay). Idempotent: joining again
+/// returns the current cursor. `enforce_limits` is off during replay.
+pub(crate) fn apply_join(
+    cursors: &CursorTable,
+    config: &Config,
+    group: &Group,
+    user: u64,
+    start: JoinStart,
+    enforce_limits: bool,
+) -> Result<u64> {
+    let head = group.head();
+    let floor = group.log.read().floor();
+    let below = floor.saturating_sub(1);
+    let cursor = match start {
+        JoinStart::Head => head,
+        JoinStart::Earliest => below,
+        JoinStart::At(m) => m.saturating_sub(1).clamp(below, head.max(below)),
+    };
+    let mut members = group.members.lock();
+    if let Some(c) = cursors.get(user, group.slot) {
+        return Ok(c.cursor);
+    }
+    if enforce_limits && members.len() >= config.members_per_group_max {
+        return Err(Error::LimitExceeded {
+            what: "members_per_group_max",
+            max: config.members_per_group_max,
+        });
+    }
+    match cursors.insert(user, group.slot, cursor, cursor + 1) {
+        Ok(()) => {}
+        Err(InsertError::AlreadyMember) => return Ok(cursor),
+        Err(InsertError::GroupsPerUserLimit { max }) => {
+            if enforce_limits {
+                return Err(Error::LimitExceeded {
+                    what: "groups_per_user_max",
+                    max,
+                });
+            }
+        }
+    }
+    members.insert(user, cursor);
+    Ok(cursor)
+}
+
+/// Applies a leave. Returns the cursor the member had.
+pub(crate) fn apply_leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u64> {
+    let mut members = group.members.lock();
+    let cursor = cursors.remove(user, group.slot).ok_or(Error::NotMember {
+        group: group.id,
+        user,
+    })?;
+    members.remove(user, cursor);
+    Ok(cursor)
+}
+
+/// Removes every membership of a group being deleted.
+pub(crate) fn remove_all_members(cursors: &CursorTable, group: &Group) {
+    let mut members = group.members.lock();
+    for user in members.users() {
+        if let Some(c) = cursors.remove(user, group.slot) {
+            members.remove(user, c);
+        }
+    }
+}
+
+/// What a pull returns.
+pub struct Pull {
+    /// The member's cursor after `ack_up_to` was applied (the records start above it).
+    pub cursor: u64,
+    pub head: u64,
+    pub batch: ReadBatch,
+}
+
+/// One row of `unread(user)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unread {
+    pub group_id: u64,
+    pub head: u64,
+    pub cursor: u64,
+    pub unread: u64,
+}
+
+/// One group of a sync answer.
+pub struct SyncGroup {
+    pub unread: Unread,
+    pub batch: ReadBatch,
+}
+
+pub struct Sync {
+    pub groups: Vec<SyncGroup>,
+    /// Resume with `sync(.., after_group = Some(id))` to get the rest.
+    pub continue_after: Option<u64>,
+}
+
+/// A page of history: records in ascending id order, the page being the
+/// newest `max_count` records below `before`.
+pub struct History {
+    pub batch: ReadBatch,
+    /// Oldest msg_id this member may see: its join point, raised to the floor.
+    pub earliest_visible: u64,
+    /// True when this page reaches `earliest_visible` (no older page).
+    pub complete: bool,
+    /// True when retention dropped messages the member could have seen.
+    pub truncated_by_retention: bool,
+}
+
+/// The group id of the one-to-one chat of `a` and `b` (either order): a
+/// group of two whose id both sides compute without a lookup. The top bit is
+/// set, so direct chats never collide with ids below 2^63 that an
+/// application assigns to ordinary groups; two pairs collide with
+/// probability about 2^-63 each (SplitMix64 of the ordered pair).
+pub fn direct_group_id(a: u64, b: u64) -> u64 {
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let h = mix(lo.wrapping_add(0x9e37_79b9_7f4a_7c15) ^ mix(hi));
+    h | (1 << 63)
+}
+
+impl Engine {
+    fn member_op(
+        &self,
+        group_id: u64,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<u64> {
+        self.check_writable()?;
+        let group = self.group(group_id)?;
+        let reply = Arc::new(Reply::default());
+        let round = {
+            let assign = group.assign.lock();
+            if assign.deleted {
+                return Err(Error::GroupNotFound { group: group_id });
+            }
+            self.push_entry_with_reply(&group, kind, body, Some(reply.clone()))?
+        };
+        self.wait_round(round)?;
+        reply
+            .take()
+            .unwrap_or(Err(Error::GroupNotFound { group: group_id }))
+    }
+
+    /// Adds `user` to the group with its cursor at `start`; returns the
+    /// cursor. Durable when it returns. Joining again returns the cursor.
+    pub fn join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<u64> {
+        let group = self.group(group_id)?;
+        if let Some(c) = self.shared.cursors.get(user, group.slot) {
+            return Ok(c.cursor);
+        }
+        self.member_op(group_id, EntryKind::Join, |b| start.encode(user, b))
+    }
+
+    /// Removes `user` from the group. Durable when it returns.
+    pub fn leave(&self, group_id: u64, user: u64) -> Result<()> {
+        let group = self.group(group_id)?;
+        if self.shared.cursors.get(user, group.slot).is_none() {
+            return Err(Error::NotMember {
+                group: group_id,
+                user,
+            });
+        }
+        self.member_op(group_id, EntryKind::Leave, |b| {
+            b.extend_from_slice(&user.to_le_bytes())
+        })
+        .map(|_| ())
+    }
+
+    /// Sets the group's retention policy. Durable when it returns.
+    pub fn set_retention(&self, group_id: u64, policy: Retention) -> Result<()> {
+        self.member_op(group_id, EntryKind::SetRetention, |b| {
+            encode_retention(&policy, b)
+        })
+        .map(|_| ())
+    }
+
+    /// The group's members in ascending user id order.
+    pub fn members(&self, group_id: u64) -> Result<Vec<u64>> {
+        Ok(self.group(group_id)?.members.lock().users())
+    }
+
+    /// Moves the member's cursor forward to `msg_id` and returns the cursor.
+    /// A lower or equal id changes nothing; an id above the head is refused.
+    /// Memory only: persisted in bulk (see the module docs).
+    pub fn ack(&self, group_id: u64, user: u64, msg_id: u64) -> Result<u64> {
+        let group = self.group(group_id)?;
+        let head = group.head();
+        if msg_id > head {
+            // Checked before touching the cursor so a refused ACK moves nothing.
+            self.member_cursor(&group, user)?;
+            return Err(Error::CursorAboveHead {
+                group: group_id,
+                requested: msg_id,
+                head,
+            });
+        }
+        let (old, new) = self
+            .shared
+            .cursors
+            .advance(user, group.slot, msg_id)
+            .ok_or(Error::NotMember {
+                group: group_id,
+                user,
+            })?;
+        if new != old {
+            group.members.lock().read_counts.advance(old, new);
+        }
+        Ok(new)
+    }
+
+    /// Acknowledges many `(group, msg_id)` pairs of one user; one result
+    /// (the cursor or the error) per pair, in order.
+    pub fn batch_ack(&self, user: u64, acks: &[(u64, u64)]) -> Vec<Result<u64>> {
+        acks.iter().map(|&(g, m)| self.ack(g, user, m)).collect()
+    }
+
+    fn member_cursor(&self, group: &Group, user: u64) -> Result<crate::cursors::MemberCursor> {
+        self.shared
+            .cursors
+            .get(user, group.slot)
+            .ok_or(Error::NotMember {
+                group: group.id,
+                user,
+            })
+    }
+
+    /// Records above the member's cursor: applies `ack_up_to` first (the
+    /// last id of the previous page), then reads at most `max_count` records
+    /// and `max_bytes` bytes (at least one record if any).
+    pub fn pull(
+        &self,
+        group_id: u64,
+        user: u64,
+        max_count: usize,
+        max_bytes: usize,
+        ack_up_to: Option<u64>,
+    ) -> Result<Pull> {
+        let group = self.group(group_id)?;
+        if let Some(a) = ack_up_to {
+            self.ack(group_id, user, a)?;
+        }
+        let cursor = self.member_cursor(&group, user)?.cursor;
+        let head = group.head();
+        let batch = self.with_log(&group, |log| {
+            if cursor + 1 < log.floor() {
+                return Err(Error::BelowRetentionFloor {
+                    group: group_id,
+                    earliest: log.floor(),
+                });
+            }
+            log.read(&self.shared.ctx, cursor, max_count, max_bytes)
+        })?;
+        Ok(Pull {
+            cursor,
+            head,
+            batch,
+        })
+    }
+
+    /// For every group of `user`: head, cursor and unread count, in
+    /// ascending group id order. O(groups of the user).
+    pub fn unread(&self, user: u64) -> Vec<Unread> {
+        let mut out = Vec::new();
+        let catalog = self.shared.catalog.read();
+        self.shared.cursors.for_each_of_user(user, |slot, cursor| {
+            if let Some(g) = catalog.by_slot(slot) {
+                let head = g.head();
+                out.push(Unread {
+                    group_id: g.id,
+                    head,
+                    cursor,
+                    unread: head.saturating_sub(cursor),
+                });
+            }
+        });
+        drop(catalog);
+        out.sort_unstable_by_key(|u| u.group_id);
+        out
+    }
+
+    /// Every group of `user` with unread messages, with its unread count and
+    /// the first page above its cursor (at most `per_group_max` records),
+    /// within `total_max_bytes` (the first group's first record is always
+    /// returned). Groups come in ascending id order, starting after
+    /// `after_group`; `continue_after` says where to resume.
+    pub fn sync(
+        &self,
+        user: u64,
+        per_group_max: usize,
+        total_max_bytes: usize,
+        after_group: Option<u64>,
+    ) -> Result<Sync> {
+        let mut groups = Vec::new();
+        let mut budget = total_max_bytes;
+        let mut continue_after = None;
+        let pending = self
+            .unread(user)
+            .into_iter()
+            .filter(|u| u.unread > 0 && after_group.is_none_or(|a| u.group_id > a));
+        for u in pending {
+            let page_budget = if groups.is_empty() {
+                budget.max(1)
+            } else {
+                budget
+            };
+            if page_budget == 0 {
+                continue_after = groups.last().map(|g: &SyncGroup| g.unread.group_id);
+                break;
+            }
+            let pull = match self.pull(u.group_id, user, per_group_max, page_budget, None) {
+                Ok(p) => p,
+                // Left or deleted since the unread list was taken: skip it.
+                Err(Error::NotMember { .. } | Error::GroupNotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if !groups.is_empty() && pull.batch.bytes > budget {
+                continue_after = groups.last().map(|g: &SyncGroup| g.unread.group_id);
+                break;
+            }
+            budget = budget.saturating_sub(pull.batch.bytes);
+            let unread = Unread {
+                cursor: pull.cursor,
+                head: pull.head,
+                unread: pull.head - pull.cursor,
+                ..u
+            };
+            groups.push(SyncGroup {
+                unread,
+                batch: pull.batch,
+            });
+        }
+        Ok(Sync {
+            groups,
+            continue_after,
+        })
+    }
+
+    /// Older messages for roaming: the newest `max_count` records below
+    /// `before_msg_id` (below the head + 1 when `None`), never below the
+    /// member's join point.
+    pub fn history(
+        &self,
+        group_id: u64,
+        user: u64,
+        before_msg_id: Option<u64>,
+        max_count: usize,
+    ) -> Result<History> {
+        let group = self.group(group_id)?;
+        let join_point = self.member_cursor(&group, user)?.join_point;
+        let head = group.head();
+        self.with_log(&group, |log| {
+            let floor = log.floor();
+            let earliest = join_point.max(floor);
+            let before = before_msg_id.unwrap_or(head + 1).min(head + 1);
+            let start = earliest.max(before.saturating_sub(max_count as u64));
+            let batch = if start < before {
+                log.read(
+                    &self.shared.ctx,
+                    start - 1,
+                    (before - start) as usize,
+                    usize::MAX,
+                )?
+            } else {
+                ReadBatch {
+                    last_id: before.saturating_sub(1),
+                    ..Default::default()
+                }
+            };
+            Ok(History {
+                batch,
+                earliest_visible: earliest,
+                complete: start <= earliest,
+                truncated_by_retention: join_point < floor,
+            })
+        })
+    }
+
+    /// How many members' cursors are at or above `msg_id` (read receipts).
+    /// O(log of the cursor range).
+    pub fn read_count(&self, group_id: u64, msg_id: u64) -> Result<u32> {
+        Ok(self
+            .group(group_id)?
+            .members
+            .lock()
+            .read_counts
+            .read_count(msg_id))
+    }
+
+    /// Persists every moved cursor now and waits until durable (tests and
+    /// graceful shutdown; the commit thread does this on its own timer).
+    pub fn flush_cursors(&self) -> Result<()> {
+        let round = self.request_cursor_flush()?;
+        self.wait_round(round)
+    }
+}
+
+impl LogSlot {
+    /// The oldest stored msg_id.
+    pub(crate) fn floor(&self) -> u64 {
+        match self {
+            LogSlot::Loaded(l) => l.floor(),
+            LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => {
+                s.segments.first().map_or(1, |s| s.0)
+            }
+            LogSlot::Deleted => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_group_id_is_symmetric_and_in_the_direct_namespace() {
+        assert_eq!(direct_group_id(3, 9), direct_group_id(9, 3));
+        assert_ne!(direct_group_id(3, 9), direct_group_id(3, 10));
+        assert!(direct_group_id(1, 2) >= 1 << 63);
+    }
+
+    #[test]
+    fn bodies_round_trip() {
+        for start in [JoinStart::Head, JoinStart::Earliest, JoinStart::At(77)] {
+            let mut b = Vec::new();
+            start.encode(5, &mut b);
+            assert_eq!(JoinStart::decode(&b), Some((5, start)));
+        }
+        assert_eq!(JoinStart::decode(&[0; 16]), None);
+        let r = Retention {
+            by_cursor: true,
+            max_age_ms: 5,
+            max_bytes: 9,
+        };
+        let mut b = Vec::new();
+        encode_retention(&r, &mut b);
+        assert_eq!(decode_retention(&b), Some(r));
+    }
+}
