@@ -18,7 +18,7 @@ use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
 use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
-use crate::engine::{Op, Shared};
+use crate::engine::{CommitNotice, GroupAppend, Op, Shared};
 use crate::error::{Error, Result};
 use crate::group::LogSlot;
 use crate::group_log::LogContext;
@@ -40,6 +40,8 @@ struct Committer {
     round_buf: Vec<u8>,
     staging: Vec<u8>,
     cursor_buf: Vec<u8>,
+    /// What the round being applied appended, for commit listeners.
+    appended: Vec<GroupAppend>,
 }
 
 /// What woke the commit thread.
@@ -66,6 +68,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         round_buf: Vec::new(),
         staging: Vec::new(),
         cursor_buf: Vec::new(),
+        appended: Vec::new(),
     };
     c.main_loop();
     let mut p = c.shared.progress.lock();
@@ -272,6 +275,7 @@ impl Committer {
     /// (its entries are staged contiguously first); membership operations
     /// change the tables and fill in their replies.
     fn apply(&mut self, ops: &[Op]) -> Result<()> {
+        self.appended.clear();
         // Stable sort: per-group order (= journal order) is kept.
         let mut order: Vec<usize> = (0..ops.len()).collect();
         order.sort_by_key(|&i| ops[i].group.id);
@@ -296,8 +300,14 @@ impl Committer {
             }
             let mut slot = op.group.log.write();
             if let LogSlot::Loaded(log) = &mut *slot {
+                let first = log.head() + 1;
                 log.append(&self.shared.ctx, &self.staging)?;
                 op.group.publish_head(log.head());
+                self.appended.push(GroupAppend {
+                    group: op.group.id,
+                    first,
+                    last: log.head(),
+                });
             }
             // A group that is not loaded cannot have accepted a send (the
             // send path loads it); a damaged one refuses sends.
@@ -389,8 +399,14 @@ impl Committer {
                 self.shared.progress.lock().completed = round;
                 self.shared.progress_cv.notify_all();
                 let listeners = self.shared.listeners.lock().clone();
-                for l in listeners {
-                    l(round);
+                if !listeners.is_empty() {
+                    let notice = CommitNotice {
+                        round,
+                        appended: std::mem::take(&mut self.appended),
+                    };
+                    for l in listeners {
+                        l(&notice);
+                    }
                 }
             }
             Err(e) => self.fail(round, e),

@@ -87,7 +87,7 @@ impl Config {
             segment_bytes_max: 32 << 20,
             index_interval_bytes: 4096,
             payload_bytes_max: 1 << 20,
-            open_segments_max: 4096,
+            open_segments_max: 16_384,
             dedup_window_sends: 10_000,
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,

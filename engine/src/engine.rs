@@ -39,6 +39,34 @@ pub struct Ticket {
     pub round: u64,
 }
 
+/// A submitted group or membership operation (create, delete, join, leave,
+/// retention). Its outcome is known once its commit round completes.
+#[derive(Clone)]
+pub struct OpTicket {
+    round: u64,
+    reply: Option<Arc<Reply>>,
+    /// The outcome when it was known at submission (no round needed).
+    immediate: Option<u64>,
+}
+
+impl OpTicket {
+    pub(crate) fn done(value: u64) -> OpTicket {
+        OpTicket {
+            round: 0,
+            reply: None,
+            immediate: Some(value),
+        }
+    }
+
+    pub(crate) fn pending(round: u64, reply: Option<Arc<Reply>>) -> OpTicket {
+        OpTicket {
+            round,
+            reply,
+            immediate: None,
+        }
+    }
+}
+
 /// One append of a batch.
 #[derive(Clone, Copy, Debug)]
 pub struct AppendRequest<'a> {
@@ -123,8 +151,24 @@ pub(crate) struct Progress {
     pub commit_thread_exited: bool,
 }
 
-/// Called on the commit thread with the number of each completed round.
-pub type CommitListener = Arc<dyn Fn(u64) + Send + Sync>;
+/// What a completed commit round changed, for listeners.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitNotice {
+    pub round: u64,
+    /// Every group that got records in the round, with their id range.
+    pub appended: Vec<GroupAppend>,
+}
+
+/// Records `first..=last` were appended to `group` (and are durable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupAppend {
+    pub group: u64,
+    pub first: u64,
+    pub last: u64,
+}
+
+/// Called on the commit thread after each completed round.
+pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
 pub(crate) struct Shared {
     pub ctx: LogContext,
@@ -166,6 +210,8 @@ impl Engine {
     pub fn open_with_vfs(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
         config.validate()?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
+        let mut config = config;
+        config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
         let ctx = LogContext::new(vfs, config);
         let recovered = recovery::recover(&ctx)?;
         let (journal, report) = (recovered.journal, recovered.report);
@@ -247,12 +293,12 @@ impl Engine {
     /// Creates an empty group; returns when its creation is durable.
     pub fn create_group(&self, group_id: u64) -> Result<()> {
         let ticket = self.submit_create_group(group_id)?;
-        self.wait(ticket).map(|_| ())
+        self.wait_op(ticket).map(|_| ())
     }
 
     /// Creates the group's files and registers it; durable once the ticket's
     /// round completes. Appends may follow at once.
-    pub fn submit_create_group(&self, group_id: u64) -> Result<Ticket> {
+    pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let mut catalog = self.shared.catalog.write();
         if catalog.contains(group_id) {
@@ -271,38 +317,42 @@ impl Engine {
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
-        Ok(Ticket {
-            appended: Appended {
-                msg_id: 0,
-                timestamp_ms: 0,
-                duplicate: false,
-            },
-            round,
-        })
+        Ok(OpTicket::pending(round, None))
     }
 
     /// Deletes a group and its files; returns when the deletion is durable.
     /// Appends already accepted are committed first; later ones fail.
     pub fn delete_group(&self, group_id: u64) -> Result<()> {
+        let ticket = self.submit_delete_group(group_id)?;
+        self.wait_op(ticket).map(|_| ())
+    }
+
+    /// Queues the deletion of a group; see [`Engine::delete_group`].
+    pub fn submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let group = self.group(group_id)?;
-        let round = {
-            let mut assign = group.assign.lock();
-            if assign.deleted {
-                return Err(Error::GroupNotFound { group: group_id });
-            }
-            assign.deleted = true;
-            self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?
-        };
-        self.wait(Ticket {
-            appended: Appended {
-                msg_id: 0,
-                timestamp_ms: 0,
-                duplicate: false,
-            },
-            round,
-        })
-        .map(|_| ())
+        let mut assign = group.assign.lock();
+        if assign.deleted {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        assign.deleted = true;
+        let round = self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?;
+        Ok(OpTicket::pending(round, None))
+    }
+
+    /// Waits for a group or membership operation; returns its value (the
+    /// cursor for a join, 0 otherwise).
+    pub fn wait_op(&self, ticket: OpTicket) -> Result<u64> {
+        self.wait_round(ticket.round)?;
+        op_outcome(&ticket)
+    }
+
+    /// Non-blocking: `Some` once the operation completed or failed.
+    pub fn poll_op(&self, ticket: &OpTicket) -> Option<Result<u64>> {
+        let p = self.shared.progress.lock();
+        let r = round_outcome(&p, ticket.round)?;
+        drop(p);
+        Some(r.and_then(|()| op_outcome(ticket)))
     }
 
     /// Queues one journal entry in the pending round; returns the round.
@@ -325,12 +375,26 @@ impl Engine {
         body: impl FnOnce(&mut Vec<u8>),
         reply: Option<Arc<Reply>>,
     ) -> Result<u64> {
+        self.push_entry_inner(group, kind, body, reply, true)
+    }
+
+    fn push_entry_inner(
+        &self,
+        group: &Arc<Group>,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+        reply: Option<Arc<Reply>>,
+        wait_for_room: bool,
+    ) -> Result<u64> {
         let mut p = self.shared.pending.lock();
         while kind == EntryKind::Record
             && !p.ops.is_empty()
             && p.buf.len() >= self.shared.ctx.config.commit_round_bytes_max
             && !p.shutdown
         {
+            if !wait_for_room {
+                return Err(Error::Overloaded);
+            }
             self.shared.pending_cv.wait(&mut p);
         }
         if p.shutdown {
@@ -390,6 +454,16 @@ impl Engine {
     /// retransmit) and queues the record; does not wait. The append is
     /// acknowledged once [`Engine::wait`] or [`Engine::poll`] says so.
     pub fn submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
+        self.submit_inner(req, true)
+    }
+
+    /// Like [`Engine::submit`], but never waits: when the pending round is
+    /// full it fails with `Overloaded` (for an event loop that must not block).
+    pub fn try_submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
+        self.submit_inner(req, false)
+    }
+
+    fn submit_inner(&self, req: &AppendRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
         let max = self.shared.ctx.config.payload_bytes_max;
         if req.payload.len() > max {
             return Err(Error::PayloadTooLarge {
@@ -433,9 +507,9 @@ impl Engine {
             client_msg_id: req.client_msg_id,
             payload: req.payload,
         };
-        let round = self.push_entry(&group, EntryKind::Record, |buf| {
-            record::encode_into(&rec, buf)
-        })?;
+        let encode = |buf: &mut Vec<u8>| record::encode_into(&rec, buf);
+        let round =
+            self.push_entry_inner(&group, EntryKind::Record, encode, None, wait_for_room)?;
         assign.last_id = msg_id;
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
@@ -640,6 +714,17 @@ impl Engine {
             }),
             None => Ok(()),
         }
+    }
+}
+
+fn op_outcome(ticket: &OpTicket) -> Result<u64> {
+    if let Some(v) = ticket.immediate {
+        return Ok(v);
+    }
+    match &ticket.reply {
+        // The reply is set when the round is applied; taken by one waiter.
+        Some(reply) => reply.take().unwrap_or(Err(Error::ShuttingDown)),
+        None => Ok(0),
     }
 }
 

@@ -35,6 +35,9 @@ pub enum Error {
     WritesStopped { reason: String },
     /// The engine is shutting down.
     ShuttingDown,
+    /// The pending commit round is full (`commit_round_bytes_max`); retry
+    /// after a back-off. Only from the non-blocking `try_submit`.
+    Overloaded,
     /// The data directory is held by another engine instance.
     Locked { path: PathBuf },
     /// A configuration value out of its allowed range.
@@ -103,6 +106,7 @@ impl fmt::Display for Error {
                 write!(f, "writes stopped after an earlier failure: {reason}")
             }
             Error::ShuttingDown => write!(f, "engine is shutting down"),
+            Error::Overloaded => write!(f, "the pending commit round is full; retry later"),
             Error::Locked { path } => write!(
                 f,
                 "data directory {} is locked by another process",

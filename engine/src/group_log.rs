@@ -98,7 +98,9 @@ pub struct ReadBatch {
     pub has_more: bool,
 }
 
-/// A contiguous run of whole records in one segment.
+/// A contiguous run of whole records in one segment. Cloning is cheap (the
+/// segment mapping is shared).
+#[derive(Clone)]
 pub struct Chunk {
     seg: Arc<SegmentFile>,
     start: usize,
@@ -108,6 +110,25 @@ pub struct Chunk {
 impl Chunk {
     pub fn bytes(&self) -> &[u8] {
         self.seg.bytes(self.start, self.end)
+    }
+
+    /// One chunk per record, in order (to send records in another order
+    /// without copying them).
+    pub fn split_records(&self) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        let mut pos = self.start;
+        while pos < self.end {
+            // Invariant: chunk bytes are whole records verified by a segment scan.
+            let len = record::peek_len(self.seg.bytes(pos, self.end))
+                .expect("invariant: verified record");
+            out.push(Chunk {
+                seg: self.seg.clone(),
+                start: pos,
+                end: pos + len,
+            });
+            pos += len;
+        }
+        out
     }
 }
 
@@ -585,6 +606,7 @@ impl GroupLog {
             let seg = ctx
                 .cache
                 .get(&*ctx.vfs, self.group_id, meta.base_id, &path)?;
+            seg.ensure_mapped()?;
             let index = self.index_of(ctx, i, &seg)?;
             let seg_last = self
                 .segments

@@ -256,3 +256,41 @@ impl Vfs for FaultyVfs {
         OsVfs.exists(path)
     }
 }
+
+/// Descriptors kept free for everything that is not a cached segment
+/// (journal, checkpoint, directories, the server's sockets are separate).
+const FD_RESERVE: u64 = 256;
+
+/// Raises the soft limit on open files so `segments` cached segments fit,
+/// and returns how many segments may really be cached (fewer if the hard
+/// limit is lower).
+pub fn fit_open_file_limit(segments: usize) -> usize {
+    let want = segments as u64 + FD_RESERVE;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return segments;
+        }
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(lim.rlim_max),
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = raised.rlim_cur;
+            }
+        }
+    }
+    let fit = lim.rlim_cur.saturating_sub(FD_RESERVE).max(2) as usize;
+    if fit < segments {
+        log::warn!(
+            "open file limit {} allows only {fit} cached segments (asked {segments})",
+            lim.rlim_cur
+        );
+    }
+    fit.min(segments)
+}

@@ -52,7 +52,9 @@ mod tidemark_tests;
 mod tidemarks;
 
 pub use config::{Config, FsyncPolicy};
-pub use engine::{AppendRequest, Appended, Engine, EngineStats, Ticket};
+pub use engine::{
+    AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
+};
 pub use error::{Error, Result};
 pub use group_log::{Chunk, ReadBatch};
 pub use recovery::RecoveryReport;

@@ -93,35 +93,28 @@ pub fn parse_file_name(path: &Path) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// An open segment: the file (for appends) and its read mapping.
+/// An open segment: the file (for appends) and its read mapping, made on
+/// first read (the commit path only writes, and a mapping costs a system
+/// call and address space).
 pub struct SegmentFile {
     pub path: PathBuf,
     file: Box<dyn VfsFile>,
-    map: memmap2::Mmap,
+    map: std::sync::OnceLock<memmap2::Mmap>,
+    map_bytes: u64,
 }
 
 impl SegmentFile {
-    /// Opens an existing segment file and maps `map_bytes` (at least the file size).
+    /// Opens an existing segment file; it is mapped (`map_bytes`, at least
+    /// the file size) on first read.
     pub fn open(vfs: &dyn Vfs, path: &Path, map_bytes: u64) -> Result<SegmentFile> {
         let file = vfs
             .open(path, OpenMode::ReadWriteCreate)
             .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        let file_len = file
-            .file_len()
-            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
-        let map_len = usize::try_from(map_bytes.max(file_len)).map_err(|_| Error::Corrupt {
-            path: path.to_owned(),
-            group: None,
-            offset: 0,
-            reason: "segment larger than the address space".into(),
-        })?;
-        let map = file
-            .map(map_len)
-            .map_err(|e| Error::io(format!("mmap {}", path.display()), e))?;
         Ok(SegmentFile {
             path: path.to_owned(),
             file,
-            map,
+            map: std::sync::OnceLock::new(),
+            map_bytes,
         })
     }
 
@@ -137,14 +130,45 @@ impl SegmentFile {
             .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
         file.write_all_at(&header.encode(), 0)
             .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
-        drop(file);
-        SegmentFile::open(vfs, path, map_bytes)
+        Ok(SegmentFile {
+            path: path.to_owned(),
+            file,
+            map: std::sync::OnceLock::new(),
+            map_bytes,
+        })
     }
 
-    /// The mapped bytes `[start, end)`. The caller guarantees `end` does not
-    /// exceed the verified data length (which lies inside the file).
+    /// Maps the file if it is not mapped yet. Must precede [`Self::bytes`].
+    pub fn ensure_mapped(&self) -> Result<()> {
+        if self.map.get().is_some() {
+            return Ok(());
+        }
+        let file_len = self.file_len()?;
+        let map_len =
+            usize::try_from(self.map_bytes.max(file_len)).map_err(|_| Error::Corrupt {
+                path: self.path.clone(),
+                group: None,
+                offset: 0,
+                reason: "segment larger than the address space".into(),
+            })?;
+        let map = self
+            .file
+            .map(map_len)
+            .map_err(|e| Error::io(format!("mmap {}", self.path.display()), e))?;
+        // A racing reader may have mapped it first; either mapping is the file.
+        let _ = self.map.set(map);
+        Ok(())
+    }
+
+    /// The mapped bytes `[start, end)`. The caller mapped the file
+    /// ([`Self::ensure_mapped`]) and guarantees `end` does not exceed the
+    /// verified data length (which lies inside the file).
     pub fn bytes(&self, start: usize, end: usize) -> &[u8] {
-        &self.map[start..end]
+        // Invariant: every read path calls ensure_mapped before slicing.
+        &self
+            .map
+            .get()
+            .expect("invariant: segment mapped before reading")[start..end]
     }
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -228,6 +252,7 @@ pub fn scan(
         offset,
         reason,
     };
+    seg.ensure_mapped()?;
     let file_len = seg.file_len()?;
     let scan_end = scan_end.min(file_len);
     if scan_end < SEGMENT_HEADER_BYTES as u64 {

@@ -11,6 +11,7 @@ use crate::checkpoint::{self, CheckpointBody, GroupEntry};
 use crate::io::OsVfs;
 use crate::journal::{self, EntryIter, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
 use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
+use crate::retention::Retention;
 use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
 
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
@@ -343,8 +344,9 @@ fn sample_checkpoint() -> CheckpointBody {
             group_id: 5,
             head: 1,
             segments: vec![(1, 113)],
-            retention: Default::default(),
+            retention: Retention::default(),
         }],
+        // The memberships section with no users: varint 0.
         members: vec![0],
     }
 }
@@ -361,6 +363,11 @@ fn checkpoint_vector_matches_the_encoder_and_decodes_to_its_fields() {
     assert_eq!(body.groups[0].group_id, 5);
     assert_eq!(body.groups[0].head, 1);
     assert_eq!(body.groups[0].segments, vec![(1, 113)]);
+    let r = body.groups[0].retention;
+    assert!(!r.by_cursor);
+    assert_eq!((r.max_age_ms, r.max_bytes), (0, 0));
+    assert!(r.keeps_everything());
+    assert_eq!(body.members, vec![0]);
 
     assert_eq!(&v[0..8], &checkpoint::CHECKPOINT_MAGIC);
     assert_eq!(
@@ -393,7 +400,7 @@ fn checkpoint_invalid_values_are_rejected_as_documented() {
     b.push(0);
     assert!(checkpoint::decode(&b)
         .unwrap_err()
-        .starts_with("body length 65"));
+        .starts_with("body length 91"));
     // A segment list whose last base is above head + 1.
     let mut body = sample_checkpoint();
     body.groups[0].segments = vec![(1, 113), (3, 64)];
@@ -428,6 +435,10 @@ fn directory_layout_matches_the_spec() {
         Path::new("data/groups/187/ffffffffffffffff")
     );
     assert_eq!(checkpoint::path(data), Path::new("data/checkpoint"));
+    assert_eq!(
+        checkpoint::previous_path(data),
+        Path::new("data/checkpoint.prev")
+    );
     assert_eq!(journal::journal_dir(data), Path::new("data/journal"));
     // The shard formula of storage.md, spelled out.
     for g in [0u64, 1, 5, 42, 1 << 40, u64::MAX] {

@@ -224,7 +224,7 @@ fn a_round_writing_1000_groups_costs_one_fsync() {
     for &g in &groups {
         last = Some(e.submit_create_group(g).unwrap());
     }
-    e.wait(last.unwrap()).unwrap();
+    e.wait_op(last.unwrap()).unwrap();
 
     // Round A: one append whose fsync we hold, so the next 1,000 pile up.
     control.hold_syncs.store(true, Ordering::SeqCst);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::cursors::{CursorTable, InsertError};
-use crate::engine::{Engine, Reply};
+use crate::engine::{Engine, OpTicket, Reply};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::ReadBatch;
@@ -202,40 +202,47 @@ pub fn direct_group_id(a: u64, b: u64) -> u64 {
 }
 
 impl Engine {
-    fn member_op(
+    fn submit_member_op(
         &self,
         group_id: u64,
         kind: EntryKind,
         body: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<u64> {
+    ) -> Result<OpTicket> {
         self.check_writable()?;
         let group = self.group(group_id)?;
         let reply = Arc::new(Reply::default());
-        let round = {
-            let assign = group.assign.lock();
-            if assign.deleted {
-                return Err(Error::GroupNotFound { group: group_id });
-            }
-            self.push_entry_with_reply(&group, kind, body, Some(reply.clone()))?
-        };
-        self.wait_round(round)?;
-        reply
-            .take()
-            .unwrap_or(Err(Error::GroupNotFound { group: group_id }))
+        let assign = group.assign.lock();
+        if assign.deleted {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        let round = self.push_entry_with_reply(&group, kind, body, Some(reply.clone()))?;
+        Ok(OpTicket::pending(round, Some(reply)))
     }
 
     /// Adds `user` to the group with its cursor at `start`; returns the
     /// cursor. Durable when it returns. Joining again returns the cursor.
     pub fn join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<u64> {
+        let ticket = self.submit_join(group_id, user, start)?;
+        self.wait_op(ticket)
+    }
+
+    /// Queues a join; the ticket's value is the member's cursor.
+    pub fn submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         if let Some(c) = self.shared.cursors.get(user, group.slot) {
-            return Ok(c.cursor);
+            return Ok(OpTicket::done(c.cursor));
         }
-        self.member_op(group_id, EntryKind::Join, |b| start.encode(user, b))
+        self.submit_member_op(group_id, EntryKind::Join, |b| start.encode(user, b))
     }
 
     /// Removes `user` from the group. Durable when it returns.
     pub fn leave(&self, group_id: u64, user: u64) -> Result<()> {
+        let ticket = self.submit_leave(group_id, user)?;
+        self.wait_op(ticket).map(|_| ())
+    }
+
+    /// Queues a leave.
+    pub fn submit_leave(&self, group_id: u64, user: u64) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         if self.shared.cursors.get(user, group.slot).is_none() {
             return Err(Error::NotMember {
@@ -243,18 +250,23 @@ impl Engine {
                 user,
             });
         }
-        self.member_op(group_id, EntryKind::Leave, |b| {
+        self.submit_member_op(group_id, EntryKind::Leave, |b| {
             b.extend_from_slice(&user.to_le_bytes())
         })
-        .map(|_| ())
     }
 
     /// Sets the group's retention policy. Durable when it returns.
     pub fn set_retention(&self, group_id: u64, policy: Retention) -> Result<()> {
-        self.member_op(group_id, EntryKind::SetRetention, |b| {
+        let ticket = self.submit_member_op(group_id, EntryKind::SetRetention, |b| {
             encode_retention(&policy, b)
-        })
-        .map(|_| ())
+        })?;
+        self.wait_op(ticket).map(|_| ())
+    }
+
+    /// True if `user` is a member of the group.
+    pub fn is_member(&self, group_id: u64, user: u64) -> bool {
+        self.group(group_id)
+            .is_ok_and(|g| self.shared.cursors.get(user, g.slot).is_some())
     }
 
     /// The group's members in ascending user id order.
@@ -394,6 +406,15 @@ impl Engine {
                 Ok(p) => p,
                 // Left or deleted since the unread list was taken: skip it.
                 Err(Error::NotMember { .. } | Error::GroupNotFound { .. }) => continue,
+                // Listed without records; a pull of the group says why.
+                Err(Error::BelowRetentionFloor { .. } | Error::GroupDamaged { .. }) => Pull {
+                    cursor: u.cursor,
+                    head: u.head,
+                    batch: ReadBatch {
+                        last_id: u.cursor,
+                        ..Default::default()
+                    },
+                },
                 Err(e) => return Err(e),
             };
             if !groups.is_empty() && pull.batch.bytes > budget {

@@ -1,1 +1,149 @@
-fn main() {}
+//! The `tidemark` binary: `tidemark serve` runs a node.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use tidemark_engine::FsyncPolicy;
+use tidemark_server::config::NodeConfig;
+use tidemark_server::event_loop;
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Storage node for group-chat messages"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Data directory (created if missing).
+    #[arg(long, default_value = "./tidemark-data")]
+    data: PathBuf,
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// When a send is acknowledged: always (after fsync), interval:MS, never.
+    #[arg(long, default_value = "always", value_parser = parse_fsync)]
+    fsync: FsyncPolicy,
+    /// File holding the token clients must AUTH with (trailing newline ignored).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Largest frame (bytes after the length prefix).
+    #[arg(long, default_value_t = tidemark_server::protocol::FRAME_BYTES_MAX_DEFAULT)]
+    frame_bytes_max: u32,
+    /// Largest message payload.
+    #[arg(long, default_value_t = 1 << 20)]
+    payload_bytes_max: usize,
+    /// Connections at once.
+    #[arg(long, default_value_t = 10_000)]
+    connections_max: usize,
+    /// Output buffered per connection before reads stop and pushes are dropped.
+    #[arg(long, default_value_t = 8 << 20)]
+    output_bytes_max: usize,
+    /// Requests answered later (sends, joins, long polls) per connection.
+    #[arg(long, default_value_t = tidemark_server::protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT)]
+    requests_in_flight_max: u32,
+    /// Longest PULL wait honoured, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    long_poll_ms_max: u32,
+    /// Subscriptions (users + groups) per connection.
+    #[arg(long, default_value_t = 100_000)]
+    subscriptions_max: usize,
+    /// Members per group.
+    #[arg(long, default_value_t = 500_000)]
+    members_per_group_max: usize,
+    /// Groups per user.
+    #[arg(long, default_value_t = 20_000)]
+    groups_per_user_max: usize,
+    /// Segment files kept open.
+    #[arg(long, default_value_t = 16_384)]
+    open_segments_max: usize,
+    /// Segment size before a new segment starts.
+    #[arg(long, default_value_t = 32 << 20)]
+    segment_bytes_max: u64,
+}
+
+fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
+    s.parse().map_err(|e: tidemark_engine::Error| e.to_string())
+}
+
+fn serve(a: ServeArgs) -> Result<(), String> {
+    let mut c = NodeConfig::new(a.data);
+    c.listen = a.listen;
+    c.engine.fsync = a.fsync;
+    c.engine.payload_bytes_max = a.payload_bytes_max;
+    c.engine.members_per_group_max = a.members_per_group_max;
+    c.engine.groups_per_user_max = a.groups_per_user_max;
+    c.engine.open_segments_max = a.open_segments_max;
+    c.engine.segment_bytes_max = a.segment_bytes_max;
+    c.limits.frame_bytes_max = a.frame_bytes_max;
+    c.limits.connections_max = a.connections_max;
+    c.limits.output_bytes_max = a.output_bytes_max;
+    c.limits.requests_in_flight_max = a.requests_in_flight_max;
+    c.limits.long_poll_ms_max = a.long_poll_ms_max;
+    c.limits.subscriptions_max = a.subscriptions_max;
+    if let Some(path) = a.token_file {
+        let mut token =
+            std::fs::read(&path).map_err(|e| format!("token file {}: {e}", path.display()))?;
+        while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            token.pop();
+        }
+        if token.is_empty() {
+            return Err(format!("token file {} is empty", path.display()));
+        }
+        c.token = Some(token);
+    }
+    log::info!(
+        "starting: data {}, fsync {:?}",
+        c.engine.data_dir.display(),
+        c.engine.fsync
+    );
+    event_loop::serve(c, |addr, shutdown| {
+        let signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ]);
+        match signals {
+            Ok(mut signals) => {
+                std::thread::spawn(move || {
+                    if let Some(sig) = signals.forever().next() {
+                        log::info!("signal {sig}: shutting down");
+                        shutdown.request();
+                    }
+                });
+            }
+            Err(e) => log::warn!("cannot handle signals: {e}"),
+        }
+        // Scripts wait for this line: the node accepts connections now.
+        println!("tidemark listening on {addr}");
+        let _ = std::io::stdout().flush();
+    })
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(a) => serve(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tidemark: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

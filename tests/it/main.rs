@@ -1,1 +1,11 @@
+//! End-to-end tests of tidemark.
+//!
+//! All of them live in this one integration-test binary, one module per
+//! subject: every file directly under `tests/` would be a separate binary to
+//! link, and on two cores one binary builds much faster. Slow modes are
+//! switched on by environment variables documented in each module (no
+//! `#[ignore]`).
 
+mod crash_kill;
+mod harness;
+mod node;

@@ -1,0 +1,656 @@
+//! A blocking client over `std::net`: the handshake, one method per request,
+//! pipelining (`submit` / `recv`), pushes queued as [`Event`]s, and every
+//! record's CRC verified end to end before a message reaches the caller.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::{self, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::protocol::{
+    decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
+    JoinStart, Records, Request, Response, ResyncScope, Subscription, FRAME_BYTES_MAX_FLOOR,
+    PROTOCOL_VERSION,
+};
+
+/// A message as the client hands it to the application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub group: u64,
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    pub sender_id: u64,
+    pub client_msg_id: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Something the node sent on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Push(Vec<Message>),
+    /// Pushes were dropped (all: the subscription was cancelled); pull.
+    Resync(ResyncScope),
+}
+
+/// Everything that can go wrong, typed.
+#[derive(Debug)]
+pub enum ClientError {
+    Io(io::Error),
+    /// The node sent bytes that are not a valid frame.
+    Protocol(String),
+    /// The node answered with an ERROR frame.
+    Server {
+        code: ErrorCode,
+        detail: Option<u64>,
+        message: String,
+    },
+    /// A record whose CRC does not match its bytes.
+    Crc {
+        group: u64,
+        msg_id: u64,
+    },
+    /// No answer within the client's I/O timeout.
+    Timeout,
+    /// The node closed the connection.
+    Closed,
+}
+
+impl ClientError {
+    /// The server's error code, if this is a server error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Io(e) => write!(f, "i/o: {e}"),
+            ClientError::Protocol(m) => write!(f, "protocol: {m}"),
+            ClientError::Server {
+                code,
+                detail,
+                message,
+            } => {
+                write!(f, "{code:?}: {message}")?;
+                if let Some(d) = detail {
+                    write!(f, " (detail {d})")?;
+                }
+                Ok(())
+            }
+            ClientError::Crc { group, msg_id } => {
+                write!(f, "CRC mismatch in group {group} msg {msg_id}")
+            }
+            ClientError::Timeout => write!(f, "timed out"),
+            ClientError::Closed => write!(f, "connection closed by the node"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Timeout,
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe => ClientError::Closed,
+            _ => ClientError::Io(e),
+        }
+    }
+}
+
+impl From<DecodeError> for ClientError {
+    fn from(e: DecodeError) -> Self {
+        ClientError::Protocol(e.to_string())
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// How to connect.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub addr: String,
+    pub token: Option<Vec<u8>>,
+    /// Longest wait for one response (a long poll adds its own wait).
+    pub io_timeout: Duration,
+    pub client_name: String,
+}
+
+impl ClientConfig {
+    pub fn new(addr: impl Into<String>) -> Self {
+        ClientConfig {
+            addr: addr.into(),
+            token: None,
+            io_timeout: Duration::from_secs(10),
+            client_name: "tidemark-client".into(),
+        }
+    }
+}
+
+/// What the node announced at HELLO.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeLimits {
+    pub frame_bytes_max: u32,
+    pub payload_bytes_max: u32,
+    pub requests_in_flight_max: u32,
+}
+
+/// The result of a SEND.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sent {
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    pub duplicate: bool,
+}
+
+/// A page of PULL.
+#[derive(Clone, Debug)]
+pub struct Page {
+    pub cursor: u64,
+    pub head: u64,
+    pub has_more: bool,
+    pub messages: Vec<Message>,
+}
+
+/// One group of UNREAD or SYNC.
+#[derive(Clone, Debug)]
+pub struct GroupState {
+    pub group: u64,
+    pub head: u64,
+    pub cursor: u64,
+    pub unread: u64,
+    pub messages: Vec<Message>,
+}
+
+/// A response frame, owned.
+pub struct OwnedFrame(Vec<u8>);
+
+impl OwnedFrame {
+    pub fn request_id(&self) -> u64 {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&self.0[8..16]);
+        u64::from_le_bytes(id)
+    }
+
+    /// Decodes the response; an ERROR frame becomes `ClientError::Server`.
+    pub fn response(&self) -> Result<Response<'_>> {
+        let frame = Frame::parse(&self.0)?;
+        match decode_response(&frame)? {
+            Response::Error(e) => Err(ClientError::Server {
+                code: e.code,
+                detail: e.detail,
+                message: e.message.to_string(),
+            }),
+            r => Ok(r),
+        }
+    }
+}
+
+/// Verifies and copies the records of a section.
+pub fn messages(group: u64, records: &Records<'_>) -> Result<Vec<Message>> {
+    let mut out = Vec::with_capacity(records.count as usize);
+    for r in records.iter(false) {
+        let r = r.map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let bytes = r.bytes();
+        if crc32fast::hash(&bytes[8..]) != r.crc32() {
+            return Err(ClientError::Crc {
+                group,
+                msg_id: r.msg_id(),
+            });
+        }
+        out.push(Message {
+            group,
+            msg_id: r.msg_id(),
+            timestamp_ms: r.timestamp_ms(),
+            sender_id: r.sender_id(),
+            client_msg_id: r.client_msg_id(),
+            payload: r.payload().to_vec(),
+        });
+    }
+    Ok(out)
+}
+
+fn unexpected<T>(what: &str) -> Result<T> {
+    Err(ClientError::Protocol(format!(
+        "unexpected response to {what}"
+    )))
+}
+
+pub struct Client {
+    stream: TcpStream,
+    decoder: FrameDecoder,
+    next_id: u64,
+    io_timeout: Duration,
+    events: VecDeque<Event>,
+    /// Responses read while waiting for another one (pipelining).
+    stashed: HashMap<u64, OwnedFrame>,
+    limits: NodeLimits,
+    out: Vec<u8>,
+}
+
+impl Client {
+    /// Connects, says HELLO, and AUTHs when the node asks for a token.
+    pub fn connect(config: &ClientConfig) -> Result<Client> {
+        let addr = config.addr.to_socket_addrs()?.next().ok_or_else(|| {
+            ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, "no address"))
+        })?;
+        let stream = TcpStream::connect_timeout(&addr, config.io_timeout)?;
+        stream.set_nodelay(true)?;
+        let mut c = Client {
+            stream,
+            decoder: FrameDecoder::new(FRAME_BYTES_MAX_FLOOR),
+            next_id: 1,
+            io_timeout: config.io_timeout,
+            events: VecDeque::new(),
+            stashed: HashMap::new(),
+            limits: NodeLimits {
+                frame_bytes_max: FRAME_BYTES_MAX_FLOOR,
+                payload_bytes_max: 0,
+                requests_in_flight_max: 1,
+            },
+            out: Vec::new(),
+        };
+        let hello = c.call(&Request::Hello {
+            min_version: PROTOCOL_VERSION,
+            max_version: PROTOCOL_VERSION,
+            client_name: &config.client_name,
+        })?;
+        let auth_required = match hello.response()? {
+            Response::Hello(h) => {
+                c.limits = NodeLimits {
+                    frame_bytes_max: h.frame_bytes_max,
+                    payload_bytes_max: h.payload_bytes_max,
+                    requests_in_flight_max: h.requests_in_flight_max,
+                };
+                h.auth_required
+            }
+            _ => return unexpected("HELLO"),
+        };
+        c.decoder = FrameDecoder::new(c.limits.frame_bytes_max);
+        if auth_required {
+            let token = config.token.as_deref().unwrap_or_default();
+            match c.call(&Request::Auth { token })?.response()? {
+                Response::Auth => {}
+                _ => return unexpected("AUTH"),
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn limits(&self) -> NodeLimits {
+        self.limits
+    }
+
+    /// Sends a request without waiting; returns its id (pipelining).
+    pub fn submit(&mut self, req: &Request<'_>) -> Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.out.clear();
+        encode_request(id, req, &mut self.out).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.stream.write_all(&self.out)?;
+        Ok(id)
+    }
+
+    /// Reads frames until one that is not a push arrives; pushes are queued.
+    fn read_response_frame(&mut self, deadline: Instant) -> Result<OwnedFrame> {
+        loop {
+            if let Some(f) = self.take_frame()? {
+                return Ok(f);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout);
+            }
+            self.stream.set_read_timeout(Some(left))?;
+            if !self.decoder.wants_read() {
+                return Err(ClientError::Protocol("frame decoder stalled".into()));
+            }
+            if self.decoder.read_from(&mut self.stream)? == 0 {
+                return Err(ClientError::Closed);
+            }
+        }
+    }
+
+    /// Takes one whole response frame from the decoder, queueing events.
+    fn take_frame(&mut self) -> Result<Option<OwnedFrame>> {
+        loop {
+            let frame = match self.decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(ClientError::Protocol(e.to_string())),
+            };
+            let owned = frame_bytes(&frame);
+            let event = match decode_response(&frame)? {
+                Response::Push { group, records } => Some(Event::Push(messages(group, &records)?)),
+                Response::Resync(scope) => Some(Event::Resync(scope)),
+                _ => None,
+            };
+            match event {
+                Some(e) => self.events.push_back(e),
+                None => return Ok(Some(owned)),
+            }
+        }
+    }
+
+    /// The next response of any request (pipelining).
+    pub fn recv(&mut self) -> Result<OwnedFrame> {
+        if let Some(&id) = self.stashed.keys().next() {
+            if let Some(f) = self.stashed.remove(&id) {
+                return Ok(f);
+            }
+        }
+        self.read_response_frame(Instant::now() + self.io_timeout)
+    }
+
+    /// Waits for the response to request `id`, stashing others.
+    pub fn wait(&mut self, id: u64, extra: Duration) -> Result<OwnedFrame> {
+        if let Some(f) = self.stashed.remove(&id) {
+            return Ok(f);
+        }
+        let deadline = Instant::now() + self.io_timeout + extra;
+        loop {
+            let f = self.read_response_frame(deadline)?;
+            let rid = f.request_id();
+            if rid == id {
+                return Ok(f);
+            }
+            if rid == 0 {
+                // An ERROR about the connection (oversized frame, shutdown).
+                f.response()?;
+                continue;
+            }
+            self.stashed.insert(rid, f);
+        }
+    }
+
+    /// One request, one response.
+    pub fn call(&mut self, req: &Request<'_>) -> Result<OwnedFrame> {
+        let extra = match req {
+            Request::Pull { wait_ms, .. } => Duration::from_millis(*wait_ms as u64),
+            _ => Duration::ZERO,
+        };
+        let id = self.submit(req)?;
+        self.wait(id, extra)
+    }
+
+    /// The next push or resync, waiting up to `timeout`.
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Option<Event>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.events.pop_front() {
+                return Ok(Some(e));
+            }
+            match self.read_response_frame(deadline) {
+                Ok(f) => {
+                    let id = f.request_id();
+                    self.stashed.insert(id, f);
+                }
+                Err(ClientError::Timeout) => return Ok(self.events.pop_front()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn ping(&mut self) -> Result<()> {
+        match self.call(&Request::Ping)?.response()? {
+            Response::Pong => Ok(()),
+            _ => unexpected("PING"),
+        }
+    }
+
+    pub fn create_group(&mut self, group: u64) -> Result<()> {
+        match self.call(&Request::CreateGroup { group })?.response()? {
+            Response::CreateGroup => Ok(()),
+            _ => unexpected("CREATE_GROUP"),
+        }
+    }
+
+    pub fn delete_group(&mut self, group: u64) -> Result<()> {
+        match self.call(&Request::DeleteGroup { group })?.response()? {
+            Response::DeleteGroup => Ok(()),
+            _ => unexpected("DELETE_GROUP"),
+        }
+    }
+
+    /// Joins; returns the member's cursor.
+    pub fn join(&mut self, group: u64, user: u64, start: JoinStart) -> Result<u64> {
+        match self
+            .call(&Request::Join { group, user, start })?
+            .response()?
+        {
+            Response::Join { cursor, .. } => Ok(cursor),
+            _ => unexpected("JOIN"),
+        }
+    }
+
+    pub fn leave(&mut self, group: u64, user: u64) -> Result<()> {
+        match self.call(&Request::Leave { group, user })?.response()? {
+            Response::Leave => Ok(()),
+            _ => unexpected("LEAVE"),
+        }
+    }
+
+    pub fn send(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        payload: &[u8],
+    ) -> Result<Sent> {
+        let f = self.call(&Request::Send {
+            group,
+            sender,
+            client_msg_id,
+            payload,
+        })?;
+        parse_sent(&f)
+    }
+
+    /// PULL: messages above the cursor, after acknowledging `ack_up_to`.
+    pub fn pull(
+        &mut self,
+        group: u64,
+        user: u64,
+        ack_up_to: u64,
+        max_count: u32,
+        wait_ms: u32,
+    ) -> Result<Page> {
+        let f = self.call(&Request::Pull {
+            group,
+            user,
+            ack_up_to,
+            max_count,
+            max_bytes: u32::MAX,
+            wait_ms,
+        })?;
+        match f.response()? {
+            Response::Pull {
+                cursor,
+                head,
+                has_more,
+                records,
+            } => Ok(Page {
+                cursor,
+                head,
+                has_more,
+                messages: messages(group, &records)?,
+            }),
+            _ => unexpected("PULL"),
+        }
+    }
+
+    pub fn ack(&mut self, group: u64, user: u64, msg_id: u64) -> Result<u64> {
+        match self
+            .call(&Request::Ack {
+                group,
+                user,
+                msg_id,
+            })?
+            .response()?
+        {
+            Response::Ack { cursor } => Ok(cursor),
+            _ => unexpected("ACK"),
+        }
+    }
+
+    /// BATCH_ACK: per item, the cursor or the error code.
+    pub fn batch_ack(
+        &mut self,
+        user: u64,
+        items: &[(u64, u64)],
+    ) -> Result<Vec<Result<u64, ErrorCode>>> {
+        let items = items
+            .iter()
+            .map(|&(group, msg_id)| AckItem { group, msg_id })
+            .collect();
+        match self.call(&Request::BatchAck { user, items })?.response()? {
+            Response::BatchAck(results) => Ok(results
+                .iter()
+                .map(|r| r.error.map_or(Ok(r.cursor), Err))
+                .collect()),
+            _ => unexpected("BATCH_ACK"),
+        }
+    }
+
+    pub fn unread(&mut self, user: u64) -> Result<Vec<GroupState>> {
+        match self.call(&Request::Unread { user })?.response()? {
+            Response::Unread(list) => Ok(list
+                .iter()
+                .map(|u| GroupState {
+                    group: u.group,
+                    head: u.head,
+                    cursor: u.cursor,
+                    unread: u.unread,
+                    messages: Vec::new(),
+                })
+                .collect()),
+            _ => unexpected("UNREAD"),
+        }
+    }
+
+    /// SYNC: returns the groups and the next continuation (0 = done).
+    pub fn sync(
+        &mut self,
+        user: u64,
+        per_group_max: u32,
+        total_max_bytes: u32,
+        continuation: u64,
+    ) -> Result<(Vec<GroupState>, u64)> {
+        let f = self.call(&Request::Sync {
+            user,
+            per_group_max,
+            total_max_bytes,
+            continuation,
+        })?;
+        match f.response()? {
+            Response::Sync {
+                next_continuation,
+                groups,
+            } => {
+                let mut out = Vec::with_capacity(groups.len());
+                for g in groups {
+                    out.push(GroupState {
+                        group: g.group,
+                        head: g.head,
+                        cursor: g.cursor,
+                        unread: g.unread,
+                        messages: messages(g.group, &g.records)?,
+                    });
+                }
+                Ok((out, next_continuation))
+            }
+            _ => unexpected("SYNC"),
+        }
+    }
+
+    /// HISTORY: messages below `before_msg_id` (0 = from the head), newest
+    /// first, and whether older ones exist.
+    pub fn history(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool)> {
+        match self
+            .call(&Request::History {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            })?
+            .response()?
+        {
+            Response::History { has_more, records } => Ok((messages(group, &records)?, has_more)),
+            _ => unexpected("HISTORY"),
+        }
+    }
+
+    pub fn read_count(&mut self, group: u64, msg_id: u64) -> Result<u64> {
+        match self
+            .call(&Request::ReadCount { group, msg_id })?
+            .response()?
+        {
+            Response::ReadCount { count } => Ok(count),
+            _ => unexpected("READ_COUNT"),
+        }
+    }
+
+    pub fn subscribe(&mut self, sub: Subscription) -> Result<()> {
+        match self.call(&Request::Subscribe(sub))?.response()? {
+            Response::Subscribe => Ok(()),
+            _ => unexpected("SUBSCRIBE"),
+        }
+    }
+
+    pub fn unsubscribe(&mut self) -> Result<()> {
+        match self.call(&Request::Unsubscribe)?.response()? {
+            Response::Unsubscribe => Ok(()),
+            _ => unexpected("UNSUBSCRIBE"),
+        }
+    }
+
+    pub fn stats(&mut self) -> Result<Vec<(String, u64)>> {
+        match self.call(&Request::Stats)?.response()? {
+            Response::Stats(list) => {
+                Ok(list.iter().map(|s| (s.name.to_string(), s.value)).collect())
+            }
+            _ => unexpected("STATS"),
+        }
+    }
+}
+
+/// Decodes a SEND response.
+pub fn parse_sent(f: &OwnedFrame) -> Result<Sent> {
+    match f.response()? {
+        Response::Send {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        } => Ok(Sent {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        }),
+        _ => unexpected("SEND"),
+    }
+}
+
+fn frame_bytes(frame: &Frame<'_>) -> OwnedFrame {
+    let h = &frame.header;
+    let mut v = Vec::with_capacity(16 + frame.body.len());
+    v.extend_from_slice(&h.frame_len.to_le_bytes());
+    v.push(h.version);
+    v.push(h.opcode);
+    v.extend_from_slice(&h.flags.to_le_bytes());
+    v.extend_from_slice(&h.request_id.to_le_bytes());
+    v.extend_from_slice(frame.body);
+    OwnedFrame(v)
+}

@@ -1,0 +1,108 @@
+//! The node's limits: every one has a default here, a `tidemark serve` flag,
+//! and a line in format-spec/protocol.md "Limits".
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
+
+use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
+
+/// Everything `tidemark serve` runs with.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub listen: SocketAddr,
+    pub engine: EngineConfig,
+    /// When set, clients must AUTH with exactly these bytes after HELLO.
+    pub token: Option<Vec<u8>>,
+    pub limits: Limits,
+}
+
+/// Per-node and per-connection limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest `frame_len` accepted (and sent).
+    pub frame_bytes_max: u32,
+    pub connections_max: usize,
+    /// Output a connection may have queued before the node stops reading its
+    /// requests and stops pushing to it.
+    pub output_bytes_max: usize,
+    /// Requests of one connection answered later (durable sends, joins, long
+    /// polls) at once; one more gets TOO_MANY_REQUESTS_IN_FLIGHT.
+    pub requests_in_flight_max: u32,
+    /// Longest PULL `wait_ms` honoured.
+    pub long_poll_ms_max: u32,
+    /// Groups plus users one connection may subscribe to.
+    pub subscriptions_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
+            connections_max: 10_000,
+            output_bytes_max: 8 << 20,
+            requests_in_flight_max: protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT,
+            long_poll_ms_max: 60_000,
+            subscriptions_max: 100_000,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Defaults: data in `./tidemark-data`, 127.0.0.1:7070, fsync always.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let mut engine = EngineConfig::new(data_dir);
+        engine.fsync = FsyncPolicy::Always;
+        NodeConfig {
+            // Invariant: a literal address.
+            listen: "127.0.0.1:7070"
+                .parse()
+                .expect("invariant: valid default address"),
+            engine,
+            token: None,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Checks the relationships between limits.
+    pub fn validate(&self) -> Result<(), String> {
+        let l = &self.limits;
+        if l.frame_bytes_max < FRAME_BYTES_MAX_FLOOR {
+            return Err(format!(
+                "frame_bytes_max must be at least {FRAME_BYTES_MAX_FLOOR}"
+            ));
+        }
+        let need = protocol::frame_bytes_min_for_payload(self.engine.payload_bytes_max as u32);
+        if (l.frame_bytes_max as u64) < need || self.engine.payload_bytes_max > u32::MAX as usize {
+            return Err(format!(
+                "frame_bytes_max {} cannot carry a payload of payload_bytes_max {} (needs {need})",
+                l.frame_bytes_max, self.engine.payload_bytes_max
+            ));
+        }
+        if l.output_bytes_max < l.frame_bytes_max as usize {
+            return Err("output_bytes_max must hold at least one frame of frame_bytes_max".into());
+        }
+        if l.connections_max == 0 || l.requests_in_flight_max == 0 {
+            return Err("connections_max and requests_in_flight_max must be positive".into());
+        }
+        self.engine.validate().map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        NodeConfig::new("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn a_frame_limit_too_small_for_the_payload_limit_is_refused() {
+        let mut c = NodeConfig::new("/tmp/x");
+        c.limits.frame_bytes_max = 1 << 20;
+        assert!(c.validate().is_err());
+    }
+}

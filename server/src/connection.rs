@@ -1,0 +1,214 @@
+//! One client connection, sans IO: the frame decoder on the way in, a
+//! bounded queue of outgoing bytes on the way out (response heads plus
+//! record bytes borrowed from segment mappings, written with writev), the
+//! handshake phase and the requests it has in flight. The event loop moves
+//! bytes and derives its interest from `wants_read` / `wants_write`.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+
+use tidemark_engine::Chunk;
+
+use crate::protocol::FrameDecoder;
+
+/// Where the connection is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Only HELLO is accepted.
+    AwaitHello,
+    /// HELLO done; the node has a token, so only AUTH is accepted.
+    AwaitAuth,
+    Ready,
+}
+
+/// A piece of output: bytes the node encoded, or stored records sent as
+/// they lie in a segment.
+pub enum OutChunk {
+    Bytes(Vec<u8>),
+    Records(Chunk),
+}
+
+impl OutChunk {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            OutChunk::Bytes(b) => b,
+            OutChunk::Records(c) => c.bytes(),
+        }
+    }
+}
+
+/// Queued output, written front to back.
+#[derive(Default)]
+pub struct OutQueue {
+    chunks: VecDeque<OutChunk>,
+    /// Bytes of the front chunk already written.
+    front_written: usize,
+    /// Bytes queued and not yet written.
+    len: usize,
+}
+
+/// iovecs per writev call.
+const IOVECS_MAX: usize = 64;
+
+impl OutQueue {
+    pub fn push(&mut self, chunk: OutChunk) {
+        let n = chunk.bytes().len();
+        if n > 0 {
+            self.len += n;
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Writes as much as `w` takes. Returns bytes written; stops at
+    /// WouldBlock (not an error).
+    pub fn write_to<W: Write>(&mut self, w: &mut W) -> io::Result<usize> {
+        let mut total = 0;
+        while !self.chunks.is_empty() {
+            let mut slices: Vec<IoSlice<'_>> =
+                Vec::with_capacity(IOVECS_MAX.min(self.chunks.len()));
+            for (i, c) in self.chunks.iter().take(IOVECS_MAX).enumerate() {
+                let b = c.bytes();
+                slices.push(IoSlice::new(if i == 0 {
+                    &b[self.front_written..]
+                } else {
+                    b
+                }));
+            }
+            let n = match w.write_vectored(&slices) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(total),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            drop(slices);
+            self.advance(n);
+            total += n;
+        }
+        Ok(total)
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.len -= n;
+        while n > 0 {
+            // Invariant: n <= bytes queued, so a front chunk exists.
+            let front_len = self
+                .chunks
+                .front()
+                .expect("invariant: written bytes were queued")
+                .bytes()
+                .len();
+            let left = front_len - self.front_written;
+            if n >= left {
+                n -= left;
+                self.chunks.pop_front();
+                self.front_written = 0;
+            } else {
+                self.front_written += n;
+                n = 0;
+            }
+        }
+    }
+}
+
+pub struct Connection {
+    pub decoder: FrameDecoder,
+    pub out: OutQueue,
+    pub phase: Phase,
+    /// Requests accepted and not yet answered (durable sends, ops, long polls).
+    pub in_flight: u32,
+    /// A fatal error was queued: write what is queued, then close.
+    pub closing: bool,
+    /// The peer closed its side (read returned 0).
+    pub peer_closed: bool,
+    /// Subscription entries (groups + users) this connection holds.
+    pub subscriptions: usize,
+}
+
+impl Connection {
+    pub fn new(frame_bytes_max: u32) -> Self {
+        Connection {
+            decoder: FrameDecoder::new(frame_bytes_max),
+            out: OutQueue::default(),
+            phase: Phase::AwaitHello,
+            in_flight: 0,
+            closing: false,
+            peer_closed: false,
+            subscriptions: 0,
+        }
+    }
+
+    /// Read more requests only while the output has room: a client that does
+    /// not read its responses stops being read (bounded memory).
+    pub fn wants_read(&self, output_bytes_max: usize) -> bool {
+        !self.closing
+            && !self.peer_closed
+            && self.out.len() < output_bytes_max
+            && self.decoder.wants_read()
+    }
+
+    pub fn wants_write(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// True when nothing more will happen on this connection.
+    pub fn finished(&self) -> bool {
+        (self.closing || self.peer_closed) && self.out.is_empty() && self.in_flight == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that takes at most `cap` bytes per call.
+    struct Trickle {
+        data: Vec<u8>,
+        cap: usize,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.cap == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(self.cap);
+            self.data.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn partial_writes_resume_where_they_stopped() {
+        let mut q = OutQueue::default();
+        q.push(OutChunk::Bytes(b"hello ".to_vec()));
+        q.push(OutChunk::Bytes(Vec::new()));
+        q.push(OutChunk::Bytes(b"world".to_vec()));
+        assert_eq!(q.len(), 11);
+        let mut w = Trickle {
+            data: Vec::new(),
+            cap: 4,
+        };
+        q.write_to(&mut w).unwrap();
+        assert_eq!(w.data, b"hello world");
+        assert!(q.is_empty());
+        q.push(OutChunk::Bytes(b"x".to_vec()));
+        let mut blocked = Trickle {
+            data: Vec::new(),
+            cap: 0,
+        };
+        assert_eq!(q.write_to(&mut blocked).unwrap(), 0);
+        assert_eq!(q.len(), 1);
+    }
+}

@@ -1,0 +1,923 @@
+//! The node's event loop: one mio poll over the listener, the connections
+//! and a waker. One thread runs it; the engine's commit thread is the other.
+//!
+//! Why one loop on a 2-core machine: the engine already owns a second core
+//! for journal writes and fsyncs; every request here is a memory operation
+//! (an append is queued, not written), so one loop saturates the network
+//! long before it saturates its core, and it needs no locks of its own.
+//!
+//! The loop never waits for the disk. A durable send, a join, a long-poll
+//! pull are parked as [`Deferred`] work; after every commit round the
+//! commit thread's listener queues a notice and wakes the loop, which
+//! answers what completed, pushes the new records to subscribers and
+//! re-runs the long polls of the groups that grew.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+use tidemark_engine::{CommitNotice, Engine};
+
+use crate::config::NodeConfig;
+use crate::connection::{Connection, OutChunk};
+use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
+use crate::protocol::{
+    decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
+    RECORDS_RESPONSE_OVERHEAD_BYTES,
+};
+use crate::stats::Stats;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONNECTION: usize = 2;
+/// How long a graceful shutdown waits for in-flight work and output.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// A connection and its socket, with the interest it is registered for.
+struct Slot {
+    conn: Connection,
+    stream: TcpStream,
+    interest: Option<Interest>,
+    /// Distinguishes this connection from earlier ones in the same slot.
+    generation: u64,
+    sub_groups: HashSet<u64>,
+    sub_users: HashSet<u64>,
+}
+
+/// Identifies a connection across slot reuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ConnId {
+    index: usize,
+    generation: u64,
+}
+
+/// Deferred work with what is needed to answer it.
+struct Waiting {
+    conn: ConnId,
+    request_id: u64,
+    op: Opcode,
+    started: Instant,
+    work: Deferred,
+    /// Long polls only.
+    deadline: Option<Instant>,
+}
+
+/// Handle to stop a running node from another thread (signal handler, tests).
+#[derive(Clone)]
+pub struct Shutdown {
+    flag: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl Shutdown {
+    pub fn request(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+pub struct EventLoop {
+    engine: Arc<Engine>,
+    config: NodeConfig,
+    poll: Poll,
+    listener: Option<TcpListener>,
+    waker: Arc<Waker>,
+    shutdown: Arc<AtomicBool>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    connections: usize,
+    next_generation: u64,
+    notices: Arc<Mutex<Vec<CommitNotice>>>,
+    pending: Vec<Waiting>,
+    polls: Vec<Waiting>,
+    sub_by_group: HashMap<u64, HashSet<ConnId>>,
+    sub_by_user: HashMap<u64, HashSet<ConnId>>,
+    stats: Stats,
+}
+
+impl EventLoop {
+    /// Binds the listener and hooks the loop to the engine's commit rounds.
+    pub fn new(engine: Arc<Engine>, config: NodeConfig) -> io::Result<EventLoop> {
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::bind(config.listen)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let notices: Arc<Mutex<Vec<CommitNotice>>> = Arc::default();
+        let (n, w) = (notices.clone(), waker.clone());
+        engine.add_commit_listener(Arc::new(move |notice: &CommitNotice| {
+            n.lock().push(notice.clone());
+            // A failed wake means the loop is gone; nothing to do.
+            let _ = w.wake();
+        }));
+        Ok(EventLoop {
+            engine,
+            config,
+            poll,
+            listener: Some(listener),
+            waker,
+            shutdown: Arc::new(AtomicBool::new(false)),
+            slots: Vec::new(),
+            free: Vec::new(),
+            connections: 0,
+            next_generation: 0,
+            notices,
+            pending: Vec::new(),
+            polls: Vec::new(),
+            sub_by_group: HashMap::new(),
+            sub_by_user: HashMap::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.listener {
+            Some(l) => l.local_addr(),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    pub fn shutdown_handle(&self) -> Shutdown {
+        Shutdown {
+            flag: self.shutdown.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
+    /// Runs until a shutdown is requested and the in-flight work drained.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            let timeout = self.next_timeout(drain_deadline);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(t) => self.drive(t - FIRST_CONNECTION),
+                }
+            }
+            // Commit notices, timers and shutdown are checked on every
+            // wake-up, whatever woke the loop.
+            self.on_commits();
+            self.expire_polls(Instant::now());
+            if self.shutdown.load(Ordering::SeqCst) {
+                if drain_deadline.is_none() {
+                    log::info!(
+                        "shutdown requested: draining {} connections",
+                        self.connections
+                    );
+                    drain_deadline = Some(Instant::now() + SHUTDOWN_DRAIN);
+                    self.begin_shutdown();
+                }
+                let drained = self.pending.is_empty()
+                    && self.slots.iter().flatten().all(|s| s.conn.out.is_empty());
+                if drained || drain_deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn next_timeout(&self, drain_deadline: Option<Instant>) -> Option<Duration> {
+        let next = self
+            .polls
+            .iter()
+            .filter_map(|w| w.deadline)
+            .chain(drain_deadline)
+            .min()?;
+        Some(next.saturating_duration_since(Instant::now()))
+    }
+
+    /// Stops accepting, answers waiting long polls at once, and closes idle
+    /// connections; requests in flight are still answered.
+    fn begin_shutdown(&mut self) {
+        if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        self.expire_polls(Instant::now() + Duration::from_secs(3600 * 24 * 365));
+        for i in 0..self.slots.len() {
+            if let Some(slot) = self.slots[i].as_mut() {
+                slot.conn.closing = true;
+            }
+            self.update(i);
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            let (mut stream, peer) = match listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("accept: {e}");
+                    return;
+                }
+            };
+            if self.connections >= self.config.limits.connections_max {
+                self.stats.connections_refused += 1;
+                let out = handlers::error(
+                    0,
+                    ErrorCode::Overloaded,
+                    Some(self.config.limits.connections_max as u64),
+                    "too many connections",
+                );
+                // Best effort: a refused client gets the reason if its socket takes it.
+                let _ = io::Write::write(&mut stream, &out.head);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let index = self.free.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                self.slots.len() - 1
+            });
+            self.next_generation += 1;
+            let mut slot = Slot {
+                conn: Connection::new(self.config.limits.frame_bytes_max),
+                stream,
+                interest: Some(Interest::READABLE),
+                generation: self.next_generation,
+                sub_groups: HashSet::new(),
+                sub_users: HashSet::new(),
+            };
+            if let Err(e) = self.poll.registry().register(
+                &mut slot.stream,
+                Token(index + FIRST_CONNECTION),
+                Interest::READABLE,
+            ) {
+                log::warn!("register {peer}: {e}");
+                self.free.push(index);
+                continue;
+            }
+            self.slots[index] = Some(slot);
+            self.connections += 1;
+            self.stats.connections_accepted += 1;
+        }
+    }
+
+    fn conn_id(&self, index: usize) -> Option<ConnId> {
+        self.slots.get(index)?.as_ref().map(|s| ConnId {
+            index,
+            generation: s.generation,
+        })
+    }
+
+    fn slot_mut(&mut self, id: ConnId) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(id.index)?
+            .as_mut()
+            .filter(|s| s.generation == id.generation)
+    }
+
+    /// Reads, handles and writes until the connection has nothing more to
+    /// do now, then updates its registration.
+    fn drive(&mut self, index: usize) {
+        let limits = self.config.limits;
+        loop {
+            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                return;
+            };
+            let mut progress = false;
+            // Read what the socket has, as far as the decoder and output allow.
+            while slot.conn.wants_read(limits.output_bytes_max) {
+                match slot.conn.decoder.read_from(&mut slot.stream) {
+                    Ok(0) => {
+                        slot.conn.peer_closed = true;
+                        break;
+                    }
+                    Ok(n) => {
+                        self.stats.bytes_in += n as u64;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        slot.conn.peer_closed = true;
+                        break;
+                    }
+                }
+            }
+            if self.handle_frames(index) {
+                progress = true;
+            }
+            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                return;
+            };
+            match slot.conn.out.write_to(&mut slot.stream) {
+                Ok(n) if n > 0 => {
+                    self.stats.bytes_out += n as u64;
+                    progress = true;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    // The peer is gone: nothing queued can be delivered.
+                    slot.conn.peer_closed = true;
+                    slot.conn.out = Default::default();
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        self.update(index);
+    }
+
+    /// Handles the whole frames the decoder holds, while output has room.
+    /// Returns true if any frame was handled.
+    fn handle_frames(&mut self, index: usize) -> bool {
+        let mut handled_any = false;
+        let limits = self.config.limits;
+        loop {
+            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                return handled_any;
+            };
+            if slot.conn.closing || slot.conn.out.len() >= limits.output_bytes_max {
+                return handled_any;
+            }
+            let mut phase = slot.conn.phase;
+            let in_flight = slot.conn.in_flight;
+            let ctx = Ctx {
+                engine: &self.engine,
+                limits: &limits,
+                token: self.config.token.as_deref(),
+                server_name: "tidemark",
+            };
+            // The frame borrows the decoder; it is handled into owned output
+            // before the connection is touched again.
+            let (request_id, op, handled) = match slot.conn.decoder.next_frame() {
+                Ok(None) => return handled_any,
+                Err(fe) => {
+                    let out = handlers::error(
+                        0,
+                        fe.error_code(),
+                        Some(limits.frame_bytes_max as u64),
+                        &fe.to_string(),
+                    );
+                    (0, None, Handled::Fatal(out))
+                }
+                Ok(Some(frame)) => {
+                    let id = frame.header.request_id;
+                    match decode_request(&frame) {
+                        Err(de) => {
+                            let detail =
+                                (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
+                            (
+                                id,
+                                None,
+                                Handled::Fatal(handlers::error(
+                                    id,
+                                    de.error_code(),
+                                    detail,
+                                    &de.to_string(),
+                                )),
+                            )
+                        }
+                        Ok(req) => {
+                            let op = req.opcode();
+                            if self.shutdown.load(Ordering::SeqCst) {
+                                (
+                                    id,
+                                    Some(op),
+                                    Handled::Reply(handlers::error(
+                                        id,
+                                        ErrorCode::ShuttingDown,
+                                        None,
+                                        "node is shutting down",
+                                    )),
+                                )
+                            } else if in_flight >= limits.requests_in_flight_max && defers(op) {
+                                let out = handlers::error(
+                                    id,
+                                    ErrorCode::TooManyRequestsInFlight,
+                                    Some(limits.requests_in_flight_max as u64),
+                                    "too many requests in flight",
+                                );
+                                (id, Some(op), Handled::Reply(out))
+                            } else {
+                                (id, Some(op), handlers::handle(&ctx, &mut phase, id, req))
+                            }
+                        }
+                    }
+                }
+            };
+            handled_any = true;
+            slot.conn.phase = phase;
+            let conn = ConnId {
+                index,
+                generation: slot.generation,
+            };
+            if let Some(op) = op {
+                self.stats.request(op);
+            }
+            let started = Instant::now();
+            match handled {
+                Handled::Reply(out) => self.respond(conn, op, started, out),
+                Handled::Fatal(out) => {
+                    self.stats.errors += 1;
+                    self.send(conn, out);
+                    if let Some(slot) = self.slot_mut(conn) {
+                        slot.conn.closing = true;
+                    }
+                }
+                Handled::Deferred(work) => self.defer(conn, request_id, op, started, work),
+                Handled::Subscribe(sub) => {
+                    let out = self.subscribe(conn, request_id, sub);
+                    self.respond(conn, op, started, out);
+                }
+                Handled::Unsubscribe => {
+                    self.unsubscribe_all(conn);
+                    self.respond(
+                        conn,
+                        op,
+                        started,
+                        handlers::reply(request_id, &Response::Unsubscribe, Vec::new(), 0),
+                    );
+                }
+                Handled::Stats => {
+                    let out = self.stats_reply(request_id);
+                    self.respond(conn, op, started, out);
+                }
+            }
+        }
+    }
+
+    fn respond(&mut self, conn: ConnId, op: Option<Opcode>, started: Instant, out: Outgoing) {
+        if let Some(op) = op {
+            self.stats.latency(op, started.elapsed());
+        }
+        if out.head.get(5) == Some(&0xFF) {
+            self.stats.errors += 1;
+        }
+        self.send(conn, out);
+    }
+
+    fn send(&mut self, conn: ConnId, out: Outgoing) {
+        self.stats.deliveries += out.records;
+        if let Some(slot) = self.slot_mut(conn) {
+            slot.conn.out.push(OutChunk::Bytes(out.head));
+            for c in out.chunks {
+                slot.conn.out.push(OutChunk::Records(c));
+            }
+        }
+    }
+
+    fn defer(
+        &mut self,
+        conn: ConnId,
+        request_id: u64,
+        op: Option<Opcode>,
+        started: Instant,
+        work: Deferred,
+    ) {
+        let Some(op) = op else { return };
+        if let Some(slot) = self.slot_mut(conn) {
+            slot.conn.in_flight += 1;
+        }
+        let deadline = match &work {
+            Deferred::Poll(p) => Some(started + p.wait),
+            _ => None,
+        };
+        let w = Waiting {
+            conn,
+            request_id,
+            op,
+            started,
+            work,
+            deadline,
+        };
+        match w.work {
+            Deferred::Poll(_) => self.polls.push(w),
+            // An operation may already be complete (a retransmit of a durable
+            // send): answer it without waiting for a round.
+            _ => {
+                self.pending.push(w);
+                self.complete_pending();
+            }
+        }
+    }
+
+    /// Answers every parked send and operation whose round completed.
+    fn complete_pending(&mut self) {
+        let mut still = Vec::with_capacity(self.pending.len());
+        for w in std::mem::take(&mut self.pending) {
+            let out = match &w.work {
+                Deferred::Send(ticket) => match self.engine.poll(ticket) {
+                    None => {
+                        still.push(w);
+                        continue;
+                    }
+                    Some(Ok(a)) => handlers::reply(
+                        w.request_id,
+                        &Response::Send {
+                            msg_id: a.msg_id,
+                            timestamp_ms: a.timestamp_ms,
+                            duplicate: a.duplicate,
+                        },
+                        Vec::new(),
+                        0,
+                    ),
+                    Some(Err(e)) => handlers::engine_error(w.request_id, &e),
+                },
+                Deferred::Op(ticket, kind) => match self.engine.poll_op(ticket) {
+                    None => {
+                        still.push(w);
+                        continue;
+                    }
+                    Some(Ok(value)) => {
+                        let resp: Response<'_, RecordsLen> = match kind {
+                            OpKind::CreateGroup => Response::CreateGroup,
+                            OpKind::DeleteGroup => Response::DeleteGroup,
+                            OpKind::Leave => Response::Leave,
+                            OpKind::Join { group } => Response::Join {
+                                cursor: value,
+                                head: self.engine.head(*group).unwrap_or(value),
+                            },
+                        };
+                        handlers::reply(w.request_id, &resp, Vec::new(), 0)
+                    }
+                    Some(Err(e)) => handlers::engine_error(w.request_id, &e),
+                },
+                Deferred::Poll(_) => unreachable!("polls are parked separately"),
+            };
+            self.finish(w, out);
+        }
+        self.pending = still;
+    }
+
+    /// Answers parked work and updates its connection.
+    fn finish(&mut self, w: Waiting, out: Outgoing) {
+        if let Some(slot) = self.slot_mut(w.conn) {
+            slot.conn.in_flight -= 1;
+        }
+        self.respond(w.conn, Some(w.op), w.started, out);
+        self.drive(w.conn.index);
+    }
+
+    /// After commit rounds: answer completed work, push new records, wake
+    /// long polls of groups that grew.
+    fn on_commits(&mut self) {
+        let notices = std::mem::take(&mut *self.notices.lock());
+        if notices.is_empty() {
+            return;
+        }
+        self.complete_pending();
+        for notice in &notices {
+            for a in &notice.appended {
+                self.push(a.group, a.first, a.last);
+                self.wake_polls(a.group);
+            }
+        }
+    }
+
+    fn wake_polls(&mut self, group: u64) {
+        if !self
+            .polls
+            .iter()
+            .any(|w| matches!(w.work, Deferred::Poll(p) if p.group == group))
+        {
+            return;
+        }
+        let (ready, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
+            .into_iter()
+            .partition(|w| matches!(w.work, Deferred::Poll(p) if p.group == group));
+        self.polls = waiting;
+        for w in ready {
+            let Deferred::Poll(p) = w.work else { continue };
+            match self.engine.pull(
+                p.group,
+                p.user,
+                p.max_count as usize,
+                p.max_bytes as usize,
+                None,
+            ) {
+                Ok(pull) if pull.batch.count == 0 => self.polls.push(w),
+                Ok(pull) => {
+                    let out = handlers::pull_reply(w.request_id, pull);
+                    self.finish(w, out);
+                }
+                Err(e) => {
+                    let out = handlers::engine_error(w.request_id, &e);
+                    self.finish(w, out);
+                }
+            }
+        }
+    }
+
+    /// Answers long polls whose wait is over with what is there (nothing,
+    /// unless a message arrived unnoticed).
+    fn expire_polls(&mut self, now: Instant) {
+        if !self
+            .polls
+            .iter()
+            .any(|w| w.deadline.is_some_and(|d| d <= now))
+        {
+            return;
+        }
+        let (due, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
+            .into_iter()
+            .partition(|w| w.deadline.is_some_and(|d| d <= now));
+        self.polls = waiting;
+        for w in due {
+            let Deferred::Poll(p) = w.work else { continue };
+            let out = match self.engine.pull(
+                p.group,
+                p.user,
+                p.max_count as usize,
+                p.max_bytes as usize,
+                None,
+            ) {
+                Ok(pull) => handlers::pull_reply(w.request_id, pull),
+                Err(e) => handlers::engine_error(w.request_id, &e),
+            };
+            self.finish(w, out);
+        }
+    }
+
+    /// Pushes records `first..=last` of `group` to every subscriber. A
+    /// subscriber whose output is full gets RESYNC(all) and loses its
+    /// subscription; it pulls to catch up (nothing is lost).
+    fn push(&mut self, group: u64, first: u64, last: u64) {
+        let targets = self.push_targets(group);
+        if targets.is_empty() {
+            return;
+        }
+        let budget =
+            (self.config.limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize;
+        let mut after = first - 1;
+        while after < last {
+            let batch = match self
+                .engine
+                .read(group, after, (last - after) as usize, budget)
+            {
+                Ok(b) if b.count > 0 => b,
+                _ => return,
+            };
+            after = batch.last_id;
+            // Invariant: bounded by the frame budget.
+            let section = RecordsLen {
+                count: batch.count as u32,
+                bytes: batch.bytes as u32,
+            };
+            let frame = handlers::reply(
+                0,
+                &Response::Push {
+                    group,
+                    records: section,
+                },
+                batch.chunks.clone(),
+                batch.count,
+            );
+            for &conn in &targets {
+                let limit = self.config.limits.output_bytes_max;
+                let Some(slot) = self.slot_mut(conn) else {
+                    continue;
+                };
+                if slot.sub_groups.is_empty() && slot.sub_users.is_empty() {
+                    continue; // cancelled by an earlier RESYNC in this loop
+                }
+                if slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
+                    self.stats.resyncs += 1;
+                    self.unsubscribe_all(conn);
+                    let resync: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
+                    self.send(conn, handlers::reply(0, &resync, Vec::new(), 0));
+                } else {
+                    self.stats.pushes += 1;
+                    self.send(
+                        conn,
+                        Outgoing {
+                            head: frame.head.clone(),
+                            chunks: frame.chunks.clone(),
+                            records: frame.records,
+                        },
+                    );
+                }
+                self.drive(conn.index);
+            }
+        }
+    }
+
+    /// Connections subscribed to `group`, directly or through a member.
+    fn push_targets(&self, group: u64) -> Vec<ConnId> {
+        let mut targets: HashSet<ConnId> =
+            self.sub_by_group.get(&group).cloned().unwrap_or_default();
+        if !self.sub_by_user.is_empty() {
+            // Walk the smaller side: subscribed users, or the group's members.
+            if self.sub_by_user.len() <= 1024 {
+                for (&user, conns) in &self.sub_by_user {
+                    if self.engine.is_member(group, user) {
+                        targets.extend(conns);
+                    }
+                }
+            } else if let Ok(members) = self.engine.members(group) {
+                for user in members {
+                    if let Some(conns) = self.sub_by_user.get(&user) {
+                        targets.extend(conns);
+                    }
+                }
+            }
+        }
+        targets.into_iter().collect()
+    }
+
+    fn subscribe(&mut self, conn: ConnId, request_id: u64, sub: Subscription) -> Outgoing {
+        let max = self.config.limits.subscriptions_max;
+        let Some(slot) = self.slot_mut(conn) else {
+            return handlers::error(request_id, ErrorCode::Internal, None, "connection gone");
+        };
+        let adding = match &sub {
+            Subscription::User(_) => 1,
+            Subscription::Groups(g) => g.len(),
+        };
+        if slot.sub_groups.len() + slot.sub_users.len() + adding > max {
+            return handlers::error(
+                request_id,
+                ErrorCode::LimitExceeded,
+                Some(max as u64),
+                "too many subscriptions",
+            );
+        }
+        match sub {
+            Subscription::User(user) => {
+                slot.sub_users.insert(user);
+                self.sub_by_user.entry(user).or_default().insert(conn);
+            }
+            Subscription::Groups(groups) => {
+                if let Some(missing) = groups.iter().find(|g| self.engine.head(**g).is_err()) {
+                    return handlers::error(
+                        request_id,
+                        ErrorCode::GroupNotFound,
+                        None,
+                        &format!("group {missing} not found"),
+                    );
+                }
+                let Some(slot) = self.slot_mut(conn) else {
+                    unreachable!("checked above")
+                };
+                slot.sub_groups.extend(groups.iter().copied());
+                for g in groups {
+                    self.sub_by_group.entry(g).or_default().insert(conn);
+                }
+            }
+        }
+        if let Some(slot) = self.slot_mut(conn) {
+            slot.conn.subscriptions = slot.sub_groups.len() + slot.sub_users.len();
+        }
+        handlers::reply(request_id, &Response::Subscribe, Vec::new(), 0)
+    }
+
+    fn unsubscribe_all(&mut self, conn: ConnId) {
+        let Some(slot) = self.slot_mut(conn) else {
+            return;
+        };
+        let groups = std::mem::take(&mut slot.sub_groups);
+        let users = std::mem::take(&mut slot.sub_users);
+        slot.conn.subscriptions = 0;
+        for g in groups {
+            if let Some(set) = self.sub_by_group.get_mut(&g) {
+                set.remove(&conn);
+                if set.is_empty() {
+                    self.sub_by_group.remove(&g);
+                }
+            }
+        }
+        for u in users {
+            if let Some(set) = self.sub_by_user.get_mut(&u) {
+                set.remove(&conn);
+                if set.is_empty() {
+                    self.sub_by_user.remove(&u);
+                }
+            }
+        }
+    }
+
+    fn stats_reply(&self, request_id: u64) -> Outgoing {
+        let figures = self.stats.report(self.connections, &self.engine.stats());
+        let list: Vec<Stat<'_>> = figures
+            .iter()
+            .map(|(name, value)| Stat {
+                name,
+                value: *value,
+            })
+            .collect();
+        handlers::reply(request_id, &Response::Stats(list), Vec::new(), 0)
+    }
+
+    /// Re-registers the connection for what it wants, or closes it.
+    fn update(&mut self, index: usize) {
+        let limits = self.config.limits;
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        if slot.conn.finished() || (slot.conn.peer_closed && slot.conn.in_flight == 0) {
+            self.close(index);
+            return;
+        }
+        let want = match (
+            slot.conn.wants_read(limits.output_bytes_max),
+            slot.conn.wants_write(),
+        ) {
+            (true, true) => Some(Interest::READABLE | Interest::WRITABLE),
+            (true, false) => Some(Interest::READABLE),
+            (false, true) => Some(Interest::WRITABLE),
+            (false, false) => None,
+        };
+        if want == slot.interest {
+            return;
+        }
+        let token = Token(index + FIRST_CONNECTION);
+        let registry = self.poll.registry();
+        let result = match (slot.interest, want) {
+            (_, None) => registry.deregister(&mut slot.stream),
+            (None, Some(i)) => registry.register(&mut slot.stream, token, i),
+            (Some(_), Some(i)) => registry.reregister(&mut slot.stream, token, i),
+        };
+        slot.interest = want;
+        if result.is_err() {
+            self.close(index);
+        }
+    }
+
+    fn close(&mut self, index: usize) {
+        let Some(id) = self.conn_id(index) else {
+            return;
+        };
+        self.unsubscribe_all(id);
+        self.polls.retain(|w| w.conn != id);
+        if let Some(mut slot) = self.slots[index].take() {
+            if slot.interest.is_some() {
+                let _ = self.poll.registry().deregister(&mut slot.stream);
+            }
+            self.connections -= 1;
+            self.free.push(index);
+        }
+    }
+}
+
+/// Requests that are answered later count against requests_in_flight_max.
+fn defers(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::Send
+            | Opcode::Pull
+            | Opcode::CreateGroup
+            | Opcode::DeleteGroup
+            | Opcode::Join
+            | Opcode::Leave
+    )
+}
+
+/// Opens the engine, serves until SIGINT/SIGTERM or `on_ready`'s handle
+/// says stop, then shuts down gracefully (cursors persisted, clean
+/// checkpoint). `on_ready` gets the bound address once the node accepts
+/// connections.
+pub fn serve(
+    config: NodeConfig,
+    on_ready: impl FnOnce(SocketAddr, Shutdown),
+) -> Result<(), String> {
+    config.validate()?;
+    let engine =
+        Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
+    let report = engine.recovery_report();
+    log::info!(
+        "recovered: {} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, bytes cut: {}, damaged groups: {}",
+        report.groups,
+        report.clean_shutdown,
+        report.journal_entries_replayed,
+        report.records_replayed,
+        report.bytes_cut(),
+        report.damaged_groups.len()
+    );
+    let mut event_loop =
+        EventLoop::new(engine.clone(), config).map_err(|e| format!("listen: {e}"))?;
+    let addr = event_loop.local_addr().map_err(|e| e.to_string())?;
+    on_ready(addr, event_loop.shutdown_handle());
+    event_loop.run().map_err(|e| format!("event loop: {e}"))?;
+    let stats = engine.stats();
+    drop(event_loop);
+    match Arc::try_unwrap(engine) {
+        Ok(engine) => engine.close().map_err(|e| format!("close engine: {e}"))?,
+        Err(_) => return Err("engine still referenced at shutdown".into()),
+    }
+    log::info!(
+        "stopped: {} appends, {} commit rounds, {} fsyncs",
+        stats.appends,
+        stats.rounds,
+        stats.journal_syncs
+    );
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! Request -> engine call -> response. Everything here runs on the event
+//! loop thread and never waits: durable operations come back as
+//! [`Deferred`] work the loop finishes when the commit thread says so.
+
+use std::time::Duration;
+
+use tidemark_engine::{
+    AppendRequest, Chunk, Engine, Error as EngineError, JoinStart as EngineJoinStart, OpTicket,
+    ReadBatch, Ticket,
+};
+
+use crate::config::Limits;
+use crate::connection::Phase;
+use crate::protocol::{
+    encode_response_head, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse, JoinStart,
+    RecordsLen, Request, Response, Subscription, SyncGroup, UnreadEntry, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
+};
+
+/// A response frame: the encoded head, then record bytes from segments.
+pub struct Outgoing {
+    pub head: Vec<u8>,
+    pub chunks: Vec<Chunk>,
+    /// Records the response delivers (for stats).
+    pub records: u64,
+}
+
+/// A group or membership operation waiting for its commit round.
+#[derive(Clone, Copy, Debug)]
+pub enum OpKind {
+    CreateGroup,
+    DeleteGroup,
+    Join { group: u64 },
+    Leave,
+}
+
+/// A PULL that found nothing and waits for a message.
+#[derive(Clone, Copy, Debug)]
+pub struct PollRequest {
+    pub group: u64,
+    pub user: u64,
+    pub max_count: u32,
+    pub max_bytes: u32,
+    pub wait: Duration,
+}
+
+/// Work answered later by the loop.
+pub enum Deferred {
+    Send(Ticket),
+    Op(OpTicket, OpKind),
+    Poll(PollRequest),
+}
+
+/// What handling a request produced.
+pub enum Handled {
+    Reply(Outgoing),
+    /// Send, then close the connection.
+    Fatal(Outgoing),
+    Deferred(Deferred),
+    /// Requests the loop answers itself (they touch loop state).
+    Subscribe(Subscription),
+    Unsubscribe,
+    Stats,
+}
+
+/// What a handler may use.
+pub struct Ctx<'a> {
+    pub engine: &'a Engine,
+    pub limits: &'a Limits,
+    pub token: Option<&'a [u8]>,
+    pub server_name: &'a str,
+}
+
+/// Encodes a response whose records the caller sends after the head.
+pub fn reply(
+    request_id: u64,
+    resp: &Response<'_, RecordsLen>,
+    chunks: Vec<Chunk>,
+    records: u64,
+) -> Outgoing {
+    match encode_response_head(request_id, resp) {
+        Ok(head) => Outgoing {
+            head,
+            chunks,
+            records,
+        },
+        // Only a frame over 4 GiB fails to encode; responses are sized below
+        // frame_bytes_max, so this is a bug, answered as INTERNAL.
+        Err(e) => error(
+            request_id,
+            ErrorCode::Internal,
+            None,
+            &format!("encode: {e}"),
+        ),
+    }
+}
+
+pub fn error(request_id: u64, code: ErrorCode, detail: Option<u64>, message: &str) -> Outgoing {
+    let resp: Response<'_, RecordsLen> = Response::Error(ErrorResponse {
+        code,
+        detail,
+        message,
+    });
+    // Invariant: an ERROR frame with a short message always encodes.
+    let head = encode_response_head(request_id, &resp).expect("invariant: error frames encode");
+    Outgoing {
+        head,
+        chunks: Vec::new(),
+        records: 0,
+    }
+}
+
+/// The wire error code (and detail) for an engine error.
+pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
+    match e {
+        EngineError::PayloadTooLarge { max, .. } => (ErrorCode::PayloadTooLarge, Some(*max as u64)),
+        EngineError::GroupNotFound { .. } => (ErrorCode::GroupNotFound, None),
+        EngineError::GroupExists { .. } => (ErrorCode::GroupExists, None),
+        EngineError::GroupDamaged { .. } | EngineError::Corrupt { .. } => {
+            (ErrorCode::GroupDamaged, None)
+        }
+        EngineError::WritesStopped { .. } => (ErrorCode::WritesStopped, None),
+        EngineError::ShuttingDown => (ErrorCode::ShuttingDown, None),
+        EngineError::Overloaded => (ErrorCode::Overloaded, None),
+        EngineError::NotMember { .. } => (ErrorCode::NotMember, None),
+        EngineError::CursorAboveHead { head, .. } => (ErrorCode::CursorAboveHead, Some(*head)),
+        EngineError::BelowRetentionFloor { earliest, .. } => {
+            (ErrorCode::BelowRetentionFloor, Some(*earliest))
+        }
+        EngineError::LimitExceeded { max, .. } => (ErrorCode::LimitExceeded, Some(*max as u64)),
+        EngineError::Io { .. } | EngineError::Locked { .. } | EngineError::InvalidConfig { .. } => {
+            (ErrorCode::Internal, None)
+        }
+    }
+}
+
+/// The ERROR frame for an engine error.
+pub fn engine_error(request_id: u64, e: &EngineError) -> Outgoing {
+    let (code, detail) = error_code_of(e);
+    error(request_id, code, detail, &e.to_string())
+}
+
+fn records_len(batch: &ReadBatch) -> RecordsLen {
+    // Invariant: batches are bounded by frame_bytes_max (< 4 GiB) and its records.
+    RecordsLen {
+        count: batch.count as u32,
+        bytes: batch.bytes as u32,
+    }
+}
+
+/// Record bytes a response may carry after its fixed part.
+fn records_budget(limits: &Limits) -> usize {
+    (limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize
+}
+
+/// Handles one decoded request on a connection in `phase`.
+pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_>) -> Handled {
+    // The handshake gate (format-spec/protocol.md 1.7).
+    match (&req, *phase) {
+        (
+            Request::Hello {
+                min_version,
+                max_version,
+                ..
+            },
+            Phase::AwaitHello,
+        ) => {
+            if *min_version > PROTOCOL_VERSION || *max_version < PROTOCOL_VERSION_MIN {
+                return Handled::Fatal(error(
+                    request_id,
+                    ErrorCode::UnsupportedVersion,
+                    Some(PROTOCOL_VERSION as u64),
+                    "no protocol version in common",
+                ));
+            }
+            *phase = if ctx.token.is_some() {
+                Phase::AwaitAuth
+            } else {
+                Phase::Ready
+            };
+            let resp = Response::Hello(HelloResponse {
+                version: PROTOCOL_VERSION.min(*max_version),
+                auth_required: ctx.token.is_some(),
+                frame_bytes_max: ctx.limits.frame_bytes_max,
+                // Invariant: NodeConfig::validate keeps payload_bytes_max below 4 GiB.
+                payload_bytes_max: ctx.engine.config().payload_bytes_max as u32,
+                requests_in_flight_max: ctx.limits.requests_in_flight_max,
+                server_name: ctx.server_name,
+            });
+            return Handled::Reply(reply(request_id, &resp, Vec::new(), 0));
+        }
+        (Request::Hello { .. }, _) => {
+            return Handled::Fatal(error(
+                request_id,
+                ErrorCode::BadFrame,
+                None,
+                "a second HELLO",
+            ));
+        }
+        (Request::Auth { token }, Phase::AwaitAuth | Phase::Ready) => {
+            if ctx.token.is_none_or(|t| constant_time_eq(t, token)) {
+                *phase = Phase::Ready;
+                return Handled::Reply(reply(request_id, &Response::Auth, Vec::new(), 0));
+            }
+            return Handled::Fatal(error(
+                request_id,
+                ErrorCode::Unauthenticated,
+                None,
+                "wrong token",
+            ));
+        }
+        (_, Phase::AwaitHello) => {
+            return Handled::Reply(error(
+                request_id,
+                ErrorCode::Unauthenticated,
+                None,
+                "send HELLO first",
+            ));
+        }
+        (_, Phase::AwaitAuth) => {
+            return Handled::Reply(error(
+                request_id,
+                ErrorCode::Unauthenticated,
+                None,
+                "send AUTH first",
+            ));
+        }
+        _ => {}
+    }
+    let e = ctx.engine;
+    let result: Result<Handled, EngineError> = (|| {
+        Ok(match req {
+            Request::Hello { .. } | Request::Auth { .. } => {
+                unreachable!("handled by the handshake gate")
+            }
+            Request::Ping => Handled::Reply(reply(request_id, &Response::Pong, Vec::new(), 0)),
+            Request::Stats => Handled::Stats,
+            Request::Subscribe(s) => Handled::Subscribe(s),
+            Request::Unsubscribe => Handled::Unsubscribe,
+            Request::CreateGroup { group } => Handled::Deferred(Deferred::Op(
+                e.submit_create_group(group)?,
+                OpKind::CreateGroup,
+            )),
+            Request::DeleteGroup { group } => Handled::Deferred(Deferred::Op(
+                e.submit_delete_group(group)?,
+                OpKind::DeleteGroup,
+            )),
+            Request::Join { group, user, start } => {
+                let start = match start {
+                    JoinStart::Head => EngineJoinStart::Head,
+                    JoinStart::Earliest => EngineJoinStart::Earliest,
+                    JoinStart::At(cursor) => {
+                        let head = e.head(group)?;
+                        if cursor > head {
+                            return Err(EngineError::CursorAboveHead {
+                                group,
+                                requested: cursor,
+                                head,
+                            });
+                        }
+                        // The wire names the cursor; the engine the first unread id.
+                        EngineJoinStart::At(cursor + 1)
+                    }
+                };
+                Handled::Deferred(Deferred::Op(
+                    e.submit_join(group, user, start)?,
+                    OpKind::Join { group },
+                ))
+            }
+            Request::Leave { group, user } => {
+                Handled::Deferred(Deferred::Op(e.submit_leave(group, user)?, OpKind::Leave))
+            }
+            Request::Send {
+                group,
+                sender,
+                client_msg_id,
+                payload,
+            } => {
+                let ticket = e.try_submit(&AppendRequest {
+                    group_id: group,
+                    sender_id: sender,
+                    client_msg_id,
+                    payload,
+                })?;
+                Handled::Deferred(Deferred::Send(ticket))
+            }
+            Request::Pull {
+                group,
+                user,
+                ack_up_to,
+                max_count,
+                max_bytes,
+                wait_ms,
+            } => {
+                let ack = (ack_up_to > 0).then_some(ack_up_to);
+                let max_bytes = (max_bytes as usize).min(records_budget(ctx.limits));
+                let pull = e.pull(group, user, max_count as usize, max_bytes, ack)?;
+                if pull.batch.count == 0 && wait_ms > 0 && max_count > 0 {
+                    let wait =
+                        Duration::from_millis(wait_ms.min(ctx.limits.long_poll_ms_max) as u64);
+                    // Invariant: max_bytes was clamped below frame_bytes_max (u32).
+                    let poll = PollRequest {
+                        group,
+                        user,
+                        max_count,
+                        max_bytes: max_bytes as u32,
+                        wait,
+                    };
+                    Handled::Deferred(Deferred::Poll(poll))
+                } else {
+                    Handled::Reply(pull_reply(request_id, pull))
+                }
+            }
+            Request::Ack {
+                group,
+                user,
+                msg_id,
+            } => {
+                let cursor = e.ack(group, user, msg_id)?;
+                Handled::Reply(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
+            }
+            Request::BatchAck { user, items } => {
+                let pairs: Vec<(u64, u64)> = items.iter().map(|i| (i.group, i.msg_id)).collect();
+                let results = e
+                    .batch_ack(user, &pairs)
+                    .into_iter()
+                    .zip(&items)
+                    .map(|(r, item)| match r {
+                        Ok(cursor) => BatchAckResult {
+                            group: item.group,
+                            error: None,
+                            cursor,
+                        },
+                        Err(err) => BatchAckResult {
+                            group: item.group,
+                            error: Some(error_code_of(&err).0),
+                            cursor: e
+                                .unread(user)
+                                .iter()
+                                .find(|u| u.group_id == item.group)
+                                .map_or(0, |u| u.cursor),
+                        },
+                    })
+                    .collect();
+                Handled::Reply(reply(
+                    request_id,
+                    &Response::BatchAck(results),
+                    Vec::new(),
+                    0,
+                ))
+            }
+            Request::Unread { user } => {
+                let list = e
+                    .unread(user)
+                    .into_iter()
+                    .map(|u| UnreadEntry {
+                        group: u.group_id,
+                        head: u.head,
+                        cursor: u.cursor,
+                        unread: u.unread,
+                    })
+                    .collect();
+                Handled::Reply(reply(request_id, &Response::Unread(list), Vec::new(), 0))
+            }
+            Request::Sync {
+                user,
+                per_group_max,
+                total_max_bytes,
+                continuation,
+            } => Handled::Reply(sync_reply(
+                ctx,
+                request_id,
+                user,
+                per_group_max,
+                total_max_bytes,
+                continuation,
+            )?),
+            Request::History {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => {
+                let before = (before_msg_id > 0).then_some(before_msg_id);
+                let h = e.history(group, user, before, max_count as usize)?;
+                Handled::Reply(history_reply(request_id, h, records_budget(ctx.limits)))
+            }
+            Request::ReadCount { group, msg_id } => {
+                let count = e.read_count(group, msg_id)? as u64;
+                Handled::Reply(reply(
+                    request_id,
+                    &Response::ReadCount { count },
+                    Vec::new(),
+                    0,
+                ))
+            }
+        })
+    })();
+    match result {
+        Ok(h) => h,
+        Err(err) => Handled::Reply(engine_error(request_id, &err)),
+    }
+}
+
+pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
+    let resp = Response::Pull {
+        cursor: pull.cursor,
+        head: pull.head,
+        has_more: pull.batch.has_more,
+        records: records_len(&pull.batch),
+    };
+    let records = pull.batch.count;
+    reply(request_id, &resp, pull.batch.chunks, records)
+}
+
+fn sync_reply(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    user: u64,
+    per_group_max: u32,
+    total_max_bytes: u32,
+    continuation: u64,
+) -> Result<Outgoing, EngineError> {
+    // The group entries take 40 bytes each; the records get what is left of
+    // the frame.
+    let groups = ctx
+        .engine
+        .unread(user)
+        .iter()
+        .filter(|u| u.unread > 0)
+        .count();
+    let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + 40 * groups;
+    let budget =
+        (total_max_bytes as usize).min((ctx.limits.frame_bytes_max as usize).saturating_sub(fixed));
+    let after = continuation.checked_sub(1);
+    let s = ctx
+        .engine
+        .sync(user, per_group_max as usize, budget.max(1), after)?;
+    let mut chunks = Vec::new();
+    let mut records = 0;
+    let list = s
+        .groups
+        .into_iter()
+        .map(|g| {
+            let section = records_len(&g.batch);
+            records += g.batch.count;
+            chunks.extend(g.batch.chunks);
+            SyncGroup {
+                group: g.unread.group_id,
+                head: g.unread.head,
+                cursor: g.unread.cursor,
+                unread: g.unread.unread,
+                records: section,
+            }
+        })
+        .collect();
+    let next_continuation = s.continue_after.map_or(0, |g| g.saturating_add(1));
+    Ok(reply(
+        request_id,
+        &Response::Sync {
+            next_continuation,
+            groups: list,
+        },
+        chunks,
+        records,
+    ))
+}
+
+/// HISTORY answers newest first: the page's records are sent in reverse,
+/// one iovec each, dropping the oldest ones that do not fit the frame.
+fn history_reply(request_id: u64, h: tidemark_engine::History, budget: usize) -> Outgoing {
+    let mut records: Vec<Chunk> = h
+        .batch
+        .chunks
+        .iter()
+        .flat_map(|c| c.split_records())
+        .collect();
+    records.reverse();
+    let mut bytes = 0;
+    let mut keep = 0;
+    for r in &records {
+        if keep > 0 && bytes + r.bytes().len() > budget {
+            break;
+        }
+        bytes += r.bytes().len();
+        keep += 1;
+    }
+    let truncated = keep < records.len();
+    records.truncate(keep);
+    let resp = Response::History {
+        has_more: truncated || !h.complete,
+        // Invariant: bounded by the frame budget.
+        records: RecordsLen {
+            count: keep as u32,
+            bytes: bytes as u32,
+        },
+    };
+    reply(request_id, &resp, records, keep as u64)
+}
+
+/// Compares secrets without an early exit on the first difference.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | ((a.len() ^ b.len()) >> 8) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret!"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

@@ -1,0 +1,13 @@
+//! tidemark-server: the network side of the tidemark node.
+//!
+//! [`protocol`] is the binary wire protocol as a sans-IO codec: it turns
+//! bytes into frames and frames into bytes and knows nothing of sockets or
+//! of the engine (format-spec/protocol.md is its specification).
+
+pub mod client;
+pub mod config;
+pub mod connection;
+pub mod event_loop;
+pub mod handlers;
+pub mod protocol;
+pub mod stats;

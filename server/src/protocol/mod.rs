@@ -1,0 +1,67 @@
+//! The tidemark wire protocol, sans IO: bytes in, frames out; values in,
+//! bytes out. No sockets, no engine, no clock. The byte-level specification
+//! is format-spec/protocol.md; the vectors in format-spec/vectors/protocol/
+//! are checked by this module's tests.
+//!
+//! - [`frame`]: the length prefix, the 16-byte header, [`FrameDecoder`]
+//!   (bounded buffering, oversized lengths rejected from 4 bytes).
+//! - [`opcode`]: what each opcode byte means.
+//! - [`request`] / [`response`]: body layouts; `encode_*` / `decode_*`.
+//! - [`records`]: records sections (storage records carried verbatim).
+//! - [`error_code`]: the wire error codes and which are fatal.
+//! - `wire`: primitive types and the typed decode/encode errors.
+//!
+//! Every frame: `{ frame_len: u32 | version: u8 | opcode: u8 | flags: u16 |
+//! request_id: u64 | body }`, little-endian.
+
+pub mod error_code;
+pub mod frame;
+pub mod opcode;
+pub mod records;
+pub mod request;
+pub mod response;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use error_code::ErrorCode;
+pub use frame::{
+    Frame, FrameDecoder, FrameError, FrameHeader, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR,
+    FRAME_HEADER_BYTES,
+};
+pub use opcode::{FrameKind, Opcode};
+pub use records::{RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection};
+pub use request::{decode_request, encode_request, AckItem, JoinStart, Request, Subscription};
+pub use response::{
+    decode_response, encode_response, encode_response_head, BatchAckResult, ErrorResponse,
+    HelloResponse, Response, ResyncScope, Stat, SyncGroup, UnreadEntry,
+};
+pub use wire::{DecodeError, EncodeError};
+
+/// The protocol version this codec speaks; the only one so far.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Oldest version this codec speaks (a server answers HELLO with the newest
+/// version in both its and the client's range).
+pub const PROTOCOL_VERSION_MIN: u8 = 1;
+
+/// Default of the node's requests-in-flight limit per connection.
+pub const REQUESTS_IN_FLIGHT_MAX_DEFAULT: u32 = 256;
+
+/// Largest fixed part of a response carrying one records section, frame
+/// header included (SYNC with one group: 16 + 8 + 4 + 40 = 68).
+pub const RECORDS_RESPONSE_OVERHEAD_BYTES: u32 = 68;
+
+/// The smallest `frame_bytes_max` with which every response can carry at
+/// least one record of the largest payload. A node checks
+/// `frame_bytes_max >= frame_bytes_min_for_payload(payload_bytes_max)`.
+pub const fn frame_bytes_min_for_payload(payload_bytes_max: u32) -> u64 {
+    // frame_len excludes the 4-byte prefix.
+    RECORDS_RESPONSE_OVERHEAD_BYTES as u64 - frame::LENGTH_PREFIX_BYTES as u64
+        + records::RECORD_HEADER_BYTES as u64
+        + payload_bytes_max as u64
+}
+
+// The default frame limit carries the engine's default 1 MiB payload.
+const _: () = assert!(FRAME_BYTES_MAX_DEFAULT as u64 >= frame_bytes_min_for_payload(1 << 20));
+const _: () = assert!(FRAME_BYTES_MAX_DEFAULT >= FRAME_BYTES_MAX_FLOOR);

@@ -1,0 +1,184 @@
+//! Opcodes (format-spec/protocol.md "Opcodes"): the byte that says what a
+//! frame's body is.
+//!
+//! Requests use 0x01..=0x3F. The response to a request carries the request's
+//! opcode with the high bit set (0x81..=0xBF). Server-initiated frames use
+//! 0xF0 (PUSH) and 0xF1 (RESYNC); 0xFF is ERROR, the response to any request.
+//! One byte thus tells a reader the direction and the body layout.
+
+/// The opcode of a request (and, with [`RESPONSE_BIT`], of its response).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    Hello = 0x01,
+    Auth = 0x02,
+    Ping = 0x03,
+    Stats = 0x04,
+    CreateGroup = 0x10,
+    DeleteGroup = 0x11,
+    Join = 0x12,
+    Leave = 0x13,
+    Send = 0x20,
+    Pull = 0x21,
+    Ack = 0x22,
+    BatchAck = 0x23,
+    Unread = 0x24,
+    Sync = 0x25,
+    History = 0x26,
+    ReadCount = 0x27,
+    Subscribe = 0x30,
+    Unsubscribe = 0x31,
+}
+
+/// Set in the opcode of every response to a request.
+pub const RESPONSE_BIT: u8 = 0x80;
+/// Opcode of PUSH (server-initiated, request id 0).
+pub const OPCODE_PUSH: u8 = 0xF0;
+/// Opcode of RESYNC (server-initiated, request id 0).
+pub const OPCODE_RESYNC: u8 = 0xF1;
+/// Opcode of ERROR, the failure response to any request.
+pub const OPCODE_ERROR: u8 = 0xFF;
+
+/// Highest opcode a request may have; responses then stay below 0xC0 and
+/// never collide with PUSH, RESYNC or ERROR.
+const REQUEST_OPCODE_MAX: u8 = 0x3F;
+
+impl Opcode {
+    /// Every request opcode of version 1.
+    pub const ALL: [Opcode; 18] = [
+        Opcode::Hello,
+        Opcode::Auth,
+        Opcode::Ping,
+        Opcode::Stats,
+        Opcode::CreateGroup,
+        Opcode::DeleteGroup,
+        Opcode::Join,
+        Opcode::Leave,
+        Opcode::Send,
+        Opcode::Pull,
+        Opcode::Ack,
+        Opcode::BatchAck,
+        Opcode::Unread,
+        Opcode::Sync,
+        Opcode::History,
+        Opcode::ReadCount,
+        Opcode::Subscribe,
+        Opcode::Unsubscribe,
+    ];
+
+    /// The request's opcode byte.
+    pub const fn request_byte(self) -> u8 {
+        self as u8
+    }
+
+    /// The opcode byte of the response to this request.
+    pub const fn response_byte(self) -> u8 {
+        self as u8 | RESPONSE_BIT
+    }
+
+    /// The request opcode with this byte, if version 1 has one.
+    pub fn from_request_byte(b: u8) -> Option<Opcode> {
+        Opcode::ALL.iter().copied().find(|op| *op as u8 == b)
+    }
+
+    /// The name used in the spec.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Opcode::Hello => "HELLO",
+            Opcode::Auth => "AUTH",
+            Opcode::Ping => "PING",
+            Opcode::Stats => "STATS",
+            Opcode::CreateGroup => "CREATE_GROUP",
+            Opcode::DeleteGroup => "DELETE_GROUP",
+            Opcode::Join => "JOIN",
+            Opcode::Leave => "LEAVE",
+            Opcode::Send => "SEND",
+            Opcode::Pull => "PULL",
+            Opcode::Ack => "ACK",
+            Opcode::BatchAck => "BATCH_ACK",
+            Opcode::Unread => "UNREAD",
+            Opcode::Sync => "SYNC",
+            Opcode::History => "HISTORY",
+            Opcode::ReadCount => "READ_COUNT",
+            Opcode::Subscribe => "SUBSCRIBE",
+            Opcode::Unsubscribe => "UNSUBSCRIBE",
+        }
+    }
+}
+
+/// What a frame is, from its opcode byte alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// A client request.
+    Request(Opcode),
+    /// The success response to a request of this opcode.
+    Response(Opcode),
+    /// New records of a subscribed group (server-initiated).
+    Push,
+    /// Pushes were dropped; the client must pull (server-initiated).
+    Resync,
+    /// The failure response to a request, or a connection-level error
+    /// (request id 0).
+    Error,
+}
+
+impl FrameKind {
+    /// Classifies an opcode byte; `None` if version 1 has no such frame.
+    pub fn from_byte(b: u8) -> Option<FrameKind> {
+        match b {
+            OPCODE_PUSH => Some(FrameKind::Push),
+            OPCODE_RESYNC => Some(FrameKind::Resync),
+            OPCODE_ERROR => Some(FrameKind::Error),
+            b if b & RESPONSE_BIT != 0 => {
+                Opcode::from_request_byte(b & !RESPONSE_BIT).map(FrameKind::Response)
+            }
+            b => Opcode::from_request_byte(b).map(FrameKind::Request),
+        }
+    }
+
+    /// The opcode byte on the wire.
+    pub const fn byte(self) -> u8 {
+        match self {
+            FrameKind::Request(op) => op.request_byte(),
+            FrameKind::Response(op) => op.response_byte(),
+            FrameKind::Push => OPCODE_PUSH,
+            FrameKind::Resync => OPCODE_RESYNC,
+            FrameKind::Error => OPCODE_ERROR,
+        }
+    }
+
+    /// True for frames the server sends without a request (request id 0).
+    pub const fn is_server_initiated(self) -> bool {
+        matches!(self, FrameKind::Push | FrameKind::Resync)
+    }
+}
+
+// Request opcodes must leave room for the response bit and must not collide
+// with the server-initiated and error opcodes.
+const _: () = {
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let b = Opcode::ALL[i] as u8;
+        assert!(b != 0 && b <= REQUEST_OPCODE_MAX);
+        i += 1;
+    }
+    assert!((REQUEST_OPCODE_MAX | RESPONSE_BIT) < OPCODE_PUSH);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_classifies_consistently() {
+        let mut kinds = 0;
+        for b in 0..=u8::MAX {
+            if let Some(k) = FrameKind::from_byte(b) {
+                assert_eq!(k.byte(), b);
+                kinds += 1;
+            }
+        }
+        // Requests, their responses, PUSH, RESYNC and ERROR.
+        assert_eq!(kinds, Opcode::ALL.len() * 2 + 3);
+    }
+}

@@ -1,0 +1,390 @@
+//! Records sections (format-spec/protocol.md "Records section"): storage
+//! records carried back to back, byte for byte as the engine stores them.
+//!
+//! The codec treats records as opaque byte ranges. It knows only what a
+//! reader needs to walk and check them: every record starts with its
+//! `record_len: u32` (header included, at least 44) and carries a CRC-32 of
+//! its bytes `8..record_len` at offset 4. The full record layout is
+//! format-spec/storage.md "Record"; the accessors of [`RecordView`] read its
+//! fixed fields for clients.
+//!
+//! On encode, a response's records need not be in one buffer: the encoder
+//! writes the frame up to the records ([`RecordsLen`] says how many bytes
+//! follow) and the caller writes the record slices after it (writev).
+
+use std::fmt;
+
+/// Bytes of a record's fixed header; the smallest valid `record_len`.
+pub const RECORD_HEADER_BYTES: usize = 44;
+
+/// What the encoder needs to know of a records section.
+pub trait RecordsSection {
+    /// Number of records.
+    fn count(&self) -> u32;
+    /// Total bytes of the records.
+    fn byte_len(&self) -> usize;
+    /// The record bytes if the section holds them (`None`: the caller writes
+    /// them after the encoded head).
+    fn inline_bytes(&self) -> Option<&[u8]>;
+}
+
+/// A records section held in one contiguous buffer: what decoding returns,
+/// and what the all-in-one encoder writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Records<'a> {
+    pub count: u32,
+    /// The records back to back, each `record_len` bytes long.
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Records<'a> {
+    /// A section of no records.
+    pub const EMPTY: Records<'static> = Records {
+        count: 0,
+        bytes: &[],
+    };
+
+    /// Walks `bytes` by record length (CRC not checked) and counts them.
+    pub fn from_bytes(bytes: &'a [u8]) -> Result<Records<'a>, RecordsError> {
+        let mut count = 0u32;
+        for r in RecordIter::new(bytes, u32::MAX, false) {
+            r?;
+            count += 1;
+        }
+        Ok(Records { count, bytes })
+    }
+
+    /// Iterates the records, checking each length and, if `verify_crc`, its
+    /// CRC; at the end checks that the number found matches `count`.
+    pub fn iter(&self, verify_crc: bool) -> RecordIter<'a> {
+        RecordIter::new(self.bytes, self.count, verify_crc)
+    }
+}
+
+impl RecordsSection for Records<'_> {
+    fn count(&self) -> u32 {
+        self.count
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+    fn inline_bytes(&self) -> Option<&[u8]> {
+        Some(self.bytes)
+    }
+}
+
+/// A records section the caller writes itself after the encoded head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RecordsLen {
+    pub count: u32,
+    /// Total bytes of the records the caller will write.
+    pub bytes: u32,
+}
+
+impl RecordsSection for RecordsLen {
+    fn count(&self) -> u32 {
+        self.count
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes as usize
+    }
+    fn inline_bytes(&self) -> Option<&[u8]> {
+        None
+    }
+}
+
+/// Why a records section is not a valid run of records. Offsets count from
+/// the start of the section.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordsError {
+    /// Fewer than 4 bytes left for a length, or fewer than `record_len`.
+    Truncated {
+        offset: usize,
+        need: usize,
+        have: usize,
+    },
+    /// A `record_len` below the 44-byte header.
+    BadLength { offset: usize, record_len: u32 },
+    /// The stored CRC does not match the record's bytes.
+    BadCrc {
+        offset: usize,
+        stored: u32,
+        computed: u32,
+    },
+    /// The section holds a different number of records than declared.
+    CountMismatch { declared: u32, found: u32 },
+}
+
+impl fmt::Display for RecordsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordsError::Truncated { offset, need, have } => write!(
+                f,
+                "record at offset {offset} truncated: need {need} bytes, have {have}"
+            ),
+            RecordsError::BadLength { offset, record_len } => {
+                write!(f, "record at offset {offset}: invalid length {record_len}")
+            }
+            RecordsError::BadCrc {
+                offset,
+                stored,
+                computed,
+            } => write!(
+                f,
+                "record at offset {offset}: checksum mismatch: stored {stored:#010x}, \
+                 computed {computed:#010x}"
+            ),
+            RecordsError::CountMismatch { declared, found } => {
+                write!(
+                    f,
+                    "records section declares {declared} records, holds {found}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RecordsError {}
+
+/// One record of a section, borrowed. Its length was checked; its CRC was
+/// checked if the iterator was asked to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> RecordView<'a> {
+    fn u32_at(&self, off: usize) -> u32 {
+        self.bytes
+            .get(off..)
+            .and_then(|b| b.first_chunk::<4>())
+            .map_or(0, |a| u32::from_le_bytes(*a))
+    }
+
+    fn u64_at(&self, off: usize) -> u64 {
+        self.bytes
+            .get(off..)
+            .and_then(|b| b.first_chunk::<8>())
+            .map_or(0, |a| u64::from_le_bytes(*a))
+    }
+
+    /// The whole record, header included.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+    pub fn crc32(&self) -> u32 {
+        self.u32_at(4)
+    }
+    pub fn msg_id(&self) -> u64 {
+        self.u64_at(8)
+    }
+    pub fn timestamp_ms(&self) -> u64 {
+        self.u64_at(16)
+    }
+    pub fn sender_id(&self) -> u64 {
+        self.u64_at(24)
+    }
+    pub fn client_msg_id(&self) -> u64 {
+        self.u64_at(32)
+    }
+    pub fn kind(&self) -> u8 {
+        self.bytes.get(40).copied().unwrap_or(0)
+    }
+    pub fn flags(&self) -> u8 {
+        self.bytes.get(41).copied().unwrap_or(0)
+    }
+    pub fn payload(&self) -> &'a [u8] {
+        self.bytes.get(RECORD_HEADER_BYTES..).unwrap_or(&[])
+    }
+}
+
+/// Walks a records section by `record_len`. Yields an error once (then
+/// stops) at the first record that does not fit, fails its CRC, or when the
+/// count found differs from the count declared.
+#[derive(Clone, Debug)]
+pub struct RecordIter<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    declared: u32,
+    found: u32,
+    verify_crc: bool,
+    done: bool,
+}
+
+impl<'a> RecordIter<'a> {
+    /// `declared` is the section's record count; `u32::MAX` with
+    /// [`Records::from_bytes`] skips the count check.
+    fn new(bytes: &'a [u8], declared: u32, verify_crc: bool) -> Self {
+        RecordIter {
+            bytes,
+            pos: 0,
+            declared,
+            found: 0,
+            verify_crc,
+            done: false,
+        }
+    }
+
+    fn fail(&mut self, e: RecordsError) -> Option<Result<RecordView<'a>, RecordsError>> {
+        self.done = true;
+        Some(Err(e))
+    }
+}
+
+impl<'a> Iterator for RecordIter<'a> {
+    type Item = Result<RecordView<'a>, RecordsError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let rest = self.bytes.get(self.pos..).unwrap_or(&[]);
+        if rest.is_empty() {
+            self.done = true;
+            if self.declared != u32::MAX && self.found != self.declared {
+                return Some(Err(RecordsError::CountMismatch {
+                    declared: self.declared,
+                    found: self.found,
+                }));
+            }
+            return None;
+        }
+        let offset = self.pos;
+        let Some(len) = rest.first_chunk::<4>().map(|a| u32::from_le_bytes(*a)) else {
+            return self.fail(RecordsError::Truncated {
+                offset,
+                need: 4,
+                have: rest.len(),
+            });
+        };
+        if (len as usize) < RECORD_HEADER_BYTES {
+            return self.fail(RecordsError::BadLength {
+                offset,
+                record_len: len,
+            });
+        }
+        let Some(record) = rest.get(..len as usize) else {
+            return self.fail(RecordsError::Truncated {
+                offset,
+                need: len as usize,
+                have: rest.len(),
+            });
+        };
+        if self.found == self.declared {
+            // More records than declared: count them all for the message.
+            let mut found = self.found;
+            let mut it = RecordIter::new(rest, u32::MAX, false);
+            while let Some(Ok(_)) = it.next() {
+                found = found.saturating_add(1);
+            }
+            return self.fail(RecordsError::CountMismatch {
+                declared: self.declared,
+                found,
+            });
+        }
+        let view = RecordView { bytes: record };
+        if self.verify_crc {
+            let computed = crc32fast::hash(&record[8..]);
+            if computed != view.crc32() {
+                return self.fail(RecordsError::BadCrc {
+                    offset,
+                    stored: view.crc32(),
+                    computed,
+                });
+            }
+        }
+        self.pos += len as usize;
+        self.found += 1;
+        Some(Ok(view))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as the engine writes it (see format-spec/storage.md).
+    pub(crate) fn record(msg_id: u64, payload: &[u8]) -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend(((RECORD_HEADER_BYTES + payload.len()) as u32).to_le_bytes());
+        r.extend([0; 4]);
+        r.extend(msg_id.to_le_bytes());
+        r.extend(1_700_000_000_000u64.to_le_bytes());
+        r.extend(42u64.to_le_bytes());
+        r.extend(msg_id.wrapping_mul(3).to_le_bytes());
+        r.extend([0, 0, 0, 0]);
+        r.extend(payload);
+        let crc = crc32fast::hash(&r[8..]);
+        r[4..8].copy_from_slice(&crc.to_le_bytes());
+        r
+    }
+
+    #[test]
+    fn iterates_and_verifies() {
+        let mut bytes = record(1, b"one");
+        bytes.extend(record(2, b""));
+        let recs = Records::from_bytes(&bytes).unwrap();
+        assert_eq!(recs.count, 2);
+        let got: Vec<_> = recs.iter(true).collect::<Result<_, _>>().unwrap();
+        assert_eq!(got[0].msg_id(), 1);
+        assert_eq!(got[0].payload(), b"one");
+        assert_eq!(got[0].sender_id(), 42);
+        assert_eq!(got[1].msg_id(), 2);
+        assert_eq!(got[1].payload(), b"");
+    }
+
+    #[test]
+    fn crc_mismatch_count_mismatch_and_bad_lengths_are_errors() {
+        let mut bytes = record(1, b"one");
+        bytes[45] ^= 1; // a payload byte
+        let recs = Records {
+            count: 1,
+            bytes: &bytes,
+        };
+        assert!(recs.iter(false).all(|r| r.is_ok()));
+        assert!(matches!(
+            recs.iter(true).next(),
+            Some(Err(RecordsError::BadCrc { offset: 0, .. }))
+        ));
+
+        let bytes = record(1, b"one");
+        let recs = Records {
+            count: 2,
+            bytes: &bytes,
+        };
+        let mut it = recs.iter(true);
+        assert!(it.next().unwrap().is_ok());
+        assert_eq!(
+            it.next(),
+            Some(Err(RecordsError::CountMismatch {
+                declared: 2,
+                found: 1
+            }))
+        );
+        assert_eq!(it.next(), None);
+        let recs = Records {
+            count: 0,
+            bytes: &bytes,
+        };
+        assert!(matches!(
+            recs.iter(true).next(),
+            Some(Err(RecordsError::CountMismatch { found: 1, .. }))
+        ));
+
+        let mut bytes = record(1, b"one");
+        bytes[0..4].copy_from_slice(&43u32.to_le_bytes());
+        assert!(matches!(
+            Records::from_bytes(&bytes),
+            Err(RecordsError::BadLength { record_len: 43, .. })
+        ));
+        bytes[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Records::from_bytes(&bytes),
+            Err(RecordsError::Truncated { .. })
+        ));
+        assert!(matches!(
+            Records::from_bytes(&bytes[..3]),
+            Err(RecordsError::Truncated { need: 4, .. })
+        ));
+    }
+}

@@ -1,0 +1,504 @@
+//! Requests (format-spec/protocol.md "Requests"): what a client asks, and
+//! their body layouts. Each arm's `// Format:` comment matches the spec table.
+
+use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
+use super::opcode::{FrameKind, Opcode};
+use super::wire::{
+    put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError, Reader,
+};
+use super::PROTOCOL_VERSION;
+
+/// Where a new member's cursor starts (JOIN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinStart {
+    /// At the group's head: only messages sent after the join are unread.
+    Head,
+    /// Just below the oldest stored message: everything stored is unread.
+    Earliest,
+    /// At this msg_id: messages above it are unread.
+    At(u64),
+}
+
+impl JoinStart {
+    const HEAD: u8 = 0;
+    const EARLIEST: u8 = 1;
+    const AT: u8 = 2;
+}
+
+/// What a SUBSCRIBE adds to the connection's push subscription.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Subscription {
+    /// Every group this user is a member of, now and as memberships change.
+    User(u64),
+    /// These groups.
+    Groups(Vec<u64>),
+}
+
+impl Subscription {
+    const USER: u8 = 1;
+    const GROUPS: u8 = 2;
+}
+
+/// One item of a BATCH_ACK: advance the user's cursor in `group` to `msg_id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckItem {
+    pub group: u64,
+    pub msg_id: u64,
+}
+
+/// Bytes of one BATCH_ACK item on the wire.
+const ACK_ITEM_BYTES: usize = 16;
+
+/// A client request. Strings and payloads borrow the frame body.
+///
+/// Group and user ids are nonzero (0 is reserved as "none"); the decoder
+/// rejects a 0 in any group or user field. `sender` is stored as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Hello {
+        min_version: u8,
+        max_version: u8,
+        client_name: &'a str,
+    },
+    Auth {
+        token: &'a [u8],
+    },
+    Ping,
+    Stats,
+    CreateGroup {
+        group: u64,
+    },
+    DeleteGroup {
+        group: u64,
+    },
+    Join {
+        group: u64,
+        user: u64,
+        start: JoinStart,
+    },
+    Leave {
+        group: u64,
+        user: u64,
+    },
+    Send {
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        payload: &'a [u8],
+    },
+    Pull {
+        group: u64,
+        user: u64,
+        /// Acknowledge up to this msg_id first; 0 acknowledges nothing.
+        ack_up_to: u64,
+        max_count: u32,
+        max_bytes: u32,
+        /// Long-poll: wait up to this long for a record if none is above
+        /// the cursor; 0 answers at once.
+        wait_ms: u32,
+    },
+    Ack {
+        group: u64,
+        user: u64,
+        msg_id: u64,
+    },
+    BatchAck {
+        user: u64,
+        items: Vec<AckItem>,
+    },
+    Unread {
+        user: u64,
+    },
+    Sync {
+        user: u64,
+        /// Records per group at most; 0 returns counts only.
+        per_group_max: u32,
+        total_max_bytes: u32,
+        /// Group id to resume at (inclusive); 0 starts from the beginning.
+        continuation: u64,
+    },
+    History {
+        group: u64,
+        user: u64,
+        /// Records below this msg_id; 0 starts at the head (inclusive).
+        before_msg_id: u64,
+        max_count: u32,
+    },
+    ReadCount {
+        group: u64,
+        msg_id: u64,
+    },
+    Subscribe(Subscription),
+    Unsubscribe,
+}
+
+impl Request<'_> {
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Hello { .. } => Opcode::Hello,
+            Request::Auth { .. } => Opcode::Auth,
+            Request::Ping => Opcode::Ping,
+            Request::Stats => Opcode::Stats,
+            Request::CreateGroup { .. } => Opcode::CreateGroup,
+            Request::DeleteGroup { .. } => Opcode::DeleteGroup,
+            Request::Join { .. } => Opcode::Join,
+            Request::Leave { .. } => Opcode::Leave,
+            Request::Send { .. } => Opcode::Send,
+            Request::Pull { .. } => Opcode::Pull,
+            Request::Ack { .. } => Opcode::Ack,
+            Request::BatchAck { .. } => Opcode::BatchAck,
+            Request::Unread { .. } => Opcode::Unread,
+            Request::Sync { .. } => Opcode::Sync,
+            Request::History { .. } => Opcode::History,
+            Request::ReadCount { .. } => Opcode::ReadCount,
+            Request::Subscribe(_) => Opcode::Subscribe,
+            Request::Unsubscribe => Opcode::Unsubscribe,
+        }
+    }
+}
+
+/// Appends the frame of `req` with `request_id` (nonzero) to `out`.
+pub fn encode_request(
+    request_id: u64,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    if request_id == 0 {
+        return Err(EncodeError::BadRequestId {
+            request_id,
+            reason: "requests need a nonzero request id",
+        });
+    }
+    let start = begin_frame(out, req.opcode().request_byte(), request_id);
+    let result = encode_body(req, out).and_then(|()| finish_frame(out, start, 0));
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    match req {
+        Request::Hello {
+            min_version,
+            max_version,
+            client_name,
+        } => {
+            // Format: { min_version: u8 | max_version: u8 | client_name: string }
+            put_u8(out, *min_version);
+            put_u8(out, *max_version);
+            put_str(out, client_name, "client_name")?;
+        }
+        Request::Auth { token } => {
+            // Format: { token: bytes }
+            put_bytes(out, token, "token")?;
+        }
+        // Format: {} (empty body)
+        Request::Ping | Request::Stats | Request::Unsubscribe => {}
+        Request::CreateGroup { group } | Request::DeleteGroup { group } => {
+            // Format: { group: u64 }
+            put_u64(out, *group);
+        }
+        Request::Join { group, user, start } => {
+            // Format: { group: u64 | user: u64 | start: u8 | start_msg_id: u64 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+            let (tag, at) = match start {
+                JoinStart::Head => (JoinStart::HEAD, 0),
+                JoinStart::Earliest => (JoinStart::EARLIEST, 0),
+                JoinStart::At(id) => (JoinStart::AT, *id),
+            };
+            put_u8(out, tag);
+            put_u64(out, at);
+        }
+        Request::Leave { group, user } => {
+            // Format: { group: u64 | user: u64 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+        }
+        Request::Send {
+            group,
+            sender,
+            client_msg_id,
+            payload,
+        } => {
+            // Format: { group: u64 | sender: u64 | client_msg_id: u64 | payload: bytes }
+            put_u64(out, *group);
+            put_u64(out, *sender);
+            put_u64(out, *client_msg_id);
+            put_bytes(out, payload, "payload")?;
+        }
+        Request::Pull {
+            group,
+            user,
+            ack_up_to,
+            max_count,
+            max_bytes,
+            wait_ms,
+        } => {
+            // Format: { group: u64 | user: u64 | ack_up_to: u64 | max_count: u32 |
+            //           max_bytes: u32 | wait_ms: u32 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+            put_u64(out, *ack_up_to);
+            put_u32(out, *max_count);
+            put_u32(out, *max_bytes);
+            put_u32(out, *wait_ms);
+        }
+        Request::Ack {
+            group,
+            user,
+            msg_id,
+        } => {
+            // Format: { group: u64 | user: u64 | msg_id: u64 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+            put_u64(out, *msg_id);
+        }
+        Request::BatchAck { user, items } => {
+            // Format: { user: u64 | items: list<{ group: u64 | msg_id: u64 }> }
+            put_u64(out, *user);
+            put_count(out, items.len(), "items")?;
+            for it in items {
+                put_u64(out, it.group);
+                put_u64(out, it.msg_id);
+            }
+        }
+        Request::Unread { user } => {
+            // Format: { user: u64 }
+            put_u64(out, *user);
+        }
+        Request::Sync {
+            user,
+            per_group_max,
+            total_max_bytes,
+            continuation,
+        } => {
+            // Format: { user: u64 | per_group_max: u32 | total_max_bytes: u32 |
+            //           continuation: u64 }
+            put_u64(out, *user);
+            put_u32(out, *per_group_max);
+            put_u32(out, *total_max_bytes);
+            put_u64(out, *continuation);
+        }
+        Request::History {
+            group,
+            user,
+            before_msg_id,
+            max_count,
+        } => {
+            // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+            put_u64(out, *before_msg_id);
+            put_u32(out, *max_count);
+        }
+        Request::ReadCount { group, msg_id } => {
+            // Format: { group: u64 | msg_id: u64 }
+            put_u64(out, *group);
+            put_u64(out, *msg_id);
+        }
+        Request::Subscribe(sub) => {
+            // Format: { mode: u8 | user: u64 | groups: list<u64> }
+            match sub {
+                Subscription::User(user) => {
+                    put_u8(out, Subscription::USER);
+                    put_u64(out, *user);
+                    put_count(out, 0, "groups")?;
+                }
+                Subscription::Groups(groups) => {
+                    put_u8(out, Subscription::GROUPS);
+                    put_u64(out, 0);
+                    put_count(out, groups.len(), "groups")?;
+                    for g in groups {
+                        put_u64(out, *g);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a request frame: checks the header (version, request opcode, no
+/// flags, nonzero request id), then the body, rejecting trailing bytes.
+pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, DecodeError> {
+    let h = &frame.header;
+    if h.version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion { version: h.version });
+    }
+    let Some(FrameKind::Request(op)) = FrameKind::from_byte(h.opcode) else {
+        return Err(DecodeError::UnknownOpcode {
+            opcode: h.opcode,
+            expected: "request",
+        });
+    };
+    if h.flags != 0 {
+        return Err(DecodeError::UnknownFlags { flags: h.flags });
+    }
+    if h.request_id == 0 {
+        return Err(DecodeError::BadRequestId {
+            request_id: 0,
+            reason: "requests need a nonzero request id",
+        });
+    }
+    let mut r = Reader::new(frame.body, FRAME_HEADER_BYTES);
+    let req = decode_body(op, &mut r)?;
+    r.finish()?;
+    Ok(req)
+}
+
+fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, DecodeError> {
+    Ok(match op {
+        Opcode::Hello => {
+            // Format: { min_version: u8 | max_version: u8 | client_name: string }
+            Request::Hello {
+                min_version: r.u8("min_version")?,
+                max_version: r.u8("max_version")?,
+                client_name: r.str("client_name")?,
+            }
+        }
+        // Format: { token: bytes }
+        Opcode::Auth => Request::Auth {
+            token: r.bytes("token")?,
+        },
+        // Format: {} (empty body)
+        Opcode::Ping => Request::Ping,
+        Opcode::Stats => Request::Stats,
+        Opcode::Unsubscribe => Request::Unsubscribe,
+        // Format: { group: u64 }
+        Opcode::CreateGroup => Request::CreateGroup {
+            group: r.id("group")?,
+        },
+        Opcode::DeleteGroup => Request::DeleteGroup {
+            group: r.id("group")?,
+        },
+        Opcode::Join => {
+            // Format: { group: u64 | user: u64 | start: u8 | start_msg_id: u64 }
+            let group = r.id("group")?;
+            let user = r.id("user")?;
+            let tag_offset = r.offset();
+            let tag = r.u8("start")?;
+            let start = match tag {
+                JoinStart::HEAD => {
+                    r.zero_u64("start_msg_id")?;
+                    JoinStart::Head
+                }
+                JoinStart::EARLIEST => {
+                    r.zero_u64("start_msg_id")?;
+                    JoinStart::Earliest
+                }
+                JoinStart::AT => JoinStart::At(r.u64("start_msg_id")?),
+                v => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "start",
+                        offset: tag_offset,
+                        value: u64::from(v),
+                    })
+                }
+            };
+            Request::Join { group, user, start }
+        }
+        // Format: { group: u64 | user: u64 }
+        Opcode::Leave => Request::Leave {
+            group: r.id("group")?,
+            user: r.id("user")?,
+        },
+        // Format: { group: u64 | sender: u64 | client_msg_id: u64 | payload: bytes }
+        Opcode::Send => Request::Send {
+            group: r.id("group")?,
+            sender: r.u64("sender")?,
+            client_msg_id: r.u64("client_msg_id")?,
+            payload: r.bytes("payload")?,
+        },
+        // Format: { group: u64 | user: u64 | ack_up_to: u64 | max_count: u32 |
+        //           max_bytes: u32 | wait_ms: u32 }
+        Opcode::Pull => Request::Pull {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            ack_up_to: r.u64("ack_up_to")?,
+            max_count: r.u32("max_count")?,
+            max_bytes: r.u32("max_bytes")?,
+            wait_ms: r.u32("wait_ms")?,
+        },
+        // Format: { group: u64 | user: u64 | msg_id: u64 }
+        Opcode::Ack => Request::Ack {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            msg_id: r.u64("msg_id")?,
+        },
+        Opcode::BatchAck => {
+            // Format: { user: u64 | items: list<{ group: u64 | msg_id: u64 }> }
+            let user = r.id("user")?;
+            let n = r.count("items", ACK_ITEM_BYTES)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push(AckItem {
+                    group: r.id("items.group")?,
+                    msg_id: r.u64("items.msg_id")?,
+                });
+            }
+            Request::BatchAck { user, items }
+        }
+        // Format: { user: u64 }
+        Opcode::Unread => Request::Unread {
+            user: r.id("user")?,
+        },
+        // Format: { user: u64 | per_group_max: u32 | total_max_bytes: u32 |
+        //           continuation: u64 }
+        Opcode::Sync => Request::Sync {
+            user: r.id("user")?,
+            per_group_max: r.u32("per_group_max")?,
+            total_max_bytes: r.u32("total_max_bytes")?,
+            continuation: r.u64("continuation")?,
+        },
+        // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
+        Opcode::History => Request::History {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            before_msg_id: r.u64("before_msg_id")?,
+            max_count: r.u32("max_count")?,
+        },
+        // Format: { group: u64 | msg_id: u64 }
+        Opcode::ReadCount => Request::ReadCount {
+            group: r.id("group")?,
+            msg_id: r.u64("msg_id")?,
+        },
+        Opcode::Subscribe => {
+            // Format: { mode: u8 | user: u64 | groups: list<u64> }
+            let mode_offset = r.offset();
+            let mode = r.u8("mode")?;
+            match mode {
+                Subscription::USER => {
+                    let user = r.id("user")?;
+                    let groups_offset = r.offset();
+                    let n = r.count("groups", 8)?;
+                    if n != 0 {
+                        return Err(DecodeError::InvalidValue {
+                            field: "groups (must be empty in mode USER)",
+                            offset: groups_offset,
+                            value: n as u64,
+                        });
+                    }
+                    Request::Subscribe(Subscription::User(user))
+                }
+                Subscription::GROUPS => {
+                    r.zero_u64("user (must be 0 in mode GROUPS)")?;
+                    let n = r.count("groups", 8)?;
+                    let mut groups = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        groups.push(r.id("groups")?);
+                    }
+                    Request::Subscribe(Subscription::Groups(groups))
+                }
+                v => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "mode",
+                        offset: mode_offset,
+                        value: u64::from(v),
+                    })
+                }
+            }
+        }
+    })
+}

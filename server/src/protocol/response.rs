@@ -1,0 +1,653 @@
+//! Responses and server-initiated frames (format-spec/protocol.md
+//! "Responses", "Server-initiated frames", "ERROR"): their body layouts.
+//! Each arm's `// Format:` comment matches the spec table.
+//!
+//! Responses that carry records put them last in the body, after every
+//! fixed field, so the encoder can write the head into a small buffer and
+//! the caller can send the stored record bytes after it without copying
+//! ([`encode_response_head`]).
+
+use super::error_code::{ErrorCode, STATUS_OK};
+use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
+use super::opcode::{FrameKind, Opcode};
+use super::records::{Records, RecordsSection};
+use super::wire::{
+    put_bool, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError, EncodeError,
+    Reader,
+};
+use super::PROTOCOL_VERSION;
+
+/// The server's answer to HELLO: the chosen version and the limits it enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HelloResponse<'a> {
+    /// The protocol version every later frame of the connection uses.
+    pub version: u8,
+    /// True when the client must send AUTH before any other request.
+    pub auth_required: bool,
+    /// Largest `frame_len` the server accepts (and sends).
+    pub frame_bytes_max: u32,
+    /// Largest SEND payload the server accepts.
+    pub payload_bytes_max: u32,
+    /// Requests one connection may have in flight.
+    pub requests_in_flight_max: u32,
+    pub server_name: &'a str,
+}
+
+/// One named counter of STATS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat<'a> {
+    pub name: &'a str,
+    pub value: u64,
+}
+
+/// The outcome of one BATCH_ACK item, in request order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchAckResult {
+    pub group: u64,
+    /// `None` when the item succeeded (status 0 on the wire).
+    pub error: Option<ErrorCode>,
+    /// The cursor after the item (0 if the group or membership is unknown).
+    pub cursor: u64,
+}
+
+/// One group of UNREAD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnreadEntry {
+    pub group: u64,
+    pub head: u64,
+    pub cursor: u64,
+    /// `head - cursor`.
+    pub unread: u64,
+}
+
+/// One group of SYNC with its first page of records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncGroup<R> {
+    pub group: u64,
+    pub head: u64,
+    pub cursor: u64,
+    pub unread: u64,
+    pub records: R,
+}
+
+/// What a RESYNC covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResyncScope {
+    /// Pushes of this group were dropped; later pushes of it may follow.
+    Group(u64),
+    /// The connection's whole subscription was cancelled.
+    All,
+}
+
+/// An ERROR frame's body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorResponse<'a> {
+    pub code: ErrorCode,
+    /// A number whose meaning depends on the code (see the error table).
+    pub detail: Option<u64>,
+    /// Human-readable; clients must not parse it.
+    pub message: &'a str,
+}
+
+/// A frame the server sends: the response to a request, ERROR, PUSH or
+/// RESYNC. `R` is how records sections are held: [`Records`] (bytes in one
+/// buffer: decoding, the all-in-one encoder) or
+/// [`RecordsLen`](super::records::RecordsLen) (the caller writes them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response<'a, R = Records<'a>> {
+    Hello(HelloResponse<'a>),
+    Auth,
+    Pong,
+    Stats(Vec<Stat<'a>>),
+    CreateGroup,
+    DeleteGroup,
+    Join {
+        cursor: u64,
+        head: u64,
+    },
+    Leave,
+    Send {
+        msg_id: u64,
+        timestamp_ms: u64,
+        /// True when this was a retransmit: nothing new was stored.
+        duplicate: bool,
+    },
+    Pull {
+        /// The member's cursor after the request's ack.
+        cursor: u64,
+        head: u64,
+        /// More records exist above the last one returned.
+        has_more: bool,
+        records: R,
+    },
+    Ack {
+        cursor: u64,
+    },
+    BatchAck(Vec<BatchAckResult>),
+    Unread(Vec<UnreadEntry>),
+    Sync {
+        /// Group id to pass as the next SYNC's continuation; 0 when done.
+        next_continuation: u64,
+        groups: Vec<SyncGroup<R>>,
+    },
+    History {
+        /// Older records are still stored below the last one returned.
+        has_more: bool,
+        /// Newest first.
+        records: R,
+    },
+    ReadCount {
+        count: u64,
+    },
+    Subscribe,
+    Unsubscribe,
+    /// Server-initiated (request id 0): new records of a subscribed group.
+    Push {
+        group: u64,
+        records: R,
+    },
+    /// Server-initiated (request id 0): pushes were dropped; pull.
+    Resync(ResyncScope),
+    Error(ErrorResponse<'a>),
+}
+
+impl<R> Response<'_, R> {
+    /// The frame kind (and so the opcode byte) of this response.
+    pub fn kind(&self) -> FrameKind {
+        let op = match self {
+            Response::Push { .. } => return FrameKind::Push,
+            Response::Resync(_) => return FrameKind::Resync,
+            Response::Error(_) => return FrameKind::Error,
+            Response::Hello(_) => Opcode::Hello,
+            Response::Auth => Opcode::Auth,
+            Response::Pong => Opcode::Ping,
+            Response::Stats(_) => Opcode::Stats,
+            Response::CreateGroup => Opcode::CreateGroup,
+            Response::DeleteGroup => Opcode::DeleteGroup,
+            Response::Join { .. } => Opcode::Join,
+            Response::Leave => Opcode::Leave,
+            Response::Send { .. } => Opcode::Send,
+            Response::Pull { .. } => Opcode::Pull,
+            Response::Ack { .. } => Opcode::Ack,
+            Response::BatchAck(_) => Opcode::BatchAck,
+            Response::Unread(_) => Opcode::Unread,
+            Response::Sync { .. } => Opcode::Sync,
+            Response::History { .. } => Opcode::History,
+            Response::ReadCount { .. } => Opcode::ReadCount,
+            Response::Subscribe => Opcode::Subscribe,
+            Response::Unsubscribe => Opcode::Unsubscribe,
+        };
+        FrameKind::Response(op)
+    }
+}
+
+const STAT_BYTES_MIN: usize = 12;
+const BATCH_ACK_RESULT_BYTES: usize = 18;
+const UNREAD_ENTRY_BYTES: usize = 32;
+const SYNC_GROUP_BYTES: usize = 40;
+
+/// Checks the request id against the frame kind: PUSH and RESYNC carry 0,
+/// ERROR any id (0: about the connection), every other response nonzero.
+fn request_id_error(kind: FrameKind, request_id: u64) -> Option<&'static str> {
+    match kind {
+        FrameKind::Push | FrameKind::Resync if request_id != 0 => {
+            Some("server-initiated frames carry request id 0")
+        }
+        FrameKind::Response(_) if request_id == 0 => {
+            Some("responses carry their request's nonzero id")
+        }
+        _ => None,
+    }
+}
+
+/// Appends the whole frame of `resp`, records included, to `out`.
+pub fn encode_response(
+    request_id: u64,
+    resp: &Response<'_, Records<'_>>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    encode_frame(request_id, resp, out, true)
+}
+
+/// Encodes `resp` up to its records: the frame header (whose length counts
+/// the records) and every fixed field. The caller sends the returned bytes,
+/// then each records section's bytes in order (for SYNC: group after group),
+/// e.g. with writev straight from the stored segments.
+pub fn encode_response_head<R: RecordsSection>(
+    request_id: u64,
+    resp: &Response<'_, R>,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut out = Vec::with_capacity(64);
+    encode_frame(request_id, resp, &mut out, false)?;
+    Ok(out)
+}
+
+fn encode_frame<R: RecordsSection>(
+    request_id: u64,
+    resp: &Response<'_, R>,
+    out: &mut Vec<u8>,
+    inline: bool,
+) -> Result<(), EncodeError> {
+    let kind = resp.kind();
+    if let Some(reason) = request_id_error(kind, request_id) {
+        return Err(EncodeError::BadRequestId { request_id, reason });
+    }
+    let start = begin_frame(out, kind.byte(), request_id);
+    let mut trailing = 0u64;
+    let result = encode_body(resp, out, inline, &mut trailing)
+        .and_then(|()| finish_frame(out, start, trailing));
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+/// `record_count: u32 | records_bytes: u32` of a records section.
+fn put_section_header<R: RecordsSection>(out: &mut Vec<u8>, s: &R) -> Result<(), EncodeError> {
+    put_u32(out, s.count());
+    put_count(out, s.byte_len(), "records_bytes")
+}
+
+/// The records themselves, or their length added to `trailing`.
+fn put_section_bytes<R: RecordsSection>(
+    out: &mut Vec<u8>,
+    s: &R,
+    inline: bool,
+    trailing: &mut u64,
+) {
+    match s.inline_bytes() {
+        Some(b) if inline => out.extend_from_slice(b),
+        _ => *trailing = trailing.saturating_add(s.byte_len() as u64),
+    }
+}
+
+fn encode_body<R: RecordsSection>(
+    resp: &Response<'_, R>,
+    out: &mut Vec<u8>,
+    inline: bool,
+    trailing: &mut u64,
+) -> Result<(), EncodeError> {
+    match resp {
+        Response::Hello(h) => {
+            // Format: { version: u8 | auth_required: bool | frame_bytes_max: u32 |
+            //           payload_bytes_max: u32 | requests_in_flight_max: u32 |
+            //           server_name: string }
+            put_u8(out, h.version);
+            put_bool(out, h.auth_required);
+            put_u32(out, h.frame_bytes_max);
+            put_u32(out, h.payload_bytes_max);
+            put_u32(out, h.requests_in_flight_max);
+            put_str(out, h.server_name, "server_name")?;
+        }
+        // Format: {} (empty body)
+        Response::Auth
+        | Response::Pong
+        | Response::CreateGroup
+        | Response::DeleteGroup
+        | Response::Leave
+        | Response::Subscribe
+        | Response::Unsubscribe => {}
+        Response::Stats(stats) => {
+            // Format: { stats: list<{ name: string | value: u64 }> }
+            put_count(out, stats.len(), "stats")?;
+            for s in stats {
+                put_str(out, s.name, "stats.name")?;
+                put_u64(out, s.value);
+            }
+        }
+        Response::Join { cursor, head } => {
+            // Format: { cursor: u64 | head: u64 }
+            put_u64(out, *cursor);
+            put_u64(out, *head);
+        }
+        Response::Send {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        } => {
+            // Format: { msg_id: u64 | timestamp_ms: u64 | duplicate: bool }
+            put_u64(out, *msg_id);
+            put_u64(out, *timestamp_ms);
+            put_bool(out, *duplicate);
+        }
+        Response::Pull {
+            cursor,
+            head,
+            has_more,
+            records,
+        } => {
+            // Format: { cursor: u64 | head: u64 | has_more: bool | record_count: u32 |
+            //           records_bytes: u32 | records }
+            put_u64(out, *cursor);
+            put_u64(out, *head);
+            put_bool(out, *has_more);
+            put_section_header(out, records)?;
+            put_section_bytes(out, records, inline, trailing);
+        }
+        Response::Ack { cursor } => {
+            // Format: { cursor: u64 }
+            put_u64(out, *cursor);
+        }
+        Response::BatchAck(items) => {
+            // Format: { items: list<{ group: u64 | status: u16 | cursor: u64 }> }
+            put_count(out, items.len(), "items")?;
+            for it in items {
+                put_u64(out, it.group);
+                put_u16(out, it.error.map_or(STATUS_OK, ErrorCode::code));
+                put_u64(out, it.cursor);
+            }
+        }
+        Response::Unread(groups) => {
+            // Format: { groups: list<{ group: u64 | head: u64 | cursor: u64 | unread: u64 }> }
+            put_count(out, groups.len(), "groups")?;
+            for g in groups {
+                put_u64(out, g.group);
+                put_u64(out, g.head);
+                put_u64(out, g.cursor);
+                put_u64(out, g.unread);
+            }
+        }
+        Response::Sync {
+            next_continuation,
+            groups,
+        } => {
+            // Format: { next_continuation: u64 | groups: list<{ group: u64 | head: u64 |
+            //           cursor: u64 | unread: u64 | record_count: u32 | records_bytes: u32 }> |
+            //           records of every group, in list order }
+            put_u64(out, *next_continuation);
+            put_count(out, groups.len(), "groups")?;
+            for g in groups {
+                put_u64(out, g.group);
+                put_u64(out, g.head);
+                put_u64(out, g.cursor);
+                put_u64(out, g.unread);
+                put_section_header(out, &g.records)?;
+            }
+            for g in groups {
+                put_section_bytes(out, &g.records, inline, trailing);
+            }
+        }
+        Response::History { has_more, records } => {
+            // Format: { has_more: bool | record_count: u32 | records_bytes: u32 | records }
+            put_bool(out, *has_more);
+            put_section_header(out, records)?;
+            put_section_bytes(out, records, inline, trailing);
+        }
+        Response::ReadCount { count } => {
+            // Format: { count: u64 }
+            put_u64(out, *count);
+        }
+        Response::Push { group, records } => {
+            // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
+            put_u64(out, *group);
+            put_section_header(out, records)?;
+            put_section_bytes(out, records, inline, trailing);
+        }
+        Response::Resync(scope) => {
+            // Format: { all: bool | group: u64 }
+            let (all, group) = match scope {
+                ResyncScope::All => (true, 0),
+                ResyncScope::Group(g) => (false, *g),
+            };
+            put_bool(out, all);
+            put_u64(out, group);
+        }
+        Response::Error(e) => {
+            // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
+            put_u16(out, e.code.code());
+            put_bool(out, e.detail.is_some());
+            put_u64(out, e.detail.unwrap_or(0));
+            put_str(out, e.message, "message")?;
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a frame the server sent: checks the header (version, a response,
+/// ERROR, PUSH or RESYNC opcode, no flags, request id rule), then the body,
+/// including that records sections are whole records, rejecting trailing
+/// bytes. Record CRCs are checked by [`Records::iter`] on request.
+pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, DecodeError> {
+    let h = &frame.header;
+    if h.version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion { version: h.version });
+    }
+    let kind = match FrameKind::from_byte(h.opcode) {
+        Some(FrameKind::Request(_)) | None => {
+            return Err(DecodeError::UnknownOpcode {
+                opcode: h.opcode,
+                expected: "response",
+            })
+        }
+        Some(k) => k,
+    };
+    if h.flags != 0 {
+        return Err(DecodeError::UnknownFlags { flags: h.flags });
+    }
+    if let Some(reason) = request_id_error(kind, h.request_id) {
+        return Err(DecodeError::BadRequestId {
+            request_id: h.request_id,
+            reason,
+        });
+    }
+    let mut r = Reader::new(frame.body, FRAME_HEADER_BYTES);
+    let resp = decode_body(kind, &mut r)?;
+    r.finish()?;
+    Ok(resp)
+}
+
+/// `record_count: u32 | records_bytes: u32`.
+fn section_header(r: &mut Reader<'_>) -> Result<(u32, u32), DecodeError> {
+    Ok((r.u32("record_count")?, r.u32("records_bytes")?))
+}
+
+/// Takes a section's bytes and checks that `count` whole records tile them.
+fn section_bytes<'a>(
+    r: &mut Reader<'a>,
+    (count, len): (u32, u32),
+) -> Result<Records<'a>, DecodeError> {
+    let offset = r.offset();
+    let bytes = r.take(len as usize, "records")?;
+    let records = Records { count, bytes };
+    for rec in records.iter(false) {
+        if let Err(e) = rec {
+            use super::records::RecordsError as E;
+            let (at, reason) = match e {
+                E::Truncated { offset, .. } => (offset, "a record runs past the section"),
+                E::BadLength { offset, .. } => (offset, "a record_len below 44"),
+                E::CountMismatch { .. } => (0, "record_count differs from the records present"),
+                E::BadCrc { offset, .. } => (offset, "checksum mismatch"),
+            };
+            return Err(DecodeError::BadRecords {
+                offset: offset + at,
+                reason,
+            });
+        }
+    }
+    Ok(records)
+}
+
+fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, DecodeError> {
+    let op = match kind {
+        FrameKind::Response(op) => op,
+        FrameKind::Push => {
+            // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
+            let group = r.u64("group")?;
+            let section = section_header(r)?;
+            let records = section_bytes(r, section)?;
+            return Ok(Response::Push { group, records });
+        }
+        FrameKind::Resync => {
+            // Format: { all: bool | group: u64 }
+            let scope = if r.bool("all")? {
+                r.zero_u64("group (must be 0 when all)")?;
+                ResyncScope::All
+            } else {
+                ResyncScope::Group(r.u64("group")?)
+            };
+            return Ok(Response::Resync(scope));
+        }
+        FrameKind::Error => {
+            // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
+            let code_offset = r.offset();
+            let Some(code) = ErrorCode::from_code(r.u16("code")?) else {
+                return Err(DecodeError::InvalidValue {
+                    field: "code",
+                    offset: code_offset,
+                    value: 0,
+                });
+            };
+            let detail = if r.bool("has_detail")? {
+                Some(r.u64("detail")?)
+            } else {
+                r.zero_u64("detail (must be 0 without has_detail)")?;
+                None
+            };
+            let message = r.str("message")?;
+            return Ok(Response::Error(ErrorResponse {
+                code,
+                detail,
+                message,
+            }));
+        }
+        FrameKind::Request(op) => {
+            // decode_response rejected request opcodes already.
+            return Err(DecodeError::UnknownOpcode {
+                opcode: op.request_byte(),
+                expected: "response",
+            });
+        }
+    };
+    Ok(match op {
+        // Format: { version: u8 | auth_required: bool | frame_bytes_max: u32 |
+        //           payload_bytes_max: u32 | requests_in_flight_max: u32 |
+        //           server_name: string }
+        Opcode::Hello => Response::Hello(HelloResponse {
+            version: r.u8("version")?,
+            auth_required: r.bool("auth_required")?,
+            frame_bytes_max: r.u32("frame_bytes_max")?,
+            payload_bytes_max: r.u32("payload_bytes_max")?,
+            requests_in_flight_max: r.u32("requests_in_flight_max")?,
+            server_name: r.str("server_name")?,
+        }),
+        // Format: {} (empty body)
+        Opcode::Auth => Response::Auth,
+        Opcode::Ping => Response::Pong,
+        Opcode::CreateGroup => Response::CreateGroup,
+        Opcode::DeleteGroup => Response::DeleteGroup,
+        Opcode::Leave => Response::Leave,
+        Opcode::Subscribe => Response::Subscribe,
+        Opcode::Unsubscribe => Response::Unsubscribe,
+        Opcode::Stats => {
+            // Format: { stats: list<{ name: string | value: u64 }> }
+            let n = r.count("stats", STAT_BYTES_MIN)?;
+            let mut stats = Vec::with_capacity(n);
+            for _ in 0..n {
+                stats.push(Stat {
+                    name: r.str("stats.name")?,
+                    value: r.u64("stats.value")?,
+                });
+            }
+            Response::Stats(stats)
+        }
+        // Format: { cursor: u64 | head: u64 }
+        Opcode::Join => Response::Join {
+            cursor: r.u64("cursor")?,
+            head: r.u64("head")?,
+        },
+        // Format: { msg_id: u64 | timestamp_ms: u64 | duplicate: bool }
+        Opcode::Send => Response::Send {
+            msg_id: r.u64("msg_id")?,
+            timestamp_ms: r.u64("timestamp_ms")?,
+            duplicate: r.bool("duplicate")?,
+        },
+        Opcode::Pull => {
+            // Format: { cursor: u64 | head: u64 | has_more: bool | record_count: u32 |
+            //           records_bytes: u32 | records }
+            let cursor = r.u64("cursor")?;
+            let head = r.u64("head")?;
+            let has_more = r.bool("has_more")?;
+            let section = section_header(r)?;
+            let records = section_bytes(r, section)?;
+            Response::Pull {
+                cursor,
+                head,
+                has_more,
+                records,
+            }
+        }
+        // Format: { cursor: u64 }
+        Opcode::Ack => Response::Ack {
+            cursor: r.u64("cursor")?,
+        },
+        Opcode::BatchAck => {
+            // Format: { items: list<{ group: u64 | status: u16 | cursor: u64 }> }
+            let n = r.count("items", BATCH_ACK_RESULT_BYTES)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push(BatchAckResult {
+                    group: r.u64("items.group")?,
+                    error: ErrorCode::from_code(r.u16("items.status")?),
+                    cursor: r.u64("items.cursor")?,
+                });
+            }
+            Response::BatchAck(items)
+        }
+        Opcode::Unread => {
+            // Format: { groups: list<{ group: u64 | head: u64 | cursor: u64 | unread: u64 }> }
+            let n = r.count("groups", UNREAD_ENTRY_BYTES)?;
+            let mut groups = Vec::with_capacity(n);
+            for _ in 0..n {
+                groups.push(UnreadEntry {
+                    group: r.u64("groups.group")?,
+                    head: r.u64("groups.head")?,
+                    cursor: r.u64("groups.cursor")?,
+                    unread: r.u64("groups.unread")?,
+                });
+            }
+            Response::Unread(groups)
+        }
+        Opcode::Sync => {
+            // Format: { next_continuation: u64 | groups: list<{ group: u64 | head: u64 |
+            //           cursor: u64 | unread: u64 | record_count: u32 | records_bytes: u32 }> |
+            //           records of every group, in list order }
+            let next_continuation = r.u64("next_continuation")?;
+            let n = r.count("groups", SYNC_GROUP_BYTES)?;
+            let mut heads = Vec::with_capacity(n);
+            for _ in 0..n {
+                heads.push(SyncGroup {
+                    group: r.u64("groups.group")?,
+                    head: r.u64("groups.head")?,
+                    cursor: r.u64("groups.cursor")?,
+                    unread: r.u64("groups.unread")?,
+                    records: section_header(r)?,
+                });
+            }
+            let mut groups = Vec::with_capacity(n);
+            for g in heads {
+                groups.push(SyncGroup {
+                    group: g.group,
+                    head: g.head,
+                    cursor: g.cursor,
+                    unread: g.unread,
+                    records: section_bytes(r, g.records)?,
+                });
+            }
+            Response::Sync {
+                next_continuation,
+                groups,
+            }
+        }
+        Opcode::History => {
+            // Format: { has_more: bool | record_count: u32 | records_bytes: u32 | records }
+            let has_more = r.bool("has_more")?;
+            let section = section_header(r)?;
+            let records = section_bytes(r, section)?;
+            Response::History { has_more, records }
+        }
+        // Format: { count: u64 }
+        Opcode::ReadCount => Response::ReadCount {
+            count: r.u64("count")?,
+        },
+    })
+}

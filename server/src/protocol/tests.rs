@@ -1,0 +1,899 @@
+//! Ties the codec to format-spec/protocol.md: every vector in
+//! format-spec/vectors/protocol/ decodes to the values its comments state
+//! and re-encodes to the same bytes. Then robustness: every truncation is a
+//! clean error, mutated and random bytes never panic, and whatever decodes
+//! re-encodes byte for byte (the encoding is canonical).
+
+use tidemark_engine::record::{self, NewRecord};
+
+use super::*;
+
+/// Parses a vector file: `#` lines are comments, the rest whitespace-separated
+/// hex bytes.
+fn parse_hex(text: &str) -> Vec<u8> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .flat_map(str::split_whitespace)
+        .map(|t| u8::from_str_radix(t, 16).expect("vector files hold hex bytes"))
+        .collect()
+}
+
+/// A storage record built by the engine itself, so the vectors' records are
+/// checked against the real record layout.
+fn rec(
+    msg_id: u64,
+    timestamp_ms: u64,
+    sender_id: u64,
+    client_msg_id: u64,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    record::encode_into(
+        &NewRecord {
+            msg_id,
+            timestamp_ms,
+            sender_id,
+            client_msg_id,
+            payload,
+        },
+        &mut out,
+    );
+    out
+}
+
+fn records(bytes: &[u8]) -> Records<'_> {
+    Records::from_bytes(bytes).unwrap()
+}
+
+enum Expected<'a> {
+    Req(u64, Request<'a>),
+    Resp(u64, Response<'a>),
+}
+
+macro_rules! vector {
+    ($name:literal) => {
+        (
+            $name,
+            include_str!(concat!(
+                "../../../format-spec/vectors/protocol/",
+                $name,
+                ".hex"
+            )),
+        )
+    };
+}
+
+const VECTORS: &[(&str, &str)] = &[
+    vector!("hello_request"),
+    vector!("hello_response"),
+    vector!("auth_request"),
+    vector!("send_request"),
+    vector!("send_response"),
+    vector!("pull_request"),
+    vector!("pull_response"),
+    vector!("error_response"),
+    vector!("error_frame_too_large"),
+    vector!("push"),
+    vector!("resync"),
+    vector!("join_request"),
+    vector!("batch_ack_request"),
+    vector!("batch_ack_response"),
+    vector!("sync_request"),
+    vector!("sync_response"),
+    vector!("stats_response"),
+    vector!("subscribe_request"),
+    vector!("ping_request"),
+    vector!("pong_response"),
+];
+
+fn vector_bytes(name: &str) -> Vec<u8> {
+    let (_, text) = VECTORS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("vector listed");
+    parse_hex(text)
+}
+
+/// The documented values of each vector (the comments in its file).
+fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
+    let e = match name {
+        "hello_request" => Expected::Req(
+            1,
+            Request::Hello {
+                min_version: 1,
+                max_version: 1,
+                client_name: "gw-1",
+            },
+        ),
+        "hello_response" => Expected::Resp(
+            1,
+            Response::Hello(HelloResponse {
+                version: 1,
+                auth_required: true,
+                frame_bytes_max: 4_194_304,
+                payload_bytes_max: 1_048_576,
+                requests_in_flight_max: 256,
+                server_name: "tidemark/0.1",
+            }),
+        ),
+        "auth_request" => Expected::Req(2, Request::Auth { token: b"s3cret" }),
+        "send_request" => Expected::Req(
+            3,
+            Request::Send {
+                group: 7,
+                sender: 42,
+                client_msg_id: 9,
+                payload: b"hello",
+            },
+        ),
+        "send_response" => Expected::Resp(
+            3,
+            Response::Send {
+                msg_id: 1001,
+                timestamp_ms: 1_700_000_000_123,
+                duplicate: false,
+            },
+        ),
+        "pull_request" => Expected::Req(
+            4,
+            Request::Pull {
+                group: 7,
+                user: 5,
+                ack_up_to: 1000,
+                max_count: 200,
+                max_bytes: 65536,
+                wait_ms: 30_000,
+            },
+        ),
+        "pull_response" => Expected::Resp(
+            4,
+            Response::Pull {
+                cursor: 1000,
+                head: 1002,
+                has_more: false,
+                records: records(&r[0]),
+            },
+        ),
+        "error_response" => Expected::Resp(
+            5,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::BelowRetentionFloor,
+                detail: Some(500),
+                message: "msg_id 120 is below the retention floor 500",
+            }),
+        ),
+        "error_frame_too_large" => Expected::Resp(
+            0,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::FrameTooLarge,
+                detail: Some(4_194_304),
+                message: "frame length 4194305 exceeds the limit of 4194304",
+            }),
+        ),
+        "push" => Expected::Resp(
+            0,
+            Response::Push {
+                group: 7,
+                records: records(&r[1]),
+            },
+        ),
+        "resync" => Expected::Resp(0, Response::Resync(ResyncScope::Group(7))),
+        "join_request" => Expected::Req(
+            6,
+            Request::Join {
+                group: 7,
+                user: 5,
+                start: JoinStart::At(1000),
+            },
+        ),
+        "batch_ack_request" => Expected::Req(
+            7,
+            Request::BatchAck {
+                user: 5,
+                items: vec![
+                    AckItem {
+                        group: 7,
+                        msg_id: 1002,
+                    },
+                    AckItem {
+                        group: 8,
+                        msg_id: 30,
+                    },
+                ],
+            },
+        ),
+        "batch_ack_response" => Expected::Resp(
+            7,
+            Response::BatchAck(vec![
+                BatchAckResult {
+                    group: 7,
+                    error: None,
+                    cursor: 1002,
+                },
+                BatchAckResult {
+                    group: 8,
+                    error: Some(ErrorCode::NotMember),
+                    cursor: 0,
+                },
+            ]),
+        ),
+        "sync_request" => Expected::Req(
+            8,
+            Request::Sync {
+                user: 5,
+                per_group_max: 1,
+                total_max_bytes: 65536,
+                continuation: 0,
+            },
+        ),
+        "sync_response" => Expected::Resp(
+            8,
+            Response::Sync {
+                next_continuation: 0,
+                groups: vec![
+                    SyncGroup {
+                        group: 7,
+                        head: 1003,
+                        cursor: 1002,
+                        unread: 1,
+                        records: records(&r[1]),
+                    },
+                    SyncGroup {
+                        group: 9,
+                        head: 50,
+                        cursor: 40,
+                        unread: 10,
+                        records: records(&r[2]),
+                    },
+                ],
+            },
+        ),
+        "stats_response" => Expected::Resp(
+            9,
+            Response::Stats(vec![
+                Stat {
+                    name: "engine.appends",
+                    value: 1_000_000,
+                },
+                Stat {
+                    name: "net.connections",
+                    value: 16,
+                },
+            ]),
+        ),
+        "subscribe_request" => {
+            Expected::Req(10, Request::Subscribe(Subscription::Groups(vec![7, 9])))
+        }
+        "ping_request" => Expected::Req(11, Request::Ping),
+        "pong_response" => Expected::Resp(11, Response::Pong),
+        other => panic!("vector {other} has no documented values"),
+    };
+    verify(e)
+}
+
+/// The records the vectors carry, built by the engine.
+fn vector_records() -> Vec<Vec<u8>> {
+    let mut pull = rec(1001, 1_700_000_000_123, 42, 9, b"hello");
+    pull.extend(rec(1002, 1_700_000_000_456, 43, 1, b"world!"));
+    vec![
+        pull,
+        rec(1003, 1_700_000_000_789, 42, 10, b"hi"),
+        rec(41, 1_699_999_999_000, 77, 3, b"yo"),
+    ]
+}
+
+#[test]
+fn vectors_decode_to_documented_values_and_reencode_exactly() {
+    let recs = vector_records();
+    for (name, text) in VECTORS {
+        let bytes = parse_hex(text);
+        let frame = Frame::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check_vector(name, &recs, |expected| match expected {
+            Expected::Req(id, req) => {
+                assert_eq!(frame.header.request_id, id, "{name}");
+                assert_eq!(decode_request(&frame).as_ref(), Ok(&req), "{name}");
+                let mut out = Vec::new();
+                encode_request(id, &req, &mut out).unwrap();
+                assert_eq!(out, bytes, "{name}: encoding differs from the vector");
+            }
+            Expected::Resp(id, resp) => {
+                assert_eq!(frame.header.request_id, id, "{name}");
+                assert_eq!(decode_response(&frame).as_ref(), Ok(&resp), "{name}");
+                let mut out = Vec::new();
+                encode_response(id, &resp, &mut out).unwrap();
+                assert_eq!(out, bytes, "{name}: encoding differs from the vector");
+            }
+        });
+    }
+}
+
+#[test]
+fn vector_records_verify_end_to_end() {
+    let bytes = vector_bytes("pull_response");
+    let frame = Frame::parse(&bytes).unwrap();
+    let Response::Pull { records, .. } = decode_response(&frame).unwrap() else {
+        panic!("not a PULL response");
+    };
+    let got: Vec<_> = records.iter(true).collect::<Result<_, _>>().unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!((got[0].msg_id(), got[0].payload()), (1001, &b"hello"[..]));
+    assert_eq!(
+        (got[1].msg_id(), got[1].timestamp_ms(), got[1].sender_id()),
+        (1002, 1_700_000_000_456, 43)
+    );
+    assert_eq!(got[1].client_msg_id(), 1);
+    for r in &got {
+        let h = record::decode_verified(r.bytes(), 1 << 20).unwrap();
+        assert_eq!(h.msg_id, r.msg_id());
+    }
+}
+
+#[test]
+fn head_encoding_plus_record_slices_equals_the_whole_frame() {
+    let recs = vector_records();
+    for name in ["pull_response", "push", "sync_response"] {
+        let bytes = vector_bytes(name);
+        check_vector(name, &recs, |e| {
+            let Expected::Resp(id, resp) = e else {
+                panic!("{name} is a response")
+            };
+            let len = |r: &Records<'_>| RecordsLen {
+                count: r.count,
+                bytes: r.bytes.len() as u32,
+            };
+            let (head_resp, slices): (Response<'_, RecordsLen>, Vec<&[u8]>) = match &resp {
+                Response::Pull {
+                    cursor,
+                    head,
+                    has_more,
+                    records,
+                } => (
+                    Response::Pull {
+                        cursor: *cursor,
+                        head: *head,
+                        has_more: *has_more,
+                        records: len(records),
+                    },
+                    vec![records.bytes],
+                ),
+                Response::Push { group, records } => (
+                    Response::Push {
+                        group: *group,
+                        records: len(records),
+                    },
+                    vec![records.bytes],
+                ),
+                Response::Sync {
+                    next_continuation,
+                    groups,
+                } => (
+                    Response::Sync {
+                        next_continuation: *next_continuation,
+                        groups: groups
+                            .iter()
+                            .map(|g| SyncGroup {
+                                group: g.group,
+                                head: g.head,
+                                cursor: g.cursor,
+                                unread: g.unread,
+                                records: len(&g.records),
+                            })
+                            .collect(),
+                    },
+                    groups.iter().map(|g| g.records.bytes).collect(),
+                ),
+                _ => unreachable!(),
+            };
+            let mut out = encode_response_head(id, &head_resp).unwrap();
+            // The head holds no record bytes; the caller writes them (writev).
+            assert_eq!(
+                out.len() + slices.iter().map(|s| s.len()).sum::<usize>(),
+                bytes.len()
+            );
+            for s in slices {
+                out.extend_from_slice(s);
+            }
+            assert_eq!(out, bytes, "{name}");
+            // The all-in-one encoder's head agrees too.
+            let full_head = encode_response_head(id, &resp).unwrap();
+            assert_eq!(full_head, bytes[..full_head.len()], "{name}");
+        });
+    }
+}
+
+/// Decodes `frame` as whatever its opcode says; if it decodes, re-encoding
+/// must give back exactly `bytes` (the encoding is canonical).
+fn decode_any_and_check_canonical(bytes: &[u8]) -> bool {
+    let Ok(frame) = Frame::parse(bytes) else {
+        return false;
+    };
+    let mut out = Vec::new();
+    match FrameKind::from_byte(frame.header.opcode) {
+        Some(FrameKind::Request(_)) => match decode_request(&frame) {
+            Ok(req) => {
+                encode_request(frame.header.request_id, &req, &mut out).unwrap();
+            }
+            Err(_) => return false,
+        },
+        _ => match decode_response(&frame) {
+            Ok(resp) => {
+                encode_response(frame.header.request_id, &resp, &mut out).unwrap();
+            }
+            Err(_) => return false,
+        },
+    }
+    assert_eq!(out, bytes, "decoded frame does not re-encode canonically");
+    true
+}
+
+/// The same frame with its body cut to `body_len` and the length prefix
+/// fixed up, so the body decoder (not the framing) sees the truncation.
+fn with_body_truncated(bytes: &[u8], body_len: usize) -> Vec<u8> {
+    let mut v = bytes[..FRAME_HEADER_BYTES + body_len].to_vec();
+    let frame_len = (v.len() - 4) as u32;
+    v[..4].copy_from_slice(&frame_len.to_le_bytes());
+    v
+}
+
+#[test]
+fn every_truncation_of_every_vector_is_a_clean_error() {
+    for (name, text) in VECTORS {
+        let bytes = parse_hex(text);
+        for n in 0..bytes.len() {
+            assert!(Frame::parse(&bytes[..n]).is_err(), "{name} cut at {n}");
+            // A stream decoder holding a prefix waits for more.
+            let mut d = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+            d.push(&bytes[..n]);
+            assert_eq!(d.next_frame(), Ok(None), "{name} cut at {n}");
+        }
+        for body_len in 0..bytes.len() - FRAME_HEADER_BYTES {
+            let cut = with_body_truncated(&bytes, body_len);
+            assert!(
+                !decode_any_and_check_canonical(&cut),
+                "{name} with body cut to {body_len} bytes decoded"
+            );
+        }
+    }
+}
+
+/// xorshift64*: a tiny deterministic PRNG for the garbage tests.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Iterations of the garbage loops; `TIDEMARK_FUZZ_ITERS` raises it.
+fn iterations() -> usize {
+    std::env::var("TIDEMARK_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+#[test]
+fn mutated_vectors_never_panic_and_stay_canonical() {
+    let mut rng = Rng(0x7469_6465_6d61_726b);
+    let vectors: Vec<Vec<u8>> = VECTORS.iter().map(|(_, t)| parse_hex(t)).collect();
+    let mut decoded = 0;
+    for _ in 0..iterations() {
+        let mut v = vectors[rng.below(vectors.len())].clone();
+        for _ in 0..1 + rng.below(4) {
+            let i = rng.below(v.len());
+            match rng.below(3) {
+                0 => v[i] ^= 1 << rng.below(8),
+                1 => v[i] = rng.next() as u8,
+                _ => {
+                    // Small values in length and count fields are the
+                    // interesting ones.
+                    v[i] = rng.below(4) as u8;
+                }
+            }
+        }
+        // Keep the prefix consistent half of the time so bodies get decoded.
+        if rng.below(2) == 0 {
+            let frame_len = (v.len() - 4) as u32;
+            v[..4].copy_from_slice(&frame_len.to_le_bytes());
+        }
+        if decode_any_and_check_canonical(&v) {
+            decoded += 1;
+        }
+    }
+    // Many mutations hit fields whose every value is valid.
+    assert!(
+        decoded > iterations() / 10,
+        "only {decoded} mutants decoded"
+    );
+}
+
+#[test]
+fn random_garbage_through_the_stream_decoder_never_panics() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..iterations() / 10 {
+        let max = 16 + rng.below(256) as u32;
+        let mut d = FrameDecoder::new(max);
+        let mut garbage = vec![0u8; rng.below(2048)];
+        for b in &mut garbage {
+            *b = rng.next() as u8;
+        }
+        // Plausible prefixes now and then so frames complete.
+        if garbage.len() >= 4 && rng.below(2) == 0 {
+            let len = 12 + rng.below(64) as u32;
+            garbage[..4].copy_from_slice(&len.to_le_bytes());
+        }
+        let mut rest = &garbage[..];
+        loop {
+            let chunk = rest.len().min(1 + rng.below(97));
+            let n = d.push(&rest[..chunk]);
+            rest = &rest[n..];
+            assert!(d.buffered() <= d.buffer_bytes_max());
+            let mut progressed = n > 0;
+            loop {
+                match d.next_frame() {
+                    Ok(Some(f)) => {
+                        progressed = true;
+                        let _ = decode_request(&f);
+                        let _ = decode_response(&f);
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        assert_eq!(d.push(&[0; 8]), 0, "a failed decoder accepts nothing");
+                        progressed = false;
+                        break;
+                    }
+                }
+            }
+            if rest.is_empty() || !progressed {
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stream_of_all_vectors_splits_into_them_whatever_the_chunking() {
+    let vectors: Vec<Vec<u8>> = VECTORS.iter().map(|(_, t)| parse_hex(t)).collect();
+    let stream: Vec<u8> = vectors.concat();
+    let mut rng = Rng(42);
+    for _ in 0..50 {
+        let mut d = FrameDecoder::new(FRAME_BYTES_MAX_DEFAULT);
+        let mut got = Vec::new();
+        let mut rest = &stream[..];
+        while !rest.is_empty() {
+            let chunk = rest.len().min(1 + rng.below(60));
+            let n = d.push(&rest[..chunk]);
+            rest = &rest[n..];
+            while let Some(f) = d.next_frame().unwrap() {
+                let mut whole = Vec::new();
+                whole.extend_from_slice(&f.header.frame_len.to_le_bytes());
+                whole.push(f.header.version);
+                whole.push(f.header.opcode);
+                whole.extend_from_slice(&f.header.flags.to_le_bytes());
+                whole.extend_from_slice(&f.header.request_id.to_le_bytes());
+                whole.extend_from_slice(f.body);
+                got.push(whole);
+            }
+        }
+        assert_eq!(got, vectors);
+    }
+}
+
+#[test]
+fn a_huge_count_with_few_bytes_left_is_an_error_not_an_allocation() {
+    // BATCH_ACK with a count of u32::MAX and 10 bytes after it.
+    let mut body = Vec::new();
+    body.extend(5u64.to_le_bytes());
+    body.extend(u32::MAX.to_le_bytes());
+    body.extend([0u8; 10]);
+    let mut bytes = Vec::new();
+    bytes.extend(((12 + body.len()) as u32).to_le_bytes());
+    bytes.extend([1, Opcode::BatchAck.request_byte(), 0, 0]);
+    bytes.extend(1u64.to_le_bytes());
+    bytes.extend(&body);
+    let frame = Frame::parse(&bytes).unwrap();
+    assert_eq!(
+        decode_request(&frame),
+        Err(DecodeError::CountTooLarge {
+            field: "items",
+            offset: 24,
+            count: u32::MAX,
+            elem_bytes_min: 16,
+            remaining: 10,
+        })
+    );
+    // A payload length beyond the frame.
+    let mut send = vector_bytes("send_request");
+    send[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+    let frame = Frame::parse(&send).unwrap();
+    assert!(matches!(
+        decode_request(&frame),
+        Err(DecodeError::CountTooLarge {
+            field: "payload",
+            offset: 40,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn header_violations_get_typed_errors_and_wire_codes() {
+    let base = vector_bytes("ping_request");
+    let with = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = base.clone();
+        f(&mut v);
+        v
+    };
+    fn decode(v: &[u8]) -> Result<Request<'_>, DecodeError> {
+        decode_request(&Frame::parse(v).unwrap())
+    }
+
+    let e = decode(&with(&|v| v[4] = 2)).unwrap_err();
+    assert_eq!(e, DecodeError::UnsupportedVersion { version: 2 });
+    assert_eq!(e.error_code(), ErrorCode::UnsupportedVersion);
+    assert!(e.error_code().is_fatal());
+
+    let e = decode(&with(&|v| v[5] = 0x3F)).unwrap_err();
+    assert!(matches!(e, DecodeError::UnknownOpcode { opcode: 0x3F, .. }));
+    assert_eq!(e.error_code(), ErrorCode::BadFrame);
+    // A response opcode is not a request.
+    let e = decode(&with(&|v| v[5] = 0x83)).unwrap_err();
+    assert!(matches!(e, DecodeError::UnknownOpcode { .. }));
+
+    let e = decode(&with(&|v| v[6] = 1)).unwrap_err();
+    assert_eq!(e, DecodeError::UnknownFlags { flags: 1 });
+
+    let e = decode(&with(&|v| v[8..16].fill(0))).unwrap_err();
+    assert!(matches!(e, DecodeError::BadRequestId { request_id: 0, .. }));
+
+    // Trailing bytes after a complete body.
+    let mut v = base.clone();
+    v.push(0);
+    v[..4].copy_from_slice(&13u32.to_le_bytes());
+    assert_eq!(
+        decode(&v),
+        Err(DecodeError::TrailingBytes {
+            offset: 16,
+            count: 1
+        })
+    );
+
+    // PUSH with a request id, a non-ERROR response without one.
+    let mut push = vector_bytes("push");
+    push[8] = 1;
+    assert!(matches!(
+        decode_response(&Frame::parse(&push).unwrap()),
+        Err(DecodeError::BadRequestId { .. })
+    ));
+    let mut pong = vector_bytes("pong_response");
+    pong[8..16].fill(0);
+    assert!(matches!(
+        decode_response(&Frame::parse(&pong).unwrap()),
+        Err(DecodeError::BadRequestId { .. })
+    ));
+}
+
+#[test]
+fn invalid_values_are_rejected_with_their_offset() {
+    // A bool of 2: SEND response's duplicate at offset 32.
+    let mut v = vector_bytes("send_response");
+    v[32] = 2;
+    assert_eq!(
+        decode_response(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidValue {
+            field: "duplicate",
+            offset: 32,
+            value: 2
+        })
+    );
+    // JOIN start tag 3, and HEAD with a nonzero start_msg_id.
+    let mut v = vector_bytes("join_request");
+    v[32] = 3;
+    assert!(matches!(
+        decode_request(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidValue {
+            field: "start",
+            offset: 32,
+            ..
+        })
+    ));
+    v[32] = 0;
+    assert!(matches!(
+        decode_request(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidValue { offset: 33, .. })
+    ));
+    // Group and user ids are nonzero: SEND to group 0.
+    let mut v = vector_bytes("send_request");
+    v[16..24].fill(0);
+    assert_eq!(
+        decode_request(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidValue {
+            field: "group",
+            offset: 16,
+            value: 0
+        })
+    );
+    // An ERROR with code 0.
+    let mut v = vector_bytes("error_response");
+    v[16..18].fill(0);
+    assert!(matches!(
+        decode_response(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidValue { field: "code", .. })
+    ));
+    // A string that is not UTF-8: HELLO client_name at offset 18 (+4).
+    let mut v = vector_bytes("hello_request");
+    v[22] = 0xff;
+    assert_eq!(
+        decode_request(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::InvalidUtf8 {
+            field: "client_name",
+            offset: 22
+        })
+    );
+    // A record_len below 44 inside a PULL response.
+    let mut v = vector_bytes("pull_response");
+    v[41..45].copy_from_slice(&43u32.to_le_bytes());
+    assert!(matches!(
+        decode_response(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::BadRecords { offset: 41, .. })
+    ));
+    // A record count that does not match the records.
+    let mut v = vector_bytes("pull_response");
+    v[33] = 3;
+    assert!(matches!(
+        decode_response(&Frame::parse(&v).unwrap()),
+        Err(DecodeError::BadRecords { .. })
+    ));
+    // An unknown error code decodes (newer server) and round-trips.
+    let mut v = vector_bytes("error_response");
+    v[16..18].copy_from_slice(&999u16.to_le_bytes());
+    let Ok(Response::Error(e)) = decode_response(&Frame::parse(&v).unwrap()) else {
+        panic!("unknown codes decode");
+    };
+    assert_eq!(e.code, ErrorCode::Unknown(999));
+    assert!(decode_any_and_check_canonical(&v));
+}
+
+#[test]
+fn encoders_refuse_bad_request_ids() {
+    let mut out = Vec::new();
+    assert!(encode_request(0, &Request::Ping, &mut out).is_err());
+    assert!(encode_response(0, &Response::Pong, &mut out).is_err());
+    assert!(encode_response(1, &Response::Resync(ResyncScope::All), &mut out).is_err());
+    assert!(out.is_empty(), "a failed encode leaves nothing behind");
+    let err = Response::Error(ErrorResponse {
+        code: ErrorCode::ShuttingDown,
+        detail: None,
+        message: "",
+    });
+    assert!(encode_response(0, &err, &mut out).is_ok());
+}
+
+#[test]
+fn every_request_and_response_round_trips() {
+    let r = vector_records();
+    let reqs = vec![
+        Request::Stats,
+        Request::Unsubscribe,
+        Request::CreateGroup { group: 1 },
+        Request::DeleteGroup { group: u64::MAX },
+        Request::Join {
+            group: 1,
+            user: 2,
+            start: JoinStart::Head,
+        },
+        Request::Join {
+            group: 1,
+            user: 2,
+            start: JoinStart::Earliest,
+        },
+        Request::Leave { group: 1, user: 2 },
+        Request::Ack {
+            group: 1,
+            user: 2,
+            msg_id: 3,
+        },
+        Request::BatchAck {
+            user: 1,
+            items: vec![],
+        },
+        Request::Unread { user: 9 },
+        Request::History {
+            group: 1,
+            user: 2,
+            before_msg_id: 0,
+            max_count: 50,
+        },
+        Request::ReadCount {
+            group: 1,
+            msg_id: 5,
+        },
+        Request::Subscribe(Subscription::User(77)),
+        Request::Subscribe(Subscription::Groups(vec![])),
+    ];
+    for (i, req) in reqs.iter().enumerate() {
+        let mut out = Vec::new();
+        encode_request(i as u64 + 1, req, &mut out).unwrap();
+        let frame = Frame::parse(&out).unwrap();
+        assert_eq!(frame.header.request_id, i as u64 + 1);
+        assert_eq!(&decode_request(&frame).unwrap(), req);
+    }
+    let resps: Vec<Response<'_>> = vec![
+        Response::Auth,
+        Response::CreateGroup,
+        Response::DeleteGroup,
+        Response::Join { cursor: 1, head: 2 },
+        Response::Leave,
+        Response::Ack { cursor: 5 },
+        Response::Unread(vec![UnreadEntry {
+            group: 1,
+            head: 10,
+            cursor: 4,
+            unread: 6,
+        }]),
+        Response::History {
+            has_more: true,
+            records: records(&r[0]),
+        },
+        Response::History {
+            has_more: false,
+            records: Records::EMPTY,
+        },
+        Response::ReadCount { count: 3 },
+        Response::Subscribe,
+        Response::Unsubscribe,
+        Response::Error(ErrorResponse {
+            code: ErrorCode::Internal,
+            detail: None,
+            message: "boom",
+        }),
+    ];
+    for resp in &resps {
+        let mut out = Vec::new();
+        encode_response(3, resp, &mut out).unwrap();
+        assert_eq!(
+            &decode_response(&Frame::parse(&out).unwrap()).unwrap(),
+            resp
+        );
+    }
+    let mut out = Vec::new();
+    encode_response(0, &Response::Resync(ResyncScope::All), &mut out).unwrap();
+    assert_eq!(
+        decode_response(&Frame::parse(&out).unwrap()).unwrap(),
+        Response::Resync(ResyncScope::All)
+    );
+}
+
+#[test]
+fn frame_limit_covers_a_largest_record_response() {
+    // A PULL response with one record of payload_bytes_max fits exactly in
+    // frame_bytes_min_for_payload, and so does SYNC (the largest overhead).
+    let payload = vec![7u8; 1000];
+    let rec = rec(1, 2, 3, 4, &payload);
+    let min = frame_bytes_min_for_payload(payload.len() as u32);
+    let mut out = Vec::new();
+    encode_response(
+        1,
+        &Response::Sync {
+            next_continuation: 0,
+            groups: vec![SyncGroup {
+                group: 1,
+                head: 1,
+                cursor: 0,
+                unread: 1,
+                records: records(&rec),
+            }],
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!((out.len() - 4) as u64, min);
+}

@@ -1,0 +1,486 @@
+//! The node over the wire: handshake and auth, round trips, pipelining,
+//! durability of answered sends, push and resync, long polls, hostile
+//! frames, SIGKILL under load, graceful shutdown. Every test starts the real
+//! binary on an ephemeral port with a temp data directory.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidemark_server::client::{Client, ClientConfig, ClientError, Event};
+use tidemark_server::protocol::{
+    decode_response, encode_request, ErrorCode, Frame, JoinStart, Request, Response, ResyncScope,
+    Subscription,
+};
+
+use crate::harness::Node;
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("message {i}").into_bytes()
+}
+
+#[test]
+fn wrong_token_is_refused_and_nothing_is_served_before_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let node = Node::start(
+        &dir.path().join("data"),
+        &["--token-file", token.to_str().unwrap()],
+    );
+
+    let mut good = node.config();
+    good.token = Some(b"s3cret".to_vec());
+    let mut c = Client::connect(&good).unwrap();
+    c.create_group(1).unwrap();
+
+    let mut bad = node.config();
+    bad.token = Some(b"guess".to_vec());
+    let err = Client::connect(&bad).err().expect("wrong token refused");
+    assert_eq!(err.code(), Some(ErrorCode::Unauthenticated), "{err}");
+
+    // A raw client that skips AUTH gets UNAUTHENTICATED for every request.
+    let mut raw = TcpStream::connect(&node.addr).unwrap();
+    let hello = Request::Hello {
+        min_version: 1,
+        max_version: 1,
+        client_name: "raw",
+    };
+    let reply = raw_call(&mut raw, 1, &hello);
+    assert!(matches!(decode(&reply), Response::Hello(h) if h.auth_required));
+    let reply = raw_call(
+        &mut raw,
+        2,
+        &Request::Send {
+            group: 1,
+            sender: 1,
+            client_msg_id: 1,
+            payload: b"x",
+        },
+    );
+    assert!(matches!(decode(&reply), Response::Error(e) if e.code == ErrorCode::Unauthenticated));
+    assert_eq!(c.unread(1).unwrap().len(), 0);
+    assert_eq!(
+        c.pull(1, 1, 0, 10, 0).unwrap_err().code(),
+        Some(ErrorCode::NotMember)
+    );
+}
+
+#[test]
+fn send_pull_ack_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(7).unwrap();
+    assert_eq!(c.join(7, 100, JoinStart::Head).unwrap(), 0);
+    assert_eq!(c.join(7, 200, JoinStart::Head).unwrap(), 0);
+    for i in 1..=5 {
+        let s = c.send(7, 100, i, &payload(i)).unwrap();
+        assert_eq!((s.msg_id, s.duplicate), (i, false));
+    }
+    let again = c.send(7, 100, 3, &payload(3)).unwrap();
+    assert_eq!((again.msg_id, again.duplicate), (3, true));
+    let page = c.pull(7, 200, 0, 3, 0).unwrap();
+    assert_eq!(
+        page.messages.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(page.messages[1].payload, payload(2));
+    assert!(page.has_more);
+    let page = c.pull(7, 200, 3, 10, 0).unwrap();
+    assert_eq!(page.cursor, 3);
+    assert_eq!(
+        page.messages.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+    assert_eq!(c.ack(7, 200, 5).unwrap(), 5);
+    let unread = c.unread(200).unwrap();
+    assert_eq!(
+        (unread[0].head, unread[0].cursor, unread[0].unread),
+        (5, 5, 0)
+    );
+    assert_eq!(
+        c.ack(7, 200, 9).unwrap_err().code(),
+        Some(ErrorCode::CursorAboveHead)
+    );
+    assert_eq!(
+        c.read_count(7, 5).unwrap(),
+        2,
+        "the caught-up sender read its own messages"
+    );
+    let (hist, more) = c.history(7, 200, 0, 2).unwrap();
+    assert_eq!(
+        hist.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+        vec![5, 4],
+        "newest first"
+    );
+    assert!(more);
+}
+
+#[test]
+fn pipelined_requests_are_answered_by_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    let mut expected = HashMap::new();
+    for i in 1..=100u64 {
+        let id = c
+            .submit(&Request::Send {
+                group: 1,
+                sender: 9,
+                client_msg_id: i,
+                payload: &payload(i),
+            })
+            .unwrap();
+        expected.insert(id, Some(i));
+        let ping = c.submit(&Request::Ping).unwrap();
+        expected.insert(ping, None);
+    }
+    let mut got_ids = Vec::new();
+    for _ in 0..expected.len() {
+        let f = c.recv().unwrap();
+        let id = f.request_id();
+        match (
+            expected
+                .remove(&id)
+                .expect("a response for each request, once"),
+            f.response().unwrap(),
+        ) {
+            (Some(_), Response::Send { msg_id, .. }) => got_ids.push(msg_id),
+            (None, Response::Pong) => {}
+            (want, other) => panic!("request {id} ({want:?}) got {other:?}"),
+        }
+    }
+    got_ids.sort_unstable();
+    assert_eq!(
+        got_ids,
+        (1..=100).collect::<Vec<_>>(),
+        "one connection's sends get ids in order, densely"
+    );
+}
+
+#[test]
+fn an_answered_send_survives_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--fsync", "always"]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 5, JoinStart::Earliest).unwrap();
+    let s = c.send(1, 5, 42, b"durable").unwrap();
+    // SIGKILL right after the answer: under fsync=always it was on disk.
+    let node = node.restart_after_kill();
+    let mut c = node.client();
+    let page = c.pull(1, 5, 0, 10, 0).unwrap();
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(
+        (page.messages[0].msg_id, page.messages[0].payload.as_slice()),
+        (s.msg_id, &b"durable"[..])
+    );
+    assert!(
+        c.send(1, 5, 42, b"durable").unwrap().duplicate,
+        "the retransmit after restart is recognised"
+    );
+}
+
+#[test]
+fn push_reaches_a_subscriber_who_then_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut admin = node.client();
+    admin.create_group(3).unwrap();
+    admin.join(3, 1, JoinStart::Head).unwrap();
+    admin.join(3, 2, JoinStart::Head).unwrap();
+    let mut sub = node.client();
+    sub.subscribe(Subscription::User(2)).unwrap();
+    for i in 1..=3 {
+        admin.send(3, 1, i, &payload(i)).unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        match sub.next_event(Duration::from_secs(5)).unwrap() {
+            Some(Event::Push(msgs)) => got.extend(msgs.into_iter().map(|m| (m.group, m.msg_id))),
+            other => panic!("expected a push, got {other:?}"),
+        }
+    }
+    assert_eq!(got, vec![(3, 1), (3, 2), (3, 3)]);
+    assert_eq!(sub.ack(3, 2, 3).unwrap(), 3);
+    assert_eq!(sub.unread(2).unwrap()[0].unread, 0);
+}
+
+#[test]
+fn a_slow_subscriber_gets_resync_and_then_pulls_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small output budget: the subscriber that does not read falls behind fast.
+    let node = Node::start(
+        dir.path(),
+        &[
+            "--fsync",
+            "never",
+            "--frame-bytes-max",
+            "300000",
+            "--payload-bytes-max",
+            "100000",
+            "--output-bytes-max",
+            "300000",
+        ],
+    );
+    let mut admin = node.client();
+    admin.create_group(1).unwrap();
+    admin.join(1, 2, JoinStart::Head).unwrap();
+    let mut slow = node.client();
+    slow.subscribe(Subscription::Groups(vec![1])).unwrap();
+    let big = vec![7u8; 50_000];
+    let total = 200u64;
+    for i in 1..=total {
+        admin.send(1, 1, i, &big).unwrap();
+    }
+    // Now read: some pushes, then one RESYNC, then nothing more.
+    let mut pushed = Vec::new();
+    let mut resync = false;
+    while let Some(e) = slow.next_event(Duration::from_millis(500)).unwrap() {
+        match e {
+            Event::Push(m) => {
+                assert!(!resync, "no push after RESYNC(all)");
+                pushed.extend(m.into_iter().map(|m| m.msg_id));
+            }
+            Event::Resync(scope) => {
+                assert_eq!(scope, ResyncScope::All);
+                resync = true;
+            }
+        }
+    }
+    assert!(resync, "the slow subscriber was told to resync");
+    assert!((pushed.len() as u64) < total);
+    // Nothing is lost: the cursor never moved, a pull returns everything.
+    let mut all = Vec::new();
+    let mut ack = 0;
+    loop {
+        let page = slow.pull(1, 2, ack, 50, 0).unwrap();
+        all.extend(page.messages.iter().map(|m| m.msg_id));
+        ack = page.messages.last().map_or(ack, |m| m.msg_id);
+        if !page.has_more {
+            break;
+        }
+    }
+    assert_eq!(all, (1..=total).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_long_poll_wakes_when_a_message_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 2, JoinStart::Head).unwrap();
+    let addr = node.addr.clone();
+    let poller = std::thread::spawn(move || {
+        let mut p = Client::connect(&ClientConfig::new(addr)).unwrap();
+        let start = std::time::Instant::now();
+        let page = p.pull(1, 2, 0, 10, 30_000).unwrap();
+        (
+            page.messages.iter().map(|m| m.msg_id).collect::<Vec<_>>(),
+            start.elapsed(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.send(1, 1, 1, b"wake up").unwrap();
+    let (ids, waited) = poller.join().unwrap();
+    assert_eq!(ids, vec![1]);
+    assert!(
+        waited < Duration::from_secs(30),
+        "answered by the send, not the timeout"
+    );
+    // With nothing to deliver the poll ends empty at its deadline.
+    let page = c.pull(1, 2, 1, 10, 200).unwrap();
+    assert!(page.messages.is_empty());
+}
+
+fn raw_call(s: &mut TcpStream, id: u64, req: &Request<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_request(id, req, &mut out).unwrap();
+    s.write_all(&out).unwrap();
+    read_frame(s)
+}
+
+fn read_frame(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut rest = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut rest).unwrap();
+    [len.to_vec(), rest].concat()
+}
+
+fn decode(bytes: &[u8]) -> Response<'_> {
+    decode_response(&Frame::parse(bytes).unwrap()).unwrap()
+}
+
+fn assert_closed(s: &mut TcpStream) {
+    let mut b = [0u8; 1];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(
+        matches!(s.read(&mut b), Ok(0) | Err(_)),
+        "connection closed"
+    );
+}
+
+#[test]
+fn malformed_and_oversized_frames_get_the_documented_error_and_a_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    // Oversized length prefix: FRAME_TOO_LARGE with request id 0, then close.
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    s.write_all(&u32::MAX.to_le_bytes()).unwrap();
+    let f = read_frame(&mut s);
+    assert!(
+        matches!(decode(&f), Response::Error(e) if e.code == ErrorCode::FrameTooLarge && e.detail == Some(4 << 20))
+    );
+    assert_eq!(u64::from_le_bytes(f[8..16].try_into().unwrap()), 0);
+    assert_closed(&mut s);
+
+    // An undecodable body: BAD_FRAME, then close.
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    raw_call(
+        &mut s,
+        1,
+        &Request::Hello {
+            min_version: 1,
+            max_version: 1,
+            client_name: "raw",
+        },
+    );
+    let mut bad = Vec::new();
+    encode_request(2, &Request::Ping, &mut bad).unwrap();
+    bad[5] = 0x7e; // unknown opcode
+    s.write_all(&bad).unwrap();
+    assert!(
+        matches!(decode(&read_frame(&mut s)), Response::Error(e) if e.code == ErrorCode::BadFrame)
+    );
+    assert_closed(&mut s);
+
+    // Garbage of every kind never takes the node down.
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(&node.addr).unwrap();
+        let junk: Vec<u8> = (0..200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let _ = s.write_all(&junk);
+    }
+    let mut c = node.client();
+    c.ping().unwrap();
+    // A payload over the limit is a typed, non-fatal error.
+    c.create_group(1).unwrap();
+    let err = c.send(1, 1, 1, &vec![0u8; (1 << 20) + 1]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Server {
+                code: ErrorCode::PayloadTooLarge,
+                detail: Some(1048576),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    c.ping().unwrap();
+}
+
+#[test]
+fn sigkill_under_load_loses_no_answered_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--fsync", "always"]);
+    let mut admin = node.client();
+    for g in 1..=4 {
+        admin.create_group(g).unwrap();
+    }
+    let answered = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (cfg, answered) = (node.config(), answered.clone());
+            std::thread::spawn(move || {
+                let Ok(mut c) = Client::connect(&cfg) else {
+                    return;
+                };
+                for i in 0.. {
+                    let g = 1 + (i + t) % 4;
+                    match c.send(g, t, i, &payload(t * 1_000_000 + i)) {
+                        Ok(s) => answered.lock().push((g, s.msg_id, t, i)),
+                        Err(_) => return, // the node died
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let node = node.restart_after_kill();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let answered = answered.lock().clone();
+    assert!(answered.len() > 10, "the load ran: {}", answered.len());
+    let mut c = node.client();
+    let mut stored: HashMap<(u64, u64), (u64, u64, Vec<u8>)> = HashMap::new();
+    for g in 1..=4 {
+        c.join(g, 999, JoinStart::Earliest).unwrap();
+        let mut ack = 0;
+        let mut next = 1;
+        loop {
+            let page = c.pull(g, 999, ack, 500, 0).unwrap();
+            for m in &page.messages {
+                assert_eq!(m.msg_id, next, "ids dense in group {g}");
+                next += 1;
+                stored.insert(
+                    (g, m.msg_id),
+                    (m.sender_id, m.client_msg_id, m.payload.clone()),
+                );
+            }
+            ack = next - 1;
+            if !page.has_more {
+                break;
+            }
+        }
+    }
+    for (g, id, t, i) in &answered {
+        let got = stored
+            .get(&(*g, *id))
+            .unwrap_or_else(|| panic!("answered send {g}/{id} lost"));
+        assert_eq!(got, &(*t, *i, payload(t * 1_000_000 + i)));
+    }
+    println!(
+        "sigkill under load: {} answered sends, all present, ids dense",
+        answered.len()
+    );
+}
+
+#[test]
+fn graceful_shutdown_persists_cursors_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 5, JoinStart::Head).unwrap();
+    for i in 1..=10 {
+        c.send(1, 1, i, &payload(i)).unwrap();
+    }
+    c.ack(1, 5, 7).unwrap();
+    drop(c);
+    let status = node.terminate();
+    assert!(status.success(), "exit status {status:?}");
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    let u = c.unread(5).unwrap();
+    assert_eq!(
+        (u[0].cursor, u[0].head),
+        (7, 10),
+        "the ACK survived the restart"
+    );
+}
