@@ -42,6 +42,9 @@ pub struct GroupEntry {
     /// `(base_msg_id, bytes)` of every segment, oldest first; the last is the active one.
     pub segments: Vec<(u64, u64)>,
     pub retention: crate::retention::Retention,
+    /// Why the group failed verification; it stays damaged (answering
+    /// `GroupDamaged`, never loaded) until an operator repairs it.
+    pub damaged: Option<String>,
 }
 
 pub fn path(data_dir: &Path) -> PathBuf {
@@ -139,7 +142,9 @@ pub fn load(vfs: &dyn Vfs, p: &Path) -> Result<Option<Result<CheckpointBody, Str
 
 /// Writes the checkpoint atomically (tmp file, fdatasync, the current one
 /// renamed to `checkpoint.prev`, tmp renamed to `checkpoint`, dir fsync).
-pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody) -> Result<()> {
+/// `rotate` is false when the current checkpoint is invalid: a damaged file
+/// must not replace a valid `checkpoint.prev`.
+pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody, rotate: bool) -> Result<()> {
     let final_path = path(data_dir);
     let tmp = data_dir.join("checkpoint.tmp");
     let bytes = encode(body);
@@ -153,7 +158,7 @@ pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody) -> Result<()
     file.sync_data()
         .map_err(|e| Error::io(format!("fdatasync {}", tmp.display()), e))?;
     drop(file);
-    if vfs.exists(&final_path) {
+    if rotate && vfs.exists(&final_path) {
         let prev = previous_path(data_dir);
         vfs.rename(&final_path, &prev)
             .map_err(|e| Error::io(format!("rename {}", final_path.display()), e))?;
@@ -178,6 +183,7 @@ mod tests {
                 head: 10,
                 segments: vec![(1, 64), (6, 300)],
                 retention: Default::default(),
+                damaged: None,
             }],
             members: vec![0],
         }

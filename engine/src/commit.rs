@@ -26,7 +26,7 @@ use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
 use crate::retention;
-use crate::tidemarks::{self, JoinStart};
+use crate::tidemarks;
 
 struct Committer {
     shared: Arc<Shared>,
@@ -103,6 +103,13 @@ impl Committer {
                         result = self.checkpoint(false);
                     }
                     self.finish_round(round, &ops, result);
+                    // Under steady load the loop is never idle: run the
+                    // timers (cursor flush, retention, interval sync) here too.
+                    if Instant::now() >= self.next_deadline() {
+                        if let Err(e) = self.timers() {
+                            self.fail(round + 1, e);
+                        }
+                    }
                     if self.journal.len() >= self.config().journal_checkpoint_bytes
                         && !self.failed()
                     {
@@ -353,13 +360,13 @@ impl Committer {
                 )?;
                 Ok(0)
             }
-            EntryKind::Join => match JoinStart::decode(body) {
-                Some((user, start)) => tidemarks::apply_join(
+            EntryKind::Join => match tidemarks::decode_join(body) {
+                Some((user, cursor)) => tidemarks::apply_join(
                     &shared.cursors,
                     &shared.ctx.config,
                     &op.group,
                     user,
-                    start,
+                    cursor,
                     true,
                 ),
                 None => Err(Error::InvalidConfig {
@@ -429,7 +436,8 @@ impl Committer {
     fn retention_due(&self) -> Result<bool> {
         let catalog = self.shared.catalog.read();
         for g in catalog.groups() {
-            if plan_retention(&self.shared.ctx, g)?.is_some() {
+            // A group whose segments cannot be planned (damage) is skipped.
+            if let Ok(Some(_)) = plan_retention(&self.shared.ctx, g) {
                 return Ok(true);
             }
         }
@@ -523,8 +531,12 @@ pub(crate) fn write_checkpoint(
     let mut ordinals: Vec<u64> = Vec::new();
     let mut dropped: Vec<PathBuf> = Vec::new();
     let mut syncs = 0;
+    let mut any_damaged = false;
     for g in catalog.groups() {
-        let drop_n = plan_retention(ctx, g)?;
+        let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
+            log::warn!("group {}: retention skipped: {e}", g.id);
+            None
+        });
         let mut slot = g.log.write();
         if let LogSlot::Loaded(log) = &mut *slot {
             if let Some(n) = drop_n {
@@ -539,11 +551,17 @@ pub(crate) fn write_checkpoint(
                 ordinals.resize(g.slot as usize + 1, u64::MAX);
             }
             ordinals[g.slot as usize] = entries.len() as u64;
+            let damaged = match &*slot {
+                LogSlot::Damaged { reason, .. } => Some(reason.clone()),
+                _ => None,
+            };
+            any_damaged |= damaged.is_some();
             entries.push(GroupEntry {
                 group_id: g.id,
                 head: state.head,
                 segments: state.segments,
                 retention: *g.retention.lock(),
+                damaged,
             });
         }
     }
@@ -569,16 +587,22 @@ pub(crate) fn write_checkpoint(
     };
     // Journal files from the previous checkpoint on are kept: they are what
     // `checkpoint.prev` replays if the new checkpoint is ever unreadable.
-    let keep_from = match checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))? {
+    // While a group is damaged none are deleted: they may hold its records
+    // for a repair.
+    let current = checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))?;
+    let current_valid = matches!(current, Some(Ok(_)));
+    let keep_from = match current {
         Some(Ok(current)) => current.journal_seq,
         _ => journal.seq,
     };
-    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body)?;
-    for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
-        if seq < keep_from {
-            ctx.vfs
-                .remove_file(&path)
-                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)?;
+    if !any_damaged {
+        for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
+            if seq < keep_from {
+                ctx.vfs
+                    .remove_file(&path)
+                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            }
         }
     }
     for path in dropped {

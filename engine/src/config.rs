@@ -109,7 +109,9 @@ impl Config {
     /// Checks the relationships between limits that the engine relies on.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::InvalidConfig { reason });
-        if self.payload_bytes_max == 0 || self.payload_bytes_max > (u32::MAX as usize) / 2 {
+        if self.payload_bytes_max == 0
+            || self.record_bytes_max() > crate::record::RECORD_BYTES_STORED_MAX
+        {
             return bad(format!(
                 "payload_bytes_max {} out of range",
                 self.payload_bytes_max
@@ -139,6 +141,9 @@ impl Config {
         }
         if self.cursor_flush_ms == 0 || self.retention_check_ms == 0 {
             return bad("cursor_flush_ms and retention_check_ms must be positive".into());
+        }
+        if self.dedup_window_sends == 0 {
+            return bad("dedup_window_sends must be at least 1".into());
         }
         if self.dedup_entries_max < self.dedup_window_sends {
             return bad("dedup_entries_max must be at least dedup_window_sends".into());

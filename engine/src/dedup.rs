@@ -128,8 +128,10 @@ impl DedupWindow {
         let cap = head
             .saturating_sub(limits.entries_max as u64 - 1)
             .max(log.floor());
-        let mut start = by_count;
-        let mut seg = log.segment_of(start);
+        // Whole segments: records before `by_count` in its segment may still
+        // be young enough to belong to the window; the eviction rule decides.
+        let mut seg = log.segment_of(by_count);
+        let mut start = log.segment_base(seg);
         while seg > 0 {
             let first_ts = log
                 .first_header_from(ctx, seg)?

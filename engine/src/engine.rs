@@ -537,7 +537,7 @@ impl Engine {
     }
 
     /// First send to a group since open: load its log, rebuild the window.
-    fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+    pub(crate) fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
         let ctx = &self.shared.ctx;
         let limits = WindowLimits::from_config(&ctx.config);
         let (head, ts, dedup) = self.with_log(group, |log| {

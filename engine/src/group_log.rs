@@ -234,7 +234,7 @@ impl GroupLog {
             &seg,
             file_len,
             group_id,
-            ctx.config.record_bytes_max(),
+            record::RECORD_BYTES_STORED_MAX,
             ctx.config.index_interval_bytes,
         )?;
         if scan.header.base_msg_id != active_base
@@ -322,7 +322,7 @@ impl GroupLog {
             &seg,
             file_len,
             group_id,
-            ctx.config.record_bytes_max(),
+            record::RECORD_BYTES_STORED_MAX,
             ctx.config.index_interval_bytes,
         )?;
         if scan.header.base_msg_id != active_base {
@@ -546,7 +546,7 @@ impl GroupLog {
                 seg,
                 meta.len,
                 self.group_id,
-                ctx.config.record_bytes_max(),
+                record::RECORD_BYTES_STORED_MAX,
                 ctx.config.index_interval_bytes,
             )
             .map_err(|e| e.to_string())

@@ -28,6 +28,8 @@ pub trait VfsFile: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
     Read,
+    /// Read and write an existing file.
+    ReadWrite,
     /// Read and write; creates the file when it is missing.
     ReadWriteCreate,
     /// Read and write; creates the file and fails if it exists.
@@ -84,6 +86,7 @@ impl Vfs for OsVfs {
         let mut o = OpenOptions::new();
         match mode {
             OpenMode::Read => o.read(true),
+            OpenMode::ReadWrite => o.read(true).write(true),
             OpenMode::ReadWriteCreate => o.read(true).write(true).create(true),
             OpenMode::CreateNew => o.read(true).write(true).create_new(true),
         };

@@ -203,9 +203,26 @@ pub fn decode_header(b: &[u8]) -> Result<u64, String> {
     if version != JOURNAL_VERSION {
         return Err(format!("unsupported journal version {version}"));
     }
+    if u16::from_le_bytes([b[10], b[11]]) as usize != JOURNAL_HEADER_BYTES
+        || b[12..16] != [0; 4]
+        || b[24..28] != [0; 4]
+    {
+        return Err("journal header_len or reserved bytes invalid".into());
+    }
     let mut s = [0u8; 8];
     s.copy_from_slice(&b[16..24]);
     Ok(u64::from_le_bytes(s))
+}
+
+/// The version of a journal file whose header is intact but whose version
+/// this build does not know (such a file must be refused, not cut).
+pub fn unsupported_version(b: &[u8]) -> Option<u16> {
+    if b.len() < JOURNAL_HEADER_BYTES || b[0..8] != JOURNAL_MAGIC {
+        return None;
+    }
+    let stored = u32::from_le_bytes([b[28], b[29], b[30], b[31]]);
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    (crc32fast::hash(&b[0..28]) == stored && version != JOURNAL_VERSION).then_some(version)
 }
 
 pub fn journal_dir(data_dir: &Path) -> PathBuf {

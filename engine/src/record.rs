@@ -13,6 +13,12 @@
 /// Bytes before the payload.
 pub const RECORD_HEADER_BYTES: usize = 44;
 
+/// The largest record the format allows in a file (1 GiB). Stored records
+/// are checked against this, not against the configured payload limit, so
+/// reopening with a smaller `payload_bytes_max` never makes stored records
+/// look invalid.
+pub const RECORD_BYTES_STORED_MAX: usize = 1 << 30;
+
 /// `kind` of an ordinary chat message. Other values are reserved.
 pub const KIND_MESSAGE: u8 = 0;
 

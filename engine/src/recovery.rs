@@ -20,7 +20,7 @@ use crate::journal::{self, EntryKind, Journal, JOURNAL_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
 use crate::segment::SEGMENT_HEADER_BYTES;
-use crate::tidemarks::{self, JoinStart};
+use crate::tidemarks;
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -100,7 +100,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .map_err(|e| Error::io("mkdir groups", e))?;
     let mut report = RecoveryReport::default();
     let mut catalog = Catalog::default();
-    let cursors = CursorTable::new(ctx.config.groups_per_user_max);
+    let mut cursors = CursorTable::new(ctx.config.groups_per_user_max);
 
     let mut replay_from = 0;
     let mut loaded = false;
@@ -108,28 +108,30 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         checkpoint::path(data_dir),
         checkpoint::previous_path(data_dir),
     ] {
-        match checkpoint::load(vfs, &candidate)? {
+        let reason = match checkpoint::load(vfs, &candidate)? {
+            None => continue,
+            Some(Err(reason)) => reason,
             Some(Ok(body)) => {
-                replay_from = body.journal_seq;
-                report.clean_shutdown = body.clean_shutdown;
-                restore_checkpoint(&mut catalog, &cursors, body).map_err(|reason| {
-                    Error::Corrupt {
-                        path: candidate.clone(),
-                        group: None,
-                        offset: 0,
-                        reason,
+                let (journal_seq, clean) = (body.journal_seq, body.clean_shutdown);
+                match restore_checkpoint(&mut catalog, &cursors, body) {
+                    Ok(()) => {
+                        replay_from = journal_seq;
+                        report.clean_shutdown = clean;
+                        report.checkpoint_used = true;
+                        loaded = true;
+                        break;
                     }
-                })?;
-                report.checkpoint_used = true;
-                loaded = true;
-                break;
+                    Err(reason) => {
+                        // Start over from nothing for the next candidate.
+                        catalog = Catalog::default();
+                        cursors = CursorTable::new(ctx.config.groups_per_user_max);
+                        reason
+                    }
+                }
             }
-            Some(Err(reason)) => {
-                log::warn!("checkpoint {} rejected: {reason}", candidate.display());
-                report.checkpoint_rejected.get_or_insert(reason);
-            }
-            None => {}
-        }
+        };
+        log::warn!("checkpoint {} rejected: {reason}", candidate.display());
+        report.checkpoint_rejected.get_or_insert(reason);
     }
     if !loaded {
         if report.checkpoint_rejected.is_some() {
@@ -143,18 +145,42 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .filter(|(seq, _)| *seq >= replay_from)
         .collect();
     let mut next_seq = replay_from.max(1);
-    for (i, (seq, path)) in files.iter().enumerate() {
-        let newest = i + 1 == files.len();
+    // An invalid entry ends a journal file's valid part. That is a torn
+    // tail (a crash mid-write) only if no later file holds entries; if one
+    // does, acknowledged data after it is unreadable and opening fails.
+    let mut torn: Vec<TornTail> = Vec::new();
+    for (seq, path) in &files {
         let mut replay = Replay {
             ctx,
             catalog: &mut catalog,
             cursors: &cursors,
             report: &mut report,
         };
-        if replay.file(path, newest)? > 0 {
+        let outcome = replay.file(path)?;
+        if outcome.entries > 0 {
+            if let Some(t) = torn.first() {
+                return Err(Error::Corrupt {
+                    path: t.path.clone(),
+                    group: None,
+                    offset: t.valid,
+                    reason: format!("{} (and a later journal file holds entries)", t.reason),
+                });
+            }
             report.clean_shutdown = false;
         }
+        torn.extend(outcome.torn);
         next_seq = seq + 1;
+    }
+    for t in torn {
+        let file = vfs
+            .open(&t.path, crate::io::OpenMode::ReadWriteCreate)
+            .map_err(|e| Error::io(format!("open {}", t.path.display()), e))?;
+        file.set_len(t.valid)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| Error::io(format!("cut {}", t.path.display()), e))?;
+        report
+            .cuts
+            .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
     clamp_cursors_to_heads(&catalog, &cursors);
     for g in catalog.groups() {
@@ -193,7 +219,11 @@ fn restore_checkpoint(
             head: g.head,
             segments: g.segments,
         };
-        let group = catalog.insert(g.group_id, LogSlot::Unloaded(state), g.head);
+        let slot = match g.damaged {
+            Some(reason) => LogSlot::Damaged { state, reason },
+            None => LogSlot::Unloaded(state),
+        };
+        let group = catalog.insert(g.group_id, slot, g.head);
         *group.retention.lock() = g.retention;
         by_ordinal.push(group);
     }
@@ -287,6 +317,20 @@ fn discover_groups(
     Ok(())
 }
 
+/// The end of a journal file's valid part, when it ends early.
+struct TornTail {
+    path: std::path::PathBuf,
+    valid: u64,
+    len: u64,
+    reason: String,
+}
+
+#[derive(Default)]
+struct FileOutcome {
+    entries: u64,
+    torn: Option<TornTail>,
+}
+
 struct Replay<'a> {
     ctx: &'a LogContext,
     catalog: &'a mut Catalog,
@@ -295,56 +339,48 @@ struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    /// Replays one journal file. Only the newest file may end in a torn
-    /// entry; an invalid entry in an older one means acknowledged data is
-    /// unreadable.
-    fn file(&mut self, path: &Path, newest: bool) -> Result<u64> {
-        let corrupt = |offset: u64, reason: String| Error::Corrupt {
+    /// Replays the valid entries of one journal file; reports where its
+    /// valid part ends if it ends before the file does.
+    fn file(&mut self, path: &Path) -> Result<FileOutcome> {
+        let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
+            return Ok(FileOutcome::default());
+        };
+        if let Some(version) = journal::unsupported_version(&map) {
+            return Err(Error::Corrupt {
+                path: path.to_owned(),
+                group: None,
+                offset: 8,
+                reason: format!("journal version {version} is not supported by this build"),
+            });
+        }
+        let torn = |valid: usize, reason: String| TornTail {
             path: path.to_owned(),
-            group: None,
-            offset,
+            valid: valid as u64,
+            len: map.len() as u64,
             reason,
         };
-        let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
-            return Ok(0);
-        };
         if let Err(reason) = journal::decode_header(&map) {
-            if newest {
-                // A crash while creating the newest journal file: nothing in it
-                // was ever acknowledged.
-                self.report
-                    .cuts
-                    .push((path.display().to_string(), map.len() as u64, reason));
-                return Ok(0);
-            }
-            return Err(corrupt(0, reason));
+            // A crash while creating the file: nothing in it was acknowledged.
+            return Ok(FileOutcome {
+                entries: 0,
+                torn: Some(torn(0, reason)),
+            });
         }
         self.report.journal_files_replayed += 1;
         let mut it = journal::EntryIter::new(
             &map[JOURNAL_HEADER_BYTES..],
-            self.ctx.config.record_bytes_max(),
+            record::RECORD_BYTES_STORED_MAX,
         );
-        let mut count = 0;
+        let mut entries = 0;
         for entry in it.by_ref() {
-            count += 1;
+            entries += 1;
             self.report.journal_entries_replayed += 1;
             self.entry(&entry)?;
         }
-        if let Some(reason) = it.stop_reason() {
-            let valid = (JOURNAL_HEADER_BYTES + it.position()) as u64;
-            if !newest {
-                return Err(corrupt(
-                    valid,
-                    format!("invalid entry in a journal that is not the newest: {reason}"),
-                ));
-            }
-            self.report.cuts.push((
-                path.display().to_string(),
-                map.len() as u64 - valid,
-                reason.to_string(),
-            ));
-        }
-        Ok(count)
+        let torn = it
+            .stop_reason()
+            .map(|reason| torn(JOURNAL_HEADER_BYTES + it.position(), reason.to_string()));
+        Ok(FileOutcome { entries, torn })
     }
 
     fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
@@ -374,8 +410,9 @@ impl Replay<'_> {
             EntryKind::CreateGroup => {}
             EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
             EntryKind::Join => {
-                if let Some((user, start)) = JoinStart::decode(entry.body) {
-                    let _ = tidemarks::apply_join(cursors, &ctx.config, &group, user, start, false);
+                if let Some((user, cursor)) = tidemarks::decode_join(entry.body) {
+                    let _ =
+                        tidemarks::apply_join(cursors, &ctx.config, &group, user, cursor, false);
                 }
             }
             EntryKind::Leave => {
@@ -410,7 +447,7 @@ impl Replay<'_> {
         let LogSlot::Loaded(log) = &mut *slot else {
             return;
         };
-        let max = self.ctx.config.record_bytes_max();
+        let max = record::RECORD_BYTES_STORED_MAX;
         let damage = |log: &GroupLog, reason: String| LogSlot::Damaged {
             state: log.state(),
             reason,

@@ -65,6 +65,12 @@ impl SegmentHeader {
         if version != SEGMENT_VERSION {
             return Err(format!("unsupported segment version {version}"));
         }
+        if u16::from_le_bytes([b[10], b[11]]) as usize != SEGMENT_HEADER_BYTES
+            || b[12..16] != [0; 4]
+            || b[40..60] != [0; 20]
+        {
+            return Err("segment header_len or reserved bytes invalid".into());
+        }
         let u64_at = |o: usize| {
             let mut a = [0u8; 8];
             a.copy_from_slice(&b[o..o + 8]);
@@ -108,7 +114,7 @@ impl SegmentFile {
     /// the file size) on first read.
     pub fn open(vfs: &dyn Vfs, path: &Path, map_bytes: u64) -> Result<SegmentFile> {
         let file = vfs
-            .open(path, OpenMode::ReadWriteCreate)
+            .open(path, OpenMode::ReadWrite)
             .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
         Ok(SegmentFile {
             path: path.to_owned(),

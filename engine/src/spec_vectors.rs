@@ -345,6 +345,7 @@ fn sample_checkpoint() -> CheckpointBody {
             head: 1,
             segments: vec![(1, 113)],
             retention: Retention::default(),
+            damaged: None,
         }],
         // The memberships section with no users: varint 0.
         members: vec![0],

@@ -588,3 +588,113 @@ fn never_and_interval_policies_commit_without_syncing_every_round() {
         assert_dense_and_exact(&e, 1, 50);
     }
 }
+
+#[test]
+fn retransmits_within_the_time_window_are_recognised_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    // Few sends by count, but 10 minutes by age: the age rule must hold
+    // after a restart even where the count rule alone would forget.
+    c.dedup_window_sends = 2;
+    c.dedup_entries_max = 10_000;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 120); // several 8 KiB segments
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    for i in [1u64, 10, 60, 119] {
+        let a = e.append(1, 7, 1_000_000 + i, &payload(1, i)).unwrap();
+        assert!(a.duplicate, "send {i} recognised");
+        assert_eq!(a.msg_id, i);
+    }
+    assert_eq!(e.head(1).unwrap(), 120);
+}
+
+#[test]
+fn a_torn_journal_followed_only_by_empty_files_is_cut_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 10);
+    e.simulate_crash();
+    let jdir = dir.path().join("journal");
+    let newest = newest_file(&jdir, ".tmj");
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    // A crash right after the next journal file was created (empty).
+    let seq: u64 = newest
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let next = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 1).unwrap();
+    drop(next);
+    let e = Engine::open(c.clone()).unwrap();
+    assert!(e.recovery_report().bytes_cut() > 0);
+    let head = e.head(1).unwrap();
+    assert!(head >= 9, "only the torn entry is lost: head {head}");
+    e.close().unwrap();
+    // And the repair is durable: the next open finds nothing to cut.
+    let e = Engine::open(c).unwrap();
+    assert_eq!(e.recovery_report().bytes_cut(), 0);
+    assert_eq!(e.head(1).unwrap(), head);
+}
+
+#[test]
+fn a_journal_of_an_unknown_version_is_refused_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 3);
+    e.simulate_crash();
+    let newest = newest_file(&dir.path().join("journal"), ".tmj");
+    let mut bytes = std::fs::read(&newest).unwrap();
+    bytes[8] = 9; // version 9
+    let crc = crc32fast::hash(&bytes[0..28]);
+    bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&newest, &bytes).unwrap();
+    let err = Engine::open(c).err().expect("refused");
+    assert!(err.to_string().contains("version 9"), "{err}");
+}
+
+#[test]
+fn a_damaged_group_stays_damaged_across_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2], 30);
+    e.close().unwrap();
+    // Damage what the checkpoint says was synced: the group's active segment
+    // (bytes after a checkpoint would be repaired from the journal instead).
+    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    let e = Engine::open(c.clone()).unwrap();
+    assert!(matches!(
+        e.read(1, 0, 10, 1 << 20),
+        Err(Error::GroupDamaged { group: 1, .. })
+    ));
+    assert_dense_and_exact(&e, 2, 30);
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    assert!(
+        matches!(
+            e.read(1, 0, 10, 1 << 20),
+            Err(Error::GroupDamaged { group: 1, .. })
+        ),
+        "still damaged"
+    );
+    assert!(
+        e.append(1, 1, 1, b"x").is_err(),
+        "a damaged group takes no writes"
+    );
+    assert_dense_and_exact(&e, 2, 30);
+}

@@ -29,33 +29,21 @@ pub enum JoinStart {
     At(u64),
 }
 
-impl JoinStart {
-    fn encode(self, user: u64, out: &mut Vec<u8>) {
-        let (tag, at) = match self {
-            JoinStart::Head => (0u8, 0),
-            JoinStart::Earliest => (1, 0),
-            JoinStart::At(m) => (2, m),
-        };
-        out.extend_from_slice(&user.to_le_bytes());
-        out.push(tag);
-        out.extend_from_slice(&at.to_le_bytes());
-    }
+/// Join entry body: `{ user: u64 | cursor: u64 }`, the cursor resolved when
+/// the join was queued, so replay reproduces it exactly.
+fn encode_join(user: u64, cursor: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(&user.to_le_bytes());
+    out.extend_from_slice(&cursor.to_le_bytes());
+}
 
-    /// Decodes a Join entry body into `(user, start)`.
-    pub(crate) fn decode(body: &[u8]) -> Option<(u64, JoinStart)> {
-        if body.len() != 17 {
-            return None;
-        }
-        let user = u64::from_le_bytes(body[0..8].try_into().ok()?);
-        let at = u64::from_le_bytes(body[9..17].try_into().ok()?);
-        let start = match body[8] {
-            0 => JoinStart::Head,
-            1 => JoinStart::Earliest,
-            2 => JoinStart::At(at),
-            _ => return None,
-        };
-        Some((user, start))
+pub(crate) fn decode_join(body: &[u8]) -> Option<(u64, u64)> {
+    if body.len() != 16 {
+        return None;
     }
+    Some((
+        u64::from_le_bytes(body[0..8].try_into().ok()?),
+        u64::from_le_bytes(body[8..16].try_into().ok()?),
+    ))
 }
 
 pub(crate) fn decode_user(body: &[u8]) -> Option<u64> {
@@ -86,17 +74,9 @@ pub(crate) fn apply_join(
     config: &Config,
     group: &Group,
     user: u64,
-    start: JoinStart,
+    cursor: u64,
     enforce_limits: bool,
 ) -> Result<u64> {
-    let head = group.head();
-    let floor = group.log.read().floor();
-    let below = floor.saturating_sub(1);
-    let cursor = match start {
-        JoinStart::Head => head,
-        JoinStart::Earliest => below,
-        JoinStart::At(m) => m.saturating_sub(1).clamp(below, head.max(below)),
-    };
     let mut members = group.members.lock();
     if let Some(c) = cursors.get(user, group.slot) {
         return Ok(c.cursor);
@@ -232,7 +212,32 @@ impl Engine {
         if let Some(c) = self.shared.cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
         }
-        self.submit_member_op(group_id, EntryKind::Join, |b| start.encode(user, b))
+        self.check_writable()?;
+        let mut assign = group.assign.lock();
+        if assign.deleted {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        if !assign.ready {
+            self.init_assign(&group, &mut assign)?;
+        }
+        // `last_id` counts every record queued before this join, which is
+        // exactly what precedes it in the journal: the cursor is resolved
+        // here, once, and replay reproduces it.
+        let head = assign.last_id;
+        let below = group.log.read().floor().saturating_sub(1);
+        let cursor = match start {
+            JoinStart::Head => head,
+            JoinStart::Earliest => below,
+            JoinStart::At(m) => m.saturating_sub(1).clamp(below, head.max(below)),
+        };
+        let reply = Arc::new(Reply::default());
+        let round = self.push_entry_with_reply(
+            &group,
+            EntryKind::Join,
+            |b| encode_join(user, cursor, b),
+            Some(reply.clone()),
+        )?;
+        Ok(OpTicket::pending(round, Some(reply)))
     }
 
     /// Removes `user` from the group. Durable when it returns.
@@ -524,12 +529,10 @@ mod tests {
 
     #[test]
     fn bodies_round_trip() {
-        for start in [JoinStart::Head, JoinStart::Earliest, JoinStart::At(77)] {
-            let mut b = Vec::new();
-            start.encode(5, &mut b);
-            assert_eq!(JoinStart::decode(&b), Some((5, start)));
-        }
-        assert_eq!(JoinStart::decode(&[0; 16]), None);
+        let mut b = Vec::new();
+        encode_join(5, 77, &mut b);
+        assert_eq!(decode_join(&b), Some((5, 77)));
+        assert_eq!(decode_join(&[0; 17]), None);
         let r = Retention {
             by_cursor: true,
             max_age_ms: 5,

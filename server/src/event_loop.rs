@@ -96,6 +96,9 @@ pub struct EventLoop {
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     pending: Vec<Waiting>,
     polls: Vec<Waiting>,
+    /// Connections with new output from deferred work, driven at the end of
+    /// the loop iteration (never from inside another connection's handling).
+    dirty: Vec<usize>,
     sub_by_group: HashMap<u64, HashSet<ConnId>>,
     sub_by_user: HashMap<u64, HashSet<ConnId>>,
     stats: Stats,
@@ -130,6 +133,7 @@ impl EventLoop {
             notices,
             pending: Vec::new(),
             polls: Vec::new(),
+            dirty: Vec::new(),
             sub_by_group: HashMap::new(),
             sub_by_user: HashMap::new(),
             stats: Stats::default(),
@@ -173,6 +177,9 @@ impl EventLoop {
             // wake-up, whatever woke the loop.
             self.on_commits();
             self.expire_polls(Instant::now());
+            while let Some(index) = self.dirty.pop() {
+                self.drive(index);
+            }
             if self.shutdown.load(Ordering::SeqCst) {
                 if drain_deadline.is_none() {
                     log::info!(
@@ -565,7 +572,7 @@ impl EventLoop {
             slot.conn.in_flight -= 1;
         }
         self.respond(w.conn, Some(w.op), w.started, out);
-        self.drive(w.conn.index);
+        self.dirty.push(w.conn.index);
     }
 
     /// After commit rounds: answer completed work, push new records, wake
@@ -706,7 +713,7 @@ impl EventLoop {
                         },
                     );
                 }
-                self.drive(conn.index);
+                self.dirty.push(conn.index);
             }
         }
     }

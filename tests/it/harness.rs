@@ -64,7 +64,10 @@ impl Node {
             .arg(dir)
             .args(["--listen", "127.0.0.1:0"])
             .args(&args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("TIDEMARK_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
