@@ -94,7 +94,8 @@ impl CursorTable {
     }
 
     /// Adds a membership with its starting cursor and join point (the first
-    /// msg_id history may show). The new cursor is dirty.
+    /// msg_id history may show). The new cursor is clean: whatever added it
+    /// (a join entry, a snapshot) already persisted it.
     pub fn insert(
         &self,
         user: u64,
@@ -128,12 +129,12 @@ impl CursorTable {
         v.insert(
             at,
             Membership {
-                cursor: AtomicU64::new(cursor << 1 | 1),
+                // Clean: the join entry (or the snapshot) already holds it.
+                cursor: AtomicU64::new(cursor << 1),
                 slot,
                 join_lo,
             },
         );
-        entry.dirty.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -360,13 +361,18 @@ mod tests {
         t.insert(2, 1, 0, 1).unwrap();
         let mut seen = Vec::new();
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert_eq!(seen.len(), 3);
+        assert!(seen.is_empty(), "new memberships are persisted by their join");
+        t.advance(1, 2, 5);
+        t.advance(2, 1, 3);
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        seen.sort_unstable();
+        assert_eq!(seen, vec![(1, 2, 5), (2, 1, 3)]);
         seen.clear();
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert!(seen.is_empty());
-        t.advance(1, 2, 5);
+        assert!(seen.is_empty(), "taken once");
+        t.advance(1, 2, 6);
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert_eq!(seen, vec![(1, 2, 5)]);
+        assert_eq!(seen, vec![(1, 2, 6)]);
     }
 
     #[test]
