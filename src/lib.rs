@@ -1,1 +1,0 @@
-//! Workspace root: owns the integration tests and benchmarks.
