@@ -511,6 +511,10 @@ pub(crate) fn delete_group(
     Ok(())
 }
 
+/// Above this many groups with unsynced writes, a checkpoint syncs the
+/// whole file system once instead of each segment file.
+const SYNCFS_THRESHOLD_GROUPS: usize = 64;
+
 pub(crate) struct CheckpointDone {
     pub journal: Journal,
     pub syncs: u64,
@@ -532,6 +536,18 @@ pub(crate) fn write_checkpoint(
     let mut dropped: Vec<PathBuf> = Vec::new();
     let mut syncs = 0;
     let mut any_damaged = false;
+    // Many groups to sync: one syncfs beats one fdatasync per segment file.
+    let dirty = catalog
+        .groups()
+        .filter(|g| matches!(&*g.log.read(), LogSlot::Loaded(l) if l.needs_sync()))
+        .count();
+    let sync_all = dirty > SYNCFS_THRESHOLD_GROUPS;
+    if sync_all {
+        ctx.vfs
+            .sync_filesystem(&ctx.config.data_dir)
+            .map_err(|e| Error::io(format!("syncfs {}", ctx.config.data_dir.display()), e))?;
+        syncs += 1;
+    }
     for g in catalog.groups() {
         let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
             log::warn!("group {}: retention skipped: {e}", g.id);
@@ -542,7 +558,9 @@ pub(crate) fn write_checkpoint(
             if let Some(n) = drop_n {
                 dropped.extend(log.drop_oldest(ctx, n));
             }
-            if log.needs_sync() {
+            if sync_all {
+                log.mark_synced();
+            } else if log.needs_sync() {
                 syncs += log.sync(ctx)?;
             }
         }

@@ -386,13 +386,24 @@ impl Engine {
         reply: Option<Arc<Reply>>,
         wait_for_room: bool,
     ) -> Result<u64> {
+        let mut p = self.lock_pending(kind == EntryKind::Record && wait_for_room, kind == EntryKind::Record)?;
+        let round = push_locked(&mut p, group, kind, body, reply);
+        drop(p);
+        self.shared.pending_cv.notify_all();
+        Ok(round)
+    }
+
+    /// Locks the pending round. When `full_matters`, a full round makes the
+    /// caller wait for the commit thread to take it (`wait`) or fail with
+    /// `Overloaded`.
+    fn lock_pending(&self, wait: bool, full_matters: bool) -> Result<parking_lot::MutexGuard<'_, Pending>> {
         let mut p = self.shared.pending.lock();
-        while kind == EntryKind::Record
+        while full_matters
             && !p.ops.is_empty()
             && p.buf.len() >= self.shared.ctx.config.commit_round_bytes_max
             && !p.shutdown
         {
-            if !wait_for_room {
+            if !wait {
                 return Err(Error::Overloaded);
             }
             self.shared.pending_cv.wait(&mut p);
@@ -400,20 +411,7 @@ impl Engine {
         if p.shutdown {
             return Err(Error::ShuttingDown);
         }
-        let start = journal::begin_entry(&mut p.buf, kind, group.id);
-        body(&mut p.buf);
-        journal::finish_entry(&mut p.buf, start);
-        let end = p.buf.len();
-        p.ops.push(Op {
-            group: group.clone(),
-            kind,
-            entry: start..end,
-            reply,
-        });
-        let round = p.round;
-        drop(p);
-        self.shared.pending_cv.notify_all();
-        Ok(round)
+        Ok(p)
     }
 
     /// Appends a message and waits until it is acknowledged under the fsync
@@ -435,14 +433,12 @@ impl Engine {
         self.wait(ticket)
     }
 
-    /// Appends many messages and waits once for all of them (one thread can
-    /// fill a commit round this way). Results are in request order; the first
-    /// error aborts the batch (earlier requests were accepted).
+    /// Appends many messages in one commit round and waits once for all of
+    /// them. Results are in request order. All or nothing: an invalid request
+    /// (unknown group, payload too large) fails the batch before anything is
+    /// queued.
     pub fn append_batch(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Appended>> {
-        let tickets = requests
-            .iter()
-            .map(|r| self.submit(r))
-            .collect::<Result<Vec<_>>>()?;
+        let tickets = self.submit_batch(requests)?;
         let Some(last) = tickets.iter().map(|t| t.round).max() else {
             return Ok(Vec::new());
         };
@@ -464,39 +460,84 @@ impl Engine {
     }
 
     fn submit_inner(&self, req: &AppendRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
-        let max = self.shared.ctx.config.payload_bytes_max;
-        if req.payload.len() > max {
-            return Err(Error::PayloadTooLarge {
-                len: req.payload.len(),
-                max,
-            });
-        }
-        self.check_writable()?;
+        self.check_request(req)?;
         let group = self.group(req.group_id)?;
         let mut assign = group.assign.lock();
+        self.ready_to_assign(&group, &mut assign)?;
+        if let Some(dup) = self.duplicate_of(&assign, req) {
+            return Ok(dup);
+        }
+        let mut p = self.lock_pending(wait_for_room, true)?;
+        let ticket = self.assign_one(&group, &mut assign, req, &mut p);
+        drop(p);
+        self.shared.pending_cv.notify_all();
+        Ok(ticket)
+    }
+
+    /// Queues many appends in one pending round: every group involved is
+    /// locked (in id order, so batches never deadlock), then the round once.
+    /// One thread fills a whole commit round this way.
+    pub fn submit_batch(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
+        for req in requests {
+            self.check_request(req)?;
+        }
+        let mut ids: Vec<u64> = requests.iter().map(|r| r.group_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let groups = ids.iter().map(|&g| self.group(g)).collect::<Result<Vec<_>>>()?;
+        let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
+        for (group, assign) in groups.iter().zip(assigns.iter_mut()) {
+            self.ready_to_assign(group, assign)?;
+        }
+        let mut p = self.lock_pending(true, true)?;
+        let mut tickets = Vec::with_capacity(requests.len());
+        for req in requests {
+            // Invariant: ids holds every request's group.
+            let i = ids.binary_search(&req.group_id).expect("invariant: group of the batch");
+            let ticket = match self.duplicate_of(&assigns[i], req) {
+                Some(dup) => dup,
+                None => self.assign_one(&groups[i], &mut assigns[i], req, &mut p),
+            };
+            tickets.push(ticket);
+        }
+        drop(p);
+        self.shared.pending_cv.notify_all();
+        Ok(tickets)
+    }
+
+    fn check_request(&self, req: &AppendRequest<'_>) -> Result<()> {
+        let max = self.shared.ctx.config.payload_bytes_max;
+        if req.payload.len() > max {
+            return Err(Error::PayloadTooLarge { len: req.payload.len(), max });
+        }
+        self.check_writable()
+    }
+
+    fn ready_to_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
         if assign.deleted {
-            return Err(Error::GroupNotFound {
-                group: req.group_id,
-            });
+            return Err(Error::GroupNotFound { group: group.id });
         }
         if !assign.ready {
-            self.init_assign(&group, &mut assign)?;
+            self.init_assign(group, assign)?;
         }
-        if let Some((msg_id, timestamp_ms)) = assign.dedup.lookup(req.sender_id, req.client_msg_id)
-        {
-            self.shared
-                .counters
-                .duplicates
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(Ticket {
-                appended: Appended {
-                    msg_id,
-                    timestamp_ms,
-                    duplicate: true,
-                },
-                round: assign.last_round,
-            });
-        }
+        Ok(())
+    }
+
+    /// The original of a retransmit, if the window remembers it.
+    fn duplicate_of(&self, assign: &AssignState, req: &AppendRequest<'_>) -> Option<Ticket> {
+        let (msg_id, timestamp_ms) = assign.dedup.lookup(req.sender_id, req.client_msg_id)?;
+        self.shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        Some(Ticket {
+            appended: Appended { msg_id, timestamp_ms, duplicate: true },
+            // The round that holds the original is at most this one.
+            round: assign.last_round,
+        })
+    }
+
+    /// Gives `req` the group's next id and queues its record in the pending
+    /// round. The caller holds the group's assign lock and the pending lock,
+    /// so per-group journal order is id order.
+    fn assign_one(&self, group: &Arc<Group>, assign: &mut AssignState, req: &AppendRequest<'_>, p: &mut Pending) -> Ticket {
         let msg_id = assign.last_id + 1;
         // Timestamps never go backwards within a group, whatever the clock does.
         let timestamp_ms = now_ms().max(assign.last_timestamp_ms);
@@ -507,33 +548,16 @@ impl Engine {
             client_msg_id: req.client_msg_id,
             payload: req.payload,
         };
-        let encode = |buf: &mut Vec<u8>| record::encode_into(&rec, buf);
-        let round =
-            self.push_entry_inner(&group, EntryKind::Record, encode, None, wait_for_room)?;
+        let round = push_locked(p, group, EntryKind::Record, |buf| record::encode_into(&rec, buf), None);
         assign.last_id = msg_id;
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
         let limits = WindowLimits::from_config(&self.shared.ctx.config);
-        assign.dedup.insert(
-            msg_id,
-            req.sender_id,
-            req.client_msg_id,
-            timestamp_ms,
-            limits,
-        );
-        self.shared.counters.appends.fetch_add(1, Ordering::Relaxed);
-        self.shared
-            .counters
-            .bytes_appended
-            .fetch_add(req.payload.len() as u64, Ordering::Relaxed);
-        Ok(Ticket {
-            appended: Appended {
-                msg_id,
-                timestamp_ms,
-                duplicate: false,
-            },
-            round,
-        })
+        assign.dedup.insert(msg_id, req.sender_id, req.client_msg_id, timestamp_ms, limits);
+        let c = &self.shared.counters;
+        c.appends.fetch_add(1, Ordering::Relaxed);
+        c.bytes_appended.fetch_add(req.payload.len() as u64, Ordering::Relaxed);
+        Ticket { appended: Appended { msg_id, timestamp_ms, duplicate: false }, round }
     }
 
     /// First send to a group since open: load its log, rebuild the window.
@@ -715,6 +739,22 @@ impl Engine {
             None => Ok(()),
         }
     }
+}
+
+/// Appends one journal entry to the pending round; returns the round.
+fn push_locked(
+    p: &mut Pending,
+    group: &Arc<Group>,
+    kind: EntryKind,
+    body: impl FnOnce(&mut Vec<u8>),
+    reply: Option<Arc<Reply>>,
+) -> u64 {
+    let start = journal::begin_entry(&mut p.buf, kind, group.id);
+    body(&mut p.buf);
+    journal::finish_entry(&mut p.buf, start);
+    let end = p.buf.len();
+    p.ops.push(Op { group: group.clone(), kind, entry: start..end, reply });
+    p.round
 }
 
 fn op_outcome(ticket: &OpTicket) -> Result<u64> {

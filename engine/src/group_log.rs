@@ -522,6 +522,12 @@ impl GroupLog {
         Ok(syncs)
     }
 
+    /// Records that a file-system-wide sync made every write durable.
+    pub fn mark_synced(&mut self) {
+        self.unsynced.clear();
+        self.dir_unsynced = false;
+    }
+
     /// True if writes since the last checkpoint have not been synced.
     pub fn needs_sync(&self) -> bool {
         !self.unsynced.is_empty() || self.dir_unsynced

@@ -42,6 +42,10 @@ pub trait Vfs: Send + Sync + 'static {
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// fsync of a directory, so created, renamed and removed entries are durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// syncfs(2): every file and directory of the file system holding `path`
+    /// is durable when this returns. One call instead of thousands of
+    /// fdatasyncs when a checkpoint covers many groups.
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -97,6 +101,15 @@ impl Vfs for OsVfs {
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         File::open(path)?.sync_all()
+    }
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        use std::os::unix::io::AsRawFd;
+        let dir = File::open(path)?;
+        // SAFETY: syncfs on a valid open descriptor.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::rename(from, to)
@@ -242,6 +255,11 @@ impl Vfs for FaultyVfs {
         self.control.check_sync()?;
         self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_dir(path)
+    }
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        self.control.check_sync()?;
+        self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
+        OsVfs.sync_filesystem(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         OsVfs.rename(from, to)

@@ -698,3 +698,32 @@ fn a_damaged_group_stays_damaged_across_reopens() {
     );
     assert_dense_and_exact(&e, 2, 30);
 }
+
+#[test]
+fn a_batch_is_one_commit_round_and_dedups_within_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    for g in 1..=50 {
+        e.create_group(g).unwrap();
+    }
+    let rounds = e.stats().rounds;
+    let payloads: Vec<Vec<u8>> = (0..500u64).map(|i| payload(1 + i % 50, i)).collect();
+    let mut reqs: Vec<AppendRequest<'_>> = (0..500u64)
+        .map(|i| AppendRequest { group_id: 1 + i % 50, sender_id: 3, client_msg_id: i, payload: &payloads[i as usize] })
+        .collect();
+    // The same send twice in one batch is stored once.
+    reqs.push(AppendRequest { group_id: 1, sender_id: 3, client_msg_id: 0, payload: b"again" });
+    let out = e.append_batch(&reqs).unwrap();
+    assert_eq!(e.stats().rounds - rounds, 1, "one round for the whole batch");
+    assert_eq!(out[500], crate::Appended { duplicate: true, ..out[0] });
+    for g in 1..=50 {
+        assert_eq!(e.head(g).unwrap(), 10);
+    }
+    // All or nothing.
+    let bad = [
+        AppendRequest { group_id: 1, sender_id: 3, client_msg_id: 9999, payload: b"ok" },
+        AppendRequest { group_id: 777, sender_id: 3, client_msg_id: 1, payload: b"no group" },
+    ];
+    assert!(matches!(e.append_batch(&bad), Err(Error::GroupNotFound { group: 777 })));
+    assert_eq!(e.head(1).unwrap(), 10);
+}
