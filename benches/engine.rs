@@ -163,16 +163,18 @@ fn append_never(c: &mut Criterion, name: &str, groups: u64) {
     }
 }
 
-/// `APPEND_THREADS` threads, each calling `append` one at a time on random
-/// groups, so concurrent appends share commit rounds and their fsyncs. One
-/// iteration is one append on every thread; the time is the wall time of all.
-fn append_always(c: &mut Criterion, name: &str, groups: u64) {
+/// `APPEND_THREADS` threads, each keeping `in_flight` appends to random
+/// groups submitted and waiting for the oldest (1: plain `append`), so
+/// concurrent appends share commit rounds and their fsyncs, as a node's
+/// connections with pipelined sends do. One iteration is one append on every
+/// thread; the time is the wall time of all.
+fn append_always(c: &mut Criterion, name: &str, groups: u64, in_flight: usize) {
     let mut fixture = None;
     let payloads = payloads(&mut Rng(SEED));
     let client_msg_id = AtomicU64::new(0);
     let mut g = bench_group(c, name);
     g.throughput(Throughput::Elements(APPEND_THREADS));
-    g.bench_function(format!("append_{APPEND_THREADS}_threads"), |b| {
+    g.bench_function(format!("append_{APPEND_THREADS}_threads_{in_flight}_in_flight"), |b| {
         let engine = &fixture
             .get_or_insert_with(|| Fixture::new(FsyncPolicy::Always, groups))
             .engine;
@@ -183,11 +185,19 @@ fn append_always(c: &mut Criterion, name: &str, groups: u64) {
                     let (payloads, client_msg_id) = (&payloads, &client_msg_id);
                     s.spawn(move || {
                         let mut rng = Rng(SEED ^ (t + 1) ^ client_msg_id.load(Ordering::Relaxed));
+                        let mut window = std::collections::VecDeque::with_capacity(in_flight);
                         for _ in 0..iters {
                             let id = client_msg_id.fetch_add(1, Ordering::Relaxed) + 1;
                             let group = 1 + rng.below(groups);
                             let payload = &payloads[rng.below(PAYLOADS as u64) as usize];
-                            engine.append(group, t + 1, id, payload).expect("append");
+                            let req = AppendRequest { group_id: group, sender_id: t + 1, client_msg_id: id, payload };
+                            window.push_back(engine.submit(&req).expect("submit"));
+                            if window.len() >= in_flight {
+                                engine.wait(window.pop_front().expect("non-empty")).expect("append");
+                            }
+                        }
+                        for ticket in window {
+                            engine.wait(ticket).expect("append");
                         }
                     });
                 }
@@ -210,11 +220,12 @@ fn append_never_1_group(c: &mut Criterion) {
 }
 
 fn append_always_10k_groups_16_threads(c: &mut Criterion) {
-    append_always(c, "append_always_10k_groups_16_threads", MANY_GROUPS);
+    append_always(c, "append_always_10k_groups_16_threads", MANY_GROUPS, 1);
+    append_always(c, "append_always_10k_groups_16_threads_pipelined", MANY_GROUPS, 16);
 }
 
 fn append_always_1_group(c: &mut Criterion) {
-    append_always(c, "append_always_1_group", 1);
+    append_always(c, "append_always_1_group", 1, 1);
 }
 
 /// One group of `READ_MESSAGES` stored messages, read whole above cursor 0

@@ -36,6 +36,7 @@ struct Committer {
     last_sync: Instant,
     last_cursor_flush: Instant,
     last_retention_check: Instant,
+    last_space_check: Instant,
     /// Reused buffers: the round taken from senders, per-group staging, cursor entries.
     round_buf: Vec<u8>,
     staging: Vec<u8>,
@@ -43,6 +44,9 @@ struct Committer {
     /// What the round being applied appended, for commit listeners.
     appended: Vec<GroupAppend>,
 }
+
+/// How often free space is measured while it is low (and idle).
+const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
 
 /// What woke the commit thread.
 enum Work {
@@ -65,11 +69,13 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         last_sync: now,
         last_cursor_flush: now,
         last_retention_check: now,
+        last_space_check: now,
         round_buf: Vec::new(),
         staging: Vec::new(),
         cursor_buf: Vec::new(),
         appended: Vec::new(),
     };
+    c.measure_free_space();
     c.main_loop();
     let mut p = c.shared.progress.lock();
     p.commit_thread_exited = true;
@@ -103,6 +109,7 @@ impl Committer {
                         result = self.checkpoint(false);
                     }
                     self.finish_round(round, &ops, result);
+                    self.measure_free_space();
                     // Under steady load the loop is never idle: run the
                     // timers (cursor flush, retention, interval sync) here too.
                     if Instant::now() >= self.next_deadline() {
@@ -131,6 +138,31 @@ impl Committer {
         }
     }
 
+    fn disk_low(&self) -> bool {
+        self.shared.disk_free_bytes.load(Ordering::Acquire) < self.config().disk_free_min_bytes
+    }
+
+    /// Measures free space (one statvfs), so senders are refused before the
+    /// disk is full and accepted again once space returns.
+    fn measure_free_space(&mut self) {
+        self.last_space_check = Instant::now();
+        if self.config().disk_free_min_bytes == 0 {
+            return;
+        }
+        match self.shared.ctx.vfs.free_bytes(&self.shared.ctx.config.data_dir) {
+            Ok(free) => {
+                let was_low = self.disk_low();
+                self.shared.disk_free_bytes.store(free, Ordering::Release);
+                match (was_low, self.disk_low()) {
+                    (false, true) => log::warn!("disk nearly full ({free} bytes free): refusing writes"),
+                    (true, false) => log::info!("disk space back ({free} bytes free): accepting writes"),
+                    _ => {}
+                }
+            }
+            Err(e) => log::warn!("statvfs: {e}"),
+        }
+    }
+
     fn failed(&self) -> bool {
         self.shared.writes_stopped.load(Ordering::Acquire)
     }
@@ -140,6 +172,9 @@ impl Committer {
     fn next_deadline(&self) -> Instant {
         let c = self.config();
         let mut d = self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms);
+        if self.disk_low() {
+            d = d.min(self.last_space_check + DISK_LOW_RECHECK);
+        }
         d = d.min(self.last_retention_check + Duration::from_millis(c.retention_check_ms));
         if let FsyncPolicy::Interval(period) = c.fsync {
             if self.unsynced_bytes > 0 {
@@ -183,6 +218,7 @@ impl Committer {
     }
 
     fn timers(&mut self) -> Result<()> {
+        self.measure_free_space();
         if self.failed() {
             // Nothing can be written; wait for shutdown without spinning.
             self.last_cursor_flush = Instant::now();

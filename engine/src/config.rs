@@ -77,6 +77,10 @@ pub struct Config {
     pub cursor_flush_ms: u64,
     /// Retention policies are applied at least this often.
     pub retention_check_ms: u64,
+    /// Below this much free disk space, new writes are refused with
+    /// `DiskFull` (nothing is assigned or written), and accepted again by
+    /// themselves once space returns. 0 disables the check.
+    pub disk_free_min_bytes: u64,
 }
 
 impl Config {
@@ -98,6 +102,7 @@ impl Config {
             groups_per_user_max: 20_000,
             cursor_flush_ms: 1000,
             retention_check_ms: 60_000,
+            disk_free_min_bytes: 64 << 20,
         }
     }
 

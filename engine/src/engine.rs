@@ -180,6 +180,8 @@ pub(crate) struct Shared {
     pub progress: Mutex<Progress>,
     pub progress_cv: Condvar,
     pub writes_stopped: AtomicBool,
+    /// Free disk space as last measured by the commit thread.
+    pub disk_free_bytes: AtomicU64,
     pub counters: Counters,
     pub listeners: Mutex<Vec<CommitListener>>,
 }
@@ -227,6 +229,7 @@ impl Engine {
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             writes_stopped: AtomicBool::new(false),
+            disk_free_bytes: AtomicU64::new(u64::MAX),
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
         });
@@ -275,7 +278,19 @@ impl Engine {
             .ok_or(Error::GroupNotFound { group: group_id })
     }
 
+    /// Refuses new writes when writes stopped or the disk is nearly full.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        self.check_not_stopped()?;
+        let min = self.shared.ctx.config.disk_free_min_bytes;
+        let free = self.shared.disk_free_bytes.load(Ordering::Acquire);
+        if free < min {
+            return Err(Error::DiskFull { free, min });
+        }
+        Ok(())
+    }
+
+    /// Writes that free space (deletes, checkpoints) only need this.
+    pub(crate) fn check_not_stopped(&self) -> Result<()> {
         if self.shared.writes_stopped.load(Ordering::Acquire) {
             let reason = self
                 .shared
@@ -329,7 +344,7 @@ impl Engine {
 
     /// Queues the deletion of a group; see [`Engine::delete_group`].
     pub fn submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
-        self.check_writable()?;
+        self.check_not_stopped()?;
         let group = self.group(group_id)?;
         let mut assign = group.assign.lock();
         if assign.deleted {
@@ -600,7 +615,7 @@ impl Engine {
     }
 
     fn request_round(&self, set: impl FnOnce(&mut Pending)) -> Result<u64> {
-        self.check_writable()?;
+        self.check_not_stopped()?;
         let mut p = self.shared.pending.lock();
         if p.shutdown {
             return Err(Error::ShuttingDown);

@@ -38,6 +38,9 @@ pub enum Error {
     /// The pending commit round is full (`commit_round_bytes_max`); retry
     /// after a back-off. Only from the non-blocking `try_submit`.
     Overloaded,
+    /// Free disk space is below `disk_free_min_bytes`: the write was refused
+    /// before anything was assigned; retry once space returns.
+    DiskFull { free: u64, min: u64 },
     /// The data directory is held by another engine instance.
     Locked { path: PathBuf },
     /// A configuration value out of its allowed range.
@@ -69,6 +72,7 @@ impl Error {
     /// True when the error was caused by a full disk (ENOSPC or EDQUOT).
     pub fn is_disk_full(&self) -> bool {
         match self {
+            Error::DiskFull { .. } => true,
             Error::Io { source, .. } => matches!(
                 source.raw_os_error(),
                 Some(libc::ENOSPC) | Some(libc::EDQUOT)
@@ -107,6 +111,10 @@ impl fmt::Display for Error {
             }
             Error::ShuttingDown => write!(f, "engine is shutting down"),
             Error::Overloaded => write!(f, "the pending commit round is full; retry later"),
+            Error::DiskFull { free, min } => write!(
+                f,
+                "disk nearly full: {free} bytes free, {min} required; retry once space returns"
+            ),
             Error::Locked { path } => write!(
                 f,
                 "data directory {} is locked by another process",

@@ -45,7 +45,16 @@ pub trait Vfs: Send + Sync + 'static {
     /// syncfs(2): every file and directory of the file system holding `path`
     /// is durable when this returns. One call instead of thousands of
     /// fdatasyncs when a checkpoint covers many groups.
-    fn sync_filesystem(&self, path: &Path) -> io::Result<()>;
+    /// Layers that do not intercept it use the real file system's.
+    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        OsVfs.sync_filesystem(path)
+    }
+    /// Bytes an unprivileged writer may still use on the file system
+    /// holding `path` (statvfs `f_bavail * f_frsize`). Layers that do not
+    /// intercept it report the real file system's.
+    fn free_bytes(&self, path: &Path) -> io::Result<u64> {
+        OsVfs.free_bytes(path)
+    }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;
@@ -102,6 +111,17 @@ impl Vfs for OsVfs {
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         File::open(path)?.sync_all()
     }
+    fn free_bytes(&self, path: &Path) -> io::Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
+        // SAFETY: statvfs with a valid C string and a zeroed out-struct.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
         let dir = File::open(path)?;
@@ -155,6 +175,8 @@ pub struct FaultControl {
     /// commit round); `syncs_held` counts the syncs waiting.
     pub hold_syncs: AtomicBool,
     pub syncs_held: AtomicU64,
+    /// When not `u64::MAX`, the free space the file system reports.
+    pub free_bytes: AtomicU64,
 }
 
 impl FaultControl {
@@ -169,6 +191,7 @@ impl FaultyVfs {
         v.control
             .write_budget_bytes
             .store(u64::MAX, Ordering::SeqCst);
+        v.control.free_bytes.store(u64::MAX, Ordering::SeqCst);
         v
     }
 }
@@ -255,6 +278,12 @@ impl Vfs for FaultyVfs {
         self.control.check_sync()?;
         self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_dir(path)
+    }
+    fn free_bytes(&self, path: &Path) -> io::Result<u64> {
+        match self.control.free_bytes.load(Ordering::SeqCst) {
+            u64::MAX => OsVfs.free_bytes(path),
+            n => Ok(n),
+        }
     }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
         self.control.check_sync()?;

@@ -28,6 +28,8 @@ mod cursors;
 mod dedup;
 mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz_targets;
 mod group;
 mod group_log;
 mod index;

@@ -8,11 +8,15 @@
 use std::path::Path;
 
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
+use crate::cursors::MemberCursor;
 use crate::io::OsVfs;
 use crate::journal::{self, EntryIter, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
 use crate::retention::Retention;
 use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
+use crate::tidemarks;
+use crate::{Config, Engine, Error, JoinStart};
 
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
 const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
@@ -22,6 +26,18 @@ const JOURNAL_ENTRY_RECORD: &str =
 const JOURNAL_ENTRY_CREATE_GROUP: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-create-group.hex");
 const CHECKPOINT: &str = include_str!("../../format-spec/vectors/storage/checkpoint.hex");
+const JOURNAL_ENTRY_JOIN: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-join.hex");
+const JOURNAL_ENTRY_LEAVE: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-leave.hex");
+const JOURNAL_ENTRY_CURSORS: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-cursors.hex");
+const JOURNAL_ENTRY_SET_RETENTION: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-set-retention.hex");
+const CHECKPOINT_MEMBERSHIP: &str =
+    include_str!("../../format-spec/vectors/storage/checkpoint-membership.hex");
+const CHECKPOINT_DAMAGED: &str =
+    include_str!("../../format-spec/vectors/storage/checkpoint-damaged.hex");
 
 const TIMESTAMP_MS: u64 = 1_700_000_000_000;
 const RECORD_BYTES_MAX: usize = RECORD_HEADER_BYTES + (1 << 20);
@@ -159,6 +175,18 @@ fn segment_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
         SegmentHeader::decode(&future),
         Err("unsupported segment version 2".to_string())
     );
+    // header_len other than 64 and non-zero reserved bytes are refused.
+    for off in [10, 12, 15, 40, 59] {
+        let mut b = v.clone();
+        b[off] ^= 1;
+        let crc = crc32fast::hash(&b[0..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            SegmentHeader::decode(&b),
+            Err("segment header_len or reserved bytes invalid".to_string()),
+            "byte {off}"
+        );
+    }
 }
 
 #[test]
@@ -217,6 +245,36 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
         journal::journal_path(Path::new("data/journal"), 1),
         Path::new("data/journal/00000000000000000001.tmj")
     );
+    let resealed = |mut b: Vec<u8>| {
+        let crc = crc32fast::hash(&b[0..28]);
+        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        b
+    };
+    // header_len other than 32 and non-zero reserved bytes are refused.
+    for off in [10, 12, 15, 24, 27] {
+        let mut b = v.clone();
+        b[off] ^= 1;
+        assert_eq!(
+            journal::decode_header(&resealed(b)),
+            Err("journal header_len or reserved bytes invalid".to_string()),
+            "byte {off}"
+        );
+    }
+    // An intact header of another version is recognised as such (recovery
+    // refuses the file instead of cutting it as torn).
+    assert_eq!(journal::unsupported_version(&v), None);
+    let mut future = v.clone();
+    future[8] = 2;
+    let future = resealed(future);
+    assert_eq!(journal::unsupported_version(&future), Some(2));
+    assert_eq!(
+        journal::decode_header(&future),
+        Err("unsupported journal version 2".to_string())
+    );
+    // A damaged header (CRC mismatch) is not an unknown version.
+    let mut torn = future.clone();
+    torn[30] ^= 1;
+    assert_eq!(journal::unsupported_version(&torn), None);
 }
 
 #[test]
@@ -368,6 +426,7 @@ fn checkpoint_vector_matches_the_encoder_and_decodes_to_its_fields() {
     assert!(!r.by_cursor);
     assert_eq!((r.max_age_ms, r.max_bytes), (0, 0));
     assert!(r.keeps_everything());
+    assert_eq!(body.groups[0].damaged, None);
     assert_eq!(body.members, vec![0]);
 
     assert_eq!(&v[0..8], &checkpoint::CHECKPOINT_MAGIC);
@@ -401,7 +460,7 @@ fn checkpoint_invalid_values_are_rejected_as_documented() {
     b.push(0);
     assert!(checkpoint::decode(&b)
         .unwrap_err()
-        .starts_with("body length 91"));
+        .starts_with("body length 92"));
     // A segment list whose last base is above head + 1.
     let mut body = sample_checkpoint();
     body.groups[0].segments = vec![(1, 113), (3, 64)];
@@ -412,6 +471,270 @@ fn checkpoint_invalid_values_are_rejected_as_documented() {
     // A segment list with a base equal to head + 1 (an empty active segment) is valid.
     body.groups[0].segments = vec![(1, 113), (2, 64)];
     assert!(checkpoint::decode(&checkpoint::encode(&body)).is_ok());
+}
+
+/// An entry of `kind` for group 5 with `body`, as the engine frames it.
+fn entry(kind: EntryKind, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let start = journal::begin_entry(&mut out, kind, 5);
+    out.extend_from_slice(body);
+    journal::finish_entry(&mut out, start);
+    out
+}
+
+/// The single entry of a vector, decoded: `(kind, group, body)`.
+fn only_entry(v: &[u8]) -> (EntryKind, u64, Vec<u8>) {
+    let mut it = EntryIter::new(v, record::RECORD_BYTES_STORED_MAX);
+    let e = it.next().expect("one entry");
+    assert!(it.next().is_none());
+    assert_eq!((it.position(), it.stop_reason()), (v.len(), None));
+    (e.kind, e.group_id, e.body.to_vec())
+}
+
+#[test]
+fn membership_entry_vectors_decode_to_their_fields() {
+    let join = vector(JOURNAL_ENTRY_JOIN);
+    let (kind, group, body) = only_entry(&join);
+    assert_eq!((kind, group, body.len()), (EntryKind::Join, 5, 16));
+    assert_eq!(tidemarks::decode_join(&body), Some((300, 0)));
+    assert_eq!(entry(EntryKind::Join, &body), join);
+
+    let leave = vector(JOURNAL_ENTRY_LEAVE);
+    let (kind, group, body) = only_entry(&leave);
+    assert_eq!((kind, group), (EntryKind::Leave, 5));
+    assert_eq!(tidemarks::decode_user(&body), Some(300));
+    assert_eq!(entry(EntryKind::Leave, &body), leave);
+
+    let cursors = vector(JOURNAL_ENTRY_CURSORS);
+    let (kind, group, body) = only_entry(&cursors);
+    assert_eq!((kind, group, body.len()), (EntryKind::Cursors, 5, 16));
+    assert_eq!(body[0..8], 300u64.to_le_bytes());
+    assert_eq!(body[8..16], 1u64.to_le_bytes());
+    assert_eq!(entry(EntryKind::Cursors, &body), cursors);
+
+    let retention = vector(JOURNAL_ENTRY_SET_RETENTION);
+    let (kind, group, body) = only_entry(&retention);
+    assert_eq!((kind, group), (EntryKind::SetRetention, 5));
+    let policy = Retention {
+        by_cursor: true,
+        max_age_ms: 604_800_000,
+        max_bytes: 1 << 30,
+    };
+    assert_eq!(tidemarks::decode_retention(&body), Some(policy));
+    let mut encoded = Vec::new();
+    tidemarks::encode_retention(&policy, &mut encoded);
+    assert_eq!(encoded, body);
+
+    // Bodies of the wrong length (and by_cursor above 1) are not decoded;
+    // replay ignores such entries.
+    assert_eq!(tidemarks::decode_join(&body[..15]), None);
+    assert_eq!(tidemarks::decode_user(&[0; 9]), None);
+    let mut bad = body.clone();
+    bad[0] = 2;
+    assert_eq!(tidemarks::decode_retention(&bad), None);
+    assert_eq!(tidemarks::decode_retention(&body[..16]), None);
+}
+
+/// Every entry of every journal file under `data_dir`, oldest first.
+fn journal_entries(data_dir: &Path) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for (_, path) in journal::list(&OsVfs, &journal::journal_dir(data_dir)).unwrap() {
+        let bytes = std::fs::read(&path).unwrap();
+        let entries = &bytes[JOURNAL_HEADER_BYTES..];
+        let mut it = EntryIter::new(entries, record::RECORD_BYTES_STORED_MAX);
+        let mut pos = 0;
+        for e in it.by_ref() {
+            let end = pos + ENTRY_HEADER_BYTES + e.body.len();
+            out.push(entries[pos..end].to_vec());
+            pos = end;
+        }
+        assert_eq!(it.stop_reason(), None, "{}", path.display());
+    }
+    out
+}
+
+fn first_of_kind(entries: &[Vec<u8>], kind: EntryKind) -> &[u8] {
+    entries
+        .iter()
+        .find(|e| e[8] == kind as u8)
+        .unwrap_or_else(|| panic!("no {kind:?} entry in the journal"))
+}
+
+/// The engine itself writes the bytes of the membership vectors: the story
+/// of the vectors (user 300 joins group 5 EARLIEST, acknowledges msg_id 1,
+/// group 5 gets a retention policy, user 300 leaves) run on a real engine.
+#[test]
+fn the_engine_writes_the_membership_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(Config::new(dir.path())).unwrap();
+    engine.create_group(5).unwrap();
+    assert_eq!(engine.join(5, 300, JoinStart::Earliest).unwrap(), 0);
+    let sent = engine.append(5, 42, 7, b"hello").unwrap();
+    assert_eq!(sent.msg_id, 1);
+    assert_eq!(engine.ack(5, 300, 1).unwrap(), 1);
+    engine.flush_cursors().unwrap();
+    engine.checkpoint().unwrap();
+
+    // The checkpoint equals checkpoint-membership.hex except for the fields
+    // that depend on when it was written.
+    let written =
+        checkpoint::decode(&std::fs::read(checkpoint::path(dir.path())).unwrap()).unwrap();
+    let mut expected = checkpoint::decode(&vector(CHECKPOINT_MEMBERSHIP)).unwrap();
+    expected.journal_seq = written.journal_seq;
+    expected.clean_shutdown = written.clean_shutdown;
+    expected.created_ms = written.created_ms;
+    assert_eq!(written, expected);
+
+    engine
+        .set_retention(
+            5,
+            Retention {
+                by_cursor: true,
+                max_age_ms: 604_800_000,
+                max_bytes: 1 << 30,
+            },
+        )
+        .unwrap();
+    engine.leave(5, 300).unwrap();
+    let entries = journal_entries(dir.path());
+    for (kind, v) in [
+        (EntryKind::Join, JOURNAL_ENTRY_JOIN),
+        (EntryKind::Cursors, JOURNAL_ENTRY_CURSORS),
+        (EntryKind::SetRetention, JOURNAL_ENTRY_SET_RETENTION),
+        (EntryKind::Leave, JOURNAL_ENTRY_LEAVE),
+    ] {
+        assert_eq!(first_of_kind(&entries, kind), &vector(v)[..], "{kind:?}");
+    }
+    engine.close().unwrap();
+}
+
+#[test]
+fn checkpoint_membership_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(CHECKPOINT_MEMBERSHIP);
+    let mut section = Vec::new();
+    member_snapshot::put_varint(&mut section, 1);
+    member_snapshot::encode_user(
+        &mut section,
+        300,
+        &[MemberCursor {
+            slot: 0,
+            cursor: 1,
+            join_point: 1,
+        }],
+        u64::from,
+    );
+    assert_eq!(section, [0x01, 0xac, 0x02, 0x01, 0x00, 0x01, 0x02]);
+    let body = CheckpointBody {
+        members: section,
+        ..sample_checkpoint()
+    };
+    assert_eq!(checkpoint::encode(&body), v);
+
+    let decoded = checkpoint::decode(&v).unwrap();
+    assert_eq!(decoded, body);
+    let mut got = Vec::new();
+    member_snapshot::decode(&decoded.members, |m| {
+        got.push(m);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![SnapshotMembership {
+            user: 300,
+            group_ordinal: 0,
+            cursor: 1,
+            join_point: 1,
+        }]
+    );
+}
+
+/// The worked example of storage.md section 15, byte for byte.
+#[test]
+fn memberships_section_worked_example() {
+    let example = [
+        0x02, 0xac, 0x02, 0x02, 0x00, 0x01, 0x02, 0x02, 0x82, 0x01, 0x3c, 0x07, 0x01, 0x01, 0x5a,
+        0x13,
+    ];
+    let mut out = Vec::new();
+    member_snapshot::put_varint(&mut out, 2);
+    let m = |slot, cursor, join_point| MemberCursor {
+        slot,
+        cursor,
+        join_point,
+    };
+    member_snapshot::encode_user(&mut out, 300, &[m(0, 1, 1), m(2, 130, 101)], u64::from);
+    member_snapshot::encode_user(&mut out, 7, &[m(1, 90, 101)], u64::from);
+    assert_eq!(out, example);
+    let mut got = Vec::new();
+    member_snapshot::decode(&example, |m| {
+        got.push((m.user, m.group_ordinal, m.cursor, m.join_point));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![(300, 0, 1, 1), (300, 2, 130, 101), (7, 1, 90, 101)]
+    );
+    // Every truncation, and a trailing byte, is an error.
+    for n in 0..example.len() {
+        assert!(member_snapshot::decode(&example[..n], |_| Ok(())).is_err());
+    }
+    let mut long = example.to_vec();
+    long.push(0);
+    assert!(member_snapshot::decode(&long, |_| Ok(())).is_err());
+}
+
+#[test]
+fn checkpoint_damaged_vector_matches_the_encoder_and_the_group_stays_damaged() {
+    let v = vector(CHECKPOINT_DAMAGED);
+    let body = CheckpointBody {
+        journal_seq: 1,
+        clean_shutdown: true,
+        created_ms: TIMESTAMP_MS,
+        groups: vec![GroupEntry {
+            group_id: 9,
+            head: 0,
+            segments: vec![(1, 64)],
+            retention: Retention::default(),
+            damaged: Some("bad segment magic".into()),
+        }],
+        members: vec![0],
+    };
+    assert_eq!(checkpoint::encode(&body), v);
+    assert_eq!(checkpoint::decode(&v).unwrap(), body);
+
+    // An Option tag other than 0 or 1 is a decode error (CRCs made valid).
+    let mut b = v.clone();
+    let tag = 32 + 82;
+    assert_eq!(b[tag], 1);
+    b[tag] = 2;
+    let crc = crc32fast::hash(&b[32..]);
+    b[24..28].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..28]);
+    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    assert!(checkpoint::decode(&b).is_err());
+
+    // Opening a directory with this checkpoint: the group is registered,
+    // damaged, never loaded, and still damaged after the next open.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(checkpoint::path(dir.path()), &v).unwrap();
+    for _ in 0..2 {
+        let engine = Engine::open(Config::new(dir.path())).unwrap();
+        let report = engine.recovery_report();
+        assert!(report.checkpoint_used);
+        assert_eq!(
+            report.damaged_groups,
+            vec![(9, "bad segment magic".to_string())]
+        );
+        match engine.append(9, 1, 1, b"x") {
+            Err(Error::GroupDamaged { group: 9, reason }) => {
+                assert_eq!(reason, "bad segment magic")
+            }
+            other => panic!("expected GroupDamaged, got {other:?}"),
+        }
+        engine.close().unwrap();
+    }
 }
 
 #[test]

@@ -727,3 +727,37 @@ fn a_batch_is_one_commit_round_and_dedups_within_itself() {
     assert!(matches!(e.append_batch(&bad), Err(Error::GroupNotFound { group: 777 })));
     assert_eq!(e.head(1).unwrap(), 10);
 }
+
+#[test]
+fn a_nearly_full_disk_refuses_writes_until_space_returns_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut c = small_config(dir.path());
+    c.disk_free_min_bytes = 1 << 20;
+    let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 5);
+    control.free_bytes.store(1000, Ordering::SeqCst);
+    // The commit thread notices at its next round or timer.
+    e.append(1, 7, 500, b"last one before the check").unwrap();
+    let err = loop {
+        match e.append(1, 7, 501, b"refused") {
+            Err(err) => break err,
+            Ok(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+        }
+    };
+    assert!(matches!(err, Error::DiskFull { free: 1000, min: 1048576 }), "{err}");
+    assert!(err.is_disk_full());
+    let head = e.head(1).unwrap();
+    assert_eq!(read_all(&e, 1).len() as u64, head, "everything acknowledged is readable");
+    // Space returns: writes resume without a restart, ids stay dense.
+    control.free_bytes.store(u64::MAX, Ordering::SeqCst);
+    let a = loop {
+        match e.append(1, 7, 502, b"accepted again") {
+            Ok(a) => break a,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(a.msg_id, head + 1);
+}

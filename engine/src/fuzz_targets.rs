@@ -1,0 +1,1415 @@
+//! Bodies of the engine's fuzz targets.
+//!
+//! They live in the library so that the cargo-fuzz wrappers in `fuzz/` and
+//! the corpus replay test (`tests/it/fuzz_corpus.rs`, run by `cargo test`)
+//! call the same functions: a target that stops compiling or starts failing
+//! on its committed corpus breaks the ordinary test suite, so targets never
+//! rot. Every function takes arbitrary bytes, must never panic on them, and
+//! asserts the invariants its input lets it check (a failed assertion is a
+//! finding). Not an API: hidden from the docs.
+//!
+//! | target | what it drives |
+//! |---|---|
+//! | `record_scan` | [`record::RecordIter`], `decode_header` / `decode_verified` |
+//! | `journal_entries` | journal header decode, `EntryIter`, entry bodies |
+//! | `checkpoint_decode` | `checkpoint::decode` and its memberships section |
+//! | `memberships_decode` | `member_snapshot::decode` (the cursor snapshot) |
+//! | `recovery` | `Engine::open` over an arbitrary data-directory image |
+//! | `engine_ops` | the engine API under an operation sequence, against an oracle |
+//!
+//! Inputs that need valid checksums to get past the first check
+//! (`journal_entries`, `checkpoint_decode`, `recovery`) carry a flag that
+//! makes the target recompute them, so the fuzzer reaches the decoders
+//! behind the CRCs as well as the CRC checks themselves.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::checkpoint::{self, CHECKPOINT_HEADER_BYTES, CHECKPOINT_MAGIC, CHECKPOINT_VERSION};
+use crate::cursors::MemberCursor;
+use crate::io::OsVfs;
+use crate::journal::{self, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES, JOURNAL_VERSION};
+use crate::member_snapshot::{self, SnapshotMembership};
+use crate::record::{self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES};
+use crate::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
+use crate::{Config, Engine, Error, JoinStart};
+
+/// A fuzz target body: arbitrary bytes in, a panic on a finding.
+pub type Target = fn(&[u8]);
+
+/// Every engine target by name (the name of its `fuzz/fuzz_targets/*.rs`
+/// wrapper and of its `fuzz/corpus/` directory).
+pub const TARGETS: &[(&str, Target)] = &[
+    ("record_scan", record_scan),
+    ("journal_entries", journal_entries),
+    ("checkpoint_decode", checkpoint_decode),
+    ("memberships_decode", memberships_decode),
+    ("recovery", recovery),
+    ("engine_ops", engine_ops),
+];
+
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([b[off], b[off + 1]])
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn put_u32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+// ---------------------------------------------------------------------------
+// record_scan
+
+/// Input: `{ limit: u16 | bytes }`. Walks `bytes` as records back to back
+/// with `record_bytes_max = 44 + limit` (`0xffff`: the stored maximum).
+///
+/// Checks: every record returned is whole, verified and exactly where the
+/// iterator says; positions add up; an error ends the iteration; the
+/// unverified and verified decoders agree; a record re-encodes to its bytes.
+pub fn record_scan(data: &[u8]) {
+    if data.len() < 2 {
+        return;
+    }
+    let limit = u16_at(data, 0);
+    let max = if limit == u16::MAX {
+        RECORD_BYTES_STORED_MAX
+    } else {
+        RECORD_HEADER_BYTES + limit as usize
+    };
+    let buf = &data[2..];
+    let mut it = record::RecordIter::new(buf, max);
+    let mut pos = 0;
+    let mut failed = false;
+    while let Some(next) = it.next() {
+        assert!(!failed, "the record iterator yielded after an error");
+        match next {
+            Ok(r) => {
+                let len = r.header.record_len as usize;
+                assert_eq!(r.bytes.len(), len);
+                assert!((RECORD_HEADER_BYTES..=max).contains(&len));
+                assert_eq!(r.bytes, &buf[pos..pos + len], "record not at its position");
+                assert_eq!(r.payload().len(), r.header.payload_len());
+                assert_eq!(record::peek_len(r.bytes), Some(len));
+                assert_eq!(record::peek_msg_id(r.bytes), r.header.msg_id);
+                assert_eq!(record::decode_header(r.bytes, max), Ok(r.header));
+                // A verified record is exactly what the encoder writes.
+                let mut again = Vec::with_capacity(len);
+                record::encode_into(
+                    &NewRecord {
+                        msg_id: r.header.msg_id,
+                        timestamp_ms: r.header.timestamp_ms,
+                        sender_id: r.header.sender_id,
+                        client_msg_id: r.header.client_msg_id,
+                        payload: r.payload(),
+                    },
+                    &mut again,
+                );
+                assert_eq!(again, r.bytes, "a verified record does not re-encode");
+                pos += len;
+                assert_eq!(it.position(), pos);
+            }
+            Err(e) => {
+                failed = true;
+                let rest = &buf[pos..];
+                assert_eq!(record::decode_verified(rest, max), Err(e.clone()));
+                match (&e, record::decode_header(rest, max)) {
+                    (RecordError::BadCrc { stored, .. }, Ok(h)) => assert_eq!(h.crc, *stored),
+                    (RecordError::BadCrc { .. }, Err(h)) => {
+                        panic!("CRC failure but the header does not decode: {h:?}")
+                    }
+                    (_, h) => assert_eq!(h, Err(e.clone())),
+                }
+                assert_eq!(it.position(), buf.len(), "an error must fuse the iterator");
+            }
+        }
+    }
+    if !failed {
+        assert_eq!(pos, buf.len(), "iteration ended early without an error");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// journal_entries
+
+/// Recomputes the checksums of journal entries laid out back to back in
+/// `b` (lengths clamped to what is there), and of a record body of each
+/// `Record` entry, so that mutated entries still pass their CRC.
+fn fix_entries(b: &mut [u8]) {
+    let mut pos = 0;
+    while b.len() - pos >= ENTRY_HEADER_BYTES {
+        let room = b.len() - pos - ENTRY_HEADER_BYTES;
+        let body_len = (u32_at(b, pos + 4) as usize).min(room);
+        // Invariant: body_len <= b.len() <= u32::MAX (fuzz inputs are small).
+        put_u32(b, pos + 4, body_len as u32);
+        let body = pos + ENTRY_HEADER_BYTES..pos + ENTRY_HEADER_BYTES + body_len;
+        if b[pos + 8] == EntryKind::Record as u8 {
+            fix_records(&mut b[body.clone()], true);
+        }
+        let crc = crc32fast::hash(&b[pos + 4..body.end]);
+        put_u32(b, pos, crc);
+        pos = body.end;
+    }
+}
+
+/// Recomputes the CRC of each record in `b` (walking by `record_len`);
+/// with `whole`, `b` is one record and its length field is set to fit.
+fn fix_records(b: &mut [u8], whole: bool) {
+    let mut pos = 0;
+    while b.len() - pos >= RECORD_HEADER_BYTES {
+        let mut len = u32_at(b, pos) as usize;
+        if whole {
+            len = b.len() - pos;
+            put_u32(b, pos, len as u32);
+        }
+        if len < RECORD_HEADER_BYTES || len > b.len() - pos {
+            return;
+        }
+        let crc = crc32fast::hash(&b[pos + 8..pos + len]);
+        put_u32(b, pos, len as u32);
+        put_u32(b, pos + 4, crc);
+        pos += len;
+    }
+}
+
+/// Rewrites a journal file header (magic, version, header length, CRC),
+/// keeping its sequence number.
+fn fix_journal_header(b: &mut [u8]) {
+    if b.len() < JOURNAL_HEADER_BYTES {
+        return;
+    }
+    let seq = u64_at(b, 16);
+    b[..JOURNAL_HEADER_BYTES].copy_from_slice(&journal::encode_header(seq));
+}
+
+/// Input: `{ flags: u8 | bytes }`. Flag bit 1: `bytes` is a journal file
+/// (a 32-byte header, then entries, as replay reads it); otherwise it is
+/// entries alone. Flag bit 0 recomputes the header and entry checksums.
+///
+/// Checks: the two header decoders agree, and a header that decodes is the
+/// one the encoder writes for its seq; entries tile the valid prefix exactly
+/// and re-encode to their bytes; the iterator stops with a reason exactly
+/// when bytes remain, and stays stopped; entry bodies decode (or are
+/// refused) without panicking, as replay decodes them.
+pub fn journal_entries(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut buf = rest.to_vec();
+    let entries_at = if flags & 2 != 0 {
+        JOURNAL_HEADER_BYTES.min(buf.len())
+    } else {
+        0
+    };
+    if flags & 1 != 0 {
+        if entries_at > 0 {
+            fix_journal_header(&mut buf);
+        }
+        fix_entries(&mut buf[entries_at..]);
+    }
+    match journal::decode_header(&buf) {
+        Ok(seq) => {
+            assert_eq!(journal::unsupported_version(&buf), None);
+            assert_eq!(buf[..JOURNAL_HEADER_BYTES], journal::encode_header(seq));
+        }
+        Err(_) => {
+            if let Some(v) = journal::unsupported_version(&buf) {
+                assert_ne!(v, JOURNAL_VERSION);
+            }
+        }
+    }
+    let buf = &buf[entries_at..];
+    let mut it = journal::EntryIter::new(buf, RECORD_BYTES_STORED_MAX);
+    let mut pos = 0;
+    for entry in it.by_ref() {
+        let end = pos + ENTRY_HEADER_BYTES + entry.body.len();
+        let mut again = Vec::new();
+        let start = journal::begin_entry(&mut again, entry.kind, entry.group_id);
+        again.extend_from_slice(entry.body);
+        journal::finish_entry(&mut again, start);
+        assert_eq!(again, buf[pos..end], "a valid entry does not re-encode");
+        pos = end;
+        decode_entry_body(entry.kind, entry.body);
+    }
+    assert_eq!(it.position(), pos);
+    assert_eq!(
+        it.stop_reason().is_some(),
+        pos < buf.len(),
+        "stop reason {:?} at {pos} of {}",
+        it.stop_reason(),
+        buf.len()
+    );
+    assert!(
+        it.next().is_none(),
+        "the entry iterator yielded after stopping"
+    );
+}
+
+/// Decodes an entry body the way recovery's replay does.
+fn decode_entry_body(kind: EntryKind, body: &[u8]) {
+    match kind {
+        EntryKind::Record => {
+            if let Ok(h) = record::decode_verified(body, RECORD_BYTES_STORED_MAX) {
+                assert!(h.record_len as usize <= body.len());
+            }
+        }
+        EntryKind::Join => {
+            if let Some((user, cursor)) = crate::tidemarks::decode_join(body) {
+                assert_eq!(body[..8], user.to_le_bytes());
+                assert_eq!(body[8..], cursor.to_le_bytes());
+            }
+        }
+        EntryKind::Leave => {
+            let _ = crate::tidemarks::decode_user(body);
+        }
+        EntryKind::SetRetention => {
+            if let Some(r) = crate::tidemarks::decode_retention(body) {
+                let mut again = Vec::new();
+                crate::tidemarks::encode_retention(&r, &mut again);
+                assert_eq!(again, body);
+            }
+        }
+        EntryKind::Cursors => assert!(body.chunks_exact(16).count() <= body.len() / 16),
+        EntryKind::CreateGroup | EntryKind::DeleteGroup => {}
+    }
+}
+
+// ---------------------------------------------------------------------------
+// checkpoint_decode
+
+/// Rewrites a checkpoint header to be valid for the body that follows it.
+fn fix_checkpoint(b: &mut [u8]) {
+    if b.len() < CHECKPOINT_HEADER_BYTES {
+        return;
+    }
+    let body_len = (b.len() - CHECKPOINT_HEADER_BYTES) as u64;
+    let body_crc = crc32fast::hash(&b[CHECKPOINT_HEADER_BYTES..]);
+    b[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
+    b[8..10].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
+    b[10..12].copy_from_slice(&(CHECKPOINT_HEADER_BYTES as u16).to_le_bytes());
+    b[12..16].copy_from_slice(&[0; 4]);
+    b[16..24].copy_from_slice(&body_len.to_le_bytes());
+    put_u32(b, 24, body_crc);
+    let header_crc = crc32fast::hash(&b[0..28]);
+    put_u32(b, 28, header_crc);
+}
+
+/// Input: `{ flags: u8 | checkpoint file }`; flag bit 0 rewrites the header
+/// (magic, version, length, both CRCs) to match the body.
+///
+/// Checks: a checkpoint that decodes re-encodes to the same bytes (the
+/// fixed-width bincode layout is canonical) and its memberships section
+/// goes through the memberships checks.
+pub fn checkpoint_decode(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut buf = rest.to_vec();
+    if flags & 1 != 0 {
+        fix_checkpoint(&mut buf);
+    }
+    if let Ok(body) = checkpoint::decode(&buf) {
+        // The reader does not check `header_len` and the reserved bytes
+        // (storage.md, "Checkpoint file"); everything else is canonical.
+        let again = checkpoint::encode(&body);
+        assert_eq!(again.len(), buf.len());
+        assert_eq!(again[..10], buf[..10], "checkpoint magic or version");
+        assert_eq!(again[16..28], buf[16..28], "checkpoint body length or CRC");
+        assert_eq!(
+            again[CHECKPOINT_HEADER_BYTES..],
+            buf[CHECKPOINT_HEADER_BYTES..],
+            "a decoded checkpoint body does not re-encode"
+        );
+        for g in &body.groups {
+            assert!(!g.segments.is_empty());
+        }
+        memberships_decode(&body.members);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// memberships_decode
+
+/// Input: a memberships section (the cursor snapshot of a checkpoint).
+///
+/// Checks: the decoder calls back at most once per input byte (a hostile
+/// count cannot make it loop or allocate); what decodes re-encodes to a
+/// section that decodes to the same memberships (values, not bytes: a
+/// varint may be written in more bytes than it needs).
+pub fn memberships_decode(data: &[u8]) {
+    let mut got: Vec<SnapshotMembership> = Vec::new();
+    let result = member_snapshot::decode(data, |m| {
+        got.push(m);
+        Ok(())
+    });
+    assert!(got.len() <= data.len(), "more memberships than bytes");
+    if result.is_err() {
+        return;
+    }
+    // Re-encode user block by user block: a new block starts where the
+    // ordinal does not increase or the user changes.
+    let mut blocks: Vec<(u64, Vec<SnapshotMembership>)> = Vec::new();
+    for m in &got {
+        match blocks.last_mut() {
+            Some((user, ms))
+                if *user == m.user
+                    && ms.last().is_some_and(|l| l.group_ordinal < m.group_ordinal) =>
+            {
+                ms.push(*m)
+            }
+            _ => blocks.push((m.user, vec![*m])),
+        }
+    }
+    // Blocks split this way may differ from the encoded ones (an empty user
+    // block, or equal ordinals in one block), so compare decoded values only.
+    let mut out = Vec::new();
+    member_snapshot::put_varint(&mut out, blocks.len() as u64);
+    for (user, ms) in &blocks {
+        let cursors: Vec<MemberCursor> = ms
+            .iter()
+            .enumerate()
+            .map(|(i, m)| MemberCursor {
+                slot: i as u32,
+                cursor: m.cursor,
+                join_point: m.join_point,
+            })
+            .collect();
+        member_snapshot::encode_user(&mut out, *user, &cursors, |slot| {
+            ms[slot as usize].group_ordinal
+        });
+    }
+    let mut again = Vec::new();
+    member_snapshot::decode(&out, |m| {
+        again.push(m);
+        Ok(())
+    })
+    .expect("a re-encoded memberships section must decode");
+    assert_eq!(again, got, "memberships do not survive re-encoding");
+}
+
+// ---------------------------------------------------------------------------
+// Data directories for the targets that open an engine
+
+/// A scratch directory under the system temp dir, removed on drop (also
+/// when a finding unwinds). The engine syncs for real: point `TMPDIR` at a
+/// tmpfs (`/dev/shm`) when fuzzing, so fsync costs nothing.
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(what: &str) -> ScratchDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "tidemark-fuzz-{what}-{}-{n}-{}",
+            std::process::id(),
+            crate::now_ms()
+        ));
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        ScratchDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Small limits, so short inputs cross segment, index and journal
+/// boundaries; timers far away, so a run does not depend on the clock.
+fn small_config(dir: &Path) -> Config {
+    let mut c = Config::new(dir);
+    c.payload_bytes_max = 256;
+    c.segment_bytes_max = 1024;
+    c.index_interval_bytes = 128;
+    c.open_segments_max = 4;
+    c.journal_checkpoint_bytes = 4096;
+    c.commit_round_bytes_max = 4096;
+    c.groups_max = 64;
+    c.members_per_group_max = 64;
+    c.groups_per_user_max = 64;
+    c.cursor_flush_ms = 3_600_000;
+    c.retention_check_ms = 3_600_000;
+    c
+}
+
+fn open(dir: &Path) -> crate::Result<Engine> {
+    Engine::open(small_config(dir))
+}
+
+// ---------------------------------------------------------------------------
+// recovery
+
+/// What one file of a data-directory image is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ImageFile {
+    Checkpoint = 0,
+    PreviousCheckpoint = 1,
+    /// Named after the sequence number in its header (1 if too short).
+    Journal = 2,
+    /// A segment of group 1, named after the base id in its header.
+    SegmentGroup1 = 3,
+    /// A segment of group 2, named after the base id in its header.
+    SegmentGroup2 = 4,
+    /// `checkpoint.tmp`, which recovery must ignore.
+    CheckpointTmp = 5,
+}
+
+impl ImageFile {
+    const ALL: [ImageFile; 6] = [
+        ImageFile::Checkpoint,
+        ImageFile::PreviousCheckpoint,
+        ImageFile::Journal,
+        ImageFile::SegmentGroup1,
+        ImageFile::SegmentGroup2,
+        ImageFile::CheckpointTmp,
+    ];
+}
+
+/// Bit of the kind byte that makes the target recompute the file's checksums.
+pub const IMAGE_FIX_CRCS: u8 = 0x80;
+
+/// Encodes a data-directory image: `n x { kind: u8 | len: u16 | bytes }`.
+pub fn encode_image(files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, fix, bytes) in files {
+        let len = bytes.len().min(u16::MAX as usize);
+        out.push(*kind as u8 | if *fix { IMAGE_FIX_CRCS } else { 0 });
+        out.extend_from_slice(&(len as u16).to_le_bytes());
+        out.extend_from_slice(&bytes[..len]);
+    }
+    out
+}
+
+/// Decodes an image; a truncated last file is cut to the bytes present.
+fn decode_image(mut data: &[u8]) -> Vec<(ImageFile, bool, Vec<u8>)> {
+    let mut files = Vec::new();
+    while data.len() >= 3 {
+        let kind = ImageFile::ALL[(data[0] & !IMAGE_FIX_CRCS) as usize % ImageFile::ALL.len()];
+        let fix = data[0] & IMAGE_FIX_CRCS != 0;
+        let len = (u16_at(data, 1) as usize).min(data.len() - 3);
+        files.push((kind, fix, data[3..3 + len].to_vec()));
+        data = &data[3 + len..];
+    }
+    files
+}
+
+fn fix_segment(b: &mut [u8]) {
+    if b.len() < SEGMENT_HEADER_BYTES {
+        return;
+    }
+    b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    b[8..10].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    b[10..12].copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_le_bytes());
+    b[12..16].copy_from_slice(&[0; 4]);
+    b[40..60].copy_from_slice(&[0; 20]);
+    let crc = crc32fast::hash(&b[0..60]);
+    put_u32(b, 60, crc);
+    fix_records(&mut b[SEGMENT_HEADER_BYTES..], false);
+}
+
+/// Writes an image into `dir` the way the engine lays out its files.
+fn write_image(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> std::io::Result<()> {
+    let jdir = journal::journal_dir(dir);
+    std::fs::create_dir_all(&jdir)?;
+    for (kind, fix, bytes) in files {
+        let mut b = bytes.clone();
+        let path = match kind {
+            ImageFile::Checkpoint | ImageFile::PreviousCheckpoint | ImageFile::CheckpointTmp => {
+                if *fix {
+                    fix_checkpoint(&mut b);
+                }
+                match kind {
+                    ImageFile::Checkpoint => checkpoint::path(dir),
+                    ImageFile::PreviousCheckpoint => checkpoint::previous_path(dir),
+                    _ => dir.join("checkpoint.tmp"),
+                }
+            }
+            ImageFile::Journal => {
+                if *fix {
+                    fix_journal_header(&mut b);
+                    if b.len() > JOURNAL_HEADER_BYTES {
+                        fix_entries(&mut b[JOURNAL_HEADER_BYTES..]);
+                    }
+                }
+                let seq = if b.len() >= 24 { u64_at(&b, 16) } else { 1 };
+                journal::journal_path(&jdir, seq)
+            }
+            ImageFile::SegmentGroup1 | ImageFile::SegmentGroup2 => {
+                if *fix {
+                    fix_segment(&mut b);
+                }
+                let group = if *kind == ImageFile::SegmentGroup1 {
+                    1
+                } else {
+                    2
+                };
+                let base = if b.len() >= 32 { u64_at(&b, 24) } else { 1 };
+                let gdir = crate::group_log::group_dir(dir, group);
+                std::fs::create_dir_all(&gdir)?;
+                gdir.join(segment::file_name(base))
+            }
+        };
+        std::fs::write(path, b)?;
+    }
+    Ok(())
+}
+
+/// Users whose memberships the recovery target inspects.
+const RECOVERY_USERS_MAX: usize = 16;
+
+/// Sender of the probe message appended to every recovered group.
+const PROBE_SENDER: u64 = u64::MAX - 7;
+
+/// Input: a data-directory image (see [`encode_image`]): a checkpoint, a
+/// previous checkpoint, journal files and segments of groups 1 and 2,
+/// each optionally with its checksums recomputed.
+///
+/// Opening must never panic. If it succeeds: every group reads back with
+/// dense ids up to its head (or answers a typed error); unread rows of its
+/// members satisfy `cursor <= head` and `unread == head - cursor`, one row
+/// per group; a probe append gets `head + 1`; and after a clean close the
+/// directory reopens with the same heads.
+pub fn recovery(data: &[u8]) {
+    let files = decode_image(data);
+    let dir = ScratchDir::new("recovery");
+    if write_image(dir.path(), &files).is_err() {
+        return;
+    }
+    let Ok(engine) = open(dir.path()) else {
+        return;
+    };
+    let mut ids = engine.group_ids();
+    ids.sort_unstable();
+    let mut heads = BTreeMap::new();
+    let mut users = Vec::new();
+    for &g in &ids {
+        let readable = check_group_reads(&engine, g);
+        if let Ok(members) = engine.members(g) {
+            users.extend(members.into_iter().take(RECOVERY_USERS_MAX));
+        }
+        let head = engine.head(g).expect("a listed group has a head");
+        if readable {
+            let probe = engine.append(g, PROBE_SENDER, head, b"probe");
+            if let Ok(a) = probe {
+                if !a.duplicate {
+                    assert_eq!(a.msg_id, head + 1, "group {g}: ids not dense");
+                }
+                assert_eq!(engine.head(g).unwrap(), a.msg_id.max(head));
+            }
+        }
+        heads.insert(g, engine.head(g).unwrap());
+    }
+    users.sort_unstable();
+    users.dedup();
+    users.truncate(RECOVERY_USERS_MAX);
+    for &u in &users {
+        check_unread_rows(&engine, u);
+    }
+    if engine.close().is_err() {
+        return;
+    }
+    let engine = open(dir.path())
+        .unwrap_or_else(|e| panic!("a directory closed cleanly does not reopen: {e}"));
+    let mut again: Vec<u64> = engine.group_ids();
+    again.sort_unstable();
+    assert_eq!(again, ids, "groups changed across a clean reopen");
+    for &g in &ids {
+        assert_eq!(
+            engine.head(g).unwrap(),
+            heads[&g],
+            "group {g}: head changed"
+        );
+        check_group_reads(&engine, g);
+    }
+    for &u in &users {
+        check_unread_rows(&engine, u);
+    }
+    let _ = engine.close();
+}
+
+/// Reads a whole group; its ids must be dense up to the head. Returns
+/// whether the group was readable.
+fn check_group_reads(engine: &Engine, g: u64) -> bool {
+    let head = engine.head(g).expect("a listed group has a head");
+    let batch = match engine.read(g, 0, usize::MAX, usize::MAX) {
+        Ok(b) => b,
+        Err(Error::GroupDamaged { .. } | Error::Corrupt { .. } | Error::Io { .. }) => return false,
+        Err(e) => panic!("group {g}: unexpected read error {e}"),
+    };
+    // A load during the read may have moved the head (records written
+    // after the checkpoint were found in the segment).
+    let head = engine.head(g).unwrap().max(head);
+    let ids: Vec<u64> = batch.records().map(|r| r.header.msg_id).collect();
+    if head == 0 {
+        assert!(ids.is_empty(), "group {g}: records in an empty group");
+        return true;
+    }
+    assert!(!batch.has_more, "group {g}: unlimited read left records");
+    assert_eq!(batch.count as usize, ids.len());
+    if let (Some(&first), Some(&last)) = (ids.first(), ids.last()) {
+        assert!(first >= 1, "group {g}: msg_id 0 stored");
+        assert_eq!(last, head, "group {g}: last record {last} but head {head}");
+        assert_eq!(
+            ids,
+            (first..=last).collect::<Vec<_>>(),
+            "group {g}: ids not dense"
+        );
+    }
+    true
+}
+
+/// One row per group, ascending, `cursor <= head`, `unread == head - cursor`.
+fn check_unread_rows(engine: &Engine, u: u64) {
+    let rows = engine.unread(u);
+    for w in rows.windows(2) {
+        assert!(
+            w[0].group_id < w[1].group_id,
+            "user {u}: unread rows not one per group in order: {rows:?}"
+        );
+    }
+    for r in &rows {
+        assert!(r.cursor <= r.head, "user {u}: cursor above head: {r:?}");
+        assert_eq!(r.unread, r.head - r.cursor, "user {u}: {r:?}");
+    }
+}
+
+/// The files of small engines stopped in a few ways (clean close or
+/// crash, a few or many appends), as images.
+fn seed_images() -> Vec<Vec<(ImageFile, bool, Vec<u8>)>> {
+    let mut images = Vec::new();
+    for (appends, crash) in [(0, false), (3, true), (12, false), (25, true)] {
+        let dir = ScratchDir::new("recovery-seed");
+        let engine = open(dir.path()).expect("open a fresh directory");
+        engine.create_group(1).unwrap();
+        engine.create_group(2).unwrap();
+        engine.join(1, 1, JoinStart::Earliest).unwrap();
+        engine.join(2, 1, JoinStart::Head).unwrap();
+        engine.join(1, 2, JoinStart::Head).unwrap();
+        for i in 0..appends {
+            let g = 1 + i % 2;
+            let payload = vec![b'a' + (i % 26) as u8; 20 + i as usize];
+            engine.append(g, 1 + i % 3, i, &payload).unwrap();
+            if i % 5 == 4 {
+                engine.ack(1, 1, engine.head(1).unwrap() - 1).unwrap();
+            }
+        }
+        if crash {
+            engine.simulate_crash();
+        } else {
+            engine.close().unwrap();
+        }
+        images.push(image_of(dir.path()));
+    }
+    images
+}
+
+/// The seed corpus of every engine target as `(target, file name, bytes)`:
+/// the storage vectors (`(file stem, bytes)` of format-spec/vectors/storage/),
+/// files of small engines, and op sequences.
+pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out: Vec<(&'static str, String, Vec<u8>)> = Vec::new();
+    let prefixed = |p: &[u8], b: &[u8]| [p, b].concat();
+    for (name, v) in storage_vectors {
+        let seed = format!("vector-{name}");
+        if name.starts_with("record") {
+            out.push(("record_scan", seed, prefixed(&[0xff, 0xff], v)));
+        } else if name.starts_with("journal-entry") {
+            out.push(("journal_entries", seed.clone(), prefixed(&[0], v)));
+            if v.len() > ENTRY_HEADER_BYTES && v[8] == EntryKind::Record as u8 {
+                let body = &v[ENTRY_HEADER_BYTES..];
+                out.push(("record_scan", seed, prefixed(&[0xff, 0xff], body)));
+            }
+        } else if name.starts_with("journal-header") {
+            out.push(("journal_entries", seed, prefixed(&[2], v)));
+        } else if name.starts_with("checkpoint") {
+            out.push(("checkpoint_decode", seed.clone(), prefixed(&[0], v)));
+            if let Ok(body) = checkpoint::decode(v) {
+                out.push(("memberships_decode", seed, body.members));
+            }
+        }
+    }
+    for (i, image) in seed_images().into_iter().enumerate() {
+        for (kind, _, bytes) in &image {
+            let seed = format!("engine{i}-{kind:?}");
+            match kind {
+                ImageFile::Checkpoint => {
+                    out.push(("checkpoint_decode", seed.clone(), prefixed(&[0], bytes)));
+                    if let Ok(body) = checkpoint::decode(bytes) {
+                        out.push(("memberships_decode", seed, body.members));
+                    }
+                }
+                ImageFile::Journal => {
+                    out.push(("journal_entries", seed, prefixed(&[2], bytes)));
+                }
+                ImageFile::SegmentGroup1 if bytes.len() > SEGMENT_HEADER_BYTES => {
+                    let records = &bytes[SEGMENT_HEADER_BYTES..];
+                    out.push(("record_scan", seed, prefixed(&[0, 1], records)));
+                }
+                _ => {}
+            }
+        }
+        out.push(("recovery", format!("engine{i}"), encode_image(&image)));
+        if i == 3 {
+            let fixed: Vec<_> = image.into_iter().map(|(k, _, b)| (k, true, b)).collect();
+            out.push((
+                "recovery",
+                format!("engine{i}-fix-crcs"),
+                encode_image(&fixed),
+            ));
+        }
+    }
+    for (i, ops) in engine_ops_seeds().into_iter().enumerate() {
+        out.push(("engine_ops", format!("ops{i}"), ops));
+    }
+    // Keep one seed per (target, name): a directory holds several journal
+    // files or segments under one kind; the first is enough.
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|(t, name, _)| seen.insert((*t, name.clone())));
+    out
+}
+
+/// The files of a data directory as an image (files the format has no
+/// kind for are left out).
+fn image_of(dir: &Path) -> Vec<(ImageFile, bool, Vec<u8>)> {
+    let mut files = Vec::new();
+    let read = |p: PathBuf| std::fs::read(p).ok();
+    if let Some(b) = read(checkpoint::path(dir)) {
+        files.push((ImageFile::Checkpoint, false, b));
+    }
+    if let Some(b) = read(checkpoint::previous_path(dir)) {
+        files.push((ImageFile::PreviousCheckpoint, false, b));
+    }
+    for (_, path) in journal::list(&OsVfs, &journal::journal_dir(dir)).unwrap_or_default() {
+        if let Some(b) = read(path) {
+            files.push((ImageFile::Journal, false, b));
+        }
+    }
+    for (group, kind) in [(1, ImageFile::SegmentGroup1), (2, ImageFile::SegmentGroup2)] {
+        let gdir = crate::group_log::group_dir(dir, group);
+        let mut segs: Vec<PathBuf> = std::fs::read_dir(gdir)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        segs.sort();
+        for p in segs {
+            if let Some(b) = read(p) {
+                files.push((kind, false, b));
+            }
+        }
+    }
+    files
+}
+
+// ---------------------------------------------------------------------------
+// engine_ops
+
+const OPS_GROUPS: u64 = 3;
+const OPS_USERS: u64 = 4;
+/// Ids and positions range a little above any head a short input reaches.
+const OPS_IDS: u64 = 24;
+const OPS_MAX: usize = 256;
+/// Reopens and crashes per input (each costs a recovery).
+const OPS_RESTARTS_MAX: usize = 8;
+
+/// One step of the `engine_ops` target. Groups are `1..=3`, users `1..=4`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Create(u64),
+    Delete(u64),
+    /// group, user, start
+    Join(u64, u64, JoinStart),
+    Leave(u64, u64),
+    /// group, sender, client_msg_id, payload length
+    Append(u64, u64, u64, u8),
+    /// group, user, msg_id
+    Ack(u64, u64, u64),
+    /// user, (group, msg_id)...
+    BatchAck(u64, Vec<(u64, u64)>),
+    /// group, user, max_count, ack_up_to
+    Pull(u64, u64, u8, Option<u64>),
+    Unread(u64),
+    Sync(u64),
+    /// group, user, before (0 = none), max_count
+    History(u64, u64, u64, u8),
+    /// group, msg_id
+    ReadCount(u64, u64),
+    Flush,
+    Checkpoint,
+    Reopen,
+    Crash,
+}
+
+/// Takes bytes of an op sequence, one at a time (0 once they run out).
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn next(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+    fn group(&mut self) -> u64 {
+        1 + self.next() as u64 % OPS_GROUPS
+    }
+    fn user(&mut self) -> u64 {
+        1 + self.next() as u64 % OPS_USERS
+    }
+    fn id(&mut self) -> u64 {
+        self.next() as u64 % OPS_IDS
+    }
+}
+
+/// Decodes an op sequence: a tag byte per op (`tag % 16`), then one byte
+/// per argument, each reduced to its small domain.
+pub fn decode_ops(data: &[u8]) -> Vec<Op> {
+    let mut b = Bytes(data);
+    let mut ops = Vec::new();
+    while !b.0.is_empty() && ops.len() < OPS_MAX {
+        let op = match b.next() % 16 {
+            0 => Op::Create(b.group()),
+            1 => Op::Delete(b.group()),
+            2 => {
+                let (g, u) = (b.group(), b.user());
+                let start = match b.next() % 3 {
+                    0 => JoinStart::Head,
+                    1 => JoinStart::Earliest,
+                    _ => JoinStart::At(b.id()),
+                };
+                Op::Join(g, u, start)
+            }
+            3 => Op::Leave(b.group(), b.user()),
+            4 => Op::Append(b.group(), b.user(), b.next() as u64 % 8, b.next() % 48),
+            5 => Op::Ack(b.group(), b.user(), b.id()),
+            6 => {
+                let u = b.user();
+                let n = b.next() % 4;
+                Op::BatchAck(u, (0..n).map(|_| (b.group(), b.id())).collect())
+            }
+            7 => {
+                let (g, u, n) = (b.group(), b.user(), 1 + b.next() % 4);
+                let a = b.next() % 32;
+                Op::Pull(g, u, n, (a < OPS_IDS as u8).then_some(a as u64))
+            }
+            8 => Op::Unread(b.user()),
+            9 => Op::Sync(b.user()),
+            10 => Op::History(b.group(), b.user(), b.id(), 1 + b.next() % 4),
+            11 => Op::ReadCount(b.group(), b.id()),
+            12 => Op::Flush,
+            13 => Op::Checkpoint,
+            14 => Op::Reopen,
+            _ => Op::Crash,
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// The inverse of [`decode_ops`] (for seeds).
+pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let g = |g: u64| (g - 1) as u8;
+    let u = |u: u64| (u - 1) as u8;
+    for op in ops {
+        match op {
+            Op::Create(x) => out.extend([0, g(*x)]),
+            Op::Delete(x) => out.extend([1, g(*x)]),
+            Op::Join(x, y, s) => {
+                out.extend([2, g(*x), u(*y)]);
+                match s {
+                    JoinStart::Head => out.push(0),
+                    JoinStart::Earliest => out.push(1),
+                    JoinStart::At(m) => out.extend([2, *m as u8]),
+                }
+            }
+            Op::Leave(x, y) => out.extend([3, g(*x), u(*y)]),
+            Op::Append(x, s, c, l) => out.extend([4, g(*x), u(*s), *c as u8, *l]),
+            Op::Ack(x, y, m) => out.extend([5, g(*x), u(*y), *m as u8]),
+            Op::BatchAck(y, items) => {
+                out.extend([6, u(*y), items.len() as u8]);
+                for (x, m) in items {
+                    out.extend([g(*x), *m as u8]);
+                }
+            }
+            Op::Pull(x, y, n, a) => {
+                out.extend([7, g(*x), u(*y), n - 1, a.map_or(31, |a| a as u8)]);
+            }
+            Op::Unread(y) => out.extend([8, u(*y)]),
+            Op::Sync(y) => out.extend([9, u(*y)]),
+            Op::History(x, y, b, n) => out.extend([10, g(*x), u(*y), *b as u8, n - 1]),
+            Op::ReadCount(x, m) => out.extend([11, g(*x), *m as u8]),
+            Op::Flush => out.push(12),
+            Op::Checkpoint => out.push(13),
+            Op::Reopen => out.push(14),
+            Op::Crash => out.push(15),
+        }
+    }
+    out
+}
+
+/// The oracle's view of a member.
+#[derive(Clone, Copy, Debug)]
+struct MemberModel {
+    cursor: u64,
+    /// The value a crash cannot go below: last flushed, checkpointed or joined.
+    persisted: u64,
+    join_point: u64,
+}
+
+/// The oracle's view of a group: `(sender, client_msg_id, payload length)`
+/// per message, ids being positions + 1.
+#[derive(Default, Debug)]
+struct GroupModel {
+    messages: Vec<(u64, u64, u8)>,
+    members: BTreeMap<u64, MemberModel>,
+}
+
+impl GroupModel {
+    fn head(&self) -> u64 {
+        self.messages.len() as u64
+    }
+}
+
+fn payload(g: u64, s: u64, c: u64, len: u8) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (g * 31 + s * 7 + c * 3 + i) as u8)
+        .collect()
+}
+
+/// Input: an op sequence (see [`decode_ops`]).
+///
+/// A structure-aware target: drives one engine through the ops and holds it
+/// to an in-memory oracle of groups, messages (with their dedup keys) and
+/// memberships. After every op: every head equals the oracle's (ids are
+/// dense, nothing acknowledged is lost), every member's cursor equals the
+/// oracle's (cursors are monotonic), and `unread == head - cursor`. A crash
+/// may lose ACKs that were not yet persisted: the cursor must then lie
+/// between the last persisted value and the last ACKed one (the documented
+/// allowance), never below it and never above the head. Retention, limits
+/// and timers are left out (the config keeps everything, far below its
+/// limits, with timers an hour away).
+pub fn engine_ops(data: &[u8]) {
+    let ops = decode_ops(data);
+    let dir = ScratchDir::new("ops");
+    let mut engine = Some(open(dir.path()).expect("open a fresh directory"));
+    let mut model: BTreeMap<u64, GroupModel> = BTreeMap::new();
+    let mut restarts = 0;
+    for op in ops {
+        let e = engine.as_ref().expect("engine open between ops");
+        match op {
+            Op::Create(g) => {
+                let r = e.create_group(g);
+                if model.contains_key(&g) {
+                    assert!(matches!(r, Err(Error::GroupExists { .. })), "{r:?}");
+                } else {
+                    r.unwrap();
+                    model.insert(g, GroupModel::default());
+                }
+            }
+            Op::Delete(g) => {
+                let r = e.delete_group(g);
+                match model.remove(&g) {
+                    Some(_) => r.unwrap(),
+                    None => assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}"),
+                }
+            }
+            Op::Join(g, u, start) => {
+                let r = e.join(g, u, start);
+                let Some(gm) = model.get_mut(&g) else {
+                    assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+                    continue_checks(e, &model);
+                    continue;
+                };
+                let head = gm.head();
+                let expected = match gm.members.get(&u) {
+                    Some(mm) => mm.cursor,
+                    None => {
+                        let c = match start {
+                            JoinStart::Head => head,
+                            JoinStart::Earliest => 0,
+                            JoinStart::At(m) => m.saturating_sub(1).min(head),
+                        };
+                        gm.members.insert(
+                            u,
+                            MemberModel {
+                                cursor: c,
+                                persisted: c,
+                                join_point: c + 1,
+                            },
+                        );
+                        c
+                    }
+                };
+                assert_eq!(r.unwrap(), expected, "join {g} {u} {start:?}");
+            }
+            Op::Leave(g, u) => {
+                let r = e.leave(g, u);
+                match model.get_mut(&g) {
+                    None => assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}"),
+                    Some(gm) => match gm.members.remove(&u) {
+                        Some(_) => r.unwrap(),
+                        None => assert!(matches!(r, Err(Error::NotMember { .. })), "{r:?}"),
+                    },
+                }
+            }
+            Op::Append(g, s, c, len) => {
+                let p = payload(g, s, c, len);
+                let r = e.append(g, s, c, &p);
+                let Some(gm) = model.get_mut(&g) else {
+                    assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+                    continue_checks(e, &model);
+                    continue;
+                };
+                let a = r.unwrap();
+                match gm.messages.iter().position(|m| m.0 == s && m.1 == c) {
+                    Some(i) => {
+                        assert!(a.duplicate, "a retransmit was stored again");
+                        assert_eq!(a.msg_id, i as u64 + 1);
+                    }
+                    None => {
+                        assert!(!a.duplicate, "a new message was taken for a retransmit");
+                        gm.messages.push((s, c, len));
+                        let id = gm.head();
+                        assert_eq!(a.msg_id, id, "ids not dense");
+                        // A sender who had read everything has read its own message.
+                        if let Some(mm) = gm.members.get_mut(&s) {
+                            if mm.cursor == id - 1 {
+                                mm.cursor = id;
+                            }
+                        }
+                    }
+                }
+            }
+            Op::Ack(g, u, m) => check_ack(&mut model, g, u, m, e.ack(g, u, m)),
+            Op::BatchAck(u, acks) => {
+                let results = e.batch_ack(u, &acks);
+                assert_eq!(results.len(), acks.len());
+                for ((g, m), r) in acks.into_iter().zip(results) {
+                    check_ack(&mut model, g, u, m, r);
+                }
+            }
+            Op::Pull(g, u, n, ack) => {
+                let r = e.pull(g, u, n as usize, 1 << 20, ack);
+                let Some(gm) = model.get_mut(&g) else {
+                    assert!(
+                        matches!(r, Err(Error::GroupNotFound { .. })),
+                        "{:?}",
+                        r.as_ref().err()
+                    );
+                    continue_checks(e, &model);
+                    continue;
+                };
+                let head = gm.head();
+                let Some(mm) = gm.members.get_mut(&u) else {
+                    assert!(
+                        matches!(r, Err(Error::NotMember { .. })),
+                        "{:?}",
+                        r.as_ref().err()
+                    );
+                    continue_checks(e, &model);
+                    continue;
+                };
+                if let Some(a) = ack.filter(|&a| a > head) {
+                    assert!(
+                        matches!(r, Err(Error::CursorAboveHead { .. })),
+                        "pull with ack {a} above head {head}: {:?}",
+                        r.as_ref().err()
+                    );
+                    continue_checks(e, &model);
+                    continue;
+                }
+                if let Some(a) = ack {
+                    mm.cursor = mm.cursor.max(a);
+                }
+                let p = r.unwrap();
+                assert_eq!((p.cursor, p.head), (mm.cursor, head));
+                let got: Vec<(u64, Vec<u8>)> = p
+                    .batch
+                    .records()
+                    .map(|r| (r.header.msg_id, r.payload().to_vec()))
+                    .collect();
+                let expected: Vec<(u64, Vec<u8>)> = (mm.cursor + 1..=head)
+                    .take(n as usize)
+                    .map(|id| {
+                        let (s, c, len) = gm.messages[id as usize - 1];
+                        (id, payload(g, s, c, len))
+                    })
+                    .collect();
+                assert_eq!(got, expected, "pull {g} {u}");
+                let last = expected.last().map_or(mm.cursor, |r| r.0);
+                assert_eq!(p.batch.has_more, last < head);
+            }
+            Op::Unread(u) => check_unread(e, &model, u),
+            Op::Sync(u) => {
+                let s = e.sync(u, 2, 1 << 20, None).unwrap();
+                assert!(s.continue_after.is_none());
+                let got: Vec<(u64, Vec<u64>)> = s
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        assert_eq!(g.unread.unread, g.unread.head - g.unread.cursor);
+                        (
+                            g.unread.group_id,
+                            g.batch.records().map(|r| r.header.msg_id).collect(),
+                        )
+                    })
+                    .collect();
+                let expected: Vec<(u64, Vec<u64>)> = model
+                    .iter()
+                    .filter_map(|(&g, gm)| {
+                        let mm = gm.members.get(&u)?;
+                        let unread = gm.head() - mm.cursor;
+                        (unread > 0)
+                            .then(|| (g, (mm.cursor + 1..=mm.cursor + unread.min(2)).collect()))
+                    })
+                    .collect();
+                assert_eq!(got, expected, "sync {u}");
+            }
+            Op::History(g, u, before, n) => {
+                let before = (before != 0).then_some(before);
+                let r = e.history(g, u, before, n as usize);
+                match model
+                    .get(&g)
+                    .and_then(|gm| gm.members.get(&u).map(|mm| (gm, mm)))
+                {
+                    Some((gm, mm)) => {
+                        let h = r.unwrap();
+                        let end = before.unwrap_or(gm.head() + 1).min(gm.head() + 1);
+                        let start = mm.join_point.max(end.saturating_sub(n as u64)).max(1);
+                        let got: Vec<u64> = h.batch.records().map(|r| r.header.msg_id).collect();
+                        assert_eq!(got, (start..end).collect::<Vec<_>>(), "history {g} {u}");
+                        assert_eq!(h.complete, start <= mm.join_point.max(1));
+                    }
+                    None => assert!(r.is_err()),
+                }
+            }
+            Op::ReadCount(g, m) => {
+                let r = e.read_count(g, m);
+                match model.get(&g) {
+                    Some(gm) => assert_eq!(
+                        r.unwrap() as usize,
+                        gm.members.values().filter(|mm| mm.cursor >= m).count(),
+                        "read count {g} {m}"
+                    ),
+                    None => assert!(matches!(r, Err(Error::GroupNotFound { .. }))),
+                }
+            }
+            Op::Flush => {
+                e.flush_cursors().unwrap();
+                persist_all(&mut model);
+            }
+            Op::Checkpoint => {
+                e.checkpoint().unwrap();
+                persist_all(&mut model);
+            }
+            Op::Reopen | Op::Crash if restarts >= OPS_RESTARTS_MAX => {}
+            Op::Reopen => {
+                restarts += 1;
+                engine.take().unwrap().close().unwrap();
+                let e = open(dir.path()).expect("reopen after a clean close");
+                assert!(e.recovery_report().clean_shutdown);
+                persist_all(&mut model);
+                check_contents(&e, &model);
+                engine = Some(e);
+            }
+            Op::Crash => {
+                restarts += 1;
+                engine.take().unwrap().simulate_crash();
+                let e = open(dir.path()).expect("reopen after a crash");
+                for (&g, gm) in model.iter_mut() {
+                    for (&u, mm) in gm.members.iter_mut() {
+                        let row = e.unread(u).into_iter().find(|r| r.group_id == g);
+                        let c = row
+                            .unwrap_or_else(|| panic!("crash lost member {u} of group {g}"))
+                            .cursor;
+                        assert!(
+                            mm.persisted <= c && c <= mm.cursor,
+                            "group {g} user {u}: cursor {c} after a crash, not in [{}, {}]",
+                            mm.persisted,
+                            mm.cursor
+                        );
+                        // Recovery ends with a checkpoint: this value is persisted.
+                        mm.cursor = c;
+                        mm.persisted = c;
+                    }
+                }
+                check_contents(&e, &model);
+                engine = Some(e);
+            }
+        }
+        continue_checks(engine.as_ref().unwrap(), &model);
+    }
+    let e = engine.take().unwrap();
+    check_contents(&e, &model);
+    e.close().unwrap();
+}
+
+/// The checks after every op: heads (dense ids, nothing lost), and every
+/// user's unread rows against the oracle.
+fn continue_checks(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
+    let mut ids = e.group_ids();
+    ids.sort_unstable();
+    assert_eq!(ids, model.keys().copied().collect::<Vec<_>>(), "groups");
+    for (&g, gm) in model {
+        assert_eq!(e.head(g).unwrap(), gm.head(), "group {g}: head");
+    }
+    for u in 1..=OPS_USERS {
+        check_unread(e, model, u);
+    }
+}
+
+fn check_unread(e: &Engine, model: &BTreeMap<u64, GroupModel>, u: u64) {
+    let got: Vec<(u64, u64, u64, u64)> = e
+        .unread(u)
+        .iter()
+        .map(|r| {
+            assert_eq!(
+                r.unread,
+                r.head - r.cursor,
+                "unread != head - cursor: {r:?}"
+            );
+            (r.group_id, r.head, r.cursor, r.unread)
+        })
+        .collect();
+    let expected: Vec<(u64, u64, u64, u64)> = model
+        .iter()
+        .filter_map(|(&g, gm)| {
+            let mm = gm.members.get(&u)?;
+            Some((g, gm.head(), mm.cursor, gm.head() - mm.cursor))
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "unread of user {u} (group, head, cursor, unread)"
+    );
+}
+
+/// Every stored message, byte for byte, with dense ids.
+fn check_contents(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
+    for (&g, gm) in model {
+        let batch = e.read(g, 0, usize::MAX, usize::MAX).unwrap();
+        let got: Vec<(u64, u64, u64, Vec<u8>)> = batch
+            .records()
+            .map(|r| {
+                let h = r.header;
+                (h.msg_id, h.sender_id, h.client_msg_id, r.payload().to_vec())
+            })
+            .collect();
+        let expected: Vec<(u64, u64, u64, Vec<u8>)> = gm
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, &(s, c, len))| (i as u64 + 1, s, c, payload(g, s, c, len)))
+            .collect();
+        assert_eq!(got, expected, "group {g}: stored messages");
+    }
+}
+
+fn check_ack(model: &mut BTreeMap<u64, GroupModel>, g: u64, u: u64, m: u64, r: crate::Result<u64>) {
+    let Some(gm) = model.get_mut(&g) else {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+        return;
+    };
+    let head = gm.head();
+    let Some(mm) = gm.members.get_mut(&u) else {
+        assert!(matches!(r, Err(Error::NotMember { .. })), "{r:?}");
+        return;
+    };
+    if m > head {
+        assert!(matches!(r, Err(Error::CursorAboveHead { .. })), "{r:?}");
+        return;
+    }
+    mm.cursor = mm.cursor.max(m);
+    assert_eq!(r.unwrap(), mm.cursor, "ack {g} {u} {m}");
+}
+
+fn persist_all(model: &mut BTreeMap<u64, GroupModel>) {
+    for gm in model.values_mut() {
+        for mm in gm.members.values_mut() {
+            mm.persisted = mm.cursor;
+        }
+    }
+}
+
+/// Seed op sequences: the paths a short run of the oracle test covers.
+pub fn engine_ops_seeds() -> Vec<Vec<u8>> {
+    use Op::*;
+    let basic = vec![
+        Create(1),
+        Join(1, 1, JoinStart::Head),
+        Join(1, 2, JoinStart::Earliest),
+        Append(1, 1, 1, 10),
+        Append(1, 2, 1, 20),
+        Append(1, 2, 1, 20),
+        Ack(1, 2, 1),
+        Pull(1, 2, 2, Some(2)),
+        Unread(2),
+        Sync(1),
+        History(1, 2, 0, 3),
+        ReadCount(1, 1),
+    ];
+    let crash = vec![
+        Create(1),
+        Create(2),
+        Join(1, 1, JoinStart::Head),
+        Join(2, 1, JoinStart::Head),
+        Append(1, 3, 1, 40),
+        Append(2, 3, 1, 40),
+        Append(1, 3, 2, 40),
+        Ack(1, 1, 2),
+        Flush,
+        Ack(2, 1, 1),
+        Crash,
+        Unread(1),
+        Append(1, 3, 2, 40),
+        Append(1, 3, 3, 40),
+        Reopen,
+        Pull(1, 1, 4, None),
+    ];
+    let membership = vec![
+        Create(3),
+        Join(3, 4, JoinStart::At(0)),
+        Append(3, 4, 0, 1),
+        Append(3, 1, 0, 47),
+        Leave(3, 4),
+        Join(3, 4, JoinStart::At(2)),
+        BatchAck(4, vec![(3, 2), (1, 1), (3, 9)]),
+        Delete(3),
+        Create(3),
+        Join(3, 4, JoinStart::Earliest),
+        Checkpoint,
+        Crash,
+        Unread(4),
+    ];
+    let mut segments = vec![Create(2), Join(2, 2, JoinStart::Earliest)];
+    for i in 0..40 {
+        segments.push(Append(2, 1 + i % 4, i % 8, 47));
+    }
+    segments.extend([
+        Ack(2, 2, 9),
+        Crash,
+        History(2, 2, 20, 4),
+        Pull(2, 2, 4, Some(11)),
+    ]);
+    [basic, crash, membership, segments]
+        .iter()
+        .map(|ops| encode_ops(ops))
+        .collect()
+}
