@@ -149,13 +149,22 @@ impl Committer {
         if self.config().disk_free_min_bytes == 0 {
             return;
         }
-        match self.shared.ctx.vfs.free_bytes(&self.shared.ctx.config.data_dir) {
+        match self
+            .shared
+            .ctx
+            .vfs
+            .free_bytes(&self.shared.ctx.config.data_dir)
+        {
             Ok(free) => {
                 let was_low = self.disk_low();
                 self.shared.disk_free_bytes.store(free, Ordering::Release);
                 match (was_low, self.disk_low()) {
-                    (false, true) => log::warn!("disk nearly full ({free} bytes free): refusing writes"),
-                    (true, false) => log::info!("disk space back ({free} bytes free): accepting writes"),
+                    (false, true) => {
+                        log::warn!("disk nearly full ({free} bytes free): refusing writes")
+                    }
+                    (true, false) => {
+                        log::info!("disk space back ({free} bytes free): accepting writes")
+                    }
                     _ => {}
                 }
             }

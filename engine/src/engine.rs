@@ -401,7 +401,10 @@ impl Engine {
         reply: Option<Arc<Reply>>,
         wait_for_room: bool,
     ) -> Result<u64> {
-        let mut p = self.lock_pending(kind == EntryKind::Record && wait_for_room, kind == EntryKind::Record)?;
+        let mut p = self.lock_pending(
+            kind == EntryKind::Record && wait_for_room,
+            kind == EntryKind::Record,
+        )?;
         let round = push_locked(&mut p, group, kind, body, reply);
         drop(p);
         self.shared.pending_cv.notify_all();
@@ -411,7 +414,11 @@ impl Engine {
     /// Locks the pending round. When `full_matters`, a full round makes the
     /// caller wait for the commit thread to take it (`wait`) or fail with
     /// `Overloaded`.
-    fn lock_pending(&self, wait: bool, full_matters: bool) -> Result<parking_lot::MutexGuard<'_, Pending>> {
+    fn lock_pending(
+        &self,
+        wait: bool,
+        full_matters: bool,
+    ) -> Result<parking_lot::MutexGuard<'_, Pending>> {
         let mut p = self.shared.pending.lock();
         while full_matters
             && !p.ops.is_empty()
@@ -499,7 +506,10 @@ impl Engine {
         let mut ids: Vec<u64> = requests.iter().map(|r| r.group_id).collect();
         ids.sort_unstable();
         ids.dedup();
-        let groups = ids.iter().map(|&g| self.group(g)).collect::<Result<Vec<_>>>()?;
+        let groups = ids
+            .iter()
+            .map(|&g| self.group(g))
+            .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
         for (group, assign) in groups.iter().zip(assigns.iter_mut()) {
             self.ready_to_assign(group, assign)?;
@@ -508,7 +518,9 @@ impl Engine {
         let mut tickets = Vec::with_capacity(requests.len());
         for req in requests {
             // Invariant: ids holds every request's group.
-            let i = ids.binary_search(&req.group_id).expect("invariant: group of the batch");
+            let i = ids
+                .binary_search(&req.group_id)
+                .expect("invariant: group of the batch");
             let ticket = match self.duplicate_of(&assigns[i], req) {
                 Some(dup) => dup,
                 None => self.assign_one(&groups[i], &mut assigns[i], req, &mut p),
@@ -523,7 +535,10 @@ impl Engine {
     fn check_request(&self, req: &AppendRequest<'_>) -> Result<()> {
         let max = self.shared.ctx.config.payload_bytes_max;
         if req.payload.len() > max {
-            return Err(Error::PayloadTooLarge { len: req.payload.len(), max });
+            return Err(Error::PayloadTooLarge {
+                len: req.payload.len(),
+                max,
+            });
         }
         self.check_writable()
     }
@@ -541,9 +556,16 @@ impl Engine {
     /// The original of a retransmit, if the window remembers it.
     fn duplicate_of(&self, assign: &AssignState, req: &AppendRequest<'_>) -> Option<Ticket> {
         let (msg_id, timestamp_ms) = assign.dedup.lookup(req.sender_id, req.client_msg_id)?;
-        self.shared.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .duplicates
+            .fetch_add(1, Ordering::Relaxed);
         Some(Ticket {
-            appended: Appended { msg_id, timestamp_ms, duplicate: true },
+            appended: Appended {
+                msg_id,
+                timestamp_ms,
+                duplicate: true,
+            },
             // The round that holds the original is at most this one.
             round: assign.last_round,
         })
@@ -552,7 +574,13 @@ impl Engine {
     /// Gives `req` the group's next id and queues its record in the pending
     /// round. The caller holds the group's assign lock and the pending lock,
     /// so per-group journal order is id order.
-    fn assign_one(&self, group: &Arc<Group>, assign: &mut AssignState, req: &AppendRequest<'_>, p: &mut Pending) -> Ticket {
+    fn assign_one(
+        &self,
+        group: &Arc<Group>,
+        assign: &mut AssignState,
+        req: &AppendRequest<'_>,
+        p: &mut Pending,
+    ) -> Ticket {
         let msg_id = assign.last_id + 1;
         // Timestamps never go backwards within a group, whatever the clock does.
         let timestamp_ms = now_ms().max(assign.last_timestamp_ms);
@@ -563,16 +591,36 @@ impl Engine {
             client_msg_id: req.client_msg_id,
             payload: req.payload,
         };
-        let round = push_locked(p, group, EntryKind::Record, |buf| record::encode_into(&rec, buf), None);
+        let round = push_locked(
+            p,
+            group,
+            EntryKind::Record,
+            |buf| record::encode_into(&rec, buf),
+            None,
+        );
         assign.last_id = msg_id;
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
         let limits = WindowLimits::from_config(&self.shared.ctx.config);
-        assign.dedup.insert(msg_id, req.sender_id, req.client_msg_id, timestamp_ms, limits);
+        assign.dedup.insert(
+            msg_id,
+            req.sender_id,
+            req.client_msg_id,
+            timestamp_ms,
+            limits,
+        );
         let c = &self.shared.counters;
         c.appends.fetch_add(1, Ordering::Relaxed);
-        c.bytes_appended.fetch_add(req.payload.len() as u64, Ordering::Relaxed);
-        Ticket { appended: Appended { msg_id, timestamp_ms, duplicate: false }, round }
+        c.bytes_appended
+            .fetch_add(req.payload.len() as u64, Ordering::Relaxed);
+        Ticket {
+            appended: Appended {
+                msg_id,
+                timestamp_ms,
+                duplicate: false,
+            },
+            round,
+        }
     }
 
     /// First send to a group since open: load its log, rebuild the window.
@@ -768,7 +816,12 @@ fn push_locked(
     body(&mut p.buf);
     journal::finish_entry(&mut p.buf, start);
     let end = p.buf.len();
-    p.ops.push(Op { group: group.clone(), kind, entry: start..end, reply });
+    p.ops.push(Op {
+        group: group.clone(),
+        kind,
+        entry: start..end,
+        reply,
+    });
     p.round
 }
 

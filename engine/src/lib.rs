@@ -34,6 +34,7 @@ mod group;
 mod group_log;
 mod index;
 pub mod io;
+pub mod power_cut;
 mod journal;
 mod member_snapshot;
 mod membership;
