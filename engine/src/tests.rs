@@ -808,11 +808,14 @@ fn a_nearly_full_disk_refuses_writes_until_space_returns_by_itself() {
     assert_eq!(a.msg_id, head + 1);
 }
 
+/// `(group, msg_id, sender, client_msg_id, journal syncs completed when it returned)`.
+type Acked = (u64, u64, u64, u64, u64);
+
 /// Appends from several threads, then a simulated power cut at a random
 /// moment: everything not fsynced is dropped. Returns, per acknowledged
 /// append, `(group, msg_id, sender, client_msg_id, journal syncs completed
 /// when it returned)`, and the journal syncs completed before the cut.
-fn run_until_power_cut(dir: &Path, c: Config, seed: u64) -> (Vec<(u64, u64, u64, u64, u64)>, u64) {
+fn run_until_power_cut(c: Config, seed: u64) -> (Vec<Acked>, u64) {
     use crate::power_cut::PowerCutVfs;
     use std::sync::atomic::AtomicBool;
     let vfs = PowerCutVfs::default();
@@ -879,7 +882,7 @@ fn run_until_power_cut(dir: &Path, c: Config, seed: u64) -> (Vec<(u64, u64, u64,
 fn check_after_power_cut(
     dir: &Path,
     c: Config,
-    acked: &[(u64, u64, u64, u64, u64)],
+    acked: &[Acked],
     must_keep: impl Fn(u64) -> bool,
 ) -> (usize, usize) {
     let e = Engine::open(c).unwrap();
@@ -928,7 +931,7 @@ fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = small_config(dir.path());
         c.journal_checkpoint_bytes = 64 << 10; // checkpoints happen during the run
-        let (acked, _) = run_until_power_cut(dir.path(), c.clone(), seed * 17);
+        let (acked, _) = run_until_power_cut(c.clone(), seed * 17);
         let (required, _) = check_after_power_cut(dir.path(), c, &acked, |_| true);
         assert!(required > 0);
         total += required;
@@ -944,7 +947,7 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
         let mut c = small_config(dir.path());
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
         c.journal_checkpoint_bytes = 64 << 10;
-        let (acked, syncs_before_cut) = run_until_power_cut(dir.path(), c.clone(), seed * 23);
+        let (acked, syncs_before_cut) = run_until_power_cut(c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
         // before its write). Those must survive; later ones may not.
