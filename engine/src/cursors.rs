@@ -39,6 +39,16 @@ struct UserEntry {
     dirty: AtomicBool,
 }
 
+impl UserEntry {
+    fn find(&self, slot: u32) -> Option<&Membership> {
+        let i = self
+            .memberships
+            .binary_search_by_key(&slot, |m| m.slot)
+            .ok()?;
+        Some(&self.memberships[i])
+    }
+}
+
 /// Why a membership could not be added.
 #[derive(Debug, PartialEq, Eq)]
 pub enum InsertError {
@@ -161,10 +171,7 @@ impl CursorTable {
     pub fn get(&self, user: u64, slot: u32) -> Option<MemberCursor> {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
-        let m = &entry.memberships[entry
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?];
+        let m = entry.find(slot)?;
         Some(MemberCursor {
             slot,
             cursor: m.cursor.load(Ordering::Acquire) >> 1,
@@ -178,10 +185,7 @@ impl CursorTable {
     pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<(u64, u64)> {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
-        let m = &entry.memberships[entry
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?];
+        let m = entry.find(slot)?;
         let current = m.cursor.load(Ordering::Acquire);
         if msg_id <= current >> 1 {
             return Some((current >> 1, current >> 1));
@@ -361,7 +365,10 @@ mod tests {
         t.insert(2, 1, 0, 1).unwrap();
         let mut seen = Vec::new();
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert!(seen.is_empty(), "new memberships are persisted by their join");
+        assert!(
+            seen.is_empty(),
+            "new memberships are persisted by their join"
+        );
         t.advance(1, 2, 5);
         t.advance(2, 1, 3);
         t.take_dirty(|u, s, c| seen.push((u, s, c)));

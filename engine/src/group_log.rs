@@ -227,16 +227,7 @@ impl GroupLog {
             unsynced: Vec::new(),
             dir_unsynced: false,
         };
-        let path = log.segment_path(active_base);
-        let seg = ctx.cache.get(&*ctx.vfs, group_id, active_base, &path)?;
-        let file_len = seg.file_len()?;
-        let scan = segment::scan(
-            &seg,
-            file_len,
-            group_id,
-            record::RECORD_BYTES_STORED_MAX,
-            ctx.config.index_interval_bytes,
-        )?;
+        let (path, seg, file_len, scan) = log.scan_whole(ctx, active_base)?;
         if scan.header.base_msg_id != active_base
             || scan.valid_len < active_len
             || scan.last_id < state.head
@@ -315,16 +306,7 @@ impl GroupLog {
                 index: OnceLock::new(),
             });
         }
-        let path = log.segment_path(active_base);
-        let seg = ctx.cache.get(&*ctx.vfs, group_id, active_base, &path)?;
-        let file_len = seg.file_len()?;
-        let scan = segment::scan(
-            &seg,
-            file_len,
-            group_id,
-            record::RECORD_BYTES_STORED_MAX,
-            ctx.config.index_interval_bytes,
-        )?;
+        let (path, seg, file_len, scan) = log.scan_whole(ctx, active_base)?;
         if scan.header.base_msg_id != active_base {
             return Err(Error::Corrupt {
                 path,
@@ -353,6 +335,25 @@ impl GroupLog {
         log.last_timestamp_ms = scan.last_timestamp_ms;
         log.install_active_index(scan.index);
         Ok((log, report))
+    }
+
+    /// Opens segment `base` and verifies all of it.
+    fn scan_whole(
+        &self,
+        ctx: &LogContext,
+        base: u64,
+    ) -> Result<(PathBuf, Arc<SegmentFile>, u64, segment::ScanOutcome)> {
+        let path = self.segment_path(base);
+        let seg = ctx.cache.get(&*ctx.vfs, self.group_id, base, &path)?;
+        let file_len = seg.file_len()?;
+        let scan = segment::scan(
+            &seg,
+            file_len,
+            self.group_id,
+            record::RECORD_BYTES_STORED_MAX,
+            ctx.config.index_interval_bytes,
+        )?;
+        Ok((path, seg, file_len, scan))
     }
 
     fn install_active_index(&mut self, index: SparseIndex) {
