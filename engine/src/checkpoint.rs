@@ -107,7 +107,10 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointBody, String> {
     let decoded: CheckpointBody = codec::decode(body)?;
     for g in &decoded.groups {
         let dense = g.segments.windows(2).all(|w| w[0].0 < w[1].0);
-        if g.segments.is_empty() || !dense || g.segments[g.segments.len() - 1].0 > g.head + 1 {
+        if g.segments.is_empty()
+            || !dense
+            || g.segments[g.segments.len() - 1].0 > g.head.saturating_add(1)
+        {
             return Err(format!(
                 "group {} has an inconsistent segment list",
                 g.group_id

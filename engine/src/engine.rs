@@ -87,6 +87,8 @@ pub struct EngineStats {
     pub checkpoints: u64,
     pub checkpoint_syncs: u64,
     pub bytes_appended: u64,
+    /// ACKs that moved a cursor.
+    pub acks: u64,
     pub groups: u64,
     pub open_segments: u64,
 }
@@ -101,6 +103,7 @@ pub(crate) struct Counters {
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
     pub bytes_appended: AtomicU64,
+    pub acks: AtomicU64,
 }
 
 /// One operation of the pending round: the journal entry at `entry` in the
@@ -754,6 +757,7 @@ impl Engine {
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
+            acks: c.acks.load(Ordering::Relaxed),
             groups: self.shared.catalog.read().len() as u64,
             open_segments: self.shared.ctx.cache.len() as u64,
         }

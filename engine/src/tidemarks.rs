@@ -7,6 +7,7 @@
 //! only memory; moved cursors reach the journal in bulk every
 //! `cursor_flush_ms` and with every checkpoint.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::config::Config;
@@ -304,6 +305,7 @@ impl Engine {
             })?;
         if new != old {
             group.members.lock().read_counts.advance(old, new);
+            self.shared.counters.acks.fetch_add(1, Ordering::Relaxed);
         }
         Ok(new)
     }

@@ -76,6 +76,7 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("error_frame_too_large"),
     vector!("push"),
     vector!("resync"),
+    vector!("resync_all"),
     vector!("join_request"),
     vector!("batch_ack_request"),
     vector!("batch_ack_response"),
@@ -179,6 +180,7 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
             },
         ),
         "resync" => Expected::Resp(0, Response::Resync(ResyncScope::Group(7))),
+        "resync_all" => Expected::Resp(0, Response::Resync(ResyncScope::All)),
         "join_request" => Expected::Req(
             6,
             Request::Join {
