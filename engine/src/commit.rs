@@ -412,7 +412,6 @@ impl Committer {
                     &op.group,
                     user,
                     cursor,
-                    true,
                 ),
                 None => Err(Error::InvalidConfig {
                     reason: "malformed join entry".into(),
@@ -586,11 +585,19 @@ pub(crate) fn write_checkpoint(
         .groups()
         .filter(|g| matches!(&*g.log.read(), LogSlot::Loaded(l) if l.needs_sync()))
         .count();
-    let sync_all = dirty > SYNCFS_THRESHOLD_GROUPS;
+    let sync_all = dirty > SYNCFS_THRESHOLD_GROUPS
+        && match ctx.vfs.sync_filesystem(&ctx.config.data_dir) {
+            Ok(()) => true,
+            // Not trustworthy on this kernel: sync each file instead.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => false,
+            Err(e) => {
+                return Err(Error::io(
+                    format!("syncfs {}", ctx.config.data_dir.display()),
+                    e,
+                ))
+            }
+        };
     if sync_all {
-        ctx.vfs
-            .sync_filesystem(&ctx.config.data_dir)
-            .map_err(|e| Error::io(format!("syncfs {}", ctx.config.data_dir.display()), e))?;
         syncs += 1;
     }
     for g in catalog.groups() {
@@ -654,9 +661,14 @@ pub(crate) fn write_checkpoint(
     // for a repair.
     let current = checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))?;
     let current_valid = matches!(current, Some(Ok(_)));
+    // A valid current checkpoint becomes `checkpoint.prev`; an invalid one
+    // leaves the existing `checkpoint.prev` in place, whose journals stay.
     let keep_from = match current {
         Some(Ok(current)) => current.journal_seq,
-        _ => journal.seq,
+        _ => match checkpoint::load(&*ctx.vfs, &checkpoint::previous_path(&ctx.config.data_dir))? {
+            Some(Ok(prev)) => prev.journal_seq,
+            _ => journal.seq,
+        },
     };
     checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)?;
     if !any_damaged {

@@ -63,7 +63,6 @@ pub struct CursorTable {
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
-    groups_per_user_max: usize,
 }
 
 /// A membership as read from the table.
@@ -75,12 +74,11 @@ pub struct MemberCursor {
 }
 
 impl CursorTable {
-    pub fn new(groups_per_user_max: usize) -> Self {
+    pub fn new() -> Self {
         CursorTable {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             join_overflow: Mutex::new(HashMap::new()),
-            groups_per_user_max,
         }
     }
 
@@ -112,6 +110,7 @@ impl CursorTable {
         slot: u32,
         cursor: u64,
         join_point: u64,
+        groups_per_user_max: Option<usize>,
     ) -> Result<(), InsertError> {
         let mut shard = self.shard(user).write();
         let entry = shard.entry(user).or_default();
@@ -119,10 +118,8 @@ impl CursorTable {
             Ok(_) => return Err(InsertError::AlreadyMember),
             Err(at) => at,
         };
-        if entry.memberships.len() >= self.groups_per_user_max {
-            return Err(InsertError::GroupsPerUserLimit {
-                max: self.groups_per_user_max,
-            });
+        if let Some(max) = groups_per_user_max.filter(|&max| entry.memberships.len() >= max) {
+            return Err(InsertError::GroupsPerUserLimit { max });
         }
         let join_lo = match u32::try_from(join_point) {
             Ok(j) if j != JOIN_OVERFLOW => j,
@@ -342,8 +339,8 @@ mod tests {
 
     #[test]
     fn cursors_only_move_forward() {
-        let t = CursorTable::new(10);
-        t.insert(7, 1, 5, 6).unwrap();
+        let t = CursorTable::new();
+        t.insert(7, 1, 5, 6, Some(2)).unwrap();
         assert_eq!(t.advance(7, 1, 9), Some((5, 9)));
         assert_eq!(t.advance(7, 1, 3), Some((9, 9)));
         assert_eq!(t.get(7, 1).unwrap().cursor, 9);
@@ -359,10 +356,10 @@ mod tests {
 
     #[test]
     fn dirty_cursors_are_taken_once() {
-        let t = CursorTable::new(10);
-        t.insert(1, 1, 0, 1).unwrap();
-        t.insert(1, 2, 0, 1).unwrap();
-        t.insert(2, 1, 0, 1).unwrap();
+        let t = CursorTable::new();
+        t.insert(1, 1, 0, 1, Some(2)).unwrap();
+        t.insert(1, 2, 0, 1, Some(2)).unwrap();
+        t.insert(2, 1, 0, 1, Some(2)).unwrap();
         let mut seen = Vec::new();
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
         assert!(
@@ -384,12 +381,15 @@ mod tests {
 
     #[test]
     fn limits_and_duplicates_are_refused() {
-        let t = CursorTable::new(2);
-        t.insert(1, 1, 0, 1).unwrap();
-        assert_eq!(t.insert(1, 1, 0, 1), Err(InsertError::AlreadyMember));
-        t.insert(1, 2, 0, 1).unwrap();
+        let t = CursorTable::new();
+        t.insert(1, 1, 0, 1, Some(2)).unwrap();
         assert_eq!(
-            t.insert(1, 3, 0, 1),
+            t.insert(1, 1, 0, 1, Some(2)),
+            Err(InsertError::AlreadyMember)
+        );
+        t.insert(1, 2, 0, 1, Some(2)).unwrap();
+        assert_eq!(
+            t.insert(1, 3, 0, 1, Some(2)),
             Err(InsertError::GroupsPerUserLimit { max: 2 })
         );
         assert_eq!(t.remove(1, 1), Some(0));
@@ -398,9 +398,9 @@ mod tests {
 
     #[test]
     fn join_points_beyond_32_bits_are_kept_exactly() {
-        let t = CursorTable::new(4);
+        let t = CursorTable::new();
         let big = (1u64 << 40) + 3;
-        t.insert(1, 1, big - 1, big).unwrap();
+        t.insert(1, 1, big - 1, big, Some(2)).unwrap();
         assert_eq!(t.get(1, 1).unwrap().join_point, big);
         let mut seen = Vec::new();
         t.snapshot(|u, ms| seen.extend(ms.iter().map(|m| (u, m.slot, m.cursor, m.join_point))));

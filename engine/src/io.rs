@@ -67,6 +67,21 @@ pub trait Vfs: Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OsVfs;
 
+/// True on kernels (Linux 5.8 and later) whose syncfs reports write-back
+/// errors of any file of the file system.
+fn syncfs_reports_errors() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release
+            .trim()
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (5, 8)
+    })
+}
+
 struct OsFile(File);
 
 impl VfsFile for OsFile {
@@ -124,6 +139,11 @@ impl Vfs for OsVfs {
     }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
         use std::os::unix::io::AsRawFd;
+        // Before Linux 5.8 syncfs did not report write-back errors: a failed
+        // write would go unnoticed. Callers fall back to per-file syncs.
+        if !syncfs_reports_errors() {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
         let dir = File::open(path)?;
         // SAFETY: syncfs on a valid open descriptor.
         if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {

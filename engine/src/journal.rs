@@ -32,7 +32,7 @@ pub enum EntryKind {
     CreateGroup = 2,
     /// Body: empty. The group and its files were deleted.
     DeleteGroup = 3,
-    /// Body: `{ user: u64 | start: u8 (0 head, 1 earliest, 2 at) | at_msg_id: u64 }`.
+    /// Body: `{ user: u64 | cursor: u64 }`, the cursor resolved when queued.
     Join = 4,
     /// Body: `{ user: u64 }`.
     Leave = 5,

@@ -2,9 +2,10 @@
 //! msg_id, in O(log range) — a Fenwick tree of cursor counts indexed by
 //! cursor value.
 //!
-//! It costs 4 bytes per msg_id between the lowest cursor and the head (a
-//! tenth of the smallest record a log stores for those ids), nothing per
-//! member. Invariant: the counts sum to the number of members.
+//! It costs 4 bytes per msg_id from the group's first id to the head (a
+//! tenth of the smallest record a log stores for those ids; the tree does
+//! not yet shrink when retention drops old ids), nothing per member.
+//! Invariant: the counts sum to the number of members.
 
 #[derive(Default, Clone, Debug)]
 pub struct ReadCounts {

@@ -100,7 +100,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .map_err(|e| Error::io("mkdir groups", e))?;
     let mut report = RecoveryReport::default();
     let mut catalog = Catalog::default();
-    let mut cursors = CursorTable::new(ctx.config.groups_per_user_max);
+    let mut cursors = CursorTable::new();
 
     let mut replay_from = 0;
     let mut loaded = false;
@@ -124,7 +124,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     Err(reason) => {
                         // Start over from nothing for the next candidate.
                         catalog = Catalog::default();
-                        cursors = CursorTable::new(ctx.config.groups_per_user_max);
+                        cursors = CursorTable::new();
                         reason
                     }
                 }
@@ -238,8 +238,9 @@ fn restore_checkpoint(
                     by_ordinal.len()
                 )
             })?;
+        // The snapshot holds what was accepted: no limit is applied again.
         if cursors
-            .insert(m.user, group.slot, m.cursor, m.join_point)
+            .insert(m.user, group.slot, m.cursor, m.join_point, None)
             .is_ok()
         {
             group.members.lock().insert(m.user, m.cursor);
@@ -411,8 +412,7 @@ impl Replay<'_> {
             EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
             EntryKind::Join => {
                 if let Some((user, cursor)) = tidemarks::decode_join(entry.body) {
-                    let _ =
-                        tidemarks::apply_join(cursors, &ctx.config, &group, user, cursor, false);
+                    let _ = tidemarks::apply_join(cursors, &ctx.config, &group, user, cursor);
                 }
             }
             EntryKind::Leave => {

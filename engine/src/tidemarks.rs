@@ -69,35 +69,39 @@ pub(crate) fn decode_retention(body: &[u8]) -> Option<Retention> {
 }
 
 /// Applies a join (commit thread or replay). Idempotent: joining again
-/// returns the current cursor. `enforce_limits` is off during replay.
+/// returns the current cursor. Replay applies the same limits in the same
+/// journal order, so a join refused live is refused again, never resurrected.
 pub(crate) fn apply_join(
     cursors: &CursorTable,
     config: &Config,
     group: &Group,
     user: u64,
     cursor: u64,
-    enforce_limits: bool,
 ) -> Result<u64> {
     let mut members = group.members.lock();
     if let Some(c) = cursors.get(user, group.slot) {
         return Ok(c.cursor);
     }
-    if enforce_limits && members.len() >= config.members_per_group_max {
+    if members.len() >= config.members_per_group_max {
         return Err(Error::LimitExceeded {
             what: "members_per_group_max",
             max: config.members_per_group_max,
         });
     }
-    match cursors.insert(user, group.slot, cursor, cursor + 1) {
+    match cursors.insert(
+        user,
+        group.slot,
+        cursor,
+        cursor + 1,
+        Some(config.groups_per_user_max),
+    ) {
         Ok(()) => {}
         Err(InsertError::AlreadyMember) => return Ok(cursor),
         Err(InsertError::GroupsPerUserLimit { max }) => {
-            if enforce_limits {
-                return Err(Error::LimitExceeded {
-                    what: "groups_per_user_max",
-                    max,
-                });
-            }
+            return Err(Error::LimitExceeded {
+                what: "groups_per_user_max",
+                max,
+            })
         }
     }
     members.insert(user, cursor);

@@ -125,8 +125,11 @@ pub struct Connection {
     pub phase: Phase,
     /// Requests accepted and not yet answered (durable sends, ops, long polls).
     pub in_flight: u32,
-    /// A fatal error was queued: write what is queued, then close.
+    /// Stop reading: write what is queued, then close (a fatal error, or
+    /// the node shutting down).
     pub closing: bool,
+    /// A fatal error frame was queued: nothing more is queued after it.
+    pub fatal: bool,
     /// The peer closed its side (read returned 0).
     pub peer_closed: bool,
     /// Subscription entries (groups + users) this connection holds.
@@ -141,6 +144,7 @@ impl Connection {
             phase: Phase::AwaitHello,
             in_flight: 0,
             closing: false,
+            fatal: false,
             peer_closed: false,
             subscriptions: 0,
         }

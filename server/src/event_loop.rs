@@ -439,6 +439,7 @@ impl EventLoop {
                     self.send(conn, out);
                     if let Some(slot) = self.slot_mut(conn) {
                         slot.conn.closing = true;
+                        slot.conn.fatal = true;
                     }
                 }
                 Handled::Deferred(work) => self.defer(conn, request_id, op, started, work),
@@ -464,6 +465,21 @@ impl EventLoop {
     }
 
     fn respond(&mut self, conn: ConnId, op: Option<Opcode>, started: Instant, out: Outgoing) {
+        let frame_max = self.config.limits.frame_bytes_max as usize + 4;
+        let len = out.head.len() + out.chunks.iter().map(|c| c.bytes().len()).sum::<usize>();
+        // Record-carrying responses are sized to fit; a list answer (UNREAD,
+        // BATCH_ACK, STATS) of an extreme size is refused, not sent oversized.
+        let out = if len > frame_max {
+            let request_id = u64::from_le_bytes(out.head[8..16].try_into().unwrap_or_default());
+            handlers::error(
+                request_id,
+                ErrorCode::LimitExceeded,
+                Some(frame_max as u64 - 4),
+                "response would exceed frame_bytes_max",
+            )
+        } else {
+            out
+        };
         if let Some(op) = op {
             self.stats.latency(op, started.elapsed());
         }
@@ -474,13 +490,15 @@ impl EventLoop {
     }
 
     fn send(&mut self, conn: ConnId, out: Outgoing) {
-        self.stats.deliveries += out.records;
-        if let Some(slot) = self.slot_mut(conn) {
-            slot.conn.out.push(OutChunk::Bytes(out.head));
-            for c in out.chunks {
-                slot.conn.out.push(OutChunk::Records(c));
-            }
+        // After a fatal error the connection writes nothing more.
+        let Some(slot) = self.slot_mut(conn).filter(|s| !s.conn.fatal) else {
+            return;
+        };
+        slot.conn.out.push(OutChunk::Bytes(out.head));
+        for c in out.chunks {
+            slot.conn.out.push(OutChunk::Records(c));
         }
+        self.stats.deliveries += out.records;
     }
 
     fn defer(
@@ -672,7 +690,14 @@ impl EventLoop {
                 .read(group, after, (last - after) as usize, budget)
             {
                 Ok(b) if b.count > 0 => b,
-                _ => return,
+                // The records cannot be read back (a damaged group): the
+                // subscribers must pull to learn why.
+                _ => {
+                    for &conn in &targets {
+                        self.resync(conn);
+                    }
+                    return;
+                }
             };
             after = batch.last_id;
             // Invariant: bounded by the frame budget.
@@ -698,10 +723,7 @@ impl EventLoop {
                     continue; // cancelled by an earlier RESYNC in this loop
                 }
                 if slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
-                    self.stats.resyncs += 1;
-                    self.unsubscribe_all(conn);
-                    let resync: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
-                    self.send(conn, handlers::reply(0, &resync, Vec::new(), 0));
+                    self.resync(conn);
                 } else {
                     self.stats.pushes += 1;
                     self.send(
@@ -716,6 +738,22 @@ impl EventLoop {
                 self.dirty.push(conn.index);
             }
         }
+    }
+
+    /// Tells a subscriber its pushes stopped and cancels its subscription;
+    /// it pulls to catch up (its cursors did not move: nothing is lost).
+    fn resync(&mut self, conn: ConnId) {
+        let subscribed = self
+            .slot_mut(conn)
+            .is_some_and(|s| !s.sub_groups.is_empty() || !s.sub_users.is_empty());
+        if !subscribed {
+            return;
+        }
+        self.stats.resyncs += 1;
+        self.unsubscribe_all(conn);
+        let resync: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
+        self.send(conn, handlers::reply(0, &resync, Vec::new(), 0));
+        self.dirty.push(conn.index);
     }
 
     /// Connections subscribed to `group`, directly or through a member.
