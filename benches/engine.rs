@@ -174,37 +174,48 @@ fn append_always(c: &mut Criterion, name: &str, groups: u64, in_flight: usize) {
     let client_msg_id = AtomicU64::new(0);
     let mut g = bench_group(c, name);
     g.throughput(Throughput::Elements(APPEND_THREADS));
-    g.bench_function(format!("append_{APPEND_THREADS}_threads_{in_flight}_in_flight"), |b| {
-        let engine = &fixture
-            .get_or_insert_with(|| Fixture::new(FsyncPolicy::Always, groups))
-            .engine;
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            std::thread::scope(|s| {
-                for t in 0..APPEND_THREADS {
-                    let (payloads, client_msg_id) = (&payloads, &client_msg_id);
-                    s.spawn(move || {
-                        let mut rng = Rng(SEED ^ (t + 1) ^ client_msg_id.load(Ordering::Relaxed));
-                        let mut window = std::collections::VecDeque::with_capacity(in_flight);
-                        for _ in 0..iters {
-                            let id = client_msg_id.fetch_add(1, Ordering::Relaxed) + 1;
-                            let group = 1 + rng.below(groups);
-                            let payload = &payloads[rng.below(PAYLOADS as u64) as usize];
-                            let req = AppendRequest { group_id: group, sender_id: t + 1, client_msg_id: id, payload };
-                            window.push_back(engine.submit(&req).expect("submit"));
-                            if window.len() >= in_flight {
-                                engine.wait(window.pop_front().expect("non-empty")).expect("append");
+    g.bench_function(
+        format!("append_{APPEND_THREADS}_threads_{in_flight}_in_flight"),
+        |b| {
+            let engine = &fixture
+                .get_or_insert_with(|| Fixture::new(FsyncPolicy::Always, groups))
+                .engine;
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..APPEND_THREADS {
+                        let (payloads, client_msg_id) = (&payloads, &client_msg_id);
+                        s.spawn(move || {
+                            let mut rng =
+                                Rng(SEED ^ (t + 1) ^ client_msg_id.load(Ordering::Relaxed));
+                            let mut window = std::collections::VecDeque::with_capacity(in_flight);
+                            for _ in 0..iters {
+                                let id = client_msg_id.fetch_add(1, Ordering::Relaxed) + 1;
+                                let group = 1 + rng.below(groups);
+                                let payload = &payloads[rng.below(PAYLOADS as u64) as usize];
+                                let req = AppendRequest {
+                                    group_id: group,
+                                    sender_id: t + 1,
+                                    client_msg_id: id,
+                                    payload,
+                                };
+                                window.push_back(engine.submit(&req).expect("submit"));
+                                if window.len() >= in_flight {
+                                    engine
+                                        .wait(window.pop_front().expect("non-empty"))
+                                        .expect("append");
+                                }
                             }
-                        }
-                        for ticket in window {
-                            engine.wait(ticket).expect("append");
-                        }
-                    });
-                }
-            });
-            start.elapsed()
-        })
-    });
+                            for ticket in window {
+                                engine.wait(ticket).expect("append");
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        },
+    );
     g.finish();
     if let Some(f) = fixture {
         f.finish(name);
@@ -221,7 +232,12 @@ fn append_never_1_group(c: &mut Criterion) {
 
 fn append_always_10k_groups_16_threads(c: &mut Criterion) {
     append_always(c, "append_always_10k_groups_16_threads", MANY_GROUPS, 1);
-    append_always(c, "append_always_10k_groups_16_threads_pipelined", MANY_GROUPS, 16);
+    append_always(
+        c,
+        "append_always_10k_groups_16_threads_pipelined",
+        MANY_GROUPS,
+        16,
+    );
 }
 
 fn append_always_1_group(c: &mut Criterion) {

@@ -34,12 +34,12 @@ mod group;
 mod group_log;
 mod index;
 pub mod io;
-pub mod power_cut;
 mod journal;
 mod member_snapshot;
 mod membership;
 #[cfg(test)]
 mod model_tests;
+pub mod power_cut;
 mod read_counts;
 pub mod record;
 mod recovery;
