@@ -75,12 +75,30 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         cursor_buf: Vec::new(),
         appended: Vec::new(),
     };
+    // Whatever ends this thread, a panic included, waiters must learn it.
+    let _exit = ExitGuard(c.shared.clone());
     c.measure_free_space();
     c.main_loop();
-    let mut p = c.shared.progress.lock();
-    p.commit_thread_exited = true;
-    drop(p);
-    c.shared.progress_cv.notify_all();
+}
+
+/// Marks the commit thread gone (and writes stopped if it died early) when
+/// dropped, also on unwinding.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let mut p = self.0.progress.lock();
+        p.commit_thread_exited = true;
+        if std::thread::panicking() {
+            self.0.writes_stopped.store(true, Ordering::Release);
+            let round = self.0.pending.lock().round;
+            let first_failed = round.min(p.completed + 1);
+            p.failed
+                .get_or_insert((first_failed, "commit thread panicked".into()));
+        }
+        drop(p);
+        self.0.progress_cv.notify_all();
+    }
 }
 
 impl Committer {
@@ -494,7 +512,12 @@ impl Committer {
             &self.shared.ctx,
             &catalog,
             &self.shared.cursors,
-            self.journal.seq + 1,
+            self.journal
+                .seq
+                .checked_add(1)
+                .ok_or_else(|| Error::WritesStopped {
+                    reason: "journal sequence numbers exhausted".into(),
+                })?,
             clean_shutdown,
         )?;
         drop(catalog);

@@ -399,20 +399,31 @@ pub fn memberships_decode(data: &[u8]) {
 // ---------------------------------------------------------------------------
 // Data directories for the targets that open an engine
 
-/// A scratch directory under the system temp dir, removed on drop (also
-/// when a finding unwinds). The engine syncs for real: point `TMPDIR` at a
-/// tmpfs (`/dev/shm`) when fuzzing, so fsync costs nothing.
+/// A scratch directory, removed on drop (also when a finding unwinds).
+///
+/// The engine fsyncs for real, which on a busy disk can take longer than
+/// the rest of a replay: unless `TMPDIR` is set, scratch directories go to
+/// `/dev/shm` (tmpfs, where fsync costs nothing) when it is writable, and to
+/// the system temp dir otherwise.
 pub struct ScratchDir(PathBuf);
 
 impl ScratchDir {
     pub fn new(what: &str) -> ScratchDir {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
+        let name = format!(
             "tidemark-fuzz-{what}-{}-{n}-{}",
             std::process::id(),
             crate::now_ms()
-        ));
+        );
+        let shm = Path::new("/dev/shm");
+        if std::env::var_os("TMPDIR").is_none() && shm.is_dir() {
+            let dir = shm.join(&name);
+            if std::fs::create_dir(&dir).is_ok() {
+                return ScratchDir(dir);
+            }
+        }
+        let dir = std::env::temp_dir().join(name);
         std::fs::create_dir_all(&dir).expect("create a scratch directory");
         ScratchDir(dir)
     }
@@ -522,10 +533,12 @@ fn fix_segment(b: &mut [u8]) {
     fix_records(&mut b[SEGMENT_HEADER_BYTES..], false);
 }
 
-/// Writes an image into `dir` the way the engine lays out its files.
-fn write_image(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> std::io::Result<()> {
+/// The files of an image as the engine lays them out under `dir`: path,
+/// kind and bytes (checksums recomputed where the image asks for it). A
+/// later file at the same path replaces an earlier one.
+fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, ImageFile, Vec<u8>)> {
     let jdir = journal::journal_dir(dir);
-    std::fs::create_dir_all(&jdir)?;
+    let mut out = Vec::new();
     for (kind, fix, bytes) in files {
         let mut b = bytes.clone();
         let path = match kind {
@@ -559,12 +572,21 @@ fn write_image(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> std::io::Res
                     2
                 };
                 let base = if b.len() >= 32 { u64_at(&b, 24) } else { 1 };
-                let gdir = crate::group_log::group_dir(dir, group);
-                std::fs::create_dir_all(&gdir)?;
-                gdir.join(segment::file_name(base))
+                crate::group_log::group_dir(dir, group).join(segment::file_name(base))
             }
         };
-        std::fs::write(path, b)?;
+        out.retain(|(p, _, _)| *p != path);
+        out.push((path, *kind, b));
+    }
+    out
+}
+
+fn write_image(files: &[(PathBuf, ImageFile, Vec<u8>)]) -> std::io::Result<()> {
+    for (path, _, bytes) in files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, bytes)?;
     }
     Ok(())
 }
@@ -585,9 +607,9 @@ const PROBE_SENDER: u64 = u64::MAX - 7;
 /// per group; a probe append gets `head + 1`; and after a clean close the
 /// directory reopens with the same heads.
 pub fn recovery(data: &[u8]) {
-    let files = decode_image(data);
     let dir = ScratchDir::new("recovery");
-    if write_image(dir.path(), &files).is_err() {
+    let files = lay_out(dir.path(), &decode_image(data));
+    if write_image(&files).is_err() {
         return;
     }
     let Ok(engine) = open(dir.path()) else {
@@ -1016,11 +1038,14 @@ pub fn engine_ops(data: &[u8]) {
         match op {
             Op::Create(g) => {
                 let r = e.create_group(g);
-                if model.contains_key(&g) {
-                    assert!(matches!(r, Err(Error::GroupExists { .. })), "{r:?}");
-                } else {
-                    r.unwrap();
-                    model.insert(g, GroupModel::default());
+                match model.entry(g) {
+                    std::collections::btree_map::Entry::Occupied(_) => {
+                        assert!(matches!(r, Err(Error::GroupExists { .. })), "{r:?}")
+                    }
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        r.unwrap();
+                        v.insert(GroupModel::default());
+                    }
                 }
             }
             Op::Delete(g) => {

@@ -7,6 +7,9 @@
 //! not yet shrink when retention drops old ids), nothing per member.
 //! Invariant: the counts sum to the number of members.
 
+/// The largest tree: 2^26 entries, 256 MiB.
+const TREE_ENTRIES_MAX: usize = 1 << 26;
+
 #[derive(Default, Clone, Debug)]
 pub struct ReadCounts {
     /// Cursor value of index 1 minus one; values below it are clamped to it.
@@ -26,8 +29,13 @@ impl ReadCounts {
     }
 
     fn index(&self, value: u64) -> usize {
-        // Values at or below base share index 1.
-        (value.saturating_sub(self.base) as usize).saturating_add(1)
+        // Values at or below base share index 1; values beyond the largest
+        // tree share its last index (read counts for ids more than 2^26
+        // above the base are then approximate, but memory stays bounded).
+        (value
+            .saturating_sub(self.base)
+            .min(TREE_ENTRIES_MAX as u64 - 2) as usize)
+            + 1
     }
 
     fn grow_to(&mut self, index: usize) {
@@ -36,7 +44,7 @@ impl ReadCounts {
         }
         // Rebuild at double size: O(n) amortised over the growth.
         let mut counts = self.counts();
-        let size = (index + 1).next_power_of_two().max(64);
+        let size = (index + 1).next_power_of_two().clamp(64, TREE_ENTRIES_MAX);
         counts.resize(size, 0);
         self.tree = Self::build(&counts);
     }

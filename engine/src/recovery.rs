@@ -169,7 +169,12 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             report.clean_shutdown = false;
         }
         torn.extend(outcome.torn);
-        next_seq = seq + 1;
+        next_seq = seq.checked_add(1).ok_or_else(|| Error::Corrupt {
+            path: path.clone(),
+            group: None,
+            offset: 0,
+            reason: "journal sequence numbers exhausted".into(),
+        })?;
     }
     for t in torn {
         let file = vfs
@@ -239,11 +244,13 @@ fn restore_checkpoint(
                 )
             })?;
         // The snapshot holds what was accepted: no limit is applied again.
+        // A cursor is never above its group's head, whatever the file says.
+        let cursor = m.cursor.min(group.head());
         if cursors
-            .insert(m.user, group.slot, m.cursor, m.join_point, None)
+            .insert(m.user, group.slot, cursor, m.join_point, None)
             .is_ok()
         {
-            group.members.lock().insert(m.user, m.cursor);
+            group.members.lock().insert(m.user, cursor);
         }
         Ok(())
     })
@@ -429,6 +436,7 @@ impl Replay<'_> {
                 for row in entry.body.chunks_exact(16) {
                     let user = u64::from_le_bytes(row[0..8].try_into().unwrap_or_default());
                     let cursor = u64::from_le_bytes(row[8..16].try_into().unwrap_or_default());
+                    let cursor = cursor.min(group.head());
                     if let Some((old, new)) = cursors.restore(user, group.slot, cursor) {
                         if new != old {
                             group.members.lock().read_counts.advance(old, new);

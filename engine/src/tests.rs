@@ -958,3 +958,47 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
     assert!(kept > 0, "the interval syncs covered some appends");
     println!("power cut, fsync=interval:5ms: {kept} covered appends kept, 0 lost");
 }
+
+#[test]
+fn stored_cursors_far_above_the_head_are_clamped_not_trusted() {
+    // Fuzz finding F1: a cursor of 2^40 in a checkpoint's memberships
+    // section sized the read-count tree by its value.
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    fill(&e, &[1], 3);
+    e.join(1, 5, crate::JoinStart::Earliest).unwrap();
+    e.close().unwrap();
+    let path = crate::checkpoint::path(dir.path());
+    let mut body = crate::checkpoint::decode(&std::fs::read(&path).unwrap()).unwrap();
+    let ordinal = body.groups.iter().position(|g| g.group_id == 1).unwrap() as u64;
+    let mut members = Vec::new();
+    crate::member_snapshot::put_varint(&mut members, 1);
+    let far = crate::cursors::MemberCursor {
+        slot: 0,
+        cursor: 1 << 40,
+        join_point: 1,
+    };
+    crate::member_snapshot::encode_user(&mut members, 5, &[far], |_| ordinal);
+    body.members = members;
+    std::fs::write(&path, crate::checkpoint::encode(&body)).unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let u = e.unread(5);
+    assert_eq!((u[0].cursor, u[0].head), (3, 3), "clamped to the head");
+    assert_eq!(e.read_count(1, 3).unwrap(), 1);
+}
+
+#[test]
+fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
+    // Fuzz finding F4: `seq + 1` overflowed for a journal named u64::MAX.
+    let dir = tempfile::tempdir().unwrap();
+    Engine::open(small_config(dir.path()))
+        .unwrap()
+        .close()
+        .unwrap();
+    let jdir = dir.path().join("journal");
+    crate::journal::Journal::create(&crate::io::OsVfs, &jdir, u64::MAX).unwrap();
+    let err = Engine::open(small_config(dir.path()))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("exhausted"), "{err}");
+}

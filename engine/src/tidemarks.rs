@@ -78,6 +78,8 @@ pub(crate) fn apply_join(
     user: u64,
     cursor: u64,
 ) -> Result<u64> {
+    // Never above the head, whatever a journal entry says.
+    let cursor = cursor.min(group.head());
     let mut members = group.members.lock();
     if let Some(c) = cursors.get(user, group.slot) {
         return Ok(c.cursor);
@@ -92,7 +94,7 @@ pub(crate) fn apply_join(
         user,
         group.slot,
         cursor,
-        cursor + 1,
+        cursor.saturating_add(1),
         Some(config.groups_per_user_max),
     ) {
         Ok(()) => {}

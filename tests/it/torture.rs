@@ -22,6 +22,9 @@ use tidemark_server::protocol::JoinStart;
 
 use crate::harness::Node;
 
+/// `(group, msg_id, sender, client_msg_id)` of every answered send.
+type Answered = Arc<Mutex<Vec<(u64, u64, u64, u64)>>>;
+
 const GROUPS: u64 = 3;
 const READER: u64 = 999;
 const ACKER: u64 = 100;
@@ -65,7 +68,7 @@ fn torture(fsync: &str) {
             c.join(g, ACKER, JoinStart::Earliest).unwrap();
         }
     }
-    let answered: Arc<Mutex<Vec<(u64, u64, u64, u64)>>> = Arc::default();
+    let answered: Answered = Arc::default();
     let mut persisted: HashMap<u64, u64> = HashMap::new();
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ fsync.len() as u64;
     let (mut sends, mut cmid_base) = (0usize, 0u64);

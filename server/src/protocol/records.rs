@@ -47,7 +47,7 @@ impl<'a> Records<'a> {
     /// Walks `bytes` by record length (CRC not checked) and counts them.
     pub fn from_bytes(bytes: &'a [u8]) -> Result<Records<'a>, RecordsError> {
         let mut count = 0u32;
-        for r in RecordIter::new(bytes, u32::MAX, false) {
+        for r in RecordIter::new(bytes, None, false) {
             r?;
             count += 1;
         }
@@ -57,7 +57,7 @@ impl<'a> Records<'a> {
     /// Iterates the records, checking each length and, if `verify_crc`, its
     /// CRC; at the end checks that the number found matches `count`.
     pub fn iter(&self, verify_crc: bool) -> RecordIter<'a> {
-        RecordIter::new(self.bytes, self.count, verify_crc)
+        RecordIter::new(self.bytes, Some(self.count), verify_crc)
     }
 }
 
@@ -205,16 +205,17 @@ impl<'a> RecordView<'a> {
 pub struct RecordIter<'a> {
     bytes: &'a [u8],
     pos: usize,
-    declared: u32,
+    /// The section's declared count, checked at the end (`None`: no count
+    /// to check, for [`Records::from_bytes`]). Never a sentinel value from
+    /// the wire.
+    declared: Option<u32>,
     found: u32,
     verify_crc: bool,
     done: bool,
 }
 
 impl<'a> RecordIter<'a> {
-    /// `declared` is the section's record count; `u32::MAX` with
-    /// [`Records::from_bytes`] skips the count check.
-    fn new(bytes: &'a [u8], declared: u32, verify_crc: bool) -> Self {
+    fn new(bytes: &'a [u8], declared: Option<u32>, verify_crc: bool) -> Self {
         RecordIter {
             bytes,
             pos: 0,
@@ -241,9 +242,9 @@ impl<'a> Iterator for RecordIter<'a> {
         let rest = self.bytes.get(self.pos..).unwrap_or(&[]);
         if rest.is_empty() {
             self.done = true;
-            if self.declared != u32::MAX && self.found != self.declared {
+            if let Some(declared) = self.declared.filter(|&d| d != self.found) {
                 return Some(Err(RecordsError::CountMismatch {
-                    declared: self.declared,
+                    declared,
                     found: self.found,
                 }));
             }
@@ -270,17 +271,14 @@ impl<'a> Iterator for RecordIter<'a> {
                 have: rest.len(),
             });
         };
-        if self.found == self.declared {
+        if let Some(declared) = self.declared.filter(|&d| d == self.found) {
             // More records than declared: count them all for the message.
             let mut found = self.found;
-            let mut it = RecordIter::new(rest, u32::MAX, false);
+            let mut it = RecordIter::new(rest, None, false);
             while let Some(Ok(_)) = it.next() {
                 found = found.saturating_add(1);
             }
-            return self.fail(RecordsError::CountMismatch {
-                declared: self.declared,
-                found,
-            });
+            return self.fail(RecordsError::CountMismatch { declared, found });
         }
         let view = RecordView { bytes: record };
         if self.verify_crc {
@@ -385,6 +383,29 @@ mod tests {
         assert!(matches!(
             Records::from_bytes(&bytes[..3]),
             Err(RecordsError::Truncated { need: 4, .. })
+        ));
+    }
+}
+
+#[cfg(test)]
+mod declared_count_tests {
+    use super::*;
+
+    #[test]
+    fn a_declared_count_of_u32_max_is_checked_like_any_other() {
+        // Fuzz finding F3: u32::MAX used to mean "do not check the count".
+        let section = Records {
+            count: u32::MAX,
+            bytes: &[],
+        };
+        let results: Vec<_> = section.iter(false).collect();
+        assert_eq!(results.len(), 1);
+        assert!(matches!(
+            results[0],
+            Err(RecordsError::CountMismatch {
+                declared: u32::MAX,
+                found: 0
+            })
         ));
     }
 }
