@@ -1,11 +1,15 @@
 //! A blocking client over `std::net`: the handshake, one method per request,
 //! pipelining (`submit` / `recv`), pushes queued as [`Event`]s, and every
 //! record's CRC verified end to end before a message reaches the caller.
+//!
+//! This is the low-level connection: one TCP connection, no retries. The
+//! reliability layer (reconnect with backoff, retransmit with the same
+//! `client_msg_id`, dedup by `msg_id`, batch ACK) is [`crate::reliable`].
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
@@ -217,6 +221,14 @@ pub fn messages(group: u64, records: &Records<'_>) -> Result<Vec<Message>> {
     Ok(out)
 }
 
+/// `base + d`, saturating: a timeout too large for the clock (a caller's
+/// `Duration::MAX`) means "practically never", not a panic.
+pub(crate) fn later(base: Instant, d: Duration) -> Instant {
+    // 2^32 s is 136 years; the monotonic clock is nowhere near overflow.
+    base.checked_add(d.min(Duration::from_secs(1 << 32)))
+        .unwrap_or(base)
+}
+
 fn unexpected<T>(what: &str) -> Result<T> {
     Err(ClientError::Protocol(format!(
         "unexpected response to {what}"
@@ -228,7 +240,10 @@ pub struct Client {
     decoder: FrameDecoder,
     next_id: u64,
     io_timeout: Duration,
-    events: VecDeque<Event>,
+    /// Pushes and resyncs in arrival order. A push whose records fail their
+    /// CRC is queued as its error, so that it surfaces from `next_event` and
+    /// never fails an unrelated request that happened to read it.
+    events: VecDeque<Result<Event>>,
     /// Responses read while waiting for another one (pipelining).
     stashed: HashMap<u64, OwnedFrame>,
     limits: NodeLimits,
@@ -288,6 +303,24 @@ impl Client {
         self.limits
     }
 
+    /// Longest wait for one response (a long poll adds its own wait).
+    pub fn io_timeout(&self) -> Duration {
+        self.io_timeout
+    }
+
+    pub fn set_io_timeout(&mut self, timeout: Duration) {
+        self.io_timeout = timeout;
+    }
+
+    /// Shuts the socket down, both directions, without waiting for
+    /// responses: requests in flight have unknown outcome, and once the
+    /// bytes already received are read, reads see the end of the stream.
+    /// For abandoning a stalled connection before dropping it.
+    pub fn cut(&self) {
+        // An error means the socket is already gone, which is the aim.
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
     /// Sends a request without waiting; returns its id (pipelining).
     pub fn submit(&mut self, req: &Request<'_>) -> Result<u64> {
         let id = self.next_id;
@@ -328,8 +361,10 @@ impl Client {
             };
             let owned = frame_bytes(&frame);
             let event = match decode_response(&frame)? {
-                Response::Push { group, records } => Some(Event::Push(messages(group, &records)?)),
-                Response::Resync(scope) => Some(Event::Resync(scope)),
+                Response::Push { group, records } => {
+                    Some(messages(group, &records).map(Event::Push))
+                }
+                Response::Resync(scope) => Some(Ok(Event::Resync(scope))),
                 _ => None,
             };
             match event {
@@ -346,7 +381,7 @@ impl Client {
                 return Ok(f);
             }
         }
-        self.read_response_frame(Instant::now() + self.io_timeout)
+        self.read_response_frame(later(Instant::now(), self.io_timeout))
     }
 
     /// Waits for the response to request `id`, stashing others.
@@ -354,7 +389,7 @@ impl Client {
         if let Some(f) = self.stashed.remove(&id) {
             return Ok(f);
         }
-        let deadline = Instant::now() + self.io_timeout + extra;
+        let deadline = later(later(Instant::now(), self.io_timeout), extra);
         loop {
             let f = self.read_response_frame(deadline)?;
             let rid = f.request_id();
@@ -380,19 +415,27 @@ impl Client {
         self.wait(id, extra)
     }
 
-    /// The next push or resync, waiting up to `timeout`.
+    /// The next push or resync, waiting up to `timeout`. A push whose
+    /// records fail their CRC is returned as `Err(ClientError::Crc)` (the
+    /// connection stays usable; pull the group). An ERROR about the
+    /// connection (request id 0, e.g. `SHUTTING_DOWN`) is returned as
+    /// `Err(ClientError::Server)`.
     pub fn next_event(&mut self, timeout: Duration) -> Result<Option<Event>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = later(Instant::now(), timeout);
         loop {
             if let Some(e) = self.events.pop_front() {
-                return Ok(Some(e));
+                return e.map(Some);
             }
             match self.read_response_frame(deadline) {
                 Ok(f) => {
                     let id = f.request_id();
+                    if id == 0 {
+                        f.response()?;
+                        continue;
+                    }
                     self.stashed.insert(id, f);
                 }
-                Err(ClientError::Timeout) => return Ok(self.events.pop_front()),
+                Err(ClientError::Timeout) => return self.events.pop_front().transpose(),
                 Err(e) => return Err(e),
             }
         }

@@ -4,10 +4,16 @@
 //! bytes into frames and frames into bytes and knows nothing of sockets or
 //! of the engine (format-spec/protocol.md is its specification).
 
+pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod connection;
+pub mod demo;
 pub mod event_loop;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod handlers;
 pub mod protocol;
+pub mod reliable;
 pub mod stats;

@@ -1,4 +1,5 @@
-//! The `tidemark` binary: `tidemark serve` runs a node.
+//! The `tidemark` binary: `tidemark serve` runs a node; the client
+//! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -25,6 +26,10 @@ struct Cli {
 enum Command {
     /// Run a node.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(tidemark_server::cli::ClientCommand),
+    /// Load tool: drive a node (or `--spawn` one) with IM-bench workloads.
+    Bench(tidemark_server::bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -134,10 +139,18 @@ fn serve(a: ServeArgs) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    // A node logs its progress; a client command prints only its result
+    // (RUST_LOG still overrides both).
+    let default_log = match cli.command {
+        Command::Serve(_) => "info",
+        Command::Client(_) | Command::Bench(_) => "warn",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
     let result = match cli.command {
         Command::Serve(a) => serve(a),
+        Command::Client(c) => tidemark_server::cli::run(c),
+        Command::Bench(b) => tidemark_server::bench::run(b),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

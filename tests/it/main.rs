@@ -6,6 +6,13 @@
 //! switched on by environment variables documented in each module (no
 //! `#[ignore]`).
 
+mod bench_tool;
+mod cli;
 mod crash_kill;
+mod fuzz_corpus;
 mod harness;
+mod hostile;
+mod net_faults;
 mod node;
+mod proxy;
+mod torture;

@@ -1,0 +1,174 @@
+//! The command line of `tidemark bench`: which workloads, against which
+//! node, at which scale. Sizes default to IM-bench v1 (design brief
+//! section 5); every one can be scaled down.
+
+use std::path::PathBuf;
+
+use super::plan::SEED_DEFAULT;
+
+/// A workload of IM-bench v1, or the mixed gateway workload.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Appends: random groups, pipelined sends.
+    W1,
+    /// Fan-out pull: one group, every member pulls its backlog in pages.
+    W2,
+    /// ACK storm: single ACKs moving random members' cursors.
+    W3,
+    /// Unread counts of every group of random users.
+    W4,
+    /// Zipf group sizes, online members pushed, offline members syncing.
+    Mixed,
+    /// W1, W2, W3, W4 and mixed.
+    All,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::W1 => "w1",
+            Workload::W2 => "w2",
+            Workload::W3 => "w3",
+            Workload::W4 => "w4",
+            Workload::Mixed => "mixed",
+            Workload::All => "all",
+        }
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, all.
+    #[arg(
+        long,
+        short = 'w',
+        value_enum,
+        value_delimiter = ',',
+        default_value = "w1,w2,w3,w4"
+    )]
+    pub workload: Vec<Workload>,
+    /// Address of a running node (not used with --spawn).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub addr: String,
+    /// Start a node per workload on a fresh temporary directory, stop it after.
+    #[arg(long)]
+    pub spawn: bool,
+    /// The tidemark binary --spawn starts (default: this executable).
+    #[arg(long)]
+    pub node_bin: Option<PathBuf>,
+    /// fsync policy of a spawned node: always, interval:MS, never.
+    #[arg(long, default_value = "always")]
+    pub fsync: String,
+    /// Directory in which spawned nodes get their data directories
+    /// (default: the system's temporary directory).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// File with the token the node requires (trailing newline ignored).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Client connections (one thread each).
+    #[arg(long, short = 'c', default_value_t = 16)]
+    pub connections: usize,
+    /// Requests in flight per connection.
+    #[arg(long, default_value_t = 16)]
+    pub in_flight: usize,
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 200)]
+    pub size: usize,
+    /// Groups (W1: 10,000; W4: 10,000; mixed: 100).
+    #[arg(long)]
+    pub groups: Option<u64>,
+    /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000).
+    #[arg(long)]
+    pub members: Option<u64>,
+    /// Messages sent (W1: 1,000,000; mixed: 20,000) or stored before the
+    /// measured phase (W2: 100,000; W3: 1,000; W4: 1,000,000).
+    #[arg(long)]
+    pub messages: Option<u64>,
+    /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000).
+    #[arg(long)]
+    pub ops: Option<u64>,
+    /// W4: groups per user.
+    #[arg(long, default_value_t = 50)]
+    pub groups_per_user: u64,
+    /// W2 and mixed: records per pulled page.
+    #[arg(long, default_value_t = 200)]
+    pub page: u32,
+    /// Stop the measured phase after this many seconds (the figures cover
+    /// what was done; verification checks that part).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Seed of payloads, groups, cursors and queries.
+    #[arg(long, default_value_t = SEED_DEFAULT)]
+    pub seed: u64,
+    /// Print one JSON object per workload (and no human summary).
+    #[arg(long)]
+    pub json: bool,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Offset of every group and user id (default: 0 with --spawn, else
+    /// derived from the clock so that runs against one node do not collide).
+    #[arg(long)]
+    pub id_base: Option<u64>,
+    /// mixed: fraction of users online (subscribed through a gateway).
+    #[arg(long, default_value_t = 0.1)]
+    pub online: f64,
+    /// mixed: gateway connections carrying the subscriptions.
+    #[arg(long, default_value_t = 2)]
+    pub gateways: usize,
+    /// mixed: largest group (Zipf, exponent 1, from 2 members).
+    #[arg(long, default_value_t = 100_000)]
+    pub group_size_max: u64,
+    /// mixed: offline users that catch up with SYNC and BATCH_ACK.
+    #[arg(long, default_value_t = 1_000)]
+    pub catchup_users: u64,
+}
+
+impl BenchArgs {
+    /// The workloads to run, `all` expanded, in order, without repeats.
+    pub fn workloads(&self) -> Vec<Workload> {
+        let mut out = Vec::new();
+        for &w in &self.workload {
+            let ws: &[Workload] = if w == Workload::All {
+                &[
+                    Workload::W1,
+                    Workload::W2,
+                    Workload::W3,
+                    Workload::W4,
+                    Workload::Mixed,
+                ]
+            } else {
+                std::slice::from_ref(&w)
+            };
+            for &w in ws {
+                if !out.contains(&w) {
+                    out.push(w);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A parser for `BenchArgs` alone (tests, and programs that embed the tool).
+#[derive(clap::Parser)]
+#[command(name = "tidemark bench", no_binary_name = true)]
+struct Standalone {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+impl BenchArgs {
+    /// Parses flags as `tidemark bench` would (without the program name).
+    pub fn parse_flags<I, T>(flags: I) -> Result<BenchArgs, String>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        Standalone::try_parse_from(flags)
+            .map(|s| s.args)
+            .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,640 @@
+//! The `tidemark` client subcommands: `create-group`, `join`, `send`,
+//! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `stats` against a
+//! running node, and `demo`. Human-readable output by default, one JSON
+//! object with `--json`. Every command goes through the reliable client
+//! ([`crate::reliable`]): it connects with retries for `--timeout-ms`, and
+//! `send` retransmits with the same `client_msg_id` when a connection fails.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use crate::client::{ClientConfig, GroupState, Message};
+use crate::demo;
+use crate::protocol::JoinStart;
+use crate::reliable::{ReliableClient, ReliableConfig};
+
+/// The client subcommands (flattened into the binary's `Command`).
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Create a group (its id is chosen by you).
+    CreateGroup(CreateGroupArgs),
+    /// Add a member to a group and set its cursor.
+    Join(JoinArgs),
+    /// Send a message to a group; prints its msg_id.
+    Send(SendArgs),
+    /// Print a member's unread messages of a group and acknowledge them.
+    Pull(PullArgs),
+    /// Advance a member's cursor.
+    Ack(AckArgs),
+    /// Unread counts of every group of a user.
+    Unread(UnreadArgs),
+    /// First unread messages of every group of a user, in one request.
+    Sync(SyncArgs),
+    /// Stored messages of a group, newest first (message roaming).
+    History(HistoryArgs),
+    /// How many members a group has, and read receipts of recent messages.
+    Members(MembersArgs),
+    /// The node's counters.
+    Stats(StatsArgs),
+    /// Run a scripted session with offline members and cut connections;
+    /// print what each member's application received.
+    Demo(demo::DemoArgs),
+}
+
+/// How to reach the node.
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Address of the node.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub addr: String,
+    /// File holding the node's token (a trailing newline is ignored).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up after this many milliseconds of failing to reach the node.
+    #[arg(long, default_value_t = 5000)]
+    pub timeout_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateGroupArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The new group's id (nonzero).
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+    /// Where the cursor starts: head (only later messages are unread),
+    /// earliest (every stored message is unread), or a msg_id.
+    #[arg(long, default_value = "head", value_parser = parse_start)]
+    start: JoinStart,
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    /// The sender's user id (stored with the message).
+    #[arg(long)]
+    sender: u64,
+    /// Idempotency key; a retransmit must reuse it (default: a fresh one).
+    /// Sending again with the same id stores nothing new.
+    #[arg(long)]
+    client_msg_id: Option<u64>,
+    /// The message text.
+    message: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+    /// Print at most this many messages.
+    #[arg(long, default_value_t = 100)]
+    max: u32,
+    /// Messages per PULL page; each page's request acknowledges the previous page.
+    #[arg(long, default_value_t = 50)]
+    page: u32,
+    /// Wait up to this long for a message if none is unread (long poll).
+    #[arg(long, default_value_t = 0)]
+    wait_ms: u32,
+    /// Only show one page; do not move the cursor.
+    #[arg(long)]
+    no_ack: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AckArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+    /// Acknowledge up to this msg_id (cursors only move forward).
+    #[arg(long)]
+    msg_id: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct UnreadArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+    /// Messages per group at most; 0 = counts only.
+    #[arg(long, default_value_t = 10)]
+    per_group: u32,
+    /// Record bytes per SYNC response at most.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_bytes: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    /// A member of the group.
+    #[arg(long, value_parser = nonzero)]
+    user: u64,
+    /// Messages below this msg_id; 0 = from the newest.
+    #[arg(long, default_value_t = 0)]
+    before: u64,
+    #[arg(long, default_value_t = 20)]
+    max: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct MembersArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    /// A member, to learn the group's head and show read receipts of the
+    /// newest messages.
+    #[arg(long, value_parser = nonzero)]
+    user: Option<u64>,
+    /// Read receipts of this many of the newest messages.
+    #[arg(long, default_value_t = 5)]
+    last: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+}
+
+fn nonzero(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("0 is reserved; ids start at 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_start(s: &str) -> Result<JoinStart, String> {
+    match s {
+        "head" => Ok(JoinStart::Head),
+        "earliest" => Ok(JoinStart::Earliest),
+        n => n
+            .parse::<u64>()
+            .map(JoinStart::At)
+            .map_err(|_| format!("expected head, earliest or a msg_id, got {n:?}")),
+    }
+}
+
+/// Reads a token file as `tidemark serve` does: trailing newlines ignored.
+pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
+    let mut token =
+        std::fs::read(path).map_err(|e| format!("token file {}: {e}", path.display()))?;
+    while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        token.pop();
+    }
+    if token.is_empty() {
+        return Err(format!("token file {} is empty", path.display()));
+    }
+    Ok(token)
+}
+
+fn reliable_config(conn: &ConnArgs) -> Result<ReliableConfig, String> {
+    let mut client = ClientConfig::new(conn.addr.clone());
+    client.client_name = "tidemark-cli".into();
+    if let Some(path) = &conn.token_file {
+        client.token = Some(read_token_file(path)?);
+    }
+    let timeout_ms = conn.timeout_ms.max(1);
+    client.io_timeout = Duration::from_millis(timeout_ms.clamp(1000, 10_000));
+    let mut config = ReliableConfig::with_client(client);
+    config.give_up_after_ms = timeout_ms;
+    config.send_timeout_ms = timeout_ms.clamp(1000, 5000);
+    config.backoff_max_ms = 500;
+    Ok(config)
+}
+
+fn connect(conn: &ConnArgs) -> Result<ReliableClient, String> {
+    let config = reliable_config(conn)?;
+    ReliableClient::connect(config).map_err(|e| format!("{}: {e}", conn.addr))
+}
+
+/// Writes the output; a closed stdout (`| head`) is not a panic.
+fn emit(conn_json: bool, human: String, json: Value) -> Result<(), String> {
+    let text = if conn_json {
+        format!("{json}\n")
+    } else {
+        human
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("writing output: {e}"))
+}
+
+/// Runs a client subcommand.
+pub fn run(cmd: ClientCommand) -> Result<(), String> {
+    match cmd {
+        ClientCommand::CreateGroup(a) => create_group(a),
+        ClientCommand::Join(a) => join(a),
+        ClientCommand::Send(a) => send(a),
+        ClientCommand::Pull(a) => pull(a),
+        ClientCommand::Ack(a) => ack(a),
+        ClientCommand::Unread(a) => unread(a),
+        ClientCommand::Sync(a) => sync(a),
+        ClientCommand::History(a) => history(a),
+        ClientCommand::Members(a) => members(a),
+        ClientCommand::Stats(a) => stats(a),
+        ClientCommand::Demo(a) => demo::run_cli(a),
+    }
+}
+
+fn create_group(a: CreateGroupArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    c.create_group(a.group).map_err(|e| e.to_string())?;
+    emit(
+        a.conn.json,
+        format!("created group {}\n", a.group),
+        json!({ "group": a.group, "created": true }),
+    )
+}
+
+fn join(a: JoinArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let cursor = c
+        .join(a.group, a.user, a.start)
+        .map_err(|e| e.to_string())?;
+    emit(
+        a.conn.json,
+        format!(
+            "user {} is a member of group {}, cursor {cursor}\n",
+            a.user, a.group
+        ),
+        json!({ "group": a.group, "user": a.user, "cursor": cursor }),
+    )
+}
+
+fn send(a: SendArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let payload = a.message.as_bytes();
+    let (client_msg_id, sent) = match a.client_msg_id {
+        Some(id) => (id, c.send_with_id(a.group, a.sender, id, payload)),
+        None => {
+            let id = crate::reliable::ClientMsgIds::new().next_id();
+            (id, c.send_with_id(a.group, a.sender, id, payload))
+        }
+    };
+    let sent = sent.map_err(|e| e.to_string())?;
+    let stats = c.stats();
+    let dup = if sent.duplicate {
+        " (already stored: nothing new was stored)"
+    } else {
+        ""
+    };
+    emit(
+        a.conn.json,
+        format!("sent to group {}: msg_id {}{dup}\n", a.group, sent.msg_id),
+        json!({
+            "group": a.group,
+            "sender": a.sender,
+            "client_msg_id": client_msg_id,
+            "msg_id": sent.msg_id,
+            "timestamp_ms": sent.timestamp_ms,
+            "duplicate": sent.duplicate,
+            "retransmits": stats.retransmits,
+        }),
+    )
+}
+
+fn pull(a: PullArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let page_max = a.page.max(1);
+    let mut printed: Vec<Message> = Vec::new();
+    let mut ack_up_to = 0;
+    let (mut cursor, mut head);
+    let mut wait_ms = a.wait_ms;
+    loop {
+        let want = a.max.saturating_sub(printed.len() as u32).min(page_max);
+        // The request for this page acknowledges the previous page.
+        let page = c
+            .pull_page(a.group, a.user, ack_up_to, want, wait_ms)
+            .map_err(|e| e.to_string())?;
+        wait_ms = 0;
+        cursor = page.cursor;
+        head = page.head;
+        if let Some(last) = page.messages.last() {
+            ack_up_to = last.msg_id;
+        }
+        let more = page.has_more;
+        printed.extend(page.messages);
+        if a.no_ack || !more || printed.len() as u32 >= a.max {
+            break;
+        }
+    }
+    if !a.no_ack && ack_up_to > cursor {
+        cursor = c
+            .ack(a.group, a.user, ack_up_to)
+            .map_err(|e| e.to_string())?;
+    }
+    let unread = head.saturating_sub(cursor);
+    let mut human = String::new();
+    for m in &printed {
+        human.push_str(&message_line(m));
+    }
+    let what = if printed.is_empty() {
+        "no unread messages".to_string()
+    } else if a.no_ack {
+        format!("{} message(s), not acknowledged", printed.len())
+    } else {
+        format!("{} message(s), acknowledged", printed.len())
+    };
+    human.push_str(&format!(
+        "{what}; group {} cursor {cursor}, head {head}, unread {unread}\n",
+        a.group
+    ));
+    emit(
+        a.conn.json,
+        human,
+        json!({
+            "group": a.group,
+            "user": a.user,
+            "messages": printed.iter().map(message_json).collect::<Vec<_>>(),
+            "acknowledged": !a.no_ack,
+            "cursor": cursor,
+            "head": head,
+            "unread": unread,
+        }),
+    )
+}
+
+fn ack(a: AckArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let cursor = c
+        .ack(a.group, a.user, a.msg_id)
+        .map_err(|e| e.to_string())?;
+    emit(
+        a.conn.json,
+        format!("user {} in group {}: cursor {cursor}\n", a.user, a.group),
+        json!({ "group": a.group, "user": a.user, "cursor": cursor }),
+    )
+}
+
+fn group_json(g: &GroupState) -> Value {
+    json!({ "group": g.group, "head": g.head, "cursor": g.cursor, "unread": g.unread })
+}
+
+fn unread(a: UnreadArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let groups = c.unread(a.user).map_err(|e| e.to_string())?;
+    let mut human = String::new();
+    if groups.is_empty() {
+        human.push_str(&format!("user {} is in no group\n", a.user));
+    } else {
+        human.push_str(&format!(
+            "{:>20} {:>12} {:>12} {:>12}\n",
+            "group", "head", "cursor", "unread"
+        ));
+        for g in &groups {
+            human.push_str(&format!(
+                "{:>20} {:>12} {:>12} {:>12}\n",
+                g.group, g.head, g.cursor, g.unread
+            ));
+        }
+        let total: u64 = groups.iter().map(|g| g.unread).sum();
+        human.push_str(&format!("total unread: {total}\n"));
+    }
+    emit(
+        a.conn.json,
+        human,
+        json!({ "user": a.user, "groups": groups.iter().map(group_json).collect::<Vec<_>>() }),
+    )
+}
+
+fn sync(a: SyncArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let groups = c
+        .sync_all(a.user, a.per_group, a.max_bytes)
+        .map_err(|e| e.to_string())?;
+    let mut human = String::new();
+    if groups.is_empty() {
+        human.push_str(&format!("user {} has no unread messages\n", a.user));
+    }
+    for g in &groups {
+        human.push_str(&format!(
+            "group {}: {} unread (cursor {}, head {})\n",
+            g.group, g.unread, g.cursor, g.head
+        ));
+        for m in &g.messages {
+            human.push_str("  ");
+            human.push_str(&message_line(m));
+        }
+    }
+    let list: Vec<Value> = groups
+        .iter()
+        .map(|g| {
+            let mut v = group_json(g);
+            v["messages"] = g.messages.iter().map(message_json).collect();
+            v
+        })
+        .collect();
+    emit(
+        a.conn.json,
+        human,
+        json!({ "user": a.user, "groups": list }),
+    )
+}
+
+fn history(a: HistoryArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let (msgs, has_more) = c
+        .history(a.group, a.user, a.before, a.max)
+        .map_err(|e| e.to_string())?;
+    let mut human = String::new();
+    for m in &msgs {
+        human.push_str(&message_line(m));
+    }
+    match (msgs.last(), has_more) {
+        (Some(oldest), true) => human.push_str(&format!(
+            "{} message(s), newest first; older ones: --before {}\n",
+            msgs.len(),
+            oldest.msg_id
+        )),
+        _ => human.push_str(&format!(
+            "{} message(s), newest first; no older ones\n",
+            msgs.len()
+        )),
+    }
+    emit(
+        a.conn.json,
+        human,
+        json!({
+            "group": a.group,
+            "messages": msgs.iter().map(message_json).collect::<Vec<_>>(),
+            "has_more": has_more,
+        }),
+    )
+}
+
+fn members(a: MembersArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    // Every cursor is >= 0: READ_COUNT of 0 counts the members.
+    let count = c.read_count(a.group, 0).map_err(|e| e.to_string())?;
+    let mut human = format!("group {}: {count} member(s)\n", a.group);
+    let mut receipts = Vec::new();
+    let mut head = None;
+    if let Some(user) = a.user {
+        // A PULL of no records reads the head without moving the cursor.
+        let page = c
+            .pull_page(a.group, user, 0, 0, 0)
+            .map_err(|e| e.to_string())?;
+        head = Some(page.head);
+        let first = page.head.saturating_sub(a.last.saturating_sub(1)).max(1);
+        for msg_id in (first..=page.head).rev() {
+            let read = c.read_count(a.group, msg_id).map_err(|e| e.to_string())?;
+            human.push_str(&format!("  msg {msg_id}: read by {read} of {count}\n"));
+            receipts.push(json!({ "msg_id": msg_id, "read_by": read }));
+        }
+    }
+    emit(
+        a.conn.json,
+        human,
+        json!({ "group": a.group, "members": count, "head": head, "read_receipts": receipts }),
+    )
+}
+
+fn stats(a: StatsArgs) -> Result<(), String> {
+    let mut c = connect(&a.conn)?;
+    let stats = c.node_stats().map_err(|e| e.to_string())?;
+    let width = stats.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
+    let mut human = String::new();
+    let mut obj = serde_json::Map::new();
+    for (name, value) in &stats {
+        human.push_str(&format!("{name:<width$}  {value}\n"));
+        obj.insert(name.clone(), json!(value));
+    }
+    emit(a.conn.json, human, Value::Object(obj))
+}
+
+/// One message as a line of text.
+pub fn message_line(m: &Message) -> String {
+    format!(
+        "[group {} #{}] {} from {}: {}\n",
+        m.group,
+        m.msg_id,
+        utc(m.timestamp_ms),
+        m.sender_id,
+        payload_text(&m.payload)
+    )
+}
+
+fn payload_text(p: &[u8]) -> String {
+    match std::str::from_utf8(p) {
+        // Debug-escape control characters so a message cannot rewrite the
+        // terminal; plain text prints as is.
+        Ok(s) if s.chars().any(char::is_control) => format!("{s:?}"),
+        Ok(s) => s.to_string(),
+        Err(_) => format!("<{} bytes: {}>", p.len(), hex(p)),
+    }
+}
+
+fn hex(p: &[u8]) -> String {
+    p.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One message as JSON: `payload` when it is UTF-8, else `payload_hex`.
+pub fn message_json(m: &Message) -> Value {
+    let mut v = json!({
+        "group": m.group,
+        "msg_id": m.msg_id,
+        "timestamp_ms": m.timestamp_ms,
+        "sender": m.sender_id,
+        "client_msg_id": m.client_msg_id,
+    });
+    match std::str::from_utf8(&m.payload) {
+        Ok(s) => v["payload"] = json!(s),
+        Err(_) => v["payload_hex"] = json!(hex(&m.payload)),
+    }
+    v
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS.mmm` UTC.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_print_as_utc() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00.000");
+        assert_eq!(utc(1_700_000_000_123), "2023-11-14 22:13:20.123");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00.000");
+    }
+
+    #[test]
+    fn payloads_print_safely() {
+        assert_eq!(payload_text(b"hello"), "hello");
+        assert_eq!(payload_text(b"a\x1b[2J"), "\"a\\u{1b}[2J\"");
+        assert_eq!(payload_text(&[0xff, 0x00]), "<2 bytes: ff00>");
+    }
+
+    #[test]
+    fn join_start_and_ids_parse() {
+        assert_eq!(parse_start("head"), Ok(JoinStart::Head));
+        assert_eq!(parse_start("earliest"), Ok(JoinStart::Earliest));
+        assert_eq!(parse_start("42"), Ok(JoinStart::At(42)));
+        assert!(parse_start("x").is_err());
+        assert!(nonzero("0").is_err());
+        assert_eq!(nonzero("7"), Ok(7));
+    }
+}

@@ -1,0 +1,365 @@
+//! The reliability layer's typed errors: one variant per wire error code
+//! (format-spec/protocol.md §6.2), plus what the client itself detects.
+//!
+//! Transient failures (a lost connection, `OVERLOADED`,
+//! `TOO_MANY_REQUESTS_IN_FLIGHT`, `SHUTTING_DOWN`) are retried by the layer
+//! and surface only when the retry budget (`give_up_after`) is spent.
+
+use std::fmt;
+
+use crate::client::ClientError;
+use crate::protocol::ErrorCode;
+
+/// What an operation was about, to fill the error's fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ctx {
+    pub group: u64,
+    pub user: u64,
+}
+
+impl Ctx {
+    pub fn group(group: u64) -> Ctx {
+        Ctx { group, user: 0 }
+    }
+    pub fn member(group: u64, user: u64) -> Ctx {
+        Ctx { group, user }
+    }
+    pub fn user(user: u64) -> Ctx {
+        Ctx { group: 0, user }
+    }
+}
+
+/// Every way an operation of the reliable client can fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// `BAD_FRAME` (1): the node could not decode a frame of ours; it closed
+    /// the connection. A client bug or a version mix-up; not retried.
+    BadFrame { message: String },
+    /// `UNSUPPORTED_VERSION` (2): no protocol version in common. Not retried.
+    UnsupportedVersion { server_max: Option<u64> },
+    /// `UNAUTHENTICATED` (3): the token is missing or wrong. Not retried.
+    Unauthenticated { message: String },
+    /// `FRAME_TOO_LARGE` (4): a frame of ours exceeded the node's limit.
+    FrameTooLarge { frame_bytes_max: Option<u64> },
+    /// `TOO_MANY_REQUESTS_IN_FLIGHT` (5), still refused when the retry
+    /// budget ran out.
+    TooManyRequestsInFlight { limit: Option<u64> },
+    /// `OVERLOADED` (6), still refused when the retry budget ran out.
+    Overloaded,
+    /// `SHUTTING_DOWN` (7), and no node took its place within the budget.
+    ShuttingDown,
+    /// `GROUP_NOT_FOUND` (10).
+    GroupNotFound { group: u64 },
+    /// `GROUP_EXISTS` (11).
+    GroupExists { group: u64 },
+    /// `NOT_MEMBER` (12).
+    NotMember { group: u64, user: u64 },
+    /// `PAYLOAD_TOO_LARGE` (13), from the node or checked locally against
+    /// the limit the node announced at HELLO.
+    PayloadTooLarge { payload_bytes: usize, limit: u64 },
+    /// `CURSOR_ABOVE_HEAD` (14).
+    CursorAboveHead { group: u64, head: Option<u64> },
+    /// `BELOW_RETENTION_FLOOR` (15): the member's next message is no longer
+    /// stored. Acknowledge `earliest - 1` to skip the lost range knowingly.
+    BelowRetentionFloor { group: u64, earliest: Option<u64> },
+    /// `LIMIT_EXCEEDED` (16): members per group, groups per user, groups per
+    /// node or subscriptions per connection.
+    LimitExceeded { limit: Option<u64> },
+    /// `GROUP_DAMAGED` (20): the group's files failed verification.
+    GroupDamaged { group: u64 },
+    /// `WRITES_STOPPED` (21): the node refuses writes until restarted.
+    WritesStopped,
+    /// `INTERNAL` (22).
+    Internal { message: String },
+    /// A code this client does not know (a newer node): a non-fatal failure
+    /// of the request.
+    UnknownCode { code: u16, message: String },
+    /// A record whose CRC does not match its bytes: damage between the
+    /// node's disk and here. The response is refused, never delivered.
+    Crc { group: u64, msg_id: u64 },
+    /// The node could not be reached, or the connection kept failing, for
+    /// the whole retry budget. `cause` is the last failure.
+    Unavailable { attempts: u32, cause: String },
+}
+
+impl Error {
+    /// The wire error code this error stands for, if any.
+    pub fn code(&self) -> Option<ErrorCode> {
+        Some(match self {
+            Error::BadFrame { .. } => ErrorCode::BadFrame,
+            Error::UnsupportedVersion { .. } => ErrorCode::UnsupportedVersion,
+            Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Error::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+            Error::TooManyRequestsInFlight { .. } => ErrorCode::TooManyRequestsInFlight,
+            Error::Overloaded => ErrorCode::Overloaded,
+            Error::ShuttingDown => ErrorCode::ShuttingDown,
+            Error::GroupNotFound { .. } => ErrorCode::GroupNotFound,
+            Error::GroupExists { .. } => ErrorCode::GroupExists,
+            Error::NotMember { .. } => ErrorCode::NotMember,
+            Error::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Error::CursorAboveHead { .. } => ErrorCode::CursorAboveHead,
+            Error::BelowRetentionFloor { .. } => ErrorCode::BelowRetentionFloor,
+            Error::LimitExceeded { .. } => ErrorCode::LimitExceeded,
+            Error::GroupDamaged { .. } => ErrorCode::GroupDamaged,
+            Error::WritesStopped => ErrorCode::WritesStopped,
+            Error::Internal { .. } => ErrorCode::Internal,
+            Error::UnknownCode { code, .. } => ErrorCode::Unknown(*code),
+            Error::Crc { .. } | Error::Unavailable { .. } => return None,
+        })
+    }
+
+    /// A stable lowercase name, for `--json` output and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Crc { .. } => "crc_mismatch",
+            Error::Unavailable { .. } => "unavailable",
+            other => match other.code() {
+                Some(c) => c.name(),
+                None => "unknown",
+            },
+        }
+    }
+
+    /// The typed error for a server's ERROR frame.
+    pub fn from_code(code: ErrorCode, detail: Option<u64>, message: String, ctx: Ctx) -> Error {
+        match code {
+            ErrorCode::BadFrame => Error::BadFrame { message },
+            ErrorCode::UnsupportedVersion => Error::UnsupportedVersion { server_max: detail },
+            ErrorCode::Unauthenticated => Error::Unauthenticated { message },
+            ErrorCode::FrameTooLarge => Error::FrameTooLarge {
+                frame_bytes_max: detail,
+            },
+            ErrorCode::TooManyRequestsInFlight => Error::TooManyRequestsInFlight { limit: detail },
+            ErrorCode::Overloaded => Error::Overloaded,
+            ErrorCode::ShuttingDown => Error::ShuttingDown,
+            ErrorCode::GroupNotFound => Error::GroupNotFound { group: ctx.group },
+            ErrorCode::GroupExists => Error::GroupExists { group: ctx.group },
+            ErrorCode::NotMember => Error::NotMember {
+                group: ctx.group,
+                user: ctx.user,
+            },
+            ErrorCode::PayloadTooLarge => Error::PayloadTooLarge {
+                payload_bytes: 0,
+                limit: detail.unwrap_or(0),
+            },
+            ErrorCode::CursorAboveHead => Error::CursorAboveHead {
+                group: ctx.group,
+                head: detail,
+            },
+            ErrorCode::BelowRetentionFloor => Error::BelowRetentionFloor {
+                group: ctx.group,
+                earliest: detail,
+            },
+            ErrorCode::LimitExceeded => Error::LimitExceeded { limit: detail },
+            ErrorCode::GroupDamaged => Error::GroupDamaged { group: ctx.group },
+            ErrorCode::WritesStopped => Error::WritesStopped,
+            ErrorCode::Internal => Error::Internal { message },
+            ErrorCode::Unknown(code) => Error::UnknownCode { code, message },
+        }
+    }
+
+    /// The typed error for a low-level failure that will not be retried.
+    pub(crate) fn from_client(e: ClientError, ctx: Ctx, attempts: u32) -> Error {
+        match e {
+            ClientError::Server {
+                code,
+                detail,
+                message,
+            } => Error::from_code(code, detail, message, ctx),
+            ClientError::Crc { group, msg_id } => Error::Crc { group, msg_id },
+            other => Error::Unavailable {
+                attempts,
+                cause: other.to_string(),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let opt = |v: &Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+        match self {
+            Error::BadFrame { message } => write!(f, "BAD_FRAME: {message}"),
+            Error::UnsupportedVersion { server_max } => write!(
+                f,
+                "UNSUPPORTED_VERSION: no common protocol version (node speaks up to {})",
+                opt(server_max)
+            ),
+            Error::Unauthenticated { message } => {
+                write!(f, "UNAUTHENTICATED: {message} (check --token-file)")
+            }
+            Error::FrameTooLarge { frame_bytes_max } => write!(
+                f,
+                "FRAME_TOO_LARGE: the node accepts frames up to {} bytes",
+                opt(frame_bytes_max)
+            ),
+            Error::TooManyRequestsInFlight { limit } => write!(
+                f,
+                "TOO_MANY_REQUESTS_IN_FLIGHT: limit {} per connection",
+                opt(limit)
+            ),
+            Error::Overloaded => write!(f, "OVERLOADED: the node is over capacity"),
+            Error::ShuttingDown => write!(f, "SHUTTING_DOWN: the node is shutting down"),
+            Error::GroupNotFound { group } => write!(f, "GROUP_NOT_FOUND: group {group}"),
+            Error::GroupExists { group } => write!(f, "GROUP_EXISTS: group {group}"),
+            Error::NotMember { group, user } => {
+                write!(
+                    f,
+                    "NOT_MEMBER: user {user} is not a member of group {group}"
+                )
+            }
+            Error::PayloadTooLarge {
+                payload_bytes,
+                limit,
+            } => {
+                if *payload_bytes > 0 {
+                    write!(
+                        f,
+                        "PAYLOAD_TOO_LARGE: {payload_bytes} bytes, the node accepts up to {limit}"
+                    )
+                } else {
+                    write!(f, "PAYLOAD_TOO_LARGE: the node accepts up to {limit} bytes")
+                }
+            }
+            Error::CursorAboveHead { group, head } => {
+                write!(f, "CURSOR_ABOVE_HEAD: group {group} head is {}", opt(head))
+            }
+            Error::BelowRetentionFloor { group, earliest } => write!(
+                f,
+                "BELOW_RETENTION_FLOOR: group {group} keeps messages from {}",
+                opt(earliest)
+            ),
+            Error::LimitExceeded { limit } => {
+                write!(f, "LIMIT_EXCEEDED: limit {}", opt(limit))
+            }
+            Error::GroupDamaged { group } => {
+                write!(f, "GROUP_DAMAGED: group {group} failed verification")
+            }
+            Error::WritesStopped => write!(
+                f,
+                "WRITES_STOPPED: a write or fsync failed; the node refuses writes until restarted"
+            ),
+            Error::Internal { message } => write!(f, "INTERNAL: {message}"),
+            Error::UnknownCode { code, message } => write!(f, "error code {code}: {message}"),
+            Error::Crc { group, msg_id } => write!(
+                f,
+                "CRC mismatch in group {group} message {msg_id}: the record was damaged"
+            ),
+            Error::Unavailable { attempts, cause } => {
+                write!(f, "node unavailable after {attempts} attempt(s): {cause}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// What to do after a low-level failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The connection is gone or untrustworthy (closed, timed out, garbage
+    /// from the node): drop it, reconnect, retry idempotently.
+    Broken,
+    /// The node is busy: keep the connection, back off, retry.
+    Busy,
+    /// The node refused the request for a reason a retry cannot change; the
+    /// connection is unusable (fatal codes) or fine (everything else).
+    Permanent { drop_connection: bool },
+}
+
+pub(crate) fn classify(e: &ClientError) -> Class {
+    match e {
+        ClientError::Io(_)
+        | ClientError::Closed
+        | ClientError::Timeout
+        | ClientError::Protocol(_) => Class::Broken,
+        ClientError::Crc { .. } => Class::Permanent {
+            drop_connection: false,
+        },
+        ClientError::Server { code, .. } => match code {
+            ErrorCode::Overloaded | ErrorCode::TooManyRequestsInFlight => Class::Busy,
+            ErrorCode::ShuttingDown => Class::Broken,
+            ErrorCode::BadFrame
+            | ErrorCode::UnsupportedVersion
+            | ErrorCode::FrameTooLarge
+            | ErrorCode::Unauthenticated => Class::Permanent {
+                drop_connection: true,
+            },
+            _ => Class::Permanent {
+                drop_connection: false,
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_wire_code_has_its_own_typed_error_and_maps_back() {
+        let ctx = Ctx::member(7, 5);
+        let mut kinds = std::collections::HashSet::new();
+        for code in ErrorCode::ALL.into_iter().chain([ErrorCode::Unknown(999)]) {
+            let e = Error::from_code(code, Some(3), "m".into(), ctx);
+            assert_eq!(e.code(), Some(code), "{e}");
+            assert!(
+                kinds.insert(std::mem::discriminant(&e)),
+                "{code:?} shares a variant"
+            );
+            assert!(!e.to_string().is_empty());
+        }
+        assert!(matches!(
+            Error::from_code(ErrorCode::NotMember, None, String::new(), ctx),
+            Error::NotMember { group: 7, user: 5 }
+        ));
+        assert!(matches!(
+            Error::from_code(
+                ErrorCode::BelowRetentionFloor,
+                Some(500),
+                String::new(),
+                ctx
+            ),
+            Error::BelowRetentionFloor {
+                group: 7,
+                earliest: Some(500)
+            }
+        ));
+    }
+
+    #[test]
+    fn transient_failures_are_retried_and_refusals_are_not() {
+        let server = |code| ClientError::Server {
+            code,
+            detail: None,
+            message: String::new(),
+        };
+        assert_eq!(classify(&ClientError::Closed), Class::Broken);
+        assert_eq!(classify(&ClientError::Timeout), Class::Broken);
+        assert_eq!(classify(&ClientError::Protocol("x".into())), Class::Broken);
+        assert_eq!(classify(&server(ErrorCode::ShuttingDown)), Class::Broken);
+        assert_eq!(classify(&server(ErrorCode::Overloaded)), Class::Busy);
+        assert_eq!(
+            classify(&server(ErrorCode::TooManyRequestsInFlight)),
+            Class::Busy
+        );
+        assert_eq!(
+            classify(&server(ErrorCode::Unauthenticated)),
+            Class::Permanent {
+                drop_connection: true
+            }
+        );
+        assert_eq!(
+            classify(&server(ErrorCode::GroupNotFound)),
+            Class::Permanent {
+                drop_connection: false
+            }
+        );
+        assert_eq!(
+            classify(&server(ErrorCode::Unknown(77))),
+            Class::Permanent {
+                drop_connection: false
+            }
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! A logical connection to a node that outlives its TCP connections:
+//! connects lazily, reconnects after a failure with exponential backoff
+//! (with jitter, capped), and retries idempotent requests until they succeed,
+//! fail for a reason a retry cannot change, or the retry budget runs out.
+
+use std::time::{Duration, Instant};
+
+use super::error::{classify, Class, Ctx, Error};
+use crate::client::{later, Client, ClientConfig, ClientError};
+
+/// Exponential backoff: `base * 2^k`, capped at `max`, each delay drawn
+/// uniformly from its upper half so that clients cut off together do not
+/// come back together.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    base: Duration,
+    max: Duration,
+    attempt: u32,
+    rng: u64,
+}
+
+impl Backoff {
+    pub(crate) fn new(base: Duration, max: Duration) -> Backoff {
+        Backoff {
+            base,
+            max: max.max(base),
+            attempt: 0,
+            rng: super::random_u64() | 1,
+        }
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let exp = self.base.saturating_mul(1u32 << self.attempt.min(20));
+        let d = exp.min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let half = d / 2;
+        let nanos = half.as_nanos().min(u64::MAX as u128) as u64;
+        half + Duration::from_nanos(self.rng % nanos.saturating_add(1))
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Counters of a link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Connections established (handshake done).
+    pub connects: u64,
+    /// Connections established after the first: recoveries from a failure.
+    pub reconnects: u64,
+    /// Connection attempts that failed.
+    pub connect_failures: u64,
+    /// Connections dropped because they failed (closed, timed out, garbage).
+    pub broken: u64,
+}
+
+pub(crate) struct Link {
+    config: ClientConfig,
+    client: Option<Client>,
+    backoff: Backoff,
+    generation: u64,
+    stats: LinkStats,
+}
+
+impl Link {
+    pub(crate) fn new(config: ClientConfig, backoff_base: Duration, backoff_max: Duration) -> Link {
+        Link {
+            config,
+            client: None,
+            backoff: Backoff::new(backoff_base, backoff_max),
+            generation: 0,
+            stats: LinkStats::default(),
+        }
+    }
+
+    /// Counts connections: changes whenever a new one is established (the
+    /// node then knows nothing of the old one's subscription).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub(crate) fn stats(&self) -> LinkStats {
+        self.stats
+    }
+
+    /// The current connection, without connecting.
+    pub(crate) fn connected(&mut self) -> Option<&mut Client> {
+        self.client.as_mut()
+    }
+
+    /// The current connection, connecting (with backoff between failed
+    /// attempts) if there is none. Gives up at `deadline`.
+    pub(crate) fn get(&mut self, deadline: Instant) -> Result<&mut Client, Error> {
+        let mut attempts = 0u32;
+        while self.client.is_none() {
+            attempts += 1;
+            match Client::connect(&self.config) {
+                Ok(c) => {
+                    self.generation += 1;
+                    self.stats.connects += 1;
+                    if self.stats.connects > 1 {
+                        self.stats.reconnects += 1;
+                    }
+                    self.client = Some(c);
+                }
+                Err(e) => {
+                    self.stats.connect_failures += 1;
+                    match classify(&e) {
+                        Class::Permanent { .. } => {
+                            return Err(Error::from_client(e, Ctx::default(), attempts))
+                        }
+                        Class::Broken | Class::Busy => {
+                            if !self.pause(deadline) {
+                                return Err(Error::from_client(e, Ctx::default(), attempts));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        match self.client.as_mut() {
+            Some(c) => Ok(c),
+            // invariant: the loop above ends only with a connection.
+            None => Err(Error::Unavailable {
+                attempts,
+                cause: "no connection".into(),
+            }),
+        }
+    }
+
+    /// Drops the connection after a failure; the next `get` reconnects.
+    pub(crate) fn broken(&mut self) {
+        if let Some(c) = self.client.take() {
+            c.cut();
+            self.stats.broken += 1;
+        }
+    }
+
+    /// Cuts the connection on purpose (fault injection), as a network
+    /// failure would: responses not read yet are lost with it, and requests
+    /// in flight on it have unknown outcome.
+    pub(crate) fn cut(&mut self) {
+        self.broken();
+    }
+
+    /// Drops the connection quietly (closing, not failing).
+    pub(crate) fn close(&mut self) {
+        self.client = None;
+    }
+
+    /// Sleeps the next backoff delay. False (without sleeping) when the
+    /// delay would end past `deadline`: the caller gives up.
+    pub(crate) fn pause(&mut self, deadline: Instant) -> bool {
+        let d = self.backoff.next_delay();
+        if later(Instant::now(), d) > deadline {
+            return false;
+        }
+        std::thread::sleep(d);
+        true
+    }
+
+    /// An operation succeeded: the next failure starts backing off afresh.
+    pub(crate) fn succeeded(&mut self) {
+        self.backoff.reset();
+    }
+
+    /// Runs an idempotent request, retrying it on a new connection after a
+    /// connection failure and after a back-off when the node is busy, for
+    /// up to `budget`. A refusal (a request error) is returned at once.
+    pub(crate) fn call<T>(
+        &mut self,
+        budget: Duration,
+        ctx: Ctx,
+        mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<T, Error> {
+        let deadline = later(Instant::now(), budget);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let client = self.get(deadline)?;
+            let e = match op(client) {
+                Ok(v) => {
+                    self.succeeded();
+                    return Ok(v);
+                }
+                Err(e) => e,
+            };
+            match classify(&e) {
+                Class::Permanent { drop_connection } => {
+                    if drop_connection {
+                        self.broken();
+                    }
+                    return Err(Error::from_client(e, ctx, attempts));
+                }
+                Class::Broken => self.broken(),
+                Class::Busy => {}
+            }
+            if !self.pause(deadline) {
+                return Err(Error::from_client(e, ctx, attempts));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter_and_resets() {
+        let base = Duration::from_millis(10);
+        let max = Duration::from_millis(100);
+        let mut b = Backoff::new(base, max);
+        let delays: Vec<_> = (0..8).map(|_| b.next_delay()).collect();
+        for (k, d) in delays.iter().enumerate() {
+            let full = (base * (1 << k)).min(max);
+            assert!(*d >= full / 2 && *d <= full, "delay {k}: {d:?} vs {full:?}");
+        }
+        b.reset();
+        assert!(b.next_delay() <= base);
+    }
+
+    #[test]
+    fn an_unreachable_node_is_unavailable_once_the_budget_is_spent() {
+        // A port nobody listens on: bind, learn the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1);
+        let mut link = Link::new(
+            ClientConfig::new(format!("127.0.0.1:{port}")),
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+        );
+        let start = Instant::now();
+        let err = link
+            .call(Duration::from_millis(200), Ctx::default(), |c| c.ping())
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Unavailable { attempts, .. } if attempts >= 1),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(2));
+        assert!(link.stats().connect_failures >= 2, "{:?}", link.stats());
+    }
+}

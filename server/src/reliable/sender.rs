@@ -1,0 +1,636 @@
+//! The reliable client: the sender's pending queue with retransmits, and
+//! every other request retried idempotently across reconnects.
+//!
+//! A SEND's life: [`ReliableClient::enqueue`] gives it a `client_msg_id`
+//! and puts it in the pending queue (in enqueue order); the driver
+//! transmits pending sends on the current connection, up to
+//! `sends_in_flight_max` pipelined, and waits for responses. The send stays
+//! pending until its response:
+//!
+//! - a success completes it with the `msg_id` (if the response says
+//!   `duplicate`, an earlier copy had been stored: same `msg_id`);
+//! - a lost connection, or no response within `send_timeout_ms`, makes the
+//!   outcome unknown: the driver drops the connection, reconnects with
+//!   backoff, and transmits the send again with the same `client_msg_id`;
+//! - `OVERLOADED` / `TOO_MANY_REQUESTS_IN_FLIGHT`: back off, transmit again;
+//! - any other refusal completes it with the typed error;
+//! - after `give_up_after_ms` it completes with [`Error::Unavailable`]: the
+//!   outcome is unknown; the caller may send it again later with
+//!   [`ReliableClient::enqueue_with_id`] and the same id.
+//!
+//! Why a timeout drops the connection instead of retransmitting on it: the
+//! node answers every request, so a request unanswered for seconds means
+//! the path is stalled, and a copy sent on the same stalled connection would
+//! wait behind the original. A new connection is a fresh path; a copy of the
+//! original that still arrives on the old one is recognised by the node.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::error::{classify, Class, Ctx, Error};
+use super::link::{Link, LinkStats};
+use super::{ClientMsgIds, ReliableConfig};
+use crate::client::{later, parse_sent, ClientError, GroupState, Message, Page, Sent};
+use crate::protocol::{JoinStart, Request};
+
+/// How one enqueued send ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendOutcome {
+    pub group: u64,
+    pub sender: u64,
+    pub client_msg_id: u64,
+    pub result: Result<Sent, Error>,
+}
+
+/// Counters of a [`ReliableClient`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderStats {
+    /// Sends the node accepted (the application was told the `msg_id`).
+    pub sent: u64,
+    /// Sends that ended with an error.
+    pub failed: u64,
+    /// Transmissions after the first, with the same `client_msg_id`.
+    pub retransmits: u64,
+    /// Responses with `duplicate = true`: a retransmit of a send the node
+    /// had already stored (so it was stored once).
+    pub duplicates: u64,
+    /// Waits for a SEND response that ran out (`send_timeout_ms`).
+    pub timeouts: u64,
+    pub link: LinkStats,
+}
+
+struct PendingSend {
+    group: u64,
+    sender: u64,
+    client_msg_id: u64,
+    payload: Vec<u8>,
+    enqueued: Instant,
+    transmissions: u32,
+    /// Request id on the current connection, once transmitted on it.
+    request: Option<u64>,
+    sent_at: Instant,
+    /// The last reason it is still pending, for `Unavailable`.
+    last_failure: Option<String>,
+}
+
+pub struct ReliableClient {
+    config: ReliableConfig,
+    link: Link,
+    ids: ClientMsgIds,
+    /// Pending sends by enqueue sequence number.
+    pending: BTreeMap<u64, PendingSend>,
+    next_seq: u64,
+    /// Request id -> sequence number, for the connection `in_flight_gen`.
+    in_flight: HashMap<u64, u64>,
+    in_flight_gen: u64,
+    done: BTreeMap<u64, SendOutcome>,
+    stats: SenderStats,
+}
+
+impl ReliableClient {
+    /// A client that connects on first use.
+    pub fn new(config: ReliableConfig) -> ReliableClient {
+        let link = Link::new(
+            config.client.clone(),
+            Duration::from_millis(config.backoff_base_ms),
+            Duration::from_millis(config.backoff_max_ms),
+        );
+        ReliableClient {
+            config,
+            link,
+            ids: ClientMsgIds::new(),
+            pending: BTreeMap::new(),
+            next_seq: 0,
+            in_flight: HashMap::new(),
+            in_flight_gen: 0,
+            done: BTreeMap::new(),
+            stats: SenderStats::default(),
+        }
+    }
+
+    /// Connects now (retrying for `give_up_after_ms`), so that a wrong
+    /// address or token is reported here.
+    pub fn connect(config: ReliableConfig) -> Result<ReliableClient, Error> {
+        let mut c = ReliableClient::new(config);
+        let budget = c.config.give_up_after();
+        c.link.get(later(Instant::now(), budget))?;
+        Ok(c)
+    }
+
+    pub fn config(&self) -> &ReliableConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> SenderStats {
+        SenderStats {
+            link: self.link.stats(),
+            ..self.stats
+        }
+    }
+
+    /// Sends not yet answered.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Cuts the current connection as a network failure would: pending
+    /// sends get no response on it and are retransmitted. For tests and
+    /// `tidemark demo`.
+    pub fn cut_connection(&mut self) {
+        self.link.cut();
+    }
+
+    /// Sends one message and waits for the node's answer, retransmitting
+    /// as needed. Returns its `msg_id`.
+    pub fn send(&mut self, group: u64, sender: u64, payload: &[u8]) -> Result<Sent, Error> {
+        let id = self.ids.next_id();
+        self.send_with_id(group, sender, id, payload)
+    }
+
+    /// [`send`](Self::send) with a caller-chosen `client_msg_id` (e.g. one
+    /// persisted before a crash, to retransmit across process restarts).
+    pub fn send_with_id(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        payload: &[u8],
+    ) -> Result<Sent, Error> {
+        let seq = self.push_pending(group, sender, client_msg_id, payload.to_vec());
+        self.drive(|s| s.done.contains_key(&seq));
+        match self.done.remove(&seq) {
+            Some(o) => o.result,
+            // invariant: drive returns only when `seq` is done or nothing is
+            // pending, and `seq` was pending.
+            None => Err(Error::Unavailable {
+                attempts: 0,
+                cause: "send lost from the pending queue".into(),
+            }),
+        }
+    }
+
+    /// Queues a send without waiting; returns its `client_msg_id`. Collect
+    /// outcomes with [`next_outcome`](Self::next_outcome) or
+    /// [`flush`](Self::flush).
+    /// If a connection is up, the send is transmitted at once (within the
+    /// window); this never waits to connect.
+    pub fn enqueue(&mut self, group: u64, sender: u64, payload: Vec<u8>) -> u64 {
+        let id = self.ids.next_id();
+        self.enqueue_with_id(group, sender, id, payload);
+        id
+    }
+
+    /// [`enqueue`](Self::enqueue) with a caller-chosen `client_msg_id`.
+    pub fn enqueue_with_id(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        payload: Vec<u8>,
+    ) {
+        self.push_pending(group, sender, client_msg_id, payload);
+        if self.link.connected().is_some() {
+            self.sync_generation();
+            if !self.transmit() {
+                self.connection_failed("connection lost while sending");
+            }
+        }
+    }
+
+    /// A new connection has nothing in flight: every pending send is to be
+    /// transmitted on it.
+    fn sync_generation(&mut self) {
+        if self.in_flight_gen != self.link.generation() {
+            self.in_flight.clear();
+            self.in_flight_gen = self.link.generation();
+            for p in self.pending.values_mut() {
+                p.request = None;
+            }
+        }
+    }
+
+    /// A completed send (the earliest enqueued among those completed),
+    /// driving the queue until one completes; `None` when nothing is
+    /// pending or completed.
+    pub fn next_outcome(&mut self) -> Option<SendOutcome> {
+        if self.done.is_empty() {
+            self.drive(|s| !s.done.is_empty());
+        }
+        self.done.pop_first().map(|(_, o)| o)
+    }
+
+    /// Drives the queue until every pending send completed; returns all
+    /// outcomes not collected yet, in enqueue order.
+    pub fn flush(&mut self) -> Vec<SendOutcome> {
+        self.drive(|_| false);
+        std::mem::take(&mut self.done).into_values().collect()
+    }
+
+    fn push_pending(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        payload: Vec<u8>,
+    ) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let now = Instant::now();
+        self.pending.insert(
+            seq,
+            PendingSend {
+                group,
+                sender,
+                client_msg_id,
+                payload,
+                enqueued: now,
+                transmissions: 0,
+                request: None,
+                sent_at: now,
+                last_failure: None,
+            },
+        );
+        seq
+    }
+
+    fn complete(&mut self, seq: u64, result: Result<Sent, Error>) {
+        if let Some(p) = self.pending.remove(&seq) {
+            if let Some(rid) = p.request {
+                self.in_flight.remove(&rid);
+            }
+            match &result {
+                Ok(s) => {
+                    self.stats.sent += 1;
+                    if s.duplicate {
+                        self.stats.duplicates += 1;
+                    }
+                }
+                Err(_) => self.stats.failed += 1,
+            }
+            self.done.insert(
+                seq,
+                SendOutcome {
+                    group: p.group,
+                    sender: p.sender,
+                    client_msg_id: p.client_msg_id,
+                    result,
+                },
+            );
+        }
+    }
+
+    /// Fails the sends pending for longer than the budget.
+    fn expire(&mut self, now: Instant) {
+        let budget = self.config.give_up_after();
+        let old: Vec<(u64, u32, String)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.enqueued) >= budget)
+            .map(|(&seq, p)| {
+                let cause = p
+                    .last_failure
+                    .clone()
+                    .unwrap_or_else(|| "no answer".to_string());
+                (seq, p.transmissions, cause)
+            })
+            .collect();
+        for (seq, attempts, cause) in old {
+            self.complete(seq, Err(Error::Unavailable { attempts, cause }));
+        }
+    }
+
+    fn note_failure(&mut self, why: &str) {
+        for p in self.pending.values_mut() {
+            if p.request.is_some() {
+                p.last_failure = Some(why.to_string());
+            }
+        }
+    }
+
+    /// A connection failed: everything on it has unknown outcome.
+    fn connection_failed(&mut self, why: &str) {
+        self.note_failure(why);
+        self.link.broken();
+    }
+
+    /// The sending state machine; returns when `stop` holds or nothing is
+    /// pending.
+    fn drive(&mut self, stop: impl Fn(&Self) -> bool) {
+        let send_timeout = Duration::from_millis(self.config.send_timeout_ms);
+        let io_timeout = self.config.client.io_timeout;
+        while !stop(self) && !self.pending.is_empty() {
+            let now = Instant::now();
+            self.expire(now);
+            let Some(oldest) = self.pending.values().map(|p| p.enqueued).min() else {
+                break;
+            };
+            let deadline = later(oldest, self.config.give_up_after());
+
+            // A connection (new ones start with nothing in flight).
+            if let Err(e) = self.link.get(deadline) {
+                match e {
+                    Error::Unavailable { .. } => {
+                        // The oldest sends ran out of budget while the node
+                        // was unreachable; `expire` fails them next round.
+                        let cause = e.to_string();
+                        for p in self.pending.values_mut() {
+                            p.last_failure = Some(cause.clone());
+                        }
+                        std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+                    }
+                    refused => {
+                        let seqs: Vec<u64> = self.pending.keys().copied().collect();
+                        for seq in seqs {
+                            self.complete(seq, Err(refused.clone()));
+                        }
+                    }
+                }
+                continue;
+            }
+            self.sync_generation();
+            if !self.transmit() {
+                self.connection_failed("connection lost while sending");
+                self.link.pause(deadline);
+                continue;
+            }
+            if self.in_flight.is_empty() {
+                continue; // everything pending failed locally
+            }
+
+            // Wait for one response, at most until the oldest in-flight send
+            // times out.
+            let oldest_sent = self
+                .pending
+                .values()
+                .filter(|p| p.request.is_some())
+                .map(|p| p.sent_at)
+                .min()
+                .unwrap_or(now);
+            let wait = later(oldest_sent, send_timeout)
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            let Some(client) = self.link.connected() else {
+                continue;
+            };
+            client.set_io_timeout(wait);
+            let got = client.recv();
+            client.set_io_timeout(io_timeout);
+            match got {
+                Ok(frame) => {
+                    let rid = frame.request_id();
+                    if rid == 0 {
+                        // An ERROR about the connection (shutdown, overload).
+                        if let Err(e) = frame.response() {
+                            self.connection_failed(&e.to_string());
+                            self.link.pause(deadline);
+                        }
+                        continue;
+                    }
+                    let Some(seq) = self.in_flight.remove(&rid) else {
+                        continue; // not a send of ours: ignore
+                    };
+                    match parse_sent(&frame) {
+                        Ok(sent) => {
+                            self.link.succeeded();
+                            self.complete(seq, Ok(sent));
+                        }
+                        Err(e) => self.send_failed(seq, e, deadline),
+                    }
+                }
+                Err(ClientError::Timeout) => {
+                    self.stats.timeouts += 1;
+                    self.connection_failed("no answer within send_timeout_ms");
+                }
+                Err(e) => {
+                    self.connection_failed(&e.to_string());
+                    self.link.pause(deadline);
+                }
+            }
+        }
+    }
+
+    /// Transmits pending sends not yet sent on this connection, oldest
+    /// first, up to the window. False when the connection failed.
+    fn transmit(&mut self) -> bool {
+        let Some(client) = self.link.connected() else {
+            return false;
+        };
+        let limits = client.limits();
+        let window = self
+            .config
+            .sends_in_flight_max
+            .min(limits.requests_in_flight_max as usize)
+            .max(1);
+        let mut too_large = Vec::new();
+        let mut ok = true;
+        for (&seq, p) in self.pending.iter_mut() {
+            if self.in_flight.len() >= window {
+                break;
+            }
+            if p.request.is_some() {
+                continue;
+            }
+            if p.payload.len() > limits.payload_bytes_max as usize {
+                too_large.push((seq, p.payload.len(), limits.payload_bytes_max));
+                continue;
+            }
+            match client.submit(&Request::Send {
+                group: p.group,
+                sender: p.sender,
+                client_msg_id: p.client_msg_id,
+                payload: &p.payload,
+            }) {
+                Ok(rid) => {
+                    if p.transmissions > 0 {
+                        self.stats.retransmits += 1;
+                    }
+                    p.transmissions += 1;
+                    p.request = Some(rid);
+                    p.sent_at = Instant::now();
+                    self.in_flight.insert(rid, seq);
+                }
+                Err(e) => {
+                    p.last_failure = Some(e.to_string());
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        for (seq, payload_bytes, limit) in too_large {
+            self.complete(
+                seq,
+                Err(Error::PayloadTooLarge {
+                    payload_bytes,
+                    limit: u64::from(limit),
+                }),
+            );
+        }
+        ok
+    }
+
+    fn send_failed(&mut self, seq: u64, e: ClientError, deadline: Instant) {
+        let group = self.pending.get(&seq).map_or(0, |p| p.group);
+        match classify(&e) {
+            Class::Permanent { drop_connection } => {
+                let attempts = self.pending.get(&seq).map_or(0, |p| p.transmissions);
+                if drop_connection {
+                    self.connection_failed(&e.to_string());
+                }
+                self.complete(seq, Err(Error::from_client(e, Ctx::group(group), attempts)));
+            }
+            Class::Busy => {
+                if let Some(p) = self.pending.get_mut(&seq) {
+                    p.request = None;
+                    p.last_failure = Some(e.to_string());
+                }
+                self.link.pause(deadline);
+            }
+            Class::Broken => {
+                self.connection_failed(&e.to_string());
+                self.link.pause(deadline);
+            }
+        }
+    }
+
+    fn call<T>(
+        &mut self,
+        ctx: Ctx,
+        op: impl FnMut(&mut crate::client::Client) -> Result<T, ClientError>,
+    ) -> Result<T, Error> {
+        let budget = self.config.give_up_after();
+        self.link.call(budget, ctx, op)
+    }
+
+    /// PING, reconnecting as needed.
+    pub fn ping(&mut self) -> Result<(), Error> {
+        self.call(Ctx::default(), |c| c.ping())
+    }
+
+    /// CREATE_GROUP. If the first attempt's answer was lost with its
+    /// connection, the retry may report `GroupExists`; use
+    /// [`ensure_group`](Self::ensure_group) when that does not matter.
+    pub fn create_group(&mut self, group: u64) -> Result<(), Error> {
+        self.call(Ctx::group(group), |c| c.create_group(group))
+    }
+
+    /// Creates the group unless it exists; true if this call created it.
+    pub fn ensure_group(&mut self, group: u64) -> Result<bool, Error> {
+        match self.create_group(group) {
+            Ok(()) => Ok(true),
+            Err(Error::GroupExists { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn delete_group(&mut self, group: u64) -> Result<(), Error> {
+        self.call(Ctx::group(group), |c| c.delete_group(group))
+    }
+
+    /// JOIN (idempotent); returns the member's cursor.
+    pub fn join(&mut self, group: u64, user: u64, start: JoinStart) -> Result<u64, Error> {
+        self.call(Ctx::member(group, user), |c| c.join(group, user, start))
+    }
+
+    pub fn leave(&mut self, group: u64, user: u64) -> Result<(), Error> {
+        self.call(Ctx::member(group, user), |c| c.leave(group, user))
+    }
+
+    /// One PULL page, without dedup (for tools; receivers use an
+    /// [`Inbox`](super::Inbox)).
+    pub fn pull_page(
+        &mut self,
+        group: u64,
+        user: u64,
+        ack_up_to: u64,
+        max_count: u32,
+        wait_ms: u32,
+    ) -> Result<Page, Error> {
+        self.call(Ctx::member(group, user), |c| {
+            c.pull(group, user, ack_up_to, max_count, wait_ms)
+        })
+    }
+
+    /// ACK; returns the cursor.
+    pub fn ack(&mut self, group: u64, user: u64, msg_id: u64) -> Result<u64, Error> {
+        self.call(Ctx::member(group, user), |c| c.ack(group, user, msg_id))
+    }
+
+    /// BATCH_ACK: per item, the cursor or the typed error.
+    pub fn batch_ack(
+        &mut self,
+        user: u64,
+        items: &[(u64, u64)],
+    ) -> Result<Vec<Result<u64, Error>>, Error> {
+        let results = self.call(Ctx::user(user), |c| c.batch_ack(user, items))?;
+        Ok(results
+            .into_iter()
+            .zip(items)
+            .map(|(r, &(group, _))| {
+                r.map_err(|code| {
+                    Error::from_code(code, None, String::new(), Ctx::member(group, user))
+                })
+            })
+            .collect())
+    }
+
+    pub fn unread(&mut self, user: u64) -> Result<Vec<GroupState>, Error> {
+        self.call(Ctx::user(user), |c| c.unread(user))
+    }
+
+    /// SYNC, continued until done: every group with unread messages and up
+    /// to `per_group_max` of its records (0: counts only).
+    pub fn sync_all(
+        &mut self,
+        user: u64,
+        per_group_max: u32,
+        total_max_bytes: u32,
+    ) -> Result<Vec<GroupState>, Error> {
+        let mut out = Vec::new();
+        let mut continuation = 0;
+        loop {
+            let (groups, next) = self.call(Ctx::user(user), |c| {
+                c.sync(user, per_group_max, total_max_bytes, continuation)
+            })?;
+            out.extend(groups);
+            // A node that repeats a continuation would loop forever.
+            if next == 0 || next <= continuation {
+                return Ok(out);
+            }
+            continuation = next;
+        }
+    }
+
+    /// HISTORY page: newest first, and whether older messages exist.
+    pub fn history(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool), Error> {
+        self.call(Ctx::member(group, user), |c| {
+            c.history(group, user, before_msg_id, max_count)
+        })
+    }
+
+    /// READ_COUNT: members whose cursor is at or above `msg_id` (with 0:
+    /// every member).
+    pub fn read_count(&mut self, group: u64, msg_id: u64) -> Result<u64, Error> {
+        self.call(Ctx::group(group), |c| c.read_count(group, msg_id))
+    }
+
+    /// The node's STATS.
+    pub fn node_stats(&mut self) -> Result<Vec<(String, u64)>, Error> {
+        self.call(Ctx::default(), |c| c.stats())
+    }
+}
+
+impl std::fmt::Debug for ReliableClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReliableClient")
+            .field("addr", &self.config.client.addr)
+            .field("pending", &self.pending.len())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
