@@ -96,6 +96,6 @@ SQLite bundled by rusqlite"
 mkdir -p "$WORK/data"
 "$COMPARE" run --redis-port "$REDIS_PORT" --pg-port "$PG_PORT" \
     --work-dir "$WORK/data" --node-bin "$TIDEMARK" \
-    --out "$ROOT/benches/compare/results/latest.md" \
+    --out "${OUT:-$ROOT/benches/compare/results/latest.md}" \
     --machine "$MACHINE" --command "bash benches/compare/run.sh $*" "$@"
-log "wrote benches/compare/results/latest.md"
+log "wrote ${OUT:-benches/compare/results/latest.md}"

@@ -379,7 +379,7 @@ fn table(a: &RunArgs, an: &anchors::Anchors, rows: &[Row], total_secs: f64, load
         let _ = writeln!(o, "### {title}\n");
         let _ = writeln!(o, "| system | durability | transport | ops/s | payload MB/s | p50 us | p99 us | max us | setup s | verified | tidemark / this |\n|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|");
         for r in &rs {
-            let tm = if r.system.starts_with("tidemark") {
+            let tm = if r.system.starts_with("tidemark") || !r.verified {
                 None
             } else if r.wire {
                 find(rows, w, "tidemark", r.durability)

@@ -447,12 +447,21 @@ impl Redis {
             for u in users {
                 let u = u + 1;
                 let gs = p4.user_groups(u, &heads);
-                p.cmd("SADD")
-                    .arg(format!("ug:{u}"))
-                    .arg(gs.iter().map(|g| g.0).collect::<Vec<_>>())
-                    .ignore();
-                for (g, cur) in gs {
-                    p.cmd("HSET").arg(format!("c:{g}")).arg(u).arg(cur).ignore();
+                if per_user_hash {
+                    let mut cmd = redis::cmd("HSET");
+                    cmd.arg(format!("uc:{u}"));
+                    for (g, cur) in gs {
+                        cmd.arg(g).arg(cur);
+                    }
+                    p.add_command(cmd).ignore();
+                } else {
+                    p.cmd("SADD")
+                        .arg(format!("ug:{u}"))
+                        .arg(gs.iter().map(|g| g.0).collect::<Vec<_>>())
+                        .ignore();
+                    for (g, cur) in gs {
+                        p.cmd("HSET").arg(format!("c:{g}")).arg(u).arg(cur).ignore();
+                    }
                 }
                 n += 1;
                 if n % 200 == 0 {
@@ -483,11 +492,12 @@ impl Redis {
                 let mut p = redis::pipe();
                 for &i in chunk {
                     let u = p4.query_user(i);
-                    p.cmd("EVALSHA")
-                        .arg(&unread)
-                        .arg(1)
-                        .arg(format!("ug:{u}"))
-                        .arg(u);
+                    let key = if per_user_hash {
+                        format!("uc:{u}")
+                    } else {
+                        format!("ug:{u}")
+                    };
+                    p.cmd("EVALSHA").arg(&unread).arg(1).arg(key).arg(u);
                 }
                 let tq = Instant::now();
                 let r: Vec<Vec<i64>> = p.query(&mut c).expect("pipelined unread");
