@@ -58,7 +58,7 @@ impl Tally {
             error_samples: Vec::new(),
             // 3 significant digits from 1 us to an hour: about 200 KiB.
             latency_us: Histogram::new_with_bounds(1, LATENCY_US_MAX, 3)
-                .expect("constant histogram bounds are valid"),
+                .expect("invariant: constant histogram bounds are valid"),
         }
     }
 

@@ -125,7 +125,7 @@ fn gateway(
         resyncs: 0,
         filled: 0,
         delay_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
-            .expect("constant histogram bounds are valid"),
+            .expect("invariant: constant histogram bounds are valid"),
         fault: None,
         groups_served: views.iter().filter(|v| v.online > 0).count() as u64,
     };
@@ -770,7 +770,7 @@ pub(crate) fn mixed(ctx: &Ctx<'_>) -> Result<Report, String> {
     let gw_fault = gw_out.iter().find_map(|g| g.fault.clone());
     let catch_fault = catch.jobs.iter().find_map(|j| j.fault.clone());
     let mut delays = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)
-        .expect("constant histogram bounds are valid");
+        .expect("invariant: constant histogram bounds are valid");
     for g in &gw_out {
         let _ = delays.add(&g.delay_us);
     }
