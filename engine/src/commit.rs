@@ -325,10 +325,32 @@ impl Committer {
                 reason: "an earlier round failed".into(),
             });
         }
-        if flush_cursors {
-            self.write_dirty_cursors()?;
+        let mut result = self.write_round(flush_cursors);
+        // A full disk at the journal write: nothing of the round is in the
+        // journal (the write was cut back) and nothing was applied, so the
+        // round waits and is written again once space returns. New sends are
+        // refused with DiskFull meanwhile. (An fsync error is never retried.)
+        while matches!(result, Err(Error::DiskFull { .. })) && !self.shared.pending.lock().shutdown
+        {
+            self.shared.disk_free_bytes.store(0, Ordering::Release);
+            std::thread::sleep(DISK_LOW_RECHECK);
+            result = self.write_round(false);
         }
-        self.journal.append(&self.round_buf)?;
+        result?;
+        self.apply(ops)
+    }
+
+    /// Writes the round (and moved cursors) to the journal and syncs it per
+    /// the policy. A write that found the disk full is `DiskFull`.
+    fn write_round(&mut self, flush_cursors: bool) -> Result<()> {
+        let no_space = |e: Error| match e.is_disk_full() {
+            true => Error::DiskFull { free: 0, min: 0 },
+            false => e,
+        };
+        if flush_cursors {
+            self.write_dirty_cursors().map_err(no_space)?;
+        }
+        self.journal.append(&self.round_buf).map_err(no_space)?;
         self.unsynced_bytes += self.round_buf.len() as u64;
         let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
@@ -338,7 +360,7 @@ impl Committer {
         if sync_now || (flush_cursors && self.config().fsync != FsyncPolicy::Never) {
             self.sync_journal()?;
         }
-        self.apply(ops)
+        Ok(())
     }
 
     /// Applies the round's entries: records of one group go out in one write

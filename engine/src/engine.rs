@@ -281,6 +281,12 @@ impl Engine {
             .ok_or(Error::GroupNotFound { group: group_id })
     }
 
+    /// Whether new writes are accepted now: `Err(DiskFull)` while the disk is
+    /// (nearly) full, `Err(WritesStopped)` after a failed write or fsync.
+    pub fn accepting_writes(&self) -> Result<()> {
+        self.check_writable()
+    }
+
     /// Refuses new writes when writes stopped or the disk is nearly full.
     pub(crate) fn check_writable(&self) -> Result<()> {
         self.check_not_stopped()?;

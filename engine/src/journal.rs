@@ -282,10 +282,13 @@ impl Journal {
         })
     }
 
+    /// Appends `bytes`. On failure the file is cut back to where it was, so
+    /// a failed write (a full disk) can be retried as if it never happened.
     pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        self.file
-            .write_all_at(bytes, self.len)
-            .map_err(|e| Error::io(format!("write {}", self.path.display()), e))?;
+        if let Err(e) = self.file.write_all_at(bytes, self.len) {
+            let _ = self.file.set_len(self.len);
+            return Err(Error::io(format!("write {}", self.path.display()), e));
+        }
         self.len += bytes.len() as u64;
         Ok(())
     }

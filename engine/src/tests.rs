@@ -301,19 +301,46 @@ fn a_failed_fsync_stops_writes_and_reads_go_on_until_reopen() {
 }
 
 #[test]
-fn a_full_disk_is_reported_as_such() {
+fn a_full_disk_at_the_journal_write_holds_the_round_until_space_returns() {
     let dir = tempfile::tempdir().unwrap();
     let vfs = FaultyVfs::new();
     let control = vfs.control.clone();
-    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    let e = Arc::new(Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap());
     fill(&e, &[1], 3);
+    // Writes fail with ENOSPC (the free-space reserve did not catch it).
     control.disk_full.store(true, Ordering::SeqCst);
-    let err = e.append(1, 7, 50, b"no room").unwrap_err();
-    assert!(
-        matches!(err, Error::WritesStopped { ref reason } if reason.contains("No space")),
-        "{err}"
-    );
+    let waiting = {
+        let e = e.clone();
+        std::thread::spawn(move || e.append(1, 7, 1_000_004, &payload(1, 4)))
+    };
+    // Once the commit thread met the full disk, new sends are refused with a
+    // typed error while the round waits.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while e.accepting_writes().is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the full disk was never noticed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let refused = e.append(1, 7, 9_999, b"refused").unwrap_err();
+    assert!(refused.is_disk_full(), "{refused}");
     assert_dense_and_exact(&e, 1, 3);
+    // Space returns: the held round is written, nothing is lost or doubled.
+    control.disk_full.store(false, Ordering::SeqCst);
+    let a = waiting.join().unwrap().unwrap();
+    assert_eq!(a.msg_id, 4);
+    let next = loop {
+        match e.append(1, 7, 1_000_005, &payload(1, 5)) {
+            Ok(a) => break a,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(next.msg_id, 5);
+    drop(Arc::try_unwrap(e).ok().expect("one owner"));
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_dense_and_exact(&e, 1, 5);
 }
 
 #[test]
