@@ -157,7 +157,7 @@ pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody, rotate: bool
     file.set_len(0)
         .map_err(|e| Error::io(format!("truncate {}", tmp.display()), e))?;
     file.write_all_at(&bytes, 0)
-        .map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        .map_err(|e| Error::write(format!("write {}", tmp.display()), e))?;
     file.sync_data()
         .map_err(|e| Error::io(format!("fdatasync {}", tmp.display()), e))?;
     drop(file);

@@ -5,8 +5,12 @@
 //! waits. Cursor flushes, retention and checkpoints run here too, between
 //! rounds, so they always see a state that matches a journal position.
 //!
-//! A failed write or sync is never retried: the round and every later one
-//! fail with `WritesStopped`, and reads go on. Reopening recovers.
+//! A failed sync, or a write that failed for any reason but a full disk, is
+//! never retried: the round and every later one fail with `WritesStopped`,
+//! and reads go on. Reopening recovers. A write that found the disk full
+//! (`NoSpace`) took nothing in, so the work is held and written again once
+//! space returns: a round where it stopped, cursors at the next flush, a
+//! checkpoint a little later.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,12 +45,21 @@ struct Committer {
     round_buf: Vec<u8>,
     staging: Vec<u8>,
     cursor_buf: Vec<u8>,
+    /// `cursor_buf` holds cursor entries a full disk kept out of the
+    /// journal; the next flush writes them (with any newer ones).
+    cursor_buf_unwritten: bool,
+    /// A checkpoint that found the disk full is not tried again before this.
+    checkpoint_not_before: Instant,
     /// What the round being applied appended, for commit listeners.
     appended: Vec<GroupAppend>,
 }
 
-/// How often free space is measured while it is low (and idle).
+/// How often free space is measured while it is low (and idle), and how
+/// long work a full disk stopped waits before it is written again.
 const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
+
+/// How long a checkpoint that found the disk full is put off.
+const CHECKPOINT_RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
 
 /// What woke the commit thread.
 enum Work {
@@ -73,6 +86,8 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         round_buf: Vec::new(),
         staging: Vec::new(),
         cursor_buf: Vec::new(),
+        cursor_buf_unwritten: false,
+        checkpoint_not_before: now,
         appended: Vec::new(),
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
@@ -137,6 +152,7 @@ impl Committer {
                     }
                     if self.journal.len() >= self.config().journal_checkpoint_bytes
                         && !self.failed()
+                        && Instant::now() >= self.checkpoint_not_before
                     {
                         if let Err(e) = self.checkpoint(false) {
                             self.fail(round + 1, e);
@@ -254,11 +270,20 @@ impl Committer {
         }
         let now = Instant::now();
         let c = self.config().clone();
-        if now >= self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms)
-            && self.write_dirty_cursors()?
-            && c.fsync != FsyncPolicy::Never
-        {
-            self.sync_journal()?;
+        if now >= self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms) {
+            // Cursors a full disk kept out stay in `cursor_buf` for the next
+            // flush; until then a crash may take them back to their last
+            // persisted value, which is allowed.
+            let written = match self.write_dirty_cursors() {
+                Err(e @ Error::NoSpace { .. }) => {
+                    self.note_no_space(&e);
+                    false
+                }
+                other => other?,
+            };
+            if written && c.fsync != FsyncPolicy::Never {
+                self.sync_journal()?;
+            }
         }
         if now >= self.last_retention_check + Duration::from_millis(c.retention_check_ms) {
             self.last_retention_check = now;
@@ -286,17 +311,20 @@ impl Committer {
     }
 
     /// Writes every moved cursor to the journal as `Cursors` entries (not
-    /// synced here). Returns whether anything was written.
+    /// synced here), after any a full disk kept out last time. Returns
+    /// whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         self.shared
             .cursors
             .take_dirty(|user, slot, cursor| by_slot.entry(slot).or_default().push((user, cursor)));
-        if by_slot.is_empty() {
+        if by_slot.is_empty() && !self.cursor_buf_unwritten {
             return Ok(false);
         }
-        self.cursor_buf.clear();
+        if !self.cursor_buf_unwritten {
+            self.cursor_buf.clear();
+        }
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
         for (slot, rows) in by_slot {
@@ -314,7 +342,11 @@ impl Committer {
             }
         }
         drop(catalog);
+        // Replay raises cursors with max(), so entries written twice or out
+        // of order are harmless.
+        self.cursor_buf_unwritten = true;
         self.journal.append(&self.cursor_buf)?;
+        self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_buf.len() as u64;
         Ok(true)
     }
@@ -325,32 +357,63 @@ impl Committer {
                 reason: "an earlier round failed".into(),
             });
         }
-        let mut result = self.write_round(flush_cursors);
+        self.appended.clear();
         // A full disk at the journal write: nothing of the round is in the
         // journal (the write was cut back) and nothing was applied, so the
-        // round waits and is written again once space returns. New sends are
-        // refused with DiskFull meanwhile. (An fsync error is never retried.)
-        while matches!(result, Err(Error::DiskFull { .. })) && !self.shared.pending.lock().shutdown
-        {
-            self.shared.disk_free_bytes.store(0, Ordering::Release);
-            std::thread::sleep(DISK_LOW_RECHECK);
-            result = self.write_round(false);
+        // round waits and is written again once space returns.
+        let mut result = self.write_round(flush_cursors);
+        while let Err(e @ Error::NoSpace { .. }) = &result {
+            if !self.hold_for_space(e) {
+                break;
+            }
+            result = self.write_round(flush_cursors);
         }
         result?;
-        self.apply(ops)
+        // A full disk at a segment write: the round is in the journal, so it
+        // is durable; the groups before the one that failed are applied, and
+        // `apply` goes on from that group once space returns (see there).
+        let mut order: Vec<usize> = (0..ops.len()).collect();
+        // Stable sort: per-group order (= journal order) is kept.
+        order.sort_by_key(|&i| ops[i].group.id);
+        let mut next = 0;
+        let mut result = self.apply(ops, &order, &mut next);
+        while let Err(e @ Error::NoSpace { .. }) = &result {
+            if !self.hold_for_space(e) {
+                break;
+            }
+            result = self.apply(ops, &order, &mut next);
+        }
+        result
+    }
+
+    /// Notes a write that found the disk full: new writes are refused with
+    /// `DiskFull` until a measurement finds space again.
+    fn note_no_space(&self, e: &Error) {
+        log::warn!("{e}");
+        self.shared.disk_free_bytes.store(0, Ordering::Release);
+    }
+
+    /// Waits a little before work a full disk stopped is written again.
+    /// False if the engine is shutting down instead (the caller gives up;
+    /// whatever of the round reached the journal is replayed at the next
+    /// open).
+    fn hold_for_space(&mut self, e: &Error) -> bool {
+        self.note_no_space(e);
+        if self.shared.pending.lock().shutdown {
+            return false;
+        }
+        std::thread::sleep(DISK_LOW_RECHECK);
+        true
     }
 
     /// Writes the round (and moved cursors) to the journal and syncs it per
-    /// the policy. A write that found the disk full is `DiskFull`.
+    /// the policy. A write that found the disk full is `NoSpace`, with the
+    /// journal cut back to where it was.
     fn write_round(&mut self, flush_cursors: bool) -> Result<()> {
-        let no_space = |e: Error| match e.is_disk_full() {
-            true => Error::DiskFull { free: 0, min: 0 },
-            false => e,
-        };
         if flush_cursors {
-            self.write_dirty_cursors().map_err(no_space)?;
+            self.write_dirty_cursors()?;
         }
-        self.journal.append(&self.round_buf).map_err(no_space)?;
+        self.journal.append(&self.round_buf)?;
         self.unsynced_bytes += self.round_buf.len() as u64;
         let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
@@ -363,20 +426,22 @@ impl Committer {
         Ok(())
     }
 
-    /// Applies the round's entries: records of one group go out in one write
-    /// (its entries are staged contiguously first); membership operations
-    /// change the tables and fill in their replies.
-    fn apply(&mut self, ops: &[Op]) -> Result<()> {
-        self.appended.clear();
-        // Stable sort: per-group order (= journal order) is kept.
-        let mut order: Vec<usize> = (0..ops.len()).collect();
-        order.sort_by_key(|&i| ops[i].group.id);
-        let mut i = 0;
-        while i < order.len() {
+    /// Applies the round's entries in `order` (grouped by group id), from
+    /// `order[*next]` on: records of one group go out in one write (its
+    /// entries are staged contiguously first); membership operations change
+    /// the tables and fill in their replies.
+    ///
+    /// Resumable: `*next` only moves past an entry once it is fully applied,
+    /// and a group's records at or below its head (written before a failure
+    /// part-way through a run that crossed segments) are not written again.
+    /// So after a `NoSpace` error the call can simply be repeated.
+    fn apply(&mut self, ops: &[Op], order: &[usize], next: &mut usize) -> Result<()> {
+        while *next < order.len() {
+            let i = *next;
             let op = &ops[order[i]];
             if op.kind != EntryKind::Record {
                 self.apply_other(op)?;
-                i += 1;
+                *next += 1;
                 continue;
             }
             self.staging.clear();
@@ -392,8 +457,9 @@ impl Committer {
             }
             let mut slot = op.group.log.write();
             if let LogSlot::Loaded(log) = &mut *slot {
-                let first = log.head() + 1;
-                log.append(&self.shared.ctx, &self.staging)?;
+                let first = record::peek_msg_id(&self.staging);
+                let unwritten = record::records_above(&self.staging, log.head());
+                log.append(&self.shared.ctx, unwritten)?;
                 op.group.publish_head(log.head());
                 self.appended.push(GroupAppend {
                     group: op.group.id,
@@ -405,7 +471,7 @@ impl Committer {
             // send path loads it); a damaged one refuses sends.
             drop(slot);
             self.advance_caught_up_senders(&op.group);
-            i = j;
+            *next = j;
         }
         Ok(())
     }
@@ -528,7 +594,22 @@ impl Committer {
         Ok(false)
     }
 
+    /// Writes a checkpoint. One that found the disk full changed nothing
+    /// (the current checkpoint and journal stay in force and hold
+    /// everything), so it is put off and tried again a little later; only
+    /// the final one at shutdown reports it.
     fn checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
+        match self.write_checkpoint(clean_shutdown) {
+            Err(e @ Error::NoSpace { .. }) if !clean_shutdown => {
+                self.note_no_space(&e);
+                self.checkpoint_not_before = Instant::now() + CHECKPOINT_RETRY_AFTER_NO_SPACE;
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
         let catalog = self.shared.catalog.read();
         let next = write_checkpoint(
             &self.shared.ctx,
@@ -600,6 +681,18 @@ pub(crate) fn delete_group(
     Ok(())
 }
 
+/// Removes the journal file a checkpoint that failed had started, so no
+/// half-written journal header is left beyond the one in use. (Left behind,
+/// it would be an empty newest journal, which recovery also accepts.)
+fn remove_unused_journal(ctx: &LogContext, dir: &std::path::Path, seq: u64) {
+    let path = journal::journal_path(dir, seq);
+    if ctx.vfs.exists(&path) {
+        if let Err(e) = ctx.vfs.remove_file(&path) {
+            log::warn!("could not remove unused {}: {e}", path.display());
+        }
+    }
+}
+
 /// Above this many groups with unsynced writes, a checkpoint syncs the
 /// whole file system once instead of each segment file.
 const SYNCFS_THRESHOLD_GROUPS: usize = 64;
@@ -622,7 +715,9 @@ pub(crate) fn write_checkpoint(
 ) -> Result<CheckpointDone> {
     let mut entries = Vec::with_capacity(catalog.len());
     let mut ordinals: Vec<u64> = Vec::new();
-    let mut dropped: Vec<PathBuf> = Vec::new();
+    // Retention drops are planned here but done only once the new
+    // checkpoint is stored: until then the current one names those segments.
+    let mut planned_drops: Vec<(&crate::group::Group, usize)> = Vec::new();
     let mut syncs = 0;
     let mut any_damaged = false;
     // Many groups to sync: one syncfs beats one fdatasync per segment file.
@@ -651,9 +746,11 @@ pub(crate) fn write_checkpoint(
             None
         });
         let mut slot = g.log.write();
+        let mut drop_n = drop_n.unwrap_or(0);
         if let LogSlot::Loaded(log) = &mut *slot {
-            if let Some(n) = drop_n {
-                dropped.extend(log.drop_oldest(ctx, n));
+            drop_n = log.droppable(drop_n);
+            if drop_n > 0 {
+                planned_drops.push((g, drop_n));
             }
             if sync_all {
                 log.mark_synced();
@@ -661,7 +758,8 @@ pub(crate) fn write_checkpoint(
                 syncs += log.sync(ctx)?;
             }
         }
-        if let Some(state) = slot.state() {
+        if let Some(mut state) = slot.state() {
+            state.segments.drain(..drop_n);
             if ordinals.len() <= g.slot as usize {
                 ordinals.resize(g.slot as usize + 1, u64::MAX);
             }
@@ -692,7 +790,8 @@ pub(crate) fn write_checkpoint(
     drop(members);
 
     let dir = journal::journal_dir(&ctx.config.data_dir);
-    let journal = Journal::create(&*ctx.vfs, &dir, next_journal_seq)?;
+    let journal = Journal::create(&*ctx.vfs, &dir, next_journal_seq)
+        .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
     let body = CheckpointBody {
         journal_seq: journal.seq,
         clean_shutdown,
@@ -715,7 +814,15 @@ pub(crate) fn write_checkpoint(
             _ => journal.seq,
         },
     };
-    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)?;
+    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
+        .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
+    // The new checkpoint is in force: do what it assumes.
+    let mut dropped: Vec<PathBuf> = Vec::new();
+    for (g, n) in planned_drops {
+        if let LogSlot::Loaded(log) = &mut *g.log.write() {
+            dropped.extend(log.drop_oldest(ctx, n));
+        }
+    }
     if !any_damaged {
         for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
             if seq < keep_from {

@@ -665,7 +665,10 @@ impl Engine {
 
     /// Writes a checkpoint now (applying retention policies) and returns
     /// when it is durable. The commit thread also does this on its own
-    /// every `journal_checkpoint_bytes` and `retention_check_ms`.
+    /// every `journal_checkpoint_bytes` and `retention_check_ms`. A
+    /// checkpoint whose write finds the disk full changes nothing (the
+    /// journal keeps everything it would have covered) and is put off: this
+    /// returns `Ok` and the commit thread tries again about a second later.
     pub fn checkpoint(&self) -> Result<()> {
         let round = self.request_round(|p| p.checkpoint = true)?;
         self.wait_round(round)

@@ -41,6 +41,12 @@ pub enum Error {
     /// Free disk space is below `disk_free_min_bytes`: the write was refused
     /// before anything was assigned; retry once space returns.
     DiskFull { free: u64, min: u64 },
+    /// A write found the disk full (ENOSPC or EDQUOT) although the reserve
+    /// let it through. Nothing of the write was taken in: the file is as if
+    /// it had not happened, so the commit thread holds the work and writes
+    /// it again once space returns. (A *sync* that fails is `Io`, whatever
+    /// its errno, and never retried.)
+    NoSpace { context: String },
     /// The data directory is held by another engine instance.
     Locked { path: PathBuf },
     /// A configuration value out of its allowed range.
@@ -69,16 +75,21 @@ impl Error {
         }
     }
 
-    /// True when the error was caused by a full disk (ENOSPC or EDQUOT).
-    pub fn is_disk_full(&self) -> bool {
-        match self {
-            Error::DiskFull { .. } => true,
-            Error::Io { source, .. } => matches!(
-                source.raw_os_error(),
-                Some(libc::ENOSPC) | Some(libc::EDQUOT)
-            ),
-            _ => false,
+    /// Wraps the error of a *write* (never a sync): a full disk becomes
+    /// `NoSpace`, which the commit thread may retry; anything else is `Io`.
+    pub(crate) fn write(context: impl Into<String>, source: io::Error) -> Error {
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
+                context: context.into(),
+            },
+            _ => Error::io(context, source),
         }
+    }
+
+    /// True when the error says the disk is (nearly) full: a refused write
+    /// (`DiskFull`) or a write that found no space (`NoSpace`).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Error::DiskFull { .. } | Error::NoSpace { .. })
     }
 }
 
@@ -114,6 +125,10 @@ impl fmt::Display for Error {
             Error::DiskFull { free, min } => write!(
                 f,
                 "disk nearly full: {free} bytes free, {min} required; retry once space returns"
+            ),
+            Error::NoSpace { context } => write!(
+                f,
+                "{context}: no space left on device; retry once space returns"
             ),
             Error::Locked { path } => write!(
                 f,

@@ -177,7 +177,7 @@ impl GroupLog {
         }
         ctx.vfs
             .create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("mkdir {}", dir.display()), e))?;
+            .map_err(|e| Error::write(format!("mkdir {}", dir.display()), e))?;
         let mut log = GroupLog {
             group_id,
             dir,
@@ -722,7 +722,7 @@ impl GroupLog {
     /// their paths; the caller deletes the files once a checkpoint no longer
     /// names them.
     pub fn drop_oldest(&mut self, ctx: &LogContext, n: usize) -> Vec<PathBuf> {
-        let n = n.min(self.segments.len() - 1);
+        let n = self.droppable(n);
         let dropped: Vec<SegmentMeta> = self.segments.drain(..n).collect();
         dropped
             .iter()
@@ -731,6 +731,12 @@ impl GroupLog {
                 self.segment_path(s.base_id)
             })
             .collect()
+    }
+
+    /// How many of the `n` oldest segments can be dropped: all but the
+    /// active one.
+    pub fn droppable(&self, n: usize) -> usize {
+        n.min(self.segments.len() - 1)
     }
 
     /// Removes the group's files (after the group was deleted).

@@ -186,6 +186,13 @@ pub struct FaultControl {
     pub bytes_written: AtomicU64,
     /// When set, every write fails with ENOSPC (a full disk).
     pub disk_full: AtomicBool,
+    /// The disk fills up after this many more successful writes
+    /// (`u64::MAX` = never): from then on every write fails with ENOSPC
+    /// until the test stores `u64::MAX` again. Picks which write of a
+    /// round meets the full disk (journal, first group, second group...).
+    pub writes_before_full: AtomicU64,
+    /// Writes that failed with ENOSPC.
+    pub writes_refused: AtomicU64,
     /// When set, every sync fails with EIO.
     pub fail_syncs: AtomicBool,
     /// Writes fail with EIO once this many more bytes have been written
@@ -212,6 +219,9 @@ impl FaultyVfs {
             .write_budget_bytes
             .store(u64::MAX, Ordering::SeqCst);
         v.control.free_bytes.store(u64::MAX, Ordering::SeqCst);
+        v.control
+            .writes_before_full
+            .store(u64::MAX, Ordering::SeqCst);
         v
     }
 }
@@ -223,8 +233,13 @@ struct FaultyFile {
 
 impl FaultControl {
     fn check_write(&self, len: usize) -> io::Result<()> {
-        if self.disk_full.load(Ordering::SeqCst) {
+        let left = self.writes_before_full.load(Ordering::SeqCst);
+        if self.disk_full.load(Ordering::SeqCst) || left == 0 {
+            self.writes_refused.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        if left != u64::MAX {
+            self.writes_before_full.store(left - 1, Ordering::SeqCst);
         }
         let len = len as u64;
         let budget = self.write_budget_bytes.load(Ordering::SeqCst);

@@ -269,7 +269,7 @@ impl Journal {
             .map_err(|e| Error::io(ctx("create"), e))?;
         file.set_len(0).map_err(|e| Error::io(ctx("truncate"), e))?;
         file.write_all_at(&encode_header(seq), 0)
-            .map_err(|e| Error::io(ctx("write"), e))?;
+            .map_err(|e| Error::write(ctx("write"), e))?;
         file.sync_data()
             .map_err(|e| Error::io(ctx("fdatasync"), e))?;
         vfs.sync_dir(dir)
@@ -287,7 +287,7 @@ impl Journal {
     pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
         if let Err(e) = self.file.write_all_at(bytes, self.len) {
             let _ = self.file.set_len(self.len);
-            return Err(Error::io(format!("write {}", self.path.display()), e));
+            return Err(Error::write(format!("write {}", self.path.display()), e));
         }
         self.len += bytes.len() as u64;
         Ok(())

@@ -143,6 +143,20 @@ pub fn peek_msg_id(buf: &[u8]) -> u64 {
     u64_at(buf, OFF_MSG_ID)
 }
 
+/// The tail of `buf` (already-verified records of one group, ids rising)
+/// that holds the records with ids above `head`.
+pub fn records_above(buf: &[u8], head: u64) -> &[u8] {
+    let mut at = 0;
+    while at < buf.len() && peek_msg_id(&buf[at..]) <= head {
+        match peek_len(&buf[at..]) {
+            Some(len) if len > 0 => at += len,
+            // Invariant: verified records have a length; stop rather than spin.
+            _ => break,
+        }
+    }
+    &buf[at..]
+}
+
 /// Decodes the header of the record at `buf[0]` without checking the CRC.
 /// Length and reserved fields are checked, so the result is safe to use for
 /// slicing `buf[..record_len]`.

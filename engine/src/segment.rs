@@ -135,7 +135,7 @@ impl SegmentFile {
             .open(path, OpenMode::CreateNew)
             .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
         file.write_all_at(&header.encode(), 0)
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+            .map_err(|e| Error::write(format!("write {}", path.display()), e))?;
         Ok(SegmentFile {
             path: path.to_owned(),
             file,
@@ -180,7 +180,7 @@ impl SegmentFile {
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.file
             .write_all_at(buf, offset)
-            .map_err(|e| Error::io(format!("write {}", self.path.display()), e))
+            .map_err(|e| Error::write(format!("write {}", self.path.display()), e))
     }
 
     pub fn sync(&self) -> Result<()> {

@@ -300,6 +300,42 @@ fn a_failed_fsync_stops_writes_and_reads_go_on_until_reopen() {
     assert_eq!(e.append(1, 7, 99, b"lost?").unwrap().msg_id, 11);
 }
 
+/// Waits until the commit thread has met the full disk and refuses new
+/// writes with a typed error.
+fn wait_until_writes_are_refused(e: &Engine) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while e.accepting_writes().is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the full disk was never noticed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let refused = e.append(1, 7, 9_999, b"refused").unwrap_err();
+    assert!(refused.is_disk_full(), "{refused}");
+}
+
+/// Appends message `i` of `group`, retrying while the engine still says the
+/// disk is full (it measures again every 200 ms).
+fn append_once_space_returns(e: &Engine, group: u64, i: u64) -> u64 {
+    loop {
+        match e.append(group, 7, group * 1_000_000 + i, &payload(group, i)) {
+            Ok(a) => return a.msg_id,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(other) => panic!("{other}"),
+        }
+    }
+}
+
+fn append_request(group: u64, i: u64, payload: &[u8]) -> AppendRequest<'_> {
+    AppendRequest {
+        group_id: group,
+        sender_id: 7,
+        client_msg_id: group * 1_000_000 + i,
+        payload,
+    }
+}
+
 #[test]
 fn a_full_disk_at_the_journal_write_holds_the_round_until_space_returns() {
     let dir = tempfile::tempdir().unwrap();
@@ -315,32 +351,206 @@ fn a_full_disk_at_the_journal_write_holds_the_round_until_space_returns() {
     };
     // Once the commit thread met the full disk, new sends are refused with a
     // typed error while the round waits.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while e.accepting_writes().is_ok() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the full disk was never noticed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let refused = e.append(1, 7, 9_999, b"refused").unwrap_err();
-    assert!(refused.is_disk_full(), "{refused}");
+    wait_until_writes_are_refused(&e);
     assert_dense_and_exact(&e, 1, 3);
     // Space returns: the held round is written, nothing is lost or doubled.
     control.disk_full.store(false, Ordering::SeqCst);
     let a = waiting.join().unwrap().unwrap();
     assert_eq!(a.msg_id, 4);
-    let next = loop {
-        match e.append(1, 7, 1_000_005, &payload(1, 5)) {
-            Ok(a) => break a,
-            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(other) => panic!("{other}"),
-        }
-    };
-    assert_eq!(next.msg_id, 5);
+    assert_eq!(append_once_space_returns(&e, 1, 5), 5);
     drop(Arc::try_unwrap(e).ok().expect("one owner"));
     let e = Engine::open(small_config(dir.path())).unwrap();
     assert_dense_and_exact(&e, 1, 5);
+}
+
+#[test]
+fn a_full_disk_at_a_segment_write_holds_the_round_and_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Arc::new(Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap());
+    fill(&e, &[1, 2, 3], 3);
+    let syncs_before = e.stats().journal_syncs;
+    // One round for three groups: its journal write and group 1's segment
+    // write succeed, then the disk is full (group 2's write fails).
+    control.writes_before_full.store(2, Ordering::SeqCst);
+    let waiting = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let p: Vec<Vec<u8>> = (1..=3).map(|g| payload(g, 4)).collect();
+            let reqs: Vec<_> = (1..=3u64)
+                .map(|g| append_request(g, 4, &p[g as usize - 1]))
+                .collect();
+            e.append_batch(&reqs)
+        })
+    };
+    wait_until_writes_are_refused(&e);
+    // The round reached the journal and its sync (so it is durable) and is
+    // held at the segment writes: group 1's went through (it is readable),
+    // group 2's did not.
+    assert_eq!(e.stats().journal_syncs, syncs_before + 1);
+    assert_dense_and_exact(&e, 1, 4);
+    assert_dense_and_exact(&e, 2, 3);
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    let done = waiting.join().unwrap().unwrap();
+    assert_eq!(done.iter().map(|a| a.msg_id).collect::<Vec<_>>(), [4, 4, 4]);
+    for g in 1..=3 {
+        assert_dense_and_exact(&e, g, 4);
+        assert_eq!(append_once_space_returns(&e, g, 5), 5);
+    }
+    drop(Arc::try_unwrap(e).ok().expect("one owner"));
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    for g in 1..=3 {
+        assert_dense_and_exact(&e, g, 5);
+    }
+}
+
+#[test]
+fn a_full_disk_between_two_segments_of_one_write_resumes_without_doubling() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Arc::new(Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap());
+    fill(&e, &[1], 1);
+    // 80 records (about 12 KiB) cross the 8 KiB segment size: the first
+    // part is written, then the new segment's header write finds the disk
+    // full.
+    control.writes_before_full.store(2, Ordering::SeqCst);
+    let waiting = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let p: Vec<Vec<u8>> = (2..=81).map(|i| payload(1, i)).collect();
+            let reqs: Vec<_> = (2..=81u64)
+                .map(|i| append_request(1, i, &p[i as usize - 2]))
+                .collect();
+            e.append_batch(&reqs)
+        })
+    };
+    wait_until_writes_are_refused(&e);
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    let done = waiting.join().unwrap().unwrap();
+    assert_eq!(done.last().map(|a| a.msg_id), Some(81));
+    assert_dense_and_exact(&e, 1, 81);
+    drop(Arc::try_unwrap(e).ok().expect("one owner"));
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_dense_and_exact(&e, 1, 81);
+}
+
+#[test]
+fn cursors_a_full_disk_kept_out_of_the_journal_are_written_at_the_next_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.cursor_flush_ms = 10;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    control.writes_before_full.store(0, Ordering::SeqCst);
+    e.ack(1, 42, 3).unwrap();
+    // The timer's cursor flush finds the disk full: the cursor stays in
+    // memory and writes do not stop.
+    while control.writes_refused.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let stopped = matches!(e.accepting_writes(), Err(Error::WritesStopped { .. }));
+    assert!(
+        !stopped,
+        "a cursor flush the disk stopped must not stop writes"
+    );
+    assert_eq!(e.unread(42)[0].cursor, 3);
+    // Space returns; the next flush writes what the full disk kept out
+    // (nothing moved since, so nothing is dirty any more).
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    e.flush_cursors().unwrap();
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(e.unread(42)[0].cursor, 3);
+}
+
+/// The oldest msg_id of `group` still stored.
+fn floor_of(e: &Engine, group: u64) -> u64 {
+    match e.read(group, 0, 7, 1 << 10) {
+        Ok(b) => b.records().next().map_or(0, |r| r.header.msg_id),
+        Err(Error::BelowRetentionFloor { earliest, .. }) => earliest,
+        Err(other) => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 200);
+    e.set_retention(
+        1,
+        crate::Retention {
+            max_bytes: 10_000,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let journals = || {
+        std::fs::read_dir(crate::journal::journal_dir(dir.path()))
+            .unwrap()
+            .count()
+    };
+    let journals_before = journals();
+    // The new journal file is written, then the checkpoint file finds the
+    // disk full.
+    control.writes_before_full.store(1, Ordering::SeqCst);
+    e.checkpoint().unwrap();
+    // Nothing changed: the retention drop waits for a stored checkpoint and
+    // the started journal file is gone. Writes did not stop.
+    assert_eq!(floor_of(&e, 1), 1);
+    assert_eq!(journals(), journals_before);
+    let stopped = matches!(e.accepting_writes(), Err(Error::WritesStopped { .. }));
+    assert!(
+        !stopped,
+        "a checkpoint the disk stopped must not stop writes"
+    );
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    assert_eq!(append_once_space_returns(&e, 1, 201), 201);
+    e.checkpoint().unwrap();
+    let floor = floor_of(&e, 1);
+    assert!(
+        floor > 150,
+        "retention applied once space returned: {floor}"
+    );
+    drop(e);
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(floor_of(&e, 1), floor);
+    assert_eq!(e.head(1).unwrap(), 201);
+}
+
+#[test]
+fn a_crash_while_a_round_is_held_by_a_full_disk_loses_nothing_it_journaled() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    fill(&e, &[1, 2], 3);
+    // The journal write goes through, both segment writes find the disk full.
+    control.writes_before_full.store(1, Ordering::SeqCst);
+    let p: Vec<Vec<u8>> = (1..=2).map(|g| payload(g, 4)).collect();
+    let reqs: Vec<_> = (1..=2u64)
+        .map(|g| append_request(g, 4, &p[g as usize - 1]))
+        .collect();
+    let tickets = e.submit_batch(&reqs).unwrap();
+    wait_until_writes_are_refused(&e);
+    assert!(
+        e.poll(&tickets[0]).is_none(),
+        "the round is held, not answered"
+    );
+    // The power goes while the round waits; its sender never got an answer,
+    // but the round is in the synced journal.
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    for g in 1..=2 {
+        assert_dense_and_exact(&e, g, 4);
+    }
 }
 
 #[test]

@@ -124,6 +124,7 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
         EngineError::Overloaded => (ErrorCode::Overloaded, None),
         // A nearly full disk is a capacity limit: retry after a back-off.
         EngineError::DiskFull { free, .. } => (ErrorCode::Overloaded, Some(*free)),
+        EngineError::NoSpace { .. } => (ErrorCode::Overloaded, Some(0)),
         EngineError::NotMember { .. } => (ErrorCode::NotMember, None),
         EngineError::CursorAboveHead { head, .. } => (ErrorCode::CursorAboveHead, Some(*head)),
         EngineError::BelowRetentionFloor { earliest, .. } => {
