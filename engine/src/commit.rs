@@ -368,6 +368,7 @@ impl Committer {
             }
             result = self.write_round(flush_cursors);
         }
+        self.end_hold();
         result?;
         // A full disk at a segment write: the round is in the journal, so it
         // is durable; the groups before the one that failed are applied, and
@@ -383,6 +384,7 @@ impl Committer {
             }
             result = self.apply(ops, &order, &mut next);
         }
+        self.end_hold();
         result
     }
 
@@ -393,12 +395,19 @@ impl Committer {
         self.shared.disk_free_bytes.store(0, Ordering::Release);
     }
 
+    /// New writes are refused by measurement only again (the round that
+    /// was held is written, or failed).
+    fn end_hold(&self) {
+        self.shared.held_for_space.store(false, Ordering::Release);
+    }
+
     /// Waits a little before work a full disk stopped is written again.
     /// False if the engine is shutting down instead (the caller gives up;
     /// whatever of the round reached the journal is replayed at the next
     /// open).
     fn hold_for_space(&mut self, e: &Error) -> bool {
         self.note_no_space(e);
+        self.shared.held_for_space.store(true, Ordering::Release);
         if self.shared.pending.lock().shutdown {
             return false;
         }

@@ -185,6 +185,9 @@ pub(crate) struct Shared {
     pub writes_stopped: AtomicBool,
     /// Free disk space as last measured by the commit thread.
     pub disk_free_bytes: AtomicU64,
+    /// Set while the commit thread holds a round that a full disk stopped:
+    /// new writes are refused with `DiskFull` whatever the reserve says.
+    pub held_for_space: AtomicBool,
     pub counters: Counters,
     pub listeners: Mutex<Vec<CommitListener>>,
 }
@@ -233,6 +236,7 @@ impl Engine {
             progress_cv: Condvar::new(),
             writes_stopped: AtomicBool::new(false),
             disk_free_bytes: AtomicU64::new(u64::MAX),
+            held_for_space: AtomicBool::new(false),
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
         });
@@ -292,7 +296,7 @@ impl Engine {
         self.check_not_stopped()?;
         let min = self.shared.ctx.config.disk_free_min_bytes;
         let free = self.shared.disk_free_bytes.load(Ordering::Acquire);
-        if free < min {
+        if free < min || self.shared.held_for_space.load(Ordering::Acquire) {
             return Err(Error::DiskFull { free, min });
         }
         Ok(())

@@ -368,7 +368,10 @@ fn a_full_disk_at_a_segment_write_holds_the_round_and_resumes_where_it_stopped()
     let dir = tempfile::tempdir().unwrap();
     let vfs = FaultyVfs::new();
     let control = vfs.control.clone();
-    let e = Arc::new(Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap());
+    let mut config = small_config(dir.path());
+    // No free-space reserve: the held round alone makes sends refused.
+    config.disk_free_min_bytes = 0;
+    let e = Arc::new(Engine::open_with_vfs(config, Arc::new(vfs)).unwrap());
     fill(&e, &[1, 2, 3], 3);
     let syncs_before = e.stats().journal_syncs;
     // One round for three groups: its journal write and group 1's segment

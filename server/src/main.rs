@@ -79,6 +79,12 @@ struct ServeArgs {
     /// Segment size before a new segment starts.
     #[arg(long, default_value_t = 32 << 20)]
     segment_bytes_max: u64,
+    /// Below this much free space in the data directory's file system, sends
+    /// are refused (OVERLOADED, detail = free bytes) until space returns.
+    /// 0 turns the reserve off (a write that finds the disk full is then
+    /// held until space returns, and sends are refused meanwhile).
+    #[arg(long, default_value_t = 64 << 20)]
+    disk_free_min_bytes: u64,
 }
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
@@ -94,6 +100,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.engine.groups_per_user_max = a.groups_per_user_max;
     c.engine.open_segments_max = a.open_segments_max;
     c.engine.segment_bytes_max = a.segment_bytes_max;
+    c.engine.disk_free_min_bytes = a.disk_free_min_bytes;
     c.limits.frame_bytes_max = a.frame_bytes_max;
     c.limits.connections_max = a.connections_max;
     c.limits.output_bytes_max = a.output_bytes_max;

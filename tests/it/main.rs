@@ -9,6 +9,7 @@
 mod bench_tool;
 mod cli;
 mod crash_kill;
+mod disk_full;
 mod fuzz_corpus;
 mod harness;
 mod hostile;
