@@ -62,6 +62,8 @@ pub use error::{Error, Result};
 pub use group_log::{Chunk, ReadBatch};
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
-pub use tidemarks::{direct_group_id, History, JoinStart, Pull, Sync, SyncGroup, Unread};
+pub use tidemarks::{
+    direct_group_id, History, JoinStart, MembersVersion, Pull, Sync, SyncGroup, Unread,
+};
 
 pub(crate) use engine::now_ms;

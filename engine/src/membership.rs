@@ -6,12 +6,23 @@
 //! grows past 1/16 of it, so bulk joins cost O(n log n), not O(n^2), and the
 //! main list is reallocated at its exact size on every merge.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::read_counts::ReadCounts;
 
-#[derive(Default)]
+/// Source of member-list versions: unique in the process, so a version
+/// never repeats, not even for a group deleted and created again.
+static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+
+fn next_version() -> u64 {
+    NEXT_VERSION.fetch_add(1, Ordering::Relaxed)
+}
+
 pub struct GroupMembers {
     sorted: Vec<u64>,
     recent: Vec<u64>,
+    /// Changes whenever the member list does (see [`Self::version`]).
+    version: u64,
     pub read_counts: ReadCounts,
 }
 
@@ -20,8 +31,16 @@ impl GroupMembers {
         GroupMembers {
             sorted: Vec::new(),
             recent: Vec::new(),
+            version: next_version(),
             read_counts: ReadCounts::new(base),
         }
+    }
+
+    /// A value that changes whenever a member joins or leaves and is never
+    /// shared with another member list: what a cache of "who is in this
+    /// group" keys on.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     #[cfg(test)]
@@ -42,6 +61,7 @@ impl GroupMembers {
             return false;
         };
         self.recent.insert(at, user);
+        self.version = next_version();
         self.read_counts.insert(cursor);
         if self.recent.len() > 64.max(self.sorted.len() / 16) {
             self.merge();
@@ -79,6 +99,7 @@ impl GroupMembers {
             false
         };
         if removed {
+            self.version = next_version();
             self.read_counts.remove(cursor);
         }
         removed
@@ -101,6 +122,22 @@ impl GroupMembers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_changes_with_the_member_list_and_never_repeats() {
+        let mut a = GroupMembers::new(0);
+        let b = GroupMembers::new(0);
+        assert_ne!(a.version(), b.version(), "two lists never share a version");
+        let v0 = a.version();
+        assert!(a.insert(5, 0));
+        let v1 = a.version();
+        assert_ne!(v1, v0);
+        assert!(!a.insert(5, 0));
+        assert!(!a.remove(6, 0));
+        assert_eq!(a.version(), v1, "no change, same version");
+        assert!(a.remove(5, 0));
+        assert!(a.version() != v1 && a.version() != v0);
+    }
 
     #[test]
     fn bulk_inserts_stay_sorted_and_compact() {

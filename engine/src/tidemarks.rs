@@ -286,6 +286,19 @@ impl Engine {
         Ok(self.group(group_id)?.members.lock().users())
     }
 
+    /// The group's member count and member-list version: the version
+    /// changes whenever a member joins or leaves and never repeats (not even
+    /// for a group deleted and created again), so callers can cache what
+    /// they derive from [`Self::members`] until it changes.
+    pub fn members_version(&self, group_id: u64) -> Result<MembersVersion> {
+        let group = self.group(group_id)?;
+        let m = group.members.lock();
+        Ok(MembersVersion {
+            version: m.version(),
+            count: m.len(),
+        })
+    }
+
     /// Moves the member's cursor forward to `msg_id` and returns the cursor.
     /// A lower or equal id changes nothing; an id above the head is refused.
     /// Memory only: persisted in bulk (see the module docs).
@@ -509,6 +522,13 @@ impl Engine {
         let round = self.request_cursor_flush()?;
         self.wait_round(round)
     }
+}
+
+/// See [`Engine::members_version`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MembersVersion {
+    pub version: u64,
+    pub count: usize,
 }
 
 impl LogSlot {

@@ -12,7 +12,7 @@
 //! answers what completed, pushes the new records to subscribers and
 //! re-runs the long polls of the groups that grew.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,6 +32,7 @@ use crate::protocol::{
     RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
 use crate::stats::Stats;
+use crate::subscriptions::Subscriptions;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -99,8 +100,7 @@ pub struct EventLoop {
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
     dirty: Vec<usize>,
-    sub_by_group: HashMap<u64, HashSet<ConnId>>,
-    sub_by_user: HashMap<u64, HashSet<ConnId>>,
+    subs: Subscriptions<ConnId>,
     stats: Stats,
 }
 
@@ -134,8 +134,7 @@ impl EventLoop {
             pending: Vec::new(),
             polls: Vec::new(),
             dirty: Vec::new(),
-            sub_by_group: HashMap::new(),
-            sub_by_user: HashMap::new(),
+            subs: Subscriptions::default(),
             stats: Stats::default(),
         })
     }
@@ -677,7 +676,7 @@ impl EventLoop {
     /// subscriber whose output is full gets RESYNC(all) and loses its
     /// subscription; it pulls to catch up (nothing is lost).
     fn push(&mut self, group: u64, first: u64, last: u64) {
-        let targets = self.push_targets(group);
+        let targets = self.subs.targets(&self.engine, group);
         if targets.is_empty() {
             return;
         }
@@ -756,29 +755,6 @@ impl EventLoop {
         self.dirty.push(conn.index);
     }
 
-    /// Connections subscribed to `group`, directly or through a member.
-    fn push_targets(&self, group: u64) -> Vec<ConnId> {
-        let mut targets: HashSet<ConnId> =
-            self.sub_by_group.get(&group).cloned().unwrap_or_default();
-        if !self.sub_by_user.is_empty() {
-            // Walk the smaller side: subscribed users, or the group's members.
-            if self.sub_by_user.len() <= 1024 {
-                for (&user, conns) in &self.sub_by_user {
-                    if self.engine.is_member(group, user) {
-                        targets.extend(conns);
-                    }
-                }
-            } else if let Ok(members) = self.engine.members(group) {
-                for user in members {
-                    if let Some(conns) = self.sub_by_user.get(&user) {
-                        targets.extend(conns);
-                    }
-                }
-            }
-        }
-        targets.into_iter().collect()
-    }
-
     fn subscribe(&mut self, conn: ConnId, request_id: u64, sub: Subscription) -> Outgoing {
         let max = self.config.limits.subscriptions_max;
         let Some(slot) = self.slot_mut(conn) else {
@@ -799,7 +775,7 @@ impl EventLoop {
         match sub {
             Subscription::User(user) => {
                 slot.sub_users.insert(user);
-                self.sub_by_user.entry(user).or_default().insert(conn);
+                self.subs.add_user(conn, user);
             }
             Subscription::Groups(groups) => {
                 if let Some(missing) = groups.iter().find(|g| self.engine.head(**g).is_err()) {
@@ -815,7 +791,7 @@ impl EventLoop {
                 };
                 slot.sub_groups.extend(groups.iter().copied());
                 for g in groups {
-                    self.sub_by_group.entry(g).or_default().insert(conn);
+                    self.subs.add_group(conn, g);
                 }
             }
         }
@@ -832,22 +808,7 @@ impl EventLoop {
         let groups = std::mem::take(&mut slot.sub_groups);
         let users = std::mem::take(&mut slot.sub_users);
         slot.conn.subscriptions = 0;
-        for g in groups {
-            if let Some(set) = self.sub_by_group.get_mut(&g) {
-                set.remove(&conn);
-                if set.is_empty() {
-                    self.sub_by_group.remove(&g);
-                }
-            }
-        }
-        for u in users {
-            if let Some(set) = self.sub_by_user.get_mut(&u) {
-                set.remove(&conn);
-                if set.is_empty() {
-                    self.sub_by_user.remove(&u);
-                }
-            }
-        }
+        self.subs.remove(conn, groups, users);
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {

@@ -17,3 +17,4 @@ pub mod handlers;
 pub mod protocol;
 pub mod reliable;
 pub mod stats;
+pub mod subscriptions;
