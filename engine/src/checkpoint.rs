@@ -106,9 +106,17 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointBody, String> {
     }
     let decoded: CheckpointBody = codec::decode(body)?;
     for g in &decoded.groups {
-        let dense = g.segments.windows(2).all(|w| w[0].0 < w[1].0);
+        // Bases rise from at least 1 (ids start at 1) to at most head + 1,
+        // and every segment holds at least its header.
+        let rising = g.segments.windows(2).all(|w| w[0].0 < w[1].0);
+        let headers = g
+            .segments
+            .iter()
+            .all(|&(_, len)| len >= crate::segment::SEGMENT_HEADER_BYTES as u64);
         if g.segments.is_empty()
-            || !dense
+            || !rising
+            || !headers
+            || g.segments[0].0 == 0
             || g.segments[g.segments.len() - 1].0 > g.head.saturating_add(1)
         {
             return Err(format!(
@@ -195,6 +203,25 @@ mod tests {
     #[test]
     fn round_trip() {
         assert_eq!(decode(&encode(&sample())).unwrap(), sample());
+    }
+
+    #[test]
+    fn segment_lists_no_log_could_have_are_refused() {
+        let with = |segments: Vec<(u64, u64)>| {
+            let mut b = sample();
+            b.groups[0].segments = segments;
+            decode(&encode(&b))
+        };
+        assert!(with(vec![(1, 64), (6, 300)]).is_ok());
+        for bad in [
+            vec![],
+            vec![(0, 64), (6, 300)],  // ids start at 1
+            vec![(6, 64), (1, 300)],  // bases fall
+            vec![(1, 63), (6, 300)],  // shorter than a segment header
+            vec![(1, 64), (12, 300)], // base above head + 1
+        ] {
+            assert!(with(bad.clone()).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -722,6 +722,13 @@ pub(crate) fn write_checkpoint(
     next_journal_seq: u64,
     clean_shutdown: bool,
 ) -> Result<CheckpointDone> {
+    // The next open starts journal `next_journal_seq + 1`: a shutdown that
+    // leaves no room for it would leave a directory that cannot reopen.
+    if clean_shutdown && next_journal_seq == u64::MAX {
+        return Err(Error::WritesStopped {
+            reason: "journal sequence numbers exhausted".into(),
+        });
+    }
     let mut entries = Vec::with_capacity(catalog.len());
     let mut ordinals: Vec<u64> = Vec::new();
     // Retention drops are planned here but done only once the new

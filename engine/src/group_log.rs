@@ -281,6 +281,15 @@ impl GroupLog {
             .filter_map(|p| segment::parse_file_name(p))
             .collect();
         bases.sort_unstable();
+        if bases.first() == Some(&0) {
+            // Ids start at 1: no segment of ours is named for base 0.
+            return Err(Error::Corrupt {
+                path: dir.join(segment::file_name(0)),
+                group: Some(group_id),
+                offset: 0,
+                reason: "segment file named for base msg_id 0".into(),
+            });
+        }
         let mut log = GroupLog {
             group_id,
             dir,
@@ -453,6 +462,9 @@ impl GroupLog {
                 .get(&*ctx.vfs, self.group_id, base, &self.segment_path(base))?;
             let write_pos = self.segments.last().map(|s| s.len).unwrap_or_default();
             seg.write_at(&records[start..end], write_pos)?;
+            if !seg.mapping_covers(write_pos + (end - start) as u64) {
+                ctx.cache.forget(self.group_id, base);
+            }
             // Only now, with the bytes in the file, does the log take them in.
             let active = self
                 .segments

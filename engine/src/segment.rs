@@ -76,9 +76,14 @@ impl SegmentHeader {
             a.copy_from_slice(&b[o..o + 8]);
             u64::from_le_bytes(a)
         };
+        let base_msg_id = u64_at(24);
+        if base_msg_id == 0 {
+            // Ids start at 1; no segment ever holds id 0.
+            return Err("segment base msg_id 0".into());
+        }
         Ok(SegmentHeader {
             group_id: u64_at(16),
-            base_msg_id: u64_at(24),
+            base_msg_id,
             created_ms: u64_at(32),
         })
     }
@@ -164,6 +169,14 @@ impl SegmentFile {
         // A racing reader may have mapped it first; either mapping is the file.
         let _ = self.map.set(map);
         Ok(())
+    }
+
+    /// False if the file is mapped and the mapping ends before `end`: the
+    /// file grew past it (a record larger than a segment, which only a
+    /// journal written under larger limits can bring). The caller must then
+    /// drop this handle from the cache so that readers map the file anew.
+    pub fn mapping_covers(&self, end: u64) -> bool {
+        self.map.get().is_none_or(|m| m.len() as u64 >= end)
     }
 
     /// The mapped bytes `[start, end)`. The caller mapped the file
@@ -337,6 +350,12 @@ mod tests {
             assert!(SegmentHeader::decode(&d).is_err(), "byte {i}");
         }
         assert!(SegmentHeader::decode(&b[..10]).is_err());
+        let zero = SegmentHeader {
+            base_msg_id: 0,
+            ..h
+        };
+        let err = SegmentHeader::decode(&zero.encode()).unwrap_err();
+        assert!(err.contains("base msg_id 0"), "{err}");
     }
 
     #[test]
