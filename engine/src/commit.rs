@@ -24,6 +24,7 @@ use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
 use crate::engine::{CommitNotice, GroupAppend, Op, Shared};
 use crate::error::{Error, Result};
+use crate::flusher::Flusher;
 use crate::group::LogSlot;
 use crate::group_log::LogContext;
 use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES};
@@ -52,6 +53,8 @@ struct Committer {
     checkpoint_not_before: Instant,
     /// What the round being applied appended, for commit listeners.
     appended: Vec<GroupAppend>,
+    /// Background write-back between checkpoints.
+    flusher: Flusher,
 }
 
 /// How often free space is measured while it is low (and idle), and how
@@ -76,7 +79,7 @@ enum Work {
 pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
     let now = Instant::now();
     let mut c = Committer {
-        shared,
+        shared: shared.clone(),
         journal,
         unsynced_bytes: 0,
         last_sync: now,
@@ -89,6 +92,11 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         cursor_buf_unwritten: false,
         checkpoint_not_before: now,
         appended: Vec::new(),
+        flusher: Flusher::start(
+            shared.ctx.vfs.clone(),
+            shared.ctx.config.data_dir.clone(),
+            shared.ctx.config.journal_checkpoint_bytes,
+        ),
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
     let _exit = ExitGuard(c.shared.clone());
@@ -142,6 +150,7 @@ impl Committer {
                         result = self.checkpoint(false);
                     }
                     self.finish_round(round, &ops, result);
+                    self.flusher.journal_grew_to(self.journal.len());
                     self.measure_free_space();
                     // Under steady load the loop is never idle: run the
                     // timers (cursor flush, retention, interval sync) here too.
@@ -619,6 +628,7 @@ impl Committer {
     }
 
     fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
+        self.flusher.check()?;
         let catalog = self.shared.catalog.read();
         let next = write_checkpoint(
             &self.shared.ctx,
@@ -634,6 +644,7 @@ impl Committer {
         )?;
         drop(catalog);
         self.journal = next.journal;
+        self.flusher.journal_restarted();
         self.unsynced_bytes = 0;
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -711,6 +722,16 @@ pub(crate) struct CheckpointDone {
     pub syncs: u64,
 }
 
+/// Where a checkpoint's time went, for the log line operators read when
+/// latency spikes line up with checkpoints.
+#[derive(Default)]
+struct CheckpointTimes {
+    sync: Duration,
+    memberships: Duration,
+    store: Duration,
+    membership_bytes: usize,
+}
+
 /// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
 /// retention, make every group log durable, start journal file
 /// `next_journal_seq`, write the checkpoint atomically, then delete older
@@ -736,6 +757,8 @@ pub(crate) fn write_checkpoint(
     let mut planned_drops: Vec<(&crate::group::Group, usize)> = Vec::new();
     let mut syncs = 0;
     let mut any_damaged = false;
+    let mut times = CheckpointTimes::default();
+    let started = Instant::now();
     // Many groups to sync: one syncfs beats one fdatasync per segment file.
     let dirty = catalog
         .groups()
@@ -794,6 +817,8 @@ pub(crate) fn write_checkpoint(
             });
         }
     }
+    times.sync = started.elapsed();
+    let started = Instant::now();
     let mut members = Vec::new();
     let mut users = 0u64;
     cursors.snapshot(|user, ms| {
@@ -804,6 +829,9 @@ pub(crate) fn write_checkpoint(
     member_snapshot::put_varint(&mut section, users);
     section.extend_from_slice(&members);
     drop(members);
+    times.membership_bytes = section.len();
+    times.memberships = started.elapsed();
+    let started = Instant::now();
 
     let dir = journal::journal_dir(&ctx.config.data_dir);
     let journal = Journal::create(&*ctx.vfs, &dir, next_journal_seq)
@@ -853,6 +881,17 @@ pub(crate) fn write_checkpoint(
             log::warn!("retention could not remove {}: {e}", path.display());
         }
     }
+    times.store = started.elapsed();
+    log::info!(
+        "checkpoint (journal {}): {} groups, {} syncs {:.1?}, memberships {} bytes {:.1?}, store {:.1?}",
+        journal.seq,
+        catalog.len(),
+        syncs + 3,
+        times.sync,
+        times.membership_bytes,
+        times.memberships,
+        times.store
+    );
     Ok(CheckpointDone {
         journal,
         syncs: syncs + 3,

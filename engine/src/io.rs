@@ -195,6 +195,8 @@ pub struct FaultControl {
     pub writes_refused: AtomicU64,
     /// When set, every sync fails with EIO.
     pub fail_syncs: AtomicBool,
+    /// Syncs that failed because of `fail_syncs`.
+    pub syncs_failed: AtomicU64,
     /// Writes fail with EIO once this many more bytes have been written
     /// (`u64::MAX` = never). The failing write writes nothing.
     pub write_budget_bytes: AtomicU64,
@@ -262,6 +264,7 @@ impl FaultControl {
             self.syncs_held.fetch_sub(1, Ordering::SeqCst);
         }
         if self.fail_syncs.load(Ordering::SeqCst) {
+            self.syncs_failed.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         Ok(())

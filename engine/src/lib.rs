@@ -29,6 +29,7 @@ mod dedup;
 mod engine;
 pub mod error;
 #[doc(hidden)]
+mod flusher;
 pub mod fuzz_targets;
 mod group;
 mod group_log;

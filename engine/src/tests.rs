@@ -273,6 +273,41 @@ fn a_round_writing_1000_groups_costs_one_fsync() {
 }
 
 #[test]
+fn a_write_back_error_seen_by_the_background_sync_fails_the_next_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut c = small_config(dir.path());
+    c.fsync = FsyncPolicy::Never;
+    c.journal_checkpoint_bytes = 8 * crate::flusher::STEP_BYTES_MIN;
+    let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
+    e.create_group(1).unwrap();
+    // The background sync that the first megabyte of journal asks for fails
+    // (as a write-back error would); the commit path itself syncs nothing.
+    control.fail_syncs.store(true, Ordering::SeqCst);
+    let big = vec![7u8; 1000];
+    let mut i = 0;
+    while control.syncs_failed.load(Ordering::SeqCst) == 0 {
+        i += 1;
+        e.append(1, 7, i, &big).unwrap();
+        assert!(i < 100_000, "no background sync was asked for");
+    }
+    control.fail_syncs.store(false, Ordering::SeqCst);
+    // Its own syncs would now succeed, but the error was reported once, to
+    // the background thread: the checkpoint must not claim durability.
+    let err = e.checkpoint().unwrap_err();
+    assert!(err.to_string().contains("background sync failed"), "{err}");
+    assert!(matches!(
+        e.accepting_writes(),
+        Err(Error::WritesStopped { .. })
+    ));
+    drop(e);
+    // The journal holds everything since the last checkpoint.
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(e.head(1).unwrap(), i);
+}
+
+#[test]
 fn a_failed_fsync_stops_writes_and_reads_go_on_until_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let vfs = FaultyVfs::new();

@@ -1,0 +1,163 @@
+//! Write-back ahead of checkpoints. A checkpoint makes every group log
+//! durable, and while it does, the commit thread commits nothing: with a
+//! 64 MiB journal's worth of segment writes still dirty in the page cache
+//! that sync took ~270 ms (the latency spike of BENCHMARKS.md). This thread
+//! syncs the file system in the background every eighth of the way to the
+//! next checkpoint, so the checkpoint's own sync finds little left to write.
+//!
+//! It changes no durability rule: the checkpoint still syncs everything it
+//! names, and nothing is acknowledged on the strength of a background sync.
+//! One thing it must not do is swallow a write-back error: a sync reports an
+//! error once, so if this thread were the one to see it, the checkpoint's
+//! own sync would find nothing wrong. Errors are therefore kept and the
+//! next checkpoint fails with them (writes stop; the journal still holds
+//! everything since the last checkpoint).
+
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use crate::error::Error;
+use crate::io::Vfs;
+
+/// Background syncs per checkpoint interval.
+const SYNCS_PER_CHECKPOINT: u64 = 8;
+
+/// No background sync for less than this much journal: below it a sync
+/// costs more than it saves (and small test configurations stay quiet).
+pub(crate) const STEP_BYTES_MIN: u64 = 1 << 20;
+
+pub(crate) struct Flusher {
+    requests: Option<SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+    error: Arc<Mutex<Option<String>>>,
+    /// Journal bytes between two background syncs (0 = never).
+    step: u64,
+    /// Journal length at which the next one is asked for.
+    next_at: u64,
+}
+
+impl Flusher {
+    /// Starts the thread. `checkpoint_bytes` is the journal length that
+    /// triggers a checkpoint.
+    pub fn start(vfs: Arc<dyn Vfs>, data_dir: PathBuf, checkpoint_bytes: u64) -> Flusher {
+        let (requests, wanted) = sync_channel::<()>(1);
+        let error = Arc::new(Mutex::new(None));
+        let seen = error.clone();
+        let thread = std::thread::Builder::new()
+            .name("tidemark-flush".into())
+            .spawn(move || {
+                while wanted.recv().is_ok() {
+                    match vfs.sync_filesystem(&data_dir) {
+                        // An old kernel: the checkpoint syncs file by file.
+                        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return,
+                        Err(e) => {
+                            log::error!("background sync of {}: {e}", data_dir.display());
+                            seen.lock().get_or_insert(e.to_string());
+                            return;
+                        }
+                        Ok(()) => {}
+                    }
+                }
+            })
+            .ok();
+        if thread.is_none() {
+            log::warn!("could not start the background flush thread; checkpoints sync alone");
+        }
+        let step = (checkpoint_bytes / SYNCS_PER_CHECKPOINT).max(STEP_BYTES_MIN);
+        Flusher {
+            requests: thread.as_ref().map(|_| requests),
+            thread,
+            error,
+            step,
+            next_at: step,
+        }
+    }
+
+    /// Called with the journal's length after each round: asks for a sync
+    /// each time the length passes another step. Never blocks (a sync
+    /// already under way absorbs the request).
+    pub fn journal_grew_to(&mut self, len: u64) {
+        if self.step == 0 || len < self.next_at {
+            return;
+        }
+        self.next_at = (len / self.step + 1) * self.step;
+        if let Some(tx) = &self.requests {
+            match tx.try_send(()) {
+                Ok(()) | Err(TrySendError::Full(())) => {}
+                Err(TrySendError::Disconnected(())) => self.requests = None,
+            }
+        }
+    }
+
+    /// A checkpoint started a new journal.
+    pub fn journal_restarted(&mut self) {
+        self.next_at = self.step;
+    }
+
+    /// The write-back error a background sync saw, if any. A checkpoint
+    /// must not claim durability after one.
+    pub fn check(&self) -> Result<(), Error> {
+        match &*self.error.lock() {
+            Some(e) => Err(Error::WritesStopped {
+                reason: format!("a background sync failed: {e}"),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.requests = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::FaultyVfs;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn syncs_once_per_step_and_keeps_the_error_it_saw() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = FaultyVfs::new();
+        let control = vfs.control.clone();
+        let step = STEP_BYTES_MIN;
+        let mut f = Flusher::start(Arc::new(vfs), dir.path().to_owned(), 8 * step);
+        f.journal_grew_to(step / 2);
+        f.journal_grew_to(step - 1);
+        f.check().unwrap();
+        assert_eq!(control.syncs(), 0, "below the first step");
+        f.journal_grew_to(step);
+        wait_for("one background sync", || control.syncs() == 1);
+        f.journal_grew_to(step + step / 2);
+        f.journal_grew_to(2 * step - 1);
+        f.journal_grew_to(3 * step + 5); // several steps at once: one sync
+        wait_for("a second background sync", || control.syncs() == 2);
+        f.journal_restarted();
+        f.journal_grew_to(step - 1);
+        control.fail_syncs.store(true, Ordering::SeqCst);
+        f.journal_grew_to(step);
+        wait_for("the failed sync to be kept", || f.check().is_err());
+        let err = f.check().unwrap_err();
+        assert!(err.to_string().contains("background sync failed"), "{err}");
+        drop(f); // joins the thread
+    }
+}
