@@ -675,6 +675,11 @@ pub(crate) fn mixed(ctx: &Ctx<'_>) -> Result<Report, String> {
                 seed: send_seed,
                 groups,
                 base: ctx.base,
+                // Senders are not members: a member's own message counts
+                // as read when it had read everything before it (the
+                // caught-up sender rule), which the catch-up model below
+                // does not follow. Found as a SYNC one message short.
+                sender_offset: users,
                 payloads: ctx.payloads,
                 size: a.size as u64,
                 duplicates: 0,

@@ -30,9 +30,11 @@ pub(crate) enum SetupOp {
     },
 }
 
-/// Builds the SEND of message `i` of the plan.
+/// Builds the SEND of message `i` of the plan; its sender is user
+/// `base + sender_offset + plan::sender_of(i).0`.
 pub(crate) fn send_request<'p>(
     base: u64,
+    sender_offset: u64,
     group: u64,
     i: u64,
     payloads: &'p [Vec<u8>],
@@ -40,7 +42,7 @@ pub(crate) fn send_request<'p>(
     let (sender, client_msg_id) = plan::sender_of(i);
     Request::Send {
         group: base + group,
-        sender: base + sender,
+        sender: base + sender_offset + sender,
         client_msg_id,
         payload: &payloads[(i % payloads.len() as u64) as usize],
     }
@@ -66,7 +68,7 @@ impl<G: FnMut(u64) -> SetupOp + Send> Job for SetupJob<'_, G> {
                 user: self.base + user,
                 start,
             },
-            SetupOp::Send { group, i } => send_request(self.base, group, i, self.payloads),
+            SetupOp::Send { group, i } => send_request(self.base, 0, group, i, self.payloads),
         };
         Some((i, req))
     }
@@ -167,6 +169,8 @@ pub(crate) struct W1Job<'a> {
     pub seed: u64,
     pub groups: u64,
     pub base: u64,
+    /// Added to every sender id (see `send_request`).
+    pub sender_offset: u64,
     pub payloads: &'a [Vec<u8>],
     pub size: u64,
     /// `(group, msg_id)` of every accepted send.
@@ -178,7 +182,10 @@ impl Job for W1Job<'_> {
     fn next(&mut self) -> Option<(u64, Request<'_>)> {
         let i = self.range.next()?;
         let g = plan::w1_group(self.seed, self.groups, i);
-        Some((g, send_request(self.base, g, i, self.payloads)))
+        Some((
+            g,
+            send_request(self.base, self.sender_offset, g, i, self.payloads),
+        ))
     }
 
     fn complete(&mut self, group: u64, resp: Response<'_>, t: &mut Tally) {
@@ -248,6 +255,7 @@ pub(crate) fn w1(ctx: &Ctx<'_>) -> Result<Report, String> {
             seed: a.seed,
             groups,
             base: ctx.base,
+            sender_offset: 0,
             payloads: ctx.payloads,
             size: a.size as u64,
             duplicates: 0,
