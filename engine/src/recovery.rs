@@ -64,13 +64,26 @@ pub(crate) fn lock_data_dir(vfs: &dyn Vfs, data_dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    // SAFETY: flock on a valid open descriptor; no memory is shared.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(Error::Locked { path });
+    // A lock can outlive its holder for a moment: a process that forks
+    // (to spawn anything) while an engine is open shares the descriptor
+    // with the child until the child's exec closes it. So a lock found
+    // held is tried again for a little while before it counts as taken.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a valid open descriptor; no memory is shared.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(file);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Locked { path });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    Ok(file)
 }
+
+/// How long a held data-directory lock is waited for.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Everything recovery rebuilds.
 pub(crate) struct Recovered {
