@@ -50,6 +50,12 @@ pub struct OpTicket {
 }
 
 impl OpTicket {
+    /// The commit round the outcome waits for (0 when it was known at
+    /// submission).
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
     pub(crate) fn done(value: u64) -> OpTicket {
         OpTicket {
             round: 0,
@@ -376,6 +382,20 @@ impl Engine {
     }
 
     /// Non-blocking: `Some` once the operation completed or failed.
+    /// Every round up to this one has a known outcome ([`Self::poll`]
+    /// answers `Some` for its tickets): the last completed round, or
+    /// `u64::MAX` once writes failed or the commit thread ended (then every
+    /// later round has its error). One lock, so a caller holding many
+    /// tickets polls only those that can be answered.
+    pub fn settled_round(&self) -> u64 {
+        let p = self.shared.progress.lock();
+        if p.failed.is_some() || p.commit_thread_exited {
+            u64::MAX
+        } else {
+            p.completed
+        }
+    }
+
     pub fn poll_op(&self, ticket: &OpTicket) -> Option<Result<u64>> {
         let p = self.shared.progress.lock();
         let r = round_outcome(&p, ticket.round)?;

@@ -12,7 +12,7 @@
 //! answers what completed, pushes the new records to subscribers and
 //! re-runs the long polls of the groups that grew.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,7 +95,8 @@ pub struct EventLoop {
     connections: usize,
     next_generation: u64,
     notices: Arc<Mutex<Vec<CommitNotice>>>,
-    pending: Vec<Waiting>,
+    /// Parked sends and operations by the commit round they wait for.
+    pending: BTreeMap<u64, Vec<Waiting>>,
     polls: Vec<Waiting>,
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
@@ -131,7 +132,7 @@ impl EventLoop {
             connections: 0,
             next_generation: 0,
             notices,
-            pending: Vec::new(),
+            pending: BTreeMap::new(),
             polls: Vec::new(),
             dirty: Vec::new(),
             subs: Subscriptions::default(),
@@ -529,58 +530,67 @@ impl EventLoop {
             // An operation may already be complete (a retransmit of a durable
             // send): answer it without waiting for a round.
             _ => {
-                self.pending.push(w);
-                self.complete_pending();
+                if let Some(out) = self.answer(&w) {
+                    self.finish(w, out);
+                } else {
+                    self.pending.entry(round_of(&w.work)).or_default().push(w);
+                }
             }
         }
     }
 
-    /// Answers every parked send and operation whose round completed.
+    /// Answers every parked send and operation whose round completed (or
+    /// failed): only those, whatever the number parked.
     fn complete_pending(&mut self) {
-        let mut still = Vec::with_capacity(self.pending.len());
-        for w in std::mem::take(&mut self.pending) {
-            let out = match &w.work {
-                Deferred::Send(ticket) => match self.engine.poll(ticket) {
-                    None => {
-                        still.push(w);
-                        continue;
-                    }
-                    Some(Ok(a)) => handlers::reply(
-                        w.request_id,
-                        &Response::Send {
-                            msg_id: a.msg_id,
-                            timestamp_ms: a.timestamp_ms,
-                            duplicate: a.duplicate,
-                        },
-                        Vec::new(),
-                        0,
-                    ),
-                    Some(Err(e)) => handlers::engine_error(w.request_id, &e),
-                },
-                Deferred::Op(ticket, kind) => match self.engine.poll_op(ticket) {
-                    None => {
-                        still.push(w);
-                        continue;
-                    }
-                    Some(Ok(value)) => {
-                        let resp: Response<'_, RecordsLen> = match kind {
-                            OpKind::CreateGroup => Response::CreateGroup,
-                            OpKind::DeleteGroup => Response::DeleteGroup,
-                            OpKind::Leave => Response::Leave,
-                            OpKind::Join { group } => Response::Join {
-                                cursor: value,
-                                head: self.engine.head(*group).unwrap_or(value),
-                            },
-                        };
-                        handlers::reply(w.request_id, &resp, Vec::new(), 0)
-                    }
-                    Some(Err(e)) => handlers::engine_error(w.request_id, &e),
-                },
-                Deferred::Poll(_) => unreachable!("polls are parked separately"),
-            };
-            self.finish(w, out);
+        let settled = self.engine.settled_round();
+        let later = match settled.checked_add(1) {
+            Some(next) => self.pending.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        let due = std::mem::replace(&mut self.pending, later);
+        for w in due.into_values().flatten() {
+            match self.answer(&w) {
+                Some(out) => self.finish(w, out),
+                // Not expected (its round is settled); keep it parked.
+                None => self.pending.entry(round_of(&w.work)).or_default().push(w),
+            }
         }
-        self.pending = still;
+    }
+
+    /// The response to parked work, if its round's outcome is known.
+    fn answer(&self, w: &Waiting) -> Option<Outgoing> {
+        let out = match &w.work {
+            Deferred::Send(ticket) => match self.engine.poll(ticket)? {
+                Ok(a) => handlers::reply(
+                    w.request_id,
+                    &Response::Send {
+                        msg_id: a.msg_id,
+                        timestamp_ms: a.timestamp_ms,
+                        duplicate: a.duplicate,
+                    },
+                    Vec::new(),
+                    0,
+                ),
+                Err(e) => handlers::engine_error(w.request_id, &e),
+            },
+            Deferred::Op(ticket, kind) => match self.engine.poll_op(ticket)? {
+                Ok(value) => {
+                    let resp: Response<'_, RecordsLen> = match kind {
+                        OpKind::CreateGroup => Response::CreateGroup,
+                        OpKind::DeleteGroup => Response::DeleteGroup,
+                        OpKind::Leave => Response::Leave,
+                        OpKind::Join { group } => Response::Join {
+                            cursor: value,
+                            head: self.engine.head(*group).unwrap_or(value),
+                        },
+                    };
+                    handlers::reply(w.request_id, &resp, Vec::new(), 0)
+                }
+                Err(e) => handlers::engine_error(w.request_id, &e),
+            },
+            Deferred::Poll(_) => unreachable!("polls are parked separately"),
+        };
+        Some(out)
     }
 
     /// Answers parked work and updates its connection.
@@ -875,6 +885,15 @@ impl EventLoop {
 }
 
 /// Requests that are answered later count against requests_in_flight_max.
+/// The commit round parked work waits for.
+fn round_of(work: &Deferred) -> u64 {
+    match work {
+        Deferred::Send(ticket) => ticket.round,
+        Deferred::Op(ticket, _) => ticket.round(),
+        Deferred::Poll(_) => unreachable!("polls are parked separately"),
+    }
+}
+
 fn defers(op: Opcode) -> bool {
     matches!(
         op,
