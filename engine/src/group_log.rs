@@ -307,7 +307,7 @@ impl GroupLog {
             let path = log.segment_path(base_id);
             let len = ctx
                 .cache
-                .get(&*ctx.vfs, group_id, base_id, &path)?
+                .get(&*ctx.vfs, group_id, base_id, || path.clone())?
                 .file_len()?;
             log.segments.push(SegmentMeta {
                 base_id,
@@ -353,7 +353,9 @@ impl GroupLog {
         base: u64,
     ) -> Result<(PathBuf, Arc<SegmentFile>, u64, segment::ScanOutcome)> {
         let path = self.segment_path(base);
-        let seg = ctx.cache.get(&*ctx.vfs, self.group_id, base, &path)?;
+        let seg = ctx
+            .cache
+            .get(&*ctx.vfs, self.group_id, base, || path.clone())?;
         let file_len = seg.file_len()?;
         let scan = segment::scan(
             &seg,
@@ -459,7 +461,7 @@ impl GroupLog {
             }
             let seg = ctx
                 .cache
-                .get(&*ctx.vfs, self.group_id, base, &self.segment_path(base))?;
+                .get(&*ctx.vfs, self.group_id, base, || self.segment_path(base))?;
             let write_pos = self.segments.last().map(|s| s.len).unwrap_or_default();
             seg.write_at(&records[start..end], write_pos)?;
             if !seg.mapping_covers(write_pos + (end - start) as u64) {
@@ -511,7 +513,7 @@ impl GroupLog {
             }
             let path = self.segment_path(base);
             ctx.cache
-                .get(&*ctx.vfs, self.group_id, base, &path)?
+                .get(&*ctx.vfs, self.group_id, base, || path.clone())?
                 .sync()?;
             syncs += 1;
         }
@@ -621,10 +623,9 @@ impl GroupLog {
         let mut next_id = first;
         loop {
             let meta = &self.segments[i];
-            let path = self.segment_path(meta.base_id);
-            let seg = ctx
-                .cache
-                .get(&*ctx.vfs, self.group_id, meta.base_id, &path)?;
+            let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
+                self.segment_path(meta.base_id)
+            })?;
             seg.ensure_mapped()?;
             let index = self.index_of(ctx, i, &seg)?;
             let seg_last = self

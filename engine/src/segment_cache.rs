@@ -7,7 +7,7 @@
 //! outlives its eviction only until that reader drops it.
 
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -33,19 +33,21 @@ impl SegmentCache {
         }
     }
 
-    /// The open segment `(group, base)`, opening `path` if it is not cached.
+    /// The open segment `(group, base)`, opening the file at `path()` if it
+    /// is not cached (the path is only built then: this is on every append
+    /// and read).
     pub fn get(
         &self,
         vfs: &dyn Vfs,
         group: u64,
         base: u64,
-        path: &Path,
+        path: impl FnOnce() -> PathBuf,
     ) -> Result<Arc<SegmentFile>> {
         if let Some(seg) = self.lru.lock().get(&(group, base)) {
             return Ok(seg.clone());
         }
         // Open outside the lock: opening and mapping are system calls.
-        let seg = Arc::new(SegmentFile::open(vfs, path, self.map_bytes)?);
+        let seg = Arc::new(SegmentFile::open(vfs, &path(), self.map_bytes)?);
         self.lru.lock().put((group, base), seg.clone());
         Ok(seg)
     }
