@@ -477,8 +477,11 @@ impl Committer {
             if let LogSlot::Loaded(log) = &mut *slot {
                 let first = record::peek_msg_id(&self.staging);
                 let unwritten = record::records_above(&self.staging, log.head());
-                log.append(&self.shared.ctx, unwritten)?;
+                let taken = log.append(&self.shared.ctx, unwritten);
+                // What the log took in is readable (the journal has it),
+                // also when a write for it failed and the round is held.
                 op.group.publish_head(log.head());
+                taken?;
                 self.appended.push(GroupAppend {
                     group: op.group.id,
                     first,
@@ -759,6 +762,13 @@ pub(crate) fn write_checkpoint(
     let mut any_damaged = false;
     let mut times = CheckpointTimes::default();
     let started = Instant::now();
+    // Every record the checkpoint covers must be in its segment file before
+    // the files are synced.
+    for g in catalog.groups() {
+        if let LogSlot::Loaded(log) = &mut *g.log.write() {
+            log.flush_tail(ctx)?;
+        }
+    }
     // Many groups to sync: one syncfs beats one fdatasync per segment file.
     let dirty = catalog
         .groups()

@@ -67,6 +67,11 @@ pub struct Config {
     /// Journal bytes after which a checkpoint syncs the group logs and starts
     /// a new journal file.
     pub journal_checkpoint_bytes: u64,
+    /// A group's records are held in memory (they are in the journal) and
+    /// written to its segment file once this many bytes wait, when the
+    /// segment is sealed, or at a checkpoint: one write per group per 16 KiB
+    /// instead of one per group per round. 0 writes every round.
+    pub segment_tail_bytes: usize,
     /// Bytes of records one commit round takes at most.
     pub commit_round_bytes_max: usize,
     /// Groups an engine holds.
@@ -96,6 +101,7 @@ impl Config {
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
             journal_checkpoint_bytes: 64 << 20,
+            segment_tail_bytes: 16 << 10,
             commit_round_bytes_max: 8 << 20,
             groups_max: 10_000_000,
             members_per_group_max: 500_000,

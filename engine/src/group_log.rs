@@ -82,6 +82,17 @@ pub struct GroupLog {
     unsynced: Vec<u64>,
     /// The group directory itself was created since the last checkpoint.
     dir_unsynced: bool,
+    /// Records appended to the active segment but not yet written to its
+    /// file: the last `tail.len()` bytes of the active segment's `len`.
+    /// Written when it reaches `segment_tail_bytes`, when the segment is
+    /// sealed and before a checkpoint syncs the log, so a round costs a
+    /// system call only for the groups whose tail filled up (not one per
+    /// group it touched). Every byte here is also in the journal written
+    /// since the last checkpoint, which bounds the sum over all groups by
+    /// `journal_checkpoint_bytes`; a crash loses the tail and the replay
+    /// writes it again. Invariant: whole records; only the active segment
+    /// has a tail.
+    tail: Vec<u8>,
 }
 
 /// Records above some id, as borrowed byte ranges of segment mappings.
@@ -99,17 +110,35 @@ pub struct ReadBatch {
 }
 
 /// A contiguous run of whole records in one segment. Cloning is cheap (the
-/// segment mapping is shared).
+/// segment mapping, or the copy of an unwritten tail, is shared).
 #[derive(Clone)]
 pub struct Chunk {
-    seg: Arc<SegmentFile>,
+    source: ChunkSource,
     start: usize,
     end: usize,
 }
 
+/// Where a chunk's bytes are.
+#[derive(Clone)]
+enum ChunkSource {
+    /// In the segment file, read through its mapping (no copy).
+    Mapped(Arc<SegmentFile>),
+    /// Records not yet written to the file, copied out of the log's tail.
+    Copied(Arc<[u8]>),
+}
+
+impl ChunkSource {
+    fn bytes(&self, start: usize, end: usize) -> &[u8] {
+        match self {
+            ChunkSource::Mapped(seg) => seg.bytes(start, end),
+            ChunkSource::Copied(buf) => &buf[start..end],
+        }
+    }
+}
+
 impl Chunk {
     pub fn bytes(&self) -> &[u8] {
-        self.seg.bytes(self.start, self.end)
+        self.source.bytes(self.start, self.end)
     }
 
     /// One chunk per record, in order (to send records in another order
@@ -119,10 +148,10 @@ impl Chunk {
         let mut pos = self.start;
         while pos < self.end {
             // Invariant: chunk bytes are whole records verified by a segment scan.
-            let len = record::peek_len(self.seg.bytes(pos, self.end))
+            let len = record::peek_len(self.source.bytes(pos, self.end))
                 .expect("invariant: verified record");
             out.push(Chunk {
-                seg: self.seg.clone(),
+                source: self.source.clone(),
                 start: pos,
                 end: pos + len,
             });
@@ -186,6 +215,7 @@ impl GroupLog {
             last_timestamp_ms: 0,
             unsynced: Vec::new(),
             dir_unsynced: true,
+            tail: Vec::new(),
         };
         log.start_segment(ctx, 1)?;
         Ok(log)
@@ -226,6 +256,7 @@ impl GroupLog {
             last_timestamp_ms: 0,
             unsynced: Vec::new(),
             dir_unsynced: false,
+            tail: Vec::new(),
         };
         let (path, seg, file_len, scan) = log.scan_whole(ctx, active_base)?;
         if scan.header.base_msg_id != active_base
@@ -298,6 +329,7 @@ impl GroupLog {
             last_timestamp_ms: 0,
             unsynced: Vec::new(),
             dir_unsynced: true,
+            tail: Vec::new(),
         };
         let Some(&active_base) = bases.last() else {
             log.start_segment(ctx, 1)?;
@@ -431,8 +463,11 @@ impl GroupLog {
     }
 
     /// Appends whole, verified records whose ids continue `head` densely.
-    /// Records go to the active segment in one write per segment; a segment
-    /// that cannot take the next record is sealed and a new one started.
+    /// They are readable at once; they reach the active segment's file with
+    /// its tail (see `tail`). A segment that cannot take the next record is
+    /// sealed (its tail written) and a new one started. On an error the
+    /// records taken in before it stay taken in (`head` says how far it
+    /// got), so a retry passes only the ones above `head`.
     pub fn append(&mut self, ctx: &LogContext, records: &[u8]) -> Result<()> {
         let seg_max = ctx.config.segment_bytes_max;
         let mut start = 0;
@@ -456,18 +491,13 @@ impl GroupLog {
                 end += len as usize;
             }
             if end == start {
+                // Sealing: the segment's file gets its last records first.
+                self.flush_tail(ctx)?;
                 self.start_segment(ctx, self.head + 1)?;
                 continue;
             }
-            let seg = ctx
-                .cache
-                .get(&*ctx.vfs, self.group_id, base, || self.segment_path(base))?;
             let write_pos = self.segments.last().map(|s| s.len).unwrap_or_default();
-            seg.write_at(&records[start..end], write_pos)?;
-            if !seg.mapping_covers(write_pos + (end - start) as u64) {
-                ctx.cache.forget(self.group_id, base);
-            }
-            // Only now, with the bytes in the file, does the log take them in.
+            self.tail.extend_from_slice(&records[start..end]);
             let active = self
                 .segments
                 .last_mut()
@@ -492,12 +522,43 @@ impl GroupLog {
                 at += h.record_len as usize;
             }
             active.len = rec_pos;
+            debug_assert_eq!(active.base_id, base);
             self.head = id;
             self.last_timestamp_ms = last_ts;
-            if self.unsynced.last() != Some(&base) {
-                self.unsynced.push(base);
-            }
             start = end;
+        }
+        // Also with nothing new: a flush a full disk stopped is tried again.
+        if self.tail.len() >= ctx.config.segment_tail_bytes {
+            self.flush_tail(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the unwritten tail to the active segment's file (one write).
+    /// On failure nothing changes: the tail stays, and the bytes the write
+    /// may have left in the file past its written length are overwritten
+    /// by the next attempt (or cut at the next open).
+    pub fn flush_tail(&mut self, ctx: &LogContext) -> Result<()> {
+        if self.tail.is_empty() {
+            return Ok(());
+        }
+        // Invariant: segments is never empty.
+        let active = self
+            .segments
+            .last()
+            .expect("invariant: a log has a segment");
+        let (base, end) = (active.base_id, active.len);
+        let written = end - self.tail.len() as u64;
+        let seg = ctx
+            .cache
+            .get(&*ctx.vfs, self.group_id, base, || self.segment_path(base))?;
+        seg.write_at(&self.tail, written)?;
+        if !seg.mapping_covers(end) {
+            ctx.cache.forget(self.group_id, base);
+        }
+        self.tail.clear();
+        if self.unsynced.last() != Some(&base) {
+            self.unsynced.push(base);
         }
         Ok(())
     }
@@ -637,16 +698,30 @@ impl GroupLog {
             let (mut id, pos) = index
                 .floor(next_id)
                 .unwrap_or((meta.base_id, SEGMENT_HEADER_BYTES as u32));
-            let data = seg.bytes(0, meta.len as usize);
+            // The active segment's last records may still be in the tail:
+            // positions from `file_end` on are in `self.tail`.
+            let tail: &[u8] = if i + 1 == self.segments.len() {
+                &self.tail
+            } else {
+                &[]
+            };
+            let file_end = meta.len as usize - tail.len();
+            let data = seg.bytes(0, file_end);
+            let at = |pos: usize| -> &[u8] {
+                match pos.checked_sub(file_end) {
+                    Some(in_tail) => &tail[in_tail..],
+                    None => &data[pos..],
+                }
+            };
             let mut pos = pos as usize;
             while id < next_id {
-                pos += record::peek_len(&data[pos..]).expect("invariant: verified segment");
+                pos += record::peek_len(at(pos)).expect("invariant: verified segment");
                 id += 1;
             }
             let start = pos;
             let mut full = false;
             while id <= seg_last {
-                let len = record::peek_len(&data[pos..]).expect("invariant: verified segment");
+                let len = record::peek_len(at(pos)).expect("invariant: verified segment");
                 if batch.count as usize >= max_count
                     || (batch.count > 0 && batch.bytes + len > max_bytes)
                 {
@@ -658,11 +733,22 @@ impl GroupLog {
                 batch.count += 1;
                 id += 1;
             }
-            if pos > start {
+            // Records never straddle `file_end` (the tail holds whole ones).
+            if start < pos.min(file_end) {
                 batch.chunks.push(Chunk {
-                    seg,
+                    source: ChunkSource::Mapped(seg),
                     start,
-                    end: pos,
+                    end: pos.min(file_end),
+                });
+            }
+            if pos > file_end {
+                let from = start.max(file_end) - file_end;
+                let copy: Arc<[u8]> = Arc::from(&tail[from..pos - file_end]);
+                let len = copy.len();
+                batch.chunks.push(Chunk {
+                    source: ChunkSource::Copied(copy),
+                    start: 0,
+                    end: len,
                 });
             }
             batch.last_id = id - 1;
