@@ -119,8 +119,23 @@ impl Drop for ExitGuard {
             p.failed
                 .get_or_insert((first_failed, "commit thread panicked".into()));
         }
+        let round = p.completed;
         drop(p);
         self.0.progress_cv.notify_all();
+        notify_listeners(&self.0, round, Vec::new());
+    }
+}
+
+/// Tells the commit listeners that round outcomes changed: `appended` for a
+/// completed round, nothing when writes stopped or the thread ended.
+fn notify_listeners(shared: &Shared, round: u64, appended: Vec<GroupAppend>) {
+    let listeners = shared.listeners.lock().clone();
+    if listeners.is_empty() {
+        return;
+    }
+    let notice = CommitNotice { round, appended };
+    for l in listeners {
+        l(&notice);
     }
 }
 
@@ -524,6 +539,11 @@ impl Committer {
         let shared = &self.shared;
         let outcome = match op.kind {
             EntryKind::DeleteGroup => {
+                // Cursor entries a full disk held back name groups by id; once
+                // this one is gone they could land on a group created again
+                // under the same id. Drop them: the cursors stay in memory,
+                // and the next checkpoint persists every cursor.
+                self.cursor_buf_unwritten = false;
                 delete_group(
                     &shared.ctx,
                     &mut shared.catalog.write(),
@@ -576,16 +596,8 @@ impl Committer {
                     .fetch_max(ops.len() as u64, Ordering::Relaxed);
                 self.shared.progress.lock().completed = round;
                 self.shared.progress_cv.notify_all();
-                let listeners = self.shared.listeners.lock().clone();
-                if !listeners.is_empty() {
-                    let notice = CommitNotice {
-                        round,
-                        appended: std::mem::take(&mut self.appended),
-                    };
-                    for l in listeners {
-                        l(&notice);
-                    }
-                }
+                let appended = std::mem::take(&mut self.appended);
+                notify_listeners(&self.shared, round, appended);
             }
             Err(e) => self.fail(round, e),
         }
@@ -601,6 +613,9 @@ impl Committer {
         }
         drop(p);
         self.shared.progress_cv.notify_all();
+        // Whoever waits through a listener (the server's event loop) must
+        // learn that parked operations now have their outcome.
+        notify_listeners(&self.shared, round, Vec::new());
     }
 
     /// True if some group's retention policy would drop a segment now.
@@ -746,9 +761,9 @@ pub(crate) fn write_checkpoint(
     next_journal_seq: u64,
     clean_shutdown: bool,
 ) -> Result<CheckpointDone> {
-    // The next open starts journal `next_journal_seq + 1`: a shutdown that
+    // Every open starts a journal one above the newest: a checkpoint that
     // leaves no room for it would leave a directory that cannot reopen.
-    if clean_shutdown && next_journal_seq == u64::MAX {
+    if next_journal_seq == u64::MAX {
         return Err(Error::WritesStopped {
             reason: "journal sequence numbers exhausted".into(),
         });

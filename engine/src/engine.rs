@@ -160,7 +160,9 @@ pub(crate) struct Progress {
     pub commit_thread_exited: bool,
 }
 
-/// What a completed commit round changed, for listeners.
+/// What a completed commit round changed, for listeners. Also sent with
+/// nothing appended when writes stop or the commit thread ends: then every
+/// parked operation has its outcome (an error) too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommitNotice {
     pub round: u64,

@@ -9,16 +9,17 @@
 //! names, and nothing is acknowledged on the strength of a background sync.
 //! One thing it must not do is swallow a write-back error: a sync reports an
 //! error once, so if this thread were the one to see it, the checkpoint's
-//! own sync would find nothing wrong. Errors are therefore kept and the
-//! next checkpoint fails with them (writes stop; the journal still holds
-//! everything since the last checkpoint).
+//! own sync would find nothing wrong. Errors are therefore kept, and a
+//! checkpoint first waits for a background sync under way and then fails
+//! with any error one saw (writes stop; the journal still holds everything
+//! since the last checkpoint).
 
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
 use crate::io::Vfs;
@@ -33,11 +34,24 @@ pub(crate) const STEP_BYTES_MIN: u64 = 1 << 20;
 pub(crate) struct Flusher {
     requests: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
-    error: Arc<Mutex<Option<String>>>,
+    state: Arc<(Mutex<SyncState>, Condvar)>,
     /// Journal bytes between two background syncs (0 = never).
     step: u64,
     /// Journal length at which the next one is asked for.
     next_at: u64,
+}
+
+/// What the background thread has done, for [`Flusher::check`].
+#[derive(Default)]
+struct SyncState {
+    /// Syncs asked for (requests the channel took).
+    requested: u64,
+    /// Syncs finished (or given up on).
+    done: u64,
+    /// The thread is gone: no request will be done any more.
+    exited: bool,
+    /// The first error a background sync saw.
+    error: Option<String>,
 }
 
 impl Flusher {
@@ -45,23 +59,35 @@ impl Flusher {
     /// triggers a checkpoint.
     pub fn start(vfs: Arc<dyn Vfs>, data_dir: PathBuf, checkpoint_bytes: u64) -> Flusher {
         let (requests, wanted) = sync_channel::<()>(1);
-        let error = Arc::new(Mutex::new(None));
-        let seen = error.clone();
+        let state = Arc::new((Mutex::new(SyncState::default()), Condvar::new()));
+        let shared = state.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-flush".into())
             .spawn(move || {
+                let (lock, cv) = &*shared;
                 while wanted.recv().is_ok() {
-                    match vfs.sync_filesystem(&data_dir) {
+                    let result = vfs.sync_filesystem(&data_dir);
+                    let mut st = lock.lock();
+                    st.done += 1;
+                    match result {
+                        Ok(()) => {}
                         // An old kernel: the checkpoint syncs file by file.
-                        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => return,
+                        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => st.exited = true,
                         Err(e) => {
                             log::error!("background sync of {}: {e}", data_dir.display());
-                            seen.lock().get_or_insert(e.to_string());
-                            return;
+                            st.error.get_or_insert(e.to_string());
+                            st.exited = true;
                         }
-                        Ok(()) => {}
+                    }
+                    let exited = st.exited;
+                    drop(st);
+                    cv.notify_all();
+                    if exited {
+                        return;
                     }
                 }
+                lock.lock().exited = true;
+                cv.notify_all();
             })
             .ok();
         if thread.is_none() {
@@ -71,7 +97,7 @@ impl Flusher {
         Flusher {
             requests: thread.as_ref().map(|_| requests),
             thread,
-            error,
+            state,
             step,
             next_at: step,
         }
@@ -86,9 +112,15 @@ impl Flusher {
         }
         self.next_at = (len / self.step + 1) * self.step;
         if let Some(tx) = &self.requests {
+            // Counted before sending, so `check` never misses one under way.
+            self.state.0.lock().requested += 1;
             match tx.try_send(()) {
-                Ok(()) | Err(TrySendError::Full(())) => {}
-                Err(TrySendError::Disconnected(())) => self.requests = None,
+                Ok(()) => {}
+                Err(TrySendError::Full(())) => self.state.0.lock().requested -= 1,
+                Err(TrySendError::Disconnected(())) => {
+                    self.state.0.lock().requested -= 1;
+                    self.requests = None;
+                }
             }
         }
     }
@@ -98,10 +130,17 @@ impl Flusher {
         self.next_at = self.step;
     }
 
-    /// The write-back error a background sync saw, if any. A checkpoint
-    /// must not claim durability after one.
+    /// Waits for a background sync under way, then returns the write-back
+    /// error any background sync saw. A checkpoint must not claim
+    /// durability after one; and one still running could see an error the
+    /// checkpoint's own sync then would not.
     pub fn check(&self) -> Result<(), Error> {
-        match &*self.error.lock() {
+        let (lock, cv) = &*self.state;
+        let mut st = lock.lock();
+        while st.done < st.requested && !st.exited {
+            cv.wait(&mut st);
+        }
+        match &st.error {
             Some(e) => Err(Error::WritesStopped {
                 reason: format!("a background sync failed: {e}"),
             }),
@@ -159,5 +198,31 @@ mod tests {
         let err = f.check().unwrap_err();
         assert!(err.to_string().contains("background sync failed"), "{err}");
         drop(f); // joins the thread
+    }
+
+    #[test]
+    fn check_waits_for_a_sync_under_way_and_sees_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = FaultyVfs::new();
+        let control = vfs.control.clone();
+        let step = STEP_BYTES_MIN;
+        let mut f = Flusher::start(Arc::new(vfs), dir.path().to_owned(), 8 * step);
+        control.hold_syncs.store(true, Ordering::SeqCst);
+        f.journal_grew_to(step);
+        wait_for("the background sync to start", || {
+            control.syncs_held.load(Ordering::SeqCst) == 1
+        });
+        // It will fail once released, after check() has started waiting.
+        control.fail_syncs.store(true, Ordering::SeqCst);
+        let release = {
+            let control = control.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                control.hold_syncs.store(false, Ordering::SeqCst);
+            })
+        };
+        let err = f.check().unwrap_err();
+        assert!(err.to_string().contains("background sync failed"), "{err}");
+        release.join().unwrap();
     }
 }

@@ -469,9 +469,18 @@ impl Replay<'_> {
             return;
         };
         let max = record::RECORD_BYTES_STORED_MAX;
-        let damage = |log: &GroupLog, reason: String| LogSlot::Damaged {
-            state: log.state(),
-            reason,
+        let ctx = self.ctx;
+        // The recorded state must name only bytes in the files: the log's
+        // unwritten tail is written first (if that fails too, the journals,
+        // kept while a group is damaged, still hold it).
+        let damage = |log: &mut GroupLog, reason: String| {
+            if let Err(e) = log.flush_tail(ctx) {
+                log::warn!("damaged group: its unwritten records stay in the journal: {e}");
+            }
+            LogSlot::Damaged {
+                state: log.state(),
+                reason,
+            }
         };
         let header = match record::decode_verified(body, max) {
             Ok(h) if h.record_len as usize == body.len() => h,

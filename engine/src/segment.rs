@@ -138,7 +138,7 @@ impl SegmentFile {
     ) -> Result<SegmentFile> {
         let file = vfs
             .open(path, OpenMode::CreateNew)
-            .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+            .map_err(|e| Error::write(format!("create {}", path.display()), e))?;
         file.write_all_at(&header.encode(), 0)
             .map_err(|e| Error::write(format!("write {}", path.display()), e))?;
         Ok(SegmentFile {

@@ -370,6 +370,35 @@ fn a_write_back_error_seen_by_the_background_sync_fails_the_next_checkpoint() {
 }
 
 #[test]
+fn listeners_hear_when_writes_stop_not_only_when_rounds_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    e.create_group(1).unwrap();
+    let heard = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let heard = heard.clone();
+        e.add_commit_listener(Arc::new(move |_| {
+            heard.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    control.fail_syncs.store(true, Ordering::SeqCst);
+    let ticket = e
+        .submit(&AppendRequest {
+            group_id: 1,
+            sender_id: 7,
+            client_msg_id: 1,
+            payload: b"x",
+        })
+        .unwrap();
+    assert!(e.wait(ticket).is_err());
+    // The failed round told the listener: a server parked on it can answer.
+    assert!(heard.load(Ordering::SeqCst) >= 1);
+    assert_eq!(e.settled_round(), u64::MAX);
+}
+
+#[test]
 fn a_failed_fsync_stops_writes_and_reads_go_on_until_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let vfs = FaultyVfs::new();
