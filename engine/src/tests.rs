@@ -393,8 +393,16 @@ fn listeners_hear_when_writes_stop_not_only_when_rounds_complete() {
         })
         .unwrap();
     assert!(e.wait(ticket).is_err());
-    // The failed round told the listener: a server parked on it can answer.
-    assert!(heard.load(Ordering::SeqCst) >= 1);
+    // The failed round tells the listener (right after the waiters): a
+    // server parked on it can answer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while heard.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never heard that writes stopped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     assert_eq!(e.settled_round(), u64::MAX);
 }
 
@@ -453,13 +461,34 @@ fn append_once_space_returns(e: &Engine, group: u64, i: u64) -> u64 {
     }
 }
 
-fn append_request(group: u64, i: u64, payload: &[u8]) -> AppendRequest<'_> {
-    AppendRequest {
-        group_id: group,
-        sender_id: 7,
-        client_msg_id: group * 1_000_000 + i,
-        payload,
-    }
+/// The payloads of messages `(group, i)` as `fill` sends them, and the
+/// batch of append requests sending them (one commit round).
+fn batch_of(msgs: &[(u64, u64)]) -> Vec<Vec<u8>> {
+    msgs.iter().map(|&(g, i)| payload(g, i)).collect()
+}
+
+fn requests<'a>(msgs: &[(u64, u64)], payloads: &'a [Vec<u8>]) -> Vec<AppendRequest<'a>> {
+    msgs.iter()
+        .zip(payloads)
+        .map(|(&(group, i), payload)| AppendRequest {
+            group_id: group,
+            sender_id: 7,
+            client_msg_id: group * 1_000_000 + i,
+            payload,
+        })
+        .collect()
+}
+
+/// Sends messages `(group, i)` in one batch on another thread.
+fn spawn_batch(
+    e: &Arc<Engine>,
+    msgs: Vec<(u64, u64)>,
+) -> std::thread::JoinHandle<crate::Result<Vec<crate::Appended>>> {
+    let e = e.clone();
+    std::thread::spawn(move || {
+        let payloads = batch_of(&msgs);
+        e.append_batch(&requests(&msgs, &payloads))
+    })
 }
 
 #[test]
@@ -505,16 +534,7 @@ fn a_full_disk_at_a_segment_write_holds_the_round_and_resumes_where_it_stopped()
     // One round for three groups: its journal write and group 1's segment
     // write succeed, then the disk is full (group 2's write fails).
     control.writes_before_full.store(2, Ordering::SeqCst);
-    let waiting = {
-        let e = e.clone();
-        std::thread::spawn(move || {
-            let p: Vec<Vec<u8>> = (1..=3).map(|g| payload(g, 4)).collect();
-            let reqs: Vec<_> = (1..=3u64)
-                .map(|g| append_request(g, 4, &p[g as usize - 1]))
-                .collect();
-            e.append_batch(&reqs)
-        })
-    };
+    let waiting = spawn_batch(&e, (1..=3).map(|g| (g, 4)).collect());
     wait_until_writes_are_refused(&e);
     // The round reached the journal and its sync (so it is durable) and is
     // held at group 2's segment write. Group 1's went through; group 2's
@@ -549,16 +569,7 @@ fn a_full_disk_between_two_segments_of_one_write_resumes_without_doubling() {
     // part is written, then the new segment's header write finds the disk
     // full.
     control.writes_before_full.store(2, Ordering::SeqCst);
-    let waiting = {
-        let e = e.clone();
-        std::thread::spawn(move || {
-            let p: Vec<Vec<u8>> = (2..=81).map(|i| payload(1, i)).collect();
-            let reqs: Vec<_> = (2..=81u64)
-                .map(|i| append_request(1, i, &p[i as usize - 2]))
-                .collect();
-            e.append_batch(&reqs)
-        })
-    };
+    let waiting = spawn_batch(&e, (2..=81).map(|i| (1, i)).collect());
     wait_until_writes_are_refused(&e);
     control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
     let done = waiting.join().unwrap().unwrap();
@@ -671,11 +682,9 @@ fn a_crash_while_a_round_is_held_by_a_full_disk_loses_nothing_it_journaled() {
     fill(&e, &[1, 2], 3);
     // The journal write goes through, both segment writes find the disk full.
     control.writes_before_full.store(1, Ordering::SeqCst);
-    let p: Vec<Vec<u8>> = (1..=2).map(|g| payload(g, 4)).collect();
-    let reqs: Vec<_> = (1..=2u64)
-        .map(|g| append_request(g, 4, &p[g as usize - 1]))
-        .collect();
-    let tickets = e.submit_batch(&reqs).unwrap();
+    let msgs = [(1, 4), (2, 4)];
+    let payloads = batch_of(&msgs);
+    let tickets = e.submit_batch(&requests(&msgs, &payloads)).unwrap();
     wait_until_writes_are_refused(&e);
     assert!(
         e.poll(&tickets[0]).is_none(),
