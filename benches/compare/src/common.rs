@@ -37,9 +37,7 @@ pub struct Row {
     pub ops: u64,
     pub secs: f64,
     pub payload_bytes: u64,
-    pub p50_us: u64,
-    pub p99_us: u64,
-    pub max_us: u64,
+    pub latency: Quantiles,
     pub setup_secs: f64,
     pub verified: bool,
     pub verification: String,
@@ -136,6 +134,24 @@ impl Scale {
 /// Latency recorder (microseconds).
 pub struct Lat(pub Histogram<u64>);
 
+/// The latency figures a row reports, in microseconds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quantiles {
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub max_us: u64,
+}
+
+impl Quantiles {
+    pub fn of(lat: &Lat) -> Quantiles {
+        Quantiles {
+            p50_us: lat.0.value_at_quantile(0.5),
+            p99_us: lat.0.value_at_quantile(0.99),
+            max_us: lat.0.max(),
+        }
+    }
+}
+
 impl Lat {
     pub fn new() -> Lat {
         Lat(Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds"))
@@ -218,4 +234,39 @@ pub fn loadavg() -> String {
 /// Prints a progress note on stderr.
 pub fn note(s: &str) {
     eprintln!("[compare] {s}");
+}
+
+/// W1's per-thread `(acknowledged (group, id) pairs, latencies)`, merged.
+pub fn merge_sends(parts: Vec<(Vec<(u64, u64)>, Lat)>) -> (Vec<(u64, u64)>, Lat) {
+    let mut lat = Lat::new();
+    let mut ids = Vec::new();
+    for (i, l) in parts {
+        ids.extend(i);
+        lat.merge(&l);
+    }
+    (ids, lat)
+}
+
+/// W2's per-thread `(deliveries, bytes, latencies, first fault)`, merged.
+pub fn merge_pulls(parts: Vec<(u64, u64, Lat, Option<String>)>) -> (u64, u64, Lat, Option<String>) {
+    let (mut delivered, mut bytes, mut fault) = (0, 0, None);
+    let mut lat = Lat::new();
+    for (d, b, l, f) in parts {
+        delivered += d;
+        bytes += b;
+        lat.merge(&l);
+        fault = fault.or(f);
+    }
+    (delivered, bytes, lat, fault)
+}
+
+/// W3's per-thread `(latencies, mismatched cursors)`, merged.
+pub fn merge_acks(parts: Vec<(Lat, u64)>) -> (Lat, u64) {
+    let mut lat = Lat::new();
+    let mut bad = 0;
+    for (l, b) in parts {
+        lat.merge(&l);
+        bad += b;
+    }
+    (lat, bad)
 }

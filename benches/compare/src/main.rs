@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use common::{note, Durability, Row, Scale};
+use common::{note, Durability, Quantiles, Row, Scale};
 
 #[derive(Parser)]
 #[command(
@@ -143,9 +143,7 @@ fn run(a: RunArgs) {
                     ops: 0,
                     secs: 1.0,
                     payload_bytes: 0,
-                    p50_us: 0,
-                    p99_us: 0,
-                    max_us: 0,
+                    latency: Quantiles::default(),
                     setup_secs: 0.0,
                     verified: false,
                     verification: format!("FAILED: {why}"),
@@ -161,8 +159,8 @@ fn run(a: RunArgs) {
             r.ops_per_sec(),
             r.unit,
             r.mb_per_sec(),
-            r.p50_us,
-            r.p99_us,
+            r.latency.p50_us,
+            r.latency.p99_us,
             r.verified
         ));
         rows.push(r);
@@ -243,7 +241,7 @@ fn run(a: RunArgs) {
                 "workload": r.workload, "system": r.system, "durability": format!("{:?}", r.durability),
                 "setting": r.setting, "unit": r.unit, "ops": r.ops, "secs": r.secs,
                 "ops_per_sec": r.ops_per_sec(), "mb_per_sec": r.mb_per_sec(),
-                "p50_us": r.p50_us, "p99_us": r.p99_us, "max_us": r.max_us,
+                "p50_us": r.latency.p50_us, "p99_us": r.latency.p99_us, "max_us": r.latency.max_us,
                 "setup_secs": r.setup_secs, "verified": r.verified, "verification": r.verification,
                 "wire": r.wire,
             })
@@ -403,9 +401,9 @@ fn table(a: &RunArgs, an: &anchors::Anchors, rows: &[Row], total_secs: f64, load
                 fmt_n(r.ops_per_sec()),
                 r.unit,
                 r.mb_per_sec(),
-                fmt_n(r.p50_us as f64),
-                fmt_n(r.p99_us as f64),
-                fmt_n(r.max_us as f64),
+                fmt_n(r.latency.p50_us as f64),
+                fmt_n(r.latency.p99_us as f64),
+                fmt_n(r.latency.max_us as f64),
                 r.setup_secs,
                 if r.verified { "yes" } else { "**NO**" },
                 ratio

@@ -168,12 +168,7 @@ impl Postgres {
             (ids, lat)
         });
         let secs = secs(t);
-        let mut lat = Lat::new();
-        let mut ids = Vec::new();
-        for (i, l) in res {
-            ids.extend(i);
-            lat.merge(&l);
-        }
+        let (ids, lat) = merge_sends(res);
         let v = dense(s.w1_groups, &ids);
         let (durability, setting) = Self::setting(sync);
         Row {
@@ -185,9 +180,7 @@ impl Postgres {
             ops: ids.len() as u64,
             secs,
             payload_bytes: ids.len() as u64 * s.size as u64,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: 0.0,
             verified: v.is_ok(),
             verification: v.unwrap_or_else(|e| e),
@@ -270,14 +263,7 @@ impl Postgres {
             (delivered, bytes, lat, fault)
         });
         let secs = secs(t);
-        let (mut delivered, mut bytes, mut fault) = (0, 0, None);
-        let mut lat = Lat::new();
-        for (d, b, l, f) in res {
-            delivered += d;
-            bytes += b;
-            lat.merge(&l);
-            fault = fault.or(f);
-        }
+        let (delivered, bytes, lat, fault) = merge_pulls(res);
         let expected = plan::w2_expected(s.seed, s.w2_messages, s.w2_members);
         let at_head: i64 = c
             .query_one(
@@ -295,9 +281,7 @@ impl Postgres {
             ops: delivered,
             secs,
             payload_bytes: bytes,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: fault.is_none() && delivered == expected && at_head as u64 == s.w2_members,
             verification: fault.unwrap_or_else(|| {
@@ -388,9 +372,7 @@ impl Postgres {
             ops: s.w3_acks,
             secs,
             payload_bytes: 0,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: bad == 0 && rows.len() as u64 == s.w3_members,
             verification: format!(
@@ -466,12 +448,7 @@ impl Postgres {
             (lat, bad)
         });
         let secs = secs(t);
-        let mut lat = Lat::new();
-        let mut bad = 0;
-        for (l, b) in &res {
-            lat.merge(l);
-            bad += b;
-        }
+        let (lat, bad) = merge_acks(res);
         Row {
             workload: "w4",
             system: "PostgreSQL".into(),
@@ -481,9 +458,7 @@ impl Postgres {
             ops: s.w4_queries,
             secs,
             payload_bytes: 0,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: bad == 0,
             verification: format!(

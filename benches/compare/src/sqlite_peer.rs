@@ -161,9 +161,7 @@ impl Sqlite {
             ops: ids.len() as u64,
             secs,
             payload_bytes: ids.len() as u64 * s.size as u64,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: 0.0,
             verified: v.is_ok(),
             verification: v.unwrap_or_else(|e| e),
@@ -253,14 +251,7 @@ impl Sqlite {
             (delivered, bytes, lat, fault)
         });
         let secs = secs(t);
-        let (mut delivered, mut bytes, mut fault) = (0, 0, None);
-        let mut lat = Lat::new();
-        for (d, b, l, f) in res {
-            delivered += d;
-            bytes += b;
-            lat.merge(&l);
-            fault = fault.or(f);
-        }
+        let (delivered, bytes, lat, fault) = merge_pulls(res);
         let expected = plan::w2_expected(s.seed, s.w2_messages, s.w2_members);
         let at_head: i64 = c
             .query_row(
@@ -278,9 +269,7 @@ impl Sqlite {
             ops: delivered,
             secs,
             payload_bytes: bytes,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: fault.is_none() && delivered == expected && at_head as u64 == s.w2_members,
             verification: fault.unwrap_or_else(|| {
@@ -353,9 +342,7 @@ impl Sqlite {
             ops: s.w3_acks,
             secs,
             payload_bytes: 0,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: bad == 0 && rows.len() as u64 == s.w3_members,
             verification: format!(
@@ -435,12 +422,7 @@ impl Sqlite {
             (lat, bad)
         });
         let secs = secs(t);
-        let mut lat = Lat::new();
-        let mut bad = 0;
-        for (l, b) in &res {
-            lat.merge(l);
-            bad += b;
-        }
+        let (lat, bad) = merge_acks(res);
         Row {
             workload: "w4",
             system: "SQLite".into(),
@@ -450,9 +432,7 @@ impl Sqlite {
             ops: s.w4_queries,
             secs,
             payload_bytes: 0,
-            p50_us: lat.0.value_at_quantile(0.5),
-            p99_us: lat.0.value_at_quantile(0.99),
-            max_us: lat.0.max(),
+            latency: Quantiles::of(&lat),
             setup_secs: setup,
             verified: bad == 0,
             verification: format!(
