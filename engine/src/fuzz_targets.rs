@@ -1028,7 +1028,12 @@ fn payload(g: u64, s: u64, c: u64, len: u8) -> Vec<u8> {
 /// and timers are left out (the config keeps everything, far below its
 /// limits, with timers an hour away).
 pub fn engine_ops(data: &[u8]) {
-    let ops = decode_ops(data);
+    run_ops(decode_ops(data));
+}
+
+/// Runs `ops` against a fresh engine and the model (see [`engine_ops`]);
+/// panics on the first disagreement. The proptest model test drives it too.
+pub fn run_ops(ops: Vec<Op>) {
     let dir = ScratchDir::new("ops");
     let mut engine = Some(open(dir.path()).expect("open a fresh directory"));
     let mut model: BTreeMap<u64, GroupModel> = BTreeMap::new();
