@@ -108,15 +108,15 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.limits.long_poll_ms_max = a.long_poll_ms_max;
     c.limits.subscriptions_max = a.subscriptions_max;
     if let Some(path) = a.token_file {
-        let mut token =
-            std::fs::read(&path).map_err(|e| format!("token file {}: {e}", path.display()))?;
-        while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-            token.pop();
-        }
-        if token.is_empty() {
-            return Err(format!("token file {} is empty", path.display()));
-        }
-        c.token = Some(token);
+        c.token = Some(tidemark_server::cli::read_token_file(&path)?);
+    }
+    // The engine would fail on a file here with a bare "mkdir: File exists".
+    let data = &c.engine.data_dir;
+    if data.exists() && !data.is_dir() {
+        return Err(format!(
+            "data directory {} is not a directory",
+            data.display()
+        ));
     }
     log::info!(
         "starting: data {}, fsync {:?}",
@@ -139,14 +139,23 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             }
             Err(e) => log::warn!("cannot handle signals: {e}"),
         }
-        // Scripts wait for this line: the node accepts connections now.
-        println!("tidemark listening on {addr}");
-        let _ = std::io::stdout().flush();
+        // Scripts wait for this line: the node accepts connections now. A
+        // closed standard output (`tidemark serve | true`, a log collector
+        // that went away) must not stop a node that is serving: the line is
+        // a convenience, the log on stderr says the same, so the node says
+        // so there and goes on.
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "tidemark listening on {addr}").and_then(|()| out.flush()) {
+            log::warn!("listening on {addr} (standard output not writable: {e})");
+        }
     })
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     // A node logs its progress; a client command prints only its result
     // (RUST_LOG still overrides both).
     let default_log = match cli.command {
@@ -156,7 +165,16 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
     let result = match cli.command {
         Command::Serve(a) => serve(a),
-        Command::Client(c) => tidemark_server::cli::run(c),
+        Command::Client(c) => {
+            let json = c.json();
+            return match tidemark_server::cli::run(c) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tidemark_server::cli::report_error(&e, json);
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Bench(b) => tidemark_server::bench::run(b),
     };
     match result {
@@ -166,4 +184,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refused. With `--json` anywhere on it, the refusal
+/// is a JSON error object like every other failure of a `--json` command
+/// (clap's own text otherwise; `--help` and `--version` print as usual).
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let wants_json = std::env::args_os().skip(1).any(|a| a == "--json");
+    let informational = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !wants_json || informational {
+        e.exit();
+    }
+    let text = e.to_string();
+    // clap's first line is the error ("error: invalid value ..."); the rest
+    // is usage advice for a human.
+    let first = text.lines().next().unwrap_or_default();
+    let message = first.strip_prefix("error: ").unwrap_or(first);
+    let err = tidemark_server::cli::CliError::new("usage", message);
+    tidemark_server::cli::report_error(&err, true);
+    // clap's own status for a usage error.
+    ExitCode::from(2)
 }
