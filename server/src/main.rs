@@ -118,6 +118,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             data.display()
         ));
     }
+    let fsync = c.engine.fsync;
     log::info!(
         "starting: data {}, fsync {:?}",
         c.engine.data_dir.display(),
@@ -131,9 +132,17 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         match signals {
             Ok(mut signals) => {
                 std::thread::spawn(move || {
-                    if let Some(sig) = signals.forever().next() {
-                        log::info!("signal {sig}: shutting down");
+                    let mut signals = signals.forever();
+                    if let Some(sig) = signals.next() {
+                        log::info!("signal {sig}: shutting down (a second signal stops at once)");
                         shutdown.request();
+                    }
+                    // A graceful shutdown waits for held work (a full disk
+                    // holds a round until space returns); an operator who
+                    // signals again wants out now.
+                    if let Some(sig) = signals.next() {
+                        log::error!("signal {sig} again: {}", abrupt_exit_note(fsync));
+                        std::process::exit(128 + sig);
                     }
                 });
             }
@@ -149,6 +158,22 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             log::warn!("listening on {addr} (standard output not writable: {e})");
         }
     })
+}
+
+/// What a stop without the graceful shutdown leaves behind, per policy. A
+/// process exit keeps everything the node wrote (the page cache survives
+/// it); only what was never written is lost, and nothing of that was
+/// answered.
+fn abrupt_exit_note(fsync: FsyncPolicy) -> String {
+    let answered = match fsync {
+        FsyncPolicy::Always => "every answered send was fsynced before its answer and is kept",
+        FsyncPolicy::Interval(_) | FsyncPolicy::Never => {
+            "every answered send is in the journal and is kept (those not yet fsynced would not survive a power cut before the OS writes them)"
+        }
+    };
+    format!(
+        "stopping now, without a clean shutdown: {answered}; sends not yet answered (held by a full disk or still in flight) may or may not be stored, and their clients retransmit them with the same client_msg_id, which stores each once; cursor moves not yet flushed are lost (those messages are delivered again); the next start recovers from the journal"
+    )
 }
 
 fn main() -> ExitCode {
