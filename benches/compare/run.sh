@@ -8,9 +8,9 @@
 # in release mode, starts Redis (AOF) and a PostgreSQL cluster on loopback
 # in a temporary directory, runs W1-W4 against every system with the same
 # parameters and payloads, stops everything it started, and writes
-# benches/compare/results/latest.md (and latest.json). Takes about 15-25
-# minutes on 2 cores with the default (partly scaled) parameters; the table
-# says which parameters are scaled down from the brief.
+# benches/compare/results/latest.md (and latest.json); the table says which
+# parameters are scaled down from the brief. Prerequisites and run time:
+# benches/compare/README.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -18,10 +18,22 @@ ROOT=$(pwd)
 
 log() { echo "[run.sh] $*" >&2; }
 
+# Fail before anything is installed or built, naming what is missing.
+for tool in python3 cc; do
+    command -v "$tool" >/dev/null || {
+        log "$tool is needed (see benches/compare/README.md, Prerequisites)"
+        exit 1
+    }
+done
+
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if ((${#need_apt[@]})); then
+    command -v apt-get >/dev/null || {
+        log "${need_apt[*]} missing and no apt-get to install them (see benches/compare/README.md)"
+        exit 1
+    }
     log "installing ${need_apt[*]}"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -32,6 +32,7 @@ use crate::member_snapshot;
 use crate::record;
 use crate::retention;
 use crate::tidemarks;
+use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
     shared: Arc<Shared>,
@@ -55,11 +56,16 @@ struct Committer {
     appended: Vec<GroupAppend>,
     /// Background write-back between checkpoints.
     flusher: Flusher,
+    /// The full-disk warning, rate limited while writes are retried.
+    no_space_warning: RepeatedWarning,
 }
 
 /// How often free space is measured while it is low (and idle), and how
 /// long work a full disk stopped waits before it is written again.
 const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
+
+/// While the disk stays full, its warning is repeated at most this often.
+const NO_SPACE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a checkpoint that found the disk full is put off.
 const CHECKPOINT_RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
@@ -97,6 +103,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
             shared.ctx.config.data_dir.clone(),
             shared.ctx.config.journal_checkpoint_bytes,
         ),
+        no_space_warning: RepeatedWarning::new(NO_SPACE_WARN_INTERVAL),
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
     let _exit = ExitGuard(c.shared.clone());
@@ -305,6 +312,9 @@ impl Committer {
                 }
                 other => other?,
             };
+            if written {
+                self.note_writes_resumed();
+            }
             if written && c.fsync != FsyncPolicy::Never {
                 self.sync_journal()?;
             }
@@ -409,14 +419,37 @@ impl Committer {
             result = self.apply(ops, &order, &mut next);
         }
         self.end_hold();
+        if result.is_ok() {
+            self.note_writes_resumed();
+        }
         result
     }
 
     /// Notes a write that found the disk full: new writes are refused with
     /// `DiskFull` until a measurement finds space again.
-    fn note_no_space(&self, e: &Error) {
-        log::warn!("{e}");
+    /// The warning is rate limited: held work is retried every
+    /// `DISK_LOW_RECHECK`, and a line per retry says nothing new.
+    fn note_no_space(&mut self, e: &Error) {
+        match self.no_space_warning.occurred(Instant::now()) {
+            Some(0) => {
+                log::warn!("{e} (repeats are logged once a minute)")
+            }
+            Some(n) => log::warn!("{e} (and {n} more times since the last warning)"),
+            None => {}
+        }
         self.shared.disk_free_bytes.store(0, Ordering::Release);
+    }
+
+    /// A write went through: if a full disk had stopped writes, say that
+    /// they resumed and after how long.
+    fn note_writes_resumed(&mut self) {
+        if let Some(end) = self.no_space_warning.ended(Instant::now()) {
+            log::info!(
+                "writes resumed after {:.1} s of a full disk ({} repeated warnings not logged)",
+                end.lasted.as_secs_f64(),
+                end.suppressed_total
+            );
+        }
     }
 
     /// New writes are refused by measurement only again (the round that
@@ -639,6 +672,10 @@ impl Committer {
             Err(e @ Error::NoSpace { .. }) if !clean_shutdown => {
                 self.note_no_space(&e);
                 self.checkpoint_not_before = Instant::now() + CHECKPOINT_RETRY_AFTER_NO_SPACE;
+                Ok(())
+            }
+            Ok(()) => {
+                self.note_writes_resumed();
                 Ok(())
             }
             other => other,

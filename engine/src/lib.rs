@@ -54,6 +54,7 @@ mod tests;
 #[cfg(test)]
 mod tidemark_tests;
 mod tidemarks;
+mod warn_limit;
 
 pub use config::{Config, FsyncPolicy};
 pub use engine::{

@@ -4,7 +4,11 @@
 //! object with `--json`. Every command goes through the reliable client
 //! ([`crate::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
+//! A failure is a [`CliError`]: one line on stderr, or with `--json` one
+//! JSON object `{"error":{"code":..,"message":..}}` on stderr; either way
+//! stdout gets no result and the exit status is 1.
 
+use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,7 +19,44 @@ use serde_json::{json, Value};
 use crate::client::{ClientConfig, GroupState, Message};
 use crate::demo;
 use crate::protocol::JoinStart;
-use crate::reliable::{ReliableClient, ReliableConfig};
+use crate::reliable::{Error, ReliableClient, ReliableConfig};
+
+/// Why a client subcommand failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CliError {
+    /// Stable: a node's refusal is its wire error name (`GROUP_NOT_FOUND`,
+    /// `OVERLOADED`, ...; format-spec/protocol.md §6.2), what the client
+    /// found itself is lowercase (`unavailable`, `invalid_address`,
+    /// `crc_mismatch`, `token_file`, `output`, `usage`, `demo`).
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(code: &'static str, message: impl Into<String>) -> CliError {
+        CliError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `{"error":{"code":..,"message":..}}`, what `--json` prints.
+    pub fn to_json(&self) -> Value {
+        json!({ "error": { "code": self.code, "message": self.message } })
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<Error> for CliError {
+    fn from(e: Error) -> CliError {
+        CliError::new(e.kind(), e.to_string())
+    }
+}
 
 /// The client subcommands (flattened into the binary's `Command`).
 #[derive(Subcommand, Debug)]
@@ -91,8 +132,8 @@ pub struct SendArgs {
     conn: ConnArgs,
     #[arg(long, value_parser = nonzero)]
     group: u64,
-    /// The sender's user id (stored with the message).
-    #[arg(long)]
+    /// The sender's user id (stored with the message; nonzero).
+    #[arg(long, value_parser = nonzero)]
     sender: u64,
     /// Idempotency key; a retransmit must reuse it (default: a fresh one).
     /// Sending again with the same id stores nothing new.
@@ -132,8 +173,9 @@ pub struct AckArgs {
     group: u64,
     #[arg(long, value_parser = nonzero)]
     user: u64,
-    /// Acknowledge up to this msg_id (cursors only move forward).
-    #[arg(long)]
+    /// Acknowledge up to this msg_id (cursors only move forward; ids start
+    /// at 1).
+    #[arg(long, value_parser = nonzero)]
     msg_id: u64,
 }
 
@@ -217,8 +259,8 @@ fn parse_start(s: &str) -> Result<JoinStart, String> {
 
 /// Reads a token file as `tidemark serve` does: trailing newlines ignored.
 pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
-    let mut token =
-        std::fs::read(path).map_err(|e| format!("token file {}: {e}", path.display()))?;
+    let mut token = std::fs::read(path)
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
     while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         token.pop();
     }
@@ -228,11 +270,11 @@ pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
     Ok(token)
 }
 
-fn reliable_config(conn: &ConnArgs) -> Result<ReliableConfig, String> {
+fn reliable_config(conn: &ConnArgs) -> Result<ReliableConfig, CliError> {
     let mut client = ClientConfig::new(conn.addr.clone());
     client.client_name = "tidemark-cli".into();
     if let Some(path) = &conn.token_file {
-        client.token = Some(read_token_file(path)?);
+        client.token = Some(read_token_file(path).map_err(|m| CliError::new("token_file", m))?);
     }
     let timeout_ms = conn.timeout_ms.max(1);
     client.io_timeout = Duration::from_millis(timeout_ms.clamp(1000, 10_000));
@@ -243,13 +285,21 @@ fn reliable_config(conn: &ConnArgs) -> Result<ReliableConfig, String> {
     Ok(config)
 }
 
-fn connect(conn: &ConnArgs) -> Result<ReliableClient, String> {
+fn connect(conn: &ConnArgs) -> Result<ReliableClient, CliError> {
     let config = reliable_config(conn)?;
-    ReliableClient::connect(config).map_err(|e| format!("{}: {e}", conn.addr))
+    ReliableClient::connect(config).map_err(|e| match e {
+        // Names the address already.
+        Error::Address { .. } => CliError::from(e),
+        e => CliError::new(e.kind(), format!("{}: {e}", conn.addr)),
+    })
+}
+
+fn output_error(e: std::io::Error) -> CliError {
+    CliError::new("output", format!("writing output: {e}"))
 }
 
 /// Writes the output; a closed stdout (`| head`) is not a panic.
-fn emit(conn_json: bool, human: String, json: Value) -> Result<(), String> {
+fn emit(conn_json: bool, human: String, json: Value) -> Result<(), CliError> {
     let text = if conn_json {
         format!("{json}\n")
     } else {
@@ -258,11 +308,39 @@ fn emit(conn_json: bool, human: String, json: Value) -> Result<(), String> {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| format!("writing output: {e}"))
+        .map_err(output_error)
+}
+
+impl ClientCommand {
+    /// Whether `--json` was given: errors are then printed as JSON too.
+    pub fn json(&self) -> bool {
+        match self {
+            ClientCommand::CreateGroup(a) => a.conn.json,
+            ClientCommand::Join(a) => a.conn.json,
+            ClientCommand::Send(a) => a.conn.json,
+            ClientCommand::Pull(a) => a.conn.json,
+            ClientCommand::Ack(a) => a.conn.json,
+            ClientCommand::Unread(a) => a.conn.json,
+            ClientCommand::Sync(a) => a.conn.json,
+            ClientCommand::History(a) => a.conn.json,
+            ClientCommand::Members(a) => a.conn.json,
+            ClientCommand::Stats(a) => a.conn.json,
+            ClientCommand::Demo(a) => a.json,
+        }
+    }
+}
+
+/// Prints a failure as `--json` or as text says, on stderr.
+pub fn report_error(e: &CliError, json: bool) {
+    if json {
+        eprintln!("{}", e.to_json());
+    } else {
+        eprintln!("tidemark: {e}");
+    }
 }
 
 /// Runs a client subcommand.
-pub fn run(cmd: ClientCommand) -> Result<(), String> {
+pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
     match cmd {
         ClientCommand::CreateGroup(a) => create_group(a),
         ClientCommand::Join(a) => join(a),
@@ -274,13 +352,13 @@ pub fn run(cmd: ClientCommand) -> Result<(), String> {
         ClientCommand::History(a) => history(a),
         ClientCommand::Members(a) => members(a),
         ClientCommand::Stats(a) => stats(a),
-        ClientCommand::Demo(a) => demo::run_cli(a),
+        ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }
 
-fn create_group(a: CreateGroupArgs) -> Result<(), String> {
+fn create_group(a: CreateGroupArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    c.create_group(a.group).map_err(|e| e.to_string())?;
+    c.create_group(a.group)?;
     emit(
         a.conn.json,
         format!("created group {}\n", a.group),
@@ -288,11 +366,9 @@ fn create_group(a: CreateGroupArgs) -> Result<(), String> {
     )
 }
 
-fn join(a: JoinArgs) -> Result<(), String> {
+fn join(a: JoinArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let cursor = c
-        .join(a.group, a.user, a.start)
-        .map_err(|e| e.to_string())?;
+    let cursor = c.join(a.group, a.user, a.start)?;
     emit(
         a.conn.json,
         format!(
@@ -303,7 +379,7 @@ fn join(a: JoinArgs) -> Result<(), String> {
     )
 }
 
-fn send(a: SendArgs) -> Result<(), String> {
+fn send(a: SendArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
     let payload = a.message.as_bytes();
     let (client_msg_id, sent) = match a.client_msg_id {
@@ -313,7 +389,7 @@ fn send(a: SendArgs) -> Result<(), String> {
             (id, c.send_with_id(a.group, a.sender, id, payload))
         }
     };
-    let sent = sent.map_err(|e| e.to_string())?;
+    let sent = sent?;
     let stats = c.stats();
     let dup = if sent.duplicate {
         " (already stored: nothing new was stored)"
@@ -335,72 +411,106 @@ fn send(a: SendArgs) -> Result<(), String> {
     )
 }
 
-fn pull(a: PullArgs) -> Result<(), String> {
+fn pull(a: PullArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
     let page_max = a.page.max(1);
-    let mut printed: Vec<Message> = Vec::new();
+    let mut out = std::io::stdout().lock();
+    let mut printed = 0u32;
+    // The last msg_id written and flushed to stdout: the only thing a
+    // request may acknowledge. A page is acknowledged by the request for
+    // the next page (or the final ACK), never before it was printed, so
+    // `tidemark pull | head` acknowledges nothing the pipe did not take.
     let mut ack_up_to = 0;
     let (mut cursor, mut head);
     let mut wait_ms = a.wait_ms;
+    let mut json_started = false;
     loop {
-        let want = a.max.saturating_sub(printed.len() as u32).min(page_max);
-        // The request for this page acknowledges the previous page.
-        let page = c
-            .pull_page(a.group, a.user, ack_up_to, want, wait_ms)
-            .map_err(|e| e.to_string())?;
+        let want = a.max.saturating_sub(printed).min(page_max);
+        let page = c.pull_page(a.group, a.user, ack_up_to, want, wait_ms)?;
         wait_ms = 0;
         cursor = page.cursor;
         head = page.head;
+        let mut text = String::new();
+        for m in &page.messages {
+            if a.conn.json {
+                // One JSON object, streamed: its head with the first
+                // message, then each message, then the counts at the end.
+                if json_started {
+                    text.push(',');
+                } else {
+                    text.push_str(&format!(
+                        "{{\"group\":{},\"user\":{},\"messages\":[",
+                        a.group, a.user
+                    ));
+                    json_started = true;
+                }
+                text.push_str(&message_json(m).to_string());
+            } else {
+                text.push_str(&message_line(m));
+            }
+        }
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(|e| {
+                let acked = if ack_up_to > 0 {
+                    format!("messages up to msg_id {ack_up_to} were written to standard output and acknowledged")
+                } else {
+                    "nothing was acknowledged".to_string()
+                };
+                CliError::new(
+                    "output",
+                    format!(
+                        "writing output: {e}; {acked}, the rest of group {} stays unread",
+                        a.group
+                    ),
+                )
+            })?;
+        printed = printed.saturating_add(page.messages.len() as u32);
         if let Some(last) = page.messages.last() {
             ack_up_to = last.msg_id;
         }
-        let more = page.has_more;
-        printed.extend(page.messages);
-        if a.no_ack || !more || printed.len() as u32 >= a.max {
+        if a.no_ack || !page.has_more || printed >= a.max {
             break;
         }
     }
     if !a.no_ack && ack_up_to > cursor {
-        cursor = c
-            .ack(a.group, a.user, ack_up_to)
-            .map_err(|e| e.to_string())?;
+        cursor = c.ack(a.group, a.user, ack_up_to)?;
     }
     let unread = head.saturating_sub(cursor);
-    let mut human = String::new();
-    for m in &printed {
-        human.push_str(&message_line(m));
-    }
-    let what = if printed.is_empty() {
-        "no unread messages".to_string()
-    } else if a.no_ack {
-        format!("{} message(s), not acknowledged", printed.len())
+    let tail = if a.conn.json {
+        let fields = format!(
+            "\"acknowledged\":{},\"cursor\":{cursor},\"head\":{head},\"unread\":{unread}}}\n",
+            !a.no_ack
+        );
+        if json_started {
+            format!("],{fields}")
+        } else {
+            format!(
+                "{{\"group\":{},\"user\":{},\"messages\":[],{fields}",
+                a.group, a.user
+            )
+        }
     } else {
-        format!("{} message(s), acknowledged", printed.len())
+        let what = if printed == 0 {
+            "no unread messages".to_string()
+        } else if a.no_ack {
+            format!("{printed} message(s), not acknowledged")
+        } else {
+            format!("{printed} message(s), acknowledged")
+        };
+        format!(
+            "{what}; group {} cursor {cursor}, head {head}, unread {unread}\n",
+            a.group
+        )
     };
-    human.push_str(&format!(
-        "{what}; group {} cursor {cursor}, head {head}, unread {unread}\n",
-        a.group
-    ));
-    emit(
-        a.conn.json,
-        human,
-        json!({
-            "group": a.group,
-            "user": a.user,
-            "messages": printed.iter().map(message_json).collect::<Vec<_>>(),
-            "acknowledged": !a.no_ack,
-            "cursor": cursor,
-            "head": head,
-            "unread": unread,
-        }),
-    )
+    out.write_all(tail.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(output_error)
 }
 
-fn ack(a: AckArgs) -> Result<(), String> {
+fn ack(a: AckArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let cursor = c
-        .ack(a.group, a.user, a.msg_id)
-        .map_err(|e| e.to_string())?;
+    let cursor = c.ack(a.group, a.user, a.msg_id)?;
     emit(
         a.conn.json,
         format!("user {} in group {}: cursor {cursor}\n", a.user, a.group),
@@ -412,9 +522,9 @@ fn group_json(g: &GroupState) -> Value {
     json!({ "group": g.group, "head": g.head, "cursor": g.cursor, "unread": g.unread })
 }
 
-fn unread(a: UnreadArgs) -> Result<(), String> {
+fn unread(a: UnreadArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let groups = c.unread(a.user).map_err(|e| e.to_string())?;
+    let groups = c.unread(a.user)?;
     let mut human = String::new();
     if groups.is_empty() {
         human.push_str(&format!("user {} is in no group\n", a.user));
@@ -439,11 +549,9 @@ fn unread(a: UnreadArgs) -> Result<(), String> {
     )
 }
 
-fn sync(a: SyncArgs) -> Result<(), String> {
+fn sync(a: SyncArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let groups = c
-        .sync_all(a.user, a.per_group, a.max_bytes)
-        .map_err(|e| e.to_string())?;
+    let groups = c.sync_all(a.user, a.per_group, a.max_bytes)?;
     let mut human = String::new();
     if groups.is_empty() {
         human.push_str(&format!("user {} has no unread messages\n", a.user));
@@ -473,11 +581,9 @@ fn sync(a: SyncArgs) -> Result<(), String> {
     )
 }
 
-fn history(a: HistoryArgs) -> Result<(), String> {
+fn history(a: HistoryArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let (msgs, has_more) = c
-        .history(a.group, a.user, a.before, a.max)
-        .map_err(|e| e.to_string())?;
+    let (msgs, has_more) = c.history(a.group, a.user, a.before, a.max)?;
     let mut human = String::new();
     for m in &msgs {
         human.push_str(&message_line(m));
@@ -504,22 +610,20 @@ fn history(a: HistoryArgs) -> Result<(), String> {
     )
 }
 
-fn members(a: MembersArgs) -> Result<(), String> {
+fn members(a: MembersArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
     // Every cursor is >= 0: READ_COUNT of 0 counts the members.
-    let count = c.read_count(a.group, 0).map_err(|e| e.to_string())?;
+    let count = c.read_count(a.group, 0)?;
     let mut human = format!("group {}: {count} member(s)\n", a.group);
     let mut receipts = Vec::new();
     let mut head = None;
     if let Some(user) = a.user {
         // A PULL of no records reads the head without moving the cursor.
-        let page = c
-            .pull_page(a.group, user, 0, 0, 0)
-            .map_err(|e| e.to_string())?;
+        let page = c.pull_page(a.group, user, 0, 0, 0)?;
         head = Some(page.head);
         let first = page.head.saturating_sub(a.last.saturating_sub(1)).max(1);
         for msg_id in (first..=page.head).rev() {
-            let read = c.read_count(a.group, msg_id).map_err(|e| e.to_string())?;
+            let read = c.read_count(a.group, msg_id)?;
             human.push_str(&format!("  msg {msg_id}: read by {read} of {count}\n"));
             receipts.push(json!({ "msg_id": msg_id, "read_by": read }));
         }
@@ -531,9 +635,9 @@ fn members(a: MembersArgs) -> Result<(), String> {
     )
 }
 
-fn stats(a: StatsArgs) -> Result<(), String> {
+fn stats(a: StatsArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let stats = c.node_stats().map_err(|e| e.to_string())?;
+    let stats = c.node_stats()?;
     let width = stats.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let mut human = String::new();
     let mut obj = serde_json::Map::new();

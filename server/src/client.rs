@@ -40,6 +40,12 @@ pub enum Event {
 /// Everything that can go wrong, typed.
 #[derive(Debug)]
 pub enum ClientError {
+    /// The node's address does not parse or does not resolve: nothing a
+    /// retry can change (a name that resolves later is the caller's retry).
+    Address {
+        addr: String,
+        message: String,
+    },
     Io(io::Error),
     /// The node sent bytes that are not a valid frame.
     Protocol(String),
@@ -73,6 +79,9 @@ impl ClientError {
 impl fmt::Display for ClientError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ClientError::Address { addr, message } => {
+                write!(f, "invalid address {addr:?}: {message}")
+            }
             ClientError::Io(e) => write!(f, "i/o: {e}"),
             ClientError::Protocol(m) => write!(f, "protocol: {m}"),
             ClientError::Server {
@@ -253,9 +262,16 @@ pub struct Client {
 impl Client {
     /// Connects, says HELLO, and AUTHs when the node asks for a token.
     pub fn connect(config: &ClientConfig) -> Result<Client> {
-        let addr = config.addr.to_socket_addrs()?.next().ok_or_else(|| {
-            ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, "no address"))
-        })?;
+        let bad_address = |message: String| ClientError::Address {
+            addr: config.addr.clone(),
+            message,
+        };
+        let addr = config
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| bad_address(e.to_string()))?
+            .next()
+            .ok_or_else(|| bad_address("resolves to no address".into()))?;
         let stream = TcpStream::connect_timeout(&addr, config.io_timeout)?;
         stream.set_nodelay(true)?;
         let mut c = Client {
@@ -290,7 +306,15 @@ impl Client {
         };
         c.decoder = FrameDecoder::new(c.limits.frame_bytes_max);
         if auth_required {
-            let token = config.token.as_deref().unwrap_or_default();
+            // Without a token the node's answer would be "wrong token";
+            // say what is actually wrong, as the node's refusal it is.
+            let Some(token) = config.token.as_deref() else {
+                return Err(ClientError::Server {
+                    code: ErrorCode::Unauthenticated,
+                    detail: None,
+                    message: "the node requires a token and none was given".into(),
+                });
+            };
             match c.call(&Request::Auth { token })?.response()? {
                 Response::Auth => {}
                 _ => return unexpected("AUTH"),

@@ -108,8 +108,19 @@ pub struct EventLoop {
 impl EventLoop {
     /// Binds the listener and hooks the loop to the engine's commit rounds.
     pub fn new(engine: Arc<Engine>, config: NodeConfig) -> io::Result<EventLoop> {
+        let listener = TcpListener::bind(config.listen)?;
+        EventLoop::with_listener(engine, config, listener)
+    }
+
+    /// [`new`](Self::new) with a listener bound already: [`serve`] binds
+    /// before it opens the engine, so that a taken address is reported at
+    /// once instead of after recovery and a checkpoint.
+    pub fn with_listener(
+        engine: Arc<Engine>,
+        config: NodeConfig,
+        mut listener: TcpListener,
+    ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
-        let mut listener = TcpListener::bind(config.listen)?;
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -915,6 +926,12 @@ pub fn serve(
     on_ready: impl FnOnce(SocketAddr, Shutdown),
 ) -> Result<(), String> {
     config.validate()?;
+    // Bind first: a taken or invalid address is the cheapest thing to get
+    // wrong, and must not cost a recovery and a checkpoint of the data
+    // directory before it is reported. Connections that arrive while the
+    // engine opens wait in the listen backlog.
+    let listener =
+        TcpListener::bind(config.listen).map_err(|e| format!("listen {}: {e}", config.listen))?;
     let engine =
         Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
     let report = engine.recovery_report();
@@ -927,8 +944,8 @@ pub fn serve(
         report.bytes_cut(),
         report.damaged_groups.len()
     );
-    let mut event_loop =
-        EventLoop::new(engine.clone(), config).map_err(|e| format!("listen: {e}"))?;
+    let mut event_loop = EventLoop::with_listener(engine.clone(), config, listener)
+        .map_err(|e| format!("event loop: {e}"))?;
     let addr = event_loop.local_addr().map_err(|e| e.to_string())?;
     on_ready(addr, event_loop.shutdown_handle());
     event_loop.run().map_err(|e| format!("event loop: {e}"))?;

@@ -108,16 +108,17 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.limits.long_poll_ms_max = a.long_poll_ms_max;
     c.limits.subscriptions_max = a.subscriptions_max;
     if let Some(path) = a.token_file {
-        let mut token =
-            std::fs::read(&path).map_err(|e| format!("token file {}: {e}", path.display()))?;
-        while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-            token.pop();
-        }
-        if token.is_empty() {
-            return Err(format!("token file {} is empty", path.display()));
-        }
-        c.token = Some(token);
+        c.token = Some(tidemark_server::cli::read_token_file(&path)?);
     }
+    // The engine would fail on a file here with a bare "mkdir: File exists".
+    let data = &c.engine.data_dir;
+    if data.exists() && !data.is_dir() {
+        return Err(format!(
+            "data directory {} is not a directory",
+            data.display()
+        ));
+    }
+    let fsync = c.engine.fsync;
     log::info!(
         "starting: data {}, fsync {:?}",
         c.engine.data_dir.display(),
@@ -131,22 +132,55 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         match signals {
             Ok(mut signals) => {
                 std::thread::spawn(move || {
-                    if let Some(sig) = signals.forever().next() {
-                        log::info!("signal {sig}: shutting down");
+                    let mut signals = signals.forever();
+                    if let Some(sig) = signals.next() {
+                        log::info!("signal {sig}: shutting down (a second signal stops at once)");
                         shutdown.request();
+                    }
+                    // A graceful shutdown waits for held work (a full disk
+                    // holds a round until space returns); an operator who
+                    // signals again wants out now.
+                    if let Some(sig) = signals.next() {
+                        log::error!("signal {sig} again: {}", abrupt_exit_note(fsync));
+                        std::process::exit(128 + sig);
                     }
                 });
             }
             Err(e) => log::warn!("cannot handle signals: {e}"),
         }
-        // Scripts wait for this line: the node accepts connections now.
-        println!("tidemark listening on {addr}");
-        let _ = std::io::stdout().flush();
+        // Scripts wait for this line: the node accepts connections now. A
+        // closed standard output (`tidemark serve | true`, a log collector
+        // that went away) must not stop a node that is serving: the line is
+        // a convenience, the log on stderr says the same, so the node says
+        // so there and goes on.
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "tidemark listening on {addr}").and_then(|()| out.flush()) {
+            log::warn!("listening on {addr} (standard output not writable: {e})");
+        }
     })
 }
 
+/// What a stop without the graceful shutdown leaves behind, per policy. A
+/// process exit keeps everything the node wrote (the page cache survives
+/// it); only what was never written is lost, and nothing of that was
+/// answered.
+fn abrupt_exit_note(fsync: FsyncPolicy) -> String {
+    let answered = match fsync {
+        FsyncPolicy::Always => "every answered send was fsynced before its answer and is kept",
+        FsyncPolicy::Interval(_) | FsyncPolicy::Never => {
+            "every answered send is in the journal and is kept (those not yet fsynced would not survive a power cut before the OS writes them)"
+        }
+    };
+    format!(
+        "stopping now, without a clean shutdown: {answered}; sends not yet answered (held by a full disk or still in flight) may or may not be stored, and their clients retransmit them with the same client_msg_id, which stores each once; cursor moves not yet flushed are lost (those messages are delivered again); the next start recovers from the journal"
+    )
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     // A node logs its progress; a client command prints only its result
     // (RUST_LOG still overrides both).
     let default_log = match cli.command {
@@ -156,7 +190,16 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
     let result = match cli.command {
         Command::Serve(a) => serve(a),
-        Command::Client(c) => tidemark_server::cli::run(c),
+        Command::Client(c) => {
+            let json = c.json();
+            return match tidemark_server::cli::run(c) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tidemark_server::cli::report_error(&e, json);
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Bench(b) => tidemark_server::bench::run(b),
     };
     match result {
@@ -166,4 +209,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refused. With `--json` anywhere on it, the refusal
+/// is a JSON error object like every other failure of a `--json` command
+/// (clap's own text otherwise; `--help` and `--version` print as usual).
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let wants_json = std::env::args_os().skip(1).any(|a| a == "--json");
+    let informational = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !wants_json || informational {
+        e.exit();
+    }
+    let text = e.to_string();
+    // clap's first line is the error ("error: invalid value ..."); the rest
+    // is usage advice for a human.
+    let first = text.lines().next().unwrap_or_default();
+    let message = first.strip_prefix("error: ").unwrap_or(first);
+    let err = tidemark_server::cli::CliError::new("usage", message);
+    tidemark_server::cli::report_error(&err, true);
+    // clap's own status for a usage error.
+    ExitCode::from(2)
 }

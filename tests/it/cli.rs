@@ -3,7 +3,12 @@
 //! output checked for its key lines, `--json` output parsed and checked.
 
 use std::collections::BTreeMap;
-use std::process::{Command, Output};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tidemark_server::client::{Client, ClientConfig};
+use tidemark_server::protocol::JoinStart;
 
 use crate::harness::{tidemark_bin, Node};
 
@@ -267,6 +272,18 @@ fn client_errors_are_typed_messages_and_a_failure_status() {
         "node unavailable",
     );
     assert!(start.elapsed() < std::time::Duration::from_secs(5));
+    // One "node unavailable", then its cause (it was once nested twice).
+    let out = tidemark(&[
+        "unread",
+        "--addr",
+        &nowhere,
+        "--user",
+        "1",
+        "--timeout-ms",
+        "300",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("node unavailable").count(), 1, "{err}");
 }
 
 #[test]
@@ -315,6 +332,312 @@ fn demo_delivers_n_of_n_with_no_duplicates_and_says_so() {
         let cols: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(&cols[2..7], &["12", "/", "12", "/", "0"], "{line}");
     }
+}
+
+/// The write end of a pipe whose read end is closed already: every write
+/// to it fails with EPIPE (Rust ignores SIGPIPE), as a `| head` that went
+/// away.
+fn closed_pipe() -> Stdio {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) fills the two descriptors, which we then own.
+    let rc = unsafe { libc::pipe(fds.as_mut_ptr()) };
+    assert_eq!(rc, 0, "pipe: {}", std::io::Error::last_os_error());
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    Stdio::from(write)
+}
+
+/// A port nobody listens on (bound, learnt, released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn pull_acknowledges_nothing_it_could_not_write_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(6).unwrap();
+    c.join(6, 3, JoinStart::Earliest).unwrap();
+    for i in 1..=60u64 {
+        c.send(6, 1, i, format!("message {i}").as_bytes()).unwrap();
+    }
+    // `tidemark pull | head -c 100` once head has gone: the output cannot
+    // be written, so the user saw nothing and nothing may be acknowledged.
+    let out = Command::new(tidemark_bin())
+        .args(["pull", "--addr", &node.addr, "--group", "6", "--user", "3"])
+        .env("RUST_LOG", "warn")
+        .stdout(closed_pipe())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a failed write is a failure: {err}");
+    assert!(
+        err.contains("writing output") && err.contains("nothing was acknowledged"),
+        "{err}"
+    );
+    let page = c.pull(6, 3, 0, 0, 0).unwrap();
+    assert_eq!(
+        (page.cursor, page.head),
+        (0, 60),
+        "messages that were never printed were acknowledged"
+    );
+    // The same pull into a working pipe prints and acknowledges all 60.
+    let text = ok(&["pull", "--addr", &node.addr, "--group", "6", "--user", "3"]);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("[group 6 #")).count(),
+        60
+    );
+    assert!(
+        text.ends_with("60 message(s), acknowledged; group 6 cursor 60, head 60, unread 0\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn send_backs_off_on_a_refusal_and_reports_the_nodes_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    node.client().create_group(1).unwrap();
+    // The same node with a free-space reserve no disk has: every send is
+    // refused OVERLOADED (a refusal the node lifts by itself, so retried).
+    let node = {
+        let mut node = node;
+        node.kill();
+        Node::start(
+            dir.path(),
+            &["--disk-free-min-bytes", &u64::MAX.to_string()],
+        )
+    };
+    let out = tidemark(&[
+        "send",
+        "--addr",
+        &node.addr,
+        "--group",
+        "1",
+        "--sender",
+        "1",
+        "--timeout-ms",
+        "2000",
+        "x",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    // The node is up and refusing: say so in its words, not "unavailable".
+    assert!(
+        err.starts_with("tidemark: OVERLOADED: disk nearly full"),
+        "{err}"
+    );
+    assert!(!err.contains("unavailable"), "{err}");
+    // With backoff a 2 s budget holds a handful of attempts (without it,
+    // thousands were made).
+    let attempts: u32 = err
+        .split("refused ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no attempt count: {err}"));
+    assert!((2..=50).contains(&attempts), "{attempts} attempts: {err}");
+}
+
+#[test]
+fn an_invalid_address_fails_at_once_with_a_clear_error() {
+    for addr in ["not an address", "no-such-host.invalid:7070"] {
+        let out = tidemark(&[
+            "send",
+            "--addr",
+            addr,
+            "--group",
+            "1",
+            "--sender",
+            "1",
+            "--timeout-ms",
+            "3000",
+            "x",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.starts_with(&format!("tidemark: invalid address {addr:?}: ")),
+            "{err}"
+        );
+        assert!(!err.contains("attempt"), "not retried: {err}");
+    }
+}
+
+#[test]
+fn serve_keeps_serving_when_its_stdout_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut child = Command::new(tidemark_bin())
+        .args(["serve", "--listen", &addr, "--data"])
+        .arg(dir.path().join("data"))
+        .env("RUST_LOG", "warn")
+        .stdout(closed_pipe())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut c = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the node exited ({status}) because its stdout was closed");
+        }
+        if let Ok(c) = Client::connect(&ClientConfig::new(addr.clone())) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "the node never accepted");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The "listening" line could not be written; the node went on.
+    std::thread::sleep(Duration::from_millis(100));
+    c.ping().expect("PING");
+    assert!(child.try_wait().unwrap().is_none(), "the node exited");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Runs `tidemark serve` that must fail at start; returns its stderr.
+fn serve_fails(args: &[&str]) -> String {
+    let out = Command::new(tidemark_bin())
+        .arg("serve")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "serve {args:?} started: {err}");
+    err
+}
+
+#[test]
+fn start_up_errors_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_s = data.to_str().unwrap();
+
+    // A taken address is found before the data directory is touched.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let err = serve_fails(&["--listen", &addr, "--data", data_s]);
+    assert!(
+        err.contains(&format!("tidemark: listen {addr}: Address already in use")),
+        "{err}"
+    );
+    assert!(
+        !data.exists(),
+        "the data directory was opened before binding"
+    );
+
+    // A data directory that is a file.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let err = serve_fails(&["--listen", "127.0.0.1:0", "--data", file.to_str().unwrap()]);
+    assert!(
+        err.contains(&format!(
+            "data directory {} is not a directory",
+            file.display()
+        )),
+        "{err}"
+    );
+
+    // A token file that cannot be read, for the node and for a client.
+    let missing = dir.path().join("no-token");
+    let missing_s = missing.to_str().unwrap();
+    let err = serve_fails(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data_s,
+        "--token-file",
+        missing_s,
+    ]);
+    assert!(
+        err.contains(&format!("cannot read token file {missing_s}: ")),
+        "{err}"
+    );
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let node = Node::start(&data, &["--token-file", token.to_str().unwrap()]);
+    let out = tidemark(&["stats", "--addr", &node.addr, "--token-file", missing_s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("cannot read token file {missing_s}: ")),
+        "{err}"
+    );
+    // No token at all is not "wrong token".
+    let out = tidemark(&["stats", "--addr", &node.addr]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("UNAUTHENTICATED: the node requires a token and none was given"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ids_of_zero_are_refused_for_every_id_argument() {
+    let cases: &[&[&str]] = &[
+        &["create-group", "--group", "0"],
+        &["join", "--group", "0", "--user", "1"],
+        &["join", "--group", "1", "--user", "0"],
+        &["send", "--group", "1", "--sender", "0", "x"],
+        &["send", "--group", "0", "--sender", "1", "x"],
+        &["pull", "--group", "1", "--user", "0"],
+        &["ack", "--group", "1", "--user", "1", "--msg-id", "0"],
+        &["unread", "--user", "0"],
+        &["sync", "--user", "0"],
+        &["history", "--group", "1", "--user", "0"],
+        &["members", "--group", "1", "--user", "0"],
+    ];
+    // No node: the argument is refused before anything is sent.
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    for args in cases {
+        let mut all = args.to_vec();
+        all.extend(["--addr", &nowhere, "--timeout-ms", "100"]);
+        let out = tidemark(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("0 is reserved; ids start at 1"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn errors_under_json_are_json_objects_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let a = node.addr.as_str();
+    let error_of = |args: &[&str]| {
+        let out = tidemark(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(out.stdout.is_empty(), "no result on stdout: {args:?}");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        let v = Json::parse(&err).unwrap_or_else(|e| panic!("not JSON ({e}): {err}"));
+        let e = v.get("error");
+        (e.s("code").to_string(), e.s("message").to_string())
+    };
+    let (code, message) = error_of(&[
+        "send", "--addr", a, "--group", "9", "--sender", "1", "x", "--json",
+    ]);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("GROUP_NOT_FOUND", "GROUP_NOT_FOUND: group 9")
+    );
+    let (code, message) = error_of(&[
+        "send", "--addr", a, "--group", "9", "--sender", "0", "x", "--json",
+    ]);
+    assert_eq!(code, "usage");
+    assert!(message.contains("0 is reserved"), "{message}");
+    let (code, _) = error_of(&["stats", "--addr", "not an address", "--json"]);
+    assert_eq!(code, "invalid_address");
 }
 
 /// A minimal JSON value and parser (the test crate has no JSON library).

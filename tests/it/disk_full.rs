@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
+use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use std::time::{Duration, Instant};
 use tidemark_server::client::{Client, ClientConfig, ClientError};
 use tidemark_server::protocol::{ErrorCode, JoinStart};
 
-use crate::harness::Node;
+use crate::harness::{tidemark_bin, Node};
 
 const GROUP: u64 = 1;
 const PROBE_GROUP: u64 = 2;
@@ -256,4 +257,196 @@ fn a_write_that_finds_the_disk_full_is_held_refuses_sends_and_goes_on_by_itself(
     // No reserve: the node's writes run into ENOSPC for real.
     let refusal = fill_refuse_recover(&fs, &["--disk-free-min-bytes", "0"], 1 << 20);
     assert_eq!(refusal.code(), Some(ErrorCode::Overloaded), "{refusal}");
+}
+
+/// `tidemark serve` with its log captured line by line (the harness's
+/// node inherits stderr).
+struct LoggedNode {
+    child: std::process::Child,
+    addr: String,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl LoggedNode {
+    fn start(data: &std::path::Path) -> LoggedNode {
+        let mut child = Command::new(tidemark_bin())
+            .arg("serve")
+            .arg("--data")
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0", "--disk-free-min-bytes", "0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tidemark");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("tidemark listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        LoggedNode {
+            child,
+            addr,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads the log until a line contains `what`; panics after `limit`.
+    fn wait_for_line(&mut self, what: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.seen.iter().any(|l| l.contains(what)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no log line with {what:?}:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for LoggedNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends until the node refuses for good or goes away, recording every
+/// answered send; a refusal of a full disk is waited out.
+fn send_until_gone(addr: String, answered: Arc<Mutex<HashMap<u64, u64>>>, stop: Arc<AtomicBool>) {
+    let mut config = ClientConfig::new(addr);
+    config.io_timeout = Duration::from_secs(120);
+    let mut c = Client::connect(&config).expect("connect the sender");
+    let mut client_msg_id = 0;
+    while !stop.load(Ordering::SeqCst) {
+        client_msg_id += 1;
+        match c.send(GROUP, 7, client_msg_id, &payload_of(client_msg_id)) {
+            Ok(sent) => {
+                answered.lock().unwrap().insert(client_msg_id, sent.msg_id);
+            }
+            Err(e) if e.code() == Some(ErrorCode::Overloaded) => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(_) => return, // the node is gone
+        }
+    }
+}
+
+/// A node on a full disk: a sender's round is held (a probe was refused).
+struct HeldNode {
+    node: LoggedNode,
+    ballast: PathBuf,
+    answered: Arc<Mutex<HashMap<u64, u64>>>,
+    stop: Arc<AtomicBool>,
+    sender: std::thread::JoinHandle<()>,
+}
+
+fn hold_a_round(fs: &SmallFs) -> HeldNode {
+    let node = LoggedNode::start(&fs.root.join("data"));
+    let mut c = Client::connect(&ClientConfig::new(node.addr.clone())).expect("connect");
+    c.create_group(GROUP).unwrap();
+    c.create_group(PROBE_GROUP).unwrap();
+    c.join(GROUP, READER, JoinStart::Earliest).unwrap();
+    let ballast = fs.fill_leaving(1 << 20);
+    let answered = Arc::new(Mutex::new(HashMap::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sender = {
+        let (addr, answered, stop) = (node.addr.clone(), answered.clone(), stop.clone());
+        std::thread::spawn(move || send_until_gone(addr, answered, stop))
+    };
+    probe_until_refused(&node.addr, Duration::from_secs(120));
+    HeldNode {
+        node,
+        ballast,
+        answered,
+        stop,
+        sender,
+    }
+}
+
+/// While the disk stays full the held round is retried every 200 ms; the
+/// warning is logged once (then once a minute), and the resume is logged.
+#[test]
+fn a_full_disk_warns_once_while_it_lasts_and_logs_when_writes_resume() {
+    let Some(fs) = SmallFs::mount(24 << 20) else {
+        return;
+    };
+    let mut held = hold_a_round(&fs);
+    held.node
+        .wait_for_line("no space left on device", Duration::from_secs(60));
+    // Retries go on meanwhile (five a second); none of them is logged.
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::remove_file(&held.ballast).expect("remove the ballast");
+    held.node
+        .wait_for_line("writes resumed after", Duration::from_secs(30));
+    let full_lines = held
+        .node
+        .seen
+        .iter()
+        .filter(|l| l.contains("no space left on device"))
+        .count();
+    assert_eq!(full_lines, 1, "{}", held.node.seen.join("\n"));
+    held.stop.store(true, Ordering::SeqCst);
+    held.sender.join().expect("sender thread");
+}
+
+/// A graceful shutdown waits for held work, and a full disk holds it until
+/// space returns; a second signal must stop the node at once, with a
+/// non-zero status and a note of what that leaves behind, and nothing
+/// answered may be lost by it.
+#[test]
+fn a_second_signal_stops_a_shutdown_held_by_a_full_disk_at_once() {
+    let Some(fs) = SmallFs::mount(24 << 20) else {
+        return;
+    };
+    let mut held = hold_a_round(&fs);
+    held.node.signal(libc::SIGINT);
+    // The first signal was taken: the node is shutting down, and waits.
+    held.node
+        .wait_for_line("shutting down", Duration::from_secs(60));
+    held.node.signal(libc::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = held.node.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node ignored the second signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    held.node.seen.extend(held.node.lines.iter());
+    let log = held.node.seen.join("\n");
+    assert_eq!(status.code(), Some(128 + libc::SIGINT), "{log}");
+    assert!(
+        log.contains("signal 2 again: stopping now, without a clean shutdown: every answered send was fsynced before its answer and is kept"),
+        "{log}"
+    );
+    held.sender.join().expect("sender thread");
+
+    // What it said holds: with space back, every answered send is there.
+    std::fs::remove_file(&held.ballast).expect("remove the ballast");
+    let node = Node::start(&fs.root.join("data"), &["--disk-free-min-bytes", "0"]);
+    check_every_answered_send(&node, &held.answered.lock().unwrap());
 }

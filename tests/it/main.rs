@@ -17,3 +17,4 @@ mod net_faults;
 mod node;
 mod proxy;
 mod torture;
+mod workspace;

@@ -3,7 +3,10 @@
 //!
 //! Transient failures (a lost connection, `OVERLOADED`,
 //! `TOO_MANY_REQUESTS_IN_FLIGHT`, `SHUTTING_DOWN`) are retried by the layer
-//! and surface only when the retry budget (`give_up_after`) is spent.
+//! with backoff and surface only when the retry budget (`give_up_after`) is
+//! spent: a refusal as the node's own refusal (with how many attempts it
+//! refused), a lost node as [`Error::Unavailable`]. What a retry cannot
+//! change (an invalid address, any other refusal) fails at once.
 
 use std::fmt;
 
@@ -42,10 +45,12 @@ pub enum Error {
     /// `FRAME_TOO_LARGE` (4): a frame of ours exceeded the node's limit.
     FrameTooLarge { frame_bytes_max: Option<u64> },
     /// `TOO_MANY_REQUESTS_IN_FLIGHT` (5), still refused when the retry
-    /// budget ran out.
-    TooManyRequestsInFlight { limit: Option<u64> },
-    /// `OVERLOADED` (6), still refused when the retry budget ran out.
-    Overloaded,
+    /// budget ran out after `attempts` tries.
+    TooManyRequestsInFlight { limit: Option<u64>, attempts: u32 },
+    /// `OVERLOADED` (6), still refused when the retry budget ran out after
+    /// `attempts` tries; `message` is the node's reason (a full disk,
+    /// too many connections).
+    Overloaded { message: String, attempts: u32 },
     /// `SHUTTING_DOWN` (7), and no node took its place within the budget.
     ShuttingDown,
     /// `GROUP_NOT_FOUND` (10).
@@ -80,6 +85,8 @@ pub enum Error {
     /// The node could not be reached, or the connection kept failing, for
     /// the whole retry budget. `cause` is the last failure.
     Unavailable { attempts: u32, cause: String },
+    /// The node's address does not parse or does not resolve. Not retried.
+    Address { addr: String, message: String },
 }
 
 impl Error {
@@ -91,7 +98,7 @@ impl Error {
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
             Error::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
             Error::TooManyRequestsInFlight { .. } => ErrorCode::TooManyRequestsInFlight,
-            Error::Overloaded => ErrorCode::Overloaded,
+            Error::Overloaded { .. } => ErrorCode::Overloaded,
             Error::ShuttingDown => ErrorCode::ShuttingDown,
             Error::GroupNotFound { .. } => ErrorCode::GroupNotFound,
             Error::GroupExists { .. } => ErrorCode::GroupExists,
@@ -104,7 +111,7 @@ impl Error {
             Error::WritesStopped => ErrorCode::WritesStopped,
             Error::Internal { .. } => ErrorCode::Internal,
             Error::UnknownCode { code, .. } => ErrorCode::Unknown(*code),
-            Error::Crc { .. } | Error::Unavailable { .. } => return None,
+            Error::Crc { .. } | Error::Unavailable { .. } | Error::Address { .. } => return None,
         })
     }
 
@@ -113,6 +120,7 @@ impl Error {
         match self {
             Error::Crc { .. } => "crc_mismatch",
             Error::Unavailable { .. } => "unavailable",
+            Error::Address { .. } => "invalid_address",
             other => match other.code() {
                 Some(c) => c.name(),
                 None => "unknown",
@@ -129,8 +137,14 @@ impl Error {
             ErrorCode::FrameTooLarge => Error::FrameTooLarge {
                 frame_bytes_max: detail,
             },
-            ErrorCode::TooManyRequestsInFlight => Error::TooManyRequestsInFlight { limit: detail },
-            ErrorCode::Overloaded => Error::Overloaded,
+            ErrorCode::TooManyRequestsInFlight => Error::TooManyRequestsInFlight {
+                limit: detail,
+                attempts: 1,
+            },
+            ErrorCode::Overloaded => Error::Overloaded {
+                message,
+                attempts: 1,
+            },
             ErrorCode::ShuttingDown => Error::ShuttingDown,
             ErrorCode::GroupNotFound => Error::GroupNotFound { group: ctx.group },
             ErrorCode::GroupExists => Error::GroupExists { group: ctx.group },
@@ -158,6 +172,17 @@ impl Error {
         }
     }
 
+    /// A busy refusal that was repeated `attempts` times (other errors are
+    /// returned as they are).
+    pub(crate) fn with_attempts(mut self, n: u32) -> Error {
+        if let Error::Overloaded { attempts, .. }
+        | Error::TooManyRequestsInFlight { attempts, .. } = &mut self
+        {
+            *attempts = n.max(1);
+        }
+        self
+    }
+
     /// The typed error for a low-level failure that will not be retried.
     pub(crate) fn from_client(e: ClientError, ctx: Ctx, attempts: u32) -> Error {
         match e {
@@ -165,8 +190,9 @@ impl Error {
                 code,
                 detail,
                 message,
-            } => Error::from_code(code, detail, message, ctx),
+            } => Error::from_code(code, detail, message, ctx).with_attempts(attempts),
             ClientError::Crc { group, msg_id } => Error::Crc { group, msg_id },
+            ClientError::Address { addr, message } => Error::Address { addr, message },
             other => Error::Unavailable {
                 attempts,
                 cause: other.to_string(),
@@ -193,12 +219,22 @@ impl fmt::Display for Error {
                 "FRAME_TOO_LARGE: the node accepts frames up to {} bytes",
                 opt(frame_bytes_max)
             ),
-            Error::TooManyRequestsInFlight { limit } => write!(
-                f,
-                "TOO_MANY_REQUESTS_IN_FLIGHT: limit {} per connection",
-                opt(limit)
-            ),
-            Error::Overloaded => write!(f, "OVERLOADED: the node is over capacity"),
+            Error::TooManyRequestsInFlight { limit, attempts } => {
+                write!(
+                    f,
+                    "TOO_MANY_REQUESTS_IN_FLIGHT: limit {} per connection",
+                    opt(limit)
+                )?;
+                still_refused(f, *attempts)
+            }
+            Error::Overloaded { message, attempts } => {
+                if message.is_empty() {
+                    write!(f, "OVERLOADED: the node is over capacity")?;
+                } else {
+                    write!(f, "OVERLOADED: {message}")?;
+                }
+                still_refused(f, *attempts)
+            }
             Error::ShuttingDown => write!(f, "SHUTTING_DOWN: the node is shutting down"),
             Error::GroupNotFound { group } => write!(f, "GROUP_NOT_FOUND: group {group}"),
             Error::GroupExists { group } => write!(f, "GROUP_EXISTS: group {group}"),
@@ -248,7 +284,17 @@ impl fmt::Display for Error {
             Error::Unavailable { attempts, cause } => {
                 write!(f, "node unavailable after {attempts} attempt(s): {cause}")
             }
+            Error::Address { addr, message } => write!(f, "invalid address {addr:?}: {message}"),
         }
+    }
+}
+
+/// How often a retried refusal was repeated, when it was.
+fn still_refused(f: &mut fmt::Formatter<'_>, attempts: u32) -> fmt::Result {
+    if attempts > 1 {
+        write!(f, " (refused {attempts} times in a row; gave up)")
+    } else {
+        Ok(())
     }
 }
 
@@ -269,6 +315,9 @@ pub(crate) enum Class {
 
 pub(crate) fn classify(e: &ClientError) -> Class {
     match e {
+        ClientError::Address { .. } => Class::Permanent {
+            drop_connection: true,
+        },
         ClientError::Io(_)
         | ClientError::Closed
         | ClientError::Timeout

@@ -21,11 +21,18 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     pub(crate) fn new(base: Duration, max: Duration) -> Backoff {
+        Backoff::seeded(base, max, super::random_u64())
+    }
+
+    /// A backoff whose jitter is drawn from `seed`: the same seed gives the
+    /// same delays (tests).
+    pub(crate) fn seeded(base: Duration, max: Duration, seed: u64) -> Backoff {
         Backoff {
             base,
             max: max.max(base),
             attempt: 0,
-            rng: super::random_u64() | 1,
+            // xorshift never leaves 0; an odd state is never 0.
+            rng: seed | 1,
         }
     }
 
@@ -154,11 +161,17 @@ impl Link {
         self.client = None;
     }
 
-    /// Sleeps the next backoff delay. False (without sleeping) when the
-    /// delay would end past `deadline`: the caller gives up.
+    /// Sleeps the next backoff delay. When that delay would end past
+    /// `deadline`, sleeps until the deadline instead and returns false: the
+    /// caller gives up. Never returns false early: a caller that loops
+    /// until its deadline (the sender's queue) would otherwise spin without
+    /// any pause for the last delay's worth of its budget, hammering a node
+    /// that is refusing (10,000 attempts in a second were seen).
     pub(crate) fn pause(&mut self, deadline: Instant) -> bool {
         let d = self.backoff.next_delay();
-        if later(Instant::now(), d) > deadline {
+        let now = Instant::now();
+        if later(now, d) > deadline {
+            std::thread::sleep(deadline.saturating_duration_since(now));
             return false;
         }
         std::thread::sleep(d);
@@ -224,6 +237,49 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay() <= base);
+    }
+
+    #[test]
+    fn the_backoff_schedule_is_exponential_capped_and_jittered_by_its_seed() {
+        let (base, max) = (Duration::from_millis(20), Duration::from_millis(500));
+        let schedule = |seed| {
+            let mut b = Backoff::seeded(base, max, seed);
+            (0..10).map(|_| b.next_delay()).collect::<Vec<_>>()
+        };
+        let a = schedule(42);
+        assert_eq!(a, schedule(42), "one seed, one schedule");
+        assert_ne!(a, schedule(7), "another seed, other jitter");
+        // Delay k lies in the upper half of min(base * 2^k, max).
+        let caps = [20, 40, 80, 160, 320, 500, 500, 500, 500, 500];
+        for (k, (d, cap)) in a.iter().zip(caps).enumerate() {
+            let cap = Duration::from_millis(cap);
+            assert!(*d >= cap / 2 && *d <= cap, "delay {k}: {d:?}, cap {cap:?}");
+        }
+        // A budget of 2 s holds a handful of attempts, not thousands.
+        let mut spent = Duration::ZERO;
+        let attempts = a
+            .iter()
+            .take_while(|d| {
+                spent += **d;
+                spent <= Duration::from_secs(2)
+            })
+            .count();
+        assert!((5..=10).contains(&attempts), "{attempts} attempts in 2 s");
+    }
+
+    #[test]
+    fn a_pause_that_would_overrun_the_deadline_waits_for_it_and_gives_up() {
+        // The first delay (at least 500 ms) is longer than the budget left.
+        let mut link = Link::new(
+            ClientConfig::new("127.0.0.1:1"),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        let deadline = Instant::now() + Duration::from_millis(30);
+        assert!(!link.pause(deadline));
+        // Giving up before the deadline made callers that loop until their
+        // deadline spin without pausing.
+        assert!(Instant::now() >= deadline, "gave up before the deadline");
     }
 
     #[test]

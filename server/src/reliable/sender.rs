@@ -14,9 +14,10 @@
 //!   backoff, and transmits the send again with the same `client_msg_id`;
 //! - `OVERLOADED` / `TOO_MANY_REQUESTS_IN_FLIGHT`: back off, transmit again;
 //! - any other refusal completes it with the typed error;
-//! - after `give_up_after_ms` it completes with [`Error::Unavailable`]: the
-//!   outcome is unknown; the caller may send it again later with
-//!   [`ReliableClient::enqueue_with_id`] and the same id.
+//! - after `give_up_after_ms` it completes with the node's refusal if the
+//!   node was refusing it (nothing was stored), else with
+//!   [`Error::Unavailable`]: the outcome is unknown; the caller may send it
+//!   again later with [`ReliableClient::enqueue_with_id`] and the same id.
 //!
 //! Why a timeout drops the connection instead of retransmitting on it: the
 //! node answers every request, so a request unanswered for seconds means
@@ -71,6 +72,11 @@ struct PendingSend {
     sent_at: Instant,
     /// The last reason it is still pending, for `Unavailable`.
     last_failure: Option<String>,
+    /// The node's busy refusal, when that was the last thing that happened
+    /// to it: reported as such if the budget runs out.
+    last_refusal: Option<Error>,
+    /// Connection attempts that failed while it was pending.
+    connect_attempts: u32,
 }
 
 pub struct ReliableClient {
@@ -248,6 +254,8 @@ impl ReliableClient {
                 request: None,
                 sent_at: now,
                 last_failure: None,
+                last_refusal: None,
+                connect_attempts: 0,
             },
         );
         seq
@@ -282,20 +290,26 @@ impl ReliableClient {
     /// Fails the sends pending for longer than the budget.
     fn expire(&mut self, now: Instant) {
         let budget = self.config.give_up_after();
-        let old: Vec<(u64, u32, String)> = self
+        let old: Vec<(u64, Error)> = self
             .pending
             .iter()
             .filter(|(_, p)| now.duration_since(p.enqueued) >= budget)
             .map(|(&seq, p)| {
-                let cause = p
-                    .last_failure
-                    .clone()
-                    .unwrap_or_else(|| "no answer".to_string());
-                (seq, p.transmissions, cause)
+                let e = match &p.last_refusal {
+                    Some(refusal) => refusal.clone().with_attempts(p.transmissions),
+                    None => Error::Unavailable {
+                        attempts: p.transmissions.saturating_add(p.connect_attempts),
+                        cause: p
+                            .last_failure
+                            .clone()
+                            .unwrap_or_else(|| "no answer".to_string()),
+                    },
+                };
+                (seq, e)
             })
             .collect();
-        for (seq, attempts, cause) in old {
-            self.complete(seq, Err(Error::Unavailable { attempts, cause }));
+        for (seq, e) in old {
+            self.complete(seq, Err(e));
         }
     }
 
@@ -303,6 +317,7 @@ impl ReliableClient {
         for p in self.pending.values_mut() {
             if p.request.is_some() {
                 p.last_failure = Some(why.to_string());
+                p.last_refusal = None;
             }
         }
     }
@@ -329,12 +344,15 @@ impl ReliableClient {
             // A connection (new ones start with nothing in flight).
             if let Err(e) = self.link.get(deadline) {
                 match e {
-                    Error::Unavailable { .. } => {
+                    Error::Unavailable { attempts, cause } => {
                         // The oldest sends ran out of budget while the node
-                        // was unreachable; `expire` fails them next round.
-                        let cause = e.to_string();
+                        // was unreachable; `expire` fails them next round
+                        // (with this cause, not this error wrapped in a
+                        // second "node unavailable").
                         for p in self.pending.values_mut() {
                             p.last_failure = Some(cause.clone());
+                            p.last_refusal = None;
+                            p.connect_attempts = p.connect_attempts.saturating_add(attempts);
                         }
                         std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
                     }
@@ -451,6 +469,7 @@ impl ReliableClient {
                 }
                 Err(e) => {
                     p.last_failure = Some(e.to_string());
+                    p.last_refusal = None;
                     ok = false;
                     break;
                 }
@@ -482,7 +501,10 @@ impl ReliableClient {
                 if let Some(p) = self.pending.get_mut(&seq) {
                     p.request = None;
                     p.last_failure = Some(e.to_string());
+                    p.last_refusal = Some(Error::from_client(e, Ctx::group(group), 1));
                 }
+                // Backs off (with jitter) before the next transmission; at
+                // the deadline `expire` reports the refusal.
                 self.link.pause(deadline);
             }
             Class::Broken => {
@@ -632,5 +654,57 @@ impl std::fmt::Debug for ReliableClient {
             .field("pending", &self.pending.len())
             .field("stats", &self.stats())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreachable_config(budget_ms: u64) -> ReliableConfig {
+        // A port nobody listens on: bind, learn the port, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1);
+        let mut config = ReliableConfig::new(format!("127.0.0.1:{port}"));
+        config.backoff_base_ms = 5;
+        config.backoff_max_ms = 20;
+        config.give_up_after_ms = budget_ms;
+        config
+    }
+
+    #[test]
+    fn a_send_to_an_unreachable_node_says_unavailable_once_with_the_cause() {
+        let mut c = ReliableClient::new(unreachable_config(200));
+        let err = c.send(1, 1, b"x").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(&err, Error::Unavailable { attempts, cause }
+                if *attempts >= 1 && !cause.contains("unavailable")),
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("node unavailable").count(),
+            1,
+            "one 'node unavailable', then the cause: {text}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_address_fails_at_once_without_retries() {
+        for addr in ["not an address", "no-such-host.invalid:7070"] {
+            let mut config = unreachable_config(60_000);
+            config.client.addr = addr.into();
+            let start = Instant::now();
+            let err = ReliableClient::connect(config.clone()).unwrap_err();
+            assert!(matches!(err, Error::Address { .. }), "{addr}: {err}");
+            assert!(err.to_string().contains(addr), "{err}");
+            let mut c = ReliableClient::new(config);
+            let err = c.send(1, 1, b"x").unwrap_err();
+            assert!(matches!(err, Error::Address { .. }), "{addr}: {err}");
+            // Not a timing bound: the 60 s budget was not spent retrying.
+            assert!(start.elapsed() < Duration::from_secs(30), "{addr} retried");
+        }
     }
 }
