@@ -206,6 +206,8 @@ pub struct FaultControl {
     pub syncs_held: AtomicU64,
     /// When not `u64::MAX`, the free space the file system reports.
     pub free_bytes: AtomicU64,
+    /// Files opened (to count how many segments a read touches).
+    pub opens: AtomicU64,
 }
 
 impl FaultControl {
@@ -301,6 +303,7 @@ impl VfsFile for FaultyFile {
 
 impl Vfs for FaultyVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        self.control.opens.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FaultyFile {
             inner: OsVfs.open(path, mode)?,
             control: self.control.clone(),
