@@ -164,6 +164,7 @@ impl Chunk {
 /// One segment as a read sees it: its mapping, its verified index, and (for
 /// the active segment) the records still in the log's unwritten tail.
 struct SegView<'a> {
+    group_id: u64,
     seg: Arc<SegmentFile>,
     index: &'a SparseIndex,
     base_id: u64,
@@ -186,18 +187,30 @@ impl SegView<'_> {
         }
     }
 
-    /// Length of the record at `pos`, which must start a record.
-    fn record_len(&self, pos: usize) -> usize {
-        // Invariant: callers pass positions of records of a verified
-        // segment (index entries and walks from them).
-        record::peek_len(self.at(pos)).expect("invariant: verified segment")
+    /// Length of the record at `pos`, which starts a record of the verified
+    /// segment (an index entry or a walk from one). Its bytes were verified,
+    /// but the file can be written under the engine since (a hole left by a
+    /// write into a cut file): a length that cannot be a record there is
+    /// `GroupDamaged`, never a wrong slice or a walk that does not move.
+    fn record_len(&self, pos: usize) -> Result<usize> {
+        match record::peek_len(self.at(pos)) {
+            Some(len) if len >= record::RECORD_HEADER_BYTES && pos + len <= self.len => Ok(len),
+            found => Err(Error::GroupDamaged {
+                group: self.group_id,
+                reason: format!(
+                    "{}: offset {pos}: record length {found:?} where a verified record was \
+                     (the file changed under the node)",
+                    self.seg.path.display()
+                ),
+            }),
+        }
     }
 
     /// Position of record `id` (`len` for `last_id + 1`): the nearest index
     /// entry at or below it, then a walk of at most one interval.
-    fn position_of(&self, id: u64) -> usize {
+    fn position_of(&self, id: u64) -> Result<usize> {
         if id > self.last_id {
-            return self.len;
+            return Ok(self.len);
         }
         let (mut at, pos) = self
             .index
@@ -205,26 +218,26 @@ impl SegView<'_> {
             .unwrap_or((self.base_id, SEGMENT_HEADER_BYTES as u32));
         let mut pos = pos as usize;
         while at < id {
-            pos += self.record_len(pos);
+            pos += self.record_len(pos)?;
             at += 1;
         }
-        pos
+        Ok(pos)
     }
 
     /// `(id, position)` of the first record starting at or after `min_pos`
     /// (`(last_id + 1, len)` if none does): the nearest index entry at or
     /// below `min_pos`, then a walk of at most one interval.
-    fn first_at_or_after(&self, min_pos: usize) -> (u64, usize) {
+    fn first_at_or_after(&self, min_pos: usize) -> Result<(u64, usize)> {
         let (mut id, pos) = self
             .index
             .floor_by_position(min_pos as u64)
             .unwrap_or((self.base_id, SEGMENT_HEADER_BYTES as u32));
         let mut pos = pos as usize;
         while pos < min_pos && id <= self.last_id {
-            pos += self.record_len(pos);
+            pos += self.record_len(pos)?;
             id += 1;
         }
-        (id, pos)
+        Ok((id, pos))
     }
 
     /// Appends the records in `[start, end)` as chunks: the part in the
@@ -754,16 +767,14 @@ impl GroupLog {
         }
     }
 
-    /// Segment `i` opened for reading: mapped, its index verified (a
-    /// verifying scan on first use), the tail attached if it is the active
-    /// segment.
+    /// Segment `i` opened for reading: its file checked to still hold what
+    /// the log wrote to it, mapped, its index verified (a verifying scan on
+    /// first use), the tail attached if it is the active segment.
     fn view(&self, ctx: &LogContext, i: usize) -> Result<SegView<'_>> {
         let meta = &self.segments[i];
         let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
             self.segment_path(meta.base_id)
         })?;
-        seg.ensure_mapped()?;
-        let index = self.index_of(ctx, i, &seg)?;
         // The active segment's last records may still be in the tail:
         // positions from `file_end` on are in `self.tail`.
         let tail: &[u8] = if i + 1 == self.segments.len() {
@@ -772,7 +783,14 @@ impl GroupLog {
             &[]
         };
         let len = meta.len as usize;
+        // Before anything touches the mapping: a file cut under the engine
+        // is GroupDamaged here, not SIGBUS below (one fstat per segment a
+        // read visits; the windows this leaves are in segment.rs).
+        seg.check_len(self.group_id, (len - tail.len()) as u64)?;
+        seg.ensure_mapped()?;
+        let index = self.index_of(ctx, i, &seg)?;
         Ok(SegView {
+            group_id: self.group_id,
             seg,
             index,
             base_id: meta.base_id,
@@ -807,12 +825,12 @@ impl GroupLog {
         let mut next_id = first;
         loop {
             let view = self.view(ctx, i)?;
-            let mut pos = view.position_of(next_id);
+            let mut pos = view.position_of(next_id)?;
             let mut id = next_id;
             let start = pos;
             let mut full = false;
             while id <= view.last_id {
-                let len = view.record_len(pos);
+                let len = view.record_len(pos)?;
                 if batch.count as usize >= max_count
                     || (batch.count > 0 && batch.bytes + len > max_bytes)
                 {
@@ -870,9 +888,9 @@ impl GroupLog {
         let mut i = self.segment_of(before - 1);
         loop {
             let view = self.view(ctx, i)?;
-            let end = view.position_of(start);
+            let end = view.position_of(start)?;
             let seg_lowest = lowest.max(view.base_id);
-            let lowest_pos = view.position_of(seg_lowest);
+            let lowest_pos = view.position_of(seg_lowest)?;
             if end - lowest_pos <= budget {
                 // All of this segment's part fits.
                 budget -= end - lowest_pos;
@@ -887,7 +905,7 @@ impl GroupLog {
             }
             // The budget runs out here: the oldest record that fits is the
             // first one starting at or after `end - budget`.
-            start = view.first_at_or_after(end - budget).0;
+            start = view.first_at_or_after(end - budget)?.0;
             break;
         }
         if start == before {

@@ -16,4 +16,5 @@ mod hostile;
 mod net_faults;
 mod node;
 mod proxy;
+mod segment_damage;
 mod torture;
