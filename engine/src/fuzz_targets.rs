@@ -1214,7 +1214,7 @@ pub fn run_ops(ops: Vec<Op>) {
             }
             Op::History(g, u, before, n) => {
                 let before = (before != 0).then_some(before);
-                let r = e.history(g, u, before, n as usize);
+                let r = e.history(g, u, before, n as usize, usize::MAX);
                 match model
                     .get(&g)
                     .and_then(|gm| gm.members.get(&u).map(|mm| (gm, mm)))

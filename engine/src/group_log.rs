@@ -161,6 +161,109 @@ impl Chunk {
     }
 }
 
+/// One segment as a read sees it: its mapping, its verified index, and (for
+/// the active segment) the records still in the log's unwritten tail.
+struct SegView<'a> {
+    group_id: u64,
+    seg: Arc<SegmentFile>,
+    index: &'a SparseIndex,
+    base_id: u64,
+    /// Id of the segment's last record (`base_id - 1` when it is empty).
+    last_id: u64,
+    /// End of the segment's last record.
+    len: usize,
+    /// Positions from here on are in `tail`; records never straddle it.
+    file_end: usize,
+    tail: &'a [u8],
+}
+
+impl SegView<'_> {
+    /// The segment's bytes from `pos` to the end of the file's part, or of
+    /// the tail for positions in it.
+    fn at(&self, pos: usize) -> &[u8] {
+        match pos.checked_sub(self.file_end) {
+            Some(in_tail) => &self.tail[in_tail..],
+            None => self.seg.bytes(pos, self.file_end),
+        }
+    }
+
+    /// Length of the record at `pos`, which starts a record of the verified
+    /// segment (an index entry or a walk from one). Its bytes were verified,
+    /// but the file can be written under the engine since (a hole left by a
+    /// write into a cut file): a length that cannot be a record there is
+    /// `GroupDamaged`, never a wrong slice or a walk that does not move.
+    fn record_len(&self, pos: usize) -> Result<usize> {
+        match record::peek_len(self.at(pos)) {
+            Some(len) if len >= record::RECORD_HEADER_BYTES && pos + len <= self.len => Ok(len),
+            found => Err(Error::GroupDamaged {
+                group: self.group_id,
+                reason: format!(
+                    "{}: offset {pos}: record length {found:?} where a verified record was \
+                     (the file changed under the node)",
+                    self.seg.path.display()
+                ),
+            }),
+        }
+    }
+
+    /// Position of record `id` (`len` for `last_id + 1`): the nearest index
+    /// entry at or below it, then a walk of at most one interval.
+    fn position_of(&self, id: u64) -> Result<usize> {
+        if id > self.last_id {
+            return Ok(self.len);
+        }
+        let (mut at, pos) = self
+            .index
+            .floor(id)
+            .unwrap_or((self.base_id, SEGMENT_HEADER_BYTES as u32));
+        let mut pos = pos as usize;
+        while at < id {
+            pos += self.record_len(pos)?;
+            at += 1;
+        }
+        Ok(pos)
+    }
+
+    /// `(id, position)` of the first record starting at or after `min_pos`
+    /// (`(last_id + 1, len)` if none does): the nearest index entry at or
+    /// below `min_pos`, then a walk of at most one interval.
+    fn first_at_or_after(&self, min_pos: usize) -> Result<(u64, usize)> {
+        let (mut id, pos) = self
+            .index
+            .floor_by_position(min_pos as u64)
+            .unwrap_or((self.base_id, SEGMENT_HEADER_BYTES as u32));
+        let mut pos = pos as usize;
+        while pos < min_pos && id <= self.last_id {
+            pos += self.record_len(pos)?;
+            id += 1;
+        }
+        Ok((id, pos))
+    }
+
+    /// Appends the records in `[start, end)` as chunks: the part in the
+    /// file borrowed from the mapping, the part in the tail copied.
+    fn push_chunks(self, chunks: &mut Vec<Chunk>, start: usize, end: usize) {
+        // Records never straddle `file_end` (the tail holds whole ones).
+        if start < end.min(self.file_end) {
+            chunks.push(Chunk {
+                source: ChunkSource::Mapped(self.seg),
+                start,
+                end: end.min(self.file_end),
+            });
+        }
+        if end > self.file_end {
+            let from = start.max(self.file_end) - self.file_end;
+            let copy: Arc<[u8]> = Arc::from(&self.tail[from..end - self.file_end]);
+            let len = copy.len();
+            chunks.push(Chunk {
+                source: ChunkSource::Copied(copy),
+                start: 0,
+                end: len,
+            });
+        }
+    }
+}
+
 impl ReadBatch {
     fn empty(after: u64, has_more: bool) -> Self {
         ReadBatch {
@@ -664,6 +767,44 @@ impl GroupLog {
         }
     }
 
+    /// Segment `i` opened for reading: its file checked to still hold what
+    /// the log wrote to it, mapped, its index verified (a verifying scan on
+    /// first use), the tail attached if it is the active segment.
+    fn view(&self, ctx: &LogContext, i: usize) -> Result<SegView<'_>> {
+        let meta = &self.segments[i];
+        let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
+            self.segment_path(meta.base_id)
+        })?;
+        // The active segment's last records may still be in the tail:
+        // positions from `file_end` on are in `self.tail`.
+        let tail: &[u8] = if i + 1 == self.segments.len() {
+            &self.tail
+        } else {
+            &[]
+        };
+        let len = meta.len as usize;
+        // Before anything touches the mapping: a file cut under the engine
+        // is GroupDamaged here, not SIGBUS below (one fstat per segment a
+        // read visits; the windows this leaves are in segment.rs).
+        seg.check_len(self.group_id, (len - tail.len()) as u64)?;
+        seg.ensure_mapped()?;
+        let index = self.index_of(ctx, i, &seg)?;
+        Ok(SegView {
+            group_id: self.group_id,
+            seg,
+            index,
+            base_id: meta.base_id,
+            last_id: self
+                .segments
+                .get(i + 1)
+                .map(|n| n.base_id - 1)
+                .unwrap_or(self.head),
+            len,
+            file_end: len - tail.len(),
+            tail,
+        })
+    }
+
     /// Reads the records above `after`, at most `max_count` of them and at
     /// most `max_bytes` bytes, except that the first record is returned
     /// whatever its size. `after` below `floor() - 1` reads from the floor;
@@ -683,45 +824,13 @@ impl GroupLog {
         let mut i = self.segments.partition_point(|s| s.base_id <= first) - 1;
         let mut next_id = first;
         loop {
-            let meta = &self.segments[i];
-            let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
-                self.segment_path(meta.base_id)
-            })?;
-            seg.ensure_mapped()?;
-            let index = self.index_of(ctx, i, &seg)?;
-            let seg_last = self
-                .segments
-                .get(i + 1)
-                .map(|n| n.base_id - 1)
-                .unwrap_or(self.head);
-            // Seek: nearest index entry at or below, then walk forward.
-            let (mut id, pos) = index
-                .floor(next_id)
-                .unwrap_or((meta.base_id, SEGMENT_HEADER_BYTES as u32));
-            // The active segment's last records may still be in the tail:
-            // positions from `file_end` on are in `self.tail`.
-            let tail: &[u8] = if i + 1 == self.segments.len() {
-                &self.tail
-            } else {
-                &[]
-            };
-            let file_end = meta.len as usize - tail.len();
-            let data = seg.bytes(0, file_end);
-            let at = |pos: usize| -> &[u8] {
-                match pos.checked_sub(file_end) {
-                    Some(in_tail) => &tail[in_tail..],
-                    None => &data[pos..],
-                }
-            };
-            let mut pos = pos as usize;
-            while id < next_id {
-                pos += record::peek_len(at(pos)).expect("invariant: verified segment");
-                id += 1;
-            }
+            let view = self.view(ctx, i)?;
+            let mut pos = view.position_of(next_id)?;
+            let mut id = next_id;
             let start = pos;
             let mut full = false;
-            while id <= seg_last {
-                let len = record::peek_len(at(pos)).expect("invariant: verified segment");
+            while id <= view.last_id {
+                let len = view.record_len(pos)?;
                 if batch.count as usize >= max_count
                     || (batch.count > 0 && batch.bytes + len > max_bytes)
                 {
@@ -733,24 +842,7 @@ impl GroupLog {
                 batch.count += 1;
                 id += 1;
             }
-            // Records never straddle `file_end` (the tail holds whole ones).
-            if start < pos.min(file_end) {
-                batch.chunks.push(Chunk {
-                    source: ChunkSource::Mapped(seg),
-                    start,
-                    end: pos.min(file_end),
-                });
-            }
-            if pos > file_end {
-                let from = start.max(file_end) - file_end;
-                let copy: Arc<[u8]> = Arc::from(&tail[from..pos - file_end]);
-                let len = copy.len();
-                batch.chunks.push(Chunk {
-                    source: ChunkSource::Copied(copy),
-                    start: 0,
-                    end: len,
-                });
-            }
+            view.push_chunks(&mut batch.chunks, start, pos);
             batch.last_id = id - 1;
             next_id = id;
             if full || id > self.head {
@@ -759,6 +851,69 @@ impl GroupLog {
             }
             i += 1;
         }
+    }
+
+    /// The newest records below `before` and not below `lowest`: at most
+    /// `max_count` of them and at most `max_bytes` bytes, except that the
+    /// newest is returned whatever its size; in ascending id order
+    /// (`has_more` is not set: the caller knows what lies below).
+    ///
+    /// Work is bounded by what is returned, never by the distance down to
+    /// `lowest`: it walks segments backwards from the one holding
+    /// `before - 1`, and in each it finds where the byte budget runs out
+    /// from positions alone (a run of records is as long as the distance
+    /// between the positions of its ends), with the sparse index and a walk
+    /// of at most one interval. Only the segments the answer touches are
+    /// opened (and verified on first use), and only the answer's records
+    /// are walked, once, by [`Self::read`].
+    pub fn read_before(
+        &self,
+        ctx: &LogContext,
+        before: u64,
+        lowest: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<ReadBatch> {
+        let before = before.min(self.head + 1);
+        let lowest = lowest
+            .max(self.floor())
+            .max(before.saturating_sub(max_count as u64));
+        if lowest >= before {
+            return Ok(ReadBatch::empty(before.saturating_sub(1), false));
+        }
+        // Invariant from here: floor() <= lowest < before <= head + 1, so
+        // every id in [lowest, before) is stored.
+        let mut start = before; // the oldest id taken so far
+        let mut budget = max_bytes;
+        let mut i = self.segment_of(before - 1);
+        loop {
+            let view = self.view(ctx, i)?;
+            let end = view.position_of(start)?;
+            let seg_lowest = lowest.max(view.base_id);
+            let lowest_pos = view.position_of(seg_lowest)?;
+            if end - lowest_pos <= budget {
+                // All of this segment's part fits.
+                budget -= end - lowest_pos;
+                start = seg_lowest;
+                if seg_lowest == lowest {
+                    break;
+                }
+                // seg_lowest is this segment's base, above lowest >= floor:
+                // an older segment exists.
+                i -= 1;
+                continue;
+            }
+            // The budget runs out here: the oldest record that fits is the
+            // first one starting at or after `end - budget`.
+            start = view.first_at_or_after(end - budget)?.0;
+            break;
+        }
+        if start == before {
+            start = before - 1; // the newest record, whatever its size
+        }
+        let mut batch = self.read(ctx, start - 1, (before - start) as usize, usize::MAX)?;
+        batch.has_more = false;
+        Ok(batch)
     }
 
     /// Header of the first record of segment `segment_i`, for dedup rebuilds.

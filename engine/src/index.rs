@@ -61,6 +61,17 @@ impl SparseIndex {
         let e = self.entries.get(i.checked_sub(1)?)?;
         Some((self.base_id + e.relative_id as u64, e.position))
     }
+
+    /// The indexed record with the greatest position not above `position`,
+    /// as `(msg_id, position)`; `None` if `position` precedes the first
+    /// entry. Positions rise with ids, so this is the same binary search.
+    pub fn floor_by_position(&self, position: u64) -> Option<(u64, u32)> {
+        let i = self
+            .entries
+            .partition_point(|e| e.position as u64 <= position);
+        let e = self.entries.get(i.checked_sub(1)?)?;
+        Some((self.base_id + e.relative_id as u64, e.position))
+    }
 }
 
 #[cfg(test)]
@@ -85,5 +96,10 @@ mod tests {
         assert_eq!(idx.floor(103), Some((100, 64)));
         assert_eq!(idx.floor(104), Some((104, 1264)));
         assert_eq!(idx.floor(10_000), Some((116, 64 + 300 * 16)));
+        assert_eq!(idx.floor_by_position(63), None);
+        assert_eq!(idx.floor_by_position(64), Some((100, 64)));
+        assert_eq!(idx.floor_by_position(1263), Some((100, 64)));
+        assert_eq!(idx.floor_by_position(1264), Some((104, 1264)));
+        assert_eq!(idx.floor_by_position(u64::MAX), Some((116, 64 + 300 * 16)));
     }
 }

@@ -8,6 +8,29 @@
 //! Segments are written with `pwrite` and read through a shared read-only
 //! mapping of `segment_bytes_max` bytes, of which only the verified prefix is
 //! ever touched.
+//!
+//! A mapping trusts the file: touching a mapped page that a cut (truncation
+//! by another program) or a media error left without data raises SIGBUS,
+//! which kills the node. So (format-spec/storage.md "Reads"):
+//! - a segment's first, verifying read ([`scan`]) goes through `pread`, in
+//!   blocks, never through the mapping: a cut file or an EIO there is a
+//!   typed error, and the group answers `GroupDamaged`;
+//! - every later read checks the file's length ([`SegmentFile::check_len`],
+//!   one fstat) against the bytes the log holds in it before touching the
+//!   mapping, so a file cut since is `GroupDamaged`, not SIGBUS.
+//!
+//! A SIGBUS guard (a handler that jumps back out of the faulting read, as
+//! LMDB users do in C) would close the remaining windows, but unwinding out
+//! of a signal handler through Rust frames is not sound, and reading every
+//! page through `pread` would give up sending records from the mapping
+//! (a copy per pull, heap per queued response). The residual windows: a
+//! cut or a media error between the length check and the read's own
+//! touches of record headers (microseconds), or between the read and a
+//! caller decoding the returned records, still raises SIGBUS; and a media
+//! error on a page evicted since its verification is not seen by a length
+//! check. Record bytes the kernel copies into a socket from a cut mapping
+//! (writev) fail with EFAULT, not SIGBUS: the node survives and closes that
+//! connection.
 
 use std::path::{Path, PathBuf};
 
@@ -181,13 +204,43 @@ impl SegmentFile {
 
     /// The mapped bytes `[start, end)`. The caller mapped the file
     /// ([`Self::ensure_mapped`]) and guarantees `end` does not exceed the
-    /// verified data length (which lies inside the file).
+    /// verified data length, which [`Self::check_len`] found inside the file.
     pub fn bytes(&self, start: usize, end: usize) -> &[u8] {
         // Invariant: every read path calls ensure_mapped before slicing.
         &self
             .map
             .get()
             .expect("invariant: segment mapped before reading")[start..end]
+    }
+
+    /// Fails with `GroupDamaged` naming the file if it holds fewer than
+    /// `needed` bytes: it was cut (or lost data) under the engine, and the
+    /// mapping must not be touched there (SIGBUS). One fstat, made before
+    /// every read of the mapping.
+    pub fn check_len(&self, group: u64, needed: u64) -> Result<()> {
+        let len = self.file_len()?;
+        if len < needed {
+            return Err(Error::GroupDamaged {
+                group,
+                reason: format!(
+                    "{}: file is {len} bytes but the log holds {needed} bytes in it \
+                     (cut or damaged outside the node)",
+                    self.path.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes at `offset` with `pread` (not through
+    /// the mapping: a cut or unreadable file is an error, not SIGBUS).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            Error::io(
+                format!("read {} at offset {offset}", self.path.display()),
+                e,
+            )
+        })
     }
 
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
@@ -255,9 +308,19 @@ impl std::fmt::Display for ScanStop {
     }
 }
 
+/// Bytes a verifying scan reads with one `pread` (more when one record is
+/// longer): big enough that the system call cost vanishes next to the CRC.
+const SCAN_BLOCK_BYTES: usize = 256 << 10;
+
 /// Verifies the records of `seg` in `[SEGMENT_HEADER_BYTES, scan_end)`: CRCs,
 /// lengths, dense ids from the header's base id. Builds the sparse index on
-/// the way. Never panics and never allocates in proportion to a length field.
+/// the way. Never panics and never allocates in proportion to a length field
+/// (the buffer is a block, or one record that the file really holds).
+///
+/// Reads with `pread`, not through the mapping (see the module docs): this
+/// is the first read of a segment's bytes and the longest, so a file cut
+/// under the engine, or a page the medium cannot return, is an `Io` error
+/// here rather than SIGBUS.
 pub fn scan(
     seg: &SegmentFile,
     scan_end: u64,
@@ -271,7 +334,6 @@ pub fn scan(
         offset,
         reason,
     };
-    seg.ensure_mapped()?;
     let file_len = seg.file_len()?;
     let scan_end = scan_end.min(file_len);
     if scan_end < SEGMENT_HEADER_BYTES as u64 {
@@ -280,9 +342,9 @@ pub fn scan(
             format!("file of {file_len} bytes is shorter than the segment header"),
         ));
     }
-    // Invariant: scan_end <= file_len <= mapped length (SegmentFile::open maps at least the file).
-    let data = seg.bytes(0, scan_end as usize);
-    let header = SegmentHeader::decode(data).map_err(|r| corrupt(0, r))?;
+    let mut head = [0u8; SEGMENT_HEADER_BYTES];
+    seg.read_at(&mut head, 0)?;
+    let header = SegmentHeader::decode(&head).map_err(|r| corrupt(0, r))?;
     if header.group_id != expected_group {
         return Err(corrupt(
             16,
@@ -295,34 +357,51 @@ pub fn scan(
     let mut index = SparseIndex::new(header.base_msg_id, index_interval_bytes);
     let mut expected = header.base_msg_id;
     let mut last_ts = 0;
-    let mut it = record::RecordIter::new(&data[SEGMENT_HEADER_BYTES..], record_bytes_max);
     let mut stopped = None;
-    let mut valid_len = SEGMENT_HEADER_BYTES as u64;
-    while let Some(next) = it.next() {
-        match next {
-            Err(e) => {
-                stopped = Some(ScanStop::Record(e));
-                break;
-            }
-            Ok(r) => {
-                if r.header.msg_id != expected {
+    // `buf` holds the file's bytes `[buf_start, buf_start + buf.len())`;
+    // `pos` is the start of the next record (the end of the valid ones).
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_start = SEGMENT_HEADER_BYTES as u64;
+    let mut pos = SEGMENT_HEADER_BYTES as u64;
+    while pos < scan_end {
+        // Invariant: buf_start <= pos <= buf_start + buf.len().
+        let rest = &buf[(pos - buf_start) as usize..];
+        match record::decode_verified(rest, record_bytes_max) {
+            Ok(h) => {
+                if h.msg_id != expected {
                     stopped = Some(ScanStop::IdOutOfOrder {
-                        found: r.header.msg_id,
+                        found: h.msg_id,
                         expected,
                     });
                     break;
                 }
-                // Invariant: valid_len < scan_end <= segment_bytes_max <= u32::MAX (Config::validate).
-                index.observe(expected, valid_len as u32);
-                last_ts = r.header.timestamp_ms;
+                // Invariant: pos < scan_end <= segment_bytes_max <= u32::MAX (Config::validate).
+                index.observe(expected, pos as u32);
+                last_ts = h.timestamp_ms;
                 expected += 1;
-                valid_len = (SEGMENT_HEADER_BYTES + it.position()) as u64;
+                pos += h.record_len as u64;
+            }
+            Err(RecordError::Truncated { need, .. })
+                if buf_start + (buf.len() as u64) < scan_end =>
+            {
+                // The record goes on past the buffer but the file may hold
+                // it: read from its start, a block or the whole record,
+                // never past scan_end (a length field cannot make it more).
+                let want = (need.max(SCAN_BLOCK_BYTES) as u64).min(scan_end - pos);
+                // Invariant: want <= scan_end <= u32::MAX.
+                buf.resize(want as usize, 0);
+                seg.read_at(&mut buf, pos)?;
+                buf_start = pos;
+            }
+            Err(e) => {
+                stopped = Some(ScanStop::Record(e));
+                break;
             }
         }
     }
     Ok(ScanOutcome {
         header,
-        valid_len,
+        valid_len: pos,
         last_id: expected - 1,
         last_timestamp_ms: last_ts,
         records: expected - header.base_msg_id,

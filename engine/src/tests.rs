@@ -273,6 +273,81 @@ fn dedup_window_keeps_at_least_the_configured_sends_after_restart() {
     assert_eq!(old.msg_id, 121);
 }
 
+/// A segment's first read verifies it through the file layer (pread), not
+/// through the mapping: a page the medium cannot return (EIO) or a file cut
+/// under the engine is `GroupDamaged` naming the file, where a mapping
+/// would have raised SIGBUS (or, for EIO injected here, served the bytes
+/// unverified by the file layer). Other groups are read as before.
+#[test]
+fn a_segment_the_medium_cannot_read_damages_its_group_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    for i in 1..=200 {
+        e.append(1, 7, i, &payload(1, i)).unwrap();
+    }
+    e.append(2, 7, 1, &payload(2, 1)).unwrap();
+    e.close().unwrap();
+
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    // Load both groups (their active segments are verified) while reads work.
+    assert_eq!(e.read(1, 199, 1, usize::MAX).unwrap().count, 1);
+    assert_eq!(e.read(2, 0, 10, usize::MAX).unwrap().count, 1);
+    control.fail_reads.store(true, Ordering::SeqCst);
+    // The oldest segment of group 1 is read for the first time.
+    match e.read(1, 0, 10, usize::MAX) {
+        Err(Error::GroupDamaged { group: 1, reason }) => {
+            assert!(reason.contains("00000000000000000001.seg"), "{reason}");
+        }
+        Err(other) => panic!("expected GroupDamaged, got {other}"),
+        Ok(b) => panic!("expected GroupDamaged, got {} records", b.count),
+    }
+    // Group 2 was verified before and is served from its mapping.
+    assert_eq!(e.read(2, 0, 10, usize::MAX).unwrap().count, 1);
+}
+
+/// The active segment cut under the engine, then written again: the tail
+/// flush writes at the length the log expects and leaves zeros where the
+/// cut records were. Reads that reach the zeros are `GroupDamaged` naming
+/// the file (they used to walk records of length 0 and answer garbage);
+/// reads above them are served.
+#[test]
+fn reads_of_a_hole_left_by_a_cut_active_segment_are_group_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.segment_bytes_max = 64 << 10;
+    c.segment_tail_bytes = 512;
+    let e = Engine::open(c).unwrap();
+    e.create_group(1).unwrap();
+    for i in 1..=60 {
+        e.append(1, 7, i, &payload(1, i)).unwrap();
+    }
+    assert_eq!(e.read(1, 0, 100, usize::MAX).unwrap().count, 60);
+    let file = crate::group_log::group_dir(dir.path(), 1).join(crate::segment::file_name(1));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(64)
+        .unwrap();
+    for i in 61..=80 {
+        e.append(1, 7, i, &payload(1, i)).unwrap();
+    }
+    match e.read(1, 0, 100, usize::MAX) {
+        Err(Error::GroupDamaged { group: 1, reason }) => {
+            assert!(reason.contains("00000000000000000001.seg"), "{reason}");
+        }
+        Err(other) => panic!("expected GroupDamaged, got {other}"),
+        Ok(b) => panic!("expected GroupDamaged, got {} records", b.count),
+    }
+    let newest = e.read(1, 75, 100, usize::MAX).unwrap();
+    let ids: Vec<u64> = newest.records().map(|r| r.header.msg_id).collect();
+    assert_eq!(ids, vec![76, 77, 78, 79, 80]);
+}
+
 #[test]
 fn a_round_writing_1000_groups_costs_one_fsync() {
     let dir = tempfile::tempdir().unwrap();

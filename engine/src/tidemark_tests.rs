@@ -47,9 +47,9 @@ fn join_start_sets_cursor_and_history_floor() {
         (5..=10).collect::<Vec<_>>()
     );
     // History never reaches below the join point.
-    let h = e.history(1, 1, None, 100).unwrap();
+    let h = e.history(1, 1, None, 100, usize::MAX).unwrap();
     assert!(ids(&h.batch).is_empty() && h.complete);
-    let h = e.history(1, 3, None, 100).unwrap();
+    let h = e.history(1, 3, None, 100, usize::MAX).unwrap();
     assert_eq!(ids(&h.batch), (5..=10).collect::<Vec<_>>());
     assert_eq!(e.members(1).unwrap(), vec![1, 2, 3, 4]);
 }
@@ -64,7 +64,7 @@ fn non_members_see_nothing_of_the_group() {
         |r: Result<(), Error>| assert!(matches!(r, Err(Error::NotMember { group: 1, user: 9 })));
     not_member(e.pull(1, 9, 10, 1000, None).map(|_| ()));
     not_member(e.ack(1, 9, 1).map(|_| ()));
-    not_member(e.history(1, 9, None, 10).map(|_| ()));
+    not_member(e.history(1, 9, None, 10, usize::MAX).map(|_| ()));
     not_member(e.leave(1, 9));
     assert!(e.unread(9).is_empty());
     assert!(e.sync(9, 10, 1000, None).unwrap().groups.is_empty());
@@ -195,7 +195,7 @@ fn history_pages_backwards_to_the_join_point() {
     let mut pages = Vec::new();
     let mut before = None;
     loop {
-        let h = e.history(1, 3, before, 8).unwrap();
+        let h = e.history(1, 3, before, 8, usize::MAX).unwrap();
         pages.push(ids(&h.batch));
         if h.complete {
             break;
@@ -250,7 +250,10 @@ fn retention_by_cursor_and_size_raises_the_floor_with_a_typed_signal() {
     e.ack(1, 1, 300).unwrap();
     e.ack(1, 2, 150).unwrap();
     e.checkpoint().unwrap();
-    let floor = e.history(1, 2, Some(2), 1).unwrap().earliest_visible;
+    let floor = e
+        .history(1, 2, Some(2), 1, usize::MAX)
+        .unwrap()
+        .earliest_visible;
     assert!(floor > 1 && floor <= 151, "floor {floor}");
     // Member 2 still gets everything above its cursor.
     assert_eq!(
@@ -272,7 +275,9 @@ fn retention_by_cursor_and_size_raises_the_floor_with_a_typed_signal() {
         panic!("{err}")
     };
     assert!(earliest > 151);
-    let h = e.history(1, 2, Some(earliest + 3), 100).unwrap();
+    let h = e
+        .history(1, 2, Some(earliest + 3), 100, usize::MAX)
+        .unwrap();
     assert!(h.truncated_by_retention && h.complete);
     assert_eq!(ids(&h.batch), (earliest..earliest + 3).collect::<Vec<_>>());
     // Acknowledging the gap lets the member go on.
@@ -284,7 +289,117 @@ fn retention_by_cursor_and_size_raises_the_floor_with_a_typed_signal() {
     e.close().unwrap();
     let e = Engine::open(config(dir.path())).unwrap();
     assert!(matches!(e.pull(1, 1, 1, 100, None), Ok(p) if p.batch.count == 0));
-    assert_eq!(e.history(1, 2, None, 1).unwrap().earliest_visible, earliest);
+    assert_eq!(
+        e.history(1, 2, None, 1, usize::MAX)
+            .unwrap()
+            .earliest_visible,
+        earliest
+    );
+}
+
+/// Sends `n` messages of sizes from 1 to 700 bytes, pseudo-random.
+fn send_varied(e: &Engine, group: u64, n: u64, seed: &mut u64) {
+    for _ in 0..n {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let len = 1 + (*seed >> 33) as usize % 700;
+        let head = e.head(group).unwrap();
+        e.append(group, 100, (group << 32) | (head + 1), &vec![b'x'; len])
+            .unwrap();
+    }
+}
+
+/// Checks `history` against a brute-force oracle: the newest records
+/// below `before`, not below the join point, at most `max_count` and at
+/// most `max_bytes` bytes except that the newest always comes.
+fn check_history_against_oracle(e: &Engine, group: u64, user: u64, join_point: u64) {
+    let head = e.head(group).unwrap();
+    let all = e.read(group, 0, usize::MAX, usize::MAX).unwrap();
+    let sizes: Vec<usize> = all.records().map(|r| r.bytes.len()).collect();
+    assert_eq!(sizes.len() as u64, head);
+    let befores = [
+        None,
+        Some(head + 5),
+        Some(head),
+        Some(join_point + 1),
+        Some(join_point),
+        Some(1),
+        Some(head / 2 + 1),
+    ];
+    for before in befores {
+        for max_count in [0, 1, 2, 7, 40, usize::MAX] {
+            for max_bytes in [0, 1, 300, 701, 2000, 4096, 9000, 1 << 20, usize::MAX] {
+                let h = e
+                    .history(group, user, before, max_count, max_bytes)
+                    .unwrap();
+                let end = before.unwrap_or(head + 1).min(head + 1);
+                let (mut start, mut bytes) = (end, 0);
+                while start > join_point.max(1)
+                    && ((end - start) as usize) < max_count
+                    && (start == end || bytes + sizes[start as usize - 2] <= max_bytes)
+                {
+                    bytes += sizes[start as usize - 2];
+                    start -= 1;
+                }
+                let what = format!("before {before:?} count {max_count} bytes {max_bytes}");
+                assert_eq!(ids(&h.batch), (start..end).collect::<Vec<_>>(), "{what}");
+                assert_eq!(h.batch.bytes, bytes, "{what}");
+                let oldest = if max_count == 0 { end } else { start };
+                assert_eq!(h.complete, oldest <= join_point.max(1), "{what}");
+            }
+        }
+    }
+}
+
+#[test]
+fn history_pages_by_bytes_as_well_as_by_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    let mut seed = 7;
+    send_varied(&e, 1, 60, &mut seed);
+    e.join(1, 3, JoinStart::At(9)).unwrap();
+    send_varied(&e, 1, 140, &mut seed);
+    // Live: the active segment's newest records are still in its tail.
+    check_history_against_oracle(&e, 1, 3, 9);
+    e.close().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    check_history_against_oracle(&e, 1, 3, 9);
+}
+
+#[test]
+fn history_reads_only_what_the_page_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    e.join(1, 1, JoinStart::Earliest).unwrap();
+    // About 130 segments of 4 KiB.
+    for i in 1..=2000u64 {
+        e.append(1, 100, i, &[b'y'; 200]).unwrap();
+    }
+    e.join(1, 2, JoinStart::Head).unwrap();
+    e.close().unwrap();
+    // Reopened, nothing is open or verified; a pull at the head loads
+    // the group (its active segment).
+    let vfs = crate::io::FaultyVfs::new();
+    let e = Engine::open_with_vfs(config(dir.path()), std::sync::Arc::new(vfs.clone())).unwrap();
+    assert_eq!(e.pull(1, 2, 10, 1 << 20, None).unwrap().batch.count, 0);
+    let opens = vfs.control.opens.load(std::sync::atomic::Ordering::SeqCst);
+    // max_count as large as the wire allows, the budget of a small frame.
+    let h = e.history(1, 1, None, u32::MAX as usize, 4000).unwrap();
+    // Only the segments holding the page were opened (and verified), not
+    // the ~130 below it.
+    let opened = vfs.control.opens.load(std::sync::atomic::Ordering::SeqCst) - opens;
+    assert!(opened <= 2, "history opened {opened} segment files");
+    assert!(h.batch.count <= 4000 / 200, "{} records", h.batch.count);
+    let record = e.read(1, 0, 1, usize::MAX).unwrap().bytes;
+    let fit = 4000 / record;
+    assert_eq!(
+        ids(&h.batch),
+        (2001 - fit as u64..=2000).collect::<Vec<_>>()
+    );
+    assert!(!h.complete);
 }
 
 #[test]

@@ -161,7 +161,7 @@ pub struct Sync {
 }
 
 /// A page of history: records in ascending id order, the page being the
-/// newest `max_count` records below `before`.
+/// newest records below `before` that fit its count and byte limits.
 pub struct History {
     pub batch: ReadBatch,
     /// Oldest msg_id this member may see: its join point, raised to the floor.
@@ -465,15 +465,18 @@ impl Engine {
         })
     }
 
-    /// Older messages for roaming: the newest `max_count` records below
-    /// `before_msg_id` (below the head + 1 when `None`), never below the
-    /// member's join point.
+    /// Older messages for roaming: the newest records below `before_msg_id`
+    /// (below the head + 1 when `None`), never below the member's join
+    /// point: at most `max_count` of them and at most `max_bytes` bytes,
+    /// except that the newest is returned whatever its size. The work is
+    /// bounded by the page, not by `max_count` (see `GroupLog::read_before`).
     pub fn history(
         &self,
         group_id: u64,
         user: u64,
         before_msg_id: Option<u64>,
         max_count: usize,
+        max_bytes: usize,
     ) -> Result<History> {
         let group = self.group(group_id)?;
         let join_point = self.member_cursor(&group, user)?.join_point;
@@ -482,19 +485,14 @@ impl Engine {
             let floor = log.floor();
             let earliest = join_point.max(floor);
             let before = before_msg_id.unwrap_or(head + 1).min(head + 1);
-            let start = earliest.max(before.saturating_sub(max_count as u64));
-            let batch = if start < before {
-                log.read(
-                    &self.shared.ctx,
-                    start - 1,
-                    (before - start) as usize,
-                    usize::MAX,
-                )?
+            let batch =
+                log.read_before(&self.shared.ctx, before, earliest, max_count, max_bytes)?;
+            // The oldest id of the page (ids are dense); for an empty page,
+            // where a page of `max_count` would have started.
+            let start = if batch.count > 0 {
+                batch.last_id + 1 - batch.count
             } else {
-                ReadBatch {
-                    last_id: before.saturating_sub(1),
-                    ..Default::default()
-                }
+                earliest.max(before.saturating_sub(max_count as u64))
             };
             Ok(History {
                 batch,

@@ -344,6 +344,9 @@ impl EventLoop {
                 Ok(_) => {}
                 Err(_) => {
                     // The peer is gone: nothing queued can be delivered.
+                    // (Or EFAULT: record bytes queued from a segment file
+                    // cut under the node since; the frame is broken, so the
+                    // connection ends the same way. See engine segment.rs.)
                     slot.conn.peer_closed = true;
                     slot.conn.out = Default::default();
                 }

@@ -385,8 +385,10 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
                 max_count,
             } => {
                 let before = (before_msg_id > 0).then_some(before_msg_id);
-                let h = e.history(group, user, before, max_count as usize)?;
-                Handled::Reply(history_reply(request_id, h, records_budget(ctx.limits)))
+                // The engine stops reading at the frame's budget.
+                let budget = records_budget(ctx.limits);
+                let h = e.history(group, user, before, max_count as usize, budget)?;
+                Handled::Reply(history_reply(request_id, h, budget))
             }
             Request::ReadCount { group, msg_id } => {
                 let count = e.read_count(group, msg_id)? as u64;

@@ -16,5 +16,6 @@ mod hostile;
 mod net_faults;
 mod node;
 mod proxy;
+mod segment_damage;
 mod torture;
 mod workspace;
