@@ -612,6 +612,79 @@ fn cursors_a_full_disk_kept_out_of_the_journal_are_written_at_the_next_flush() {
     assert_eq!(e.unread(42)[0].cursor, 3);
 }
 
+#[test]
+fn cursors_a_checkpoint_put_off_by_a_full_disk_stay_dirty_for_the_next_flush() {
+    // Issue 11 item 2: the checkpoint's membership snapshot cleared every
+    // dirty bit before its files were written; when the disk was full the
+    // checkpoint was put off and `flush_cursors` then found nothing to write.
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.segment_tail_bytes = 0; // the checkpoint has no tails to write first
+    config.cursor_flush_ms = 3_600_000; // no timer flush: only the explicit one
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    e.ack(1, 42, 3).unwrap();
+    let checkpoints = e.stats().checkpoints;
+    // The new journal file is written, then `checkpoint.tmp` finds the disk
+    // full: the checkpoint (whose snapshot already holds cursor 3) is put off.
+    control.writes_before_full.store(1, Ordering::SeqCst);
+    e.checkpoint().unwrap();
+    assert!(control.writes_refused.load(Ordering::SeqCst) > 0);
+    assert_eq!(
+        e.stats().checkpoints,
+        checkpoints,
+        "the checkpoint was put off"
+    );
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    e.flush_cursors().unwrap();
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(
+        e.unread(42)[0].cursor,
+        3,
+        "flush_cursors returned Ok, so the ACK is durable"
+    );
+}
+
+#[test]
+fn deleting_a_group_keeps_the_held_back_cursor_entries_of_other_groups() {
+    // Same rule as item 2: a timer flush that met a full disk keeps its
+    // entries (the dirty bits are already cleared); a group deletion applied
+    // before the next flush used to drop all of them, not only its own.
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.cursor_flush_ms = 10;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1, 2], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    e.join(2, 42, crate::JoinStart::Earliest).unwrap();
+    control.writes_before_full.store(0, Ordering::SeqCst);
+    e.ack(1, 42, 2).unwrap();
+    e.ack(2, 42, 3).unwrap();
+    while control.writes_refused.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // The deletion's round is held by the full disk (so no timer flush runs
+    // before it); once space returns it is written and applied.
+    let ticket = e.submit_delete_group(1).unwrap();
+    while !e.shared.held_for_space.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    e.wait_op(ticket).unwrap();
+    e.flush_cursors().unwrap();
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let unread = e.unread(42);
+    assert_eq!(unread.len(), 1);
+    assert_eq!((unread[0].group_id, unread[0].cursor), (2, 3));
+}
+
 /// The oldest msg_id of `group` still stored.
 fn floor_of(e: &Engine, group: u64) -> u64 {
     match e.read(group, 0, 7, 1 << 10) {
