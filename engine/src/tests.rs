@@ -1275,10 +1275,10 @@ type Acked = (u64, u64, u64, u64, u64);
 /// moment: everything not fsynced is dropped. Returns, per acknowledged
 /// append, `(group, msg_id, sender, client_msg_id, journal syncs completed
 /// when it returned)`, and the journal syncs completed before the cut.
-fn run_until_power_cut(c: Config, seed: u64) -> (Vec<Acked>, u64) {
-    use crate::power_cut::PowerCutVfs;
+fn run_until_power_cut(root: &Path, c: Config, seed: u64) -> (Vec<Acked>, u64) {
+    use crate::power_cut::{Cut, PowerCutVfs};
     use std::sync::atomic::AtomicBool;
-    let vfs = PowerCutVfs::default();
+    let vfs = PowerCutVfs::new(root);
     let control = vfs.control.clone();
     let e = Arc::new(Engine::open_with_vfs(c, Arc::new(vfs)).unwrap());
     for g in 1..=3 {
@@ -1335,7 +1335,7 @@ fn run_until_power_cut(c: Config, seed: u64) -> (Vec<Acked>, u64) {
         .ok()
         .expect("threads joined")
         .simulate_crash();
-    control.cut().unwrap();
+    control.cut(Cut::Seeded(seed)).unwrap();
     (acked, syncs_before_cut)
 }
 
@@ -1385,38 +1385,73 @@ fn check_after_power_cut(
 }
 
 #[test]
+fn a_data_directory_the_engine_created_survives_a_power_cut() {
+    // Issue 11 item 9: the data directory's own entry (and those of any
+    // parents the engine created) was never synced in its parent, so a
+    // power cut could take the directory with every synced byte inside it.
+    use crate::power_cut::{Cut, PowerCutVfs};
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("new-parent").join("data");
+    let vfs = PowerCutVfs::new(root.path());
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(&dir), Arc::new(vfs)).unwrap();
+    e.create_group(1).unwrap();
+    let a = e.append(1, 7, 1, &payload(1, 1)).unwrap(); // fsync=always: durable
+    control.freeze();
+    e.simulate_crash();
+    control.cut(Cut::DropUnsynced).unwrap();
+    let e = Engine::open(small_config(&dir)).unwrap();
+    assert_eq!(a.msg_id, 1);
+    assert_dense_and_exact(&e, 1, 1);
+}
+
+/// Power cuts per power-cut test: a few in CI; `TIDEMARK_POWER_CUTS=N`
+/// runs N (RELIABILITY.md, long modes).
+fn power_cuts(ci: u64) -> u64 {
+    std::env::var("TIDEMARK_POWER_CUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ci)
+}
+
+#[test]
 fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
     let mut total = 0;
-    for seed in 0..6u64 {
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = small_config(dir.path());
+    let cuts = power_cuts(6);
+    for seed in 0..cuts {
+        // The data directory is made by the engine inside the layer's root,
+        // so its own entry is subject to the cut too.
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let mut c = small_config(&dir);
         c.journal_checkpoint_bytes = 64 << 10; // checkpoints happen during the run
-        let (acked, _) = run_until_power_cut(c.clone(), seed * 17);
-        let (required, _) = check_after_power_cut(dir.path(), c, &acked, |_| true);
+        let (acked, _) = run_until_power_cut(root.path(), c.clone(), seed * 17);
+        let (required, _) = check_after_power_cut(&dir, c, &acked, |_| true);
         assert!(required > 0);
         total += required;
     }
-    println!("power cut, fsync=always: {total} acknowledged appends over 6 cuts, 0 lost");
+    println!("power cut, fsync=always: {total} acknowledged appends over {cuts} cuts, 0 lost");
 }
 
 #[test]
 fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() {
     let mut kept = 0;
-    for seed in 0..4u64 {
-        let dir = tempfile::tempdir().unwrap();
-        let mut c = small_config(dir.path());
+    let cuts = power_cuts(4);
+    for seed in 0..cuts {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let mut c = small_config(&dir);
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
         c.journal_checkpoint_bytes = 64 << 10;
-        let (acked, syncs_before_cut) = run_until_power_cut(c.clone(), seed * 23);
+        let (acked, syncs_before_cut) = run_until_power_cut(root.path(), c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
         // before its write). Those must survive; later ones may not.
-        let (required, _) =
-            check_after_power_cut(dir.path(), c, &acked, |s| s + 2 <= syncs_before_cut);
+        let (required, _) = check_after_power_cut(&dir, c, &acked, |s| s + 2 <= syncs_before_cut);
         kept += required;
     }
     assert!(kept > 0, "the interval syncs covered some appends");
-    println!("power cut, fsync=interval:5ms: {kept} covered appends kept, 0 lost");
+    println!("power cut, fsync=interval:5ms: {kept} covered appends kept over {cuts} cuts, 0 lost");
 }
 
 #[test]
