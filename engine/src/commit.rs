@@ -573,10 +573,14 @@ impl Committer {
         let outcome = match op.kind {
             EntryKind::DeleteGroup => {
                 // Cursor entries a full disk held back name groups by id; once
-                // this one is gone they could land on a group created again
-                // under the same id. Drop them: the cursors stay in memory,
-                // and the next checkpoint persists every cursor.
-                self.cursor_buf_unwritten = false;
+                // this one is gone its entries could land on a group created
+                // again under the same id. Drop those; the other groups'
+                // entries stay: their dirty bits were cleared when they were
+                // taken, so this buffer is all that still holds them.
+                if self.cursor_buf_unwritten {
+                    drop_entries_of_group(&mut self.cursor_buf, op.group.id);
+                    self.cursor_buf_unwritten = !self.cursor_buf.is_empty();
+                }
                 delete_group(
                     &shared.ctx,
                     &mut shared.catalog.write(),
@@ -706,6 +710,24 @@ impl Committer {
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Removes the entries of group `group_id` from `buf`, a run of whole
+/// journal entries this thread encoded.
+fn drop_entries_of_group(buf: &mut Vec<u8>, group_id: u64) {
+    let mut kept = Vec::with_capacity(buf.len());
+    let mut it = journal::EntryIter::new(buf, usize::MAX);
+    for entry in it.by_ref().filter(|e| e.group_id != group_id) {
+        let start = journal::begin_entry(&mut kept, entry.kind, entry.group_id);
+        kept.extend_from_slice(entry.body);
+        journal::finish_entry(&mut kept, start);
+    }
+    // Invariant: the buffer holds only entries encoded by `write_dirty_cursors`.
+    debug_assert!(
+        it.stop_reason().is_none(),
+        "cursor buffer holds whole entries"
+    );
+    *buf = kept;
 }
 
 /// Number of sealed segments the group's retention policy drops now.
@@ -883,7 +905,10 @@ pub(crate) fn write_checkpoint(
     let started = Instant::now();
     let mut members = Vec::new();
     let mut users = 0u64;
-    cursors.snapshot(|user, ms| {
+    // The snapshot leaves dirty bits set; they are cleared only once the
+    // checkpoint holding it is stored (below). A checkpoint that fails here
+    // or later (a full disk puts it off) leaves them for the next flush.
+    let snapshot_dirty = cursors.snapshot(|user, ms| {
         users += 1;
         member_snapshot::encode_user(&mut members, user, ms, |slot| ordinals[slot as usize]);
     });
@@ -922,6 +947,11 @@ pub(crate) fn write_checkpoint(
     };
     checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
         .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
+    // The snapshot is durable: the cursors it holds need no flush, unless
+    // an ACK moved them since (those stay dirty). Memberships change only
+    // on this thread, so none came or went since the snapshot.
+    cursors.mark_persisted(&snapshot_dirty);
+    drop(snapshot_dirty);
     // The new checkpoint is in force: do what it assumes.
     let mut dropped: Vec<PathBuf> = Vec::new();
     for (g, n) in planned_drops {

@@ -9,7 +9,11 @@
 //!
 //! Each cursor carries a dirty bit (bit 0; the value is `cursor << 1`), so
 //! the commit thread persists only cursors that moved since they were last
-//! written, clearing the bit atomically with reading the value.
+//! written. Invariant: a dirty bit is cleared only when the value read with
+//! it is durable or held by someone who will make it durable: a flush
+//! clears it atomically with reading the value (and keeps the entries until
+//! written); a checkpoint clears it only after it is stored, and only if
+//! the cursor did not move since its snapshot.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -63,6 +67,14 @@ pub struct CursorTable {
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
+}
+
+/// A cursor that was dirty when a snapshot read it, with the value read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirtyCursor {
+    pub user: u64,
+    pub slot: u32,
+    pub cursor: u64,
 }
 
 /// A membership as read from the table.
@@ -256,16 +268,28 @@ impl CursorTable {
     }
 
     /// Every membership, user by user: `f(user, memberships in slot order)`.
-    /// Clears dirty bits (a snapshot persists everything).
-    pub fn snapshot(&self, mut f: impl FnMut(u64, &[MemberCursor])) {
+    ///
+    /// Leaves every dirty bit set: the snapshot is not durable yet (the
+    /// checkpoint holding it may still fail, for instance on a full disk, and
+    /// then the next cursor flush must still find these cursors). Returns
+    /// the dirty cursors it saw, to hand to [`Self::mark_persisted`] once
+    /// the snapshot is durable.
+    pub fn snapshot(&self, mut f: impl FnMut(u64, &[MemberCursor])) -> Vec<DirtyCursor> {
         let mut buf = Vec::new();
+        let mut dirty = Vec::new();
         for shard in &self.shards {
             let shard = shard.read();
             for (&user, entry) in shard.iter() {
-                entry.dirty.store(false, Ordering::Release);
                 buf.clear();
                 for m in &entry.memberships {
-                    let v = m.cursor.fetch_and(!1, Ordering::AcqRel);
+                    let v = m.cursor.load(Ordering::Acquire);
+                    if v & 1 == 1 {
+                        dirty.push(DirtyCursor {
+                            user,
+                            slot: m.slot,
+                            cursor: v >> 1,
+                        });
+                    }
                     buf.push(MemberCursor {
                         slot: m.slot,
                         cursor: v >> 1,
@@ -274,6 +298,26 @@ impl CursorTable {
                 }
                 f(user, &buf);
             }
+        }
+        dirty
+    }
+
+    /// Clears the dirty bit of each cursor `persisted` names, but only if
+    /// the cursor still has the value that was persisted: one that an ACK
+    /// moved after the snapshot stays dirty for the next flush. (The
+    /// per-user hint bit is left set; the next `take_dirty` clears it.)
+    pub fn mark_persisted(&self, persisted: &[DirtyCursor]) {
+        for d in persisted {
+            let shard = self.shard(d.user).read();
+            let Some(m) = shard.get(&d.user).and_then(|e| e.find(d.slot)) else {
+                continue; // left since: nothing to persist
+            };
+            let _ = m.cursor.compare_exchange(
+                d.cursor << 1 | 1,
+                d.cursor << 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
 
@@ -377,6 +421,41 @@ mod tests {
         t.advance(1, 2, 6);
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
         assert_eq!(seen, vec![(1, 2, 6)]);
+    }
+
+    #[test]
+    fn a_snapshot_clears_dirty_bits_only_once_persisted_and_only_if_unmoved() {
+        let t = CursorTable::new();
+        t.insert(1, 1, 0, 1, None).unwrap();
+        t.insert(1, 2, 0, 1, None).unwrap();
+        t.advance(1, 1, 5);
+        t.advance(1, 2, 6);
+        let dirty = t.snapshot(|_, _| {});
+        assert_eq!(dirty.len(), 2);
+        // Not persisted yet (the checkpoint may fail): still dirty.
+        let mut seen = Vec::new();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        seen.sort_unstable();
+        assert_eq!(seen, vec![(1, 1, 5), (1, 2, 6)]);
+        // Persisted, while an ACK moved slot 1 after the snapshot.
+        t.advance(1, 1, 7);
+        t.advance(1, 2, 9);
+        let dirty = t.snapshot(|_, _| {});
+        t.advance(1, 1, 8);
+        t.mark_persisted(&dirty);
+        seen.clear();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(
+            seen,
+            vec![(1, 1, 8)],
+            "moved after the snapshot: still dirty"
+        );
+        t.advance(1, 1, 10);
+        let dirty = t.snapshot(|_, _| {});
+        t.mark_persisted(&dirty);
+        seen.clear();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert!(seen.is_empty(), "persisted and unmoved: clean");
     }
 
     #[test]

@@ -39,9 +39,48 @@ pub enum OpenMode {
 /// Directory and file operations.
 pub trait Vfs: Send + Sync + 'static {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>>;
+    /// Creates `path` and its missing parents. The new entries are not
+    /// durable until their parents are synced; see [`Vfs::create_dir_all_durable`].
     fn create_dir_all(&self, path: &Path) -> io::Result<()>;
     /// fsync of a directory, so created, renamed and removed entries are durable.
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// Creates `path` and its missing parents, and makes their entries
+    /// durable: the parent of every directory this call creates is synced,
+    /// and so is the parent of `path` itself even when it existed (an
+    /// earlier run may have created it and stopped before its sync).
+    /// A directory's own entry is durable only once its parent is synced
+    /// (format-spec/storage.md section 1); without this a power cut can
+    /// take a new data directory away with everything synced inside it.
+    fn create_dir_all_durable(&self, path: &Path) -> io::Result<()> {
+        // `Path::parent` of a relative single name is "", which means ".".
+        fn parent(p: &Path) -> &Path {
+            match p.parent() {
+                Some(q) if q.as_os_str().is_empty() => Path::new("."),
+                Some(q) => q,
+                None => p, // the root has no parent; syncing itself is harmless
+            }
+        }
+        let mut missing = Vec::new();
+        let mut p = path;
+        while !self.exists(p) {
+            missing.push(p.to_owned());
+            match p.parent() {
+                Some(q) if !q.as_os_str().is_empty() => p = q,
+                _ => break,
+            }
+        }
+        self.create_dir_all(path)?;
+        // Top-most first; each sync makes the next directory's entry durable.
+        let mut synced = Vec::new();
+        for dir in missing.iter().rev().map(|d| d.as_path()).chain([path]) {
+            let parent = parent(dir);
+            if !synced.contains(&parent) {
+                self.sync_dir(parent)?;
+                synced.push(parent);
+            }
+        }
+        Ok(())
+    }
     /// syncfs(2): every file and directory of the file system holding `path`
     /// is durable when this returns. One call instead of thousands of
     /// fdatasyncs when a checkpoint covers many groups.

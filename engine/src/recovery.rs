@@ -55,7 +55,7 @@ impl RecoveryReport {
 /// Takes an exclusive advisory lock on `<data_dir>/LOCK` (released when the
 /// returned file is closed), creating the data directory if needed.
 pub(crate) fn lock_data_dir(vfs: &dyn Vfs, data_dir: &Path) -> Result<File> {
-    vfs.create_dir_all(data_dir)
+    vfs.create_dir_all_durable(data_dir)
         .map_err(|e| Error::io(format!("mkdir {}", data_dir.display()), e))?;
     let path = data_dir.join("LOCK");
     let file = std::fs::OpenOptions::new()
@@ -107,9 +107,9 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     let vfs = &*ctx.vfs;
     let data_dir = &ctx.config.data_dir;
     let jdir = journal::journal_dir(data_dir);
-    vfs.create_dir_all(&jdir)
+    vfs.create_dir_all_durable(&jdir)
         .map_err(|e| Error::io(format!("mkdir {}", jdir.display()), e))?;
-    vfs.create_dir_all(&data_dir.join("groups"))
+    vfs.create_dir_all_durable(&data_dir.join("groups"))
         .map_err(|e| Error::io("mkdir groups", e))?;
     let mut report = RecoveryReport::default();
     let mut catalog = Catalog::default();
