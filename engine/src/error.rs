@@ -15,7 +15,10 @@ pub enum Error {
     /// An I/O call failed. `context` names the operation and file.
     Io { context: String, source: io::Error },
     /// Bytes on disk are not what the format allows, somewhere a crash cannot
-    /// explain (not the torn tail of the newest data). The group is damaged.
+    /// explain (not the torn tail of the newest data). In a group's files:
+    /// the group is damaged. In the journal (`group: None`), from `open`:
+    /// acknowledged entries are damaged or a journal file is missing, and
+    /// the data directory is not opened (the reason says what to do).
     Corrupt {
         path: PathBuf,
         group: Option<u64>,
