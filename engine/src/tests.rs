@@ -1629,3 +1629,50 @@ fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_tw
     let e = Engine::open(c).unwrap();
     assert_dense_and_exact(&e, 2, 201);
 }
+
+#[test]
+fn the_report_counts_unverified_groups_and_a_damaged_group_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2, 3], 30);
+    e.close().unwrap();
+    // Damage group 1's checkpointed data: found only when it is loaded.
+    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    let report = e.recovery_report().clone();
+    assert_eq!(report.groups, 3);
+    assert_eq!(report.groups_verified, 0);
+    assert_eq!(report.groups_unverified, 3);
+    assert!(report.damaged_groups.is_empty());
+    let line = report.summary();
+    assert!(
+        line.contains("groups loaded and verified: 0")
+            && line.contains("groups not yet verified (loaded on first use): 3")
+            && line.contains("damaged groups: 0"),
+        "{line}"
+    );
+    let err = e.read(1, 0, 10, 1 << 20).err().expect("damaged");
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::GroupDamaged { group: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(crate::DAMAGED_GROUP_HINT)
+            && text.contains("delete the group")
+            && text.contains("backup"),
+        "says what an operator can do: {text}"
+    );
+    e.close().unwrap();
+    // The next open knows the damage from the checkpoint and counts it.
+    let e = Engine::open(c).unwrap();
+    let report = e.recovery_report();
+    assert_eq!(report.damaged_groups.len(), 1);
+    assert_eq!(report.groups_unverified, 2);
+    assert!(report.summary().contains("damaged groups: 1"));
+}

@@ -918,15 +918,7 @@ pub fn serve(
     let engine =
         Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
     let report = engine.recovery_report();
-    log::info!(
-        "recovered: {} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, bytes cut: {}, damaged groups: {}",
-        report.groups,
-        report.clean_shutdown,
-        report.journal_entries_replayed,
-        report.records_replayed,
-        report.bytes_cut(),
-        report.damaged_groups.len()
-    );
+    log::info!("recovered: {}", report.summary());
     let mut event_loop =
         EventLoop::new(engine.clone(), config).map_err(|e| format!("listen: {e}"))?;
     let addr = event_loop.local_addr().map_err(|e| e.to_string())?;
