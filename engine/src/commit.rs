@@ -616,7 +616,11 @@ impl Committer {
                     reason: "malformed retention entry".into(),
                 }),
             },
-            EntryKind::CreateGroup | EntryKind::Record | EntryKind::Cursors => Ok(0),
+            // Sync marks are written by the journal itself, never queued.
+            EntryKind::CreateGroup
+            | EntryKind::Record
+            | EntryKind::Cursors
+            | EntryKind::SyncMark => Ok(0),
         };
         if let Some(reply) = &op.reply {
             reply.set(outcome);
@@ -921,8 +925,13 @@ pub(crate) fn write_checkpoint(
     let started = Instant::now();
 
     let dir = journal::journal_dir(&ctx.config.data_dir);
-    let journal = Journal::create(&*ctx.vfs, &dir, next_journal_seq)
-        .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
+    let journal = Journal::create(
+        &*ctx.vfs,
+        &dir,
+        next_journal_seq,
+        ctx.config.fsync != FsyncPolicy::Always,
+    )
+    .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
     let body = CheckpointBody {
         journal_seq: journal.seq,
         clean_shutdown,

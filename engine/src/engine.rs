@@ -254,11 +254,15 @@ impl Engine {
             .spawn(move || crate::commit::run(thread_shared, journal))
             .map_err(|e| Error::io("spawn commit thread", e))?;
         log::info!(
-            "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}",
+            "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}, \
+             groups verified {}, not yet verified {}, damaged {}",
             report.groups,
             report.clean_shutdown,
             report.journal_entries_replayed,
-            report.bytes_cut()
+            report.bytes_cut(),
+            report.groups_verified,
+            report.groups_unverified,
+            report.damaged_groups.len()
         );
         Ok(Engine {
             shared,

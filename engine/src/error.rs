@@ -5,6 +5,13 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+/// What an operator can do about a damaged group: part of every
+/// `GroupDamaged` message (and of the wire's GROUP_DAMAGED text).
+pub const DAMAGED_GROUP_HINT: &str = "what an operator can do: delete the group \
+     (DELETE_GROUP; it can then be created again, empty, and the journal files kept for it \
+     are released), or restore the data directory from a backup; the node keeps serving \
+     every other group (tidemark 0.1 has no repair tool)";
+
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -15,7 +22,10 @@ pub enum Error {
     /// An I/O call failed. `context` names the operation and file.
     Io { context: String, source: io::Error },
     /// Bytes on disk are not what the format allows, somewhere a crash cannot
-    /// explain (not the torn tail of the newest data). The group is damaged.
+    /// explain (not the torn tail of the newest data). In a group's files:
+    /// the group is damaged. In the journal (`group: None`), from `open`:
+    /// acknowledged entries are damaged or a journal file is missing, and
+    /// the data directory is not opened (the reason says what to do).
     Corrupt {
         path: PathBuf,
         group: Option<u64>,
@@ -115,7 +125,10 @@ impl fmt::Display for Error {
             Error::GroupNotFound { group } => write!(f, "group {group} not found"),
             Error::GroupExists { group } => write!(f, "group {group} already exists"),
             Error::GroupDamaged { group, reason } => {
-                write!(f, "group {group} is damaged: {reason}")
+                write!(
+                    f,
+                    "group {group} is damaged: {reason}; {DAMAGED_GROUP_HINT}"
+                )
             }
             Error::WritesStopped { reason } => {
                 write!(f, "writes stopped after an earlier failure: {reason}")

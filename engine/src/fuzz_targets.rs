@@ -216,10 +216,10 @@ pub fn journal_entries(data: &[u8]) {
         }
         fix_entries(&mut buf[entries_at..]);
     }
-    match journal::decode_header(&buf) {
-        Ok(seq) => {
+    match journal::decode_header_of(&buf) {
+        Ok(h) => {
             assert_eq!(journal::unsupported_version(&buf), None);
-            assert_eq!(buf[..JOURNAL_HEADER_BYTES], journal::encode_header(seq));
+            assert_eq!(buf[..JOURNAL_HEADER_BYTES], journal::encode_header_of(&h));
         }
         Err(_) => {
             if let Some(v) = journal::unsupported_version(&buf) {
@@ -279,7 +279,7 @@ fn decode_entry_body(kind: EntryKind, body: &[u8]) {
             }
         }
         EntryKind::Cursors => assert!(body.chunks_exact(16).count() <= body.len() / 16),
-        EntryKind::CreateGroup | EntryKind::DeleteGroup => {}
+        EntryKind::CreateGroup | EntryKind::DeleteGroup | EntryKind::SyncMark => {}
     }
 }
 

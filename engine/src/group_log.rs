@@ -398,7 +398,57 @@ impl GroupLog {
         log.head = scan.last_id;
         log.last_timestamp_ms = scan.last_timestamp_ms;
         log.install_active_index(scan.index);
+        log.adopt_later_segments(ctx, &mut report)?;
         Ok((log, report))
+    }
+
+    /// Takes in the segment files started after the recorded state: a file
+    /// named for `head + 1` whose header is this group's and whose valid
+    /// records continue the ids becomes the active segment (its torn tail
+    /// cut), and so on. Their records were given msg_ids (and, unless the
+    /// journal still holds them, cannot be had from anywhere else), so they
+    /// are kept rather than replaced: no id is handed out twice. A file
+    /// that fails its header checks or holds no valid record is left alone
+    /// as a stale file (removed when the group next rolls to its base).
+    fn adopt_later_segments(&mut self, ctx: &LogContext, report: &mut LoadReport) -> Result<()> {
+        loop {
+            let Some(base) = self.head.checked_add(1) else {
+                return Ok(());
+            };
+            let path = self.segment_path(base);
+            if !ctx.vfs.exists(&path) {
+                return Ok(());
+            }
+            let scanned = self.scan_whole(ctx, base);
+            let (seg, file_len, scan) = match scanned {
+                Ok((_, seg, file_len, scan))
+                    if scan.header.base_msg_id == base && scan.records > 0 =>
+                {
+                    (seg, file_len, scan)
+                }
+                _ => {
+                    ctx.cache.forget(self.group_id, base);
+                    return Ok(());
+                }
+            };
+            if file_len > scan.valid_len {
+                seg.truncate(scan.valid_len)?;
+                report.bytes_cut += file_len - scan.valid_len;
+            }
+            report.records_verified += scan.records;
+            // Neither the file nor its directory entry is known durable:
+            // the next checkpoint syncs both (a synced segment makes it
+            // sync the group directory too).
+            self.unsynced.push(base);
+            self.segments.push(SegmentMeta {
+                base_id: base,
+                len: scan.valid_len,
+                index: OnceLock::new(),
+            });
+            self.head = scan.last_id;
+            self.last_timestamp_ms = scan.last_timestamp_ms;
+            self.install_active_index(scan.index);
+        }
     }
 
     /// Opens a log from its directory alone (no checkpoint): sealed segments

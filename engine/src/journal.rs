@@ -5,11 +5,20 @@
 //! recovery replays the journal into them.
 //!
 //! File header (little-endian), see format-spec/storage.md "Journal file":
-//! `{ magic: [u8; 8] = "TDMKJRNL" | version: u16 = 1 | header_len: u16 = 32 |
-//!    reserved: u32 = 0 | seq: u64 | reserved: u32 = 0 | crc32: u32 (of bytes 0..28) }`
+//! `{ magic: [u8; 8] = "TDMKJRNL" | version: u16 = 2 | header_len: u16 = 32 |
+//!    flags: u8 | reserved: [u8; 3] = 0 | seq: u64 | reserved: u32 = 0 |
+//!    crc32: u32 (of bytes 0..28) }` (version 1: `flags` is reserved, 0)
 //!
 //! Entry: `{ crc32: u32 (of bytes 4..24 + body_len) | body_len: u32 | kind: u8 |
 //!    reserved: [u8; 7] = 0 | group_id: u64 | body: [u8; body_len] }`
+//!
+//! Sync marks (kind 8, version 2) are what lets recovery tell a torn write
+//! from damage to bytes that were already durable: the first write after
+//! an `fdatasync` starts with a mark saying how far the file was synced. A
+//! torn write can only damage bytes after the newest sync; a mark further on
+//! that names a synced length beyond a bad entry proves the bad entry was
+//! durable, and so acknowledged data was damaged (format-spec/storage.md
+//! sections 5 and 11).
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +28,17 @@ use crate::io::{OpenMode, Vfs, VfsFile};
 pub const JOURNAL_HEADER_BYTES: usize = 32;
 pub const ENTRY_HEADER_BYTES: usize = 24;
 pub const JOURNAL_MAGIC: [u8; 8] = *b"TDMKJRNL";
-pub const JOURNAL_VERSION: u16 = 1;
+/// The version this build writes. It also reads version 1 (no sync marks,
+/// no flags).
+pub const JOURNAL_VERSION: u16 = 2;
+/// Header flag (version 2): the writer's group segments could receive a
+/// round's records before the round's journal bytes were synced (fsync
+/// policy `interval` or `never`), so after a power loss a segment may hold
+/// records the journal lost. Recovery then looks at every group's segments
+/// before trusting the heads the checkpoint recorded.
+pub const FLAG_SEGMENTS_MAY_LEAD: u8 = 1;
+/// Body bytes of a sync mark: `{ synced_len: u64 }`.
+pub const SYNC_MARK_BODY_BYTES: usize = 8;
 const JOURNAL_SUFFIX: &str = ".tmj";
 
 /// What a journal entry records.
@@ -40,6 +59,10 @@ pub enum EntryKind {
     Cursors = 6,
     /// Body: `{ by_cursor: u8 | max_age_ms: u64 | max_bytes: u64 }`.
     SetRetention = 7,
+    /// Body: `{ synced_len: u64 }`; group_id 0. Every byte of the file below
+    /// `synced_len` was durable (an fdatasync of it had returned) before
+    /// this entry was written. Version 2 only.
+    SyncMark = 8,
 }
 
 impl EntryKind {
@@ -52,6 +75,7 @@ impl EntryKind {
             5 => Some(EntryKind::Leave),
             6 => Some(EntryKind::Cursors),
             7 => Some(EntryKind::SetRetention),
+            8 => Some(EntryKind::SyncMark),
             _ => None,
         }
     }
@@ -173,19 +197,52 @@ impl<'a> Iterator for EntryIter<'a> {
     }
 }
 
+/// A decoded journal file header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalHeader {
+    pub version: u16,
+    pub flags: u8,
+    pub seq: u64,
+}
+
+impl JournalHeader {
+    /// Version 2 files carry sync marks (version 1 files never do).
+    pub fn has_sync_marks(&self) -> bool {
+        self.version >= 2
+    }
+
+    /// Whether group segments may hold records this file lost. A version 1
+    /// file does not say, so it is assumed.
+    pub fn segments_may_lead(&self) -> bool {
+        self.version < 2 || self.flags & FLAG_SEGMENTS_MAY_LEAD != 0
+    }
+}
+
+/// The header this build writes for file `seq` (flags 0).
 pub(crate) fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
+    encode_header_of(&JournalHeader {
+        version: JOURNAL_VERSION,
+        flags: 0,
+        seq,
+    })
+}
+
+// Format: { magic | version: u16 | header_len: u16 = 32 | flags: u8 |
+//   reserved: [u8; 3] | seq: u64 | reserved: u32 | crc32 of 0..28 }
+pub(crate) fn encode_header_of(h: &JournalHeader) -> [u8; JOURNAL_HEADER_BYTES] {
     let mut b = [0u8; JOURNAL_HEADER_BYTES];
     b[0..8].copy_from_slice(&JOURNAL_MAGIC);
-    b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    b[8..10].copy_from_slice(&h.version.to_le_bytes());
     b[10..12].copy_from_slice(&(JOURNAL_HEADER_BYTES as u16).to_le_bytes());
-    b[16..24].copy_from_slice(&seq.to_le_bytes());
+    b[12] = h.flags;
+    b[16..24].copy_from_slice(&h.seq.to_le_bytes());
     let crc = crc32fast::hash(&b[0..28]);
     b[28..32].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
-/// Checks a journal file header; returns its sequence number.
-pub fn decode_header(b: &[u8]) -> Result<u64, String> {
+/// Checks a journal file header (version 1 or 2); returns its fields.
+pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
     if b.len() < JOURNAL_HEADER_BYTES {
         return Err(format!(
             "file of {} bytes is shorter than the journal header",
@@ -200,18 +257,33 @@ pub fn decode_header(b: &[u8]) -> Result<u64, String> {
         return Err("bad journal magic".into());
     }
     let version = u16::from_le_bytes([b[8], b[9]]);
-    if version != JOURNAL_VERSION {
+    if !is_known_version(version) {
         return Err(format!("unsupported journal version {version}"));
     }
+    // Version 1 has no flags: byte 12 is reserved there.
+    let flags_allowed = if version >= 2 {
+        FLAG_SEGMENTS_MAY_LEAD
+    } else {
+        0
+    };
     if u16::from_le_bytes([b[10], b[11]]) as usize != JOURNAL_HEADER_BYTES
-        || b[12..16] != [0; 4]
+        || b[12] & !flags_allowed != 0
+        || b[13..16] != [0; 3]
         || b[24..28] != [0; 4]
     {
         return Err("journal header_len or reserved bytes invalid".into());
     }
     let mut s = [0u8; 8];
     s.copy_from_slice(&b[16..24]);
-    Ok(u64::from_le_bytes(s))
+    Ok(JournalHeader {
+        version,
+        flags: b[12],
+        seq: u64::from_le_bytes(s),
+    })
+}
+
+fn is_known_version(version: u16) -> bool {
+    version == 1 || version == JOURNAL_VERSION
 }
 
 /// The version of a journal file whose header is intact but whose version
@@ -222,7 +294,54 @@ pub fn unsupported_version(b: &[u8]) -> Option<u16> {
     }
     let stored = u32::from_le_bytes([b[28], b[29], b[30], b[31]]);
     let version = u16::from_le_bytes([b[8], b[9]]);
-    (crc32fast::hash(&b[0..28]) == stored && version != JOURNAL_VERSION).then_some(version)
+    (crc32fast::hash(&b[0..28]) == stored && !is_known_version(version)).then_some(version)
+}
+
+/// A sync mark entry that is valid in itself at absolute file offset `at`
+/// of `file`: its header and checksum check, and the length it names lies
+/// between the file header and the mark itself (a writer can only have
+/// synced bytes it wrote before). Returns the synced length it names.
+/// Cheap to ask at every offset: the fixed kind, length and reserved bytes
+/// are compared before the checksum is computed.
+pub fn sync_mark_at(file: &[u8], at: usize) -> Option<u64> {
+    let total = ENTRY_HEADER_BYTES + SYNC_MARK_BODY_BYTES;
+    let b = file.get(at..at.checked_add(total)?)?;
+    if b[8] != EntryKind::SyncMark as u8
+        || b[4..8] != (SYNC_MARK_BODY_BYTES as u32).to_le_bytes()
+        || b[9..16] != [0; 7]
+        || b[16..24] != [0; 8]
+    {
+        return None;
+    }
+    if crc32fast::hash(&b[4..total]) != u32::from_le_bytes([b[0], b[1], b[2], b[3]]) {
+        return None;
+    }
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[ENTRY_HEADER_BYTES..total]);
+    let synced = u64::from_le_bytes(v);
+    (synced >= JOURNAL_HEADER_BYTES as u64 && synced <= at as u64).then_some(synced)
+}
+
+/// The furthest synced length that a valid sync mark at or after absolute
+/// offset `from` names, with the mark's offset. Every offset is tried, so
+/// a mark is found past bytes that no longer parse as entries.
+pub fn furthest_sync_mark_from(file: &[u8], from: usize) -> Option<(u64, usize)> {
+    let mut best: Option<(u64, usize)> = None;
+    for at in from..file.len() {
+        if let Some(synced) = sync_mark_at(file, at) {
+            if best.is_none_or(|(b, _)| synced > b) {
+                best = Some((synced, at));
+            }
+        }
+    }
+    best
+}
+
+/// Appends a sync mark entry naming `synced_len` to `out`.
+pub fn encode_sync_mark(out: &mut Vec<u8>, synced_len: u64) {
+    let start = begin_entry(out, EntryKind::SyncMark, 0);
+    out.extend_from_slice(&synced_len.to_le_bytes());
+    finish_entry(out, start);
 }
 
 pub fn journal_dir(data_dir: &Path) -> PathBuf {
@@ -256,19 +375,41 @@ pub struct Journal {
     path: PathBuf,
     file: Box<dyn VfsFile>,
     len: u64,
+    /// Bytes of the file known durable: its length when the last
+    /// fdatasync returned.
+    synced: u64,
+    /// The synced length the last sync mark written names.
+    marked: u64,
+    /// A write that starts with a sync mark is assembled here, so the
+    /// mark and the round still go out in one write. Its capacity stays at
+    /// the largest round written (bounded by `commit_round_bytes_max` plus
+    /// one entry).
+    scratch: Vec<u8>,
 }
 
 impl Journal {
     /// Creates journal file `seq` in `dir` and makes it (and its directory
-    /// entry) durable, so a checkpoint may point at it.
-    pub fn create(vfs: &dyn Vfs, dir: &Path, seq: u64) -> Result<Journal> {
+    /// entry) durable, so a checkpoint may point at it. `segments_may_lead`
+    /// says whether group segments are written before the journal bytes of
+    /// their round are synced (fsync policy other than `always`), see
+    /// [`FLAG_SEGMENTS_MAY_LEAD`].
+    pub fn create(vfs: &dyn Vfs, dir: &Path, seq: u64, segments_may_lead: bool) -> Result<Journal> {
         let path = journal_path(dir, seq);
         let ctx = |op: &str| format!("{op} {}", path.display());
         let file = vfs
             .open(&path, OpenMode::ReadWriteCreate)
             .map_err(|e| Error::io(ctx("create"), e))?;
         file.set_len(0).map_err(|e| Error::io(ctx("truncate"), e))?;
-        file.write_all_at(&encode_header(seq), 0)
+        let header = JournalHeader {
+            version: JOURNAL_VERSION,
+            flags: if segments_may_lead {
+                FLAG_SEGMENTS_MAY_LEAD
+            } else {
+                0
+            },
+            seq,
+        };
+        file.write_all_at(&encode_header_of(&header), 0)
             .map_err(|e| Error::write(ctx("write"), e))?;
         file.sync_data()
             .map_err(|e| Error::io(ctx("fdatasync"), e))?;
@@ -279,24 +420,47 @@ impl Journal {
             path,
             file,
             len: JOURNAL_HEADER_BYTES as u64,
+            synced: JOURNAL_HEADER_BYTES as u64,
+            marked: JOURNAL_HEADER_BYTES as u64,
+            scratch: Vec::new(),
         })
     }
 
-    /// Appends `bytes`. On failure the file is cut back to where it was, so
-    /// a failed write (a full disk) can be retried as if it never happened.
+    /// Appends `bytes` (whole entries) with one write. The first write after
+    /// a sync that moved the synced length starts with a sync mark naming
+    /// it. On failure the file is cut back to where it was, so a failed
+    /// write (a full disk) can be retried as if it never happened (the mark
+    /// is then written with the retry).
     pub fn append(&mut self, bytes: &[u8]) -> Result<()> {
-        if let Err(e) = self.file.write_all_at(bytes, self.len) {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let mark = self.synced > self.marked;
+        let out: &[u8] = if mark {
+            self.scratch.clear();
+            encode_sync_mark(&mut self.scratch, self.synced);
+            self.scratch.extend_from_slice(bytes);
+            &self.scratch
+        } else {
+            bytes
+        };
+        if let Err(e) = self.file.write_all_at(out, self.len) {
             let _ = self.file.set_len(self.len);
             return Err(Error::write(format!("write {}", self.path.display()), e));
         }
-        self.len += bytes.len() as u64;
+        self.len += out.len() as u64;
+        if mark {
+            self.marked = self.synced;
+        }
         Ok(())
     }
 
-    pub fn sync(&self) -> Result<()> {
+    pub fn sync(&mut self) -> Result<()> {
         self.file
             .sync_data()
-            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))
+            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))?;
+        self.synced = self.len;
+        Ok(())
     }
 
     /// Bytes in the file, header included.
@@ -375,9 +539,9 @@ mod tests {
     #[test]
     fn header_round_trips_and_detects_damage() {
         let h = encode_header(77);
-        assert_eq!(decode_header(&h), Ok(77));
+        assert_eq!(decode_header_of(&h).map(|h| h.seq), Ok(77));
         let mut d = h;
         d[17] ^= 1;
-        assert!(decode_header(&d).is_err());
+        assert!(decode_header_of(&d).is_err());
     }
 }

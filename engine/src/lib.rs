@@ -60,7 +60,7 @@ pub use config::{Config, FsyncPolicy};
 pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Result, DAMAGED_GROUP_HINT};
 pub use group_log::{Chunk, ReadBatch};
 pub use recovery::RecoveryReport;
 pub use retention::Retention;

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::io::Vfs;
-use crate::journal::{self, EntryKind, Journal, JOURNAL_HEADER_BYTES};
+use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
 use crate::segment::SEGMENT_HEADER_BYTES;
@@ -40,17 +40,53 @@ pub struct RecoveryReport {
     pub records_already_present: u64,
     /// Entries for groups that no longer exist (deleted later).
     pub orphan_entries: u64,
+    /// Journal entries whose bytes were damaged after they were synced and
+    /// that were restored from an intact copy of their record in its
+    /// group's segments.
+    pub journal_entries_repaired: u64,
     /// `(file, bytes cut, why)` for every torn tail removed.
     pub cuts: Vec<(String, u64, String)>,
     /// Groups that failed verification, with the reason.
     pub damaged_groups: Vec<(u64, String)>,
+    /// Groups whose log recovery loaded: their active segment was scanned
+    /// and verified (sealed segments are verified when first read).
+    pub groups_verified: u64,
+    /// Groups left as the checkpoint recorded them, to be loaded and
+    /// verified on first use: damage in their files shows up only then.
+    pub groups_unverified: u64,
 }
 
 impl RecoveryReport {
     pub fn bytes_cut(&self) -> u64 {
         self.cuts.iter().map(|c| c.1).sum()
     }
+
+    /// One line for the start-up log: what was replayed, cut and repaired,
+    /// and how many groups were verified, left unverified or found damaged.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
+             journal entries repaired: {}, bytes cut: {}, groups loaded and verified: {}, \
+             groups not yet verified (loaded on first use): {}, damaged groups: {}",
+            self.groups,
+            self.clean_shutdown,
+            self.journal_entries_replayed,
+            self.records_replayed,
+            self.journal_entries_repaired,
+            self.bytes_cut(),
+            self.groups_verified,
+            self.groups_unverified,
+            self.damaged_groups.len()
+        )
+    }
 }
+
+/// What an operator can do about a journal that recovery refuses.
+pub const JOURNAL_DAMAGE_HINT: &str = "The data directory was not opened, so nothing was \
+     dropped. Restore the data directory (or this file) from a backup. To open it anyway, \
+     accepting the loss of what the file holds from this offset on, keep a copy of the \
+     directory and truncate the file to this offset; msg_ids of lost messages may then be \
+     given to new messages";
 
 /// Takes an exclusive advisory lock on `<data_dir>/LOCK` (released when the
 /// returned file is closed), creating the data directory if needed.
@@ -157,11 +193,20 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .into_iter()
         .filter(|(seq, _)| *seq >= replay_from)
         .collect();
+    check_journal_sequence(
+        &jdir,
+        &files,
+        loaded.then_some(replay_from),
+        report.clean_shutdown,
+    )?;
     let mut next_seq = replay_from.max(1);
-    // An invalid entry ends a journal file's valid part. That is a torn
-    // tail (a crash mid-write) only if no later file holds entries; if one
-    // does, acknowledged data after it is unreadable and opening fails.
+    // An invalid entry that no sync mark shows to be durable ends a journal
+    // file's valid part. That is a torn tail (a crash mid-write) only if no
+    // later file holds entries; if one does, acknowledged data after it is
+    // unreadable and opening fails. (Damage that a sync mark shows to be
+    // durable is repaired from the segments or refused in `Replay::file`.)
     let mut torn: Vec<TornTail> = Vec::new();
+    let mut segments_may_lead = false;
     for (seq, path) in &files {
         let mut replay = Replay {
             ctx,
@@ -170,13 +215,17 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             report: &mut report,
         };
         let outcome = replay.file(path)?;
+        segments_may_lead |= outcome.segments_may_lead;
         if outcome.entries > 0 {
             if let Some(t) = torn.first() {
                 return Err(Error::Corrupt {
                     path: t.path.clone(),
                     group: None,
                     offset: t.valid,
-                    reason: format!("{} (and a later journal file holds entries)", t.reason),
+                    reason: format!(
+                        "{} (and a later journal file holds entries). {JOURNAL_DAMAGE_HINT}",
+                        t.reason
+                    ),
                 });
             }
             report.clean_shutdown = false;
@@ -196,14 +245,28 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         file.set_len(t.valid)
             .and_then(|()| file.sync_data())
             .map_err(|e| Error::io(format!("cut {}", t.path.display()), e))?;
+        // Entries that were cut may have reached group segments before the
+        // tear (a damaged last write whose records were written out). A
+        // file cut to nothing had no valid header, so it held no entry.
+        segments_may_lead |= t.valid > 0 && t.len > t.valid;
         report
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
+    if segments_may_lead {
+        // The journal may have lost records that group segments hold. Their
+        // msg_ids were given out, so every such group is loaded now: its
+        // head covers them before anyone reads it or sends to the group,
+        // and it does not jump when the group is first used.
+        load_groups_whose_segments_lead(ctx, &catalog, &mut report);
+    }
     clamp_cursors_to_heads(&catalog, &cursors);
     for g in catalog.groups() {
-        if let LogSlot::Damaged { reason, .. } = &*g.log.read() {
-            report.damaged_groups.push((g.id, reason.clone()));
+        match &*g.log.read() {
+            LogSlot::Damaged { reason, .. } => report.damaged_groups.push((g.id, reason.clone())),
+            LogSlot::Loaded(_) => report.groups_verified += 1,
+            LogSlot::Unloaded(_) => report.groups_unverified += 1,
+            LogSlot::Deleted => {}
         }
     }
     report.groups = catalog.len() as u64;
@@ -223,6 +286,100 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         journal: done.journal,
         report,
     })
+}
+
+/// Journal files must run without a gap from the one the checkpoint names
+/// (`first`, when a checkpoint is used): a missing file held acknowledged
+/// entries nothing else may hold. The one exception is the file a clean
+/// shutdown's checkpoint names, which holds no entry.
+fn check_journal_sequence(
+    jdir: &Path,
+    files: &[(u64, std::path::PathBuf)],
+    first: Option<u64>,
+    clean_shutdown: bool,
+) -> Result<()> {
+    let missing = |seq: u64, why: String| Error::Corrupt {
+        path: journal::journal_path(jdir, seq),
+        group: None,
+        offset: 0,
+        reason: format!(
+            "journal file missing: {why}. Its entries (acknowledged messages, joins, \
+             cursors) may exist nowhere else. The data directory was not opened, so \
+             nothing was dropped: restore the file from a backup"
+        ),
+    };
+    let mut expected = first;
+    for (i, (seq, _)) in files.iter().enumerate() {
+        match expected {
+            Some(e) if *seq != e => {
+                let skippable = i == 0 && first == Some(e) && clean_shutdown;
+                if !skippable {
+                    let why = match i {
+                        0 => format!("the checkpoint names file {e} as the first to replay"),
+                        _ => format!("files {} and {seq} exist", e - 1),
+                    };
+                    return Err(missing(e, why));
+                }
+                log::warn!(
+                    "journal file {e} is missing; the clean shutdown's checkpoint names it, \
+                     so it held no entry"
+                );
+            }
+            _ => {}
+        }
+        expected = seq.checked_add(1);
+    }
+    if let (Some(e), true) = (first, files.is_empty()) {
+        if !clean_shutdown {
+            return Err(missing(
+                e,
+                format!("the checkpoint names file {e} as the first to replay"),
+            ));
+        }
+        log::warn!(
+            "journal file {e} is missing; the clean shutdown's checkpoint names it, so it held no entry"
+        );
+    }
+    Ok(())
+}
+
+/// Loads every group still unloaded whose active segment is longer than
+/// the checkpoint recorded or that has a segment file starting just above
+/// its recorded head: such a group got records after the checkpoint that
+/// the journal no longer holds. One open and one directory lookup per
+/// unloaded group; done only when the journal may have lost records.
+fn load_groups_whose_segments_lead(
+    ctx: &LogContext,
+    catalog: &Catalog,
+    report: &mut RecoveryReport,
+) {
+    for group in catalog.groups() {
+        let state = match &*group.log.read() {
+            LogSlot::Unloaded(state) => state.clone(),
+            _ => continue,
+        };
+        if segments_lead(ctx, group.id, &state) {
+            ensure_loaded_reporting(ctx, group, report);
+        }
+    }
+}
+
+fn segments_lead(ctx: &LogContext, group_id: u64, state: &LogState) -> bool {
+    let Some(&(base, len)) = state.segments.last() else {
+        return true; // loading reports the damage
+    };
+    let dir = ctx.group_dir(group_id);
+    let active = dir.join(crate::segment::file_name(base));
+    let longer = ctx
+        .vfs
+        .open(&active, crate::io::OpenMode::Read)
+        .and_then(|f| f.file_len())
+        // A segment that cannot be opened is loaded so the damage is found now.
+        .map_or(true, |file_len| file_len > len);
+    longer
+        || ctx
+            .vfs
+            .exists(&dir.join(crate::segment::file_name(state.head.saturating_add(1))))
 }
 
 /// Registers the checkpoint's groups (unloaded) and memberships.
@@ -350,6 +507,8 @@ struct TornTail {
 struct FileOutcome {
     entries: u64,
     torn: Option<TornTail>,
+    /// The file's header says group segments may hold records it lost.
+    segments_may_lead: bool,
 }
 
 struct Replay<'a> {
@@ -362,6 +521,12 @@ struct Replay<'a> {
 impl Replay<'_> {
     /// Replays the valid entries of one journal file; reports where its
     /// valid part ends if it ends before the file does.
+    ///
+    /// An invalid entry is a torn write unless a sync mark after it names a
+    /// synced length beyond it: then bytes that were durable are damaged.
+    /// Such an entry is restored from its record's copy in the group's
+    /// segments when one provably matches, and otherwise opening fails: it
+    /// held acknowledged data that exists nowhere else.
     fn file(&mut self, path: &Path) -> Result<FileOutcome> {
         let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
             return Ok(FileOutcome::default());
@@ -380,31 +545,125 @@ impl Replay<'_> {
             len: map.len() as u64,
             reason,
         };
-        if let Err(reason) = journal::decode_header(&map) {
+        let header = match journal::decode_header_of(&map) {
+            Ok(h) => h,
             // A crash while creating the file: nothing in it was acknowledged.
-            return Ok(FileOutcome {
-                entries: 0,
-                torn: Some(torn(0, reason)),
-            });
-        }
+            Err(reason) => {
+                return Ok(FileOutcome {
+                    torn: Some(torn(0, reason)),
+                    ..FileOutcome::default()
+                })
+            }
+        };
         self.report.journal_files_replayed += 1;
-        let mut it = journal::EntryIter::new(
-            &map[JOURNAL_HEADER_BYTES..],
-            record::RECORD_BYTES_STORED_MAX,
-        );
-        let mut entries = 0;
-        for entry in it.by_ref() {
-            entries += 1;
-            self.report.journal_entries_replayed += 1;
-            self.entry(&entry)?;
+        let mut outcome = FileOutcome {
+            segments_may_lead: header.segments_may_lead(),
+            ..FileOutcome::default()
+        };
+        let mut pos = JOURNAL_HEADER_BYTES;
+        // The furthest sync mark after the last bad entry, kept while it
+        // still lies after the next one.
+        let mut proof: Option<(u64, usize)> = None;
+        loop {
+            let mut it = journal::EntryIter::new(&map[pos..], record::RECORD_BYTES_STORED_MAX);
+            for entry in it.by_ref() {
+                outcome.entries += 1;
+                self.report.journal_entries_replayed += 1;
+                self.entry(&entry)?;
+            }
+            let Some(reason) = it.stop_reason().map(str::to_owned) else {
+                break;
+            };
+            let bad = pos + it.position();
+            if header.has_sync_marks() && proof.is_none_or(|(_, at)| at <= bad) {
+                proof = journal::furthest_sync_mark_from(&map, bad + 1);
+            }
+            let Some((synced, mark_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
+                outcome.torn = Some(torn(bad, reason));
+                break;
+            };
+            match self.repair_from_segments(&map, bad) {
+                Some(next) => {
+                    log::warn!(
+                        "journal {} offset {bad}: {reason}; the entry was restored from the \
+                         intact copy of its record in the group's segments",
+                        path.display()
+                    );
+                    self.report.journal_entries_repaired += 1;
+                    self.report.records_already_present += 1;
+                    pos = next;
+                }
+                None => {
+                    return Err(Error::Corrupt {
+                        path: path.to_owned(),
+                        group: None,
+                        offset: bad as u64,
+                        reason: format!(
+                            "{reason}. This is not a torn write: the sync mark at offset \
+                             {mark_at} shows that the file was durable up to offset {synced}, \
+                             so acknowledged entries were damaged, and they are not all intact \
+                             elsewhere. {JOURNAL_DAMAGE_HINT}"
+                        ),
+                    });
+                }
+            }
         }
-        let torn = it
-            .stop_reason()
-            .map(|reason| torn(JOURNAL_HEADER_BYTES + it.position(), reason.to_string()));
-        Ok(FileOutcome { entries, torn })
+        Ok(outcome)
+    }
+
+    /// Restores the damaged entry at `bad` from its record's copy in the
+    /// group's segments, if the damage provably touched nothing else: a
+    /// valid entry follows where the entry's length says it ends, it is a
+    /// Record entry of a registered group whose log holds the msg_id its
+    /// body names, and either the body equals that copy (the damage is in
+    /// the entry header) or the entry's stored checksum matches its header
+    /// with the copy as body (the damage is in the body). Returns where
+    /// the next entry starts.
+    fn repair_from_segments(&mut self, map: &[u8], bad: usize) -> Option<usize> {
+        let header = map.get(bad..bad.checked_add(ENTRY_HEADER_BYTES)?)?;
+        let u32_at =
+            |o: usize| u32::from_le_bytes([header[o], header[o + 1], header[o + 2], header[o + 3]]);
+        let body_len = usize::try_from(u32_at(4)).ok()?;
+        let end = bad.checked_add(ENTRY_HEADER_BYTES)?.checked_add(body_len)?;
+        if end >= map.len()
+            || journal::EntryIter::new(&map[end..], record::RECORD_BYTES_STORED_MAX)
+                .next()
+                .is_none()
+        {
+            return None;
+        }
+        if header[8] != EntryKind::Record as u8 {
+            return None;
+        }
+        let group_id = u64::from_le_bytes(header[16..24].try_into().ok()?);
+        let body = &map[bad + ENTRY_HEADER_BYTES..end];
+        let msg_id = u64::from_le_bytes(body.get(8..16)?.try_into().ok()?);
+        let group = self.catalog.get(group_id)?.clone();
+        ensure_loaded_reporting(self.ctx, &group, self.report);
+        let slot = group.log.read();
+        let LogSlot::Loaded(log) = &*slot else {
+            return None;
+        };
+        if msg_id == 0 || msg_id > log.head() || msg_id < log.floor() {
+            return None;
+        }
+        let batch = log.read(self.ctx, msg_id - 1, 1, usize::MAX).ok()?;
+        let copy = batch.records().next()?;
+        if copy.header.msg_id != msg_id || copy.bytes.len() != body.len() {
+            return None;
+        }
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&header[4..ENTRY_HEADER_BYTES]);
+        crc.update(copy.bytes);
+        let intact = copy.bytes == body || crc.finalize() == u32_at(0);
+        intact.then_some(end)
     }
 
     fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
+        if entry.kind == EntryKind::SyncMark {
+            // Read by `file` when it meets a bad entry; names no group.
+            return Ok(());
+        }
         let id = entry.group_id;
         if entry.kind == EntryKind::CreateGroup {
             if !self.catalog.contains(id) {
@@ -428,7 +687,6 @@ impl Replay<'_> {
         };
         let (ctx, cursors) = (self.ctx, self.cursors);
         match entry.kind {
-            EntryKind::CreateGroup => {}
             EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
             EntryKind::Join => {
                 if let Some((user, cursor)) = tidemarks::decode_join(entry.body) {
@@ -458,6 +716,7 @@ impl Replay<'_> {
                 }
             }
             EntryKind::Record => self.record(&group, entry.body),
+            EntryKind::CreateGroup | EntryKind::SyncMark => {}
         }
         Ok(())
     }

@@ -21,6 +21,8 @@ use crate::{Config, Engine, Error, JoinStart};
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
 const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
 const JOURNAL_HEADER: &str = include_str!("../../format-spec/vectors/storage/journal-header.hex");
+const JOURNAL_ENTRY_SYNC_MARK: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-sync-mark.hex");
 const JOURNAL_ENTRY_RECORD: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-record.hex");
 const JOURNAL_ENTRY_CREATE_GROUP: &str =
@@ -236,7 +238,7 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
     let v = vector(JOURNAL_HEADER);
     assert_eq!(v.len(), JOURNAL_HEADER_BYTES);
     assert_eq!(journal::encode_header(1).to_vec(), v);
-    assert_eq!(journal::decode_header(&v), Ok(1));
+    assert_eq!(journal::decode_header_of(&v).map(|h| h.seq), Ok(1));
     assert_eq!(&v[0..8], &journal::JOURNAL_MAGIC);
     assert_eq!(u16::from_le_bytes([v[8], v[9]]), journal::JOURNAL_VERSION);
     assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
@@ -251,26 +253,52 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
         b
     };
     // header_len other than 32 and non-zero reserved bytes are refused.
-    for off in [10, 12, 15, 24, 27] {
+    // (Bit 0 of byte 12 is the one defined flag; the other bits are reserved.)
+    for (off, bit) in [
+        (10, 1),
+        (12, 2),
+        (12, 0x80),
+        (13, 1),
+        (15, 1),
+        (24, 1),
+        (27, 1),
+    ] {
         let mut b = v.clone();
-        b[off] ^= 1;
+        b[off] ^= bit;
         assert_eq!(
-            journal::decode_header(&resealed(b)),
+            journal::decode_header_of(&resealed(b)),
             Err("journal header_len or reserved bytes invalid".to_string()),
-            "byte {off}"
+            "byte {off} bit {bit:#x}"
         );
     }
     // An intact header of another version is recognised as such (recovery
     // refuses the file instead of cutting it as torn).
     assert_eq!(journal::unsupported_version(&v), None);
     let mut future = v.clone();
-    future[8] = 2;
+    future[8] = 3;
     let future = resealed(future);
-    assert_eq!(journal::unsupported_version(&future), Some(2));
+    assert_eq!(journal::unsupported_version(&future), Some(3));
     assert_eq!(
-        journal::decode_header(&future),
-        Err("unsupported journal version 2".to_string())
+        journal::decode_header_of(&future),
+        Err("unsupported journal version 3".to_string())
     );
+    // Version 1 (no sync marks, no flags) is still read; its byte 12 is
+    // reserved.
+    let mut v1 = v.clone();
+    v1[8] = 1;
+    let v1 = resealed(v1);
+    assert_eq!(journal::unsupported_version(&v1), None);
+    let h = journal::decode_header_of(&v1).unwrap();
+    assert!(!h.has_sync_marks() && h.segments_may_lead());
+    let mut v1_flag = v1.clone();
+    v1_flag[12] = 1;
+    assert!(journal::decode_header_of(&resealed(v1_flag)).is_err());
+    // The flag of version 2.
+    let mut flagged = v.clone();
+    flagged[12] = journal::FLAG_SEGMENTS_MAY_LEAD;
+    let h = journal::decode_header_of(&resealed(flagged)).unwrap();
+    assert!(h.has_sync_marks() && h.segments_may_lead());
+    assert!(!journal::decode_header_of(&v).unwrap().segments_may_lead());
     // A damaged header (CRC mismatch) is not an unknown version.
     let mut torn = future.clone();
     torn[30] ^= 1;
@@ -298,6 +326,43 @@ fn journal_record_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
     assert!(it.next().is_none());
     assert_eq!(it.position(), v.len());
     assert_eq!(it.stop_reason(), None);
+}
+
+#[test]
+fn journal_sync_mark_vector_matches_the_encoder_and_is_recognised_only_where_it_can_be() {
+    let v = vector(JOURNAL_ENTRY_SYNC_MARK);
+    let mut out = Vec::new();
+    journal::encode_sync_mark(&mut out, 4096);
+    assert_eq!(out, v);
+    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
+    let e = it.next().unwrap();
+    assert_eq!(
+        (e.kind, e.group_id, e.body),
+        (EntryKind::SyncMark, 0, &4096u64.to_le_bytes()[..])
+    );
+    assert!(it.next().is_none());
+    // A mark names only bytes before itself, and at least the file header.
+    let mut file = vec![0u8; 4096];
+    file.extend_from_slice(&v);
+    assert_eq!(journal::sync_mark_at(&file, 4096), Some(4096));
+    assert_eq!(
+        journal::furthest_sync_mark_from(&file, 1),
+        Some((4096, 4096))
+    );
+    assert_eq!(
+        journal::sync_mark_at(&file[1..], 4095),
+        None,
+        "names bytes after it"
+    );
+    let mut low = Vec::new();
+    journal::encode_sync_mark(&mut low, 31);
+    assert_eq!(journal::sync_mark_at(&low, 0), None);
+    // Any damage to it makes it no mark.
+    for at in 0..v.len() {
+        let mut d = file.clone();
+        d[4096 + at] ^= 0x10;
+        assert_eq!(journal::sync_mark_at(&d, 4096), None, "byte {at}");
+    }
 }
 
 #[test]

@@ -989,19 +989,24 @@ fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones()
     e.simulate_crash();
     let journal = newest_file(&src.join("journal"), ".tmj");
     let jbytes = std::fs::read(&journal).unwrap();
-    // Entry boundaries of the journal.
+    // Entry boundaries of the journal, and the ends of its Record entries
+    // (the others create the group and mark syncs).
     let mut it =
         crate::journal::EntryIter::new(&jbytes[crate::journal::JOURNAL_HEADER_BYTES..], 1 << 20);
-    let mut ends = Vec::new();
-    while it.next().is_some() {
-        ends.push((crate::journal::JOURNAL_HEADER_BYTES + it.position()) as u64);
+    let (mut ends, mut record_ends) = (Vec::new(), Vec::new());
+    while let Some(entry) = it.next() {
+        let end = (crate::journal::JOURNAL_HEADER_BYTES + it.position()) as u64;
+        ends.push(end);
+        if entry.kind == crate::journal::EntryKind::Record {
+            record_ends.push(end);
+        }
     }
     let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
     let seg_starts = last_record_offsets(&seg, 25);
     let from = ends[ends.len() - 4];
     for cut in from..jbytes.len() as u64 {
-        // Records whose entries are whole before the cut (entry 0 creates the group).
-        let whole = ends.iter().filter(|&&e| e <= cut).count() as u64 - 1;
+        // Records whose entries are whole before the cut.
+        let whole = record_ends.iter().filter(|&&e| e <= cut).count() as u64;
         let dst = base.path().join(format!("cut{cut}"));
         copy_dir(&src, &dst);
         std::fs::OpenOptions::new()
@@ -1169,7 +1174,7 @@ fn a_torn_journal_followed_only_by_empty_files_is_cut_not_refused() {
         .unwrap()
         .parse()
         .unwrap();
-    let next = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 1).unwrap();
+    let next = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 1, false).unwrap();
     drop(next);
     let e = Engine::open(c.clone()).unwrap();
     assert!(e.recovery_report().bytes_cut() > 0);
@@ -1565,8 +1570,15 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
         .unwrap()
         .close()
         .unwrap();
+    // Only a journal named u64::MAX and no checkpoint (with a checkpoint,
+    // the gap before it would be refused as a missing file first).
     let jdir = dir.path().join("journal");
-    crate::journal::Journal::create(&crate::io::OsVfs, &jdir, u64::MAX).unwrap();
+    for f in std::fs::read_dir(&jdir).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("checkpoint.prev"));
+    crate::journal::Journal::create(&crate::io::OsVfs, &jdir, u64::MAX, false).unwrap();
     let err = Engine::open(small_config(dir.path()))
         .err()
         .expect("refused");
@@ -1874,6 +1886,71 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         }
         let e = Engine::open(c.clone()).unwrap();
         check_mixed(&e, &x, &format!("seed {seed} final"));
+/// `(start, end, kind, group)` of every entry of a journal file's valid part.
+fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::journal::EntryKind, u64)> {
+    let h = crate::journal::JOURNAL_HEADER_BYTES;
+    let mut it = crate::journal::EntryIter::new(&bytes[h..], 1 << 20);
+    let mut out = Vec::new();
+    let mut start = h;
+    while let Some(e) = it.next() {
+        let end = h + it.position();
+        out.push((start, end, e.kind, e.group_id));
+        start = end;
+    }
+    out
+}
+
+fn seq_of(journal: &Path) -> u64 {
+    journal
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming_file_and_offset() {
+    // Records wait in segment tails (16 KiB), so at the crash the journal
+    // is their only copy: a damaged entry cannot be restored from anywhere.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2], 40);
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let records: Vec<_> = journal_entries(&bytes)
+        .into_iter()
+        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .collect();
+    assert_eq!(records.len(), 80);
+    // The middle record's payload: valid, acknowledged entries follow it.
+    let (start, end, _, _) = records[40];
+    bytes[end - 3] ^= 0x20;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    for _ in 0..2 {
+        let err = Engine::open(c.clone()).err().expect("refused");
+        let text = err.to_string();
+        match &err {
+            Error::Corrupt {
+                path,
+                group: None,
+                offset,
+                ..
+            } => {
+                assert_eq!(path, &journal, "{text}");
+                assert_eq!(*offset, start as u64, "{text}");
+            }
+            other => panic!("expected Corrupt naming the journal, got {other}"),
+        }
+        assert!(text.contains("not a torn write"), "{text}");
+        assert!(text.contains("backup"), "says what to do: {text}");
+        // Refusing changed nothing: the file still holds every entry.
+        assert_eq!(std::fs::read(&journal).unwrap(), bytes);
     }
 }
 
@@ -1928,4 +2005,208 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
         "some cut kept a valid entry after a lost page"
     );
     println!("{holes} of {cuts} cuts left valid journal entries after a hole");
+fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.segment_tail_bytes = 0; // every record also reaches its segment file
+    let e = Engine::open(c.clone()).unwrap();
+    // Both groups are in the checkpoint (replaying a group's creation
+    // starts its files afresh, so its segments could not help).
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.checkpoint().unwrap();
+    for g in [1, 2] {
+        // Group 2's records all follow the damaged entry in the journal.
+        for i in 1..=30 {
+            e.append(g, 7, g * 1_000_000 + i, &payload(g, i)).unwrap();
+        }
+    }
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let records: Vec<_> = journal_entries(&bytes)
+        .into_iter()
+        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .collect();
+    // A byte of the 20th record of group 1 (in its payload).
+    let (_, end, _, group) = records[19];
+    assert_eq!(group, 1);
+    bytes[end - 5] ^= 0x01;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    let report = e.recovery_report().clone();
+    assert_eq!(report.journal_entries_repaired, 1);
+    assert_eq!(report.bytes_cut(), 0, "nothing is cut: {report:?}");
+    for g in [1, 2] {
+        assert_dense_and_exact(&e, g, 30);
+        // The next id is new.
+        let a = e.append(g, 7, 9_000_000 + g, &payload(g, 31)).unwrap();
+        assert_eq!(a.msg_id, 31);
+    }
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    for g in [1, 2] {
+        assert_eq!(e.head(g).unwrap(), 31);
+    }
+}
+
+#[test]
+fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2], 20);
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    std::fs::remove_file(&journal).unwrap();
+    let err = Engine::open(c.clone()).err().expect("refused");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &journal),
+        "names the file: {text}"
+    );
+    assert!(text.contains("missing"), "{text}");
+
+    // After a clean shutdown the file the checkpoint names holds nothing:
+    // losing it loses nothing, and opening goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 20);
+    e.close().unwrap();
+    std::fs::remove_file(newest_file(&dir.path().join("journal"), ".tmj")).unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 1, 20);
+}
+
+#[test]
+fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    e.simulate_crash();
+    let jdir = dir.path().join("journal");
+    let seq = seq_of(&newest_file(&jdir, ".tmj"));
+    // File seq + 1 is missing; seq + 2 holds an entry.
+    let mut j = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 2, false).unwrap();
+    let mut buf = Vec::new();
+    let at = crate::journal::begin_entry(&mut buf, crate::journal::EntryKind::CreateGroup, 9);
+    crate::journal::finish_entry(&mut buf, at);
+    j.append(&buf).unwrap();
+    j.sync().unwrap();
+    drop(j);
+    let err = Engine::open(c).err().expect("refused");
+    let missing = crate::journal::journal_path(&jdir, seq + 1);
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &missing),
+        "names the missing file: {err}"
+    );
+}
+
+#[test]
+fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_twice() {
+    // Under `never` a power loss may keep segment writes whose journal bytes
+    // it lost. Here the journal ends cleanly before group 2's records (a
+    // lost, unsynced end at an entry boundary), while group 2's segments
+    // hold 200 records: the active one the checkpoint lists, grown, and
+    // segment files started after the checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.fsync = FsyncPolicy::Never;
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.segment_tail_bytes = 0;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.checkpoint().unwrap();
+    for i in 1..=5 {
+        e.append(1, 7, 1_000_000 + i, &payload(1, i)).unwrap();
+    }
+    for i in 1..=200 {
+        e.append(2, 7, 2_000_000 + i, &payload(2, i)).unwrap();
+    }
+    e.simulate_crash();
+    let gdir = crate::group_log::group_dir(dir.path(), 2);
+    assert!(
+        std::fs::read_dir(&gdir).unwrap().count() >= 3,
+        "several segments"
+    );
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let bytes = std::fs::read(&journal).unwrap();
+    let first_of_2 = journal_entries(&bytes)
+        .into_iter()
+        .find(|e| e.2 == crate::journal::EntryKind::Record && e.3 == 2)
+        .unwrap()
+        .0;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(first_of_2 as u64)
+        .unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    // Known at open, before anything loads the group, and it never jumps.
+    assert_eq!(e.head(2).unwrap(), 200);
+    assert_dense_and_exact(&e, 2, 200);
+    assert_eq!(e.head(2).unwrap(), 200);
+    assert_dense_and_exact(&e, 1, 5);
+    // A new send gets an id no stored message has.
+    let a = e.append(2, 7, 3_000_000, &payload(2, 201)).unwrap();
+    assert_eq!(a.msg_id, 201);
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 2, 201);
+}
+
+#[test]
+fn the_report_counts_unverified_groups_and_a_damaged_group_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2, 3], 30);
+    e.close().unwrap();
+    // Damage group 1's checkpointed data: found only when it is loaded.
+    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    let report = e.recovery_report().clone();
+    assert_eq!(report.groups, 3);
+    assert_eq!(report.groups_verified, 0);
+    assert_eq!(report.groups_unverified, 3);
+    assert!(report.damaged_groups.is_empty());
+    let line = report.summary();
+    assert!(
+        line.contains("groups loaded and verified: 0")
+            && line.contains("groups not yet verified (loaded on first use): 3")
+            && line.contains("damaged groups: 0"),
+        "{line}"
+    );
+    let err = e.read(1, 0, 10, 1 << 20).err().expect("damaged");
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::GroupDamaged { group: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(crate::DAMAGED_GROUP_HINT)
+            && text.contains("delete the group")
+            && text.contains("backup"),
+        "says what an operator can do: {text}"
+    );
+    e.close().unwrap();
+    // The next open knows the damage from the checkpoint and counts it.
+    let e = Engine::open(c).unwrap();
+    let report = e.recovery_report();
+    assert_eq!(report.damaged_groups.len(), 1);
+    assert_eq!(report.groups_unverified, 2);
+    assert!(report.summary().contains("damaged groups: 1"));
 }

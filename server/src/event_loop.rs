@@ -938,15 +938,7 @@ pub fn serve(
     let engine =
         Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
     let report = engine.recovery_report();
-    log::info!(
-        "recovered: {} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, bytes cut: {}, damaged groups: {}",
-        report.groups,
-        report.clean_shutdown,
-        report.journal_entries_replayed,
-        report.records_replayed,
-        report.bytes_cut(),
-        report.damaged_groups.len()
-    );
+    log::info!("recovered: {}", report.summary());
     let mut event_loop = EventLoop::with_listener(engine.clone(), config, listener)
         .map_err(|e| format!("event loop: {e}"))?;
     let addr = event_loop.local_addr().map_err(|e| e.to_string())?;

@@ -140,6 +140,12 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
 /// The ERROR frame for an engine error.
 pub fn engine_error(request_id: u64, e: &EngineError) -> Outgoing {
     let (code, detail) = error_code_of(e);
+    // Every GROUP_DAMAGED says what an operator can do (the engine's
+    // `GroupDamaged` text already does; a `Corrupt` read does not).
+    if let EngineError::Corrupt { .. } = e {
+        let message = format!("{e}; {}", tidemark_engine::DAMAGED_GROUP_HINT);
+        return error(request_id, code, detail, &message);
+    }
     error(request_id, code, detail, &e.to_string())
 }
 
