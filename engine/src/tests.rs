@@ -273,81 +273,6 @@ fn dedup_window_keeps_at_least_the_configured_sends_after_restart() {
     assert_eq!(old.msg_id, 121);
 }
 
-/// A segment's first read verifies it through the file layer (pread), not
-/// through the mapping: a page the medium cannot return (EIO) or a file cut
-/// under the engine is `GroupDamaged` naming the file, where a mapping
-/// would have raised SIGBUS (or, for EIO injected here, served the bytes
-/// unverified by the file layer). Other groups are read as before.
-#[test]
-fn a_segment_the_medium_cannot_read_damages_its_group_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(small_config(dir.path())).unwrap();
-    e.create_group(1).unwrap();
-    e.create_group(2).unwrap();
-    for i in 1..=200 {
-        e.append(1, 7, i, &payload(1, i)).unwrap();
-    }
-    e.append(2, 7, 1, &payload(2, 1)).unwrap();
-    e.close().unwrap();
-
-    let vfs = FaultyVfs::new();
-    let control = vfs.control.clone();
-    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
-    // Load both groups (their active segments are verified) while reads work.
-    assert_eq!(e.read(1, 199, 1, usize::MAX).unwrap().count, 1);
-    assert_eq!(e.read(2, 0, 10, usize::MAX).unwrap().count, 1);
-    control.fail_reads.store(true, Ordering::SeqCst);
-    // The oldest segment of group 1 is read for the first time.
-    match e.read(1, 0, 10, usize::MAX) {
-        Err(Error::GroupDamaged { group: 1, reason }) => {
-            assert!(reason.contains("00000000000000000001.seg"), "{reason}");
-        }
-        Err(other) => panic!("expected GroupDamaged, got {other}"),
-        Ok(b) => panic!("expected GroupDamaged, got {} records", b.count),
-    }
-    // Group 2 was verified before and is served from its mapping.
-    assert_eq!(e.read(2, 0, 10, usize::MAX).unwrap().count, 1);
-}
-
-/// The active segment cut under the engine, then written again: the tail
-/// flush writes at the length the log expects and leaves zeros where the
-/// cut records were. Reads that reach the zeros are `GroupDamaged` naming
-/// the file (they used to walk records of length 0 and answer garbage);
-/// reads above them are served.
-#[test]
-fn reads_of_a_hole_left_by_a_cut_active_segment_are_group_damaged() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.segment_bytes_max = 64 << 10;
-    c.segment_tail_bytes = 512;
-    let e = Engine::open(c).unwrap();
-    e.create_group(1).unwrap();
-    for i in 1..=60 {
-        e.append(1, 7, i, &payload(1, i)).unwrap();
-    }
-    assert_eq!(e.read(1, 0, 100, usize::MAX).unwrap().count, 60);
-    let file = crate::group_log::group_dir(dir.path(), 1).join(crate::segment::file_name(1));
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .unwrap()
-        .set_len(64)
-        .unwrap();
-    for i in 61..=80 {
-        e.append(1, 7, i, &payload(1, i)).unwrap();
-    }
-    match e.read(1, 0, 100, usize::MAX) {
-        Err(Error::GroupDamaged { group: 1, reason }) => {
-            assert!(reason.contains("00000000000000000001.seg"), "{reason}");
-        }
-        Err(other) => panic!("expected GroupDamaged, got {other}"),
-        Ok(b) => panic!("expected GroupDamaged, got {} records", b.count),
-    }
-    let newest = e.read(1, 75, 100, usize::MAX).unwrap();
-    let ids: Vec<u64> = newest.records().map(|r| r.header.msg_id).collect();
-    assert_eq!(ids, vec![76, 77, 78, 79, 80]);
-}
-
 #[test]
 fn a_round_writing_1000_groups_costs_one_fsync() {
     let dir = tempfile::tempdir().unwrap();
@@ -1585,6 +1510,281 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
     assert!(err.to_string().contains("exhausted"), "{err}");
 }
 
+/// `(start, end, kind, group)` of every entry of a journal file's valid part.
+fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::journal::EntryKind, u64)> {
+    let h = crate::journal::JOURNAL_HEADER_BYTES;
+    let mut it = crate::journal::EntryIter::new(&bytes[h..], 1 << 20);
+    let mut out = Vec::new();
+    let mut start = h;
+    while let Some(e) = it.next() {
+        let end = h + it.position();
+        out.push((start, end, e.kind, e.group_id));
+        start = end;
+    }
+    out
+}
+
+fn seq_of(journal: &Path) -> u64 {
+    journal
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming_file_and_offset() {
+    // Records wait in segment tails (16 KiB), so at the crash the journal
+    // is their only copy: a damaged entry cannot be restored from anywhere.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2], 40);
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let records: Vec<_> = journal_entries(&bytes)
+        .into_iter()
+        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .collect();
+    assert_eq!(records.len(), 80);
+    // The middle record's payload: valid, acknowledged entries follow it.
+    let (start, end, _, _) = records[40];
+    bytes[end - 3] ^= 0x20;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    for _ in 0..2 {
+        let err = Engine::open(c.clone()).err().expect("refused");
+        let text = err.to_string();
+        match &err {
+            Error::Corrupt {
+                path,
+                group: None,
+                offset,
+                ..
+            } => {
+                assert_eq!(path, &journal, "{text}");
+                assert_eq!(*offset, start as u64, "{text}");
+            }
+            other => panic!("expected Corrupt naming the journal, got {other}"),
+        }
+        assert!(text.contains("not a torn write"), "{text}");
+        assert!(text.contains("backup"), "says what to do: {text}");
+        // Refusing changed nothing: the file still holds every entry.
+        assert_eq!(std::fs::read(&journal).unwrap(), bytes);
+    }
+}
+
+#[test]
+fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.segment_tail_bytes = 0; // every record also reaches its segment file
+    let e = Engine::open(c.clone()).unwrap();
+    // Both groups are in the checkpoint (replaying a group's creation
+    // starts its files afresh, so its segments could not help).
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.checkpoint().unwrap();
+    for g in [1, 2] {
+        // Group 2's records all follow the damaged entry in the journal.
+        for i in 1..=30 {
+            e.append(g, 7, g * 1_000_000 + i, &payload(g, i)).unwrap();
+        }
+    }
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let records: Vec<_> = journal_entries(&bytes)
+        .into_iter()
+        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .collect();
+    // A byte of the 20th record of group 1 (in its payload).
+    let (_, end, _, group) = records[19];
+    assert_eq!(group, 1);
+    bytes[end - 5] ^= 0x01;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    let report = e.recovery_report().clone();
+    assert_eq!(report.journal_entries_repaired, 1);
+    assert_eq!(report.bytes_cut(), 0, "nothing is cut: {report:?}");
+    for g in [1, 2] {
+        assert_dense_and_exact(&e, g, 30);
+        // The next id is new.
+        let a = e.append(g, 7, 9_000_000 + g, &payload(g, 31)).unwrap();
+        assert_eq!(a.msg_id, 31);
+    }
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    for g in [1, 2] {
+        assert_eq!(e.head(g).unwrap(), 31);
+    }
+}
+
+#[test]
+fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2], 20);
+    e.simulate_crash();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    std::fs::remove_file(&journal).unwrap();
+    let err = Engine::open(c.clone()).err().expect("refused");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &journal),
+        "names the file: {text}"
+    );
+    assert!(text.contains("missing"), "{text}");
+
+    // After a clean shutdown the file the checkpoint names holds nothing:
+    // losing it loses nothing, and opening goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 20);
+    e.close().unwrap();
+    std::fs::remove_file(newest_file(&dir.path().join("journal"), ".tmj")).unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 1, 20);
+}
+
+#[test]
+fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    e.simulate_crash();
+    let jdir = dir.path().join("journal");
+    let seq = seq_of(&newest_file(&jdir, ".tmj"));
+    // File seq + 1 is missing; seq + 2 holds an entry.
+    let mut j = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 2, false).unwrap();
+    let mut buf = Vec::new();
+    let at = crate::journal::begin_entry(&mut buf, crate::journal::EntryKind::CreateGroup, 9);
+    crate::journal::finish_entry(&mut buf, at);
+    j.append(&buf).unwrap();
+    j.sync().unwrap();
+    drop(j);
+    let err = Engine::open(c).err().expect("refused");
+    let missing = crate::journal::journal_path(&jdir, seq + 1);
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &missing),
+        "names the missing file: {err}"
+    );
+}
+
+#[test]
+fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_twice() {
+    // Under `never` a power loss may keep segment writes whose journal bytes
+    // it lost. Here the journal ends cleanly before group 2's records (a
+    // lost, unsynced end at an entry boundary), while group 2's segments
+    // hold 200 records: the active one the checkpoint lists, grown, and
+    // segment files started after the checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.fsync = FsyncPolicy::Never;
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.segment_tail_bytes = 0;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.checkpoint().unwrap();
+    for i in 1..=5 {
+        e.append(1, 7, 1_000_000 + i, &payload(1, i)).unwrap();
+    }
+    for i in 1..=200 {
+        e.append(2, 7, 2_000_000 + i, &payload(2, i)).unwrap();
+    }
+    e.simulate_crash();
+    let gdir = crate::group_log::group_dir(dir.path(), 2);
+    assert!(
+        std::fs::read_dir(&gdir).unwrap().count() >= 3,
+        "several segments"
+    );
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let bytes = std::fs::read(&journal).unwrap();
+    let first_of_2 = journal_entries(&bytes)
+        .into_iter()
+        .find(|e| e.2 == crate::journal::EntryKind::Record && e.3 == 2)
+        .unwrap()
+        .0;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(first_of_2 as u64)
+        .unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    // Known at open, before anything loads the group, and it never jumps.
+    assert_eq!(e.head(2).unwrap(), 200);
+    assert_dense_and_exact(&e, 2, 200);
+    assert_eq!(e.head(2).unwrap(), 200);
+    assert_dense_and_exact(&e, 1, 5);
+    // A new send gets an id no stored message has.
+    let a = e.append(2, 7, 3_000_000, &payload(2, 201)).unwrap();
+    assert_eq!(a.msg_id, 201);
+    e.close().unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 2, 201);
+}
+
+#[test]
+fn the_report_counts_unverified_groups_and_a_damaged_group_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1, 2, 3], 30);
+    e.close().unwrap();
+    // Damage group 1's checkpointed data: found only when it is loaded.
+    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let e = Engine::open(c.clone()).unwrap();
+    let report = e.recovery_report().clone();
+    assert_eq!(report.groups, 3);
+    assert_eq!(report.groups_verified, 0);
+    assert_eq!(report.groups_unverified, 3);
+    assert!(report.damaged_groups.is_empty());
+    let line = report.summary();
+    assert!(
+        line.contains("groups loaded and verified: 0")
+            && line.contains("groups not yet verified (loaded on first use): 3")
+            && line.contains("damaged groups: 0"),
+        "{line}"
+    );
+    let err = e.read(1, 0, 10, 1 << 20).err().expect("damaged");
+    let text = err.to_string();
+    assert!(
+        matches!(err, Error::GroupDamaged { group: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains(crate::DAMAGED_GROUP_HINT)
+            && text.contains("delete the group")
+            && text.contains("backup"),
+        "says what an operator can do: {text}"
+    );
+    e.close().unwrap();
+    // The next open knows the damage from the checkpoint and counts it.
+    let e = Engine::open(c).unwrap();
+    let report = e.recovery_report();
+    assert_eq!(report.damaged_groups.len(), 1);
+    assert_eq!(report.groups_unverified, 2);
+    assert!(report.summary().contains("damaged groups: 1"));
+}
+
 /// What a run of [`mixed_work_until_power_cut`] acknowledged, and so what
 /// must be found after the cut (fsync=always).
 #[derive(Clone, Debug, Default)]
@@ -1886,71 +2086,6 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         }
         let e = Engine::open(c.clone()).unwrap();
         check_mixed(&e, &x, &format!("seed {seed} final"));
-/// `(start, end, kind, group)` of every entry of a journal file's valid part.
-fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::journal::EntryKind, u64)> {
-    let h = crate::journal::JOURNAL_HEADER_BYTES;
-    let mut it = crate::journal::EntryIter::new(&bytes[h..], 1 << 20);
-    let mut out = Vec::new();
-    let mut start = h;
-    while let Some(e) = it.next() {
-        let end = h + it.position();
-        out.push((start, end, e.kind, e.group_id));
-        start = end;
-    }
-    out
-}
-
-fn seq_of(journal: &Path) -> u64 {
-    journal
-        .file_stem()
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-#[test]
-fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming_file_and_offset() {
-    // Records wait in segment tails (16 KiB), so at the crash the journal
-    // is their only copy: a damaged entry cannot be restored from anywhere.
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1, 2], 40);
-    e.simulate_crash();
-    let journal = newest_file(&dir.path().join("journal"), ".tmj");
-    let mut bytes = std::fs::read(&journal).unwrap();
-    let records: Vec<_> = journal_entries(&bytes)
-        .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Record)
-        .collect();
-    assert_eq!(records.len(), 80);
-    // The middle record's payload: valid, acknowledged entries follow it.
-    let (start, end, _, _) = records[40];
-    bytes[end - 3] ^= 0x20;
-    std::fs::write(&journal, &bytes).unwrap();
-
-    for _ in 0..2 {
-        let err = Engine::open(c.clone()).err().expect("refused");
-        let text = err.to_string();
-        match &err {
-            Error::Corrupt {
-                path,
-                group: None,
-                offset,
-                ..
-            } => {
-                assert_eq!(path, &journal, "{text}");
-                assert_eq!(*offset, start as u64, "{text}");
-            }
-            other => panic!("expected Corrupt naming the journal, got {other}"),
-        }
-        assert!(text.contains("not a torn write"), "{text}");
-        assert!(text.contains("backup"), "says what to do: {text}");
-        // Refusing changed nothing: the file still holds every entry.
-        assert_eq!(std::fs::read(&journal).unwrap(), bytes);
     }
 }
 
@@ -2005,208 +2140,4 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
         "some cut kept a valid entry after a lost page"
     );
     println!("{holes} of {cuts} cuts left valid journal entries after a hole");
-fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
-    c.segment_tail_bytes = 0; // every record also reaches its segment file
-    let e = Engine::open(c.clone()).unwrap();
-    // Both groups are in the checkpoint (replaying a group's creation
-    // starts its files afresh, so its segments could not help).
-    e.create_group(1).unwrap();
-    e.create_group(2).unwrap();
-    e.checkpoint().unwrap();
-    for g in [1, 2] {
-        // Group 2's records all follow the damaged entry in the journal.
-        for i in 1..=30 {
-            e.append(g, 7, g * 1_000_000 + i, &payload(g, i)).unwrap();
-        }
-    }
-    e.simulate_crash();
-    let journal = newest_file(&dir.path().join("journal"), ".tmj");
-    let mut bytes = std::fs::read(&journal).unwrap();
-    let records: Vec<_> = journal_entries(&bytes)
-        .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Record)
-        .collect();
-    // A byte of the 20th record of group 1 (in its payload).
-    let (_, end, _, group) = records[19];
-    assert_eq!(group, 1);
-    bytes[end - 5] ^= 0x01;
-    std::fs::write(&journal, &bytes).unwrap();
-
-    let e = Engine::open(c.clone()).unwrap();
-    let report = e.recovery_report().clone();
-    assert_eq!(report.journal_entries_repaired, 1);
-    assert_eq!(report.bytes_cut(), 0, "nothing is cut: {report:?}");
-    for g in [1, 2] {
-        assert_dense_and_exact(&e, g, 30);
-        // The next id is new.
-        let a = e.append(g, 7, 9_000_000 + g, &payload(g, 31)).unwrap();
-        assert_eq!(a.msg_id, 31);
-    }
-    e.close().unwrap();
-    let e = Engine::open(c).unwrap();
-    for g in [1, 2] {
-        assert_eq!(e.head(g).unwrap(), 31);
-    }
-}
-
-#[test]
-fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1, 2], 20);
-    e.simulate_crash();
-    let journal = newest_file(&dir.path().join("journal"), ".tmj");
-    std::fs::remove_file(&journal).unwrap();
-    let err = Engine::open(c.clone()).err().expect("refused");
-    let text = err.to_string();
-    assert!(
-        matches!(&err, Error::Corrupt { path, .. } if path == &journal),
-        "names the file: {text}"
-    );
-    assert!(text.contains("missing"), "{text}");
-
-    // After a clean shutdown the file the checkpoint names holds nothing:
-    // losing it loses nothing, and opening goes on.
-    let dir = tempfile::tempdir().unwrap();
-    let c = small_config(dir.path());
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1], 20);
-    e.close().unwrap();
-    std::fs::remove_file(newest_file(&dir.path().join("journal"), ".tmj")).unwrap();
-    let e = Engine::open(c).unwrap();
-    assert_dense_and_exact(&e, 1, 20);
-}
-
-#[test]
-fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1], 5);
-    e.simulate_crash();
-    let jdir = dir.path().join("journal");
-    let seq = seq_of(&newest_file(&jdir, ".tmj"));
-    // File seq + 1 is missing; seq + 2 holds an entry.
-    let mut j = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 2, false).unwrap();
-    let mut buf = Vec::new();
-    let at = crate::journal::begin_entry(&mut buf, crate::journal::EntryKind::CreateGroup, 9);
-    crate::journal::finish_entry(&mut buf, at);
-    j.append(&buf).unwrap();
-    j.sync().unwrap();
-    drop(j);
-    let err = Engine::open(c).err().expect("refused");
-    let missing = crate::journal::journal_path(&jdir, seq + 1);
-    assert!(
-        matches!(&err, Error::Corrupt { path, .. } if path == &missing),
-        "names the missing file: {err}"
-    );
-}
-
-#[test]
-fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_twice() {
-    // Under `never` a power loss may keep segment writes whose journal bytes
-    // it lost. Here the journal ends cleanly before group 2's records (a
-    // lost, unsynced end at an entry boundary), while group 2's segments
-    // hold 200 records: the active one the checkpoint lists, grown, and
-    // segment files started after the checkpoint.
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.fsync = FsyncPolicy::Never;
-    c.journal_checkpoint_bytes = 1 << 30;
-    c.segment_tail_bytes = 0;
-    let e = Engine::open(c.clone()).unwrap();
-    e.create_group(1).unwrap();
-    e.create_group(2).unwrap();
-    e.checkpoint().unwrap();
-    for i in 1..=5 {
-        e.append(1, 7, 1_000_000 + i, &payload(1, i)).unwrap();
-    }
-    for i in 1..=200 {
-        e.append(2, 7, 2_000_000 + i, &payload(2, i)).unwrap();
-    }
-    e.simulate_crash();
-    let gdir = crate::group_log::group_dir(dir.path(), 2);
-    assert!(
-        std::fs::read_dir(&gdir).unwrap().count() >= 3,
-        "several segments"
-    );
-    let journal = newest_file(&dir.path().join("journal"), ".tmj");
-    let bytes = std::fs::read(&journal).unwrap();
-    let first_of_2 = journal_entries(&bytes)
-        .into_iter()
-        .find(|e| e.2 == crate::journal::EntryKind::Record && e.3 == 2)
-        .unwrap()
-        .0;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&journal)
-        .unwrap()
-        .set_len(first_of_2 as u64)
-        .unwrap();
-
-    let e = Engine::open(c.clone()).unwrap();
-    // Known at open, before anything loads the group, and it never jumps.
-    assert_eq!(e.head(2).unwrap(), 200);
-    assert_dense_and_exact(&e, 2, 200);
-    assert_eq!(e.head(2).unwrap(), 200);
-    assert_dense_and_exact(&e, 1, 5);
-    // A new send gets an id no stored message has.
-    let a = e.append(2, 7, 3_000_000, &payload(2, 201)).unwrap();
-    assert_eq!(a.msg_id, 201);
-    e.close().unwrap();
-    let e = Engine::open(c).unwrap();
-    assert_dense_and_exact(&e, 2, 201);
-}
-
-#[test]
-fn the_report_counts_unverified_groups_and_a_damaged_group_says_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = small_config(dir.path());
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1, 2, 3], 30);
-    e.close().unwrap();
-    // Damage group 1's checkpointed data: found only when it is loaded.
-    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
-    let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
-    std::fs::write(&seg, &bytes).unwrap();
-
-    let e = Engine::open(c.clone()).unwrap();
-    let report = e.recovery_report().clone();
-    assert_eq!(report.groups, 3);
-    assert_eq!(report.groups_verified, 0);
-    assert_eq!(report.groups_unverified, 3);
-    assert!(report.damaged_groups.is_empty());
-    let line = report.summary();
-    assert!(
-        line.contains("groups loaded and verified: 0")
-            && line.contains("groups not yet verified (loaded on first use): 3")
-            && line.contains("damaged groups: 0"),
-        "{line}"
-    );
-    let err = e.read(1, 0, 10, 1 << 20).err().expect("damaged");
-    let text = err.to_string();
-    assert!(
-        matches!(err, Error::GroupDamaged { group: 1, .. }),
-        "{text}"
-    );
-    assert!(
-        text.contains(crate::DAMAGED_GROUP_HINT)
-            && text.contains("delete the group")
-            && text.contains("backup"),
-        "says what an operator can do: {text}"
-    );
-    e.close().unwrap();
-    // The next open knows the damage from the checkpoint and counts it.
-    let e = Engine::open(c).unwrap();
-    let report = e.recovery_report();
-    assert_eq!(report.damaged_groups.len(), 1);
-    assert_eq!(report.groups_unverified, 2);
-    assert!(report.summary().contains("damaged groups: 1"));
 }
