@@ -1389,3 +1389,116 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
         .expect("refused");
     assert!(err.to_string().contains("exhausted"), "{err}");
 }
+
+/// format-spec/protocol.md 4.6: once a group's deletion is accepted, every
+/// call treats it as not found, also while the deletion waits for its
+/// commit round; the per-user lists leave it out. One predicate
+/// (`Group::is_deleting`) behind `Engine::group` decides this for all.
+#[test]
+fn a_group_whose_deletion_is_pending_is_not_found_by_any_call() {
+    use crate::{JoinStart, Retention};
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    for g in [1, 2] {
+        e.create_group(g).unwrap();
+        e.join(g, 5, JoinStart::Earliest).unwrap();
+        e.append(g, 100, 1, b"m1").unwrap();
+        e.append(g, 100, 2, b"m2").unwrap();
+    }
+    // Released on drop too, so a failed assertion does not leave the engine's
+    // shutdown waiting for a held sync.
+    struct Release(Arc<crate::io::FaultControl>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.hold_syncs.store(false, Ordering::SeqCst);
+        }
+    }
+    let _release = Release(control.clone());
+    control.hold_syncs.store(true, Ordering::SeqCst);
+    let held = e
+        .submit(&AppendRequest {
+            group_id: 2,
+            sender_id: 100,
+            client_msg_id: 3,
+            payload: b"held",
+        })
+        .unwrap();
+    while control.syncs_held.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let delete = e.submit_delete_group(1).unwrap();
+    let gone = |what: &str, r: Result<(), Error>| {
+        assert!(
+            matches!(r, Err(Error::GroupNotFound { group: 1 })),
+            "{what}: {r:?}"
+        );
+    };
+    gone("head", e.head(1).map(drop));
+    gone("read", e.read(1, 0, 10, 1 << 16).map(drop));
+    gone("pull", e.pull(1, 5, 10, 1 << 16, None).map(drop));
+    gone(
+        "pull with ack",
+        e.pull(1, 5, 10, 1 << 16, Some(1)).map(drop),
+    );
+    gone("ack", e.ack(1, 5, 1).map(drop));
+    gone("cursor", e.cursor(1, 5).map(drop));
+    gone("history", e.history(1, 5, None, 10).map(drop));
+    gone("read_count", e.read_count(1, 1).map(drop));
+    gone("members", e.members(1).map(drop));
+    gone("members_version", e.members_version(1).map(drop));
+    gone(
+        "join of a member",
+        e.submit_join(1, 5, JoinStart::Head).map(drop),
+    );
+    gone("join", e.submit_join(1, 6, JoinStart::Head).map(drop));
+    gone("leave", e.submit_leave(1, 5).map(drop));
+    gone("delete", e.submit_delete_group(1).map(drop));
+    gone("set_retention", e.set_retention(1, Retention::default()));
+    let send = AppendRequest {
+        group_id: 1,
+        sender_id: 100,
+        client_msg_id: 9,
+        payload: b"x",
+    };
+    gone("send", e.try_submit(&send).map(drop));
+    let ticket = e.submit_batch(&[send]);
+    gone("send batch", ticket.map(drop));
+    assert!(!e.is_member(1, 5));
+    let items = e.batch_ack(5, &[(1, 1), (2, 1)]);
+    assert!(matches!(
+        items[0].error,
+        Some(Error::GroupNotFound { group: 1 })
+    ));
+    assert_eq!(items[0].cursor, 0);
+    assert_eq!((items[1].error.is_none(), items[1].cursor), (true, 1));
+    assert_eq!(
+        e.unread(5).iter().map(|u| u.group_id).collect::<Vec<_>>(),
+        vec![2]
+    );
+    let sync = e.sync(5, 10, 1 << 16, None).unwrap();
+    assert_eq!(
+        sync.groups
+            .iter()
+            .map(|g| g.unread.group_id)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    // The id is taken until the deletion completes.
+    assert!(matches!(
+        e.submit_create_group(1),
+        Err(Error::GroupExists { group: 1 })
+    ));
+    assert!(
+        e.poll_op(&delete).is_none(),
+        "the deletion is still pending"
+    );
+
+    control.hold_syncs.store(false, Ordering::SeqCst);
+    e.wait(held).unwrap();
+    e.wait_op(delete).unwrap();
+    gone("head after the delete", e.head(1).map(drop));
+    e.create_group(1).unwrap();
+    assert_eq!(e.head(1).unwrap(), 0);
+}

@@ -699,6 +699,9 @@ impl EventLoop {
                 .read(group, after, (last - after) as usize, budget)
             {
                 Ok(b) if b.count > 0 => b,
+                // Deleted, or its deletion is pending: no further pushes of
+                // it, without notice (format-spec/protocol.md 4.6, 5.1).
+                Err(tidemark_engine::Error::GroupNotFound { .. }) => return,
                 // The records cannot be read back (a damaged group): the
                 // subscribers must pull to learn why.
                 _ => {
