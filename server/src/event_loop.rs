@@ -825,7 +825,9 @@ impl EventLoop {
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        let figures = self.stats.report(self.connections, &self.engine.stats());
+        let figures = self
+            .stats
+            .report(self.connections, &self.engine, &self.config.limits);
         let list: Vec<Stat<'_>> = figures
             .iter()
             .map(|(name, value)| Stat {

@@ -118,14 +118,19 @@ fn send_pull_ack_round_trip() {
     );
     assert!(more);
     let stats: std::collections::HashMap<String, u64> = c.stats().unwrap().into_iter().collect();
-    assert_eq!(stats["appends"], 5);
-    assert_eq!(stats["duplicates"], 1);
-    assert_eq!(stats["requests_send"], 6);
-    assert!(stats["acks"] >= 2, "pull ack_up_to and ACK");
-    assert!(stats["fsyncs"] >= 5, "fsync=always: one per round");
-    assert_eq!(stats["deliveries"], 7, "records sent in pulls and history");
-    assert!(stats["latency_send_p99_us"] > 0 && stats["bytes_in"] > 0 && stats["bytes_out"] > 0);
-    assert_eq!(stats["connections"], 1);
+    assert_eq!(stats["engine.appends"], 5);
+    assert_eq!(stats["engine.duplicates"], 1);
+    assert_eq!(stats["requests.send"], 6);
+    assert!(stats["engine.acks"] >= 2, "pull ack_up_to and ACK");
+    assert!(stats["engine.fsyncs"] >= 5, "fsync=always: one per round");
+    assert_eq!(
+        stats["net.deliveries"], 7,
+        "records sent in pulls and history"
+    );
+    assert!(
+        stats["latency.send.p99_us"] > 0 && stats["net.bytes_in"] > 0 && stats["net.bytes_out"] > 0
+    );
+    assert_eq!(stats["net.connections"], 1);
 }
 
 #[test]
