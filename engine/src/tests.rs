@@ -1502,3 +1502,28 @@ fn a_group_whose_deletion_is_pending_is_not_found_by_any_call() {
     e.create_group(1).unwrap();
     assert_eq!(e.head(1).unwrap(), 0);
 }
+
+/// format-spec/protocol.md 4.6 and storage.md section 12: a group created
+/// again under a deleted group's id starts afresh: ids from 1 and an empty
+/// dedup window, so a retransmit of a send to the old group is a new
+/// message of the new one (also after a reopen, which replays both).
+#[test]
+fn a_group_created_again_does_not_keep_the_old_dedup_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    for c in 1..=3 {
+        e.append(1, 7, c, b"old").unwrap();
+    }
+    assert!(e.append(1, 7, 2, b"old").unwrap().duplicate);
+    e.delete_group(1).unwrap();
+    e.create_group(1).unwrap();
+    let again = e.append(1, 7, 2, b"new").unwrap();
+    assert_eq!((again.msg_id, again.duplicate), (1, false));
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let retry = e.append(1, 7, 2, b"new").unwrap();
+    assert_eq!((retry.msg_id, retry.duplicate), (1, true));
+    let other = e.append(1, 7, 3, b"new").unwrap();
+    assert_eq!((other.msg_id, other.duplicate), (2, false));
+}

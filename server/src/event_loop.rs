@@ -362,7 +362,7 @@ impl EventLoop {
                 engine: &self.engine,
                 limits: &limits,
                 token: self.config.token.as_deref(),
-                server_name: "tidemark",
+                server_name: handlers::SERVER_NAME,
             };
             // The frame borrows the decoder; it is handled into owned output
             // before the connection is touched again.

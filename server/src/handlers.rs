@@ -17,6 +17,16 @@ use crate::protocol::{
     PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
 
+/// The HELLO response's `server_name` (format-spec/protocol.md 4.1):
+/// `tidemark/` and the node's major.minor version, as in the HELLO vector.
+/// For logs; clients must not parse it.
+pub const SERVER_NAME: &str = concat!(
+    "tidemark/",
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    ".",
+    env!("CARGO_PKG_VERSION_MINOR")
+);
+
 /// A response frame: the encoded head, then record bytes from segments.
 pub struct Outgoing {
     pub head: Vec<u8>,
@@ -553,7 +563,7 @@ mod tests {
             engine: e,
             limits,
             token: None,
-            server_name: "tidemark",
+            server_name: SERVER_NAME,
         };
         match handle(&ctx, &mut Phase::Ready, 9, req) {
             Handled::Reply(out) | Handled::Fatal(out) => {
@@ -576,6 +586,103 @@ mod tests {
             Response::Error(e) => Some(e.code),
             _ => None,
         }
+    }
+
+    /// Releases held syncs when dropped, also when an assertion failed, so
+    /// the engine's shutdown does not wait for a held sync forever.
+    struct Release(Arc<tidemark_engine::io::FaultControl>);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.hold_syncs.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Submits a SEND to `group` whose round's fsync is held: until the
+    /// returned guard is dropped, everything queued later waits in the next
+    /// round (accepted, not committed).
+    fn hold_a_round(
+        e: &Engine,
+        control: &Arc<tidemark_engine::io::FaultControl>,
+        group: u64,
+    ) -> (Ticket, Release) {
+        let release = Release(control.clone());
+        control.hold_syncs.store(true, Ordering::SeqCst);
+        let held = e
+            .submit(&AppendRequest {
+                group_id: group,
+                sender_id: 100,
+                client_msg_id: 1 << 40,
+                payload: b"held",
+            })
+            .unwrap();
+        while control.syncs_held.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        (held, release)
+    }
+
+    /// Issue 11 item 17 (format-spec/protocol.md 2, "head"): PULL, ACK,
+    /// BATCH_ACK, UNREAD and JOIN AT see the committed head, never a message
+    /// that was accepted but whose commit round has not completed; JOIN
+    /// HEAD's cursor counts it (it is not unread for the new member).
+    #[test]
+    fn requests_see_the_committed_head_and_join_head_counts_accepted_sends() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs = FaultyVfs::new();
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(Config::new(dir.path()), Arc::new(vfs)).unwrap();
+        let limits = Limits::default();
+        e.create_group(1).unwrap();
+        e.join(1, 5, EngineJoinStart::Earliest).unwrap();
+        e.append(1, 100, 1, b"m1").unwrap();
+        e.append(1, 100, 2, b"m2").unwrap();
+        // Message 3 is accepted; its round is not committed.
+        let (held, release) = hold_a_round(&e, &control, 1);
+        assert_eq!(held.appended.msg_id, 3);
+        let pull = Request::Pull {
+            group: 1,
+            user: 5,
+            ack_up_to: 0,
+            max_count: 10,
+            max_bytes: 1 << 16,
+            wait_ms: 0,
+        };
+        let frame = call(&e, &limits, pull).unwrap();
+        match response(&frame) {
+            Response::Pull { head, records, .. } => assert_eq!((head, records.count), (2, 2)),
+            other => panic!("{other:?}"),
+        }
+        let ack = Request::Ack {
+            group: 1,
+            user: 5,
+            msg_id: 3,
+        };
+        let frame = call(&e, &limits, ack).unwrap();
+        assert!(matches!(response(&frame), Response::Error(err)
+            if err.code == ErrorCode::CursorAboveHead && err.detail == Some(2)));
+        let frame = batch_ack(&e, &limits, 5, &[(1, 3)]);
+        assert!(matches!(response(&frame), Response::BatchAck(r)
+            if r[0].error == Some(ErrorCode::CursorAboveHead) && r[0].cursor == 0));
+        let frame = call(&e, &limits, Request::Unread { user: 5 }).unwrap();
+        assert!(matches!(response(&frame), Response::Unread(u) if u[0].head == 2));
+        let join_at = Request::Join {
+            group: 1,
+            user: 6,
+            start: JoinStart::At(3),
+        };
+        let frame = call(&e, &limits, join_at).unwrap();
+        assert!(matches!(response(&frame), Response::Error(err)
+            if err.code == ErrorCode::CursorAboveHead && err.detail == Some(2)));
+        let join_head = e.submit_join(1, 7, EngineJoinStart::Head).unwrap();
+        drop(release);
+        e.wait(held).unwrap();
+        assert_eq!(
+            e.wait_op(join_head).unwrap(),
+            3,
+            "JOIN HEAD counts message 3"
+        );
+        assert_eq!(e.head(1).unwrap(), 3);
     }
 
     fn batch_ack(e: &Engine, limits: &Limits, user: u64, pairs: &[(u64, u64)]) -> Vec<u8> {
@@ -638,6 +745,71 @@ mod tests {
             .all(|r| r.error == Some(ErrorCode::CursorAboveHead) && r.cursor == 0));
     }
 
+    /// Issue 11 item 17: the node's HELLO response is byte for byte the
+    /// spec's vector (format-spec/vectors/protocol/hello_response.hex):
+    /// the `server_name` of 4.1 and of the vector is the one sent.
+    #[test]
+    fn the_hello_response_is_the_vector() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = engine(dir.path());
+        let limits = Limits::default();
+        let ctx = Ctx {
+            engine: &e,
+            limits: &limits,
+            token: Some(b"s3cret"),
+            server_name: SERVER_NAME,
+        };
+        let hello = Request::Hello {
+            min_version: 1,
+            max_version: 1,
+            client_name: "gw-1",
+        };
+        let Handled::Reply(out) = handle(&ctx, &mut Phase::AwaitHello, 1, hello) else {
+            panic!("HELLO is answered at once");
+        };
+        let text = include_str!("../../format-spec/vectors/protocol/hello_response.hex");
+        let vector: Vec<u8> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect();
+        assert_eq!(out.head, vector);
+        assert_eq!(SERVER_NAME, "tidemark/0.1");
+    }
+
+    /// Issue 11 item 17: HISTORY with `max_count` 0 returns no records and
+    /// `has_more` says whether visible records lie below `before_msg_id`,
+    /// as PULL's `max_count` 0 reports `has_more` above the cursor.
+    #[test]
+    fn history_with_max_count_0_is_a_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = engine(dir.path());
+        let limits = Limits::default();
+        e.create_group(1).unwrap();
+        e.join(1, 5, EngineJoinStart::Earliest).unwrap();
+        let history = |before_msg_id| {
+            let req = Request::History {
+                group: 1,
+                user: 5,
+                before_msg_id,
+                max_count: 0,
+            };
+            let frame = call(&e, &limits, req).unwrap();
+            match response(&frame) {
+                Response::History { has_more, records } => (has_more, records.count),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(history(0), (false, 0), "an empty group has nothing below");
+        for i in 1..=3 {
+            e.append(1, 100, i, b"m").unwrap();
+        }
+        assert_eq!(history(0), (true, 0));
+        assert_eq!(history(2), (true, 0), "message 1 is below 2");
+        assert_eq!(history(1), (false, 0), "nothing is below message 1");
+    }
+
     /// Issue 11 item 5: a BATCH_ACK whose response could not be sent is
     /// refused before any of its items is applied.
     #[test]
@@ -694,32 +866,12 @@ mod tests {
         }
         // Hold the fsync of a round on group 2, so the delete of group 1
         // waits in the next round while the requests below are handled.
-        // Released on drop too, so a failed assertion does not leave the
-        // engine's shutdown waiting for a held sync.
-        struct Release(Arc<tidemark_engine::io::FaultControl>);
-        impl Drop for Release {
-            fn drop(&mut self) {
-                self.0.hold_syncs.store(false, Ordering::SeqCst);
-            }
-        }
-        let _release = Release(control.clone());
-        control.hold_syncs.store(true, Ordering::SeqCst);
-        let held = e
-            .submit(&AppendRequest {
-                group_id: 2,
-                sender_id: 100,
-                client_msg_id: 99,
-                payload: b"held",
-            })
-            .unwrap();
-        while control.syncs_held.load(Ordering::SeqCst) == 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let (held, release) = hold_a_round(&e, &control, 2);
         let ctx = Ctx {
             engine: &e,
             limits: &limits,
             token: None,
-            server_name: "tidemark",
+            server_name: SERVER_NAME,
         };
         let Handled::Deferred(Deferred::Op(delete, _)) = handle(
             &ctx,
@@ -818,7 +970,7 @@ mod tests {
         assert!(e.head(1).is_err());
         assert!(e.poll_op(&delete).is_none(), "the delete is still pending");
 
-        control.hold_syncs.store(false, Ordering::SeqCst);
+        drop(release);
         e.wait(held).unwrap();
         e.wait_op(delete).unwrap();
         assert!(e.group_ids() == vec![2]);
