@@ -280,6 +280,14 @@ impl<'a> Iterator for RecordIter<'a> {
                 have: rest.len(),
             });
         };
+        // kind, flags and reserved must be 0 in version 1: a record with
+        // another value is not a message this reader understands, so it is
+        // refused like a malformed one rather than delivered.
+        // Checked before the count, so a count mismatch reported below always
+        // counts at least one whole, valid record beyond the declared ones.
+        if record[RECORD_RESERVED_FIELDS] != [0; 4] {
+            return self.fail(RecordsError::Reserved { offset });
+        }
         if let Some(declared) = self.declared.filter(|&d| d == self.found) {
             // More records than declared: count them all for the message.
             let mut found = self.found;
@@ -288,12 +296,6 @@ impl<'a> Iterator for RecordIter<'a> {
                 found = found.saturating_add(1);
             }
             return self.fail(RecordsError::CountMismatch { declared, found });
-        }
-        // kind, flags and reserved must be 0 in version 1: a record with
-        // another value is not a message this reader understands, so it is
-        // refused like a malformed one rather than delivered.
-        if record[RECORD_RESERVED_FIELDS] != [0; 4] {
-            return self.fail(RecordsError::Reserved { offset });
         }
         let view = RecordView { bytes: record };
         if self.verify_crc {
