@@ -408,7 +408,7 @@ impl Batched {
         for (u, pairs) in calls {
             let results = self.f.engine.batch_ack(*u, pairs);
             for (r, &(_, m)) in results.iter().zip(pairs) {
-                all_moved &= matches!(r, Ok(c) if *c == m);
+                all_moved &= r.error.is_none() && r.cursor == m;
             }
             self.acks += pairs.len() as u64;
         }

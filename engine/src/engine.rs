@@ -95,6 +95,9 @@ pub struct EngineStats {
     pub bytes_appended: u64,
     /// ACKs that moved a cursor.
     pub acks: u64,
+    /// Memberships walked by per-user listings (`unread`, `sync`): the work
+    /// of requests whose cost grows with the groups of a user.
+    pub membership_rows_listed: u64,
     pub groups: u64,
     pub open_segments: u64,
 }
@@ -110,6 +113,7 @@ pub(crate) struct Counters {
     pub checkpoint_syncs: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
+    pub membership_rows_listed: AtomicU64,
 }
 
 /// One operation of the pending round: the journal entry at `entry` in the
@@ -288,11 +292,15 @@ impl Engine {
         self.shared.listeners.lock().push(f);
     }
 
+    /// The group for a request: `GroupNotFound` if it does not exist or its
+    /// deletion is pending ([`Group::is_deleting`]). Every request path
+    /// finds its group here, so a pending delete looks the same to all.
     pub(crate) fn group(&self, group_id: u64) -> Result<Arc<Group>> {
         self.shared
             .catalog
             .read()
             .get(group_id)
+            .filter(|g| !g.is_deleting())
             .cloned()
             .ok_or(Error::GroupNotFound { group: group_id })
     }
@@ -371,11 +379,12 @@ impl Engine {
     pub fn submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_not_stopped()?;
         let group = self.group(group_id)?;
-        let mut assign = group.assign.lock();
-        if assign.deleted {
+        let assign = group.assign.lock();
+        // Checked again under the lock: another thread may have won the race.
+        if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group_id });
         }
-        assign.deleted = true;
+        group.mark_deleting(&assign);
         let round = self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?;
         Ok(OpTicket::pending(round, None))
     }
@@ -583,7 +592,7 @@ impl Engine {
     }
 
     fn ready_to_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
-        if assign.deleted {
+        if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group.id });
         }
         if !assign.ready {
@@ -676,7 +685,6 @@ impl Engine {
             last_timestamp_ms: ts,
             last_round: 0,
             dedup,
-            deleted: false,
         };
         Ok(())
     }
@@ -797,6 +805,7 @@ impl Engine {
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
+            membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),
             groups: self.shared.catalog.read().len() as u64,
             open_segments: self.shared.ctx.cache.len() as u64,
         }

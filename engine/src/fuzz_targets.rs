@@ -1132,7 +1132,15 @@ pub fn run_ops(ops: Vec<Op>) {
                 let results = e.batch_ack(u, &acks);
                 assert_eq!(results.len(), acks.len());
                 for ((g, m), r) in acks.into_iter().zip(results) {
-                    check_ack(&mut model, g, u, m, r);
+                    let cursor = r.cursor;
+                    check_ack(&mut model, g, u, m, r.error.map_or(Ok(cursor), Err));
+                    // Every pair, refused ones too, reports the cursor as it
+                    // stands right after that pair.
+                    let expected = model
+                        .get(&g)
+                        .and_then(|gm| gm.members.get(&u))
+                        .map_or(0, |mm| mm.cursor);
+                    assert_eq!(cursor, expected, "batch ack {g} {u} {m}");
                 }
             }
             Op::Pull(g, u, n, ack) => {

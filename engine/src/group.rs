@@ -5,7 +5,7 @@
 //! Lock order: `assign` before the engine's pending-round lock; `log` is
 //! never held while taking `assign`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -26,6 +26,13 @@ pub struct Group {
     pub log: RwLock<LogSlot>,
     /// The newest applied (readable) msg_id, readable without a lock.
     visible_head: AtomicU64,
+    /// Set once a DELETE_GROUP of this group was accepted (queued), before
+    /// its commit round removes the group from the registry. From then on
+    /// the group is not found by any request ([`Group::is_deleting`]); only
+    /// the commit thread still applies the entries queued before the delete.
+    /// Written with the `assign` lock held, so a send that checks it under
+    /// that lock is ordered before or after the delete, never across it.
+    deleting: AtomicBool,
 }
 
 /// Where the group's log is.
@@ -54,7 +61,6 @@ pub struct AssignState {
     /// The commit round that holds `last_id`.
     pub last_round: u64,
     pub dedup: DedupWindow,
-    pub deleted: bool,
 }
 
 impl Group {
@@ -67,7 +73,21 @@ impl Group {
             assign: Mutex::new(AssignState::default()),
             log: RwLock::new(log),
             visible_head: AtomicU64::new(head),
+            deleting: AtomicBool::new(false),
         }
+    }
+
+    /// True once the group's deletion was accepted: every request treats the
+    /// group as not found from then on, also while the deletion waits for
+    /// its commit round (format-spec/protocol.md section 4.6). The one
+    /// predicate behind `Engine::group` and the per-user listings.
+    pub fn is_deleting(&self) -> bool {
+        self.deleting.load(Ordering::Acquire)
+    }
+
+    /// Marks the group as being deleted. The caller holds `assign`.
+    pub fn mark_deleting(&self, _assign: &AssignState) {
+        self.deleting.store(true, Ordering::Release);
     }
 
     pub fn head(&self) -> u64 {

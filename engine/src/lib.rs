@@ -65,7 +65,7 @@ pub use group_log::{Chunk, ReadBatch};
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
 pub use tidemarks::{
-    direct_group_id, History, JoinStart, MembersVersion, Pull, Sync, SyncGroup, Unread,
+    direct_group_id, AckOutcome, History, JoinStart, MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 
 pub(crate) use engine::now_ms;

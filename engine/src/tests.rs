@@ -2141,3 +2141,141 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
     );
     println!("{holes} of {cuts} cuts left valid journal entries after a hole");
 }
+
+/// format-spec/protocol.md 4.6: once a group's deletion is accepted, every
+/// call treats it as not found, also while the deletion waits for its
+/// commit round; the per-user lists leave it out. One predicate
+/// (`Group::is_deleting`) behind `Engine::group` decides this for all.
+#[test]
+fn a_group_whose_deletion_is_pending_is_not_found_by_any_call() {
+    use crate::{JoinStart, Retention};
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(small_config(dir.path()), Arc::new(vfs)).unwrap();
+    for g in [1, 2] {
+        e.create_group(g).unwrap();
+        e.join(g, 5, JoinStart::Earliest).unwrap();
+        e.append(g, 100, 1, b"m1").unwrap();
+        e.append(g, 100, 2, b"m2").unwrap();
+    }
+    // Released on drop too, so a failed assertion does not leave the engine's
+    // shutdown waiting for a held sync.
+    struct Release(Arc<crate::io::FaultControl>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.hold_syncs.store(false, Ordering::SeqCst);
+        }
+    }
+    let _release = Release(control.clone());
+    control.hold_syncs.store(true, Ordering::SeqCst);
+    let held = e
+        .submit(&AppendRequest {
+            group_id: 2,
+            sender_id: 100,
+            client_msg_id: 3,
+            payload: b"held",
+        })
+        .unwrap();
+    while control.syncs_held.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let delete = e.submit_delete_group(1).unwrap();
+    let gone = |what: &str, r: Result<(), Error>| {
+        assert!(
+            matches!(r, Err(Error::GroupNotFound { group: 1 })),
+            "{what}: {r:?}"
+        );
+    };
+    gone("head", e.head(1).map(drop));
+    gone("read", e.read(1, 0, 10, 1 << 16).map(drop));
+    gone("pull", e.pull(1, 5, 10, 1 << 16, None).map(drop));
+    gone(
+        "pull with ack",
+        e.pull(1, 5, 10, 1 << 16, Some(1)).map(drop),
+    );
+    gone("ack", e.ack(1, 5, 1).map(drop));
+    gone("cursor", e.cursor(1, 5).map(drop));
+    gone("history", e.history(1, 5, None, 10).map(drop));
+    gone("read_count", e.read_count(1, 1).map(drop));
+    gone("members", e.members(1).map(drop));
+    gone("members_version", e.members_version(1).map(drop));
+    gone(
+        "join of a member",
+        e.submit_join(1, 5, JoinStart::Head).map(drop),
+    );
+    gone("join", e.submit_join(1, 6, JoinStart::Head).map(drop));
+    gone("leave", e.submit_leave(1, 5).map(drop));
+    gone("delete", e.submit_delete_group(1).map(drop));
+    gone("set_retention", e.set_retention(1, Retention::default()));
+    let send = AppendRequest {
+        group_id: 1,
+        sender_id: 100,
+        client_msg_id: 9,
+        payload: b"x",
+    };
+    gone("send", e.try_submit(&send).map(drop));
+    let ticket = e.submit_batch(&[send]);
+    gone("send batch", ticket.map(drop));
+    assert!(!e.is_member(1, 5));
+    let items = e.batch_ack(5, &[(1, 1), (2, 1)]);
+    assert!(matches!(
+        items[0].error,
+        Some(Error::GroupNotFound { group: 1 })
+    ));
+    assert_eq!(items[0].cursor, 0);
+    assert_eq!((items[1].error.is_none(), items[1].cursor), (true, 1));
+    assert_eq!(
+        e.unread(5).iter().map(|u| u.group_id).collect::<Vec<_>>(),
+        vec![2]
+    );
+    let sync = e.sync(5, 10, 1 << 16, None).unwrap();
+    assert_eq!(
+        sync.groups
+            .iter()
+            .map(|g| g.unread.group_id)
+            .collect::<Vec<_>>(),
+        vec![2]
+    );
+    // The id is taken until the deletion completes.
+    assert!(matches!(
+        e.submit_create_group(1),
+        Err(Error::GroupExists { group: 1 })
+    ));
+    assert!(
+        e.poll_op(&delete).is_none(),
+        "the deletion is still pending"
+    );
+
+    control.hold_syncs.store(false, Ordering::SeqCst);
+    e.wait(held).unwrap();
+    e.wait_op(delete).unwrap();
+    gone("head after the delete", e.head(1).map(drop));
+    e.create_group(1).unwrap();
+    assert_eq!(e.head(1).unwrap(), 0);
+}
+
+/// format-spec/protocol.md 4.6 and storage.md section 12: a group created
+/// again under a deleted group's id starts afresh: ids from 1 and an empty
+/// dedup window, so a retransmit of a send to the old group is a new
+/// message of the new one (also after a reopen, which replays both).
+#[test]
+fn a_group_created_again_does_not_keep_the_old_dedup_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    for c in 1..=3 {
+        e.append(1, 7, c, b"old").unwrap();
+    }
+    assert!(e.append(1, 7, 2, b"old").unwrap().duplicate);
+    e.delete_group(1).unwrap();
+    e.create_group(1).unwrap();
+    let again = e.append(1, 7, 2, b"new").unwrap();
+    assert_eq!((again.msg_id, again.duplicate), (1, false));
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let retry = e.append(1, 7, 2, b"new").unwrap();
+    assert_eq!((retry.msg_id, retry.duplicate), (1, true));
+    let other = e.append(1, 7, 3, b"new").unwrap();
+    assert_eq!((other.msg_id, other.duplicate), (2, false));
+}

@@ -92,9 +92,60 @@ fn acks_only_move_forward_and_never_above_the_head() {
     ));
     assert_eq!(e.unread(5)[0].cursor, 6);
     let results = e.batch_ack(5, &[(1, 7), (2, 1), (1, 3)]);
-    assert_eq!(results[0].as_ref().unwrap(), &7);
-    assert!(matches!(results[1], Err(Error::GroupNotFound { group: 2 })));
-    assert_eq!(results[2].as_ref().unwrap(), &7);
+    assert_eq!((results[0].cursor, results[0].error.is_none()), (7, true));
+    assert!(matches!(
+        results[1].error,
+        Some(Error::GroupNotFound { group: 2 })
+    ));
+    assert_eq!(results[1].cursor, 0);
+    assert_eq!((results[2].cursor, results[2].error.is_none()), (7, true));
+}
+
+/// format-spec/protocol.md 4.12: a refused item reports the cursor as it
+/// stands right after that item, not after the whole batch; and finding it
+/// costs one membership lookup, not a walk of every group of the user.
+#[test]
+fn batch_ack_reports_each_refused_items_cursor_after_that_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    // The user is a member of many groups; group 1 has 8 messages.
+    let groups = 300u64;
+    let mut last = None;
+    for g in 1..=groups {
+        e.submit_create_group(g).unwrap();
+        last = Some(e.submit_join(g, 5, JoinStart::Earliest).unwrap());
+    }
+    e.wait_op(last.unwrap()).unwrap();
+    send(&e, 1, 100, 8);
+    e.ack(1, 5, 2).unwrap();
+    // (1, 1000) is above the head: refused while the cursor is still 2; the
+    // later (1, 7) then moves it to 7. Group 2 is empty: every item above 0
+    // is refused with cursor 0.
+    let mut pairs = vec![(1, 1000), (1, 7), (1, 1001)];
+    pairs.extend((0..2_000).map(|i| (2 + i % (groups - 1), 50)));
+    let rows_before = e.stats().membership_rows_listed;
+    let results = e.batch_ack(5, &pairs);
+    assert!(matches!(
+        results[0].error,
+        Some(Error::CursorAboveHead { head: 8, .. })
+    ));
+    assert_eq!(results[0].cursor, 2, "the cursor after the first item");
+    assert_eq!((results[1].cursor, results[1].error.is_none()), (7, true));
+    assert_eq!(results[2].cursor, 7);
+    for r in &results[3..] {
+        assert!(matches!(
+            r.error,
+            Some(Error::CursorAboveHead { head: 0, .. })
+        ));
+        assert_eq!(r.cursor, 0);
+    }
+    assert_eq!(
+        e.stats().membership_rows_listed,
+        rows_before,
+        "a batch ack walks no user's list of groups"
+    );
+    assert_eq!(e.unread(5).len(), groups as usize);
+    assert_eq!(e.stats().membership_rows_listed, rows_before + groups);
 }
 
 #[test]

@@ -376,7 +376,7 @@ impl EventLoop {
                 engine: &self.engine,
                 limits: &limits,
                 token: self.config.token.as_deref(),
-                server_name: "tidemark",
+                server_name: handlers::SERVER_NAME,
             };
             // The frame borrows the decoder; it is handled into owned output
             // before the connection is touched again.
@@ -713,6 +713,9 @@ impl EventLoop {
                 .read(group, after, (last - after) as usize, budget)
             {
                 Ok(b) if b.count > 0 => b,
+                // Deleted, or its deletion is pending: no further pushes of
+                // it, without notice (format-spec/protocol.md 4.6, 5.1).
+                Err(tidemark_engine::Error::GroupNotFound { .. }) => return,
                 // The records cannot be read back (a damaged group): the
                 // subscribers must pull to learn why.
                 _ => {
@@ -836,7 +839,9 @@ impl EventLoop {
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        let figures = self.stats.report(self.connections, &self.engine.stats());
+        let figures = self
+            .stats
+            .report(self.connections, &self.engine, &self.config.limits);
         let list: Vec<Stat<'_>> = figures
             .iter()
             .map(|(name, value)| Stat {

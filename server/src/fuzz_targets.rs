@@ -405,8 +405,9 @@ pub fn records_section(data: &[u8]) {
             lens = ok;
         }
     }
-    // The engine's verifier is stricter (kind, flags, reserved bytes), never
-    // looser: what it accepts, the wire codec accepts, with the same fields.
+    // The engine's verifier is as strict (kind, flags, reserved bytes) or
+    // stricter, never looser: what it accepts, the wire codec accepts, with
+    // the same fields.
     let unchecked = Records {
         count: u32::MAX,
         bytes,

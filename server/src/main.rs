@@ -85,6 +85,10 @@ struct ServeArgs {
     /// held until space returns, and sends are refused meanwhile).
     #[arg(long, default_value_t = 64 << 20)]
     disk_free_min_bytes: u64,
+    /// Moved cursors (ACKs) are persisted at least this often, in
+    /// milliseconds; a crash forgets at most the ACKs of the last interval.
+    #[arg(long, default_value_t = 1000)]
+    cursor_flush_ms: u64,
 }
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
@@ -101,6 +105,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.engine.open_segments_max = a.open_segments_max;
     c.engine.segment_bytes_max = a.segment_bytes_max;
     c.engine.disk_free_min_bytes = a.disk_free_min_bytes;
+    c.engine.cursor_flush_ms = a.cursor_flush_ms;
     c.limits.frame_bytes_max = a.frame_bytes_max;
     c.limits.connections_max = a.connections_max;
     c.limits.output_bytes_max = a.output_bytes_max;

@@ -118,14 +118,19 @@ fn send_pull_ack_round_trip() {
     );
     assert!(more);
     let stats: std::collections::HashMap<String, u64> = c.stats().unwrap().into_iter().collect();
-    assert_eq!(stats["appends"], 5);
-    assert_eq!(stats["duplicates"], 1);
-    assert_eq!(stats["requests_send"], 6);
-    assert!(stats["acks"] >= 2, "pull ack_up_to and ACK");
-    assert!(stats["fsyncs"] >= 5, "fsync=always: one per round");
-    assert_eq!(stats["deliveries"], 7, "records sent in pulls and history");
-    assert!(stats["latency_send_p99_us"] > 0 && stats["bytes_in"] > 0 && stats["bytes_out"] > 0);
-    assert_eq!(stats["connections"], 1);
+    assert_eq!(stats["engine.appends"], 5);
+    assert_eq!(stats["engine.duplicates"], 1);
+    assert_eq!(stats["requests.send"], 6);
+    assert!(stats["engine.acks"] >= 2, "pull ack_up_to and ACK");
+    assert!(stats["engine.fsyncs"] >= 5, "fsync=always: one per round");
+    assert_eq!(
+        stats["net.deliveries"], 7,
+        "records sent in pulls and history"
+    );
+    assert!(
+        stats["latency.send.p99_us"] > 0 && stats["net.bytes_in"] > 0 && stats["net.bytes_out"] > 0
+    );
+    assert_eq!(stats["net.connections"], 1);
 }
 
 #[test]
@@ -492,4 +497,145 @@ fn graceful_shutdown_persists_cursors_and_exits_zero() {
         (7, 10),
         "the ACK survived the restart"
     );
+}
+
+/// Issue 11 item 17 (format-spec/protocol.md 1.7): before HELLO, framing
+/// and decoding errors win over the AWAIT_HELLO rule: a malformed frame is
+/// fatal in every state, while a well-formed request before HELLO gets
+/// UNAUTHENTICATED and the connection stays open.
+#[test]
+fn before_hello_a_malformed_frame_is_fatal_and_a_well_formed_request_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let hello = Request::Hello {
+        min_version: 1,
+        max_version: 1,
+        client_name: "raw",
+    };
+
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    let reply = raw_call(&mut s, 1, &Request::Ping);
+    assert!(matches!(decode(&reply), Response::Error(e) if e.code == ErrorCode::Unauthenticated));
+    assert!(matches!(
+        decode(&raw_call(&mut s, 2, &hello)),
+        Response::Hello(_)
+    ));
+    assert!(matches!(
+        decode(&raw_call(&mut s, 3, &Request::Ping)),
+        Response::Pong
+    ));
+
+    for (what, at, value) in [("flags", 6, 1u8), ("opcode", 5, 0x7e), ("version", 4, 2)] {
+        let mut s = TcpStream::connect(&node.addr).unwrap();
+        let mut bad = Vec::new();
+        encode_request(4, &Request::Ping, &mut bad).unwrap();
+        bad[at] = value;
+        s.write_all(&bad).unwrap();
+        let reply = read_frame(&mut s);
+        let code = match decode(&reply) {
+            Response::Error(e) => e.code,
+            other => panic!("{what}: {other:?}"),
+        };
+        let want = if what == "version" {
+            ErrorCode::UnsupportedVersion
+        } else {
+            ErrorCode::BadFrame
+        };
+        assert_eq!(code, want, "{what} before HELLO");
+        assert_closed(&mut s);
+    }
+    // A length prefix below 12 before HELLO: BAD_FRAME, request id 0, close.
+    let mut s = TcpStream::connect(&node.addr).unwrap();
+    s.write_all(&5u32.to_le_bytes()).unwrap();
+    let reply = read_frame(&mut s);
+    assert!(matches!(decode(&reply), Response::Error(e) if e.code == ErrorCode::BadFrame));
+    assert_closed(&mut s);
+}
+
+/// Issue 11 item 17 (format-spec/protocol.md 1.8, 4.4.1): every limit a
+/// client cannot learn from HELLO is in STATS as `limits.*`, with the value
+/// the node runs with; `--cursor-flush-ms` sets how often ACKs are
+/// persisted (with an hour, an ACK is not persisted before a SIGKILL).
+#[test]
+fn stats_report_the_limits_and_cursor_flush_ms_is_a_serve_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        dir.path(),
+        &[
+            "--cursor-flush-ms",
+            "3600000",
+            "--subscriptions-max",
+            "77",
+            "--frame-bytes-max",
+            "2097152",
+        ],
+    );
+    let mut c = node.client();
+    let stats: HashMap<String, u64> = c.stats().unwrap().into_iter().collect();
+    assert_eq!(stats["limits.cursor_flush_ms"], 3_600_000);
+    assert_eq!(stats["limits.subscriptions_max"], 77);
+    assert_eq!(stats["limits.frame_bytes_max"], 2 << 20);
+    assert_eq!(stats["limits.batch_ack_items_max"], ((2 << 20) - 16) / 18);
+    assert_eq!(stats["limits.payload_bytes_max"], 1 << 20);
+    assert_eq!(stats["limits.requests_in_flight_max"], 256);
+    assert_eq!(stats["limits.groups_per_user_max"], 20_000);
+    assert_eq!(stats["limits.commit_round_bytes_max"], 8 << 20);
+    assert_eq!(stats["limits.dedup_window_sends"], 10_000);
+    for name in stats.keys() {
+        let area = name.split('.').next().unwrap_or("");
+        assert!(
+            ["net", "engine", "limits", "requests", "latency"].contains(&area),
+            "{name}"
+        );
+    }
+
+    c.create_group(1).unwrap();
+    c.join(1, 5, JoinStart::Earliest).unwrap();
+    for i in 1..=3 {
+        c.send(1, 100, i, b"m").unwrap();
+    }
+    assert_eq!(c.ack(1, 5, 3).unwrap(), 3);
+    drop(c);
+    let node = node.restart_after_kill();
+    let mut c = node.client();
+    let unread = c.unread(5).unwrap();
+    assert_eq!(
+        (unread[0].cursor, unread[0].unread),
+        (0, 3),
+        "the ACK waited for a cursor flush an hour away"
+    );
+
+    // The flag is checked like every limit.
+    let out = std::process::Command::new(crate::harness::tidemark_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--cursor-flush-ms", "0"])
+        .arg("--data")
+        .arg(dir.path().join("other"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cursor_flush_ms"), "{err}");
+}
+
+/// Issue 11 item 17 (format-spec/protocol.md 4.9): under `--fsync never` an
+/// answered SEND is in the operating system's page cache: it survives the
+/// node's process being killed (not a power loss, which storage.md
+/// section 1 covers).
+#[test]
+fn under_fsync_never_answered_sends_survive_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--fsync", "never"]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 5, JoinStart::Earliest).unwrap();
+    for i in 1..=50 {
+        assert_eq!(c.send(1, 100, i, &payload(i)).unwrap().msg_id, i);
+    }
+    drop(c);
+    let node = node.restart_after_kill();
+    let mut c = node.client();
+    let page = c.pull(1, 5, 0, 100, 0).unwrap();
+    let got: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
+    assert_eq!(got, (1..=50).collect::<Vec<_>>());
+    assert_eq!(page.messages[49].payload, payload(50));
 }

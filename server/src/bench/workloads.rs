@@ -297,8 +297,8 @@ pub(crate) fn w1(ctx: &Ctx<'_>) -> Result<Report, String> {
             group_digits(groups)
         ),
     };
-    let rounds = delta(&before, &after, "commit_rounds");
-    let appends = delta(&before, &after, "appends");
+    let rounds = delta(&before, &after, "engine.commit_rounds");
+    let appends = delta(&before, &after, "engine.appends");
     rep.extra.insert(
         "commit".into(),
         format!(
@@ -306,7 +306,7 @@ pub(crate) fn w1(ctx: &Ctx<'_>) -> Result<Report, String> {
             group_digits(appends),
             group_digits(rounds),
             appends as f64 / rounds.max(1) as f64,
-            group_digits(delta(&before, &after, "fsyncs"))
+            group_digits(delta(&before, &after, "engine.fsyncs"))
         )
         .into(),
     );

@@ -16,6 +16,8 @@ use std::fmt;
 
 /// Bytes of a record's fixed header; the smallest valid `record_len`.
 pub const RECORD_HEADER_BYTES: usize = 44;
+/// `kind: u8 | flags: u8 | reserved: u16` of a record, all 0 in version 1.
+const RECORD_RESERVED_FIELDS: std::ops::Range<usize> = 40..44;
 
 /// What the encoder needs to know of a records section.
 pub trait RecordsSection {
@@ -113,6 +115,9 @@ pub enum RecordsError {
     },
     /// The section holds a different number of records than declared.
     CountMismatch { declared: u32, found: u32 },
+    /// `kind`, `flags` or the reserved bytes (record offsets 40..44) are not
+    /// 0: version 1 defines no other value (format-spec/protocol.md 2.1).
+    Reserved { offset: usize },
 }
 
 impl fmt::Display for RecordsError {
@@ -140,6 +145,10 @@ impl fmt::Display for RecordsError {
                     "records section declares {declared} records, holds {found}"
                 )
             }
+            RecordsError::Reserved { offset } => write!(
+                f,
+                "record at offset {offset}: kind, flags or reserved bytes not 0"
+            ),
         }
     }
 }
@@ -271,6 +280,14 @@ impl<'a> Iterator for RecordIter<'a> {
                 have: rest.len(),
             });
         };
+        // kind, flags and reserved must be 0 in version 1: a record with
+        // another value is not a message this reader understands, so it is
+        // refused like a malformed one rather than delivered.
+        // Checked before the count, so a count mismatch reported below always
+        // counts at least one whole, valid record beyond the declared ones.
+        if record[RECORD_RESERVED_FIELDS] != [0; 4] {
+            return self.fail(RecordsError::Reserved { offset });
+        }
         if let Some(declared) = self.declared.filter(|&d| d == self.found) {
             // More records than declared: count them all for the message.
             let mut found = self.found;
@@ -329,6 +346,37 @@ mod tests {
         assert_eq!(got[0].sender_id(), 42);
         assert_eq!(got[1].msg_id(), 2);
         assert_eq!(got[1].payload(), b"");
+    }
+
+    /// Issue 11 item 17: a record whose kind, flags or reserved bytes are
+    /// not 0 is refused (even with a matching CRC), and so is a response
+    /// carrying it; it is never delivered as a message.
+    #[test]
+    fn nonzero_kind_flags_or_reserved_bytes_are_refused() {
+        for at in 40..44 {
+            let mut bad = record(1, b"one");
+            bad[at] = 1;
+            let crc = crc32fast::hash(&bad[8..]);
+            bad[4..8].copy_from_slice(&crc.to_le_bytes());
+            let mut bytes = record(7, b"ok");
+            let offset = bytes.len();
+            bytes.extend(&bad);
+            assert_eq!(
+                Records::from_bytes(&bytes).unwrap_err(),
+                RecordsError::Reserved { offset },
+                "byte {at}"
+            );
+            let recs = Records {
+                count: 2,
+                bytes: &bytes,
+            };
+            for verify in [false, true] {
+                let mut it = recs.iter(verify);
+                assert!(matches!(it.next(), Some(Ok(v)) if v.msg_id() == 7));
+                assert_eq!(it.next(), Some(Err(RecordsError::Reserved { offset })));
+                assert_eq!(it.next(), None);
+            }
+        }
     }
 
     #[test]

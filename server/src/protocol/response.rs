@@ -457,6 +457,7 @@ fn section_bytes<'a>(
                 E::BadLength { offset, .. } => (offset, "a record_len below 44"),
                 E::CountMismatch { .. } => (0, "record_count differs from the records present"),
                 E::BadCrc { offset, .. } => (offset, "checksum mismatch"),
+                E::Reserved { offset } => (offset, "kind, flags or reserved bytes not 0"),
             };
             return Err(DecodeError::BadRecords {
                 offset: offset + at,
