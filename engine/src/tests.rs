@@ -2196,7 +2196,7 @@ fn a_group_whose_deletion_is_pending_is_not_found_by_any_call() {
     );
     gone("ack", e.ack(1, 5, 1).map(drop));
     gone("cursor", e.cursor(1, 5).map(drop));
-    gone("history", e.history(1, 5, None, 10).map(drop));
+    gone("history", e.history(1, 5, None, 10, usize::MAX).map(drop));
     gone("read_count", e.read_count(1, 1).map(drop));
     gone("members", e.members(1).map(drop));
     gone("members_version", e.members_version(1).map(drop));
