@@ -27,6 +27,7 @@ use tidemark_engine::{CommitNotice, Engine};
 use crate::config::NodeConfig;
 use crate::connection::{Connection, OutChunk};
 use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
+use crate::long_poll::{LongPolls, PollKey};
 use crate::protocol::{
     decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
     RECORDS_RESPONSE_OVERHEAD_BYTES,
@@ -49,6 +50,8 @@ struct Slot {
     generation: u64,
     sub_groups: HashSet<u64>,
     sub_users: HashSet<u64>,
+    /// This connection's parked long polls, dropped when it closes.
+    polls: HashSet<PollKey>,
 }
 
 /// Identifies a connection across slot reuse.
@@ -65,8 +68,6 @@ struct Waiting {
     op: Opcode,
     started: Instant,
     work: Deferred,
-    /// Long polls only.
-    deadline: Option<Instant>,
 }
 
 /// Handle to stop a running node from another thread (signal handler, tests).
@@ -97,7 +98,8 @@ pub struct EventLoop {
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     /// Parked sends and operations by the commit round they wait for.
     pending: BTreeMap<u64, Vec<Waiting>>,
-    polls: Vec<Waiting>,
+    /// Parked long polls, by group and by deadline.
+    polls: LongPolls<Waiting>,
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
     dirty: Vec<usize>,
@@ -133,7 +135,7 @@ impl EventLoop {
             next_generation: 0,
             notices,
             pending: BTreeMap::new(),
-            polls: Vec::new(),
+            polls: LongPolls::default(),
             dirty: Vec::new(),
             subs: Subscriptions::default(),
             stats: Stats::default(),
@@ -198,11 +200,11 @@ impl EventLoop {
         }
     }
 
-    fn next_timeout(&self, drain_deadline: Option<Instant>) -> Option<Duration> {
+    fn next_timeout(&mut self, drain_deadline: Option<Instant>) -> Option<Duration> {
         let next = self
             .polls
-            .iter()
-            .filter_map(|w| w.deadline)
+            .next_deadline()
+            .into_iter()
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -261,6 +263,7 @@ impl EventLoop {
                 generation: self.next_generation,
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
+                polls: HashSet::new(),
             };
             if let Err(e) = self.poll.registry().register(
                 &mut slot.stream,
@@ -513,20 +516,20 @@ impl EventLoop {
         if let Some(slot) = self.slot_mut(conn) {
             slot.conn.in_flight += 1;
         }
-        let deadline = match &work {
-            Deferred::Poll(p) => Some(started + p.wait),
-            _ => None,
-        };
         let w = Waiting {
             conn,
             request_id,
             op,
             started,
             work,
-            deadline,
         };
         match w.work {
-            Deferred::Poll(_) => self.polls.push(w),
+            Deferred::Poll(p) => {
+                let key = self.polls.insert(p.group, started + p.wait, w);
+                if let Some(slot) = self.slot_mut(conn) {
+                    slot.polls.insert(key);
+                }
+            }
             // An operation may already be complete (a retransmit of a durable
             // send): answer it without waiting for a round.
             _ => {
@@ -618,55 +621,41 @@ impl EventLoop {
         }
     }
 
+    /// Re-runs the long polls of `group` (only those): each that finds
+    /// records now is answered; the others keep waiting.
     fn wake_polls(&mut self, group: u64) {
-        if !self
-            .polls
-            .iter()
-            .any(|w| matches!(w.work, Deferred::Poll(p) if p.group == group))
-        {
-            return;
-        }
-        let (ready, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
-            .into_iter()
-            .partition(|w| matches!(w.work, Deferred::Poll(p) if p.group == group));
-        self.polls = waiting;
-        for w in ready {
-            let Deferred::Poll(p) = w.work else { continue };
-            match self.engine.pull(
+        for key in self.polls.waiters(group) {
+            let Some(Deferred::Poll(p)) = self.polls.get(key).map(|w| &w.work) else {
+                continue;
+            };
+            let p = *p;
+            let out = self.engine.pull(
                 p.group,
                 p.user,
                 p.max_count as usize,
                 p.max_bytes as usize,
                 None,
-            ) {
-                Ok(pull) if pull.batch.count == 0 => self.polls.push(w),
-                Ok(pull) => {
-                    let out = handlers::pull_reply(w.request_id, pull);
-                    self.finish(w, out);
-                }
-                Err(e) => {
-                    let out = handlers::engine_error(w.request_id, &e);
-                    self.finish(w, out);
-                }
+            );
+            if out.as_ref().is_ok_and(|pull| pull.batch.count == 0) {
+                continue;
             }
+            let Some(w) = self.polls.remove(key) else {
+                continue;
+            };
+            self.unpark_poll(&w, key);
+            let out = match out {
+                Ok(pull) => handlers::pull_reply(w.request_id, pull),
+                Err(e) => handlers::engine_error(w.request_id, &e),
+            };
+            self.finish(w, out);
         }
     }
 
     /// Answers long polls whose wait is over with what is there (nothing,
-    /// unless a message arrived unnoticed).
+    /// unless a message arrived unnoticed). Costs the polls that expire.
     fn expire_polls(&mut self, now: Instant) {
-        if !self
-            .polls
-            .iter()
-            .any(|w| w.deadline.is_some_and(|d| d <= now))
-        {
-            return;
-        }
-        let (due, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
-            .into_iter()
-            .partition(|w| w.deadline.is_some_and(|d| d <= now));
-        self.polls = waiting;
-        for w in due {
+        for (key, w) in self.polls.take_due(now) {
+            self.unpark_poll(&w, key);
             let Deferred::Poll(p) = w.work else { continue };
             let out = match self.engine.pull(
                 p.group,
@@ -679,6 +668,13 @@ impl EventLoop {
                 Err(e) => handlers::engine_error(w.request_id, &e),
             };
             self.finish(w, out);
+        }
+    }
+
+    /// Forgets a poll that left the parked set in its connection's list.
+    fn unpark_poll(&mut self, w: &Waiting, key: PollKey) {
+        if let Some(slot) = self.slot_mut(w.conn) {
+            slot.polls.remove(&key);
         }
     }
 
@@ -785,7 +781,7 @@ impl EventLoop {
         match sub {
             Subscription::User(user) => {
                 slot.sub_users.insert(user);
-                self.subs.add_user(conn, user);
+                self.subs.add_user(&self.engine, conn, user);
             }
             Subscription::Groups(groups) => {
                 if let Some(missing) = groups.iter().find(|g| self.engine.head(**g).is_err()) {
@@ -818,7 +814,7 @@ impl EventLoop {
         let groups = std::mem::take(&mut slot.sub_groups);
         let users = std::mem::take(&mut slot.sub_users);
         slot.conn.subscriptions = 0;
-        self.subs.remove(conn, groups, users);
+        self.subs.remove(&self.engine, conn, groups, users);
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
@@ -873,7 +869,13 @@ impl EventLoop {
             return;
         };
         self.unsubscribe_all(id);
-        self.polls.retain(|w| w.conn != id);
+        let keys = self.slots[index]
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.polls))
+            .unwrap_or_default();
+        for key in keys {
+            self.polls.remove(key);
+        }
         if let Some(mut slot) = self.slots[index].take() {
             if slot.interest.is_some() {
                 let _ = self.poll.registry().deregister(&mut slot.stream);
