@@ -8,6 +8,14 @@ use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
 use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
 
+/// Frames one connection may have handled in one turn of the event loop
+/// (format-spec/protocol.md section 1.8): then the other connections get
+/// theirs, so a client that pipelines without pause delays the others by
+/// at most one turn per pass.
+pub const FRAMES_PER_PASS_MAX: usize = 64;
+/// Bytes read from one connection in one turn of the event loop.
+pub const READ_BYTES_PER_PASS_MAX: usize = 256 << 10;
+
 /// Everything `tidemark serve` runs with.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -34,6 +42,9 @@ pub struct Limits {
     pub long_poll_ms_max: u32,
     /// Groups plus users one connection may subscribe to.
     pub subscriptions_max: usize,
+    /// A frame must arrive whole within this time of its first byte (while
+    /// the node reads the connection); else the connection is closed.
+    pub frame_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -45,6 +56,7 @@ impl Default for Limits {
             requests_in_flight_max: protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT,
             long_poll_ms_max: 60_000,
             subscriptions_max: 100_000,
+            frame_timeout_ms: 30_000,
         }
     }
 }
@@ -85,6 +97,9 @@ impl NodeConfig {
         }
         if l.connections_max == 0 || l.requests_in_flight_max == 0 {
             return Err("connections_max and requests_in_flight_max must be positive".into());
+        }
+        if l.frame_timeout_ms == 0 {
+            return Err("frame_timeout_ms must be positive".into());
         }
         self.engine.validate().map_err(|e| e.to_string())
     }

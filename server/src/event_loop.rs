@@ -12,7 +12,8 @@
 //! answers what completed, pushes the new records to subscribers and
 //! re-runs the long polls of the groups that grew.
 
-use std::collections::{BTreeMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,8 +25,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use tidemark_engine::{CommitNotice, Engine};
 
-use crate::config::NodeConfig;
-use crate::connection::{Connection, OutChunk};
+use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, READ_BYTES_PER_PASS_MAX};
+use crate::connection::{Barrier, Connection, OutChunk};
 use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
 use crate::long_poll::{LongPolls, PollKey};
 use crate::protocol::{
@@ -52,10 +53,14 @@ struct Slot {
     sub_users: HashSet<u64>,
     /// This connection's parked long polls, dropped when it closes.
     polls: HashSet<PollKey>,
+    /// In `EventLoop::ready`: it has work left from its last turn.
+    ready: bool,
+    /// Has an entry in `EventLoop::frame_timers`.
+    frame_timer_armed: bool,
 }
 
 /// Identifies a connection across slot reuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct ConnId {
     index: usize,
     generation: u64,
@@ -68,6 +73,8 @@ struct Waiting {
     op: Opcode,
     started: Instant,
     work: Deferred,
+    /// What it holds back on its connection while parked.
+    barrier: Barrier,
 }
 
 /// Handle to stop a running node from another thread (signal handler, tests).
@@ -103,6 +110,13 @@ pub struct EventLoop {
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
     dirty: Vec<usize>,
+    /// Connections that used their whole turn (FRAMES_PER_PASS_MAX frames
+    /// or READ_BYTES_PER_PASS_MAX bytes) and may have more to do without a
+    /// new readiness event (mio is edge-triggered): served again next pass.
+    ready: Vec<usize>,
+    /// When a partial frame of a connection may time out, earliest first
+    /// (at most one entry per connection, see `Slot::frame_timer_armed`).
+    frame_timers: BinaryHeap<Reverse<(Instant, ConnId)>>,
     subs: Subscriptions<ConnId>,
     stats: Stats,
 }
@@ -137,6 +151,8 @@ impl EventLoop {
             pending: BTreeMap::new(),
             polls: LongPolls::default(),
             dirty: Vec::new(),
+            ready: Vec::new(),
+            frame_timers: BinaryHeap::new(),
             subs: Subscriptions::default(),
             stats: Stats::default(),
         })
@@ -161,13 +177,20 @@ impl EventLoop {
         let mut events = Events::with_capacity(1024);
         let mut drain_deadline: Option<Instant> = None;
         loop {
-            let timeout = self.next_timeout(drain_deadline);
+            // Connections with work left from the last pass: look for new
+            // events without waiting, then give them their next turn.
+            let timeout = if self.ready.is_empty() && self.dirty.is_empty() {
+                self.next_timeout(drain_deadline)
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 return Err(e);
             }
+            let again = std::mem::take(&mut self.ready);
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept(),
@@ -175,11 +198,28 @@ impl EventLoop {
                     Token(t) => self.drive(t - FIRST_CONNECTION),
                 }
             }
+            // Each connection gets at most one turn per pass from this list
+            // (and one per event and per dirty mark): a connection with a
+            // deep input never holds the loop for more than its turn.
+            for index in again {
+                if let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) {
+                    if slot.ready {
+                        slot.ready = false;
+                        self.drive(index);
+                    }
+                }
+            }
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
-            self.expire_polls(Instant::now());
-            while let Some(index) = self.dirty.pop() {
+            let now = Instant::now();
+            self.expire_polls(now);
+            self.expire_frames(now);
+            // Marks made while these are driven wait for the next pass.
+            let mut dirty = std::mem::take(&mut self.dirty);
+            dirty.sort_unstable();
+            dirty.dedup();
+            for index in dirty {
                 self.drive(index);
             }
             if self.shutdown.load(Ordering::SeqCst) {
@@ -201,10 +241,12 @@ impl EventLoop {
     }
 
     fn next_timeout(&mut self, drain_deadline: Option<Instant>) -> Option<Duration> {
+        let frames = self.frame_timers.peek().map(|Reverse((at, _))| *at);
         let next = self
             .polls
             .next_deadline()
             .into_iter()
+            .chain(frames)
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -264,6 +306,8 @@ impl EventLoop {
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
                 polls: HashSet::new(),
+                ready: false,
+                frame_timer_armed: false,
             };
             if let Err(e) = self.poll.registry().register(
                 &mut slot.stream,
@@ -294,17 +338,24 @@ impl EventLoop {
             .filter(|s| s.generation == id.generation)
     }
 
-    /// Reads, handles and writes until the connection has nothing more to
-    /// do now, then updates its registration.
+    /// One turn of a connection: reads, handles and writes until it has
+    /// nothing more to do now or has used its turn (FRAMES_PER_PASS_MAX
+    /// frames, READ_BYTES_PER_PASS_MAX bytes read), then updates its
+    /// registration. A connection that used its turn is queued for another
+    /// one next pass, after the other connections had theirs.
     fn drive(&mut self, index: usize) {
         let limits = self.config.limits;
+        let mut frames_left = FRAMES_PER_PASS_MAX;
+        let mut read_left = READ_BYTES_PER_PASS_MAX;
+        let mut handled = 0;
         loop {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 return;
             };
             let mut progress = false;
-            // Read what the socket has, as far as the decoder and output allow.
-            while slot.conn.wants_read(limits.output_bytes_max) {
+            // Read what the socket has, as far as the decoder, the output
+            // and this turn allow.
+            while read_left > 0 && slot.conn.wants_read(limits.output_bytes_max) {
                 match slot.conn.decoder.read_from(&mut slot.stream) {
                     Ok(0) => {
                         slot.conn.peer_closed = true;
@@ -312,6 +363,7 @@ impl EventLoop {
                     }
                     Ok(n) => {
                         self.stats.bytes_in += n as u64;
+                        read_left = read_left.saturating_sub(n);
                         progress = true;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -322,7 +374,9 @@ impl EventLoop {
                     }
                 }
             }
-            if self.handle_frames(index) {
+            let n = self.handle_frames(index, &mut frames_left);
+            if n > 0 {
+                handled += n;
                 progress = true;
             }
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
@@ -340,24 +394,114 @@ impl EventLoop {
                     slot.conn.out = Default::default();
                 }
             }
-            if !progress {
+            if !progress || frames_left == 0 || read_left == 0 {
                 break;
             }
         }
+        let turn_used = frames_left == 0 || read_left == 0;
+        self.after_turn(index, handled > 0, turn_used);
         self.update(index);
     }
 
-    /// Handles the whole frames the decoder holds, while output has room.
-    /// Returns true if any frame was handled.
-    fn handle_frames(&mut self, index: usize) -> bool {
-        let mut handled_any = false;
+    /// Bookkeeping after a connection's turn: queue it for another turn if
+    /// it used this one whole, and run the clock of a partial frame.
+    fn after_turn(&mut self, index: usize, handled_frames: bool, turn_used: bool) {
+        let limits = self.config.limits;
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        if turn_used && !slot.ready {
+            slot.ready = true;
+            self.ready.push(index);
+        }
+        // The clock runs only while the node is willing to read: a frame
+        // held back by the node's own back-pressure is not the client's
+        // delay. It restarts with each whole frame.
+        let partial = slot.conn.wants_read(limits.output_bytes_max)
+            && slot.conn.decoder.holds_partial_frame();
+        if !partial {
+            slot.conn.partial_since = None;
+            return;
+        }
+        if handled_frames || slot.conn.partial_since.is_none() {
+            slot.conn.partial_since = Some(Instant::now());
+        }
+        if !slot.frame_timer_armed {
+            slot.frame_timer_armed = true;
+            let since = slot.conn.partial_since.unwrap_or_else(Instant::now);
+            let at = since + Duration::from_millis(limits.frame_timeout_ms);
+            self.frame_timers.push(Reverse((at, id)));
+        }
+    }
+
+    /// Closes connections whose partial frame did not complete within
+    /// `frame_timeout_ms` (ERROR BAD_FRAME with request id 0, fatal). Costs
+    /// the timers that are due, one per connection at most.
+    fn expire_frames(&mut self, now: Instant) {
+        let timeout = Duration::from_millis(self.config.limits.frame_timeout_ms);
+        while let Some(Reverse((at, id))) = self.frame_timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.frame_timers.pop();
+            let Some(slot) = self.slot_mut(id) else {
+                continue;
+            };
+            slot.frame_timer_armed = false;
+            let Some(since) = slot.conn.partial_since else {
+                continue;
+            };
+            if since + timeout > now {
+                // A newer partial frame: its own deadline.
+                slot.frame_timer_armed = true;
+                self.frame_timers.push(Reverse((since + timeout, id)));
+                continue;
+            }
+            slot.conn.partial_since = None;
+            let ms = self.config.limits.frame_timeout_ms;
+            let out = handlers::error(
+                0,
+                ErrorCode::BadFrame,
+                None,
+                &format!("no whole frame within frame_timeout_ms ({ms} ms)"),
+            );
+            self.stats.errors += 1;
+            self.stats.frames_timed_out += 1;
+            self.send(id, out);
+            if let Some(slot) = self.slot_mut(id) {
+                slot.conn.closing = true;
+                slot.conn.fatal = true;
+            }
+            self.dirty.push(id.index);
+        }
+    }
+
+    /// Handles the whole frames the decoder holds, in order, while output
+    /// has room, the turn has frames left, and the next request may start
+    /// (format-spec/protocol.md section 1.4: a request that could observe a
+    /// parked one's effect waits in the decoder until that one is answered).
+    /// Returns the number of frames handled.
+    fn handle_frames(&mut self, index: usize, frames_left: &mut usize) -> usize {
+        let mut handled = 0;
         let limits = self.config.limits;
         loop {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
-                return handled_any;
+                return handled;
             };
-            if slot.conn.closing || slot.conn.out.len() >= limits.output_bytes_max {
-                return handled_any;
+            if slot.conn.closing
+                || slot.conn.out.len() >= limits.output_bytes_max
+                || *frames_left == 0
+            {
+                return handled;
+            }
+            if let Some(opcode) = slot.conn.decoder.front_opcode() {
+                if !slot.conn.may_start(opcode) {
+                    return handled;
+                }
             }
             let mut phase = slot.conn.phase;
             let in_flight = slot.conn.in_flight;
@@ -369,8 +513,8 @@ impl EventLoop {
             };
             // The frame borrows the decoder; it is handled into owned output
             // before the connection is touched again.
-            let (request_id, op, handled) = match slot.conn.decoder.next_frame() {
-                Ok(None) => return handled_any,
+            let (request_id, op, outcome) = match slot.conn.decoder.next_frame() {
+                Ok(None) => return handled,
                 Err(fe) => {
                     let out = handlers::error(
                         0,
@@ -425,7 +569,8 @@ impl EventLoop {
                     }
                 }
             };
-            handled_any = true;
+            handled += 1;
+            *frames_left -= 1;
             slot.conn.phase = phase;
             let conn = ConnId {
                 index,
@@ -435,7 +580,7 @@ impl EventLoop {
                 self.stats.request(op);
             }
             let started = Instant::now();
-            match handled {
+            match outcome {
                 Handled::Reply(out) => self.respond(conn, op, started, out),
                 Handled::Fatal(out) => {
                     self.stats.errors += 1;
@@ -513,8 +658,13 @@ impl EventLoop {
         work: Deferred,
     ) {
         let Some(op) = op else { return };
+        let barrier = match work {
+            Deferred::Send(_) => Barrier::Send,
+            Deferred::Op(..) => Barrier::Op,
+            Deferred::Poll(_) => Barrier::None,
+        };
         if let Some(slot) = self.slot_mut(conn) {
-            slot.conn.in_flight += 1;
+            slot.conn.park(barrier);
         }
         let w = Waiting {
             conn,
@@ -522,6 +672,7 @@ impl EventLoop {
             op,
             started,
             work,
+            barrier,
         };
         match w.work {
             Deferred::Poll(p) => {
@@ -599,7 +750,7 @@ impl EventLoop {
     /// Answers parked work and updates its connection.
     fn finish(&mut self, w: Waiting, out: Outgoing) {
         if let Some(slot) = self.slot_mut(w.conn) {
-            slot.conn.in_flight -= 1;
+            slot.conn.unpark(w.barrier);
         }
         self.respond(w.conn, Some(w.op), w.started, out);
         self.dirty.push(w.conn.index);

@@ -67,6 +67,10 @@ struct ServeArgs {
     /// Subscriptions (users + groups) per connection.
     #[arg(long, default_value_t = 100_000)]
     subscriptions_max: usize,
+    /// A frame must arrive whole within this many milliseconds of its first
+    /// byte, or the connection is closed (BAD_FRAME).
+    #[arg(long, default_value_t = 30_000)]
+    frame_timeout_ms: u64,
     /// Members per group.
     #[arg(long, default_value_t = 500_000)]
     members_per_group_max: usize,
@@ -107,6 +111,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.limits.requests_in_flight_max = a.requests_in_flight_max;
     c.limits.long_poll_ms_max = a.long_poll_ms_max;
     c.limits.subscriptions_max = a.subscriptions_max;
+    c.limits.frame_timeout_ms = a.frame_timeout_ms;
     if let Some(path) = a.token_file {
         let mut token =
             std::fs::read(&path).map_err(|e| format!("token file {}: {e}", path.display()))?;

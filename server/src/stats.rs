@@ -20,6 +20,8 @@ pub struct Stats {
     pub pushes: u64,
     pub resyncs: u64,
     pub errors: u64,
+    /// Connections closed because a frame did not arrive whole in time.
+    pub frames_timed_out: u64,
     requests: BTreeMap<&'static str, u64>,
     latency: BTreeMap<&'static str, Histogram<u64>>,
 }
@@ -81,6 +83,7 @@ impl Stats {
             ("resyncs".into(), self.resyncs),
             ("acks".into(), engine.acks),
             ("errors".into(), self.errors),
+            ("frames_timed_out".into(), self.frames_timed_out),
             ("appends".into(), engine.appends),
             ("duplicates".into(), engine.duplicates),
             ("commit_rounds".into(), engine.rounds),
