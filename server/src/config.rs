@@ -15,6 +15,9 @@ use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
 pub const FRAMES_PER_PASS_MAX: usize = 64;
 /// Bytes read from one connection in one turn of the event loop.
 pub const READ_BYTES_PER_PASS_MAX: usize = 256 << 10;
+/// Input a connection may buffer whatever the node-wide input total: a
+/// frame up to this size is never refused for `input_bytes_total_max`.
+pub const INPUT_BYTES_FREE: usize = 64 << 10;
 
 /// Everything `tidemark serve` runs with.
 #[derive(Clone, Debug)]
@@ -45,6 +48,14 @@ pub struct Limits {
     /// A frame must arrive whole within this time of its first byte (while
     /// the node reads the connection); else the connection is closed.
     pub frame_timeout_ms: u64,
+    /// Output queued by all connections together. Above it, the node closes
+    /// the connections with the most output queued until it is back below
+    /// (format-spec/protocol.md section 1.5), and pushes stop first.
+    pub output_bytes_total_max: usize,
+    /// Input buffered by all connections together. A frame that would take
+    /// the total above it (and is larger than `INPUT_BYTES_FREE`) is refused
+    /// with OVERLOADED and its connection closed.
+    pub input_bytes_total_max: usize,
 }
 
 impl Default for Limits {
@@ -57,6 +68,8 @@ impl Default for Limits {
             long_poll_ms_max: 60_000,
             subscriptions_max: 100_000,
             frame_timeout_ms: 30_000,
+            output_bytes_total_max: 1 << 30,
+            input_bytes_total_max: 1 << 30,
         }
     }
 }
@@ -100,6 +113,21 @@ impl NodeConfig {
         }
         if l.frame_timeout_ms == 0 {
             return Err("frame_timeout_ms must be positive".into());
+        }
+        // One connection at its own limit, plus the response that took it
+        // there, must fit the node's budget: else a single well-behaved
+        // connection could be closed for the node's total.
+        let one_out = l.output_bytes_max + 4 + l.frame_bytes_max as usize;
+        if l.output_bytes_total_max < one_out {
+            return Err(format!(
+                "output_bytes_total_max must be at least output_bytes_max + 4 + frame_bytes_max ({one_out})"
+            ));
+        }
+        let one_in = 4 + l.frame_bytes_max as usize;
+        if l.input_bytes_total_max < one_in {
+            return Err(format!(
+                "input_bytes_total_max must hold one frame of frame_bytes_max ({one_in})"
+            ));
         }
         self.engine.validate().map_err(|e| e.to_string())
     }

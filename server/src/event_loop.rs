@@ -13,7 +13,7 @@
 //! re-runs the long polls of the groups that grew.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use tidemark_engine::{CommitNotice, Engine};
 
-use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, READ_BYTES_PER_PASS_MAX};
+use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
 use crate::connection::{Barrier, Connection, OutChunk};
 use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
 use crate::long_poll::{LongPolls, PollKey};
@@ -33,7 +33,7 @@ use crate::protocol::{
     decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
     RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
-use crate::stats::Stats;
+use crate::stats::{Buffers, Stats};
 use crate::subscriptions::Subscriptions;
 
 const LISTENER: Token = Token(0);
@@ -57,6 +57,10 @@ struct Slot {
     ready: bool,
     /// Has an entry in `EventLoop::frame_timers`.
     frame_timer_armed: bool,
+    /// This connection's queued output as counted in `EventLoop::out_total`.
+    out_counted: usize,
+    /// This connection's input memory as counted in `EventLoop::in_total`.
+    in_counted: usize,
 }
 
 /// Identifies a connection across slot reuse.
@@ -117,6 +121,14 @@ pub struct EventLoop {
     /// When a partial frame of a connection may time out, earliest first
     /// (at most one entry per connection, see `Slot::frame_timer_armed`).
     frame_timers: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    /// Output queued by all connections (sum of `Slot::out_counted`).
+    out_total: usize,
+    /// `(queued output, slot index)` of every connection with output
+    /// queued: the largest is the first closed when `out_total` passes
+    /// `output_bytes_total_max`.
+    out_by_size: BTreeSet<(usize, usize)>,
+    /// Input memory of all connections (sum of `Slot::in_counted`).
+    in_total: usize,
     subs: Subscriptions<ConnId>,
     stats: Stats,
 }
@@ -153,6 +165,9 @@ impl EventLoop {
             dirty: Vec::new(),
             ready: Vec::new(),
             frame_timers: BinaryHeap::new(),
+            out_total: 0,
+            out_by_size: BTreeSet::new(),
+            in_total: 0,
             subs: Subscriptions::default(),
             stats: Stats::default(),
         })
@@ -215,6 +230,7 @@ impl EventLoop {
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
+            self.shed_output();
             // Marks made while these are driven wait for the next pass.
             let mut dirty = std::mem::take(&mut self.dirty);
             dirty.sort_unstable();
@@ -308,6 +324,8 @@ impl EventLoop {
                 polls: HashSet::new(),
                 ready: false,
                 frame_timer_armed: false,
+                out_counted: 0,
+                in_counted: 0,
             };
             if let Err(e) = self.poll.registry().register(
                 &mut slot.stream,
@@ -349,13 +367,16 @@ impl EventLoop {
         let mut read_left = READ_BYTES_PER_PASS_MAX;
         let mut handled = 0;
         loop {
-            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
-                return;
-            };
             let mut progress = false;
             // Read what the socket has, as far as the decoder, the output
             // and this turn allow.
-            while read_left > 0 && slot.conn.wants_read(limits.output_bytes_max) {
+            loop {
+                let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                    return;
+                };
+                if read_left == 0 || !slot.conn.wants_read(limits.output_bytes_max) {
+                    break;
+                }
                 match slot.conn.decoder.read_from(&mut slot.stream) {
                     Ok(0) => {
                         slot.conn.peer_closed = true;
@@ -365,6 +386,9 @@ impl EventLoop {
                         self.stats.bytes_in += n as u64;
                         read_left = read_left.saturating_sub(n);
                         progress = true;
+                        // The node-wide input budget, checked as soon as a
+                        // frame's length prefix says what it will need.
+                        self.charge_input(index);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -378,6 +402,8 @@ impl EventLoop {
             if n > 0 {
                 handled += n;
                 progress = true;
+                // The frame now at the front may be a big one.
+                self.charge_input(index);
             }
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 return;
@@ -400,7 +426,104 @@ impl EventLoop {
         }
         let turn_used = frames_left == 0 || read_left == 0;
         self.after_turn(index, handled > 0, turn_used);
+        self.charge_input(index);
+        self.account(index);
         self.update(index);
+        self.shed_output();
+    }
+
+    /// Counts what this connection's input needs now against the node's
+    /// `input_bytes_total_max`: a connection may grow to INPUT_BYTES_FREE
+    /// whatever the total; beyond, only within the budget, else its frame is
+    /// refused (`refuse_input`).
+    fn charge_input(&mut self, index: usize) {
+        let max = self.config.limits.input_bytes_total_max;
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let need = slot.conn.decoder.memory_bytes();
+        if !slot.conn.closing
+            && need > slot.in_counted
+            && need > INPUT_BYTES_FREE
+            && self.in_total + (need - slot.in_counted) > max
+        {
+            self.refuse_input(index);
+        }
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        // A closing connection reads nothing more: only its buffer counts,
+        // not the frame it announced.
+        let input = if slot.conn.closing {
+            slot.conn.decoder.allocated()
+        } else {
+            slot.conn.decoder.memory_bytes()
+        };
+        self.in_total = self.in_total - slot.in_counted + input;
+        slot.in_counted = input;
+    }
+
+    /// Refuses the frame whose length prefix would take the node's input
+    /// over `input_bytes_total_max`: ERROR OVERLOADED with request id 0 (its
+    /// header was not read), then the connection closes as after any fatal
+    /// error; the frame's body is never read.
+    fn refuse_input(&mut self, index: usize) {
+        let Some(id) = self.conn_id(index) else {
+            return;
+        };
+        self.stats.input_refused += 1;
+        self.stats.errors += 1;
+        let max = self.config.limits.input_bytes_total_max;
+        let out = handlers::error(
+            0,
+            ErrorCode::Overloaded,
+            Some(max as u64),
+            "node input buffers full (input_bytes_total_max)",
+        );
+        self.send(id, out);
+        if let Some(slot) = self.slot_mut(id) {
+            slot.conn.closing = true;
+            slot.conn.fatal = true;
+        }
+    }
+
+    /// Brings the node-wide output total up to date with this connection's
+    /// queue. O(log connections).
+    fn account(&mut self, index: usize) {
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let out = slot.conn.out.len();
+        if out != slot.out_counted {
+            if slot.out_counted > 0 {
+                self.out_by_size.remove(&(slot.out_counted, index));
+            }
+            if out > 0 {
+                self.out_by_size.insert((out, index));
+            }
+            self.out_total = self.out_total - slot.out_counted + out;
+            slot.out_counted = out;
+        }
+    }
+
+    /// While the output queued by all connections is above
+    /// `output_bytes_total_max`, closes the connection with the most output
+    /// queued (its queued responses are dropped; requests it has in flight
+    /// get no response). A client that reads its responses holds little
+    /// queued output, so the clients closed are the ones that do not read.
+    fn shed_output(&mut self) {
+        let max = self.config.limits.output_bytes_total_max;
+        while self.out_total > max {
+            let Some(&(queued, index)) = self.out_by_size.last() else {
+                break;
+            };
+            self.stats.connections_shed += 1;
+            log::debug!("closing connection {index}: {queued} bytes of output queued");
+            if let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) {
+                slot.conn.out = Default::default();
+            }
+            self.close(index);
+        }
     }
 
     /// Bookkeeping after a connection's turn: queue it for another turn if
@@ -647,6 +770,7 @@ impl EventLoop {
             slot.conn.out.push(OutChunk::Records(c));
         }
         self.stats.deliveries += out.records;
+        self.account(conn.index);
     }
 
     fn defer(
@@ -872,13 +996,15 @@ impl EventLoop {
             );
             for &conn in &targets {
                 let limit = self.config.limits.output_bytes_max;
+                let node_full = self.out_total + frame.head.len() + batch.bytes
+                    > self.config.limits.output_bytes_total_max;
                 let Some(slot) = self.slot_mut(conn) else {
                     continue;
                 };
                 if slot.sub_groups.is_empty() && slot.sub_users.is_empty() {
                     continue; // cancelled by an earlier RESYNC in this loop
                 }
-                if slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
+                if node_full || slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
                     self.resync(conn);
                 } else {
                     self.stats.pushes += 1;
@@ -969,7 +1095,13 @@ impl EventLoop {
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        let figures = self.stats.report(self.connections, &self.engine.stats());
+        let buffers = Buffers {
+            output: self.out_total,
+            input: self.in_total,
+        };
+        let figures = self
+            .stats
+            .report(self.connections, buffers, &self.engine.stats());
         let list: Vec<Stat<'_>> = figures
             .iter()
             .map(|(name, value)| Stat {
@@ -1031,6 +1163,11 @@ impl EventLoop {
             if slot.interest.is_some() {
                 let _ = self.poll.registry().deregister(&mut slot.stream);
             }
+            if slot.out_counted > 0 {
+                self.out_by_size.remove(&(slot.out_counted, index));
+            }
+            self.out_total -= slot.out_counted;
+            self.in_total -= slot.in_counted;
             self.connections -= 1;
             self.free.push(index);
         }

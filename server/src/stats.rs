@@ -8,6 +8,13 @@ use hdrhistogram::Histogram;
 
 use crate::protocol::Opcode;
 
+/// The node's connection buffers at the moment of a report (gauges).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Buffers {
+    pub output: usize,
+    pub input: usize,
+}
+
 /// Counters of the node since start. Owned by the event loop thread.
 #[derive(Default)]
 pub struct Stats {
@@ -22,6 +29,11 @@ pub struct Stats {
     pub errors: u64,
     /// Connections closed because a frame did not arrive whole in time.
     pub frames_timed_out: u64,
+    /// Connections closed because the node's queued output passed
+    /// output_bytes_total_max (the ones with the most queued).
+    pub connections_shed: u64,
+    /// Frames refused because the node's input passed input_bytes_total_max.
+    pub input_refused: u64,
     requests: BTreeMap<&'static str, u64>,
     latency: BTreeMap<&'static str, Histogram<u64>>,
 }
@@ -70,10 +82,17 @@ impl Stats {
     pub fn report(
         &self,
         connections: usize,
+        buffers: Buffers,
         engine: &tidemark_engine::EngineStats,
     ) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = vec![
             ("connections".into(), connections as u64),
+            ("output_bytes_queued".into(), buffers.output as u64),
+            ("input_bytes_buffered".into(), buffers.input as u64),
+            ("connections_shed".into(), self.connections_shed),
+            ("input_refused".into(), self.input_refused),
+            ("dedup_entries".into(), engine.dedup_entries),
+            ("dedup_windows_dropped".into(), engine.dedup_windows_dropped),
             ("connections_accepted".into(), self.connections_accepted),
             ("connections_refused".into(), self.connections_refused),
             ("bytes_in".into(), self.bytes_in),

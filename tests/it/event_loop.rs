@@ -268,3 +268,170 @@ fn ping_floods_do_not_starve_a_normal_client() {
         let _ = t.join();
     }
 }
+
+/// Polls STATS until `cond` holds (or panics after a generous while): a
+/// wait for the node to get there, not a timing assertion.
+fn wait_for_stats(
+    c: &mut tidemark_server::client::Client,
+    what: &str,
+    cond: impl Fn(&HashMap<String, u64>) -> bool,
+) -> HashMap<String, u64> {
+    for _ in 0..600 {
+        let s = stats(c);
+        if cond(&s) {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what}: never happened ({:?})", stats(c));
+}
+
+/// Issue 11 item 7: the output queued by all connections together is
+/// bounded. Many connections pipeline big PULLs and never read; past
+/// `output_bytes_total_max` the node closes the ones holding the most, and a
+/// client that reads its responses keeps being served, big pages included.
+#[test]
+fn slow_readers_cannot_take_the_node_past_its_output_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget: u64 = 1 << 20;
+    let node = Node::start(
+        dir.path(),
+        &[
+            "--fsync",
+            "never",
+            "--frame-bytes-max",
+            "131072",
+            "--payload-bytes-max",
+            "65536",
+            "--output-bytes-max",
+            "262144",
+            "--output-bytes-total-max",
+            &budget.to_string(),
+        ],
+    );
+    let mut good = node.client();
+    good.create_group(1).unwrap();
+    for user in 1..=9 {
+        good.join(1, user, JoinStart::Earliest).unwrap();
+    }
+    let payload = vec![7u8; 32 << 10];
+    // Sent by a non-member: the members' cursors stay at 0.
+    for i in 1..=40u64 {
+        good.send(1, 100, i, &payload).unwrap();
+    }
+    let mut slow = Vec::new();
+    for user in 2..=9u64 {
+        let s = TcpStream::connect(&node.addr).unwrap();
+        let mut out = Vec::new();
+        hello(&mut out);
+        for id in 2..=200u64 {
+            encode(
+                id,
+                &Request::Pull {
+                    group: 1,
+                    user,
+                    ack_up_to: 0,
+                    max_count: 1000,
+                    max_bytes: 1 << 20,
+                    wait_ms: 0,
+                },
+                &mut out,
+            );
+        }
+        let mut w = s.try_clone().unwrap();
+        // Written from a thread: the node stops reading a connection whose
+        // output is full, so the write may block until it is closed (the
+        // thread then ends with an error; it is not joined).
+        std::thread::spawn(move || {
+            let _ = w.write_all(&out);
+        });
+        slow.push(s);
+    }
+    let s = wait_for_stats(&mut good, "a slow reader closed", |s| {
+        s["connections_shed"] > 0
+    });
+    assert!(s["output_bytes_queued"] <= budget, "{s:?}");
+    // The reading client is served throughout, whole pages included.
+    for i in 41..=60u64 {
+        good.ping().unwrap();
+        good.send(1, 100, i, b"small").unwrap();
+        let page = good.pull(1, 1, 0, 1000, 0).unwrap();
+        assert_eq!(page.messages.first().map(|m| m.msg_id), Some(1));
+        assert!(page.messages.len() >= 2, "a whole page, not a refusal");
+    }
+    let s = stats(&mut good);
+    assert!(s["output_bytes_queued"] <= budget, "{s:?}");
+    assert!(
+        s["connections"] < 9,
+        "the closed slow readers are gone: {s:?}"
+    );
+    drop(slow);
+}
+
+/// Issue 11 item 7: the input buffered by all connections together is
+/// bounded. Connections that announce big frames and stall hold the budget
+/// until it is full; the next big frame is refused with OVERLOADED (request
+/// id 0, detail = the budget) and a close, and small frames are still served.
+#[test]
+fn stalled_big_frames_are_refused_past_the_input_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget: u64 = 300_000;
+    let node = Node::start(
+        dir.path(),
+        &[
+            "--frame-bytes-max",
+            "131072",
+            "--payload-bytes-max",
+            "65536",
+            "--output-bytes-max",
+            "131072",
+            "--input-bytes-total-max",
+            &budget.to_string(),
+        ],
+    );
+    let mut good = node.client();
+    good.create_group(1).unwrap();
+    let mut refused = 0;
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let mut s = TcpStream::connect(&node.addr).unwrap();
+        let mut out = Vec::new();
+        hello(&mut out);
+        // The first 4 KiB of a 100 000-byte SEND, then nothing.
+        out.extend_from_slice(&100_000u32.to_le_bytes());
+        out.extend_from_slice(&[1, 0x20, 0, 0]);
+        out.extend_from_slice(&[0u8; 4096]);
+        s.write_all(&out).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        assert!(matches!(
+            decode(&read_frame(&mut s).unwrap()),
+            Response::Hello(_)
+        ));
+        // Either the node holds the frame (no answer yet) or refuses it.
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        if let Some(f) = read_frame(&mut s) {
+            match decode(&f) {
+                Response::Error(e) => {
+                    assert_eq!(e.code, ErrorCode::Overloaded);
+                    assert_eq!(e.detail, Some(budget));
+                    assert_eq!(u64::from_le_bytes(f[8..16].try_into().unwrap()), 0);
+                }
+                other => panic!("a stalled big frame got {other:?}"),
+            }
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            assert!(read_frame(&mut s).is_none(), "closed after the refusal");
+            refused += 1;
+        }
+        held.push(s);
+    }
+    assert!(
+        refused >= 3,
+        "100 000-byte frames past a 300 000-byte budget: {refused} refused"
+    );
+    good.ping().unwrap();
+    good.send(1, 1, 1, b"small frames are served").unwrap();
+    let s = stats(&mut good);
+    assert!(s["input_bytes_buffered"] <= budget + 64 * 1024, "{s:?}");
+    assert_eq!(s["input_refused"], refused);
+}

@@ -239,6 +239,11 @@ impl FrameDecoder {
         self.buf.capacity().max(frame)
     }
 
+    /// Bytes of the buffer allocation.
+    pub fn allocated(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// True when the caller should read more bytes into the decoder.
     pub fn wants_read(&self) -> bool {
         self.space() > 0
