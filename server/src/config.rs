@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use tidemark_engine::io::FD_RESERVE;
 use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
 use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
@@ -90,6 +91,49 @@ impl NodeConfig {
         }
     }
 
+    /// Descriptors the node needs at most: every cached segment file, every
+    /// connection, the engine's reserve (journal, checkpoint, directories,
+    /// the loop's own), and the spare one kept for refusing connections.
+    pub fn descriptors_needed(&self) -> u64 {
+        self.engine.open_segments_max as u64 + self.limits.connections_max as u64 + FD_RESERVE + 1
+    }
+
+    /// Fits segment files and connections into `nofile`, the soft
+    /// RLIMIT_NOFILE the node runs with: if both at their configured
+    /// maximum do not fit, both are lowered in proportion (each at least its
+    /// floor) and the returned warning says so and what limit would keep
+    /// them. Fails when not even the floors fit.
+    pub fn fit_descriptors(&mut self, nofile: u64) -> Result<Option<String>, String> {
+        let need = self.descriptors_needed();
+        if need <= nofile {
+            return Ok(None);
+        }
+        let (segments, connections) = (
+            self.engine.open_segments_max as u64,
+            self.limits.connections_max as u64,
+        );
+        // The engine needs 2 segment files; a node needs 1 connection.
+        let avail = nofile.saturating_sub(FD_RESERVE + 1);
+        if avail < 3 {
+            return Err(format!(
+                "the open-file limit (RLIMIT_NOFILE) is {nofile}: a node needs at least {} \
+                 descriptors ({FD_RESERVE} reserved, 2 segment files, 1 connection, 1 spare); \
+                 raise it (ulimit -n) to at least {need} for the configured \
+                 open_segments_max {segments} and connections_max {connections}",
+                FD_RESERVE + 4
+            ));
+        }
+        let new_connections = (connections * avail / (segments + connections)).clamp(1, avail - 2);
+        let new_segments = avail - new_connections;
+        self.limits.connections_max = new_connections as usize;
+        self.engine.open_segments_max = new_segments as usize;
+        Ok(Some(format!(
+            "the open-file limit (RLIMIT_NOFILE) is {nofile}: connections_max lowered from \
+             {connections} to {new_connections} and open_segments_max from {segments} to \
+             {new_segments}; raise the limit (ulimit -n) to at least {need} to keep them"
+        )))
+    }
+
     /// Checks the relationships between limits.
     pub fn validate(&self) -> Result<(), String> {
         let l = &self.limits;
@@ -140,6 +184,30 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         NodeConfig::new("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn descriptors_are_shared_between_segments_and_connections() {
+        let mut c = NodeConfig::new("/tmp/x");
+        let need = c.descriptors_needed();
+        assert_eq!(need, 16_384 + 10_000 + FD_RESERVE + 1);
+        assert_eq!(c.fit_descriptors(need), Ok(None));
+        assert_eq!(c.limits.connections_max, 10_000);
+        // 20,000 descriptors: both lowered, and they fit with the reserve.
+        let warning = c.fit_descriptors(20_000).unwrap().unwrap();
+        assert!(warning.contains("20000") && warning.contains(&need.to_string()));
+        assert!(c.descriptors_needed() <= 20_000);
+        assert!(c.limits.connections_max >= 7_000 && c.engine.open_segments_max >= 12_000);
+        c.validate().unwrap();
+        // A tiny limit keeps the floors, or refuses to start.
+        let mut c = NodeConfig::new("/tmp/x");
+        c.fit_descriptors(FD_RESERVE + 4).unwrap();
+        assert_eq!(
+            (c.limits.connections_max, c.engine.open_segments_max),
+            (1, 2)
+        );
+        let mut c = NodeConfig::new("/tmp/x");
+        assert!(c.fit_descriptors(FD_RESERVE + 3).is_err());
     }
 
     #[test]

@@ -41,6 +41,9 @@ const WAKER: Token = Token(1);
 const FIRST_CONNECTION: usize = 2;
 /// How long a graceful shutdown waits for in-flight work and output.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+/// At most one warning per this long about connections refused for want of
+/// descriptors (with the count since the last one).
+const FD_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A connection and its socket, with the interest it is registered for.
 struct Slot {
@@ -131,6 +134,53 @@ pub struct EventLoop {
     in_total: usize,
     subs: Subscriptions<ConnId>,
     stats: Stats,
+    /// A descriptor held in reserve: when accept fails for want of
+    /// descriptors (EMFILE, ENFILE), it is closed so that the waiting
+    /// connection can be accepted and told OVERLOADED, then taken again.
+    spare_fd: Option<std::fs::File>,
+    /// Accepting stopped for want of descriptors with no spare to use: tried
+    /// again when a connection closes (the listener is edge-triggered).
+    accept_blocked: bool,
+    /// Connections refused for want of descriptors not yet logged, and when
+    /// the last warning was logged.
+    fd_refusals_unlogged: u64,
+    fd_warned_at: Option<Instant>,
+}
+
+/// Holds one descriptor number for `EventLoop::spare_fd`.
+fn open_spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Whether an accept failed for want of descriptors (per process or per
+/// system).
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+/// Raises the soft RLIMIT_NOFILE towards `want` (up to the hard limit) and
+/// returns the soft limit the node runs with.
+pub fn raise_open_file_limit(want: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return u64::MAX;
+        }
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(lim.rlim_max),
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = raised.rlim_cur;
+            }
+        }
+    }
+    lim.rlim_cur
 }
 
 impl EventLoop {
@@ -170,6 +220,10 @@ impl EventLoop {
             in_total: 0,
             subs: Subscriptions::default(),
             stats: Stats::default(),
+            spare_fd: open_spare_fd(),
+            accept_blocked: false,
+            fd_refusals_unlogged: 0,
+            fd_warned_at: None,
         })
     }
 
@@ -238,6 +292,10 @@ impl EventLoop {
             for index in dirty {
                 self.drive(index);
             }
+            if self.accept_blocked && self.spare_fd.is_some() {
+                self.accept_blocked = false;
+                self.accept();
+            }
             if self.shutdown.load(Ordering::SeqCst) {
                 if drain_deadline.is_none() {
                     log::info!(
@@ -291,21 +349,49 @@ impl EventLoop {
             let (mut stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if out_of_descriptors(&e) => {
+                    // The classic way out: give back the spare descriptor,
+                    // accept the waiting connection on it, refuse it, and
+                    // take the spare again. Without a spare, wait for a
+                    // connection to close (no retry loop, no log flood).
+                    let Some(spare) = self.spare_fd.take() else {
+                        self.accept_blocked = true;
+                        self.warn_out_of_descriptors(&e);
+                        return;
+                    };
+                    drop(spare);
+                    let accepted = listener.accept();
+                    match accepted {
+                        Ok((mut stream, _)) => {
+                            self.refuse_connection(&mut stream, "out of file descriptors");
+                            // Closed before the spare is taken again: the
+                            // spare gets its number back.
+                            drop(stream);
+                            self.spare_fd = open_spare_fd();
+                            self.fd_refusals_unlogged += 1;
+                            self.warn_out_of_descriptors(&e);
+                        }
+                        Err(e2) if e2.kind() == io::ErrorKind::WouldBlock => {
+                            self.spare_fd = open_spare_fd();
+                            return;
+                        }
+                        Err(_) => {
+                            self.spare_fd = open_spare_fd();
+                            self.accept_blocked = true;
+                            self.warn_out_of_descriptors(&e);
+                            return;
+                        }
+                    }
+                    continue;
+                }
                 Err(e) => {
                     log::warn!("accept: {e}");
                     return;
                 }
             };
             if self.connections >= self.config.limits.connections_max {
-                self.stats.connections_refused += 1;
-                let out = handlers::error(
-                    0,
-                    ErrorCode::Overloaded,
-                    Some(self.config.limits.connections_max as u64),
-                    "too many connections",
-                );
-                // Best effort: a refused client gets the reason if its socket takes it.
-                let _ = io::Write::write(&mut stream, &out.head);
+                self.refuse_connection(&mut stream, "too many connections");
                 continue;
             }
             let _ = stream.set_nodelay(true);
@@ -340,6 +426,40 @@ impl EventLoop {
             self.connections += 1;
             self.stats.connections_accepted += 1;
         }
+    }
+
+    /// Writes the documented refusal (ERROR OVERLOADED, request id 0,
+    /// detail = connections_max) with one non-blocking write; the stream is
+    /// closed when the caller drops it.
+    fn refuse_connection(&mut self, stream: &mut TcpStream, message: &str) {
+        self.stats.connections_refused += 1;
+        let out = handlers::error(
+            0,
+            ErrorCode::Overloaded,
+            Some(self.config.limits.connections_max as u64),
+            message,
+        );
+        // Best effort: a refused client gets the reason if its socket takes it.
+        let _ = io::Write::write(stream, &out.head);
+    }
+
+    /// One warning per FD_WARNING_INTERVAL at most.
+    fn warn_out_of_descriptors(&mut self, e: &io::Error) {
+        let now = Instant::now();
+        if self
+            .fd_warned_at
+            .is_some_and(|at| now < at + FD_WARNING_INTERVAL)
+        {
+            return;
+        }
+        self.fd_warned_at = Some(now);
+        log::warn!(
+            "accept: {e}: {} connections refused with OVERLOADED since the last warning \
+             (connections open: {}; raise RLIMIT_NOFILE or lower --connections-max / \
+             --open-segments-max)",
+            std::mem::take(&mut self.fd_refusals_unlogged),
+            self.connections
+        );
     }
 
     fn conn_id(&self, index: usize) -> Option<ConnId> {
@@ -420,6 +540,9 @@ impl EventLoop {
                     slot.conn.out = Default::default();
                 }
             }
+            // Written bytes leave the node's total before more requests of
+            // this turn are handled (STATS reports it).
+            self.account(index);
             if !progress || frames_left == 0 || read_left == 0 {
                 break;
             }
@@ -1170,6 +1293,12 @@ impl EventLoop {
             self.in_total -= slot.in_counted;
             self.connections -= 1;
             self.free.push(index);
+            // A descriptor was freed: take the spare back (the loop then
+            // accepts again if accepting was blocked).
+            drop(slot);
+            if self.spare_fd.is_none() {
+                self.spare_fd = open_spare_fd();
+            }
         }
     }
 }
@@ -1201,10 +1330,17 @@ fn defers(op: Opcode) -> bool {
 /// checkpoint). `on_ready` gets the bound address once the node accepts
 /// connections.
 pub fn serve(
-    config: NodeConfig,
+    mut config: NodeConfig,
     on_ready: impl FnOnce(SocketAddr, Shutdown),
 ) -> Result<(), String> {
     config.validate()?;
+    // Segment files and connections share the descriptor limit: fit both
+    // at start, so that a connection over the budget gets the documented
+    // OVERLOADED rather than an accept that fails.
+    let nofile = raise_open_file_limit(config.descriptors_needed());
+    if let Some(warning) = config.fit_descriptors(nofile)? {
+        log::warn!("{warning}");
+    }
     let engine =
         Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
     let report = engine.recovery_report();

@@ -435,3 +435,181 @@ fn stalled_big_frames_are_refused_past_the_input_budget() {
     assert!(s["input_bytes_buffered"] <= budget + 64 * 1024, "{s:?}");
     assert_eq!(s["input_refused"], refused);
 }
+
+/// A node spawned with a hard descriptor limit (set between fork and exec),
+/// killed on drop.
+struct LimitedNode {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl LimitedNode {
+    fn start(dir: &std::path::Path, nofile: u64) -> LimitedNode {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(crate::harness::tidemark_bin());
+        cmd.arg("serve")
+            .arg("--data")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0", "--fsync", "never"])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        // SAFETY: setrlimit is async-signal-safe; the closure touches no
+        // shared state.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn tidemark");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("tidemark listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        LimitedNode { child, addr }
+    }
+}
+
+impl Drop for LimitedNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What became of a new connection: served (HELLO answered), or refused
+/// with the documented frame (OVERLOADED, request id 0) and closed. A
+/// connection that hangs fails the test (read timeout).
+fn connect_outcome(addr: &str) -> bool {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = Vec::new();
+    hello(&mut out);
+    // The refused get their frame whether or not they wrote first.
+    let _ = s.write_all(&out);
+    let f = read_frame(&mut s).expect("an answer, not a hang");
+    match decode(&f) {
+        Response::Hello(_) => true,
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::Overloaded);
+            assert_eq!(u64::from_le_bytes(f[8..16].try_into().unwrap()), 0);
+            assert!(read_frame(&mut s).is_none(), "closed after the refusal");
+            false
+        }
+        other => panic!("a new connection got {other:?}"),
+    }
+}
+
+/// Issue 11 item 11: segment files and connections share the descriptor
+/// limit. Under a limit that cannot hold the configured maxima, the node
+/// lowers both at start, so connections beyond what fits get OVERLOADED
+/// instead of hanging in the accept queue.
+#[test]
+fn connections_beyond_the_descriptor_budget_get_overloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = LimitedNode::start(dir.path(), 300);
+    let mut kept = Vec::new();
+    let (mut served, mut refused) = (0, 0);
+    for _ in 0..40 {
+        let mut s = TcpStream::connect(&node.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = Vec::new();
+        hello(&mut out);
+        let _ = s.write_all(&out);
+        let f = read_frame(&mut s).expect("an answer, not a hang");
+        match decode(&f) {
+            Response::Hello(_) => {
+                served += 1;
+                kept.push(s);
+            }
+            Response::Error(e) => {
+                assert_eq!(e.code, ErrorCode::Overloaded);
+                refused += 1;
+            }
+            other => panic!("got {other:?}"),
+        }
+    }
+    assert!(
+        served >= 1 && refused >= 1,
+        "served {served}, refused {refused}"
+    );
+    // The node keeps serving the connections it holds.
+    let mut s = kept.pop().unwrap();
+    let mut out = Vec::new();
+    encode(2, &Request::Ping, &mut out);
+    s.write_all(&out).unwrap();
+    assert!(matches!(
+        decode(&read_frame(&mut s).unwrap()),
+        Response::Pong
+    ));
+}
+
+/// The node's open descriptors, from /proc.
+fn open_fds(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Issue 11 item 11: when accept fails for want of descriptors anyway
+/// (EMFILE), the waiting connection gets the documented OVERLOADED frame
+/// (the node's spare descriptor makes room for it), the node keeps serving
+/// its connections, and accepts again once a descriptor is free.
+#[test]
+fn out_of_descriptors_at_accept_refuses_with_overloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--fsync", "never"]);
+    let pid = node.child.id();
+    let mut kept = node.client();
+    kept.create_group(1).unwrap();
+    let to_close = node.client();
+    // Lower the node's limit to its lowest free descriptor number: it can
+    // open nothing more.
+    let fds = open_fds(pid);
+    let limit = (0..).find(|n| !fds.contains(n)).unwrap();
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit on our own child with valid structs; the hard limit
+    // stays as it is.
+    let rc = unsafe {
+        let got = libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, std::ptr::null(), &mut lim);
+        lim.rlim_cur = limit;
+        got | libc::prlimit(pid as i32, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut())
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    for i in 0..5 {
+        assert!(!connect_outcome(&node.addr), "connection {i} is refused");
+    }
+    kept.ping().unwrap();
+    kept.send(1, 1, 1, b"still served").unwrap();
+    // A descriptor comes free: the next connection is served.
+    drop(to_close);
+    let mut served = false;
+    for _ in 0..50 {
+        if connect_outcome(&node.addr) {
+            served = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(served, "a connection is served once a descriptor is free");
+    let s = stats(&mut kept);
+    assert!(s["connections_refused"] >= 5, "{s:?}");
+}
