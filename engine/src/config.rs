@@ -64,6 +64,10 @@ pub struct Config {
     pub dedup_window_ms: u64,
     /// ...but never more than this many entries per group (memory bound).
     pub dedup_entries_max: usize,
+    /// Entries of all groups' windows together; past it, windows keep only
+    /// their last `dedup_window_sends` sends and the least recently used
+    /// windows leave memory (rebuilt from the log on their next send).
+    pub dedup_entries_total_max: usize,
     /// Journal bytes after which a checkpoint syncs the group logs and starts
     /// a new journal file.
     pub journal_checkpoint_bytes: u64,
@@ -100,6 +104,7 @@ impl Config {
             dedup_window_sends: 10_000,
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
+            dedup_entries_total_max: 10_000_000,
             journal_checkpoint_bytes: 64 << 20,
             segment_tail_bytes: 16 << 10,
             commit_round_bytes_max: 8 << 20,
@@ -158,6 +163,9 @@ impl Config {
         }
         if self.dedup_entries_max < self.dedup_window_sends {
             return bad("dedup_entries_max must be at least dedup_window_sends".into());
+        }
+        if self.dedup_entries_total_max < self.dedup_window_sends {
+            return bad("dedup_entries_total_max must be at least dedup_window_sends".into());
         }
         Ok(())
     }

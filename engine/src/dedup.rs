@@ -10,8 +10,19 @@
 //!
 //! Keys come from clients, so the map keeps std's randomly keyed SipHash:
 //! a client must not be able to choose colliding keys.
+//!
+//! Node-wide, [`DedupBudget`] bounds the entries of all windows together
+//! (`dedup_entries_total_max`): past it, a window being sent to keeps only
+//! its last `dedup_window_sends` sends (the age extension goes first), and
+//! the windows of the groups sent to least recently leave memory whole.
+//! Such a window is rebuilt from the log on its group's next send, exactly
+//! as after a restart, so the configured minimum is never broken: the cost
+//! of the bound is that rebuild, never a forgotten send.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::config::Config;
 use crate::error::Result;
@@ -60,7 +71,9 @@ impl DedupWindow {
     }
 
     /// Remembers send `msg_id`, which must be the next id after the newest
-    /// one remembered, and evicts what left the window.
+    /// one remembered, and evicts what left the window. With `over_budget`
+    /// (the node holds more entries than its budget) the window keeps only
+    /// its last `limits.sends` sends, whatever their age.
     pub fn insert(
         &mut self,
         msg_id: u64,
@@ -68,6 +81,7 @@ impl DedupWindow {
         client_msg_id: u64,
         timestamp_ms: u64,
         limits: WindowLimits,
+        over_budget: bool,
     ) {
         if self.recent.is_empty() {
             self.first_id = msg_id;
@@ -83,14 +97,14 @@ impl DedupWindow {
             timestamp_ms,
         });
         self.by_key.insert((sender_id, client_msg_id), msg_id);
-        self.evict(timestamp_ms, limits);
+        self.evict(timestamp_ms, limits, over_budget);
     }
 
-    fn evict(&mut self, now_ms: u64, limits: WindowLimits) {
+    fn evict(&mut self, now_ms: u64, limits: WindowLimits, over_budget: bool) {
         while let Some(front) = self.recent.front() {
             let over_cap = self.recent.len() > limits.entries_max;
             let old = self.recent.len() > limits.sends
-                && front.timestamp_ms.saturating_add(limits.age_ms) < now_ms;
+                && (over_budget || front.timestamp_ms.saturating_add(limits.age_ms) < now_ms);
             if !over_cap && !old {
                 break;
             }
@@ -103,8 +117,8 @@ impl DedupWindow {
         }
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// Sends remembered.
+    pub fn len(&self) -> usize {
         self.recent.len()
     }
 
@@ -155,12 +169,80 @@ impl DedupWindow {
                     h.client_msg_id,
                     h.timestamp_ms,
                     limits,
+                    false,
                 );
             }
             after = batch.last_id;
         }
-        window.evict(now_ms, limits);
+        window.evict(now_ms, limits, false);
         Ok(window)
+    }
+}
+
+/// The entries of all windows of an engine, and which groups' windows were
+/// used least recently. Only counts and group ids: each window stays under
+/// its group's assign lock.
+pub struct DedupBudget {
+    entries: AtomicUsize,
+    dropped: AtomicU64,
+    /// Groups with a window in memory, least recently sent to first.
+    recent: Mutex<lru::LruCache<u64, ()>>,
+}
+
+impl Default for DedupBudget {
+    fn default() -> Self {
+        DedupBudget::new()
+    }
+}
+
+impl DedupBudget {
+    pub fn new() -> Self {
+        DedupBudget {
+            entries: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            recent: Mutex::new(lru::LruCache::unbounded()),
+        }
+    }
+
+    /// Entries in all windows.
+    pub fn entries(&self) -> usize {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Windows dropped from memory for the budget since open.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// A window changed size from `before` to `after` entries.
+    pub fn resized(&self, before: usize, after: usize) {
+        if after >= before {
+            self.entries.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.entries.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// `group`'s window was just used: it leaves memory last.
+    pub fn touch(&self, group: u64) {
+        self.recent.lock().put(group, ());
+    }
+
+    /// `group`'s window left memory (the group was deleted, or the window
+    /// dropped); `len` is what it held.
+    pub fn forget(&self, group: u64, len: usize) {
+        self.recent.lock().pop(&group);
+        self.resized(len, 0);
+    }
+
+    /// The group whose window was used least recently, taken out of the
+    /// order (the caller drops its window, or puts it back with `touch`).
+    pub fn take_least_recent(&self) -> Option<u64> {
+        self.recent.lock().pop_lru().map(|(g, ())| g)
+    }
+
+    pub fn count_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -178,13 +260,13 @@ mod tests {
     fn keeps_the_last_sends_and_the_young_ones() {
         let mut w = DedupWindow::default();
         for id in 1..=5 {
-            w.insert(id, 1, 100 + id, 10, LIMITS);
+            w.insert(id, 1, 100 + id, 10, LIMITS, false);
         }
         // all young: kept up to the cap of 5
         assert_eq!(w.len(), 5);
         assert_eq!(w.lookup(1, 101), Some((1, 10)));
         // time passes: only the last 3 sends stay
-        w.insert(6, 1, 106, 5000, LIMITS);
+        w.insert(6, 1, 106, 5000, LIMITS, false);
         assert_eq!(w.len(), 3);
         assert_eq!(w.lookup(1, 103), None);
         assert_eq!(w.lookup(1, 104), Some((4, 10)));
@@ -195,10 +277,54 @@ mod tests {
     fn cap_bounds_memory_even_for_young_sends() {
         let mut w = DedupWindow::default();
         for id in 1..=100 {
-            w.insert(id, 2, id, 10, LIMITS);
+            w.insert(id, 2, id, 10, LIMITS, false);
         }
         assert_eq!(w.len(), 5);
         assert_eq!(w.lookup(2, 95), None);
         assert_eq!(w.lookup(2, 96), Some((96, 10)));
+    }
+
+    #[test]
+    fn over_the_node_budget_a_window_keeps_only_its_minimum() {
+        let mut w = DedupWindow::default();
+        for id in 1..=5 {
+            w.insert(id, 1, id, 10, LIMITS, false);
+        }
+        assert_eq!(w.len(), 5, "young sends are kept up to the cap");
+        w.insert(6, 1, 6, 10, LIMITS, true);
+        assert_eq!(w.len(), 3, "the last `sends` sends, however young");
+        assert_eq!(w.lookup(1, 4), Some((4, 10)));
+        assert_eq!(w.lookup(1, 3), None);
+    }
+
+    #[test]
+    fn the_node_wide_budget_drops_idle_windows_and_keeps_the_guarantee() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = crate::Config::new(dir.path());
+        c.fsync = crate::FsyncPolicy::Never;
+        c.dedup_window_sends = 5;
+        c.dedup_entries_max = 50;
+        c.dedup_entries_total_max = 20;
+        let e = crate::Engine::open(c).unwrap();
+        let mut ids = HashMap::new();
+        for g in 1..=10u64 {
+            e.create_group(g).unwrap();
+            for m in 1..=10u64 {
+                let a = e.append(g, 7, g * 100 + m, b"x").unwrap();
+                ids.insert((g, m), a.msg_id);
+                let entries = e.stats().dedup_entries;
+                assert!(entries <= 20, "{entries} entries after group {g} send {m}");
+            }
+        }
+        assert!(e.stats().dedup_windows_dropped > 0);
+        // Group 1's window left memory; a retransmit of each of its last
+        // `dedup_window_sends` sends still finds the original.
+        for m in 6..=10u64 {
+            let a = e.append(1, 7, 100 + m, b"x").unwrap();
+            assert!(a.duplicate, "send {m} of group 1 forgotten");
+            assert_eq!(a.msg_id, ids[&(1, m)]);
+        }
+        assert_eq!(e.head(1).unwrap(), 10, "nothing stored twice");
+        assert!(e.stats().dedup_entries <= 20);
     }
 }

@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::cursors::CursorTable;
-use crate::dedup::{DedupWindow, WindowLimits};
+use crate::dedup::{DedupBudget, DedupWindow, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
 use crate::group_log::{GroupLog, LogContext, ReadBatch};
@@ -100,6 +100,10 @@ pub struct EngineStats {
     pub membership_rows_listed: u64,
     pub groups: u64,
     pub open_segments: u64,
+    /// Entries in all dedup windows now.
+    pub dedup_entries: u64,
+    /// Dedup windows dropped from memory for `dedup_entries_total_max`.
+    pub dedup_windows_dropped: u64,
 }
 
 #[derive(Default)]
@@ -202,6 +206,7 @@ pub(crate) struct Shared {
     pub held_for_space: AtomicBool,
     pub counters: Counters,
     pub listeners: Mutex<Vec<CommitListener>>,
+    pub dedup: DedupBudget,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -251,6 +256,7 @@ impl Engine {
             held_for_space: AtomicBool::new(false),
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
+            dedup: DedupBudget::new(),
         });
         let thread_shared = shared.clone();
         let commit_thread = std::thread::Builder::new()
@@ -361,7 +367,11 @@ impl Engine {
         }
         let log = GroupLog::create(&self.shared.ctx, group_id)?;
         let group = catalog.insert(group_id, LogSlot::Loaded(log), 0);
-        group.assign.lock().ready = true;
+        {
+            let mut assign = group.assign.lock();
+            assign.ready = true;
+            assign.dedup_loaded = true;
+        }
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
@@ -379,12 +389,18 @@ impl Engine {
     pub fn submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_not_stopped()?;
         let group = self.group(group_id)?;
-        let assign = group.assign.lock();
+        let mut assign = group.assign.lock();
         // Checked again under the lock: another thread may have won the race.
         if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group_id });
         }
         group.mark_deleting(&assign);
+        // No send is assigned to a deleted group: its window is not needed.
+        let window = std::mem::take(&mut assign.dedup);
+        if assign.dedup_loaded {
+            self.shared.dedup.forget(group_id, window.len());
+        }
+        assign.dedup_loaded = false;
         let round = self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?;
         Ok(OpTicket::pending(round, None))
     }
@@ -535,12 +551,17 @@ impl Engine {
         let mut assign = group.assign.lock();
         self.ready_to_assign(&group, &mut assign)?;
         if let Some(dup) = self.duplicate_of(&assign, req) {
+            drop(assign);
+            // The window may just have been rebuilt.
+            self.fit_dedup_budget(req.group_id);
             return Ok(dup);
         }
         let mut p = self.lock_pending(wait_for_room, true)?;
         let ticket = self.assign_one(&group, &mut assign, req, &mut p);
         drop(p);
+        drop(assign);
         self.shared.pending_cv.notify_all();
+        self.fit_dedup_budget(req.group_id);
         Ok(ticket)
     }
 
@@ -576,7 +597,11 @@ impl Engine {
             tickets.push(ticket);
         }
         drop(p);
+        drop(assigns);
         self.shared.pending_cv.notify_all();
+        if let Some(&first) = ids.first() {
+            self.fit_dedup_budget(first);
+        }
         Ok(tickets)
     }
 
@@ -597,8 +622,70 @@ impl Engine {
         }
         if !assign.ready {
             self.init_assign(group, assign)?;
+        } else if !assign.dedup_loaded {
+            self.reload_dedup(group, assign)?;
         }
+        self.shared.dedup.touch(group.id);
         Ok(())
+    }
+
+    /// Rebuilds a window that left memory for the dedup budget, from the
+    /// log, as after a restart. Every record assigned before the window left
+    /// had reached the log (see `fit_dedup_budget`), and none was assigned
+    /// since, so the log's head is `assign.last_id`.
+    fn reload_dedup(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+        let ctx = &self.shared.ctx;
+        let limits = WindowLimits::from_config(&ctx.config);
+        let window = self.with_log(group, |log| {
+            DedupWindow::rebuild(log, ctx, now_ms(), limits)
+        })?;
+        self.shared.dedup.resized(0, window.len());
+        assign.dedup = window;
+        assign.dedup_loaded = true;
+        Ok(())
+    }
+
+    /// While the windows of all groups hold more than
+    /// `dedup_entries_total_max` entries, drops the windows of the groups
+    /// sent to least recently (not `current`'s, not one whose lock is held,
+    /// not one with records still in a commit round: a rebuild would not
+    /// find them in the log yet). Called with no lock held. Costs the
+    /// windows it looks at; each dropped one costs its group one rebuild.
+    fn fit_dedup_budget(&self, current: u64) {
+        let budget = &self.shared.dedup;
+        let max = self.shared.ctx.config.dedup_entries_total_max;
+        if budget.entries() <= max {
+            return;
+        }
+        let completed = self.shared.progress.lock().completed;
+        let mut busy = Vec::new();
+        while budget.entries() > max {
+            let Some(id) = budget.take_least_recent() else {
+                break;
+            };
+            let Ok(group) = self.group(id) else {
+                continue; // deleted: its entries were given back then
+            };
+            let Some(mut assign) = (id != current).then(|| group.assign.try_lock()).flatten()
+            else {
+                busy.push(id);
+                continue;
+            };
+            if !assign.dedup_loaded {
+                continue;
+            }
+            if assign.last_round > completed {
+                busy.push(id);
+                continue;
+            }
+            let window = std::mem::take(&mut assign.dedup);
+            assign.dedup_loaded = false;
+            budget.resized(window.len(), 0);
+            budget.count_dropped();
+        }
+        for id in busy {
+            budget.touch(id);
+        }
     }
 
     /// The original of a retransmit, if the window remembers it.
@@ -650,13 +737,18 @@ impl Engine {
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
         let limits = WindowLimits::from_config(&self.shared.ctx.config);
+        let budget = &self.shared.dedup;
+        let over = budget.entries() >= self.shared.ctx.config.dedup_entries_total_max;
+        let before = assign.dedup.len();
         assign.dedup.insert(
             msg_id,
             req.sender_id,
             req.client_msg_id,
             timestamp_ms,
             limits,
+            over,
         );
+        budget.resized(before, assign.dedup.len());
         let c = &self.shared.counters;
         c.appends.fetch_add(1, Ordering::Relaxed);
         c.bytes_appended
@@ -679,12 +771,19 @@ impl Engine {
             let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
             Ok((log.head(), log.last_timestamp_ms(), dedup))
         })?;
+        let before = if assign.dedup_loaded {
+            assign.dedup.len()
+        } else {
+            0
+        };
+        self.shared.dedup.resized(before, dedup.len());
         *assign = AssignState {
             ready: true,
             last_id: head,
             last_timestamp_ms: ts,
             last_round: 0,
             dedup,
+            dedup_loaded: true,
         };
         Ok(())
     }
@@ -808,6 +907,8 @@ impl Engine {
             membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),
             groups: self.shared.catalog.read().len() as u64,
             open_segments: self.shared.ctx.cache.len() as u64,
+            dedup_entries: self.shared.dedup.entries() as u64,
+            dedup_windows_dropped: self.shared.dedup.dropped(),
         }
     }
 

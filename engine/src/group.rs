@@ -61,6 +61,9 @@ pub struct AssignState {
     /// The commit round that holds `last_id`.
     pub last_round: u64,
     pub dedup: DedupWindow,
+    /// `dedup` holds the group's window (false: never built, or dropped for
+    /// the node's dedup budget; rebuilt from the log before the next send).
+    pub dedup_loaded: bool,
 }
 
 impl Group {

@@ -401,7 +401,7 @@ impl Vfs for FaultyVfs {
 
 /// Descriptors kept free for everything that is not a cached segment
 /// (journal, checkpoint, directories, the server's sockets are separate).
-const FD_RESERVE: u64 = 256;
+pub const FD_RESERVE: u64 = 256;
 
 /// Raises the soft limit on open files so `segments` cached segments fit,
 /// and returns how many segments may really be cached (fewer if the hard

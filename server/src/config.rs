@@ -4,9 +4,21 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use tidemark_engine::io::FD_RESERVE;
 use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
 use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
+
+/// Frames one connection may have handled in one turn of the event loop
+/// (format-spec/protocol.md section 1.8): then the other connections get
+/// theirs, so a client that pipelines without pause delays the others by
+/// at most one turn per pass.
+pub const FRAMES_PER_PASS_MAX: usize = 64;
+/// Bytes read from one connection in one turn of the event loop.
+pub const READ_BYTES_PER_PASS_MAX: usize = 256 << 10;
+/// Input a connection may buffer whatever the node-wide input total: a
+/// frame up to this size is never refused for `input_bytes_total_max`.
+pub const INPUT_BYTES_FREE: usize = 64 << 10;
 
 /// Everything `tidemark serve` runs with.
 #[derive(Clone, Debug)]
@@ -34,6 +46,17 @@ pub struct Limits {
     pub long_poll_ms_max: u32,
     /// Groups plus users one connection may subscribe to.
     pub subscriptions_max: usize,
+    /// A frame must arrive whole within this time of its first byte (while
+    /// the node reads the connection); else the connection is closed.
+    pub frame_timeout_ms: u64,
+    /// Output queued by all connections together. Above it, the node closes
+    /// the connections with the most output queued until it is back below
+    /// (format-spec/protocol.md section 1.5), and pushes stop first.
+    pub output_bytes_total_max: usize,
+    /// Input buffered by all connections together. A frame that would take
+    /// the total above it (and is larger than `INPUT_BYTES_FREE`) is refused
+    /// with OVERLOADED and its connection closed.
+    pub input_bytes_total_max: usize,
 }
 
 impl Default for Limits {
@@ -45,6 +68,9 @@ impl Default for Limits {
             requests_in_flight_max: protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT,
             long_poll_ms_max: 60_000,
             subscriptions_max: 100_000,
+            frame_timeout_ms: 30_000,
+            output_bytes_total_max: 1 << 30,
+            input_bytes_total_max: 1 << 30,
         }
     }
 }
@@ -63,6 +89,49 @@ impl NodeConfig {
             token: None,
             limits: Limits::default(),
         }
+    }
+
+    /// Descriptors the node needs at most: every cached segment file, every
+    /// connection, the engine's reserve (journal, checkpoint, directories,
+    /// the loop's own), and the spare one kept for refusing connections.
+    pub fn descriptors_needed(&self) -> u64 {
+        self.engine.open_segments_max as u64 + self.limits.connections_max as u64 + FD_RESERVE + 1
+    }
+
+    /// Fits segment files and connections into `nofile`, the soft
+    /// RLIMIT_NOFILE the node runs with: if both at their configured
+    /// maximum do not fit, both are lowered in proportion (each at least its
+    /// floor) and the returned warning says so and what limit would keep
+    /// them. Fails when not even the floors fit.
+    pub fn fit_descriptors(&mut self, nofile: u64) -> Result<Option<String>, String> {
+        let need = self.descriptors_needed();
+        if need <= nofile {
+            return Ok(None);
+        }
+        let (segments, connections) = (
+            self.engine.open_segments_max as u64,
+            self.limits.connections_max as u64,
+        );
+        // The engine needs 2 segment files; a node needs 1 connection.
+        let avail = nofile.saturating_sub(FD_RESERVE + 1);
+        if avail < 3 {
+            return Err(format!(
+                "the open-file limit (RLIMIT_NOFILE) is {nofile}: a node needs at least {} \
+                 descriptors ({FD_RESERVE} reserved, 2 segment files, 1 connection, 1 spare); \
+                 raise it (ulimit -n) to at least {need} for the configured \
+                 open_segments_max {segments} and connections_max {connections}",
+                FD_RESERVE + 4
+            ));
+        }
+        let new_connections = (connections * avail / (segments + connections)).clamp(1, avail - 2);
+        let new_segments = avail - new_connections;
+        self.limits.connections_max = new_connections as usize;
+        self.engine.open_segments_max = new_segments as usize;
+        Ok(Some(format!(
+            "the open-file limit (RLIMIT_NOFILE) is {nofile}: connections_max lowered from \
+             {connections} to {new_connections} and open_segments_max from {segments} to \
+             {new_segments}; raise the limit (ulimit -n) to at least {need} to keep them"
+        )))
     }
 
     /// Checks the relationships between limits.
@@ -86,6 +155,24 @@ impl NodeConfig {
         if l.connections_max == 0 || l.requests_in_flight_max == 0 {
             return Err("connections_max and requests_in_flight_max must be positive".into());
         }
+        if l.frame_timeout_ms == 0 {
+            return Err("frame_timeout_ms must be positive".into());
+        }
+        // One connection at its own limit, plus the response that took it
+        // there, must fit the node's budget: else a single well-behaved
+        // connection could be closed for the node's total.
+        let one_out = l.output_bytes_max + 4 + l.frame_bytes_max as usize;
+        if l.output_bytes_total_max < one_out {
+            return Err(format!(
+                "output_bytes_total_max must be at least output_bytes_max + 4 + frame_bytes_max ({one_out})"
+            ));
+        }
+        let one_in = 4 + l.frame_bytes_max as usize;
+        if l.input_bytes_total_max < one_in {
+            return Err(format!(
+                "input_bytes_total_max must hold one frame of frame_bytes_max ({one_in})"
+            ));
+        }
         self.engine.validate().map_err(|e| e.to_string())
     }
 }
@@ -97,6 +184,30 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         NodeConfig::new("/tmp/x").validate().unwrap();
+    }
+
+    #[test]
+    fn descriptors_are_shared_between_segments_and_connections() {
+        let mut c = NodeConfig::new("/tmp/x");
+        let need = c.descriptors_needed();
+        assert_eq!(need, 16_384 + 10_000 + FD_RESERVE + 1);
+        assert_eq!(c.fit_descriptors(need), Ok(None));
+        assert_eq!(c.limits.connections_max, 10_000);
+        // 20,000 descriptors: both lowered, and they fit with the reserve.
+        let warning = c.fit_descriptors(20_000).unwrap().unwrap();
+        assert!(warning.contains("20000") && warning.contains(&need.to_string()));
+        assert!(c.descriptors_needed() <= 20_000);
+        assert!(c.limits.connections_max >= 7_000 && c.engine.open_segments_max >= 12_000);
+        c.validate().unwrap();
+        // A tiny limit keeps the floors, or refuses to start.
+        let mut c = NodeConfig::new("/tmp/x");
+        c.fit_descriptors(FD_RESERVE + 4).unwrap();
+        assert_eq!(
+            (c.limits.connections_max, c.engine.open_segments_max),
+            (1, 2)
+        );
+        let mut c = NodeConfig::new("/tmp/x");
+        assert!(c.fit_descriptors(FD_RESERVE + 3).is_err());
     }
 
     #[test]

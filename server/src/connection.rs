@@ -9,7 +9,7 @@ use std::io::{self, IoSlice, Write};
 
 use tidemark_engine::Chunk;
 
-use crate::protocol::FrameDecoder;
+use crate::protocol::{FrameDecoder, Opcode};
 
 /// Where the connection is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +134,28 @@ pub struct Connection {
     pub peer_closed: bool,
     /// Subscription entries (groups + users) this connection holds.
     pub subscriptions: usize,
+    /// Parked SENDs waiting for their commit round.
+    pub parked_sends: u32,
+    /// Parked CREATE_GROUP, DELETE_GROUP, JOIN and LEAVE requests.
+    pub parked_ops: u32,
+    /// Since when the decoder has held part of a frame while the node was
+    /// willing to read (None: no partial frame, or reading paused by the
+    /// node's own back-pressure).
+    pub partial_since: Option<std::time::Instant>,
+}
+
+/// Which parked requests hold back the later requests of their connection
+/// (format-spec/protocol.md section 1.4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Barrier {
+    /// A long-poll PULL: its ACK was applied when it started and it changes
+    /// nothing later, so it holds nothing back.
+    None,
+    /// A SEND: later SENDs may start (ids are assigned in request order
+    /// whatever the outcome), anything else but PING waits.
+    Send,
+    /// A group or membership operation: everything but PING waits.
+    Op,
 }
 
 impl Connection {
@@ -147,6 +169,44 @@ impl Connection {
             fatal: false,
             peer_closed: false,
             subscriptions: 0,
+            parked_sends: 0,
+            parked_ops: 0,
+            partial_since: None,
+        }
+    }
+
+    /// Whether a request with this opcode byte may start now, given the
+    /// requests of this connection parked before it: execution order is
+    /// request order, so a request that could observe a parked request's
+    /// effect waits until it is answered. PING observes nothing; a SEND
+    /// behind SENDs only needs the order of id assignment, which is request
+    /// order. An unknown opcode byte waits like any request (it is then
+    /// answered BAD_FRAME in its turn).
+    pub fn may_start(&self, opcode: u8) -> bool {
+        match Opcode::from_request_byte(opcode) {
+            Some(Opcode::Ping) => true,
+            Some(Opcode::Send) => self.parked_ops == 0,
+            _ => self.parked_ops == 0 && self.parked_sends == 0,
+        }
+    }
+
+    /// Counts a request parked with this barrier.
+    pub fn park(&mut self, barrier: Barrier) {
+        self.in_flight += 1;
+        match barrier {
+            Barrier::None => {}
+            Barrier::Send => self.parked_sends += 1,
+            Barrier::Op => self.parked_ops += 1,
+        }
+    }
+
+    /// Counts a parked request answered.
+    pub fn unpark(&mut self, barrier: Barrier) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match barrier {
+            Barrier::None => {}
+            Barrier::Send => self.parked_sends = self.parked_sends.saturating_sub(1),
+            Barrier::Op => self.parked_ops = self.parked_ops.saturating_sub(1),
         }
     }
 
@@ -191,6 +251,30 @@ mod tests {
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn parked_requests_hold_back_what_could_observe_them() {
+        let mut c = Connection::new(4096);
+        let (ping, send, pull) = (
+            Opcode::Ping.request_byte(),
+            Opcode::Send.request_byte(),
+            Opcode::Pull.request_byte(),
+        );
+        assert!(c.may_start(pull));
+        c.park(Barrier::None); // a long poll holds nothing back
+        assert!(c.may_start(pull) && c.may_start(send));
+        c.park(Barrier::Send);
+        assert!(c.may_start(send) && c.may_start(ping));
+        assert!(!c.may_start(pull));
+        assert!(!c.may_start(0x7E), "an unknown opcode waits its turn");
+        c.park(Barrier::Op);
+        assert!(!c.may_start(send) && !c.may_start(pull));
+        assert!(c.may_start(ping));
+        c.unpark(Barrier::Op);
+        c.unpark(Barrier::Send);
+        assert!(c.may_start(pull));
+        assert_eq!(c.in_flight, 1);
     }
 
     #[test]

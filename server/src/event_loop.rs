@@ -12,7 +12,8 @@
 //! answers what completed, pushes the new records to subscribers and
 //! re-runs the long polls of the groups that grew.
 
-use std::collections::{BTreeMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,14 +25,15 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use tidemark_engine::{CommitNotice, Engine};
 
-use crate::config::NodeConfig;
-use crate::connection::{Connection, OutChunk};
+use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
+use crate::connection::{Barrier, Connection, OutChunk};
 use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
+use crate::long_poll::{LongPolls, PollKey};
 use crate::protocol::{
     decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
     RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
-use crate::stats::Stats;
+use crate::stats::{Buffers, Stats};
 use crate::subscriptions::Subscriptions;
 
 const LISTENER: Token = Token(0);
@@ -39,6 +41,9 @@ const WAKER: Token = Token(1);
 const FIRST_CONNECTION: usize = 2;
 /// How long a graceful shutdown waits for in-flight work and output.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+/// At most one warning per this long about connections refused for want of
+/// descriptors (with the count since the last one).
+const FD_WARNING_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A connection and its socket, with the interest it is registered for.
 struct Slot {
@@ -49,10 +54,20 @@ struct Slot {
     generation: u64,
     sub_groups: HashSet<u64>,
     sub_users: HashSet<u64>,
+    /// This connection's parked long polls, dropped when it closes.
+    polls: HashSet<PollKey>,
+    /// In `EventLoop::ready`: it has work left from its last turn.
+    ready: bool,
+    /// Has an entry in `EventLoop::frame_timers`.
+    frame_timer_armed: bool,
+    /// This connection's queued output as counted in `EventLoop::out_total`.
+    out_counted: usize,
+    /// This connection's input memory as counted in `EventLoop::in_total`.
+    in_counted: usize,
 }
 
 /// Identifies a connection across slot reuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct ConnId {
     index: usize,
     generation: u64,
@@ -65,8 +80,8 @@ struct Waiting {
     op: Opcode,
     started: Instant,
     work: Deferred,
-    /// Long polls only.
-    deadline: Option<Instant>,
+    /// What it holds back on its connection while parked.
+    barrier: Barrier,
 }
 
 /// Handle to stop a running node from another thread (signal handler, tests).
@@ -97,12 +112,75 @@ pub struct EventLoop {
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     /// Parked sends and operations by the commit round they wait for.
     pending: BTreeMap<u64, Vec<Waiting>>,
-    polls: Vec<Waiting>,
+    /// Parked long polls, by group and by deadline.
+    polls: LongPolls<Waiting>,
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
     dirty: Vec<usize>,
+    /// Connections that used their whole turn (FRAMES_PER_PASS_MAX frames
+    /// or READ_BYTES_PER_PASS_MAX bytes) and may have more to do without a
+    /// new readiness event (mio is edge-triggered): served again next pass.
+    ready: Vec<usize>,
+    /// When a partial frame of a connection may time out, earliest first
+    /// (at most one entry per connection, see `Slot::frame_timer_armed`).
+    frame_timers: BinaryHeap<Reverse<(Instant, ConnId)>>,
+    /// Output queued by all connections (sum of `Slot::out_counted`).
+    out_total: usize,
+    /// `(queued output, slot index)` of every connection with output
+    /// queued: the largest is the first closed when `out_total` passes
+    /// `output_bytes_total_max`.
+    out_by_size: BTreeSet<(usize, usize)>,
+    /// Input memory of all connections (sum of `Slot::in_counted`).
+    in_total: usize,
     subs: Subscriptions<ConnId>,
     stats: Stats,
+    /// A descriptor held in reserve: when accept fails for want of
+    /// descriptors (EMFILE, ENFILE), it is closed so that the waiting
+    /// connection can be accepted and told OVERLOADED, then taken again.
+    spare_fd: Option<std::fs::File>,
+    /// Accepting stopped for want of descriptors with no spare to use: tried
+    /// again when a connection closes (the listener is edge-triggered).
+    accept_blocked: bool,
+    /// Connections refused for want of descriptors not yet logged, and when
+    /// the last warning was logged.
+    fd_refusals_unlogged: u64,
+    fd_warned_at: Option<Instant>,
+}
+
+/// Holds one descriptor number for `EventLoop::spare_fd`.
+fn open_spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+/// Whether an accept failed for want of descriptors (per process or per
+/// system).
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
+/// Raises the soft RLIMIT_NOFILE towards `want` (up to the hard limit) and
+/// returns the soft limit the node runs with.
+pub fn raise_open_file_limit(want: u64) -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return u64::MAX;
+        }
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(lim.rlim_max),
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = raised.rlim_cur;
+            }
+        }
+    }
+    lim.rlim_cur
 }
 
 impl EventLoop {
@@ -144,10 +222,19 @@ impl EventLoop {
             next_generation: 0,
             notices,
             pending: BTreeMap::new(),
-            polls: Vec::new(),
+            polls: LongPolls::default(),
             dirty: Vec::new(),
+            ready: Vec::new(),
+            frame_timers: BinaryHeap::new(),
+            out_total: 0,
+            out_by_size: BTreeSet::new(),
+            in_total: 0,
             subs: Subscriptions::default(),
             stats: Stats::default(),
+            spare_fd: open_spare_fd(),
+            accept_blocked: false,
+            fd_refusals_unlogged: 0,
+            fd_warned_at: None,
         })
     }
 
@@ -170,13 +257,20 @@ impl EventLoop {
         let mut events = Events::with_capacity(1024);
         let mut drain_deadline: Option<Instant> = None;
         loop {
-            let timeout = self.next_timeout(drain_deadline);
+            // Connections with work left from the last pass: look for new
+            // events without waiting, then give them their next turn.
+            let timeout = if self.ready.is_empty() && self.dirty.is_empty() {
+                self.next_timeout(drain_deadline)
+            } else {
+                Some(Duration::ZERO)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 return Err(e);
             }
+            let again = std::mem::take(&mut self.ready);
             for event in events.iter() {
                 match event.token() {
                     LISTENER => self.accept(),
@@ -184,12 +278,34 @@ impl EventLoop {
                     Token(t) => self.drive(t - FIRST_CONNECTION),
                 }
             }
+            // Each connection gets at most one turn per pass from this list
+            // (and one per event and per dirty mark): a connection with a
+            // deep input never holds the loop for more than its turn.
+            for index in again {
+                if let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) {
+                    if slot.ready {
+                        slot.ready = false;
+                        self.drive(index);
+                    }
+                }
+            }
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
-            self.expire_polls(Instant::now());
-            while let Some(index) = self.dirty.pop() {
+            let now = Instant::now();
+            self.expire_polls(now);
+            self.expire_frames(now);
+            self.shed_output();
+            // Marks made while these are driven wait for the next pass.
+            let mut dirty = std::mem::take(&mut self.dirty);
+            dirty.sort_unstable();
+            dirty.dedup();
+            for index in dirty {
                 self.drive(index);
+            }
+            if self.accept_blocked && self.spare_fd.is_some() {
+                self.accept_blocked = false;
+                self.accept();
             }
             if self.shutdown.load(Ordering::SeqCst) {
                 if drain_deadline.is_none() {
@@ -209,11 +325,13 @@ impl EventLoop {
         }
     }
 
-    fn next_timeout(&self, drain_deadline: Option<Instant>) -> Option<Duration> {
+    fn next_timeout(&mut self, drain_deadline: Option<Instant>) -> Option<Duration> {
+        let frames = self.frame_timers.peek().map(|Reverse((at, _))| *at);
         let next = self
             .polls
-            .iter()
-            .filter_map(|w| w.deadline)
+            .next_deadline()
+            .into_iter()
+            .chain(frames)
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -242,21 +360,49 @@ impl EventLoop {
             let (mut stream, peer) = match listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if out_of_descriptors(&e) => {
+                    // The classic way out: give back the spare descriptor,
+                    // accept the waiting connection on it, refuse it, and
+                    // take the spare again. Without a spare, wait for a
+                    // connection to close (no retry loop, no log flood).
+                    let Some(spare) = self.spare_fd.take() else {
+                        self.accept_blocked = true;
+                        self.warn_out_of_descriptors(&e);
+                        return;
+                    };
+                    drop(spare);
+                    let accepted = listener.accept();
+                    match accepted {
+                        Ok((mut stream, _)) => {
+                            self.refuse_connection(&mut stream, "out of file descriptors");
+                            // Closed before the spare is taken again: the
+                            // spare gets its number back.
+                            drop(stream);
+                            self.spare_fd = open_spare_fd();
+                            self.fd_refusals_unlogged += 1;
+                            self.warn_out_of_descriptors(&e);
+                        }
+                        Err(e2) if e2.kind() == io::ErrorKind::WouldBlock => {
+                            self.spare_fd = open_spare_fd();
+                            return;
+                        }
+                        Err(_) => {
+                            self.spare_fd = open_spare_fd();
+                            self.accept_blocked = true;
+                            self.warn_out_of_descriptors(&e);
+                            return;
+                        }
+                    }
+                    continue;
+                }
                 Err(e) => {
                     log::warn!("accept: {e}");
                     return;
                 }
             };
             if self.connections >= self.config.limits.connections_max {
-                self.stats.connections_refused += 1;
-                let out = handlers::error(
-                    0,
-                    ErrorCode::Overloaded,
-                    Some(self.config.limits.connections_max as u64),
-                    "too many connections",
-                );
-                // Best effort: a refused client gets the reason if its socket takes it.
-                let _ = io::Write::write(&mut stream, &out.head);
+                self.refuse_connection(&mut stream, "too many connections");
                 continue;
             }
             let _ = stream.set_nodelay(true);
@@ -272,6 +418,11 @@ impl EventLoop {
                 generation: self.next_generation,
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
+                polls: HashSet::new(),
+                ready: false,
+                frame_timer_armed: false,
+                out_counted: 0,
+                in_counted: 0,
             };
             if let Err(e) = self.poll.registry().register(
                 &mut slot.stream,
@@ -288,6 +439,40 @@ impl EventLoop {
         }
     }
 
+    /// Writes the documented refusal (ERROR OVERLOADED, request id 0,
+    /// detail = connections_max) with one non-blocking write; the stream is
+    /// closed when the caller drops it.
+    fn refuse_connection(&mut self, stream: &mut TcpStream, message: &str) {
+        self.stats.connections_refused += 1;
+        let out = handlers::error(
+            0,
+            ErrorCode::Overloaded,
+            Some(self.config.limits.connections_max as u64),
+            message,
+        );
+        // Best effort: a refused client gets the reason if its socket takes it.
+        let _ = io::Write::write(stream, &out.head);
+    }
+
+    /// One warning per FD_WARNING_INTERVAL at most.
+    fn warn_out_of_descriptors(&mut self, e: &io::Error) {
+        let now = Instant::now();
+        if self
+            .fd_warned_at
+            .is_some_and(|at| now < at + FD_WARNING_INTERVAL)
+        {
+            return;
+        }
+        self.fd_warned_at = Some(now);
+        log::warn!(
+            "accept: {e}: {} connections refused with OVERLOADED since the last warning \
+             (connections open: {}; raise RLIMIT_NOFILE or lower --connections-max / \
+             --open-segments-max)",
+            std::mem::take(&mut self.fd_refusals_unlogged),
+            self.connections
+        );
+    }
+
     fn conn_id(&self, index: usize) -> Option<ConnId> {
         self.slots.get(index)?.as_ref().map(|s| ConnId {
             index,
@@ -302,17 +487,27 @@ impl EventLoop {
             .filter(|s| s.generation == id.generation)
     }
 
-    /// Reads, handles and writes until the connection has nothing more to
-    /// do now, then updates its registration.
+    /// One turn of a connection: reads, handles and writes until it has
+    /// nothing more to do now or has used its turn (FRAMES_PER_PASS_MAX
+    /// frames, READ_BYTES_PER_PASS_MAX bytes read), then updates its
+    /// registration. A connection that used its turn is queued for another
+    /// one next pass, after the other connections had theirs.
     fn drive(&mut self, index: usize) {
         let limits = self.config.limits;
+        let mut frames_left = FRAMES_PER_PASS_MAX;
+        let mut read_left = READ_BYTES_PER_PASS_MAX;
+        let mut handled = 0;
         loop {
-            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
-                return;
-            };
             let mut progress = false;
-            // Read what the socket has, as far as the decoder and output allow.
-            while slot.conn.wants_read(limits.output_bytes_max) {
+            // Read what the socket has, as far as the decoder, the output
+            // and this turn allow.
+            loop {
+                let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                    return;
+                };
+                if read_left == 0 || !slot.conn.wants_read(limits.output_bytes_max) {
+                    break;
+                }
                 match slot.conn.decoder.read_from(&mut slot.stream) {
                     Ok(0) => {
                         slot.conn.peer_closed = true;
@@ -320,7 +515,11 @@ impl EventLoop {
                     }
                     Ok(n) => {
                         self.stats.bytes_in += n as u64;
+                        read_left = read_left.saturating_sub(n);
                         progress = true;
+                        // The node-wide input budget, checked as soon as a
+                        // frame's length prefix says what it will need.
+                        self.charge_input(index);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -330,8 +529,12 @@ impl EventLoop {
                     }
                 }
             }
-            if self.handle_frames(index) {
+            let n = self.handle_frames(index, &mut frames_left);
+            if n > 0 {
+                handled += n;
                 progress = true;
+                // The frame now at the front may be a big one.
+                self.charge_input(index);
             }
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 return;
@@ -351,24 +554,214 @@ impl EventLoop {
                     slot.conn.out = Default::default();
                 }
             }
-            if !progress {
+            // Written bytes leave the node's total before more requests of
+            // this turn are handled (STATS reports it).
+            self.account(index);
+            if !progress || frames_left == 0 || read_left == 0 {
                 break;
             }
         }
+        let turn_used = frames_left == 0 || read_left == 0;
+        self.after_turn(index, handled > 0, turn_used);
+        self.charge_input(index);
+        self.account(index);
         self.update(index);
+        self.shed_output();
     }
 
-    /// Handles the whole frames the decoder holds, while output has room.
-    /// Returns true if any frame was handled.
-    fn handle_frames(&mut self, index: usize) -> bool {
-        let mut handled_any = false;
+    /// Counts what this connection's input needs now against the node's
+    /// `input_bytes_total_max`: a connection may grow to INPUT_BYTES_FREE
+    /// whatever the total; beyond, only within the budget, else its frame is
+    /// refused (`refuse_input`).
+    fn charge_input(&mut self, index: usize) {
+        let max = self.config.limits.input_bytes_total_max;
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let need = slot.conn.decoder.memory_bytes();
+        if !slot.conn.closing
+            && need > slot.in_counted
+            && need > INPUT_BYTES_FREE
+            && self.in_total + (need - slot.in_counted) > max
+        {
+            self.refuse_input(index);
+        }
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        // A closing connection reads nothing more: only its buffer counts,
+        // not the frame it announced.
+        let input = if slot.conn.closing {
+            slot.conn.decoder.allocated()
+        } else {
+            slot.conn.decoder.memory_bytes()
+        };
+        self.in_total = self.in_total - slot.in_counted + input;
+        slot.in_counted = input;
+    }
+
+    /// Refuses the frame whose length prefix would take the node's input
+    /// over `input_bytes_total_max`: ERROR OVERLOADED with request id 0 (its
+    /// header was not read), then the connection closes as after any fatal
+    /// error; the frame's body is never read.
+    fn refuse_input(&mut self, index: usize) {
+        let Some(id) = self.conn_id(index) else {
+            return;
+        };
+        self.stats.input_refused += 1;
+        self.stats.errors += 1;
+        let max = self.config.limits.input_bytes_total_max;
+        let out = handlers::error(
+            0,
+            ErrorCode::Overloaded,
+            Some(max as u64),
+            "node input buffers full (input_bytes_total_max)",
+        );
+        self.send(id, out);
+        if let Some(slot) = self.slot_mut(id) {
+            slot.conn.closing = true;
+            slot.conn.fatal = true;
+        }
+    }
+
+    /// Brings the node-wide output total up to date with this connection's
+    /// queue. O(log connections).
+    fn account(&mut self, index: usize) {
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let out = slot.conn.out.len();
+        if out != slot.out_counted {
+            if slot.out_counted > 0 {
+                self.out_by_size.remove(&(slot.out_counted, index));
+            }
+            if out > 0 {
+                self.out_by_size.insert((out, index));
+            }
+            self.out_total = self.out_total - slot.out_counted + out;
+            slot.out_counted = out;
+        }
+    }
+
+    /// While the output queued by all connections is above
+    /// `output_bytes_total_max`, closes the connection with the most output
+    /// queued (its queued responses are dropped; requests it has in flight
+    /// get no response). A client that reads its responses holds little
+    /// queued output, so the clients closed are the ones that do not read.
+    fn shed_output(&mut self) {
+        let max = self.config.limits.output_bytes_total_max;
+        while self.out_total > max {
+            let Some(&(queued, index)) = self.out_by_size.last() else {
+                break;
+            };
+            self.stats.connections_shed += 1;
+            log::debug!("closing connection {index}: {queued} bytes of output queued");
+            if let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) {
+                slot.conn.out = Default::default();
+            }
+            self.close(index);
+        }
+    }
+
+    /// Bookkeeping after a connection's turn: queue it for another turn if
+    /// it used this one whole, and run the clock of a partial frame.
+    fn after_turn(&mut self, index: usize, handled_frames: bool, turn_used: bool) {
+        let limits = self.config.limits;
+        let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+            return;
+        };
+        let id = ConnId {
+            index,
+            generation: slot.generation,
+        };
+        if turn_used && !slot.ready {
+            slot.ready = true;
+            self.ready.push(index);
+        }
+        // The clock runs only while the node is willing to read: a frame
+        // held back by the node's own back-pressure is not the client's
+        // delay. It restarts with each whole frame.
+        let partial = slot.conn.wants_read(limits.output_bytes_max)
+            && slot.conn.decoder.holds_partial_frame();
+        if !partial {
+            slot.conn.partial_since = None;
+            return;
+        }
+        if handled_frames || slot.conn.partial_since.is_none() {
+            slot.conn.partial_since = Some(Instant::now());
+        }
+        if !slot.frame_timer_armed {
+            slot.frame_timer_armed = true;
+            let since = slot.conn.partial_since.unwrap_or_else(Instant::now);
+            let at = since + Duration::from_millis(limits.frame_timeout_ms);
+            self.frame_timers.push(Reverse((at, id)));
+        }
+    }
+
+    /// Closes connections whose partial frame did not complete within
+    /// `frame_timeout_ms` (ERROR BAD_FRAME with request id 0, fatal). Costs
+    /// the timers that are due, one per connection at most.
+    fn expire_frames(&mut self, now: Instant) {
+        let timeout = Duration::from_millis(self.config.limits.frame_timeout_ms);
+        while let Some(Reverse((at, id))) = self.frame_timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.frame_timers.pop();
+            let Some(slot) = self.slot_mut(id) else {
+                continue;
+            };
+            slot.frame_timer_armed = false;
+            let Some(since) = slot.conn.partial_since else {
+                continue;
+            };
+            if since + timeout > now {
+                // A newer partial frame: its own deadline.
+                slot.frame_timer_armed = true;
+                self.frame_timers.push(Reverse((since + timeout, id)));
+                continue;
+            }
+            slot.conn.partial_since = None;
+            let ms = self.config.limits.frame_timeout_ms;
+            let out = handlers::error(
+                0,
+                ErrorCode::BadFrame,
+                None,
+                &format!("no whole frame within frame_timeout_ms ({ms} ms)"),
+            );
+            self.stats.errors += 1;
+            self.stats.frames_timed_out += 1;
+            self.send(id, out);
+            if let Some(slot) = self.slot_mut(id) {
+                slot.conn.closing = true;
+                slot.conn.fatal = true;
+            }
+            self.dirty.push(id.index);
+        }
+    }
+
+    /// Handles the whole frames the decoder holds, in order, while output
+    /// has room, the turn has frames left, and the next request may start
+    /// (format-spec/protocol.md section 1.4: a request that could observe a
+    /// parked one's effect waits in the decoder until that one is answered).
+    /// Returns the number of frames handled.
+    fn handle_frames(&mut self, index: usize, frames_left: &mut usize) -> usize {
+        let mut handled = 0;
         let limits = self.config.limits;
         loop {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
-                return handled_any;
+                return handled;
             };
-            if slot.conn.closing || slot.conn.out.len() >= limits.output_bytes_max {
-                return handled_any;
+            if slot.conn.closing
+                || slot.conn.out.len() >= limits.output_bytes_max
+                || *frames_left == 0
+            {
+                return handled;
+            }
+            if let Some(opcode) = slot.conn.decoder.front_opcode() {
+                if !slot.conn.may_start(opcode) {
+                    return handled;
+                }
             }
             let mut phase = slot.conn.phase;
             let in_flight = slot.conn.in_flight;
@@ -380,8 +773,8 @@ impl EventLoop {
             };
             // The frame borrows the decoder; it is handled into owned output
             // before the connection is touched again.
-            let (request_id, op, handled) = match slot.conn.decoder.next_frame() {
-                Ok(None) => return handled_any,
+            let (request_id, op, outcome) = match slot.conn.decoder.next_frame() {
+                Ok(None) => return handled,
                 Err(fe) => {
                     let out = handlers::error(
                         0,
@@ -436,7 +829,8 @@ impl EventLoop {
                     }
                 }
             };
-            handled_any = true;
+            handled += 1;
+            *frames_left -= 1;
             slot.conn.phase = phase;
             let conn = ConnId {
                 index,
@@ -446,7 +840,7 @@ impl EventLoop {
                 self.stats.request(op);
             }
             let started = Instant::now();
-            match handled {
+            match outcome {
                 Handled::Reply(out) => self.respond(conn, op, started, out),
                 Handled::Fatal(out) => {
                     self.stats.errors += 1;
@@ -513,6 +907,7 @@ impl EventLoop {
             slot.conn.out.push(OutChunk::Records(c));
         }
         self.stats.deliveries += out.records;
+        self.account(conn.index);
     }
 
     fn defer(
@@ -524,23 +919,29 @@ impl EventLoop {
         work: Deferred,
     ) {
         let Some(op) = op else { return };
-        if let Some(slot) = self.slot_mut(conn) {
-            slot.conn.in_flight += 1;
-        }
-        let deadline = match &work {
-            Deferred::Poll(p) => Some(started + p.wait),
-            _ => None,
+        let barrier = match work {
+            Deferred::Send(_) => Barrier::Send,
+            Deferred::Op(..) => Barrier::Op,
+            Deferred::Poll(_) => Barrier::None,
         };
+        if let Some(slot) = self.slot_mut(conn) {
+            slot.conn.park(barrier);
+        }
         let w = Waiting {
             conn,
             request_id,
             op,
             started,
             work,
-            deadline,
+            barrier,
         };
         match w.work {
-            Deferred::Poll(_) => self.polls.push(w),
+            Deferred::Poll(p) => {
+                let key = self.polls.insert(p.group, started + p.wait, w);
+                if let Some(slot) = self.slot_mut(conn) {
+                    slot.polls.insert(key);
+                }
+            }
             // An operation may already be complete (a retransmit of a durable
             // send): answer it without waiting for a round.
             _ => {
@@ -610,7 +1011,7 @@ impl EventLoop {
     /// Answers parked work and updates its connection.
     fn finish(&mut self, w: Waiting, out: Outgoing) {
         if let Some(slot) = self.slot_mut(w.conn) {
-            slot.conn.in_flight -= 1;
+            slot.conn.unpark(w.barrier);
         }
         self.respond(w.conn, Some(w.op), w.started, out);
         self.dirty.push(w.conn.index);
@@ -632,55 +1033,41 @@ impl EventLoop {
         }
     }
 
+    /// Re-runs the long polls of `group` (only those): each that finds
+    /// records now is answered; the others keep waiting.
     fn wake_polls(&mut self, group: u64) {
-        if !self
-            .polls
-            .iter()
-            .any(|w| matches!(w.work, Deferred::Poll(p) if p.group == group))
-        {
-            return;
-        }
-        let (ready, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
-            .into_iter()
-            .partition(|w| matches!(w.work, Deferred::Poll(p) if p.group == group));
-        self.polls = waiting;
-        for w in ready {
-            let Deferred::Poll(p) = w.work else { continue };
-            match self.engine.pull(
+        for key in self.polls.waiters(group) {
+            let Some(Deferred::Poll(p)) = self.polls.get(key).map(|w| &w.work) else {
+                continue;
+            };
+            let p = *p;
+            let out = self.engine.pull(
                 p.group,
                 p.user,
                 p.max_count as usize,
                 p.max_bytes as usize,
                 None,
-            ) {
-                Ok(pull) if pull.batch.count == 0 => self.polls.push(w),
-                Ok(pull) => {
-                    let out = handlers::pull_reply(w.request_id, pull);
-                    self.finish(w, out);
-                }
-                Err(e) => {
-                    let out = handlers::engine_error(w.request_id, &e);
-                    self.finish(w, out);
-                }
+            );
+            if out.as_ref().is_ok_and(|pull| pull.batch.count == 0) {
+                continue;
             }
+            let Some(w) = self.polls.remove(key) else {
+                continue;
+            };
+            self.unpark_poll(&w, key);
+            let out = match out {
+                Ok(pull) => handlers::pull_reply(w.request_id, pull),
+                Err(e) => handlers::engine_error(w.request_id, &e),
+            };
+            self.finish(w, out);
         }
     }
 
     /// Answers long polls whose wait is over with what is there (nothing,
-    /// unless a message arrived unnoticed).
+    /// unless a message arrived unnoticed). Costs the polls that expire.
     fn expire_polls(&mut self, now: Instant) {
-        if !self
-            .polls
-            .iter()
-            .any(|w| w.deadline.is_some_and(|d| d <= now))
-        {
-            return;
-        }
-        let (due, waiting): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.polls)
-            .into_iter()
-            .partition(|w| w.deadline.is_some_and(|d| d <= now));
-        self.polls = waiting;
-        for w in due {
+        for (key, w) in self.polls.take_due(now) {
+            self.unpark_poll(&w, key);
             let Deferred::Poll(p) = w.work else { continue };
             let out = match self.engine.pull(
                 p.group,
@@ -693,6 +1080,13 @@ impl EventLoop {
                 Err(e) => handlers::engine_error(w.request_id, &e),
             };
             self.finish(w, out);
+        }
+    }
+
+    /// Forgets a poll that left the parked set in its connection's list.
+    fn unpark_poll(&mut self, w: &Waiting, key: PollKey) {
+        if let Some(slot) = self.slot_mut(w.conn) {
+            slot.polls.remove(&key);
         }
     }
 
@@ -742,13 +1136,15 @@ impl EventLoop {
             );
             for &conn in &targets {
                 let limit = self.config.limits.output_bytes_max;
+                let node_full = self.out_total + frame.head.len() + batch.bytes
+                    > self.config.limits.output_bytes_total_max;
                 let Some(slot) = self.slot_mut(conn) else {
                     continue;
                 };
                 if slot.sub_groups.is_empty() && slot.sub_users.is_empty() {
                     continue; // cancelled by an earlier RESYNC in this loop
                 }
-                if slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
+                if node_full || slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
                     self.resync(conn);
                 } else {
                     self.stats.pushes += 1;
@@ -802,7 +1198,7 @@ impl EventLoop {
         match sub {
             Subscription::User(user) => {
                 slot.sub_users.insert(user);
-                self.subs.add_user(conn, user);
+                self.subs.add_user(&self.engine, conn, user);
             }
             Subscription::Groups(groups) => {
                 if let Some(missing) = groups.iter().find(|g| self.engine.head(**g).is_err()) {
@@ -835,13 +1231,17 @@ impl EventLoop {
         let groups = std::mem::take(&mut slot.sub_groups);
         let users = std::mem::take(&mut slot.sub_users);
         slot.conn.subscriptions = 0;
-        self.subs.remove(conn, groups, users);
+        self.subs.remove(&self.engine, conn, groups, users);
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        let figures = self
-            .stats
-            .report(self.connections, &self.engine, &self.config.limits);
+        let buffers = Buffers {
+            output: self.out_total,
+            input: self.in_total,
+        };
+        let figures =
+            self.stats
+                .report(self.connections, buffers, &self.engine, &self.config.limits);
         let list: Vec<Stat<'_>> = figures
             .iter()
             .map(|(name, value)| Stat {
@@ -892,13 +1292,30 @@ impl EventLoop {
             return;
         };
         self.unsubscribe_all(id);
-        self.polls.retain(|w| w.conn != id);
+        let keys = self.slots[index]
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.polls))
+            .unwrap_or_default();
+        for key in keys {
+            self.polls.remove(key);
+        }
         if let Some(mut slot) = self.slots[index].take() {
             if slot.interest.is_some() {
                 let _ = self.poll.registry().deregister(&mut slot.stream);
             }
+            if slot.out_counted > 0 {
+                self.out_by_size.remove(&(slot.out_counted, index));
+            }
+            self.out_total -= slot.out_counted;
+            self.in_total -= slot.in_counted;
             self.connections -= 1;
             self.free.push(index);
+            // A descriptor was freed: take the spare back (the loop then
+            // accepts again if accepting was blocked).
+            drop(slot);
+            if self.spare_fd.is_none() {
+                self.spare_fd = open_spare_fd();
+            }
         }
     }
 }
@@ -930,10 +1347,17 @@ fn defers(op: Opcode) -> bool {
 /// checkpoint). `on_ready` gets the bound address once the node accepts
 /// connections.
 pub fn serve(
-    config: NodeConfig,
+    mut config: NodeConfig,
     on_ready: impl FnOnce(SocketAddr, Shutdown),
 ) -> Result<(), String> {
     config.validate()?;
+    // Segment files and connections share the descriptor limit: fit both
+    // at start, so that a connection over the budget gets the documented
+    // OVERLOADED rather than an accept that fails.
+    let nofile = raise_open_file_limit(config.descriptors_needed());
+    if let Some(warning) = config.fit_descriptors(nofile)? {
+        log::warn!("{warning}");
+    }
     // Bind first: a taken or invalid address is the cheapest thing to get
     // wrong, and must not cost a recovery and a checkpoint of the data
     // directory before it is reported. Connections that arrive while the

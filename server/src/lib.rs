@@ -14,6 +14,7 @@ pub mod event_loop;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod handlers;
+pub mod long_poll;
 pub mod protocol;
 pub mod reliable;
 pub mod stats;

@@ -67,6 +67,22 @@ struct ServeArgs {
     /// Subscriptions (users + groups) per connection.
     #[arg(long, default_value_t = 100_000)]
     subscriptions_max: usize,
+    /// A frame must arrive whole within this many milliseconds of its first
+    /// byte, or the connection is closed (BAD_FRAME).
+    #[arg(long, default_value_t = 30_000)]
+    frame_timeout_ms: u64,
+    /// Output queued by all connections together; above it the connections
+    /// with the most output queued are closed.
+    #[arg(long, default_value_t = 1 << 30)]
+    output_bytes_total_max: usize,
+    /// Input buffered by all connections together; a frame that would pass
+    /// it gets OVERLOADED and a close.
+    #[arg(long, default_value_t = 1 << 30)]
+    input_bytes_total_max: usize,
+    /// Dedup entries remembered by all groups together (see the spec's
+    /// dedup window): past it, idle groups' windows leave memory.
+    #[arg(long, default_value_t = 10_000_000)]
+    dedup_entries_total_max: usize,
     /// Members per group.
     #[arg(long, default_value_t = 500_000)]
     members_per_group_max: usize,
@@ -112,6 +128,10 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.limits.requests_in_flight_max = a.requests_in_flight_max;
     c.limits.long_poll_ms_max = a.long_poll_ms_max;
     c.limits.subscriptions_max = a.subscriptions_max;
+    c.limits.frame_timeout_ms = a.frame_timeout_ms;
+    c.limits.output_bytes_total_max = a.output_bytes_total_max;
+    c.limits.input_bytes_total_max = a.input_bytes_total_max;
+    c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     if let Some(path) = a.token_file {
         c.token = Some(tidemark_server::cli::read_token_file(&path)?);
     }

@@ -62,6 +62,11 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("net.pushes", Counter, "frames"),
     stat("net.resyncs", Counter, "frames"),
     stat("net.errors", Counter, "frames"),
+    stat("net.frames_timed_out", Counter, "connections"),
+    stat("net.output_bytes_queued", Gauge, "bytes"),
+    stat("net.input_bytes_buffered", Gauge, "bytes"),
+    stat("net.connections_shed", Counter, "connections"),
+    stat("net.input_refused", Counter, "frames"),
     stat("engine.appends", Counter, "messages"),
     stat("engine.duplicates", Counter, "messages"),
     stat("engine.acks", Counter, "acks"),
@@ -73,12 +78,17 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("engine.checkpoint_syncs", Counter, "syncs"),
     stat("engine.groups", Gauge, "groups"),
     stat("engine.open_segments", Gauge, "files"),
+    stat("engine.dedup_entries", Gauge, "entries"),
+    stat("engine.dedup_windows_dropped", Counter, "windows"),
     stat("limits.frame_bytes_max", Gauge, "bytes"),
     stat("limits.payload_bytes_max", Gauge, "bytes"),
     stat("limits.requests_in_flight_max", Gauge, "requests"),
     stat("limits.batch_ack_items_max", Gauge, "items"),
     stat("limits.connections_max", Gauge, "connections"),
     stat("limits.output_bytes_max", Gauge, "bytes"),
+    stat("limits.output_bytes_total_max", Gauge, "bytes"),
+    stat("limits.input_bytes_total_max", Gauge, "bytes"),
+    stat("limits.frame_timeout_ms", Gauge, "ms"),
     stat("limits.long_poll_ms_max", Gauge, "ms"),
     stat("limits.subscriptions_max", Gauge, "subscriptions"),
     stat("limits.members_per_group_max", Gauge, "members"),
@@ -90,11 +100,19 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.dedup_window_sends", Gauge, "sends"),
     stat("limits.dedup_window_ms", Gauge, "ms"),
     stat("limits.dedup_entries_max", Gauge, "entries"),
+    stat("limits.dedup_entries_total_max", Gauge, "entries"),
     stat("limits.open_segments_max", Gauge, "files"),
     stat("limits.segment_bytes_max", Gauge, "bytes"),
     stat("requests.{op}", Counter, "requests"),
     stat("latency.{op}.{q}_us", Gauge, "us"),
 ];
+
+/// The node's connection buffers at the moment of a report (gauges).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Buffers {
+    pub output: usize,
+    pub input: usize,
+}
 
 /// Counters of the node since start. Owned by the event loop thread.
 #[derive(Default)]
@@ -108,6 +126,13 @@ pub struct Stats {
     pub pushes: u64,
     pub resyncs: u64,
     pub errors: u64,
+    /// Connections closed because a frame did not arrive whole in time.
+    pub frames_timed_out: u64,
+    /// Connections closed because the node's queued output passed
+    /// output_bytes_total_max (the ones with the most queued).
+    pub connections_shed: u64,
+    /// Frames refused because the node's input passed input_bytes_total_max.
+    pub input_refused: u64,
     requests: BTreeMap<&'static str, u64>,
     latency: BTreeMap<&'static str, Histogram<u64>>,
 }
@@ -158,6 +183,7 @@ impl Stats {
     pub fn report(
         &self,
         connections: usize,
+        buffers: Buffers,
         engine: &Engine,
         limits: &Limits,
     ) -> Vec<(String, u64)> {
@@ -174,6 +200,11 @@ impl Stats {
             ("net.pushes".into(), self.pushes),
             ("net.resyncs".into(), self.resyncs),
             ("net.errors".into(), self.errors),
+            ("net.frames_timed_out".into(), self.frames_timed_out),
+            ("net.output_bytes_queued".into(), n(buffers.output)),
+            ("net.input_bytes_buffered".into(), n(buffers.input)),
+            ("net.connections_shed".into(), self.connections_shed),
+            ("net.input_refused".into(), self.input_refused),
             ("engine.appends".into(), e.appends),
             ("engine.duplicates".into(), e.duplicates),
             ("engine.acks".into(), e.acks),
@@ -191,6 +222,8 @@ impl Stats {
             ("engine.checkpoint_syncs".into(), e.checkpoint_syncs),
             ("engine.groups".into(), e.groups),
             ("engine.open_segments".into(), e.open_segments),
+            ("engine.dedup_entries".into(), e.dedup_entries),
+            ("engine.dedup_windows_dropped".into(), e.dedup_windows_dropped),
             (
                 "limits.frame_bytes_max".into(),
                 u64::from(limits.frame_bytes_max),
@@ -206,6 +239,15 @@ impl Stats {
             ),
             ("limits.connections_max".into(), n(limits.connections_max)),
             ("limits.output_bytes_max".into(), n(limits.output_bytes_max)),
+            (
+                "limits.output_bytes_total_max".into(),
+                n(limits.output_bytes_total_max),
+            ),
+            (
+                "limits.input_bytes_total_max".into(),
+                n(limits.input_bytes_total_max),
+            ),
+            ("limits.frame_timeout_ms".into(), limits.frame_timeout_ms),
             (
                 "limits.long_poll_ms_max".into(),
                 u64::from(limits.long_poll_ms_max),
@@ -232,6 +274,10 @@ impl Stats {
             ("limits.dedup_window_sends".into(), n(c.dedup_window_sends)),
             ("limits.dedup_window_ms".into(), c.dedup_window_ms),
             ("limits.dedup_entries_max".into(), n(c.dedup_entries_max)),
+            (
+                "limits.dedup_entries_total_max".into(),
+                n(c.dedup_entries_total_max),
+            ),
             ("limits.open_segments_max".into(), n(c.open_segments_max)),
             ("limits.segment_bytes_max".into(), c.segment_bytes_max),
         ];
@@ -341,7 +387,7 @@ mod tests {
             stats.latency(op, Duration::from_micros(250));
         }
         let limits = Limits::default();
-        let report = stats.report(3, &engine, &limits);
+        let report = stats.report(3, Buffers::default(), &engine, &limits);
         let mut emitted: Vec<String> = report.iter().map(|(n, _)| n.clone()).collect();
         let mut documented = expanded();
         emitted.sort();

@@ -3,8 +3,10 @@
 //! each group the round touched, so the answer must not cost a walk of a
 //! 100,000-member list every time: the connections reached through user
 //! subscriptions are cached per group, keyed on the group's member-list
-//! version, and the whole cache is dropped when a user subscription comes
-//! or goes.
+//! version. When a user subscription comes or goes, only the entries of
+//! that user's groups are dropped (O(groups of the user)): no other group's
+//! answer can change, since the user is a member of no other group at that
+//! moment, and a later join changes the member-list version.
 //!
 //! Push is an optimisation; pull is the truth. A connection missing from a
 //! push (it cannot be, by the invariant below, but if it were) loses
@@ -50,15 +52,16 @@ impl<C: Copy + Eq + Hash> Subscriptions<C> {
         self.by_group.entry(group).or_default().insert(conn);
     }
 
-    pub fn add_user(&mut self, conn: C, user: u64) {
+    pub fn add_user(&mut self, engine: &Engine, conn: C, user: u64) {
         if self.by_user.entry(user).or_default().insert(conn) {
-            self.through_members.clear();
+            self.forget_groups_of(engine, user);
         }
     }
 
     /// Drops the subscriptions of `conn` to these groups and users.
     pub fn remove(
         &mut self,
+        engine: &Engine,
         conn: C,
         groups: impl IntoIterator<Item = u64>,
         users: impl IntoIterator<Item = u64>,
@@ -68,9 +71,30 @@ impl<C: Copy + Eq + Hash> Subscriptions<C> {
         }
         for u in users {
             if remove_from(&mut self.by_user, u, conn) {
-                self.through_members.clear();
+                self.forget_groups_of(engine, u);
             }
         }
+    }
+
+    /// Drops the cached entries of the groups `user` is a member of: the
+    /// only entries a change of the user's subscriptions can change. Sound
+    /// against a concurrent join: the engine inserts a member's cursor (what
+    /// `unread` lists) before it changes the member-list version, under the
+    /// group's member lock, so an entry computed at the new version was
+    /// computed after the user became visible here.
+    fn forget_groups_of(&mut self, engine: &Engine, user: u64) {
+        if self.through_members.is_empty() {
+            return;
+        }
+        for g in engine.unread(user) {
+            self.through_members.remove(&g.group_id);
+        }
+    }
+
+    /// Whether `group` has a cached through-members entry (for tests).
+    #[cfg(test)]
+    fn is_cached(&self, group: u64) -> bool {
+        self.through_members.contains_key(&group)
     }
 
     /// Connections subscribed to `group`, directly or through a member, each
@@ -183,9 +207,9 @@ mod tests {
             e.join(1, user, JoinStart::Head).unwrap();
         }
         let mut s: Subscriptions<u32> = Subscriptions::default();
-        s.add_user(100, 10);
-        s.add_user(101, 11);
-        s.add_user(102, 12); // not a member
+        s.add_user(&e, 100, 10);
+        s.add_user(&e, 101, 11);
+        s.add_user(&e, 102, 12); // not a member
         s.add_group(103, 1);
         s.add_group(100, 1); // also through user 10: listed once
         assert_eq!(sorted(s.targets(&e, 1)), [100, 101, 103]);
@@ -195,14 +219,14 @@ mod tests {
         assert_eq!(sorted(s.targets(&e, 1)), [100, 101, 102, 103]);
         // So is a leave, and a subscription that goes away.
         e.leave(1, 11).unwrap();
-        s.remove(103, [1], []);
+        s.remove(&e, 103, [1], []);
         assert_eq!(sorted(s.targets(&e, 1)), [100, 102]);
-        s.remove(102, [], [12]);
+        s.remove(&e, 102, [], [12]);
         assert_eq!(sorted(s.targets(&e, 1)), [100]);
         // A new user subscription is seen by a cached group.
         e.join(1, 13, JoinStart::Head).unwrap();
         assert_eq!(sorted(s.targets(&e, 1)), [100]);
-        s.add_user(104, 13);
+        s.add_user(&e, 104, 13);
         assert_eq!(sorted(s.targets(&e, 1)), [100, 104]);
         // A group deleted and created again starts with no members (100's
         // direct subscription to the group id stays).
@@ -226,13 +250,40 @@ mod tests {
         let mut few: Subscriptions<u32> = Subscriptions::default();
         let mut many: Subscriptions<u32> = Subscriptions::default();
         for user in (0..6_000u64).step_by(7) {
-            few.add_user(user as u32, user);
+            few.add_user(&e, user as u32, user);
         }
         for user in 0..6_000u64 {
-            many.add_user(user as u32, user);
+            many.add_user(&e, user as u32, user);
         }
         let want: Vec<u32> = (0..3_000u32).step_by(7).collect();
         assert_eq!(sorted(few.targets(&e, 1)), want);
         assert_eq!(sorted(many.targets(&e, 1)), (0..3_000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_user_subscription_forgets_only_that_users_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = engine(dir.path());
+        for g in 1..=3 {
+            e.create_group(g).unwrap();
+        }
+        e.join(1, 10, JoinStart::Head).unwrap();
+        e.join(2, 20, JoinStart::Head).unwrap();
+        e.join(3, 10, JoinStart::Head).unwrap();
+        let mut s: Subscriptions<u32> = Subscriptions::default();
+        s.add_user(&e, 100, 10);
+        assert_eq!(s.targets(&e, 1), [100]);
+        assert_eq!(s.targets(&e, 2), Vec::<u32>::new());
+        assert_eq!(s.targets(&e, 3), [100]);
+        assert!(s.is_cached(1) && s.is_cached(2) && s.is_cached(3));
+        // User 20 is a member of group 2 only: the entries of 1 and 3 stay.
+        s.add_user(&e, 101, 20);
+        assert!(s.is_cached(1) && s.is_cached(3));
+        assert!(!s.is_cached(2));
+        assert_eq!(s.targets(&e, 2), [101]);
+        s.remove(&e, 101, [], [20]);
+        assert!(s.is_cached(1) && s.is_cached(3) && !s.is_cached(2));
+        assert_eq!(s.targets(&e, 2), Vec::<u32>::new());
+        assert_eq!(s.targets(&e, 1), [100]);
     }
 }

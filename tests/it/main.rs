@@ -10,6 +10,7 @@ mod bench_tool;
 mod cli;
 mod crash_kill;
 mod disk_full;
+mod event_loop;
 mod fuzz_corpus;
 mod harness;
 mod hostile;

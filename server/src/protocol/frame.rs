@@ -210,6 +210,40 @@ impl FrameDecoder {
         self.buffer_bytes_max().saturating_sub(self.buffered())
     }
 
+    /// The opcode byte of the whole frame at the front of the buffer, if a
+    /// whole frame is here (the frame stays; `next_frame` takes it).
+    pub fn front_opcode(&self) -> Option<u8> {
+        let total = self.pending_frame_bytes()?;
+        if self.buffered() < total {
+            return None;
+        }
+        self.buf.get(self.start + 5).copied()
+    }
+
+    /// True when bytes of a frame are here but not the whole frame.
+    pub fn holds_partial_frame(&self) -> bool {
+        self.buffered() > 0
+            && self.error.is_none()
+            && self
+                .pending_frame_bytes()
+                .is_none_or(|total| self.buffered() < total)
+    }
+
+    /// The input memory this decoder holds or is about to need: its buffer
+    /// allocation, or the whole frame in progress once its length prefix is
+    /// here (the buffer grows to it as the body arrives).
+    pub fn memory_bytes(&self) -> usize {
+        let frame = self
+            .pending_frame_bytes()
+            .map_or(0, |total| total.max(self.buffered()));
+        self.buf.capacity().max(frame)
+    }
+
+    /// Bytes of the buffer allocation.
+    pub fn allocated(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// True when the caller should read more bytes into the decoder.
     pub fn wants_read(&self) -> bool {
         self.space() > 0
