@@ -155,7 +155,8 @@ pub(crate) struct Pending {
     pub flush_cursors: bool,
     /// A caller waits for a checkpoint after this round.
     pub checkpoint: bool,
-    /// Shut down like a crash: no final checkpoint (tests only).
+    /// Shut down like a crash: no final checkpoint. Only
+    /// `Engine::simulate_crash` (tests, `testing` feature) sets it.
     pub crash: bool,
 }
 
@@ -228,11 +229,18 @@ impl Engine {
     /// Opens (or creates) the engine in `config.data_dir`, recovering from a
     /// crash if the last run did not shut down cleanly.
     pub fn open(config: Config) -> Result<Engine> {
-        Engine::open_with_vfs(config, Arc::new(OsVfs))
+        Engine::open_on(config, Arc::new(OsVfs))
     }
 
-    /// Like [`Engine::open`], over a custom file layer (fault injection).
+    /// Like [`Engine::open`], over a custom file layer (fault injection:
+    /// `io::FaultyVfs`, `power_cut::PowerCutVfs`). Only with the `testing`
+    /// feature: a release build opens the real file system only.
+    #[cfg(any(test, feature = "testing"))]
     pub fn open_with_vfs(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
+        Engine::open_on(config, vfs)
+    }
+
+    fn open_on(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
         config.validate()?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
@@ -934,7 +942,9 @@ impl Engine {
 
     /// Stops the engine the way a crash would, between two commit rounds:
     /// accepted appends are committed, but no clean checkpoint is written, so
-    /// the next open recovers from the journal. For crash tests.
+    /// the next open recovers from the journal. For crash tests: only with
+    /// the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
     #[doc(hidden)]
     pub fn simulate_crash(mut self) {
         self.shared.pending.lock().crash = true;

@@ -6,7 +6,8 @@
 //! on its committed corpus breaks the ordinary test suite, so targets never
 //! rot. Every function takes arbitrary bytes, must never panic on them, and
 //! asserts the invariants its input lets it check (a failed assertion is a
-//! finding). Not an API: hidden from the docs.
+//! finding). Not an API: hidden from the docs, and compiled only with the
+//! `testing` feature (which `fuzz/` and the workspace's tests enable).
 //!
 //! | target | what it drives |
 //! |---|---|

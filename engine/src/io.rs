@@ -1,13 +1,18 @@
 //! The file layer: every disk operation of the engine goes through [`Vfs`], so
 //! tests can count fsyncs and inject failures (a write that fails, an fsync
-//! that fails, a full disk) without touching the code under test.
+//! that fails, a full disk) without touching the code under test. The
+//! fault-injecting layer, `FaultyVfs` (in `io/faulty.rs`), exists only
+//! with the `testing` feature or under `cfg(test)`.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+
+#[cfg(any(test, feature = "testing"))]
+mod faulty;
+#[cfg(any(test, feature = "testing"))]
+pub use faulty::{FaultControl, FaultyVfs};
 
 /// A file opened through a [`Vfs`].
 pub trait VfsFile: Send + Sync {
@@ -210,192 +215,6 @@ impl Vfs for OsVfs {
     }
     fn exists(&self, path: &Path) -> bool {
         path.exists()
-    }
-}
-
-/// A [`Vfs`] over the real file system that counts syncs and can be told to
-/// fail. Shared state lives in [`FaultControl`], which tests keep a handle to.
-#[derive(Clone, Default)]
-pub struct FaultyVfs {
-    pub control: Arc<FaultControl>,
-}
-
-/// Counters and switches of a [`FaultyVfs`].
-#[derive(Default)]
-pub struct FaultControl {
-    /// fdatasync calls on files.
-    pub file_syncs: AtomicU64,
-    /// fsync calls on directories.
-    pub dir_syncs: AtomicU64,
-    /// Bytes successfully written.
-    pub bytes_written: AtomicU64,
-    /// When set, every write fails with ENOSPC (a full disk).
-    pub disk_full: AtomicBool,
-    /// The disk fills up after this many more successful writes
-    /// (`u64::MAX` = never): from then on every write fails with ENOSPC
-    /// until the test stores `u64::MAX` again. Picks which write of a
-    /// round meets the full disk (journal, first group, second group...).
-    pub writes_before_full: AtomicU64,
-    /// Writes that failed with ENOSPC.
-    pub writes_refused: AtomicU64,
-    /// When set, every sync fails with EIO.
-    pub fail_syncs: AtomicBool,
-    /// Syncs that failed because of `fail_syncs`.
-    pub syncs_failed: AtomicU64,
-    /// Writes fail with EIO once this many more bytes have been written
-    /// (`u64::MAX` = never). The failing write writes nothing.
-    pub write_budget_bytes: AtomicU64,
-    /// While set, file syncs block (so a test can pile work into the next
-    /// commit round); `syncs_held` counts the syncs waiting.
-    pub hold_syncs: AtomicBool,
-    pub syncs_held: AtomicU64,
-    /// When not `u64::MAX`, the free space the file system reports.
-    pub free_bytes: AtomicU64,
-    /// Files opened (to count how many segments a read touches).
-    pub opens: AtomicU64,
-    /// When set, every `read_exact_at` fails with EIO (a medium that cannot
-    /// return a page). Reads through a mapping do not see it.
-    pub fail_reads: AtomicBool,
-}
-
-impl FaultControl {
-    pub fn syncs(&self) -> u64 {
-        self.file_syncs.load(Ordering::SeqCst) + self.dir_syncs.load(Ordering::SeqCst)
-    }
-}
-
-impl FaultyVfs {
-    pub fn new() -> Self {
-        let v = FaultyVfs::default();
-        v.control
-            .write_budget_bytes
-            .store(u64::MAX, Ordering::SeqCst);
-        v.control.free_bytes.store(u64::MAX, Ordering::SeqCst);
-        v.control
-            .writes_before_full
-            .store(u64::MAX, Ordering::SeqCst);
-        v
-    }
-}
-
-struct FaultyFile {
-    inner: Box<dyn VfsFile>,
-    control: Arc<FaultControl>,
-}
-
-impl FaultControl {
-    fn check_write(&self, len: usize) -> io::Result<()> {
-        let left = self.writes_before_full.load(Ordering::SeqCst);
-        if self.disk_full.load(Ordering::SeqCst) || left == 0 {
-            self.writes_refused.fetch_add(1, Ordering::SeqCst);
-            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-        }
-        if left != u64::MAX {
-            self.writes_before_full.store(left - 1, Ordering::SeqCst);
-        }
-        let len = len as u64;
-        let budget = self.write_budget_bytes.load(Ordering::SeqCst);
-        if budget != u64::MAX {
-            if budget < len {
-                return Err(io::Error::from_raw_os_error(libc::EIO));
-            }
-            self.write_budget_bytes
-                .store(budget - len, Ordering::SeqCst);
-        }
-        Ok(())
-    }
-
-    fn check_sync(&self) -> io::Result<()> {
-        if self.hold_syncs.load(Ordering::SeqCst) {
-            self.syncs_held.fetch_add(1, Ordering::SeqCst);
-            while self.hold_syncs.load(Ordering::SeqCst) {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            self.syncs_held.fetch_sub(1, Ordering::SeqCst);
-        }
-        if self.fail_syncs.load(Ordering::SeqCst) {
-            self.syncs_failed.fetch_add(1, Ordering::SeqCst);
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        Ok(())
-    }
-}
-
-impl VfsFile for FaultyFile {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.control.check_write(buf.len())?;
-        self.inner.write_all_at(buf, offset)?;
-        self.control
-            .bytes_written
-            .fetch_add(buf.len() as u64, Ordering::SeqCst);
-        Ok(())
-    }
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        if self.control.fail_reads.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        self.inner.read_exact_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.control.check_sync()?;
-        self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
-        self.inner.sync_data()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn file_len(&self) -> io::Result<u64> {
-        self.inner.file_len()
-    }
-    fn map(&self, len: usize) -> io::Result<memmap2::Mmap> {
-        self.inner.map(len)
-    }
-}
-
-impl Vfs for FaultyVfs {
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
-        self.control.opens.fetch_add(1, Ordering::SeqCst);
-        Ok(Box::new(FaultyFile {
-            inner: OsVfs.open(path, mode)?,
-            control: self.control.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        if self.control.disk_full.load(Ordering::SeqCst) {
-            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-        }
-        OsVfs.create_dir_all(path)
-    }
-    fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.control.check_sync()?;
-        self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
-        OsVfs.sync_dir(path)
-    }
-    fn free_bytes(&self, path: &Path) -> io::Result<u64> {
-        match self.control.free_bytes.load(Ordering::SeqCst) {
-            u64::MAX => OsVfs.free_bytes(path),
-            n => Ok(n),
-        }
-    }
-    fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
-        self.control.check_sync()?;
-        self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
-        OsVfs.sync_filesystem(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        OsVfs.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        OsVfs.remove_file(path)
-    }
-    fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
-        OsVfs.remove_dir_all(path)
-    }
-    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        OsVfs.read_dir(path)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        OsVfs.exists(path)
     }
 }
 

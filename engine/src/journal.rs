@@ -219,6 +219,7 @@ impl JournalHeader {
 }
 
 /// The header this build writes for file `seq` (flags 0).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
     encode_header_of(&JournalHeader {
         version: JOURNAL_VERSION,

@@ -18,33 +18,52 @@
 //!   file, group and offset), never skipped or served.
 //!
 //! Limits and their defaults are in [`Config`].
+//!
+//! The `testing` feature adds what only tests and fuzzing use: the
+//! fault-injecting file layers (`io::FaultyVfs`, `power_cut`),
+//! `Engine::open_with_vfs`, `Engine::simulate_crash`, the fuzz target
+//! bodies (`fuzz_targets`), and public `io` and `record` modules. The
+//! workspace's tests and benches and `fuzz/` enable it; a release build of
+//! the node never does, so it contains no fault injection.
 
 mod catalog;
 mod checkpoint;
 mod codec;
 mod commit;
-pub mod config;
+mod config;
 mod cursors;
 mod dedup;
 mod engine;
-pub mod error;
-#[doc(hidden)]
+mod error;
 mod flusher;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod fuzz_targets;
 mod group;
 mod group_log;
 mod index;
+// The file layer and the record layout are internals; tests, benches and
+// fuzz targets (the `testing` feature) reach into them to build fault
+// injection and raw images, so only they see them as public.
+#[cfg(any(test, feature = "testing"))]
 pub mod io;
+#[cfg(not(any(test, feature = "testing")))]
+mod io;
 mod journal;
 mod member_snapshot;
 mod membership;
 #[cfg(test)]
 mod model_tests;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod power_cut;
 mod read_counts;
+#[cfg(any(test, feature = "testing"))]
 pub mod record;
+#[cfg(not(any(test, feature = "testing")))]
+mod record;
 mod recovery;
-pub mod retention;
+mod retention;
 mod segment;
 mod segment_cache;
 #[cfg(test)]

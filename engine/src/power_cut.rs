@@ -32,6 +32,8 @@
 //! images in memory, so it is for tests with small data only. Writes
 //! through a handle to a file that was removed since are still modelled,
 //! by inode, like the real file system does.
+//!
+//! Test-only: compiled under `cfg(test)` or the `testing` feature.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -232,12 +232,16 @@ impl<'a> RecordRef<'a> {
 
 /// Iterates over the verified records of `buf`, which must hold whole records
 /// back to back. Stops at the first invalid one, returning its error.
+/// Test and fuzz code only (the engine reads records through the segment
+/// scan, which also knows where a segment's data ends).
+#[cfg(any(test, feature = "testing"))]
 pub struct RecordIter<'a> {
     buf: &'a [u8],
     pos: usize,
     record_bytes_max: usize,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl<'a> RecordIter<'a> {
     pub fn new(buf: &'a [u8], record_bytes_max: usize) -> Self {
         RecordIter {
@@ -253,6 +257,7 @@ impl<'a> RecordIter<'a> {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl<'a> Iterator for RecordIter<'a> {
     type Item = Result<RecordRef<'a>, RecordError>;
 

@@ -4,7 +4,9 @@
 //! the cargo-fuzz wrappers in `fuzz/` and the corpus replay test
 //! (`tests/it/fuzz_corpus.rs`, run by `cargo test`) call the same
 //! functions. Each takes arbitrary bytes, must never panic on them, and
-//! asserts what its input lets it check. Not an API: hidden from the docs.
+//! asserts what its input lets it check. Not an API: hidden from the docs,
+//! and compiled only with the `testing` feature (which `fuzz/` and the
+//! workspace's tests enable).
 //!
 //! | target | what it drives |
 //! |---|---|

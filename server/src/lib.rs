@@ -11,6 +11,7 @@ pub mod config;
 pub mod connection;
 pub mod demo;
 pub mod event_loop;
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod handlers;

@@ -106,9 +106,12 @@ fn every_workspace_dependency_is_used_by_a_member() {
         .filter_map(|l| l.split('=').next().map(str::trim))
         .filter(|name| !name.is_empty() && !name.starts_with('#'))
         .filter(|name| {
-            !members
-                .iter()
-                .any(|m| m.contains(&format!("\n{name}.workspace = true")))
+            // `name.workspace = true`, or `name = { workspace = true, ... }`
+            // when the member adds features (`testing`).
+            !members.iter().any(|m| {
+                m.contains(&format!("\n{name}.workspace = true"))
+                    || m.contains(&format!("\n{name} = {{ workspace = true"))
+            })
         })
         .collect();
     assert!(unused.is_empty(), "declared but unused: {unused:?}");
