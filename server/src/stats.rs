@@ -223,7 +223,10 @@ impl Stats {
             ("engine.groups".into(), e.groups),
             ("engine.open_segments".into(), e.open_segments),
             ("engine.dedup_entries".into(), e.dedup_entries),
-            ("engine.dedup_windows_dropped".into(), e.dedup_windows_dropped),
+            (
+                "engine.dedup_windows_dropped".into(),
+                e.dedup_windows_dropped,
+            ),
             (
                 "limits.frame_bytes_max".into(),
                 u64::from(limits.frame_bytes_max),
