@@ -199,6 +199,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         loaded.then_some(replay_from),
         report.clean_shutdown,
     )?;
+    let report_clean = report.clean_shutdown;
     let mut next_seq = replay_from.max(1);
     // An invalid entry that no sync mark shows to be durable ends a journal
     // file's valid part. That is a torn tail (a crash mid-write) only if no
@@ -207,6 +208,12 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // durable is repaired from the segments or refused in `Replay::file`.)
     let mut torn: Vec<TornTail> = Vec::new();
     let mut segments_may_lead = false;
+    // The file a checkpoint names had its header synced (and its directory
+    // entry) before the checkpoint was stored (`Journal::create`), so a
+    // missing or damaged header there is damage, not a crash while it was
+    // being created. After a clean shutdown that file held no entry, so
+    // damage to it loses nothing and stays tolerated, like its absence.
+    let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
     for (seq, path) in &files {
         let mut replay = Replay {
             ctx,
@@ -214,7 +221,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             cursors: &cursors,
             report: &mut report,
         };
-        let outcome = replay.file(path)?;
+        let outcome = replay.file(path, header_durable(*seq))?;
         segments_may_lead |= outcome.segments_may_lead;
         if outcome.entries > 0 {
             if let Some(t) = torn.first() {
@@ -527,8 +534,28 @@ impl Replay<'_> {
     /// Such an entry is restored from its record's copy in the group's
     /// segments when one provably matches, and otherwise opening fails: it
     /// held acknowledged data that exists nowhere else.
-    fn file(&mut self, path: &Path) -> Result<FileOutcome> {
+    ///
+    /// `header_durable`: the file's header was made durable before anything
+    /// relied on the file (section 11, step 4), so a file without a valid
+    /// header is refused rather than taken for a crash during its creation.
+    fn file(&mut self, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+        let damaged_header = |reason: &str| Error::Corrupt {
+            path: path.to_owned(),
+            group: None,
+            offset: 0,
+            reason: format!(
+                "{reason}. The checkpoint in use names this journal file, and its header \
+                 was durable before that checkpoint was stored, so this is damage, not a \
+                 crash while the file was created: the file's entries (acknowledged \
+                 messages, joins, cursors) cannot be read. The data directory was not \
+                 opened, so nothing was dropped: restore the data directory (or this file) \
+                 from a backup"
+            ),
+        };
         let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
+            if header_durable {
+                return Err(damaged_header("journal file is empty (0 bytes)"));
+            }
             return Ok(FileOutcome::default());
         };
         if let Some(version) = journal::unsupported_version(&map) {
@@ -547,6 +574,7 @@ impl Replay<'_> {
         };
         let header = match journal::decode_header_of(&map) {
             Ok(h) => h,
+            Err(reason) if header_durable => return Err(damaged_header(&reason)),
             // A crash while creating the file: nothing in it was acknowledged.
             Err(reason) => {
                 return Ok(FileOutcome {

@@ -1657,6 +1657,49 @@ fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
 }
 
 #[test]
+fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_to_open() {
+    // Its header was synced before the checkpoint naming it was stored, so
+    // a file without a valid header is damage, not a crash while creating it.
+    let damage: [(&str, fn(&mut Vec<u8>)); 3] = [
+        ("empty", |b| b.clear()),
+        ("short", |b| b.truncate(20)),
+        ("bad header crc", |b| b[17] ^= 1),
+    ];
+    for (what, damage) in damage {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = small_config(dir.path());
+        c.journal_checkpoint_bytes = 1 << 30;
+        let e = Engine::open(c.clone()).unwrap();
+        fill(&e, &[1, 2], 20);
+        e.simulate_crash();
+        let journal = newest_file(&dir.path().join("journal"), ".tmj");
+        let mut bytes = std::fs::read(&journal).unwrap();
+        damage(&mut bytes);
+        std::fs::write(&journal, &bytes).unwrap();
+        let err = Engine::open(c.clone()).err().expect(what);
+        assert!(
+            matches!(&err, Error::Corrupt { path, offset: 0, .. } if path == &journal),
+            "{what}: names the file at offset 0: {err}"
+        );
+        assert!(err.to_string().contains("backup"), "{what}: {err}");
+        // Nothing was cut.
+        assert_eq!(std::fs::read(&journal).unwrap(), bytes, "{what}");
+    }
+
+    // After a clean shutdown the file the checkpoint names holds no entry:
+    // a damaged header there loses nothing, and opening goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 20);
+    e.close().unwrap();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    std::fs::write(&journal, b"").unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 1, 20);
+}
+
+#[test]
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
