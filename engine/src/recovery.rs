@@ -81,12 +81,38 @@ impl RecoveryReport {
     }
 }
 
-/// What an operator can do about a journal that recovery refuses.
-pub const JOURNAL_DAMAGE_HINT: &str = "The data directory was not opened, so nothing was \
-     dropped. Restore the data directory (or this file) from a backup. To open it anyway, \
-     accepting the loss of what the file holds from this offset on, keep a copy of the \
-     directory and truncate the file to this offset; msg_ids of lost messages may then be \
-     given to new messages";
+/// What an operator can do about a journal file that recovery refuses at
+/// an offset, given the journal files after it: cutting only this file
+/// is not enough while a later file holds entries (recovery refuses a cut
+/// file followed by entries), so those must be moved aside too.
+pub fn journal_damage_hint(later: &[(u64, std::path::PathBuf)]) -> String {
+    let mut hint = String::from(
+        "The data directory was not opened, so nothing was dropped. Restore the data \
+         directory (or this file) from a backup. To open it anyway, accepting the loss of \
+         what the file holds from this offset on, keep a copy of the directory and truncate \
+         the file to this offset",
+    );
+    if !later.is_empty() {
+        // Bounded: while a group is damaged journal files are kept, so there
+        // may be many.
+        const NAMED_MAX: usize = 8;
+        let names: Vec<String> = later
+            .iter()
+            .take(NAMED_MAX)
+            .map(|(_, p)| p.display().to_string())
+            .collect();
+        hint.push_str(&format!(
+            ", and move every later journal file out of the journal directory (their \
+             entries are lost too): {}",
+            names.join(", ")
+        ));
+        if later.len() > NAMED_MAX {
+            hint.push_str(&format!(" and {} more", later.len() - NAMED_MAX));
+        }
+    }
+    hint.push_str("; msg_ids of lost messages may then be given to new messages");
+    hint
+}
 
 /// Takes an exclusive advisory lock on `<data_dir>/LOCK` (released when the
 /// returned file is closed), creating the data directory if needed.
@@ -214,12 +240,13 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // being created. After a clean shutdown that file held no entry, so
     // damage to it loses nothing and stays tolerated, like its absence.
     let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
-    for (seq, path) in &files {
+    for (i, (seq, path)) in files.iter().enumerate() {
         let mut replay = Replay {
             ctx,
             catalog: &mut catalog,
             cursors: &cursors,
             report: &mut report,
+            later: &files[i + 1..],
         };
         let outcome = replay.file(path, header_durable(*seq))?;
         segments_may_lead |= outcome.segments_may_lead;
@@ -230,8 +257,9 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     group: None,
                     offset: t.valid,
                     reason: format!(
-                        "{} (and a later journal file holds entries). {JOURNAL_DAMAGE_HINT}",
-                        t.reason
+                        "{} (and a later journal file holds entries). {}",
+                        t.reason,
+                        journal_damage_hint(&later_than(&files, &t.path))
                     ),
                 });
             }
@@ -293,6 +321,17 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         journal: done.journal,
         report,
     })
+}
+
+/// The files of `files` after the one at `path`.
+fn later_than<'a>(
+    files: &'a [(u64, std::path::PathBuf)],
+    path: &Path,
+) -> &'a [(u64, std::path::PathBuf)] {
+    files
+        .iter()
+        .position(|(_, p)| p == path)
+        .map_or(&[], |i| &files[i + 1..])
 }
 
 /// Journal files must run without a gap from the one the checkpoint names
@@ -523,6 +562,8 @@ struct Replay<'a> {
     catalog: &'a mut Catalog,
     cursors: &'a CursorTable,
     report: &'a mut RecoveryReport,
+    /// The journal files after the one being replayed (for the hint).
+    later: &'a [(u64, std::path::PathBuf)],
 }
 
 impl Replay<'_> {
@@ -630,7 +671,8 @@ impl Replay<'_> {
                             "{reason}. This is not a torn write: the sync mark at offset \
                              {mark_at} shows that the file was durable up to offset {synced}, \
                              so acknowledged entries were damaged, and they are not all intact \
-                             elsewhere. {JOURNAL_DAMAGE_HINT}"
+                             elsewhere. {}",
+                            journal_damage_hint(self.later)
                         ),
                     });
                 }

@@ -1700,6 +1700,44 @@ fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_t
 }
 
 #[test]
+fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
+    // Cutting an older file is not enough while a later one holds entries:
+    // the hint names the later files.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    e.checkpoint().unwrap();
+    fill(&e, &[2], 5);
+    e.simulate_crash();
+    let jdir = dir.path().join("journal");
+    let newest = newest_file(&jdir, ".tmj");
+    let older = crate::journal::journal_path(&jdir, seq_of(&newest) - 1);
+    // `checkpoint` is lost: `checkpoint.prev` replays both files, and the
+    // older one has a torn end.
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    let len = std::fs::metadata(&older).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&older)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let err = Engine::open(c).err().expect("refused");
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &older),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("later journal file"), "{text}");
+    assert!(
+        text.contains(&newest.display().to_string()),
+        "names the later file: {text}"
+    );
+}
+
+#[test]
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
