@@ -645,7 +645,7 @@ impl Replay<'_> {
             };
             let bad = pos + it.position();
             if header.has_sync_marks() && proof.is_none_or(|(_, at)| at <= bad) {
-                proof = journal::furthest_sync_mark_from(&map, bad + 1);
+                proof = journal::furthest_sync_mark_from(&map, bad + 1, header.mark_key);
             }
             let Some((synced, mark_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
                 outcome.torn = Some(torn(bad, reason));

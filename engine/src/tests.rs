@@ -1737,6 +1737,61 @@ fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
     );
 }
 
+/// A journal entry forged by hand: `{ crc | body_len | kind | 0 x 7 |
+/// group | body }` (what a client can put into a payload).
+fn forged_entry(kind: u8, group: u64, body: &[u8]) -> Vec<u8> {
+    let mut e = vec![0u8; 4];
+    e.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+    e.push(kind);
+    e.extend_from_slice(&[0; 7]);
+    e.extend_from_slice(&group.to_le_bytes());
+    e.extend_from_slice(body);
+    let crc = crc32fast::hash(&e[4..]);
+    e[0..4].copy_from_slice(&crc.to_le_bytes());
+    e
+}
+
+#[test]
+fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
+    // A client's payload holds entries shaped like sync marks naming a
+    // synced length beyond the start of its own entry. When a power cut
+    // tears that entry, the forged marks must not pass for proof that the
+    // entry was durable: the tear is cut, not refused.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let before = std::fs::metadata(&journal).unwrap().len();
+    // The round's entry starts within 64 bytes of `before` (after the
+    // round's own sync mark), and the forged marks lie beyond `before + 400`.
+    let synced = before + 200;
+    let mut forged = Vec::new();
+    for key in [None, Some(0u32), Some(1)] {
+        let mut body = synced.to_le_bytes().to_vec();
+        if let Some(key) = key {
+            body.extend_from_slice(&key.to_le_bytes());
+            body.extend_from_slice(&[0; 4]);
+        }
+        forged.extend(forged_entry(8, 0, &body));
+    }
+    let mut p = vec![b'x'; 400];
+    p.extend_from_slice(&forged);
+    assert_eq!(e.append(1, 7, 99, &p).unwrap().msg_id, 6);
+    e.simulate_crash();
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let (start, _, kind, _) = *journal_entries(&bytes).last().unwrap();
+    assert_eq!(kind, crate::journal::EntryKind::Record);
+    assert!(start as u64 >= before && (start as u64) < synced);
+    // The power cut kept the later page of the write but not its start.
+    bytes[start..start + 24].fill(0);
+    std::fs::write(&journal, &bytes).unwrap();
+    let e = Engine::open(c).expect("a torn write is cut, not refused");
+    assert_eq!(e.head(1).unwrap(), 5);
+    assert!(e.recovery_report().bytes_cut() > 0);
+}
+
 #[test]
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
