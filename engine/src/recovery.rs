@@ -259,7 +259,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     reason: format!(
                         "{} (and a later journal file holds entries). {}",
                         t.reason,
-                        journal_damage_hint(&later_than(&files, &t.path))
+                        journal_damage_hint(later_than(&files, &t.path))
                     ),
                 });
             }

@@ -1660,7 +1660,8 @@ fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
 fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_to_open() {
     // Its header was synced before the checkpoint naming it was stored, so
     // a file without a valid header is damage, not a crash while creating it.
-    let damage: [(&str, fn(&mut Vec<u8>)); 3] = [
+    type Damage = fn(&mut Vec<u8>);
+    let damage: [(&str, Damage); 3] = [
         ("empty", |b| b.clear()),
         ("short", |b| b.truncate(20)),
         ("bad header crc", |b| b[17] ^= 1),
