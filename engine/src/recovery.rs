@@ -44,6 +44,9 @@ pub struct RecoveryReport {
     /// that were restored from an intact copy of their record in its
     /// group's segments.
     pub journal_entries_repaired: u64,
+    /// Damaged sync marks that were durable and skipped: a mark holds no
+    /// data, so nothing was lost.
+    pub journal_sync_marks_skipped: u64,
     /// `(file, bytes cut, why)` for every torn tail removed.
     pub cuts: Vec<(String, u64, String)>,
     /// Groups that failed verification, with the reason.
@@ -66,13 +69,15 @@ impl RecoveryReport {
     pub fn summary(&self) -> String {
         format!(
             "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
-             journal entries repaired: {}, bytes cut: {}, groups loaded and verified: {}, \
-             groups not yet verified (loaded on first use): {}, damaged groups: {}",
+             journal entries repaired: {}, damaged sync marks skipped: {}, bytes cut: {}, \
+             groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
+             damaged groups: {}",
             self.groups,
             self.clean_shutdown,
             self.journal_entries_replayed,
             self.records_replayed,
             self.journal_entries_repaired,
+            self.journal_sync_marks_skipped,
             self.bytes_cut(),
             self.groups_verified,
             self.groups_unverified,
@@ -651,6 +656,16 @@ impl Replay<'_> {
                 outcome.torn = Some(torn(bad, reason));
                 break;
             };
+            if let Some(next) = damaged_sync_mark(&map, bad, header.mark_key) {
+                log::warn!(
+                    "journal {} offset {bad}: {reason}; the entry is a damaged sync mark, \
+                     which holds no data: skipped",
+                    path.display()
+                );
+                self.report.journal_sync_marks_skipped += 1;
+                pos = next;
+                continue;
+            }
             match self.repair_from_segments(&map, bad) {
                 Some(next) => {
                     log::warn!(
@@ -837,6 +852,29 @@ impl Replay<'_> {
             *slot = damage(log, reason);
         }
     }
+}
+
+/// Where the next entry starts if the damaged entry at `bad` is a sync
+/// mark of this file (whose header has `mark_key`): its entry header is a
+/// mark's (kind 8, body_len 16, reserved bytes and group 0), its body
+/// carries the file's key and zero reserved bytes, so the damage is in its
+/// `synced_len` or checksum, and a valid entry starts right after its
+/// fixed length. An entry that holds data cannot pass for one: a Record
+/// body is at least 44 bytes and the server never uses group 0; an engine
+/// caller's Join or Cursors entry of group 0 (16-byte body) whose kind
+/// byte was damaged would also need the random key in its body.
+fn damaged_sync_mark(map: &[u8], bad: usize, mark_key: u32) -> Option<usize> {
+    let end = bad.checked_add(ENTRY_HEADER_BYTES + journal::SYNC_MARK_BODY_BYTES)?;
+    let mark = map.get(bad..end)?;
+    let body = &mark[ENTRY_HEADER_BYTES..];
+    let next = &map[end..];
+    (journal::is_sync_mark_header(mark)
+        && body[8..12] == mark_key.to_le_bytes()
+        && body[12..16] == [0; 4]
+        && journal::EntryIter::new(next, record::RECORD_BYTES_STORED_MAX)
+            .next()
+            .is_some())
+    .then_some(end)
 }
 
 fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {

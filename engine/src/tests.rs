@@ -1794,6 +1794,38 @@ fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
 }
 
 #[test]
+fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
+    // A sync mark holds no data: damage to its synced length or checksum
+    // loses nothing, whatever later marks say.
+    for at in [0, 24, 30] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = small_config(dir.path());
+        c.journal_checkpoint_bytes = 1 << 30;
+        let e = Engine::open(c.clone()).unwrap();
+        fill(&e, &[1, 2], 20);
+        e.simulate_crash();
+        let journal = newest_file(&dir.path().join("journal"), ".tmj");
+        let mut bytes = std::fs::read(&journal).unwrap();
+        let marks: Vec<_> = journal_entries(&bytes)
+            .into_iter()
+            .filter(|e| e.2 == crate::journal::EntryKind::SyncMark)
+            .collect();
+        assert!(marks.len() > 10);
+        // A mark in the middle: later marks show it durable.
+        let (start, _, _, _) = marks[marks.len() / 2];
+        bytes[start + at] ^= 0x04;
+        std::fs::write(&journal, &bytes).unwrap();
+        let e = Engine::open(c.clone()).expect("a damaged mark loses nothing");
+        let report = e.recovery_report();
+        assert_eq!(report.journal_sync_marks_skipped, 1, "byte {at}");
+        assert_eq!(report.bytes_cut(), 0, "byte {at}");
+        for g in [1, 2] {
+            assert_dense_and_exact(&e, g, 20);
+        }
+    }
+}
+
+#[test]
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
