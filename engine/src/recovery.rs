@@ -254,7 +254,10 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             later: &files[i + 1..],
         };
         let outcome = replay.file(path, header_durable(*seq))?;
-        segments_may_lead |= outcome.segments_may_lead;
+        // The file a clean shutdown's checkpoint names held no entry, so
+        // its header's flag says nothing: a clean restart loads no group.
+        let held_nothing = loaded && report_clean && *seq == replay_from;
+        segments_may_lead |= outcome.segments_may_lead && !held_nothing;
         if outcome.entries > 0 {
             if let Some(t) = torn.first() {
                 return Err(Error::Corrupt {

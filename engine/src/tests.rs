@@ -1826,6 +1826,41 @@ fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
 }
 
 #[test]
+fn a_clean_restart_under_fsync_never_opens_no_group_segment() {
+    // Every journal header carries `segments_may_lead` under `never`, also
+    // the empty file a clean shutdown's checkpoint names; that one held no
+    // entry, so a clean restart must not open every group's segments.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.fsync = FsyncPolicy::Never;
+    let groups: Vec<u64> = (1..=100).collect();
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &groups, 2);
+    e.close().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+    let report = e.recovery_report().clone();
+    assert!(report.clean_shutdown);
+    assert_eq!(report.groups_verified, 0, "{report:?}");
+    assert_eq!(report.groups_unverified, 100);
+    let opens = control.opens.load(Ordering::SeqCst);
+    assert!(opens < 20, "{opens} files opened for 100 groups");
+    e.close().unwrap();
+    // After a crash the flag still counts: segments may hold records the
+    // journal lost, so every group's active segment is looked at.
+    let e = Engine::open(c.clone()).unwrap();
+    e.append(1, 7, 5_000_000, &payload(1, 3)).unwrap();
+    e.simulate_crash();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
+    assert!(!e.recovery_report().clean_shutdown);
+    assert!(control.opens.load(Ordering::SeqCst) >= 100);
+    assert_eq!(e.head(1).unwrap(), 3);
+}
+
+#[test]
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
