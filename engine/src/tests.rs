@@ -685,6 +685,42 @@ fn deleting_a_group_keeps_the_held_back_cursor_entries_of_other_groups() {
     assert_eq!((unread[0].group_id, unread[0].cursor), (2, 3));
 }
 
+#[test]
+fn a_held_back_cursor_entry_never_lands_after_a_later_join_of_the_same_user() {
+    // A timer flush meets a full disk and keeps the cursor entry (3) of
+    // user 42's membership; space returns; 42 leaves and joins again at
+    // Earliest before the next timer flush. The held entry must reach the
+    // journal before the leave, or replay raises the new cursor to 3 and
+    // messages 1..=3 are skipped after a crash.
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.cursor_flush_ms = 1500;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    e.ack(1, 42, 3).unwrap();
+    control.writes_before_full.store(0, Ordering::SeqCst);
+    while control.writes_refused.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    loop {
+        match e.leave(1, 42) {
+            Ok(()) => break,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(e.join(1, 42, crate::JoinStart::Earliest).unwrap(), 0);
+    // The next flush writes whatever is still held.
+    e.flush_cursors().unwrap();
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(e.unread(42)[0].cursor, 0, "the new membership's cursor");
+}
+
 /// The oldest msg_id of `group` still stored.
 fn floor_of(e: &Engine, group: u64) -> u64 {
     match e.read(group, 0, 7, 1 << 10) {
