@@ -475,8 +475,13 @@ impl Committer {
     /// Writes the round (and moved cursors) to the journal and syncs it per
     /// the policy. A write that found the disk full is `NoSpace`, with the
     /// journal cut back to where it was.
+    ///
+    /// Cursor entries a full disk held back go first whenever there are
+    /// any: they belong to memberships as they were before this round, and
+    /// written after a round that ends one (a Leave, a DeleteGroup) they
+    /// would land on the next membership of that user and group.
     fn write_round(&mut self, flush_cursors: bool) -> Result<()> {
-        if flush_cursors {
+        if flush_cursors || self.cursor_buf_unwritten {
             self.write_dirty_cursors()?;
         }
         self.journal.append(&self.round_buf)?;
@@ -572,15 +577,10 @@ impl Committer {
         let shared = &self.shared;
         let outcome = match op.kind {
             EntryKind::DeleteGroup => {
-                // Cursor entries a full disk held back name groups by id; once
-                // this one is gone its entries could land on a group created
-                // again under the same id. Drop those; the other groups'
-                // entries stay: their dirty bits were cleared when they were
-                // taken, so this buffer is all that still holds them.
-                if self.cursor_buf_unwritten {
-                    drop_entries_of_group(&mut self.cursor_buf, op.group.id);
-                    self.cursor_buf_unwritten = !self.cursor_buf.is_empty();
-                }
+                // Invariant: `write_round` wrote any held-back cursor entries
+                // before this round's entries, so none of this group's can
+                // land on a group created again under the same id.
+                debug_assert!(!self.cursor_buf_unwritten, "held cursors written first");
                 delete_group(
                     &shared.ctx,
                     &mut shared.catalog.write(),
@@ -714,24 +714,6 @@ impl Committer {
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// Removes the entries of group `group_id` from `buf`, a run of whole
-/// journal entries this thread encoded.
-fn drop_entries_of_group(buf: &mut Vec<u8>, group_id: u64) {
-    let mut kept = Vec::with_capacity(buf.len());
-    let mut it = journal::EntryIter::new(buf, usize::MAX);
-    for entry in it.by_ref().filter(|e| e.group_id != group_id) {
-        let start = journal::begin_entry(&mut kept, entry.kind, entry.group_id);
-        kept.extend_from_slice(entry.body);
-        journal::finish_entry(&mut kept, start);
-    }
-    // Invariant: the buffer holds only entries encoded by `write_dirty_cursors`.
-    debug_assert!(
-        it.stop_reason().is_none(),
-        "cursor buffer holds whole entries"
-    );
-    *buf = kept;
 }
 
 /// Number of sealed segments the group's retention policy drops now.

@@ -183,13 +183,14 @@ fn fix_records(b: &mut [u8], whole: bool) {
 }
 
 /// Rewrites a journal file header (magic, version, header length, CRC),
-/// keeping its sequence number.
+/// keeping its sequence number and mark key.
 fn fix_journal_header(b: &mut [u8]) {
     if b.len() < JOURNAL_HEADER_BYTES {
         return;
     }
     let seq = u64_at(b, 16);
-    b[..JOURNAL_HEADER_BYTES].copy_from_slice(&journal::encode_header(seq));
+    let mark_key = u32::from_le_bytes([b[24], b[25], b[26], b[27]]);
+    b[..JOURNAL_HEADER_BYTES].copy_from_slice(&journal::encode_header(seq, mark_key));
 }
 
 /// Input: `{ flags: u8 | bytes }`. Flag bit 1: `bytes` is a journal file

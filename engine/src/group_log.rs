@@ -142,14 +142,23 @@ impl Chunk {
     }
 
     /// One chunk per record, in order (to send records in another order
-    /// without copying them).
-    pub fn split_records(&self) -> Vec<Chunk> {
+    /// without copying them). The bytes were verified when read, but a
+    /// mapping shows what is in the file now: if something outside the
+    /// engine wrote to it since, a record length that no longer fits is
+    /// `GroupDamaged` (of `group_id`) rather than a panic or an endless loop.
+    pub fn split_records(&self, group_id: u64) -> Result<Vec<Chunk>> {
         let mut out = Vec::new();
         let mut pos = self.start;
         while pos < self.end {
-            // Invariant: chunk bytes are whole records verified by a segment scan.
-            let len = record::peek_len(self.source.bytes(pos, self.end))
-                .expect("invariant: verified record");
+            let Some(len) = whole_record_len(self.source.bytes(pos, self.end)) else {
+                return Err(Error::GroupDamaged {
+                    group: group_id,
+                    reason: format!(
+                        "a record read at chunk offset {pos} changed after it was verified \
+                         (the segment file was written outside the engine)"
+                    ),
+                });
+            };
             out.push(Chunk {
                 source: self.source.clone(),
                 start: pos,
@@ -157,8 +166,15 @@ impl Chunk {
             });
             pos += len;
         }
-        out
+        Ok(out)
     }
+}
+
+/// The length of the record at the start of `buf` if it is at least a
+/// record header and fits in `buf`: bytes verified earlier but read again
+/// through a mapping may have been changed from outside since.
+fn whole_record_len(buf: &[u8]) -> Option<usize> {
+    record::peek_len(buf).filter(|&len| len >= record::RECORD_HEADER_BYTES && len <= buf.len())
 }
 
 /// One segment as a read sees it: its mapping, its verified index, and (for
@@ -274,6 +290,8 @@ impl ReadBatch {
     }
 
     /// The records, decoded (their bytes were verified when the segment was).
+    /// If the file was written outside the engine since, so that a record no
+    /// longer decodes, the iteration ends there (it never panics or loops).
     pub fn records(&self) -> impl Iterator<Item = record::RecordRef<'_>> {
         self.chunks
             .iter()
@@ -288,11 +306,21 @@ struct ChunkRecords<'a> {
 impl<'a> Iterator for ChunkRecords<'a> {
     type Item = record::RecordRef<'a>;
     fn next(&mut self) -> Option<Self::Item> {
-        let len = record::peek_len(self.buf)?;
-        let (bytes, rest) = self.buf.split_at(len);
+        let decoded = whole_record_len(self.buf).and_then(|len| {
+            let (bytes, rest) = self.buf.split_at(len);
+            Some((record::decode_header(bytes, usize::MAX).ok()?, bytes, rest))
+        });
+        let Some((header, bytes, rest)) = decoded else {
+            if !self.buf.is_empty() {
+                // Verified bytes changed under the mapping: stop here.
+                log::error!(
+                    "a record changed after it was verified (segment written outside the engine)"
+                );
+                self.buf = &[];
+            }
+            return None;
+        };
         self.buf = rest;
-        // Invariant: chunk bytes are whole records verified by a segment scan.
-        let header = record::decode_header(bytes, usize::MAX).expect("invariant: verified record");
         Some(record::RecordRef { header, bytes })
     }
 }
@@ -1054,5 +1082,63 @@ impl GroupLog {
                 .map_err(|e| Error::io(format!("remove {}", self.dir.display()), e))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_record(payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        record::encode_into(
+            &record::NewRecord {
+                msg_id: 1,
+                timestamp_ms: 2,
+                sender_id: 3,
+                client_msg_id: 4,
+                payload,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    fn chunk_of(bytes: Vec<u8>) -> Chunk {
+        let end = bytes.len();
+        Chunk {
+            source: ChunkSource::Copied(bytes.into()),
+            start: 0,
+            end,
+        }
+    }
+
+    #[test]
+    fn record_lengths_changed_after_verification_are_an_error_not_a_panic_or_a_loop() {
+        let good = one_record(b"hello");
+        assert_eq!(chunk_of(good.clone()).split_records(9).unwrap().len(), 1);
+        // Length 0 (the old code looped forever), a length beyond the chunk
+        // (it panicked in split_at), and one shorter than a record header.
+        for len in [1u32 << 20, 10, 0] {
+            let mut bad = good.clone();
+            bad.extend_from_slice(&good);
+            let at = good.len();
+            bad[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            let chunk = chunk_of(bad);
+            match chunk.split_records(9) {
+                Err(Error::GroupDamaged { group: 9, .. }) => {}
+                Err(other) => panic!("len {len}: {other}"),
+                Ok(v) => panic!("len {len}: {} chunks", v.len()),
+            }
+            let batch = ReadBatch {
+                chunks: vec![chunk],
+                ..Default::default()
+            };
+            assert_eq!(
+                batch.records().count(),
+                1,
+                "len {len}: stops at the bad one"
+            );
+        }
     }
 }

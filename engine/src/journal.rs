@@ -6,8 +6,9 @@
 //!
 //! File header (little-endian), see format-spec/storage.md "Journal file":
 //! `{ magic: [u8; 8] = "TDMKJRNL" | version: u16 = 2 | header_len: u16 = 32 |
-//!    flags: u8 | reserved: [u8; 3] = 0 | seq: u64 | reserved: u32 = 0 |
-//!    crc32: u32 (of bytes 0..28) }` (version 1: `flags` is reserved, 0)
+//!    flags: u8 | reserved: [u8; 3] = 0 | seq: u64 | mark_key: u32 |
+//!    crc32: u32 (of bytes 0..28) }` (version 1: `flags` and `mark_key` are
+//!    reserved, 0)
 //!
 //! Entry: `{ crc32: u32 (of bytes 4..24 + body_len) | body_len: u32 | kind: u8 |
 //!    reserved: [u8; 7] = 0 | group_id: u64 | body: [u8; body_len] }`
@@ -18,7 +19,9 @@
 //! torn write can only damage bytes after the newest sync; a mark further on
 //! that names a synced length beyond a bad entry proves the bad entry was
 //! durable, and so acknowledged data was damaged (format-spec/storage.md
-//! sections 5 and 11).
+//! sections 5 and 11). A mark carries its file's random `mark_key`, which
+//! only the journal header holds: record payloads are chosen by clients,
+//! and a payload shaped like a mark must not count as one.
 
 use std::path::{Path, PathBuf};
 
@@ -37,8 +40,9 @@ pub const JOURNAL_VERSION: u16 = 2;
 /// records the journal lost. Recovery then looks at every group's segments
 /// before trusting the heads the checkpoint recorded.
 pub const FLAG_SEGMENTS_MAY_LEAD: u8 = 1;
-/// Body bytes of a sync mark: `{ synced_len: u64 }`.
-pub const SYNC_MARK_BODY_BYTES: usize = 8;
+/// Body bytes of a sync mark: `{ synced_len: u64 | mark_key: u32 |
+/// reserved: u32 = 0 }`.
+pub const SYNC_MARK_BODY_BYTES: usize = 16;
 const JOURNAL_SUFFIX: &str = ".tmj";
 
 /// What a journal entry records.
@@ -59,9 +63,10 @@ pub enum EntryKind {
     Cursors = 6,
     /// Body: `{ by_cursor: u8 | max_age_ms: u64 | max_bytes: u64 }`.
     SetRetention = 7,
-    /// Body: `{ synced_len: u64 }`; group_id 0. Every byte of the file below
-    /// `synced_len` was durable (an fdatasync of it had returned) before
-    /// this entry was written. Version 2 only.
+    /// Body: `{ synced_len: u64 | mark_key: u32 | reserved: u32 = 0 }`;
+    /// group_id 0. Every byte of the file below `synced_len` was durable
+    /// (an fdatasync of it had returned) before this entry was written;
+    /// `mark_key` is the file header's. Version 2 only.
     SyncMark = 8,
 }
 
@@ -203,6 +208,9 @@ pub struct JournalHeader {
     pub version: u16,
     pub flags: u8,
     pub seq: u64,
+    /// Version 2: the random key every sync mark of this file carries
+    /// (version 1: 0).
+    pub mark_key: u32,
 }
 
 impl JournalHeader {
@@ -218,18 +226,34 @@ impl JournalHeader {
     }
 }
 
-/// The header this build writes for file `seq` (flags 0).
+/// The header this build writes for file `seq` (flags 0) with `mark_key`.
 #[cfg(any(test, feature = "testing"))]
-pub(crate) fn encode_header(seq: u64) -> [u8; JOURNAL_HEADER_BYTES] {
+pub(crate) fn encode_header(seq: u64, mark_key: u32) -> [u8; JOURNAL_HEADER_BYTES] {
     encode_header_of(&JournalHeader {
         version: JOURNAL_VERSION,
         flags: 0,
         seq,
+        mark_key,
     })
 }
 
+/// A fresh key for a new journal file's sync marks. It must be one a
+/// client cannot predict (SipHash under the process's random keys, over
+/// the time), not one that is secret in any stronger sense: it only keeps
+/// record payloads, which clients choose, from passing for sync marks.
+fn new_mark_key(seq: u64) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seq);
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    let b = h.finish().to_le_bytes();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 // Format: { magic | version: u16 | header_len: u16 = 32 | flags: u8 |
-//   reserved: [u8; 3] | seq: u64 | reserved: u32 | crc32 of 0..28 }
+//   reserved: [u8; 3] | seq: u64 | mark_key: u32 | crc32 of 0..28 }
 pub(crate) fn encode_header_of(h: &JournalHeader) -> [u8; JOURNAL_HEADER_BYTES] {
     let mut b = [0u8; JOURNAL_HEADER_BYTES];
     b[0..8].copy_from_slice(&JOURNAL_MAGIC);
@@ -237,6 +261,7 @@ pub(crate) fn encode_header_of(h: &JournalHeader) -> [u8; JOURNAL_HEADER_BYTES] 
     b[10..12].copy_from_slice(&(JOURNAL_HEADER_BYTES as u16).to_le_bytes());
     b[12] = h.flags;
     b[16..24].copy_from_slice(&h.seq.to_le_bytes());
+    b[24..28].copy_from_slice(&h.mark_key.to_le_bytes());
     let crc = crc32fast::hash(&b[0..28]);
     b[28..32].copy_from_slice(&crc.to_le_bytes());
     b
@@ -261,7 +286,8 @@ pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
     if !is_known_version(version) {
         return Err(format!("unsupported journal version {version}"));
     }
-    // Version 1 has no flags: byte 12 is reserved there.
+    // Version 1 has no flags and no mark key: byte 12 and bytes 24..28 are
+    // reserved there.
     let flags_allowed = if version >= 2 {
         FLAG_SEGMENTS_MAY_LEAD
     } else {
@@ -270,7 +296,7 @@ pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
     if u16::from_le_bytes([b[10], b[11]]) as usize != JOURNAL_HEADER_BYTES
         || b[12] & !flags_allowed != 0
         || b[13..16] != [0; 3]
-        || b[24..28] != [0; 4]
+        || (version < 2 && b[24..28] != [0; 4])
     {
         return Err("journal header_len or reserved bytes invalid".into());
     }
@@ -280,6 +306,7 @@ pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
         version,
         flags: b[12],
         seq: u64::from_le_bytes(s),
+        mark_key: u32::from_le_bytes([b[24], b[25], b[26], b[27]]),
     })
 }
 
@@ -298,38 +325,49 @@ pub fn unsupported_version(b: &[u8]) -> Option<u16> {
     (crc32fast::hash(&b[0..28]) == stored && !is_known_version(version)).then_some(version)
 }
 
-/// A sync mark entry that is valid in itself at absolute file offset `at`
-/// of `file`: its header and checksum check, and the length it names lies
-/// between the file header and the mark itself (a writer can only have
-/// synced bytes it wrote before). Returns the synced length it names.
-/// Cheap to ask at every offset: the fixed kind, length and reserved bytes
-/// are compared before the checksum is computed.
-pub fn sync_mark_at(file: &[u8], at: usize) -> Option<u64> {
+/// Whether the 24-byte entry header `b` is that of a sync mark: kind 8,
+/// `body_len` 16, zero reserved bytes and group 0. No other entry this
+/// build writes has such a header (a Record body is longer than 16 bytes,
+/// every other kind names a group, and group 0 does not exist).
+pub fn is_sync_mark_header(b: &[u8]) -> bool {
+    b.len() >= ENTRY_HEADER_BYTES
+        && b[8] == EntryKind::SyncMark as u8
+        && b[4..8] == (SYNC_MARK_BODY_BYTES as u32).to_le_bytes()
+        && b[9..16] == [0; 7]
+        && b[16..24] == [0; 8]
+}
+
+/// A sync mark entry of the file whose header has `mark_key`, valid in
+/// itself at absolute file offset `at` of `file`: its header and checksum
+/// check, it carries the file's key, and the length it names lies between
+/// the file header and the mark itself (a writer can only have synced
+/// bytes it wrote before). Returns the synced length it names.
+/// Cheap to ask at every offset: the fixed kind, length, key and reserved
+/// bytes are compared before the checksum is computed.
+pub fn sync_mark_at(file: &[u8], at: usize, mark_key: u32) -> Option<u64> {
     let total = ENTRY_HEADER_BYTES + SYNC_MARK_BODY_BYTES;
     let b = file.get(at..at.checked_add(total)?)?;
-    if b[8] != EntryKind::SyncMark as u8
-        || b[4..8] != (SYNC_MARK_BODY_BYTES as u32).to_le_bytes()
-        || b[9..16] != [0; 7]
-        || b[16..24] != [0; 8]
-    {
+    let body = &b[ENTRY_HEADER_BYTES..];
+    if !is_sync_mark_header(b) || body[8..12] != mark_key.to_le_bytes() || body[12..16] != [0; 4] {
         return None;
     }
     if crc32fast::hash(&b[4..total]) != u32::from_le_bytes([b[0], b[1], b[2], b[3]]) {
         return None;
     }
     let mut v = [0u8; 8];
-    v.copy_from_slice(&b[ENTRY_HEADER_BYTES..total]);
+    v.copy_from_slice(&body[0..8]);
     let synced = u64::from_le_bytes(v);
     (synced >= JOURNAL_HEADER_BYTES as u64 && synced <= at as u64).then_some(synced)
 }
 
-/// The furthest synced length that a valid sync mark at or after absolute
-/// offset `from` names, with the mark's offset. Every offset is tried, so
-/// a mark is found past bytes that no longer parse as entries.
-pub fn furthest_sync_mark_from(file: &[u8], from: usize) -> Option<(u64, usize)> {
+/// The furthest synced length that a valid sync mark (carrying
+/// `mark_key`) at or after absolute offset `from` names, with the mark's
+/// offset. Every offset is tried, so a mark is found past bytes that no
+/// longer parse as entries.
+pub fn furthest_sync_mark_from(file: &[u8], from: usize, mark_key: u32) -> Option<(u64, usize)> {
     let mut best: Option<(u64, usize)> = None;
     for at in from..file.len() {
-        if let Some(synced) = sync_mark_at(file, at) {
+        if let Some(synced) = sync_mark_at(file, at, mark_key) {
             if best.is_none_or(|(b, _)| synced > b) {
                 best = Some((synced, at));
             }
@@ -338,10 +376,15 @@ pub fn furthest_sync_mark_from(file: &[u8], from: usize) -> Option<(u64, usize)>
     best
 }
 
-/// Appends a sync mark entry naming `synced_len` to `out`.
-pub fn encode_sync_mark(out: &mut Vec<u8>, synced_len: u64) {
+/// Appends a sync mark entry naming `synced_len`, for the file whose
+/// header has `mark_key`, to `out`.
+// Format: { entry header (kind 8, group 0) | synced_len: u64 |
+//   mark_key: u32 | reserved: u32 = 0 }
+pub fn encode_sync_mark(out: &mut Vec<u8>, synced_len: u64, mark_key: u32) {
     let start = begin_entry(out, EntryKind::SyncMark, 0);
     out.extend_from_slice(&synced_len.to_le_bytes());
+    out.extend_from_slice(&mark_key.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
     finish_entry(out, start);
 }
 
@@ -381,6 +424,8 @@ pub struct Journal {
     synced: u64,
     /// The synced length the last sync mark written names.
     marked: u64,
+    /// The header's key, carried by every sync mark of this file.
+    mark_key: u32,
     /// A write that starts with a sync mark is assembled here, so the
     /// mark and the round still go out in one write. Its capacity stays at
     /// the largest round written (bounded by `commit_round_bytes_max` plus
@@ -409,6 +454,7 @@ impl Journal {
                 0
             },
             seq,
+            mark_key: new_mark_key(seq),
         };
         file.write_all_at(&encode_header_of(&header), 0)
             .map_err(|e| Error::write(ctx("write"), e))?;
@@ -423,6 +469,7 @@ impl Journal {
             len: JOURNAL_HEADER_BYTES as u64,
             synced: JOURNAL_HEADER_BYTES as u64,
             marked: JOURNAL_HEADER_BYTES as u64,
+            mark_key: header.mark_key,
             scratch: Vec::new(),
         })
     }
@@ -439,7 +486,7 @@ impl Journal {
         let mark = self.synced > self.marked;
         let out: &[u8] = if mark {
             self.scratch.clear();
-            encode_sync_mark(&mut self.scratch, self.synced);
+            encode_sync_mark(&mut self.scratch, self.synced, self.mark_key);
             self.scratch.extend_from_slice(bytes);
             &self.scratch
         } else {
@@ -539,7 +586,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_detects_damage() {
-        let h = encode_header(77);
+        let h = encode_header(77, 0xfeed);
         assert_eq!(decode_header_of(&h).map(|h| h.seq), Ok(77));
         let mut d = h;
         d[17] ^= 1;

@@ -44,6 +44,9 @@ pub struct RecoveryReport {
     /// that were restored from an intact copy of their record in its
     /// group's segments.
     pub journal_entries_repaired: u64,
+    /// Damaged sync marks that were durable and skipped: a mark holds no
+    /// data, so nothing was lost.
+    pub journal_sync_marks_skipped: u64,
     /// `(file, bytes cut, why)` for every torn tail removed.
     pub cuts: Vec<(String, u64, String)>,
     /// Groups that failed verification, with the reason.
@@ -66,13 +69,15 @@ impl RecoveryReport {
     pub fn summary(&self) -> String {
         format!(
             "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
-             journal entries repaired: {}, bytes cut: {}, groups loaded and verified: {}, \
-             groups not yet verified (loaded on first use): {}, damaged groups: {}",
+             journal entries repaired: {}, damaged sync marks skipped: {}, bytes cut: {}, \
+             groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
+             damaged groups: {}",
             self.groups,
             self.clean_shutdown,
             self.journal_entries_replayed,
             self.records_replayed,
             self.journal_entries_repaired,
+            self.journal_sync_marks_skipped,
             self.bytes_cut(),
             self.groups_verified,
             self.groups_unverified,
@@ -81,12 +86,38 @@ impl RecoveryReport {
     }
 }
 
-/// What an operator can do about a journal that recovery refuses.
-pub const JOURNAL_DAMAGE_HINT: &str = "The data directory was not opened, so nothing was \
-     dropped. Restore the data directory (or this file) from a backup. To open it anyway, \
-     accepting the loss of what the file holds from this offset on, keep a copy of the \
-     directory and truncate the file to this offset; msg_ids of lost messages may then be \
-     given to new messages";
+/// What an operator can do about a journal file that recovery refuses at
+/// an offset, given the journal files after it: cutting only this file
+/// is not enough while a later file holds entries (recovery refuses a cut
+/// file followed by entries), so those must be moved aside too.
+pub fn journal_damage_hint(later: &[(u64, std::path::PathBuf)]) -> String {
+    let mut hint = String::from(
+        "The data directory was not opened, so nothing was dropped. Restore the data \
+         directory (or this file) from a backup. To open it anyway, accepting the loss of \
+         what the file holds from this offset on, keep a copy of the directory and truncate \
+         the file to this offset",
+    );
+    if !later.is_empty() {
+        // Bounded: while a group is damaged journal files are kept, so there
+        // may be many.
+        const NAMED_MAX: usize = 8;
+        let names: Vec<String> = later
+            .iter()
+            .take(NAMED_MAX)
+            .map(|(_, p)| p.display().to_string())
+            .collect();
+        hint.push_str(&format!(
+            ", and move every later journal file out of the journal directory (their \
+             entries are lost too): {}",
+            names.join(", ")
+        ));
+        if later.len() > NAMED_MAX {
+            hint.push_str(&format!(" and {} more", later.len() - NAMED_MAX));
+        }
+    }
+    hint.push_str("; msg_ids of lost messages may then be given to new messages");
+    hint
+}
 
 /// Takes an exclusive advisory lock on `<data_dir>/LOCK` (released when the
 /// returned file is closed), creating the data directory if needed.
@@ -199,6 +230,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         loaded.then_some(replay_from),
         report.clean_shutdown,
     )?;
+    let report_clean = report.clean_shutdown;
     let mut next_seq = replay_from.max(1);
     // An invalid entry that no sync mark shows to be durable ends a journal
     // file's valid part. That is a torn tail (a crash mid-write) only if no
@@ -207,15 +239,25 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // durable is repaired from the segments or refused in `Replay::file`.)
     let mut torn: Vec<TornTail> = Vec::new();
     let mut segments_may_lead = false;
-    for (seq, path) in &files {
+    // The file a checkpoint names had its header synced (and its directory
+    // entry) before the checkpoint was stored (`Journal::create`), so a
+    // missing or damaged header there is damage, not a crash while it was
+    // being created. After a clean shutdown that file held no entry, so
+    // damage to it loses nothing and stays tolerated, like its absence.
+    let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
+    for (i, (seq, path)) in files.iter().enumerate() {
         let mut replay = Replay {
             ctx,
             catalog: &mut catalog,
             cursors: &cursors,
             report: &mut report,
+            later: &files[i + 1..],
         };
-        let outcome = replay.file(path)?;
-        segments_may_lead |= outcome.segments_may_lead;
+        let outcome = replay.file(path, header_durable(*seq))?;
+        // The file a clean shutdown's checkpoint names held no entry, so
+        // its header's flag says nothing: a clean restart loads no group.
+        let held_nothing = loaded && report_clean && *seq == replay_from;
+        segments_may_lead |= outcome.segments_may_lead && !held_nothing;
         if outcome.entries > 0 {
             if let Some(t) = torn.first() {
                 return Err(Error::Corrupt {
@@ -223,8 +265,9 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     group: None,
                     offset: t.valid,
                     reason: format!(
-                        "{} (and a later journal file holds entries). {JOURNAL_DAMAGE_HINT}",
-                        t.reason
+                        "{} (and a later journal file holds entries). {}",
+                        t.reason,
+                        journal_damage_hint(later_than(&files, &t.path))
                     ),
                 });
             }
@@ -286,6 +329,17 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         journal: done.journal,
         report,
     })
+}
+
+/// The files of `files` after the one at `path`.
+fn later_than<'a>(
+    files: &'a [(u64, std::path::PathBuf)],
+    path: &Path,
+) -> &'a [(u64, std::path::PathBuf)] {
+    files
+        .iter()
+        .position(|(_, p)| p == path)
+        .map_or(&[], |i| &files[i + 1..])
 }
 
 /// Journal files must run without a gap from the one the checkpoint names
@@ -516,6 +570,8 @@ struct Replay<'a> {
     catalog: &'a mut Catalog,
     cursors: &'a CursorTable,
     report: &'a mut RecoveryReport,
+    /// The journal files after the one being replayed (for the hint).
+    later: &'a [(u64, std::path::PathBuf)],
 }
 
 impl Replay<'_> {
@@ -527,8 +583,28 @@ impl Replay<'_> {
     /// Such an entry is restored from its record's copy in the group's
     /// segments when one provably matches, and otherwise opening fails: it
     /// held acknowledged data that exists nowhere else.
-    fn file(&mut self, path: &Path) -> Result<FileOutcome> {
+    ///
+    /// `header_durable`: the file's header was made durable before anything
+    /// relied on the file (section 11, step 4), so a file without a valid
+    /// header is refused rather than taken for a crash during its creation.
+    fn file(&mut self, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+        let damaged_header = |reason: &str| Error::Corrupt {
+            path: path.to_owned(),
+            group: None,
+            offset: 0,
+            reason: format!(
+                "{reason}. The checkpoint in use names this journal file, and its header \
+                 was durable before that checkpoint was stored, so this is damage, not a \
+                 crash while the file was created: the file's entries (acknowledged \
+                 messages, joins, cursors) cannot be read. The data directory was not \
+                 opened, so nothing was dropped: restore the data directory (or this file) \
+                 from a backup"
+            ),
+        };
         let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
+            if header_durable {
+                return Err(damaged_header("journal file is empty (0 bytes)"));
+            }
             return Ok(FileOutcome::default());
         };
         if let Some(version) = journal::unsupported_version(&map) {
@@ -547,6 +623,7 @@ impl Replay<'_> {
         };
         let header = match journal::decode_header_of(&map) {
             Ok(h) => h,
+            Err(reason) if header_durable => return Err(damaged_header(&reason)),
             // A crash while creating the file: nothing in it was acknowledged.
             Err(reason) => {
                 return Ok(FileOutcome {
@@ -576,12 +653,22 @@ impl Replay<'_> {
             };
             let bad = pos + it.position();
             if header.has_sync_marks() && proof.is_none_or(|(_, at)| at <= bad) {
-                proof = journal::furthest_sync_mark_from(&map, bad + 1);
+                proof = journal::furthest_sync_mark_from(&map, bad + 1, header.mark_key);
             }
             let Some((synced, mark_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
                 outcome.torn = Some(torn(bad, reason));
                 break;
             };
+            if let Some(next) = damaged_sync_mark(&map, bad, header.mark_key) {
+                log::warn!(
+                    "journal {} offset {bad}: {reason}; the entry is a damaged sync mark, \
+                     which holds no data: skipped",
+                    path.display()
+                );
+                self.report.journal_sync_marks_skipped += 1;
+                pos = next;
+                continue;
+            }
             match self.repair_from_segments(&map, bad) {
                 Some(next) => {
                     log::warn!(
@@ -602,7 +689,8 @@ impl Replay<'_> {
                             "{reason}. This is not a torn write: the sync mark at offset \
                              {mark_at} shows that the file was durable up to offset {synced}, \
                              so acknowledged entries were damaged, and they are not all intact \
-                             elsewhere. {JOURNAL_DAMAGE_HINT}"
+                             elsewhere. {}",
+                            journal_damage_hint(self.later)
                         ),
                     });
                 }
@@ -767,6 +855,29 @@ impl Replay<'_> {
             *slot = damage(log, reason);
         }
     }
+}
+
+/// Where the next entry starts if the damaged entry at `bad` is a sync
+/// mark of this file (whose header has `mark_key`): its entry header is a
+/// mark's (kind 8, body_len 16, reserved bytes and group 0), its body
+/// carries the file's key and zero reserved bytes, so the damage is in its
+/// `synced_len` or checksum, and a valid entry starts right after its
+/// fixed length. An entry that holds data cannot pass for one: a Record
+/// body is at least 44 bytes and the server never uses group 0; an engine
+/// caller's Join or Cursors entry of group 0 (16-byte body) whose kind
+/// byte was damaged would also need the random key in its body.
+fn damaged_sync_mark(map: &[u8], bad: usize, mark_key: u32) -> Option<usize> {
+    let end = bad.checked_add(ENTRY_HEADER_BYTES + journal::SYNC_MARK_BODY_BYTES)?;
+    let mark = map.get(bad..end)?;
+    let body = &mark[ENTRY_HEADER_BYTES..];
+    let next = &map[end..];
+    (journal::is_sync_mark_header(mark)
+        && body[8..12] == mark_key.to_le_bytes()
+        && body[12..16] == [0; 4]
+        && journal::EntryIter::new(next, record::RECORD_BYTES_STORED_MAX)
+            .next()
+            .is_some())
+    .then_some(end)
 }
 
 fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {

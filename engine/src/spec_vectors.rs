@@ -67,6 +67,10 @@ fn declared_total(text: &str) -> usize {
     line.trim_end_matches(" bytes").parse().unwrap()
 }
 
+/// The mark key of `journal-header.hex`, carried by
+/// `journal-entry-sync-mark.hex`.
+const VECTOR_MARK_KEY: u32 = 0x0403_0201;
+
 fn vector(text: &str) -> Vec<u8> {
     let bytes = parse_hex(text);
     assert_eq!(bytes.len(), declared_total(text), "vector length");
@@ -237,8 +241,11 @@ fn segment_file_of_header_and_record_scans_as_documented() {
 fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
     let v = vector(JOURNAL_HEADER);
     assert_eq!(v.len(), JOURNAL_HEADER_BYTES);
-    assert_eq!(journal::encode_header(1).to_vec(), v);
-    assert_eq!(journal::decode_header_of(&v).map(|h| h.seq), Ok(1));
+    assert_eq!(journal::encode_header(1, VECTOR_MARK_KEY).to_vec(), v);
+    assert_eq!(
+        journal::decode_header_of(&v).map(|h| (h.seq, h.mark_key)),
+        Ok((1, VECTOR_MARK_KEY))
+    );
     assert_eq!(&v[0..8], &journal::JOURNAL_MAGIC);
     assert_eq!(u16::from_le_bytes([v[8], v[9]]), journal::JOURNAL_VERSION);
     assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
@@ -253,16 +260,9 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
         b
     };
     // header_len other than 32 and non-zero reserved bytes are refused.
-    // (Bit 0 of byte 12 is the one defined flag; the other bits are reserved.)
-    for (off, bit) in [
-        (10, 1),
-        (12, 2),
-        (12, 0x80),
-        (13, 1),
-        (15, 1),
-        (24, 1),
-        (27, 1),
-    ] {
+    // (Bit 0 of byte 12 is the one defined flag; the other bits are reserved.
+    // Bytes 24..28 are the mark key: any value.)
+    for (off, bit) in [(10, 1), (12, 2), (12, 0x80), (13, 1), (15, 1)] {
         let mut b = v.clone();
         b[off] ^= bit;
         assert_eq!(
@@ -286,6 +286,7 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
     // reserved.
     let mut v1 = v.clone();
     v1[8] = 1;
+    v1[24..28].copy_from_slice(&[0; 4]); // reserved in version 1
     let v1 = resealed(v1);
     assert_eq!(journal::unsupported_version(&v1), None);
     let h = journal::decode_header_of(&v1).unwrap();
@@ -293,6 +294,9 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
     let mut v1_flag = v1.clone();
     v1_flag[12] = 1;
     assert!(journal::decode_header_of(&resealed(v1_flag)).is_err());
+    let mut v1_key = v1.clone();
+    v1_key[25] = 1;
+    assert!(journal::decode_header_of(&resealed(v1_key)).is_err());
     // The flag of version 2.
     let mut flagged = v.clone();
     flagged[12] = journal::FLAG_SEGMENTS_MAY_LEAD;
@@ -331,37 +335,49 @@ fn journal_record_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
 #[test]
 fn journal_sync_mark_vector_matches_the_encoder_and_is_recognised_only_where_it_can_be() {
     let v = vector(JOURNAL_ENTRY_SYNC_MARK);
+    let key = VECTOR_MARK_KEY;
     let mut out = Vec::new();
-    journal::encode_sync_mark(&mut out, 4096);
+    journal::encode_sync_mark(&mut out, 4096, key);
     assert_eq!(out, v);
     let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
     let e = it.next().unwrap();
+    let mut body = 4096u64.to_le_bytes().to_vec();
+    body.extend_from_slice(&key.to_le_bytes());
+    body.extend_from_slice(&[0; 4]);
     assert_eq!(
         (e.kind, e.group_id, e.body),
-        (EntryKind::SyncMark, 0, &4096u64.to_le_bytes()[..])
+        (EntryKind::SyncMark, 0, &body[..])
     );
     assert!(it.next().is_none());
+    assert!(journal::is_sync_mark_header(&v));
     // A mark names only bytes before itself, and at least the file header.
     let mut file = vec![0u8; 4096];
     file.extend_from_slice(&v);
-    assert_eq!(journal::sync_mark_at(&file, 4096), Some(4096));
+    assert_eq!(journal::sync_mark_at(&file, 4096, key), Some(4096));
     assert_eq!(
-        journal::furthest_sync_mark_from(&file, 1),
+        journal::furthest_sync_mark_from(&file, 1, key),
         Some((4096, 4096))
     );
     assert_eq!(
-        journal::sync_mark_at(&file[1..], 4095),
+        journal::sync_mark_at(&file[1..], 4095, key),
         None,
         "names bytes after it"
     );
     let mut low = Vec::new();
-    journal::encode_sync_mark(&mut low, 31);
-    assert_eq!(journal::sync_mark_at(&low, 0), None);
+    journal::encode_sync_mark(&mut low, 31, key);
+    assert_eq!(journal::sync_mark_at(&low, 0, key), None);
+    // A mark of another file (a payload shaped like a mark, whose author
+    // cannot know this file's key) is no mark.
+    assert_eq!(journal::sync_mark_at(&file, 4096, key ^ 1), None);
+    assert_eq!(
+        journal::furthest_sync_mark_from(&file, 1, key.wrapping_add(1)),
+        None
+    );
     // Any damage to it makes it no mark.
     for at in 0..v.len() {
         let mut d = file.clone();
         d[4096 + at] ^= 0x10;
-        assert_eq!(journal::sync_mark_at(&d, 4096), None, "byte {at}");
+        assert_eq!(journal::sync_mark_at(&d, 4096, key), None, "byte {at}");
     }
 }
 

@@ -685,6 +685,42 @@ fn deleting_a_group_keeps_the_held_back_cursor_entries_of_other_groups() {
     assert_eq!((unread[0].group_id, unread[0].cursor), (2, 3));
 }
 
+#[test]
+fn a_held_back_cursor_entry_never_lands_after_a_later_join_of_the_same_user() {
+    // A timer flush meets a full disk and keeps the cursor entry (3) of
+    // user 42's membership; space returns; 42 leaves and joins again at
+    // Earliest before the next timer flush. The held entry must reach the
+    // journal before the leave, or replay raises the new cursor to 3 and
+    // messages 1..=3 are skipped after a crash.
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.cursor_flush_ms = 1500;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    e.ack(1, 42, 3).unwrap();
+    control.writes_before_full.store(0, Ordering::SeqCst);
+    while control.writes_refused.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    loop {
+        match e.leave(1, 42) {
+            Ok(()) => break,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(e.join(1, 42, crate::JoinStart::Earliest).unwrap(), 0);
+    // The next flush writes whatever is still held.
+    e.flush_cursors().unwrap();
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    assert_eq!(e.unread(42)[0].cursor, 0, "the new membership's cursor");
+}
+
 /// The oldest msg_id of `group` still stored.
 fn floor_of(e: &Engine, group: u64) -> u64 {
     match e.read(group, 0, 7, 1 << 10) {
@@ -1654,6 +1690,210 @@ fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
     std::fs::remove_file(newest_file(&dir.path().join("journal"), ".tmj")).unwrap();
     let e = Engine::open(c).unwrap();
     assert_dense_and_exact(&e, 1, 20);
+}
+
+#[test]
+fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_to_open() {
+    // Its header was synced before the checkpoint naming it was stored, so
+    // a file without a valid header is damage, not a crash while creating it.
+    type Damage = fn(&mut Vec<u8>);
+    let damage: [(&str, Damage); 3] = [
+        ("empty", |b| b.clear()),
+        ("short", |b| b.truncate(20)),
+        ("bad header crc", |b| b[17] ^= 1),
+    ];
+    for (what, damage) in damage {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = small_config(dir.path());
+        c.journal_checkpoint_bytes = 1 << 30;
+        let e = Engine::open(c.clone()).unwrap();
+        fill(&e, &[1, 2], 20);
+        e.simulate_crash();
+        let journal = newest_file(&dir.path().join("journal"), ".tmj");
+        let mut bytes = std::fs::read(&journal).unwrap();
+        damage(&mut bytes);
+        std::fs::write(&journal, &bytes).unwrap();
+        let err = Engine::open(c.clone()).err().expect(what);
+        assert!(
+            matches!(&err, Error::Corrupt { path, offset: 0, .. } if path == &journal),
+            "{what}: names the file at offset 0: {err}"
+        );
+        assert!(err.to_string().contains("backup"), "{what}: {err}");
+        // Nothing was cut.
+        assert_eq!(std::fs::read(&journal).unwrap(), bytes, "{what}");
+    }
+
+    // After a clean shutdown the file the checkpoint names holds no entry:
+    // a damaged header there loses nothing, and opening goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let c = small_config(dir.path());
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 20);
+    e.close().unwrap();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    std::fs::write(&journal, b"").unwrap();
+    let e = Engine::open(c).unwrap();
+    assert_dense_and_exact(&e, 1, 20);
+}
+
+#[test]
+fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
+    // Cutting an older file is not enough while a later one holds entries:
+    // the hint names the later files.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    e.checkpoint().unwrap();
+    fill(&e, &[2], 5);
+    e.simulate_crash();
+    let jdir = dir.path().join("journal");
+    let newest = newest_file(&jdir, ".tmj");
+    let older = crate::journal::journal_path(&jdir, seq_of(&newest) - 1);
+    // `checkpoint` is lost: `checkpoint.prev` replays both files, and the
+    // older one has a torn end.
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    let len = std::fs::metadata(&older).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&older)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let err = Engine::open(c).err().expect("refused");
+    assert!(
+        matches!(&err, Error::Corrupt { path, .. } if path == &older),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("later journal file"), "{text}");
+    assert!(
+        text.contains(&newest.display().to_string()),
+        "names the later file: {text}"
+    );
+}
+
+/// A journal entry forged by hand: `{ crc | body_len | kind | 0 x 7 |
+/// group | body }` (what a client can put into a payload).
+fn forged_entry(kind: u8, group: u64, body: &[u8]) -> Vec<u8> {
+    let mut e = vec![0u8; 4];
+    e.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+    e.push(kind);
+    e.extend_from_slice(&[0; 7]);
+    e.extend_from_slice(&group.to_le_bytes());
+    e.extend_from_slice(body);
+    let crc = crc32fast::hash(&e[4..]);
+    e[0..4].copy_from_slice(&crc.to_le_bytes());
+    e
+}
+
+#[test]
+fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
+    // A client's payload holds entries shaped like sync marks naming a
+    // synced length beyond the start of its own entry. When a power cut
+    // tears that entry, the forged marks must not pass for proof that the
+    // entry was durable: the tear is cut, not refused.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.journal_checkpoint_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &[1], 5);
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let before = std::fs::metadata(&journal).unwrap().len();
+    // The round's entry starts within 64 bytes of `before` (after the
+    // round's own sync mark), and the forged marks lie beyond `before + 400`.
+    let synced = before + 200;
+    let mut forged = Vec::new();
+    for key in [None, Some(0u32), Some(1)] {
+        let mut body = synced.to_le_bytes().to_vec();
+        if let Some(key) = key {
+            body.extend_from_slice(&key.to_le_bytes());
+            body.extend_from_slice(&[0; 4]);
+        }
+        forged.extend(forged_entry(8, 0, &body));
+    }
+    let mut p = vec![b'x'; 400];
+    p.extend_from_slice(&forged);
+    assert_eq!(e.append(1, 7, 99, &p).unwrap().msg_id, 6);
+    e.simulate_crash();
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let (start, _, kind, _) = *journal_entries(&bytes).last().unwrap();
+    assert_eq!(kind, crate::journal::EntryKind::Record);
+    assert!(start as u64 >= before && (start as u64) < synced);
+    // The power cut kept the later page of the write but not its start.
+    bytes[start..start + 24].fill(0);
+    std::fs::write(&journal, &bytes).unwrap();
+    let e = Engine::open(c).expect("a torn write is cut, not refused");
+    assert_eq!(e.head(1).unwrap(), 5);
+    assert!(e.recovery_report().bytes_cut() > 0);
+}
+
+#[test]
+fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
+    // A sync mark holds no data: damage to its synced length or checksum
+    // loses nothing, whatever later marks say.
+    for at in [0, 24, 30] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = small_config(dir.path());
+        c.journal_checkpoint_bytes = 1 << 30;
+        let e = Engine::open(c.clone()).unwrap();
+        fill(&e, &[1, 2], 20);
+        e.simulate_crash();
+        let journal = newest_file(&dir.path().join("journal"), ".tmj");
+        let mut bytes = std::fs::read(&journal).unwrap();
+        let marks: Vec<_> = journal_entries(&bytes)
+            .into_iter()
+            .filter(|e| e.2 == crate::journal::EntryKind::SyncMark)
+            .collect();
+        assert!(marks.len() > 10);
+        // A mark in the middle: later marks show it durable.
+        let (start, _, _, _) = marks[marks.len() / 2];
+        bytes[start + at] ^= 0x04;
+        std::fs::write(&journal, &bytes).unwrap();
+        let e = Engine::open(c.clone()).expect("a damaged mark loses nothing");
+        let report = e.recovery_report();
+        assert_eq!(report.journal_sync_marks_skipped, 1, "byte {at}");
+        assert_eq!(report.bytes_cut(), 0, "byte {at}");
+        for g in [1, 2] {
+            assert_dense_and_exact(&e, g, 20);
+        }
+    }
+}
+
+#[test]
+fn a_clean_restart_under_fsync_never_opens_no_group_segment() {
+    // Every journal header carries `segments_may_lead` under `never`, also
+    // the empty file a clean shutdown's checkpoint names; that one held no
+    // entry, so a clean restart must not open every group's segments.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.fsync = FsyncPolicy::Never;
+    let groups: Vec<u64> = (1..=100).collect();
+    let e = Engine::open(c.clone()).unwrap();
+    fill(&e, &groups, 2);
+    e.close().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+    let report = e.recovery_report().clone();
+    assert!(report.clean_shutdown);
+    assert_eq!(report.groups_verified, 0, "{report:?}");
+    assert_eq!(report.groups_unverified, 100);
+    let opens = control.opens.load(Ordering::SeqCst);
+    assert!(opens < 20, "{opens} files opened for 100 groups");
+    e.close().unwrap();
+    // After a crash the flag still counts: segments may hold records the
+    // journal lost, so every group's active segment is looked at.
+    let e = Engine::open(c.clone()).unwrap();
+    e.append(1, 7, 5_000_000, &payload(1, 3)).unwrap();
+    e.simulate_crash();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
+    assert!(!e.recovery_report().clean_shutdown);
+    assert!(control.opens.load(Ordering::SeqCst) >= 100);
+    assert_eq!(e.head(1).unwrap(), 3);
 }
 
 #[test]

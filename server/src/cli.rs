@@ -6,7 +6,10 @@
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
 //! A failure is a [`CliError`]: one line on stderr, or with `--json` one
 //! JSON object `{"error":{"code":..,"message":..}}` on stderr; either way
-//! stdout gets no result and the exit status is 1.
+//! stdout gets no result and the exit status is 1. The one exception is a
+//! `pull --json` that fails after it printed messages (which stay
+//! unacknowledged past the last page it acknowledged): its object on stdout
+//! is closed validly with that `"error"` member instead of the counts.
 
 use std::fmt;
 use std::io::Write;
@@ -412,9 +415,32 @@ fn send(a: SendArgs) -> Result<(), CliError> {
 }
 
 fn pull(a: PullArgs) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    let mut json_started = false;
+    let result = pull_pages(&a, &mut out, &mut json_started);
+    if let Err(e) = &result {
+        if json_started {
+            // Messages are already on stdout in an open JSON object: close it
+            // validly, saying why it ends (stderr gets the error as usual).
+            let _ = close_pull_json_with_error(&mut out, e);
+        }
+    }
+    result
+}
+
+/// Ends a `pull --json` object whose `messages` array is open:
+/// `],"error":{"code":..,"message":..}}`.
+fn close_pull_json_with_error(out: &mut impl Write, e: &CliError) -> std::io::Result<()> {
+    let tail = format!("],\"error\":{}}}\n", e.to_json()["error"]);
+    out.write_all(tail.as_bytes()).and_then(|()| out.flush())
+}
+
+/// Pulls and prints pages. `json_started` is true while stdout holds a
+/// `--json` object whose `messages` array is open and whole (a failed
+/// write of stdout itself leaves it false: nothing valid can follow).
+fn pull_pages(a: &PullArgs, out: &mut impl Write, json_started: &mut bool) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
     let page_max = a.page.max(1);
-    let mut out = std::io::stdout().lock();
     let mut printed = 0u32;
     // The last msg_id written and flushed to stdout: the only thing a
     // request may acknowledge. A page is acknowledged by the request for
@@ -423,7 +449,7 @@ fn pull(a: PullArgs) -> Result<(), CliError> {
     let mut ack_up_to = 0;
     let (mut cursor, mut head);
     let mut wait_ms = a.wait_ms;
-    let mut json_started = false;
+    let mut started = false;
     loop {
         let want = a.max.saturating_sub(printed).min(page_max);
         let page = c.pull_page(a.group, a.user, ack_up_to, want, wait_ms)?;
@@ -435,20 +461,21 @@ fn pull(a: PullArgs) -> Result<(), CliError> {
             if a.conn.json {
                 // One JSON object, streamed: its head with the first
                 // message, then each message, then the counts at the end.
-                if json_started {
+                if started {
                     text.push(',');
                 } else {
                     text.push_str(&format!(
                         "{{\"group\":{},\"user\":{},\"messages\":[",
                         a.group, a.user
                     ));
-                    json_started = true;
+                    started = true;
                 }
                 text.push_str(&message_json(m).to_string());
             } else {
                 text.push_str(&message_line(m));
             }
         }
+        *json_started = false;
         out.write_all(text.as_bytes())
             .and_then(|()| out.flush())
             .map_err(|e| {
@@ -465,6 +492,7 @@ fn pull(a: PullArgs) -> Result<(), CliError> {
                     ),
                 )
             })?;
+        *json_started = started;
         printed = printed.saturating_add(page.messages.len() as u32);
         if let Some(last) = page.messages.last() {
             ack_up_to = last.msg_id;
@@ -482,7 +510,7 @@ fn pull(a: PullArgs) -> Result<(), CliError> {
             "\"acknowledged\":{},\"cursor\":{cursor},\"head\":{head},\"unread\":{unread}}}\n",
             !a.no_ack
         );
-        if json_started {
+        if started {
             format!("],{fields}")
         } else {
             format!(
@@ -503,6 +531,7 @@ fn pull(a: PullArgs) -> Result<(), CliError> {
             a.group
         )
     };
+    *json_started = false;
     out.write_all(tail.as_bytes())
         .and_then(|()| out.flush())
         .map_err(output_error)
@@ -717,6 +746,20 @@ pub fn utc(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pull_json_object_cut_by_a_failure_is_closed_validly_with_the_error() {
+        // What `pull --json` has printed when a later page fails: the head
+        // and the messages of the pages before.
+        let mut out = br#"{"group":1,"user":2,"messages":[{"msg_id":1},{"msg_id":2}"#.to_vec();
+        let e = CliError::new("unavailable", "node unavailable after 3 attempt(s)");
+        close_pull_json_with_error(&mut out, &e).unwrap();
+        assert_eq!(out.last(), Some(&b'\n'));
+        let v: Value = serde_json::from_slice(&out).expect("valid JSON");
+        assert_eq!(v["messages"].as_array().map(Vec::len), Some(2));
+        assert_eq!(v["error"], e.to_json()["error"]);
+        assert!(v.get("acknowledged").is_none());
+    }
 
     #[test]
     fn timestamps_print_as_utc() {

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tidemark_engine::io::FD_RESERVE;
+use tidemark_engine::FD_RESERVE;
 use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
 use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};

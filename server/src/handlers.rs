@@ -426,7 +426,7 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
                 // The engine stops reading at the frame's budget.
                 let budget = records_budget(ctx.limits);
                 let h = e.history(group, user, before, max_count as usize, budget)?;
-                Handled::Reply(history_reply(request_id, h, budget))
+                Handled::Reply(history_reply(request_id, group, h, budget)?)
             }
             Request::ReadCount { group, msg_id } => {
                 let count = e.read_count(group, msg_id)? as u64;
@@ -511,13 +511,16 @@ fn sync_reply(
 
 /// HISTORY answers newest first: the page's records are sent in reverse,
 /// one iovec each, dropping the oldest ones that do not fit the frame.
-fn history_reply(request_id: u64, h: tidemark_engine::History, budget: usize) -> Outgoing {
-    let mut records: Vec<Chunk> = h
-        .batch
-        .chunks
-        .iter()
-        .flat_map(|c| c.split_records())
-        .collect();
+fn history_reply(
+    request_id: u64,
+    group: u64,
+    h: tidemark_engine::History,
+    budget: usize,
+) -> Result<Outgoing, EngineError> {
+    let mut records: Vec<Chunk> = Vec::new();
+    for c in &h.batch.chunks {
+        records.extend(c.split_records(group)?);
+    }
     records.reverse();
     let mut bytes = 0;
     let mut keep = 0;
@@ -538,7 +541,7 @@ fn history_reply(request_id: u64, h: tidemark_engine::History, budget: usize) ->
             bytes: bytes as u32,
         },
     };
-    reply(request_id, &resp, records, keep as u64)
+    Ok(reply(request_id, &resp, records, keep as u64))
 }
 
 /// Compares secrets without an early exit on the first difference.
