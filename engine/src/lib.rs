@@ -80,8 +80,8 @@ pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };
 pub use error::{Error, Result, DAMAGED_GROUP_HINT};
-pub use io::FD_RESERVE;
 pub use group_log::{Chunk, ReadBatch};
+pub use io::FD_RESERVE;
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
 pub use tidemarks::{
