@@ -248,6 +248,14 @@ impl Engine {
         let ctx = LogContext::new(vfs, config);
         let recovered = recovery::recover(&ctx)?;
         let (journal, report) = (recovered.journal, recovered.report);
+        // Measured before the first send can arrive: starting from "plenty
+        // free" would accept sends on a nearly full disk until the commit
+        // thread's first measurement (a race seen as a flaky refusal test).
+        let free_at_open = if ctx.config.disk_free_min_bytes == 0 {
+            u64::MAX
+        } else {
+            ctx.vfs.free_bytes(&ctx.config.data_dir).unwrap_or(u64::MAX)
+        };
         let shared = Arc::new(Shared {
             ctx,
             catalog: RwLock::new(recovered.catalog),
@@ -260,7 +268,7 @@ impl Engine {
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             writes_stopped: AtomicBool::new(false),
-            disk_free_bytes: AtomicU64::new(u64::MAX),
+            disk_free_bytes: AtomicU64::new(free_at_open),
             held_for_space: AtomicBool::new(false),
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
