@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::group::LogSlot;
 use crate::group_log::LogContext;
-use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES};
+use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
 use crate::retention;
@@ -366,13 +366,9 @@ impl Committer {
                 continue;
             };
             for chunk in rows.chunks(per_entry) {
-                let start =
-                    journal::begin_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id);
-                for &(user, cursor) in chunk {
-                    self.cursor_buf.extend_from_slice(&user.to_le_bytes());
-                    self.cursor_buf.extend_from_slice(&cursor.to_le_bytes());
-                }
-                journal::finish_entry(&mut self.cursor_buf, start);
+                journal::encode_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id, |b| {
+                    body::encode_cursors(b, chunk)
+                });
             }
         }
         drop(catalog);
@@ -568,7 +564,7 @@ impl Committer {
     }
 
     fn apply_other(&mut self, op: &Op) -> Result<()> {
-        let body = &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end];
+        let entry_body = &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end];
         let shared = &self.shared;
         let outcome = match op.kind {
             EntryKind::DeleteGroup => {
@@ -589,7 +585,7 @@ impl Committer {
                 )?;
                 Ok(0)
             }
-            EntryKind::Join => match tidemarks::decode_join(body) {
+            EntryKind::Join => match body::decode_join(entry_body) {
                 Some((user, cursor)) => tidemarks::apply_join(
                     &shared.cursors,
                     &shared.ctx.config,
@@ -601,13 +597,13 @@ impl Committer {
                     reason: "malformed join entry".into(),
                 }),
             },
-            EntryKind::Leave => match tidemarks::decode_user(body) {
+            EntryKind::Leave => match body::decode_leave(entry_body) {
                 Some(user) => tidemarks::apply_leave(&shared.cursors, &op.group, user),
                 None => Err(Error::InvalidConfig {
                     reason: "malformed leave entry".into(),
                 }),
             },
-            EntryKind::SetRetention => match tidemarks::decode_retention(body) {
+            EntryKind::SetRetention => match body::decode_set_retention(entry_body) {
                 Some(r) => {
                     *op.group.retention.lock() = r;
                     Ok(0)
@@ -722,9 +718,9 @@ fn drop_entries_of_group(buf: &mut Vec<u8>, group_id: u64) {
     let mut kept = Vec::with_capacity(buf.len());
     let mut it = journal::EntryIter::new(buf, usize::MAX);
     for entry in it.by_ref().filter(|e| e.group_id != group_id) {
-        let start = journal::begin_entry(&mut kept, entry.kind, entry.group_id);
-        kept.extend_from_slice(entry.body);
-        journal::finish_entry(&mut kept, start);
+        journal::encode_entry(&mut kept, entry.kind, entry.group_id, |b| {
+            b.extend_from_slice(entry.body)
+        });
     }
     // Invariant: the buffer holds only entries encoded by `write_dirty_cursors`.
     debug_assert!(

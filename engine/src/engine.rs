@@ -18,7 +18,7 @@ use crate::group::{AssignState, Group, LogSlot};
 use crate::group_log::{GroupLog, LogContext, ReadBatch};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
-use crate::record::{self, NewRecord};
+use crate::record::NewRecord;
 use crate::recovery::{self, RecoveryReport};
 
 /// The outcome of an accepted append.
@@ -643,7 +643,7 @@ impl Engine {
             p,
             group,
             EntryKind::Record,
-            |buf| record::encode_into(&rec, buf),
+            |buf| journal::body::encode_record(buf, &rec),
             None,
         );
         assign.last_id = msg_id;
@@ -864,14 +864,11 @@ fn push_locked(
     body: impl FnOnce(&mut Vec<u8>),
     reply: Option<Arc<Reply>>,
 ) -> u64 {
-    let start = journal::begin_entry(&mut p.buf, kind, group.id);
-    body(&mut p.buf);
-    journal::finish_entry(&mut p.buf, start);
-    let end = p.buf.len();
+    let entry = journal::encode_entry(&mut p.buf, kind, group.id, body);
     p.ops.push(Op {
         group: group.clone(),
         kind,
-        entry: start..end,
+        entry,
         reply,
     });
     p.round

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::io::Vfs;
-use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
 use crate::segment::SEGMENT_HEADER_BYTES;
@@ -689,24 +689,22 @@ impl Replay<'_> {
         match entry.kind {
             EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
             EntryKind::Join => {
-                if let Some((user, cursor)) = tidemarks::decode_join(entry.body) {
+                if let Some((user, cursor)) = body::decode_join(entry.body) {
                     let _ = tidemarks::apply_join(cursors, &ctx.config, &group, user, cursor);
                 }
             }
             EntryKind::Leave => {
-                if let Some(user) = tidemarks::decode_user(entry.body) {
+                if let Some(user) = body::decode_leave(entry.body) {
                     let _ = tidemarks::apply_leave(cursors, &group, user);
                 }
             }
             EntryKind::SetRetention => {
-                if let Some(r) = tidemarks::decode_retention(entry.body) {
+                if let Some(r) = body::decode_set_retention(entry.body) {
                     *group.retention.lock() = r;
                 }
             }
             EntryKind::Cursors => {
-                for row in entry.body.chunks_exact(16) {
-                    let user = u64::from_le_bytes(row[0..8].try_into().unwrap_or_default());
-                    let cursor = u64::from_le_bytes(row[8..16].try_into().unwrap_or_default());
+                for (user, cursor) in body::decode_cursors(entry.body) {
                     let cursor = cursor.min(group.head());
                     if let Some((old, new)) = cursors.restore(user, group.slot, cursor) {
                         if new != old {
@@ -727,7 +725,6 @@ impl Replay<'_> {
         let LogSlot::Loaded(log) = &mut *slot else {
             return;
         };
-        let max = record::RECORD_BYTES_STORED_MAX;
         let ctx = self.ctx;
         // The recorded state must name only bytes in the files: the log's
         // unwritten tail is written first (if that fails too, the journals,
@@ -741,9 +738,9 @@ impl Replay<'_> {
                 reason,
             }
         };
-        let header = match record::decode_verified(body, max) {
-            Ok(h) if h.record_len as usize == body.len() => h,
-            _ => {
+        let header = match journal::body::decode_record(body) {
+            Some(h) => h,
+            None => {
                 *slot = damage(log, "journal entry holds an invalid record".into());
                 return;
             }
