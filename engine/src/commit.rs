@@ -1,8 +1,9 @@
 //! The commit thread: takes the pending round whole, writes it to the
 //! journal with one write, syncs it per the fsync policy (one fdatasync for
 //! the round, however many groups it touched), applies it to the group logs
-//! and the membership tables, then completes the round and wakes whoever
-//! waits. Cursor flushes, retention and checkpoints run here too, between
+//! and the membership tables (`apply.rs`, the applier replay uses too; a
+//! group's records go to its log as one run), then completes the round and
+//! wakes whoever waits. Cursor flushes, retention and checkpoints run here too, between
 //! rounds, so they always see a state that matches a journal position.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
@@ -18,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::apply;
 use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
 use crate::config::FsyncPolicy;
@@ -29,9 +31,7 @@ use crate::group::LogSlot;
 use crate::group_log::LogContext;
 use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES};
 use crate::member_snapshot;
-use crate::record;
 use crate::retention;
-use crate::tidemarks;
 use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
@@ -489,9 +489,10 @@ impl Committer {
     }
 
     /// Applies the round's entries in `order` (grouped by group id), from
-    /// `order[*next]` on: records of one group go out in one write (its
-    /// entries are staged contiguously first); membership operations change
-    /// the tables and fill in their replies.
+    /// `order[*next]` on, through `apply`: records of one group go out in
+    /// one write (its entries are staged contiguously first and applied as
+    /// one run); membership operations change the tables and fill in their
+    /// replies.
     ///
     /// Resumable: `*next` only moves past an entry once it is fully applied,
     /// and a group's records at or below its head (written before a failure
@@ -517,106 +518,56 @@ impl Committer {
                     .extend_from_slice(&self.round_buf[e.start + ENTRY_HEADER_BYTES..e.end]);
                 j += 1;
             }
-            let mut slot = op.group.log.write();
-            if let LogSlot::Loaded(log) = &mut *slot {
-                let first = record::peek_msg_id(&self.staging);
-                let unwritten = record::records_above(&self.staging, log.head());
-                let taken = log.append(&self.shared.ctx, unwritten);
-                // What the log took in is readable (the journal has it),
-                // also when a write for it failed and the round is held.
-                op.group.publish_head(log.head());
-                taken?;
+            let st = self.apply_state();
+            let done = apply::records(&st, &op.group, &self.staging, apply::Mode::Live)?;
+            if let Some((first, last)) = done.held {
                 self.appended.push(GroupAppend {
                     group: op.group.id,
                     first,
-                    last: log.head(),
+                    last,
                 });
             }
-            // A group that is not loaded cannot have accepted a send (the
-            // send path loads it); a damaged one refuses sends.
-            drop(slot);
-            self.advance_caught_up_senders(&op.group);
             *next = j;
         }
         Ok(())
     }
 
-    /// A sender who had read everything before its own message has read
-    /// that message too: its cursor follows (so own messages are not unread).
-    fn advance_caught_up_senders(&self, group: &crate::group::Group) {
-        let mut buf = &self.staging[..];
-        while let Some(len) = record::peek_len(buf) {
-            // Invariant: staging holds whole records encoded by the engine.
-            let h = record::decode_header(buf, usize::MAX).expect("invariant: staged record");
-            if self
-                .shared
-                .cursors
-                .advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
-            {
-                group
-                    .members
-                    .lock()
-                    .read_counts
-                    .advance(h.msg_id - 1, h.msg_id);
-            }
-            buf = &buf[len..];
+    fn apply_state(&self) -> apply::State<'_> {
+        apply::State {
+            ctx: &self.shared.ctx,
+            catalog: &self.shared.catalog,
+            cursors: &self.shared.cursors,
         }
     }
 
+    /// Applies a group or membership operation and puts its outcome where
+    /// its caller waits.
     fn apply_other(&mut self, op: &Op) -> Result<()> {
-        let entry_body = &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end];
-        let shared = &self.shared;
-        let outcome = match op.kind {
-            EntryKind::DeleteGroup => {
-                // Cursor entries a full disk held back name groups by id; once
-                // this one is gone its entries could land on a group created
-                // again under the same id. Drop those; the other groups'
-                // entries stay: their dirty bits were cleared when they were
-                // taken, so this buffer is all that still holds them.
-                if self.cursor_buf_unwritten {
-                    drop_entries_of_group(&mut self.cursor_buf, op.group.id);
-                    self.cursor_buf_unwritten = !self.cursor_buf.is_empty();
-                }
-                delete_group(
-                    &shared.ctx,
-                    &mut shared.catalog.write(),
-                    &shared.cursors,
-                    op.group.id,
-                )?;
-                Ok(0)
-            }
-            EntryKind::Join => match body::decode_join(entry_body) {
-                Some((user, cursor)) => tidemarks::apply_join(
-                    &shared.cursors,
-                    &shared.ctx.config,
-                    &op.group,
-                    user,
-                    cursor,
-                ),
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed join entry".into(),
-                }),
-            },
-            EntryKind::Leave => match body::decode_leave(entry_body) {
-                Some(user) => tidemarks::apply_leave(&shared.cursors, &op.group, user),
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed leave entry".into(),
-                }),
-            },
-            EntryKind::SetRetention => match body::decode_set_retention(entry_body) {
-                Some(r) => {
-                    *op.group.retention.lock() = r;
-                    Ok(0)
-                }
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed retention entry".into(),
-                }),
-            },
-            // Sync marks are written by the journal itself, never queued.
-            EntryKind::CreateGroup
-            | EntryKind::Record
-            | EntryKind::Cursors
-            | EntryKind::SyncMark => Ok(0),
+        if op.kind == EntryKind::DeleteGroup && self.cursor_buf_unwritten {
+            // Cursor entries a full disk held back name groups by id; once
+            // this one is gone its entries could land on a group created
+            // again under the same id. Drop those; the other groups'
+            // entries stay: their dirty bits were cleared when they were
+            // taken, so this buffer is all that still holds them.
+            drop_entries_of_group(&mut self.cursor_buf, op.group.id);
+            self.cursor_buf_unwritten = !self.cursor_buf.is_empty();
+        }
+        let entry = journal::Entry {
+            kind: op.kind,
+            group_id: op.group.id,
+            body: &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end],
+        };
+        let applied = apply::entry(
+            &self.apply_state(),
+            &entry,
+            Some(&op.group),
+            apply::Mode::Live,
+        )?;
+        let outcome = match applied {
+            apply::Applied::Op(outcome) => outcome,
+            // Record entries are applied by runs, and a queued entry's
+            // group is registered until its DeleteGroup is applied.
+            other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
         };
         if let Some(reply) = &op.reply {
             reply.set(outcome);
@@ -750,32 +701,6 @@ fn plan_retention(ctx: &LogContext, g: &crate::group::Group) -> Result<Option<us
         crate::engine::now_ms(),
     );
     Ok((n > 0).then_some(n))
-}
-
-/// Deletes a group: its memberships, its registry entry, its files.
-pub(crate) fn delete_group(
-    ctx: &LogContext,
-    catalog: &mut Catalog,
-    cursors: &CursorTable,
-    id: u64,
-) -> Result<()> {
-    let Some(group) = catalog.get(id).cloned() else {
-        return Ok(());
-    };
-    tidemarks::remove_all_members(cursors, &group);
-    catalog.remove(id);
-    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if let LogSlot::Loaded(log) = &old {
-        log.remove_files(ctx)?;
-    } else {
-        let dir = ctx.group_dir(id);
-        if ctx.vfs.exists(&dir) {
-            ctx.vfs
-                .remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
-        }
-    }
-    Ok(())
 }
 
 /// Removes the journal file a checkpoint that failed had started, so no

@@ -360,7 +360,7 @@ impl Engine {
             });
         }
         let log = GroupLog::create(&self.shared.ctx, group_id)?;
-        let group = catalog.insert(group_id, LogSlot::Loaded(log), 0);
+        let group = catalog.insert(group_id, LogSlot::Loaded(log));
         group.assign.lock().ready = true;
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
@@ -629,6 +629,14 @@ impl Engine {
         req: &AppendRequest<'_>,
         p: &mut Pending,
     ) -> Ticket {
+        // Stages of the head (group.rs): visible <= assigned.
+        debug_assert!(
+            group.head() <= assign.last_id,
+            "group {}: visible head {} above the assigned {}",
+            group.id,
+            group.head(),
+            assign.last_id
+        );
         let msg_id = assign.last_id + 1;
         // Timestamps never go backwards within a group, whatever the clock does.
         let timestamp_ms = now_ms().max(assign.last_timestamp_ms);
@@ -675,6 +683,9 @@ impl Engine {
     pub(crate) fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
         let ctx = &self.shared.ctx;
         let limits = WindowLimits::from_config(&ctx.config);
+        // The assigned head starts at the applied one: no record of the
+        // group is queued before its assign state is ready (the caller
+        // holds `assign`).
         let (head, ts, dedup) = self.with_log(group, |log| {
             let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
             Ok((log.head(), log.last_timestamp_ms(), dedup))
@@ -748,8 +759,17 @@ impl Engine {
         group: &Group,
         f: impl FnOnce(&GroupLog) -> Result<R>,
     ) -> Result<R> {
-        recovery::ensure_loaded(&self.shared.ctx, group);
+        if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
+            if load.bytes_cut > 0 {
+                log::warn!(
+                    "group {}: cut {} bytes written after the last checkpoint",
+                    group.id,
+                    load.bytes_cut
+                );
+            }
+        }
         let slot = group.log.read();
+        group.debug_check_head(&slot);
         match &*slot {
             LogSlot::Loaded(log) => f(log),
             LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {

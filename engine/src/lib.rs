@@ -19,6 +19,7 @@
 //!
 //! Limits and their defaults are in [`Config`].
 
+mod apply;
 mod catalog;
 mod checkpoint;
 mod codec;

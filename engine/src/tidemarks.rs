@@ -10,8 +10,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::config::Config;
-use crate::cursors::{CursorTable, InsertError};
 use crate::engine::{Engine, OpTicket, Reply};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -28,69 +26,6 @@ pub enum JoinStart {
     Earliest,
     /// Unread from this msg_id on (clamped to what is stored).
     At(u64),
-}
-
-/// Applies a join (commit thread or replay). Idempotent: joining again
-/// returns the current cursor. Replay applies the same limits in the same
-/// journal order, so a join refused live is refused again, never resurrected.
-pub(crate) fn apply_join(
-    cursors: &CursorTable,
-    config: &Config,
-    group: &Group,
-    user: u64,
-    cursor: u64,
-) -> Result<u64> {
-    // Never above the head, whatever a journal entry says.
-    let cursor = cursor.min(group.head());
-    let mut members = group.members.lock();
-    if let Some(c) = cursors.get(user, group.slot) {
-        return Ok(c.cursor);
-    }
-    if members.len() >= config.members_per_group_max {
-        return Err(Error::LimitExceeded {
-            what: "members_per_group_max",
-            max: config.members_per_group_max,
-        });
-    }
-    match cursors.insert(
-        user,
-        group.slot,
-        cursor,
-        cursor.saturating_add(1),
-        Some(config.groups_per_user_max),
-    ) {
-        Ok(()) => {}
-        Err(InsertError::AlreadyMember) => return Ok(cursor),
-        Err(InsertError::GroupsPerUserLimit { max }) => {
-            return Err(Error::LimitExceeded {
-                what: "groups_per_user_max",
-                max,
-            })
-        }
-    }
-    members.insert(user, cursor);
-    Ok(cursor)
-}
-
-/// Applies a leave. Returns the cursor the member had.
-pub(crate) fn apply_leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u64> {
-    let mut members = group.members.lock();
-    let cursor = cursors.remove(user, group.slot).ok_or(Error::NotMember {
-        group: group.id,
-        user,
-    })?;
-    members.remove(user, cursor);
-    Ok(cursor)
-}
-
-/// Removes every membership of a group being deleted.
-pub(crate) fn remove_all_members(cursors: &CursorTable, group: &Group) {
-    let mut members = group.members.lock();
-    for user in members.users() {
-        if let Some(c) = cursors.remove(user, group.slot) {
-            members.remove(user, c);
-        }
-    }
 }
 
 /// The outcome of one pair of [`Engine::batch_ack`].
