@@ -9,15 +9,16 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::catalog::Catalog;
+pub use crate::commit::{CommitListener, CommitNotice, GroupAppend};
+use crate::commit::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
-use crate::cursors::CursorTable;
 use crate::dedup::{DedupWindow, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
 use crate::group_log::{GroupLog, LogContext, ReadBatch};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
+use crate::now_ms;
 use crate::record::NewRecord;
 use crate::recovery::{self, RecoveryReport};
 
@@ -102,121 +103,12 @@ pub struct EngineStats {
     pub open_segments: u64,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub appends: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub rounds: AtomicU64,
-    pub round_records_max: AtomicU64,
-    pub journal_syncs: AtomicU64,
-    pub checkpoints: AtomicU64,
-    pub checkpoint_syncs: AtomicU64,
-    pub bytes_appended: AtomicU64,
-    pub acks: AtomicU64,
-    pub membership_rows_listed: AtomicU64,
-}
-
-/// One operation of the pending round: the journal entry at `entry` in the
-/// round buffer, for `group`.
-pub(crate) struct Op {
-    pub group: Arc<Group>,
-    pub kind: EntryKind,
-    pub entry: std::ops::Range<usize>,
-    /// Where the commit thread puts the outcome of a membership operation.
-    pub reply: Option<Arc<Reply>>,
-}
-
-/// The outcome of one membership operation, filled in when it is applied.
-#[derive(Default)]
-pub(crate) struct Reply(Mutex<Option<Result<u64>>>);
-
-impl Reply {
-    pub fn set(&self, r: Result<u64>) {
-        *self.0.lock() = Some(r);
-    }
-    pub fn take(&self) -> Option<Result<u64>> {
-        self.0.lock().take()
-    }
-}
-
-/// The round being filled by senders and taken whole by the commit thread.
-#[derive(Default)]
-pub(crate) struct Pending {
-    pub buf: Vec<u8>,
-    pub ops: Vec<Op>,
-    /// Number of the round being filled. Rounds complete in order.
-    pub round: u64,
-    pub shutdown: bool,
-    /// A caller waits for moved cursors to be persisted with this round.
-    pub flush_cursors: bool,
-    /// A caller waits for a checkpoint after this round.
-    pub checkpoint: bool,
-    /// Shut down like a crash: no final checkpoint (tests only).
-    pub crash: bool,
-}
-
-/// Completion state of rounds.
-#[derive(Default)]
-pub(crate) struct Progress {
-    pub completed: u64,
-    /// The first round that failed, and why. No later round succeeds.
-    pub failed: Option<(u64, String)>,
-    pub commit_thread_exited: bool,
-}
-
-/// What a completed commit round changed, for listeners. Also sent with
-/// nothing appended when writes stop or the commit thread ends: then every
-/// parked operation has its outcome (an error) too.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CommitNotice {
-    pub round: u64,
-    /// Every group that got records in the round, with their id range.
-    pub appended: Vec<GroupAppend>,
-}
-
-/// Records `first..=last` were appended to `group` (and are durable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupAppend {
-    pub group: u64,
-    pub first: u64,
-    pub last: u64,
-}
-
-/// Called on the commit thread after each completed round.
-pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
-
-pub(crate) struct Shared {
-    pub ctx: LogContext,
-    pub catalog: RwLock<Catalog>,
-    pub cursors: CursorTable,
-    pub pending: Mutex<Pending>,
-    /// Wakes the commit thread (work arrived) and senders (room in the round).
-    pub pending_cv: Condvar,
-    pub progress: Mutex<Progress>,
-    pub progress_cv: Condvar,
-    pub writes_stopped: AtomicBool,
-    /// Free disk space as last measured by the commit thread.
-    pub disk_free_bytes: AtomicU64,
-    /// Set while the commit thread holds a round that a full disk stopped:
-    /// new writes are refused with `DiskFull` whatever the reserve says.
-    pub held_for_space: AtomicBool,
-    pub counters: Counters,
-    pub listeners: Mutex<Vec<CommitListener>>,
-}
-
 /// A tidemark storage engine over one data directory.
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Engine {

@@ -22,6 +22,7 @@
 mod apply;
 mod catalog;
 mod checkpoint;
+mod checkpointer;
 mod codec;
 mod commit;
 pub mod config;
@@ -69,4 +70,11 @@ pub use tidemarks::{
     direct_group_id, AckOutcome, History, JoinStart, MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 
-pub(crate) use engine::now_ms;
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before
+/// it): record timestamps, checkpoint and segment creation times.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

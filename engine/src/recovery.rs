@@ -15,7 +15,7 @@ use parking_lot::RwLock;
 use crate::apply;
 use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody};
-use crate::commit;
+use crate::checkpointer;
 use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -275,7 +275,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
 
     // A fresh checkpoint over a fresh journal: the replayed journal files
     // are no longer needed once the logs they fed are synced.
-    let done = commit::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
+    let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }

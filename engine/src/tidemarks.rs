@@ -10,7 +10,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::engine::{Engine, OpTicket, Reply};
+use crate::commit::Reply;
+use crate::engine::{Engine, OpTicket};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::ReadBatch;
