@@ -371,3 +371,195 @@ fn remove_all_members(cursors: &CursorTable, group: &Group) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+    use crate::record::NewRecord;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        ctx: LogContext,
+        catalog: RwLock<Catalog>,
+        cursors: CursorTable,
+    }
+
+    impl Fixture {
+        fn new(members_per_group_max: usize) -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = Config::new(dir.path());
+            config.members_per_group_max = members_per_group_max;
+            Fixture {
+                ctx: LogContext::new(Arc::new(OsVfs), config),
+                _dir: dir,
+                catalog: RwLock::new(Catalog::default()),
+                cursors: CursorTable::new(),
+            }
+        }
+
+        fn st(&self) -> State<'_> {
+            State {
+                ctx: &self.ctx,
+                catalog: &self.catalog,
+                cursors: &self.cursors,
+            }
+        }
+
+        fn group(&self, id: u64) -> Option<Arc<Group>> {
+            self.catalog.read().get(id).cloned()
+        }
+
+        /// Applies an entry as replay does: the group looked up by id.
+        fn replay(&self, kind: EntryKind, group_id: u64, body: &[u8]) -> Applied {
+            let group = self.group(group_id);
+            let e = Entry {
+                kind,
+                group_id,
+                body,
+            };
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay).unwrap()
+        }
+    }
+
+    fn rec(msg_id: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        body::encode_record(
+            &mut out,
+            &NewRecord {
+                msg_id,
+                timestamp_ms: 1,
+                sender_id: 7,
+                client_msg_id: msg_id,
+                payload: b"hello",
+            },
+        );
+        out
+    }
+
+    fn records(a: &Applied) -> (u64, u64) {
+        match a {
+            Applied::Records(r) => (r.appended, r.already_present),
+            other => panic!("not a records outcome: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
+        let f = Fixture::new(10);
+        assert!(matches!(
+            f.replay(EntryKind::Record, 5, &rec(1)),
+            Applied::Orphan
+        ));
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).expect("created by replay");
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (0, 1));
+        assert_eq!(g.head(), 1);
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(3))), (0, 0));
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
+        assert_eq!(g.head(), 1, "a damaged group keeps its head");
+    }
+
+    #[test]
+    fn replay_damages_a_group_whose_record_is_invalid() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut bad = rec(1);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        f.replay(EntryKind::Record, 5, &bad);
+        let g = f.group(5).unwrap();
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
+        assert_eq!(g.head(), 0);
+    }
+
+    #[test]
+    fn live_appends_a_run_and_a_retry_writes_nothing_twice() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
+        let done = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        assert_eq!((done.appended, done.already_present), (3, 0));
+        assert_eq!(done.held, Some((1, 3)));
+        let again = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        assert_eq!((again.appended, again.already_present), (0, 3));
+        assert_eq!(g.head(), 3);
+    }
+
+    #[test]
+    fn a_join_over_a_limit_is_refused_live_and_in_replay_alike() {
+        let f = Fixture::new(1);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let join = |user, mode| {
+            let mut b = Vec::new();
+            body::encode_join(&mut b, user, 0);
+            let e = Entry {
+                kind: EntryKind::Join,
+                group_id: 5,
+                body: &b,
+            };
+            match entry(&f.st(), &e, Some(&g), mode).unwrap() {
+                Applied::Op(r) => r,
+                other => panic!("{other:?}"),
+            }
+        };
+        for mode in [Mode::Live, Mode::Replay] {
+            assert_eq!(join(1, mode).unwrap(), 0, "{mode:?}");
+            let refused = join(2, mode).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    Error::LimitExceeded {
+                        what: "members_per_group_max",
+                        ..
+                    }
+                ),
+                "{mode:?}: {refused}"
+            );
+            leave(&f.cursors, &g, 1).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_cursor_row_never_lowers_a_cursor_nor_lifts_it_above_the_head() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        for id in 1..=4 {
+            f.replay(EntryKind::Record, 5, &rec(id));
+        }
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 2);
+        f.replay(EntryKind::Join, 5, &b);
+        let g = f.group(5).unwrap();
+        let cursor = || f.cursors.get(9, g.slot).unwrap().cursor;
+        let mut rows = Vec::new();
+        body::encode_cursors(&mut rows, &[(9, 1)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 2);
+        rows.clear();
+        body::encode_cursors(&mut rows, &[(9, 99)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 4);
+    }
+
+    #[test]
+    fn delete_removes_the_group_and_its_memberships() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 0);
+        f.replay(EntryKind::Join, 5, &b);
+        let slot = f.group(5).unwrap().slot;
+        f.replay(EntryKind::DeleteGroup, 5, &[]);
+        assert!(f.group(5).is_none());
+        assert!(f.cursors.get(9, slot).is_none());
+        assert!(!f.ctx.vfs.exists(&f.ctx.group_dir(5)));
+        assert!(matches!(
+            f.replay(EntryKind::Leave, 5, &9u64.to_le_bytes()),
+            Applied::Orphan
+        ));
+    }
+}
