@@ -16,9 +16,11 @@
 //!
 //! Everything else is the same in both: a record the log already holds is
 //! skipped (replay after a crash; live, the retry of a round a full disk
-//! stopped part-way), a join is checked against the membership limits in
-//! journal order (so a join refused live is refused again by replay, never
-//! resurrected), a cursor is never set above its group's head. Restoring a
+//! stopped part-way), a join is checked against the membership limits (so
+//! a join refused live is refused again by replay, never resurrected; the
+//! commit thread applies a round group by group, replay in journal order,
+//! see storage.md section 16, item 1), a cursor is never set above its
+//! group's head. Restoring a
 //! checkpoint's memberships is not an apply: the snapshot holds what was
 //! accepted, and no limit is checked again (recovery.rs).
 //!

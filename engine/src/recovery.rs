@@ -665,7 +665,8 @@ impl Replay<'_> {
                 self.report.records_already_present += done.already_present;
             }
             // Refusals (a limit, a malformed body) are ignored: replay
-            // reproduces what the live apply did with the same entry.
+            // checks what the live apply checked (storage.md section 16,
+            // item 1, says where their order can still differ).
             apply::Applied::Op(_) => {}
         }
         Ok(())
