@@ -32,7 +32,7 @@ impl Catalog {
     }
 
     /// Registers a new group in a free slot and returns it.
-    pub fn insert(&mut self, id: u64, log: LogSlot, head: u64) -> Arc<Group> {
+    pub fn insert(&mut self, id: u64, log: LogSlot) -> Arc<Group> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -41,7 +41,7 @@ impl Catalog {
                 u32::try_from(self.by_slot.len() - 1).expect("invariant: slot fits u32")
             }
         };
-        let group = Arc::new(Group::new(id, slot, log, head));
+        let group = Arc::new(Group::new(id, slot, log));
         self.by_slot[slot as usize] = Some(group.clone());
         self.by_id.insert(id, group.clone());
         group

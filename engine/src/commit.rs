@@ -1,8 +1,9 @@
 //! The commit thread: takes the pending round whole, writes it to the
 //! journal with one write, syncs it per the fsync policy (one fdatasync for
 //! the round, however many groups it touched), applies it to the group logs
-//! and the membership tables, then completes the round and wakes whoever
-//! waits. Cursor flushes, retention and checkpoints run here too, between
+//! and the membership tables (`apply.rs`, the applier replay uses too; a
+//! group's records go to its log as one run), then completes the round and
+//! wakes whoever waits. Cursor flushes, retention and checkpoints run here too, between
 //! rounds, so they always see a state that matches a journal position.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
@@ -13,25 +14,23 @@
 //! checkpoint a little later.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::apply;
 use crate::catalog::Catalog;
-use crate::checkpoint::{self, CheckpointBody, GroupEntry};
+use crate::checkpointer;
 use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
-use crate::engine::{CommitNotice, GroupAppend, Op, Shared};
+use crate::dedup::DedupBudget;
 use crate::error::{Error, Result};
 use crate::flusher::Flusher;
-use crate::group::LogSlot;
+use crate::group::Group;
 use crate::group_log::LogContext;
-use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES};
-use crate::member_snapshot;
-use crate::record;
-use crate::retention;
-use crate::tidemarks;
+use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES};
 use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
@@ -69,6 +68,111 @@ const NO_SPACE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long a checkpoint that found the disk full is put off.
 const CHECKPOINT_RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub appends: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub rounds: AtomicU64,
+    pub round_records_max: AtomicU64,
+    pub journal_syncs: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub checkpoint_syncs: AtomicU64,
+    pub bytes_appended: AtomicU64,
+    pub acks: AtomicU64,
+    pub membership_rows_listed: AtomicU64,
+}
+
+/// One operation of the pending round: the journal entry at `entry` in the
+/// round buffer, for `group`.
+pub(crate) struct Op {
+    pub group: Arc<Group>,
+    pub kind: EntryKind,
+    pub entry: std::ops::Range<usize>,
+    /// Where the commit thread puts the outcome of a membership operation.
+    pub reply: Option<Arc<Reply>>,
+}
+
+/// The outcome of one membership operation, filled in when it is applied.
+#[derive(Default)]
+pub(crate) struct Reply(Mutex<Option<Result<u64>>>);
+
+impl Reply {
+    pub fn set(&self, r: Result<u64>) {
+        *self.0.lock() = Some(r);
+    }
+    pub fn take(&self) -> Option<Result<u64>> {
+        self.0.lock().take()
+    }
+}
+
+/// The round being filled by senders and taken whole by the commit thread.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub buf: Vec<u8>,
+    pub ops: Vec<Op>,
+    /// Number of the round being filled. Rounds complete in order.
+    pub round: u64,
+    pub shutdown: bool,
+    /// A caller waits for moved cursors to be persisted with this round.
+    pub flush_cursors: bool,
+    /// A caller waits for a checkpoint after this round.
+    pub checkpoint: bool,
+    /// Shut down like a crash: no final checkpoint. Only
+    /// `Engine::simulate_crash` (tests, `testing` feature) sets it.
+    pub crash: bool,
+}
+
+/// Completion state of rounds.
+#[derive(Default)]
+pub(crate) struct Progress {
+    pub completed: u64,
+    /// The first round that failed, and why. No later round succeeds.
+    pub failed: Option<(u64, String)>,
+    pub commit_thread_exited: bool,
+}
+
+/// What a completed commit round changed, for listeners. Also sent with
+/// nothing appended when writes stop or the commit thread ends: then every
+/// parked operation has its outcome (an error) too.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitNotice {
+    pub round: u64,
+    /// Every group that got records in the round, with their id range.
+    pub appended: Vec<GroupAppend>,
+}
+
+/// Records `first..=last` were appended to `group` (and are durable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupAppend {
+    pub group: u64,
+    pub first: u64,
+    pub last: u64,
+}
+
+/// Called on the commit thread after each completed round.
+pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
+
+pub(crate) struct Shared {
+    pub ctx: LogContext,
+    pub catalog: RwLock<Catalog>,
+    pub cursors: CursorTable,
+    pub pending: Mutex<Pending>,
+    /// Wakes the commit thread (work arrived) and senders (room in the round).
+    pub pending_cv: Condvar,
+    pub progress: Mutex<Progress>,
+    pub progress_cv: Condvar,
+    pub writes_stopped: AtomicBool,
+    /// Free disk space as last measured: at open, then by the commit thread.
+    pub disk_free_bytes: AtomicU64,
+    /// Set while the commit thread holds a round that a full disk stopped:
+    /// new writes are refused with `DiskFull` whatever the reserve says.
+    pub held_for_space: AtomicBool,
+    pub counters: Counters,
+    pub listeners: Mutex<Vec<CommitListener>>,
+    /// Entries of all dedup windows, against `dedup_entries_total_max`.
+    pub dedup: DedupBudget,
+}
 
 /// What woke the commit thread.
 enum Work {
@@ -366,13 +470,9 @@ impl Committer {
                 continue;
             };
             for chunk in rows.chunks(per_entry) {
-                let start =
-                    journal::begin_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id);
-                for &(user, cursor) in chunk {
-                    self.cursor_buf.extend_from_slice(&user.to_le_bytes());
-                    self.cursor_buf.extend_from_slice(&cursor.to_le_bytes());
-                }
-                journal::finish_entry(&mut self.cursor_buf, start);
+                journal::encode_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id, |b| {
+                    body::encode_cursors(b, chunk)
+                });
             }
         }
         drop(catalog);
@@ -498,9 +598,10 @@ impl Committer {
     }
 
     /// Applies the round's entries in `order` (grouped by group id), from
-    /// `order[*next]` on: records of one group go out in one write (its
-    /// entries are staged contiguously first); membership operations change
-    /// the tables and fill in their replies.
+    /// `order[*next]` on, through `apply`: records of one group go out in
+    /// one write (its entries are staged contiguously first and applied as
+    /// one run); membership operations change the tables and fill in their
+    /// replies.
     ///
     /// Resumable: `*next` only moves past an entry once it is fully applied,
     /// and a group's records at or below its head (written before a failure
@@ -526,101 +627,54 @@ impl Committer {
                     .extend_from_slice(&self.round_buf[e.start + ENTRY_HEADER_BYTES..e.end]);
                 j += 1;
             }
-            let mut slot = op.group.log.write();
-            if let LogSlot::Loaded(log) = &mut *slot {
-                let first = record::peek_msg_id(&self.staging);
-                let unwritten = record::records_above(&self.staging, log.head());
-                let taken = log.append(&self.shared.ctx, unwritten);
-                // What the log took in is readable (the journal has it),
-                // also when a write for it failed and the round is held.
-                op.group.publish_head(log.head());
-                taken?;
+            let st = self.apply_state();
+            let done = apply::records(&st, &op.group, &self.staging, apply::Mode::Live)?;
+            if let Some((first, last)) = done.held {
                 self.appended.push(GroupAppend {
                     group: op.group.id,
                     first,
-                    last: log.head(),
+                    last,
                 });
             }
-            // A group that is not loaded cannot have accepted a send (the
-            // send path loads it); a damaged one refuses sends.
-            drop(slot);
-            self.advance_caught_up_senders(&op.group);
             *next = j;
         }
         Ok(())
     }
 
-    /// A sender who had read everything before its own message has read
-    /// that message too: its cursor follows (so own messages are not unread).
-    fn advance_caught_up_senders(&self, group: &crate::group::Group) {
-        let mut buf = &self.staging[..];
-        while let Some(len) = record::peek_len(buf) {
-            // Invariant: staging holds whole records encoded by the engine.
-            let h = record::decode_header(buf, usize::MAX).expect("invariant: staged record");
-            if self
-                .shared
-                .cursors
-                .advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
-            {
-                group
-                    .members
-                    .lock()
-                    .read_counts
-                    .advance(h.msg_id - 1, h.msg_id);
-            }
-            buf = &buf[len..];
+    fn apply_state(&self) -> apply::State<'_> {
+        apply::State {
+            ctx: &self.shared.ctx,
+            catalog: &self.shared.catalog,
+            cursors: &self.shared.cursors,
         }
     }
 
+    /// Applies a group or membership operation and puts its outcome where
+    /// its caller waits.
     fn apply_other(&mut self, op: &Op) -> Result<()> {
-        let body = &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end];
-        let shared = &self.shared;
-        let outcome = match op.kind {
-            EntryKind::DeleteGroup => {
-                // Invariant: `write_round` wrote any held-back cursor entries
-                // before this round's entries, so none of this group's can
-                // land on a group created again under the same id.
-                debug_assert!(!self.cursor_buf_unwritten, "held cursors written first");
-                delete_group(
-                    &shared.ctx,
-                    &mut shared.catalog.write(),
-                    &shared.cursors,
-                    op.group.id,
-                )?;
-                Ok(0)
-            }
-            EntryKind::Join => match tidemarks::decode_join(body) {
-                Some((user, cursor)) => tidemarks::apply_join(
-                    &shared.cursors,
-                    &shared.ctx.config,
-                    &op.group,
-                    user,
-                    cursor,
-                ),
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed join entry".into(),
-                }),
-            },
-            EntryKind::Leave => match tidemarks::decode_user(body) {
-                Some(user) => tidemarks::apply_leave(&shared.cursors, &op.group, user),
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed leave entry".into(),
-                }),
-            },
-            EntryKind::SetRetention => match tidemarks::decode_retention(body) {
-                Some(r) => {
-                    *op.group.retention.lock() = r;
-                    Ok(0)
-                }
-                None => Err(Error::InvalidConfig {
-                    reason: "malformed retention entry".into(),
-                }),
-            },
-            // Sync marks are written by the journal itself, never queued.
-            EntryKind::CreateGroup
-            | EntryKind::Record
-            | EntryKind::Cursors
-            | EntryKind::SyncMark => Ok(0),
+        // Invariant: `write_round` wrote any held-back cursor entries before
+        // this round's entries, so none of a deleted group's can land on a
+        // group created again under the same id.
+        debug_assert!(
+            op.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
+            "held cursors written first"
+        );
+        let entry = journal::Entry {
+            kind: op.kind,
+            group_id: op.group.id,
+            body: &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end],
+        };
+        let applied = apply::entry(
+            &self.apply_state(),
+            &entry,
+            Some(&op.group),
+            apply::Mode::Live,
+        )?;
+        let outcome = match applied {
+            apply::Applied::Op(outcome) => outcome,
+            // Record entries are applied by runs, and a queued entry's
+            // group is registered until its DeleteGroup is applied.
+            other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
         };
         if let Some(reply) = &op.reply {
             reply.set(outcome);
@@ -664,7 +718,7 @@ impl Committer {
         let catalog = self.shared.catalog.read();
         for g in catalog.groups() {
             // A group whose segments cannot be planned (damage) is skipped.
-            if let Ok(Some(_)) = plan_retention(&self.shared.ctx, g) {
+            if let Ok(Some(_)) = checkpointer::plan_retention(&self.shared.ctx, g) {
                 return Ok(true);
             }
         }
@@ -693,7 +747,7 @@ impl Committer {
     fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
         self.flusher.check()?;
         let catalog = self.shared.catalog.read();
-        let next = write_checkpoint(
+        let next = checkpointer::write_checkpoint(
             &self.shared.ctx,
             &catalog,
             &self.shared.cursors,
@@ -714,269 +768,4 @@ impl Committer {
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// Number of sealed segments the group's retention policy drops now.
-fn plan_retention(ctx: &LogContext, g: &crate::group::Group) -> Result<Option<usize>> {
-    let policy = *g.retention.lock();
-    if policy.keeps_everything() {
-        return Ok(None);
-    }
-    let slot = g.log.read();
-    let LogSlot::Loaded(log) = &*slot else {
-        return Ok(None);
-    };
-    let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
-    let min_cursor = g.members.lock().read_counts.min_cursor();
-    let n = retention::droppable(
-        &policy,
-        &sealed,
-        log.total_bytes(),
-        min_cursor,
-        crate::engine::now_ms(),
-    );
-    Ok((n > 0).then_some(n))
-}
-
-/// Deletes a group: its memberships, its registry entry, its files.
-pub(crate) fn delete_group(
-    ctx: &LogContext,
-    catalog: &mut Catalog,
-    cursors: &CursorTable,
-    id: u64,
-) -> Result<()> {
-    let Some(group) = catalog.get(id).cloned() else {
-        return Ok(());
-    };
-    tidemarks::remove_all_members(cursors, &group);
-    catalog.remove(id);
-    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if let LogSlot::Loaded(log) = &old {
-        log.remove_files(ctx)?;
-    } else {
-        let dir = ctx.group_dir(id);
-        if ctx.vfs.exists(&dir) {
-            ctx.vfs
-                .remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
-        }
-    }
-    Ok(())
-}
-
-/// Removes the journal file a checkpoint that failed had started, so no
-/// half-written journal header is left beyond the one in use. (Left behind,
-/// it would be an empty newest journal, which recovery also accepts.)
-fn remove_unused_journal(ctx: &LogContext, dir: &std::path::Path, seq: u64) {
-    let path = journal::journal_path(dir, seq);
-    if ctx.vfs.exists(&path) {
-        if let Err(e) = ctx.vfs.remove_file(&path) {
-            log::warn!("could not remove unused {}: {e}", path.display());
-        }
-    }
-}
-
-/// Above this many groups with unsynced writes, a checkpoint syncs the
-/// whole file system once instead of each segment file.
-const SYNCFS_THRESHOLD_GROUPS: usize = 64;
-
-pub(crate) struct CheckpointDone {
-    pub journal: Journal,
-    pub syncs: u64,
-}
-
-/// Where a checkpoint's time went, for the log line operators read when
-/// latency spikes line up with checkpoints.
-#[derive(Default)]
-struct CheckpointTimes {
-    sync: Duration,
-    memberships: Duration,
-    store: Duration,
-    membership_bytes: usize,
-}
-
-/// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
-/// retention, make every group log durable, start journal file
-/// `next_journal_seq`, write the checkpoint atomically, then delete older
-/// journal files and the segments retention dropped.
-pub(crate) fn write_checkpoint(
-    ctx: &LogContext,
-    catalog: &Catalog,
-    cursors: &CursorTable,
-    next_journal_seq: u64,
-    clean_shutdown: bool,
-) -> Result<CheckpointDone> {
-    // Every open starts a journal one above the newest: a checkpoint that
-    // leaves no room for it would leave a directory that cannot reopen.
-    if next_journal_seq == u64::MAX {
-        return Err(Error::WritesStopped {
-            reason: "journal sequence numbers exhausted".into(),
-        });
-    }
-    let mut entries = Vec::with_capacity(catalog.len());
-    let mut ordinals: Vec<u64> = Vec::new();
-    // Retention drops are planned here but done only once the new
-    // checkpoint is stored: until then the current one names those segments.
-    let mut planned_drops: Vec<(&crate::group::Group, usize)> = Vec::new();
-    let mut syncs = 0;
-    let mut any_damaged = false;
-    let mut times = CheckpointTimes::default();
-    let started = Instant::now();
-    // Every record the checkpoint covers must be in its segment file before
-    // the files are synced.
-    for g in catalog.groups() {
-        if let LogSlot::Loaded(log) = &mut *g.log.write() {
-            log.flush_tail(ctx)?;
-        }
-    }
-    // Many groups to sync: one syncfs beats one fdatasync per segment file.
-    let dirty = catalog
-        .groups()
-        .filter(|g| matches!(&*g.log.read(), LogSlot::Loaded(l) if l.needs_sync()))
-        .count();
-    let sync_all = dirty > SYNCFS_THRESHOLD_GROUPS
-        && match ctx.vfs.sync_filesystem(&ctx.config.data_dir) {
-            Ok(()) => true,
-            // Not trustworthy on this kernel: sync each file instead.
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => false,
-            Err(e) => {
-                return Err(Error::io(
-                    format!("syncfs {}", ctx.config.data_dir.display()),
-                    e,
-                ))
-            }
-        };
-    if sync_all {
-        syncs += 1;
-    }
-    for g in catalog.groups() {
-        let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
-            log::warn!("group {}: retention skipped: {e}", g.id);
-            None
-        });
-        let mut slot = g.log.write();
-        let mut drop_n = drop_n.unwrap_or(0);
-        if let LogSlot::Loaded(log) = &mut *slot {
-            drop_n = log.droppable(drop_n);
-            if drop_n > 0 {
-                planned_drops.push((g, drop_n));
-            }
-            if sync_all {
-                log.mark_synced();
-            } else if log.needs_sync() {
-                syncs += log.sync(ctx)?;
-            }
-        }
-        if let Some(mut state) = slot.state() {
-            state.segments.drain(..drop_n);
-            if ordinals.len() <= g.slot as usize {
-                ordinals.resize(g.slot as usize + 1, u64::MAX);
-            }
-            ordinals[g.slot as usize] = entries.len() as u64;
-            let damaged = match &*slot {
-                LogSlot::Damaged { reason, .. } => Some(reason.clone()),
-                _ => None,
-            };
-            any_damaged |= damaged.is_some();
-            entries.push(GroupEntry {
-                group_id: g.id,
-                head: state.head,
-                segments: state.segments,
-                retention: *g.retention.lock(),
-                damaged,
-            });
-        }
-    }
-    times.sync = started.elapsed();
-    let started = Instant::now();
-    let mut members = Vec::new();
-    let mut users = 0u64;
-    // The snapshot leaves dirty bits set; they are cleared only once the
-    // checkpoint holding it is stored (below). A checkpoint that fails here
-    // or later (a full disk puts it off) leaves them for the next flush.
-    let snapshot_dirty = cursors.snapshot(|user, ms| {
-        users += 1;
-        member_snapshot::encode_user(&mut members, user, ms, |slot| ordinals[slot as usize]);
-    });
-    let mut section = Vec::with_capacity(members.len() + 10);
-    member_snapshot::put_varint(&mut section, users);
-    section.extend_from_slice(&members);
-    drop(members);
-    times.membership_bytes = section.len();
-    times.memberships = started.elapsed();
-    let started = Instant::now();
-
-    let dir = journal::journal_dir(&ctx.config.data_dir);
-    let journal = Journal::create(
-        &*ctx.vfs,
-        &dir,
-        next_journal_seq,
-        ctx.config.fsync != FsyncPolicy::Always,
-    )
-    .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
-    let body = CheckpointBody {
-        journal_seq: journal.seq,
-        clean_shutdown,
-        created_ms: crate::engine::now_ms(),
-        groups: entries,
-        members: section,
-    };
-    // Journal files from the previous checkpoint on are kept: they are what
-    // `checkpoint.prev` replays if the new checkpoint is ever unreadable.
-    // While a group is damaged none are deleted: they may hold its records
-    // for a repair.
-    let current = checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))?;
-    let current_valid = matches!(current, Some(Ok(_)));
-    // A valid current checkpoint becomes `checkpoint.prev`; an invalid one
-    // leaves the existing `checkpoint.prev` in place, whose journals stay.
-    let keep_from = match current {
-        Some(Ok(current)) => current.journal_seq,
-        _ => match checkpoint::load(&*ctx.vfs, &checkpoint::previous_path(&ctx.config.data_dir))? {
-            Some(Ok(prev)) => prev.journal_seq,
-            _ => journal.seq,
-        },
-    };
-    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
-        .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
-    // The snapshot is durable: the cursors it holds need no flush, unless
-    // an ACK moved them since (those stay dirty). Memberships change only
-    // on this thread, so none came or went since the snapshot.
-    cursors.mark_persisted(&snapshot_dirty);
-    drop(snapshot_dirty);
-    // The new checkpoint is in force: do what it assumes.
-    let mut dropped: Vec<PathBuf> = Vec::new();
-    for (g, n) in planned_drops {
-        if let LogSlot::Loaded(log) = &mut *g.log.write() {
-            dropped.extend(log.drop_oldest(ctx, n));
-        }
-    }
-    if !any_damaged {
-        for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
-            if seq < keep_from {
-                ctx.vfs
-                    .remove_file(&path)
-                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
-            }
-        }
-    }
-    for path in dropped {
-        if let Err(e) = ctx.vfs.remove_file(&path) {
-            log::warn!("retention could not remove {}: {e}", path.display());
-        }
-    }
-    times.store = started.elapsed();
-    log::info!(
-        "checkpoint (journal {}): {} groups, {} syncs {:.1?}, memberships {} bytes {:.1?}, store {:.1?}",
-        journal.seq,
-        catalog.len(),
-        syncs + 3,
-        times.sync,
-        times.membership_bytes,
-        times.memberships,
-        times.store
-    );
-    Ok(CheckpointDone {
-        journal,
-        syncs: syncs + 3,
-    })
 }

@@ -9,16 +9,17 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::catalog::Catalog;
+pub use crate::commit::{CommitListener, CommitNotice, GroupAppend};
+use crate::commit::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
-use crate::cursors::CursorTable;
 use crate::dedup::{DedupBudget, DedupWindow, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
 use crate::group_log::{GroupLog, LogContext, ReadBatch};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
-use crate::record::{self, NewRecord};
+use crate::now_ms;
+use crate::record::NewRecord;
 use crate::recovery::{self, RecoveryReport};
 
 /// The outcome of an accepted append.
@@ -106,123 +107,12 @@ pub struct EngineStats {
     pub dedup_windows_dropped: u64,
 }
 
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub appends: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub rounds: AtomicU64,
-    pub round_records_max: AtomicU64,
-    pub journal_syncs: AtomicU64,
-    pub checkpoints: AtomicU64,
-    pub checkpoint_syncs: AtomicU64,
-    pub bytes_appended: AtomicU64,
-    pub acks: AtomicU64,
-    pub membership_rows_listed: AtomicU64,
-}
-
-/// One operation of the pending round: the journal entry at `entry` in the
-/// round buffer, for `group`.
-pub(crate) struct Op {
-    pub group: Arc<Group>,
-    pub kind: EntryKind,
-    pub entry: std::ops::Range<usize>,
-    /// Where the commit thread puts the outcome of a membership operation.
-    pub reply: Option<Arc<Reply>>,
-}
-
-/// The outcome of one membership operation, filled in when it is applied.
-#[derive(Default)]
-pub(crate) struct Reply(Mutex<Option<Result<u64>>>);
-
-impl Reply {
-    pub fn set(&self, r: Result<u64>) {
-        *self.0.lock() = Some(r);
-    }
-    pub fn take(&self) -> Option<Result<u64>> {
-        self.0.lock().take()
-    }
-}
-
-/// The round being filled by senders and taken whole by the commit thread.
-#[derive(Default)]
-pub(crate) struct Pending {
-    pub buf: Vec<u8>,
-    pub ops: Vec<Op>,
-    /// Number of the round being filled. Rounds complete in order.
-    pub round: u64,
-    pub shutdown: bool,
-    /// A caller waits for moved cursors to be persisted with this round.
-    pub flush_cursors: bool,
-    /// A caller waits for a checkpoint after this round.
-    pub checkpoint: bool,
-    /// Shut down like a crash: no final checkpoint. Only
-    /// `Engine::simulate_crash` (tests, `testing` feature) sets it.
-    pub crash: bool,
-}
-
-/// Completion state of rounds.
-#[derive(Default)]
-pub(crate) struct Progress {
-    pub completed: u64,
-    /// The first round that failed, and why. No later round succeeds.
-    pub failed: Option<(u64, String)>,
-    pub commit_thread_exited: bool,
-}
-
-/// What a completed commit round changed, for listeners. Also sent with
-/// nothing appended when writes stop or the commit thread ends: then every
-/// parked operation has its outcome (an error) too.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CommitNotice {
-    pub round: u64,
-    /// Every group that got records in the round, with their id range.
-    pub appended: Vec<GroupAppend>,
-}
-
-/// Records `first..=last` were appended to `group` (and are durable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupAppend {
-    pub group: u64,
-    pub first: u64,
-    pub last: u64,
-}
-
-/// Called on the commit thread after each completed round.
-pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
-
-pub(crate) struct Shared {
-    pub ctx: LogContext,
-    pub catalog: RwLock<Catalog>,
-    pub cursors: CursorTable,
-    pub pending: Mutex<Pending>,
-    /// Wakes the commit thread (work arrived) and senders (room in the round).
-    pub pending_cv: Condvar,
-    pub progress: Mutex<Progress>,
-    pub progress_cv: Condvar,
-    pub writes_stopped: AtomicBool,
-    /// Free disk space as last measured by the commit thread.
-    pub disk_free_bytes: AtomicU64,
-    /// Set while the commit thread holds a round that a full disk stopped:
-    /// new writes are refused with `DiskFull` whatever the reserve says.
-    pub held_for_space: AtomicBool,
-    pub counters: Counters,
-    pub listeners: Mutex<Vec<CommitListener>>,
-    pub dedup: DedupBudget,
-}
-
 /// A tidemark storage engine over one data directory.
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
-}
-
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Engine {
@@ -382,7 +272,7 @@ impl Engine {
             });
         }
         let log = GroupLog::create(&self.shared.ctx, group_id)?;
-        let group = catalog.insert(group_id, LogSlot::Loaded(log), 0);
+        let group = catalog.insert(group_id, LogSlot::Loaded(log));
         {
             let mut assign = group.assign.lock();
             assign.ready = true;
@@ -732,6 +622,14 @@ impl Engine {
         req: &AppendRequest<'_>,
         p: &mut Pending,
     ) -> Ticket {
+        // Stages of the head (group.rs): visible <= assigned.
+        debug_assert!(
+            group.head() <= assign.last_id,
+            "group {}: visible head {} above the assigned {}",
+            group.id,
+            group.head(),
+            assign.last_id
+        );
         let msg_id = assign.last_id + 1;
         // Timestamps never go backwards within a group, whatever the clock does.
         let timestamp_ms = now_ms().max(assign.last_timestamp_ms);
@@ -746,7 +644,7 @@ impl Engine {
             p,
             group,
             EntryKind::Record,
-            |buf| record::encode_into(&rec, buf),
+            |buf| journal::body::encode_record(buf, &rec),
             None,
         );
         assign.last_id = msg_id;
@@ -783,6 +681,9 @@ impl Engine {
     pub(crate) fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
         let ctx = &self.shared.ctx;
         let limits = WindowLimits::from_config(&ctx.config);
+        // The assigned head starts at the applied one: no record of the
+        // group is queued before its assign state is ready (the caller
+        // holds `assign`).
         let (head, ts, dedup) = self.with_log(group, |log| {
             let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
             Ok((log.head(), log.last_timestamp_ms(), dedup))
@@ -863,8 +764,17 @@ impl Engine {
         group: &Group,
         f: impl FnOnce(&GroupLog) -> Result<R>,
     ) -> Result<R> {
-        recovery::ensure_loaded(&self.shared.ctx, group);
+        if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
+            if load.bytes_cut > 0 {
+                log::warn!(
+                    "group {}: cut {} bytes written after the last checkpoint",
+                    group.id,
+                    load.bytes_cut
+                );
+            }
+        }
         let slot = group.log.read();
+        group.debug_check_head(&slot);
         match &*slot {
             LogSlot::Loaded(log) => f(log),
             LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
@@ -983,14 +893,11 @@ fn push_locked(
     body: impl FnOnce(&mut Vec<u8>),
     reply: Option<Arc<Reply>>,
 ) -> u64 {
-    let start = journal::begin_entry(&mut p.buf, kind, group.id);
-    body(&mut p.buf);
-    journal::finish_entry(&mut p.buf, start);
-    let end = p.buf.len();
+    let entry = journal::encode_entry(&mut p.buf, kind, group.id, body);
     p.ops.push(Op {
         group: group.clone(),
         kind,
-        entry: start..end,
+        entry,
         reply,
     });
     p.round

@@ -4,13 +4,31 @@
 //!
 //! Lock order: `assign` before the engine's pending-round lock; `log` is
 //! never held while taking `assign`.
+//!
+//! A group's head passes three stages, each with one owner:
+//! - *assigned*: [`AssignState::last_id`], the last msg_id handed to a
+//!   sender (its record is queued in a commit round, maybe not yet in the
+//!   journal). Moved only by the send path, under `assign`.
+//! - *applied*: [`GroupLog::head`], the last msg_id the log holds (in its
+//!   files or its unwritten tail). Its record is in the journal (synced
+//!   under `fsync=always`), so applied records are durable. Moved only by
+//!   `apply` (commit thread, replay) and by loading, under `log` for writing.
+//! - *visible*: [`Group::head`], a copy of the applied head that readers
+//!   take without a lock. Written only by [`Group::publish_head`], from the
+//!   log, under `log` for writing; for a log not loaded, it is the head its
+//!   recorded state names.
+//!
+//! Invariant: visible == applied whenever `log` is not held for writing,
+//! and visible <= assigned once `assign` is ready (ids are assigned before
+//! they are journaled, and journaled before they are applied). Debug
+//! assertions check both where the heads move.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::dedup::DedupWindow;
-use crate::group_log::{GroupLog, LogState};
+use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::membership::GroupMembers;
 use crate::retention::Retention;
 
@@ -24,7 +42,8 @@ pub struct Group {
     pub retention: Mutex<Retention>,
     pub assign: Mutex<AssignState>,
     pub log: RwLock<LogSlot>,
-    /// The newest applied (readable) msg_id, readable without a lock.
+    /// The newest applied (readable) msg_id, readable without a lock: a
+    /// copy of the log's head (see the module docs).
     visible_head: AtomicU64,
     /// Set once a DELETE_GROUP of this group was accepted (queued), before
     /// its commit round removes the group from the registry. From then on
@@ -55,7 +74,8 @@ pub enum LogSlot {
 pub struct AssignState {
     /// Initialised from the log on first send (dedup window rebuilt).
     pub ready: bool,
-    /// The last msg_id handed out (>= the visible head).
+    /// The last msg_id handed out: the *assigned* head, >= the visible
+    /// head (see the module docs).
     pub last_id: u64,
     pub last_timestamp_ms: u64,
     /// The commit round that holds `last_id`.
@@ -67,7 +87,9 @@ pub struct AssignState {
 }
 
 impl Group {
-    pub fn new(id: u64, slot: u32, log: LogSlot, head: u64) -> Group {
+    /// A group whose visible head is the one its log slot names.
+    pub fn new(id: u64, slot: u32, log: LogSlot) -> Group {
+        let head = log.head();
         Group {
             id,
             slot,
@@ -93,16 +115,92 @@ impl Group {
         self.deleting.store(true, Ordering::Release);
     }
 
+    /// The visible head: the newest msg_id a reader may ask for.
     pub fn head(&self) -> u64 {
         self.visible_head.load(Ordering::Acquire)
     }
 
-    pub fn publish_head(&self, head: u64) {
-        self.visible_head.store(head, Ordering::Release);
+    /// Makes the log's head visible. The caller holds `log` for writing
+    /// (that is where `log` comes from), so publishers never race. The
+    /// visible head never moves backward: a log only grows at its head.
+    pub fn publish_head(&self, log: &GroupLog) {
+        let old = self.visible_head.swap(log.head(), Ordering::AcqRel);
+        debug_assert!(
+            old <= log.head(),
+            "group {}: visible head {old} would move back to {}",
+            self.id,
+            log.head()
+        );
+    }
+
+    /// Checks (debug builds) that the visible head is the slot's head. The
+    /// caller holds `log` (for reading or writing), so no publish is under
+    /// way.
+    pub fn debug_check_head(&self, slot: &LogSlot) {
+        debug_assert!(
+            matches!(slot, LogSlot::Deleted) || self.head() == slot.head(),
+            "group {}: visible head {} but the log's head is {}",
+            self.id,
+            self.head(),
+            slot.head()
+        );
+    }
+
+    /// Loads the group's log if it is still as its recorded state left it
+    /// (first use after open, or replay meeting the group). Returns what
+    /// loading found, `None` if it was loaded already or was found damaged
+    /// (then the slot says why).
+    pub fn load_if_unloaded(&self, ctx: &LogContext) -> Option<LoadReport> {
+        if !matches!(&*self.log.read(), LogSlot::Unloaded(_)) {
+            return None;
+        }
+        let mut slot = self.log.write();
+        let LogSlot::Unloaded(state) = &*slot else {
+            return None; // another thread loaded it meanwhile
+        };
+        match GroupLog::load(ctx, self.id, state) {
+            Ok((log, load)) => {
+                // Loading keeps the recorded head or finds records past it.
+                self.publish_head(&log);
+                *slot = LogSlot::Loaded(log);
+                Some(load)
+            }
+            Err(e) => {
+                log::error!("group {} is damaged: {e}", self.id);
+                let state = state.clone();
+                *slot = LogSlot::Damaged {
+                    state,
+                    reason: e.to_string(),
+                };
+                None
+            }
+        }
     }
 }
 
 impl LogSlot {
+    /// A group whose files could not be created or found: damaged, with a
+    /// placeholder state (head 0, an empty segment 1) so a checkpoint
+    /// still lists it.
+    pub fn damaged(reason: String) -> LogSlot {
+        LogSlot::Damaged {
+            state: LogState {
+                head: 0,
+                segments: vec![(1, crate::segment::SEGMENT_HEADER_BYTES as u64)],
+            },
+            reason,
+        }
+    }
+
+    /// The head of the log this slot holds or names (0 once deleted).
+    pub fn head(&self) -> u64 {
+        match self {
+            LogSlot::Loaded(l) => l.head(),
+            LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => s.head,
+            LogSlot::Deleted => 0,
+        }
+    }
+
     /// The state a checkpoint records for this slot (None once deleted).
     pub fn state(&self) -> Option<LogState> {
         match self {

@@ -86,8 +86,134 @@ impl EntryKind {
     }
 }
 
+/// The body of every entry kind: one encode and one decode per kind, the
+/// only code that knows a body's layout (format-spec/storage.md section 5,
+/// "Journal entry", and section 15.2). Encoders append to a buffer in which
+/// [`begin_entry`] started the entry; decoders take the body an
+/// [`EntryIter`] returned and answer `None` for a body of the wrong length
+/// or with an invalid value (replay ignores such an entry, the spec says so
+/// per kind). All integers are little-endian.
+///
+/// CreateGroup and DeleteGroup have an empty body: there is nothing to
+/// encode, and their body is not looked at (storage.md section 16, item 5).
+pub(crate) mod body {
+    use crate::record::{self, NewRecord, RecordHeader};
+    use crate::retention::Retention;
+
+    /// Bytes of one row of a Cursors body.
+    pub const CURSOR_ROW_BYTES: usize = 16;
+
+    // Format: { record (record.rs layout, CRC included) }, body_len == record_len
+    pub fn encode_record(out: &mut Vec<u8>, rec: &NewRecord<'_>) {
+        record::encode_into(rec, out);
+    }
+
+    /// The header of the one record the body holds, verified (CRC
+    /// included); `None` unless the body is exactly one valid record.
+    pub fn decode_record(body: &[u8]) -> Option<RecordHeader> {
+        let h = record::decode_verified(body, record::RECORD_BYTES_STORED_MAX).ok()?;
+        (h.record_len as usize == body.len()).then_some(h)
+    }
+
+    // Format: { user: u64 | cursor: u64 }, 16 bytes; the cursor resolved
+    // when the join was queued, so replay reproduces it exactly.
+    pub fn encode_join(out: &mut Vec<u8>, user: u64, cursor: u64) {
+        out.extend_from_slice(&user.to_le_bytes());
+        out.extend_from_slice(&cursor.to_le_bytes());
+    }
+
+    /// `(user, cursor)`.
+    pub fn decode_join(body: &[u8]) -> Option<(u64, u64)> {
+        if body.len() != 16 {
+            return None;
+        }
+        Some((u64_at(body, 0)?, u64_at(body, 8)?))
+    }
+
+    // Format: { user: u64 }, 8 bytes
+    pub fn encode_leave(out: &mut Vec<u8>, user: u64) {
+        out.extend_from_slice(&user.to_le_bytes());
+    }
+
+    pub fn decode_leave(body: &[u8]) -> Option<u64> {
+        Some(u64::from_le_bytes(body.try_into().ok()?))
+    }
+
+    // Format: n x { user: u64 | cursor: u64 }, 16 x n bytes, n >= 1
+    pub fn encode_cursors(out: &mut Vec<u8>, rows: &[(u64, u64)]) {
+        debug_assert!(!rows.is_empty(), "a Cursors entry holds at least one row");
+        for &(user, cursor) in rows {
+            out.extend_from_slice(&user.to_le_bytes());
+            out.extend_from_slice(&cursor.to_le_bytes());
+        }
+    }
+
+    /// The `(user, cursor)` rows; bytes after the last whole row are ignored.
+    pub fn decode_cursors(body: &[u8]) -> impl Iterator<Item = (u64, u64)> + '_ {
+        body.chunks_exact(CURSOR_ROW_BYTES)
+            .filter_map(|row| Some((u64_at(row, 0)?, u64_at(row, 8)?)))
+    }
+
+    // Format: { by_cursor: u8 (0 or 1) | max_age_ms: u64 | max_bytes: u64 }, 17 bytes
+    pub fn encode_set_retention(out: &mut Vec<u8>, r: &Retention) {
+        out.push(u8::from(r.by_cursor));
+        out.extend_from_slice(&r.max_age_ms.to_le_bytes());
+        out.extend_from_slice(&r.max_bytes.to_le_bytes());
+    }
+
+    pub fn decode_set_retention(body: &[u8]) -> Option<Retention> {
+        if body.len() != 17 || body[0] > 1 {
+            return None;
+        }
+        Some(Retention {
+            by_cursor: body[0] == 1,
+            max_age_ms: u64_at(body, 1)?,
+            max_bytes: u64_at(body, 9)?,
+        })
+    }
+
+    // Format: { synced_len: u64 | mark_key: u32 | reserved: u32 = 0 },
+    // 16 bytes (group_id 0); mark_key is the file header's (bytes 24..28)
+    pub fn encode_sync_mark(out: &mut Vec<u8>, synced_len: u64, mark_key: u32) {
+        out.extend_from_slice(&synced_len.to_le_bytes());
+        out.extend_from_slice(&mark_key.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+
+    /// `(synced_len, mark_key)`; `None` unless the body is 16 bytes with
+    /// zero reserved bytes.
+    pub fn decode_sync_mark(body: &[u8]) -> Option<(u64, u32)> {
+        if body.len() != super::SYNC_MARK_BODY_BYTES || body[12..16] != [0; 4] {
+            return None;
+        }
+        let key = u32::from_le_bytes(body[8..12].try_into().ok()?);
+        Some((u64_at(body, 0)?, key))
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    }
+}
+
+/// Appends a whole entry to `out`: its header, the body `body` appends
+/// (one of the [`body`] encoders), then its length and checksum. Returns
+/// where the entry lies in `out`.
+pub fn encode_entry(
+    out: &mut Vec<u8>,
+    kind: EntryKind,
+    group_id: u64,
+    body: impl FnOnce(&mut Vec<u8>),
+) -> std::ops::Range<usize> {
+    let start = begin_entry(out, kind, group_id);
+    body(out);
+    finish_entry(out, start);
+    start..out.len()
+}
+
 /// Starts an entry at the end of `out`; the caller appends the body, then
 /// calls [`finish_entry`] with the returned start offset.
+// Format: { crc32: u32 | body_len: u32 | kind: u8 | reserved: [u8; 7] = 0 |
+//   group_id: u64 | body: [u8; body_len] }, crc32 of bytes 4..24 + body_len
 pub fn begin_entry(out: &mut Vec<u8>, kind: EntryKind, group_id: u64) -> usize {
     let start = out.len();
     out.extend_from_slice(&[0u8; 8]); // crc, body_len: filled by finish_entry
@@ -354,9 +480,8 @@ pub fn sync_mark_at(file: &[u8], at: usize, mark_key: u32) -> Option<u64> {
     if crc32fast::hash(&b[4..total]) != u32::from_le_bytes([b[0], b[1], b[2], b[3]]) {
         return None;
     }
-    let mut v = [0u8; 8];
-    v.copy_from_slice(&body[0..8]);
-    let synced = u64::from_le_bytes(v);
+    let (synced, key) = body::decode_sync_mark(body)?;
+    debug_assert_eq!(key, mark_key, "the key was compared above");
     (synced >= JOURNAL_HEADER_BYTES as u64 && synced <= at as u64).then_some(synced)
 }
 
@@ -378,14 +503,10 @@ pub fn furthest_sync_mark_from(file: &[u8], from: usize, mark_key: u32) -> Optio
 
 /// Appends a sync mark entry naming `synced_len`, for the file whose
 /// header has `mark_key`, to `out`.
-// Format: { entry header (kind 8, group 0) | synced_len: u64 |
-//   mark_key: u32 | reserved: u32 = 0 }
 pub fn encode_sync_mark(out: &mut Vec<u8>, synced_len: u64, mark_key: u32) {
-    let start = begin_entry(out, EntryKind::SyncMark, 0);
-    out.extend_from_slice(&synced_len.to_le_bytes());
-    out.extend_from_slice(&mark_key.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
-    finish_entry(out, start);
+    encode_entry(out, EntryKind::SyncMark, 0, |b| {
+        body::encode_sync_mark(b, synced_len, mark_key)
+    });
 }
 
 pub fn journal_dir(data_dir: &Path) -> PathBuf {
@@ -582,6 +703,39 @@ mod tests {
             assert_eq!(it.position(), first.len());
             assert_eq!(it.stop_reason().is_some(), cut > first.len());
         }
+    }
+
+    #[test]
+    fn bodies_round_trip() {
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 5, 77);
+        assert_eq!(body::decode_join(&b), Some((5, 77)));
+        assert_eq!(body::decode_join(&[0; 17]), None);
+        let mut b = Vec::new();
+        body::encode_leave(&mut b, 5);
+        assert_eq!(body::decode_leave(&b), Some(5));
+        let mut b = Vec::new();
+        body::encode_cursors(&mut b, &[(5, 7), (6, 8)]);
+        b.push(1); // a partial row is ignored
+        assert_eq!(
+            body::decode_cursors(&b).collect::<Vec<_>>(),
+            vec![(5, 7), (6, 8)]
+        );
+        let r = crate::retention::Retention {
+            by_cursor: true,
+            max_age_ms: 5,
+            max_bytes: 9,
+        };
+        let mut b = Vec::new();
+        body::encode_set_retention(&mut b, &r);
+        assert_eq!(body::decode_set_retention(&b), Some(r));
+        let mut b = Vec::new();
+        body::encode_sync_mark(&mut b, 4096, 0xfeed);
+        assert_eq!(b.len(), SYNC_MARK_BODY_BYTES);
+        assert_eq!(body::decode_sync_mark(&b), Some((4096, 0xfeed)));
+        b[15] = 1; // reserved bytes must be zero
+        assert_eq!(body::decode_sync_mark(&b), None);
+        assert_eq!(body::decode_sync_mark(&b[..8]), None);
     }
 
     #[test]

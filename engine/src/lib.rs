@@ -26,8 +26,10 @@
 //! workspace's tests and benches and `fuzz/` enable it; a release build of
 //! the node never does, so it contains no fault injection.
 
+mod apply;
 mod catalog;
 mod checkpoint;
+mod checkpointer;
 mod codec;
 mod commit;
 mod config;
@@ -88,4 +90,11 @@ pub use tidemarks::{
     direct_group_id, AckOutcome, History, JoinStart, MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 
-pub(crate) use engine::now_ms;
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before
+/// it): record timestamps, checkpoint and segment creation times.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,6 +1,8 @@
 //! Opening a data directory: the lock, the checkpoint, the replay of the
-//! journal written after it, the repair of torn tails, and the lazy load of
-//! groups that recovery did not need to touch.
+//! journal written after it (each valid entry applied by `apply.rs`, as the
+//! commit thread applies it), and the repair of torn tails. Groups that
+//! recovery did not need to touch are loaded on first use
+//! (`Group::load_if_unloaded`).
 //!
 //! The algorithm, step by step, is in format-spec/storage.md "Recovery".
 
@@ -8,9 +10,12 @@ use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use parking_lot::RwLock;
+
+use crate::apply;
 use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody};
-use crate::commit;
+use crate::checkpointer;
 use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -19,8 +24,6 @@ use crate::io::Vfs;
 use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
 use crate::member_snapshot;
 use crate::record;
-use crate::segment::SEGMENT_HEADER_BYTES;
-use crate::tidemarks;
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -160,13 +163,6 @@ pub(crate) struct Recovered {
     pub report: RecoveryReport,
 }
 
-fn damaged_state() -> LogState {
-    LogState {
-        head: 0,
-        segments: vec![(1, SEGMENT_HEADER_BYTES as u64)],
-    }
-}
-
 /// Rebuilds the in-memory state from disk and returns the journal to
 /// append to. Ends with a checkpoint, so a crash during a later run never
 /// replays the same journal twice.
@@ -245,11 +241,16 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // being created. After a clean shutdown that file held no entry, so
     // damage to it loses nothing and stays tolerated, like its absence.
     let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
+    // Replay applies entries the way the commit thread does, to the
+    // registry behind the lock the commit thread uses (uncontended here).
+    let shared_catalog = RwLock::new(catalog);
     for (i, (seq, path)) in files.iter().enumerate() {
         let mut replay = Replay {
-            ctx,
-            catalog: &mut catalog,
-            cursors: &cursors,
+            st: apply::State {
+                ctx,
+                catalog: &shared_catalog,
+                cursors: &cursors,
+            },
             report: &mut report,
             later: &files[i + 1..],
         };
@@ -281,6 +282,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             reason: "journal sequence numbers exhausted".into(),
         })?;
     }
+    let catalog = shared_catalog.into_inner();
     for t in torn {
         let file = vfs
             .open(&t.path, crate::io::OpenMode::ReadWriteCreate)
@@ -316,7 +318,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
 
     // A fresh checkpoint over a fresh journal: the replayed journal files
     // are no longer needed once the logs they fed are synced.
-    let done = commit::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
+    let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }
@@ -452,7 +454,7 @@ fn restore_checkpoint(
             Some(reason) => LogSlot::Damaged { state, reason },
             None => LogSlot::Unloaded(state),
         };
-        let group = catalog.insert(g.group_id, slot, g.head);
+        let group = catalog.insert(g.group_id, slot);
         *group.retention.lock() = g.retention;
         by_ordinal.push(group);
     }
@@ -530,18 +532,10 @@ fn discover_groups(
                             "torn or unsynced tail".into(),
                         ));
                     }
-                    let head = log.head();
-                    catalog.insert(id, LogSlot::Loaded(log), head);
+                    catalog.insert(id, LogSlot::Loaded(log));
                 }
                 Err(e) => {
-                    catalog.insert(
-                        id,
-                        LogSlot::Damaged {
-                            state: damaged_state(),
-                            reason: e.to_string(),
-                        },
-                        0,
-                    );
+                    catalog.insert(id, LogSlot::damaged(e.to_string()));
                 }
             }
         }
@@ -566,9 +560,7 @@ struct FileOutcome {
 }
 
 struct Replay<'a> {
-    ctx: &'a LogContext,
-    catalog: &'a mut Catalog,
-    cursors: &'a CursorTable,
+    st: apply::State<'a>,
     report: &'a mut RecoveryReport,
     /// The journal files after the one being replayed (for the hint).
     later: &'a [(u64, std::path::PathBuf)],
@@ -601,7 +593,7 @@ impl Replay<'_> {
                  from a backup"
             ),
         };
-        let Some(map) = journal::map_file(&*self.ctx.vfs, path)? else {
+        let Some(map) = journal::map_file(&*self.st.ctx.vfs, path)? else {
             if header_durable {
                 return Err(damaged_header("journal file is empty (0 bytes)"));
             }
@@ -726,8 +718,8 @@ impl Replay<'_> {
         let group_id = u64::from_le_bytes(header[16..24].try_into().ok()?);
         let body = &map[bad + ENTRY_HEADER_BYTES..end];
         let msg_id = u64::from_le_bytes(body.get(8..16)?.try_into().ok()?);
-        let group = self.catalog.get(group_id)?.clone();
-        ensure_loaded_reporting(self.ctx, &group, self.report);
+        let group = self.st.catalog.read().get(group_id)?.clone();
+        ensure_loaded_reporting(self.st.ctx, &group, self.report);
         let slot = group.log.read();
         let LogSlot::Loaded(log) = &*slot else {
             return None;
@@ -735,7 +727,7 @@ impl Replay<'_> {
         if msg_id == 0 || msg_id > log.head() || msg_id < log.floor() {
             return None;
         }
-        let batch = log.read(self.ctx, msg_id - 1, 1, usize::MAX).ok()?;
+        let batch = log.read(self.st.ctx, msg_id - 1, 1, usize::MAX).ok()?;
         let copy = batch.records().next()?;
         if copy.header.msg_id != msg_id || copy.bytes.len() != body.len() {
             return None;
@@ -747,113 +739,25 @@ impl Replay<'_> {
         intact.then_some(end)
     }
 
+    /// Applies one valid entry (the same apply as the commit thread's)
+    /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
-        if entry.kind == EntryKind::SyncMark {
-            // Read by `file` when it meets a bad entry; names no group.
-            return Ok(());
-        }
-        let id = entry.group_id;
-        if entry.kind == EntryKind::CreateGroup {
-            if !self.catalog.contains(id) {
-                match GroupLog::create(self.ctx, id) {
-                    Ok(log) => self.catalog.insert(id, LogSlot::Loaded(log), 0),
-                    Err(e) => self.catalog.insert(
-                        id,
-                        LogSlot::Damaged {
-                            state: damaged_state(),
-                            reason: e.to_string(),
-                        },
-                        0,
-                    ),
-                };
-            }
-            return Ok(());
-        }
-        let Some(group) = self.catalog.get(id).cloned() else {
-            self.report.orphan_entries += 1;
-            return Ok(());
-        };
-        let (ctx, cursors) = (self.ctx, self.cursors);
-        match entry.kind {
-            EntryKind::DeleteGroup => commit::delete_group(ctx, self.catalog, cursors, id)?,
-            EntryKind::Join => {
-                if let Some((user, cursor)) = tidemarks::decode_join(entry.body) {
-                    let _ = tidemarks::apply_join(cursors, &ctx.config, &group, user, cursor);
+        let group = self.st.catalog.read().get(entry.group_id).cloned();
+        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay)? {
+            apply::Applied::Orphan => self.report.orphan_entries += 1,
+            apply::Applied::Records(done) => {
+                if let Some(load) = done.loaded {
+                    report_load(self.report, entry.group_id, &load);
                 }
+                self.report.records_replayed += done.appended;
+                self.report.records_already_present += done.already_present;
             }
-            EntryKind::Leave => {
-                if let Some(user) = tidemarks::decode_user(entry.body) {
-                    let _ = tidemarks::apply_leave(cursors, &group, user);
-                }
-            }
-            EntryKind::SetRetention => {
-                if let Some(r) = tidemarks::decode_retention(entry.body) {
-                    *group.retention.lock() = r;
-                }
-            }
-            EntryKind::Cursors => {
-                for row in entry.body.chunks_exact(16) {
-                    let user = u64::from_le_bytes(row[0..8].try_into().unwrap_or_default());
-                    let cursor = u64::from_le_bytes(row[8..16].try_into().unwrap_or_default());
-                    let cursor = cursor.min(group.head());
-                    if let Some((old, new)) = cursors.restore(user, group.slot, cursor) {
-                        if new != old {
-                            group.members.lock().read_counts.advance(old, new);
-                        }
-                    }
-                }
-            }
-            EntryKind::Record => self.record(&group, entry.body),
-            EntryKind::CreateGroup | EntryKind::SyncMark => {}
+            // Refusals (a limit, a malformed body) are ignored: replay
+            // checks what the live apply checked (storage.md section 16,
+            // item 1, says where their order can still differ).
+            apply::Applied::Op(_) => {}
         }
         Ok(())
-    }
-
-    fn record(&mut self, group: &Group, body: &[u8]) {
-        ensure_loaded_reporting(self.ctx, group, self.report);
-        let mut slot = group.log.write();
-        let LogSlot::Loaded(log) = &mut *slot else {
-            return;
-        };
-        let max = record::RECORD_BYTES_STORED_MAX;
-        let ctx = self.ctx;
-        // The recorded state must name only bytes in the files: the log's
-        // unwritten tail is written first (if that fails too, the journals,
-        // kept while a group is damaged, still hold it).
-        let damage = |log: &mut GroupLog, reason: String| {
-            if let Err(e) = log.flush_tail(ctx) {
-                log::warn!("damaged group: its unwritten records stay in the journal: {e}");
-            }
-            LogSlot::Damaged {
-                state: log.state(),
-                reason,
-            }
-        };
-        let header = match record::decode_verified(body, max) {
-            Ok(h) if h.record_len as usize == body.len() => h,
-            _ => {
-                *slot = damage(log, "journal entry holds an invalid record".into());
-                return;
-            }
-        };
-        if header.msg_id <= log.head() {
-            self.report.records_already_present += 1;
-        } else if header.msg_id == log.head() + 1 {
-            match log.append(self.ctx, body) {
-                Ok(()) => {
-                    self.report.records_replayed += 1;
-                    group.publish_head(log.head());
-                }
-                Err(e) => *slot = damage(log, format!("replay failed: {e}")),
-            }
-        } else {
-            let reason = format!(
-                "journal holds msg_id {} but the log ends at {}",
-                header.msg_id,
-                log.head()
-            );
-            *slot = damage(log, reason);
-        }
     }
 }
 
@@ -881,51 +785,17 @@ fn damaged_sync_mark(map: &[u8], bad: usize, mark_key: u32) -> Option<usize> {
 }
 
 fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {
-    if let Some((log_id, load)) = load_slot(ctx, group) {
-        if load.bytes_cut > 0 {
-            report.cuts.push((
-                format!("group {log_id} active segment"),
-                load.bytes_cut,
-                "written after the checkpoint".into(),
-            ));
-        }
+    if let Some(load) = group.load_if_unloaded(ctx) {
+        report_load(report, group.id, &load);
     }
 }
 
-/// Loads the group's log if it is still as the checkpoint left it.
-pub(crate) fn ensure_loaded(ctx: &LogContext, group: &Group) {
-    if let Some((id, load)) = load_slot(ctx, group) {
-        if load.bytes_cut > 0 {
-            log::warn!(
-                "group {id}: cut {} bytes written after the last checkpoint",
-                load.bytes_cut
-            );
-        }
-    }
-}
-
-fn load_slot(ctx: &LogContext, group: &Group) -> Option<(u64, LoadReport)> {
-    if !matches!(&*group.log.read(), LogSlot::Unloaded(_)) {
-        return None;
-    }
-    let mut slot = group.log.write();
-    let LogSlot::Unloaded(state) = &*slot else {
-        return None; // another thread loaded it meanwhile
-    };
-    match GroupLog::load(ctx, group.id, state) {
-        Ok((log, load)) => {
-            group.publish_head(log.head());
-            *slot = LogSlot::Loaded(log);
-            Some((group.id, load))
-        }
-        Err(e) => {
-            log::error!("group {} is damaged: {e}", group.id);
-            let state = state.clone();
-            *slot = LogSlot::Damaged {
-                state,
-                reason: e.to_string(),
-            };
-            None
-        }
+fn report_load(report: &mut RecoveryReport, group_id: u64, load: &LoadReport) {
+    if load.bytes_cut > 0 {
+        report.cuts.push((
+            format!("group {group_id} active segment"),
+            load.bytes_cut,
+            "written after the checkpoint".into(),
+        ));
     }
 }

@@ -15,7 +15,6 @@ use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
 use crate::retention::Retention;
 use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
-use crate::tidemarks;
 use crate::{Config, Engine, Error, JoinStart};
 
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
@@ -577,13 +576,13 @@ fn membership_entry_vectors_decode_to_their_fields() {
     let join = vector(JOURNAL_ENTRY_JOIN);
     let (kind, group, body) = only_entry(&join);
     assert_eq!((kind, group, body.len()), (EntryKind::Join, 5, 16));
-    assert_eq!(tidemarks::decode_join(&body), Some((300, 0)));
+    assert_eq!(journal::body::decode_join(&body), Some((300, 0)));
     assert_eq!(entry(EntryKind::Join, &body), join);
 
     let leave = vector(JOURNAL_ENTRY_LEAVE);
     let (kind, group, body) = only_entry(&leave);
     assert_eq!((kind, group), (EntryKind::Leave, 5));
-    assert_eq!(tidemarks::decode_user(&body), Some(300));
+    assert_eq!(journal::body::decode_leave(&body), Some(300));
     assert_eq!(entry(EntryKind::Leave, &body), leave);
 
     let cursors = vector(JOURNAL_ENTRY_CURSORS);
@@ -601,19 +600,19 @@ fn membership_entry_vectors_decode_to_their_fields() {
         max_age_ms: 604_800_000,
         max_bytes: 1 << 30,
     };
-    assert_eq!(tidemarks::decode_retention(&body), Some(policy));
+    assert_eq!(journal::body::decode_set_retention(&body), Some(policy));
     let mut encoded = Vec::new();
-    tidemarks::encode_retention(&policy, &mut encoded);
+    journal::body::encode_set_retention(&mut encoded, &policy);
     assert_eq!(encoded, body);
 
     // Bodies of the wrong length (and by_cursor above 1) are not decoded;
     // replay ignores such entries.
-    assert_eq!(tidemarks::decode_join(&body[..15]), None);
-    assert_eq!(tidemarks::decode_user(&[0; 9]), None);
+    assert_eq!(journal::body::decode_join(&body[..15]), None);
+    assert_eq!(journal::body::decode_leave(&[0; 9]), None);
     let mut bad = body.clone();
     bad[0] = 2;
-    assert_eq!(tidemarks::decode_retention(&bad), None);
-    assert_eq!(tidemarks::decode_retention(&body[..16]), None);
+    assert_eq!(journal::body::decode_set_retention(&bad), None);
+    assert_eq!(journal::body::decode_set_retention(&body[..16]), None);
 }
 
 /// Every entry of every journal file under `data_dir`, oldest first.

@@ -10,13 +10,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::config::Config;
-use crate::cursors::{CursorTable, InsertError};
-use crate::engine::{Engine, OpTicket, Reply};
+use crate::commit::Reply;
+use crate::engine::{Engine, OpTicket};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::ReadBatch;
-use crate::journal::EntryKind;
+use crate::journal::{body, EntryKind};
 use crate::retention::Retention;
 
 /// Where a new member's cursor starts.
@@ -28,107 +27,6 @@ pub enum JoinStart {
     Earliest,
     /// Unread from this msg_id on (clamped to what is stored).
     At(u64),
-}
-
-/// Join entry body: `{ user: u64 | cursor: u64 }`, the cursor resolved when
-/// the join was queued, so replay reproduces it exactly.
-fn encode_join(user: u64, cursor: u64, out: &mut Vec<u8>) {
-    out.extend_from_slice(&user.to_le_bytes());
-    out.extend_from_slice(&cursor.to_le_bytes());
-}
-
-pub(crate) fn decode_join(body: &[u8]) -> Option<(u64, u64)> {
-    if body.len() != 16 {
-        return None;
-    }
-    Some((
-        u64::from_le_bytes(body[0..8].try_into().ok()?),
-        u64::from_le_bytes(body[8..16].try_into().ok()?),
-    ))
-}
-
-pub(crate) fn decode_user(body: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(body.try_into().ok()?))
-}
-
-pub(crate) fn encode_retention(r: &Retention, out: &mut Vec<u8>) {
-    out.push(r.by_cursor as u8);
-    out.extend_from_slice(&r.max_age_ms.to_le_bytes());
-    out.extend_from_slice(&r.max_bytes.to_le_bytes());
-}
-
-pub(crate) fn decode_retention(body: &[u8]) -> Option<Retention> {
-    if body.len() != 17 || body[0] > 1 {
-        return None;
-    }
-    Some(Retention {
-        by_cursor: body[0] == 1,
-        max_age_ms: u64::from_le_bytes(body[1..9].try_into().ok()?),
-        max_bytes: u64::from_le_bytes(body[9..17].try_into().ok()?),
-    })
-}
-
-/// Applies a join (commit thread or replay). Idempotent: joining again
-/// returns the current cursor. Replay applies the same limits in the same
-/// journal order, so a join refused live is refused again, never resurrected.
-pub(crate) fn apply_join(
-    cursors: &CursorTable,
-    config: &Config,
-    group: &Group,
-    user: u64,
-    cursor: u64,
-) -> Result<u64> {
-    // Never above the head, whatever a journal entry says.
-    let cursor = cursor.min(group.head());
-    let mut members = group.members.lock();
-    if let Some(c) = cursors.get(user, group.slot) {
-        return Ok(c.cursor);
-    }
-    if members.len() >= config.members_per_group_max {
-        return Err(Error::LimitExceeded {
-            what: "members_per_group_max",
-            max: config.members_per_group_max,
-        });
-    }
-    match cursors.insert(
-        user,
-        group.slot,
-        cursor,
-        cursor.saturating_add(1),
-        Some(config.groups_per_user_max),
-    ) {
-        Ok(()) => {}
-        Err(InsertError::AlreadyMember) => return Ok(cursor),
-        Err(InsertError::GroupsPerUserLimit { max }) => {
-            return Err(Error::LimitExceeded {
-                what: "groups_per_user_max",
-                max,
-            })
-        }
-    }
-    members.insert(user, cursor);
-    Ok(cursor)
-}
-
-/// Applies a leave. Returns the cursor the member had.
-pub(crate) fn apply_leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u64> {
-    let mut members = group.members.lock();
-    let cursor = cursors.remove(user, group.slot).ok_or(Error::NotMember {
-        group: group.id,
-        user,
-    })?;
-    members.remove(user, cursor);
-    Ok(cursor)
-}
-
-/// Removes every membership of a group being deleted.
-pub(crate) fn remove_all_members(cursors: &CursorTable, group: &Group) {
-    let mut members = group.members.lock();
-    for user in members.users() {
-        if let Some(c) = cursors.remove(user, group.slot) {
-            members.remove(user, c);
-        }
-    }
 }
 
 /// The outcome of one pair of [`Engine::batch_ack`].
@@ -253,7 +151,7 @@ impl Engine {
         let round = self.push_entry_with_reply(
             &group,
             EntryKind::Join,
-            |b| encode_join(user, cursor, b),
+            |b| body::encode_join(b, user, cursor),
             Some(reply.clone()),
         )?;
         Ok(OpTicket::pending(round, Some(reply)))
@@ -274,15 +172,13 @@ impl Engine {
                 user,
             });
         }
-        self.submit_member_op(group_id, EntryKind::Leave, |b| {
-            b.extend_from_slice(&user.to_le_bytes())
-        })
+        self.submit_member_op(group_id, EntryKind::Leave, |b| body::encode_leave(b, user))
     }
 
     /// Sets the group's retention policy. Durable when it returns.
     pub fn set_retention(&self, group_id: u64, policy: Retention) -> Result<()> {
         let ticket = self.submit_member_op(group_id, EntryKind::SetRetention, |b| {
-            encode_retention(&policy, b)
+            body::encode_set_retention(b, &policy)
         })?;
         self.wait_op(ticket).map(|_| ())
     }
@@ -592,21 +488,5 @@ mod tests {
         assert_eq!(direct_group_id(3, 9), direct_group_id(9, 3));
         assert_ne!(direct_group_id(3, 9), direct_group_id(3, 10));
         assert!(direct_group_id(1, 2) >= 1 << 63);
-    }
-
-    #[test]
-    fn bodies_round_trip() {
-        let mut b = Vec::new();
-        encode_join(5, 77, &mut b);
-        assert_eq!(decode_join(&b), Some((5, 77)));
-        assert_eq!(decode_join(&[0; 17]), None);
-        let r = Retention {
-            by_cursor: true,
-            max_age_ms: 5,
-            max_bytes: 9,
-        };
-        let mut b = Vec::new();
-        encode_retention(&r, &mut b);
-        assert_eq!(decode_retention(&b), Some(r));
     }
 }

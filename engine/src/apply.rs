@@ -1,0 +1,567 @@
+//! Applying a journal entry to the in-memory state: the group registry, the
+//! cursor table and member lists, and the group logs. The commit thread
+//! applies each round here once it is in the journal; recovery's replay
+//! applies each valid journal entry here. One applier, so live and replay
+//! cannot drift apart on what an entry means (raft-engine's
+//! `MemTableAccessor` is the model).
+//!
+//! What differs between the two is real, and is [`Mode`]:
+//! - a failed group-log write stops every write live (there is no way to
+//!   stop one group's writes, and a full disk holds the round for a retry),
+//!   while replay marks that group damaged and opens the rest;
+//! - record bytes are verified during replay (they come from a file) and
+//!   trusted live (the commit thread encoded them this run);
+//! - a sender's cursor follows its own message only live (see
+//!   [`advance_caught_up_senders`]).
+//!
+//! Everything else is the same in both: a record the log already holds is
+//! skipped (replay after a crash; live, the retry of a round a full disk
+//! stopped part-way), a join is checked against the membership limits (so
+//! a join refused live is refused again by replay, never resurrected; the
+//! commit thread applies a round group by group, replay in journal order,
+//! see storage.md section 16, item 1), a cursor is never set above its
+//! group's head. Restoring a
+//! checkpoint's memberships is not an apply: the snapshot holds what was
+//! accepted, and no limit is checked again (recovery.rs).
+//!
+//! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
+//! (O(members of the group) and the removal of its files).
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::cursors::{CursorTable, InsertError};
+use crate::error::{Error, Result};
+use crate::group::{Group, LogSlot};
+use crate::group_log::{GroupLog, LoadReport, LogContext};
+use crate::journal::{body, Entry, EntryKind};
+use crate::record;
+
+/// Who applies: see the module docs for what differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The commit thread, after the round's journal write (and sync).
+    Live,
+    /// Recovery, for each valid entry of the journal after the checkpoint.
+    Replay,
+}
+
+/// The state entries are applied to.
+#[derive(Clone, Copy)]
+pub(crate) struct State<'a> {
+    pub ctx: &'a LogContext,
+    pub catalog: &'a RwLock<Catalog>,
+    pub cursors: &'a CursorTable,
+}
+
+/// What applying one entry did.
+#[derive(Debug)]
+pub(crate) enum Applied {
+    /// A group or membership operation (and Cursors, SyncMark): its value
+    /// (a join's cursor, otherwise 0) or why it was refused (a limit, a
+    /// leave of a non-member, a malformed body). Live, that is the caller's
+    /// answer; replay ignores it.
+    Op(Result<u64>),
+    /// A Record entry (or a run of them).
+    Records(RecordsApplied),
+    /// The entry names a group that is not registered: one deleted later
+    /// in the journal (replay only).
+    Orphan,
+}
+
+/// What applying a run of records did to its group's log.
+#[derive(Debug, Default)]
+pub(crate) struct RecordsApplied {
+    /// The group's log was loaded first (replay meets groups as the
+    /// checkpoint left them), with what loading found.
+    pub loaded: Option<LoadReport>,
+    /// Records the log already held, skipped.
+    pub already_present: u64,
+    /// Records appended now.
+    pub appended: u64,
+    /// The run's first msg_id and the log's head after it, when the log
+    /// (still) holds the run; `None` when the group is damaged or deleted.
+    pub held: Option<(u64, u64)>,
+}
+
+/// Applies one journal entry. `group` is the registered group the entry
+/// names (`None` if none is): the commit thread passes the group the
+/// entry was queued for, replay looks the id up in the registry.
+///
+/// An `Err` is an operating error that stops the caller: live, writes stop
+/// (or, for a full disk, the round is held and applied again); in replay,
+/// opening fails.
+pub(crate) fn entry(
+    st: &State<'_>,
+    entry: &Entry<'_>,
+    group: Option<&Arc<Group>>,
+    mode: Mode,
+) -> Result<Applied> {
+    let kind = entry.kind;
+    if kind == EntryKind::SyncMark {
+        // Written by the journal itself (never queued); replay reads marks
+        // only when it meets a bad entry. Names no group.
+        return Ok(Applied::Op(Ok(0)));
+    }
+    if kind == EntryKind::CreateGroup {
+        create_group(st, entry.group_id, group, mode);
+        return Ok(Applied::Op(Ok(0)));
+    }
+    let Some(group) = group else {
+        return Ok(Applied::Orphan);
+    };
+    let malformed = |what: &str| Error::InvalidConfig {
+        reason: format!("malformed {what} entry"),
+    };
+    let outcome = match kind {
+        EntryKind::Record => {
+            return records(st, group, entry.body, mode).map(Applied::Records);
+        }
+        EntryKind::DeleteGroup => {
+            delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
+            Ok(0)
+        }
+        EntryKind::Join => match body::decode_join(entry.body) {
+            Some((user, cursor)) => join(st.cursors, &st.ctx.config, group, user, cursor),
+            None => Err(malformed("join")),
+        },
+        EntryKind::Leave => match body::decode_leave(entry.body) {
+            Some(user) => leave(st.cursors, group, user),
+            None => Err(malformed("leave")),
+        },
+        EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
+            Some(r) => {
+                *group.retention.lock() = r;
+                Ok(0)
+            }
+            None => Err(malformed("retention")),
+        },
+        EntryKind::Cursors => {
+            // Live, cursors are written from memory and never applied.
+            debug_assert_eq!(mode, Mode::Replay, "cursor entries are not queued");
+            restore_cursors(st.cursors, group, entry.body);
+            Ok(0)
+        }
+        EntryKind::CreateGroup | EntryKind::SyncMark => Ok(0),
+    };
+    Ok(Applied::Op(outcome))
+}
+
+/// CreateGroup. Live, the group is registered already: `submit_create_group`
+/// created its files and registered it on the caller's thread, so appends
+/// may follow at once. In replay it is created here unless registered,
+/// as `submit_create_group` does (a directory left at its path is removed
+/// first); if that fails the group is registered as damaged.
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
+    if group.is_some() {
+        return;
+    }
+    debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
+    let slot = match GroupLog::create(st.ctx, id) {
+        Ok(log) => LogSlot::Loaded(log),
+        Err(e) => LogSlot::damaged(e.to_string()),
+    };
+    st.catalog.write().insert(id, slot);
+}
+
+/// Appends `run` (whole records of `group`, ids ascending) to the group's
+/// log, skipping those it already holds. In replay the run is one entry's
+/// body and must be exactly one valid record, else the group is damaged.
+pub(crate) fn records(
+    st: &State<'_>,
+    group: &Group,
+    run: &[u8],
+    mode: Mode,
+) -> Result<RecordsApplied> {
+    let ctx = st.ctx;
+    let mut done = RecordsApplied {
+        // Live, the send path loaded the group before assigning an id.
+        loaded: group.load_if_unloaded(ctx),
+        ..RecordsApplied::default()
+    };
+    let mut slot = group.log.write();
+    // A damaged group's records are not applied (its journal files are
+    // kept); a group cannot be unloaded here, nor deleted before its
+    // DeleteGroup entry.
+    let LogSlot::Loaded(log) = &mut *slot else {
+        return Ok(done);
+    };
+    if mode == Mode::Replay && body::decode_record(run).is_none() {
+        *slot = damage(ctx, log, "journal entry holds an invalid record".into());
+        return Ok(done);
+    }
+    let head = log.head();
+    let first = record::peek_msg_id(run);
+    let above = record::records_above(run, head);
+    done.already_present = count_records(&run[..run.len() - above.len()]);
+    if let Some(next) = (!above.is_empty()).then(|| record::peek_msg_id(above)) {
+        if next != head + 1 {
+            // Live, ids are assigned densely and applied in journal order.
+            debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
+            let reason = format!("journal holds msg_id {next} but the log ends at {head}");
+            *slot = damage(ctx, log, reason);
+            return Ok(done);
+        }
+    }
+    // Called also with nothing new: live, the retry of a round a full disk
+    // stopped retries the tail flush that failed.
+    let taken = log.append(ctx, above);
+    // What the log took in is readable (the journal has it), also when a
+    // write for it failed and the round is held.
+    group.publish_head(log);
+    done.appended = log.head() - head;
+    match taken {
+        Ok(()) => done.held = Some((first, log.head())),
+        Err(e) if mode == Mode::Live => return Err(e),
+        Err(e) => {
+            done.appended = 0;
+            *slot = damage(ctx, log, format!("replay failed: {e}"));
+            return Ok(done);
+        }
+    }
+    drop(slot);
+    if mode == Mode::Live {
+        advance_caught_up_senders(st.cursors, group, run);
+    }
+    Ok(done)
+}
+
+fn count_records(mut buf: &[u8]) -> u64 {
+    let mut n = 0;
+    while let Some(len) = record::peek_len(buf).filter(|&l| l > 0 && l <= buf.len()) {
+        n += 1;
+        buf = &buf[len..];
+    }
+    n
+}
+
+/// The slot of a group found damaged while applying. Its recorded state
+/// must name only bytes in its files, so the log's unwritten tail is
+/// written first (if that fails too, the journals, kept while a group is
+/// damaged, still hold it).
+fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
+    if let Err(e) = log.flush_tail(ctx) {
+        log::warn!("damaged group: its unwritten records stay in the journal: {e}");
+    }
+    LogSlot::Damaged {
+        state: log.state(),
+        reason,
+    }
+}
+
+/// A sender who had read everything before its own message has read that
+/// message too: its cursor follows (so own messages are not unread). Live
+/// only: replay sees cursors as they were persisted, not as they stood when
+/// the message was applied, and a crash may take a cursor back to its last
+/// persisted value anyway.
+fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8]) {
+    while let Some(len) = record::peek_len(run) {
+        // Invariant: live runs hold whole records encoded by the engine.
+        let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
+        if cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id) {
+            group
+                .members
+                .lock()
+                .read_counts
+                .advance(h.msg_id - 1, h.msg_id);
+        }
+        run = &run[len..];
+    }
+}
+
+/// Cursors: raises each member's cursor to the row's value (never lowers
+/// it, never above the head); rows of non-members are ignored. Entries
+/// written twice or out of order are therefore harmless.
+fn restore_cursors(cursors: &CursorTable, group: &Group, body: &[u8]) {
+    let head = group.head();
+    for (user, cursor) in body::decode_cursors(body) {
+        if let Some((old, new)) = cursors.restore(user, group.slot, cursor.min(head)) {
+            if new != old {
+                group.members.lock().read_counts.advance(old, new);
+            }
+        }
+    }
+}
+
+/// Join. Idempotent: joining again returns the current cursor. Checked
+/// against the membership limits in both modes, in journal order.
+pub(crate) fn join(
+    cursors: &CursorTable,
+    config: &Config,
+    group: &Group,
+    user: u64,
+    cursor: u64,
+) -> Result<u64> {
+    // Never above the head, whatever a journal entry says.
+    let cursor = cursor.min(group.head());
+    let mut members = group.members.lock();
+    if let Some(c) = cursors.get(user, group.slot) {
+        return Ok(c.cursor);
+    }
+    if members.len() >= config.members_per_group_max {
+        return Err(Error::LimitExceeded {
+            what: "members_per_group_max",
+            max: config.members_per_group_max,
+        });
+    }
+    match cursors.insert(
+        user,
+        group.slot,
+        cursor,
+        cursor.saturating_add(1),
+        Some(config.groups_per_user_max),
+    ) {
+        Ok(()) => {}
+        Err(InsertError::AlreadyMember) => return Ok(cursor),
+        Err(InsertError::GroupsPerUserLimit { max }) => {
+            return Err(Error::LimitExceeded {
+                what: "groups_per_user_max",
+                max,
+            })
+        }
+    }
+    members.insert(user, cursor);
+    Ok(cursor)
+}
+
+/// Leave. Returns the cursor the member had.
+pub(crate) fn leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u64> {
+    let mut members = group.members.lock();
+    let cursor = cursors.remove(user, group.slot).ok_or(Error::NotMember {
+        group: group.id,
+        user,
+    })?;
+    members.remove(user, cursor);
+    Ok(cursor)
+}
+
+/// DeleteGroup: the group's memberships, its registry entry, its files.
+pub(crate) fn delete_group(
+    ctx: &LogContext,
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    id: u64,
+) -> Result<()> {
+    let Some(group) = catalog.get(id).cloned() else {
+        return Ok(());
+    };
+    remove_all_members(cursors, &group);
+    catalog.remove(id);
+    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if let LogSlot::Loaded(log) = &old {
+        log.remove_files(ctx)?;
+    } else {
+        let dir = ctx.group_dir(id);
+        if ctx.vfs.exists(&dir) {
+            ctx.vfs
+                .remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every membership of a group being deleted.
+fn remove_all_members(cursors: &CursorTable, group: &Group) {
+    let mut members = group.members.lock();
+    for user in members.users() {
+        if let Some(c) = cursors.remove(user, group.slot) {
+            members.remove(user, c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+    use crate::record::NewRecord;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        ctx: LogContext,
+        catalog: RwLock<Catalog>,
+        cursors: CursorTable,
+    }
+
+    impl Fixture {
+        fn new(members_per_group_max: usize) -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = Config::new(dir.path());
+            config.members_per_group_max = members_per_group_max;
+            Fixture {
+                ctx: LogContext::new(Arc::new(OsVfs), config),
+                _dir: dir,
+                catalog: RwLock::new(Catalog::default()),
+                cursors: CursorTable::new(),
+            }
+        }
+
+        fn st(&self) -> State<'_> {
+            State {
+                ctx: &self.ctx,
+                catalog: &self.catalog,
+                cursors: &self.cursors,
+            }
+        }
+
+        fn group(&self, id: u64) -> Option<Arc<Group>> {
+            self.catalog.read().get(id).cloned()
+        }
+
+        /// Applies an entry as replay does: the group looked up by id.
+        fn replay(&self, kind: EntryKind, group_id: u64, body: &[u8]) -> Applied {
+            let group = self.group(group_id);
+            let e = Entry {
+                kind,
+                group_id,
+                body,
+            };
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay).unwrap()
+        }
+    }
+
+    fn rec(msg_id: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        body::encode_record(
+            &mut out,
+            &NewRecord {
+                msg_id,
+                timestamp_ms: 1,
+                sender_id: 7,
+                client_msg_id: msg_id,
+                payload: b"hello",
+            },
+        );
+        out
+    }
+
+    fn records(a: &Applied) -> (u64, u64) {
+        match a {
+            Applied::Records(r) => (r.appended, r.already_present),
+            other => panic!("not a records outcome: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
+        let f = Fixture::new(10);
+        assert!(matches!(
+            f.replay(EntryKind::Record, 5, &rec(1)),
+            Applied::Orphan
+        ));
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).expect("created by replay");
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (0, 1));
+        assert_eq!(g.head(), 1);
+        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(3))), (0, 0));
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
+        assert_eq!(g.head(), 1, "a damaged group keeps its head");
+    }
+
+    #[test]
+    fn replay_damages_a_group_whose_record_is_invalid() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut bad = rec(1);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        f.replay(EntryKind::Record, 5, &bad);
+        let g = f.group(5).unwrap();
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
+        assert_eq!(g.head(), 0);
+    }
+
+    #[test]
+    fn live_appends_a_run_and_a_retry_writes_nothing_twice() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
+        let done = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        assert_eq!((done.appended, done.already_present), (3, 0));
+        assert_eq!(done.held, Some((1, 3)));
+        let again = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        assert_eq!((again.appended, again.already_present), (0, 3));
+        assert_eq!(g.head(), 3);
+    }
+
+    #[test]
+    fn a_join_over_a_limit_is_refused_live_and_in_replay_alike() {
+        let f = Fixture::new(1);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let join = |user, mode| {
+            let mut b = Vec::new();
+            body::encode_join(&mut b, user, 0);
+            let e = Entry {
+                kind: EntryKind::Join,
+                group_id: 5,
+                body: &b,
+            };
+            match entry(&f.st(), &e, Some(&g), mode).unwrap() {
+                Applied::Op(r) => r,
+                other => panic!("{other:?}"),
+            }
+        };
+        for mode in [Mode::Live, Mode::Replay] {
+            assert_eq!(join(1, mode).unwrap(), 0, "{mode:?}");
+            let refused = join(2, mode).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    Error::LimitExceeded {
+                        what: "members_per_group_max",
+                        ..
+                    }
+                ),
+                "{mode:?}: {refused}"
+            );
+            leave(&f.cursors, &g, 1).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_cursor_row_never_lowers_a_cursor_nor_lifts_it_above_the_head() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        for id in 1..=4 {
+            f.replay(EntryKind::Record, 5, &rec(id));
+        }
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 2);
+        f.replay(EntryKind::Join, 5, &b);
+        let g = f.group(5).unwrap();
+        let cursor = || f.cursors.get(9, g.slot).unwrap().cursor;
+        let mut rows = Vec::new();
+        body::encode_cursors(&mut rows, &[(9, 1)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 2);
+        rows.clear();
+        body::encode_cursors(&mut rows, &[(9, 99)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 4);
+    }
+
+    #[test]
+    fn delete_removes_the_group_and_its_memberships() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 0);
+        f.replay(EntryKind::Join, 5, &b);
+        let slot = f.group(5).unwrap().slot;
+        f.replay(EntryKind::DeleteGroup, 5, &[]);
+        assert!(f.group(5).is_none());
+        assert!(f.cursors.get(9, slot).is_none());
+        assert!(!f.ctx.vfs.exists(&f.ctx.group_dir(5)));
+        assert!(matches!(
+            f.replay(EntryKind::Leave, 5, &9u64.to_le_bytes()),
+            Applied::Orphan
+        ));
+    }
+}
