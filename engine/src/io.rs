@@ -222,11 +222,11 @@ impl Vfs for OsVfs {
 /// (journal, checkpoint, directories, the server's sockets are separate).
 pub const FD_RESERVE: u64 = 256;
 
-/// Raises the soft limit on open files so `segments` cached segments fit,
-/// and returns how many segments may really be cached (fewer if the hard
-/// limit is lower).
-pub fn fit_open_file_limit(segments: usize) -> usize {
-    let want = segments as u64 + FD_RESERVE;
+/// Raises the soft RLIMIT_NOFILE towards `want` (up to the hard limit) and
+/// returns the soft limit the process runs with (`u64::MAX` if it cannot be
+/// read). The one place that changes the limit: the engine's segment budget
+/// and the node's descriptor budget both go through it.
+pub fn raise_open_file_limit(want: u64) -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -234,7 +234,7 @@ pub fn fit_open_file_limit(segments: usize) -> usize {
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return segments;
+            return u64::MAX;
         }
         if lim.rlim_cur < want {
             let raised = libc::rlimit {
@@ -246,12 +246,20 @@ pub fn fit_open_file_limit(segments: usize) -> usize {
             }
         }
     }
-    let fit = lim.rlim_cur.saturating_sub(FD_RESERVE).max(2) as usize;
+    lim.rlim_cur
+}
+
+/// Raises the soft limit on open files so `segments` cached segments fit,
+/// and returns how many segments may really be cached (fewer if the hard
+/// limit is lower).
+pub fn fit_open_file_limit(segments: usize) -> usize {
+    let limit = raise_open_file_limit(segments as u64 + FD_RESERVE);
+    if limit == u64::MAX {
+        return segments;
+    }
+    let fit = limit.saturating_sub(FD_RESERVE).max(2) as usize;
     if fit < segments {
-        log::warn!(
-            "open file limit {} allows only {fit} cached segments (asked {segments})",
-            lim.rlim_cur
-        );
+        log::warn!("open file limit {limit} allows only {fit} cached segments (asked {segments})");
     }
     fit.min(segments)
 }

@@ -83,7 +83,7 @@ pub use engine::{
 };
 pub use error::{Error, Result, DAMAGED_GROUP_HINT};
 pub use group_log::{Chunk, ReadBatch};
-pub use io::FD_RESERVE;
+pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
 pub use tidemarks::{

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
-use tidemark_engine::{CommitNotice, Engine};
+use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
 
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
 use crate::connection::{Barrier, Connection, OutChunk};
@@ -156,31 +156,6 @@ fn open_spare_fd() -> Option<std::fs::File> {
 /// system).
 fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
-}
-
-/// Raises the soft RLIMIT_NOFILE towards `want` (up to the hard limit) and
-/// returns the soft limit the node runs with.
-pub fn raise_open_file_limit(want: u64) -> u64 {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return u64::MAX;
-        }
-        if lim.rlim_cur < want {
-            let raised = libc::rlimit {
-                rlim_cur: want.min(lim.rlim_max),
-                rlim_max: lim.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                lim.rlim_cur = raised.rlim_cur;
-            }
-        }
-    }
-    lim.rlim_cur
 }
 
 impl EventLoop {
