@@ -419,13 +419,7 @@ impl GroupLog {
             log.unsynced.push(active_base);
         }
         report.records_verified = scan.records;
-        log.segments
-            .last_mut()
-            .expect("invariant: a log has a segment")
-            .len = scan.valid_len;
-        log.head = scan.last_id;
-        log.last_timestamp_ms = scan.last_timestamp_ms;
-        log.install_active_index(scan.index);
+        log.adopt_scan_as_active(scan);
         log.adopt_later_segments(ctx, &mut report)?;
         Ok((log, report))
     }
@@ -468,14 +462,7 @@ impl GroupLog {
             // the next checkpoint syncs both (a synced segment makes it
             // sync the group directory too).
             self.unsynced.push(base);
-            self.segments.push(SegmentMeta {
-                base_id: base,
-                len: scan.valid_len,
-                index: OnceLock::new(),
-            });
-            self.head = scan.last_id;
-            self.last_timestamp_ms = scan.last_timestamp_ms;
-            self.install_active_index(scan.index);
+            self.push_scanned_active(base, scan);
         }
     }
 
@@ -548,14 +535,7 @@ impl GroupLog {
             seg.truncate(scan.valid_len)?;
             log.unsynced.push(active_base);
         }
-        log.segments.push(SegmentMeta {
-            base_id: active_base,
-            len: scan.valid_len,
-            index: OnceLock::new(),
-        });
-        log.head = scan.last_id;
-        log.last_timestamp_ms = scan.last_timestamp_ms;
-        log.install_active_index(scan.index);
+        log.push_scanned_active(active_base, scan);
         Ok((log, report))
     }
 
@@ -580,13 +560,28 @@ impl GroupLog {
         Ok((path, seg, file_len, scan))
     }
 
-    fn install_active_index(&mut self, index: SparseIndex) {
+    /// Makes the newest segment what a verifying scan of it found: its
+    /// valid length, its index, and the log's head and newest timestamp.
+    fn adopt_scan_as_active(&mut self, scan: segment::ScanOutcome) {
         // Invariant: segments is never empty.
         let active = self
             .segments
             .last_mut()
             .expect("invariant: a log has a segment");
-        active.index = OnceLock::from(Ok(index));
+        active.len = scan.valid_len;
+        active.index = OnceLock::from(Ok(scan.index));
+        self.head = scan.last_id;
+        self.last_timestamp_ms = scan.last_timestamp_ms;
+    }
+
+    /// Appends segment `base_id`, scanned, as the new active segment.
+    fn push_scanned_active(&mut self, base_id: u64, scan: segment::ScanOutcome) {
+        self.segments.push(SegmentMeta {
+            base_id,
+            len: scan.valid_len,
+            index: OnceLock::new(),
+        });
+        self.adopt_scan_as_active(scan);
     }
 
     fn segment_path(&self, base_id: u64) -> PathBuf {
