@@ -280,15 +280,7 @@ impl LoggedNode {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn tidemark");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("tidemark listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let addr = crate::harness::listening_addr(&mut child);
         let (tx, lines) = std::sync::mpsc::channel::<String>();
         let stderr = child.stderr.take().expect("piped stderr");
         std::thread::spawn(move || {

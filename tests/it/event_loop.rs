@@ -445,7 +445,6 @@ struct LimitedNode {
 
 impl LimitedNode {
     fn start(dir: &std::path::Path, nofile: u64) -> LimitedNode {
-        use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         let mut cmd = std::process::Command::new(crate::harness::tidemark_bin());
         cmd.arg("serve")
@@ -470,16 +469,7 @@ impl LimitedNode {
             });
         }
         let mut child = cmd.spawn().expect("spawn tidemark");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("tidemark listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let addr = crate::harness::listening_addr(&mut child);
         LimitedNode { child, addr }
     }
 }

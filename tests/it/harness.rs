@@ -9,6 +9,20 @@ use std::time::Duration;
 
 use tidemark_server::client::{Client, ClientConfig};
 
+/// Reads the first line a just-started `tidemark serve` prints on its piped
+/// standard output and returns the address it names.
+pub fn listening_addr(child: &mut Child) -> String {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    line.trim()
+        .strip_prefix("tidemark listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string()
+}
+
 /// Builds the binary once per test run (cargo test does not build other
 /// packages' binaries) and returns its path, next to this test binary.
 pub fn tidemark_bin() -> &'static Path {
@@ -72,16 +86,7 @@ impl Node {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn tidemark");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("tidemark listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
+        let addr = listening_addr(&mut child);
         Node {
             child,
             addr,
