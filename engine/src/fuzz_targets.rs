@@ -15,11 +15,14 @@
 //! | `journal_entries` | journal header decode, `EntryIter`, entry bodies |
 //! | `checkpoint_decode` | `checkpoint::decode` and its memberships section |
 //! | `memberships_decode` | `member_snapshot::decode` (the cursor snapshot) |
+//! | `run_decode` | a run part: `state::run::PartReader` and the item decoder |
+//! | `manifest_decode` | `state::manifest::decode` |
 //! | `recovery` | `Engine::open` over an arbitrary data-directory image |
 //! | `engine_ops` | the engine API under an operation sequence, against an oracle |
 //!
 //! Inputs that need valid checksums to get past the first check
-//! (`journal_entries`, `checkpoint_decode`, `recovery`) carry a flag that
+//! (`journal_entries`, `checkpoint_decode`, `run_decode`,
+//! `manifest_decode`, `recovery`) carry a flag that
 //! makes the target recompute them, so the fuzzer reaches the decoders
 //! behind the CRCs as well as the CRC checks themselves.
 
@@ -46,6 +49,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("journal_entries", journal_entries),
     ("checkpoint_decode", checkpoint_decode),
     ("memberships_decode", memberships_decode),
+    ("run_decode", run_decode),
+    ("manifest_decode", manifest_decode),
     ("recovery", recovery),
     ("engine_ops", engine_ops),
 ];
@@ -398,6 +403,210 @@ pub fn memberships_decode(data: &[u8]) {
     })
     .expect("a re-encoded memberships section must decode");
     assert_eq!(again, got, "memberships do not survive re-encoding");
+}
+
+// ---------------------------------------------------------------------------
+// run_decode
+
+/// Recomputes the checksums of a run part: header, then (if the trailer's
+/// index lies inside the bytes) each block the index names, then the
+/// index and trailer; lengths are left alone.
+fn fix_run_part(b: &mut [u8]) {
+    use crate::state::run::{INDEX_ENTRY_BYTES, RUN_HEADER_BYTES, RUN_TRAILER_BYTES};
+    if b.len() < RUN_HEADER_BYTES + RUN_TRAILER_BYTES {
+        return;
+    }
+    let crc = crc32fast::hash(&b[..60]);
+    put_u32(b, 60, crc);
+    let t = b.len() - RUN_TRAILER_BYTES;
+    let index_offset = u64_at(b, t + 8);
+    let blocks = u32_at(b, t + 24) as usize;
+    let Some(index_end) = usize::try_from(index_offset)
+        .ok()
+        .and_then(|o| o.checked_add(blocks.checked_mul(INDEX_ENTRY_BYTES)?))
+        .filter(|&end| end == t)
+    else {
+        return;
+    };
+    let index_at = index_end - blocks * INDEX_ENTRY_BYTES;
+    for i in 0..blocks {
+        let e = index_at + i * INDEX_ENTRY_BYTES;
+        let (off, len) = (u64_at(b, e) as usize, u32_at(b, e + 8) as usize);
+        if len >= 12 && off.checked_add(len).is_some_and(|end| end <= index_at) {
+            let crc = crc32fast::hash(&b[off + 4..off + len]);
+            put_u32(b, off, crc);
+        }
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&b[index_at..t + 28]);
+    let crc = crc.finalize();
+    put_u32(b, t + 28, crc);
+}
+
+/// Input: `{ flags: u8 | run part }`; flag bit 0 recomputes the part's
+/// checksums, bit 1 reads it with a 4 KiB limit instead of the reader's.
+///
+/// Checks: a part that opens yields at most `item_count` items in strictly
+/// increasing key order; when every item decodes, they re-encode (through
+/// the writer, one part) to a part that reads back to the same items.
+pub fn run_decode(data: &[u8]) {
+    use crate::state::run::{PartReader, RunWriter, RUN_FILE_BYTES_READ_MAX};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut buf = rest.to_vec();
+    if flags & 1 != 0 {
+        fix_run_part(&mut buf);
+    }
+    let limit = if flags & 2 != 0 {
+        4096
+    } else {
+        RUN_FILE_BYTES_READ_MAX
+    };
+    let Ok(reader) = PartReader::open(&buf, limit) else {
+        return;
+    };
+    assert!(buf.len() as u64 <= limit);
+    let declared = reader.item_count;
+    let mut items = Vec::new();
+    for item in reader {
+        let Ok(item) = item else {
+            return;
+        };
+        if let Some(prev) = items.last().map(crate::state::Item::key) {
+            assert!(item.key() > prev, "keys do not increase");
+        }
+        items.push(item);
+        assert!(
+            items.len() as u64 <= declared,
+            "more items than the trailer says"
+        );
+    }
+    assert_eq!(items.len() as u64, declared);
+    let mut w = RunWriter::new(1, RUN_FILE_BYTES_READ_MAX, 0, |_| Ok(Vec::new()));
+    for it in &items {
+        w.push(it).expect("decoded items re-encode in order");
+    }
+    let parts = w.finish().expect("an in-memory run cannot fail");
+    assert_eq!(parts.len(), 1);
+    let again: Vec<_> = PartReader::open(&parts[0].0, RUN_FILE_BYTES_READ_MAX)
+        .expect("a written part opens")
+        .collect::<Result<_, _>>()
+        .expect("a written part reads");
+    assert_eq!(again, items, "items do not survive re-encoding");
+}
+
+// ---------------------------------------------------------------------------
+// manifest_decode
+
+/// Input: `{ flags: u8 | manifest file }`; flag bit 0 rewrites the
+/// header's body length and checksums for the body that follows.
+///
+/// Checks: a manifest that decodes re-encodes to exactly its bytes (the
+/// format has one encoding of each value).
+pub fn manifest_decode(data: &[u8]) {
+    use crate::state::manifest::{self, MANIFEST_HEADER_BYTES};
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let mut buf = rest.to_vec();
+    if flags & 1 != 0 && buf.len() >= MANIFEST_HEADER_BYTES {
+        let body_len = (buf.len() - MANIFEST_HEADER_BYTES) as u64;
+        buf[16..24].copy_from_slice(&body_len.to_le_bytes());
+        let body_crc = crc32fast::hash(&buf[MANIFEST_HEADER_BYTES..]);
+        put_u32(&mut buf, 24, body_crc);
+        let header_crc = crc32fast::hash(&buf[..28]);
+        put_u32(&mut buf, 28, header_crc);
+    }
+    if let Ok(m) = manifest::decode(&buf) {
+        let again = manifest::encode(&m).expect("a decoded manifest is within the limit");
+        assert_eq!(
+            again, buf,
+            "a decoded manifest does not re-encode to its bytes"
+        );
+    }
+}
+
+/// Seeds of `run_decode` and `manifest_decode`: a run of every item kind
+/// (one part and several) and a manifest naming it.
+fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    use crate::state::manifest::{self, Manifest, RunMeta};
+    use crate::state::run::RunWriter;
+    use crate::state::{GroupRecord, Item};
+    let items = vec![
+        Item::GroupPut(GroupRecord {
+            group: 1,
+            fresh: true,
+            applied_lsn: 3 << 32 | 48,
+            head: 9,
+            segments: vec![(1, 300), (6, 200)],
+            retention: crate::Retention {
+                by_cursor: true,
+                max_age_ms: 0,
+                max_bytes: 4096,
+            },
+            damaged: None,
+        }),
+        Item::MemberPut {
+            group: 1,
+            user: 7,
+            cursor: 4,
+            join_point: 2,
+        },
+        Item::MemberDelete { group: 1, user: 8 },
+        Item::GroupDelete { group: 2 },
+        Item::GroupPut(GroupRecord {
+            group: 3,
+            fresh: false,
+            applied_lsn: 1,
+            head: 0,
+            segments: vec![(1, 64)],
+            retention: crate::Retention::default(),
+            damaged: Some("checkpointed data damaged".into()),
+        }),
+    ];
+    let mut out = Vec::new();
+    let mut runs = Vec::new();
+    for (name, max) in [("one-part", 1 << 20), ("small-parts", 1 << 10)] {
+        let mut w = RunWriter::new(4, max, 0, |_| Ok(Vec::new()));
+        for it in &items {
+            w.push(it).expect("seed items in order");
+        }
+        let parts = w.finish().expect("in memory");
+        for (i, (bytes, _)) in parts.iter().enumerate() {
+            out.push((
+                "run_decode",
+                format!("{name}-{i}"),
+                [&[0u8][..], bytes].concat(),
+            ));
+        }
+        runs.push(RunMeta {
+            run_seq: 4 + runs.len() as u64,
+            parts: parts
+                .into_iter()
+                .map(|(_, mut m)| {
+                    m.run_seq = 4 + runs.len() as u64;
+                    m
+                })
+                .collect(),
+        });
+    }
+    runs.reverse();
+    let m = Manifest {
+        ckpt_seq: 2,
+        replay_journal_seq: 3,
+        replay_lsn: 3 << 32 | 48,
+        created_ms: 1,
+        next_run_seq: 6,
+        clean: false,
+        runs,
+    };
+    out.push((
+        "manifest_decode",
+        "two-runs".into(),
+        [&[0u8][..], &manifest::encode(&m).expect("small")].concat(),
+    ));
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -802,6 +1011,7 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
     for (i, ops) in engine_ops_seeds().into_iter().enumerate() {
         out.push(("engine_ops", format!("ops{i}"), ops));
     }
+    out.extend(state_seeds());
     // Keep one seed per (target, name): a directory holds several journal
     // files or segments under one kind; the first is enough.
     let mut seen = std::collections::HashSet::new();

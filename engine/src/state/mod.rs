@@ -1,0 +1,283 @@
+//! The engine's persistent state as incremental checkpoints store it
+//! (format-spec/storage.md section 6): a set of immutable **runs** of
+//! sorted items, named by a **manifest**.
+//!
+//! Representation: the state is a map from [`Key`] to a value. For every
+//! group a *group record* under `(group, None)` (head, segments, retention,
+//! damage, `applied_lsn`) and for every membership a *member row* under
+//! `(group, Some(user))` (cursor, join point). A checkpoint writes one
+//! *delta run* holding what changed since the one before (puts, and
+//! tombstones for what went away); older runs are merged now and then
+//! ([`merge::plan`]) so their number stays logarithmic in the state.
+//!
+//! Invariants:
+//! - within a run, keys strictly increase (checked by the writer's caller
+//!   and by every reader);
+//! - runs are ordered newest first; for a key, the newest run holding it
+//!   wins, except that a `GroupDelete` or a `fresh` group record hides
+//!   every item of its group in older runs (`merge` has the table);
+//! - no run part and no manifest is larger than the constant its reader
+//!   checks ([`run::RUN_FILE_BYTES_READ_MAX`],
+//!   [`manifest::MANIFEST_BYTES_MAX`]): writers check the same constant.
+//!
+//! Costs: a delta run costs its items (~25-45 bytes a group record, 6-10
+//! a member row); loading at open is one k-way merge over all runs.
+
+pub(crate) mod manifest;
+pub(crate) mod merge;
+pub(crate) mod run;
+
+use crate::retention::Retention;
+
+/// The key of an item: `(group, None)` is the group record, `(group,
+/// Some(user))` a member row. Ordered by group, then the group record
+/// before the group's member rows, then by user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Key {
+    pub group: u64,
+    pub user: Option<u64>,
+}
+
+impl Key {
+    pub fn group(group: u64) -> Key {
+        Key { group, user: None }
+    }
+
+    pub fn member(group: u64, user: u64) -> Key {
+        Key {
+            group,
+            user: Some(user),
+        }
+    }
+}
+
+/// A group as a checkpoint records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GroupRecord {
+    pub group: u64,
+    /// First record of this incarnation of the group: hides every older
+    /// item of the same id (a group deleted and created again between two
+    /// checkpoints leaves nothing of its old incarnation visible).
+    pub fresh: bool,
+    /// The position of the last journal entry this record reflects; replay
+    /// applies to this group only entries after it.
+    pub applied_lsn: u64,
+    pub head: u64,
+    /// `(base_msg_id, valid bytes)` of every segment, oldest first; the
+    /// lengths were durable before the manifest naming this record was.
+    pub segments: Vec<(u64, u64)>,
+    pub retention: Retention,
+    /// Why the group failed verification; it stays damaged.
+    pub damaged: Option<String>,
+}
+
+/// One item of a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Item {
+    GroupPut(GroupRecord),
+    /// The group is gone: hides every item of the group in older runs.
+    GroupDelete {
+        group: u64,
+    },
+    MemberPut {
+        group: u64,
+        user: u64,
+        cursor: u64,
+        join_point: u64,
+    },
+    /// The membership is gone.
+    MemberDelete {
+        group: u64,
+        user: u64,
+    },
+}
+
+impl Item {
+    pub fn key(&self) -> Key {
+        match self {
+            Item::GroupPut(g) => Key::group(g.group),
+            Item::GroupDelete { group } => Key::group(*group),
+            Item::MemberPut { group, user, .. } | Item::MemberDelete { group, user } => {
+                Key::member(*group, *user)
+            }
+        }
+    }
+}
+
+/// Unsigned LEB128 (7 bits a byte, low first, at most 10 bytes).
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+pub(crate) fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+pub(crate) fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Reads little-endian fields and varints from a buffer, with the offset
+/// for error messages. Every read is bounds-checked.
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.remaining() {
+            return Err(format!(
+                "{n} bytes wanted at offset {} but {} remain",
+                self.pos,
+                self.remaining()
+            ));
+        }
+        let b = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(b)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.bytes(1)?[0])
+    }
+
+    pub fn u32(&mut self) -> Result<u32, String> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub fn u64(&mut self) -> Result<u64, String> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.bytes(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    pub fn varint(&mut self) -> Result<u64, String> {
+        let mut v: u64 = 0;
+        for i in 0..10 {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(format!("truncated varint at offset {}", self.pos));
+            };
+            self.pos += 1;
+            if i == 9 && b > 1 {
+                return Err(format!("varint overflows u64 at offset {}", self.pos - 1));
+            }
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(format!(
+            "varint longer than 10 bytes at offset {}",
+            self.pos
+        ))
+    }
+}
+
+/// Encodes a key as stored in block indexes and manifests (17 bytes):
+/// `{ group: u64 | tag: u8 (0 group record, 1 member row) | user: u64 (0 for tag 0) }`.
+pub(crate) fn put_key(out: &mut Vec<u8>, k: Key) {
+    out.extend_from_slice(&k.group.to_le_bytes());
+    out.push(u8::from(k.user.is_some()));
+    out.extend_from_slice(&k.user.unwrap_or(0).to_le_bytes());
+}
+
+pub(crate) const KEY_BYTES: usize = 17;
+
+pub(crate) fn read_key(r: &mut Reader<'_>) -> Result<Key, String> {
+    let group = r.u64()?;
+    let tag = r.u8()?;
+    let user = r.u64()?;
+    match tag {
+        0 if user == 0 => Ok(Key::group(group)),
+        1 => Ok(Key::member(group, user)),
+        _ => Err(format!("invalid key tag {tag} (user {user})")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_order_group_records_before_their_members() {
+        let mut keys = vec![
+            Key::member(2, 0),
+            Key::group(2),
+            Key::member(1, u64::MAX),
+            Key::group(1),
+            Key::member(1, 3),
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec![
+                Key::group(1),
+                Key::member(1, 3),
+                Key::member(1, u64::MAX),
+                Key::group(2),
+                Key::member(2, 0),
+            ]
+        );
+    }
+
+    #[test]
+    fn varints_and_keys_round_trip_and_refuse_bad_bytes() {
+        for v in [0, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
+            let mut out = Vec::new();
+            put_varint(&mut out, v);
+            let mut r = Reader::new(&out);
+            assert_eq!(r.varint().unwrap(), v);
+            assert!(r.is_empty());
+            for n in 0..out.len() {
+                assert!(Reader::new(&out[..n]).varint().is_err());
+            }
+        }
+        assert!(Reader::new(&[0xff; 11]).varint().is_err());
+        assert!(
+            Reader::new(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02])
+                .varint()
+                .is_err()
+        );
+        for v in [0i64, -1, 1, i64::MIN, i64::MAX] {
+            assert_eq!(unzigzag(zigzag(v)), v);
+        }
+        for k in [Key::group(7), Key::member(7, 0), Key::member(u64::MAX, 9)] {
+            let mut out = Vec::new();
+            put_key(&mut out, k);
+            assert_eq!(out.len(), KEY_BYTES);
+            assert_eq!(read_key(&mut Reader::new(&out)).unwrap(), k);
+        }
+        let mut bad = Vec::new();
+        put_key(&mut bad, Key::group(7));
+        bad[8] = 2;
+        assert!(read_key(&mut Reader::new(&bad)).is_err());
+        bad[8] = 0;
+        bad[9] = 1; // a group key with a user
+        assert!(read_key(&mut Reader::new(&bad)).is_err());
+    }
+}
+
+#[cfg(test)]
+mod format_tests;

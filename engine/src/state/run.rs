@@ -1,0 +1,808 @@
+//! Run files: one run is a sorted sequence of [`Item`]s cut into **parts**
+//! (files `state/<run seq>-<part>.tmr`), each at most `run_file_bytes_max`
+//! bytes, covering disjoint increasing key ranges (format-spec/storage.md
+//! section 6.2).
+//!
+//! Format of a part (little-endian):
+//! `{ header (64) | blocks | block index (29 per block) | trailer (32) }`
+//! - header: `{ magic "TDMKRUN\0" | version u16 = 1 | header_len u16 = 64 |
+//!   part u32 | run_seq u64 | created_ms u64 | reserved [28] = 0 |
+//!   crc32 of bytes 0..60 }`
+//! - block: `{ crc32 of bytes 4..len | len u32 (whole block) | count u32 |
+//!   count items }`, about [`BLOCK_BYTES_TARGET`]; items never straddle
+//!   blocks;
+//! - index entry: `{ offset u64 | len u32 | first key (17 bytes) }`;
+//! - trailer: `{ magic "TDMKRUNT" | index_offset u64 | item_count u64 |
+//!   block_count u32 | crc32 of the index and trailer bytes 0..28 }`.
+//!
+//! Item: `{ kind u8 | varint group (delta from the previous item of the
+//! block; the first absolute) | member kinds: varint user (delta from the
+//! previous member row of the same group in the block, else absolute) |
+//! value }` with values as [`encode_value`] writes them.
+//!
+//! Invariants: keys strictly increase within a part and from one part of a
+//! run to the next; a writer never produces a part larger than its
+//! `part_bytes_max`, which the configuration keeps at or below
+//! [`RUN_FILE_BYTES_READ_MAX`], the limit every reader checks. Costs: the
+//! writer holds one block in memory; the reader checks a block's CRC before
+//! decoding it and allocates nothing a length field alone asks for.
+
+use std::io::Write;
+
+use super::{put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader};
+use crate::retention::Retention;
+use crate::segment::SEGMENT_HEADER_BYTES;
+
+pub(crate) const RUN_MAGIC: [u8; 8] = *b"TDMKRUN\0";
+pub(crate) const RUN_TRAILER_MAGIC: [u8; 8] = *b"TDMKRUNT";
+pub(crate) const RUN_VERSION: u16 = 1;
+pub(crate) const RUN_HEADER_BYTES: usize = 64;
+pub(crate) const RUN_TRAILER_BYTES: usize = 32;
+pub(crate) const BLOCK_HEADER_BYTES: usize = 12;
+pub(crate) const INDEX_ENTRY_BYTES: usize = 8 + 4 + super::KEY_BYTES;
+
+/// Blocks are closed once they would exceed this (a larger item gets a
+/// block of its own).
+pub(crate) const BLOCK_BYTES_TARGET: usize = 64 << 10;
+
+/// The largest part a reader accepts. `Config::run_file_bytes_max` is
+/// validated against it, and the writer checks every part against the
+/// configured value, so no writer produces a part a reader refuses.
+pub(crate) const RUN_FILE_BYTES_READ_MAX: u64 = 1 << 30;
+
+/// The smallest `run_file_bytes_max`: a part must hold its header, a block
+/// with a group record of a few segments, an index entry and its trailer.
+pub(crate) const RUN_FILE_BYTES_MIN: u64 = 1 << 10;
+
+/// Longest damage reason stored (longer ones are cut at a char boundary).
+pub(crate) const DAMAGE_REASON_BYTES_MAX: usize = 4096;
+
+const KIND_GROUP_PUT: u8 = 1;
+const KIND_GROUP_DELETE: u8 = 2;
+const KIND_MEMBER_PUT: u8 = 3;
+const KIND_MEMBER_DELETE: u8 = 4;
+
+const FLAG_FRESH: u8 = 1;
+const FLAG_DAMAGED: u8 = 2;
+const FLAG_RETENTION: u8 = 4;
+
+/// What a manifest records about a part, and what a reader checks it
+/// against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PartMeta {
+    pub run_seq: u64,
+    pub part: u32,
+    pub item_count: u64,
+    pub file_len: u64,
+    /// The trailer's CRC: names this exact part.
+    pub trailer_crc: u32,
+    pub first_key: Key,
+    pub last_key: Key,
+}
+
+/// The file name of a part.
+pub(crate) fn part_file_name(run_seq: u64, part: u32) -> String {
+    format!("{run_seq:020}-{part:04}.tmr")
+}
+
+/// `(run_seq, part)` of a part file name.
+pub(crate) fn parse_part_file_name(name: &str) -> Option<(u64, u32)> {
+    let stem = name.strip_suffix(".tmr")?;
+    let (seq, part) = stem.split_once('-')?;
+    if seq.len() != 20
+        || part.len() < 4
+        || !(seq.bytes().chain(part.bytes()).all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    Some((seq.parse().ok()?, part.parse().ok()?))
+}
+
+/// Appends the item's bytes; `prev` is the key of the previous item of the
+/// block (`None` for the first).
+pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
+    let key = item.key();
+    let kind = match item {
+        Item::GroupPut(_) => KIND_GROUP_PUT,
+        Item::GroupDelete { .. } => KIND_GROUP_DELETE,
+        Item::MemberPut { .. } => KIND_MEMBER_PUT,
+        Item::MemberDelete { .. } => KIND_MEMBER_DELETE,
+    };
+    out.push(kind);
+    let prev_group = prev.map_or(0, |p| p.group);
+    put_varint(out, key.group - prev_group);
+    if let Some(user) = key.user {
+        match prev {
+            Some(Key {
+                group,
+                user: Some(pu),
+            }) if group == key.group => put_varint(out, user - pu),
+            _ => put_varint(out, user),
+        }
+    }
+    encode_value(out, item);
+}
+
+// Format: GroupPut value { flags u8 (1 fresh, 2 damaged, 4 retention) |
+// varint applied_lsn | varint head | varint m >= 1 | varint base_0 |
+// varint len_0 | (m - 1) x { varint base delta > 0 | varint len } |
+// retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
+// damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
+// { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
+fn encode_value(out: &mut Vec<u8>, item: &Item) {
+    match item {
+        Item::GroupPut(g) => {
+            let mut flags = 0;
+            if g.fresh {
+                flags |= FLAG_FRESH;
+            }
+            if g.damaged.is_some() {
+                flags |= FLAG_DAMAGED;
+            }
+            if !g.retention.keeps_everything() {
+                flags |= FLAG_RETENTION;
+            }
+            out.push(flags);
+            put_varint(out, g.applied_lsn);
+            put_varint(out, g.head);
+            put_varint(out, g.segments.len() as u64);
+            let mut prev_base = 0;
+            for &(base, len) in &g.segments {
+                put_varint(out, base - prev_base);
+                put_varint(out, len);
+                prev_base = base;
+            }
+            if flags & FLAG_RETENTION != 0 {
+                out.push(u8::from(g.retention.by_cursor));
+                put_varint(out, g.retention.max_age_ms);
+                put_varint(out, g.retention.max_bytes);
+            }
+            if let Some(reason) = &g.damaged {
+                let reason = cut_at_char_boundary(reason, DAMAGE_REASON_BYTES_MAX);
+                put_varint(out, reason.len() as u64);
+                out.extend_from_slice(reason.as_bytes());
+            }
+        }
+        Item::MemberPut {
+            cursor, join_point, ..
+        } => {
+            put_varint(out, *cursor);
+            put_varint(
+                out,
+                zigzag(
+                    (*cursor as i64)
+                        .wrapping_add(1)
+                        .wrapping_sub(*join_point as i64),
+                ),
+            );
+        }
+        Item::GroupDelete { .. } | Item::MemberDelete { .. } => {}
+    }
+}
+
+fn cut_at_char_boundary(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A damage reason as stored (what a decoded record holds).
+pub(crate) fn stored_reason(reason: &str) -> String {
+    cut_at_char_boundary(reason, DAMAGE_REASON_BYTES_MAX).to_owned()
+}
+
+/// Decodes one item; `prev` as in [`encode_item`].
+pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item, String> {
+    let at = r.position();
+    let kind = r.u8()?;
+    let delta = r.varint()?;
+    let group = prev
+        .map_or(0, |p| p.group)
+        .checked_add(delta)
+        .ok_or_else(|| format!("group id overflows at offset {at}"))?;
+    let member = matches!(kind, KIND_MEMBER_PUT | KIND_MEMBER_DELETE);
+    let user = if member {
+        let v = r.varint()?;
+        match prev {
+            Some(Key {
+                group: pg,
+                user: Some(pu),
+            }) if pg == group => Some(
+                pu.checked_add(v)
+                    .ok_or_else(|| format!("user id overflows at offset {at}"))?,
+            ),
+            _ => Some(v),
+        }
+    } else {
+        None
+    };
+    let item = match kind {
+        KIND_GROUP_PUT => Item::GroupPut(decode_group(r, group)?),
+        KIND_GROUP_DELETE => Item::GroupDelete { group },
+        KIND_MEMBER_PUT => {
+            let cursor = r.varint()?;
+            let delta = unzigzag(r.varint()?);
+            Item::MemberPut {
+                group,
+                // Invariant: `member` kinds set `user`.
+                user: user.unwrap_or_default(),
+                cursor,
+                join_point: (cursor as i64).wrapping_add(1).wrapping_sub(delta) as u64,
+            }
+        }
+        KIND_MEMBER_DELETE => Item::MemberDelete {
+            group,
+            user: user.unwrap_or_default(),
+        },
+        other => return Err(format!("invalid item kind {other} at offset {at}")),
+    };
+    if let Some(p) = prev {
+        if item.key() <= p {
+            return Err(format!(
+                "item at offset {at}: key {:?} does not follow {p:?}",
+                item.key()
+            ));
+        }
+    }
+    Ok(item)
+}
+
+fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
+    let bad = |what: &str| format!("group {group}: {what}");
+    let flags = r.u8()?;
+    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION) != 0 {
+        return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
+    }
+    let applied_lsn = r.varint()?;
+    let head = r.varint()?;
+    let m = r.varint()?;
+    // Each segment takes at least two bytes: a hostile count fails here.
+    if m == 0 || m > (r.remaining() / 2) as u64 {
+        return Err(bad(&format!("{m} segments")));
+    }
+    let mut segments = Vec::with_capacity(m as usize);
+    let mut base = 0u64;
+    for i in 0..m {
+        let delta = r.varint()?;
+        if i > 0 && delta == 0 {
+            return Err(bad("segment bases do not rise"));
+        }
+        base = base
+            .checked_add(delta)
+            .ok_or_else(|| bad("segment base overflows"))?;
+        let len = r.varint()?;
+        if len < SEGMENT_HEADER_BYTES as u64 {
+            return Err(bad("segment shorter than its header"));
+        }
+        segments.push((base, len));
+    }
+    // Bases rise from at least 1 (ids start at 1) to at most head + 1.
+    if segments[0].0 == 0 || base > head.saturating_add(1) {
+        return Err(bad("inconsistent segment list"));
+    }
+    let retention = if flags & FLAG_RETENTION != 0 {
+        let by_cursor = match r.u8()? {
+            0 => false,
+            1 => true,
+            v => return Err(bad(&format!("by_cursor {v}"))),
+        };
+        let ret = Retention {
+            by_cursor,
+            max_age_ms: r.varint()?,
+            max_bytes: r.varint()?,
+        };
+        if ret.keeps_everything() {
+            return Err(bad("retention flag with the default policy"));
+        }
+        ret
+    } else {
+        Retention::default()
+    };
+    let damaged = if flags & FLAG_DAMAGED != 0 {
+        let n = r.varint()?;
+        if n > DAMAGE_REASON_BYTES_MAX as u64 {
+            return Err(bad("damage reason too long"));
+        }
+        let bytes = r.bytes(n as usize)?;
+        Some(
+            std::str::from_utf8(bytes)
+                .map_err(|_| bad("damage reason is not UTF-8"))?
+                .to_owned(),
+        )
+    } else {
+        None
+    };
+    Ok(GroupRecord {
+        group,
+        fresh: flags & FLAG_FRESH != 0,
+        applied_lsn,
+        head,
+        segments,
+        retention,
+        damaged,
+    })
+}
+
+/// Why a run could not be written.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    Io(std::io::Error),
+    /// One item does not fit in a part of `part_bytes_max` bytes.
+    ItemTooLarge {
+        key: Key,
+        bytes: usize,
+        part_bytes_max: u64,
+    },
+    /// Keys must strictly increase (a programmer error of the caller).
+    OutOfOrder {
+        key: Key,
+        after: Key,
+    },
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Io(e) => write!(f, "{e}"),
+            WriteError::ItemTooLarge {
+                key,
+                bytes,
+                part_bytes_max,
+            } => write!(
+                f,
+                "item {key:?} of {bytes} bytes does not fit in a run part of {part_bytes_max} bytes"
+            ),
+            WriteError::OutOfOrder { key, after } => {
+                write!(f, "run item {key:?} written after {after:?}")
+            }
+        }
+    }
+}
+
+/// Writes one run as parts, each a `W` that `open_part(part)` gives (a
+/// file, or a `Vec<u8>` in tests), written front to back.
+pub(crate) struct RunWriter<W: Write, F: FnMut(u32) -> std::io::Result<W>> {
+    run_seq: u64,
+    part_bytes_max: u64,
+    created_ms: u64,
+    open_part: F,
+    done: Vec<(W, PartMeta)>,
+    cur: Option<PartState<W>>,
+    /// The block being filled (header space reserved at the front).
+    block: Vec<u8>,
+    block_count: u32,
+    block_first: Option<Key>,
+    block_prev: Option<Key>,
+    last_key: Option<Key>,
+    item_buf: Vec<u8>,
+}
+
+struct PartState<W> {
+    out: W,
+    part: u32,
+    /// Bytes written: header and closed blocks.
+    written: u64,
+    index: Vec<u8>,
+    blocks: u32,
+    items: u64,
+    first_key: Option<Key>,
+    last_key: Option<Key>,
+}
+
+impl<W: Write, F: FnMut(u32) -> std::io::Result<W>> RunWriter<W, F> {
+    /// `part_bytes_max` must lie in `RUN_FILE_BYTES_MIN..=RUN_FILE_BYTES_READ_MAX`
+    /// (the configuration checks it).
+    pub fn new(run_seq: u64, part_bytes_max: u64, created_ms: u64, open_part: F) -> Self {
+        assert!(
+            (RUN_FILE_BYTES_MIN..=RUN_FILE_BYTES_READ_MAX).contains(&part_bytes_max),
+            "invariant: run_file_bytes_max validated"
+        );
+        RunWriter {
+            run_seq,
+            part_bytes_max,
+            created_ms,
+            open_part,
+            done: Vec::new(),
+            cur: None,
+            block: Vec::new(),
+            block_count: 0,
+            block_first: None,
+            block_prev: None,
+            last_key: None,
+            item_buf: Vec::new(),
+        }
+    }
+
+    /// Appends one item; keys must strictly increase.
+    pub fn push(&mut self, item: &Item) -> Result<(), WriteError> {
+        let key = item.key();
+        if let Some(after) = self.last_key.filter(|&l| key <= l) {
+            return Err(WriteError::OutOfOrder { key, after });
+        }
+        loop {
+            // The item as it would be encoded in the current block.
+            self.item_buf.clear();
+            encode_item(&mut self.item_buf, item, self.block_prev);
+            let in_block = !self.block.is_empty();
+            let block_len = if in_block {
+                self.block.len()
+            } else {
+                BLOCK_HEADER_BYTES
+            };
+            let fits_block = !in_block || block_len + self.item_buf.len() <= BLOCK_BYTES_TARGET;
+            if in_block && !fits_block {
+                self.close_block()?;
+                continue;
+            }
+            let part_written = self
+                .cur
+                .as_ref()
+                .map_or(RUN_HEADER_BYTES as u64, |p| p.written);
+            // Index entries once this item's block is closed.
+            let blocks_after = self.cur.as_ref().map_or(0, |p| p.blocks) + 1;
+            let projected = part_written
+                + (block_len + self.item_buf.len()) as u64
+                + u64::from(blocks_after) * INDEX_ENTRY_BYTES as u64
+                + RUN_TRAILER_BYTES as u64;
+            if projected > self.part_bytes_max {
+                let part_has_items = self.cur.as_ref().is_some_and(|p| p.items > 0) || in_block;
+                if !part_has_items {
+                    return Err(WriteError::ItemTooLarge {
+                        key,
+                        bytes: self.item_buf.len(),
+                        part_bytes_max: self.part_bytes_max,
+                    });
+                }
+                self.close_part()?;
+                continue;
+            }
+            if self.cur.is_none() {
+                self.open_part()?;
+            }
+            if !in_block {
+                self.block.extend_from_slice(&[0; BLOCK_HEADER_BYTES]);
+                self.block_first = Some(key);
+            }
+            self.block.extend_from_slice(&self.item_buf);
+            self.block_count += 1;
+            self.block_prev = Some(key);
+            self.last_key = Some(key);
+            // Invariant: `open_part` above made `cur`.
+            let p = self.cur.as_mut().expect("invariant: a part is open");
+            p.items += 1;
+            p.first_key.get_or_insert(key);
+            p.last_key = Some(key);
+            return Ok(());
+        }
+    }
+
+    fn open_part(&mut self) -> Result<(), WriteError> {
+        let part = u32::try_from(self.done.len()).map_err(|_| {
+            WriteError::Io(std::io::Error::other("more than 2^32 parts in one run"))
+        })?;
+        let mut out = (self.open_part)(part).map_err(WriteError::Io)?;
+        let mut h = Vec::with_capacity(RUN_HEADER_BYTES);
+        h.extend_from_slice(&RUN_MAGIC);
+        h.extend_from_slice(&RUN_VERSION.to_le_bytes());
+        h.extend_from_slice(&(RUN_HEADER_BYTES as u16).to_le_bytes());
+        h.extend_from_slice(&part.to_le_bytes());
+        h.extend_from_slice(&self.run_seq.to_le_bytes());
+        h.extend_from_slice(&self.created_ms.to_le_bytes());
+        h.extend_from_slice(&[0; 28]);
+        let crc = crc32fast::hash(&h);
+        h.extend_from_slice(&crc.to_le_bytes());
+        debug_assert_eq!(h.len(), RUN_HEADER_BYTES);
+        out.write_all(&h).map_err(WriteError::Io)?;
+        self.cur = Some(PartState {
+            out,
+            part,
+            written: RUN_HEADER_BYTES as u64,
+            index: Vec::new(),
+            blocks: 0,
+            items: 0,
+            first_key: None,
+            last_key: None,
+        });
+        Ok(())
+    }
+
+    fn close_block(&mut self) -> Result<(), WriteError> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        // Invariant: a block is only started inside an open part.
+        let p = self
+            .cur
+            .as_mut()
+            .expect("invariant: a block lies in a part");
+        let len = u32::try_from(self.block.len()).expect("invariant: a block fits a part");
+        self.block[4..8].copy_from_slice(&len.to_le_bytes());
+        self.block[8..12].copy_from_slice(&self.block_count.to_le_bytes());
+        let crc = crc32fast::hash(&self.block[4..]);
+        self.block[0..4].copy_from_slice(&crc.to_le_bytes());
+        p.out.write_all(&self.block).map_err(WriteError::Io)?;
+        p.index.extend_from_slice(&p.written.to_le_bytes());
+        p.index.extend_from_slice(&len.to_le_bytes());
+        put_key(
+            &mut p.index,
+            self.block_first
+                .expect("invariant: a block has a first item"),
+        );
+        p.written += u64::from(len);
+        p.blocks += 1;
+        self.block.clear();
+        self.block_count = 0;
+        self.block_first = None;
+        self.block_prev = None;
+        Ok(())
+    }
+
+    fn close_part(&mut self) -> Result<(), WriteError> {
+        self.close_block()?;
+        let Some(mut p) = self.cur.take() else {
+            return Ok(());
+        };
+        let mut t = Vec::with_capacity(RUN_TRAILER_BYTES);
+        t.extend_from_slice(&RUN_TRAILER_MAGIC);
+        t.extend_from_slice(&p.written.to_le_bytes());
+        t.extend_from_slice(&p.items.to_le_bytes());
+        t.extend_from_slice(&p.blocks.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&p.index);
+        crc.update(&t);
+        let trailer_crc = crc.finalize();
+        t.extend_from_slice(&trailer_crc.to_le_bytes());
+        p.out.write_all(&p.index).map_err(WriteError::Io)?;
+        p.out.write_all(&t).map_err(WriteError::Io)?;
+        p.out.flush().map_err(WriteError::Io)?;
+        let file_len = p.written + p.index.len() as u64 + RUN_TRAILER_BYTES as u64;
+        assert!(
+            file_len <= self.part_bytes_max,
+            "invariant: a part never exceeds run_file_bytes_max ({file_len} > {})",
+            self.part_bytes_max
+        );
+        self.done.push((
+            p.out,
+            PartMeta {
+                run_seq: self.run_seq,
+                part: p.part,
+                item_count: p.items,
+                file_len,
+                trailer_crc,
+                first_key: p.first_key.expect("invariant: a closed part holds an item"),
+                last_key: p.last_key.expect("invariant: a closed part holds an item"),
+            },
+        ));
+        Ok(())
+    }
+
+    /// Closes the last part; returns every part with what a manifest
+    /// records of it (none for a run without items).
+    pub fn finish(mut self) -> Result<Vec<(W, PartMeta)>, WriteError> {
+        self.close_part()?;
+        Ok(self.done)
+    }
+}
+
+/// A part checked at its header, index and trailer, whose items are
+/// decoded (and each block's CRC checked) as they are iterated.
+pub(crate) struct PartReader<'a> {
+    bytes: &'a [u8],
+    pub run_seq: u64,
+    pub part: u32,
+    pub item_count: u64,
+    pub trailer_crc: u32,
+    index: &'a [u8],
+    blocks: u32,
+    next_block: u32,
+    block: Reader<'a>,
+    block_left: u32,
+    prev: Option<Key>,
+    last: Option<Key>,
+    /// The first item of the block just entered (decoded to check it
+    /// against the index).
+    pending: Option<Item>,
+    seen: u64,
+    failed: bool,
+}
+
+impl<'a> PartReader<'a> {
+    /// Checks the part's header, trailer and block index; refuses a part
+    /// longer than `limit` (the reader's constant).
+    pub fn open(bytes: &'a [u8], limit: u64) -> Result<PartReader<'a>, String> {
+        let len = bytes.len();
+        if len as u64 > limit {
+            return Err(format!(
+                "run part of {len} bytes exceeds the limit of {limit}"
+            ));
+        }
+        if len < RUN_HEADER_BYTES + RUN_TRAILER_BYTES {
+            return Err(format!(
+                "run part of {len} bytes is shorter than its header and trailer"
+            ));
+        }
+        let h = &bytes[..RUN_HEADER_BYTES];
+        let mut r = Reader::new(h);
+        let magic = r.bytes(8)?;
+        let version = u16::from_le_bytes([h[8], h[9]]);
+        let header_len = u16::from_le_bytes([h[10], h[11]]);
+        r.bytes(4)?;
+        let part = r.u32()?;
+        let run_seq = r.u64()?;
+        let _created_ms = r.u64()?;
+        let stored_crc = u32::from_le_bytes([h[60], h[61], h[62], h[63]]);
+        if crc32fast::hash(&h[..60]) != stored_crc {
+            return Err("run part header checksum mismatch".into());
+        }
+        if magic != RUN_MAGIC {
+            return Err("bad run part magic".into());
+        }
+        if version != RUN_VERSION {
+            return Err(format!("unsupported run part version {version}"));
+        }
+        if header_len as usize != RUN_HEADER_BYTES || h[32..60].iter().any(|&b| b != 0) {
+            return Err("bad run part header length or reserved bytes".into());
+        }
+        let t = &bytes[len - RUN_TRAILER_BYTES..];
+        let mut tr = Reader::new(t);
+        let tmagic = tr.bytes(8)?;
+        let index_offset = tr.u64()?;
+        let item_count = tr.u64()?;
+        let blocks = tr.u32()?;
+        let trailer_crc = tr.u32()?;
+        if tmagic != RUN_TRAILER_MAGIC {
+            return Err("bad run part trailer magic".into());
+        }
+        let index_len = u64::from(blocks) * INDEX_ENTRY_BYTES as u64;
+        if blocks == 0
+            || item_count == 0
+            || index_offset < RUN_HEADER_BYTES as u64
+            || index_offset.checked_add(index_len) != Some((len - RUN_TRAILER_BYTES) as u64)
+        {
+            return Err(format!(
+                "run part trailer: index at {index_offset} with {blocks} blocks and {item_count} items does not fit {len} bytes"
+            ));
+        }
+        let index = &bytes[index_offset as usize..len - RUN_TRAILER_BYTES];
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(index);
+        crc.update(&t[..28]);
+        if crc.finalize() != trailer_crc {
+            return Err("run part index or trailer checksum mismatch".into());
+        }
+        // Blocks tile the bytes between the header and the index.
+        let mut ir = Reader::new(index);
+        let mut expect = RUN_HEADER_BYTES as u64;
+        for _ in 0..blocks {
+            let off = ir.u64()?;
+            let blen = ir.u32()?;
+            read_key(&mut ir)?;
+            if off != expect || (blen as usize) < BLOCK_HEADER_BYTES {
+                return Err(format!(
+                    "block index entry at {off} (expected {expect}), {blen} bytes"
+                ));
+            }
+            expect += u64::from(blen);
+        }
+        if expect != index_offset {
+            return Err("blocks do not end where the index starts".into());
+        }
+        Ok(PartReader {
+            bytes,
+            run_seq,
+            part,
+            item_count,
+            trailer_crc,
+            index,
+            blocks,
+            next_block: 0,
+            block: Reader::new(&[]),
+            block_left: 0,
+            prev: None,
+            last: None,
+            pending: None,
+            seen: 0,
+            failed: false,
+        })
+    }
+
+    /// The first key (from the index; checked against the first item).
+    pub fn first_key(&self) -> Result<Key, String> {
+        read_key(&mut Reader::new(&self.index[12..INDEX_ENTRY_BYTES]))
+    }
+
+    /// The last key read so far.
+    pub fn last_key(&self) -> Option<Key> {
+        self.last
+    }
+
+    fn enter_block(&mut self) -> Result<(), String> {
+        let entry =
+            &self.index[self.next_block as usize * INDEX_ENTRY_BYTES..][..INDEX_ENTRY_BYTES];
+        let mut ir = Reader::new(entry);
+        let off = ir.u64()? as usize;
+        let blen = ir.u32()? as usize;
+        let first = read_key(&mut ir)?;
+        let b = &self.bytes[off..off + blen];
+        let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let len_field = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        if crc32fast::hash(&b[4..]) != stored {
+            return Err(format!("run block at offset {off}: checksum mismatch"));
+        }
+        if len_field != blen || count == 0 {
+            return Err(format!(
+                "run block at offset {off}: length {len_field}, {count} items"
+            ));
+        }
+        self.block = Reader::new(&b[BLOCK_HEADER_BYTES..]);
+        self.block_left = count;
+        self.next_block += 1;
+        // Keys are delta-coded from the block's first item: decode it with
+        // no predecessor, then check it against the index and the previous
+        // block.
+        let item = decode_item(&mut self.block, None)?;
+        if item.key() != first {
+            return Err(format!(
+                "run block at offset {off}: first key differs from the index"
+            ));
+        }
+        if self.prev.is_some_and(|p| first <= p) {
+            return Err(format!("run block at offset {off}: keys do not increase"));
+        }
+        self.pending = Some(item);
+        Ok(())
+    }
+}
+
+impl PartReader<'_> {
+    fn next_inner(&mut self) -> Result<Option<Item>, String> {
+        if self.block_left == 0 {
+            if !self.block.is_empty() {
+                return Err("bytes after the last item of a run block".into());
+            }
+            if self.next_block == self.blocks {
+                if self.seen != self.item_count {
+                    return Err(format!(
+                        "run part holds {} items, its trailer says {}",
+                        self.seen, self.item_count
+                    ));
+                }
+                return Ok(None);
+            }
+            self.enter_block()?;
+        }
+        let item = match self.pending.take() {
+            Some(item) => item,
+            None => decode_item(&mut self.block, self.prev)?,
+        };
+        self.block_left -= 1;
+        self.seen += 1;
+        self.prev = Some(item.key());
+        self.last = self.prev;
+        Ok(Some(item))
+    }
+}
+
+impl Iterator for PartReader<'_> {
+    type Item = Result<Item, String>;
+
+    /// The next item; an error ends the iteration.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(v) => v.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
