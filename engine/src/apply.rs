@@ -24,6 +24,15 @@
 //! checkpoint's memberships is not an apply: the snapshot holds what was
 //! accepted, and no limit is checked again (recovery.rs).
 //!
+//! Every entry carries its journal position, its *lsn* (`commit::lsn`).
+//! An entry is applied to a group under the group's `ckpt` lock, which
+//! also records the lsn as the group's `applied_lsn` and puts the group on
+//! the dirty list (`dirty.rs`). A checkpoint captures a group under the
+//! same lock, so its record reflects exactly the entries up to its
+//! `applied_lsn`; replay therefore skips an entry whose lsn is at or below
+//! the `applied_lsn` of its group, and applies the others (the fuzzy
+//! checkpoint made exact, format-spec/storage.md section 11).
+//!
 //! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
 //! (O(members of the group) and the removal of its files).
 
@@ -34,6 +43,7 @@ use parking_lot::RwLock;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::cursors::{CursorTable, InsertError};
+use crate::dirty::CkptState;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext};
@@ -70,6 +80,9 @@ pub(crate) enum Applied {
     /// The entry names a group that is not registered: one deleted later
     /// in the journal (replay only).
     Orphan,
+    /// The group's checkpointed record already reflects the entry (its
+    /// lsn is at or below the group's `applied_lsn`; replay only).
+    AlreadyApplied,
 }
 
 /// What applying a run of records did to its group's log.
@@ -99,6 +112,7 @@ pub(crate) fn entry(
     entry: &Entry<'_>,
     group: Option<&Arc<Group>>,
     mode: Mode,
+    lsn: u64,
 ) -> Result<Applied> {
     let kind = entry.kind;
     if kind == EntryKind::SyncMark {
@@ -107,29 +121,56 @@ pub(crate) fn entry(
         return Ok(Applied::Op(Ok(0)));
     }
     if kind == EntryKind::CreateGroup {
-        create_group(st, entry.group_id, group, mode);
+        let Some(group) = create_group(st, entry.group_id, group, mode) else {
+            return Ok(Applied::Op(Ok(0)));
+        };
+        let mut ck = group.ckpt.lock();
+        if mode == Mode::Replay && lsn <= ck.applied_lsn {
+            return Ok(Applied::AlreadyApplied);
+        }
+        note_applied(st, &group, &mut ck, lsn, mode);
         return Ok(Applied::Op(Ok(0)));
     }
     let Some(group) = group else {
         return Ok(Applied::Orphan);
     };
+    if kind == EntryKind::Record {
+        return records(st, group, entry.body, mode, lsn);
+    }
+    let mut ck = group.ckpt.lock();
+    if mode == Mode::Replay && lsn <= ck.applied_lsn {
+        return Ok(Applied::AlreadyApplied);
+    }
     let malformed = |what: &str| Error::InvalidConfig {
         reason: format!("malformed {what} entry"),
     };
     let outcome = match kind {
-        EntryKind::Record => {
-            return records(st, group, entry.body, mode).map(Applied::Records);
-        }
         EntryKind::DeleteGroup => {
             delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
-            Ok(0)
+            // Its next capture writes a tombstone; the group object itself
+            // (maybe still on the dirty list) is skipped by captures.
+            st.ctx.dirty.deleted(group.id);
+            ck.applied_lsn = lsn;
+            return Ok(Applied::Op(Ok(0)));
         }
         EntryKind::Join => match body::decode_join(entry.body) {
-            Some((user, cursor)) => join(st.cursors, &st.ctx.config, group, user, cursor),
+            Some((user, cursor)) => {
+                let r = join(st.cursors, &st.ctx.config, group, user, cursor);
+                if r.is_ok() {
+                    ck.members_changed.push(user);
+                }
+                r
+            }
             None => Err(malformed("join")),
         },
         EntryKind::Leave => match body::decode_leave(entry.body) {
-            Some(user) => leave(st.cursors, group, user),
+            Some(user) => {
+                let r = leave(st.cursors, group, user);
+                if r.is_ok() {
+                    ck.members_changed.push(user);
+                }
+                r
+            }
             None => Err(malformed("leave")),
         },
         EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
@@ -142,12 +183,27 @@ pub(crate) fn entry(
         EntryKind::Cursors => {
             // Live, cursors are written from memory and never applied.
             debug_assert_eq!(mode, Mode::Replay, "cursor entries are not queued");
-            restore_cursors(st.cursors, group, entry.body);
+            restore_cursors(st.cursors, group, &mut ck, entry.body);
             Ok(0)
         }
-        EntryKind::CreateGroup | EntryKind::SyncMark => Ok(0),
+        EntryKind::CreateGroup | EntryKind::SyncMark | EntryKind::Record => Ok(0),
     };
+    note_applied(st, group, &mut ck, lsn, mode);
     Ok(Applied::Op(outcome))
+}
+
+/// Records that the entry at `lsn` was applied to `group` (whose `ckpt`
+/// lock the caller holds): its `applied_lsn`, and the dirty list.
+fn note_applied(st: &State<'_>, group: &Arc<Group>, ck: &mut CkptState, lsn: u64, mode: Mode) {
+    // Live entries come in journal order, one position each.
+    debug_assert!(
+        mode == Mode::Replay || lsn > ck.applied_lsn,
+        "group {}: lsn {lsn} not above {}",
+        group.id,
+        ck.applied_lsn
+    );
+    ck.applied_lsn = ck.applied_lsn.max(lsn);
+    st.ctx.dirty.mark(group, ck);
 }
 
 /// CreateGroup. Live, the group is registered already: `submit_create_group`
@@ -155,24 +211,47 @@ pub(crate) fn entry(
 /// may follow at once. In replay it is created here unless registered,
 /// as `submit_create_group` does (a directory left at its path is removed
 /// first); if that fails the group is registered as damaged.
-fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
-    if group.is_some() {
-        return;
+fn create_group(
+    st: &State<'_>,
+    id: u64,
+    group: Option<&Arc<Group>>,
+    mode: Mode,
+) -> Option<Arc<Group>> {
+    if let Some(g) = group {
+        return Some(g.clone());
     }
     debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
     let slot = match GroupLog::create(st.ctx, id) {
         Ok(log) => LogSlot::Loaded(log),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
-    st.catalog.write().insert(id, slot);
+    Some(st.catalog.write().insert(id, slot))
 }
 
 /// Appends `run` (whole records of `group`, ids ascending) to the group's
 /// log, skipping those it already holds. In replay the run is one entry's
 /// body and must be exactly one valid record, else the group is damaged.
+/// `lsn` is the position of the run's last entry.
 pub(crate) fn records(
     st: &State<'_>,
-    group: &Group,
+    group: &Arc<Group>,
+    run: &[u8],
+    mode: Mode,
+    lsn: u64,
+) -> Result<Applied> {
+    let mut ck = group.ckpt.lock();
+    if mode == Mode::Replay && lsn <= ck.applied_lsn {
+        return Ok(Applied::AlreadyApplied);
+    }
+    let done = records_locked(st, group, &mut ck, run, mode)?;
+    note_applied(st, group, &mut ck, lsn, mode);
+    Ok(Applied::Records(done))
+}
+
+fn records_locked(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    ck: &mut CkptState,
     run: &[u8],
     mode: Mode,
 ) -> Result<RecordsApplied> {
@@ -224,7 +303,7 @@ pub(crate) fn records(
     }
     drop(slot);
     if mode == Mode::Live {
-        advance_caught_up_senders(st.cursors, group, run);
+        advance_caught_up_senders(st.cursors, group, ck, run);
     }
     Ok(done)
 }
@@ -257,11 +336,20 @@ fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
 /// only: replay sees cursors as they were persisted, not as they stood when
 /// the message was applied, and a crash may take a cursor back to its last
 /// persisted value anyway.
-fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8]) {
+fn advance_caught_up_senders(
+    cursors: &CursorTable,
+    group: &Group,
+    ck: &mut CkptState,
+    mut run: &[u8],
+) {
     while let Some(len) = record::peek_len(run) {
         // Invariant: live runs hold whole records encoded by the engine.
         let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
-        if cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id) {
+        if let Some(newly) = cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
+        {
+            if newly {
+                ck.cursors_moved.push(h.sender_id);
+            }
             group
                 .members
                 .lock()
@@ -275,12 +363,15 @@ fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8
 /// Cursors: raises each member's cursor to the row's value (never lowers
 /// it, never above the head); rows of non-members are ignored. Entries
 /// written twice or out of order are therefore harmless.
-fn restore_cursors(cursors: &CursorTable, group: &Group, body: &[u8]) {
+fn restore_cursors(cursors: &CursorTable, group: &Group, ck: &mut CkptState, body: &[u8]) {
     let head = group.head();
     for (user, cursor) in body::decode_cursors(body) {
-        if let Some((old, new)) = cursors.restore(user, group.slot, cursor.min(head)) {
-            if new != old {
-                group.members.lock().read_counts.advance(old, new);
+        if let Some(m) = cursors.restore(user, group.slot, cursor.min(head)) {
+            if m.newly_checkpoint_dirty {
+                ck.cursors_moved.push(user);
+            }
+            if m.new != m.old {
+                group.members.lock().read_counts.advance(m.old, m.new);
             }
         }
     }
@@ -385,9 +476,16 @@ mod tests {
         ctx: LogContext,
         catalog: RwLock<Catalog>,
         cursors: CursorTable,
+        lsn: std::cell::Cell<u64>,
     }
 
     impl Fixture {
+        /// The next entry's position.
+        fn lsn(&self) -> u64 {
+            self.lsn.set(self.lsn.get() + 1);
+            self.lsn.get()
+        }
+
         fn new(members_per_group_max: usize) -> Fixture {
             let dir = tempfile::tempdir().unwrap();
             let mut config = Config::new(dir.path());
@@ -397,6 +495,7 @@ mod tests {
                 _dir: dir,
                 catalog: RwLock::new(Catalog::default()),
                 cursors: CursorTable::new(),
+                lsn: std::cell::Cell::new(0),
             }
         }
 
@@ -420,7 +519,7 @@ mod tests {
                 group_id,
                 body,
             };
-            entry(&self.st(), &e, group.as_ref(), Mode::Replay).unwrap()
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, self.lsn()).unwrap()
         }
     }
 
@@ -482,11 +581,15 @@ mod tests {
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
         let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
-        let done = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        let Applied::Records(done) =
+            super::records(&f.st(), &g, &run, Mode::Live, f.lsn()).unwrap()
+        else {
+            panic!("a records outcome")
+        };
         assert_eq!((done.appended, done.already_present), (3, 0));
         assert_eq!(done.held, Some((1, 3)));
-        let again = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
-        assert_eq!((again.appended, again.already_present), (0, 3));
+        let again = super::records(&f.st(), &g, &run, Mode::Live, f.lsn()).unwrap();
+        assert_eq!(records(&again), (0, 3));
         assert_eq!(g.head(), 3);
     }
 
@@ -503,7 +606,7 @@ mod tests {
                 group_id: 5,
                 body: &b,
             };
-            match entry(&f.st(), &e, Some(&g), mode).unwrap() {
+            match entry(&f.st(), &e, Some(&g), mode, f.lsn()).unwrap() {
                 Applied::Op(r) => r,
                 other => panic!("{other:?}"),
             }
@@ -545,6 +648,47 @@ mod tests {
         body::encode_cursors(&mut rows, &[(9, 99)]);
         f.replay(EntryKind::Cursors, 5, &rows);
         assert_eq!(cursor(), 4);
+    }
+
+    #[test]
+    fn replay_skips_what_a_checkpointed_record_reflects_and_tracks_what_changed() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let at = |lsn, kind, body: &[u8]| {
+            let e = Entry {
+                kind,
+                group_id: 5,
+                body,
+            };
+            entry(&f.st(), &e, Some(&g), Mode::Replay, lsn).unwrap()
+        };
+        assert!(matches!(
+            at(10, EntryKind::Record, &rec(1)),
+            Applied::Records(_)
+        ));
+        assert_eq!(g.ckpt.lock().applied_lsn, 10);
+        // At or below the group's applied_lsn: already in its record.
+        assert!(matches!(
+            at(10, EntryKind::Record, &rec(2)),
+            Applied::AlreadyApplied
+        ));
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 0);
+        assert!(matches!(
+            at(7, EntryKind::Join, &b),
+            Applied::AlreadyApplied
+        ));
+        assert!(f.cursors.get(9, g.slot).is_none());
+        assert!(matches!(at(11, EntryKind::Join, &b), Applied::Op(Ok(0))));
+        assert_eq!(g.head(), 1);
+        let ck = g.ckpt.lock();
+        assert_eq!(ck.applied_lsn, 11);
+        assert!(ck.dirty);
+        assert_eq!(ck.members_changed, vec![9]);
+        drop(ck);
+        let taken = f.ctx.dirty.take();
+        assert_eq!(taken.groups.len(), 1, "on the dirty list once");
     }
 
     #[test]

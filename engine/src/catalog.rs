@@ -56,6 +56,12 @@ impl Catalog {
         Some(g)
     }
 
+    /// Slots in use or free: `by_slot(s)` for `s` below this visits every
+    /// group (in chunks, so a long walk need not hold the lock throughout).
+    pub fn slots(&self) -> usize {
+        self.by_slot.len()
+    }
+
     pub fn groups(&self) -> impl Iterator<Item = &Arc<Group>> {
         self.by_slot.iter().flatten()
     }

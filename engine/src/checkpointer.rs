@@ -1,26 +1,178 @@
-//! The checkpoint protocol (format-spec/storage.md section 9,
-//! "Checkpoint"): apply retention, make every group log durable, start the
-//! next journal file, store the checkpoint atomically (`checkpoint.rs`
-//! holds its file format), then delete the journal files and segments it
-//! no longer needs. Run by the commit thread between rounds and by
-//! recovery at the end of an open.
+//! The checkpointer thread: incremental, fuzzy checkpoints beside the
+//! commit rounds (format-spec/storage.md section 9, "Checkpoint").
+//!
+//! The commit thread only *captures* (K1, `commit.rs`): between two rounds
+//! it swaps in a journal file this thread created beforehand, takes the
+//! dirty lists (`dirty.rs`) and hands them over with the new file's start
+//! as the replay position P. Everything else runs here, while rounds go on:
+//!
+//! - K2 copy: per dirty group, under its `ckpt` lock (one group at a time,
+//!   microseconds), write its unwritten tail, copy its record and the rows
+//!   of the memberships that changed, take the files it must sync; then the
+//!   moved cursors, 4,096 a lock. Items go into the delta buffer.
+//! - K3: make what was captured durable (per file, or one `syncfs` above
+//!   64 groups); no lock held.
+//! - K4: write the delta run (parts, fdatasync each, fsync `state/`).
+//! - K5: merge the newest runs when the policy says so (`state::merge`).
+//! - K6: write the manifest (fdatasync, fsync `manifest/`).
+//! - K7: delete what neither kept manifest needs: older manifests, run
+//!   parts, journal files before the older manifest's replay position,
+//!   segments retention dropped a checkpoint ago (D6).
+//!
+//! A full disk in K2 or K4-K6 puts the checkpoint off: the delta buffer
+//! keeps what was captured (the next capture's newer items replace it) and
+//! a new capture is asked for a second later. Any other failure stops
+//! writes, as a failed commit does. Retention runs here too, every
+//! `retention_check_ms`: its drops are group changes the next checkpoint
+//! records, and the files go only after the one after it (D6).
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::catalog::Catalog;
-use crate::checkpoint::{self, CheckpointBody, GroupEntry};
+use parking_lot::{Condvar, Mutex};
+
+use crate::commit::Shared;
 use crate::config::FsyncPolicy;
-use crate::cursors::CursorTable;
+use crate::dirty::Taken;
 use crate::error::{Error, Result};
+use crate::flusher::FlushCheck;
 use crate::group::{Group, LogSlot};
-use crate::group_log::LogContext;
+use crate::group_log::{LogContext, SyncDuties};
+use crate::io::{OpenMode, VfsFile};
 use crate::journal::{self, Journal};
-use crate::member_snapshot;
 use crate::retention;
+use crate::state::manifest::{self, Manifest, RunMeta};
+use crate::state::merge::{self, Merge};
+use crate::state::run::{self, RunItems, RunWriter, WriteError};
+use crate::state::{GroupRecord, Item, Key};
+
+/// Above this many captured groups, K3 syncs the file system once instead
+/// of each of their files.
+const SYNCFS_THRESHOLD_GROUPS: usize = 64;
+
+/// Moved cursors read per hold of a group's `ckpt` lock.
+const CURSORS_PER_LOCK: usize = 4096;
+
+/// How long a checkpoint that found the disk full is put off.
+const RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
+
+/// One capture (K1), handed from the commit thread.
+pub(crate) struct Capture {
+    pub taken: Taken,
+    /// The journal file the capture switched from, when bytes of it were
+    /// written but not synced (`interval` policy): synced in K3.
+    pub old_journal: Option<Journal>,
+    /// Replay starts at the start of this journal file...
+    pub replay_journal_seq: u64,
+    /// ...whose first entry has this lsn.
+    pub replay_lsn: u64,
+    /// The last round applied before the capture.
+    pub round: u64,
+    /// The last capture of a clean shutdown.
+    pub clean: bool,
+    /// Apply the retention policies first (`Engine::checkpoint`).
+    pub retention: bool,
+}
+
+/// What the commit thread, the facade and the checkpointer share.
+#[derive(Default)]
+pub(crate) struct Status {
+    /// A capture waiting for this thread.
+    pub job: Option<Capture>,
+    /// This thread is working on a capture.
+    pub busy: bool,
+    /// The next journal file, created (header synced) by this thread; K1
+    /// takes it.
+    pub next_journal: Option<Journal>,
+    /// The round of the last capture whose checkpoint was stored or put
+    /// off (`Engine::checkpoint` waits for it).
+    pub attempted_through: u64,
+    /// This thread asks for a capture (retention dropped segments, or a
+    /// put-off checkpoint is due again), not before `wanted_at`.
+    pub wanted: bool,
+    pub wanted_at: Option<Instant>,
+    /// Why the last attempt to create the next journal file failed (a
+    /// full disk; retried every second).
+    pub prepare_failed: Option<String>,
+    /// The clean shutdown's capture was taken: no next journal file is
+    /// prepared (a clean directory holds none past the manifest's).
+    pub closing: bool,
+    pub shutdown: bool,
+    pub exited: bool,
+}
+
+/// The checkpointer's half of the shared state.
+#[derive(Default)]
+pub(crate) struct Coordination {
+    pub status: Mutex<Status>,
+    pub cv: Condvar,
+}
+
+/// What recovery found on disk for the checkpointer to go on from.
+#[derive(Default)]
+pub(crate) struct OnDisk {
+    /// The manifest in force (the newest valid one) and the one before it.
+    pub last: Option<Manifest>,
+    pub prev: Option<Manifest>,
+    pub next_ckpt_seq: u64,
+    pub next_run_seq: u64,
+    /// Groups damaged at open (journal files are kept while any is).
+    pub damaged: HashSet<u64>,
+}
+
+struct Checkpointer {
+    shared: Arc<Shared>,
+    flush: FlushCheck,
+    last: Option<Manifest>,
+    prev: Option<Manifest>,
+    next_ckpt_seq: u64,
+    next_run_seq: u64,
+    next_journal_seq: u64,
+    /// Captured items not yet in a stored checkpoint.
+    delta: BTreeMap<Key, Item>,
+    /// Files those items need durable.
+    duties: Vec<SyncDuties>,
+    /// `(file, first checkpoint not naming it)`: unlinked once the one
+    /// after it is stored.
+    graveyard: Vec<(PathBuf, u64)>,
+    damaged: HashSet<u64>,
+    last_retention: Instant,
+}
+
+/// Starts the checkpointer thread. `journal_seq` is the journal file the
+/// commit thread starts with.
+pub(crate) fn start(
+    shared: Arc<Shared>,
+    flush: FlushCheck,
+    on_disk: OnDisk,
+    journal_seq: u64,
+) -> Result<std::thread::JoinHandle<()>> {
+    let mut c = Checkpointer {
+        shared,
+        flush,
+        last: on_disk.last,
+        prev: on_disk.prev,
+        next_ckpt_seq: on_disk.next_ckpt_seq,
+        next_run_seq: on_disk.next_run_seq,
+        next_journal_seq: journal_seq,
+        delta: BTreeMap::new(),
+        duties: Vec::new(),
+        graveyard: Vec::new(),
+        damaged: on_disk.damaged,
+        last_retention: Instant::now(),
+    };
+    std::thread::Builder::new()
+        .name("tidemark-ckpt".into())
+        .spawn(move || c.run())
+        .map_err(|e| Error::io("spawn checkpointer thread", e))
+}
 
 /// Number of sealed segments the group's retention policy drops now.
-pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
+fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
     let policy = *g.retention.lock();
     if policy.keeps_everything() {
         return Ok(None);
@@ -41,219 +193,677 @@ pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize
     Ok((n > 0).then_some(n))
 }
 
-/// Removes the journal file a checkpoint that failed had started, so no
-/// half-written journal header is left beyond the one in use. (Left behind,
-/// it would be an empty newest journal, which recovery also accepts.)
-fn remove_unused_journal(ctx: &LogContext, dir: &std::path::Path, seq: u64) {
-    let path = journal::journal_path(dir, seq);
-    if ctx.vfs.exists(&path) {
-        if let Err(e) = ctx.vfs.remove_file(&path) {
-            log::warn!("could not remove unused {}: {e}", path.display());
-        }
+fn state_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("state")
+}
+
+/// A run part being written front to back through the file layer.
+struct PartFile {
+    file: Box<dyn VfsFile>,
+    path: PathBuf,
+    at: u64,
+}
+
+impl Write for PartFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.write_all_at(buf, self.at)?;
+        self.at += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
-/// Above this many groups with unsynced writes, a checkpoint syncs the
-/// whole file system once instead of each segment file.
-const SYNCFS_THRESHOLD_GROUPS: usize = 64;
-
-pub(crate) struct CheckpointDone {
-    pub journal: Journal,
-    pub syncs: u64,
-}
-
-/// Where a checkpoint's time went, for the log line operators read when
-/// latency spikes line up with checkpoints.
-#[derive(Default)]
-struct CheckpointTimes {
-    sync: Duration,
-    memberships: Duration,
-    store: Duration,
-    membership_bytes: usize,
-}
-
-/// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
-/// retention, make every group log durable, start journal file
-/// `next_journal_seq`, write the checkpoint atomically, then delete older
-/// journal files and the segments retention dropped.
-pub(crate) fn write_checkpoint(
+/// Writes `items` as run `run_seq` (parts fdatasynced, `state/` fsynced).
+/// `None` for a run without items. A full disk is `NoSpace` (the partial
+/// parts are removed).
+pub(crate) fn write_run(
     ctx: &LogContext,
-    catalog: &Catalog,
-    cursors: &CursorTable,
-    next_journal_seq: u64,
-    clean_shutdown: bool,
-) -> Result<CheckpointDone> {
-    // Every open starts a journal one above the newest: a checkpoint that
-    // leaves no room for it would leave a directory that cannot reopen.
-    if next_journal_seq == u64::MAX {
-        return Err(Error::WritesStopped {
-            reason: "journal sequence numbers exhausted".into(),
-        });
-    }
-    let mut entries = Vec::with_capacity(catalog.len());
-    let mut ordinals: Vec<u64> = Vec::new();
-    // Retention drops are planned here but done only once the new
-    // checkpoint is stored: until then the current one names those segments.
-    let mut planned_drops: Vec<(&Group, usize)> = Vec::new();
-    let mut syncs = 0;
-    let mut any_damaged = false;
-    let mut times = CheckpointTimes::default();
-    let started = Instant::now();
-    // Every record the checkpoint covers must be in its segment file before
-    // the files are synced.
-    for g in catalog.groups() {
-        if let LogSlot::Loaded(log) = &mut *g.log.write() {
-            log.flush_tail(ctx)?;
-        }
-    }
-    // Many groups to sync: one syncfs beats one fdatasync per segment file.
-    let dirty = catalog
-        .groups()
-        .filter(|g| matches!(&*g.log.read(), LogSlot::Loaded(l) if l.needs_sync()))
-        .count();
-    let sync_all = dirty > SYNCFS_THRESHOLD_GROUPS
-        && match ctx.vfs.sync_filesystem(&ctx.config.data_dir) {
-            Ok(()) => true,
-            // Not trustworthy on this kernel: sync each file instead.
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => false,
-            Err(e) => {
-                return Err(Error::io(
-                    format!("syncfs {}", ctx.config.data_dir.display()),
-                    e,
-                ))
-            }
+    run_seq: u64,
+    items: impl Iterator<Item = Result<Item, String>>,
+) -> Result<Option<RunMeta>> {
+    let dir = state_dir(&ctx.config.data_dir);
+    let created: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let result = (|| {
+        let mut w = RunWriter::new(
+            run_seq,
+            ctx.config.run_file_bytes_max,
+            crate::now_ms(),
+            |part| {
+                let path = dir.join(run::part_file_name(run_seq, part));
+                created.lock().push(path.clone());
+                let file = ctx.vfs.open(&path, OpenMode::ReadWriteCreate)?;
+                file.set_len(0)?;
+                Ok(PartFile { file, path, at: 0 })
+            },
+        );
+        let io = |e: WriteError, what: &str| match e {
+            WriteError::Io(e) => Error::write(format!("{what} run {run_seq}"), e),
+            other => Error::WritesStopped {
+                reason: format!("run {run_seq}: {other}"),
+            },
         };
-    if sync_all {
-        syncs += 1;
+        for item in items {
+            let item = item.map_err(|reason| Error::Corrupt {
+                path: dir.clone(),
+                group: None,
+                offset: 0,
+                reason: format!("a run being merged is damaged: {reason}"),
+            })?;
+            w.push(&item).map_err(|e| io(e, "write"))?;
+        }
+        let parts = w.finish().map_err(|e| io(e, "write"))?;
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        let mut metas = Vec::with_capacity(parts.len());
+        for (f, meta) in parts {
+            f.file
+                .sync_data()
+                .map_err(|e| Error::io(format!("fdatasync {}", f.path.display()), e))?;
+            metas.push(meta);
+        }
+        ctx.vfs
+            .sync_dir(&dir)
+            .map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))?;
+        Ok(Some(RunMeta {
+            run_seq,
+            parts: metas,
+        }))
+    })();
+    if result.is_err() {
+        for path in created.into_inner() {
+            let _ = ctx.vfs.remove_file(&path);
+        }
     }
-    for g in catalog.groups() {
-        let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
-            log::warn!("group {}: retention skipped: {e}", g.id);
-            None
-        });
-        let mut slot = g.log.write();
-        let mut drop_n = drop_n.unwrap_or(0);
-        if let LogSlot::Loaded(log) = &mut *slot {
-            drop_n = log.droppable(drop_n);
-            if drop_n > 0 {
-                planned_drops.push((g, drop_n));
+    result
+}
+
+/// The mappings of a run's parts, checked against their lengths.
+pub(crate) fn map_run(ctx: &LogContext, run: &RunMeta) -> Result<Vec<memmap2::Mmap>, String> {
+    let dir = state_dir(&ctx.config.data_dir);
+    run.parts
+        .iter()
+        .map(|p| {
+            let path = dir.join(run::part_file_name(p.run_seq, p.part));
+            let file = ctx
+                .vfs
+                .open(&path, OpenMode::Read)
+                .map_err(|e| format!("open {}: {e}", path.display()))?;
+            let len = file
+                .file_len()
+                .map_err(|e| format!("stat {}: {e}", path.display()))?;
+            if len != p.file_len {
+                return Err(format!(
+                    "{} is {len} bytes, the manifest says {}",
+                    path.display(),
+                    p.file_len
+                ));
             }
-            if sync_all {
-                log.mark_synced();
-            } else if log.needs_sync() {
-                syncs += log.sync(ctx)?;
+            file.map(len as usize)
+                .map_err(|e| format!("mmap {}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// Calls `f` with the merge of `runs` (newest first).
+pub(crate) fn with_merge<R>(
+    ctx: &LogContext,
+    runs: &[RunMeta],
+    includes_oldest: bool,
+    f: impl FnOnce(&mut dyn Iterator<Item = Result<Item, String>>) -> R,
+) -> Result<R, String> {
+    let maps: Vec<Vec<memmap2::Mmap>> = runs
+        .iter()
+        .map(|r| map_run(ctx, r))
+        .collect::<Result<_, _>>()?;
+    let slices: Vec<Vec<&[u8]>> = maps
+        .iter()
+        .map(|m| m.iter().map(|m| &m[..]).collect())
+        .collect();
+    let inputs: Vec<RunItems<'_>> = slices
+        .iter()
+        .zip(runs)
+        .map(|(s, r)| RunItems::new(s, &r.parts))
+        .collect();
+    let mut merged = Merge::new(inputs, includes_oldest);
+    Ok(f(&mut merged))
+}
+
+impl Checkpointer {
+    fn ctx(&self) -> &LogContext {
+        &self.shared.ctx
+    }
+
+    fn run(&mut self) {
+        loop {
+            let job = {
+                let co = &self.shared.ckpt;
+                let mut st = co.status.lock();
+                loop {
+                    if st.shutdown {
+                        st.exited = true;
+                        co.cv.notify_all();
+                        return;
+                    }
+                    if let Some(job) = st.job.take() {
+                        st.busy = true;
+                        break Some(job);
+                    }
+                    if st.next_journal.is_none() && !st.closing {
+                        break None;
+                    }
+                    if self.retention_due() {
+                        break None;
+                    }
+                    let wake = self.last_retention
+                        + Duration::from_millis(self.ctx().config.retention_check_ms);
+                    co.cv.wait_until(&mut st, wake);
+                }
+            };
+            match job {
+                Some(job) => {
+                    let round = job.round;
+                    let outcome = self.checkpoint(job);
+                    // The next journal file is ready before the checkpoint
+                    // counts as done: nothing of it runs after the caller
+                    // of `Engine::checkpoint` returns.
+                    let want = {
+                        let st = self.shared.ckpt.status.lock();
+                        st.next_journal.is_none() && !st.closing
+                    };
+                    if outcome.is_ok() && want {
+                        self.prepare_journal();
+                    }
+                    let co = &self.shared.ckpt;
+                    let mut st = co.status.lock();
+                    st.busy = false;
+                    st.attempted_through = st.attempted_through.max(round);
+                    match outcome {
+                        Ok(()) => {}
+                        Err(e @ Error::NoSpace { .. }) => {
+                            log::warn!("checkpoint put off: {e}; tried again in a second");
+                            st.wanted = true;
+                            st.wanted_at = Some(Instant::now() + RETRY_AFTER_NO_SPACE);
+                        }
+                        Err(e) => {
+                            drop(st);
+                            crate::commit::stop_writes(&self.shared, &e);
+                            st = co.status.lock();
+                        }
+                    }
+                    drop(st);
+                    co.cv.notify_all();
+                    // The commit thread may wait to capture again.
+                    self.shared.pending_cv.notify_all();
+                }
+                None => {
+                    let want = {
+                        let st = self.shared.ckpt.status.lock();
+                        st.next_journal.is_none() && !st.closing
+                    };
+                    if want {
+                        self.prepare_journal();
+                    }
+                    if self.retention_due() {
+                        self.retention();
+                    }
+                }
             }
         }
-        if let Some(mut state) = slot.state() {
-            state.segments.drain(..drop_n);
-            if ordinals.len() <= g.slot as usize {
-                ordinals.resize(g.slot as usize + 1, u64::MAX);
+    }
+
+    /// Creates the journal file the next capture switches to (header
+    /// synced, directory fsynced), so the commit thread's switch makes no
+    /// system call but closing the old one.
+    fn prepare_journal(&mut self) {
+        if self.shared.writes_stopped.load(Ordering::Acquire) {
+            // Nothing will be captured; do not spin.
+            let co = &self.shared.ckpt;
+            let mut st = co.status.lock();
+            if !st.shutdown && st.job.is_none() {
+                co.cv.wait_for(&mut st, Duration::from_millis(200));
             }
-            ordinals[g.slot as usize] = entries.len() as u64;
-            let damaged = match &*slot {
-                LogSlot::Damaged { reason, .. } => Some(reason.clone()),
-                _ => None,
+            return;
+        }
+        let Some(seq) = self.next_journal_seq.checked_add(1) else {
+            crate::commit::stop_writes(
+                &self.shared,
+                &Error::WritesStopped {
+                    reason: "journal sequence numbers exhausted".into(),
+                },
+            );
+            return;
+        };
+        let ctx = self.ctx();
+        let dir = journal::journal_dir(&ctx.config.data_dir);
+        match Journal::create(
+            &*ctx.vfs,
+            &dir,
+            seq,
+            ctx.config.fsync != FsyncPolicy::Always,
+        ) {
+            Ok(j) => {
+                self.next_journal_seq = seq;
+                let mut st = self.shared.ckpt.status.lock();
+                st.next_journal = Some(j);
+                st.prepare_failed = None;
+                drop(st);
+                self.shared.pending_cv.notify_all();
+            }
+            Err(e @ Error::NoSpace { .. }) => {
+                log::warn!("could not prepare the next journal file: {e}");
+                let path = journal::journal_path(&dir, seq);
+                let _ = ctx.vfs.remove_file(&path);
+                let co = &self.shared.ckpt;
+                let mut st = co.status.lock();
+                st.prepare_failed = Some(e.to_string());
+                co.cv.notify_all();
+                co.cv.wait_for(&mut st, RETRY_AFTER_NO_SPACE);
+            }
+            Err(e) => crate::commit::stop_writes(&self.shared, &e),
+        }
+    }
+
+    fn retention_due(&self) -> bool {
+        self.last_retention.elapsed() >= Duration::from_millis(self.ctx().config.retention_check_ms)
+    }
+
+    /// Applies every group's retention policy: drops the sealed segments it
+    /// allows from the group's log (readers get `BelowRetentionFloor` at
+    /// once), marks the group dirty, and queues the files for deletion once
+    /// the checkpoint after the next one is stored (D6). Walks the groups in
+    /// chunks of slots, holding the registry's read lock per chunk only.
+    fn retention(&mut self) -> Vec<Arc<Group>> {
+        self.last_retention = Instant::now();
+        let mut dropped = Vec::new();
+        let ctx = &self.shared.ctx;
+        let slots = self.shared.catalog.read().slots();
+        let mut dropped_any = false;
+        for start in (0..slots).step_by(1024) {
+            let chunk: Vec<Arc<Group>> = {
+                let catalog = self.shared.catalog.read();
+                (start..(start + 1024).min(slots))
+                    .filter_map(|s| catalog.by_slot(s as u32))
+                    .filter(|g| !g.retention.lock().keeps_everything())
+                    .cloned()
+                    .collect()
             };
-            any_damaged |= damaged.is_some();
-            entries.push(GroupEntry {
-                group_id: g.id,
-                head: state.head,
-                segments: state.segments,
-                retention: *g.retention.lock(),
-                damaged,
+            for g in chunk {
+                let n = match plan_retention(ctx, &g) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        log::warn!("group {}: retention skipped: {e}", g.id);
+                        continue;
+                    }
+                };
+                let mut ck = g.ckpt.lock();
+                let mut slot = g.log.write();
+                let LogSlot::Loaded(log) = &mut *slot else {
+                    continue;
+                };
+                let paths = log.drop_oldest(ctx, n);
+                drop(slot);
+                if paths.is_empty() {
+                    continue;
+                }
+                dropped_any = true;
+                ctx.dirty.mark(&g, &mut ck);
+                drop(ck);
+                let tag = self.next_ckpt_seq;
+                self.graveyard.extend(paths.into_iter().map(|p| (p, tag)));
+                dropped.push(g);
+            }
+        }
+        if dropped_any {
+            let mut st = self.shared.ckpt.status.lock();
+            st.wanted = true;
+            st.wanted_at = None;
+            drop(st);
+            self.shared.pending_cv.notify_all();
+        }
+        dropped
+    }
+
+    /// Adds an item to the delta buffer; newer replaces older, and a
+    /// tombstone or a `fresh` record hides the group's older buffered items
+    /// (the buffer becomes one run, where masking works across runs only).
+    fn put(&mut self, item: Item) {
+        let key = item.key();
+        match item {
+            Item::GroupDelete { group } => {
+                self.drop_rows(group);
+                self.delta.insert(key, Item::GroupDelete { group });
+            }
+            Item::GroupPut(mut rec) => {
+                let masked_before = matches!(self.delta.get(&key), Some(Item::GroupDelete { .. }))
+                    || matches!(self.delta.get(&key), Some(Item::GroupPut(p)) if p.fresh);
+                if rec.fresh {
+                    self.drop_rows(rec.group);
+                }
+                rec.fresh |= masked_before;
+                self.delta.insert(key, Item::GroupPut(rec));
+            }
+            row => {
+                self.delta.insert(key, row);
+            }
+        }
+    }
+
+    fn drop_rows(&mut self, group: u64) {
+        let rows: Vec<Key> = self
+            .delta
+            .range(Key::member(group, 0)..=Key::member(group, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in rows {
+            self.delta.remove(&k);
+        }
+    }
+
+    /// K2: copies what changed into the delta buffer. On an error, the
+    /// groups not yet copied go back on the dirty list.
+    fn capture(&mut self, taken: Taken) -> Result<()> {
+        for &group in &taken.deleted {
+            self.put(Item::GroupDelete { group });
+            self.damaged.remove(&group);
+        }
+        for (i, g) in taken.groups.iter().enumerate() {
+            if let Err(e) = self.capture_group(g, false) {
+                self.shared.ctx.dirty.put_back(taken.groups[i..].to_vec());
+                return Err(e);
+            }
+        }
+        // Groups a first load found damaged: recorded so, changed or not
+        // (capturing a group whose record is current is always correct).
+        for id in taken.damaged {
+            let g = self.shared.catalog.read().get(id).cloned();
+            if let Some(g) = g {
+                self.capture_group(&g, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn capture_group(&mut self, g: &Arc<Group>, force: bool) -> Result<()> {
+        let shared = self.shared.clone();
+        let ctx = &shared.ctx;
+        let cursors = &shared.cursors;
+        let mut ck = g.ckpt.lock();
+        if !ck.dirty && !force {
+            return Ok(());
+        }
+        let mut slot = g.log.write();
+        let (state, damaged, duties) = match &mut *slot {
+            LogSlot::Deleted => {
+                // Its tombstone is on the deleted list.
+                ck.dirty = false;
+                ck.members_changed.clear();
+                ck.cursors_moved.clear();
+                return Ok(());
+            }
+            LogSlot::Loaded(log) => {
+                // What the record names must be in the segment's file
+                // (a pwrite to the page cache; its fdatasync is K3's).
+                log.flush_tail(ctx)?;
+                (log.state(), None, Some(log.take_sync_duties()))
+            }
+            LogSlot::Unloaded(state) => (state.clone(), None, None),
+            LogSlot::Damaged { state, reason } => (state.clone(), Some(reason.clone()), None),
+        };
+        drop(slot);
+        ck.dirty = false;
+        let fresh = !ck.captured_once;
+        ck.captured_once = true;
+        if damaged.is_some() {
+            self.damaged.insert(g.id);
+        } else {
+            self.damaged.remove(&g.id);
+        }
+        let retention = *g.retention.lock();
+        self.put(Item::GroupPut(GroupRecord {
+            group: g.id,
+            fresh,
+            applied_lsn: ck.applied_lsn,
+            head: state.head,
+            segments: state.segments,
+            retention,
+            damaged,
+        }));
+        self.duties.extend(duties);
+        let mut changed = std::mem::take(&mut ck.members_changed);
+        changed.sort_unstable();
+        changed.dedup();
+        for &user in &changed {
+            self.put(match cursors.take_for_checkpoint(user, g.slot) {
+                Some(m) => Item::MemberPut {
+                    group: g.id,
+                    user,
+                    cursor: m.cursor,
+                    join_point: m.join_point,
+                },
+                None => Item::MemberDelete { group: g.id, user },
             });
         }
-    }
-    times.sync = started.elapsed();
-    let started = Instant::now();
-    let mut members = Vec::new();
-    let mut users = 0u64;
-    // The snapshot leaves dirty bits set; they are cleared only once the
-    // checkpoint holding it is stored (below). A checkpoint that fails here
-    // or later (a full disk puts it off) leaves them for the next flush.
-    let snapshot_dirty = cursors.snapshot(|user, ms| {
-        users += 1;
-        member_snapshot::encode_user(&mut members, user, ms, |slot| ordinals[slot as usize]);
-    });
-    let mut section = Vec::with_capacity(members.len() + 10);
-    member_snapshot::put_varint(&mut section, users);
-    section.extend_from_slice(&members);
-    drop(members);
-    times.membership_bytes = section.len();
-    times.memberships = started.elapsed();
-    let started = Instant::now();
-
-    let dir = journal::journal_dir(&ctx.config.data_dir);
-    let journal = Journal::create(
-        &*ctx.vfs,
-        &dir,
-        next_journal_seq,
-        ctx.config.fsync != FsyncPolicy::Always,
-    )
-    .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
-    let body = CheckpointBody {
-        journal_seq: journal.seq,
-        clean_shutdown,
-        created_ms: crate::now_ms(),
-        groups: entries,
-        members: section,
-    };
-    // Journal files from the previous checkpoint on are kept: they are what
-    // `checkpoint.prev` replays if the new checkpoint is ever unreadable.
-    // While a group is damaged none are deleted: they may hold its records
-    // for a repair.
-    let current = checkpoint::load(&*ctx.vfs, &checkpoint::path(&ctx.config.data_dir))?;
-    let current_valid = matches!(current, Some(Ok(_)));
-    // A valid current checkpoint becomes `checkpoint.prev`; an invalid one
-    // leaves the existing `checkpoint.prev` in place, whose journals stay.
-    let keep_from = match current {
-        Some(Ok(current)) => current.journal_seq,
-        _ => match checkpoint::load(&*ctx.vfs, &checkpoint::previous_path(&ctx.config.data_dir))? {
-            Some(Ok(prev)) => prev.journal_seq,
-            _ => journal.seq,
-        },
-    };
-    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
-        .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
-    // The snapshot is durable: the cursors it holds need no flush, unless
-    // an ACK moved them since (those stay dirty). Memberships change only
-    // on this thread, so none came or went since the snapshot.
-    cursors.mark_persisted(&snapshot_dirty);
-    drop(snapshot_dirty);
-    // The new checkpoint is in force: do what it assumes.
-    let mut dropped: Vec<PathBuf> = Vec::new();
-    for (g, n) in planned_drops {
-        if let LogSlot::Loaded(log) = &mut *g.log.write() {
-            dropped.extend(log.drop_oldest(ctx, n));
+        let moved = std::mem::take(&mut ck.cursors_moved);
+        drop(ck);
+        // Moved cursors, a chunk per lock hold. A user whose membership
+        // changed meanwhile is left to the next capture (queued there with
+        // its whole row), so a row never pairs a membership with a record
+        // older than it.
+        for chunk in moved.chunks(CURSORS_PER_LOCK) {
+            let ck = g.ckpt.lock();
+            let since: HashSet<u64> = ck.members_changed.iter().copied().collect();
+            for &user in chunk {
+                if changed.binary_search(&user).is_ok() || since.contains(&user) {
+                    continue;
+                }
+                if let Some(m) = cursors.take_for_checkpoint(user, g.slot) {
+                    self.put(Item::MemberPut {
+                        group: g.id,
+                        user,
+                        cursor: m.cursor,
+                        join_point: m.join_point,
+                    });
+                }
+            }
+            drop(ck);
         }
+        Ok(())
     }
-    if !any_damaged {
-        for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
-            if seq < keep_from {
-                ctx.vfs
-                    .remove_file(&path)
-                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+
+    /// K3: makes every file the buffered items name durable (and the
+    /// journal file the capture switched from, under `interval`).
+    fn make_durable(&mut self, old_journal: Option<Journal>) -> Result<u64> {
+        self.flush.check()?;
+        let ctx = &self.shared.ctx;
+        let mut synced = 0;
+        if let Some(mut j) = old_journal {
+            j.sync()?;
+            synced += 1;
+        }
+        if self.duties.len() > SYNCFS_THRESHOLD_GROUPS {
+            match ctx.vfs.sync_filesystem(&ctx.config.data_dir) {
+                Ok(()) => return Ok(synced + 1),
+                // Not trustworthy on this kernel: sync each file instead.
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("syncfs {}", ctx.config.data_dir.display()),
+                        e,
+                    ))
+                }
             }
         }
-    }
-    for path in dropped {
-        if let Err(e) = ctx.vfs.remove_file(&path) {
-            log::warn!("retention could not remove {}: {e}", path.display());
+        let mut syncs = synced;
+        for d in &self.duties {
+            syncs += d.sync(ctx)?;
         }
+        Ok(syncs)
     }
-    times.store = started.elapsed();
-    log::info!(
-        "checkpoint (journal {}): {} groups, {} syncs {:.1?}, memberships {} bytes {:.1?}, store {:.1?}",
-        journal.seq,
-        catalog.len(),
-        syncs + 3,
-        times.sync,
-        times.membership_bytes,
-        times.memberships,
-        times.store
-    );
-    Ok(CheckpointDone {
-        journal,
-        syncs: syncs + 3,
-    })
+
+    /// K2-K7 for one capture.
+    fn checkpoint(&mut self, job: Capture) -> Result<()> {
+        let started = Instant::now();
+        let old_journal = job.old_journal;
+        self.capture(job.taken)?;
+        // A requested checkpoint applies the retention policies first; what
+        // they drop is recorded by this checkpoint (and the files go after
+        // the next one, D6).
+        if job.retention {
+            for g in self.retention() {
+                self.capture_group(&g, true)?;
+            }
+            let mut st = self.shared.ckpt.status.lock();
+            st.wanted = false;
+            st.wanted_at = None;
+        }
+        let mut syncs = self.make_durable(old_journal)?;
+        let shared = self.shared.clone();
+        let ctx = &shared.ctx;
+        // K4: the delta run.
+        let mut runs: Vec<RunMeta> = self.last.as_ref().map_or(Vec::new(), |m| m.runs.clone());
+        let mut written = 0u64;
+        let delta_seq = self.next_run_seq;
+        let delta = write_run(ctx, delta_seq, self.delta.values().cloned().map(Ok))?;
+        if let Some(run) = delta {
+            self.next_run_seq += 1;
+            written += run.bytes();
+            syncs += run.parts.len() as u64 + 1;
+            runs.insert(0, run);
+        }
+        // K5: merge the newest runs if the policy says so. A full disk
+        // skips the merge (the delta alone is a valid checkpoint).
+        let n = merge::plan(&runs.iter().map(RunMeta::bytes).collect::<Vec<_>>());
+        if n >= 2 {
+            let seq = self.next_run_seq;
+            let includes_oldest = n == runs.len();
+            let merged = with_merge(ctx, &runs[..n], includes_oldest, |items| {
+                write_run(ctx, seq, items)
+            })
+            .map_err(|reason| Error::Corrupt {
+                path: state_dir(&ctx.config.data_dir),
+                group: None,
+                offset: 0,
+                reason: format!("a run to merge cannot be read: {reason}"),
+            })?;
+            match merged {
+                Ok(merged) => {
+                    self.next_run_seq += 1;
+                    runs.drain(..n);
+                    if let Some(run) = merged {
+                        written += run.bytes();
+                        syncs += run.parts.len() as u64 + 1;
+                        runs.insert(0, run);
+                    }
+                }
+                Err(e @ Error::NoSpace { .. }) => log::warn!("run merge put off: {e}"),
+                Err(e) => return Err(e),
+            }
+        }
+        // K6: the manifest.
+        let m = Manifest {
+            ckpt_seq: self.next_ckpt_seq,
+            replay_journal_seq: job.replay_journal_seq,
+            replay_lsn: job.replay_lsn,
+            created_ms: crate::now_ms(),
+            next_run_seq: self.next_run_seq,
+            clean: job.clean,
+            runs,
+        };
+        let mdir = manifest::manifest_dir(&ctx.config.data_dir);
+        manifest::store(&*ctx.vfs, &mdir, &m)?;
+        syncs += 2;
+        written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
+        let items = self.delta.len();
+        self.delta.clear();
+        self.duties.clear();
+        self.next_ckpt_seq += 1;
+        self.prev = self.last.replace(m);
+        // K7: what neither kept manifest needs.
+        self.release(ctx);
+        let took = started.elapsed();
+        let c = &self.shared.counters;
+        c.checkpoints.fetch_add(1, Ordering::Relaxed);
+        c.checkpoint_syncs.fetch_add(syncs, Ordering::Relaxed);
+        c.checkpoint_bytes_written
+            .fetch_add(written, Ordering::Relaxed);
+        c.checkpoint_bytes_max.fetch_max(written, Ordering::Relaxed);
+        let ms = took.as_millis() as u64;
+        c.checkpoint_ms_total.fetch_add(ms, Ordering::Relaxed);
+        c.checkpoint_ms_max.fetch_max(ms, Ordering::Relaxed);
+        log::info!(
+            "checkpoint {} (replay from journal {}): {items} items, {written} bytes, \
+             {} runs, {syncs} syncs, {took:.1?}",
+            self.next_ckpt_seq - 1,
+            job.replay_journal_seq,
+            self.last.as_ref().map_or(0, |m| m.runs.len()),
+        );
+        Ok(())
+    }
+
+    /// K7: deletes what neither kept manifest (`last`, `prev`) needs:
+    /// other manifests, run parts neither names, journal files before
+    /// `prev`'s replay position (none while a group is damaged: they may
+    /// hold its records for a repair), and graveyard files dropped before
+    /// `last`'s capture. Failures are logged: a file left behind is
+    /// removed by a later checkpoint.
+    fn release(&mut self, ctx: &LogContext) {
+        let Some(last) = &self.last else {
+            return;
+        };
+        let keep_runs: HashSet<u64> = last
+            .runs
+            .iter()
+            .chain(self.prev.iter().flat_map(|m| m.runs.iter()))
+            .map(|r| r.run_seq)
+            .collect();
+        let keep_manifests = [Some(last.ckpt_seq), self.prev.as_ref().map(|m| m.ckpt_seq)];
+        let remove = |path: &Path| {
+            if let Err(e) = ctx.vfs.remove_file(path) {
+                log::warn!("could not remove {}: {e}", path.display());
+            }
+        };
+        let mdir = manifest::manifest_dir(&ctx.config.data_dir);
+        if let Ok(list) = manifest::list(&*ctx.vfs, &mdir) {
+            for (seq, path) in list {
+                if !keep_manifests.contains(&Some(seq)) {
+                    remove(&path);
+                }
+            }
+        }
+        let sdir = state_dir(&ctx.config.data_dir);
+        if let Ok(list) = ctx.vfs.read_dir(&sdir) {
+            for path in list {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                if let Some((seq, _)) = run::parse_part_file_name(name) {
+                    if !keep_runs.contains(&seq) {
+                        remove(&path);
+                    }
+                }
+            }
+        }
+        if let (Some(prev), true) = (&self.prev, self.damaged.is_empty()) {
+            let jdir = journal::journal_dir(&ctx.config.data_dir);
+            if let Ok(list) = journal::list(&*ctx.vfs, &jdir) {
+                for (seq, path) in list {
+                    if seq < prev.replay_journal_seq {
+                        remove(&path);
+                    }
+                }
+            }
+        }
+        let stored = last.ckpt_seq;
+        self.graveyard.retain(|(path, tag)| {
+            if *tag < stored {
+                remove(path);
+                false
+            } else {
+                true
+            }
+        });
+    }
 }

@@ -3,15 +3,17 @@
 //! the round, however many groups it touched), applies it to the group logs
 //! and the membership tables (`apply.rs`, the applier replay uses too; a
 //! group's records go to its log as one run), then completes the round and
-//! wakes whoever waits. Cursor flushes, retention and checkpoints run here too, between
-//! rounds, so they always see a state that matches a journal position.
+//! wakes whoever waits. Cursor flushes run here too, between rounds, and
+//! so does the *capture* of a checkpoint (K1: switch to a journal file the
+//! checkpointer prepared, take the dirty lists, O(1)); the checkpoint
+//! itself runs on the checkpointer thread (`checkpointer.rs`) while
+//! rounds go on.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
 //! never retried: the round and every later one fail with `WritesStopped`,
 //! and reads go on. Reopening recovers. A write that found the disk full
 //! (`NoSpace`) took nothing in, so the work is held and written again once
-//! space returns: a round where it stopped, cursors at the next flush, a
-//! checkpoint a little later.
+//! space returns: a round where it stopped, cursors at the next flush.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,7 +24,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::apply;
 use crate::catalog::Catalog;
-use crate::checkpointer;
+use crate::checkpointer::{self, Capture};
 use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
 use crate::dedup::DedupBudget;
@@ -30,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::group::Group;
 use crate::group_log::LogContext;
-use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES};
+use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
 use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
@@ -40,8 +42,15 @@ struct Committer {
     unsynced_bytes: u64,
     last_sync: Instant,
     last_cursor_flush: Instant,
-    last_retention_check: Instant,
     last_space_check: Instant,
+    /// When the last capture (K1) was taken.
+    last_capture: Instant,
+    /// A caller waits for a checkpoint (`Engine::checkpoint`).
+    capture_wanted: bool,
+    /// The last round completed.
+    completed_round: u64,
+    /// Offset in the journal file of the round being applied.
+    round_at: u64,
     /// Reused buffers: the round taken from senders, per-group staging, cursor entries.
     round_buf: Vec<u8>,
     staging: Vec<u8>,
@@ -49,8 +58,6 @@ struct Committer {
     /// `cursor_buf` holds cursor entries a full disk kept out of the
     /// journal; the next flush writes them (with any newer ones).
     cursor_buf_unwritten: bool,
-    /// A checkpoint that found the disk full is not tried again before this.
-    checkpoint_not_before: Instant,
     /// What the round being applied appended, for commit listeners.
     appended: Vec<GroupAppend>,
     /// Background write-back between checkpoints.
@@ -66,8 +73,33 @@ const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
 /// While the disk stays full, its warning is repeated at most this often.
 const NO_SPACE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
-/// How long a checkpoint that found the disk full is put off.
-const CHECKPOINT_RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
+/// The position of the journal entry at `offset` of journal file
+/// `journal_seq`: its *lsn*. Strictly increasing along the journal, since
+/// files are numbered in order and a file never reaches 4 GiB (the commit
+/// thread stops writes first, `commit_round`). The one place that says
+/// what an lsn is (the journal's frames will give a dense one).
+pub(crate) fn lsn(journal_seq: u64, offset: u64) -> u64 {
+    debug_assert!(
+        offset <= u32::MAX as u64,
+        "journal offset {offset} beyond 4 GiB"
+    );
+    journal_seq << 32 | offset
+}
+
+/// Stops writes for a failure outside a round (the checkpointer's): the
+/// next round and every later one fail with the reason.
+pub(crate) fn stop_writes(shared: &Shared, e: &Error) {
+    log::error!("writes stopped: {e}");
+    shared.writes_stopped.store(true, Ordering::Release);
+    let mut p = shared.progress.lock();
+    let first = p.completed + 1;
+    p.failed.get_or_insert((first, e.to_string()));
+    let round = p.completed;
+    drop(p);
+    shared.progress_cv.notify_all();
+    shared.pending_cv.notify_all();
+    notify_listeners(shared, round, Vec::new());
+}
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -78,6 +110,10 @@ pub(crate) struct Counters {
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
+    pub checkpoint_bytes_written: AtomicU64,
+    pub checkpoint_bytes_max: AtomicU64,
+    pub checkpoint_ms_total: AtomicU64,
+    pub checkpoint_ms_max: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
@@ -172,6 +208,8 @@ pub(crate) struct Shared {
     pub listeners: Mutex<Vec<CommitListener>>,
     /// Entries of all dedup windows, against `dedup_entries_total_max`.
     pub dedup: DedupBudget,
+    /// The commit thread's and the checkpointer's hand-over.
+    pub ckpt: checkpointer::Coordination,
 }
 
 /// What woke the commit thread.
@@ -186,7 +224,7 @@ enum Work {
     Shutdown,
 }
 
-pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
+pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher) {
     let now = Instant::now();
     let mut c = Committer {
         shared: shared.clone(),
@@ -194,19 +232,17 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         unsynced_bytes: 0,
         last_sync: now,
         last_cursor_flush: now,
-        last_retention_check: now,
         last_space_check: now,
+        last_capture: now,
+        capture_wanted: false,
+        completed_round: 0,
+        round_at: 0,
         round_buf: Vec::new(),
         staging: Vec::new(),
         cursor_buf: Vec::new(),
         cursor_buf_unwritten: false,
-        checkpoint_not_before: now,
         appended: Vec::new(),
-        flusher: Flusher::start(
-            shared.ctx.vfs.clone(),
-            shared.ctx.config.data_dir.clone(),
-            shared.ctx.config.journal_checkpoint_bytes,
-        ),
+        flusher,
         no_space_warning: RepeatedWarning::new(NO_SPACE_WARN_INTERVAL),
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
@@ -271,27 +307,23 @@ impl Committer {
                     flush_cursors,
                     checkpoint,
                 } => {
-                    let mut result = self.commit_round(&ops, flush_cursors);
-                    if result.is_ok() && checkpoint {
-                        result = self.checkpoint(false);
+                    let result = self.commit_round(&ops, flush_cursors);
+                    if result.is_ok() {
+                        self.completed_round = round;
+                        self.capture_wanted |= checkpoint;
                     }
                     self.finish_round(round, &ops, result);
                     self.flusher.journal_grew_to(self.journal.len());
                     self.measure_free_space();
                     // Under steady load the loop is never idle: run the
-                    // timers (cursor flush, retention, interval sync) here too.
+                    // timers (cursor flush, interval sync, capture) here too.
                     if Instant::now() >= self.next_deadline() {
                         if let Err(e) = self.timers() {
                             self.fail(round + 1, e);
                         }
                     }
-                    if self.journal.len() >= self.config().journal_checkpoint_bytes
-                        && !self.failed()
-                        && Instant::now() >= self.checkpoint_not_before
-                    {
-                        if let Err(e) = self.checkpoint(false) {
-                            self.fail(round + 1, e);
-                        }
+                    if let Err(e) = self.maybe_capture(false) {
+                        self.fail(round + 1, e);
                     }
                 }
             }
@@ -299,12 +331,130 @@ impl Committer {
         let crash = self.shared.pending.lock().crash;
         if !self.failed() && !crash {
             // Everything accepted was committed by the loop above.
-            if let Err(e) = self.checkpoint(true) {
+            if let Err(e) = self.final_checkpoint() {
                 log::error!("final checkpoint failed: {e}");
                 let mut p = self.shared.progress.lock();
                 p.failed.get_or_insert((u64::MAX, e.to_string()));
             }
         }
+    }
+
+    /// Whether a capture is due: a caller or the checkpointer asked for
+    /// one, or a trigger fired (journal bytes since the last one, dirty
+    /// groups, interval with anything dirty).
+    fn capture_due(&self) -> bool {
+        let c = self.config();
+        if self.capture_wanted
+            || self.journal.len() >= c.checkpoint_journal_bytes
+            || self.shared.ctx.dirty.groups() >= c.checkpoint_dirty_groups_max
+        {
+            return true;
+        }
+        {
+            let st = self.shared.ckpt.status.lock();
+            if st.wanted && st.wanted_at.is_none_or(|t| Instant::now() >= t) {
+                return true;
+            }
+        }
+        self.last_capture.elapsed() >= Duration::from_millis(c.checkpoint_interval_ms)
+            && !self.shared.ctx.dirty.is_empty()
+    }
+
+    /// Whether the checkpointer can take a capture now: idle, with the
+    /// next journal file ready.
+    fn checkpointer_ready(&self) -> bool {
+        let st = self.shared.ckpt.status.lock();
+        st.job.is_none() && !st.busy && st.next_journal.is_some()
+    }
+
+    /// K1, if due and the checkpointer is ready (else it waits for a later
+    /// round; nothing blocks). O(1): the journal switch (the old file's
+    /// unsynced bytes synced first under `interval`, as its timer would),
+    /// the dirty lists taken, the job handed over.
+    fn maybe_capture(&mut self, clean: bool) -> Result<bool> {
+        // Held-back cursor entries go to the journal before anything is
+        // captured (they belong before later memberships' entries).
+        if self.failed() || self.cursor_buf_unwritten || !(clean || self.capture_due()) {
+            return Ok(false);
+        }
+        if !self.checkpointer_ready() {
+            return Ok(false);
+        }
+        let co = &self.shared.ckpt;
+        let mut st = co.status.lock();
+        // Invariant: only this thread takes the journal or hands a job.
+        let next = st.next_journal.take().expect("invariant: checked ready");
+        let old = std::mem::replace(&mut self.journal, next);
+        // Under `interval`, bytes of the old file not yet synced are synced
+        // by the checkpointer (K3), as this thread's timer would have.
+        let unsynced = self.unsynced_bytes > 0 && self.config().fsync != FsyncPolicy::Never;
+        if clean {
+            st.closing = true;
+        }
+        st.job = Some(Capture {
+            old_journal: unsynced.then_some(old),
+            taken: self.shared.ctx.dirty.take(),
+            replay_journal_seq: self.journal.seq,
+            replay_lsn: lsn(self.journal.seq, JOURNAL_HEADER_BYTES as u64),
+            round: self.completed_round,
+            clean,
+            retention: self.capture_wanted,
+        });
+        st.wanted = false;
+        st.wanted_at = None;
+        drop(st);
+        co.cv.notify_all();
+        self.capture_wanted = false;
+        self.last_capture = Instant::now();
+        self.unsynced_bytes = 0;
+        self.last_sync = Instant::now();
+        self.flusher.journal_restarted();
+        Ok(true)
+    }
+
+    /// The clean shutdown's checkpoint: waits for the checkpointer to be
+    /// ready, captures everything (nothing follows in the journal), and
+    /// waits until it is stored.
+    fn final_checkpoint(&mut self) -> Result<()> {
+        let shared = self.shared.clone();
+        let co = &shared.ckpt;
+        loop {
+            if self.failed() {
+                return Ok(());
+            }
+            let mut st = co.status.lock();
+            if st.exited {
+                return Err(Error::ShuttingDown);
+            }
+            if st.job.is_none() && !st.busy && st.next_journal.is_some() {
+                break;
+            }
+            if let (None, false, Some(why)) = (&st.job, st.busy, &st.prepare_failed) {
+                // The disk is full: shutting down does not wait for space.
+                return Err(Error::NoSpace {
+                    context: why.clone(),
+                });
+            }
+            co.cv.wait_for(&mut st, Duration::from_millis(50));
+        }
+        let stored_before = self.shared.counters.checkpoints.load(Ordering::Acquire);
+        if !self.maybe_capture(true)? {
+            return Ok(()); // writes stopped meanwhile
+        }
+        let round = self.completed_round;
+        let mut st = co.status.lock();
+        while (st.job.is_some() || st.busy || st.attempted_through < round) && !st.exited {
+            co.cv.wait_for(&mut st, Duration::from_millis(50));
+        }
+        drop(st);
+        if self.failed()
+            || self.shared.counters.checkpoints.load(Ordering::Acquire) == stored_before
+        {
+            return Err(Error::WritesStopped {
+                reason: "the clean shutdown's checkpoint was not stored".into(),
+            });
+        }
+        Ok(())
     }
 
     fn disk_low(&self) -> bool {
@@ -353,7 +503,16 @@ impl Committer {
         if self.disk_low() {
             d = d.min(self.last_space_check + DISK_LOW_RECHECK);
         }
-        d = d.min(self.last_retention_check + Duration::from_millis(c.retention_check_ms));
+        // Capture deadlines count only while the checkpointer can take one
+        // (it wakes this thread when it becomes ready).
+        if self.checkpointer_ready() {
+            if !self.shared.ctx.dirty.is_empty() {
+                d = d.min(self.last_capture + Duration::from_millis(c.checkpoint_interval_ms));
+            }
+            if let Some(t) = self.shared.ckpt.status.lock().wanted_at {
+                d = d.min(t);
+            }
+        }
         if let FsyncPolicy::Interval(period) = c.fsync {
             if self.unsynced_bytes > 0 {
                 d = d.min(self.last_sync + period);
@@ -370,6 +529,10 @@ impl Committer {
             }
             if p.shutdown {
                 return Work::Shutdown;
+            }
+            // A capture that waited for the checkpointer, which wakes us.
+            if self.checkpointer_ready() && self.capture_due() {
+                return Work::Timer;
             }
             let deadline = self.next_deadline();
             if Instant::now() >= deadline {
@@ -400,7 +563,7 @@ impl Committer {
         if self.failed() {
             // Nothing can be written; wait for shutdown without spinning.
             self.last_cursor_flush = Instant::now();
-            self.last_retention_check = Instant::now();
+            self.last_capture = Instant::now();
             return Ok(());
         }
         let now = Instant::now();
@@ -423,17 +586,13 @@ impl Committer {
                 self.sync_journal()?;
             }
         }
-        if now >= self.last_retention_check + Duration::from_millis(c.retention_check_ms) {
-            self.last_retention_check = now;
-            if self.retention_due()? {
-                self.checkpoint(false)?;
-            }
-        }
         if let FsyncPolicy::Interval(period) = c.fsync {
             if self.unsynced_bytes > 0 && now >= self.last_sync + period {
                 self.sync_journal()?;
             }
         }
+        // Due but the checkpointer busy: it wakes this thread when done.
+        self.maybe_capture(false)?;
         Ok(())
     }
 
@@ -504,6 +663,14 @@ impl Committer {
         }
         self.end_hold();
         result?;
+        if self.journal.len() > u32::MAX as u64 {
+            // Entry positions (lsn) hold a file offset in 32 bits.
+            return Err(Error::WritesStopped {
+                reason: "the journal file reached 4 GiB before a checkpoint switched it".into(),
+            });
+        }
+        // Where the round's bytes start in the journal file.
+        self.round_at = self.journal.len() - self.round_buf.len() as u64;
         // A full disk at a segment write: the round is in the journal, so it
         // is durable; the groups before the one that failed are applied, and
         // `apply` goes on from that group once space returns (see there).
@@ -628,7 +795,15 @@ impl Committer {
                 j += 1;
             }
             let st = self.apply_state();
-            let done = apply::records(&st, &op.group, &self.staging, apply::Mode::Live)?;
+            let at = lsn(
+                self.journal.seq,
+                self.round_at + ops[order[j - 1]].entry.start as u64,
+            );
+            let done = match apply::records(&st, &op.group, &self.staging, apply::Mode::Live, at)? {
+                apply::Applied::Records(done) => done,
+                // Live entries are never at or below a group's applied_lsn.
+                other => unreachable!("live records gave {other:?}"),
+            };
             if let Some((first, last)) = done.held {
                 self.appended.push(GroupAppend {
                     group: op.group.id,
@@ -669,6 +844,7 @@ impl Committer {
             &entry,
             Some(&op.group),
             apply::Mode::Live,
+            lsn(self.journal.seq, self.round_at + op.entry.start as u64),
         )?;
         let outcome = match applied {
             apply::Applied::Op(outcome) => outcome,
@@ -711,61 +887,5 @@ impl Committer {
         // Whoever waits through a listener (the server's event loop) must
         // learn that parked operations now have their outcome.
         notify_listeners(&self.shared, round, Vec::new());
-    }
-
-    /// True if some group's retention policy would drop a segment now.
-    fn retention_due(&self) -> Result<bool> {
-        let catalog = self.shared.catalog.read();
-        for g in catalog.groups() {
-            // A group whose segments cannot be planned (damage) is skipped.
-            if let Ok(Some(_)) = checkpointer::plan_retention(&self.shared.ctx, g) {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Writes a checkpoint. One that found the disk full changed nothing
-    /// (the current checkpoint and journal stay in force and hold
-    /// everything), so it is put off and tried again a little later; only
-    /// the final one at shutdown reports it.
-    fn checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
-        match self.write_checkpoint(clean_shutdown) {
-            Err(e @ Error::NoSpace { .. }) if !clean_shutdown => {
-                self.note_no_space(&e);
-                self.checkpoint_not_before = Instant::now() + CHECKPOINT_RETRY_AFTER_NO_SPACE;
-                Ok(())
-            }
-            Ok(()) => {
-                self.note_writes_resumed();
-                Ok(())
-            }
-            other => other,
-        }
-    }
-
-    fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
-        self.flusher.check()?;
-        let catalog = self.shared.catalog.read();
-        let next = checkpointer::write_checkpoint(
-            &self.shared.ctx,
-            &catalog,
-            &self.shared.cursors,
-            self.journal
-                .seq
-                .checked_add(1)
-                .ok_or_else(|| Error::WritesStopped {
-                    reason: "journal sequence numbers exhausted".into(),
-                })?,
-            clean_shutdown,
-        )?;
-        drop(catalog);
-        self.journal = next.journal;
-        self.flusher.journal_restarted();
-        self.unsynced_bytes = 0;
-        let c = &self.shared.counters;
-        c.checkpoints.fetch_add(1, Ordering::Relaxed);
-        c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
-        Ok(())
     }
 }

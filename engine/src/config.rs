@@ -68,9 +68,17 @@ pub struct Config {
     /// their last `dedup_window_sends` sends and the least recently used
     /// windows leave memory (rebuilt from the log on their next send).
     pub dedup_entries_total_max: usize,
-    /// Journal bytes after which a checkpoint syncs the group logs and starts
-    /// a new journal file.
-    pub journal_checkpoint_bytes: u64,
+    /// A checkpoint is taken once this many journal bytes were written
+    /// since the last one's replay position...
+    pub checkpoint_journal_bytes: u64,
+    /// ...or once this many groups changed since the last capture...
+    pub checkpoint_dirty_groups_max: usize,
+    /// ...or this long after the last one, if anything changed.
+    pub checkpoint_interval_ms: u64,
+    /// A checkpoint's run files are cut into parts of at most this many
+    /// bytes (at most `RUN_FILE_BYTES_READ_MAX`, 1 GiB, the largest part a
+    /// reader accepts).
+    pub run_file_bytes_max: u64,
     /// A group's records are held in memory (they are in the journal) and
     /// written to its segment file once this many bytes wait, when the
     /// segment is sealed, or at a checkpoint: one write per group per 16 KiB
@@ -105,7 +113,10 @@ impl Config {
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_entries_total_max: 10_000_000,
-            journal_checkpoint_bytes: 64 << 20,
+            checkpoint_journal_bytes: 64 << 20,
+            checkpoint_dirty_groups_max: 1_000_000,
+            checkpoint_interval_ms: 60_000,
+            run_file_bytes_max: 256 << 20,
             segment_tail_bytes: 16 << 10,
             commit_round_bytes_max: 8 << 20,
             groups_max: 10_000_000,
@@ -158,6 +169,25 @@ impl Config {
         if self.cursor_flush_ms == 0 || self.retention_check_ms == 0 {
             return bad("cursor_flush_ms and retention_check_ms must be positive".into());
         }
+        let (lo, hi) = (
+            crate::state::run::RUN_FILE_BYTES_MIN,
+            crate::state::run::RUN_FILE_BYTES_READ_MAX,
+        );
+        if !(lo..=hi).contains(&self.run_file_bytes_max) {
+            return bad(format!(
+                "run_file_bytes_max {} must be in [{lo}, {hi}] (the largest run part a reader accepts)",
+                self.run_file_bytes_max
+            ));
+        }
+        if self.checkpoint_journal_bytes == 0
+            || self.checkpoint_dirty_groups_max == 0
+            || self.checkpoint_interval_ms == 0
+        {
+            return bad(
+                "checkpoint_journal_bytes, checkpoint_dirty_groups_max and checkpoint_interval_ms must be positive"
+                    .into(),
+            );
+        }
         if self.dedup_window_sends == 0 {
             return bad("dedup_window_sends must be at least 1".into());
         }
@@ -194,6 +224,17 @@ mod tests {
         for bad in ["", "sometimes", "interval:", "interval:0", "interval:x"] {
             assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_run_part_limit_a_reader_would_refuse_is_rejected() {
+        let mut c = Config::new("/tmp/x");
+        c.run_file_bytes_max = crate::state::run::RUN_FILE_BYTES_READ_MAX + 1;
+        assert!(c.validate().is_err());
+        c.run_file_bytes_max = crate::state::run::RUN_FILE_BYTES_READ_MAX;
+        c.validate().unwrap();
+        c.run_file_bytes_max = 4096;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -7,13 +7,20 @@
 //! search over the user's groups and one atomic `fetch_max`: no system call,
 //! no allocation, no exclusive lock.
 //!
-//! Each cursor carries a dirty bit (bit 0; the value is `cursor << 1`), so
-//! the commit thread persists only cursors that moved since they were last
-//! written. Invariant: a dirty bit is cleared only when the value read with
-//! it is durable or held by someone who will make it durable: a flush
-//! clears it atomically with reading the value (and keeps the entries until
-//! written); a checkpoint clears it only after it is stored, and only if
-//! the cursor did not move since its snapshot.
+//! Each cursor word is `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`
+//! (msg_ids stay below 2^62). The *flush* bit makes the commit thread's
+//! cursor flush write only cursors that moved since it last wrote them; the
+//! *checkpoint* bit makes each moved membership reach the next checkpoint's
+//! delta run once: the move that sets it (an ACK, a caught-up sender, a
+//! replayed Cursors entry) reports it, and the caller queues the user on its
+//! group's checkpoint state (`dirty.rs`), so a checkpoint reads only the
+//! cursors that moved, never the whole table.
+//!
+//! Invariants: a flush bit is cleared only atomically with reading the
+//! value it covers (the flush keeps the entries until written); a
+//! checkpoint bit is set only by a move that reports it (so every set bit
+//! has its user queued) and cleared only atomically with the read of the
+//! value the checkpoint stores.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -28,7 +35,7 @@ const JOIN_OVERFLOW: u32 = u32::MAX;
 /// One membership, as the user's side holds it.
 #[repr(C)]
 struct Membership {
-    /// `cursor << 1 | dirty`.
+    /// `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`.
     cursor: AtomicU64,
     /// The group's slot (dense small integer standing for the group id).
     slot: u32,
@@ -69,12 +76,18 @@ pub struct CursorTable {
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
 }
 
-/// A cursor that was dirty when a snapshot read it, with the value read.
+const FLUSH_DIRTY: u64 = 1;
+const CKPT_DIRTY: u64 = 2;
+const SHIFT: u32 = 2;
+
+/// A cursor that moved: its old and new value, and whether this move set
+/// its checkpoint bit (then the caller queues the user for the next
+/// checkpoint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DirtyCursor {
-    pub user: u64,
-    pub slot: u32,
-    pub cursor: u64,
+pub struct Moved {
+    pub old: u64,
+    pub new: u64,
+    pub newly_checkpoint_dirty: bool,
 }
 
 /// A membership as read from the table.
@@ -148,8 +161,8 @@ impl CursorTable {
         v.insert(
             at,
             Membership {
-                // Clean: the join entry (or the snapshot) already holds it.
-                cursor: AtomicU64::new(cursor << 1),
+                // Clean: the join entry (or the checkpoint) already holds it.
+                cursor: AtomicU64::new(cursor << SHIFT),
                 slot,
                 join_lo,
             },
@@ -174,7 +187,7 @@ impl CursorTable {
         } else if entry.memberships.capacity() > entry.memberships.len() * 2 {
             entry.memberships.shrink_to_fit();
         }
-        Some(m.cursor.load(Ordering::Acquire) >> 1)
+        Some(m.cursor.load(Ordering::Acquire) >> SHIFT)
     }
 
     pub fn get(&self, user: u64, slot: u32) -> Option<MemberCursor> {
@@ -183,58 +196,77 @@ impl CursorTable {
         let m = entry.find(slot)?;
         Some(MemberCursor {
             slot,
-            cursor: m.cursor.load(Ordering::Acquire) >> 1,
+            cursor: m.cursor.load(Ordering::Acquire) >> SHIFT,
             join_point: self.join_point(user, m),
         })
     }
 
-    /// Moves the cursor forward to `msg_id` (never backward). Returns
-    /// `(old, new)`, or `None` if `user` is not a member. The caller checks
+    /// Reads a membership for a checkpoint and clears its checkpoint bit
+    /// with the read: a move after it sets the bit again (and is queued
+    /// again).
+    pub fn take_for_checkpoint(&self, user: u64, slot: u32) -> Option<MemberCursor> {
+        let shard = self.shard(user).read();
+        let entry = shard.get(&user)?;
+        let m = entry.find(slot)?;
+        let v = m.cursor.fetch_and(!CKPT_DIRTY, Ordering::AcqRel);
+        Some(MemberCursor {
+            slot,
+            cursor: v >> SHIFT,
+            join_point: self.join_point(user, m),
+        })
+    }
+
+    /// Moves the cursor forward to `msg_id` (never backward), setting both
+    /// dirty bits. `None` if `user` is not a member. The caller checks
     /// `msg_id` against the head first.
-    pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<(u64, u64)> {
+    pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<Moved> {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
         let m = entry.find(slot)?;
         let current = m.cursor.load(Ordering::Acquire);
-        if msg_id <= current >> 1 {
-            return Some((current >> 1, current >> 1));
+        if msg_id <= current >> SHIFT {
+            let c = current >> SHIFT;
+            return Some(Moved {
+                old: c,
+                new: c,
+                newly_checkpoint_dirty: false,
+            });
         }
-        // fetch_max on the encoded value sets both the cursor and the dirty bit.
-        let old = m.cursor.fetch_max(msg_id << 1 | 1, Ordering::AcqRel) >> 1;
+        // fetch_max on the encoded value sets the cursor and both bits.
+        let prev = m
+            .cursor
+            .fetch_max(msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY, Ordering::AcqRel);
+        let old = prev >> SHIFT;
         if !entry.dirty.load(Ordering::Relaxed) {
             entry.dirty.store(true, Ordering::Release);
         }
-        Some((old, old.max(msg_id)))
+        Some(Moved {
+            old,
+            new: old.max(msg_id),
+            newly_checkpoint_dirty: old < msg_id && prev & CKPT_DIRTY == 0,
+        })
     }
 
     /// Moves the cursor from exactly `expected` to `msg_id` (a caught-up
-    /// sender's own message). Returns true if it moved.
-    pub fn advance_if_at(&self, user: u64, slot: u32, expected: u64, msg_id: u64) -> bool {
+    /// sender's own message). `Some(newly checkpoint dirty)` if it moved.
+    pub fn advance_if_at(&self, user: u64, slot: u32, expected: u64, msg_id: u64) -> Option<bool> {
         let shard = self.shard(user).read();
-        let Some(entry) = shard.get(&user) else {
-            return false;
-        };
-        let Ok(i) = entry.memberships.binary_search_by_key(&slot, |m| m.slot) else {
-            return false;
-        };
-        let m = &entry.memberships[i];
+        let entry = shard.get(&user)?;
+        let m = entry.find(slot)?;
         let current = m.cursor.load(Ordering::Acquire);
-        if current >> 1 != expected {
-            return false;
+        if current >> SHIFT != expected {
+            return None;
         }
-        let moved = m
-            .cursor
+        m.cursor
             .compare_exchange(
                 current,
-                msg_id << 1 | 1,
+                msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             )
-            .is_ok();
-        if moved {
-            entry.dirty.store(true, Ordering::Release);
-        }
-        moved
+            .ok()?;
+        entry.dirty.store(true, Ordering::Release);
+        Some(current & CKPT_DIRTY == 0)
     }
 
     /// Calls `f(slot, cursor)` for every group of `user`, in slot order.
@@ -242,7 +274,7 @@ impl CursorTable {
         let shard = self.shard(user).read();
         if let Some(entry) = shard.get(&user) {
             for m in &entry.memberships {
-                f(m.slot, m.cursor.load(Ordering::Acquire) >> 1);
+                f(m.slot, m.cursor.load(Ordering::Acquire) >> SHIFT);
             }
         }
     }
@@ -258,98 +290,71 @@ impl CursorTable {
                     continue;
                 }
                 for m in &entry.memberships {
-                    let v = m.cursor.fetch_and(!1, Ordering::AcqRel);
-                    if v & 1 == 1 {
-                        f(user, m.slot, v >> 1);
+                    let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
+                    if v & FLUSH_DIRTY != 0 {
+                        f(user, m.slot, v >> SHIFT);
                     }
                 }
             }
         }
     }
 
-    /// Every membership, user by user: `f(user, memberships in slot order)`.
-    ///
-    /// Leaves every dirty bit set: the snapshot is not durable yet (the
-    /// checkpoint holding it may still fail, for instance on a full disk, and
-    /// then the next cursor flush must still find these cursors). Returns
-    /// the dirty cursors it saw, to hand to [`Self::mark_persisted`] once
-    /// the snapshot is durable.
-    pub fn snapshot(&self, mut f: impl FnMut(u64, &[MemberCursor])) -> Vec<DirtyCursor> {
-        let mut buf = Vec::new();
-        let mut dirty = Vec::new();
-        for shard in &self.shards {
-            let shard = shard.read();
-            for (&user, entry) in shard.iter() {
-                buf.clear();
-                for m in &entry.memberships {
-                    let v = m.cursor.load(Ordering::Acquire);
-                    if v & 1 == 1 {
-                        dirty.push(DirtyCursor {
-                            user,
-                            slot: m.slot,
-                            cursor: v >> 1,
-                        });
-                    }
-                    buf.push(MemberCursor {
-                        slot: m.slot,
-                        cursor: v >> 1,
-                        join_point: self.join_point(user, m),
-                    });
-                }
-                f(user, &buf);
-            }
-        }
-        dirty
-    }
-
-    /// Clears the dirty bit of each cursor `persisted` names, but only if
-    /// the cursor still has the value that was persisted: one that an ACK
-    /// moved after the snapshot stays dirty for the next flush. (The
-    /// per-user hint bit is left set; the next `take_dirty` clears it.)
-    pub fn mark_persisted(&self, persisted: &[DirtyCursor]) {
-        for d in persisted {
-            let shard = self.shard(d.user).read();
-            let Some(m) = shard.get(&d.user).and_then(|e| e.find(d.slot)) else {
-                continue; // left since: nothing to persist
-            };
-            let _ = m.cursor.compare_exchange(
-                d.cursor << 1 | 1,
-                d.cursor << 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
-    }
-
-    /// Raises a cursor to a value loaded from disk (never lowers it).
-    /// Returns `(old, new)` if the membership exists.
-    pub fn restore(&self, user: u64, slot: u32, cursor: u64) -> Option<(u64, u64)> {
+    /// Raises a cursor to a value read from the journal (never lowers it);
+    /// a raise sets the checkpoint bit (the journal entry goes away with
+    /// the next checkpoints, the value must not). `None` if the membership
+    /// does not exist.
+    pub fn restore(&self, user: u64, slot: u32, cursor: u64) -> Option<Moved> {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
-        let i = entry
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?;
-        let old = entry.memberships[i]
-            .cursor
-            .fetch_max(cursor << 1, Ordering::AcqRel)
-            >> 1;
-        Some((old, old.max(cursor)))
+        let m = entry.find(slot)?;
+        let mut current = m.cursor.load(Ordering::Acquire);
+        loop {
+            let old = current >> SHIFT;
+            if cursor <= old {
+                return Some(Moved {
+                    old,
+                    new: old,
+                    newly_checkpoint_dirty: false,
+                });
+            }
+            let next = cursor << SHIFT | (current & FLUSH_DIRTY) | CKPT_DIRTY;
+            match m
+                .cursor
+                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Some(Moved {
+                        old,
+                        new: cursor,
+                        newly_checkpoint_dirty: current & CKPT_DIRTY == 0,
+                    })
+                }
+                Err(now) => current = now,
+            }
+        }
     }
 
     /// Lowers every cursor above its group's head to the head (recovery:
     /// never beyond the head). `head_of(slot)` gives the head; `moved` is
-    /// called with `(slot, old, new)` for each lowered cursor.
+    /// called with `(slot, old, new)` for each lowered cursor. The flush
+    /// bit is set (the lowered value is written with the next flush); the
+    /// checkpoint bit is left as it was, since only a reported move may set
+    /// it (every later open clamps again whatever a checkpoint holds).
     pub fn clamp_all(&self, head_of: impl Fn(u32) -> u64, mut moved: impl FnMut(u32, u64, u64)) {
         for shard in &self.shards {
             let shard = shard.read();
             for entry in shard.values() {
                 for m in &entry.memberships {
                     let head = head_of(m.slot);
-                    let old = m.cursor.fetch_min(head << 1 | 1, Ordering::AcqRel) >> 1;
-                    if old > head {
+                    let v = m.cursor.load(Ordering::Acquire);
+                    if v >> SHIFT > head {
+                        // Recovery is single-threaded: nothing races this store.
+                        m.cursor.store(
+                            head << SHIFT | FLUSH_DIRTY | (v & CKPT_DIRTY),
+                            Ordering::Release,
+                        );
                         entry.dirty.store(true, Ordering::Release);
-                        moved(m.slot, old, head);
+                        moved(m.slot, v >> SHIFT, head);
                     }
                 }
             }
@@ -385,12 +390,19 @@ mod tests {
     fn cursors_only_move_forward() {
         let t = CursorTable::new();
         t.insert(7, 1, 5, 6, Some(2)).unwrap();
-        assert_eq!(t.advance(7, 1, 9), Some((5, 9)));
-        assert_eq!(t.advance(7, 1, 3), Some((9, 9)));
+        let moved = |old, new, newly_checkpoint_dirty| {
+            Some(Moved {
+                old,
+                new,
+                newly_checkpoint_dirty,
+            })
+        };
+        assert_eq!(t.advance(7, 1, 9), moved(5, 9, true));
+        assert_eq!(t.advance(7, 1, 3), moved(9, 9, false));
         assert_eq!(t.get(7, 1).unwrap().cursor, 9);
         assert_eq!(t.advance(7, 2, 3), None);
         assert_eq!(t.advance(8, 1, 3), None);
-        assert_eq!(t.restore(7, 1, 4), Some((9, 9)));
+        assert_eq!(t.restore(7, 1, 4), moved(9, 9, false));
         assert_eq!(t.get(7, 1).unwrap().cursor, 9);
         let mut moved = Vec::new();
         t.clamp_all(|_| 8, |s, o, n| moved.push((s, o, n)));
@@ -424,38 +436,34 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_clears_dirty_bits_only_once_persisted_and_only_if_unmoved() {
+    fn a_move_reports_the_checkpoint_bit_once_until_a_checkpoint_reads_it() {
         let t = CursorTable::new();
         t.insert(1, 1, 0, 1, None).unwrap();
-        t.insert(1, 2, 0, 1, None).unwrap();
-        t.advance(1, 1, 5);
-        t.advance(1, 2, 6);
-        let dirty = t.snapshot(|_, _| {});
-        assert_eq!(dirty.len(), 2);
-        // Not persisted yet (the checkpoint may fail): still dirty.
+        assert!(t.advance(1, 1, 5).unwrap().newly_checkpoint_dirty);
+        assert!(
+            !t.advance(1, 1, 6).unwrap().newly_checkpoint_dirty,
+            "already queued"
+        );
+        assert_eq!(t.advance_if_at(1, 1, 6, 7), Some(false));
+        // The flush takes the flush bit only.
         let mut seen = Vec::new();
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        seen.sort_unstable();
-        assert_eq!(seen, vec![(1, 1, 5), (1, 2, 6)]);
-        // Persisted, while an ACK moved slot 1 after the snapshot.
-        t.advance(1, 1, 7);
-        t.advance(1, 2, 9);
-        let dirty = t.snapshot(|_, _| {});
-        t.advance(1, 1, 8);
-        t.mark_persisted(&dirty);
-        seen.clear();
-        t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert_eq!(
-            seen,
-            vec![(1, 1, 8)],
-            "moved after the snapshot: still dirty"
-        );
-        t.advance(1, 1, 10);
-        let dirty = t.snapshot(|_, _| {});
-        t.mark_persisted(&dirty);
-        seen.clear();
-        t.take_dirty(|u, s, c| seen.push((u, s, c)));
-        assert!(seen.is_empty(), "persisted and unmoved: clean");
+        assert_eq!(seen, vec![(1, 1, 7)]);
+        assert!(!t.advance(1, 1, 8).unwrap().newly_checkpoint_dirty);
+        // The checkpoint reads the value and clears its bit with the read.
+        assert_eq!(t.take_for_checkpoint(1, 1).unwrap().cursor, 8);
+        assert!(t.advance(1, 1, 9).unwrap().newly_checkpoint_dirty);
+        assert_eq!(t.take_for_checkpoint(1, 1).unwrap().cursor, 9);
+        assert_eq!(t.advance_if_at(1, 1, 9, 10), Some(true));
+        t.take_for_checkpoint(1, 1);
+        // A replayed raise sets it too; one that does not raise does not.
+        assert!(t.restore(1, 1, 12).unwrap().newly_checkpoint_dirty);
+        t.take_for_checkpoint(1, 1);
+        assert!(!t.restore(1, 1, 11).unwrap().newly_checkpoint_dirty);
+        // Clamping (recovery) leaves the checkpoint bit alone.
+        t.clamp_all(|_| 3, |_, _, _| {});
+        assert!(t.advance(1, 1, 3).unwrap().old == 3);
+        assert!(t.advance(1, 1, 4).unwrap().newly_checkpoint_dirty);
     }
 
     #[test]
@@ -481,9 +489,8 @@ mod tests {
         let big = (1u64 << 40) + 3;
         t.insert(1, 1, big - 1, big, Some(2)).unwrap();
         assert_eq!(t.get(1, 1).unwrap().join_point, big);
-        let mut seen = Vec::new();
-        t.snapshot(|u, ms| seen.extend(ms.iter().map(|m| (u, m.slot, m.cursor, m.join_point))));
-        assert_eq!(seen, vec![(1, 1, big - 1, big)]);
+        let m = t.take_for_checkpoint(1, 1).unwrap();
+        assert_eq!((m.cursor, m.join_point), (big - 1, big));
         t.remove(1, 1);
         assert!(t.join_overflow.lock().is_empty());
     }

@@ -91,8 +91,17 @@ pub struct EngineStats {
     pub rounds: u64,
     pub round_records_max: u64,
     pub journal_syncs: u64,
+    /// Checkpoints stored since open.
     pub checkpoints: u64,
     pub checkpoint_syncs: u64,
+    /// Bytes checkpoints wrote (delta runs, merged runs, manifests).
+    pub checkpoint_bytes_written: u64,
+    /// The most bytes one checkpoint wrote.
+    pub checkpoint_bytes_max: u64,
+    /// Time checkpoints took on the checkpointer thread (K2-K7), in total
+    /// and the longest, in milliseconds.
+    pub checkpoint_ms_total: u64,
+    pub checkpoint_ms_max: u64,
     pub bytes_appended: u64,
     /// ACKs that moved a cursor.
     pub acks: u64,
@@ -111,6 +120,7 @@ pub struct EngineStats {
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
+    checkpointer_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
 }
@@ -137,7 +147,8 @@ impl Engine {
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
         let ctx = LogContext::new(vfs, config);
         let recovered = recovery::recover(&ctx)?;
-        let (journal, report) = (recovered.journal, recovered.report);
+        let (journal, report, on_disk) = (recovered.journal, recovered.report, recovered.on_disk);
+        let needs_checkpoint = recovered.needs_checkpoint;
         // Measured before the first send can arrive: starting from "plenty
         // free" would accept sends on a nearly full disk until the commit
         // thread's first measurement (a race seen as a flaky refusal test).
@@ -152,6 +163,7 @@ impl Engine {
             cursors: recovered.cursors,
             pending: Mutex::new(Pending {
                 round: 1,
+                checkpoint: needs_checkpoint,
                 ..Default::default()
             }),
             pending_cv: Condvar::new(),
@@ -163,12 +175,26 @@ impl Engine {
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
             dedup: DedupBudget::new(),
+            ckpt: Default::default(),
         });
+        let flusher = crate::flusher::Flusher::start(
+            shared.ctx.vfs.clone(),
+            shared.ctx.config.data_dir.clone(),
+            shared.ctx.config.checkpoint_journal_bytes,
+        );
+        let checkpointer_thread =
+            crate::checkpointer::start(shared.clone(), flusher.checker(), on_disk, journal.seq)?;
         let thread_shared = shared.clone();
-        let commit_thread = std::thread::Builder::new()
+        let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
-            .spawn(move || crate::commit::run(thread_shared, journal))
-            .map_err(|e| Error::io("spawn commit thread", e))?;
+            .spawn(move || crate::commit::run(thread_shared, journal, flusher))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                stop_checkpointer(&shared, checkpointer_thread);
+                return Err(Error::io("spawn commit thread", e));
+            }
+        };
         log::info!(
             "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}, \
              groups verified {}, not yet verified {}, damaged {}",
@@ -183,6 +209,7 @@ impl Engine {
         Ok(Engine {
             shared,
             commit_thread: Some(commit_thread),
+            checkpointer_thread: Some(checkpointer_thread),
             recovery: report,
             _lock: lock,
         })
@@ -717,15 +744,28 @@ impl Engine {
         self.request_round(|p| p.flush_cursors = true)
     }
 
-    /// Writes a checkpoint now (applying retention policies) and returns
-    /// when it is durable. The commit thread also does this on its own
-    /// every `journal_checkpoint_bytes` and `retention_check_ms`. A
-    /// checkpoint whose write finds the disk full changes nothing (the
-    /// journal keeps everything it would have covered) and is put off: this
-    /// returns `Ok` and the commit thread tries again about a second later.
+    /// Takes a checkpoint of everything committed so far and returns when
+    /// it is stored. The engine also takes them on its own (every
+    /// `checkpoint_journal_bytes` of journal, `checkpoint_dirty_groups_max`
+    /// changed groups or `checkpoint_interval_ms`), on the checkpointer
+    /// thread while rounds go on. A checkpoint whose write finds the disk
+    /// full changes nothing (the journal keeps everything it would have
+    /// covered) and is put off: this returns `Ok` and it is tried again
+    /// about a second later.
     pub fn checkpoint(&self) -> Result<()> {
         let round = self.request_round(|p| p.checkpoint = true)?;
-        self.wait_round(round)
+        self.wait_round(round)?;
+        let co = &self.shared.ckpt;
+        let mut st = co.status.lock();
+        while st.attempted_through < round && !st.exited {
+            if self.shared.writes_stopped.load(Ordering::Acquire) {
+                break;
+            }
+            co.cv
+                .wait_for(&mut st, std::time::Duration::from_millis(50));
+        }
+        drop(st);
+        self.check_not_stopped()
     }
 
     fn request_round(&self, set: impl FnOnce(&mut Pending)) -> Result<u64> {
@@ -828,6 +868,10 @@ impl Engine {
             journal_syncs: c.journal_syncs.load(Ordering::Relaxed),
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
+            checkpoint_bytes_written: c.checkpoint_bytes_written.load(Ordering::Relaxed),
+            checkpoint_bytes_max: c.checkpoint_bytes_max.load(Ordering::Relaxed),
+            checkpoint_ms_total: c.checkpoint_ms_total.load(Ordering::Relaxed),
+            checkpoint_ms_max: c.checkpoint_ms_max.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
             membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),
@@ -876,6 +920,9 @@ impl Engine {
         self.shared.pending.lock().shutdown = true;
         self.shared.pending_cv.notify_all();
         let _ = handle.join();
+        if let Some(t) = self.checkpointer_thread.take() {
+            stop_checkpointer(&self.shared, t);
+        }
         match &self.shared.progress.lock().failed {
             Some((_, reason)) => Err(Error::WritesStopped {
                 reason: reason.clone(),
@@ -883,6 +930,14 @@ impl Engine {
             None => Ok(()),
         }
     }
+}
+
+/// Tells the checkpointer thread to end (after the checkpoint it is
+/// writing, if any) and joins it.
+fn stop_checkpointer(shared: &Shared, thread: JoinHandle<()>) {
+    shared.ckpt.status.lock().shutdown = true;
+    shared.ckpt.cv.notify_all();
+    let _ = thread.join();
 }
 
 /// Appends one journal entry to the pending round; returns the round.

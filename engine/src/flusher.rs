@@ -130,12 +130,23 @@ impl Flusher {
         self.next_at = self.step;
     }
 
+    /// What the checkpointer asks before it syncs (see [`FlushCheck`]).
+    pub fn checker(&self) -> FlushCheck {
+        FlushCheck(self.state.clone())
+    }
+}
+
+/// A handle on the background syncs' outcome, for the checkpointer thread.
+#[derive(Clone)]
+pub(crate) struct FlushCheck(Arc<(Mutex<SyncState>, Condvar)>);
+
+impl FlushCheck {
     /// Waits for a background sync under way, then returns the write-back
     /// error any background sync saw. A checkpoint must not claim
     /// durability after one; and one still running could see an error the
     /// checkpoint's own sync then would not.
     pub fn check(&self) -> Result<(), Error> {
-        let (lock, cv) = &*self.state;
+        let (lock, cv) = &*self.0;
         let mut st = lock.lock();
         while st.done < st.requested && !st.exited {
             cv.wait(&mut st);
@@ -182,7 +193,7 @@ mod tests {
         let mut f = Flusher::start(Arc::new(vfs), dir.path().to_owned(), 8 * step);
         f.journal_grew_to(step / 2);
         f.journal_grew_to(step - 1);
-        f.check().unwrap();
+        f.checker().check().unwrap();
         assert_eq!(control.syncs(), 0, "below the first step");
         f.journal_grew_to(step);
         wait_for("one background sync", || control.syncs() == 1);
@@ -194,8 +205,8 @@ mod tests {
         f.journal_grew_to(step - 1);
         control.fail_syncs.store(true, Ordering::SeqCst);
         f.journal_grew_to(step);
-        wait_for("the failed sync to be kept", || f.check().is_err());
-        let err = f.check().unwrap_err();
+        wait_for("the failed sync to be kept", || f.checker().check().is_err());
+        let err = f.checker().check().unwrap_err();
         assert!(err.to_string().contains("background sync failed"), "{err}");
         drop(f); // joins the thread
     }
@@ -221,7 +232,7 @@ mod tests {
                 control.hold_syncs.store(false, Ordering::SeqCst);
             })
         };
-        let err = f.check().unwrap_err();
+        let err = f.checker().check().unwrap_err();
         assert!(err.to_string().contains("background sync failed"), "{err}");
         release.join().unwrap();
     }

@@ -13,16 +13,14 @@
 //! |---|---|
 //! | `record_scan` | [`record::RecordIter`], `decode_header` / `decode_verified` |
 //! | `journal_entries` | journal header decode, `EntryIter`, entry bodies |
-//! | `checkpoint_decode` | `checkpoint::decode` and its memberships section |
-//! | `memberships_decode` | `member_snapshot::decode` (the cursor snapshot) |
 //! | `run_decode` | a run part: `state::run::PartReader` and the item decoder |
 //! | `manifest_decode` | `state::manifest::decode` |
 //! | `recovery` | `Engine::open` over an arbitrary data-directory image |
 //! | `engine_ops` | the engine API under an operation sequence, against an oracle |
 //!
 //! Inputs that need valid checksums to get past the first check
-//! (`journal_entries`, `checkpoint_decode`, `run_decode`,
-//! `manifest_decode`, `recovery`) carry a flag that
+//! (`journal_entries`, `run_decode`, `manifest_decode`, `recovery`) carry
+//! a flag that
 //! makes the target recompute them, so the fuzzer reaches the decoders
 //! behind the CRCs as well as the CRC checks themselves.
 
@@ -30,11 +28,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::checkpoint::{self, CHECKPOINT_HEADER_BYTES, CHECKPOINT_MAGIC, CHECKPOINT_VERSION};
-use crate::cursors::MemberCursor;
 use crate::io::OsVfs;
 use crate::journal::{self, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES, JOURNAL_VERSION};
-use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES};
 use crate::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
 use crate::{Config, Engine, Error, JoinStart};
@@ -47,8 +42,6 @@ pub type Target = fn(&[u8]);
 pub const TARGETS: &[(&str, Target)] = &[
     ("record_scan", record_scan),
     ("journal_entries", journal_entries),
-    ("checkpoint_decode", checkpoint_decode),
-    ("memberships_decode", memberships_decode),
     ("run_decode", run_decode),
     ("manifest_decode", manifest_decode),
     ("recovery", recovery),
@@ -293,119 +286,6 @@ fn decode_entry_body(kind: EntryKind, body: &[u8]) {
 }
 
 // ---------------------------------------------------------------------------
-// checkpoint_decode
-
-/// Rewrites a checkpoint header to be valid for the body that follows it.
-fn fix_checkpoint(b: &mut [u8]) {
-    if b.len() < CHECKPOINT_HEADER_BYTES {
-        return;
-    }
-    let body_len = (b.len() - CHECKPOINT_HEADER_BYTES) as u64;
-    let body_crc = crc32fast::hash(&b[CHECKPOINT_HEADER_BYTES..]);
-    b[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
-    b[8..10].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
-    b[10..12].copy_from_slice(&(CHECKPOINT_HEADER_BYTES as u16).to_le_bytes());
-    b[12..16].copy_from_slice(&[0; 4]);
-    b[16..24].copy_from_slice(&body_len.to_le_bytes());
-    put_u32(b, 24, body_crc);
-    let header_crc = crc32fast::hash(&b[0..28]);
-    put_u32(b, 28, header_crc);
-}
-
-/// Input: `{ flags: u8 | checkpoint file }`; flag bit 0 rewrites the header
-/// (magic, version, length, both CRCs) to match the body.
-///
-/// Checks: a checkpoint that decodes re-encodes to the same bytes (the
-/// fixed-width bincode layout is canonical) and its memberships section
-/// goes through the memberships checks.
-pub fn checkpoint_decode(data: &[u8]) {
-    let Some((&flags, rest)) = data.split_first() else {
-        return;
-    };
-    let mut buf = rest.to_vec();
-    if flags & 1 != 0 {
-        fix_checkpoint(&mut buf);
-    }
-    if let Ok(body) = checkpoint::decode(&buf) {
-        // The reader does not check `header_len` and the reserved bytes
-        // (storage.md, "Checkpoint file"); everything else is canonical.
-        let again = checkpoint::encode(&body);
-        assert_eq!(again.len(), buf.len());
-        assert_eq!(again[..10], buf[..10], "checkpoint magic or version");
-        assert_eq!(again[16..28], buf[16..28], "checkpoint body length or CRC");
-        assert_eq!(
-            again[CHECKPOINT_HEADER_BYTES..],
-            buf[CHECKPOINT_HEADER_BYTES..],
-            "a decoded checkpoint body does not re-encode"
-        );
-        for g in &body.groups {
-            assert!(!g.segments.is_empty());
-        }
-        memberships_decode(&body.members);
-    }
-}
-
-// ---------------------------------------------------------------------------
-// memberships_decode
-
-/// Input: a memberships section (the cursor snapshot of a checkpoint).
-///
-/// Checks: the decoder calls back at most once per input byte (a hostile
-/// count cannot make it loop or allocate); what decodes re-encodes to a
-/// section that decodes to the same memberships (values, not bytes: a
-/// varint may be written in more bytes than it needs).
-pub fn memberships_decode(data: &[u8]) {
-    let mut got: Vec<SnapshotMembership> = Vec::new();
-    let result = member_snapshot::decode(data, |m| {
-        got.push(m);
-        Ok(())
-    });
-    assert!(got.len() <= data.len(), "more memberships than bytes");
-    if result.is_err() {
-        return;
-    }
-    // Re-encode user block by user block: a new block starts where the
-    // ordinal does not increase or the user changes.
-    let mut blocks: Vec<(u64, Vec<SnapshotMembership>)> = Vec::new();
-    for m in &got {
-        match blocks.last_mut() {
-            Some((user, ms))
-                if *user == m.user
-                    && ms.last().is_some_and(|l| l.group_ordinal < m.group_ordinal) =>
-            {
-                ms.push(*m)
-            }
-            _ => blocks.push((m.user, vec![*m])),
-        }
-    }
-    // Blocks split this way may differ from the encoded ones (an empty user
-    // block, or equal ordinals in one block), so compare decoded values only.
-    let mut out = Vec::new();
-    member_snapshot::put_varint(&mut out, blocks.len() as u64);
-    for (user, ms) in &blocks {
-        let cursors: Vec<MemberCursor> = ms
-            .iter()
-            .enumerate()
-            .map(|(i, m)| MemberCursor {
-                slot: i as u32,
-                cursor: m.cursor,
-                join_point: m.join_point,
-            })
-            .collect();
-        member_snapshot::encode_user(&mut out, *user, &cursors, |slot| {
-            ms[slot as usize].group_ordinal
-        });
-    }
-    let mut again = Vec::new();
-    member_snapshot::decode(&out, |m| {
-        again.push(m);
-        Ok(())
-    })
-    .expect("a re-encoded memberships section must decode");
-    assert_eq!(again, got, "memberships do not survive re-encoding");
-}
-
-// ---------------------------------------------------------------------------
 // run_decode
 
 /// Recomputes the checksums of a run part: header, then (if the trailer's
@@ -505,18 +385,13 @@ pub fn run_decode(data: &[u8]) {
 /// Checks: a manifest that decodes re-encodes to exactly its bytes (the
 /// format has one encoding of each value).
 pub fn manifest_decode(data: &[u8]) {
-    use crate::state::manifest::{self, MANIFEST_HEADER_BYTES};
+    use crate::state::manifest;
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };
     let mut buf = rest.to_vec();
-    if flags & 1 != 0 && buf.len() >= MANIFEST_HEADER_BYTES {
-        let body_len = (buf.len() - MANIFEST_HEADER_BYTES) as u64;
-        buf[16..24].copy_from_slice(&body_len.to_le_bytes());
-        let body_crc = crc32fast::hash(&buf[MANIFEST_HEADER_BYTES..]);
-        put_u32(&mut buf, 24, body_crc);
-        let header_crc = crc32fast::hash(&buf[..28]);
-        put_u32(&mut buf, 28, header_crc);
+    if flags & 1 != 0 {
+        fix_manifest(&mut buf);
     }
     if let Ok(m) = manifest::decode(&buf) {
         let again = manifest::encode(&m).expect("a decoded manifest is within the limit");
@@ -525,6 +400,21 @@ pub fn manifest_decode(data: &[u8]) {
             "a decoded manifest does not re-encode to its bytes"
         );
     }
+}
+
+/// Rewrites a manifest header's body length and checksums for the body
+/// that follows it.
+fn fix_manifest(buf: &mut [u8]) {
+    use crate::state::manifest::MANIFEST_HEADER_BYTES;
+    if buf.len() < MANIFEST_HEADER_BYTES {
+        return;
+    }
+    let body_len = (buf.len() - MANIFEST_HEADER_BYTES) as u64;
+    buf[16..24].copy_from_slice(&body_len.to_le_bytes());
+    let body_crc = crc32fast::hash(&buf[MANIFEST_HEADER_BYTES..]);
+    put_u32(buf, 24, body_crc);
+    let header_crc = crc32fast::hash(&buf[..28]);
+    put_u32(buf, 28, header_crc);
 }
 
 /// Seeds of `run_decode` and `manifest_decode`: a run of every item kind
@@ -660,7 +550,7 @@ fn small_config(dir: &Path) -> Config {
     c.segment_bytes_max = 1024;
     c.index_interval_bytes = 128;
     c.open_segments_max = 4;
-    c.journal_checkpoint_bytes = 4096;
+    c.checkpoint_journal_bytes = 4096;
     c.commit_round_bytes_max = 4096;
     c.groups_max = 64;
     c.members_per_group_max = 64;
@@ -681,26 +571,26 @@ fn open(dir: &Path) -> crate::Result<Engine> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ImageFile {
-    Checkpoint = 0,
-    PreviousCheckpoint = 1,
+    /// A manifest, named after the `ckpt_seq` of its body (1 if too short).
+    Manifest = 0,
+    /// A run part, named after the run and part of its header (run 1,
+    /// part 0 if too short).
+    RunPart = 1,
     /// Named after the sequence number in its header (1 if too short).
     Journal = 2,
     /// A segment of group 1, named after the base id in its header.
     SegmentGroup1 = 3,
     /// A segment of group 2, named after the base id in its header.
     SegmentGroup2 = 4,
-    /// `checkpoint.tmp`, which recovery must ignore.
-    CheckpointTmp = 5,
 }
 
 impl ImageFile {
-    const ALL: [ImageFile; 6] = [
-        ImageFile::Checkpoint,
-        ImageFile::PreviousCheckpoint,
+    const ALL: [ImageFile; 5] = [
+        ImageFile::Manifest,
+        ImageFile::RunPart,
         ImageFile::Journal,
         ImageFile::SegmentGroup1,
         ImageFile::SegmentGroup2,
-        ImageFile::CheckpointTmp,
     ];
 }
 
@@ -755,15 +645,25 @@ fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, Im
     for (kind, fix, bytes) in files {
         let mut b = bytes.clone();
         let path = match kind {
-            ImageFile::Checkpoint | ImageFile::PreviousCheckpoint | ImageFile::CheckpointTmp => {
+            ImageFile::Manifest => {
                 if *fix {
-                    fix_checkpoint(&mut b);
+                    fix_manifest(&mut b);
                 }
-                match kind {
-                    ImageFile::Checkpoint => checkpoint::path(dir),
-                    ImageFile::PreviousCheckpoint => checkpoint::previous_path(dir),
-                    _ => dir.join("checkpoint.tmp"),
+                let seq = if b.len() >= 40 { u64_at(&b, 32) } else { 1 };
+                let mdir = crate::state::manifest::manifest_dir(dir);
+                crate::state::manifest::manifest_path(&mdir, seq)
+            }
+            ImageFile::RunPart => {
+                if *fix {
+                    fix_run_part(&mut b);
                 }
+                let (run, part) = if b.len() >= 24 {
+                    (u64_at(&b, 16), u32_at(&b, 12))
+                } else {
+                    (1, 0)
+                };
+                dir.join("state")
+                    .join(crate::state::run::part_file_name(run, part))
             }
             ImageFile::Journal => {
                 if *fix {
@@ -810,9 +710,9 @@ const RECOVERY_USERS_MAX: usize = 16;
 /// Sender of the probe message appended to every recovered group.
 const PROBE_SENDER: u64 = u64::MAX - 7;
 
-/// Input: a data-directory image (see [`encode_image`]): a checkpoint, a
-/// previous checkpoint, journal files and segments of groups 1 and 2,
-/// each optionally with its checksums recomputed.
+/// Input: a data-directory image (see [`encode_image`]): manifests, run
+/// parts, journal files and segments of groups 1 and 2, each optionally
+/// with its checksums recomputed.
 ///
 /// Opening must never panic. If it succeeds: every group reads back with
 /// dense ids up to its head (or answers a typed error); unread rows of its
@@ -971,22 +871,17 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
             }
         } else if name.starts_with("journal-header") {
             out.push(("journal_entries", seed, prefixed(&[2], v)));
-        } else if name.starts_with("checkpoint") {
-            out.push(("checkpoint_decode", seed.clone(), prefixed(&[0], v)));
-            if let Ok(body) = checkpoint::decode(v) {
-                out.push(("memberships_decode", seed, body.members));
-            }
         }
     }
     for (i, image) in seed_images().into_iter().enumerate() {
         for (kind, _, bytes) in &image {
             let seed = format!("engine{i}-{kind:?}");
             match kind {
-                ImageFile::Checkpoint => {
-                    out.push(("checkpoint_decode", seed.clone(), prefixed(&[0], bytes)));
-                    if let Ok(body) = checkpoint::decode(bytes) {
-                        out.push(("memberships_decode", seed, body.members));
-                    }
+                ImageFile::Manifest => {
+                    out.push(("manifest_decode", seed, prefixed(&[0], bytes)));
+                }
+                ImageFile::RunPart => {
+                    out.push(("run_decode", seed, prefixed(&[0], bytes)));
                 }
                 ImageFile::Journal => {
                     out.push(("journal_entries", seed, prefixed(&[2], bytes)));
@@ -1024,11 +919,22 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
 fn image_of(dir: &Path) -> Vec<(ImageFile, bool, Vec<u8>)> {
     let mut files = Vec::new();
     let read = |p: PathBuf| std::fs::read(p).ok();
-    if let Some(b) = read(checkpoint::path(dir)) {
-        files.push((ImageFile::Checkpoint, false, b));
+    let listed = |d: PathBuf| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    for p in listed(crate::state::manifest::manifest_dir(dir)) {
+        if let Some(b) = read(p) {
+            files.push((ImageFile::Manifest, false, b));
+        }
     }
-    if let Some(b) = read(checkpoint::previous_path(dir)) {
-        files.push((ImageFile::PreviousCheckpoint, false, b));
+    for p in listed(dir.join("state")) {
+        if let Some(b) = read(p) {
+            files.push((ImageFile::RunPart, false, b));
+        }
     }
     for (_, path) in journal::list(&OsVfs, &journal::journal_dir(dir)).unwrap_or_default() {
         if let Some(b) = read(path) {

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::dedup::DedupWindow;
+use crate::dirty::CkptState;
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::membership::GroupMembers;
 use crate::retention::Retention;
@@ -42,6 +43,9 @@ pub struct Group {
     pub retention: Mutex<Retention>,
     pub assign: Mutex<AssignState>,
     pub log: RwLock<LogSlot>,
+    /// What the next checkpoint must record of this group (`dirty.rs`).
+    /// Taken before any other lock of the group (and before the catalog).
+    pub ckpt: Mutex<CkptState>,
     /// The newest applied (readable) msg_id, readable without a lock: a
     /// copy of the log's head (see the module docs).
     visible_head: AtomicU64,
@@ -97,6 +101,7 @@ impl Group {
             retention: Mutex::new(Retention::default()),
             assign: Mutex::new(AssignState::default()),
             log: RwLock::new(log),
+            ckpt: Mutex::new(CkptState::default()),
             visible_head: AtomicU64::new(head),
             deleting: AtomicBool::new(false),
         }
@@ -167,6 +172,7 @@ impl Group {
             }
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
+                ctx.dirty.damaged(self.id);
                 let state = state.clone();
                 *slot = LogSlot::Damaged {
                     state,
@@ -198,15 +204,6 @@ impl LogSlot {
             LogSlot::Loaded(l) => l.head(),
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => s.head,
             LogSlot::Deleted => 0,
-        }
-    }
-
-    /// The state a checkpoint records for this slot (None once deleted).
-    pub fn state(&self) -> Option<LogState> {
-        match self {
-            LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
-            LogSlot::Loaded(l) => Some(l.state()),
-            LogSlot::Deleted => None,
         }
     }
 }

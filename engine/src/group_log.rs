@@ -23,12 +23,19 @@ pub struct LogContext {
     pub vfs: Arc<dyn Vfs>,
     pub config: Config,
     pub cache: SegmentCache,
+    /// What changed since the last checkpoint capture.
+    pub dirty: crate::dirty::DirtyList,
 }
 
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
-        LogContext { vfs, config, cache }
+        LogContext {
+            vfs,
+            config,
+            cache,
+            dirty: Default::default(),
+        }
     }
 
     /// `groups/<shard>/<group id>`: 1,024 shard directories keep every
@@ -53,6 +60,53 @@ pub struct LogState {
     pub head: u64,
     /// `(base_msg_id, valid bytes)` of every segment, oldest first.
     pub segments: Vec<(u64, u64)>,
+}
+
+/// The files a checkpoint must make durable for one group's captured
+/// state: written segments, and the group directory (with its two parents)
+/// when it is new.
+#[derive(Debug)]
+pub struct SyncDuties {
+    pub group_id: u64,
+    pub dir: PathBuf,
+    pub bases: Vec<u64>,
+    pub dir_new: bool,
+}
+
+impl SyncDuties {
+    /// Does the syncs (fdatasync per segment, fsync of new directories);
+    /// returns how many. A segment or directory that is gone belongs to a
+    /// group deleted since the capture, whose tombstone the next checkpoint
+    /// writes: skipped.
+    pub fn sync(&self, ctx: &LogContext) -> Result<u64> {
+        let mut syncs = 0;
+        for &base in &self.bases {
+            let path = self.dir.join(segment::file_name(base));
+            let seg = match ctx
+                .cache
+                .get(&*ctx.vfs, self.group_id, base, || path.clone())
+            {
+                Ok(seg) => seg,
+                Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                    continue
+                }
+                Err(e) => return Err(e),
+            };
+            seg.sync()?;
+            syncs += 1;
+        }
+        if self.dir_new || syncs > 0 {
+            let dirs = if self.dir_new { 3 } else { 1 };
+            for dir in self.dir.ancestors().take(dirs) {
+                match ctx.vfs.sync_dir(dir) {
+                    Ok(()) => syncs += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(format!("fsync dir {}", dir.display()), e)),
+                }
+            }
+        }
+        Ok(syncs)
+    }
 }
 
 /// One segment as the log tracks it.
@@ -89,7 +143,7 @@ pub struct GroupLog {
     /// system call only for the groups whose tail filled up (not one per
     /// group it touched). Every byte here is also in the journal written
     /// since the last checkpoint, which bounds the sum over all groups by
-    /// `journal_checkpoint_bytes`; a crash loses the tail and the replay
+    /// `checkpoint_journal_bytes`; a crash loses the tail and the replay
     /// writes it again. Invariant: whole records; only the active segment
     /// has a tail.
     tail: Vec<u8>,
@@ -739,56 +793,17 @@ impl GroupLog {
         Ok(())
     }
 
-    /// Makes every write since the last checkpoint durable: fdatasync of each
-    /// written segment, and of the directories of new files. Returns the
-    /// number of sync calls.
-    pub fn sync(&mut self, ctx: &LogContext) -> Result<u64> {
-        let mut syncs = 0;
-        for base in std::mem::take(&mut self.unsynced) {
-            if self.segment_index(base).is_none() {
-                continue; // removed by retention since
-            }
-            let path = self.segment_path(base);
-            ctx.cache
-                .get(&*ctx.vfs, self.group_id, base, || path.clone())?
-                .sync()?;
-            syncs += 1;
+    /// Takes what must be synced before a checkpoint may name the log's
+    /// current state (checkpoint step K2; the syncs run in K3, outside the
+    /// group's locks). The caller wrote the tail first.
+    pub fn take_sync_duties(&mut self) -> SyncDuties {
+        debug_assert!(self.tail.is_empty(), "tail written before a capture");
+        SyncDuties {
+            group_id: self.group_id,
+            dir: self.dir.clone(),
+            bases: std::mem::take(&mut self.unsynced),
+            dir_new: std::mem::take(&mut self.dir_unsynced),
         }
-        if self.dir_unsynced || syncs > 0 {
-            // New segment files need their directory entry synced; a new
-            // group directory needs its parent (the shard) and grandparent.
-            ctx.vfs
-                .sync_dir(&self.dir)
-                .map_err(|e| Error::io(format!("fsync dir {}", self.dir.display()), e))?;
-            syncs += 1;
-        }
-        if self.dir_unsynced {
-            for parent in self.dir.ancestors().skip(1).take(2) {
-                ctx.vfs
-                    .sync_dir(parent)
-                    .map_err(|e| Error::io(format!("fsync dir {}", parent.display()), e))?;
-                syncs += 1;
-            }
-            self.dir_unsynced = false;
-        }
-        Ok(syncs)
-    }
-
-    /// Records that a file-system-wide sync made every write durable.
-    pub fn mark_synced(&mut self) {
-        self.unsynced.clear();
-        self.dir_unsynced = false;
-    }
-
-    /// True if writes since the last checkpoint have not been synced.
-    pub fn needs_sync(&self) -> bool {
-        !self.unsynced.is_empty() || self.dir_unsynced
-    }
-
-    fn segment_index(&self, base: u64) -> Option<usize> {
-        self.segments
-            .binary_search_by_key(&base, |s| s.base_id)
-            .ok()
     }
 
     /// The verified sparse index of segment `i`, scanning it on first use.

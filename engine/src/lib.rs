@@ -28,13 +28,14 @@
 
 mod apply;
 mod catalog;
-mod checkpoint;
+#[cfg(test)]
+mod checkpoint_tests;
 mod checkpointer;
-mod codec;
 mod commit;
 mod config;
 mod cursors;
 mod dedup;
+mod dirty;
 mod engine;
 mod error;
 mod flusher;
@@ -52,7 +53,6 @@ pub mod io;
 #[cfg(not(any(test, feature = "testing")))]
 mod io;
 mod journal;
-mod member_snapshot;
 mod membership;
 #[cfg(test)]
 mod model_tests;

@@ -216,6 +216,11 @@ impl PowerControl {
             .store(now.saturating_add(n), Ordering::SeqCst);
     }
 
+    /// Operations that changed files or directories so far.
+    pub fn ops(&self) -> u64 {
+        self.ops.load(Ordering::SeqCst)
+    }
+
     /// True once the power is off. An operation that returned while this
     /// was false had all its syncs done before the cut.
     pub fn is_frozen(&self) -> bool {

@@ -1,8 +1,12 @@
-//! Opening a data directory: the lock, the checkpoint, the replay of the
-//! journal written after it (each valid entry applied by `apply.rs`, as the
-//! commit thread applies it), and the repair of torn tails. Groups that
-//! recovery did not need to touch are loaded on first use
-//! (`Group::load_if_unloaded`).
+//! Opening a data directory: the lock, the newest valid manifest and the
+//! merge of its runs (the previous manifest if it fails), the replay of
+//! the journal from the manifest's position (each valid entry applied by
+//! `apply.rs`, as the commit thread applies it, skipping what a group's
+//! checkpointed record already reflects), and the repair of torn tails.
+//! Groups that recovery did not need to touch are loaded on first use
+//! (`Group::load_if_unloaded`). Recovery deletes nothing and writes no
+//! checkpoint: it only cuts torn journal tails and starts a new journal
+//! file, so it can be repeated after a crash during it.
 //!
 //! The algorithm, step by step, is in format-spec/storage.md "Recovery".
 
@@ -12,28 +16,36 @@ use std::path::Path;
 
 use parking_lot::RwLock;
 
+use std::sync::Arc;
+
 use crate::apply;
 use crate::catalog::Catalog;
-use crate::checkpoint::{self, CheckpointBody};
-use crate::checkpointer;
+use crate::checkpointer::{self, OnDisk};
+use crate::commit::lsn;
+use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::io::Vfs;
 use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
-use crate::member_snapshot;
 use crate::record;
+use crate::state::manifest::{self, Manifest};
+use crate::state::{run, Item};
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
     /// The checkpoint was written by a clean shutdown and no journal followed it.
     pub clean_shutdown: bool,
-    /// A valid checkpoint was used (otherwise every group was rescanned).
+    /// A valid checkpoint (manifest and runs) was used (otherwise every
+    /// group was rescanned).
     pub checkpoint_used: bool,
-    /// Why the checkpoint was not used, if one existed.
+    /// Why the newest manifest was not used, if one existed and was not.
     pub checkpoint_rejected: Option<String>,
+    /// Journal entries a group's checkpointed record already reflected
+    /// (lsn at or below its `applied_lsn`), skipped.
+    pub entries_already_applied: u64,
     pub groups: u64,
     pub journal_files_replayed: u64,
     pub journal_entries_replayed: u64,
@@ -161,58 +173,94 @@ pub(crate) struct Recovered {
     pub cursors: CursorTable,
     pub journal: Journal,
     pub report: RecoveryReport,
+    /// The manifests in force, for the checkpointer.
+    pub on_disk: OnDisk,
+    /// A checkpoint should come first (the journal was replayed).
+    pub needs_checkpoint: bool,
 }
 
 /// Rebuilds the in-memory state from disk and returns the journal to
-/// append to. Ends with a checkpoint, so a crash during a later run never
-/// replays the same journal twice.
+/// append to (a new file after every existing one).
 pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     let vfs = &*ctx.vfs;
     let data_dir = &ctx.config.data_dir;
     let jdir = journal::journal_dir(data_dir);
-    vfs.create_dir_all_durable(&jdir)
-        .map_err(|e| Error::io(format!("mkdir {}", jdir.display()), e))?;
-    vfs.create_dir_all_durable(&data_dir.join("groups"))
-        .map_err(|e| Error::io("mkdir groups", e))?;
+    let mdir = manifest::manifest_dir(data_dir);
+    for dir in [
+        jdir.clone(),
+        data_dir.join("groups"),
+        data_dir.join("state"),
+        mdir.clone(),
+    ] {
+        vfs.create_dir_all_durable(&dir)
+            .map_err(|e| Error::io(format!("mkdir {}", dir.display()), e))?;
+    }
     let mut report = RecoveryReport::default();
     let mut catalog = Catalog::default();
     let mut cursors = CursorTable::new();
+    let mut on_disk = OnDisk::default();
 
+    let manifests = manifest::list(vfs, &mdir)?;
+    on_disk.next_ckpt_seq = manifests.last().map_or(1, |(seq, _)| seq.saturating_add(1));
     let mut replay_from = 0;
     let mut loaded = false;
-    for candidate in [
-        checkpoint::path(data_dir),
-        checkpoint::previous_path(data_dir),
-    ] {
-        let reason = match checkpoint::load(vfs, &candidate)? {
-            None => continue,
-            Some(Err(reason)) => reason,
-            Some(Ok(body)) => {
-                let (journal_seq, clean) = (body.journal_seq, body.clean_shutdown);
-                match restore_checkpoint(&mut catalog, &cursors, body) {
-                    Ok(()) => {
-                        replay_from = journal_seq;
-                        report.clean_shutdown = clean;
-                        report.checkpoint_used = true;
-                        loaded = true;
-                        break;
-                    }
-                    Err(reason) => {
-                        // Start over from nothing for the next candidate.
-                        catalog = Catalog::default();
-                        cursors = CursorTable::new();
-                        reason
-                    }
+    // Newest first: the first that passes its checks and whose runs load.
+    let mut older = manifests.iter().rev();
+    for (seq, path) in older.by_ref() {
+        let reason = match manifest::load(vfs, path)? {
+            Err(reason) => reason,
+            Ok(m) if m.ckpt_seq != *seq => format!("names checkpoint {}", m.ckpt_seq),
+            Ok(m) => match restore_runs(ctx, &mut catalog, &cursors, &m) {
+                Ok(()) => {
+                    replay_from = m.replay_journal_seq;
+                    report.clean_shutdown = m.clean;
+                    report.checkpoint_used = true;
+                    loaded = true;
+                    on_disk.last = Some(m);
+                    break;
+                }
+                Err(reason) => {
+                    // Start over from nothing for the next candidate.
+                    catalog = Catalog::default();
+                    cursors = CursorTable::new();
+                    reason
+                }
+            },
+        };
+        log::warn!("checkpoint {} rejected: {reason}", path.display());
+        report
+            .checkpoint_rejected
+            .get_or_insert(format!("{}: {reason}", path.display()));
+    }
+    // The one before it stays the fallback: the checkpointer keeps what it
+    // needs until the next checkpoint is stored.
+    if loaded {
+        for (seq, path) in older {
+            if let Ok(Ok(m)) = manifest::load(vfs, path) {
+                if m.ckpt_seq == *seq {
+                    on_disk.prev = Some(m);
+                    break;
                 }
             }
-        };
-        log::warn!("checkpoint {} rejected: {reason}", candidate.display());
-        report.checkpoint_rejected.get_or_insert(reason);
-    }
-    if !loaded {
-        if report.checkpoint_rejected.is_some() {
-            log::warn!("no usable checkpoint; rescanning every group (memberships come from the journal only)");
         }
+    }
+    let max_run = vfs
+        .read_dir(&data_dir.join("state"))
+        .map_err(|e| Error::io("list state", e))?
+        .iter()
+        .filter_map(|p| run::parse_part_file_name(p.file_name()?.to_str()?))
+        .map(|(seq, _)| seq)
+        .max();
+    on_disk.next_run_seq = on_disk
+        .last
+        .as_ref()
+        .map_or(1, |m| m.next_run_seq)
+        .max(max_run.map_or(1, |s| s.saturating_add(1)));
+    let discovered = !loaded && report.checkpoint_rejected.is_some();
+    if discovered {
+        log::warn!(
+            "no usable checkpoint; rescanning every group (memberships come from the journal only)"
+        );
         discover_groups(ctx, &mut catalog, &mut report)?;
     }
 
@@ -254,7 +302,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             report: &mut report,
             later: &files[i + 1..],
         };
-        let outcome = replay.file(path, header_durable(*seq))?;
+        let outcome = replay.file(*seq, path, header_durable(*seq))?;
         // The file a clean shutdown's checkpoint names held no entry, so
         // its header's flag says nothing: a clean restart loads no group.
         let held_nothing = loaded && report_clean && *seq == replay_from;
@@ -316,9 +364,44 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     }
     report.groups = catalog.len() as u64;
 
-    // A fresh checkpoint over a fresh journal: the replayed journal files
-    // are no longer needed once the logs they fed are synced.
-    let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
+    if discovered {
+        // No run holds these groups: the first checkpoint records each
+        // whole (and `fresh`), whatever replay touched.
+        for g in catalog.groups() {
+            let mut ck = g.ckpt.lock();
+            ctx.dirty.mark(g, &mut ck);
+        }
+    }
+    on_disk.damaged = report.damaged_groups.iter().map(|(g, _)| *g).collect();
+    // A new journal file after every existing one; the replayed files stay
+    // until a checkpoint no longer needs them.
+    let journal = Journal::create(
+        vfs,
+        &jdir,
+        next_seq,
+        ctx.config.fsync != FsyncPolicy::Always,
+    )?;
+    // A directory never checkpointed and with nothing to replay (a new
+    // one) gets an empty manifest naming the new journal file, so from
+    // its first entry on a lost journal file is noticed (it is named).
+    let fresh = manifests.is_empty() && report.journal_entries_replayed == 0;
+    if fresh {
+        let m = Manifest {
+            ckpt_seq: on_disk.next_ckpt_seq,
+            replay_journal_seq: journal.seq,
+            replay_lsn: lsn(journal.seq, JOURNAL_HEADER_BYTES as u64),
+            created_ms: crate::now_ms(),
+            next_run_seq: on_disk.next_run_seq,
+            clean: false,
+            runs: Vec::new(),
+        };
+        manifest::store(vfs, &mdir, &m)?;
+        on_disk.next_ckpt_seq += 1;
+        on_disk.last = Some(m);
+    }
+    // After a crash the first checkpoint comes at once, so the journal
+    // just replayed is not replayed again after the next crash.
+    let needs_checkpoint = !fresh && !(report.clean_shutdown && report.checkpoint_used);
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }
@@ -328,8 +411,10 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     Ok(Recovered {
         catalog,
         cursors,
-        journal: done.journal,
+        journal,
         report,
+        on_disk,
+        needs_checkpoint,
     })
 }
 
@@ -416,6 +501,9 @@ fn load_groups_whose_segments_lead(
         };
         if segments_lead(ctx, group.id, &state) {
             ensure_loaded_reporting(ctx, group, report);
+            // Its head may have moved past what the runs say: record it.
+            let mut ck = group.ckpt.lock();
+            ctx.dirty.mark(group, &mut ck);
         }
     }
 }
@@ -438,48 +526,60 @@ fn segments_lead(ctx: &LogContext, group_id: u64, state: &LogState) -> bool {
             .exists(&dir.join(crate::segment::file_name(state.head.saturating_add(1))))
 }
 
-/// Registers the checkpoint's groups (unloaded) and memberships.
-fn restore_checkpoint(
+/// Registers the groups (unloaded) and memberships the merge of a
+/// manifest's runs yields. The runs hold what was accepted: no limit is
+/// applied again; a cursor is never above its group's head.
+fn restore_runs(
+    ctx: &LogContext,
     catalog: &mut Catalog,
     cursors: &CursorTable,
-    body: CheckpointBody,
+    m: &Manifest,
 ) -> Result<(), String> {
-    let mut by_ordinal = Vec::with_capacity(body.groups.len());
-    for g in body.groups {
-        let state = LogState {
-            head: g.head,
-            segments: g.segments,
-        };
-        let slot = match g.damaged {
-            Some(reason) => LogSlot::Damaged { state, reason },
-            None => LogSlot::Unloaded(state),
-        };
-        let group = catalog.insert(g.group_id, slot);
-        *group.retention.lock() = g.retention;
-        by_ordinal.push(group);
-    }
-    member_snapshot::decode(&body.members, |m| {
-        let group = usize::try_from(m.group_ordinal)
-            .ok()
-            .and_then(|o| by_ordinal.get(o))
-            .ok_or_else(|| {
-                format!(
-                    "membership names group ordinal {} of {}",
-                    m.group_ordinal,
-                    by_ordinal.len()
-                )
-            })?;
-        // The snapshot holds what was accepted: no limit is applied again.
-        // A cursor is never above its group's head, whatever the file says.
-        let cursor = m.cursor.min(group.head());
-        if cursors
-            .insert(m.user, group.slot, cursor, m.join_point, None)
-            .is_ok()
-        {
-            group.members.lock().insert(m.user, cursor);
+    checkpointer::with_merge(ctx, &m.runs, true, |items| {
+        let mut current: Option<Arc<Group>> = None;
+        for item in items {
+            match item? {
+                Item::GroupPut(rec) => {
+                    let state = LogState {
+                        head: rec.head,
+                        segments: rec.segments,
+                    };
+                    let slot = match rec.damaged {
+                        Some(reason) => LogSlot::Damaged { state, reason },
+                        None => LogSlot::Unloaded(state),
+                    };
+                    let g = catalog.insert(rec.group, slot);
+                    *g.retention.lock() = rec.retention;
+                    let mut ck = g.ckpt.lock();
+                    ck.applied_lsn = rec.applied_lsn;
+                    ck.captured_once = true;
+                    drop(ck);
+                    current = Some(g);
+                }
+                Item::MemberPut {
+                    group,
+                    user,
+                    cursor,
+                    join_point,
+                } => {
+                    // Rows follow their group's record in key order.
+                    let g = current
+                        .as_ref()
+                        .filter(|g| g.id == group)
+                        .ok_or_else(|| format!("member row of group {group} without its record"))?;
+                    let cursor = cursor.min(g.head());
+                    if cursors
+                        .insert(user, g.slot, cursor, join_point, None)
+                        .is_ok()
+                    {
+                        g.members.lock().insert(user, cursor);
+                    }
+                }
+                other => return Err(format!("a full merge yielded {other:?}")),
+            }
         }
         Ok(())
-    })
+    })?
 }
 
 /// After replay: no cursor beyond its group's head.
@@ -579,7 +679,7 @@ impl Replay<'_> {
     /// `header_durable`: the file's header was made durable before anything
     /// relied on the file (section 11, step 4), so a file without a valid
     /// header is refused rather than taken for a crash during its creation.
-    fn file(&mut self, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+    fn file(&mut self, seq: u64, path: &Path, header_durable: bool) -> Result<FileOutcome> {
         let damaged_header = |reason: &str| Error::Corrupt {
             path: path.to_owned(),
             group: None,
@@ -635,10 +735,14 @@ impl Replay<'_> {
         let mut proof: Option<(u64, usize)> = None;
         loop {
             let mut it = journal::EntryIter::new(&map[pos..], record::RECORD_BYTES_STORED_MAX);
-            for entry in it.by_ref() {
+            loop {
+                let at = (pos + it.position()) as u64;
+                let Some(entry) = it.next() else {
+                    break;
+                };
                 outcome.entries += 1;
                 self.report.journal_entries_replayed += 1;
-                self.entry(&entry)?;
+                self.entry(&entry, lsn(seq, at))?;
             }
             let Some(reason) = it.stop_reason().map(str::to_owned) else {
                 break;
@@ -741,10 +845,11 @@ impl Replay<'_> {
 
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
-    fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
+    fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64) -> Result<()> {
         let group = self.st.catalog.read().get(entry.group_id).cloned();
-        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay)? {
+        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay, lsn)? {
             apply::Applied::Orphan => self.report.orphan_entries += 1,
+            apply::Applied::AlreadyApplied => self.report.entries_already_applied += 1,
             apply::Applied::Records(done) => {
                 if let Some(load) = done.loaded {
                     report_load(self.report, entry.group_id, &load);

@@ -7,15 +7,12 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, CheckpointBody, GroupEntry};
-use crate::cursors::MemberCursor;
 use crate::io::OsVfs;
 use crate::journal::{self, EntryIter, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
-use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
 use crate::retention::Retention;
 use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
-use crate::{Config, Engine, Error, JoinStart};
+use crate::{Config, Engine, JoinStart};
 
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
 const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
@@ -26,7 +23,6 @@ const JOURNAL_ENTRY_RECORD: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-record.hex");
 const JOURNAL_ENTRY_CREATE_GROUP: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-create-group.hex");
-const CHECKPOINT: &str = include_str!("../../format-spec/vectors/storage/checkpoint.hex");
 const JOURNAL_ENTRY_JOIN: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-join.hex");
 const JOURNAL_ENTRY_LEAVE: &str =
@@ -35,10 +31,6 @@ const JOURNAL_ENTRY_CURSORS: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-cursors.hex");
 const JOURNAL_ENTRY_SET_RETENTION: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-set-retention.hex");
-const CHECKPOINT_MEMBERSHIP: &str =
-    include_str!("../../format-spec/vectors/storage/checkpoint-membership.hex");
-const CHECKPOINT_DAMAGED: &str =
-    include_str!("../../format-spec/vectors/storage/checkpoint-damaged.hex");
 
 const TIMESTAMP_MS: u64 = 1_700_000_000_000;
 const RECORD_BYTES_MAX: usize = RECORD_HEADER_BYTES + (1 << 20);
@@ -473,85 +465,6 @@ fn journal_entry_invalid_values_stop_the_scan_as_documented() {
         .starts_with("entry body length 49 exceeds 48"));
 }
 
-fn sample_checkpoint() -> CheckpointBody {
-    CheckpointBody {
-        journal_seq: 1,
-        clean_shutdown: true,
-        created_ms: TIMESTAMP_MS,
-        groups: vec![GroupEntry {
-            group_id: 5,
-            head: 1,
-            segments: vec![(1, 113)],
-            retention: Retention::default(),
-            damaged: None,
-        }],
-        // The memberships section with no users: varint 0.
-        members: vec![0],
-    }
-}
-
-#[test]
-fn checkpoint_vector_matches_the_encoder_and_decodes_to_its_fields() {
-    let v = vector(CHECKPOINT);
-    assert_eq!(checkpoint::encode(&sample_checkpoint()), v);
-    let body = checkpoint::decode(&v).unwrap();
-    assert_eq!(body.journal_seq, 1);
-    assert!(body.clean_shutdown);
-    assert_eq!(body.created_ms, TIMESTAMP_MS);
-    assert_eq!(body.groups.len(), 1);
-    assert_eq!(body.groups[0].group_id, 5);
-    assert_eq!(body.groups[0].head, 1);
-    assert_eq!(body.groups[0].segments, vec![(1, 113)]);
-    let r = body.groups[0].retention;
-    assert!(!r.by_cursor);
-    assert_eq!((r.max_age_ms, r.max_bytes), (0, 0));
-    assert!(r.keeps_everything());
-    assert_eq!(body.groups[0].damaged, None);
-    assert_eq!(body.members, vec![0]);
-
-    assert_eq!(&v[0..8], &checkpoint::CHECKPOINT_MAGIC);
-    assert_eq!(
-        u16::from_le_bytes([v[8], v[9]]),
-        checkpoint::CHECKPOINT_VERSION
-    );
-    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
-    let body_bytes = &v[checkpoint::CHECKPOINT_HEADER_BYTES..];
-    assert_eq!(
-        body_bytes.len() as u64,
-        u64::from_le_bytes(v[16..24].try_into().unwrap())
-    );
-    assert_eq!(crc32fast::hash(body_bytes).to_le_bytes(), v[24..28]);
-    assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
-}
-
-#[test]
-fn checkpoint_invalid_values_are_rejected_as_documented() {
-    let v = vector(CHECKPOINT);
-    // A bool other than 0 or 1 (body offset 8), with both CRCs made valid.
-    let mut b = v.clone();
-    b[32 + 8] = 2;
-    let crc = crc32fast::hash(&b[32..]);
-    b[24..28].copy_from_slice(&crc.to_le_bytes());
-    let crc = crc32fast::hash(&b[0..28]);
-    b[28..32].copy_from_slice(&crc.to_le_bytes());
-    assert!(checkpoint::decode(&b).is_err());
-    // Trailing bytes after the body: body_len disagrees with the file.
-    let mut b = v.clone();
-    b.push(0);
-    assert!(checkpoint::decode(&b)
-        .unwrap_err()
-        .starts_with("body length 92"));
-    // A segment list whose last base is above head + 1.
-    let mut body = sample_checkpoint();
-    body.groups[0].segments = vec![(1, 113), (3, 64)];
-    assert_eq!(
-        checkpoint::decode(&checkpoint::encode(&body)),
-        Err("group 5 has an inconsistent segment list".to_string())
-    );
-    // A segment list with a base equal to head + 1 (an empty active segment) is valid.
-    body.groups[0].segments = vec![(1, 113), (2, 64)];
-    assert!(checkpoint::decode(&checkpoint::encode(&body)).is_ok());
-}
 
 /// An entry of `kind` for group 5 with `body`, as the engine frames it.
 fn entry(kind: EntryKind, body: &[u8]) -> Vec<u8> {
@@ -647,23 +560,40 @@ fn first_of_kind(entries: &[Vec<u8>], kind: EntryKind) -> &[u8] {
 fn the_engine_writes_the_membership_vectors() {
     let dir = tempfile::tempdir().unwrap();
     let engine = Engine::open(Config::new(dir.path())).unwrap();
+    // The checkpoint after open is done before the story starts.
+    engine.checkpoint().unwrap();
     engine.create_group(5).unwrap();
     assert_eq!(engine.join(5, 300, JoinStart::Earliest).unwrap(), 0);
     let sent = engine.append(5, 42, 7, b"hello").unwrap();
     assert_eq!(sent.msg_id, 1);
     assert_eq!(engine.ack(5, 300, 1).unwrap(), 1);
     engine.flush_cursors().unwrap();
+    // Checkpoints delete older journal files: read the entries first.
+    let mut entries = journal_entries(dir.path());
     engine.checkpoint().unwrap();
 
-    // The checkpoint equals checkpoint-membership.hex except for the fields
-    // that depend on when it was written.
-    let written =
-        checkpoint::decode(&std::fs::read(checkpoint::path(dir.path())).unwrap()).unwrap();
-    let mut expected = checkpoint::decode(&vector(CHECKPOINT_MEMBERSHIP)).unwrap();
-    expected.journal_seq = written.journal_seq;
-    expected.clean_shutdown = written.clean_shutdown;
-    expected.created_ms = written.created_ms;
-    assert_eq!(written, expected);
+    // The checkpoint's delta run holds the group and the membership of
+    // storage.md section 6A's example (the lsn depends on the journal).
+    let m = crate::checkpoint_tests::load_manifest(&crate::checkpoint_tests::newest_manifest(
+        dir.path(),
+    ));
+    let items = crate::checkpoint_tests::run_items(dir.path(), &m.runs[0]);
+    let crate::state::Item::GroupPut(g) = &items[0] else {
+        panic!("{items:?}")
+    };
+    assert_eq!(
+        (g.group, g.fresh, g.head, g.segments.clone(), g.damaged.clone()),
+        (5, true, 1, vec![(1, 113)], None)
+    );
+    assert_eq!(
+        items[1..],
+        [crate::state::Item::MemberPut {
+            group: 5,
+            user: 300,
+            cursor: 1,
+            join_point: 1
+        }]
+    );
 
     engine
         .set_retention(
@@ -676,7 +606,7 @@ fn the_engine_writes_the_membership_vectors() {
         )
         .unwrap();
     engine.leave(5, 300).unwrap();
-    let entries = journal_entries(dir.path());
+    entries.extend(journal_entries(dir.path()));
     for (kind, v) in [
         (EntryKind::Join, JOURNAL_ENTRY_JOIN),
         (EntryKind::Cursors, JOURNAL_ENTRY_CURSORS),
@@ -688,134 +618,9 @@ fn the_engine_writes_the_membership_vectors() {
     engine.close().unwrap();
 }
 
-#[test]
-fn checkpoint_membership_vector_matches_the_encoder_and_decodes_to_its_fields() {
-    let v = vector(CHECKPOINT_MEMBERSHIP);
-    let mut section = Vec::new();
-    member_snapshot::put_varint(&mut section, 1);
-    member_snapshot::encode_user(
-        &mut section,
-        300,
-        &[MemberCursor {
-            slot: 0,
-            cursor: 1,
-            join_point: 1,
-        }],
-        u64::from,
-    );
-    assert_eq!(section, [0x01, 0xac, 0x02, 0x01, 0x00, 0x01, 0x02]);
-    let body = CheckpointBody {
-        members: section,
-        ..sample_checkpoint()
-    };
-    assert_eq!(checkpoint::encode(&body), v);
-
-    let decoded = checkpoint::decode(&v).unwrap();
-    assert_eq!(decoded, body);
-    let mut got = Vec::new();
-    member_snapshot::decode(&decoded.members, |m| {
-        got.push(m);
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(
-        got,
-        vec![SnapshotMembership {
-            user: 300,
-            group_ordinal: 0,
-            cursor: 1,
-            join_point: 1,
-        }]
-    );
-}
 
 /// The worked example of storage.md section 15, byte for byte.
-#[test]
-fn memberships_section_worked_example() {
-    let example = [
-        0x02, 0xac, 0x02, 0x02, 0x00, 0x01, 0x02, 0x02, 0x82, 0x01, 0x3c, 0x07, 0x01, 0x01, 0x5a,
-        0x13,
-    ];
-    let mut out = Vec::new();
-    member_snapshot::put_varint(&mut out, 2);
-    let m = |slot, cursor, join_point| MemberCursor {
-        slot,
-        cursor,
-        join_point,
-    };
-    member_snapshot::encode_user(&mut out, 300, &[m(0, 1, 1), m(2, 130, 101)], u64::from);
-    member_snapshot::encode_user(&mut out, 7, &[m(1, 90, 101)], u64::from);
-    assert_eq!(out, example);
-    let mut got = Vec::new();
-    member_snapshot::decode(&example, |m| {
-        got.push((m.user, m.group_ordinal, m.cursor, m.join_point));
-        Ok(())
-    })
-    .unwrap();
-    assert_eq!(
-        got,
-        vec![(300, 0, 1, 1), (300, 2, 130, 101), (7, 1, 90, 101)]
-    );
-    // Every truncation, and a trailing byte, is an error.
-    for n in 0..example.len() {
-        assert!(member_snapshot::decode(&example[..n], |_| Ok(())).is_err());
-    }
-    let mut long = example.to_vec();
-    long.push(0);
-    assert!(member_snapshot::decode(&long, |_| Ok(())).is_err());
-}
 
-#[test]
-fn checkpoint_damaged_vector_matches_the_encoder_and_the_group_stays_damaged() {
-    let v = vector(CHECKPOINT_DAMAGED);
-    let body = CheckpointBody {
-        journal_seq: 1,
-        clean_shutdown: true,
-        created_ms: TIMESTAMP_MS,
-        groups: vec![GroupEntry {
-            group_id: 9,
-            head: 0,
-            segments: vec![(1, 64)],
-            retention: Retention::default(),
-            damaged: Some("bad segment magic".into()),
-        }],
-        members: vec![0],
-    };
-    assert_eq!(checkpoint::encode(&body), v);
-    assert_eq!(checkpoint::decode(&v).unwrap(), body);
-
-    // An Option tag other than 0 or 1 is a decode error (CRCs made valid).
-    let mut b = v.clone();
-    let tag = 32 + 82;
-    assert_eq!(b[tag], 1);
-    b[tag] = 2;
-    let crc = crc32fast::hash(&b[32..]);
-    b[24..28].copy_from_slice(&crc.to_le_bytes());
-    let crc = crc32fast::hash(&b[0..28]);
-    b[28..32].copy_from_slice(&crc.to_le_bytes());
-    assert!(checkpoint::decode(&b).is_err());
-
-    // Opening a directory with this checkpoint: the group is registered,
-    // damaged, never loaded, and still damaged after the next open.
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(checkpoint::path(dir.path()), &v).unwrap();
-    for _ in 0..2 {
-        let engine = Engine::open(Config::new(dir.path())).unwrap();
-        let report = engine.recovery_report();
-        assert!(report.checkpoint_used);
-        assert_eq!(
-            report.damaged_groups,
-            vec![(9, "bad segment magic".to_string())]
-        );
-        match engine.append(9, 1, 1, b"x") {
-            Err(Error::GroupDamaged { group: 9, reason }) => {
-                assert_eq!(reason, "bad segment magic")
-            }
-            other => panic!("expected GroupDamaged, got {other:?}"),
-        }
-        engine.close().unwrap();
-    }
-}
 
 #[test]
 fn crc32_is_the_ieee_crc_of_the_readme() {
@@ -838,10 +643,13 @@ fn directory_layout_matches_the_spec() {
         crate::group_log::group_dir(data, u64::MAX),
         Path::new("data/groups/187/ffffffffffffffff")
     );
-    assert_eq!(checkpoint::path(data), Path::new("data/checkpoint"));
     assert_eq!(
-        checkpoint::previous_path(data),
-        Path::new("data/checkpoint.prev")
+        crate::state::manifest::manifest_path(&crate::state::manifest::manifest_dir(data), 7),
+        Path::new("data/manifest/00000000000000000007.tmm")
+    );
+    assert_eq!(
+        crate::state::run::part_file_name(7, 2),
+        "00000000000000000007-0002.tmr"
     );
     assert_eq!(journal::journal_dir(data), Path::new("data/journal"));
     // The shard formula of storage.md, spelled out.

@@ -279,7 +279,7 @@ fn a_round_writing_1000_groups_costs_one_fsync() {
     let vfs = FaultyVfs::new();
     let control = vfs.control.clone();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30; // no checkpoint during the test
+    c.checkpoint_journal_bytes = 1 << 30; // no checkpoint during the test
     let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
     let groups: Vec<u64> = (1..=1000).collect();
     let mut last = None;
@@ -341,9 +341,12 @@ fn a_write_back_error_seen_by_the_background_sync_fails_the_next_checkpoint() {
     let control = vfs.control.clone();
     let mut c = small_config(dir.path());
     c.fsync = FsyncPolicy::Never;
-    c.journal_checkpoint_bytes = 8 * crate::flusher::STEP_BYTES_MIN;
+    c.checkpoint_journal_bytes = 8 * crate::flusher::STEP_BYTES_MIN;
     let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
     e.create_group(1).unwrap();
+    // The checkpoint after open is done (it syncs, and so does the
+    // preparation of the next journal file).
+    e.checkpoint().unwrap();
     // The background sync that the first megabyte of journal asks for fails
     // (as a write-back error would); the commit path itself syncs nothing.
     control.fail_syncs.store(true, Ordering::SeqCst);
@@ -624,12 +627,13 @@ fn cursors_a_checkpoint_put_off_by_a_full_disk_stay_dirty_for_the_next_flush() {
     config.segment_tail_bytes = 0; // the checkpoint has no tails to write first
     config.cursor_flush_ms = 3_600_000; // no timer flush: only the explicit one
     let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    e.checkpoint().unwrap();
     fill(&e, &[1], 5);
     e.join(1, 42, crate::JoinStart::Earliest).unwrap();
     e.ack(1, 42, 3).unwrap();
     let checkpoints = e.stats().checkpoints;
-    // The new journal file is written, then `checkpoint.tmp` finds the disk
-    // full: the checkpoint (whose snapshot already holds cursor 3) is put off.
+    // The delta run finds the disk full: the checkpoint (whose capture
+    // already read cursor 3) is put off.
     control.writes_before_full.store(1, Ordering::SeqCst);
     e.checkpoint().unwrap();
     assert!(control.writes_refused.load(Ordering::SeqCst) > 0);
@@ -738,6 +742,7 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
     let mut config = small_config(dir.path());
     config.segment_tail_bytes = 0; // the checkpoint has no tails to write first
     let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    e.checkpoint().unwrap();
     fill(&e, &[1], 200);
     e.set_retention(
         1,
@@ -747,20 +752,23 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
         },
     )
     .unwrap();
-    let journals = || {
-        std::fs::read_dir(crate::journal::journal_dir(dir.path()))
+    let manifests_before = crate::checkpoint_tests::manifests(dir.path());
+    let seg_files = || {
+        std::fs::read_dir(crate::group_log::group_dir(dir.path(), 1))
             .unwrap()
             .count()
     };
-    let journals_before = journals();
-    // The new journal file is written, then the checkpoint file finds the
-    // disk full.
+    let segs_before = seg_files();
+    // The delta run's first write goes through, then the disk is full: the
+    // checkpoint is put off (retention already dropped segments from the
+    // log in memory; their files stay until a later checkpoint).
     control.writes_before_full.store(1, Ordering::SeqCst);
     e.checkpoint().unwrap();
-    // Nothing changed: the retention drop waits for a stored checkpoint and
-    // the started journal file is gone. Writes did not stop.
-    assert_eq!(floor_of(&e, 1), 1);
-    assert_eq!(journals(), journals_before);
+    assert_eq!(
+        crate::checkpoint_tests::manifests(dir.path()),
+        manifests_before
+    );
+    assert_eq!(seg_files(), segs_before, "no file named by a kept manifest goes");
     let stopped = matches!(e.accepting_writes(), Err(Error::WritesStopped { .. }));
     assert!(
         !stopped,
@@ -774,6 +782,9 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
         floor > 150,
         "retention applied once space returned: {floor}"
     );
+    // One more: the dropped segments' files go (D6).
+    e.checkpoint().unwrap();
+    assert!(seg_files() < segs_before);
     drop(e);
     let e = Engine::open(small_config(dir.path())).unwrap();
     assert_eq!(floor_of(&e, 1), floor);
@@ -898,6 +909,9 @@ fn last_record_offsets(path: &Path, n: usize) -> Vec<u64> {
     starts.split_off(starts.len().saturating_sub(n))
 }
 
+/// The newest file with `suffix`; for journal files, the newest one that
+/// holds more than its header (the checkpointer creates the next journal
+/// file ahead of time, empty).
 fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -905,6 +919,13 @@ fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
         .filter(|p| p.to_str().unwrap().ends_with(suffix))
         .collect();
     files.sort();
+    let header = crate::journal::JOURNAL_HEADER_BYTES as u64;
+    while suffix == ".tmj"
+        && files.len() > 1
+        && std::fs::metadata(files.last().unwrap()).unwrap().len() <= header
+    {
+        files.pop();
+    }
     files.pop().unwrap()
 }
 
@@ -943,9 +964,11 @@ fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones()
     let base = tempfile::tempdir().unwrap();
     let src = base.path().join("src");
     let mut c = small_config(&src);
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     c.segment_tail_bytes = 0; // every round's records reach the segment file
     let e = Engine::open(c).unwrap();
+    // The first checkpoint switches journal files: the fill goes to one.
+    e.checkpoint().unwrap();
     fill(&e, &[1], 25);
     e.simulate_crash();
     let journal = newest_file(&src.join("journal"), ".tmj");
@@ -1049,7 +1072,7 @@ fn a_damaged_checkpoint_is_rejected_and_everything_is_rebuilt() {
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[1, 2, 3], 60);
     e.close().unwrap();
-    let cp = dir.path().join("checkpoint");
+    let cp = crate::checkpoint_tests::newest_manifest(dir.path());
     let mut bytes = std::fs::read(&cp).unwrap();
     let last = bytes.len() - 3;
     bytes[last] ^= 0xff;
@@ -1114,7 +1137,7 @@ fn retransmits_within_the_time_window_are_recognised_after_restart() {
 fn a_torn_journal_followed_only_by_empty_files_is_cut_not_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
     fill(&e, &[1], 10);
     e.simulate_crash();
@@ -1465,7 +1488,7 @@ fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("data");
         let mut c = small_config(&dir);
-        c.journal_checkpoint_bytes = 64 << 10; // checkpoints happen during the run
+        c.checkpoint_journal_bytes = 64 << 10; // checkpoints happen during the run
         let (acked, _) = run_until_power_cut(root.path(), c.clone(), seed * 17);
         let (required, _) = check_after_power_cut(&dir, c, &acked, |_| true);
         assert!(required > 0);
@@ -1483,7 +1506,7 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
         let dir = root.path().join("data");
         let mut c = small_config(&dir);
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
-        c.journal_checkpoint_bytes = 64 << 10;
+        c.checkpoint_journal_bytes = 64 << 10;
         let (acked, syncs_before_cut) = run_until_power_cut(root.path(), c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
@@ -1497,26 +1520,22 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
 
 #[test]
 fn stored_cursors_far_above_the_head_are_clamped_not_trusted() {
-    // Fuzz finding F1: a cursor of 2^40 in a checkpoint's memberships
-    // section sized the read-count tree by its value.
+    // Fuzz finding F1: a cursor of 2^40 in a checkpoint's member rows
+    // sized the read-count tree by its value.
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[1], 3);
     e.join(1, 5, crate::JoinStart::Earliest).unwrap();
     e.close().unwrap();
-    let path = crate::checkpoint::path(dir.path());
-    let mut body = crate::checkpoint::decode(&std::fs::read(&path).unwrap()).unwrap();
-    let ordinal = body.groups.iter().position(|g| g.group_id == 1).unwrap() as u64;
-    let mut members = Vec::new();
-    crate::member_snapshot::put_varint(&mut members, 1);
-    let far = crate::cursors::MemberCursor {
-        slot: 0,
-        cursor: 1 << 40,
-        join_point: 1,
-    };
-    crate::member_snapshot::encode_user(&mut members, 5, &[far], |_| ordinal);
-    body.members = members;
-    std::fs::write(&path, crate::checkpoint::encode(&body)).unwrap();
+    crate::checkpoint_tests::add_run(
+        dir.path(),
+        &[crate::state::Item::MemberPut {
+            group: 1,
+            user: 5,
+            cursor: 1 << 40,
+            join_point: 1,
+        }],
+    );
     let e = Engine::open(small_config(dir.path())).unwrap();
     let u = e.unread(5);
     assert_eq!((u[0].cursor, u[0].head), (3, 3), "clamped to the head");
@@ -1537,8 +1556,7 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
     for f in std::fs::read_dir(&jdir).unwrap() {
         std::fs::remove_file(f.unwrap().path()).unwrap();
     }
-    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
-    let _ = std::fs::remove_file(dir.path().join("checkpoint.prev"));
+    std::fs::remove_dir_all(dir.path().join("manifest")).unwrap();
     crate::journal::Journal::create(&crate::io::OsVfs, &jdir, u64::MAX, false).unwrap();
     let err = Engine::open(small_config(dir.path()))
         .err()
@@ -1576,8 +1594,10 @@ fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming
     // is their only copy: a damaged entry cannot be restored from anywhere.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
+    // The first checkpoint switches journal files: the fill goes to one.
+    e.checkpoint().unwrap();
     fill(&e, &[1, 2], 40);
     e.simulate_crash();
     let journal = newest_file(&dir.path().join("journal"), ".tmj");
@@ -1618,7 +1638,7 @@ fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming
 fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     c.segment_tail_bytes = 0; // every record also reaches its segment file
     let e = Engine::open(c.clone()).unwrap();
     // Both groups are in the checkpoint (replaying a group's creation
@@ -1666,7 +1686,7 @@ fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_l
 fn a_deleted_journal_file_that_the_checkpoint_names_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
     fill(&e, &[1, 2], 20);
     e.simulate_crash();
@@ -1705,7 +1725,7 @@ fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_t
     for (what, damage) in damage {
         let dir = tempfile::tempdir().unwrap();
         let mut c = small_config(dir.path());
-        c.journal_checkpoint_bytes = 1 << 30;
+        c.checkpoint_journal_bytes = 1 << 30;
         let e = Engine::open(c.clone()).unwrap();
         fill(&e, &[1, 2], 20);
         e.simulate_crash();
@@ -1742,18 +1762,25 @@ fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
     // the hint names the later files.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
     fill(&e, &[1], 5);
     e.checkpoint().unwrap();
     fill(&e, &[2], 5);
     e.simulate_crash();
     let jdir = dir.path().join("journal");
-    let newest = newest_file(&jdir, ".tmj");
-    let older = crate::journal::journal_path(&jdir, seq_of(&newest) - 1);
-    // `checkpoint` is lost: `checkpoint.prev` replays both files, and the
+    // The newest file holding entries (the checkpointer made an empty one
+    // after it), and the one before it.
+    let mut seq = seq_of(&newest_file(&jdir, ".tmj"));
+    let header = crate::journal::JOURNAL_HEADER_BYTES as u64;
+    while std::fs::metadata(crate::journal::journal_path(&jdir, seq)).unwrap().len() == header {
+        seq -= 1;
+    }
+    let newest = crate::journal::journal_path(&jdir, seq);
+    let older = crate::journal::journal_path(&jdir, seq - 1);
+    // Every manifest is lost: recovery replays every journal file, and the
     // older one has a torn end.
-    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    std::fs::remove_dir_all(dir.path().join("manifest")).unwrap();
     let len = std::fs::metadata(&older).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -1796,7 +1823,7 @@ fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
     // entry was durable: the tear is cut, not refused.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
     fill(&e, &[1], 5);
     let journal = newest_file(&dir.path().join("journal"), ".tmj");
@@ -1836,7 +1863,7 @@ fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
     for at in [0, 24, 30] {
         let dir = tempfile::tempdir().unwrap();
         let mut c = small_config(dir.path());
-        c.journal_checkpoint_bytes = 1 << 30;
+        c.checkpoint_journal_bytes = 1 << 30;
         let e = Engine::open(c.clone()).unwrap();
         fill(&e, &[1, 2], 20);
         e.simulate_crash();
@@ -1900,12 +1927,14 @@ fn a_clean_restart_under_fsync_never_opens_no_group_segment() {
 fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     let e = Engine::open(c.clone()).unwrap();
     fill(&e, &[1], 5);
     e.simulate_crash();
     let jdir = dir.path().join("journal");
     let seq = seq_of(&newest_file(&jdir, ".tmj"));
+    // The empty file the checkpointer prepared is not there either.
+    let _ = std::fs::remove_file(crate::journal::journal_path(&jdir, seq + 1));
     // File seq + 1 is missing; seq + 2 holds an entry.
     let mut j = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 2, false).unwrap();
     let mut buf = Vec::new();
@@ -1932,7 +1961,7 @@ fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_tw
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
     c.fsync = FsyncPolicy::Never;
-    c.journal_checkpoint_bytes = 1 << 30;
+    c.checkpoint_journal_bytes = 1 << 30;
     c.segment_tail_bytes = 0;
     let e = Engine::open(c.clone()).unwrap();
     e.create_group(1).unwrap();
@@ -2144,6 +2173,10 @@ fn check_mixed(e: &Engine, x: &Expected, what: &str) -> Expected {
     now
 }
 
+/// Checkpoints stored by the engines of `mixed_work_until_power_cut`
+/// before their power cuts (the checkpointer runs beside the work).
+static CHECKPOINTS_DURING_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Runs creates, deletes, appends, joins, leaves, ACKs, cursor flushes,
 /// retention and checkpoints on one thread while another cuts the power
 /// after a seeded number of operations. Returns what was acknowledged.
@@ -2289,6 +2322,7 @@ fn mixed_work_until_power_cut(root: &Path, c: &Config, start: Expected, seed: u6
                 // Returned while the power was on: every sync it waited for
                 // happened before the cut.
                 if stop.is_frozen() {
+                    CHECKPOINTS_DURING_RUNS.fetch_add(e.stats().checkpoints, Ordering::SeqCst);
                     return x;
                 }
                 record(&mut x, &mut acked);
@@ -2316,7 +2350,7 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
     for seed in 0..cuts {
         let root = tempfile::tempdir().unwrap();
         let mut c = small_config(&root.path().join("data"));
-        c.journal_checkpoint_bytes = 16 << 10; // checkpoints happen during the run
+        c.checkpoint_journal_bytes = 16 << 10; // checkpoints happen during the run
         c.retention_check_ms = 5;
         let mut x = Expected::default();
         // Three cuts in a row on one directory: each recovery's own writes
@@ -2327,6 +2361,10 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         let e = Engine::open(c.clone()).unwrap();
         check_mixed(&e, &x, &format!("seed {seed} final"));
     }
+    // The checkpointer ran during the work, not only when asked at the
+    // end: incremental checkpoints (their order of writes, syncs and
+    // deletions) met the cuts.
+    assert!(CHECKPOINTS_DURING_RUNS.load(Ordering::SeqCst) > cuts);
 }
 
 #[test]

@@ -500,7 +500,7 @@ fn a_damaged_checkpoint_falls_back_to_the_previous_one_with_memberships() {
     e.checkpoint().unwrap();
     e.join(1, 6, JoinStart::Head).unwrap();
     e.close().unwrap();
-    let cp = dir.path().join("checkpoint");
+    let cp = crate::checkpoint_tests::newest_manifest(dir.path());
     let mut bytes = std::fs::read(&cp).unwrap();
     bytes[40] ^= 1;
     std::fs::write(&cp, bytes).unwrap();

@@ -222,7 +222,7 @@ impl Engine {
                 head,
             });
         }
-        let (old, new) = self
+        let m = self
             .shared
             .cursors
             .advance(user, group.slot, msg_id)
@@ -230,11 +230,15 @@ impl Engine {
                 group: group_id,
                 user,
             })?;
-        if new != old {
-            group.members.lock().read_counts.advance(old, new);
+        if m.new != m.old {
+            group.members.lock().read_counts.advance(m.old, m.new);
             self.shared.counters.acks.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(new)
+        if m.newly_checkpoint_dirty {
+            // Once per membership per checkpoint: the next one stores it.
+            self.shared.ctx.dirty.cursor_moved(&group, user);
+        }
+        Ok(m.new)
     }
 
     /// Acknowledges many `(group, msg_id)` pairs of one user, in order; one

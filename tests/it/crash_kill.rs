@@ -101,7 +101,7 @@ fn config(dir: &Path) -> Config {
     c.fsync = FsyncPolicy::Always;
     c.payload_bytes_max = PAYLOAD_BYTES_MAX;
     c.segment_bytes_max = 64 << 10;
-    c.journal_checkpoint_bytes = 256 << 10;
+    c.checkpoint_journal_bytes = 256 << 10;
     c
 }
 

@@ -46,6 +46,10 @@ pub struct FaultControl {
     /// commit round); `syncs_held` counts the syncs waiting.
     pub hold_syncs: AtomicBool,
     pub syncs_held: AtomicU64,
+    /// While set, syncs (of files and directories) whose path contains
+    /// this text block until it is cleared: a slow disk for one kind of
+    /// file (a checkpoint's run parts), which `syncs_held` counts too.
+    pub hold_syncs_of: parking_lot::Mutex<Option<String>>,
     /// When not `u64::MAX`, the free space the file system reports.
     pub free_bytes: AtomicU64,
     /// Files opened (to count how many segments a read touches).
@@ -78,6 +82,7 @@ impl FaultyVfs {
 struct FaultyFile {
     inner: Box<dyn VfsFile>,
     control: Arc<FaultControl>,
+    path: PathBuf,
 }
 
 impl FaultControl {
@@ -102,10 +107,18 @@ impl FaultControl {
         Ok(())
     }
 
-    fn check_sync(&self) -> io::Result<()> {
-        if self.hold_syncs.load(Ordering::SeqCst) {
+    fn check_sync(&self, path: &Path) -> io::Result<()> {
+        let held = || {
+            self.hold_syncs.load(Ordering::SeqCst)
+                || self
+                    .hold_syncs_of
+                    .lock()
+                    .as_deref()
+                    .is_some_and(|p| path.to_string_lossy().contains(p))
+        };
+        if held() {
             self.syncs_held.fetch_add(1, Ordering::SeqCst);
-            while self.hold_syncs.load(Ordering::SeqCst) {
+            while held() {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             self.syncs_held.fetch_sub(1, Ordering::SeqCst);
@@ -134,7 +147,7 @@ impl VfsFile for FaultyFile {
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.control.check_sync()?;
+        self.control.check_sync(&self.path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         self.inner.sync_data()
     }
@@ -155,6 +168,7 @@ impl Vfs for FaultyVfs {
         Ok(Box::new(FaultyFile {
             inner: OsVfs.open(path, mode)?,
             control: self.control.clone(),
+            path: path.to_owned(),
         }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
@@ -164,7 +178,7 @@ impl Vfs for FaultyVfs {
         OsVfs.create_dir_all(path)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.control.check_sync()?;
+        self.control.check_sync(path)?;
         self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_dir(path)
     }
@@ -175,7 +189,7 @@ impl Vfs for FaultyVfs {
         }
     }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
-        self.control.check_sync()?;
+        self.control.check_sync(path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_filesystem(path)
     }

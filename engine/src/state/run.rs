@@ -806,3 +806,82 @@ impl Iterator for PartReader<'_> {
         }
     }
 }
+
+/// The items of a whole run, part after part, each part checked against
+/// what the manifest says of it (`metas[i]` describes `parts[i]`).
+pub(crate) struct RunItems<'a> {
+    parts: &'a [&'a [u8]],
+    metas: &'a [PartMeta],
+    next: usize,
+    cur: Option<PartReader<'a>>,
+    failed: bool,
+}
+
+impl<'a> RunItems<'a> {
+    pub fn new(parts: &'a [&'a [u8]], metas: &'a [PartMeta]) -> RunItems<'a> {
+        debug_assert_eq!(parts.len(), metas.len());
+        RunItems {
+            parts,
+            metas,
+            next: 0,
+            cur: None,
+            failed: false,
+        }
+    }
+
+    fn next_inner(&mut self) -> Result<Option<Item>, String> {
+        loop {
+            if self.cur.is_none() {
+                let Some(&bytes) = self.parts.get(self.next) else {
+                    return Ok(None);
+                };
+                let meta = &self.metas[self.next];
+                let r = PartReader::open(bytes, RUN_FILE_BYTES_READ_MAX)?;
+                if (r.run_seq, r.part, r.item_count, r.trailer_crc)
+                    != (meta.run_seq, meta.part, meta.item_count, meta.trailer_crc)
+                    || bytes.len() as u64 != meta.file_len
+                    || r.first_key()? != meta.first_key
+                {
+                    return Err(format!(
+                        "run {} part {} is not the part the manifest names",
+                        meta.run_seq, meta.part
+                    ));
+                }
+                self.cur = Some(r);
+            }
+            // Invariant: set just above.
+            let r = self.cur.as_mut().expect("invariant: a part is open");
+            match r.next() {
+                Some(item) => return item.map(Some),
+                None => {
+                    let meta = &self.metas[self.next];
+                    if r.last_key() != Some(meta.last_key) {
+                        return Err(format!(
+                            "run {} part {}: last key differs from the manifest",
+                            meta.run_seq, meta.part
+                        ));
+                    }
+                    self.cur = None;
+                    self.next += 1;
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for RunItems<'_> {
+    type Item = Result<Item, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(v) => v.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
