@@ -82,7 +82,7 @@ pub(crate) enum Applied {
     Orphan,
     /// The group's checkpointed record already reflects the entry (its
     /// lsn is at or below the group's `applied_lsn`; replay only).
-    AlreadyApplied,
+    Reflected,
 }
 
 /// What applying a run of records did to its group's log.
@@ -126,7 +126,7 @@ pub(crate) fn entry(
         };
         let mut ck = group.ckpt.lock();
         if mode == Mode::Replay && lsn <= ck.applied_lsn {
-            return Ok(Applied::AlreadyApplied);
+            return Ok(Applied::Reflected);
         }
         note_applied(st, &group, &mut ck, lsn, mode);
         return Ok(Applied::Op(Ok(0)));
@@ -139,7 +139,7 @@ pub(crate) fn entry(
     }
     let mut ck = group.ckpt.lock();
     if mode == Mode::Replay && lsn <= ck.applied_lsn {
-        return Ok(Applied::AlreadyApplied);
+        return Ok(Applied::Reflected);
     }
     let malformed = |what: &str| Error::InvalidConfig {
         reason: format!("malformed {what} entry"),
@@ -241,7 +241,7 @@ pub(crate) fn records(
 ) -> Result<Applied> {
     let mut ck = group.ckpt.lock();
     if mode == Mode::Replay && lsn <= ck.applied_lsn {
-        return Ok(Applied::AlreadyApplied);
+        return Ok(Applied::Reflected);
     }
     let done = records_locked(st, group, &mut ck, run, mode)?;
     note_applied(st, group, &mut ck, lsn, mode);
@@ -671,13 +671,13 @@ mod tests {
         // At or below the group's applied_lsn: already in its record.
         assert!(matches!(
             at(10, EntryKind::Record, &rec(2)),
-            Applied::AlreadyApplied
+            Applied::Reflected
         ));
         let mut b = Vec::new();
         body::encode_join(&mut b, 9, 0);
         assert!(matches!(
             at(7, EntryKind::Join, &b),
-            Applied::AlreadyApplied
+            Applied::Reflected
         ));
         assert!(f.cursors.get(9, g.slot).is_none());
         assert!(matches!(at(11, EntryKind::Join, &b), Applied::Op(Ok(0))));

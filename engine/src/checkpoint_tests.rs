@@ -55,7 +55,13 @@ pub(crate) fn add_run(data_dir: &Path, items: &[Item]) {
         w.push(it).unwrap();
     }
     let parts = w.finish().unwrap().into_iter().map(|(_, m)| m).collect();
-    m.runs.insert(0, RunMeta { run_seq: seq, parts });
+    m.runs.insert(
+        0,
+        RunMeta {
+            run_seq: seq,
+            parts,
+        },
+    );
     m.next_run_seq += 1;
     m.ckpt_seq += 1;
     let mdir = manifest::manifest_dir(data_dir);
@@ -177,7 +183,10 @@ fn a_checkpoint_writes_what_changed_not_the_population() {
     assert_eq!(rows_in_delta, 1);
     assert_eq!(delta.len(), 12);
     let whole = run_items(dir.path(), m.runs.last().unwrap()).len();
-    assert!(whole >= groups as usize, "the first run holds the population");
+    assert!(
+        whole >= groups as usize,
+        "the first run holds the population"
+    );
     assert!(
         e.stats().checkpoint_bytes_max == full,
         "the small checkpoint wrote less than the first"
@@ -216,7 +225,9 @@ fn a_slow_fsync_in_a_checkpoint_holds_up_no_round_read_or_group_creation() {
             (sent.msg_id, read)
         })
     };
-    eventually("a round, a read and a create_group", || others.is_finished());
+    eventually("a round, a read and a create_group", || {
+        others.is_finished()
+    });
     assert_eq!(others.join().unwrap(), (3, 3));
     assert!(
         control.syncs_held.load(Ordering::SeqCst) >= 1 && !ckpt.is_finished(),

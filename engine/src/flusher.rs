@@ -205,7 +205,9 @@ mod tests {
         f.journal_grew_to(step - 1);
         control.fail_syncs.store(true, Ordering::SeqCst);
         f.journal_grew_to(step);
-        wait_for("the failed sync to be kept", || f.checker().check().is_err());
+        wait_for("the failed sync to be kept", || {
+            f.checker().check().is_err()
+        });
         let err = f.checker().check().unwrap_err();
         assert!(err.to_string().contains("background sync failed"), "{err}");
         drop(f); // joins the thread

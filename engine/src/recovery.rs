@@ -401,7 +401,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     }
     // After a crash the first checkpoint comes at once, so the journal
     // just replayed is not replayed again after the next crash.
-    let needs_checkpoint = !fresh && !(report.clean_shutdown && report.checkpoint_used);
+    let needs_checkpoint = !(fresh || report.clean_shutdown && report.checkpoint_used);
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }
@@ -849,7 +849,7 @@ impl Replay<'_> {
         let group = self.st.catalog.read().get(entry.group_id).cloned();
         match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay, lsn)? {
             apply::Applied::Orphan => self.report.orphan_entries += 1,
-            apply::Applied::AlreadyApplied => self.report.entries_already_applied += 1,
+            apply::Applied::Reflected => self.report.entries_already_applied += 1,
             apply::Applied::Records(done) => {
                 if let Some(load) = done.loaded {
                     report_load(self.report, entry.group_id, &load);

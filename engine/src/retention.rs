@@ -3,7 +3,7 @@
 //! get a typed `BelowRetentionFloor` naming the earliest stored id.
 
 /// A group's retention policy. The default keeps everything (roaming).
-#[derive(bincode::Encode, bincode::Decode, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Retention {
     /// Drop sealed segments whose every message every member acknowledged.
     pub by_cursor: bool,

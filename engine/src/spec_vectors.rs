@@ -465,7 +465,6 @@ fn journal_entry_invalid_values_stop_the_scan_as_documented() {
         .starts_with("entry body length 49 exceeds 48"));
 }
 
-
 /// An entry of `kind` for group 5 with `body`, as the engine frames it.
 fn entry(kind: EntryKind, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -582,7 +581,13 @@ fn the_engine_writes_the_membership_vectors() {
         panic!("{items:?}")
     };
     assert_eq!(
-        (g.group, g.fresh, g.head, g.segments.clone(), g.damaged.clone()),
+        (
+            g.group,
+            g.fresh,
+            g.head,
+            g.segments.clone(),
+            g.damaged.clone()
+        ),
         (5, true, 1, vec![(1, 113)], None)
     );
     assert_eq!(
@@ -618,9 +623,7 @@ fn the_engine_writes_the_membership_vectors() {
     engine.close().unwrap();
 }
 
-
 /// The worked example of storage.md section 15, byte for byte.
-
 
 #[test]
 fn crc32_is_the_ieee_crc_of_the_readme() {

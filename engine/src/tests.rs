@@ -768,7 +768,11 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
         crate::checkpoint_tests::manifests(dir.path()),
         manifests_before
     );
-    assert_eq!(seg_files(), segs_before, "no file named by a kept manifest goes");
+    assert_eq!(
+        seg_files(),
+        segs_before,
+        "no file named by a kept manifest goes"
+    );
     let stopped = matches!(e.accepting_writes(), Err(Error::WritesStopped { .. }));
     assert!(
         !stopped,
@@ -1773,7 +1777,11 @@ fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
     // after it), and the one before it.
     let mut seq = seq_of(&newest_file(&jdir, ".tmj"));
     let header = crate::journal::JOURNAL_HEADER_BYTES as u64;
-    while std::fs::metadata(crate::journal::journal_path(&jdir, seq)).unwrap().len() == header {
+    while std::fs::metadata(crate::journal::journal_path(&jdir, seq))
+        .unwrap()
+        .len()
+        == header
+    {
         seq -= 1;
     }
     let newest = crate::journal::journal_path(&jdir, seq);

@@ -105,6 +105,14 @@ struct ServeArgs {
     /// milliseconds; a crash forgets at most the ACKs of the last interval.
     #[arg(long, default_value_t = 1000)]
     cursor_flush_ms: u64,
+    /// A checkpoint is taken once this many journal bytes were written
+    /// since the last one (checkpoints write what changed, beside the
+    /// commit rounds).
+    #[arg(long, default_value_t = 64 << 20)]
+    checkpoint_journal_bytes: u64,
+    /// ...and at least this often, in milliseconds, when anything changed.
+    #[arg(long, default_value_t = 60_000)]
+    checkpoint_interval_ms: u64,
 }
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
@@ -122,6 +130,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.engine.segment_bytes_max = a.segment_bytes_max;
     c.engine.disk_free_min_bytes = a.disk_free_min_bytes;
     c.engine.cursor_flush_ms = a.cursor_flush_ms;
+    c.engine.checkpoint_journal_bytes = a.checkpoint_journal_bytes;
+    c.engine.checkpoint_interval_ms = a.checkpoint_interval_ms;
     c.limits.frame_bytes_max = a.frame_bytes_max;
     c.limits.connections_max = a.connections_max;
     c.limits.output_bytes_max = a.output_bytes_max;
