@@ -1,9 +1,12 @@
 //! Applying a journal entry to the in-memory state: the group registry, the
 //! cursor table and member lists, and the group logs. The commit thread
-//! applies each round here once it is in the journal; recovery's replay
-//! applies each valid journal entry here. One applier, so live and replay
-//! cannot drift apart on what an entry means (raft-engine's
-//! `MemTableAccessor` is the model).
+//! applies each round's frame here once it is in the journal; recovery's
+//! replay applies each valid frame's entries here, in the same (frame)
+//! order. One applier, so live and replay cannot drift apart on what an
+//! entry means (raft-engine's `MemTableAccessor` is the model). Every entry
+//! comes with the `lsn` of its frame (format-spec/storage.md section 5),
+//! which names the frame in damage reports and is what a later step's
+//! per-group `applied_lsn` gates replay on.
 //!
 //! What differs between the two is real, and is [`Mode`]:
 //! - a failed group-log write stops every write live (there is no way to
@@ -17,10 +20,9 @@
 //! Everything else is the same in both: a record the log already holds is
 //! skipped (replay after a crash; live, the retry of a round a full disk
 //! stopped part-way), a join is checked against the membership limits (so
-//! a join refused live is refused again by replay, never resurrected; the
-//! commit thread applies a round group by group, replay in journal order,
-//! see storage.md section 16, item 1), a cursor is never set above its
-//! group's head. Restoring a
+//! a join refused live is refused again by replay, never resurrected: both
+//! apply a frame's entries in frame order, which groups them by group id),
+//! a cursor is never set above its group's head. Restoring a
 //! checkpoint's memberships is not an apply: the snapshot holds what was
 //! accepted, and no limit is checked again (recovery.rs).
 //!
@@ -60,12 +62,12 @@ pub(crate) struct State<'a> {
 /// What applying one entry did.
 #[derive(Debug)]
 pub(crate) enum Applied {
-    /// A group or membership operation (and Cursors, SyncMark): its value
+    /// A group or membership operation (and Cursors): its value
     /// (a join's cursor, otherwise 0) or why it was refused (a limit, a
     /// leave of a non-member, a malformed body). Live, that is the caller's
     /// answer; replay ignores it.
     Op(Result<u64>),
-    /// A Record entry (or a run of them).
+    /// A Records entry.
     Records(RecordsApplied),
     /// The entry names a group that is not registered: one deleted later
     /// in the journal (replay only).
@@ -87,9 +89,10 @@ pub(crate) struct RecordsApplied {
     pub held: Option<(u64, u64)>,
 }
 
-/// Applies one journal entry. `group` is the registered group the entry
-/// names (`None` if none is): the commit thread passes the group the
-/// entry was queued for, replay looks the id up in the registry.
+/// Applies one journal entry of the frame numbered `lsn`. `group` is the
+/// registered group the entry names (`None` if none is): the commit thread
+/// passes the group the entry was queued for, replay looks the id up in
+/// the registry.
 ///
 /// An `Err` is an operating error that stops the caller: live, writes stop
 /// (or, for a full disk, the round is held and applied again); in replay,
@@ -99,13 +102,9 @@ pub(crate) fn entry(
     entry: &Entry<'_>,
     group: Option<&Arc<Group>>,
     mode: Mode,
+    lsn: u64,
 ) -> Result<Applied> {
     let kind = entry.kind;
-    if kind == EntryKind::SyncMark {
-        // Written by the journal itself (never queued); replay reads marks
-        // only when it meets a bad entry. Names no group.
-        return Ok(Applied::Op(Ok(0)));
-    }
     if kind == EntryKind::CreateGroup {
         create_group(st, entry.group_id, group, mode);
         return Ok(Applied::Op(Ok(0)));
@@ -117,8 +116,8 @@ pub(crate) fn entry(
         reason: format!("malformed {what} entry"),
     };
     let outcome = match kind {
-        EntryKind::Record => {
-            return records(st, group, entry.body, mode).map(Applied::Records);
+        EntryKind::Records => {
+            return records(st, group, entry.body, mode, lsn).map(Applied::Records);
         }
         EntryKind::DeleteGroup => {
             delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
@@ -145,7 +144,7 @@ pub(crate) fn entry(
             restore_cursors(st.cursors, group, entry.body);
             Ok(0)
         }
-        EntryKind::CreateGroup | EntryKind::SyncMark => Ok(0),
+        EntryKind::CreateGroup => Ok(0),
     };
     Ok(Applied::Op(outcome))
 }
@@ -167,14 +166,16 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
     st.catalog.write().insert(id, slot);
 }
 
-/// Appends `run` (whole records of `group`, ids ascending) to the group's
-/// log, skipping those it already holds. In replay the run is one entry's
-/// body and must be exactly one valid record, else the group is damaged.
+/// Appends `run` (a Records body: whole records of `group`, consecutive
+/// ids) of the frame numbered `lsn` to the group's log, skipping those it
+/// already holds. In replay the body is checked first: it must be valid
+/// records with consecutive ids, else the group is damaged.
 pub(crate) fn records(
     st: &State<'_>,
     group: &Group,
     run: &[u8],
     mode: Mode,
+    lsn: u64,
 ) -> Result<RecordsApplied> {
     let ctx = st.ctx;
     let mut done = RecordsApplied {
@@ -189,8 +190,9 @@ pub(crate) fn records(
     let LogSlot::Loaded(log) = &mut *slot else {
         return Ok(done);
     };
-    if mode == Mode::Replay && body::decode_record(run).is_none() {
-        *slot = damage(ctx, log, "journal entry holds an invalid record".into());
+    if mode == Mode::Replay && body::decode_records(run).is_none() {
+        let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
+        *slot = damage(ctx, log, reason);
         return Ok(done);
     }
     let head = log.head();
@@ -201,7 +203,8 @@ pub(crate) fn records(
         if next != head + 1 {
             // Live, ids are assigned densely and applied in journal order.
             debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
-            let reason = format!("journal holds msg_id {next} but the log ends at {head}");
+            let reason =
+                format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
             *slot = damage(ctx, log, reason);
             return Ok(done);
         }
@@ -218,7 +221,7 @@ pub(crate) fn records(
         Err(e) if mode == Mode::Live => return Err(e),
         Err(e) => {
             done.appended = 0;
-            *slot = damage(ctx, log, format!("replay failed: {e}"));
+            *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));
             return Ok(done);
         }
     }
@@ -420,7 +423,7 @@ mod tests {
                 group_id,
                 body,
             };
-            entry(&self.st(), &e, group.as_ref(), Mode::Replay).unwrap()
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1).unwrap()
         }
     }
 
@@ -450,15 +453,15 @@ mod tests {
     fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
         let f = Fixture::new(10);
         assert!(matches!(
-            f.replay(EntryKind::Record, 5, &rec(1)),
+            f.replay(EntryKind::Records, 5, &rec(1)),
             Applied::Orphan
         ));
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).expect("created by replay");
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (1, 0));
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (0, 1));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (0, 1));
         assert_eq!(g.head(), 1);
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(3))), (0, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(3))), (0, 0));
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
         assert_eq!(g.head(), 1, "a damaged group keeps its head");
     }
@@ -470,7 +473,7 @@ mod tests {
         let mut bad = rec(1);
         let last = bad.len() - 1;
         bad[last] ^= 1;
-        f.replay(EntryKind::Record, 5, &bad);
+        f.replay(EntryKind::Records, 5, &bad);
         let g = f.group(5).unwrap();
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
         assert_eq!(g.head(), 0);
@@ -482,10 +485,10 @@ mod tests {
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
         let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
-        let done = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        let done = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
         assert_eq!((done.appended, done.already_present), (3, 0));
         assert_eq!(done.held, Some((1, 3)));
-        let again = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        let again = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
         assert_eq!((again.appended, again.already_present), (0, 3));
         assert_eq!(g.head(), 3);
     }
@@ -503,7 +506,7 @@ mod tests {
                 group_id: 5,
                 body: &b,
             };
-            match entry(&f.st(), &e, Some(&g), mode).unwrap() {
+            match entry(&f.st(), &e, Some(&g), mode, 1).unwrap() {
                 Applied::Op(r) => r,
                 other => panic!("{other:?}"),
             }
@@ -530,7 +533,7 @@ mod tests {
         let f = Fixture::new(10);
         f.replay(EntryKind::CreateGroup, 5, &[]);
         for id in 1..=4 {
-            f.replay(EntryKind::Record, 5, &rec(id));
+            f.replay(EntryKind::Records, 5, &rec(id));
         }
         let mut b = Vec::new();
         body::encode_join(&mut b, 9, 2);

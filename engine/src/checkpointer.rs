@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 
 use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
-use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::LogContext;
-use crate::journal::{self, Journal};
+use crate::journal::{self, Journal, JournalOptions, JournalStart};
 use crate::member_snapshot;
 use crate::retention;
 
@@ -74,15 +73,17 @@ struct CheckpointTimes {
 
 /// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
 /// retention, make every group log durable, start journal file
-/// `next_journal_seq`, write the checkpoint atomically, then delete older
-/// journal files and the segments retention dropped.
+/// `next_journal.seq` (its frames numbered on from `next_journal`), write
+/// the checkpoint atomically, then delete older journal files and the
+/// segments retention dropped.
 pub(crate) fn write_checkpoint(
     ctx: &LogContext,
     catalog: &Catalog,
     cursors: &CursorTable,
-    next_journal_seq: u64,
+    next_journal: JournalStart,
     clean_shutdown: bool,
 ) -> Result<CheckpointDone> {
+    let next_journal_seq = next_journal.seq;
     // Every open starts a journal one above the newest: a checkpoint that
     // leaves no room for it would leave a directory that cannot reopen.
     if next_journal_seq == u64::MAX {
@@ -185,10 +186,10 @@ pub(crate) fn write_checkpoint(
 
     let dir = journal::journal_dir(&ctx.config.data_dir);
     let journal = Journal::create(
-        &*ctx.vfs,
+        ctx.vfs.clone(),
         &dir,
-        next_journal_seq,
-        ctx.config.fsync != FsyncPolicy::Always,
+        next_journal,
+        JournalOptions::of(&ctx.config),
     )
     .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
     let body = CheckpointBody {

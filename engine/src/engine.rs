@@ -132,6 +132,10 @@ impl Engine {
 
     fn open_on(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
         config.validate()?;
+        // A directory of another storage format is refused before anything
+        // (the lock file, a directory) is written to it; recovery checks
+        // again under the lock and marks a new directory.
+        crate::format::check(&*vfs, &config.data_dir)?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
@@ -372,8 +376,8 @@ impl Engine {
         wait_for_room: bool,
     ) -> Result<u64> {
         let mut p = self.lock_pending(
-            kind == EntryKind::Record && wait_for_room,
-            kind == EntryKind::Record,
+            kind == EntryKind::Records && wait_for_room,
+            kind == EntryKind::Records,
         )?;
         let round = push_locked(&mut p, group, kind, body, reply);
         drop(p);
@@ -643,7 +647,7 @@ impl Engine {
         let round = push_locked(
             p,
             group,
-            EntryKind::Record,
+            EntryKind::Records,
             |buf| journal::body::encode_record(buf, &rec),
             None,
         );

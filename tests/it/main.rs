@@ -18,5 +18,6 @@ mod net_faults;
 mod node;
 mod proxy;
 mod segment_damage;
+mod storage_format;
 mod torture;
 mod workspace;
