@@ -445,6 +445,7 @@ fn restore_checkpoint(
     body: CheckpointBody,
 ) -> Result<(), String> {
     let mut by_ordinal = Vec::with_capacity(body.groups.len());
+    catalog.reserve(body.groups.len());
     for g in body.groups {
         let state = LogState {
             head: g.head,
