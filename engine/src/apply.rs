@@ -133,7 +133,7 @@ pub(crate) fn entry(
         },
         EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
             Some(r) => {
-                *group.retention.lock() = r;
+                group.set_retention(r);
                 Ok(0)
             }
             None => Err(malformed("retention")),
@@ -160,7 +160,7 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
     }
     debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
     let slot = match GroupLog::create(st.ctx, id) {
-        Ok(log) => LogSlot::Loaded(log),
+        Ok(log) => LogSlot::Loaded(Box::new(log)),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
     st.catalog.write().insert(id, slot);
@@ -264,12 +264,10 @@ fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8
     while let Some(len) = record::peek_len(run) {
         // Invariant: live runs hold whole records encoded by the engine.
         let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id) {
-            group
-                .members
-                .lock()
-                .read_counts
-                .advance(h.msg_id - 1, h.msg_id);
+            members.advance(h.msg_id - 1, h.msg_id);
         }
         run = &run[len..];
     }
@@ -281,9 +279,11 @@ fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8
 fn restore_cursors(cursors: &CursorTable, group: &Group, body: &[u8]) {
     let head = group.head();
     for (user, cursor) in body::decode_cursors(body) {
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if let Some((old, new)) = cursors.restore(user, group.slot, cursor.min(head)) {
             if new != old {
-                group.members.lock().read_counts.advance(old, new);
+                members.advance(old, new);
             }
         }
     }
@@ -326,7 +326,7 @@ pub(crate) fn join(
             })
         }
     }
-    members.insert(user, cursor);
+    members.insert(user, cursor, group.cursor_of(cursors));
     Ok(cursor)
 }
 

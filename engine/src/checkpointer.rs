@@ -19,8 +19,12 @@ use crate::member_snapshot;
 use crate::retention;
 
 /// Number of sealed segments the group's retention policy drops now.
-pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
-    let policy = *g.retention.lock();
+pub(crate) fn plan_retention(
+    ctx: &LogContext,
+    cursors: &CursorTable,
+    g: &Group,
+) -> Result<Option<usize>> {
+    let policy = g.retention();
     if policy.keeps_everything() {
         return Ok(None);
     }
@@ -29,7 +33,7 @@ pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize
         return Ok(None);
     };
     let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
-    let min_cursor = g.members.lock().read_counts.min_cursor();
+    let min_cursor = g.min_cursor(cursors);
     let n = retention::droppable(
         &policy,
         &sealed,
@@ -128,7 +132,7 @@ pub(crate) fn write_checkpoint(
         syncs += 1;
     }
     for g in catalog.groups() {
-        let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
+        let drop_n = plan_retention(ctx, cursors, g).unwrap_or_else(|e| {
             log::warn!("group {}: retention skipped: {e}", g.id);
             None
         });
@@ -160,7 +164,7 @@ pub(crate) fn write_checkpoint(
                 group_id: g.id,
                 head: state.head,
                 segments: state.segments,
-                retention: *g.retention.lock(),
+                retention: g.retention(),
                 damaged,
             });
         }

@@ -8,6 +8,13 @@
 //! whoever waits. Cursor flushes, retention and checkpoints run here too, between
 //! rounds, so they always see a state that matches a journal position.
 //!
+//! The idle sweep runs here too, between rounds: groups unused for
+//! `idle_evict_ms` give back their send state (dedup window) and their
+//! small loaded log (`group.rs`, "Memory"), at most
+//! [`IDLE_EVICTIONS_PER_SWEEP`] per sweep so a round never waits long
+//! behind one; a sweep that stopped at that bound runs again a millisecond
+//! later. It costs the groups that went idle, nothing per idle group.
+//!
 //! A failed sync, or a write that failed for any reason but a full disk, is
 //! never retried: the round and every later one fail with `WritesStopped`,
 //! and reads go on. Reopening recovers. A write that found the disk full
@@ -30,7 +37,7 @@ use crate::cursors::CursorTable;
 use crate::dedup::DedupBudget;
 use crate::error::{Error, Result};
 use crate::flusher::Flusher;
-use crate::group::Group;
+use crate::group::{Group, Unload};
 use crate::group_log::LogContext;
 use crate::journal::{body, EntryKind, FrameBuf, FrameKind, Journal, ENTRY_HEADER_BYTES};
 use crate::warn_limit::RepeatedWarning;
@@ -64,7 +71,14 @@ struct Committer {
     flusher: Flusher,
     /// The full-disk warning, rate limited while writes are retried.
     no_space_warning: RepeatedWarning,
+    /// When the idle sweep runs next.
+    idle_sweep_at: Instant,
 }
+
+/// Groups the idle sweep evicts at most in one go (about a microsecond each).
+pub(crate) const IDLE_EVICTIONS_PER_SWEEP: usize = 1024;
+/// The idle sweep runs this often when it has no backlog.
+const IDLE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often free space is measured while it is low (and idle), and how
 /// long work a full disk stopped waits before it is written again.
@@ -165,6 +179,46 @@ pub struct GroupAppend {
     pub last: u64,
 }
 
+/// Takes up to `max` groups idle at `now_ms` off the used list and drops
+/// their send state (with its window) and, if small and quiet, their loaded
+/// log; one that cannot give them back yet (a lock held, records in an
+/// uncompleted round, writes not yet synced) is listed again as used now.
+/// Returns true if it stopped at `max`. On the commit thread, between
+/// rounds (so `completed` is every round applied), holding no lock.
+pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
+    let idle_ms = shared.ctx.config.idle_evict_ms;
+    let completed = shared.progress.lock().completed;
+    for _ in 0..max {
+        let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
+            return false;
+        };
+        let Some(group) = shared.catalog.read().get(id).cloned() else {
+            continue; // deleted
+        };
+        let Some(mut slot) = group.assign.try_lock() else {
+            shared.dedup.touch_used(id);
+            continue;
+        };
+        if group.is_deleting() {
+            continue; // its window was given back with the delete
+        }
+        if let Some(assign) = slot.as_deref() {
+            if assign.last_round > completed {
+                shared.dedup.touch_used(id);
+                continue;
+            }
+            let len = assign.dedup.len();
+            *slot = None;
+            shared.dedup.forget_window(id, len);
+        }
+        // Under `assign`: no send can load the log again meanwhile.
+        if group.unload_if_quiet(&shared.ctx) == Unload::Later {
+            shared.dedup.touch_used(id);
+        }
+    }
+    true
+}
+
 /// Called on the commit thread after each completed round.
 pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
@@ -225,6 +279,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
             shared.ctx.config.journal_checkpoint_bytes,
         ),
         no_space_warning: RepeatedWarning::new(NO_SPACE_WARN_INTERVAL),
+        idle_sweep_at: now,
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
     let _exit = ExitGuard(c.shared.clone());
@@ -297,7 +352,8 @@ impl Committer {
                         .journal_grew_to(self.journal.bytes_since_start());
                     self.measure_free_space();
                     // Under steady load the loop is never idle: run the
-                    // timers (cursor flush, retention, interval sync) here too.
+                    // timers (cursor flush, retention, interval sync, idle
+                    // sweep) here too.
                     if Instant::now() >= self.next_deadline() {
                         if let Err(e) = self.timers() {
                             self.fail(round + 1, e);
@@ -372,6 +428,7 @@ impl Committer {
             d = d.min(self.last_space_check + DISK_LOW_RECHECK);
         }
         d = d.min(self.last_retention_check + Duration::from_millis(c.retention_check_ms));
+        d = d.min(self.idle_sweep_at);
         if let FsyncPolicy::Interval(period) = c.fsync {
             if self.unsynced_bytes > 0 {
                 d = d.min(self.last_sync + period);
@@ -415,6 +472,9 @@ impl Committer {
 
     fn timers(&mut self) -> Result<()> {
         self.measure_free_space();
+        if Instant::now() >= self.idle_sweep_at {
+            self.idle_sweep();
+        }
         if self.failed() {
             // Nothing can be written; wait for shutdown without spinning.
             self.last_cursor_flush = Instant::now();
@@ -461,6 +521,18 @@ impl Committer {
             .counters
             .journal_syncs
             .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
+    /// sets when the sweep runs next: soon if it stopped at its bound.
+    fn idle_sweep(&mut self) {
+        let more = evict_idle(&self.shared, crate::now_ms(), IDLE_EVICTIONS_PER_SWEEP);
+        let wait = if more {
+            Duration::from_millis(1)
+        } else {
+            IDLE_SWEEP_PERIOD
+        };
+        self.idle_sweep_at = Instant::now() + wait;
     }
 
     fn sync_journal(&mut self) -> Result<()> {
@@ -735,7 +807,9 @@ impl Committer {
         let catalog = self.shared.catalog.read();
         for g in catalog.groups() {
             // A group whose segments cannot be planned (damage) is skipped.
-            if let Ok(Some(_)) = checkpointer::plan_retention(&self.shared.ctx, g) {
+            if let Ok(Some(_)) =
+                checkpointer::plan_retention(&self.shared.ctx, &self.shared.cursors, g)
+            {
                 return Ok(true);
             }
         }

@@ -68,6 +68,11 @@ pub struct Config {
     /// their last `dedup_window_sends` sends and the least recently used
     /// windows leave memory (rebuilt from the log on their next send).
     pub dedup_entries_total_max: usize,
+    /// A group neither sent to nor loaded for this long gives back its send
+    /// state (dedup window included) and, if small and synced, its loaded
+    /// log; its next send rebuilds the window from the log as after a
+    /// restart, so retransmits are answered exactly as before.
+    pub idle_evict_ms: u64,
     /// Journal bytes after which a checkpoint syncs the group logs and starts
     /// a new journal file.
     pub journal_checkpoint_bytes: u64,
@@ -109,6 +114,7 @@ impl Config {
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_entries_total_max: 10_000_000,
+            idle_evict_ms: 10 * 60 * 1000,
             journal_checkpoint_bytes: 64 << 20,
             journal_file_bytes: 64 << 20,
             segment_tail_bytes: 16 << 10,

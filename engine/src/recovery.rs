@@ -467,6 +467,7 @@ fn restore_checkpoint(
     body: CheckpointBody,
 ) -> Result<(), String> {
     let mut by_ordinal = Vec::with_capacity(body.groups.len());
+    catalog.reserve(body.groups.len());
     for g in body.groups {
         let state = LogState {
             head: g.head,
@@ -477,7 +478,7 @@ fn restore_checkpoint(
             None => LogSlot::Unloaded(state),
         };
         let group = catalog.insert(g.group_id, slot);
-        *group.retention.lock() = g.retention;
+        group.set_retention(g.retention);
         by_ordinal.push(group);
     }
     member_snapshot::decode(&body.members, |m| {
@@ -498,7 +499,10 @@ fn restore_checkpoint(
             .insert(m.user, group.slot, cursor, m.join_point, None)
             .is_ok()
         {
-            group.members.lock().insert(m.user, cursor);
+            group
+                .members
+                .lock()
+                .insert(m.user, cursor, group.cursor_of(cursors));
         }
         Ok(())
     })
@@ -513,7 +517,8 @@ fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
     );
     for (slot, old, new) in moved {
         if let Some(g) = catalog.by_slot(slot) {
-            g.members.lock().read_counts.advance(old, new);
+            // Recovery is single-threaded: no cursor moves meanwhile.
+            g.members.lock().advance(old, new);
         }
     }
 }
@@ -554,7 +559,7 @@ fn discover_groups(
                             "torn or unsynced tail".into(),
                         ));
                     }
-                    catalog.insert(id, LogSlot::Loaded(log));
+                    catalog.insert(id, LogSlot::Loaded(Box::new(log)));
                 }
                 Err(e) => {
                     catalog.insert(id, LogSlot::damaged(e.to_string()));

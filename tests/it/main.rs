@@ -14,6 +14,7 @@ mod event_loop;
 mod fuzz_corpus;
 mod harness;
 mod hostile;
+mod idle;
 mod net_faults;
 mod node;
 mod proxy;
