@@ -851,7 +851,7 @@ mod frame_layout_tests {
         let bytes = std::fs::read(path).unwrap();
         let frames = journal::frames_of_file(&bytes);
         let last = frames.last().unwrap();
-        let layout: Vec<(EntryKind, u64, Option<(u64, u64)>)> = last
+        let layout: Vec<_> = last
             .entries
             .iter()
             .map(|&(at, len, kind, group)| {
