@@ -1469,6 +1469,7 @@ fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
         let dir = root.path().join("data");
         let mut c = small_config(&dir);
         c.journal_checkpoint_bytes = 64 << 10; // checkpoints happen during the run
+        c.journal_file_bytes = 16 << 10; // and journal rolls between them
         let (acked, _) = run_until_power_cut(root.path(), c.clone(), seed * 17);
         let (required, _) = check_after_power_cut(&dir, c, &acked, |_| true);
         assert!(required > 0);
@@ -1487,6 +1488,7 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
         let mut c = small_config(&dir);
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
         c.journal_checkpoint_bytes = 64 << 10;
+        c.journal_file_bytes = 16 << 10;
         let (acked, syncs_before_cut) = run_until_power_cut(root.path(), c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
@@ -2332,6 +2334,7 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         let root = tempfile::tempdir().unwrap();
         let mut c = small_config(&root.path().join("data"));
         c.journal_checkpoint_bytes = 16 << 10; // checkpoints happen during the run
+        c.journal_file_bytes = 4 << 10; // and journal rolls between them
         c.retention_check_ms = 5;
         let mut x = Expected::default();
         // Three cuts in a row on one directory: each recovery's own writes

@@ -629,6 +629,59 @@ mod tests {
         assert_eq!(furthest_proof_from(&other, 49, KEY ^ 0xffff), None);
     }
 
+    proptest::proptest! {
+        /// Any frames built by the writer's builder walk back to the same
+        /// entries, kinds, numbers and offsets; and any one flipped byte in
+        /// the last frame stops the walk exactly there.
+        #[test]
+        fn frames_built_walk_back_exactly_and_any_flip_of_the_last_stops_there(
+            frames in proptest::collection::vec(
+                proptest::collection::vec((2u8..=7, 1u64..1000, proptest::collection::vec(0u8..=255, 0..40)), 0..6),
+                1..5,
+            ),
+            key in 0u32..=u32::MAX,
+            first in 1u64..1_000_000,
+            flip in 0usize..10_000,
+        ) {
+            let mut file = vec![0u8; JOURNAL_HEADER_BYTES];
+            let mut starts = Vec::new();
+            for (i, entries) in frames.iter().enumerate() {
+                let mut f = FrameBuf::default();
+                for (kind, group, body) in entries {
+                    let kind = EntryKind::from_u8(*kind).unwrap();
+                    f.push_entry(kind, *group, |b| b.extend_from_slice(body));
+                }
+                starts.push(file.len());
+                let n = first + i as u64;
+                let synced = file.len() as u64;
+                file.extend_from_slice(f.seal(FrameKind::Round, n, n, synced, key).unwrap());
+            }
+            let walked: Vec<_> = FrameIter::new(&file, JOURNAL_HEADER_BYTES, key, first, first)
+                .map(|f| {
+                    let entries: Vec<_> = f
+                        .entries()
+                        .map(|e| (e.kind as u8, e.group_id, e.body.to_vec()))
+                        .collect();
+                    (f.offset, f.envelope.lsn, f.header().round_index, entries)
+                })
+                .collect();
+            proptest::prop_assert_eq!(walked.len(), frames.len());
+            for (i, (offset, lsn, round, entries)) in walked.into_iter().enumerate() {
+                proptest::prop_assert_eq!(offset, starts[i]);
+                proptest::prop_assert_eq!((lsn, round), (first + i as u64, first + i as u64));
+                proptest::prop_assert_eq!(&entries, &frames[i]);
+            }
+            let last = *starts.last().unwrap();
+            let at = last + flip % (file.len() - last);
+            let mut damaged = file.clone();
+            damaged[at] ^= 0x10;
+            let mut it = FrameIter::new(&damaged, JOURNAL_HEADER_BYTES, key, first, first);
+            proptest::prop_assert_eq!(it.by_ref().count(), frames.len() - 1);
+            proptest::prop_assert_eq!(it.position(), last);
+            proptest::prop_assert!(it.stop_reason().is_some());
+        }
+    }
+
     #[test]
     fn a_local_frame_carries_no_entry_of_this_version_and_no_round_index() {
         let mut f = FrameBuf::default();
