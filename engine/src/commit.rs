@@ -78,6 +78,12 @@ pub(crate) struct Counters {
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
+    /// Bytes of checkpoint files written, and the largest one: with
+    /// `journal_bytes`, what a checkpoint costs per byte of work.
+    pub checkpoint_bytes: AtomicU64,
+    pub checkpoint_bytes_max: AtomicU64,
+    /// Bytes written to the journal (entries and sync marks).
+    pub journal_bytes: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
@@ -437,6 +443,15 @@ impl Committer {
         Ok(())
     }
 
+    /// Counts what the last append wrote to the journal (it was `before`
+    /// bytes long): entries and any sync mark.
+    fn count_journal_bytes(&self, before: u64) {
+        self.shared
+            .counters
+            .journal_bytes
+            .fetch_add(self.journal.len().saturating_sub(before), Ordering::Relaxed);
+    }
+
     fn sync_journal(&mut self) -> Result<()> {
         self.journal.sync()?;
         self.shared
@@ -479,7 +494,9 @@ impl Committer {
         // Replay raises cursors with max(), so entries written twice or out
         // of order are harmless.
         self.cursor_buf_unwritten = true;
+        let before = self.journal.len();
         self.journal.append(&self.cursor_buf)?;
+        self.count_journal_bytes(before);
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_buf.len() as u64;
         Ok(true)
@@ -584,7 +601,9 @@ impl Committer {
         if flush_cursors || self.cursor_buf_unwritten {
             self.write_dirty_cursors()?;
         }
+        let before = self.journal.len();
         self.journal.append(&self.round_buf)?;
+        self.count_journal_bytes(before);
         self.unsynced_bytes += self.round_buf.len() as u64;
         let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
@@ -766,6 +785,9 @@ impl Committer {
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
+        c.checkpoint_bytes.fetch_add(next.bytes, Ordering::Relaxed);
+        c.checkpoint_bytes_max
+            .fetch_max(next.bytes, Ordering::Relaxed);
         Ok(())
     }
 }
