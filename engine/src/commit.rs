@@ -39,7 +39,9 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::group::{Group, Unload};
 use crate::group_log::LogContext;
-use crate::journal::{body, EntryKind, FrameBuf, FrameKind, Journal, ENTRY_HEADER_BYTES};
+use crate::journal::{
+    self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
+};
 use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
@@ -99,6 +101,13 @@ pub(crate) struct Counters {
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
+    /// Bytes of checkpoint files written, and the largest one: with
+    /// `journal_bytes`, what a checkpoint costs per byte of work.
+    pub checkpoint_bytes: AtomicU64,
+    pub checkpoint_bytes_max: AtomicU64,
+    /// Bytes written to the journal (frames, and the header of each file a
+    /// frame rolled to).
+    pub journal_bytes: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
@@ -515,12 +524,22 @@ impl Committer {
         Ok(())
     }
 
-    /// Counts the fdatasyncs a journal roll made.
-    fn note_roll_syncs(&self, n: u64) {
-        self.shared
-            .counters
+    /// Counts what a frame write did: the journal bytes it wrote (the
+    /// frame, and a new file's header if it rolled) and the fdatasyncs of
+    /// its roll.
+    fn note_written(&self, written: FrameWritten, frame_len: usize) {
+        let counters = &self.shared.counters;
+        counters
             .journal_syncs
-            .fetch_add(n, Ordering::Relaxed);
+            .fetch_add(written.roll_syncs, Ordering::Relaxed);
+        let header = if written.roll_syncs > 0 {
+            journal::JOURNAL_HEADER_BYTES as u64
+        } else {
+            0
+        };
+        counters
+            .journal_bytes
+            .fetch_add(frame_len as u64 + header, Ordering::Relaxed);
     }
 
     /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
@@ -590,7 +609,7 @@ impl Committer {
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
-        self.note_roll_syncs(written.roll_syncs);
+        self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_frame.len() as u64;
         Ok(true)
@@ -704,7 +723,7 @@ impl Committer {
         let mut lsn = 0;
         if self.frame.entry_count() > 0 {
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
-            self.note_roll_syncs(written.roll_syncs);
+            self.note_written(written, self.frame.len());
             self.unsynced_bytes += self.frame.len() as u64;
             lsn = written.lsn;
         }
@@ -852,6 +871,9 @@ impl Committer {
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
+        c.checkpoint_bytes.fetch_add(next.bytes, Ordering::Relaxed);
+        c.checkpoint_bytes_max
+            .fetch_max(next.bytes, Ordering::Relaxed);
         Ok(())
     }
 }
