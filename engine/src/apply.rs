@@ -1,9 +1,12 @@
 //! Applying a journal entry to the in-memory state: the group registry, the
 //! cursor table and member lists, and the group logs. The commit thread
-//! applies each round here once it is in the journal; recovery's replay
-//! applies each valid journal entry here. One applier, so live and replay
-//! cannot drift apart on what an entry means (raft-engine's
-//! `MemTableAccessor` is the model).
+//! applies each round's frame here once it is in the journal; recovery's
+//! replay applies each valid frame's entries here, in the same (frame)
+//! order. One applier, so live and replay cannot drift apart on what an
+//! entry means (raft-engine's `MemTableAccessor` is the model). Every entry
+//! comes with the `lsn` of its frame (format-spec/storage.md section 5),
+//! which names the frame in damage reports and is what a later step's
+//! per-group `applied_lsn` gates replay on.
 //!
 //! What differs between the two is real, and is [`Mode`]:
 //! - a failed group-log write stops every write live (there is no way to
@@ -17,21 +20,21 @@
 //! Everything else is the same in both: a record the log already holds is
 //! skipped (replay after a crash; live, the retry of a round a full disk
 //! stopped part-way), a join is checked against the membership limits (so
-//! a join refused live is refused again by replay, never resurrected; the
-//! commit thread applies a round group by group, replay in journal order,
-//! see storage.md section 16, item 1), a cursor is never set above its
-//! group's head. Restoring a
+//! a join refused live is refused again by replay, never resurrected: both
+//! apply a frame's entries in frame order, which groups them by group id),
+//! a cursor is never set above its group's head. Restoring a
 //! checkpoint's memberships is not an apply: the snapshot holds what was
 //! accepted, and no limit is checked again (recovery.rs).
 //!
-//! Every entry carries its journal position, its *lsn* (`commit::lsn`).
-//! An entry is applied to a group under the group's `ckpt` lock, which
-//! also records the lsn as the group's `applied_lsn` and puts the group on
-//! the dirty list (`dirty.rs`). A checkpoint captures a group under the
-//! same lock, so its record reflects exactly the entries up to its
-//! `applied_lsn`; replay therefore skips an entry whose lsn is at or below
-//! the `applied_lsn` of its group, and applies the others (the fuzzy
-//! checkpoint made exact, format-spec/storage.md section 11).
+//! Every entry carries the lsn of its frame. An entry is applied to a
+//! group under the group's `ckpt` lock, which also puts the group on the
+//! dirty list (`dirty.rs`); after a group's last entry of a frame its
+//! `applied_lsn` becomes the frame's ([`frame_done`]). A checkpoint
+//! captures a group under the same lock, so its record reflects every
+//! frame up to its `applied_lsn` (and maybe part of the next one); replay
+//! therefore skips the frames at or below a group's `applied_lsn` and
+//! applies the others whole (the fuzzy checkpoint made exact, storage.md
+//! section 11).
 //!
 //! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
 //! (O(members of the group) and the removal of its files).
@@ -43,7 +46,7 @@ use parking_lot::RwLock;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::cursors::{CursorTable, InsertError};
-use crate::dirty::CkptState;
+use crate::dirty::CkptGuard;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext};
@@ -70,18 +73,18 @@ pub(crate) struct State<'a> {
 /// What applying one entry did.
 #[derive(Debug)]
 pub(crate) enum Applied {
-    /// A group or membership operation (and Cursors, SyncMark): its value
+    /// A group or membership operation (and Cursors): its value
     /// (a join's cursor, otherwise 0) or why it was refused (a limit, a
     /// leave of a non-member, a malformed body). Live, that is the caller's
     /// answer; replay ignores it.
     Op(Result<u64>),
-    /// A Record entry (or a run of them).
+    /// A Records entry.
     Records(RecordsApplied),
     /// The entry names a group that is not registered: one deleted later
     /// in the journal (replay only).
     Orphan,
-    /// The group's checkpointed record already reflects the entry (its
-    /// lsn is at or below the group's `applied_lsn`; replay only).
+    /// The group's checkpointed record already reflects the entry's frame
+    /// (its lsn is at or below the group's `applied_lsn`; replay only).
     Reflected,
 }
 
@@ -100,9 +103,10 @@ pub(crate) struct RecordsApplied {
     pub held: Option<(u64, u64)>,
 }
 
-/// Applies one journal entry. `group` is the registered group the entry
-/// names (`None` if none is): the commit thread passes the group the
-/// entry was queued for, replay looks the id up in the registry.
+/// Applies one journal entry of the frame numbered `lsn`. `group` is the
+/// registered group the entry names (`None` if none is): the commit thread
+/// passes the group the entry was queued for, replay looks the id up in
+/// the registry.
 ///
 /// An `Err` is an operating error that stops the caller: live, writes stop
 /// (or, for a full disk, the round is held and applied again); in replay,
@@ -115,32 +119,27 @@ pub(crate) fn entry(
     lsn: u64,
 ) -> Result<Applied> {
     let kind = entry.kind;
-    if kind == EntryKind::SyncMark {
-        // Written by the journal itself (never queued); replay reads marks
-        // only when it meets a bad entry. Names no group.
-        return Ok(Applied::Op(Ok(0)));
-    }
     if kind == EntryKind::CreateGroup {
-        let Some(group) = create_group(st, entry.group_id, group, mode) else {
-            return Ok(Applied::Op(Ok(0)));
-        };
-        let mut ck = group.ckpt.lock();
-        if mode == Mode::Replay && lsn <= ck.applied_lsn {
-            return Ok(Applied::Reflected);
+        if let Some(g) = group {
+            if reflected(st, g, mode, lsn) {
+                return Ok(Applied::Reflected);
+            }
         }
-        note_applied(st, &group, &mut ck, lsn, mode);
+        let g = create_group(st, entry.group_id, group, mode);
+        let mut ck = g.ckpt(&st.ctx.dirty);
+        st.ctx.dirty.mark(&g, &mut ck);
         return Ok(Applied::Op(Ok(0)));
     }
     let Some(group) = group else {
         return Ok(Applied::Orphan);
     };
-    if kind == EntryKind::Record {
-        return records(st, group, entry.body, mode, lsn);
-    }
-    let mut ck = group.ckpt.lock();
-    if mode == Mode::Replay && lsn <= ck.applied_lsn {
+    if reflected(st, group, mode, lsn) {
         return Ok(Applied::Reflected);
     }
+    if kind == EntryKind::Records {
+        return records(st, group, entry.body, mode, lsn).map(Applied::Records);
+    }
+    let mut ck = group.ckpt(&st.ctx.dirty);
     let malformed = |what: &str| Error::InvalidConfig {
         reason: format!("malformed {what} entry"),
     };
@@ -148,16 +147,17 @@ pub(crate) fn entry(
         EntryKind::DeleteGroup => {
             delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
             // Its next capture writes a tombstone; the group object itself
-            // (maybe still on the dirty list) is skipped by captures.
+            // (maybe still on the dirty list) is skipped by captures, and
+            // its slot's lists are forgotten (the slot may be reused).
+            ck.forget_changes();
             st.ctx.dirty.deleted(group.id);
-            ck.applied_lsn = lsn;
             return Ok(Applied::Op(Ok(0)));
         }
         EntryKind::Join => match body::decode_join(entry.body) {
             Some((user, cursor)) => {
                 let r = join(st.cursors, &st.ctx.config, group, user, cursor);
                 if r.is_ok() {
-                    ck.members_changed.push(user);
+                    ck.member_changed(user);
                 }
                 r
             }
@@ -167,7 +167,7 @@ pub(crate) fn entry(
             Some(user) => {
                 let r = leave(st.cursors, group, user);
                 if r.is_ok() {
-                    ck.members_changed.push(user);
+                    ck.member_changed(user);
                 }
                 r
             }
@@ -175,7 +175,7 @@ pub(crate) fn entry(
         },
         EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
             Some(r) => {
-                *group.retention.lock() = r;
+                group.set_retention(r);
                 Ok(0)
             }
             None => Err(malformed("retention")),
@@ -186,24 +186,31 @@ pub(crate) fn entry(
             restore_cursors(st.cursors, group, &mut ck, entry.body);
             Ok(0)
         }
-        EntryKind::CreateGroup | EntryKind::SyncMark | EntryKind::Record => Ok(0),
+        EntryKind::CreateGroup | EntryKind::Records => Ok(0),
     };
-    note_applied(st, group, &mut ck, lsn, mode);
+    st.ctx.dirty.mark(group, &mut ck);
     Ok(Applied::Op(outcome))
 }
 
-/// Records that the entry at `lsn` was applied to `group` (whose `ckpt`
-/// lock the caller holds): its `applied_lsn`, and the dirty list.
-fn note_applied(st: &State<'_>, group: &Arc<Group>, ck: &mut CkptState, lsn: u64, mode: Mode) {
-    // Live entries come in journal order, one position each.
-    debug_assert!(
-        mode == Mode::Replay || lsn > ck.applied_lsn,
-        "group {}: lsn {lsn} not above {}",
-        group.id,
-        ck.applied_lsn
-    );
-    ck.applied_lsn = ck.applied_lsn.max(lsn);
-    st.ctx.dirty.mark(group, ck);
+/// Replay: whether the group's checkpointed record already reflects the
+/// frame numbered `lsn` (a capture records a group only between frames,
+/// see [`frame_done`]). Live entries are never reflected.
+fn reflected(st: &State<'_>, group: &Group, mode: Mode, lsn: u64) -> bool {
+    mode == Mode::Replay && lsn <= group.ckpt(&st.ctx.dirty).applied_lsn()
+}
+
+/// Records that every entry of the frame numbered `lsn` for `group` was
+/// applied: its `applied_lsn`, and the dirty list. Called by the commit
+/// thread and replay after a group's last entry of a frame, never between
+/// two of them: a capture taken between two entries of one frame sees the
+/// older lsn, so replay applies the whole frame to it again, which every
+/// entry kind tolerates (joins, leaves, retention and cursors are
+/// idempotent, records at or below the head are skipped).
+pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
+    let mut ck = group.ckpt(&st.ctx.dirty);
+    let applied = ck.applied_lsn().max(lsn);
+    ck.set_applied_lsn(applied);
+    st.ctx.dirty.mark(group, &mut ck);
 }
 
 /// CreateGroup. Live, the group is registered already: `submit_create_group`
@@ -211,51 +218,32 @@ fn note_applied(st: &State<'_>, group: &Arc<Group>, ck: &mut CkptState, lsn: u64
 /// may follow at once. In replay it is created here unless registered,
 /// as `submit_create_group` does (a directory left at its path is removed
 /// first); if that fails the group is registered as damaged.
-fn create_group(
-    st: &State<'_>,
-    id: u64,
-    group: Option<&Arc<Group>>,
-    mode: Mode,
-) -> Option<Arc<Group>> {
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) -> Arc<Group> {
     if let Some(g) = group {
-        return Some(g.clone());
+        return g.clone();
     }
     debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
     let slot = match GroupLog::create(st.ctx, id) {
-        Ok(log) => LogSlot::Loaded(log),
+        Ok(log) => LogSlot::Loaded(Box::new(log)),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
-    Some(st.catalog.write().insert(id, slot))
+    st.catalog.write().insert(id, slot)
 }
 
-/// Appends `run` (whole records of `group`, ids ascending) to the group's
-/// log, skipping those it already holds. In replay the run is one entry's
-/// body and must be exactly one valid record, else the group is damaged.
-/// `lsn` is the position of the run's last entry.
+/// Appends `run` (a Records body: whole records of `group`, consecutive
+/// ids) of the frame numbered `lsn` to the group's log, skipping those it
+/// already holds. In replay the body is checked first: it must be valid
+/// records with consecutive ids, else the group is damaged.
 pub(crate) fn records(
     st: &State<'_>,
     group: &Arc<Group>,
     run: &[u8],
     mode: Mode,
     lsn: u64,
-) -> Result<Applied> {
-    let mut ck = group.ckpt.lock();
-    if mode == Mode::Replay && lsn <= ck.applied_lsn {
-        return Ok(Applied::Reflected);
-    }
-    let done = records_locked(st, group, &mut ck, run, mode)?;
-    note_applied(st, group, &mut ck, lsn, mode);
-    Ok(Applied::Records(done))
-}
-
-fn records_locked(
-    st: &State<'_>,
-    group: &Arc<Group>,
-    ck: &mut CkptState,
-    run: &[u8],
-    mode: Mode,
 ) -> Result<RecordsApplied> {
     let ctx = st.ctx;
+    let mut ck = group.ckpt(&st.ctx.dirty);
+    st.ctx.dirty.mark(group, &mut ck);
     let mut done = RecordsApplied {
         // Live, the send path loaded the group before assigning an id.
         loaded: group.load_if_unloaded(ctx),
@@ -268,8 +256,9 @@ fn records_locked(
     let LogSlot::Loaded(log) = &mut *slot else {
         return Ok(done);
     };
-    if mode == Mode::Replay && body::decode_record(run).is_none() {
-        *slot = damage(ctx, log, "journal entry holds an invalid record".into());
+    if mode == Mode::Replay && body::decode_records(run).is_none() {
+        let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
+        *slot = damage(ctx, log, reason);
         return Ok(done);
     }
     let head = log.head();
@@ -280,7 +269,8 @@ fn records_locked(
         if next != head + 1 {
             // Live, ids are assigned densely and applied in journal order.
             debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
-            let reason = format!("journal holds msg_id {next} but the log ends at {head}");
+            let reason =
+                format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
             *slot = damage(ctx, log, reason);
             return Ok(done);
         }
@@ -297,13 +287,13 @@ fn records_locked(
         Err(e) if mode == Mode::Live => return Err(e),
         Err(e) => {
             done.appended = 0;
-            *slot = damage(ctx, log, format!("replay failed: {e}"));
+            *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));
             return Ok(done);
         }
     }
     drop(slot);
     if mode == Mode::Live {
-        advance_caught_up_senders(st.cursors, group, ck, run);
+        advance_caught_up_senders(st.cursors, group, &mut ck, run);
     }
     Ok(done)
 }
@@ -339,22 +329,20 @@ fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
 fn advance_caught_up_senders(
     cursors: &CursorTable,
     group: &Group,
-    ck: &mut CkptState,
+    ck: &mut CkptGuard<'_>,
     mut run: &[u8],
 ) {
     while let Some(len) = record::peek_len(run) {
         // Invariant: live runs hold whole records encoded by the engine.
         let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if let Some(newly) = cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
         {
+            members.advance(h.msg_id - 1, h.msg_id);
             if newly {
-                ck.cursors_moved.push(h.sender_id);
+                ck.cursor_moved(h.sender_id);
             }
-            group
-                .members
-                .lock()
-                .read_counts
-                .advance(h.msg_id - 1, h.msg_id);
         }
         run = &run[len..];
     }
@@ -363,15 +351,17 @@ fn advance_caught_up_senders(
 /// Cursors: raises each member's cursor to the row's value (never lowers
 /// it, never above the head); rows of non-members are ignored. Entries
 /// written twice or out of order are therefore harmless.
-fn restore_cursors(cursors: &CursorTable, group: &Group, ck: &mut CkptState, body: &[u8]) {
+fn restore_cursors(cursors: &CursorTable, group: &Group, ck: &mut CkptGuard<'_>, body: &[u8]) {
     let head = group.head();
     for (user, cursor) in body::decode_cursors(body) {
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if let Some(m) = cursors.restore(user, group.slot, cursor.min(head)) {
-            if m.newly_checkpoint_dirty {
-                ck.cursors_moved.push(user);
-            }
             if m.new != m.old {
-                group.members.lock().read_counts.advance(m.old, m.new);
+                members.advance(m.old, m.new);
+            }
+            if m.newly_checkpoint_dirty {
+                ck.cursor_moved(user);
             }
         }
     }
@@ -414,7 +404,7 @@ pub(crate) fn join(
             })
         }
     }
-    members.insert(user, cursor);
+    members.insert(user, cursor, group.cursor_of(cursors));
     Ok(cursor)
 }
 
@@ -476,16 +466,9 @@ mod tests {
         ctx: LogContext,
         catalog: RwLock<Catalog>,
         cursors: CursorTable,
-        lsn: std::cell::Cell<u64>,
     }
 
     impl Fixture {
-        /// The next entry's position.
-        fn lsn(&self) -> u64 {
-            self.lsn.set(self.lsn.get() + 1);
-            self.lsn.get()
-        }
-
         fn new(members_per_group_max: usize) -> Fixture {
             let dir = tempfile::tempdir().unwrap();
             let mut config = Config::new(dir.path());
@@ -495,7 +478,6 @@ mod tests {
                 _dir: dir,
                 catalog: RwLock::new(Catalog::default()),
                 cursors: CursorTable::new(),
-                lsn: std::cell::Cell::new(0),
             }
         }
 
@@ -519,7 +501,7 @@ mod tests {
                 group_id,
                 body,
             };
-            entry(&self.st(), &e, group.as_ref(), Mode::Replay, self.lsn()).unwrap()
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1).unwrap()
         }
     }
 
@@ -549,15 +531,15 @@ mod tests {
     fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
         let f = Fixture::new(10);
         assert!(matches!(
-            f.replay(EntryKind::Record, 5, &rec(1)),
+            f.replay(EntryKind::Records, 5, &rec(1)),
             Applied::Orphan
         ));
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).expect("created by replay");
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (1, 0));
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (0, 1));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (0, 1));
         assert_eq!(g.head(), 1);
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(3))), (0, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(3))), (0, 0));
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
         assert_eq!(g.head(), 1, "a damaged group keeps its head");
     }
@@ -569,7 +551,7 @@ mod tests {
         let mut bad = rec(1);
         let last = bad.len() - 1;
         bad[last] ^= 1;
-        f.replay(EntryKind::Record, 5, &bad);
+        f.replay(EntryKind::Records, 5, &bad);
         let g = f.group(5).unwrap();
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
         assert_eq!(g.head(), 0);
@@ -581,15 +563,11 @@ mod tests {
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
         let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
-        let Applied::Records(done) =
-            super::records(&f.st(), &g, &run, Mode::Live, f.lsn()).unwrap()
-        else {
-            panic!("a records outcome")
-        };
+        let done = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
         assert_eq!((done.appended, done.already_present), (3, 0));
         assert_eq!(done.held, Some((1, 3)));
-        let again = super::records(&f.st(), &g, &run, Mode::Live, f.lsn()).unwrap();
-        assert_eq!(records(&again), (0, 3));
+        let again = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
+        assert_eq!((again.appended, again.already_present), (0, 3));
         assert_eq!(g.head(), 3);
     }
 
@@ -606,7 +584,7 @@ mod tests {
                 group_id: 5,
                 body: &b,
             };
-            match entry(&f.st(), &e, Some(&g), mode, f.lsn()).unwrap() {
+            match entry(&f.st(), &e, Some(&g), mode, 1).unwrap() {
                 Applied::Op(r) => r,
                 other => panic!("{other:?}"),
             }
@@ -633,7 +611,7 @@ mod tests {
         let f = Fixture::new(10);
         f.replay(EntryKind::CreateGroup, 5, &[]);
         for id in 1..=4 {
-            f.replay(EntryKind::Record, 5, &rec(id));
+            f.replay(EntryKind::Records, 5, &rec(id));
         }
         let mut b = Vec::new();
         body::encode_join(&mut b, 9, 2);
@@ -651,7 +629,7 @@ mod tests {
     }
 
     #[test]
-    fn replay_skips_what_a_checkpointed_record_reflects_and_tracks_what_changed() {
+    fn replay_skips_the_frames_a_checkpointed_record_reflects_and_tracks_what_changed() {
         let f = Fixture::new(10);
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
@@ -663,32 +641,39 @@ mod tests {
             };
             entry(&f.st(), &e, Some(&g), Mode::Replay, lsn).unwrap()
         };
+        let mut join9 = Vec::new();
+        body::encode_join(&mut join9, 9, 0);
+        // Frame 10: a record and a join, both applied, then the frame is done.
         assert!(matches!(
-            at(10, EntryKind::Record, &rec(1)),
+            at(10, EntryKind::Records, &rec(1)),
             Applied::Records(_)
         ));
-        assert_eq!(g.ckpt.lock().applied_lsn, 10);
-        // At or below the group's applied_lsn: already in its record.
         assert!(matches!(
-            at(10, EntryKind::Record, &rec(2)),
+            at(10, EntryKind::Join, &join9),
+            Applied::Op(Ok(0))
+        ));
+        frame_done(&f.st(), &g, 10);
+        assert_eq!(g.ckpt(&f.ctx.dirty).applied_lsn(), 10);
+        // Frames at or below the group's applied_lsn are reflected already.
+        assert!(matches!(
+            at(10, EntryKind::Records, &rec(2)),
             Applied::Reflected
         ));
-        let mut b = Vec::new();
-        body::encode_join(&mut b, 9, 0);
         assert!(matches!(
-            at(7, EntryKind::Join, &b),
+            at(7, EntryKind::Leave, &9u64.to_le_bytes()),
             Applied::Reflected
         ));
-        assert!(f.cursors.get(9, g.slot).is_none());
-        assert!(matches!(at(11, EntryKind::Join, &b), Applied::Op(Ok(0))));
+        assert!(f.cursors.get(9, g.slot).is_some());
         assert_eq!(g.head(), 1);
-        let ck = g.ckpt.lock();
-        assert_eq!(ck.applied_lsn, 11);
-        assert!(ck.dirty);
-        assert_eq!(ck.members_changed, vec![9]);
+        assert!(matches!(
+            at(11, EntryKind::Records, &rec(2)),
+            Applied::Records(_)
+        ));
+        let mut ck = g.ckpt(&f.ctx.dirty);
+        assert!(ck.is_dirty());
+        assert_eq!(ck.take_members_changed(), vec![9]);
         drop(ck);
-        let taken = f.ctx.dirty.take();
-        assert_eq!(taken.groups.len(), 1, "on the dirty list once");
+        assert_eq!(f.ctx.dirty.take().groups.len(), 1, "on the dirty list once");
     }
 
     #[test]

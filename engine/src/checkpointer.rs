@@ -2,9 +2,9 @@
 //! commit rounds (format-spec/storage.md section 9, "Checkpoint").
 //!
 //! The commit thread only *captures* (K1, `commit.rs`): between two rounds
-//! it swaps in a journal file this thread created beforehand, takes the
-//! dirty lists (`dirty.rs`) and hands them over with the new file's start
-//! as the replay position P. Everything else runs here, while rounds go on:
+//! it takes the dirty lists (`dirty.rs`) and hands them over with the
+//! journal's next position (file, lsn, round) as the replay position P.
+//! Everything else runs here, while rounds go on:
 //!
 //! - K2 copy: per dirty group, under its `ckpt` lock (one group at a time,
 //!   microseconds), write its unwritten tail, copy its record and the rows
@@ -16,8 +16,8 @@
 //! - K5: merge the newest runs when the policy says so (`state::merge`).
 //! - K6: write the manifest (fdatasync, fsync `manifest/`).
 //! - K7: delete what neither kept manifest needs: older manifests, run
-//!   parts, journal files before the older manifest's replay position,
-//!   segments retention dropped a checkpoint ago (D6).
+//!   parts, journal files before the one holding the older manifest's
+//!   replay position, segments retention dropped a checkpoint ago (D6).
 //!
 //! A full disk in K2 or K4-K6 puts the checkpoint off: the delta buffer
 //! keeps what was captured (the next capture's newer items replace it) and
@@ -36,14 +36,14 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::commit::Shared;
-use crate::config::FsyncPolicy;
+use crate::cursors::CursorTable;
 use crate::dirty::Taken;
 use crate::error::{Error, Result};
 use crate::flusher::FlushCheck;
 use crate::group::{Group, LogSlot};
 use crate::group_log::{LogContext, SyncDuties};
 use crate::io::{OpenMode, VfsFile};
-use crate::journal::{self, Journal};
+use crate::journal::{self, JournalStart};
 use crate::retention;
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::merge::{self, Merge};
@@ -63,13 +63,10 @@ const RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
 /// One capture (K1), handed from the commit thread.
 pub(crate) struct Capture {
     pub taken: Taken,
-    /// The journal file the capture switched from, when bytes of it were
-    /// written but not synced (`interval` policy): synced in K3.
-    pub old_journal: Option<Journal>,
-    /// Replay starts at the start of this journal file...
-    pub replay_journal_seq: u64,
-    /// ...whose first entry has this lsn.
-    pub replay_lsn: u64,
+    /// Replay starts with the frame numbered `replay.lsn` (the next one at
+    /// the capture), in journal file `replay.seq`; `replay.round` is the
+    /// round index it will carry.
+    pub replay: JournalStart,
     /// The last round applied before the capture.
     pub round: u64,
     /// The last capture of a clean shutdown.
@@ -85,9 +82,6 @@ pub(crate) struct Status {
     pub job: Option<Capture>,
     /// This thread is working on a capture.
     pub busy: bool,
-    /// The next journal file, created (header synced) by this thread; K1
-    /// takes it.
-    pub next_journal: Option<Journal>,
     /// The round of the last capture whose checkpoint was stored or put
     /// off (`Engine::checkpoint` waits for it).
     pub attempted_through: u64,
@@ -95,12 +89,6 @@ pub(crate) struct Status {
     /// put-off checkpoint is due again), not before `wanted_at`.
     pub wanted: bool,
     pub wanted_at: Option<Instant>,
-    /// Why the last attempt to create the next journal file failed (a
-    /// full disk; retried every second).
-    pub prepare_failed: Option<String>,
-    /// The clean shutdown's capture was taken: no next journal file is
-    /// prepared (a clean directory holds none past the manifest's).
-    pub closing: bool,
     pub shutdown: bool,
     pub exited: bool,
 }
@@ -131,7 +119,6 @@ struct Checkpointer {
     prev: Option<Manifest>,
     next_ckpt_seq: u64,
     next_run_seq: u64,
-    next_journal_seq: u64,
     /// Captured items not yet in a stored checkpoint.
     delta: BTreeMap<Key, Item>,
     /// Files those items need durable.
@@ -143,13 +130,11 @@ struct Checkpointer {
     last_retention: Instant,
 }
 
-/// Starts the checkpointer thread. `journal_seq` is the journal file the
-/// commit thread starts with.
+/// Starts the checkpointer thread.
 pub(crate) fn start(
     shared: Arc<Shared>,
     flush: FlushCheck,
     on_disk: OnDisk,
-    journal_seq: u64,
 ) -> Result<std::thread::JoinHandle<()>> {
     let mut c = Checkpointer {
         shared,
@@ -158,7 +143,6 @@ pub(crate) fn start(
         prev: on_disk.prev,
         next_ckpt_seq: on_disk.next_ckpt_seq,
         next_run_seq: on_disk.next_run_seq,
-        next_journal_seq: journal_seq,
         delta: BTreeMap::new(),
         duties: Vec::new(),
         graveyard: Vec::new(),
@@ -172,8 +156,8 @@ pub(crate) fn start(
 }
 
 /// Number of sealed segments the group's retention policy drops now.
-fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
-    let policy = *g.retention.lock();
+fn plan_retention(ctx: &LogContext, cursors: &CursorTable, g: &Group) -> Result<Option<usize>> {
+    let policy = g.retention();
     if policy.keeps_everything() {
         return Ok(None);
     }
@@ -182,7 +166,7 @@ fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
         return Ok(None);
     };
     let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
-    let min_cursor = g.members.lock().read_counts.min_cursor();
+    let min_cursor = g.min_cursor(cursors);
     let n = retention::droppable(
         &policy,
         &sealed,
@@ -352,9 +336,6 @@ impl Checkpointer {
                         st.busy = true;
                         break Some(job);
                     }
-                    if st.next_journal.is_none() && !st.closing {
-                        break None;
-                    }
                     if self.retention_due() {
                         break None;
                     }
@@ -367,16 +348,6 @@ impl Checkpointer {
                 Some(job) => {
                     let round = job.round;
                     let outcome = self.checkpoint(job);
-                    // The next journal file is ready before the checkpoint
-                    // counts as done: nothing of it runs after the caller
-                    // of `Engine::checkpoint` returns.
-                    let want = {
-                        let st = self.shared.ckpt.status.lock();
-                        st.next_journal.is_none() && !st.closing
-                    };
-                    if outcome.is_ok() && want {
-                        self.prepare_journal();
-                    }
                     let co = &self.shared.ckpt;
                     let mut st = co.status.lock();
                     st.busy = false;
@@ -400,70 +371,11 @@ impl Checkpointer {
                     self.shared.pending_cv.notify_all();
                 }
                 None => {
-                    let want = {
-                        let st = self.shared.ckpt.status.lock();
-                        st.next_journal.is_none() && !st.closing
-                    };
-                    if want {
-                        self.prepare_journal();
-                    }
                     if self.retention_due() {
                         self.retention();
                     }
                 }
             }
-        }
-    }
-
-    /// Creates the journal file the next capture switches to (header
-    /// synced, directory fsynced), so the commit thread's switch makes no
-    /// system call but closing the old one.
-    fn prepare_journal(&mut self) {
-        if self.shared.writes_stopped.load(Ordering::Acquire) {
-            // Nothing will be captured; do not spin.
-            let co = &self.shared.ckpt;
-            let mut st = co.status.lock();
-            if !st.shutdown && st.job.is_none() {
-                co.cv.wait_for(&mut st, Duration::from_millis(200));
-            }
-            return;
-        }
-        let Some(seq) = self.next_journal_seq.checked_add(1) else {
-            crate::commit::stop_writes(
-                &self.shared,
-                &Error::WritesStopped {
-                    reason: "journal sequence numbers exhausted".into(),
-                },
-            );
-            return;
-        };
-        let ctx = self.ctx();
-        let dir = journal::journal_dir(&ctx.config.data_dir);
-        match Journal::create(
-            &*ctx.vfs,
-            &dir,
-            seq,
-            ctx.config.fsync != FsyncPolicy::Always,
-        ) {
-            Ok(j) => {
-                self.next_journal_seq = seq;
-                let mut st = self.shared.ckpt.status.lock();
-                st.next_journal = Some(j);
-                st.prepare_failed = None;
-                drop(st);
-                self.shared.pending_cv.notify_all();
-            }
-            Err(e @ Error::NoSpace { .. }) => {
-                log::warn!("could not prepare the next journal file: {e}");
-                let path = journal::journal_path(&dir, seq);
-                let _ = ctx.vfs.remove_file(&path);
-                let co = &self.shared.ckpt;
-                let mut st = co.status.lock();
-                st.prepare_failed = Some(e.to_string());
-                co.cv.notify_all();
-                co.cv.wait_for(&mut st, RETRY_AFTER_NO_SPACE);
-            }
-            Err(e) => crate::commit::stop_writes(&self.shared, &e),
         }
     }
 
@@ -487,12 +399,12 @@ impl Checkpointer {
                 let catalog = self.shared.catalog.read();
                 (start..(start + 1024).min(slots))
                     .filter_map(|s| catalog.by_slot(s as u32))
-                    .filter(|g| !g.retention.lock().keeps_everything())
+                    .filter(|g| !g.retention().keeps_everything())
                     .cloned()
                     .collect()
             };
             for g in chunk {
-                let n = match plan_retention(ctx, &g) {
+                let n = match plan_retention(ctx, &self.shared.cursors, &g) {
                     Ok(Some(n)) => n,
                     Ok(None) => continue,
                     Err(e) => {
@@ -500,7 +412,7 @@ impl Checkpointer {
                         continue;
                     }
                 };
-                let mut ck = g.ckpt.lock();
+                let mut ck = g.ckpt(&ctx.dirty);
                 let mut slot = g.log.write();
                 let LogSlot::Loaded(log) = &mut *slot else {
                     continue;
@@ -592,17 +504,16 @@ impl Checkpointer {
         let shared = self.shared.clone();
         let ctx = &shared.ctx;
         let cursors = &shared.cursors;
-        let mut ck = g.ckpt.lock();
-        if !ck.dirty && !force {
+        let mut ck = g.ckpt(&ctx.dirty);
+        if !ck.is_dirty() && !force {
             return Ok(());
         }
         let mut slot = g.log.write();
         let (state, damaged, duties) = match &mut *slot {
             LogSlot::Deleted => {
-                // Its tombstone is on the deleted list.
-                ck.dirty = false;
-                ck.members_changed.clear();
-                ck.cursors_moved.clear();
+                // Its tombstone is on the deleted list (and its lists were
+                // forgotten when it was deleted).
+                ck.clear_dirty();
                 return Ok(());
             }
             LogSlot::Loaded(log) => {
@@ -615,26 +526,25 @@ impl Checkpointer {
             LogSlot::Damaged { state, reason } => (state.clone(), Some(reason.clone()), None),
         };
         drop(slot);
-        ck.dirty = false;
-        let fresh = !ck.captured_once;
-        ck.captured_once = true;
+        ck.clear_dirty();
+        let fresh = !ck.capture_once();
         if damaged.is_some() {
             self.damaged.insert(g.id);
         } else {
             self.damaged.remove(&g.id);
         }
-        let retention = *g.retention.lock();
+        let retention = g.retention();
         self.put(Item::GroupPut(GroupRecord {
             group: g.id,
             fresh,
-            applied_lsn: ck.applied_lsn,
+            applied_lsn: ck.applied_lsn(),
             head: state.head,
             segments: state.segments,
             retention,
             damaged,
         }));
         self.duties.extend(duties);
-        let mut changed = std::mem::take(&mut ck.members_changed);
+        let mut changed = ck.take_members_changed();
         changed.sort_unstable();
         changed.dedup();
         for &user in &changed {
@@ -648,17 +558,16 @@ impl Checkpointer {
                 None => Item::MemberDelete { group: g.id, user },
             });
         }
-        let moved = std::mem::take(&mut ck.cursors_moved);
+        let moved = ck.take_cursors_moved();
         drop(ck);
         // Moved cursors, a chunk per lock hold. A user whose membership
         // changed meanwhile is left to the next capture (queued there with
         // its whole row), so a row never pairs a membership with a record
         // older than it.
         for chunk in moved.chunks(CURSORS_PER_LOCK) {
-            let ck = g.ckpt.lock();
-            let since: HashSet<u64> = ck.members_changed.iter().copied().collect();
+            let ck = g.ckpt(&ctx.dirty);
             for &user in chunk {
-                if changed.binary_search(&user).is_ok() || since.contains(&user) {
+                if changed.binary_search(&user).is_ok() || ck.member_changed_since(user) {
                     continue;
                 }
                 if let Some(m) = cursors.take_for_checkpoint(user, g.slot) {
@@ -675,16 +584,11 @@ impl Checkpointer {
         Ok(())
     }
 
-    /// K3: makes every file the buffered items name durable (and the
-    /// journal file the capture switched from, under `interval`).
-    fn make_durable(&mut self, old_journal: Option<Journal>) -> Result<u64> {
+    /// K3: makes every file the buffered items name durable.
+    fn make_durable(&mut self) -> Result<u64> {
         self.flush.check()?;
         let ctx = &self.shared.ctx;
-        let mut synced = 0;
-        if let Some(mut j) = old_journal {
-            j.sync()?;
-            synced += 1;
-        }
+        let synced = 0;
         if self.duties.len() > SYNCFS_THRESHOLD_GROUPS {
             match ctx.vfs.sync_filesystem(&ctx.config.data_dir) {
                 Ok(()) => return Ok(synced + 1),
@@ -708,7 +612,6 @@ impl Checkpointer {
     /// K2-K7 for one capture.
     fn checkpoint(&mut self, job: Capture) -> Result<()> {
         let started = Instant::now();
-        let old_journal = job.old_journal;
         self.capture(job.taken)?;
         // A requested checkpoint applies the retention policies first; what
         // they drop is recorded by this checkpoint (and the files go after
@@ -721,7 +624,7 @@ impl Checkpointer {
             st.wanted = false;
             st.wanted_at = None;
         }
-        let mut syncs = self.make_durable(old_journal)?;
+        let mut syncs = self.make_durable()?;
         let shared = self.shared.clone();
         let ctx = &shared.ctx;
         // K4: the delta run.
@@ -767,8 +670,9 @@ impl Checkpointer {
         // K6: the manifest.
         let m = Manifest {
             ckpt_seq: self.next_ckpt_seq,
-            replay_journal_seq: job.replay_journal_seq,
-            replay_lsn: job.replay_lsn,
+            replay_journal_seq: job.replay.seq,
+            replay_lsn: job.replay.lsn,
+            replay_round: job.replay.round,
             created_ms: crate::now_ms(),
             next_run_seq: self.next_run_seq,
             clean: job.clean,
@@ -779,8 +683,10 @@ impl Checkpointer {
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
         let items = self.delta.len();
-        self.delta.clear();
-        self.duties.clear();
+        // Given back, not kept at their peak size (a checkpoint of many
+        // groups must not leave memory per group behind).
+        self.delta = BTreeMap::new();
+        self.duties = Vec::new();
         self.next_ckpt_seq += 1;
         self.prev = self.last.replace(m);
         // K7: what neither kept manifest needs.
@@ -789,17 +695,17 @@ impl Checkpointer {
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_syncs.fetch_add(syncs, Ordering::Relaxed);
-        c.checkpoint_bytes_written
-            .fetch_add(written, Ordering::Relaxed);
+        c.checkpoint_bytes.fetch_add(written, Ordering::Relaxed);
         c.checkpoint_bytes_max.fetch_max(written, Ordering::Relaxed);
         let ms = took.as_millis() as u64;
         c.checkpoint_ms_total.fetch_add(ms, Ordering::Relaxed);
         c.checkpoint_ms_max.fetch_max(ms, Ordering::Relaxed);
         log::info!(
-            "checkpoint {} (replay from journal {}): {items} items, {written} bytes, \
+            "checkpoint {} (replay from journal {}, lsn {}): {items} items, {written} bytes, \
              {} runs, {syncs} syncs, {took:.1?}",
             self.next_ckpt_seq - 1,
-            job.replay_journal_seq,
+            job.replay.seq,
+            job.replay.lsn,
             self.last.as_ref().map_or(0, |m| m.runs.len()),
         );
         Ok(())

@@ -1,13 +1,21 @@
-//! The commit thread: takes the pending round whole, writes it to the
-//! journal with one write, syncs it per the fsync policy (one fdatasync for
-//! the round, however many groups it touched), applies it to the group logs
-//! and the membership tables (`apply.rs`, the applier replay uses too; a
-//! group's records go to its log as one run), then completes the round and
-//! wakes whoever waits. Cursor flushes run here too, between rounds, and
-//! so does the *capture* of a checkpoint (K1: switch to a journal file the
-//! checkpointer prepared, take the dirty lists, O(1)); the checkpoint
-//! itself runs on the checkpointer thread (`checkpointer.rs`) while
-//! rounds go on.
+//! The commit thread: takes the pending round whole, builds its journal
+//! frame (a stable sort of the round's entries by group id and one copy,
+//! each group's consecutive records merged into one Records entry), writes
+//! it with one write, syncs it per the fsync policy (one fdatasync for the
+//! round, however many groups it touched), applies the frame's entries in
+//! frame order to the group logs and the membership tables (`apply.rs`,
+//! the applier replay uses too), then completes the round and wakes
+//! whoever waits. Cursor flushes run here too, between rounds, and so does
+//! the *capture* of a checkpoint (K1: take the dirty lists and note the
+//! journal's next position, O(1)); the checkpoint itself runs on the
+//! checkpointer thread (`checkpointer.rs`) while rounds go on.
+//!
+//! The idle sweep runs here too, between rounds: groups unused for
+//! `idle_evict_ms` give back their send state (dedup window) and their
+//! small loaded log (`group.rs`, "Memory"), at most
+//! [`IDLE_EVICTIONS_PER_SWEEP`] per sweep so a round never waits long
+//! behind one; a sweep that stopped at that bound runs again a millisecond
+//! later. It costs the groups that went idle, nothing per idle group.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
 //! never retried: the round and every later one fail with `WritesStopped`,
@@ -30,9 +38,11 @@ use crate::cursors::CursorTable;
 use crate::dedup::DedupBudget;
 use crate::error::{Error, Result};
 use crate::flusher::Flusher;
-use crate::group::Group;
+use crate::group::{Group, Unload};
 use crate::group_log::LogContext;
-use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::journal::{
+    self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
+};
 use crate::warn_limit::RepeatedWarning;
 
 struct Committer {
@@ -43,19 +53,24 @@ struct Committer {
     last_sync: Instant,
     last_cursor_flush: Instant,
     last_space_check: Instant,
-    /// When the last capture (K1) was taken.
+    /// When the last capture (K1) was taken, and the journal's
+    /// `bytes_since_start` then (the trigger counts journal bytes since).
     last_capture: Instant,
+    journal_at_capture: u64,
     /// A caller waits for a checkpoint (`Engine::checkpoint`).
     capture_wanted: bool,
     /// The last round completed.
     completed_round: u64,
-    /// Offset in the journal file of the round being applied.
-    round_at: u64,
-    /// Reused buffers: the round taken from senders, per-group staging, cursor entries.
+    /// Reused buffers: the round taken from senders (its entries in
+    /// submission order), the round's frame, cursor entries.
     round_buf: Vec<u8>,
-    staging: Vec<u8>,
-    cursor_buf: Vec<u8>,
-    /// `cursor_buf` holds cursor entries a full disk kept out of the
+    frame: FrameBuf,
+    cursor_frame: FrameBuf,
+    /// The round's ops in frame order (a stable sort by group id), and
+    /// the frame's entries with the ops each came from.
+    order: Vec<usize>,
+    spans: Vec<Span>,
+    /// `cursor_frame` holds cursor entries a full disk kept out of the
     /// journal; the next flush writes them (with any newer ones).
     cursor_buf_unwritten: bool,
     /// What the round being applied appended, for commit listeners.
@@ -64,7 +79,14 @@ struct Committer {
     flusher: Flusher,
     /// The full-disk warning, rate limited while writes are retried.
     no_space_warning: RepeatedWarning,
+    /// When the idle sweep runs next.
+    idle_sweep_at: Instant,
 }
+
+/// Groups the idle sweep evicts at most in one go (about a microsecond each).
+pub(crate) const IDLE_EVICTIONS_PER_SWEEP: usize = 1024;
+/// The idle sweep runs this often when it has no backlog.
+const IDLE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often free space is measured while it is low (and idle), and how
 /// long work a full disk stopped waits before it is written again.
@@ -72,19 +94,6 @@ const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
 
 /// While the disk stays full, its warning is repeated at most this often.
 const NO_SPACE_WARN_INTERVAL: Duration = Duration::from_secs(60);
-
-/// The position of the journal entry at `offset` of journal file
-/// `journal_seq`: its *lsn*. Strictly increasing along the journal, since
-/// files are numbered in order and a file never reaches 4 GiB (the commit
-/// thread stops writes first, `commit_round`). The one place that says
-/// what an lsn is (the journal's frames will give a dense one).
-pub(crate) fn lsn(journal_seq: u64, offset: u64) -> u64 {
-    debug_assert!(
-        offset <= u32::MAX as u64,
-        "journal offset {offset} beyond 4 GiB"
-    );
-    journal_seq << 32 | offset
-}
 
 /// Stops writes for a failure outside a round (the checkpointer's): the
 /// next round and every later one fail with the reason.
@@ -110,13 +119,27 @@ pub(crate) struct Counters {
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
-    pub checkpoint_bytes_written: AtomicU64,
+    /// Bytes of checkpoint files written, and the largest one: with
+    /// `journal_bytes`, what a checkpoint costs per byte of work.
+    pub checkpoint_bytes: AtomicU64,
     pub checkpoint_bytes_max: AtomicU64,
+    /// Time checkpoints took on the checkpointer thread (ms).
     pub checkpoint_ms_total: AtomicU64,
     pub checkpoint_ms_max: AtomicU64,
+    /// Bytes written to the journal (frames, and the header of each file a
+    /// frame rolled to).
+    pub journal_bytes: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
+}
+
+/// One entry of a round's frame: where it lies in the frame, and the
+/// range of the round's ops (positions in frame order) it holds: several
+/// record submissions of one group, or one other operation.
+struct Span {
+    entry: std::ops::Range<usize>,
+    ops: std::ops::Range<usize>,
 }
 
 /// One operation of the pending round: the journal entry at `entry` in the
@@ -186,6 +209,46 @@ pub struct GroupAppend {
     pub last: u64,
 }
 
+/// Takes up to `max` groups idle at `now_ms` off the used list and drops
+/// their send state (with its window) and, if small and quiet, their loaded
+/// log; one that cannot give them back yet (a lock held, records in an
+/// uncompleted round, writes not yet synced) is listed again as used now.
+/// Returns true if it stopped at `max`. On the commit thread, between
+/// rounds (so `completed` is every round applied), holding no lock.
+pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
+    let idle_ms = shared.ctx.config.idle_evict_ms;
+    let completed = shared.progress.lock().completed;
+    for _ in 0..max {
+        let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
+            return false;
+        };
+        let Some(group) = shared.catalog.read().get(id).cloned() else {
+            continue; // deleted
+        };
+        let Some(mut slot) = group.assign.try_lock() else {
+            shared.dedup.touch_used(id);
+            continue;
+        };
+        if group.is_deleting() {
+            continue; // its window was given back with the delete
+        }
+        if let Some(assign) = slot.as_deref() {
+            if assign.last_round > completed {
+                shared.dedup.touch_used(id);
+                continue;
+            }
+            let len = assign.dedup.len();
+            *slot = None;
+            shared.dedup.forget_window(id, len);
+        }
+        // Under `assign`: no send can load the log again meanwhile.
+        if group.unload_if_quiet(&shared.ctx) == Unload::Later {
+            shared.dedup.touch_used(id);
+        }
+    }
+    true
+}
+
 /// Called on the commit thread after each completed round.
 pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
@@ -234,16 +297,19 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher) {
         last_cursor_flush: now,
         last_space_check: now,
         last_capture: now,
+        journal_at_capture: 0,
         capture_wanted: false,
         completed_round: 0,
-        round_at: 0,
         round_buf: Vec::new(),
-        staging: Vec::new(),
-        cursor_buf: Vec::new(),
+        frame: FrameBuf::default(),
+        cursor_frame: FrameBuf::default(),
+        order: Vec::new(),
+        spans: Vec::new(),
         cursor_buf_unwritten: false,
         appended: Vec::new(),
         flusher,
         no_space_warning: RepeatedWarning::new(NO_SPACE_WARN_INTERVAL),
+        idle_sweep_at: now,
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
     let _exit = ExitGuard(c.shared.clone());
@@ -313,18 +379,17 @@ impl Committer {
                         self.capture_wanted |= checkpoint;
                     }
                     self.finish_round(round, &ops, result);
-                    self.flusher.journal_grew_to(self.journal.len());
+                    self.flusher.journal_grew_to(self.journal_since_capture());
                     self.measure_free_space();
                     // Under steady load the loop is never idle: run the
-                    // timers (cursor flush, interval sync, capture) here too.
+                    // timers (cursor flush, interval sync, idle sweep,
+                    // capture) here too.
                     if Instant::now() >= self.next_deadline() {
                         if let Err(e) = self.timers() {
                             self.fail(round + 1, e);
                         }
                     }
-                    if let Err(e) = self.maybe_capture(false) {
-                        self.fail(round + 1, e);
-                    }
+                    self.maybe_capture(false);
                 }
             }
         }
@@ -339,13 +404,17 @@ impl Committer {
         }
     }
 
+    fn journal_since_capture(&self) -> u64 {
+        self.journal.bytes_since_start() - self.journal_at_capture
+    }
+
     /// Whether a capture is due: a caller or the checkpointer asked for
     /// one, or a trigger fired (journal bytes since the last one, dirty
     /// groups, interval with anything dirty).
     fn capture_due(&self) -> bool {
         let c = self.config();
         if self.capture_wanted
-            || self.journal.len() >= c.checkpoint_journal_bytes
+            || self.journal_since_capture() >= c.checkpoint_journal_bytes
             || self.shared.ctx.dirty.groups() >= c.checkpoint_dirty_groups_max
         {
             return true;
@@ -360,42 +429,39 @@ impl Committer {
             && !self.shared.ctx.dirty.is_empty()
     }
 
-    /// Whether the checkpointer can take a capture now: idle, with the
-    /// next journal file ready.
+    /// Whether the checkpointer can take a capture now.
     fn checkpointer_ready(&self) -> bool {
         let st = self.shared.ckpt.status.lock();
-        st.job.is_none() && !st.busy && st.next_journal.is_some()
+        st.job.is_none() && !st.busy && !st.exited
     }
 
-    /// K1, if due and the checkpointer is ready (else it waits for a later
-    /// round; nothing blocks). O(1): the journal switch (the old file's
-    /// unsynced bytes synced first under `interval`, as its timer would),
-    /// the dirty lists taken, the job handed over.
-    fn maybe_capture(&mut self, clean: bool) -> Result<bool> {
+    /// K1, if due and the checkpointer is idle (else a later round takes
+    /// it; nothing blocks): the dirty lists taken and the journal's next
+    /// position noted as the replay position P. O(1), no system call.
+    fn maybe_capture(&mut self, clean: bool) -> bool {
         // Held-back cursor entries go to the journal before anything is
         // captured (they belong before later memberships' entries).
         if self.failed() || self.cursor_buf_unwritten || !(clean || self.capture_due()) {
-            return Ok(false);
+            return false;
         }
-        if !self.checkpointer_ready() {
-            return Ok(false);
-        }
+        let Ok(next) = self.journal.next_start() else {
+            return false; // sequence numbers exhausted: writes stop on the next roll
+        };
+        // Frames before P are all applied (this thread applies a round
+        // before it takes the next), so every group they changed is dirty
+        // or was captured with them.
+        let replay = journal::JournalStart {
+            seq: self.journal.seq,
+            ..next
+        };
         let co = &self.shared.ckpt;
         let mut st = co.status.lock();
-        // Invariant: only this thread takes the journal or hands a job.
-        let next = st.next_journal.take().expect("invariant: checked ready");
-        let old = std::mem::replace(&mut self.journal, next);
-        // Under `interval`, bytes of the old file not yet synced are synced
-        // by the checkpointer (K3), as this thread's timer would have.
-        let unsynced = self.unsynced_bytes > 0 && self.config().fsync != FsyncPolicy::Never;
-        if clean {
-            st.closing = true;
+        if st.job.is_some() || st.busy || st.exited {
+            return false;
         }
         st.job = Some(Capture {
-            old_journal: unsynced.then_some(old),
             taken: self.shared.ctx.dirty.take(),
-            replay_journal_seq: self.journal.seq,
-            replay_lsn: lsn(self.journal.seq, JOURNAL_HEADER_BYTES as u64),
+            replay,
             round: self.completed_round,
             clean,
             retention: self.capture_wanted,
@@ -406,40 +472,30 @@ impl Committer {
         co.cv.notify_all();
         self.capture_wanted = false;
         self.last_capture = Instant::now();
-        self.unsynced_bytes = 0;
-        self.last_sync = Instant::now();
+        self.journal_at_capture = self.journal.bytes_since_start();
         self.flusher.journal_restarted();
-        Ok(true)
+        true
     }
 
     /// The clean shutdown's checkpoint: waits for the checkpointer to be
-    /// ready, captures everything (nothing follows in the journal), and
+    /// idle, captures everything (nothing follows in the journal), and
     /// waits until it is stored.
     fn final_checkpoint(&mut self) -> Result<()> {
         let shared = self.shared.clone();
         let co = &shared.ckpt;
+        let stored_before = shared.counters.checkpoints.load(Ordering::Acquire);
         loop {
             if self.failed() {
                 return Ok(());
+            }
+            if self.maybe_capture(true) {
+                break;
             }
             let mut st = co.status.lock();
             if st.exited {
                 return Err(Error::ShuttingDown);
             }
-            if st.job.is_none() && !st.busy && st.next_journal.is_some() {
-                break;
-            }
-            if let (None, false, Some(why)) = (&st.job, st.busy, &st.prepare_failed) {
-                // The disk is full: shutting down does not wait for space.
-                return Err(Error::NoSpace {
-                    context: why.clone(),
-                });
-            }
             co.cv.wait_for(&mut st, Duration::from_millis(50));
-        }
-        let stored_before = self.shared.counters.checkpoints.load(Ordering::Acquire);
-        if !self.maybe_capture(true)? {
-            return Ok(()); // writes stopped meanwhile
         }
         let round = self.completed_round;
         let mut st = co.status.lock();
@@ -447,9 +503,8 @@ impl Committer {
             co.cv.wait_for(&mut st, Duration::from_millis(50));
         }
         drop(st);
-        if self.failed()
-            || self.shared.counters.checkpoints.load(Ordering::Acquire) == stored_before
-        {
+        let stored = shared.counters.checkpoints.load(Ordering::Acquire);
+        if self.failed() || stored == stored_before {
             return Err(Error::WritesStopped {
                 reason: "the clean shutdown's checkpoint was not stored".into(),
             });
@@ -496,15 +551,16 @@ impl Committer {
     }
 
     /// The earliest timer deadline: the interval sync, the cursor flush, the
-    /// retention check.
+    /// idle sweep, a capture.
     fn next_deadline(&self) -> Instant {
         let c = self.config();
         let mut d = self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms);
         if self.disk_low() {
             d = d.min(self.last_space_check + DISK_LOW_RECHECK);
         }
+        d = d.min(self.idle_sweep_at);
         // Capture deadlines count only while the checkpointer can take one
-        // (it wakes this thread when it becomes ready).
+        // (it wakes this thread when it becomes idle).
         if self.checkpointer_ready() {
             if !self.shared.ctx.dirty.is_empty() {
                 d = d.min(self.last_capture + Duration::from_millis(c.checkpoint_interval_ms));
@@ -531,7 +587,7 @@ impl Committer {
                 return Work::Shutdown;
             }
             // A capture that waited for the checkpointer, which wakes us.
-            if self.checkpointer_ready() && self.capture_due() {
+            if self.checkpointer_ready() && self.capture_due() && !self.failed() {
                 return Work::Timer;
             }
             let deadline = self.next_deadline();
@@ -560,6 +616,9 @@ impl Committer {
 
     fn timers(&mut self) -> Result<()> {
         self.measure_free_space();
+        if Instant::now() >= self.idle_sweep_at {
+            self.idle_sweep();
+        }
         if self.failed() {
             // Nothing can be written; wait for shutdown without spinning.
             self.last_cursor_flush = Instant::now();
@@ -569,7 +628,7 @@ impl Committer {
         let now = Instant::now();
         let c = self.config().clone();
         if now >= self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms) {
-            // Cursors a full disk kept out stay in `cursor_buf` for the next
+            // Cursors a full disk kept out stay in `cursor_frame` for the next
             // flush; until then a crash may take them back to their last
             // persisted value, which is allowed.
             let written = match self.write_dirty_cursors() {
@@ -592,8 +651,38 @@ impl Committer {
             }
         }
         // Due but the checkpointer busy: it wakes this thread when done.
-        self.maybe_capture(false)?;
+        self.maybe_capture(false);
         Ok(())
+    }
+
+    /// Counts what a frame write did: the journal bytes it wrote (the
+    /// frame, and a new file's header if it rolled) and the fdatasyncs of
+    /// its roll.
+    fn note_written(&self, written: FrameWritten, frame_len: usize) {
+        let counters = &self.shared.counters;
+        counters
+            .journal_syncs
+            .fetch_add(written.roll_syncs, Ordering::Relaxed);
+        let header = if written.roll_syncs > 0 {
+            journal::JOURNAL_HEADER_BYTES as u64
+        } else {
+            0
+        };
+        counters
+            .journal_bytes
+            .fetch_add(frame_len as u64 + header, Ordering::Relaxed);
+    }
+
+    /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
+    /// sets when the sweep runs next: soon if it stopped at its bound.
+    fn idle_sweep(&mut self) {
+        let more = evict_idle(&self.shared, crate::now_ms(), IDLE_EVICTIONS_PER_SWEEP);
+        let wait = if more {
+            Duration::from_millis(1)
+        } else {
+            IDLE_SWEEP_PERIOD
+        };
+        self.idle_sweep_at = Instant::now() + wait;
     }
 
     fn sync_journal(&mut self) -> Result<()> {
@@ -607,9 +696,9 @@ impl Committer {
         Ok(())
     }
 
-    /// Writes every moved cursor to the journal as `Cursors` entries (not
-    /// synced here), after any a full disk kept out last time. Returns
-    /// whether anything was written.
+    /// Writes every moved cursor to the journal as `Cursors` entries, one
+    /// frame (not synced here), after any a full disk kept out last time.
+    /// Returns whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
@@ -620,27 +709,40 @@ impl Committer {
             return Ok(false);
         }
         if !self.cursor_buf_unwritten {
-            self.cursor_buf.clear();
+            self.cursor_frame.clear();
         }
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
-        for (slot, rows) in by_slot {
-            let Some(group) = catalog.by_slot(slot) else {
-                continue;
-            };
+        // A frame's entries are in group id order (format-spec/storage.md
+        // section 5); cost O(k log k) for the k groups with moved cursors.
+        let mut groups: Vec<(u64, Vec<(u64, u64)>)> = by_slot
+            .into_iter()
+            .filter_map(|(slot, rows)| Some((catalog.by_slot(slot)?.id, rows)))
+            .collect();
+        drop(catalog);
+        groups.sort_unstable_by_key(|g| g.0);
+        for (group_id, rows) in groups {
             for chunk in rows.chunks(per_entry) {
-                journal::encode_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id, |b| {
-                    body::encode_cursors(b, chunk)
-                });
+                self.cursor_frame
+                    .push_entry(EntryKind::Cursors, group_id, |b| {
+                        body::encode_cursors(b, chunk)
+                    });
             }
         }
-        drop(catalog);
+        if self.cursor_frame.entry_count() == 0 {
+            // Every moved cursor's group is gone.
+            self.cursor_buf_unwritten = false;
+            return Ok(false);
+        }
         // Replay raises cursors with max(), so entries written twice or out
         // of order are harmless.
         self.cursor_buf_unwritten = true;
-        self.journal.append(&self.cursor_buf)?;
+        let written = self
+            .journal
+            .append(&mut self.cursor_frame, FrameKind::Round)?;
+        self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
-        self.unsynced_bytes += self.cursor_buf.len() as u64;
+        self.unsynced_bytes += self.cursor_frame.len() as u64;
         Ok(true)
     }
 
@@ -651,6 +753,13 @@ impl Committer {
             });
         }
         self.appended.clear();
+        build_frame(
+            &self.round_buf,
+            ops,
+            &mut self.order,
+            &mut self.frame,
+            &mut self.spans,
+        );
         // A full disk at the journal write: nothing of the round is in the
         // journal (the write was cut back) and nothing was applied, so the
         // round waits and is written again once space returns.
@@ -662,28 +771,17 @@ impl Committer {
             result = self.write_round(flush_cursors);
         }
         self.end_hold();
-        result?;
-        if self.journal.len() > u32::MAX as u64 {
-            // Entry positions (lsn) hold a file offset in 32 bits.
-            return Err(Error::WritesStopped {
-                reason: "the journal file reached 4 GiB before a checkpoint switched it".into(),
-            });
-        }
-        // Where the round's bytes start in the journal file.
-        self.round_at = self.journal.len() - self.round_buf.len() as u64;
+        let lsn = result?;
         // A full disk at a segment write: the round is in the journal, so it
         // is durable; the groups before the one that failed are applied, and
         // `apply` goes on from that group once space returns (see there).
-        let mut order: Vec<usize> = (0..ops.len()).collect();
-        // Stable sort: per-group order (= journal order) is kept.
-        order.sort_by_key(|&i| ops[i].group.id);
         let mut next = 0;
-        let mut result = self.apply(ops, &order, &mut next);
+        let mut result = self.apply(ops, lsn, &mut next);
         while let Err(e @ Error::NoSpace { .. }) = &result {
             if !self.hold_for_space(e) {
                 break;
             }
-            result = self.apply(ops, &order, &mut next);
+            result = self.apply(ops, lsn, &mut next);
         }
         self.end_hold();
         if result.is_ok() {
@@ -739,20 +837,27 @@ impl Committer {
         true
     }
 
-    /// Writes the round (and moved cursors) to the journal and syncs it per
-    /// the policy. A write that found the disk full is `NoSpace`, with the
-    /// journal cut back to where it was.
+    /// Writes the round's frame (after a frame of moved cursors) to the
+    /// journal and syncs it per the policy; returns the round frame's lsn
+    /// (0 when the round holds no entry and nothing was written). A write
+    /// that found the disk full is `NoSpace`, with the journal cut back to
+    /// where it was.
     ///
     /// Cursor entries a full disk held back go first whenever there are
     /// any: they belong to memberships as they were before this round, and
     /// written after a round that ends one (a Leave, a DeleteGroup) they
     /// would land on the next membership of that user and group.
-    fn write_round(&mut self, flush_cursors: bool) -> Result<()> {
+    fn write_round(&mut self, flush_cursors: bool) -> Result<u64> {
         if flush_cursors || self.cursor_buf_unwritten {
             self.write_dirty_cursors()?;
         }
-        self.journal.append(&self.round_buf)?;
-        self.unsynced_bytes += self.round_buf.len() as u64;
+        let mut lsn = 0;
+        if self.frame.entry_count() > 0 {
+            let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
+            self.note_written(written, self.frame.len());
+            self.unsynced_bytes += self.frame.len() as u64;
+            lsn = written.lsn;
+        }
         let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Interval(period) => self.last_sync.elapsed() >= period,
@@ -761,99 +866,66 @@ impl Committer {
         if sync_now || (flush_cursors && self.config().fsync != FsyncPolicy::Never) {
             self.sync_journal()?;
         }
-        Ok(())
+        Ok(lsn)
     }
 
-    /// Applies the round's entries in `order` (grouped by group id), from
-    /// `order[*next]` on, through `apply`: records of one group go out in
-    /// one write (its entries are staged contiguously first and applied as
-    /// one run); membership operations change the tables and fill in their
-    /// replies.
+    /// Applies the entries of the round's frame (numbered `lsn`) in frame
+    /// order, from `spans[*next]` on, through `apply`: a Records entry (all
+    /// of a group's records of the round) goes to its log as one run;
+    /// membership operations change the tables and fill in their replies.
     ///
     /// Resumable: `*next` only moves past an entry once it is fully applied,
     /// and a group's records at or below its head (written before a failure
     /// part-way through a run that crossed segments) are not written again.
     /// So after a `NoSpace` error the call can simply be repeated.
-    fn apply(&mut self, ops: &[Op], order: &[usize], next: &mut usize) -> Result<()> {
-        while *next < order.len() {
-            let i = *next;
-            let op = &ops[order[i]];
-            if op.kind != EntryKind::Record {
-                self.apply_other(op)?;
-                *next += 1;
-                continue;
-            }
-            self.staging.clear();
-            let mut j = i;
-            while j < order.len()
-                && ops[order[j]].group.id == op.group.id
-                && ops[order[j]].kind == EntryKind::Record
-            {
-                let e = &ops[order[j]].entry;
-                self.staging
-                    .extend_from_slice(&self.round_buf[e.start + ENTRY_HEADER_BYTES..e.end]);
-                j += 1;
-            }
-            let st = self.apply_state();
-            let at = lsn(
-                self.journal.seq,
-                self.round_at + ops[order[j - 1]].entry.start as u64,
-            );
-            let done = match apply::records(&st, &op.group, &self.staging, apply::Mode::Live, at)? {
-                apply::Applied::Records(done) => done,
-                // Live entries are never at or below a group's applied_lsn.
-                other => unreachable!("live records gave {other:?}"),
-            };
-            if let Some((first, last)) = done.held {
-                self.appended.push(GroupAppend {
-                    group: op.group.id,
-                    first,
-                    last,
-                });
-            }
-            *next = j;
-        }
-        Ok(())
-    }
-
-    fn apply_state(&self) -> apply::State<'_> {
-        apply::State {
+    fn apply(&mut self, ops: &[Op], lsn: u64, next: &mut usize) -> Result<()> {
+        let st = apply::State {
             ctx: &self.shared.ctx,
             catalog: &self.shared.catalog,
             cursors: &self.shared.cursors,
-        }
-    }
-
-    /// Applies a group or membership operation and puts its outcome where
-    /// its caller waits.
-    fn apply_other(&mut self, op: &Op) -> Result<()> {
-        // Invariant: `write_round` wrote any held-back cursor entries before
-        // this round's entries, so none of a deleted group's can land on a
-        // group created again under the same id.
-        debug_assert!(
-            op.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
-            "held cursors written first"
-        );
-        let entry = journal::Entry {
-            kind: op.kind,
-            group_id: op.group.id,
-            body: &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end],
         };
-        let applied = apply::entry(
-            &self.apply_state(),
-            &entry,
-            Some(&op.group),
-            apply::Mode::Live,
-            lsn(self.journal.seq, self.round_at + op.entry.start as u64),
-        )?;
-        let outcome = match applied {
-            apply::Applied::Op(outcome) => outcome,
-            // Record entries are applied by runs, and a queued entry's
-            // group is registered until its DeleteGroup is applied.
-            other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
-        };
-        if let Some(reply) = &op.reply {
-            reply.set(outcome);
+        while *next < self.spans.len() {
+            let span = &self.spans[*next];
+            let op = &ops[self.order[span.ops.start]];
+            let entry = self.frame.entry(span.entry.clone());
+            if entry.kind == EntryKind::Records {
+                let done = apply::records(&st, &op.group, entry.body, apply::Mode::Live, lsn)?;
+                if let Some((first, last)) = done.held {
+                    self.appended.push(GroupAppend {
+                        group: op.group.id,
+                        first,
+                        last,
+                    });
+                }
+            } else {
+                // Invariant: `write_round` wrote any held-back cursor
+                // entries before this round's frame, so none of a deleted
+                // group's can land on a group created again under the same id.
+                debug_assert!(
+                    entry.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
+                    "held cursors written first"
+                );
+                let applied = apply::entry(&st, &entry, Some(&op.group), apply::Mode::Live, lsn)?;
+                let outcome = match applied {
+                    apply::Applied::Op(outcome) => outcome,
+                    // Records entries are applied above, and a queued entry's
+                    // group is registered until its DeleteGroup is applied.
+                    other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
+                };
+                if let Some(reply) = &op.reply {
+                    reply.set(outcome);
+                }
+            }
+            // After a group's last entry of the frame (frames list a
+            // group's entries together): its record now reflects the frame.
+            let last_of_group = self
+                .spans
+                .get(*next + 1)
+                .is_none_or(|s| ops[self.order[s.ops.start]].group.id != op.group.id);
+            if last_of_group {
+                apply::frame_done(&st, &op.group, lsn);
+            }
+            *next += 1;
         }
         Ok(())
     }
@@ -887,5 +959,99 @@ impl Committer {
         // Whoever waits through a listener (the server's event loop) must
         // learn that parked operations now have their outcome.
         notify_listeners(&self.shared, round, Vec::new());
+    }
+}
+
+/// Builds a round's frame from the pending round's entries (`round_buf`,
+/// in submission order, one per op): `order` becomes the ops stably sorted
+/// by group id (so a group's entries keep submission order, which is id
+/// order for its records), each run of one group's consecutive record
+/// submissions becomes one Records entry, every other op is copied as it
+/// is, and `spans` says which ops each frame entry holds. Cost: the sort
+/// of the round's op indices and one copy of its bytes.
+fn build_frame(
+    round_buf: &[u8],
+    ops: &[Op],
+    order: &mut Vec<usize>,
+    frame: &mut FrameBuf,
+    spans: &mut Vec<Span>,
+) {
+    order.clear();
+    order.extend(0..ops.len());
+    order.sort_by_key(|&i| ops[i].group.id);
+    frame.clear();
+    spans.clear();
+    let mut i = 0;
+    while i < order.len() {
+        let op = &ops[order[i]];
+        let mut j = i + 1;
+        let entry = if op.kind == EntryKind::Records {
+            let start = frame.begin_records(op.group.id);
+            for k in i..order.len() {
+                let next = &ops[order[k]];
+                if next.group.id != op.group.id || next.kind != EntryKind::Records {
+                    break;
+                }
+                frame
+                    .extend_body(&round_buf[next.entry.start + ENTRY_HEADER_BYTES..next.entry.end]);
+                j = k + 1;
+            }
+            frame.finish_entry(start)
+        } else {
+            frame.push_encoded(&round_buf[op.entry.clone()])
+        };
+        spans.push(Span { entry, ops: i..j });
+        i = j;
+    }
+}
+
+#[cfg(test)]
+mod frame_layout_tests {
+    use crate::journal::{self, EntryKind};
+    use crate::tests::{batch_of, newest_file, requests, small_config};
+    use crate::Engine;
+
+    /// A round's submissions, interleaved over groups, become one frame
+    /// whose entries are sorted by group id with each group's records
+    /// merged into one Records entry in id order (storage.md section 5,
+    /// "How the writer lays out a round"); replay reads them back.
+    #[test]
+    fn a_round_is_one_frame_sorted_by_group_with_one_records_entry_per_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = small_config(dir.path());
+        let e = Engine::open(c.clone()).unwrap();
+        for g in [1, 2, 3] {
+            e.create_group(g).unwrap();
+        }
+        let msgs = [(3, 1), (1, 1), (2, 1), (1, 2), (3, 2), (1, 3)];
+        let payloads = batch_of(&msgs);
+        e.append_batch(&requests(&msgs, &payloads)).unwrap();
+        e.simulate_crash();
+        let path = newest_file(&dir.path().join("journal"), ".tmj");
+        let bytes = std::fs::read(path).unwrap();
+        let frames = journal::frames_of_file(&bytes);
+        let last = frames.last().unwrap();
+        let layout: Vec<_> = last
+            .entries
+            .iter()
+            .map(|&(at, len, kind, group)| {
+                let body = &bytes[at + journal::ENTRY_HEADER_BYTES..at + len];
+                (kind, group, journal::body::decode_records(body))
+            })
+            .collect();
+        assert_eq!(
+            layout,
+            vec![
+                (EntryKind::Records, 1, Some((1, 3))),
+                (EntryKind::Records, 2, Some((1, 1))),
+                (EntryKind::Records, 3, Some((1, 2))),
+            ]
+        );
+        // The frames before it: the three creations, one per round.
+        assert_eq!(frames.len(), 4);
+        let e = Engine::open(c).unwrap();
+        for (g, n) in [(1, 3), (2, 1), (3, 2)] {
+            crate::tests::assert_dense_and_exact(&e, g, n);
+        }
     }
 }

@@ -68,6 +68,11 @@ pub struct Config {
     /// their last `dedup_window_sends` sends and the least recently used
     /// windows leave memory (rebuilt from the log on their next send).
     pub dedup_entries_total_max: usize,
+    /// A group neither sent to nor loaded for this long gives back its send
+    /// state (dedup window included) and, if small and synced, its loaded
+    /// log; its next send rebuilds the window from the log as after a
+    /// restart, so retransmits are answered exactly as before.
+    pub idle_evict_ms: u64,
     /// A checkpoint is taken once this many journal bytes were written
     /// since the last one's replay position...
     pub checkpoint_journal_bytes: u64,
@@ -79,6 +84,10 @@ pub struct Config {
     /// bytes (at most `RUN_FILE_BYTES_READ_MAX`, 1 GiB, the largest part a
     /// reader accepts).
     pub run_file_bytes_max: u64,
+    /// A journal file rolls to the next one before a frame would take it
+    /// past this many bytes (a larger frame goes alone into a new file).
+    /// At most `u32::MAX`, so offsets in a journal file fit a `u32`.
+    pub journal_file_bytes: u64,
     /// A group's records are held in memory (they are in the journal) and
     /// written to its segment file once this many bytes wait, when the
     /// segment is sealed, or at a checkpoint: one write per group per 16 KiB
@@ -113,10 +122,12 @@ impl Config {
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_entries_total_max: 10_000_000,
+            idle_evict_ms: 10 * 60 * 1000,
             checkpoint_journal_bytes: 64 << 20,
             checkpoint_dirty_groups_max: 1_000_000,
             checkpoint_interval_ms: 60_000,
             run_file_bytes_max: 256 << 20,
+            journal_file_bytes: 64 << 20,
             segment_tail_bytes: 16 << 10,
             commit_round_bytes_max: 8 << 20,
             groups_max: 10_000_000,
@@ -151,6 +162,19 @@ impl Config {
             return bad(format!(
                 "segment_bytes_max {} must be in [{min_segment}, {}]",
                 self.segment_bytes_max,
+                u32::MAX
+            ));
+        }
+        // A journal file holds its header and at least one frame of one
+        // record; offsets in it fit a u32.
+        let min_journal = (crate::journal::JOURNAL_HEADER_BYTES
+            + crate::journal::frame::FRAME_OVERHEAD_BYTES
+            + crate::journal::ENTRY_HEADER_BYTES
+            + self.record_bytes_max()) as u64;
+        if self.journal_file_bytes < min_journal || self.journal_file_bytes > u32::MAX as u64 {
+            return bad(format!(
+                "journal_file_bytes {} must be in [{min_journal}, {}]",
+                self.journal_file_bytes,
                 u32::MAX
             ));
         }
@@ -234,6 +258,17 @@ mod tests {
         c.run_file_bytes_max = crate::state::run::RUN_FILE_BYTES_READ_MAX;
         c.validate().unwrap();
         c.run_file_bytes_max = 4096;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn journal_file_bytes_must_hold_a_frame_of_the_largest_record_and_fit_u32() {
+        let mut c = Config::new("/tmp/x");
+        c.journal_file_bytes = u32::MAX as u64 + 1;
+        assert!(c.validate().is_err());
+        c.journal_file_bytes = c.payload_bytes_max as u64;
+        assert!(c.validate().is_err());
+        c.journal_file_bytes = (48 + 64 + 16 + c.record_bytes_max()) as u64;
         c.validate().unwrap();
     }
 

@@ -94,14 +94,17 @@ pub struct EngineStats {
     /// Checkpoints stored since open.
     pub checkpoints: u64,
     pub checkpoint_syncs: u64,
-    /// Bytes checkpoints wrote (delta runs, merged runs, manifests).
-    pub checkpoint_bytes_written: u64,
-    /// The most bytes one checkpoint wrote.
+    /// Bytes checkpoints wrote (run parts, delta and merged, and
+    /// manifests), and the most one checkpoint wrote.
+    pub checkpoint_bytes: u64,
     pub checkpoint_bytes_max: u64,
     /// Time checkpoints took on the checkpointer thread (K2-K7), in total
     /// and the longest, in milliseconds.
     pub checkpoint_ms_total: u64,
     pub checkpoint_ms_max: u64,
+    /// Bytes written to the journal (frames, and the header of each file a
+    /// frame rolled to).
+    pub journal_bytes: u64,
     pub bytes_appended: u64,
     /// ACKs that moved a cursor.
     pub acks: u64,
@@ -114,6 +117,9 @@ pub struct EngineStats {
     pub dedup_entries: u64,
     /// Dedup windows dropped from memory for `dedup_entries_total_max`.
     pub dedup_windows_dropped: u64,
+    /// Groups holding a send state or a loaded log now: the ones the idle
+    /// sweep looks at (`Config::idle_evict_ms`); idle groups are not counted.
+    pub groups_in_use: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -142,6 +148,10 @@ impl Engine {
 
     fn open_on(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
         config.validate()?;
+        // A directory of another storage format is refused before anything
+        // (the lock file, a directory) is written to it; recovery checks
+        // again under the lock and marks a new directory.
+        crate::format::check(&*vfs, &config.data_dir)?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
@@ -183,7 +193,7 @@ impl Engine {
             shared.ctx.config.checkpoint_journal_bytes,
         );
         let checkpointer_thread =
-            crate::checkpointer::start(shared.clone(), flusher.checker(), on_disk, journal.seq)?;
+            crate::checkpointer::start(shared.clone(), flusher.checker(), on_disk)?;
         let thread_shared = shared.clone();
         let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
@@ -299,12 +309,10 @@ impl Engine {
             });
         }
         let log = GroupLog::create(&self.shared.ctx, group_id)?;
-        let group = catalog.insert(group_id, LogSlot::Loaded(log));
-        {
-            let mut assign = group.assign.lock();
-            assign.ready = true;
-            assign.dedup_loaded = true;
-        }
+        let group = catalog.insert(group_id, LogSlot::Loaded(Box::new(log)));
+        // Its loaded log leaves memory when the group stays idle; its send
+        // state is built on the first send (an empty log: an empty window).
+        self.shared.dedup.touch_used(group_id);
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
@@ -329,11 +337,8 @@ impl Engine {
         }
         group.mark_deleting(&assign);
         // No send is assigned to a deleted group: its window is not needed.
-        let window = std::mem::take(&mut assign.dedup);
-        if assign.dedup_loaded {
-            self.shared.dedup.forget(group_id, window.len());
-        }
-        assign.dedup_loaded = false;
+        let window_len = assign.take().map_or(0, |a| a.dedup.len());
+        self.shared.dedup.forget(group_id, window_len);
         let round = self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?;
         Ok(OpTicket::pending(round, None))
     }
@@ -399,8 +404,8 @@ impl Engine {
         wait_for_room: bool,
     ) -> Result<u64> {
         let mut p = self.lock_pending(
-            kind == EntryKind::Record && wait_for_room,
-            kind == EntryKind::Record,
+            kind == EntryKind::Records && wait_for_room,
+            kind == EntryKind::Records,
         )?;
         let round = push_locked(&mut p, group, kind, body, reply);
         drop(p);
@@ -481,18 +486,18 @@ impl Engine {
     fn submit_inner(&self, req: &AppendRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
         self.check_request(req)?;
         let group = self.group(req.group_id)?;
-        let mut assign = group.assign.lock();
-        self.ready_to_assign(&group, &mut assign)?;
-        if let Some(dup) = self.duplicate_of(&assign, req) {
-            drop(assign);
+        let mut slot = group.assign.lock();
+        let assign = self.ready_to_assign(&group, &mut slot)?;
+        if let Some(dup) = self.duplicate_of(assign, req) {
+            drop(slot);
             // The window may just have been rebuilt.
             self.fit_dedup_budget(req.group_id);
             return Ok(dup);
         }
         let mut p = self.lock_pending(wait_for_room, true)?;
-        let ticket = self.assign_one(&group, &mut assign, req, &mut p);
+        let ticket = self.assign_one(&group, assign, req, &mut p);
         drop(p);
-        drop(assign);
+        drop(slot);
         self.shared.pending_cv.notify_all();
         self.fit_dedup_budget(req.group_id);
         Ok(ticket)
@@ -513,8 +518,8 @@ impl Engine {
             .map(|&g| self.group(g))
             .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
-        for (group, assign) in groups.iter().zip(assigns.iter_mut()) {
-            self.ready_to_assign(group, assign)?;
+        for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
+            self.ready_to_assign(group, slot)?;
         }
         let mut p = self.lock_pending(true, true)?;
         let mut tickets = Vec::with_capacity(requests.len());
@@ -523,9 +528,13 @@ impl Engine {
             let i = ids
                 .binary_search(&req.group_id)
                 .expect("invariant: group of the batch");
-            let ticket = match self.duplicate_of(&assigns[i], req) {
+            // Invariant: ready_to_assign filled every slot above.
+            let assign = assigns[i]
+                .as_deref_mut()
+                .expect("invariant: send state built above");
+            let ticket = match self.duplicate_of(assign, req) {
                 Some(dup) => dup,
-                None => self.assign_one(&groups[i], &mut assigns[i], req, &mut p),
+                None => self.assign_one(&groups[i], assign, req, &mut p),
             };
             tickets.push(ticket);
         }
@@ -549,41 +558,32 @@ impl Engine {
         self.check_writable()
     }
 
-    fn ready_to_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+    /// The group's send state, built first if it is not in memory (first
+    /// send or join since open, or since it was dropped: idle, or for the
+    /// dedup budget). The caller holds `assign`.
+    pub(crate) fn ready_to_assign<'a>(
+        &self,
+        group: &Group,
+        slot: &'a mut Option<Box<AssignState>>,
+    ) -> Result<&'a mut AssignState> {
         if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group.id });
         }
-        if !assign.ready {
-            self.init_assign(group, assign)?;
-        } else if !assign.dedup_loaded {
-            self.reload_dedup(group, assign)?;
-        }
+        let assign = match slot {
+            Some(a) => a,
+            None => slot.insert(Box::new(self.init_assign(group)?)),
+        };
         self.shared.dedup.touch(group.id);
-        Ok(())
-    }
-
-    /// Rebuilds a window that left memory for the dedup budget, from the
-    /// log, as after a restart. Every record assigned before the window left
-    /// had reached the log (see `fit_dedup_budget`), and none was assigned
-    /// since, so the log's head is `assign.last_id`.
-    fn reload_dedup(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
-        let ctx = &self.shared.ctx;
-        let limits = WindowLimits::from_config(&ctx.config);
-        let window = self.with_log(group, |log| {
-            DedupWindow::rebuild(log, ctx, now_ms(), limits)
-        })?;
-        self.shared.dedup.resized(0, window.len());
-        assign.dedup = window;
-        assign.dedup_loaded = true;
-        Ok(())
+        Ok(assign)
     }
 
     /// While the windows of all groups hold more than
-    /// `dedup_entries_total_max` entries, drops the windows of the groups
-    /// sent to least recently (not `current`'s, not one whose lock is held,
-    /// not one with records still in a commit round: a rebuild would not
-    /// find them in the log yet). Called with no lock held. Costs the
-    /// windows it looks at; each dropped one costs its group one rebuild.
+    /// `dedup_entries_total_max` entries, drops the send states (windows
+    /// included) of the groups sent to least recently (not `current`'s,
+    /// not one whose lock is held, not one with records still in a commit
+    /// round: a rebuild would not find them in the log yet). Called with no
+    /// lock held. Costs the windows it looks at; each dropped one costs its
+    /// group one rebuild, exactly as after a restart.
     fn fit_dedup_budget(&self, current: u64) {
         let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
@@ -599,25 +599,24 @@ impl Engine {
             let Ok(group) = self.group(id) else {
                 continue; // deleted: its entries were given back then
             };
-            let Some(mut assign) = (id != current).then(|| group.assign.try_lock()).flatten()
-            else {
+            let Some(mut slot) = (id != current).then(|| group.assign.try_lock()).flatten() else {
                 busy.push(id);
                 continue;
             };
-            if !assign.dedup_loaded {
-                continue;
-            }
+            let Some(assign) = slot.as_deref() else {
+                continue; // dropped meanwhile (idle)
+            };
             if assign.last_round > completed {
                 busy.push(id);
                 continue;
             }
-            let window = std::mem::take(&mut assign.dedup);
-            assign.dedup_loaded = false;
-            budget.resized(window.len(), 0);
+            let len = assign.dedup.len();
+            *slot = None;
+            budget.resized(len, 0);
             budget.count_dropped();
         }
         for id in busy {
-            budget.touch(id);
+            budget.touch_window(id);
         }
     }
 
@@ -670,7 +669,7 @@ impl Engine {
         let round = push_locked(
             p,
             group,
-            EntryKind::Record,
+            EntryKind::Records,
             |buf| journal::body::encode_record(buf, &rec),
             None,
         );
@@ -704,32 +703,28 @@ impl Engine {
         }
     }
 
-    /// First send to a group since open: load its log, rebuild the window.
-    pub(crate) fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+    /// The send state of a group that has none in memory (first send or
+    /// join since open, or since it was dropped): its log loaded, its
+    /// window rebuilt (format-spec/storage.md section 12, "Rebuild"). The
+    /// caller holds `assign`, which is `None`.
+    fn init_assign(&self, group: &Group) -> Result<AssignState> {
         let ctx = &self.shared.ctx;
         let limits = WindowLimits::from_config(&ctx.config);
         // The assigned head starts at the applied one: no record of the
-        // group is queued before its assign state is ready (the caller
-        // holds `assign`).
+        // group is queued while it has no send state (a state is dropped
+        // only once its last round completed, and the caller holds
+        // `assign`).
         let (head, ts, dedup) = self.with_log(group, |log| {
             let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
             Ok((log.head(), log.last_timestamp_ms(), dedup))
         })?;
-        let before = if assign.dedup_loaded {
-            assign.dedup.len()
-        } else {
-            0
-        };
-        self.shared.dedup.resized(before, dedup.len());
-        *assign = AssignState {
-            ready: true,
+        self.shared.dedup.resized(0, dedup.len());
+        Ok(AssignState {
             last_id: head,
             last_timestamp_ms: ts,
             last_round: 0,
             dedup,
-            dedup_loaded: true,
-        };
-        Ok(())
+        })
     }
 
     /// Waits until the ticket's round is durable (or failed).
@@ -804,25 +799,31 @@ impl Engine {
         group: &Group,
         f: impl FnOnce(&GroupLog) -> Result<R>,
     ) -> Result<R> {
-        if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
-            if load.bytes_cut > 0 {
-                log::warn!(
-                    "group {}: cut {} bytes written after the last checkpoint",
-                    group.id,
-                    load.bytes_cut
-                );
+        loop {
+            if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
+                // Listed for the idle sweep, which unloads it again.
+                self.shared.dedup.touch_used(group.id);
+                if load.bytes_cut > 0 {
+                    log::warn!(
+                        "group {}: cut {} bytes written after the last checkpoint",
+                        group.id,
+                        load.bytes_cut
+                    );
+                }
             }
-        }
-        let slot = group.log.read();
-        group.debug_check_head(&slot);
-        match &*slot {
-            LogSlot::Loaded(log) => f(log),
-            LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
-                group: group.id,
-                reason: reason.clone(),
-            }),
-            LogSlot::Deleted => Err(Error::GroupNotFound { group: group.id }),
-            LogSlot::Unloaded(_) => unreachable!("ensure_loaded leaves no group unloaded"),
+            let slot = group.log.read();
+            group.debug_check_head(&slot);
+            return match &*slot {
+                LogSlot::Loaded(log) => f(log),
+                LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
+                    group: group.id,
+                    reason: reason.clone(),
+                }),
+                LogSlot::Deleted => Err(Error::GroupNotFound { group: group.id }),
+                // The idle sweep unloaded it between the load and this
+                // lock (it had been idle until this very use): load again.
+                LogSlot::Unloaded(_) => continue,
+            };
         }
     }
 
@@ -868,10 +869,11 @@ impl Engine {
             journal_syncs: c.journal_syncs.load(Ordering::Relaxed),
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
-            checkpoint_bytes_written: c.checkpoint_bytes_written.load(Ordering::Relaxed),
+            checkpoint_bytes: c.checkpoint_bytes.load(Ordering::Relaxed),
             checkpoint_bytes_max: c.checkpoint_bytes_max.load(Ordering::Relaxed),
             checkpoint_ms_total: c.checkpoint_ms_total.load(Ordering::Relaxed),
             checkpoint_ms_max: c.checkpoint_ms_max.load(Ordering::Relaxed),
+            journal_bytes: c.journal_bytes.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
             membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),
@@ -879,6 +881,7 @@ impl Engine {
             open_segments: self.shared.ctx.cache.len() as u64,
             dedup_entries: self.shared.dedup.entries() as u64,
             dedup_windows_dropped: self.shared.dedup.dropped(),
+            groups_in_use: self.shared.dedup.used_len() as u64,
         }
     }
 

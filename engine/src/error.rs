@@ -74,6 +74,16 @@ pub enum Error {
     BelowRetentionFloor { group: u64, earliest: u64 },
     /// A membership limit (`members_per_group_max`, `groups_per_user_max`).
     LimitExceeded { what: &'static str, max: usize },
+    /// The data directory holds storage format `found`, which this build
+    /// does not read (it reads `supported` only); nothing was written to
+    /// it. `detail` names what was seen (format 1: the files and their
+    /// versions).
+    UnsupportedFormat {
+        path: PathBuf,
+        found: u16,
+        supported: u16,
+        detail: String,
+    },
 }
 
 impl Error {
@@ -166,6 +176,17 @@ impl fmt::Display for Error {
                 write!(f, "group {group} no longer stores those messages; the earliest stored msg_id is {earliest}")
             }
             Error::LimitExceeded { what, max } => write!(f, "limit {what} = {max} reached"),
+            Error::UnsupportedFormat {
+                path,
+                found,
+                supported,
+                detail,
+            } => write!(
+                f,
+                "data directory {} has storage format {found}, and this build reads format \
+                 {supported} only: {detail}",
+                path.display()
+            ),
         }
     }
 }

@@ -806,6 +806,16 @@ impl GroupLog {
         }
     }
 
+    /// True if writes since the last checkpoint have not been synced.
+    pub fn needs_sync(&self) -> bool {
+        !self.unsynced.is_empty() || self.dir_unsynced
+    }
+
+    /// True if appended records wait in memory for their segment's file.
+    pub fn has_unwritten_tail(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
     /// The verified sparse index of segment `i`, scanning it on first use.
     fn index_of(&self, ctx: &LogContext, i: usize, seg: &SegmentFile) -> Result<&SparseIndex> {
         let meta = &self.segments[i];

@@ -29,6 +29,8 @@
 mod apply;
 mod catalog;
 #[cfg(test)]
+mod checkpoint_stats_tests;
+#[cfg(test)]
 mod checkpoint_tests;
 mod checkpointer;
 mod commit;
@@ -39,6 +41,7 @@ mod dirty;
 mod engine;
 mod error;
 mod flusher;
+mod format;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod fuzz_targets;
@@ -53,6 +56,8 @@ pub mod io;
 #[cfg(not(any(test, feature = "testing")))]
 mod io;
 mod journal;
+#[cfg(test)]
+mod journal_crash_tests;
 mod membership;
 #[cfg(test)]
 mod model_tests;

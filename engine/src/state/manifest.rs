@@ -8,7 +8,8 @@
 //! `{ magic "TDMKMANI" | version u16 = 1 | header_len u16 = 32 | reserved u32 = 0 |
 //!    body_len u64 | body_crc u32 | header_crc u32 (of bytes 0..28) | body }`,
 //! body: `{ ckpt_seq u64 | replay_journal_seq u64 | replay_lsn u64 |
-//!    created_ms u64 | next_run_seq u64 | clean u8 | reserved [3] = 0 |
+//!    replay_round u64 | created_ms u64 | next_run_seq u64 | clean u8 |
+//!    reserved [3] = 0 |
 //!    run_count u32 | runs, newest first: { run_seq u64 | part_count u32 |
 //!    parts: { item_count u64 | file_len u64 | trailer_crc u32 |
 //!    first_key (17) | last_key (17) } } }`.
@@ -57,8 +58,12 @@ pub(crate) struct Manifest {
     pub ckpt_seq: u64,
     /// Replay starts in this journal file...
     pub replay_journal_seq: u64,
-    /// ...at the entry with this lsn (see `commit::lsn`).
+    /// ...with the frame numbered `replay_lsn` (frames before it are
+    /// reflected in the runs)...
     pub replay_lsn: u64,
+    /// ...whose round index (if a Round frame) is this: journal numbering
+    /// goes on from here even when no journal file names it.
+    pub replay_round: u64,
     pub created_ms: u64,
     /// Above every run sequence number this manifest names.
     pub next_run_seq: u64,
@@ -89,6 +94,7 @@ pub(crate) fn encode(m: &Manifest) -> Result<Vec<u8>, String> {
     body.extend_from_slice(&m.ckpt_seq.to_le_bytes());
     body.extend_from_slice(&m.replay_journal_seq.to_le_bytes());
     body.extend_from_slice(&m.replay_lsn.to_le_bytes());
+    body.extend_from_slice(&m.replay_round.to_le_bytes());
     body.extend_from_slice(&m.created_ms.to_le_bytes());
     body.extend_from_slice(&m.next_run_seq.to_le_bytes());
     body.push(u8::from(m.clean));
@@ -175,6 +181,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     let ckpt_seq = r.u64()?;
     let replay_journal_seq = r.u64()?;
     let replay_lsn = r.u64()?;
+    let replay_round = r.u64()?;
     let created_ms = r.u64()?;
     let next_run_seq = r.u64()?;
     let clean = match r.u8()? {
@@ -237,6 +244,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         ckpt_seq,
         replay_journal_seq,
         replay_lsn,
+        replay_round,
         created_ms,
         next_run_seq,
         clean,
@@ -316,7 +324,8 @@ mod tests {
         Manifest {
             ckpt_seq: 9,
             replay_journal_seq: 4,
-            replay_lsn: 4 << 32 | 32,
+            replay_lsn: 77,
+            replay_round: 70,
             created_ms: 1_700_000_000_000,
             next_run_seq: 12,
             clean: true,
