@@ -487,3 +487,51 @@ fn a_new_directory_gets_format_2_and_reopens() {
         })
     ));
 }
+
+/// J5, damage after the roll: a rolled file that holds frames had its
+/// header synced before its first frame, so a damaged header there is
+/// damage to acknowledged data, never a crash while the file was created:
+/// the open is refused and nothing is cut (a cut would lose the file's
+/// acknowledged sends and hand their ids out again).
+#[test]
+fn j5_a_damaged_header_of_a_rolled_file_that_holds_frames_refuses_to_open() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("data");
+    let mut c = small_config(&dir);
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.journal_file_bytes = 4096;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    let jdir = dir.join("journal");
+    let first = newest_file(&jdir, ".tmj");
+    let mut i = 0;
+    while newest_file(&jdir, ".tmj") == first {
+        i += 1;
+        fill_more(&e, 1, i..=i);
+    }
+    // Ten more acknowledged sends land in the rolled file.
+    fill_more(&e, 1, i + 1..=i + 10);
+    e.simulate_crash();
+    let rolled = newest_file(&jdir, ".tmj");
+    let len = std::fs::metadata(&rolled).unwrap().len();
+    let mut bytes = std::fs::read(&rolled).unwrap();
+    bytes[20] ^= 0x01;
+    std::fs::write(&rolled, &bytes).unwrap();
+    match Engine::open(c) {
+        Err(Error::Corrupt { path, offset, .. }) => {
+            assert_eq!(path, rolled);
+            assert_eq!(offset, 0);
+        }
+        Err(other) => panic!("expected Corrupt, got {other}"),
+        Ok(e) => panic!(
+            "opened with head {} of {}: the rolled file's frames were cut",
+            e.head(1).unwrap(),
+            i + 10
+        ),
+    }
+    assert_eq!(
+        std::fs::metadata(&rolled).unwrap().len(),
+        len,
+        "nothing cut"
+    );
+}
