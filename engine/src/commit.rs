@@ -191,12 +191,31 @@ pub struct GroupAppend {
 /// Takes up to `max` groups idle at `now_ms` off the used list and drops
 /// their send state (with its window) and, if small and quiet, their loaded
 /// log; one that cannot give them back yet (a lock held, records in an
-/// uncompleted round, writes not yet synced) is listed again as used now.
+/// uncompleted round, writes not yet synced) is listed again as used now,
+/// once the sweep is over: listed at once, it would be idle again at once
+/// under a short `idle_evict_ms` and taken again by this same sweep.
 /// Returns true if it stopped at `max`. On the commit thread, between
 /// rounds (so `completed` is every round applied), holding no lock.
 pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
     let idle_ms = shared.ctx.config.idle_evict_ms;
     let completed = shared.progress.lock().completed;
+    let mut later = Vec::new();
+    let stopped_at_max = evict_idle_up_to(shared, now_ms, idle_ms, completed, max, &mut later);
+    for id in later {
+        shared.dedup.touch_used(id);
+    }
+    stopped_at_max
+}
+
+/// The loop of [`evict_idle`]; the groups to list again go to `later`.
+fn evict_idle_up_to(
+    shared: &Shared,
+    now_ms: u64,
+    idle_ms: u64,
+    completed: u64,
+    max: usize,
+    later: &mut Vec<u64>,
+) -> bool {
     for _ in 0..max {
         let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
             return false;
@@ -205,7 +224,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
             continue; // deleted
         };
         let Some(mut slot) = group.assign.try_lock() else {
-            shared.dedup.touch_used(id);
+            later.push(id);
             continue;
         };
         if group.is_deleting() {
@@ -213,7 +232,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         if let Some(assign) = slot.as_deref() {
             if assign.last_round > completed {
-                shared.dedup.touch_used(id);
+                later.push(id);
                 continue;
             }
             let len = assign.dedup.len();
@@ -222,7 +241,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         // Under `assign`: no send can load the log again meanwhile.
         if group.unload_if_quiet(&shared.ctx) == Unload::Later {
-            shared.dedup.touch_used(id);
+            later.push(id);
         }
     }
     true
