@@ -875,6 +875,14 @@ impl Committer {
 
     fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
         self.flusher.check()?;
+        // The checkpoint moves writing to a new journal file: like a roll,
+        // it first syncs the file it leaves (whatever the policy), so a torn
+        // tail can only be in the newest file that holds frames (storage.md
+        // section 5), also when recovery falls back to `checkpoint.prev`
+        // and replays this file before the new one.
+        if self.unsynced_bytes > 0 {
+            self.sync_journal()?;
+        }
         let catalog = self.shared.catalog.read();
         let next = checkpointer::write_checkpoint(
             &self.shared.ctx,

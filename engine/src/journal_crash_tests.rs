@@ -357,6 +357,47 @@ fn j5_under_fsync_never_a_power_cut_after_a_roll_still_opens() {
     }
 }
 
+/// J5 at a checkpoint, under `never`: a checkpoint moves writing to a new
+/// journal file, and like a roll it syncs the file it leaves first. A power
+/// cut after frames reached the new file, with the newest checkpoint then
+/// unreadable, makes recovery replay the old file and the new one from
+/// `checkpoint.prev`: without that sync the old file's tail could be torn
+/// while a later file holds frames, and the open would be refused.
+#[test]
+fn j5_a_checkpoint_syncs_the_journal_file_it_leaves() {
+    for seed in 0..16 {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let mut c = small_config(&dir);
+        c.fsync = crate::FsyncPolicy::Never;
+        c.journal_checkpoint_bytes = 1 << 30;
+        c.cursor_flush_ms = 3_600_000;
+        c.retention_check_ms = 3_600_000;
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        e.create_group(1).unwrap();
+        fill_more(&e, 1, 1..=40);
+        e.checkpoint().unwrap();
+        fill_more(&e, 1, 41..=43);
+        control.freeze();
+        e.simulate_crash();
+        control.cut(Cut::Seeded(seed)).unwrap();
+        let newest = dir.join("checkpoint");
+        let mut bytes = std::fs::read(&newest).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&newest, &bytes).unwrap();
+        let e = Engine::open(c).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        let head = e.head(1).unwrap();
+        assert!(
+            head >= 40,
+            "seed {seed}: head {head}: the checkpoint synced 40"
+        );
+        assert_dense_and_exact(&e, 1, head);
+    }
+}
+
 /// Copies a directory tree (without the lock file).
 fn copy_tree(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
