@@ -589,16 +589,23 @@ impl Committer {
     /// Returns whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
+        // A frame held back by a full disk goes first, as it was built:
+        // the cursors moved since go into a frame of their own, so every
+        // frame's entries stay in group id order (storage.md section 5).
+        // Nothing is taken from the table before it is written, so a
+        // failure here loses no dirty mark.
+        let held_written = self.cursor_buf_unwritten;
+        if held_written {
+            self.append_cursor_frame()?;
+        }
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         self.shared
             .cursors
             .take_dirty(|user, slot, cursor| by_slot.entry(slot).or_default().push((user, cursor)));
-        if by_slot.is_empty() && !self.cursor_buf_unwritten {
-            return Ok(false);
+        if by_slot.is_empty() {
+            return Ok(held_written);
         }
-        if !self.cursor_buf_unwritten {
-            self.cursor_frame.clear();
-        }
+        self.cursor_frame.clear();
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
         // A frame's entries are in group id order (format-spec/storage.md
@@ -619,19 +626,26 @@ impl Committer {
         }
         if self.cursor_frame.entry_count() == 0 {
             // Every moved cursor's group is gone.
-            self.cursor_buf_unwritten = false;
-            return Ok(false);
+            return Ok(held_written);
         }
-        // Replay raises cursors with max(), so entries written twice or out
-        // of order are harmless.
+        // Held until written: the rows were taken from the table, and a
+        // write that finds the disk full is retried with this frame.
         self.cursor_buf_unwritten = true;
+        self.append_cursor_frame()?;
+        Ok(true)
+    }
+
+    /// Appends the cursor frame (built, or held back by a full disk) and
+    /// marks it written. Replay raises cursors with max(), so a frame
+    /// written after newer ones is harmless.
+    fn append_cursor_frame(&mut self) -> Result<()> {
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
         self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_frame.len() as u64;
-        Ok(true)
+        Ok(())
     }
 
     fn commit_round(&mut self, ops: &[Op], flush_cursors: bool) -> Result<()> {
