@@ -19,7 +19,7 @@
 //! does (`checkpointer.rs`), before the file is removed, so a reader that
 //! found a position and then finds no file reports the round compacted.
 //!
-//! Costs: 8 bytes per retained round (plus a few words per file), bounded
+//! Costs: 4 bytes per retained round (plus a few words per file), bounded
 //! by the retained journal (`journal_checkpoint_bytes` twice over, D6);
 //! recording a round is O(1) under a mutex held for nothing else; a
 //! lookup is a binary search over the retained files. Reading a round is
@@ -40,7 +40,9 @@ use crate::io::{OpenMode, Vfs, VfsFile};
 struct FileRounds {
     seq: u64,
     first_round: u64,
-    offsets: Vec<u64>,
+    /// 4 bytes a round: a frame starts below `journal_file_bytes`, which
+    /// is at most `u32::MAX` (`Config::validate`), or alone at offset 48.
+    offsets: Vec<u32>,
 }
 
 impl FileRounds {
@@ -74,6 +76,9 @@ impl RoundIndex {
     /// Notes that the frame of `round` was written at `offset` of journal
     /// file `seq`.
     pub fn record(&self, seq: u64, offset: u64, round: u64) {
+        // Cannot saturate (see `FileRounds::offsets`); if it did, reading
+        // the round would fail its frame checks, never return other bytes.
+        let offset = u32::try_from(offset).unwrap_or(u32::MAX);
         let mut g = self.inner.lock();
         match g.files.back_mut() {
             Some(f) if f.seq == seq && f.end_round() == round => f.offsets.push(offset),
@@ -130,7 +135,7 @@ impl RoundIndex {
             return Err(compacted);
         };
         match f.offsets.get((round - f.first_round) as usize) {
-            Some(&offset) => Ok((f.seq, offset)),
+            Some(&offset) => Ok((f.seq, u64::from(offset))),
             // A gap a power cut left between files.
             None => Err(compacted),
         }
