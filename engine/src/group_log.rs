@@ -23,12 +23,21 @@ pub struct LogContext {
     pub vfs: Arc<dyn Vfs>,
     pub config: Config,
     pub cache: SegmentCache,
+    /// Where the retained journal's rounds lie (replication): kept here
+    /// because recovery, the commit thread and the checkpoint that
+    /// deletes journal files all update it.
+    pub rounds: crate::journal::rounds::RoundIndex,
 }
 
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
-        LogContext { vfs, config, cache }
+        LogContext {
+            vfs,
+            config,
+            cache,
+            rounds: Default::default(),
+        }
     }
 
     /// `groups/<shard>/<group id>`: 1,024 shard directories keep every
