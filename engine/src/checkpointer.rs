@@ -754,6 +754,9 @@ impl Checkpointer {
         }
         if let (Some(prev), true) = (&self.prev, self.damaged.is_empty()) {
             let jdir = journal::journal_dir(&ctx.config.data_dir);
+            // Out of the round index first: a reader that finds a round's
+            // position and then no file reports it compacted.
+            ctx.rounds.forget_files_below(prev.replay_journal_seq);
             if let Ok(list) = journal::list(&*ctx.vfs, &jdir) {
                 for (seq, path) in list {
                     if seq < prev.replay_journal_seq {

@@ -95,6 +95,9 @@ const DISK_LOW_RECHECK: Duration = Duration::from_millis(200);
 /// While the disk stays full, its warning is repeated at most this often.
 const NO_SPACE_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How long a capture that found the disk full is put off.
+const CAPTURE_RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
+
 /// Stops writes for a failure outside a round (the checkpointer's): the
 /// next round and every later one fail with the reason.
 pub(crate) fn stop_writes(shared: &Shared, e: &Error) {
@@ -180,6 +183,19 @@ pub(crate) struct Pending {
     /// Shut down like a crash: no final checkpoint. Only
     /// `Engine::simulate_crash` (tests, `testing` feature) sets it.
     pub crash: bool,
+    /// Rounds another node wrote (`Engine::append_replicated`), written
+    /// and applied before this round's own entries.
+    pub replicated: Vec<ReplicatedRound>,
+}
+
+/// A round another node wrote, checked by `replicate.rs` and queued for
+/// the commit thread.
+pub(crate) struct ReplicatedRound {
+    /// The whole payload (format-spec/storage.md section 5).
+    pub payload: Vec<u8>,
+    pub round_index: u64,
+    /// Set to `Ok(round_index)` once the round is written and applied.
+    pub reply: Arc<Reply>,
 }
 
 /// Completion state of rounds.
@@ -212,12 +228,31 @@ pub struct GroupAppend {
 /// Takes up to `max` groups idle at `now_ms` off the used list and drops
 /// their send state (with its window) and, if small and quiet, their loaded
 /// log; one that cannot give them back yet (a lock held, records in an
-/// uncompleted round, writes not yet synced) is listed again as used now.
+/// uncompleted round, writes not yet synced) is listed again as used now,
+/// once the sweep is over: listed at once, it would be idle again at once
+/// under a short `idle_evict_ms` and taken again by this same sweep.
 /// Returns true if it stopped at `max`. On the commit thread, between
 /// rounds (so `completed` is every round applied), holding no lock.
 pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
     let idle_ms = shared.ctx.config.idle_evict_ms;
     let completed = shared.progress.lock().completed;
+    let mut later = Vec::new();
+    let stopped_at_max = evict_idle_up_to(shared, now_ms, idle_ms, completed, max, &mut later);
+    for id in later {
+        shared.dedup.touch_used(id);
+    }
+    stopped_at_max
+}
+
+/// The loop of [`evict_idle`]; the groups to list again go to `later`.
+fn evict_idle_up_to(
+    shared: &Shared,
+    now_ms: u64,
+    idle_ms: u64,
+    completed: u64,
+    max: usize,
+    later: &mut Vec<u64>,
+) -> bool {
     for _ in 0..max {
         let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
             return false;
@@ -226,7 +261,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
             continue; // deleted
         };
         let Some(mut slot) = group.assign.try_lock() else {
-            shared.dedup.touch_used(id);
+            later.push(id);
             continue;
         };
         if group.is_deleting() {
@@ -234,7 +269,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         if let Some(assign) = slot.as_deref() {
             if assign.last_round > completed {
-                shared.dedup.touch_used(id);
+                later.push(id);
                 continue;
             }
             let len = assign.dedup.len();
@@ -243,7 +278,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         // Under `assign`: no send can load the log again meanwhile.
         if group.unload_if_quiet(&shared.ctx) == Unload::Later {
-            shared.dedup.touch_used(id);
+            later.push(id);
         }
     }
     true
@@ -273,12 +308,16 @@ pub(crate) struct Shared {
     pub dedup: DedupBudget,
     /// The commit thread's and the checkpointer's hand-over.
     pub ckpt: checkpointer::Coordination,
+    /// Held by `Engine::append_replicated` while its payload is checked,
+    /// queued and committed: one replicated round in flight.
+    pub replicating: Mutex<()>,
 }
 
 /// What woke the commit thread.
 enum Work {
     Round {
         ops: Vec<Op>,
+        replicated: Vec<ReplicatedRound>,
         round: u64,
         flush_cursors: bool,
         checkpoint: bool,
@@ -369,11 +408,16 @@ impl Committer {
                 }
                 Work::Round {
                     ops,
+                    replicated,
                     round,
                     flush_cursors,
                     checkpoint,
                 } => {
-                    let result = self.commit_round(&ops, flush_cursors);
+                    self.appended.clear();
+                    let mut result = self.commit_replicated(&replicated);
+                    if result.is_ok() {
+                        result = self.commit_round(&ops, flush_cursors);
+                    }
                     if result.is_ok() {
                         self.completed_round = round;
                         self.capture_wanted |= checkpoint;
@@ -444,6 +488,48 @@ impl Committer {
         if self.failed() || self.cursor_buf_unwritten || !(clean || self.capture_due()) {
             return false;
         }
+        if !self.checkpointer_ready() {
+            return false;
+        }
+        // Moved cursors go to the journal first, as a Cursors round: the
+        // runs persist them too, but only on this node, and a round is
+        // what replication ships (replicate.rs). A full disk puts the
+        // capture off; any other failure stops writes.
+        match self.write_dirty_cursors() {
+            Ok(_) => {}
+            Err(e @ Error::NoSpace { .. }) => {
+                self.capture_put_off(&e);
+                return false;
+            }
+            Err(e) => {
+                stop_writes(&self.shared, &e);
+                return false;
+            }
+        }
+        // The capture starts a new journal file, as a roll does (the file
+        // left is synced first, whatever the policy): P is the new file's
+        // start, so journal files go whole once neither kept manifest
+        // needs them, and a fallback to the older manifest replays synced
+        // files.
+        if self.journal.holds_frames() {
+            match self.journal.roll() {
+                Ok(()) => {
+                    let c = &self.shared.counters;
+                    c.journal_syncs.fetch_add(2, Ordering::Relaxed);
+                    c.journal_bytes
+                        .fetch_add(journal::JOURNAL_HEADER_BYTES as u64, Ordering::Relaxed);
+                    self.unsynced_bytes = 0;
+                }
+                Err(e @ Error::NoSpace { .. }) => {
+                    self.capture_put_off(&e);
+                    return false;
+                }
+                Err(e) => {
+                    stop_writes(&self.shared, &e);
+                    return false;
+                }
+            }
+        }
         let Ok(next) = self.journal.next_start() else {
             return false; // sequence numbers exhausted: writes stop on the next roll
         };
@@ -475,6 +561,22 @@ impl Committer {
         self.journal_at_capture = self.journal.bytes_since_start();
         self.flusher.journal_restarted();
         true
+    }
+
+    /// A capture that found the disk full (its cursor round or its roll)
+    /// is put off like a checkpoint that did: it counts as attempted (a
+    /// caller of `Engine::checkpoint` gets `Ok`) and is asked for again a
+    /// second later.
+    fn capture_put_off(&mut self, e: &Error) {
+        self.note_no_space(e);
+        self.capture_wanted = false;
+        let co = &self.shared.ckpt;
+        let mut st = co.status.lock();
+        st.attempted_through = st.attempted_through.max(self.completed_round);
+        st.wanted = true;
+        st.wanted_at = Some(Instant::now() + CAPTURE_RETRY_AFTER_NO_SPACE);
+        drop(st);
+        co.cv.notify_all();
     }
 
     /// The clean shutdown's checkpoint: waits for the checkpointer to be
@@ -580,7 +682,7 @@ impl Committer {
     fn next_work(&mut self) -> Work {
         let mut p = self.shared.pending.lock();
         loop {
-            if !p.ops.is_empty() || p.flush_cursors || p.checkpoint {
+            if !p.ops.is_empty() || !p.replicated.is_empty() || p.flush_cursors || p.checkpoint {
                 break;
             }
             if p.shutdown {
@@ -599,6 +701,7 @@ impl Committer {
         std::mem::swap(&mut p.buf, &mut self.round_buf);
         p.buf.clear();
         let ops = std::mem::take(&mut p.ops);
+        let replicated = std::mem::take(&mut p.replicated);
         let flush_cursors = std::mem::take(&mut p.flush_cursors);
         let checkpoint = std::mem::take(&mut p.checkpoint);
         let round = p.round;
@@ -608,6 +711,7 @@ impl Committer {
         self.shared.pending_cv.notify_all();
         Work::Round {
             ops,
+            replicated,
             round,
             flush_cursors,
             checkpoint,
@@ -701,16 +805,23 @@ impl Committer {
     /// Returns whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
+        // A frame held back by a full disk goes first, as it was built:
+        // the cursors moved since go into a frame of their own, so every
+        // frame's entries stay in group id order (storage.md section 5).
+        // Nothing is taken from the table before it is written, so a
+        // failure here loses no dirty mark.
+        let held_written = self.cursor_buf_unwritten;
+        if held_written {
+            self.append_cursor_frame()?;
+        }
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         self.shared
             .cursors
             .take_dirty(|user, slot, cursor| by_slot.entry(slot).or_default().push((user, cursor)));
-        if by_slot.is_empty() && !self.cursor_buf_unwritten {
-            return Ok(false);
+        if by_slot.is_empty() {
+            return Ok(held_written);
         }
-        if !self.cursor_buf_unwritten {
-            self.cursor_frame.clear();
-        }
+        self.cursor_frame.clear();
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
         // A frame's entries are in group id order (format-spec/storage.md
@@ -731,19 +842,27 @@ impl Committer {
         }
         if self.cursor_frame.entry_count() == 0 {
             // Every moved cursor's group is gone.
-            self.cursor_buf_unwritten = false;
-            return Ok(false);
+            return Ok(held_written);
         }
-        // Replay raises cursors with max(), so entries written twice or out
-        // of order are harmless.
+        // Held until written: the rows were taken from the table, and a
+        // write that finds the disk full is retried with this frame.
         self.cursor_buf_unwritten = true;
+        self.append_cursor_frame()?;
+        Ok(true)
+    }
+
+    /// Appends the cursor frame (built, or held back by a full disk) and
+    /// marks it written. Replay raises cursors with max(), so a frame
+    /// written after newer ones is harmless.
+    fn append_cursor_frame(&mut self) -> Result<()> {
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
+        self.note_round_written(&written);
         self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_frame.len() as u64;
-        Ok(true)
+        Ok(())
     }
 
     fn commit_round(&mut self, ops: &[Op], flush_cursors: bool) -> Result<()> {
@@ -752,7 +871,6 @@ impl Committer {
                 reason: "an earlier round failed".into(),
             });
         }
-        self.appended.clear();
         build_frame(
             &self.round_buf,
             ops,
@@ -854,6 +972,7 @@ impl Committer {
         let mut lsn = 0;
         if self.frame.entry_count() > 0 {
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
+            self.note_round_written(&written);
             self.note_written(written, self.frame.len());
             self.unsynced_bytes += self.frame.len() as u64;
             lsn = written.lsn;
@@ -926,6 +1045,123 @@ impl Committer {
                 apply::frame_done(&st, &op.group, lsn);
             }
             *next += 1;
+        }
+        Ok(())
+    }
+
+    /// Where a Round frame went, for `read_rounds` (journal/rounds.rs).
+    fn note_round_written(&self, w: &crate::journal::FrameWritten) {
+        self.shared.ctx.rounds.record(w.seq, w.offset, w.round);
+    }
+
+    /// Writes and applies rounds another node wrote (`replicate.rs`, which
+    /// checked each payload and already counted its records in the send
+    /// states of their groups), in queue order: each payload unchanged in
+    /// this node's envelope, synced per the fsync policy like a local
+    /// round, then applied through `apply` (`Mode::Replicated`). A full
+    /// disk holds the round and retries, as for a local round. Any other
+    /// failure stops writes, also a payload whose round a frame of this
+    /// node took meanwhile (local writes while following, which issue 16's
+    /// roles refuse): its records are counted in the send states, so
+    /// going on would give their ids out twice.
+    fn commit_replicated(&mut self, rounds: &[ReplicatedRound]) -> Result<()> {
+        for r in rounds {
+            if self.failed() {
+                return Err(Error::WritesStopped {
+                    reason: "an earlier round failed".into(),
+                });
+            }
+            self.frame.load_payload(&r.payload);
+            let mut result = self.write_replicated(r.round_index);
+            while let Err(e @ Error::NoSpace { .. }) = &result {
+                if !self.hold_for_space(e) {
+                    break;
+                }
+                result = self.write_replicated(r.round_index);
+            }
+            self.end_hold();
+            let lsn = match result {
+                Err(e @ Error::RoundOutOfOrder { .. }) => {
+                    return Err(Error::WritesStopped {
+                        reason: format!("{e}: this node wrote rounds of its own meanwhile"),
+                    })
+                }
+                other => other?,
+            };
+            let mut next = 0;
+            let mut result = self.apply_replicated(&r.payload, lsn, &mut next);
+            while let Err(e @ Error::NoSpace { .. }) = &result {
+                if !self.hold_for_space(e) {
+                    break;
+                }
+                result = self.apply_replicated(&r.payload, lsn, &mut next);
+            }
+            self.end_hold();
+            result?;
+            self.note_writes_resumed();
+            r.reply.set(Ok(r.round_index));
+        }
+        Ok(())
+    }
+
+    /// Writes the replicated payload loaded in `self.frame` as round
+    /// `round`, synced per the policy; returns its lsn.
+    fn write_replicated(&mut self, round: u64) -> Result<u64> {
+        let written = self.journal.append_replicated(&mut self.frame, round)?;
+        self.note_round_written(&written);
+        self.note_written(written, self.frame.len());
+        self.unsynced_bytes += self.frame.len() as u64;
+        let sync_now = match self.config().fsync {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Interval(period) => self.last_sync.elapsed() >= period,
+            FsyncPolicy::Never => false,
+        };
+        if sync_now {
+            self.sync_journal()?;
+        }
+        Ok(written.lsn)
+    }
+
+    /// Applies the entries of a replicated payload (frame `lsn`) from the
+    /// `*next`-th on; resumable like [`Committer::apply`]. Each entry's
+    /// group is looked up by id, as in replay: the payload was checked
+    /// against the registry before it was queued.
+    fn apply_replicated(&mut self, payload: &[u8], lsn: u64, next: &mut usize) -> Result<()> {
+        let st = apply::State {
+            ctx: &self.shared.ctx,
+            catalog: &self.shared.catalog,
+            cursors: &self.shared.cursors,
+        };
+        let entries = crate::journal::EntryIter::new(
+            &payload[crate::journal::frame::PAYLOAD_HEADER_BYTES..],
+            FrameKind::Round,
+        );
+        let mut entries = entries.skip(*next).peekable();
+        while let Some(entry) = entries.next() {
+            let group = self.shared.catalog.read().get(entry.group_id).cloned();
+            if matches!(entry.kind, EntryKind::CreateGroup | EntryKind::Records) {
+                // Listed for the idle sweep, as a local create or send does.
+                self.shared.dedup.touch_used(entry.group_id);
+            }
+            let applied = apply::entry(&st, &entry, group.as_ref(), apply::Mode::Replicated, lsn)?;
+            if let apply::Applied::Records(done) = applied {
+                if let Some((first, last)) = done.held {
+                    self.appended.push(GroupAppend {
+                        group: entry.group_id,
+                        first,
+                        last,
+                    });
+                }
+            }
+            *next += 1;
+            // After a group's last entry of the frame: its record now
+            // reflects the frame (as for a local round).
+            let last_of_group = entries.peek().is_none_or(|e| e.group_id != entry.group_id);
+            if last_of_group {
+                if let Some(g) = self.shared.catalog.read().get(entry.group_id).cloned() {
+                    apply::frame_done(&st, &g, lsn);
+                }
+            }
         }
         Ok(())
     }

@@ -186,6 +186,7 @@ impl Engine {
             listeners: Mutex::new(Vec::new()),
             dedup: DedupBudget::new(),
             ckpt: Default::default(),
+            replicating: Mutex::new(()),
         });
         let flusher = crate::flusher::Flusher::start(
             shared.ctx.vfs.clone(),
@@ -416,7 +417,7 @@ impl Engine {
     /// Locks the pending round. When `full_matters`, a full round makes the
     /// caller wait for the commit thread to take it (`wait`) or fail with
     /// `Overloaded`.
-    fn lock_pending(
+    pub(crate) fn lock_pending(
         &self,
         wait: bool,
         full_matters: bool,
@@ -584,7 +585,7 @@ impl Engine {
     /// round: a rebuild would not find them in the log yet). Called with no
     /// lock held. Costs the windows it looks at; each dropped one costs its
     /// group one rebuild, exactly as after a restart.
-    fn fit_dedup_budget(&self, current: u64) {
+    pub(crate) fn fit_dedup_budget(&self, current: u64) {
         let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
         if budget.entries() <= max {

@@ -74,6 +74,22 @@ pub enum Error {
     BelowRetentionFloor { group: u64, earliest: u64 },
     /// A membership limit (`members_per_group_max`, `groups_per_user_max`).
     LimitExceeded { what: &'static str, max: usize },
+    /// Replication (`Engine::read_rounds`): the round is no longer in the
+    /// retained journal (a checkpoint deleted its file, or a power cut
+    /// under fsync `interval`/`never` lost it); `first` is the oldest
+    /// round retained. A follower that needs it needs a snapshot.
+    RoundCompacted { round: u64, first: u64 },
+    /// Replication (`Engine::read_rounds`): the round was not written yet;
+    /// `last` is the newest round written.
+    RoundNotWritten { round: u64, last: u64 },
+    /// Replication (`Engine::append_replicated`): the payload's round is
+    /// not the one after this node's last round (`expected`): a gap or a
+    /// round this node holds already. Nothing was written.
+    RoundOutOfOrder { round: u64, expected: u64 },
+    /// Replication (`Engine::append_replicated`): the payload is not a
+    /// valid round for this node's state (checksum, structure, or entries
+    /// that do not continue its groups). Nothing was written.
+    InvalidRound { reason: String },
     /// The data directory holds storage format `found`, which this build
     /// does not read (it reads `supported` only); nothing was written to
     /// it. `detail` names what was seen (format 1: the files and their
@@ -176,6 +192,21 @@ impl fmt::Display for Error {
                 write!(f, "group {group} no longer stores those messages; the earliest stored msg_id is {earliest}")
             }
             Error::LimitExceeded { what, max } => write!(f, "limit {what} = {max} reached"),
+            Error::RoundCompacted { round, first } => write!(
+                f,
+                "round {round} is no longer in the journal (the oldest retained is {first})"
+            ),
+            Error::RoundNotWritten { round, last } => {
+                write!(f, "round {round} was not written yet (the last is {last})")
+            }
+            Error::RoundOutOfOrder { round, expected } => write!(
+                f,
+                "replicated round {round} does not follow this node's journal (round {expected} \
+                 was expected); nothing was written"
+            ),
+            Error::InvalidRound { reason } => {
+                write!(f, "invalid replicated round, nothing was written: {reason}")
+            }
             Error::UnsupportedFormat {
                 path,
                 found,

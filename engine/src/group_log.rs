@@ -25,6 +25,10 @@ pub struct LogContext {
     pub cache: SegmentCache,
     /// What changed since the last checkpoint capture.
     pub dirty: crate::dirty::DirtyList,
+    /// Where the retained journal's rounds lie (replication): kept here
+    /// because recovery, the commit thread and the checkpoint that
+    /// deletes journal files all update it.
+    pub rounds: crate::journal::rounds::RoundIndex,
 }
 
 impl LogContext {
@@ -35,6 +39,7 @@ impl LogContext {
             config,
             cache,
             dirty: Default::default(),
+            rounds: Default::default(),
         }
     }
 

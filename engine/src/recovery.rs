@@ -319,7 +319,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             later: &files[i + 1..],
             replay_lsn,
         };
-        let outcome = replay.file(path, header_durable(*seq))?;
+        let outcome = replay.file(*seq, path, header_durable(*seq))?;
         if let Some((lsn, round)) = outcome.next {
             next_numbers = (next_numbers.0.max(lsn), next_numbers.1.max(round));
         }
@@ -402,6 +402,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         lsn: next_numbers.0,
         round: next_numbers.1,
     };
+    ctx.rounds.continue_at(next.round);
     let journal = Journal::create(
         ctx.vfs.clone(),
         &jdir,
@@ -729,7 +730,7 @@ impl Replay<'_> {
     /// `header_durable`: the file's header was made durable before anything
     /// relied on the file (section 11, step 4), so a file without a valid
     /// header is refused rather than taken for a crash during its creation.
-    fn file(&mut self, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+    fn file(&mut self, seq: u64, path: &Path, header_durable: bool) -> Result<FileOutcome> {
         let damaged_header = |reason: &str| Error::Corrupt {
             path: path.to_owned(),
             group: None,
@@ -771,6 +772,13 @@ impl Replay<'_> {
         let header = match journal::decode_header_of(&map) {
             Ok(h) => h,
             Err(reason) if header_durable => return Err(damaged_header(&reason)),
+            // A file longer than its header holds frames, and the writer
+            // writes the first frame only after the header and the file's
+            // directory entry are synced (`Journal::create`): the header
+            // was durable, so this is damage, whichever file it is.
+            Err(reason) if map.len() > JOURNAL_HEADER_BYTES => {
+                return Err(damaged_header_with_frames(path, &reason))
+            }
             // A crash while creating the file: nothing in it was acknowledged.
             Err(reason) => {
                 return Ok(FileOutcome {
@@ -793,6 +801,10 @@ impl Replay<'_> {
             let mut it = FrameIter::new(&map, pos, header.mark_key, lsn, round);
             for f in it.by_ref() {
                 outcome.frames += 1;
+                if f.envelope.kind == FrameKind::Round {
+                    let round = frame::payload_header(f.payload).map_or(0, |h| h.round_index);
+                    self.st.ctx.rounds.record(seq, f.offset as u64, round);
+                }
                 if f.envelope.lsn >= self.replay_lsn {
                     outcome.replayed += 1;
                     self.frame_entries(f.entries(), f.envelope.lsn)?;
@@ -832,6 +844,11 @@ impl Replay<'_> {
                     }
                     self.report.journal_records_repaired += r.records_restored;
                     outcome.frames += 1;
+                    if r.kind == FrameKind::Round {
+                        // Its bytes in the file stay damaged: a read of
+                        // the round reports it (`Corrupt`).
+                        self.st.ctx.rounds.record(seq, bad as u64, round);
+                    }
                     if lsn >= self.replay_lsn {
                         outcome.replayed += 1;
                         let entries = EntryIter::new(&r.payload[PAYLOAD_HEADER_BYTES..], r.kind);
@@ -1057,6 +1074,26 @@ impl Replay<'_> {
             apply::Applied::Op(_) => {}
         }
         Ok(())
+    }
+}
+
+/// A journal file that holds frames (it is longer than a header) but whose
+/// header is invalid: its header was synced before its first frame was
+/// written, so the header is damaged, and the frames cannot be trusted to
+/// be read (their `mark_key` and numbering are in it).
+fn damaged_header_with_frames(path: &Path, reason: &str) -> Error {
+    Error::Corrupt {
+        path: path.to_owned(),
+        group: None,
+        offset: 0,
+        reason: format!(
+            "{reason}. The file is longer than its header, so it holds frames, and the \
+             writer syncs a journal file's header (and its directory entry) before it writes \
+             the first frame: this is damage to a durable header, not a crash while the file \
+             was created. Its frames (acknowledged messages, joins, cursors) cannot be read. \
+             The data directory was not opened, so nothing was dropped: restore the data \
+             directory (or this file) from a backup"
+        ),
     }
 }
 
