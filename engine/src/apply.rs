@@ -25,7 +25,8 @@
 //! accepted, and no limit is checked again (recovery.rs).
 //!
 //! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
-//! (O(members of the group) and the removal of its files).
+//! (O(members of the group) and one rename of its directory) and
+//! CreateGroup (a mkdir and a file of its first segment).
 
 use std::sync::Arc;
 
@@ -107,7 +108,7 @@ pub(crate) fn entry(
         return Ok(Applied::Op(Ok(0)));
     }
     if kind == EntryKind::CreateGroup {
-        create_group(st, entry.group_id, group, mode);
+        create_group(st, entry.group_id, group, mode)?;
         return Ok(Applied::Op(Ok(0)));
     }
     let Some(group) = group else {
@@ -121,7 +122,7 @@ pub(crate) fn entry(
             return records(st, group, entry.body, mode).map(Applied::Records);
         }
         EntryKind::DeleteGroup => {
-            delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
+            delete_group(st, group)?;
             Ok(0)
         }
         EntryKind::Join => match body::decode_join(entry.body) {
@@ -150,21 +151,29 @@ pub(crate) fn entry(
     Ok(Applied::Op(outcome))
 }
 
-/// CreateGroup. Live, the group is registered already: `submit_create_group`
-/// created its files and registered it on the caller's thread, so appends
-/// may follow at once. In replay it is created here unless registered,
-/// as `submit_create_group` does (a directory left at its path is removed
-/// first); if that fails the group is registered as damaged.
-fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
+/// CreateGroup. Live, the group is registered already
+/// (`submit_create_group` registered it in memory, so appends may follow at
+/// once); its files are made here, on the commit thread, with no lock
+/// held: an error stops writes like a failed group-log write (a full disk
+/// holds the round, and this runs again). In replay the group is created
+/// here unless registered, files included; if making them fails the group
+/// is registered as damaged. A registered group is left as it is.
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) -> Result<()> {
     if group.is_some() {
-        return;
+        // Replay meets a creation the checkpoint (or an earlier entry)
+        // already holds: nothing to do.
+        return match mode {
+            Mode::Live => GroupLog::create_files(st.ctx, id),
+            Mode::Replay => Ok(()),
+        };
     }
     debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
-    let slot = match GroupLog::create(st.ctx, id) {
-        Ok(log) => LogSlot::Loaded(log),
+    let slot = match GroupLog::create_files(st.ctx, id) {
+        Ok(()) => LogSlot::Loaded(GroupLog::empty(st.ctx, id)),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
     st.catalog.write().insert(id, slot);
+    Ok(())
 }
 
 /// Appends `run` (whole records of `group`, ids ascending) to the group's
@@ -338,30 +347,28 @@ pub(crate) fn leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u
     Ok(cursor)
 }
 
-/// DeleteGroup: the group's memberships, its registry entry, its files.
-pub(crate) fn delete_group(
-    ctx: &LogContext,
-    catalog: &mut Catalog,
-    cursors: &CursorTable,
-    id: u64,
-) -> Result<()> {
-    let Some(group) = catalog.get(id).cloned() else {
-        return Ok(());
-    };
-    remove_all_members(cursors, &group);
-    catalog.remove(id);
-    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if let LogSlot::Loaded(log) = &old {
-        log.remove_files(ctx)?;
-    } else {
-        let dir = ctx.group_dir(id);
-        if ctx.vfs.exists(&dir) {
-            ctx.vfs
-                .remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+/// DeleteGroup: the group's memberships and registry entry (memory, under
+/// the registry lock), then its files: moved to the trash with one rename,
+/// outside every lock (the maintenance worker removes them, see
+/// `trash.rs`). Repeatable: live, a round a full disk held applies it again
+/// (the group is then unregistered already, and only the move is redone).
+pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
+    let id = group.id;
+    {
+        let mut catalog = st.catalog.write();
+        if catalog.get(id).is_some_and(|g| Arc::ptr_eq(g, group)) {
+            remove_all_members(st.cursors, group);
+            catalog.remove(id);
         }
     }
-    Ok(())
+    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if let Some(state) = old.state() {
+        for (base, _) in state.segments {
+            st.ctx.cache.forget(id, base);
+        }
+    }
+    drop(old);
+    st.ctx.trash.put(&*st.ctx.vfs, id, &st.ctx.group_dir(id))
 }
 
 /// Removes every membership of a group being deleted.

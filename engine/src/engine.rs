@@ -12,15 +12,16 @@ use parking_lot::{Condvar, Mutex, RwLock};
 pub use crate::commit::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
-use crate::dedup::{DedupBudget, DedupWindow, WindowLimits};
+use crate::dedup::{DedupBudget, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{GroupLog, LogContext, ReadBatch};
+use crate::group_log::{GroupLog, LogContext, ReadBatch, Scan};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
 use crate::now_ms;
 use crate::record::NewRecord;
 use crate::recovery::{self, RecoveryReport};
+use crate::worker::Worker;
 
 /// The outcome of an accepted append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,12 +106,17 @@ pub struct EngineStats {
     pub dedup_entries: u64,
     /// Dedup windows dropped from memory for `dedup_entries_total_max`.
     pub dedup_windows_dropped: u64,
+    /// Group logs loaded (verified) by the maintenance worker since open:
+    /// first uses of groups recovery left unloaded.
+    pub group_loads: u64,
 }
 
 /// A tidemark storage engine over one data directory.
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
+    /// The maintenance worker (`worker.rs`, `ready.rs`).
+    worker_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
 }
@@ -163,12 +169,23 @@ impl Engine {
             counters: Counters::default(),
             listeners: Mutex::new(Vec::new()),
             dedup: DedupBudget::new(),
+            worker: Worker::new(),
+            ready_failures: Mutex::new(Default::default()),
         });
         let thread_shared = shared.clone();
         let commit_thread = std::thread::Builder::new()
             .name("tidemark-commit".into())
             .spawn(move || crate::commit::run(thread_shared, journal))
             .map_err(|e| Error::io("spawn commit thread", e))?;
+        let worker_thread = match crate::ready::start_worker(&shared) {
+            Ok(handle) => handle,
+            Err(e) => {
+                shared.pending.lock().shutdown = true;
+                shared.pending_cv.notify_all();
+                let _ = commit_thread.join();
+                return Err(e);
+            }
+        };
         log::info!(
             "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}, \
              groups verified {}, not yet verified {}, damaged {}",
@@ -183,6 +200,7 @@ impl Engine {
         Ok(Engine {
             shared,
             commit_thread: Some(commit_thread),
+            worker_thread: Some(worker_thread),
             recovery: report,
             _lock: lock,
         })
@@ -256,8 +274,10 @@ impl Engine {
         self.wait_op(ticket).map(|_| ())
     }
 
-    /// Creates the group's files and registers it; durable once the ticket's
-    /// round completes. Appends may follow at once.
+    /// Registers the group (memory only: no file-system call here, and
+    /// none under the registry lock) and queues its creation; durable once
+    /// the ticket's round completes, and its files are made by the commit
+    /// thread when it applies that round. Appends may follow at once.
     pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let mut catalog = self.shared.catalog.write();
@@ -271,7 +291,7 @@ impl Engine {
                 max,
             });
         }
-        let log = GroupLog::create(&self.shared.ctx, group_id)?;
+        let log = GroupLog::empty(&self.shared.ctx, group_id);
         let group = catalog.insert(group_id, LogSlot::Loaded(log));
         {
             let mut assign = group.assign.lock();
@@ -439,14 +459,19 @@ impl Engine {
     }
 
     /// Assigns the next id of the group (or finds the original of a
-    /// retransmit) and queues the record; does not wait. The append is
-    /// acknowledged once [`Engine::wait`] or [`Engine::poll`] says so.
+    /// retransmit) and queues the record; does not wait for the round. The
+    /// append is acknowledged once [`Engine::wait`] or [`Engine::poll`]
+    /// says so. Waits while the pending round is full, and for the group's
+    /// first load and dedup window after open.
     pub fn submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
-        self.submit_inner(req, true)
+        self.blocking(|| self.submit_inner(req, true))
     }
 
-    /// Like [`Engine::submit`], but never waits: when the pending round is
-    /// full it fails with `Overloaded` (for an event loop that must not block).
+    /// Like [`Engine::submit`], but never waits (for an event loop that
+    /// must not block): when the pending round is full it fails with
+    /// `Overloaded`, and when the group's send path needs the disk first
+    /// (its first send after open: load and dedup window) with `NotReady`,
+    /// the maintenance worker doing that meanwhile.
     pub fn try_submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
         self.submit_inner(req, false)
     }
@@ -455,7 +480,7 @@ impl Engine {
         self.check_request(req)?;
         let group = self.group(req.group_id)?;
         let mut assign = group.assign.lock();
-        self.ready_to_assign(&group, &mut assign)?;
+        self.ready_to_assign(&group, &assign)?;
         if let Some(dup) = self.duplicate_of(&assign, req) {
             drop(assign);
             // The window may just have been rebuilt.
@@ -475,6 +500,12 @@ impl Engine {
     /// locked (in id order, so batches never deadlock), then the round once.
     /// One thread fills a whole commit round this way.
     pub fn submit_batch(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
+        self.blocking(|| self.submit_batch_once(requests))
+    }
+
+    /// One try of [`Engine::submit_batch`]: `NotReady` (nothing assigned)
+    /// if a group's send path is not ready.
+    fn submit_batch_once(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
         for req in requests {
             self.check_request(req)?;
         }
@@ -486,7 +517,7 @@ impl Engine {
             .map(|&g| self.group(g))
             .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
-        for (group, assign) in groups.iter().zip(assigns.iter_mut()) {
+        for (group, assign) in groups.iter().zip(assigns.iter()) {
             self.ready_to_assign(group, assign)?;
         }
         let mut p = self.lock_pending(true, true)?;
@@ -522,32 +553,17 @@ impl Engine {
         self.check_writable()
     }
 
-    fn ready_to_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
+    /// Checks that an id can be assigned in the group now: `NotReady` (the
+    /// worker is asked to load the log and rebuild the dedup window) when
+    /// the group's send path is not ready. The caller holds `assign`.
+    fn ready_to_assign(&self, group: &Arc<Group>, assign: &AssignState) -> Result<()> {
         if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group.id });
         }
-        if !assign.ready {
-            self.init_assign(group, assign)?;
-        } else if !assign.dedup_loaded {
-            self.reload_dedup(group, assign)?;
+        if !(assign.ready && assign.dedup_loaded) {
+            return Err(self.assign_not_ready(group));
         }
         self.shared.dedup.touch(group.id);
-        Ok(())
-    }
-
-    /// Rebuilds a window that left memory for the dedup budget, from the
-    /// log, as after a restart. Every record assigned before the window left
-    /// had reached the log (see `fit_dedup_budget`), and none was assigned
-    /// since, so the log's head is `assign.last_id`.
-    fn reload_dedup(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
-        let ctx = &self.shared.ctx;
-        let limits = WindowLimits::from_config(&ctx.config);
-        let window = self.with_log(group, |log| {
-            DedupWindow::rebuild(log, ctx, now_ms(), limits)
-        })?;
-        self.shared.dedup.resized(0, window.len());
-        assign.dedup = window;
-        assign.dedup_loaded = true;
         Ok(())
     }
 
@@ -677,34 +693,6 @@ impl Engine {
         }
     }
 
-    /// First send to a group since open: load its log, rebuild the window.
-    pub(crate) fn init_assign(&self, group: &Group, assign: &mut AssignState) -> Result<()> {
-        let ctx = &self.shared.ctx;
-        let limits = WindowLimits::from_config(&ctx.config);
-        // The assigned head starts at the applied one: no record of the
-        // group is queued before its assign state is ready (the caller
-        // holds `assign`).
-        let (head, ts, dedup) = self.with_log(group, |log| {
-            let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
-            Ok((log.head(), log.last_timestamp_ms(), dedup))
-        })?;
-        let before = if assign.dedup_loaded {
-            assign.dedup.len()
-        } else {
-            0
-        };
-        self.shared.dedup.resized(before, dedup.len());
-        *assign = AssignState {
-            ready: true,
-            last_id: head,
-            last_timestamp_ms: ts,
-            last_round: 0,
-            dedup,
-            dedup_loaded: true,
-        };
-        Ok(())
-    }
-
     /// Waits until the ticket's round is durable (or failed).
     pub fn wait(&self, ticket: Ticket) -> Result<Appended> {
         self.wait_round(ticket.round)?;
@@ -757,39 +745,22 @@ impl Engine {
         round_outcome(&p, ticket.round).map(|r| r.map(|()| ticket.appended))
     }
 
-    /// Runs `f` on the group's loaded log, loading (and verifying) it first
-    /// if needed.
-    pub(crate) fn with_log<R>(
-        &self,
-        group: &Group,
-        f: impl FnOnce(&GroupLog) -> Result<R>,
-    ) -> Result<R> {
-        if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
-            if load.bytes_cut > 0 {
-                log::warn!(
-                    "group {}: cut {} bytes written after the last checkpoint",
-                    group.id,
-                    load.bytes_cut
-                );
-            }
-        }
-        let slot = group.log.read();
-        group.debug_check_head(&slot);
-        match &*slot {
-            LogSlot::Loaded(log) => f(log),
-            LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
-                group: group.id,
-                reason: reason.clone(),
-            }),
-            LogSlot::Deleted => Err(Error::GroupNotFound { group: group.id }),
-            LogSlot::Unloaded(_) => unreachable!("ensure_loaded leaves no group unloaded"),
-        }
-    }
-
     /// Records above `after_msg_id`, in id order, as borrowed segment bytes:
     /// at most `max_count` records and `max_bytes` bytes, but always at least
     /// one record if any exists.
     pub fn read(
+        &self,
+        group_id: u64,
+        after_msg_id: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<ReadBatch> {
+        self.blocking(|| self.try_read(group_id, after_msg_id, max_count, max_bytes))
+    }
+
+    /// [`Engine::read`] that never waits for the disk: `NotReady` when the
+    /// group's log or a sealed segment's index must be read first.
+    pub fn try_read(
         &self,
         group_id: u64,
         after_msg_id: u64,
@@ -804,7 +775,13 @@ impl Engine {
             });
         }
         self.with_log(&group, |log| {
-            log.read(&self.shared.ctx, after_msg_id, max_count, max_bytes)
+            log.read_with(
+                &self.shared.ctx,
+                Scan::Refused,
+                after_msg_id,
+                max_count,
+                max_bytes,
+            )
         })
     }
 
@@ -835,6 +812,7 @@ impl Engine {
             open_segments: self.shared.ctx.cache.len() as u64,
             dedup_entries: self.shared.dedup.entries() as u64,
             dedup_windows_dropped: self.shared.dedup.dropped(),
+            group_loads: c.group_loads.load(Ordering::Relaxed),
         }
     }
 
@@ -876,6 +854,12 @@ impl Engine {
         self.shared.pending.lock().shutdown = true;
         self.shared.pending_cv.notify_all();
         let _ = handle.join();
+        // After the commit thread: its last rounds may queue trash
+        // removals, which the worker drops (the next open sweeps the trash).
+        self.shared.worker.stop();
+        if let Some(worker) = self.worker_thread.take() {
+            let _ = worker.join();
+        }
         match &self.shared.progress.lock().failed {
             Some((_, reason)) => Err(Error::WritesStopped {
                 reason: reason.clone(),

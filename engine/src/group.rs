@@ -146,19 +146,40 @@ impl Group {
         );
     }
 
+    // --- loading (the maintenance worker, recovery) -------------------
+
     /// Loads the group's log if it is still as its recorded state left it
     /// (first use after open, or replay meeting the group). Returns what
     /// loading found, `None` if it was loaded already or was found damaged
     /// (then the slot says why).
+    ///
+    /// The verifying scan runs with no lock held (requests to the group
+    /// take `log` and must not wait for the disk; neither may a checkpoint,
+    /// which takes every group's `log`). The result is installed under
+    /// `log` only if the slot is still the one scanned: a deletion
+    /// meanwhile discards it. Cutting a torn tail is the one write, done at
+    /// install under `log` for that reason (a deleted group's id may be
+    /// reused by a new group at the same path).
+    ///
+    /// At run time only the maintenance worker calls this (one thread, so
+    /// two loads of a group never overlap); recovery calls it before the
+    /// worker starts.
     pub fn load_if_unloaded(&self, ctx: &LogContext) -> Option<LoadReport> {
-        if !matches!(&*self.log.read(), LogSlot::Unloaded(_)) {
+        let state = match &*self.log.read() {
+            LogSlot::Unloaded(state) => state.clone(),
+            _ => return None,
+        };
+        let loaded = GroupLog::load(ctx, self.id, &state);
+        let mut slot = self.log.write();
+        if !matches!(&*slot, LogSlot::Unloaded(s) if *s == state) {
+            // Deleted meanwhile: nothing is installed.
             return None;
         }
-        let mut slot = self.log.write();
-        let LogSlot::Unloaded(state) = &*slot else {
-            return None; // another thread loaded it meanwhile
-        };
-        match GroupLog::load(ctx, self.id, state) {
+        let loaded = loaded.and_then(|(log, load)| {
+            log.cut_tails(ctx, &load.cuts)?;
+            Ok((log, load))
+        });
+        match loaded {
             Ok((log, load)) => {
                 // Loading keeps the recorded head or finds records past it.
                 self.publish_head(&log);
@@ -167,7 +188,6 @@ impl Group {
             }
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
-                let state = state.clone();
                 *slot = LogSlot::Damaged {
                     state,
                     reason: e.to_string(),
