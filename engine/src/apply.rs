@@ -1,9 +1,12 @@
 //! Applying a journal entry to the in-memory state: the group registry, the
 //! cursor table and member lists, and the group logs. The commit thread
-//! applies each round here once it is in the journal; recovery's replay
-//! applies each valid journal entry here. One applier, so live and replay
-//! cannot drift apart on what an entry means (raft-engine's
-//! `MemTableAccessor` is the model).
+//! applies each round's frame here once it is in the journal; recovery's
+//! replay applies each valid frame's entries here, in the same (frame)
+//! order. One applier, so live and replay cannot drift apart on what an
+//! entry means (raft-engine's `MemTableAccessor` is the model). Every entry
+//! comes with the `lsn` of its frame (format-spec/storage.md section 5),
+//! which names the frame in damage reports and is what a later step's
+//! per-group `applied_lsn` gates replay on.
 //!
 //! What differs between the two is real, and is [`Mode`]:
 //! - a failed group-log write stops every write live (there is no way to
@@ -17,10 +20,9 @@
 //! Everything else is the same in both: a record the log already holds is
 //! skipped (replay after a crash; live, the retry of a round a full disk
 //! stopped part-way), a join is checked against the membership limits (so
-//! a join refused live is refused again by replay, never resurrected; the
-//! commit thread applies a round group by group, replay in journal order,
-//! see storage.md section 16, item 1), a cursor is never set above its
-//! group's head. Restoring a
+//! a join refused live is refused again by replay, never resurrected: both
+//! apply a frame's entries in frame order, which groups them by group id),
+//! a cursor is never set above its group's head. Restoring a
 //! checkpoint's memberships is not an apply: the snapshot holds what was
 //! accepted, and no limit is checked again (recovery.rs).
 //!
@@ -61,12 +63,12 @@ pub(crate) struct State<'a> {
 /// What applying one entry did.
 #[derive(Debug)]
 pub(crate) enum Applied {
-    /// A group or membership operation (and Cursors, SyncMark): its value
+    /// A group or membership operation (and Cursors): its value
     /// (a join's cursor, otherwise 0) or why it was refused (a limit, a
     /// leave of a non-member, a malformed body). Live, that is the caller's
     /// answer; replay ignores it.
     Op(Result<u64>),
-    /// A Record entry (or a run of them).
+    /// A Records entry.
     Records(RecordsApplied),
     /// The entry names a group that is not registered: one deleted later
     /// in the journal (replay only).
@@ -88,9 +90,10 @@ pub(crate) struct RecordsApplied {
     pub held: Option<(u64, u64)>,
 }
 
-/// Applies one journal entry. `group` is the registered group the entry
-/// names (`None` if none is): the commit thread passes the group the
-/// entry was queued for, replay looks the id up in the registry.
+/// Applies one journal entry of the frame numbered `lsn`. `group` is the
+/// registered group the entry names (`None` if none is): the commit thread
+/// passes the group the entry was queued for, replay looks the id up in
+/// the registry.
 ///
 /// An `Err` is an operating error that stops the caller: live, writes stop
 /// (or, for a full disk, the round is held and applied again); in replay,
@@ -100,13 +103,9 @@ pub(crate) fn entry(
     entry: &Entry<'_>,
     group: Option<&Arc<Group>>,
     mode: Mode,
+    lsn: u64,
 ) -> Result<Applied> {
     let kind = entry.kind;
-    if kind == EntryKind::SyncMark {
-        // Written by the journal itself (never queued); replay reads marks
-        // only when it meets a bad entry. Names no group.
-        return Ok(Applied::Op(Ok(0)));
-    }
     if kind == EntryKind::CreateGroup {
         create_group(st, entry.group_id, group, mode)?;
         return Ok(Applied::Op(Ok(0)));
@@ -118,8 +117,8 @@ pub(crate) fn entry(
         reason: format!("malformed {what} entry"),
     };
     let outcome = match kind {
-        EntryKind::Record => {
-            return records(st, group, entry.body, mode).map(Applied::Records);
+        EntryKind::Records => {
+            return records(st, group, entry.body, mode, lsn).map(Applied::Records);
         }
         EntryKind::DeleteGroup => {
             delete_group(st, group)?;
@@ -135,7 +134,7 @@ pub(crate) fn entry(
         },
         EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
             Some(r) => {
-                *group.retention.lock() = r;
+                group.set_retention(r);
                 Ok(0)
             }
             None => Err(malformed("retention")),
@@ -146,7 +145,7 @@ pub(crate) fn entry(
             restore_cursors(st.cursors, group, entry.body);
             Ok(0)
         }
-        EntryKind::CreateGroup | EntryKind::SyncMark => Ok(0),
+        EntryKind::CreateGroup => Ok(0),
     };
     Ok(Applied::Op(outcome))
 }
@@ -169,21 +168,23 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
     }
     debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
     let slot = match GroupLog::create_files(st.ctx, id) {
-        Ok(()) => LogSlot::Loaded(GroupLog::empty(st.ctx, id)),
+        Ok(()) => LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, id))),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
     st.catalog.write().insert(id, slot);
     Ok(())
 }
 
-/// Appends `run` (whole records of `group`, ids ascending) to the group's
-/// log, skipping those it already holds. In replay the run is one entry's
-/// body and must be exactly one valid record, else the group is damaged.
+/// Appends `run` (a Records body: whole records of `group`, consecutive
+/// ids) of the frame numbered `lsn` to the group's log, skipping those it
+/// already holds. In replay the body is checked first: it must be valid
+/// records with consecutive ids, else the group is damaged.
 pub(crate) fn records(
     st: &State<'_>,
     group: &Group,
     run: &[u8],
     mode: Mode,
+    lsn: u64,
 ) -> Result<RecordsApplied> {
     let ctx = st.ctx;
     let mut done = RecordsApplied {
@@ -198,8 +199,9 @@ pub(crate) fn records(
     let LogSlot::Loaded(log) = &mut *slot else {
         return Ok(done);
     };
-    if mode == Mode::Replay && body::decode_record(run).is_none() {
-        *slot = damage(ctx, log, "journal entry holds an invalid record".into());
+    if mode == Mode::Replay && body::decode_records(run).is_none() {
+        let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
+        *slot = damage(ctx, log, reason);
         return Ok(done);
     }
     let head = log.head();
@@ -210,7 +212,8 @@ pub(crate) fn records(
         if next != head + 1 {
             // Live, ids are assigned densely and applied in journal order.
             debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
-            let reason = format!("journal holds msg_id {next} but the log ends at {head}");
+            let reason =
+                format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
             *slot = damage(ctx, log, reason);
             return Ok(done);
         }
@@ -227,7 +230,7 @@ pub(crate) fn records(
         Err(e) if mode == Mode::Live => return Err(e),
         Err(e) => {
             done.appended = 0;
-            *slot = damage(ctx, log, format!("replay failed: {e}"));
+            *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));
             return Ok(done);
         }
     }
@@ -270,12 +273,10 @@ fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8
     while let Some(len) = record::peek_len(run) {
         // Invariant: live runs hold whole records encoded by the engine.
         let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id) {
-            group
-                .members
-                .lock()
-                .read_counts
-                .advance(h.msg_id - 1, h.msg_id);
+            members.advance(h.msg_id - 1, h.msg_id);
         }
         run = &run[len..];
     }
@@ -287,9 +288,11 @@ fn advance_caught_up_senders(cursors: &CursorTable, group: &Group, mut run: &[u8
 fn restore_cursors(cursors: &CursorTable, group: &Group, body: &[u8]) {
     let head = group.head();
     for (user, cursor) in body::decode_cursors(body) {
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         if let Some((old, new)) = cursors.restore(user, group.slot, cursor.min(head)) {
             if new != old {
-                group.members.lock().read_counts.advance(old, new);
+                members.advance(old, new);
             }
         }
     }
@@ -332,7 +335,7 @@ pub(crate) fn join(
             })
         }
     }
-    members.insert(user, cursor);
+    members.insert(user, cursor, group.cursor_of(cursors));
     Ok(cursor)
 }
 
@@ -427,7 +430,7 @@ mod tests {
                 group_id,
                 body,
             };
-            entry(&self.st(), &e, group.as_ref(), Mode::Replay).unwrap()
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1).unwrap()
         }
     }
 
@@ -457,15 +460,15 @@ mod tests {
     fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
         let f = Fixture::new(10);
         assert!(matches!(
-            f.replay(EntryKind::Record, 5, &rec(1)),
+            f.replay(EntryKind::Records, 5, &rec(1)),
             Applied::Orphan
         ));
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).expect("created by replay");
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (1, 0));
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(1))), (0, 1));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (0, 1));
         assert_eq!(g.head(), 1);
-        assert_eq!(records(&f.replay(EntryKind::Record, 5, &rec(3))), (0, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(3))), (0, 0));
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
         assert_eq!(g.head(), 1, "a damaged group keeps its head");
     }
@@ -477,7 +480,7 @@ mod tests {
         let mut bad = rec(1);
         let last = bad.len() - 1;
         bad[last] ^= 1;
-        f.replay(EntryKind::Record, 5, &bad);
+        f.replay(EntryKind::Records, 5, &bad);
         let g = f.group(5).unwrap();
         assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
         assert_eq!(g.head(), 0);
@@ -489,10 +492,10 @@ mod tests {
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
         let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
-        let done = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        let done = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
         assert_eq!((done.appended, done.already_present), (3, 0));
         assert_eq!(done.held, Some((1, 3)));
-        let again = super::records(&f.st(), &g, &run, Mode::Live).unwrap();
+        let again = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
         assert_eq!((again.appended, again.already_present), (0, 3));
         assert_eq!(g.head(), 3);
     }
@@ -510,7 +513,7 @@ mod tests {
                 group_id: 5,
                 body: &b,
             };
-            match entry(&f.st(), &e, Some(&g), mode).unwrap() {
+            match entry(&f.st(), &e, Some(&g), mode, 1).unwrap() {
                 Applied::Op(r) => r,
                 other => panic!("{other:?}"),
             }
@@ -537,7 +540,7 @@ mod tests {
         let f = Fixture::new(10);
         f.replay(EntryKind::CreateGroup, 5, &[]);
         for id in 1..=4 {
-            f.replay(EntryKind::Record, 5, &rec(id));
+            f.replay(EntryKind::Records, 5, &rec(id));
         }
         let mut b = Vec::new();
         body::encode_join(&mut b, 9, 2);

@@ -1,6 +1,11 @@
 //! The registry of groups: id -> group, and slot -> group. A slot is a dense
 //! small integer given to each live group so the cursor table can name a
 //! group in 4 bytes; slots of deleted groups are reused.
+//!
+//! Memory: about 17 bytes per group in `by_id` (key, pointer and a control
+//! byte, at a load of 7/16 to 7/8) plus 8 in `by_slot`; reserved at once when
+//! a checkpoint is restored. Measured with the rest of a group by
+//! `engine/tests/memory.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +34,13 @@ impl Catalog {
 
     pub fn len(&self) -> usize {
         self.by_id.len()
+    }
+
+    /// Makes room for `more` groups at once (a restore knows its count), so
+    /// the maps hold them at one size instead of growing by doubling.
+    pub fn reserve(&mut self, more: usize) {
+        self.by_id.reserve(more);
+        self.by_slot.reserve_exact(more);
     }
 
     /// Registers a new group in a free slot and returns it.

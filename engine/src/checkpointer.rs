@@ -10,18 +10,21 @@ use std::time::{Duration, Instant};
 
 use crate::catalog::Catalog;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
-use crate::config::FsyncPolicy;
 use crate::cursors::CursorTable;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::LogContext;
-use crate::journal::{self, Journal};
+use crate::journal::{self, Journal, JournalOptions, JournalStart};
 use crate::member_snapshot;
 use crate::retention;
 
 /// Number of sealed segments the group's retention policy drops now.
-pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize>> {
-    let policy = *g.retention.lock();
+pub(crate) fn plan_retention(
+    ctx: &LogContext,
+    cursors: &CursorTable,
+    g: &Group,
+) -> Result<Option<usize>> {
+    let policy = g.retention();
     if policy.keeps_everything() {
         return Ok(None);
     }
@@ -30,7 +33,7 @@ pub(crate) fn plan_retention(ctx: &LogContext, g: &Group) -> Result<Option<usize
         return Ok(None);
     };
     let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
-    let min_cursor = g.members.lock().read_counts.min_cursor();
+    let min_cursor = g.min_cursor(cursors);
     let n = retention::droppable(
         &policy,
         &sealed,
@@ -74,15 +77,17 @@ struct CheckpointTimes {
 
 /// The checkpoint protocol (format-spec/storage.md "Checkpoint"): apply
 /// retention, make every group log durable, start journal file
-/// `next_journal_seq`, write the checkpoint atomically, then delete older
-/// journal files and the segments retention dropped.
+/// `next_journal.seq` (its frames numbered on from `next_journal`), write
+/// the checkpoint atomically, then delete older journal files and the
+/// segments retention dropped.
 pub(crate) fn write_checkpoint(
     ctx: &LogContext,
     catalog: &Catalog,
     cursors: &CursorTable,
-    next_journal_seq: u64,
+    next_journal: JournalStart,
     clean_shutdown: bool,
 ) -> Result<CheckpointDone> {
+    let next_journal_seq = next_journal.seq;
     // Every open starts a journal one above the newest: a checkpoint that
     // leaves no room for it would leave a directory that cannot reopen.
     if next_journal_seq == u64::MAX {
@@ -127,7 +132,7 @@ pub(crate) fn write_checkpoint(
         syncs += 1;
     }
     for g in catalog.groups() {
-        let drop_n = plan_retention(ctx, g).unwrap_or_else(|e| {
+        let drop_n = plan_retention(ctx, cursors, g).unwrap_or_else(|e| {
             log::warn!("group {}: retention skipped: {e}", g.id);
             None
         });
@@ -159,7 +164,7 @@ pub(crate) fn write_checkpoint(
                 group_id: g.id,
                 head: state.head,
                 segments: state.segments,
-                retention: *g.retention.lock(),
+                retention: g.retention(),
                 damaged,
             });
         }
@@ -185,10 +190,10 @@ pub(crate) fn write_checkpoint(
 
     let dir = journal::journal_dir(&ctx.config.data_dir);
     let journal = Journal::create(
-        &*ctx.vfs,
+        ctx.vfs.clone(),
         &dir,
-        next_journal_seq,
-        ctx.config.fsync != FsyncPolicy::Always,
+        next_journal,
+        JournalOptions::of(&ctx.config),
     )
     .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
     let body = CheckpointBody {

@@ -1,10 +1,19 @@
-//! The commit thread: takes the pending round whole, writes it to the
-//! journal with one write, syncs it per the fsync policy (one fdatasync for
-//! the round, however many groups it touched), applies it to the group logs
-//! and the membership tables (`apply.rs`, the applier replay uses too; a
-//! group's records go to its log as one run), then completes the round and
-//! wakes whoever waits. Cursor flushes, retention and checkpoints run here too, between
+//! The commit thread: takes the pending round whole, builds its journal
+//! frame (a stable sort of the round's entries by group id and one copy,
+//! each group's consecutive records merged into one Records entry), writes
+//! it with one write, syncs it per the fsync policy (one fdatasync for the
+//! round, however many groups it touched), applies the frame's entries in
+//! frame order to the group logs and the membership tables (`apply.rs`,
+//! the applier replay uses too), then completes the round and wakes
+//! whoever waits. Cursor flushes, retention and checkpoints run here too, between
 //! rounds, so they always see a state that matches a journal position.
+//!
+//! The idle sweep runs here too, between rounds: groups unused for
+//! `idle_evict_ms` give back their send state (dedup window) and their
+//! small loaded log (`group.rs`, "Memory"), at most
+//! [`IDLE_EVICTIONS_PER_SWEEP`] per sweep so a round never waits long
+//! behind one; a sweep that stopped at that bound runs again a millisecond
+//! later. It costs the groups that went idle, nothing per idle group.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
 //! never retried: the round and every later one fail with `WritesStopped`,
@@ -28,9 +37,9 @@ use crate::cursors::CursorTable;
 use crate::dedup::DedupBudget;
 use crate::error::{Error, Result};
 use crate::flusher::Flusher;
-use crate::group::Group;
+use crate::group::{Group, Unload};
 use crate::group_log::LogContext;
-use crate::journal::{self, body, EntryKind, Journal, ENTRY_HEADER_BYTES};
+use crate::journal::{body, EntryKind, FrameBuf, FrameKind, Journal, ENTRY_HEADER_BYTES};
 use crate::trash;
 use crate::warn_limit::RepeatedWarning;
 use crate::worker::Worker;
@@ -44,11 +53,16 @@ struct Committer {
     last_cursor_flush: Instant,
     last_retention_check: Instant,
     last_space_check: Instant,
-    /// Reused buffers: the round taken from senders, per-group staging, cursor entries.
+    /// Reused buffers: the round taken from senders (its entries in
+    /// submission order), the round's frame, cursor entries.
     round_buf: Vec<u8>,
-    staging: Vec<u8>,
-    cursor_buf: Vec<u8>,
-    /// `cursor_buf` holds cursor entries a full disk kept out of the
+    frame: FrameBuf,
+    cursor_frame: FrameBuf,
+    /// The round's ops in frame order (a stable sort by group id), and
+    /// the frame's entries with the ops each came from.
+    order: Vec<usize>,
+    spans: Vec<Span>,
+    /// `cursor_frame` holds cursor entries a full disk kept out of the
     /// journal; the next flush writes them (with any newer ones).
     cursor_buf_unwritten: bool,
     /// A checkpoint that found the disk full is not tried again before this.
@@ -59,7 +73,14 @@ struct Committer {
     flusher: Flusher,
     /// The full-disk warning, rate limited while writes are retried.
     no_space_warning: RepeatedWarning,
+    /// When the idle sweep runs next.
+    idle_sweep_at: Instant,
 }
+
+/// Groups the idle sweep evicts at most in one go (about a microsecond each).
+pub(crate) const IDLE_EVICTIONS_PER_SWEEP: usize = 1024;
+/// The idle sweep runs this often when it has no backlog.
+const IDLE_SWEEP_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often free space is measured while it is low (and idle), and how
 /// long work a full disk stopped waits before it is written again.
@@ -85,6 +106,14 @@ pub(crate) struct Counters {
     pub membership_rows_listed: AtomicU64,
     /// Group logs the maintenance worker loaded.
     pub group_loads: AtomicU64,
+}
+
+/// One entry of a round's frame: where it lies in the frame, and the
+/// range of the round's ops (positions in frame order) it holds: several
+/// record submissions of one group, or one other operation.
+struct Span {
+    entry: std::ops::Range<usize>,
+    ops: std::ops::Range<usize>,
 }
 
 /// One operation of the pending round: the journal entry at `entry` in the
@@ -157,6 +186,46 @@ pub struct GroupAppend {
     pub last: u64,
 }
 
+/// Takes up to `max` groups idle at `now_ms` off the used list and drops
+/// their send state (with its window) and, if small and quiet, their loaded
+/// log; one that cannot give them back yet (a lock held, records in an
+/// uncompleted round, writes not yet synced) is listed again as used now.
+/// Returns true if it stopped at `max`. On the commit thread, between
+/// rounds (so `completed` is every round applied), holding no lock.
+pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
+    let idle_ms = shared.ctx.config.idle_evict_ms;
+    let completed = shared.progress.lock().completed;
+    for _ in 0..max {
+        let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
+            return false;
+        };
+        let Some(group) = shared.catalog.read().get(id).cloned() else {
+            continue; // deleted
+        };
+        let Some(mut slot) = group.assign.try_lock() else {
+            shared.dedup.touch_used(id);
+            continue;
+        };
+        if group.is_deleting() {
+            continue; // its window was given back with the delete
+        }
+        if let Some(assign) = slot.as_deref() {
+            if assign.last_round > completed {
+                shared.dedup.touch_used(id);
+                continue;
+            }
+            let len = assign.dedup.len();
+            *slot = None;
+            shared.dedup.forget_window(id, len);
+        }
+        // Under `assign`: no send can load the log again meanwhile.
+        if group.unload_if_quiet(&shared.ctx) == Unload::Later {
+            shared.dedup.touch_used(id);
+        }
+    }
+    true
+}
+
 /// Called on the commit thread after each completed round.
 pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
@@ -219,8 +288,10 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
         last_retention_check: now,
         last_space_check: now,
         round_buf: Vec::new(),
-        staging: Vec::new(),
-        cursor_buf: Vec::new(),
+        frame: FrameBuf::default(),
+        cursor_frame: FrameBuf::default(),
+        order: Vec::new(),
+        spans: Vec::new(),
         cursor_buf_unwritten: false,
         checkpoint_not_before: now,
         appended: Vec::new(),
@@ -230,6 +301,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal) {
             shared.ctx.config.journal_checkpoint_bytes,
         ),
         no_space_warning: RepeatedWarning::new(NO_SPACE_WARN_INTERVAL),
+        idle_sweep_at: now,
     };
     // Whatever ends this thread, a panic included, waiters must learn it.
     let _exit = ExitGuard(c.shared.clone());
@@ -298,16 +370,18 @@ impl Committer {
                         result = self.checkpoint(false);
                     }
                     self.finish_round(round, &ops, result);
-                    self.flusher.journal_grew_to(self.journal.len());
+                    self.flusher
+                        .journal_grew_to(self.journal.bytes_since_start());
                     self.measure_free_space();
                     // Under steady load the loop is never idle: run the
-                    // timers (cursor flush, retention, interval sync) here too.
+                    // timers (cursor flush, retention, interval sync, idle
+                    // sweep) here too.
                     if Instant::now() >= self.next_deadline() {
                         if let Err(e) = self.timers() {
                             self.fail(round + 1, e);
                         }
                     }
-                    if self.journal.len() >= self.config().journal_checkpoint_bytes
+                    if self.journal.bytes_since_start() >= self.config().journal_checkpoint_bytes
                         && !self.failed()
                         && Instant::now() >= self.checkpoint_not_before
                     {
@@ -376,6 +450,7 @@ impl Committer {
             d = d.min(self.last_space_check + DISK_LOW_RECHECK);
         }
         d = d.min(self.last_retention_check + Duration::from_millis(c.retention_check_ms));
+        d = d.min(self.idle_sweep_at);
         if let FsyncPolicy::Interval(period) = c.fsync {
             if self.unsynced_bytes > 0 {
                 d = d.min(self.last_sync + period);
@@ -419,6 +494,9 @@ impl Committer {
 
     fn timers(&mut self) -> Result<()> {
         self.measure_free_space();
+        if Instant::now() >= self.idle_sweep_at {
+            self.idle_sweep();
+        }
         if self.failed() {
             // Nothing can be written; wait for shutdown without spinning.
             self.last_cursor_flush = Instant::now();
@@ -428,7 +506,7 @@ impl Committer {
         let now = Instant::now();
         let c = self.config().clone();
         if now >= self.last_cursor_flush + Duration::from_millis(c.cursor_flush_ms) {
-            // Cursors a full disk kept out stay in `cursor_buf` for the next
+            // Cursors a full disk kept out stay in `cursor_frame` for the next
             // flush; until then a crash may take them back to their last
             // persisted value, which is allowed.
             let written = match self.write_dirty_cursors() {
@@ -459,6 +537,26 @@ impl Committer {
         Ok(())
     }
 
+    /// Counts the fdatasyncs a journal roll made.
+    fn note_roll_syncs(&self, n: u64) {
+        self.shared
+            .counters
+            .journal_syncs
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
+    /// sets when the sweep runs next: soon if it stopped at its bound.
+    fn idle_sweep(&mut self) {
+        let more = evict_idle(&self.shared, crate::now_ms(), IDLE_EVICTIONS_PER_SWEEP);
+        let wait = if more {
+            Duration::from_millis(1)
+        } else {
+            IDLE_SWEEP_PERIOD
+        };
+        self.idle_sweep_at = Instant::now() + wait;
+    }
+
     fn sync_journal(&mut self) -> Result<()> {
         self.journal.sync()?;
         self.shared
@@ -470,9 +568,9 @@ impl Committer {
         Ok(())
     }
 
-    /// Writes every moved cursor to the journal as `Cursors` entries (not
-    /// synced here), after any a full disk kept out last time. Returns
-    /// whether anything was written.
+    /// Writes every moved cursor to the journal as `Cursors` entries, one
+    /// frame (not synced here), after any a full disk kept out last time.
+    /// Returns whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
@@ -483,27 +581,40 @@ impl Committer {
             return Ok(false);
         }
         if !self.cursor_buf_unwritten {
-            self.cursor_buf.clear();
+            self.cursor_frame.clear();
         }
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
-        for (slot, rows) in by_slot {
-            let Some(group) = catalog.by_slot(slot) else {
-                continue;
-            };
+        // A frame's entries are in group id order (format-spec/storage.md
+        // section 5); cost O(k log k) for the k groups with moved cursors.
+        let mut groups: Vec<(u64, Vec<(u64, u64)>)> = by_slot
+            .into_iter()
+            .filter_map(|(slot, rows)| Some((catalog.by_slot(slot)?.id, rows)))
+            .collect();
+        drop(catalog);
+        groups.sort_unstable_by_key(|g| g.0);
+        for (group_id, rows) in groups {
             for chunk in rows.chunks(per_entry) {
-                journal::encode_entry(&mut self.cursor_buf, EntryKind::Cursors, group.id, |b| {
-                    body::encode_cursors(b, chunk)
-                });
+                self.cursor_frame
+                    .push_entry(EntryKind::Cursors, group_id, |b| {
+                        body::encode_cursors(b, chunk)
+                    });
             }
         }
-        drop(catalog);
+        if self.cursor_frame.entry_count() == 0 {
+            // Every moved cursor's group is gone.
+            self.cursor_buf_unwritten = false;
+            return Ok(false);
+        }
         // Replay raises cursors with max(), so entries written twice or out
         // of order are harmless.
         self.cursor_buf_unwritten = true;
-        self.journal.append(&self.cursor_buf)?;
+        let written = self
+            .journal
+            .append(&mut self.cursor_frame, FrameKind::Round)?;
+        self.note_roll_syncs(written.roll_syncs);
         self.cursor_buf_unwritten = false;
-        self.unsynced_bytes += self.cursor_buf.len() as u64;
+        self.unsynced_bytes += self.cursor_frame.len() as u64;
         Ok(true)
     }
 
@@ -514,6 +625,13 @@ impl Committer {
             });
         }
         self.appended.clear();
+        build_frame(
+            &self.round_buf,
+            ops,
+            &mut self.order,
+            &mut self.frame,
+            &mut self.spans,
+        );
         // A full disk at the journal write: nothing of the round is in the
         // journal (the write was cut back) and nothing was applied, so the
         // round waits and is written again once space returns.
@@ -525,20 +643,17 @@ impl Committer {
             result = self.write_round(flush_cursors);
         }
         self.end_hold();
-        result?;
+        let lsn = result?;
         // A full disk at a segment write: the round is in the journal, so it
         // is durable; the groups before the one that failed are applied, and
         // `apply` goes on from that group once space returns (see there).
-        let mut order: Vec<usize> = (0..ops.len()).collect();
-        // Stable sort: per-group order (= journal order) is kept.
-        order.sort_by_key(|&i| ops[i].group.id);
         let mut next = 0;
-        let mut result = self.apply(ops, &order, &mut next);
+        let mut result = self.apply(ops, lsn, &mut next);
         while let Err(e @ Error::NoSpace { .. }) = &result {
             if !self.hold_for_space(e) {
                 break;
             }
-            result = self.apply(ops, &order, &mut next);
+            result = self.apply(ops, lsn, &mut next);
         }
         self.end_hold();
         if result.is_ok() {
@@ -594,20 +709,27 @@ impl Committer {
         true
     }
 
-    /// Writes the round (and moved cursors) to the journal and syncs it per
-    /// the policy. A write that found the disk full is `NoSpace`, with the
-    /// journal cut back to where it was.
+    /// Writes the round's frame (after a frame of moved cursors) to the
+    /// journal and syncs it per the policy; returns the round frame's lsn
+    /// (0 when the round holds no entry and nothing was written). A write
+    /// that found the disk full is `NoSpace`, with the journal cut back to
+    /// where it was.
     ///
     /// Cursor entries a full disk held back go first whenever there are
     /// any: they belong to memberships as they were before this round, and
     /// written after a round that ends one (a Leave, a DeleteGroup) they
     /// would land on the next membership of that user and group.
-    fn write_round(&mut self, flush_cursors: bool) -> Result<()> {
+    fn write_round(&mut self, flush_cursors: bool) -> Result<u64> {
         if flush_cursors || self.cursor_buf_unwritten {
             self.write_dirty_cursors()?;
         }
-        self.journal.append(&self.round_buf)?;
-        self.unsynced_bytes += self.round_buf.len() as u64;
+        let mut lsn = 0;
+        if self.frame.entry_count() > 0 {
+            let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
+            self.note_roll_syncs(written.roll_syncs);
+            self.unsynced_bytes += self.frame.len() as u64;
+            lsn = written.lsn;
+        }
         let sync_now = match self.config().fsync {
             FsyncPolicy::Always => true,
             FsyncPolicy::Interval(period) => self.last_sync.elapsed() >= period,
@@ -616,90 +738,57 @@ impl Committer {
         if sync_now || (flush_cursors && self.config().fsync != FsyncPolicy::Never) {
             self.sync_journal()?;
         }
-        Ok(())
+        Ok(lsn)
     }
 
-    /// Applies the round's entries in `order` (grouped by group id), from
-    /// `order[*next]` on, through `apply`: records of one group go out in
-    /// one write (its entries are staged contiguously first and applied as
-    /// one run); membership operations change the tables and fill in their
-    /// replies.
+    /// Applies the entries of the round's frame (numbered `lsn`) in frame
+    /// order, from `spans[*next]` on, through `apply`: a Records entry (all
+    /// of a group's records of the round) goes to its log as one run;
+    /// membership operations change the tables and fill in their replies.
     ///
     /// Resumable: `*next` only moves past an entry once it is fully applied,
     /// and a group's records at or below its head (written before a failure
     /// part-way through a run that crossed segments) are not written again.
     /// So after a `NoSpace` error the call can simply be repeated.
-    fn apply(&mut self, ops: &[Op], order: &[usize], next: &mut usize) -> Result<()> {
-        while *next < order.len() {
-            let i = *next;
-            let op = &ops[order[i]];
-            if op.kind != EntryKind::Record {
-                self.apply_other(op)?;
-                *next += 1;
-                continue;
-            }
-            self.staging.clear();
-            let mut j = i;
-            while j < order.len()
-                && ops[order[j]].group.id == op.group.id
-                && ops[order[j]].kind == EntryKind::Record
-            {
-                let e = &ops[order[j]].entry;
-                self.staging
-                    .extend_from_slice(&self.round_buf[e.start + ENTRY_HEADER_BYTES..e.end]);
-                j += 1;
-            }
-            let st = self.apply_state();
-            let done = apply::records(&st, &op.group, &self.staging, apply::Mode::Live)?;
-            if let Some((first, last)) = done.held {
-                self.appended.push(GroupAppend {
-                    group: op.group.id,
-                    first,
-                    last,
-                });
-            }
-            *next = j;
-        }
-        Ok(())
-    }
-
-    fn apply_state(&self) -> apply::State<'_> {
-        apply::State {
+    fn apply(&mut self, ops: &[Op], lsn: u64, next: &mut usize) -> Result<()> {
+        let st = apply::State {
             ctx: &self.shared.ctx,
             catalog: &self.shared.catalog,
             cursors: &self.shared.cursors,
-        }
-    }
-
-    /// Applies a group or membership operation and puts its outcome where
-    /// its caller waits.
-    fn apply_other(&mut self, op: &Op) -> Result<()> {
-        // Invariant: `write_round` wrote any held-back cursor entries before
-        // this round's entries, so none of a deleted group's can land on a
-        // group created again under the same id.
-        debug_assert!(
-            op.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
-            "held cursors written first"
-        );
-        let entry = journal::Entry {
-            kind: op.kind,
-            group_id: op.group.id,
-            body: &self.round_buf[op.entry.start + ENTRY_HEADER_BYTES..op.entry.end],
         };
-        let applied = apply::entry(
-            &self.apply_state(),
-            &entry,
-            Some(&op.group),
-            apply::Mode::Live,
-        )?;
-        let outcome = match applied {
-            apply::Applied::Op(outcome) => outcome,
-            // Record entries are applied by runs, and a queued entry's
-            // group is registered until its DeleteGroup is applied.
-            other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
-        };
-        if let Some(reply) = &op.reply {
-            reply.set(outcome);
+        while *next < self.spans.len() {
+            let span = &self.spans[*next];
+            let op = &ops[self.order[span.ops.start]];
+            let entry = self.frame.entry(span.entry.clone());
+            if entry.kind == EntryKind::Records {
+                let done = apply::records(&st, &op.group, entry.body, apply::Mode::Live, lsn)?;
+                if let Some((first, last)) = done.held {
+                    self.appended.push(GroupAppend {
+                        group: op.group.id,
+                        first,
+                        last,
+                    });
+                }
+            } else {
+                // Invariant: `write_round` wrote any held-back cursor
+                // entries before this round's frame, so none of a deleted
+                // group's can land on a group created again under the same id.
+                debug_assert!(
+                    entry.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
+                    "held cursors written first"
+                );
+                let applied = apply::entry(&st, &entry, Some(&op.group), apply::Mode::Live, lsn)?;
+                let outcome = match applied {
+                    apply::Applied::Op(outcome) => outcome,
+                    // Records entries are applied above, and a queued entry's
+                    // group is registered until its DeleteGroup is applied.
+                    other => unreachable!("live apply of a {:?} entry gave {other:?}", op.kind),
+                };
+                if let Some(reply) = &op.reply {
+                    reply.set(outcome);
+                }
+            }
+            *next += 1;
         }
         Ok(())
     }
@@ -753,7 +842,9 @@ impl Committer {
         let catalog = self.shared.catalog.read();
         for g in catalog.groups() {
             // A group whose segments cannot be planned (damage) is skipped.
-            if let Ok(Some(_)) = checkpointer::plan_retention(&self.shared.ctx, g) {
+            if let Ok(Some(_)) =
+                checkpointer::plan_retention(&self.shared.ctx, &self.shared.cursors, g)
+            {
                 return Ok(true);
             }
         }
@@ -786,12 +877,7 @@ impl Committer {
             &self.shared.ctx,
             &catalog,
             &self.shared.cursors,
-            self.journal
-                .seq
-                .checked_add(1)
-                .ok_or_else(|| Error::WritesStopped {
-                    reason: "journal sequence numbers exhausted".into(),
-                })?,
+            self.journal.next_start()?,
             clean_shutdown,
         )?;
         drop(catalog);
@@ -802,5 +888,99 @@ impl Committer {
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Builds a round's frame from the pending round's entries (`round_buf`,
+/// in submission order, one per op): `order` becomes the ops stably sorted
+/// by group id (so a group's entries keep submission order, which is id
+/// order for its records), each run of one group's consecutive record
+/// submissions becomes one Records entry, every other op is copied as it
+/// is, and `spans` says which ops each frame entry holds. Cost: the sort
+/// of the round's op indices and one copy of its bytes.
+fn build_frame(
+    round_buf: &[u8],
+    ops: &[Op],
+    order: &mut Vec<usize>,
+    frame: &mut FrameBuf,
+    spans: &mut Vec<Span>,
+) {
+    order.clear();
+    order.extend(0..ops.len());
+    order.sort_by_key(|&i| ops[i].group.id);
+    frame.clear();
+    spans.clear();
+    let mut i = 0;
+    while i < order.len() {
+        let op = &ops[order[i]];
+        let mut j = i + 1;
+        let entry = if op.kind == EntryKind::Records {
+            let start = frame.begin_records(op.group.id);
+            for k in i..order.len() {
+                let next = &ops[order[k]];
+                if next.group.id != op.group.id || next.kind != EntryKind::Records {
+                    break;
+                }
+                frame
+                    .extend_body(&round_buf[next.entry.start + ENTRY_HEADER_BYTES..next.entry.end]);
+                j = k + 1;
+            }
+            frame.finish_entry(start)
+        } else {
+            frame.push_encoded(&round_buf[op.entry.clone()])
+        };
+        spans.push(Span { entry, ops: i..j });
+        i = j;
+    }
+}
+
+#[cfg(test)]
+mod frame_layout_tests {
+    use crate::journal::{self, EntryKind};
+    use crate::tests::{batch_of, newest_file, requests, small_config};
+    use crate::Engine;
+
+    /// A round's submissions, interleaved over groups, become one frame
+    /// whose entries are sorted by group id with each group's records
+    /// merged into one Records entry in id order (storage.md section 5,
+    /// "How the writer lays out a round"); replay reads them back.
+    #[test]
+    fn a_round_is_one_frame_sorted_by_group_with_one_records_entry_per_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = small_config(dir.path());
+        let e = Engine::open(c.clone()).unwrap();
+        for g in [1, 2, 3] {
+            e.create_group(g).unwrap();
+        }
+        let msgs = [(3, 1), (1, 1), (2, 1), (1, 2), (3, 2), (1, 3)];
+        let payloads = batch_of(&msgs);
+        e.append_batch(&requests(&msgs, &payloads)).unwrap();
+        e.simulate_crash();
+        let path = newest_file(&dir.path().join("journal"), ".tmj");
+        let bytes = std::fs::read(path).unwrap();
+        let frames = journal::frames_of_file(&bytes);
+        let last = frames.last().unwrap();
+        let layout: Vec<_> = last
+            .entries
+            .iter()
+            .map(|&(at, len, kind, group)| {
+                let body = &bytes[at + journal::ENTRY_HEADER_BYTES..at + len];
+                (kind, group, journal::body::decode_records(body))
+            })
+            .collect();
+        assert_eq!(
+            layout,
+            vec![
+                (EntryKind::Records, 1, Some((1, 3))),
+                (EntryKind::Records, 2, Some((1, 1))),
+                (EntryKind::Records, 3, Some((1, 2))),
+            ]
+        );
+        // The frames before it: the three creations, one per round.
+        assert_eq!(frames.len(), 4);
+        let e = Engine::open(c).unwrap();
+        for (g, n) in [(1, 3), (2, 1), (3, 2)] {
+            crate::tests::assert_dense_and_exact(&e, g, n);
+        }
     }
 }

@@ -68,9 +68,18 @@ pub struct Config {
     /// their last `dedup_window_sends` sends and the least recently used
     /// windows leave memory (rebuilt from the log on their next send).
     pub dedup_entries_total_max: usize,
+    /// A group neither sent to nor loaded for this long gives back its send
+    /// state (dedup window included) and, if small and synced, its loaded
+    /// log; its next send rebuilds the window from the log as after a
+    /// restart, so retransmits are answered exactly as before.
+    pub idle_evict_ms: u64,
     /// Journal bytes after which a checkpoint syncs the group logs and starts
     /// a new journal file.
     pub journal_checkpoint_bytes: u64,
+    /// A journal file rolls to the next one before a frame would take it
+    /// past this many bytes (a larger frame goes alone into a new file).
+    /// At most `u32::MAX`, so offsets in a journal file fit a `u32`.
+    pub journal_file_bytes: u64,
     /// A group's records are held in memory (they are in the journal) and
     /// written to its segment file once this many bytes wait, when the
     /// segment is sealed, or at a checkpoint: one write per group per 16 KiB
@@ -105,7 +114,9 @@ impl Config {
             dedup_window_ms: 10 * 60 * 1000,
             dedup_entries_max: 1_000_000,
             dedup_entries_total_max: 10_000_000,
+            idle_evict_ms: 10 * 60 * 1000,
             journal_checkpoint_bytes: 64 << 20,
+            journal_file_bytes: 64 << 20,
             segment_tail_bytes: 16 << 10,
             commit_round_bytes_max: 8 << 20,
             groups_max: 10_000_000,
@@ -140,6 +151,19 @@ impl Config {
             return bad(format!(
                 "segment_bytes_max {} must be in [{min_segment}, {}]",
                 self.segment_bytes_max,
+                u32::MAX
+            ));
+        }
+        // A journal file holds its header and at least one frame of one
+        // record; offsets in it fit a u32.
+        let min_journal = (crate::journal::JOURNAL_HEADER_BYTES
+            + crate::journal::frame::FRAME_OVERHEAD_BYTES
+            + crate::journal::ENTRY_HEADER_BYTES
+            + self.record_bytes_max()) as u64;
+        if self.journal_file_bytes < min_journal || self.journal_file_bytes > u32::MAX as u64 {
+            return bad(format!(
+                "journal_file_bytes {} must be in [{min_journal}, {}]",
+                self.journal_file_bytes,
                 u32::MAX
             ));
         }
@@ -194,6 +218,17 @@ mod tests {
         for bad in ["", "sometimes", "interval:", "interval:0", "interval:x"] {
             assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn journal_file_bytes_must_hold_a_frame_of_the_largest_record_and_fit_u32() {
+        let mut c = Config::new("/tmp/x");
+        c.journal_file_bytes = u32::MAX as u64 + 1;
+        assert!(c.validate().is_err());
+        c.journal_file_bytes = c.payload_bytes_max as u64;
+        assert!(c.validate().is_err());
+        c.journal_file_bytes = (48 + 64 + 16 + c.record_bytes_max()) as u64;
+        c.validate().unwrap();
     }
 
     #[test]

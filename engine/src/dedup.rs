@@ -18,6 +18,13 @@
 //! Such a window is rebuilt from the log on its group's next send, exactly
 //! as after a restart, so the configured minimum is never broken: the cost
 //! of the bound is that rebuild, never a forgotten send.
+//!
+//! [`DedupBudget`] also lists, by time of last use, the groups holding state
+//! that an idle group gives back (a send state with its window, a loaded
+//! log): the commit thread takes the ones idle for `idle_evict_ms` off the
+//! front of that list and drops their state (`commit.rs`, "idle sweep"),
+//! which the next send rebuilds by the same rule. Both lists cost one
+//! entry per group holding such state, nothing per idle group.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -181,14 +188,50 @@ impl DedupWindow {
     }
 }
 
-/// The entries of all windows of an engine, and which groups' windows were
-/// used least recently. Only counts and group ids: each window stays under
-/// its group's assign lock.
+/// The entries of all windows of an engine, which groups' windows were
+/// used least recently, and which groups holding state were used least
+/// recently. Only counts, group ids and times: each window stays under its
+/// group's assign lock.
 pub struct DedupBudget {
     entries: AtomicUsize,
     dropped: AtomicU64,
+    lists: Mutex<Lists>,
+}
+
+/// Both lists under one lock: a send updates both with one lock taken.
+struct Lists {
     /// Groups with a window in memory, least recently sent to first.
-    recent: Mutex<lru::LruCache<u64, ()>>,
+    windows: lru::LruCache<u64, ()>,
+    /// Groups with a send state or a loaded log, least recently used first,
+    /// with the time of that use (ms since the epoch).
+    used: lru::LruCache<u64, u64>,
+    /// The most entries each list held since it was last rebuilt.
+    windows_peak: usize,
+    used_peak: usize,
+}
+
+impl Lists {
+    /// A hash map keeps its capacity when emptied: once a list holds less
+    /// than a quarter of its peak, it is rebuilt at its size (in order), so
+    /// a burst of busy groups does not cost memory after they went idle.
+    /// Amortised O(1) per removal.
+    fn shrink_if_sparse(&mut self) {
+        fn rebuilt<V: Copy>(l: &lru::LruCache<u64, V>) -> lru::LruCache<u64, V> {
+            let mut fresh = lru::LruCache::unbounded();
+            for (&k, &v) in l.iter().rev() {
+                fresh.put(k, v);
+            }
+            fresh
+        }
+        if self.windows_peak > 1024 && self.windows.len() * 4 < self.windows_peak {
+            self.windows = rebuilt(&self.windows);
+            self.windows_peak = self.windows.len();
+        }
+        if self.used_peak > 1024 && self.used.len() * 4 < self.used_peak {
+            self.used = rebuilt(&self.used);
+            self.used_peak = self.used.len();
+        }
+    }
 }
 
 impl Default for DedupBudget {
@@ -202,7 +245,12 @@ impl DedupBudget {
         DedupBudget {
             entries: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
-            recent: Mutex::new(lru::LruCache::unbounded()),
+            lists: Mutex::new(Lists {
+                windows: lru::LruCache::unbounded(),
+                used: lru::LruCache::unbounded(),
+                windows_peak: 0,
+                used_peak: 0,
+            }),
         }
     }
 
@@ -225,22 +273,81 @@ impl DedupBudget {
         }
     }
 
-    /// `group`'s window was just used: it leaves memory last.
+    /// `group`'s window was just used (a send or a join): it leaves memory
+    /// last, and the group is not idle.
     pub fn touch(&self, group: u64) {
-        self.recent.lock().put(group, ());
+        let now = crate::now_ms();
+        let mut lists = self.lists.lock();
+        lists.windows.put(group, ());
+        lists.used.put(group, now);
+        lists.windows_peak = lists.windows_peak.max(lists.windows.len());
+        lists.used_peak = lists.used_peak.max(lists.used.len());
     }
 
-    /// `group`'s window left memory (the group was deleted, or the window
-    /// dropped); `len` is what it held.
+    /// `group` was just used without its window (its log was loaded or
+    /// created): it is not idle.
+    pub fn touch_used(&self, group: u64) {
+        let now = crate::now_ms();
+        let mut lists = self.lists.lock();
+        lists.used.put(group, now);
+        lists.used_peak = lists.used_peak.max(lists.used.len());
+    }
+
+    /// Puts back a window [`Self::take_least_recent`] took out.
+    pub fn touch_window(&self, group: u64) {
+        let mut lists = self.lists.lock();
+        lists.windows.put(group, ());
+        lists.windows_peak = lists.windows_peak.max(lists.windows.len());
+    }
+
+    /// `group` was deleted: it leaves both lists; `len` is what its window
+    /// held.
     pub fn forget(&self, group: u64, len: usize) {
-        self.recent.lock().pop(&group);
+        let mut lists = self.lists.lock();
+        lists.windows.pop(&group);
+        lists.used.pop(&group);
+        lists.shrink_if_sparse();
+        drop(lists);
+        self.resized(len, 0);
+    }
+
+    /// `group`'s window left memory while the group stays listed as used
+    /// (the idle sweep, which unloads its log next); `len` is what it held.
+    pub fn forget_window(&self, group: u64, len: usize) {
+        let mut lists = self.lists.lock();
+        lists.windows.pop(&group);
+        lists.shrink_if_sparse();
+        drop(lists);
         self.resized(len, 0);
     }
 
     /// The group whose window was used least recently, taken out of the
-    /// order (the caller drops its window, or puts it back with `touch`).
+    /// order (the caller drops its window, or puts it back with
+    /// [`Self::touch_window`]).
     pub fn take_least_recent(&self) -> Option<u64> {
-        self.recent.lock().pop_lru().map(|(g, ())| g)
+        let mut lists = self.lists.lock();
+        let g = lists.windows.pop_lru().map(|(g, ())| g);
+        lists.shrink_if_sparse();
+        g
+    }
+
+    /// The group used least recently if its last use is at least `idle_ms`
+    /// before `now_ms`, taken out of the list (the caller drops its state,
+    /// or lists it again with [`Self::touch_used`] if it could not).
+    pub fn take_idle(&self, now_ms: u64, idle_ms: u64) -> Option<u64> {
+        let mut lists = self.lists.lock();
+        let (_, &used) = lists.used.peek_lru()?;
+        if used.saturating_add(idle_ms) > now_ms {
+            return None;
+        }
+        let g = lists.used.pop_lru().map(|(g, _)| g);
+        lists.shrink_if_sparse();
+        g
+    }
+
+    /// Groups listed as holding state an idle group gives back.
+    pub fn used_len(&self) -> usize {
+        self.lists.lock().used.len()
     }
 
     pub fn count_dropped(&self) {

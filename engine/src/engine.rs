@@ -106,6 +106,9 @@ pub struct EngineStats {
     pub dedup_entries: u64,
     /// Dedup windows dropped from memory for `dedup_entries_total_max`.
     pub dedup_windows_dropped: u64,
+    /// Groups holding a send state or a loaded log now: the ones the idle
+    /// sweep looks at (`Config::idle_evict_ms`); idle groups are not counted.
+    pub groups_in_use: u64,
     /// Group logs loaded (verified) by the maintenance worker since open:
     /// first uses of groups recovery left unloaded.
     pub group_loads: u64,
@@ -138,6 +141,10 @@ impl Engine {
 
     fn open_on(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
         config.validate()?;
+        // A directory of another storage format is refused before anything
+        // (the lock file, a directory) is written to it; recovery checks
+        // again under the lock and marks a new directory.
+        crate::format::check(&*vfs, &config.data_dir)?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
@@ -292,12 +299,11 @@ impl Engine {
             });
         }
         let log = GroupLog::empty(&self.shared.ctx, group_id);
-        let group = catalog.insert(group_id, LogSlot::Loaded(log));
-        {
-            let mut assign = group.assign.lock();
-            assign.ready = true;
-            assign.dedup_loaded = true;
-        }
+        let group = catalog.insert(group_id, LogSlot::Loaded(Box::new(log)));
+        // Its loaded log leaves memory when the group stays idle; its send
+        // state is made on the first send, in memory (an empty log: an
+        // empty window, `ready_to_assign`).
+        self.shared.dedup.touch_used(group_id);
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
@@ -322,11 +328,8 @@ impl Engine {
         }
         group.mark_deleting(&assign);
         // No send is assigned to a deleted group: its window is not needed.
-        let window = std::mem::take(&mut assign.dedup);
-        if assign.dedup_loaded {
-            self.shared.dedup.forget(group_id, window.len());
-        }
-        assign.dedup_loaded = false;
+        let window_len = assign.take().map_or(0, |a| a.dedup.len());
+        self.shared.dedup.forget(group_id, window_len);
         let round = self.push_entry(&group, EntryKind::DeleteGroup, |_| {})?;
         Ok(OpTicket::pending(round, None))
     }
@@ -392,8 +395,8 @@ impl Engine {
         wait_for_room: bool,
     ) -> Result<u64> {
         let mut p = self.lock_pending(
-            kind == EntryKind::Record && wait_for_room,
-            kind == EntryKind::Record,
+            kind == EntryKind::Records && wait_for_room,
+            kind == EntryKind::Records,
         )?;
         let round = push_locked(&mut p, group, kind, body, reply);
         drop(p);
@@ -479,18 +482,18 @@ impl Engine {
     fn submit_inner(&self, req: &AppendRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
         self.check_request(req)?;
         let group = self.group(req.group_id)?;
-        let mut assign = group.assign.lock();
-        self.ready_to_assign(&group, &assign)?;
-        if let Some(dup) = self.duplicate_of(&assign, req) {
-            drop(assign);
+        let mut slot = group.assign.lock();
+        let assign = self.ready_to_assign(&group, &mut slot)?;
+        if let Some(dup) = self.duplicate_of(assign, req) {
+            drop(slot);
             // The window may just have been rebuilt.
             self.fit_dedup_budget(req.group_id);
             return Ok(dup);
         }
         let mut p = self.lock_pending(wait_for_room, true)?;
-        let ticket = self.assign_one(&group, &mut assign, req, &mut p);
+        let ticket = self.assign_one(&group, assign, req, &mut p);
         drop(p);
-        drop(assign);
+        drop(slot);
         self.shared.pending_cv.notify_all();
         self.fit_dedup_budget(req.group_id);
         Ok(ticket)
@@ -504,7 +507,10 @@ impl Engine {
     }
 
     /// One try of [`Engine::submit_batch`]: `NotReady` (nothing assigned)
-    /// if a group's send path is not ready.
+    /// if a group's send path is not ready. Every such group's job is asked
+    /// for before it returns, with the last ticket: tickets settle in
+    /// order, so one wait covers them all (idle groups lose their send
+    /// state, so a batch may meet many at once).
     fn submit_batch_once(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
         for req in requests {
             self.check_request(req)?;
@@ -517,8 +523,20 @@ impl Engine {
             .map(|&g| self.group(g))
             .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
-        for (group, assign) in groups.iter().zip(assigns.iter()) {
-            self.ready_to_assign(group, assign)?;
+        let mut not_ready: Option<Error> = None;
+        for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
+            match self.ready_to_assign(group, slot) {
+                Ok(_) => {}
+                Err(e @ Error::NotReady { ticket, .. }) => {
+                    if !matches!(not_ready, Some(Error::NotReady { ticket: t, .. }) if t > ticket) {
+                        not_ready = Some(e);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(e) = not_ready {
+            return Err(e);
         }
         let mut p = self.lock_pending(true, true)?;
         let mut tickets = Vec::with_capacity(requests.len());
@@ -527,9 +545,13 @@ impl Engine {
             let i = ids
                 .binary_search(&req.group_id)
                 .expect("invariant: group of the batch");
-            let ticket = match self.duplicate_of(&assigns[i], req) {
+            // Invariant: ready_to_assign filled every slot above.
+            let assign = assigns[i]
+                .as_deref_mut()
+                .expect("invariant: send state built above");
+            let ticket = match self.duplicate_of(assign, req) {
                 Some(dup) => dup,
-                None => self.assign_one(&groups[i], &mut assigns[i], req, &mut p),
+                None => self.assign_one(&groups[i], assign, req, &mut p),
             };
             tickets.push(ticket);
         }
@@ -553,26 +575,38 @@ impl Engine {
         self.check_writable()
     }
 
-    /// Checks that an id can be assigned in the group now: `NotReady` (the
-    /// worker is asked to load the log and rebuild the dedup window) when
-    /// the group's send path is not ready. The caller holds `assign`.
-    fn ready_to_assign(&self, group: &Arc<Group>, assign: &AssignState) -> Result<()> {
+    /// The group's send state. When it is not in memory (first send or
+    /// join since open, or since it was dropped: idle, or for the dedup
+    /// budget), `NotReady`: the maintenance worker loads the log, rebuilds
+    /// the window and installs the state (`ready.rs`); only a loaded log
+    /// holding no record gets its state here, an empty window needing no
+    /// disk. The caller holds `assign`.
+    pub(crate) fn ready_to_assign<'a>(
+        &self,
+        group: &Arc<Group>,
+        slot: &'a mut Option<Box<AssignState>>,
+    ) -> Result<&'a mut AssignState> {
         if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group.id });
         }
-        if !(assign.ready && assign.dedup_loaded) {
-            return Err(self.assign_not_ready(group));
-        }
+        let assign = match slot {
+            Some(a) => a,
+            None => match crate::ready::empty_send_state(group) {
+                Some(state) => slot.insert(Box::new(state)),
+                None => return Err(self.assign_not_ready(group)),
+            },
+        };
         self.shared.dedup.touch(group.id);
-        Ok(())
+        Ok(assign)
     }
 
     /// While the windows of all groups hold more than
-    /// `dedup_entries_total_max` entries, drops the windows of the groups
-    /// sent to least recently (not `current`'s, not one whose lock is held,
-    /// not one with records still in a commit round: a rebuild would not
-    /// find them in the log yet). Called with no lock held. Costs the
-    /// windows it looks at; each dropped one costs its group one rebuild.
+    /// `dedup_entries_total_max` entries, drops the send states (windows
+    /// included) of the groups sent to least recently (not `current`'s,
+    /// not one whose lock is held, not one with records still in a commit
+    /// round: a rebuild would not find them in the log yet). Called with no
+    /// lock held. Costs the windows it looks at; each dropped one costs its
+    /// group one rebuild, exactly as after a restart.
     fn fit_dedup_budget(&self, current: u64) {
         let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
@@ -588,25 +622,24 @@ impl Engine {
             let Ok(group) = self.group(id) else {
                 continue; // deleted: its entries were given back then
             };
-            let Some(mut assign) = (id != current).then(|| group.assign.try_lock()).flatten()
-            else {
+            let Some(mut slot) = (id != current).then(|| group.assign.try_lock()).flatten() else {
                 busy.push(id);
                 continue;
             };
-            if !assign.dedup_loaded {
-                continue;
-            }
+            let Some(assign) = slot.as_deref() else {
+                continue; // dropped meanwhile (idle)
+            };
             if assign.last_round > completed {
                 busy.push(id);
                 continue;
             }
-            let window = std::mem::take(&mut assign.dedup);
-            assign.dedup_loaded = false;
-            budget.resized(window.len(), 0);
+            let len = assign.dedup.len();
+            *slot = None;
+            budget.resized(len, 0);
             budget.count_dropped();
         }
         for id in busy {
-            budget.touch(id);
+            budget.touch_window(id);
         }
     }
 
@@ -659,7 +692,7 @@ impl Engine {
         let round = push_locked(
             p,
             group,
-            EntryKind::Record,
+            EntryKind::Records,
             |buf| journal::body::encode_record(buf, &rec),
             None,
         );
@@ -812,6 +845,7 @@ impl Engine {
             open_segments: self.shared.ctx.cache.len() as u64,
             dedup_entries: self.shared.dedup.entries() as u64,
             dedup_windows_dropped: self.shared.dedup.dropped(),
+            groups_in_use: self.shared.dedup.used_len() as u64,
             group_loads: c.group_loads.load(Ordering::Relaxed),
         }
     }

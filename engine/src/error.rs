@@ -84,6 +84,16 @@ pub enum Error {
     /// PULL may have applied its `ack_up_to`, which doing again changes
     /// nothing). The blocking requests never return it.
     NotReady { group: u64, ticket: u64 },
+    /// The data directory holds storage format `found`, which this build
+    /// does not read (it reads `supported` only); nothing was written to
+    /// it. `detail` names what was seen (format 1: the files and their
+    /// versions).
+    UnsupportedFormat {
+        path: PathBuf,
+        found: u16,
+        supported: u16,
+        detail: String,
+    },
 }
 
 impl Error {
@@ -180,6 +190,17 @@ impl fmt::Display for Error {
                 f,
                 "group {group} is being read from disk (background job {ticket}); run the \
                  request again once it is done"
+            ),
+            Error::UnsupportedFormat {
+                path,
+                found,
+                supported,
+                detail,
+            } => write!(
+                f,
+                "data directory {} has storage format {found}, and this build reads format \
+                 {supported} only: {detail}",
+                path.display()
             ),
         }
     }

@@ -12,14 +12,14 @@
 //! | target | what it drives |
 //! |---|---|
 //! | `record_scan` | [`record::RecordIter`], `decode_header` / `decode_verified` |
-//! | `journal_entries` | journal header decode, `EntryIter`, entry bodies |
+//! | `frame_decode` | journal header decode, `FrameIter` (envelopes, payloads, entries), proof search, entry bodies |
 //! | `checkpoint_decode` | `checkpoint::decode` and its memberships section |
 //! | `memberships_decode` | `member_snapshot::decode` (the cursor snapshot) |
 //! | `recovery` | `Engine::open` over an arbitrary data-directory image |
 //! | `engine_ops` | the engine API under an operation sequence, against an oracle |
 //!
 //! Inputs that need valid checksums to get past the first check
-//! (`journal_entries`, `checkpoint_decode`, `recovery`) carry a flag that
+//! (`frame_decode`, `checkpoint_decode`, `recovery`) carry a flag that
 //! makes the target recompute them, so the fuzzer reaches the decoders
 //! behind the CRCs as well as the CRC checks themselves.
 
@@ -30,7 +30,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::checkpoint::{self, CHECKPOINT_HEADER_BYTES, CHECKPOINT_MAGIC, CHECKPOINT_VERSION};
 use crate::cursors::MemberCursor;
 use crate::io::OsVfs;
-use crate::journal::{self, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES, JOURNAL_VERSION};
+use crate::journal::frame::{
+    self, FrameIter, ENVELOPE_BYTES, FRAME_OVERHEAD_BYTES, PAYLOAD_HEADER_BYTES,
+};
+use crate::journal::{
+    self, EntryKind, FrameBuf, FrameKind, JournalStart, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES,
+    JOURNAL_VERSION,
+};
 use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES};
 use crate::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
@@ -43,7 +49,7 @@ pub type Target = fn(&[u8]);
 /// wrapper and of its `fuzz/corpus/` directory).
 pub const TARGETS: &[(&str, Target)] = &[
     ("record_scan", record_scan),
-    ("journal_entries", journal_entries),
+    ("frame_decode", frame_decode),
     ("checkpoint_decode", checkpoint_decode),
     ("memberships_decode", memberships_decode),
     ("recovery", recovery),
@@ -140,30 +146,10 @@ pub fn record_scan(data: &[u8]) {
 }
 
 // ---------------------------------------------------------------------------
-// journal_entries
+// frame_decode
 
-/// Recomputes the checksums of journal entries laid out back to back in
-/// `b` (lengths clamped to what is there), and of a record body of each
-/// `Record` entry, so that mutated entries still pass their CRC.
-fn fix_entries(b: &mut [u8]) {
-    let mut pos = 0;
-    while b.len() - pos >= ENTRY_HEADER_BYTES {
-        let room = b.len() - pos - ENTRY_HEADER_BYTES;
-        let body_len = (u32_at(b, pos + 4) as usize).min(room);
-        // Invariant: body_len <= b.len() <= u32::MAX (fuzz inputs are small).
-        put_u32(b, pos + 4, body_len as u32);
-        let body = pos + ENTRY_HEADER_BYTES..pos + ENTRY_HEADER_BYTES + body_len;
-        if b[pos + 8] == EntryKind::Record as u8 {
-            fix_records(&mut b[body.clone()], true);
-        }
-        let crc = crc32fast::hash(&b[pos + 4..body.end]);
-        put_u32(b, pos, crc);
-        pos = body.end;
-    }
-}
-
-/// Recomputes the CRC of each record in `b` (walking by `record_len`);
-/// with `whole`, `b` is one record and its length field is set to fit.
+/// Recomputes the checksums of a Records body's records (walking by
+/// `record_len`), so that mutated records still pass their CRC.
 fn fix_records(b: &mut [u8], whole: bool) {
     let mut pos = 0;
     while b.len() - pos >= RECORD_HEADER_BYTES {
@@ -182,86 +168,199 @@ fn fix_records(b: &mut [u8], whole: bool) {
     }
 }
 
+/// Makes the entries laid out back to back in `b` fit it (body lengths
+/// clamped to what is there, record CRCs of Records bodies recomputed).
+/// Returns how many there are.
+fn fix_entries(b: &mut [u8]) -> u32 {
+    let mut pos = 0;
+    let mut n = 0u32;
+    while b.len() - pos >= ENTRY_HEADER_BYTES {
+        let room = b.len() - pos - ENTRY_HEADER_BYTES;
+        let body_len = (u32_at(b, pos) as usize).min(room);
+        // Invariant: body_len <= b.len() <= u32::MAX (fuzz inputs are small).
+        put_u32(b, pos, body_len as u32);
+        let body = pos + ENTRY_HEADER_BYTES..pos + ENTRY_HEADER_BYTES + body_len;
+        if b[pos + 4] == EntryKind::Records as u8 {
+            fix_records(&mut b[body.clone()], false);
+        }
+        pos = body.end;
+        n = n.saturating_add(1);
+    }
+    n
+}
+
 /// Rewrites a journal file header (magic, version, header length, CRC),
-/// keeping its sequence number and mark key.
+/// keeping its sequence number, first numbers (at least 1) and key.
 fn fix_journal_header(b: &mut [u8]) {
     if b.len() < JOURNAL_HEADER_BYTES {
         return;
     }
-    let seq = u64_at(b, 16);
-    let mark_key = u32::from_le_bytes([b[24], b[25], b[26], b[27]]);
-    b[..JOURNAL_HEADER_BYTES].copy_from_slice(&journal::encode_header(seq, mark_key));
+    let start = JournalStart {
+        seq: u64_at(b, 16),
+        lsn: u64_at(b, 24).max(1),
+        round: u64_at(b, 32).max(1),
+    };
+    let mark_key = u32_at(b, 40);
+    b[..JOURNAL_HEADER_BYTES].copy_from_slice(&journal::encode_header(start, mark_key));
 }
 
+/// Rewrites a whole journal file so that it passes every checksum: the
+/// header, then each frame's payload length (clamped), entries, payload
+/// CRC, numbers (continuing the header's), `synced_len` (clamped to the
+/// frame's offset) and keyed envelope CRC. The frame kinds, entry kinds
+/// and every other byte stay as the fuzzer made them.
+fn fix_journal_file(b: &mut [u8]) {
+    fix_journal_header(b);
+    let Ok(h) = journal::decode_header_of(b) else {
+        return;
+    };
+    let (mut lsn, mut round) = (h.first_lsn, h.first_round);
+    let mut pos = JOURNAL_HEADER_BYTES;
+    while b.len() - pos >= FRAME_OVERHEAD_BYTES {
+        let room = b.len() - pos - ENVELOPE_BYTES;
+        let payload_len = (u32_at(b, pos + 4) as usize).clamp(PAYLOAD_HEADER_BYTES, room);
+        let start = pos + ENVELOPE_BYTES;
+        let kind = if b[pos + 8] == FrameKind::Local as u8 {
+            FrameKind::Local
+        } else {
+            FrameKind::Round
+        };
+        let payload = &mut b[start..start + payload_len];
+        let count = fix_entries(&mut payload[PAYLOAD_HEADER_BYTES..]);
+        put_u32(payload, 4, count);
+        let index = if kind == FrameKind::Round { round } else { 0 };
+        payload[8..16].copy_from_slice(&index.to_le_bytes());
+        let crc = crc32fast::hash(&payload[4..]);
+        put_u32(payload, 0, crc);
+        let synced = u64_at(b, pos + 24).clamp(JOURNAL_HEADER_BYTES as u64, pos as u64);
+        let env = frame::encode_envelope(
+            &frame::Envelope {
+                payload_len: payload_len as u32,
+                kind,
+                lsn,
+                synced_len: synced,
+            },
+            h.mark_key,
+        );
+        b[pos..pos + ENVELOPE_BYTES].copy_from_slice(&env);
+        lsn = lsn.saturating_add(1);
+        if kind == FrameKind::Round {
+            round = round.saturating_add(1);
+        }
+        pos = start + payload_len;
+    }
+}
+
+/// The header `frame_decode` puts before bare frames (flag bit 1 clear).
+const FRAME_DECODE_KEY: u32 = 0x0403_0201;
+
 /// Input: `{ flags: u8 | bytes }`. Flag bit 1: `bytes` is a journal file
-/// (a 32-byte header, then entries, as replay reads it); otherwise it is
-/// entries alone. Flag bit 0 recomputes the header and entry checksums.
+/// (a 48-byte header, then frames, as replay reads it); otherwise it is
+/// frames alone, read after a header with seq 1, lsn and round 1 and key
+/// `0x04030201`. Flag bit 0 recomputes every checksum and length
+/// ([`fix_journal_file`]).
 ///
-/// Checks: the two header decoders agree, and a header that decodes is the
-/// one the encoder writes for its seq; entries tile the valid prefix exactly
-/// and re-encode to their bytes; the iterator stops with a reason exactly
-/// when bytes remain, and stays stopped; entry bodies decode (or are
-/// refused) without panicking, as replay decodes them.
-pub fn journal_entries(data: &[u8]) {
+/// Checks: a header that decodes is the one the encoder writes and is not
+/// also taken for another version; frames tile the valid prefix exactly,
+/// continue the numbering, and re-encode to their bytes through the
+/// writer's builder; the walk stops with a reason exactly when bytes
+/// remain, and stays stopped; a proof found after the valid prefix is a
+/// valid envelope naming a length inside the file; entry bodies decode (or
+/// are refused) without panicking, as replay decodes them.
+pub fn frame_decode(data: &[u8]) {
     let Some((&flags, rest)) = data.split_first() else {
         return;
     };
-    let mut buf = rest.to_vec();
-    let entries_at = if flags & 2 != 0 {
-        JOURNAL_HEADER_BYTES.min(buf.len())
+    let mut file = if flags & 2 != 0 {
+        rest.to_vec()
     } else {
-        0
+        let mut f = journal::encode_header(JournalStart::first(1), FRAME_DECODE_KEY).to_vec();
+        f.extend_from_slice(rest);
+        f
     };
     if flags & 1 != 0 {
-        if entries_at > 0 {
-            fix_journal_header(&mut buf);
-        }
-        fix_entries(&mut buf[entries_at..]);
+        fix_journal_file(&mut file);
     }
-    match journal::decode_header_of(&buf) {
+    let header = match journal::decode_header_of(&file) {
         Ok(h) => {
-            assert_eq!(journal::unsupported_version(&buf), None);
-            assert_eq!(buf[..JOURNAL_HEADER_BYTES], journal::encode_header_of(&h));
+            assert_eq!(journal::unsupported_version(&file), None);
+            assert_eq!(file[..JOURNAL_HEADER_BYTES], journal::encode_header_of(&h));
+            h
         }
         Err(_) => {
-            if let Some(v) = journal::unsupported_version(&buf) {
+            if let Some(v) = journal::unsupported_version(&file) {
                 assert_ne!(v, JOURNAL_VERSION);
             }
+            return;
         }
-    }
-    let buf = &buf[entries_at..];
-    let mut it = journal::EntryIter::new(buf, RECORD_BYTES_STORED_MAX);
-    let mut pos = 0;
-    for entry in it.by_ref() {
-        let end = pos + ENTRY_HEADER_BYTES + entry.body.len();
-        let mut again = Vec::new();
-        let start = journal::begin_entry(&mut again, entry.kind, entry.group_id);
-        again.extend_from_slice(entry.body);
-        journal::finish_entry(&mut again, start);
-        assert_eq!(again, buf[pos..end], "a valid entry does not re-encode");
-        pos = end;
-        decode_entry_body(entry.kind, entry.body);
+    };
+    let mut it = FrameIter::new(
+        &file,
+        JOURNAL_HEADER_BYTES,
+        header.mark_key,
+        header.first_lsn,
+        header.first_round,
+    );
+    let mut pos = JOURNAL_HEADER_BYTES;
+    let (mut lsn, mut round) = (header.first_lsn, header.first_round);
+    for f in it.by_ref() {
+        assert_eq!(f.offset, pos, "frames do not tile the file");
+        assert_eq!(f.envelope.lsn, lsn);
+        if f.envelope.kind == FrameKind::Round {
+            assert_eq!(f.header().round_index, round);
+            round = round.saturating_add(1);
+        }
+        lsn = lsn.saturating_add(1);
+        let mut again = FrameBuf::default();
+        for e in f.entries() {
+            again.push_entry(e.kind, e.group_id, |b| b.extend_from_slice(e.body));
+            decode_entry_body(e.kind, e.body);
+        }
+        let sealed = again
+            .seal(
+                f.envelope.kind,
+                f.envelope.lsn,
+                f.header().round_index,
+                f.envelope.synced_len,
+                header.mark_key,
+            )
+            .expect("a frame read from a file has a u32 payload");
+        // The term is not checked by readers of this version; the builder
+        // writes 0.
+        if f.header().term == 0 {
+            assert_eq!(
+                sealed,
+                &file[f.offset..f.end()],
+                "a valid frame does not re-encode"
+            );
+        }
+        pos = f.end();
     }
     assert_eq!(it.position(), pos);
+    assert_eq!(it.next_numbers(), (lsn, round));
     assert_eq!(
         it.stop_reason().is_some(),
-        pos < buf.len(),
+        pos < file.len(),
         "stop reason {:?} at {pos} of {}",
         it.stop_reason(),
-        buf.len()
+        file.len()
     );
-    assert!(
-        it.next().is_none(),
-        "the entry iterator yielded after stopping"
-    );
+    assert!(it.next().is_none(), "the frame walk yielded after stopping");
+    if pos < file.len() {
+        if let Some((synced, at)) = frame::furthest_proof_from(&file, pos + 1, header.mark_key) {
+            assert!(at > pos && synced <= at as u64 && synced >= JOURNAL_HEADER_BYTES as u64);
+            assert!(frame::envelope_at(&file, at, header.mark_key).is_ok());
+        }
+    }
 }
 
 /// Decodes an entry body the way recovery's replay does.
 fn decode_entry_body(kind: EntryKind, body: &[u8]) {
     match kind {
-        EntryKind::Record => {
-            if let Some(h) = journal::body::decode_record(body) {
-                assert_eq!(h.record_len as usize, body.len());
+        EntryKind::Records => {
+            if let Some((first, n)) = journal::body::decode_records(body) {
+                assert!(n >= 1);
+                assert_eq!(record::peek_msg_id(body), first);
             }
         }
         EntryKind::Join => {
@@ -283,7 +382,7 @@ fn decode_entry_body(kind: EntryKind, body: &[u8]) {
         EntryKind::Cursors => {
             assert!(journal::body::decode_cursors(body).count() <= body.len() / 16)
         }
-        EntryKind::CreateGroup | EntryKind::DeleteGroup | EntryKind::SyncMark => {}
+        EntryKind::CreateGroup | EntryKind::DeleteGroup => {}
     }
 }
 
@@ -452,6 +551,8 @@ fn small_config(dir: &Path) -> Config {
     c.index_interval_bytes = 128;
     c.open_segments_max = 4;
     c.journal_checkpoint_bytes = 4096;
+    // Rolls every few rounds, checkpoints every few files.
+    c.journal_file_bytes = 1024;
     c.commit_round_bytes_max = 4096;
     c.groups_max = 64;
     c.members_per_group_max = 64;
@@ -482,16 +583,20 @@ pub enum ImageFile {
     SegmentGroup2 = 4,
     /// `checkpoint.tmp`, which recovery must ignore.
     CheckpointTmp = 5,
+    /// `FORMAT`. An image without one gets a valid one; one of 0 bytes
+    /// means none at all (a directory of storage format 1, to be refused).
+    Format = 6,
 }
 
 impl ImageFile {
-    const ALL: [ImageFile; 6] = [
+    const ALL: [ImageFile; 7] = [
         ImageFile::Checkpoint,
         ImageFile::PreviousCheckpoint,
         ImageFile::Journal,
         ImageFile::SegmentGroup1,
         ImageFile::SegmentGroup2,
         ImageFile::CheckpointTmp,
+        ImageFile::Format,
     ];
 }
 
@@ -539,13 +644,30 @@ fn fix_segment(b: &mut [u8]) {
 
 /// The files of an image as the engine lays them out under `dir`: path,
 /// kind and bytes (checksums recomputed where the image asks for it). A
-/// later file at the same path replaces an earlier one.
+/// later file at the same path replaces an earlier one; a `FORMAT` of 0
+/// bytes is left out, and an image without one gets a valid one.
 fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, ImageFile, Vec<u8>)> {
     let jdir = journal::journal_dir(dir);
     let mut out = Vec::new();
+    if !files.iter().any(|(k, _, _)| *k == ImageFile::Format) {
+        let valid = crate::format::encode(crate::format::FORMAT_VERSION, 0).to_vec();
+        out.push((crate::format::path(dir), ImageFile::Format, valid));
+    }
     for (kind, fix, bytes) in files {
         let mut b = bytes.clone();
         let path = match kind {
+            ImageFile::Format => {
+                let path = crate::format::path(dir);
+                out.retain(|(p, _, _)| *p != path);
+                if b.is_empty() {
+                    continue;
+                }
+                if *fix {
+                    let version = if b.len() >= 10 { u16_at(&b, 8) } else { 2 };
+                    b = crate::format::encode(version, 0).to_vec();
+                }
+                path
+            }
             ImageFile::Checkpoint | ImageFile::PreviousCheckpoint | ImageFile::CheckpointTmp => {
                 if *fix {
                     fix_checkpoint(&mut b);
@@ -558,10 +680,7 @@ fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, Im
             }
             ImageFile::Journal => {
                 if *fix {
-                    fix_journal_header(&mut b);
-                    if b.len() > JOURNAL_HEADER_BYTES {
-                        fix_entries(&mut b[JOURNAL_HEADER_BYTES..]);
-                    }
+                    fix_journal_file(&mut b);
                 }
                 let seq = if b.len() >= 24 { u64_at(&b, 16) } else { 1 };
                 journal::journal_path(&jdir, seq)
@@ -755,13 +874,20 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
         if name.starts_with("record") {
             out.push(("record_scan", seed, prefixed(&[0xff, 0xff], v)));
         } else if name.starts_with("journal-entry") {
-            out.push(("journal_entries", seed.clone(), prefixed(&[0], v)));
-            if v.len() > ENTRY_HEADER_BYTES && v[8] == EntryKind::Record as u8 {
+            // A frame of just this entry: the fix flag fills in the
+            // envelope and payload header.
+            let mut frame = vec![1];
+            frame.extend_from_slice(&[0; FRAME_OVERHEAD_BYTES]);
+            frame.extend_from_slice(v);
+            out.push(("frame_decode", seed.clone(), frame));
+            if v.len() > ENTRY_HEADER_BYTES && v[4] == EntryKind::Records as u8 {
                 let body = &v[ENTRY_HEADER_BYTES..];
                 out.push(("record_scan", seed, prefixed(&[0xff, 0xff], body)));
             }
+        } else if name.starts_with("journal-frame") {
+            out.push(("frame_decode", seed, prefixed(&[0], v)));
         } else if name.starts_with("journal-header") {
-            out.push(("journal_entries", seed, prefixed(&[2], v)));
+            out.push(("frame_decode", seed, prefixed(&[2], v)));
         } else if name.starts_with("checkpoint") {
             out.push(("checkpoint_decode", seed.clone(), prefixed(&[0], v)));
             if let Ok(body) = checkpoint::decode(v) {
@@ -780,7 +906,7 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
                     }
                 }
                 ImageFile::Journal => {
-                    out.push(("journal_entries", seed, prefixed(&[2], bytes)));
+                    out.push(("frame_decode", seed, prefixed(&[2], bytes)));
                 }
                 ImageFile::SegmentGroup1 if bytes.len() > SEGMENT_HEADER_BYTES => {
                     let records = &bytes[SEGMENT_HEADER_BYTES..];
@@ -814,6 +940,9 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
 fn image_of(dir: &Path) -> Vec<(ImageFile, bool, Vec<u8>)> {
     let mut files = Vec::new();
     let read = |p: PathBuf| std::fs::read(p).ok();
+    if let Some(b) = read(crate::format::path(dir)) {
+        files.push((ImageFile::Format, false, b));
+    }
     if let Some(b) = read(checkpoint::path(dir)) {
         files.push((ImageFile::Checkpoint, false, b));
     }

@@ -19,32 +19,47 @@
 //!   recorded state names.
 //!
 //! Invariant: visible == applied whenever `log` is not held for writing,
-//! and visible <= assigned once `assign` is ready (ids are assigned before
-//! they are journaled, and journaled before they are applied). Debug
-//! assertions check both where the heads move.
+//! and visible <= assigned while `assign` holds a state (ids are assigned
+//! before they are journaled, and journaled before they are applied).
+//! Debug assertions check both where the heads move.
+//!
+//! **Memory** (design 3.3; `size_of` pinned by the tests below). A group
+//! holds in place only what every group needs: ids, the visible head, the
+//! member list (inline up to two members, see `membership.rs`) and the
+//! slot of its log. What only a busy group needs is boxed and leaves memory
+//! when the group goes idle ([`crate::dedup::DedupBudget`] says which, the
+//! commit thread evicts them, `commit.rs`):
+//! - the send state with its dedup window ([`AssignState`], `assign` is
+//!   `None` until the next send or join has the maintenance worker rebuild
+//!   it from the log, as after a restart, `ready.rs`);
+//! - the loaded log ([`LogSlot::Loaded`]): a small quiet log goes back to
+//!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
+//!   and is loaded again on its next use ([`Group::unload_if_quiet`]).
+//!
+//! A retention policy other than "keep everything" is boxed too (rare).
+//! Idle, a two-member group costs about 200 bytes in all (catalog entry
+//! included); the test `engine/tests/memory.rs` measures it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::cursors::CursorTable;
 use crate::dedup::DedupWindow;
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::membership::GroupMembers;
 use crate::retention::Retention;
 
+/// A log whose only segment is at most this long is unloaded when its group
+/// goes idle: loading it again verifies (CRC-scans) at most this much. The
+/// same bound as the design's small groups (`small_group_bytes_max`, which
+/// will keep such logs in the shared journal instead).
+pub const UNLOAD_LOG_BYTES_MAX: u64 = 64 << 10;
+
 pub struct Group {
     pub id: u64,
     /// Dense small integer standing for the id in the cursor table.
     pub slot: u32,
-    /// Member list and read counts. Never locked while a cursor-table shard
-    /// lock is held.
-    pub members: Mutex<GroupMembers>,
-    pub retention: Mutex<Retention>,
-    pub assign: Mutex<AssignState>,
-    pub log: RwLock<LogSlot>,
-    /// The newest applied (readable) msg_id, readable without a lock: a
-    /// copy of the log's head (see the module docs).
-    visible_head: AtomicU64,
     /// Set once a DELETE_GROUP of this group was accepted (queued), before
     /// its commit round removes the group from the registry. From then on
     /// the group is not found by any request ([`Group::is_deleting`]); only
@@ -52,13 +67,30 @@ pub struct Group {
     /// Written with the `assign` lock held, so a send that checks it under
     /// that lock is ordered before or after the delete, never across it.
     deleting: AtomicBool,
+    /// The newest applied (readable) msg_id, readable without a lock: a
+    /// copy of the log's head (see the module docs).
+    visible_head: AtomicU64,
+    /// Member list and read counts. Never locked while a cursor-table shard
+    /// lock is held; held across every cursor move that the read counts
+    /// follow (see `membership.rs`).
+    pub members: Mutex<GroupMembers>,
+    /// `None`: keep everything (the default, and nearly every group).
+    retention: Mutex<Option<Box<Retention>>>,
+    /// The send path's state, `None` until the first send or join since
+    /// open or since the group went idle (module docs).
+    pub assign: Mutex<Option<Box<AssignState>>>,
+    pub log: RwLock<LogSlot>,
+    // Per-group checkpoint state (design S4: dirty flag, applied lsn, dirty
+    // member lists) goes below, as fields of its own; keep what an idle
+    // group must hold in place small (module docs, `size_of` test).
 }
 
 /// Where the group's log is.
 pub enum LogSlot {
-    /// Known from the checkpoint; opened and verified on first use.
+    /// Known from the checkpoint (or unloaded while idle); opened and
+    /// verified on first use.
     Unloaded(LogState),
-    Loaded(GroupLog),
+    Loaded(Box<GroupLog>),
     /// Failed verification. Kept with its last known state so a checkpoint
     /// does not forget the group; answers `GroupDamaged` until repaired.
     Damaged {
@@ -69,11 +101,20 @@ pub enum LogSlot {
     Deleted,
 }
 
-/// The send path's view of a group.
+/// What [`Group::unload_if_quiet`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unload {
+    Done,
+    /// Not now (a lock held, writes not yet synced): try again later.
+    Later,
+    /// Not loaded, or a log that stays loaded (too big, a retention policy).
+    Never,
+}
+
+/// The send path's view of a group, built on its first send or join (the
+/// dedup window rebuilt from the log) and dropped when it goes idle.
 #[derive(Default)]
 pub struct AssignState {
-    /// Initialised from the log on first send (dedup window rebuilt).
-    pub ready: bool,
     /// The last msg_id handed out: the *assigned* head, >= the visible
     /// head (see the module docs).
     pub last_id: u64,
@@ -81,9 +122,6 @@ pub struct AssignState {
     /// The commit round that holds `last_id`.
     pub last_round: u64,
     pub dedup: DedupWindow,
-    /// `dedup` holds the group's window (false: never built, or dropped for
-    /// the node's dedup budget; rebuilt from the log before the next send).
-    pub dedup_loaded: bool,
 }
 
 impl Group {
@@ -93,13 +131,47 @@ impl Group {
         Group {
             id,
             slot,
-            members: Mutex::new(GroupMembers::new(0)),
-            retention: Mutex::new(Retention::default()),
-            assign: Mutex::new(AssignState::default()),
-            log: RwLock::new(log),
-            visible_head: AtomicU64::new(head),
             deleting: AtomicBool::new(false),
+            visible_head: AtomicU64::new(head),
+            members: Mutex::new(GroupMembers::new()),
+            retention: Mutex::new(None),
+            assign: Mutex::new(None),
+            log: RwLock::new(log),
         }
+    }
+
+    /// The cursor of a member of this group, as the member list's read
+    /// counts ask for it (0 for a user without a membership: the member
+    /// list and the cursor table agree under the `members` lock, so that is
+    /// never asked).
+    pub fn cursor_of<'a>(&self, cursors: &'a CursorTable) -> impl Fn(u64) -> u64 + 'a {
+        let slot = self.slot;
+        move |user| cursors.get(user, slot).map_or(0, |c| c.cursor)
+    }
+
+    /// How many members' cursors are at or above `msg_id` (read receipts).
+    pub fn read_count(&self, cursors: &CursorTable, msg_id: u64) -> u32 {
+        self.members
+            .lock()
+            .read_count(msg_id, self.cursor_of(cursors))
+    }
+
+    /// The lowest cursor of a member (None without members).
+    pub fn min_cursor(&self, cursors: &CursorTable) -> Option<u64> {
+        self.members.lock().min_cursor(self.cursor_of(cursors))
+    }
+
+    /// The group's retention policy.
+    pub fn retention(&self) -> Retention {
+        self.retention
+            .lock()
+            .as_deref()
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub fn set_retention(&self, policy: Retention) {
+        *self.retention.lock() = (!policy.keeps_everything()).then(|| Box::new(policy));
     }
 
     /// True once the group's deletion was accepted: every request treats the
@@ -111,7 +183,7 @@ impl Group {
     }
 
     /// Marks the group as being deleted. The caller holds `assign`.
-    pub fn mark_deleting(&self, _assign: &AssignState) {
+    pub fn mark_deleting(&self, _assign: &Option<Box<AssignState>>) {
         self.deleting.store(true, Ordering::Release);
     }
 
@@ -149,7 +221,8 @@ impl Group {
     // --- loading (the maintenance worker, recovery) -------------------
 
     /// Loads the group's log if it is still as its recorded state left it
-    /// (first use after open, or replay meeting the group). Returns what
+    /// (first use after open or after the idle sweep unloaded it, or replay
+    /// meeting the group). Returns what
     /// loading found, `None` if it was loaded already or was found damaged
     /// (then the slot says why).
     ///
@@ -183,7 +256,7 @@ impl Group {
             Ok((log, load)) => {
                 // Loading keeps the recorded head or finds records past it.
                 self.publish_head(&log);
-                *slot = LogSlot::Loaded(log);
+                *slot = LogSlot::Loaded(Box::new(log));
                 Some(load)
             }
             Err(e) => {
@@ -195,6 +268,47 @@ impl Group {
                 None
             }
         }
+    }
+
+    /// Puts a small quiet log back to its recorded state, to be loaded (and
+    /// verified) again on its next use: a log of one segment of at most
+    /// [`UNLOAD_LOG_BYTES_MAX`] bytes, with nothing unwritten or unsynced
+    /// (its recorded state then names exactly what its file durably holds,
+    /// as a checkpoint's would), under the default retention (retention runs
+    /// only on loaded logs). Its open segment file leaves the cache too.
+    /// Commit thread only, under `assign` holding no send state (the
+    /// maintenance worker installs a send state only over a loaded log, so
+    /// a group with one keeps its log loaded, and a record is never applied
+    /// to an unloaded log); a request that finds the log unloaded gets
+    /// `NotReady` and the worker loads it again (`ready.rs`). Does not wait
+    /// for the lock.
+    pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
+        if self.retention.lock().is_some() {
+            return Unload::Never;
+        }
+        let Some(mut slot) = self.log.try_write() else {
+            return Unload::Later;
+        };
+        let LogSlot::Loaded(log) = &*slot else {
+            return Unload::Never;
+        };
+        let too_big = match log.state().segments[..] {
+            [(_, len)] => len > UNLOAD_LOG_BYTES_MAX,
+            _ => true,
+        };
+        if too_big {
+            return Unload::Never;
+        }
+        if log.needs_sync() || log.has_unwritten_tail() {
+            return Unload::Later; // until the next checkpoint
+        }
+        let state = log.state();
+        debug_assert_eq!(state.head, self.head(), "group {}: heads", self.id);
+        let base = state.segments[0].0;
+        *slot = LogSlot::Unloaded(state);
+        drop(slot);
+        ctx.cache.forget(self.id, base);
+        Unload::Done
     }
 }
 
@@ -228,5 +342,152 @@ impl LogSlot {
             LogSlot::Loaded(l) => Some(l.state()),
             LogSlot::Deleted => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::commit::evict_idle;
+    use crate::{Config, Engine, FsyncPolicy};
+
+    /// What a group holds in place, pinned: every byte here is paid by every
+    /// group, idle or not (module docs; design 3.3).
+    #[test]
+    fn a_group_holds_little_in_place() {
+        assert_eq!(size_of::<GroupMembers>(), 32, "version + 2 inline ids");
+        assert_eq!(size_of::<Mutex<GroupMembers>>(), 40);
+        assert_eq!(size_of::<Mutex<Option<Box<AssignState>>>>(), 16);
+        assert_eq!(size_of::<Mutex<Option<Box<Retention>>>>(), 16);
+        assert_eq!(
+            size_of::<LogSlot>(),
+            56,
+            "a recorded state or a damage reason"
+        );
+        assert_eq!(size_of::<RwLock<LogSlot>>(), 64);
+        assert_eq!(size_of::<Group>(), 160);
+        // Only while busy: the send state, the loaded log.
+        assert_eq!(size_of::<AssignState>(), 112);
+        assert!(size_of::<GroupLog>() <= 128);
+    }
+
+    fn idle_engine() -> (tempfile::TempDir, Engine) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Config::new(dir.path());
+        c.fsync = FsyncPolicy::Never;
+        c.idle_evict_ms = 0;
+        let e = Engine::open(c).unwrap();
+        (dir, e)
+    }
+
+    /// Runs the commit thread's idle sweep to the end, now.
+    fn sweep(e: &Engine) {
+        while evict_idle(&e.shared, crate::now_ms(), usize::MAX) {}
+    }
+
+    fn group(e: &Engine, id: u64) -> Arc<Group> {
+        e.shared.catalog.read().get(id).cloned().unwrap()
+    }
+
+    #[test]
+    fn a_retransmit_after_idle_eviction_is_still_a_duplicate() {
+        let (_dir, e) = idle_engine();
+        e.create_group(1).unwrap();
+        let first: Vec<_> = (1..=3u64)
+            .map(|m| e.append(1, 7, 100 + m, b"x").unwrap())
+            .collect();
+        // Synced, so the log may leave memory too.
+        e.checkpoint().unwrap();
+        sweep(&e);
+        let g = group(&e, 1);
+        assert!(g.assign.lock().is_none(), "send state evicted");
+        assert!(matches!(&*g.log.read(), LogSlot::Unloaded(s) if s.head == 3));
+        assert_eq!(e.stats().dedup_entries, 0);
+        assert_eq!(g.head(), 3, "the visible head stays");
+        for (m, a) in (1..=3u64).zip(&first) {
+            let again = e.append(1, 7, 100 + m, b"x").unwrap();
+            assert!(again.duplicate, "send {m} forgotten after eviction");
+            assert_eq!(
+                (again.msg_id, again.timestamp_ms),
+                (a.msg_id, a.timestamp_ms)
+            );
+        }
+        assert_eq!(e.head(1).unwrap(), 3, "nothing stored twice");
+        assert_eq!(e.append(1, 7, 104, b"y").unwrap().msg_id, 4);
+        let batch = e.read(1, 0, 10, usize::MAX).unwrap();
+        assert_eq!(batch.count, 4);
+    }
+
+    #[test]
+    fn an_unloaded_log_is_loaded_again_by_a_read_and_a_join() {
+        let (_dir, e) = idle_engine();
+        e.create_group(1).unwrap();
+        e.append(1, 7, 1, b"a").unwrap();
+        e.append(1, 7, 2, b"b").unwrap();
+        e.checkpoint().unwrap();
+        sweep(&e);
+        let g = group(&e, 1);
+        assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
+        let batch = e.read(1, 1, 10, usize::MAX).unwrap();
+        assert_eq!((batch.count, batch.last_id), (1, 2));
+        assert!(matches!(&*g.log.read(), LogSlot::Loaded(_)));
+        e.checkpoint().unwrap();
+        sweep(&e);
+        assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
+        assert_eq!(e.join(1, 9, crate::JoinStart::Head).unwrap(), 2);
+        assert_eq!(e.read_count(1, 2).unwrap(), 1);
+    }
+
+    #[test]
+    fn unsynced_logs_and_logs_with_a_policy_stay_loaded() {
+        let (_dir, e) = idle_engine();
+        e.create_group(1).unwrap();
+        e.create_group(2).unwrap();
+        e.set_retention(
+            2,
+            Retention {
+                max_bytes: 1 << 30,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        e.append(1, 7, 1, b"a").unwrap();
+        e.append(2, 7, 1, b"a").unwrap();
+        sweep(&e);
+        let (g1, g2) = (group(&e, 1), group(&e, 2));
+        assert!(g1.assign.lock().is_none() && g2.assign.lock().is_none());
+        assert!(
+            matches!(&*g1.log.read(), LogSlot::Loaded(_)),
+            "not synced yet: stays until a checkpoint"
+        );
+        e.checkpoint().unwrap();
+        sweep(&e);
+        assert!(matches!(&*g1.log.read(), LogSlot::Unloaded(_)));
+        assert!(
+            matches!(&*g2.log.read(), LogSlot::Loaded(_)),
+            "retention runs on loaded logs"
+        );
+    }
+
+    #[test]
+    fn a_group_used_recently_is_not_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Config::new(dir.path());
+        c.fsync = FsyncPolicy::Never;
+        c.idle_evict_ms = 60_000;
+        let e = Engine::open(c).unwrap();
+        e.create_group(1).unwrap();
+        e.append(1, 7, 1, b"a").unwrap();
+        e.checkpoint().unwrap();
+        sweep(&e);
+        let g = group(&e, 1);
+        assert!(g.assign.lock().is_some());
+        assert!(matches!(&*g.log.read(), LogSlot::Loaded(_)));
+        while evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+        assert!(g.assign.lock().is_none(), "idle a minute later: evicted");
+        assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
     }
 }

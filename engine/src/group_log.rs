@@ -875,6 +875,11 @@ impl GroupLog {
         !self.unsynced.is_empty() || self.dir_unsynced
     }
 
+    /// True if appended records wait in memory for their segment's file.
+    pub fn has_unwritten_tail(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
     fn segment_index(&self, base: u64) -> Option<usize> {
         self.segments
             .binary_search_by_key(&base, |s| s.base_id)

@@ -38,6 +38,7 @@ mod dedup;
 mod engine;
 mod error;
 mod flusher;
+mod format;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod fuzz_targets;
@@ -52,6 +53,8 @@ pub mod io;
 #[cfg(not(any(test, feature = "testing")))]
 mod io;
 mod journal;
+#[cfg(test)]
+mod journal_crash_tests;
 mod member_snapshot;
 mod membership;
 #[cfg(test)]

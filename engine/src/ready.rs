@@ -5,14 +5,27 @@
 //! After open most groups are as the checkpoint left them (`LogSlot::
 //! Unloaded`): loading one scans its active segment (up to
 //! `segment_bytes_max`, CRC checked), a sealed segment's index is built by
-//! a scan on its first read, and the first send rebuilds the dedup window
-//! from the log. A request never does that work itself: the `try_`
+//! a scan on its first read, and the first send or join builds the group's
+//! send state (`Group::assign`, `None` until then) by rebuilding the dedup
+//! window from the log. The same holds after the idle sweep (`commit.rs`)
+//! dropped an idle group's send state and unloaded its small log, and
+//! after a send state left memory for the node's dedup budget. A request
+//! never does that work itself: the `try_`
 //! requests (the server's event loop) get `Error::NotReady` with a ticket
 //! and the worker does the work ([`Need`]); the blocking requests (CLI,
 //! tests, benches) wait for the ticket and run again ([`Engine::blocking`]).
 //! The result is the one 0.1 gave: verified data only; damage found by a
 //! load or a scan makes the group (or the reads of that segment)
-//! `GroupDamaged`.
+//! `GroupDamaged`. (One exception needs no disk: a loaded log holding no
+//! record, a group just created, gets its empty send state on the
+//! request's thread, [`empty_send_state`].)
+//!
+//! The idle sweep may unload a log between a job and the request it
+//! serves: the request then gets `NotReady` again with a new job (nothing
+//! is lost: every ticket is settled, and a job queued after another has a
+//! later ticket). Each repeat needs the sweep to find the group unused for
+//! `idle_evict_ms` since the job loaded it, which a request that runs
+//! again within that time never meets.
 //!
 //! Invariant: the jobs read files with no lock held; they take a group's
 //! locks only to copy what the scan needs and to install what it built,
@@ -122,8 +135,8 @@ impl Engine {
         Ok(())
     }
 
-    /// The error for a send or join whose group's send path is not ready
-    /// (its dedup window is not in memory): why the worker could not make
+    /// The error for a send or join whose group has no send state in
+    /// memory: why the worker could not make
     /// it ready last time, or why it cannot be (a damaged group), or
     /// `NotReady` with the job that makes it ready. The caller holds the
     /// group's `assign` lock.
@@ -160,9 +173,11 @@ fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
 }
 
 /// Loads the group's log if it is unloaded (the verifying scan without a
-/// lock: `Group::load_if_unloaded`).
+/// lock: `Group::load_if_unloaded`), and lists the group for the idle
+/// sweep, which unloads a small log again once it is idle (`commit.rs`).
 fn load(shared: &Shared, group: &Group) {
     if let Some(load) = group.load_if_unloaded(&shared.ctx) {
+        shared.dedup.touch_used(group.id);
         shared.counters.group_loads.fetch_add(1, Ordering::Relaxed);
         if load.bytes_cut > 0 {
             log::warn!(
@@ -192,64 +207,82 @@ fn build_index(shared: &Shared, group: &Group, base: u64) {
 
 /// Makes the group's send path ready: its log loaded, its dedup window
 /// rebuilt from the log (each sealed segment the rebuild reaches gets its
-/// index first, without the lock), then installed under `assign`.
+/// index first, without the lock), then its send state installed under
+/// `assign` if it still has none.
 ///
-/// Nothing is assigned to a group whose send path is not ready (a send
-/// needs the window first), so no record of it is applied meanwhile: the
-/// log's head read with the window is still its head at install.
+/// Nothing is assigned to a group without a send state (a state is dropped
+/// only once its last round completed), so no record of it is applied
+/// meanwhile: the log's head read with the window is still its head at
+/// install (checked there all the same). The idle sweep may unload the log between any two of these
+/// steps (it unloads only a group without a send state, under `assign`):
+/// the job then loads it again. The state is installed only over a loaded
+/// log, checked under `assign`, so a group with a send state always has
+/// its log loaded and the commit thread never loads one to apply a record.
+/// Each round of the loop needs the sweep to have found the group idle
+/// since this job loaded it (`idle_evict_ms`), so it ends.
 fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
-    load(shared, group);
     let ctx = &shared.ctx;
     let limits = WindowLimits::from_config(&ctx.config);
-    let (window, head, last_timestamp_ms) = loop {
+    loop {
+        load(shared, group);
         let rebuilt = match &*group.log.read() {
             LogSlot::Loaded(log) => {
                 DedupWindow::rebuild(log, ctx, Scan::Refused, now_ms(), limits)?
                     .map(|w| (w, log.head(), log.last_timestamp_ms()))
             }
+            // Unloaded again by the idle sweep since `load`.
+            LogSlot::Unloaded(_) => continue,
             // Damaged or deleted: the request finds out from the slot.
-            _ => return Ok(()),
+            LogSlot::Damaged { .. } | LogSlot::Deleted => return Ok(()),
         };
-        match rebuilt {
-            Ok(done) => break done,
-            Err(NeedsIndex { base }) => build_index(shared, group, base),
-        }
-    };
-    let mut assign = group.assign.lock();
-    if group.is_deleting() || (assign.ready && assign.dedup_loaded) {
-        return Ok(()); // no longer needed
-    }
-    let len = window.len();
-    if assign.ready {
-        // A window dropped for the node's budget: dropped only once every
-        // record assigned before had reached the log (`fit_dedup_budget`),
-        // and nothing is assigned without it.
-        debug_assert_eq!(assign.last_id, head, "group {}: assigned head", group.id);
-        if assign.last_id != head {
-            return Ok(()); // the request asks again
-        }
-        assign.dedup = window;
-        assign.dedup_loaded = true;
-        shared.dedup.resized(0, len);
-    } else {
-        let before = if assign.dedup_loaded {
-            assign.dedup.len()
-        } else {
-            0
+        let (dedup, head, last_timestamp_ms) = match rebuilt {
+            Ok(done) => done,
+            Err(NeedsIndex { base }) => {
+                build_index(shared, group, base);
+                continue;
+            }
         };
+        let mut slot = group.assign.lock();
+        if group.is_deleting() || slot.is_some() {
+            return Ok(()); // no longer needed
+        }
+        // Unloaded by the idle sweep since the rebuild, or (a request made
+        // an empty log's state meanwhile, sent, and that state went idle)
+        // moved on: start over.
+        if !matches!(&*group.log.read(), LogSlot::Loaded(log) if log.head() == head) {
+            continue;
+        }
+        shared.dedup.resized(0, dedup.len());
         // The assigned head starts at the applied one (see above).
-        *assign = AssignState {
-            ready: true,
+        *slot = Some(Box::new(AssignState {
             last_id: head,
             last_timestamp_ms,
             last_round: 0,
-            dedup: window,
-            dedup_loaded: true,
-        };
-        shared.dedup.resized(before, len);
+            dedup,
+        }));
+        // Listed for the dedup budget and the idle sweep, as a send does.
+        shared.dedup.touch(group.id);
+        return Ok(());
     }
-    shared.dedup.touch(group.id);
-    Ok(())
+}
+
+/// The send state of a group whose log is loaded and holds no record (a
+/// group just created, or one whose records retention removed): an empty
+/// window, made with no disk work, so a send needs no worker job. `None`
+/// otherwise. The caller holds `assign` (which holds no state), so no
+/// record of the group is queued and the log's head is the one to start
+/// from.
+pub(crate) fn empty_send_state(group: &Group) -> Option<AssignState> {
+    let slot = group.log.read();
+    let LogSlot::Loaded(log) = &*slot else {
+        return None;
+    };
+    (log.head() < log.floor()).then(|| AssignState {
+        last_id: log.head(),
+        last_timestamp_ms: log.last_timestamp_ms(),
+        last_round: 0,
+        dedup: DedupWindow::default(),
+    })
 }
 
 /// Starts the maintenance worker of an engine whose shared state is

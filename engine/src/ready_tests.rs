@@ -341,3 +341,116 @@ fn a_crash_mid_delete_leaves_no_group_and_the_next_open_empties_the_trash() {
     assert!(left.is_empty(), "the open removed the trash: {left:?}");
     assert_eq!(e.read(B, 0, 10, 1 << 20).unwrap().count, 5);
 }
+
+// --- with the idle sweep (storage v2 step S3) -------------------------
+
+/// An engine whose own idle sweep never finds a group idle (a minute), so
+/// only `sweep_idle` (the same sweep, a minute later) evicts.
+fn open_idle(dir: &Path) -> Engine {
+    let mut c = config(dir);
+    c.idle_evict_ms = 60_000;
+    Engine::open(c).unwrap()
+}
+
+/// Runs the commit thread's idle sweep as if a minute had passed.
+fn sweep_idle(e: &Engine) {
+    while crate::commit::evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+}
+
+/// True if the group holds neither a send state nor a loaded log.
+fn evicted(e: &Engine, group: u64) -> bool {
+    let g = e.shared.catalog.read().get(group).cloned().unwrap();
+    let none = g.assign.lock().is_none();
+    none && matches!(&*g.log.read(), crate::group::LogSlot::Unloaded(_))
+}
+
+#[test]
+fn a_send_to_a_new_group_needs_no_worker_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_idle(dir.path());
+    e.create_group(A).unwrap();
+    let req = crate::AppendRequest {
+        group_id: A,
+        sender_id: 100,
+        client_msg_id: 1,
+        payload: b"first",
+    };
+    // Its log is in memory and holds no record: an empty window, no disk.
+    let ticket = e.try_submit(&req).unwrap();
+    assert_eq!(ticket.appended.msg_id, 1);
+    e.wait(ticket).unwrap();
+    assert_eq!(e.stats().group_loads, 0);
+}
+
+/// The idle sweep may evict what the worker built for a request (the
+/// loaded log, the send state) before that request runs again: the request
+/// then gets `NotReady` with a new job, never the settled ticket again (a
+/// server would retry it at once, forever) and never a hang; and what the
+/// worker loads is listed for the sweep like any use.
+#[test]
+fn an_idle_sweep_between_the_workers_job_and_the_request_costs_a_new_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_idle(dir.path());
+    e.create_group(A).unwrap();
+    let first = e.append(A, 100, 1, b"one").unwrap();
+    e.checkpoint().unwrap();
+    sweep_idle(&e);
+    assert!(evicted(&e, A));
+    let req = crate::AppendRequest {
+        group_id: A,
+        sender_id: 100,
+        client_msg_id: 1,
+        payload: b"one",
+    };
+    let not_ready = |r: crate::Result<crate::Ticket>| match r {
+        Err(Error::NotReady { group, ticket }) if group == A => ticket,
+        other => panic!("expected NotReady, got {other:?}"),
+    };
+
+    let t1 = not_ready(e.try_submit(&req));
+    e.wait_ready(t1).unwrap();
+    assert!(
+        !evicted(&e, A),
+        "the worker loaded the log and built the state"
+    );
+    {
+        let g = e.shared.catalog.read().get(A).cloned().unwrap();
+        let assign = g.assign.lock();
+        let log = g.log.read();
+        assert!(assign.is_some() && matches!(&*log, crate::group::LogSlot::Loaded(_)));
+    }
+    sweep_idle(&e);
+    assert!(
+        evicted(&e, A),
+        "the worker's load and state are listed for the sweep"
+    );
+    let t2 = not_ready(e.try_submit(&req));
+    assert!(t2 > t1, "a new job ({t2}), not the settled one ({t1})");
+    e.wait_ready(t2).unwrap();
+    let again = e.try_submit(&req).unwrap();
+    assert!(
+        again.appended.duplicate,
+        "the rebuilt window knows the send"
+    );
+    assert_eq!(again.appended.msg_id, first.msg_id);
+
+    // A read: the same with the log alone.
+    sweep_idle(&e);
+    assert!(evicted(&e, A));
+    let read_ticket = |r: crate::Result<crate::ReadBatch>| match r {
+        Err(Error::NotReady { ticket, .. }) => ticket,
+        other => panic!("expected NotReady, got {:?}", other.map(|b| b.count)),
+    };
+    let t3 = read_ticket(e.try_read(A, 0, 10, 1 << 20));
+    e.wait_ready(t3).unwrap();
+    sweep_idle(&e);
+    assert!(
+        evicted(&e, A),
+        "a log loaded for a read is listed for the sweep"
+    );
+    let t4 = read_ticket(e.try_read(A, 0, 10, 1 << 20));
+    assert!(t4 > t3);
+    e.wait_ready(t4).unwrap();
+    assert_eq!(e.try_read(A, 0, 10, 1 << 20).unwrap().count, 1);
+    assert_eq!(e.stats().group_loads, 4);
+}

@@ -21,7 +21,11 @@ use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::io::Vfs;
-use crate::journal::{self, EntryKind, Journal, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::journal::frame::{self, FrameIter, PAYLOAD_HEADER_BYTES};
+use crate::journal::{
+    self, EntryIter, EntryKind, FrameKind, Journal, JournalStart, JOURNAL_HEADER_BYTES,
+    JOURNAL_VERSION,
+};
 use crate::member_snapshot;
 use crate::record;
 
@@ -43,13 +47,13 @@ pub struct RecoveryReport {
     pub records_already_present: u64,
     /// Entries for groups that no longer exist (deleted later).
     pub orphan_entries: u64,
-    /// Journal entries whose bytes were damaged after they were synced and
-    /// that were restored from an intact copy of their record in its
-    /// group's segments.
-    pub journal_entries_repaired: u64,
-    /// Damaged sync marks that were durable and skipped: a mark holds no
-    /// data, so nothing was lost.
-    pub journal_sync_marks_skipped: u64,
+    /// Records of durable journal frames that were damaged after they were
+    /// synced and were restored from their intact copies in their groups'
+    /// segments.
+    pub journal_records_repaired: u64,
+    /// Durable journal frames whose envelope was damaged and whose payload
+    /// was intact: an envelope holds no data, so nothing was lost.
+    pub journal_envelopes_repaired: u64,
     /// `(file, bytes cut, why)` for every torn tail removed.
     pub cuts: Vec<(String, u64, String)>,
     /// Groups that failed verification, with the reason.
@@ -72,15 +76,15 @@ impl RecoveryReport {
     pub fn summary(&self) -> String {
         format!(
             "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
-             journal entries repaired: {}, damaged sync marks skipped: {}, bytes cut: {}, \
+             journal records repaired: {}, damaged frame envelopes repaired: {}, bytes cut: {}, \
              groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
              damaged groups: {}",
             self.groups,
             self.clean_shutdown,
             self.journal_entries_replayed,
             self.records_replayed,
-            self.journal_entries_repaired,
-            self.journal_sync_marks_skipped,
+            self.journal_records_repaired,
+            self.journal_envelopes_repaired,
             self.bytes_cut(),
             self.groups_verified,
             self.groups_unverified,
@@ -169,6 +173,11 @@ pub(crate) struct Recovered {
 pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     let vfs = &*ctx.vfs;
     let data_dir = &ctx.config.data_dir;
+    // Checked again under the lock (`Engine::open` checked before taking
+    // it, so that a directory of another format gets nothing written).
+    if crate::format::check(vfs, data_dir)? == crate::format::Found::Empty {
+        crate::format::create(vfs, data_dir)?;
+    }
     let jdir = journal::journal_dir(data_dir);
     vfs.create_dir_all_durable(&jdir)
         .map_err(|e| Error::io(format!("mkdir {}", jdir.display()), e))?;
@@ -228,11 +237,16 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     )?;
     let report_clean = report.clean_shutdown;
     let mut next_seq = replay_from.max(1);
-    // An invalid entry that no sync mark shows to be durable ends a journal
-    // file's valid part. That is a torn tail (a crash mid-write) only if no
-    // later file holds entries; if one does, acknowledged data after it is
-    // unreadable and opening fails. (Damage that a sync mark shows to be
-    // durable is repaired from the segments or refused in `Replay::file`.)
+    // Frames are numbered on from the furthest any file reached (a file
+    // started by a checkpoint names the numbers the writer had reached,
+    // also when frames before it were lost to a power cut).
+    let mut next_numbers = (1u64, 1u64);
+    // An invalid frame that no later frame's synced_len shows to be durable
+    // ends a journal file's valid part. That is a torn tail (a crash
+    // mid-write) only if no later file holds frames; if one does,
+    // acknowledged data after it is unreadable and opening fails. (Damage
+    // that a synced_len shows to be durable is restored or refused in
+    // `Replay::file`.)
     let mut torn: Vec<TornTail> = Vec::new();
     let mut segments_may_lead = false;
     // The file a checkpoint names had its header synced (and its directory
@@ -255,18 +269,21 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             later: &files[i + 1..],
         };
         let outcome = replay.file(path, header_durable(*seq))?;
+        if let Some((lsn, round)) = outcome.next {
+            next_numbers = (next_numbers.0.max(lsn), next_numbers.1.max(round));
+        }
         // The file a clean shutdown's checkpoint names held no entry, so
         // its header's flag says nothing: a clean restart loads no group.
         let held_nothing = loaded && report_clean && *seq == replay_from;
         segments_may_lead |= outcome.segments_may_lead && !held_nothing;
-        if outcome.entries > 0 {
+        if outcome.frames > 0 {
             if let Some(t) = torn.first() {
                 return Err(Error::Corrupt {
                     path: t.path.clone(),
                     group: None,
                     offset: t.valid,
                     reason: format!(
-                        "{} (and a later journal file holds entries). {}",
+                        "{} (and a later journal file holds frames). {}",
                         t.reason,
                         journal_damage_hint(later_than(&files, &t.path))
                     ),
@@ -318,7 +335,12 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
 
     // A fresh checkpoint over a fresh journal: the replayed journal files
     // are no longer needed once the logs they fed are synced.
-    let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next_seq, false)?;
+    let next = JournalStart {
+        seq: next_seq,
+        lsn: next_numbers.0,
+        round: next_numbers.1,
+    };
+    let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next, false)?;
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
     }
@@ -445,6 +467,7 @@ fn restore_checkpoint(
     body: CheckpointBody,
 ) -> Result<(), String> {
     let mut by_ordinal = Vec::with_capacity(body.groups.len());
+    catalog.reserve(body.groups.len());
     for g in body.groups {
         let state = LogState {
             head: g.head,
@@ -455,7 +478,7 @@ fn restore_checkpoint(
             None => LogSlot::Unloaded(state),
         };
         let group = catalog.insert(g.group_id, slot);
-        *group.retention.lock() = g.retention;
+        group.set_retention(g.retention);
         by_ordinal.push(group);
     }
     member_snapshot::decode(&body.members, |m| {
@@ -476,7 +499,10 @@ fn restore_checkpoint(
             .insert(m.user, group.slot, cursor, m.join_point, None)
             .is_ok()
         {
-            group.members.lock().insert(m.user, cursor);
+            group
+                .members
+                .lock()
+                .insert(m.user, cursor, group.cursor_of(cursors));
         }
         Ok(())
     })
@@ -491,7 +517,8 @@ fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
     );
     for (slot, old, new) in moved {
         if let Some(g) = catalog.by_slot(slot) {
-            g.members.lock().read_counts.advance(old, new);
+            // Recovery is single-threaded: no cursor moves meanwhile.
+            g.members.lock().advance(old, new);
         }
     }
 }
@@ -532,7 +559,7 @@ fn discover_groups(
                             "torn or unsynced tail".into(),
                         ));
                     }
-                    catalog.insert(id, LogSlot::Loaded(log));
+                    catalog.insert(id, LogSlot::Loaded(Box::new(log)));
                 }
                 Err(e) => {
                     catalog.insert(id, LogSlot::damaged(e.to_string()));
@@ -553,10 +580,25 @@ struct TornTail {
 
 #[derive(Default)]
 struct FileOutcome {
-    entries: u64,
+    /// Valid frames replayed (restored ones included).
+    frames: u64,
     torn: Option<TornTail>,
     /// The file's header says group segments may hold records it lost.
     segments_may_lead: bool,
+    /// The lsn and round index a frame after this file's valid ones would
+    /// have (the header's first ones if it holds none); `None` without a
+    /// valid header.
+    next: Option<(u64, u64)>,
+}
+
+/// A durable frame that was damaged, as recovery restored it.
+struct Restored {
+    kind: FrameKind,
+    /// The payload with its damaged records replaced by their segment
+    /// copies (its checksum matches again).
+    payload: Vec<u8>,
+    end: usize,
+    records_restored: u64,
 }
 
 struct Replay<'a> {
@@ -567,14 +609,15 @@ struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    /// Replays the valid entries of one journal file; reports where its
+    /// Replays the valid frames of one journal file; reports where its
     /// valid part ends if it ends before the file does.
     ///
-    /// An invalid entry is a torn write unless a sync mark after it names a
-    /// synced length beyond it: then bytes that were durable are damaged.
-    /// Such an entry is restored from its record's copy in the group's
-    /// segments when one provably matches, and otherwise opening fails: it
-    /// held acknowledged data that exists nowhere else.
+    /// An invalid frame is a torn write unless a frame after it names a
+    /// `synced_len` beyond it: then bytes that were durable are damaged.
+    /// Such a frame is restored when the damage provably touched only its
+    /// envelope (which holds no data) or records whose intact copies are
+    /// in their groups' segments, and otherwise opening fails: it held
+    /// acknowledged data that exists nowhere else.
     ///
     /// `header_durable`: the file's header was made durable before anything
     /// relied on the file (section 11, step 4), so a file without a valid
@@ -587,7 +630,7 @@ impl Replay<'_> {
             reason: format!(
                 "{reason}. The checkpoint in use names this journal file, and its header \
                  was durable before that checkpoint was stored, so this is damage, not a \
-                 crash while the file was created: the file's entries (acknowledged \
+                 crash while the file was created: the file's frames (acknowledged \
                  messages, joins, cursors) cannot be read. The data directory was not \
                  opened, so nothing was dropped: restore the data directory (or this file) \
                  from a backup"
@@ -600,11 +643,16 @@ impl Replay<'_> {
             return Ok(FileOutcome::default());
         };
         if let Some(version) = journal::unsupported_version(&map) {
+            let what = if version < JOURNAL_VERSION {
+                " (it was written by tidemark 0.1, storage format 1)"
+            } else {
+                ""
+            };
             return Err(Error::Corrupt {
                 path: path.to_owned(),
                 group: None,
                 offset: 8,
-                reason: format!("journal version {version} is not supported by this build"),
+                reason: format!("journal version {version} is not supported by this build{what}"),
             });
         }
         let torn = |valid: usize, reason: String| TornTail {
@@ -630,94 +678,212 @@ impl Replay<'_> {
             ..FileOutcome::default()
         };
         let mut pos = JOURNAL_HEADER_BYTES;
-        // The furthest sync mark after the last bad entry, kept while it
-        // still lies after the next one.
+        let (mut lsn, mut round) = (header.first_lsn, header.first_round);
+        // The furthest proof (a valid envelope's synced_len) after the last
+        // bad frame, kept while it still lies after the next one.
         let mut proof: Option<(u64, usize)> = None;
         loop {
-            let mut it = journal::EntryIter::new(&map[pos..], record::RECORD_BYTES_STORED_MAX);
-            for entry in it.by_ref() {
-                outcome.entries += 1;
-                self.report.journal_entries_replayed += 1;
-                self.entry(&entry)?;
+            let mut it = FrameIter::new(&map, pos, header.mark_key, lsn, round);
+            for f in it.by_ref() {
+                outcome.frames += 1;
+                self.frame_entries(f.entries(), f.envelope.lsn)?;
             }
+            pos = it.position();
+            (lsn, round) = it.next_numbers();
             let Some(reason) = it.stop_reason().map(str::to_owned) else {
                 break;
             };
-            let bad = pos + it.position();
-            if header.has_sync_marks() && proof.is_none_or(|(_, at)| at <= bad) {
-                proof = journal::furthest_sync_mark_from(&map, bad + 1, header.mark_key);
+            let bad = pos;
+            if proof.is_none_or(|(_, at)| at <= bad) {
+                proof = frame::furthest_proof_from(&map, bad + 1, header.mark_key);
             }
-            let Some((synced, mark_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
+            let Some((synced, proof_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
                 outcome.torn = Some(torn(bad, reason));
                 break;
             };
-            if let Some(next) = damaged_sync_mark(&map, bad, header.mark_key) {
-                log::warn!(
-                    "journal {} offset {bad}: {reason}; the entry is a damaged sync mark, \
-                     which holds no data: skipped",
-                    path.display()
-                );
-                self.report.journal_sync_marks_skipped += 1;
-                pos = next;
-                continue;
-            }
-            match self.repair_from_segments(&map, bad) {
-                Some(next) => {
+            match self.restore_frame(&map, bad, header.mark_key, lsn, round) {
+                Ok(r) => {
                     log::warn!(
-                        "journal {} offset {bad}: {reason}; the entry was restored from the \
-                         intact copy of its record in the group's segments",
-                        path.display()
+                        "journal {} offset {bad}: {reason}; the frame (lsn {lsn}) was durable and \
+                         is restored: {}",
+                        path.display(),
+                        if r.records_restored == 0 {
+                            "only its envelope, which holds no data, was damaged".to_string()
+                        } else {
+                            format!(
+                                "{} damaged records were replaced by their intact copies in \
+                                 their groups' segments",
+                                r.records_restored
+                            )
+                        }
                     );
-                    self.report.journal_entries_repaired += 1;
-                    self.report.records_already_present += 1;
-                    pos = next;
+                    if r.records_restored == 0 {
+                        self.report.journal_envelopes_repaired += 1;
+                    }
+                    self.report.journal_records_repaired += r.records_restored;
+                    outcome.frames += 1;
+                    let entries = EntryIter::new(&r.payload[PAYLOAD_HEADER_BYTES..], r.kind);
+                    self.frame_entries(entries, lsn)?;
+                    pos = r.end;
+                    lsn = lsn.saturating_add(1);
+                    if r.kind == FrameKind::Round {
+                        round = round.saturating_add(1);
+                    }
                 }
-                None => {
+                Err(why) => {
                     return Err(Error::Corrupt {
                         path: path.to_owned(),
                         group: None,
                         offset: bad as u64,
                         reason: format!(
-                            "{reason}. This is not a torn write: the sync mark at offset \
-                             {mark_at} shows that the file was durable up to offset {synced}, \
-                             so acknowledged entries were damaged, and they are not all intact \
-                             elsewhere. {}",
+                            "{reason}. This is not a torn write: the frame at offset \
+                             {proof_at} shows that the file was durable up to offset {synced}, \
+                             so acknowledged frames were damaged, and they are not all intact \
+                             elsewhere ({why}). {}",
                             journal_damage_hint(self.later)
                         ),
                     });
                 }
             }
         }
+        outcome.next = Some((lsn, round));
         Ok(outcome)
     }
 
-    /// Restores the damaged entry at `bad` from its record's copy in the
-    /// group's segments, if the damage provably touched nothing else: a
-    /// valid entry follows where the entry's length says it ends, it is a
-    /// Record entry of a registered group whose log holds the msg_id its
-    /// body names, and either the body equals that copy (the damage is in
-    /// the entry header) or the entry's stored checksum matches its header
-    /// with the copy as body (the damage is in the body). Returns where
-    /// the next entry starts.
-    fn repair_from_segments(&mut self, map: &[u8], bad: usize) -> Option<usize> {
-        let header = map.get(bad..bad.checked_add(ENTRY_HEADER_BYTES)?)?;
-        let u32_at =
-            |o: usize| u32::from_le_bytes([header[o], header[o + 1], header[o + 2], header[o + 3]]);
-        let body_len = usize::try_from(u32_at(4)).ok()?;
-        let end = bad.checked_add(ENTRY_HEADER_BYTES)?.checked_add(body_len)?;
-        if end >= map.len()
-            || journal::EntryIter::new(&map[end..], record::RECORD_BYTES_STORED_MAX)
-                .next()
-                .is_none()
-        {
-            return None;
+    /// Restores the durable frame at `bad` (expected to be numbered `lsn`
+    /// and, if a Round frame, `round`), if the damage provably touched
+    /// nothing that only it held:
+    /// - its extent is confirmed: the payload length its envelope gives
+    ///   (checked or not) ends where a valid envelope numbered `lsn + 1`
+    ///   starts;
+    /// - and either its payload is valid (the damage is in the envelope,
+    ///   which holds no data), or its payload's structure parses and
+    ///   replacing each record that fails its own CRC by the group's
+    ///   stored record of that msg_id (same length) makes the payload's
+    ///   stored checksum match again.
+    ///
+    /// Otherwise says why not.
+    fn restore_frame(
+        &mut self,
+        map: &[u8],
+        bad: usize,
+        mark_key: u32,
+        lsn: u64,
+        round: u64,
+    ) -> Result<Restored, String> {
+        let env = map
+            .get(bad..bad + frame::ENVELOPE_BYTES)
+            .ok_or("its envelope is truncated")?;
+        let checked = frame::envelope_at(map, bad, mark_key).ok();
+        if checked.is_some_and(|e| e.lsn != lsn) {
+            return Err(format!(
+                "its intact envelope names lsn {}",
+                checked.map_or(0, |e| e.lsn)
+            ));
         }
-        if header[8] != EntryKind::Record as u8 {
-            return None;
+        let payload_len = u32::from_le_bytes([env[4], env[5], env[6], env[7]]) as usize;
+        let start = bad + frame::ENVELOPE_BYTES;
+        let end = start
+            .checked_add(payload_len)
+            .filter(|&e| e < map.len())
+            .ok_or("its payload length runs past the last frame")?;
+        match frame::envelope_at(map, end, mark_key) {
+            Ok(next) if Some(next.lsn) == lsn.checked_add(1) => {}
+            _ => return Err("no valid frame follows where its payload length says it ends".into()),
         }
-        let group_id = u64::from_le_bytes(header[16..24].try_into().ok()?);
-        let body = &map[bad + ENTRY_HEADER_BYTES..end];
-        let msg_id = u64::from_le_bytes(body.get(8..16)?.try_into().ok()?);
+        let payload = &map[start..end];
+        let header = frame::payload_header(payload).ok_or("its payload has no header")?;
+        // An unchecked kind byte is trusted only if it is a kind; the
+        // payload's checksum or restoration then confirms it.
+        let kind = match checked {
+            Some(e) => e.kind,
+            None if env[8] == FrameKind::Local as u8 => FrameKind::Local,
+            None => FrameKind::Round,
+        };
+        if kind == FrameKind::Round && header.round_index != round {
+            return Err(format!(
+                "its payload names round_index {} where {round} was expected",
+                header.round_index
+            ));
+        }
+        if frame::check_payload(payload, kind).is_ok() {
+            return Ok(Restored {
+                kind,
+                payload: payload.to_vec(),
+                end,
+                records_restored: 0,
+            });
+        }
+        frame::check_payload_structure(payload, kind)
+            .map_err(|why| format!("its payload does not parse: {why}"))?;
+        let mut fixed = payload.to_vec();
+        let mut restored = 0;
+        let mut at = PAYLOAD_HEADER_BYTES;
+        for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], kind) {
+            let body_at = at + journal::ENTRY_HEADER_BYTES;
+            at = body_at + e.body.len();
+            if e.kind == EntryKind::Records {
+                restored += self.restore_records(e.group_id, &mut fixed[body_at..at])?;
+            }
+        }
+        if crc32fast::hash(&fixed[4..]) != header.payload_crc {
+            return Err(
+                "its damage is not only in records that the segments hold (restoring them did \
+                 not reproduce the payload's checksum)"
+                    .into(),
+            );
+        }
+        Ok(Restored {
+            kind,
+            payload: fixed,
+            end,
+            records_restored: restored,
+        })
+    }
+
+    /// Replaces each record of a damaged Records body that fails its own
+    /// CRC by the stored record of its msg_id in the group's log: the id
+    /// after the previous record of the body, or (for the first) the id
+    /// the damaged record names. Returns how many were replaced, or why one
+    /// could not be.
+    fn restore_records(&mut self, group_id: u64, body: &mut [u8]) -> Result<u64, String> {
+        let mut restored = 0;
+        let mut prev: Option<u64> = None;
+        let mut at = 0;
+        while at < body.len() {
+            let rest = &body[at..];
+            let len = record::peek_len(rest)
+                .filter(|&l| l >= record::RECORD_HEADER_BYTES && l <= rest.len())
+                .ok_or_else(|| format!("a record length in group {group_id}'s entry is damaged"))?;
+            if let Ok(h) = record::decode_verified(&rest[..len], len) {
+                prev = Some(h.msg_id);
+                at += len;
+                continue;
+            }
+            let msg_id = match prev {
+                Some(p) => p + 1,
+                None => record::peek_msg_id(rest),
+            };
+            let copy = self.stored_record(group_id, msg_id).ok_or_else(|| {
+                format!("group {group_id} holds no intact copy of msg_id {msg_id}")
+            })?;
+            if copy.len() != len {
+                return Err(format!(
+                    "group {group_id}'s copy of msg_id {msg_id} has {} bytes, the frame {len}",
+                    copy.len()
+                ));
+            }
+            body[at..at + len].copy_from_slice(&copy);
+            restored += 1;
+            prev = Some(msg_id);
+            at += len;
+        }
+        Ok(restored)
+    }
+
+    /// The stored (verified) record `msg_id` of a registered, undamaged
+    /// group, loading the group if needed.
+    fn stored_record(&mut self, group_id: u64, msg_id: u64) -> Option<Vec<u8>> {
         let group = self.st.catalog.read().get(group_id)?.clone();
         ensure_loaded_reporting(self.st.ctx, &group, self.report);
         let slot = group.log.read();
@@ -729,21 +895,23 @@ impl Replay<'_> {
         }
         let batch = log.read(self.st.ctx, msg_id - 1, 1, usize::MAX).ok()?;
         let copy = batch.records().next()?;
-        if copy.header.msg_id != msg_id || copy.bytes.len() != body.len() {
-            return None;
+        (copy.header.msg_id == msg_id).then(|| copy.bytes.to_vec())
+    }
+
+    /// Applies the entries of one valid frame numbered `lsn`.
+    fn frame_entries(&mut self, entries: EntryIter<'_>, lsn: u64) -> Result<()> {
+        for e in entries {
+            self.report.journal_entries_replayed += 1;
+            self.entry(&e, lsn)?;
         }
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&header[4..ENTRY_HEADER_BYTES]);
-        crc.update(copy.bytes);
-        let intact = copy.bytes == body || crc.finalize() == u32_at(0);
-        intact.then_some(end)
+        Ok(())
     }
 
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
-    fn entry(&mut self, entry: &journal::Entry<'_>) -> Result<()> {
+    fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64) -> Result<()> {
         let group = self.st.catalog.read().get(entry.group_id).cloned();
-        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay)? {
+        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay, lsn)? {
             apply::Applied::Orphan => self.report.orphan_entries += 1,
             apply::Applied::Records(done) => {
                 if let Some(load) = done.loaded {
@@ -753,35 +921,11 @@ impl Replay<'_> {
                 self.report.records_already_present += done.already_present;
             }
             // Refusals (a limit, a malformed body) are ignored: replay
-            // checks what the live apply checked (storage.md section 16,
-            // item 1, says where their order can still differ).
+            // checks what the live apply checked, in the same order.
             apply::Applied::Op(_) => {}
         }
         Ok(())
     }
-}
-
-/// Where the next entry starts if the damaged entry at `bad` is a sync
-/// mark of this file (whose header has `mark_key`): its entry header is a
-/// mark's (kind 8, body_len 16, reserved bytes and group 0), its body
-/// carries the file's key and zero reserved bytes, so the damage is in its
-/// `synced_len` or checksum, and a valid entry starts right after its
-/// fixed length. An entry that holds data cannot pass for one: a Record
-/// body is at least 44 bytes and the server never uses group 0; an engine
-/// caller's Join or Cursors entry of group 0 (16-byte body) whose kind
-/// byte was damaged would also need the random key in its body.
-fn damaged_sync_mark(map: &[u8], bad: usize, mark_key: u32) -> Option<usize> {
-    let end = bad.checked_add(ENTRY_HEADER_BYTES + journal::SYNC_MARK_BODY_BYTES)?;
-    let mark = map.get(bad..end)?;
-    let body = &mark[ENTRY_HEADER_BYTES..];
-    let next = &map[end..];
-    (journal::is_sync_mark_header(mark)
-        && body[8..12] == mark_key.to_le_bytes()
-        && body[12..16] == [0; 4]
-        && journal::EntryIter::new(next, record::RECORD_BYTES_STORED_MAX)
-            .next()
-            .is_some())
-    .then_some(end)
 }
 
 fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {

@@ -10,7 +10,11 @@ use std::path::Path;
 use crate::checkpoint::{self, CheckpointBody, GroupEntry};
 use crate::cursors::MemberCursor;
 use crate::io::OsVfs;
-use crate::journal::{self, EntryIter, EntryKind, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES};
+use crate::journal::frame::{self, FrameIter};
+use crate::journal::{
+    self, EntryIter, EntryKind, FrameBuf, FrameKind, JournalStart, ENTRY_HEADER_BYTES,
+    JOURNAL_HEADER_BYTES,
+};
 use crate::member_snapshot::{self, SnapshotMembership};
 use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
 use crate::retention::Retention;
@@ -20,12 +24,14 @@ use crate::{Config, Engine, Error, JoinStart};
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
 const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
 const JOURNAL_HEADER: &str = include_str!("../../format-spec/vectors/storage/journal-header.hex");
-const JOURNAL_ENTRY_SYNC_MARK: &str =
-    include_str!("../../format-spec/vectors/storage/journal-entry-sync-mark.hex");
-const JOURNAL_ENTRY_RECORD: &str =
-    include_str!("../../format-spec/vectors/storage/journal-entry-record.hex");
+const JOURNAL_FRAME: &str = include_str!("../../format-spec/vectors/storage/journal-frame.hex");
+const JOURNAL_ENTRY_RECORDS: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-records.hex");
 const JOURNAL_ENTRY_CREATE_GROUP: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-create-group.hex");
+const JOURNAL_ENTRY_DELETE_GROUP: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-delete-group.hex");
+const FORMAT: &str = include_str!("../../format-spec/vectors/storage/format.hex");
 const CHECKPOINT: &str = include_str!("../../format-spec/vectors/storage/checkpoint.hex");
 const JOURNAL_ENTRY_JOIN: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-join.hex");
@@ -66,9 +72,18 @@ fn declared_total(text: &str) -> usize {
     line.trim_end_matches(" bytes").parse().unwrap()
 }
 
-/// The mark key of `journal-header.hex`, carried by
-/// `journal-entry-sync-mark.hex`.
+/// The mark key of `journal-header.hex`, mixed into the envelope checksum
+/// of `journal-frame.hex`.
 const VECTOR_MARK_KEY: u32 = 0x0403_0201;
+
+/// The bytes of `format-spec/vectors/storage/<name>.hex`, for tests
+/// elsewhere that build files from the vectors.
+pub(crate) fn storage_vector(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../format-spec/vectors/storage")
+        .join(format!("{name}.hex"));
+    vector(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+}
 
 fn vector(text: &str) -> Vec<u8> {
     let bytes = parse_hex(text);
@@ -240,27 +255,31 @@ fn segment_file_of_header_and_record_scans_as_documented() {
 fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
     let v = vector(JOURNAL_HEADER);
     assert_eq!(v.len(), JOURNAL_HEADER_BYTES);
-    assert_eq!(journal::encode_header(1, VECTOR_MARK_KEY).to_vec(), v);
     assert_eq!(
-        journal::decode_header_of(&v).map(|h| (h.seq, h.mark_key)),
-        Ok((1, VECTOR_MARK_KEY))
+        journal::encode_header(JournalStart::first(1), VECTOR_MARK_KEY).to_vec(),
+        v
+    );
+    let h = journal::decode_header_of(&v).unwrap();
+    assert_eq!(
+        (h.seq, h.first_lsn, h.first_round, h.mark_key, h.flags),
+        (1, 1, 1, VECTOR_MARK_KEY, 0)
     );
     assert_eq!(&v[0..8], &journal::JOURNAL_MAGIC);
     assert_eq!(u16::from_le_bytes([v[8], v[9]]), journal::JOURNAL_VERSION);
-    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 32);
-    assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
+    assert_eq!(journal::JOURNAL_VERSION, 3);
+    assert_eq!(u16::from_le_bytes([v[10], v[11]]), 48);
+    assert_eq!(crc32fast::hash(&v[0..44]).to_le_bytes(), v[44..48]);
     assert_eq!(
         journal::journal_path(Path::new("data/journal"), 1),
         Path::new("data/journal/00000000000000000001.tmj")
     );
     let resealed = |mut b: Vec<u8>| {
-        let crc = crc32fast::hash(&b[0..28]);
-        b[28..32].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32fast::hash(&b[0..44]);
+        b[44..48].copy_from_slice(&crc.to_le_bytes());
         b
     };
-    // header_len other than 32 and non-zero reserved bytes are refused.
-    // (Bit 0 of byte 12 is the one defined flag; the other bits are reserved.
-    // Bytes 24..28 are the mark key: any value.)
+    // header_len other than 48 and non-zero reserved bytes are refused.
+    // (Bit 0 of byte 12 is the one defined flag; the other bits are reserved.)
     for (off, bit) in [(10, 1), (12, 2), (12, 0x80), (13, 1), (15, 1)] {
         let mut b = v.clone();
         b[off] ^= bit;
@@ -270,207 +289,326 @@ fn journal_header_vector_matches_the_encoder_and_decodes_to_its_fields() {
             "byte {off} bit {bit:#x}"
         );
     }
+    for off in [24, 32] {
+        let mut b = v.clone();
+        b[off] = 0;
+        assert_eq!(
+            journal::decode_header_of(&resealed(b)),
+            Err("journal header first_lsn or first_round is 0".to_string())
+        );
+    }
+    let mut flagged = v.clone();
+    flagged[12] = journal::FLAG_SEGMENTS_MAY_LEAD;
+    assert!(journal::decode_header_of(&resealed(flagged))
+        .unwrap()
+        .segments_may_lead());
+    assert!(!h.segments_may_lead());
     // An intact header of another version is recognised as such (recovery
     // refuses the file instead of cutting it as torn).
     assert_eq!(journal::unsupported_version(&v), None);
     let mut future = v.clone();
-    future[8] = 3;
+    future[8] = 4;
     let future = resealed(future);
-    assert_eq!(journal::unsupported_version(&future), Some(3));
+    assert_eq!(journal::unsupported_version(&future), Some(4));
     assert_eq!(
         journal::decode_header_of(&future),
-        Err("unsupported journal version 3".to_string())
+        Err("unsupported journal version 4".to_string())
     );
-    // Version 1 (no sync marks, no flags) is still read; its byte 12 is
-    // reserved.
-    let mut v1 = v.clone();
-    v1[8] = 1;
-    v1[24..28].copy_from_slice(&[0; 4]); // reserved in version 1
-    let v1 = resealed(v1);
-    assert_eq!(journal::unsupported_version(&v1), None);
-    let h = journal::decode_header_of(&v1).unwrap();
-    assert!(!h.has_sync_marks() && h.segments_may_lead());
-    let mut v1_flag = v1.clone();
-    v1_flag[12] = 1;
-    assert!(journal::decode_header_of(&resealed(v1_flag)).is_err());
-    let mut v1_key = v1.clone();
-    v1_key[25] = 1;
-    assert!(journal::decode_header_of(&resealed(v1_key)).is_err());
-    // The flag of version 2.
-    let mut flagged = v.clone();
-    flagged[12] = journal::FLAG_SEGMENTS_MAY_LEAD;
-    let h = journal::decode_header_of(&resealed(flagged)).unwrap();
-    assert!(h.has_sync_marks() && h.segments_may_lead());
-    assert!(!journal::decode_header_of(&v).unwrap().segments_may_lead());
+    // So is a storage-format-1 header (versions 1 and 2: 32 bytes, CRC of
+    // bytes 0..28 at 28), which this build never reads.
+    for version in [1u16, 2] {
+        let mut old = v[..32].to_vec();
+        old[8..10].copy_from_slice(&version.to_le_bytes());
+        old[10..12].copy_from_slice(&32u16.to_le_bytes());
+        old[16..32].copy_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 0, 0]);
+        let crc = crc32fast::hash(&old[0..28]);
+        old[28..32].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(journal::unsupported_version(&old), Some(version));
+        assert!(journal::decode_header_of(&old).is_err());
+    }
     // A damaged header (CRC mismatch) is not an unknown version.
     let mut torn = future.clone();
-    torn[30] ^= 1;
+    torn[46] ^= 1;
     assert_eq!(journal::unsupported_version(&torn), None);
 }
 
-#[test]
-fn journal_record_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
-    let v = vector(JOURNAL_ENTRY_RECORD);
+/// Every entry vector, with its kind and body.
+fn entry_vectors() -> Vec<(EntryKind, Vec<u8>, Vec<u8>)> {
     let record = vector(RECORD);
-    let mut out = Vec::new();
-    let start = journal::begin_entry(&mut out, EntryKind::Record, 5);
-    record::encode_into(&sample_record(), &mut out);
-    journal::finish_entry(&mut out, start);
-    assert_eq!(out, v);
-
-    // The body is the record, byte for byte.
-    assert_eq!(v[ENTRY_HEADER_BYTES..], record[..]);
-    assert_eq!(crc32fast::hash(&v[4..]).to_le_bytes(), v[0..4]);
-    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
-    let e = it.next().unwrap();
-    assert_eq!(e.kind, EntryKind::Record);
-    assert_eq!(e.group_id, 5);
-    assert_eq!(e.body, &record[..]);
-    assert!(it.next().is_none());
-    assert_eq!(it.position(), v.len());
-    assert_eq!(it.stop_reason(), None);
+    let retention = {
+        let mut b = Vec::new();
+        journal::body::encode_set_retention(
+            &mut b,
+            &Retention {
+                by_cursor: true,
+                max_age_ms: 604_800_000,
+                max_bytes: 1 << 30,
+            },
+        );
+        b
+    };
+    let mut join = Vec::new();
+    journal::body::encode_join(&mut join, 300, 0);
+    let mut leave = Vec::new();
+    journal::body::encode_leave(&mut leave, 300);
+    let mut cursors = Vec::new();
+    journal::body::encode_cursors(&mut cursors, &[(300, 1)]);
+    vec![
+        (EntryKind::Records, vector(JOURNAL_ENTRY_RECORDS), record),
+        (
+            EntryKind::CreateGroup,
+            vector(JOURNAL_ENTRY_CREATE_GROUP),
+            vec![],
+        ),
+        (
+            EntryKind::DeleteGroup,
+            vector(JOURNAL_ENTRY_DELETE_GROUP),
+            vec![],
+        ),
+        (EntryKind::Join, vector(JOURNAL_ENTRY_JOIN), join),
+        (EntryKind::Leave, vector(JOURNAL_ENTRY_LEAVE), leave),
+        (EntryKind::Cursors, vector(JOURNAL_ENTRY_CURSORS), cursors),
+        (
+            EntryKind::SetRetention,
+            vector(JOURNAL_ENTRY_SET_RETENTION),
+            retention,
+        ),
+    ]
 }
 
 #[test]
-fn journal_sync_mark_vector_matches_the_encoder_and_is_recognised_only_where_it_can_be() {
-    let v = vector(JOURNAL_ENTRY_SYNC_MARK);
-    let key = VECTOR_MARK_KEY;
-    let mut out = Vec::new();
-    journal::encode_sync_mark(&mut out, 4096, key);
-    assert_eq!(out, v);
-    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
-    let e = it.next().unwrap();
-    let mut body = 4096u64.to_le_bytes().to_vec();
-    body.extend_from_slice(&key.to_le_bytes());
-    body.extend_from_slice(&[0; 4]);
-    assert_eq!(
-        (e.kind, e.group_id, e.body),
-        (EntryKind::SyncMark, 0, &body[..])
-    );
-    assert!(it.next().is_none());
-    assert!(journal::is_sync_mark_header(&v));
-    // A mark names only bytes before itself, and at least the file header.
-    let mut file = vec![0u8; 4096];
-    file.extend_from_slice(&v);
-    assert_eq!(journal::sync_mark_at(&file, 4096, key), Some(4096));
-    assert_eq!(
-        journal::furthest_sync_mark_from(&file, 1, key),
-        Some((4096, 4096))
-    );
-    assert_eq!(
-        journal::sync_mark_at(&file[1..], 4095, key),
-        None,
-        "names bytes after it"
-    );
-    let mut low = Vec::new();
-    journal::encode_sync_mark(&mut low, 31, key);
-    assert_eq!(journal::sync_mark_at(&low, 0, key), None);
-    // A mark of another file (a payload shaped like a mark, whose author
-    // cannot know this file's key) is no mark.
-    assert_eq!(journal::sync_mark_at(&file, 4096, key ^ 1), None);
-    assert_eq!(
-        journal::furthest_sync_mark_from(&file, 1, key.wrapping_add(1)),
-        None
-    );
-    // Any damage to it makes it no mark.
-    for at in 0..v.len() {
-        let mut d = file.clone();
-        d[4096 + at] ^= 0x10;
-        assert_eq!(journal::sync_mark_at(&d, 4096, key), None, "byte {at}");
+fn journal_entry_vectors_match_the_encoder_and_decode_to_their_fields() {
+    for (kind, v, body) in entry_vectors() {
+        assert_eq!(entry(kind, &body), v, "{kind:?}");
+        assert_eq!(v[4], kind as u8);
+        assert_eq!(
+            u32::from_le_bytes(v[0..4].try_into().unwrap()) as usize,
+            body.len()
+        );
+        assert_eq!(only_entry(&v), (kind, 5, body), "{kind:?}");
+    }
+    // The Records body is the record, byte for byte, CRC included.
+    let (_, records, record) = &entry_vectors()[0];
+    assert_eq!(records[ENTRY_HEADER_BYTES..], record[..]);
+    assert_eq!(journal::body::decode_records(record), Some((1, 1)));
+    // Kinds 8 (Trim) and 9 (Promote) are reserved, 0 and the rest invalid.
+    for k in [0u8, 8, 9, 10, 255] {
+        assert_eq!(EntryKind::from_u8(k), None, "kind {k}");
     }
 }
 
 #[test]
-fn journal_create_group_entry_vector_matches_the_encoder_and_decodes_to_its_fields() {
-    let v = vector(JOURNAL_ENTRY_CREATE_GROUP);
-    let mut out = Vec::new();
-    let start = journal::begin_entry(&mut out, EntryKind::CreateGroup, 5);
-    journal::finish_entry(&mut out, start);
-    assert_eq!(out, v);
-
-    let mut it = EntryIter::new(&v, RECORD_BYTES_MAX);
-    let e = it.next().unwrap();
+fn journal_frame_vector_matches_the_builder_and_decodes_to_its_fields() {
+    let v = vector(JOURNAL_FRAME);
+    let mut f = FrameBuf::default();
+    f.push_entry(EntryKind::CreateGroup, 5, |_| {});
+    let s = f.begin_records(5);
+    f.extend_body(&vector(RECORD));
+    f.finish_entry(s);
+    let sealed = f
+        .seal(FrameKind::Round, 1, 1, 48, VECTOR_MARK_KEY)
+        .unwrap()
+        .to_vec();
+    assert_eq!(sealed, v);
+    // Field by field, as storage.md section 5 lists them.
+    let u32_at = |o: usize| u32::from_le_bytes(v[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(v[o..o + 8].try_into().unwrap());
+    let mut keyed = VECTOR_MARK_KEY.to_le_bytes().to_vec();
+    keyed.extend_from_slice(&v[4..32]);
+    assert_eq!(u32_at(0), crc32fast::hash(&keyed));
+    assert_eq!(u32_at(4) as usize, v.len() - 32);
+    assert_eq!((v[8], u64_at(16), u64_at(24)), (1, 1, 48));
+    assert_eq!(u32_at(32), crc32fast::hash(&v[36..]));
     assert_eq!(
-        (e.kind, e.group_id, e.body.len()),
-        (EntryKind::CreateGroup, 5, 0)
+        (u32_at(36), u64_at(40), u64_at(48), u64_at(56)),
+        (2, 1, 0, 0)
+    );
+    let [create, records] = [1, 0].map(|i| entry_vectors()[i].1.clone());
+    assert_eq!(v[64..], [create, records].concat()[..]);
+    // In the file of journal-header.hex, it is the first frame.
+    let mut file = vector(JOURNAL_HEADER);
+    file.extend_from_slice(&v);
+    let mut it = FrameIter::new(&file, JOURNAL_HEADER_BYTES, VECTOR_MARK_KEY, 1, 1);
+    let frame = it.next().unwrap();
+    assert_eq!(
+        (frame.envelope.lsn, frame.header().round_index, frame.end()),
+        (1, 1, file.len())
+    );
+    let kinds: Vec<_> = frame.entries().map(|e| (e.kind, e.group_id)).collect();
+    assert_eq!(
+        kinds,
+        vec![(EntryKind::CreateGroup, 5), (EntryKind::Records, 5)]
     );
     assert!(it.next().is_none());
     assert_eq!(it.stop_reason(), None);
+    // Under another file's key the envelope does not check: a payload that
+    // carries these bytes proves nothing about another file.
+    assert!(frame::envelope_at(&file, 48, VECTOR_MARK_KEY ^ 1).is_err());
 }
 
 #[test]
-fn journal_entry_invalid_values_stop_the_scan_as_documented() {
-    let v = vector(JOURNAL_ENTRY_CREATE_GROUP);
-    let resealed = |mut b: Vec<u8>| {
-        let crc = crc32fast::hash(&b[4..]);
-        b[0..4].copy_from_slice(&crc.to_le_bytes());
-        b
+fn journal_frame_invalid_values_stop_the_walk_as_documented() {
+    let mut file = vector(JOURNAL_HEADER);
+    let frame_at = file.len();
+    file.extend_from_slice(&vector(JOURNAL_FRAME));
+    let good_end = file.len();
+    file.extend_from_slice(&vector(JOURNAL_FRAME)); // second frame, to be broken
+    let reseal = move |b: &mut Vec<u8>| {
+        // Payload CRC, then the keyed envelope CRC, of the second frame.
+        let p = good_end + 32;
+        let crc = crc32fast::hash(&b[p + 4..]);
+        b[p..p + 4].copy_from_slice(&crc.to_le_bytes());
+        let mut keyed = VECTOR_MARK_KEY.to_le_bytes().to_vec();
+        keyed.extend_from_slice(&b[good_end + 4..good_end + 32]);
+        let crc = crc32fast::hash(&keyed);
+        b[good_end..good_end + 4].copy_from_slice(&crc.to_le_bytes());
     };
-    let stop = |b: &[u8], max: usize| {
-        let mut it = EntryIter::new(b, max);
+    let put = move |b: &mut Vec<u8>, at: usize, bytes: &[u8]| {
+        b[good_end + at..good_end + at + bytes.len()].copy_from_slice(bytes)
+    };
+    // The second frame must be lsn 2, round 2, and may name the first as synced.
+    let mut base = file.clone();
+    put(&mut base, 16, &2u64.to_le_bytes());
+    put(&mut base, 40, &2u64.to_le_bytes());
+    reseal(&mut base);
+    let walk = |b: &[u8]| {
+        let mut it = FrameIter::new(b, JOURNAL_HEADER_BYTES, VECTOR_MARK_KEY, 1, 1);
         let n = it.by_ref().count();
         (n, it.position(), it.stop_reason().map(str::to_owned))
     };
-    // A whole valid entry followed by each kind of invalid one: the scan
-    // keeps the first and stops at the second.
-    let cases: Vec<(Vec<u8>, &str)> = vec![
-        (v[..23].to_vec(), "truncated entry header"),
+    assert_eq!(walk(&base), (2, base.len(), None));
+    type Case = (&'static str, Box<dyn Fn(&mut Vec<u8>)>);
+    let cases: Vec<Case> = vec![
         (
-            {
-                let mut b = v.clone();
-                b[4..8].copy_from_slice(&100u32.to_le_bytes());
-                resealed(b)
-            },
-            "truncated entry",
+            "truncated frame envelope",
+            Box::new(move |b| b.truncate(good_end + 31)),
         ),
         (
-            {
-                let mut b = v.clone();
-                b[20] ^= 1;
-                b
-            },
-            "entry checksum mismatch",
+            "frame envelope checksum mismatch",
+            Box::new(move |b| b[good_end + 20] ^= 1),
         ),
         (
-            {
-                let mut b = v.clone();
-                b[8] = 0;
-                resealed(b)
-            },
-            "unknown entry kind 0",
+            "unknown frame kind 3",
+            Box::new(move |b| {
+                put(b, 8, &[3]);
+                reseal(b)
+            }),
         ),
         (
-            {
-                let mut b = v.clone();
-                b[8] = 255;
-                resealed(b)
-            },
-            "unknown entry kind 255",
+            "reserved envelope bytes set",
+            Box::new(move |b| {
+                put(b, 9, &[1]);
+                reseal(b)
+            }),
         ),
         (
-            {
-                let mut b = v.clone();
-                b[12] = 1;
-                resealed(b)
-            },
+            "synced_len 47 outside",
+            Box::new(move |b| {
+                put(b, 24, &47u64.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "synced_len 194 outside",
+            Box::new(move |b| {
+                put(b, 24, &194u64.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "frame payload of 114 bytes runs past the end",
+            Box::new(move |b| {
+                put(b, 4, &114u32.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "frame payload checksum mismatch",
+            Box::new(move |b| b[good_end + 100] ^= 1),
+        ),
+        (
+            "reserved payload bytes set",
+            Box::new(move |b| {
+                put(b, 56, &[1]);
+                reseal(b)
+            }),
+        ),
+        (
+            "payload holds 2 entries, its header says 3",
+            Box::new(move |b| {
+                put(b, 36, &3u32.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "unknown entry kind 8",
+            Box::new(move |b| {
+                put(b, 68, &[8]);
+                reseal(b)
+            }),
+        ),
+        (
             "reserved entry bytes set",
+            Box::new(move |b| {
+                put(b, 69, &[1]);
+                reseal(b)
+            }),
+        ),
+        (
+            "entry of 66 bytes overruns its payload",
+            Box::new(move |b| {
+                put(b, 80, &50u32.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "a CreateGroup entry in a Local frame",
+            Box::new(move |b| {
+                put(b, 8, &[2]);
+                put(b, 40, &0u64.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "frame lsn 3 where 2 was expected",
+            Box::new(move |b| {
+                put(b, 16, &3u64.to_le_bytes());
+                reseal(b)
+            }),
+        ),
+        (
+            "round_index 1 where 2 was expected",
+            Box::new(move |b| {
+                put(b, 40, &1u64.to_le_bytes());
+                reseal(b)
+            }),
         ),
     ];
-    for (bad, why) in cases {
-        let mut buf = v.clone();
-        buf.extend_from_slice(&bad);
-        let (n, pos, reason) = stop(&buf, RECORD_BYTES_MAX);
-        assert_eq!((n, pos), (1, v.len()), "{why}");
-        let reason = reason.unwrap();
+    for (why, break_it) in cases {
+        let mut b = base.clone();
+        break_it(&mut b);
+        let (n, pos, reason) = walk(&b);
+        assert_eq!((n, pos), (1, good_end), "{why}");
+        let reason = reason.unwrap_or_default();
         assert!(reason.starts_with(why), "{why}: {reason}");
     }
-    // body_len above the maximum body size is refused before anything else.
-    let rec = vector(JOURNAL_ENTRY_RECORD);
-    let (n, pos, reason) = stop(&rec, 48);
-    assert_eq!((n, pos), (0, 0));
-    assert!(reason
-        .unwrap()
-        .starts_with("entry body length 49 exceeds 48"));
+    assert_eq!(frame_at, JOURNAL_HEADER_BYTES);
+}
+
+#[test]
+fn format_vector_matches_the_encoder_and_decodes_to_its_version() {
+    let v = vector(FORMAT);
+    assert_eq!(
+        crate::format::encode(crate::format::FORMAT_VERSION, TIMESTAMP_MS).to_vec(),
+        v
+    );
+    assert_eq!(crate::format::decode(&v), Ok(2));
+    assert_eq!(&v[0..8], b"TDMKFMT\0");
+    assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
+    assert_eq!(
+        crate::format::path(Path::new("data")),
+        Path::new("data/FORMAT")
+    );
 }
 
 fn sample_checkpoint() -> CheckpointBody {
@@ -553,18 +691,16 @@ fn checkpoint_invalid_values_are_rejected_as_documented() {
     assert!(checkpoint::decode(&checkpoint::encode(&body)).is_ok());
 }
 
-/// An entry of `kind` for group 5 with `body`, as the engine frames it.
+/// An entry of `kind` for group 5 with `body`, as the engine encodes it.
 fn entry(kind: EntryKind, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    let start = journal::begin_entry(&mut out, kind, 5);
-    out.extend_from_slice(body);
-    journal::finish_entry(&mut out, start);
+    journal::encode_entry(&mut out, kind, 5, |b| b.extend_from_slice(body));
     out
 }
 
 /// The single entry of a vector, decoded: `(kind, group, body)`.
 fn only_entry(v: &[u8]) -> (EntryKind, u64, Vec<u8>) {
-    let mut it = EntryIter::new(v, record::RECORD_BYTES_STORED_MAX);
+    let mut it = EntryIter::new(v, FrameKind::Round);
     let e = it.next().expect("one entry");
     assert!(it.next().is_none());
     assert_eq!((it.position(), it.stop_reason()), (v.len(), None));
@@ -615,20 +751,17 @@ fn membership_entry_vectors_decode_to_their_fields() {
     assert_eq!(journal::body::decode_set_retention(&body[..16]), None);
 }
 
-/// Every entry of every journal file under `data_dir`, oldest first.
+/// Every entry of every frame of every journal file under `data_dir`,
+/// oldest first.
 fn journal_entries(data_dir: &Path) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for (_, path) in journal::list(&OsVfs, &journal::journal_dir(data_dir)).unwrap() {
         let bytes = std::fs::read(&path).unwrap();
-        let entries = &bytes[JOURNAL_HEADER_BYTES..];
-        let mut it = EntryIter::new(entries, record::RECORD_BYTES_STORED_MAX);
-        let mut pos = 0;
-        for e in it.by_ref() {
-            let end = pos + ENTRY_HEADER_BYTES + e.body.len();
-            out.push(entries[pos..end].to_vec());
-            pos = end;
+        for f in journal::frames_of_file(&bytes) {
+            for (at, len, _, _) in f.entries {
+                out.push(bytes[at..at + len].to_vec());
+            }
         }
-        assert_eq!(it.stop_reason(), None, "{}", path.display());
     }
     out
 }
@@ -636,7 +769,7 @@ fn journal_entries(data_dir: &Path) -> Vec<Vec<u8>> {
 fn first_of_kind(entries: &[Vec<u8>], kind: EntryKind) -> &[u8] {
     entries
         .iter()
-        .find(|e| e[8] == kind as u8)
+        .find(|e| e[4] == kind as u8)
         .unwrap_or_else(|| panic!("no {kind:?} entry in the journal"))
 }
 
@@ -799,6 +932,13 @@ fn checkpoint_damaged_vector_matches_the_encoder_and_the_group_stays_damaged() {
     // damaged, never loaded, and still damaged after the next open.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(checkpoint::path(dir.path()), &v).unwrap();
+    // A directory of this build's format (a checkpoint without FORMAT is
+    // storage format 1, refused).
+    std::fs::write(
+        crate::format::path(dir.path()),
+        crate::format::encode(crate::format::FORMAT_VERSION, 0),
+    )
+    .unwrap();
     for _ in 0..2 {
         let engine = Engine::open(Config::new(dir.path())).unwrap();
         let report = engine.recovery_report();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::io::FaultyVfs;
 use crate::{AppendRequest, Config, Engine, Error, FsyncPolicy};
 
-fn small_config(dir: &Path) -> Config {
+pub(crate) fn small_config(dir: &Path) -> Config {
     let mut c = Config::new(dir);
     c.payload_bytes_max = 1024;
     c.segment_bytes_max = 8192;
@@ -18,7 +18,7 @@ fn small_config(dir: &Path) -> Config {
 }
 
 /// A payload of 10..=209 bytes that names its group and index.
-fn payload(group: u64, i: u64) -> Vec<u8> {
+pub(crate) fn payload(group: u64, i: u64) -> Vec<u8> {
     let tag = format!("g{group}-m{i};");
     tag.bytes()
         .cycle()
@@ -41,7 +41,7 @@ fn read_all(e: &Engine, group: u64) -> Vec<(u64, Vec<u8>)> {
     }
 }
 
-fn assert_dense_and_exact(e: &Engine, group: u64, count: u64) {
+pub(crate) fn assert_dense_and_exact(e: &Engine, group: u64, count: u64) {
     let all = read_all(e, group);
     assert_eq!(all.len() as u64, count, "group {group}: record count");
     for (i, (id, p)) in all.iter().enumerate() {
@@ -64,7 +64,7 @@ fn copy_dir(src: &Path, dst: &Path) {
     }
 }
 
-fn fill(e: &Engine, groups: &[u64], per_group: u64) {
+pub(crate) fn fill(e: &Engine, groups: &[u64], per_group: u64) {
     for &g in groups {
         e.create_group(g).unwrap();
     }
@@ -463,11 +463,11 @@ fn append_once_space_returns(e: &Engine, group: u64, i: u64) -> u64 {
 
 /// The payloads of messages `(group, i)` as `fill` sends them, and the
 /// batch of append requests sending them (one commit round).
-fn batch_of(msgs: &[(u64, u64)]) -> Vec<Vec<u8>> {
+pub(crate) fn batch_of(msgs: &[(u64, u64)]) -> Vec<Vec<u8>> {
     msgs.iter().map(|&(g, i)| payload(g, i)).collect()
 }
 
-fn requests<'a>(msgs: &[(u64, u64)], payloads: &'a [Vec<u8>]) -> Vec<AppendRequest<'a>> {
+pub(crate) fn requests<'a>(msgs: &[(u64, u64)], payloads: &'a [Vec<u8>]) -> Vec<AppendRequest<'a>> {
     msgs.iter()
         .zip(payloads)
         .map(|(&(group, i), payload)| AppendRequest {
@@ -898,7 +898,7 @@ fn last_record_offsets(path: &Path, n: usize) -> Vec<u64> {
     starts.split_off(starts.len().saturating_sub(n))
 }
 
-fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
+pub(crate) fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -950,23 +950,20 @@ fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones()
     e.simulate_crash();
     let journal = newest_file(&src.join("journal"), ".tmj");
     let jbytes = std::fs::read(&journal).unwrap();
-    // Entry boundaries of the journal, and the ends of its Record entries
-    // (the others create the group and mark syncs).
-    let mut it =
-        crate::journal::EntryIter::new(&jbytes[crate::journal::JOURNAL_HEADER_BYTES..], 1 << 20);
+    // Frame boundaries of the journal, and the ends of its frames holding
+    // records (one per round; the first creates the group).
     let (mut ends, mut record_ends) = (Vec::new(), Vec::new());
-    while let Some(entry) = it.next() {
-        let end = (crate::journal::JOURNAL_HEADER_BYTES + it.position()) as u64;
-        ends.push(end);
-        if entry.kind == crate::journal::EntryKind::Record {
-            record_ends.push(end);
+    for (_, end, kind, _) in journal_entries(&jbytes) {
+        ends.push(end as u64);
+        if kind == crate::journal::EntryKind::Records {
+            record_ends.push(end as u64);
         }
     }
     let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
     let seg_starts = last_record_offsets(&seg, 25);
     let from = ends[ends.len() - 4];
     for cut in from..jbytes.len() as u64 {
-        // Records whose entries are whole before the cut.
+        // Records whose frames are whole before the cut.
         let whole = record_ends.iter().filter(|&&e| e <= cut).count() as u64;
         let dst = base.path().join(format!("cut{cut}"));
         copy_dir(&src, &dst);
@@ -1135,12 +1132,18 @@ fn a_torn_journal_followed_only_by_empty_files_is_cut_not_refused() {
         .unwrap()
         .parse()
         .unwrap();
-    let next = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 1, false).unwrap();
+    let next = crate::journal::Journal::create(
+        Arc::new(crate::io::OsVfs),
+        &jdir,
+        crate::journal::JournalStart::first(seq + 1),
+        crate::journal::JournalOptions::of(&c),
+    )
+    .unwrap();
     drop(next);
     let e = Engine::open(c.clone()).unwrap();
     assert!(e.recovery_report().bytes_cut() > 0);
     let head = e.head(1).unwrap();
-    assert!(head >= 9, "only the torn entry is lost: head {head}");
+    assert!(head >= 9, "only the torn frame is lost: head {head}");
     e.close().unwrap();
     // And the repair is durable: the next open finds nothing to cut.
     let e = Engine::open(c).unwrap();
@@ -1158,8 +1161,8 @@ fn a_journal_of_an_unknown_version_is_refused_not_cut() {
     let newest = newest_file(&dir.path().join("journal"), ".tmj");
     let mut bytes = std::fs::read(&newest).unwrap();
     bytes[8] = 9; // version 9
-    let crc = crc32fast::hash(&bytes[0..28]);
-    bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[0..44]);
+    bytes[44..48].copy_from_slice(&crc.to_le_bytes());
     std::fs::write(&newest, &bytes).unwrap();
     let err = Engine::open(c).err().expect("refused");
     assert!(err.to_string().contains("version 9"), "{err}");
@@ -1466,6 +1469,7 @@ fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
         let dir = root.path().join("data");
         let mut c = small_config(&dir);
         c.journal_checkpoint_bytes = 64 << 10; // checkpoints happen during the run
+        c.journal_file_bytes = 16 << 10; // and journal rolls between them
         let (acked, _) = run_until_power_cut(root.path(), c.clone(), seed * 17);
         let (required, _) = check_after_power_cut(&dir, c, &acked, |_| true);
         assert!(required > 0);
@@ -1484,6 +1488,7 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
         let mut c = small_config(&dir);
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
         c.journal_checkpoint_bytes = 64 << 10;
+        c.journal_file_bytes = 16 << 10;
         let (acked, syncs_before_cut) = run_until_power_cut(root.path(), c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
@@ -1539,25 +1544,30 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
     }
     std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
     let _ = std::fs::remove_file(dir.path().join("checkpoint.prev"));
-    crate::journal::Journal::create(&crate::io::OsVfs, &jdir, u64::MAX, false).unwrap();
+    crate::journal::Journal::create(
+        Arc::new(crate::io::OsVfs),
+        &jdir,
+        crate::journal::JournalStart::first(u64::MAX),
+        crate::journal::JournalOptions::of(&small_config(dir.path())),
+    )
+    .unwrap();
     let err = Engine::open(small_config(dir.path()))
         .err()
         .expect("refused");
     assert!(err.to_string().contains("exhausted"), "{err}");
 }
 
-/// `(start, end, kind, group)` of every entry of a journal file's valid part.
+/// `(frame start, frame end, kind, group)` of every entry of a journal
+/// file's valid part, by the frame that holds it.
 fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::journal::EntryKind, u64)> {
-    let h = crate::journal::JOURNAL_HEADER_BYTES;
-    let mut it = crate::journal::EntryIter::new(&bytes[h..], 1 << 20);
-    let mut out = Vec::new();
-    let mut start = h;
-    while let Some(e) = it.next() {
-        let end = h + it.position();
-        out.push((start, end, e.kind, e.group_id));
-        start = end;
-    }
-    out
+    crate::journal::frames_of_file(bytes)
+        .into_iter()
+        .flat_map(|f| {
+            f.entries
+                .into_iter()
+                .map(move |(_, _, kind, group)| (f.offset, f.end, kind, group))
+        })
+        .collect()
 }
 
 fn seq_of(journal: &Path) -> u64 {
@@ -1573,7 +1583,7 @@ fn seq_of(journal: &Path) -> u64 {
 #[test]
 fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming_file_and_offset() {
     // Records wait in segment tails (16 KiB), so at the crash the journal
-    // is their only copy: a damaged entry cannot be restored from anywhere.
+    // is their only copy: a damaged frame cannot be restored from anywhere.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
     c.journal_checkpoint_bytes = 1 << 30;
@@ -1584,10 +1594,11 @@ fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming
     let mut bytes = std::fs::read(&journal).unwrap();
     let records: Vec<_> = journal_entries(&bytes)
         .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .filter(|e| e.2 == crate::journal::EntryKind::Records)
         .collect();
     assert_eq!(records.len(), 80);
-    // The middle record's payload: valid, acknowledged entries follow it.
+    // The middle record's payload (the end of its frame): valid,
+    // acknowledged frames follow it.
     let (start, end, _, _) = records[40];
     bytes[end - 3] ^= 0x20;
     std::fs::write(&journal, &bytes).unwrap();
@@ -1609,7 +1620,7 @@ fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming
         }
         assert!(text.contains("not a torn write"), "{text}");
         assert!(text.contains("backup"), "says what to do: {text}");
-        // Refusing changed nothing: the file still holds every entry.
+        // Refusing changed nothing: the file still holds every frame.
         assert_eq!(std::fs::read(&journal).unwrap(), bytes);
     }
 }
@@ -1637,9 +1648,10 @@ fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_l
     let mut bytes = std::fs::read(&journal).unwrap();
     let records: Vec<_> = journal_entries(&bytes)
         .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Record)
+        .filter(|e| e.2 == crate::journal::EntryKind::Records)
         .collect();
-    // A byte of the 20th record of group 1 (in its payload).
+    // A byte of the 20th record of group 1 (in its payload, at the end of
+    // its frame).
     let (_, end, _, group) = records[19];
     assert_eq!(group, 1);
     bytes[end - 5] ^= 0x01;
@@ -1647,7 +1659,7 @@ fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_l
 
     let e = Engine::open(c.clone()).unwrap();
     let report = e.recovery_report().clone();
-    assert_eq!(report.journal_entries_repaired, 1);
+    assert_eq!(report.journal_records_repaired, 1);
     assert_eq!(report.bytes_cut(), 0, "nothing is cut: {report:?}");
     for g in [1, 2] {
         assert_dense_and_exact(&e, g, 30);
@@ -1738,7 +1750,7 @@ fn an_empty_short_or_bad_header_journal_file_that_the_checkpoint_names_refuses_t
 
 #[test]
 fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
-    // Cutting an older file is not enough while a later one holds entries:
+    // Cutting an older file is not enough while a later one holds frames:
     // the hint names the later files.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
@@ -1774,26 +1786,30 @@ fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
     );
 }
 
-/// A journal entry forged by hand: `{ crc | body_len | kind | 0 x 7 |
-/// group | body }` (what a client can put into a payload).
-fn forged_entry(kind: u8, group: u64, body: &[u8]) -> Vec<u8> {
-    let mut e = vec![0u8; 4];
-    e.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
-    e.push(kind);
-    e.extend_from_slice(&[0; 7]);
-    e.extend_from_slice(&group.to_le_bytes());
-    e.extend_from_slice(body);
-    let crc = crc32fast::hash(&e[4..]);
-    e[0..4].copy_from_slice(&crc.to_le_bytes());
-    e
+/// A frame envelope forged by hand with `key` mixed into its checksum
+/// (what a client can put into a payload, not knowing the file's key).
+fn forged_envelope(lsn: u64, synced_len: u64, key: Option<u32>) -> Vec<u8> {
+    let mut b = vec![0u8; 32];
+    b[4..8].copy_from_slice(&16u32.to_le_bytes());
+    b[8] = 1;
+    b[16..24].copy_from_slice(&lsn.to_le_bytes());
+    b[24..32].copy_from_slice(&synced_len.to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    if let Some(key) = key {
+        h.update(&key.to_le_bytes());
+    }
+    h.update(&b[4..32]);
+    let crc = h.finalize();
+    b[0..4].copy_from_slice(&crc.to_le_bytes());
+    b
 }
 
 #[test]
-fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
-    // A client's payload holds entries shaped like sync marks naming a
-    // synced length beyond the start of its own entry. When a power cut
-    // tears that entry, the forged marks must not pass for proof that the
-    // entry was durable: the tear is cut, not refused.
+fn a_payload_shaped_like_frame_envelopes_cannot_make_a_torn_write_refused() {
+    // A client's payload holds envelopes naming a synced length beyond the
+    // start of its own frame. When a power cut tears that frame, the forged
+    // envelopes must not pass for proof that the frame was durable: the
+    // tear is cut, not refused.
     let dir = tempfile::tempdir().unwrap();
     let mut c = small_config(dir.path());
     c.journal_checkpoint_bytes = 1 << 30;
@@ -1801,17 +1817,14 @@ fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
     fill(&e, &[1], 5);
     let journal = newest_file(&dir.path().join("journal"), ".tmj");
     let before = std::fs::metadata(&journal).unwrap().len();
-    // The round's entry starts within 64 bytes of `before` (after the
-    // round's own sync mark), and the forged marks lie beyond `before + 400`.
+    // The round's frame starts at `before`, and the forged envelopes lie
+    // beyond `before + 400`.
     let synced = before + 200;
     let mut forged = Vec::new();
-    for key in [None, Some(0u32), Some(1)] {
-        let mut body = synced.to_le_bytes().to_vec();
-        if let Some(key) = key {
-            body.extend_from_slice(&key.to_le_bytes());
-            body.extend_from_slice(&[0; 4]);
+    for key in [None, Some(0u32), Some(1), Some(0x0403_0201)] {
+        for lsn in 5..9 {
+            forged.extend(forged_envelope(lsn, synced, key));
         }
-        forged.extend(forged_entry(8, 0, &body));
     }
     let mut p = vec![b'x'; 400];
     p.extend_from_slice(&forged);
@@ -1819,10 +1832,10 @@ fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
     e.simulate_crash();
     let mut bytes = std::fs::read(&journal).unwrap();
     let (start, _, kind, _) = *journal_entries(&bytes).last().unwrap();
-    assert_eq!(kind, crate::journal::EntryKind::Record);
-    assert!(start as u64 >= before && (start as u64) < synced);
+    assert_eq!(kind, crate::journal::EntryKind::Records);
+    assert_eq!(start as u64, before);
     // The power cut kept the later page of the write but not its start.
-    bytes[start..start + 24].fill(0);
+    bytes[start..start + 64].fill(0);
     std::fs::write(&journal, &bytes).unwrap();
     let e = Engine::open(c).expect("a torn write is cut, not refused");
     assert_eq!(e.head(1).unwrap(), 5);
@@ -1830,10 +1843,11 @@ fn a_payload_shaped_like_sync_marks_cannot_make_a_torn_write_refused() {
 }
 
 #[test]
-fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
-    // A sync mark holds no data: damage to its synced length or checksum
-    // loses nothing, whatever later marks say.
-    for at in [0, 24, 30] {
+fn a_damaged_envelope_of_a_durable_frame_is_restored_not_refused() {
+    // An envelope holds no data: damage to its checksum, lsn or synced
+    // length loses nothing when later frames show it was durable and its
+    // payload is intact.
+    for at in [0, 18, 28] {
         let dir = tempfile::tempdir().unwrap();
         let mut c = small_config(dir.path());
         c.journal_checkpoint_bytes = 1 << 30;
@@ -1842,18 +1856,15 @@ fn a_damaged_sync_mark_that_was_durable_is_skipped_not_refused() {
         e.simulate_crash();
         let journal = newest_file(&dir.path().join("journal"), ".tmj");
         let mut bytes = std::fs::read(&journal).unwrap();
-        let marks: Vec<_> = journal_entries(&bytes)
-            .into_iter()
-            .filter(|e| e.2 == crate::journal::EntryKind::SyncMark)
-            .collect();
-        assert!(marks.len() > 10);
-        // A mark in the middle: later marks show it durable.
-        let (start, _, _, _) = marks[marks.len() / 2];
+        let frames = crate::journal::frames_of_file(&bytes);
+        assert!(frames.len() > 10);
+        // A frame in the middle: later frames show it durable.
+        let start = frames[frames.len() / 2].offset;
         bytes[start + at] ^= 0x04;
         std::fs::write(&journal, &bytes).unwrap();
-        let e = Engine::open(c.clone()).expect("a damaged mark loses nothing");
+        let e = Engine::open(c.clone()).expect("a damaged envelope loses nothing");
         let report = e.recovery_report();
-        assert_eq!(report.journal_sync_marks_skipped, 1, "byte {at}");
+        assert_eq!(report.journal_envelopes_repaired, 1, "byte {at}");
         assert_eq!(report.bytes_cut(), 0, "byte {at}");
         for g in [1, 2] {
             assert_dense_and_exact(&e, g, 20);
@@ -1906,12 +1917,18 @@ fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     e.simulate_crash();
     let jdir = dir.path().join("journal");
     let seq = seq_of(&newest_file(&jdir, ".tmj"));
-    // File seq + 1 is missing; seq + 2 holds an entry.
-    let mut j = crate::journal::Journal::create(&crate::io::OsVfs, &jdir, seq + 2, false).unwrap();
-    let mut buf = Vec::new();
-    let at = crate::journal::begin_entry(&mut buf, crate::journal::EntryKind::CreateGroup, 9);
-    crate::journal::finish_entry(&mut buf, at);
-    j.append(&buf).unwrap();
+    // File seq + 1 is missing; seq + 2 holds a frame.
+    let mut j = crate::journal::Journal::create(
+        Arc::new(crate::io::OsVfs),
+        &jdir,
+        crate::journal::JournalStart::first(seq + 2),
+        crate::journal::JournalOptions::of(&c),
+    )
+    .unwrap();
+    let mut frame = crate::journal::FrameBuf::default();
+    frame.push_entry(crate::journal::EntryKind::CreateGroup, 9, |_| {});
+    j.append(&mut frame, crate::journal::FrameKind::Round)
+        .unwrap();
     j.sync().unwrap();
     drop(j);
     let err = Engine::open(c).err().expect("refused");
@@ -1954,7 +1971,7 @@ fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_tw
     let bytes = std::fs::read(&journal).unwrap();
     let first_of_2 = journal_entries(&bytes)
         .into_iter()
-        .find(|e| e.2 == crate::journal::EntryKind::Record && e.3 == 2)
+        .find(|e| e.2 == crate::journal::EntryKind::Records && e.3 == 2)
         .unwrap()
         .0;
     std::fs::OpenOptions::new()
@@ -2317,6 +2334,7 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         let root = tempfile::tempdir().unwrap();
         let mut c = small_config(&root.path().join("data"));
         c.journal_checkpoint_bytes = 16 << 10; // checkpoints happen during the run
+        c.journal_file_bytes = 4 << 10; // and journal rolls between them
         c.retention_check_ms = 5;
         let mut x = Expected::default();
         // Three cuts in a row on one directory: each recovery's own writes
@@ -2359,15 +2377,14 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
         e.simulate_crash();
         control.cut(Cut::Seeded(seed)).unwrap();
         let journal = std::fs::read(newest_file(&dir.join("journal"), ".tmj")).unwrap();
-        let body = &journal[crate::journal::JOURNAL_HEADER_BYTES..];
-        let mut it = crate::journal::EntryIter::new(body, usize::MAX);
-        it.by_ref().count();
-        let valid = it.position();
-        if (valid + 1..body.len()).any(|o| {
-            crate::journal::EntryIter::new(&body[o..], 1 << 20)
-                .next()
-                .is_some()
-        }) {
+        let valid = crate::journal::frames_of_file(&journal)
+            .last()
+            .map_or(crate::journal::JOURNAL_HEADER_BYTES, |f| f.end);
+        // Bytes of the torn frame that did not persist (a run of zeros no
+        // frame holds), followed by bytes that did.
+        let torn = &journal[valid..];
+        let lost = torn.windows(64).position(|w| w.iter().all(|&b| b == 0));
+        if lost.is_some_and(|at| torn[at..].iter().any(|&b| b != 0)) {
             holes += 1;
         }
         let e = Engine::open(c).unwrap();
@@ -2377,9 +2394,9 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
     }
     assert!(
         cuts < 12 || holes > 0,
-        "some cut kept a valid entry after a lost page"
+        "some cut kept a page of the torn frame after a lost one"
     );
-    println!("{holes} of {cuts} cuts left valid journal entries after a hole");
+    println!("{holes} of {cuts} cuts kept a page of the torn frame after a lost one");
 }
 
 /// format-spec/protocol.md 4.6: once a group's deletion is accepted, every

@@ -137,14 +137,10 @@ impl Engine {
             return Ok(OpTicket::done(c.cursor));
         }
         self.check_writable()?;
-        let assign = group.assign.lock();
-        // Checked again under the lock, which orders the join against a delete.
-        if group.is_deleting() {
-            return Err(Error::GroupNotFound { group: group_id });
-        }
-        if !assign.ready {
-            return Err(self.assign_not_ready(&group));
-        }
+        let mut slot = group.assign.lock();
+        // Checked again under the lock (in `ready_to_assign`), which orders
+        // the join against a delete.
+        let assign = self.ready_to_assign(&group, &mut slot)?;
         // `last_id` counts every record queued before this join, which is
         // exactly what precedes it in the journal: the cursor is resolved
         // here, once, and replay reproduces it.
@@ -230,6 +226,8 @@ impl Engine {
                 head,
             });
         }
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
         let (old, new) = self
             .shared
             .cursors
@@ -239,7 +237,7 @@ impl Engine {
                 user,
             })?;
         if new != old {
-            group.members.lock().read_counts.advance(old, new);
+            members.advance(old, new);
             self.shared.counters.acks.fetch_add(1, Ordering::Relaxed);
         }
         Ok(new)
@@ -516,14 +514,12 @@ impl Engine {
     }
 
     /// How many members' cursors are at or above `msg_id` (read receipts).
-    /// O(log of the cursor range).
+    /// O(log of the cursor range) in a group of more than 64 members (a
+    /// tree), one cursor lookup per member in a smaller one.
     pub fn read_count(&self, group_id: u64, msg_id: u64) -> Result<u32> {
         Ok(self
             .group(group_id)?
-            .members
-            .lock()
-            .read_counts
-            .read_count(msg_id))
+            .read_count(&self.shared.cursors, msg_id))
     }
 
     /// Persists every moved cursor now and waits until durable (tests and

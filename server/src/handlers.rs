@@ -150,9 +150,10 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
             (ErrorCode::BelowRetentionFloor, Some(*earliest))
         }
         EngineError::LimitExceeded { max, .. } => (ErrorCode::LimitExceeded, Some(*max as u64)),
-        EngineError::Io { .. } | EngineError::Locked { .. } | EngineError::InvalidConfig { .. } => {
-            (ErrorCode::Internal, None)
-        }
+        EngineError::Io { .. }
+        | EngineError::Locked { .. }
+        | EngineError::InvalidConfig { .. }
+        | EngineError::UnsupportedFormat { .. } => (ErrorCode::Internal, None),
     }
 }
 

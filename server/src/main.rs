@@ -83,6 +83,10 @@ struct ServeArgs {
     /// dedup window): past it, idle groups' windows leave memory.
     #[arg(long, default_value_t = 10_000_000)]
     dedup_entries_total_max: usize,
+    /// A group unused this long (ms) gives back its send state and dedup
+    /// window (rebuilt from its log on its next SEND) and its small log.
+    #[arg(long, default_value_t = 600_000)]
+    idle_evict_ms: u64,
     /// Members per group.
     #[arg(long, default_value_t = 500_000)]
     members_per_group_max: usize,
@@ -132,6 +136,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.limits.output_bytes_total_max = a.output_bytes_total_max;
     c.limits.input_bytes_total_max = a.input_bytes_total_max;
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
+    c.engine.idle_evict_ms = a.idle_evict_ms;
     if let Some(path) = a.token_file {
         c.token = Some(tidemark_server::cli::read_token_file(&path)?);
     }

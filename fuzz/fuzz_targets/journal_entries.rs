@@ -1,3 +1,0 @@
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|data: &[u8]| tidemark_engine::fuzz_targets::journal_entries(data));
