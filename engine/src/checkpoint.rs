@@ -154,8 +154,9 @@ pub fn load(vfs: &dyn Vfs, p: &Path) -> Result<Option<Result<CheckpointBody, Str
 /// Writes the checkpoint atomically (tmp file, fdatasync, the current one
 /// renamed to `checkpoint.prev`, tmp renamed to `checkpoint`, dir fsync).
 /// `rotate` is false when the current checkpoint is invalid: a damaged file
-/// must not replace a valid `checkpoint.prev`.
-pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody, rotate: bool) -> Result<()> {
+/// must not replace a valid `checkpoint.prev`. Returns the bytes written
+/// (the file's size), for the checkpoint statistics.
+pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody, rotate: bool) -> Result<u64> {
     let final_path = path(data_dir);
     let tmp = data_dir.join("checkpoint.tmp");
     let bytes = encode(body);
@@ -177,7 +178,8 @@ pub fn store(vfs: &dyn Vfs, data_dir: &Path, body: &CheckpointBody, rotate: bool
     vfs.rename(&tmp, &final_path)
         .map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     vfs.sync_dir(data_dir)
-        .map_err(|e| Error::io(format!("fsync dir {}", data_dir.display()), e))
+        .map_err(|e| Error::io(format!("fsync dir {}", data_dir.display()), e))?;
+    Ok(bytes.len() as u64)
 }
 
 #[cfg(test)]

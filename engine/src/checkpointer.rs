@@ -63,6 +63,8 @@ const SYNCFS_THRESHOLD_GROUPS: usize = 64;
 pub(crate) struct CheckpointDone {
     pub journal: Journal,
     pub syncs: u64,
+    /// Size of the checkpoint file written.
+    pub bytes: u64,
 }
 
 /// Where a checkpoint's time went, for the log line operators read when
@@ -218,7 +220,7 @@ pub(crate) fn write_checkpoint(
             _ => journal.seq,
         },
     };
-    checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
+    let bytes = checkpoint::store(&*ctx.vfs, &ctx.config.data_dir, &body, current_valid)
         .inspect_err(|_| remove_unused_journal(ctx, &dir, next_journal_seq))?;
     // The snapshot is durable: the cursors it holds need no flush, unless
     // an ACK moved them since (those stay dirty). Memberships change only
@@ -260,5 +262,6 @@ pub(crate) fn write_checkpoint(
     Ok(CheckpointDone {
         journal,
         syncs: syncs + 3,
+        bytes,
     })
 }

@@ -39,7 +39,9 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::group::{Group, Unload};
 use crate::group_log::LogContext;
-use crate::journal::{body, EntryKind, FrameBuf, FrameKind, Journal, ENTRY_HEADER_BYTES};
+use crate::journal::{
+    self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
+};
 use crate::trash;
 use crate::warn_limit::RepeatedWarning;
 use crate::worker::Worker;
@@ -101,6 +103,13 @@ pub(crate) struct Counters {
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
+    /// Bytes of checkpoint files written, and the largest one: with
+    /// `journal_bytes`, what a checkpoint costs per byte of work.
+    pub checkpoint_bytes: AtomicU64,
+    pub checkpoint_bytes_max: AtomicU64,
+    /// Bytes written to the journal (frames, and the header of each file a
+    /// frame rolled to).
+    pub journal_bytes: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
@@ -189,12 +198,31 @@ pub struct GroupAppend {
 /// Takes up to `max` groups idle at `now_ms` off the used list and drops
 /// their send state (with its window) and, if small and quiet, their loaded
 /// log; one that cannot give them back yet (a lock held, records in an
-/// uncompleted round, writes not yet synced) is listed again as used now.
+/// uncompleted round, writes not yet synced) is listed again as used now,
+/// once the sweep is over: listed at once, it would be idle again at once
+/// under a short `idle_evict_ms` and taken again by this same sweep.
 /// Returns true if it stopped at `max`. On the commit thread, between
 /// rounds (so `completed` is every round applied), holding no lock.
 pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
     let idle_ms = shared.ctx.config.idle_evict_ms;
     let completed = shared.progress.lock().completed;
+    let mut later = Vec::new();
+    let stopped_at_max = evict_idle_up_to(shared, now_ms, idle_ms, completed, max, &mut later);
+    for id in later {
+        shared.dedup.touch_used(id);
+    }
+    stopped_at_max
+}
+
+/// The loop of [`evict_idle`]; the groups to list again go to `later`.
+fn evict_idle_up_to(
+    shared: &Shared,
+    now_ms: u64,
+    idle_ms: u64,
+    completed: u64,
+    max: usize,
+    later: &mut Vec<u64>,
+) -> bool {
     for _ in 0..max {
         let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
             return false;
@@ -203,7 +231,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
             continue; // deleted
         };
         let Some(mut slot) = group.assign.try_lock() else {
-            shared.dedup.touch_used(id);
+            later.push(id);
             continue;
         };
         if group.is_deleting() {
@@ -211,7 +239,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         if let Some(assign) = slot.as_deref() {
             if assign.last_round > completed {
-                shared.dedup.touch_used(id);
+                later.push(id);
                 continue;
             }
             let len = assign.dedup.len();
@@ -220,7 +248,7 @@ pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
         }
         // Under `assign`: no send can load the log again meanwhile.
         if group.unload_if_quiet(&shared.ctx) == Unload::Later {
-            shared.dedup.touch_used(id);
+            later.push(id);
         }
     }
     true
@@ -537,12 +565,22 @@ impl Committer {
         Ok(())
     }
 
-    /// Counts the fdatasyncs a journal roll made.
-    fn note_roll_syncs(&self, n: u64) {
-        self.shared
-            .counters
+    /// Counts what a frame write did: the journal bytes it wrote (the
+    /// frame, and a new file's header if it rolled) and the fdatasyncs of
+    /// its roll.
+    fn note_written(&self, written: FrameWritten, frame_len: usize) {
+        let counters = &self.shared.counters;
+        counters
             .journal_syncs
-            .fetch_add(n, Ordering::Relaxed);
+            .fetch_add(written.roll_syncs, Ordering::Relaxed);
+        let header = if written.roll_syncs > 0 {
+            journal::JOURNAL_HEADER_BYTES as u64
+        } else {
+            0
+        };
+        counters
+            .journal_bytes
+            .fetch_add(frame_len as u64 + header, Ordering::Relaxed);
     }
 
     /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
@@ -612,7 +650,7 @@ impl Committer {
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
-        self.note_roll_syncs(written.roll_syncs);
+        self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_frame.len() as u64;
         Ok(true)
@@ -726,7 +764,7 @@ impl Committer {
         let mut lsn = 0;
         if self.frame.entry_count() > 0 {
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
-            self.note_roll_syncs(written.roll_syncs);
+            self.note_written(written, self.frame.len());
             self.unsynced_bytes += self.frame.len() as u64;
             lsn = written.lsn;
         }
@@ -872,6 +910,14 @@ impl Committer {
 
     fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
         self.flusher.check()?;
+        // The checkpoint moves writing to a new journal file: like a roll,
+        // it first syncs the file it leaves (whatever the policy), so a torn
+        // tail can only be in the newest file that holds frames (storage.md
+        // section 5), also when recovery falls back to `checkpoint.prev`
+        // and replays this file before the new one.
+        if self.unsynced_bytes > 0 {
+            self.sync_journal()?;
+        }
         let catalog = self.shared.catalog.read();
         let next = checkpointer::write_checkpoint(
             &self.shared.ctx,
@@ -887,6 +933,9 @@ impl Committer {
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
         c.checkpoint_syncs.fetch_add(next.syncs, Ordering::Relaxed);
+        c.checkpoint_bytes.fetch_add(next.bytes, Ordering::Relaxed);
+        c.checkpoint_bytes_max
+            .fetch_max(next.bytes, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -94,6 +94,12 @@ pub struct EngineStats {
     pub journal_syncs: u64,
     pub checkpoints: u64,
     pub checkpoint_syncs: u64,
+    /// Bytes of checkpoint files the commit thread wrote, and the largest.
+    pub checkpoint_bytes: u64,
+    pub checkpoint_bytes_max: u64,
+    /// Bytes written to the journal (frames, and the header of each file a
+    /// frame rolled to).
+    pub journal_bytes: u64,
     pub bytes_appended: u64,
     /// ACKs that moved a cursor.
     pub acks: u64,
@@ -110,7 +116,8 @@ pub struct EngineStats {
     /// sweep looks at (`Config::idle_evict_ms`); idle groups are not counted.
     pub groups_in_use: u64,
     /// Group logs loaded (verified) by the maintenance worker since open:
-    /// first uses of groups recovery left unloaded.
+    /// first uses of groups recovery left unloaded or the idle sweep
+    /// unloaded.
     pub group_loads: u64,
 }
 
@@ -838,6 +845,9 @@ impl Engine {
             journal_syncs: c.journal_syncs.load(Ordering::Relaxed),
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
+            checkpoint_bytes: c.checkpoint_bytes.load(Ordering::Relaxed),
+            checkpoint_bytes_max: c.checkpoint_bytes_max.load(Ordering::Relaxed),
+            journal_bytes: c.journal_bytes.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
             membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),

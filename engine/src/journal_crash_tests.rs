@@ -357,6 +357,47 @@ fn j5_under_fsync_never_a_power_cut_after_a_roll_still_opens() {
     }
 }
 
+/// J5 at a checkpoint, under `never`: a checkpoint moves writing to a new
+/// journal file, and like a roll it syncs the file it leaves first. A power
+/// cut after frames reached the new file, with the newest checkpoint then
+/// unreadable, makes recovery replay the old file and the new one from
+/// `checkpoint.prev`: without that sync the old file's tail could be torn
+/// while a later file holds frames, and the open would be refused.
+#[test]
+fn j5_a_checkpoint_syncs_the_journal_file_it_leaves() {
+    for seed in 0..16 {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let mut c = small_config(&dir);
+        c.fsync = crate::FsyncPolicy::Never;
+        c.journal_checkpoint_bytes = 1 << 30;
+        c.cursor_flush_ms = 3_600_000;
+        c.retention_check_ms = 3_600_000;
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        e.create_group(1).unwrap();
+        fill_more(&e, 1, 1..=40);
+        e.checkpoint().unwrap();
+        fill_more(&e, 1, 41..=43);
+        control.freeze();
+        e.simulate_crash();
+        control.cut(Cut::Seeded(seed)).unwrap();
+        let newest = dir.join("checkpoint");
+        let mut bytes = std::fs::read(&newest).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&newest, &bytes).unwrap();
+        let e = Engine::open(c).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        let head = e.head(1).unwrap();
+        assert!(
+            head >= 40,
+            "seed {seed}: head {head}: the checkpoint synced 40"
+        );
+        assert_dense_and_exact(&e, 1, head);
+    }
+}
+
 /// Copies a directory tree (without the lock file).
 fn copy_tree(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
@@ -486,4 +527,52 @@ fn a_new_directory_gets_format_2_and_reopens() {
             ..
         })
     ));
+}
+
+/// J5, damage after the roll: a rolled file that holds frames had its
+/// header synced before its first frame, so a damaged header there is
+/// damage to acknowledged data, never a crash while the file was created:
+/// the open is refused and nothing is cut (a cut would lose the file's
+/// acknowledged sends and hand their ids out again).
+#[test]
+fn j5_a_damaged_header_of_a_rolled_file_that_holds_frames_refuses_to_open() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("data");
+    let mut c = small_config(&dir);
+    c.journal_checkpoint_bytes = 1 << 30;
+    c.journal_file_bytes = 4096;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    let jdir = dir.join("journal");
+    let first = newest_file(&jdir, ".tmj");
+    let mut i = 0;
+    while newest_file(&jdir, ".tmj") == first {
+        i += 1;
+        fill_more(&e, 1, i..=i);
+    }
+    // Ten more acknowledged sends land in the rolled file.
+    fill_more(&e, 1, i + 1..=i + 10);
+    e.simulate_crash();
+    let rolled = newest_file(&jdir, ".tmj");
+    let len = std::fs::metadata(&rolled).unwrap().len();
+    let mut bytes = std::fs::read(&rolled).unwrap();
+    bytes[20] ^= 0x01;
+    std::fs::write(&rolled, &bytes).unwrap();
+    match Engine::open(c) {
+        Err(Error::Corrupt { path, offset, .. }) => {
+            assert_eq!(path, rolled);
+            assert_eq!(offset, 0);
+        }
+        Err(other) => panic!("expected Corrupt, got {other}"),
+        Ok(e) => panic!(
+            "opened with head {} of {}: the rolled file's frames were cut",
+            e.head(1).unwrap(),
+            i + 10
+        ),
+    }
+    assert_eq!(
+        std::fs::metadata(&rolled).unwrap().len(),
+        len,
+        "nothing cut"
+    );
 }

@@ -29,6 +29,8 @@
 mod apply;
 mod catalog;
 mod checkpoint;
+#[cfg(test)]
+mod checkpoint_stats_tests;
 mod checkpointer;
 mod codec;
 mod commit;

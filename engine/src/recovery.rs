@@ -664,6 +664,13 @@ impl Replay<'_> {
         let header = match journal::decode_header_of(&map) {
             Ok(h) => h,
             Err(reason) if header_durable => return Err(damaged_header(&reason)),
+            // A file longer than its header holds frames, and the writer
+            // writes the first frame only after the header and the file's
+            // directory entry are synced (`Journal::create`): the header
+            // was durable, so this is damage, whichever file it is.
+            Err(reason) if map.len() > JOURNAL_HEADER_BYTES => {
+                return Err(damaged_header_with_frames(path, &reason))
+            }
             // A crash while creating the file: nothing in it was acknowledged.
             Err(reason) => {
                 return Ok(FileOutcome {
@@ -925,6 +932,26 @@ impl Replay<'_> {
             apply::Applied::Op(_) => {}
         }
         Ok(())
+    }
+}
+
+/// A journal file that holds frames (it is longer than a header) but whose
+/// header is invalid: its header was synced before its first frame was
+/// written, so the header is damaged, and the frames cannot be trusted to
+/// be read (their `mark_key` and numbering are in it).
+fn damaged_header_with_frames(path: &Path, reason: &str) -> Error {
+    Error::Corrupt {
+        path: path.to_owned(),
+        group: None,
+        offset: 0,
+        reason: format!(
+            "{reason}. The file is longer than its header, so it holds frames, and the \
+             writer syncs a journal file's header (and its directory entry) before it writes \
+             the first frame: this is damage to a durable header, not a crash while the file \
+             was created. Its frames (acknowledged messages, joins, cursors) cannot be read. \
+             The data directory was not opened, so nothing was dropped: restore the data \
+             directory (or this file) from a backup"
+        ),
     }
 }
 

@@ -19,7 +19,10 @@ pub enum Workload {
     W4,
     /// Zipf group sizes, online members pushed, offline members syncing.
     Mixed,
-    /// W1, W2, W3, W4 and mixed.
+    /// Issue 12: many groups of an IM node's size mix, Zipf sends, clean
+    /// and crash restarts; disk, memory and restart figures (needs --spawn).
+    Population,
+    /// W1, W2, W3, W4 and mixed (not population).
     All,
 }
 
@@ -31,6 +34,7 @@ impl Workload {
             Workload::W3 => "w3",
             Workload::W4 => "w4",
             Workload::Mixed => "mixed",
+            Workload::Population => "population",
             Workload::All => "all",
         }
     }
@@ -38,7 +42,8 @@ impl Workload {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, all.
+    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, all
+    /// (all = w1..w4 and mixed).
     #[arg(
         long,
         short = 'w',
@@ -75,13 +80,14 @@ pub struct BenchArgs {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 200)]
     pub size: usize,
-    /// Groups (W1: 10,000; W4: 10,000; mixed: 100).
+    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population: 1,000,000).
     #[arg(long)]
     pub groups: Option<u64>,
-    /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000).
+    /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000;
+    /// population: as many as groups, at least 1,000).
     #[arg(long)]
     pub members: Option<u64>,
-    /// Messages sent (W1: 1,000,000; mixed: 20,000) or stored before the
+    /// Messages sent (W1, population: 1,000,000; mixed: 20,000) or stored before the
     /// measured phase (W2: 100,000; W3: 1,000; W4: 1,000,000).
     #[arg(long)]
     pub messages: Option<u64>,
@@ -91,7 +97,8 @@ pub struct BenchArgs {
     /// W4: groups per user.
     #[arg(long, default_value_t = 50)]
     pub groups_per_user: u64,
-    /// W2 and mixed: records per pulled page.
+    /// W2 and mixed: records per pulled page; population: per HISTORY page
+    /// of the validation.
     #[arg(long, default_value_t = 200)]
     pub page: u32,
     /// Stop the measured phase after this many seconds (the figures cover
@@ -117,7 +124,8 @@ pub struct BenchArgs {
     /// mixed: gateway connections carrying the subscriptions.
     #[arg(long, default_value_t = 2)]
     pub gateways: usize,
-    /// mixed: largest group (Zipf, exponent 1, from 2 members).
+    /// mixed: largest group (Zipf, exponent 1, from 2 members); population:
+    /// largest big group (its band is 1,000 up to this).
     #[arg(long, default_value_t = 100_000)]
     pub group_size_max: u64,
     /// mixed: offline users that catch up with SYNC and BATCH_ACK.

@@ -115,6 +115,11 @@ pub struct PhaseConfig<'a> {
     /// still complete).
     pub deadline: Option<Instant>,
     pub progress: bool,
+    /// A connection the node closed (or that failed) ends that
+    /// connection's share of the phase instead of failing it: the
+    /// population workload's load under which the node is killed. Requests
+    /// in flight then are left unanswered, and `cut_short` is set.
+    pub until_disconnect: bool,
 }
 
 /// The outcome of a phase: the jobs (holding what verification needs),
@@ -215,7 +220,13 @@ fn drive<J: Job>(
                 in_flight.insert(id, (now, tag));
                 tally.requests += 1;
             }
-            conn.flush()?;
+            if let Err(e) = conn.flush() {
+                if cfg.until_disconnect {
+                    cut_short.store(true, Ordering::Relaxed);
+                    break;
+                }
+                return Err(e);
+            }
         }
         if in_flight.is_empty() {
             if stopped || job.finished() {
@@ -224,7 +235,7 @@ fn drive<J: Job>(
             return Err(format!("{}: a connection's job stalled", cfg.label));
         }
         let mut lost = None;
-        conn.read_some(&mut |id, resp| {
+        let read = conn.read_some(&mut |id, resp| {
             if id == 0 {
                 job.unsolicited(resp, &mut tally);
                 return;
@@ -236,14 +247,18 @@ fn drive<J: Job>(
                 }
                 None => lost = Some(id),
             }
-        })
-        .map_err(|e| {
-            format!(
+        });
+        if let Err(e) = read {
+            if cfg.until_disconnect {
+                cut_short.store(true, Ordering::Relaxed);
+                break;
+            }
+            return Err(format!(
                 "{}: {e} ({} requests in flight)",
                 cfg.label,
                 in_flight.len()
-            )
-        })?;
+            ));
+        }
         if let Some(id) = lost {
             return Err(format!("{}: response to unknown request {id}", cfg.label));
         }

@@ -560,6 +560,7 @@ pub(crate) fn mixed(ctx: &Ctx<'_>) -> Result<Report, String> {
         verified: false,
         verification: String::new(),
         extra: Map::new(),
+        table: Vec::new(),
     };
 
     let mut conns = ctx.connect(a.connections)?;

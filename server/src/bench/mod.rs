@@ -11,9 +11,11 @@
 //!   moves, memberships, queries), shared with benches/compare.
 //! - `conn`: a pipelining connection on the protocol codec.
 //! - `driver`: one thread per connection, requests in flight, latency.
-//! - `workloads`: W1-W4; `mixed`: the mixed workload.
+//! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
+//!   population workload of issue 12 (groups held, restarts).
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
-//! - `node`: `--spawn`.
+//! - `node`: `--spawn` (and the population's stops, kills, restarts,
+//!   memory and disk readings).
 //!
 //! Every workload has a setup (groups, members, stored messages: pipelined
 //! too, timed separately, never part of the measured figures), a measured
@@ -25,6 +27,7 @@ mod driver;
 mod mixed;
 mod node;
 pub mod plan;
+mod population;
 mod progress;
 mod report;
 mod workloads;
@@ -91,9 +94,15 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
         }
         None => None,
     };
+    if args.workloads().contains(&Workload::Population) && !args.spawn {
+        return Err(
+            "the population workload needs --spawn: it reads the node's memory and data directory, and stops, kills and restarts it"
+                .into(),
+        );
+    }
     let payloads = plan::payloads(args.seed, args.size);
     for w in args.workloads() {
-        let spawned = if args.spawn {
+        let mut spawned = if args.spawn {
             let bin = match &args.node_bin {
                 Some(b) => b.clone(),
                 None => std::env::current_exe().map_err(|e| format!("current executable: {e}"))?,
@@ -125,6 +134,10 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
             Workload::W3 => workloads::w3(&ctx)?,
             Workload::W4 => workloads::w4(&ctx)?,
             Workload::Mixed => mixed::mixed(&ctx)?,
+            Workload::Population => match spawned.as_mut() {
+                Some(node) => population::population(&ctx, node)?,
+                None => return Err("the population workload needs --spawn".into()),
+            },
             Workload::All => continue,
         };
         if let Some(n) = &spawned {
@@ -174,6 +187,7 @@ impl Ctx<'_> {
             in_flight: self.args.in_flight,
             deadline: None,
             progress: !self.args.quiet,
+            until_disconnect: false,
         }
     }
 
@@ -188,6 +202,7 @@ impl Ctx<'_> {
                 .duration
                 .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0))),
             progress: !self.args.quiet,
+            until_disconnect: false,
         }
     }
 

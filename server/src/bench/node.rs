@@ -1,18 +1,50 @@
 //! `--spawn`: a node started as a child process on a fresh data directory,
 //! stopped (SIGTERM, then SIGKILL) and its directory removed when dropped.
+//! The population workload also stops it cleanly, kills it, restarts the
+//! same binary on the same directory, and reads its memory (`/proc`) and
+//! its directory's size.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::conn::Conn;
+use crate::protocol::{Request, Response};
+
 /// How long a node may take to exit after SIGTERM before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(20);
+/// How long a clean stop that is measured may take (its final checkpoint
+/// grows with the population on 0.1) before it counts as failed.
+const CLEAN_STOP_WAIT: Duration = Duration::from_secs(1800);
+/// How long a restart may take to answer its first request.
+const RESTART_WAIT: Duration = Duration::from_secs(3600);
 
 pub struct SpawnedNode {
     child: Child,
     pub addr: String,
     dir: PathBuf,
+    bin: PathBuf,
+    fsync: String,
+}
+
+/// What `du` and `find | wc -l` would say of a directory tree.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DiskUsage {
+    /// Bytes allocated (`st_blocks × 512`), directories included.
+    pub bytes: u64,
+    /// Files and directories below the root (the root not counted).
+    pub inodes: u64,
+}
+
+/// The node's resident memory (`/proc/<pid>/statm` and `status`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Memory {
+    /// Resident set: heap and every mapped page in memory.
+    pub rss_bytes: u64,
+    /// Anonymous resident memory only (`RssAnon`): the heap and thread
+    /// stacks, without the pages of mapped segment files.
+    pub anon_bytes: u64,
 }
 
 impl SpawnedNode {
@@ -33,46 +65,18 @@ impl SpawnedNode {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let child = Command::new(bin)
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--fsync", fsync])
-            .arg("--data")
-            .arg(&dir)
-            .env(
-                "RUST_LOG",
-                std::env::var("TIDEMARK_NODE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("start {}: {e}", bin.display()))?;
-        let mut node = SpawnedNode {
+        let (child, addr) = launch(bin, &dir, fsync)?;
+        Ok(SpawnedNode {
             child,
-            addr: String::new(),
+            addr,
             dir,
-        };
-        let stdout = node
-            .child
-            .stdout
-            .take()
-            .ok_or("the node's stdout is not piped")?;
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        reader
-            .read_line(&mut line)
-            .map_err(|e| format!("read the node's first line: {e}"))?;
-        node.addr = line
-            .trim()
-            .strip_prefix("tidemark listening on ")
-            .ok_or_else(|| format!("the node did not start (first line {line:?})"))?
-            .to_string();
-        // Keep reading so that a later line can never block the node.
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
-        Ok(node)
+            bin: bin.to_path_buf(),
+            fsync: fsync.to_string(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Bytes under the data directory (what the workload left on disk).
@@ -91,12 +95,191 @@ impl SpawnedNode {
         }
         walk(&self.dir)
     }
+
+    /// Allocated bytes and inodes of the data directory tree.
+    pub fn disk_usage(&self) -> Result<DiskUsage, String> {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = DiskUsage::default();
+        let mut stack = vec![self.dir.clone()];
+        while let Some(d) = stack.pop() {
+            let rd = std::fs::read_dir(&d).map_err(|e| format!("read {}: {e}", d.display()))?;
+            for e in rd {
+                let e = e.map_err(|e| format!("read {}: {e}", d.display()))?;
+                // A file the node removes meanwhile (a checkpoint deleting an
+                // old journal) is simply not counted.
+                let Ok(m) = e.path().symlink_metadata() else {
+                    continue;
+                };
+                total.bytes += m.blocks() * 512;
+                total.inodes += 1;
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+            }
+        }
+        if let Ok(m) = self.dir.symlink_metadata() {
+            total.bytes += m.blocks() * 512;
+        }
+        Ok(total)
+    }
+
+    /// The node's resident memory now.
+    pub fn memory(&self) -> Result<Memory, String> {
+        let pid = self.pid();
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))
+            .map_err(|e| format!("read /proc/{pid}/statm: {e}"))?;
+        let resident_pages: u64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("/proc/{pid}/statm: no resident field in {statm:?}"))?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = u64::try_from(page).unwrap_or(4096);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_err(|e| format!("read /proc/{pid}/status: {e}"))?;
+        let anon_kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| format!("/proc/{pid}/status: no RssAnon line"))?;
+        Ok(Memory {
+            rss_bytes: resident_pages * page,
+            anon_bytes: anon_kb * 1024,
+        })
+    }
+
+    /// Stops the node with SIGTERM and waits for it to exit (a clean
+    /// shutdown, with its final checkpoint); returns how long that took.
+    pub fn stop_clean(&mut self) -> Result<Duration, String> {
+        let start = Instant::now();
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(start.elapsed()),
+                Ok(Some(status)) => {
+                    return Err(format!("the node exited with {status} on SIGTERM"))
+                }
+                Ok(None) if start.elapsed() < CLEAN_STOP_WAIT => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    return Err(format!(
+                        "the node did not stop within {} s of SIGTERM",
+                        CLEAN_STOP_WAIT.as_secs()
+                    ))
+                }
+                Err(e) => return Err(format!("wait for the node: {e}")),
+            }
+        }
+    }
+
+    /// Waits for the node to exit after [`kill_now`] was sent.
+    pub fn reap(&mut self) -> Result<(), String> {
+        self.child
+            .wait()
+            .map(|_| ())
+            .map_err(|e| format!("wait for the node: {e}"))
+    }
+
+    /// Starts the same binary again on the same data directory (the node
+    /// must have exited) and waits until it answers a PING; returns the
+    /// time from the start of the process to that answer.
+    pub fn restart(&mut self, token: Option<&[u8]>) -> Result<Duration, String> {
+        let start = Instant::now();
+        let (child, addr) = launch(&self.bin, &self.dir, &self.fsync)?;
+        self.child = child;
+        self.addr = addr;
+        let mut last = String::new();
+        while start.elapsed() < RESTART_WAIT {
+            let answered =
+                Conn::connect(&self.addr, token, Duration::from_secs(60)).and_then(|mut c| {
+                    let mut pong = false;
+                    c.call(&Request::Ping, &mut |r| pong = matches!(r, Response::Pong))?;
+                    Ok(pong)
+                });
+            match answered {
+                Ok(true) => return Ok(start.elapsed()),
+                Ok(false) => last = "PING not answered with PONG".into(),
+                Err(e) => last = e,
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("the restarted node exited with {status} ({last})"));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Err(format!(
+            "the restarted node did not answer within {} s ({last})",
+            RESTART_WAIT.as_secs()
+        ))
+    }
+}
+
+/// Sends SIGKILL to process `pid` (a node this tool spawned).
+pub fn kill_now(pid: u32) {
+    // SAFETY: kill(2) on a child of ours that has not been reaped yet, so
+    // the pid cannot have been reused.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Starts `bin serve` on `dir` and reads its `tidemark listening on ADDR`
+/// line (printed once it accepts connections).
+fn launch(bin: &Path, dir: &Path, fsync: &str) -> Result<(Child, String), String> {
+    let mut child = Command::new(bin)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--fsync", fsync])
+        .arg("--data")
+        .arg(dir)
+        .env(
+            "RUST_LOG",
+            std::env::var("TIDEMARK_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", bin.display()))?;
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("the node's stdout is not piped".into());
+    };
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    let addr = reader
+        .read_line(&mut line)
+        .map_err(|e| format!("read the node's first line: {e}"))
+        .and_then(|_| {
+            line.trim()
+                .strip_prefix("tidemark listening on ")
+                .map(str::to_string)
+                .ok_or_else(|| format!("the node did not start (first line {line:?})"))
+        });
+    let addr = match addr {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+    };
+    // Keep reading so that a later line can never block the node.
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    Ok((child, addr))
 }
 
 impl Drop for SpawnedNode {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid; a failure means it is gone.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        // An exited child was reaped by `try_wait`: its pid may belong to
+        // another process by now, so it gets no signal.
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            // SAFETY: kill(2) on our own child's pid, not yet reaped.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        }
         let start = Instant::now();
         loop {
             match self.child.try_wait() {

@@ -24,8 +24,13 @@ pub struct Report {
     pub cut_short: bool,
     pub verified: bool,
     pub verification: String,
-    /// Further figures (e.g. commit rounds, pushes received).
+    /// Further figures (e.g. commit rounds, pushes received). The human
+    /// summary prints the scalar ones; objects are for `--json`, with
+    /// `table` saying the same to a reader.
     pub extra: Map<String, Value>,
+    /// Lines of the human summary after the latency line (the population
+    /// workload's table).
+    pub table: Vec<String>,
 }
 
 impl Report {
@@ -109,9 +114,13 @@ impl Report {
             group_digits(self.quantile(0.999)),
             group_digits(h.max()),
         ));
+        for line in &self.table {
+            s.push_str(&format!("  {line}\n"));
+        }
         for (k, v) in &self.extra {
             match v {
                 Value::String(text) => s.push_str(&format!("  {k:<9} {text}\n")),
+                Value::Object(_) | Value::Array(_) => {}
                 v => s.push_str(&format!("  {k:<9} {v}\n")),
             }
         }

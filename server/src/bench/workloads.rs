@@ -158,6 +158,7 @@ fn report(
         verified: false,
         verification: String::new(),
         extra: Map::new(),
+        table: Vec::new(),
     }
 }
 
