@@ -273,7 +273,7 @@ impl DedupBudget {
         }
     }
 
-    /// `group`'s window was just used (a send or a join): it leaves memory
+    /// `group`'s window was just used (a send): it leaves memory
     /// last, and the group is not idle.
     pub fn touch(&self, group: u64) {
         let now = crate::now_ms();

@@ -186,6 +186,10 @@ impl Engine {
             worker: Worker::new(),
             ready_failures: Mutex::new(Default::default()),
         });
+        // Logs recovery loaded leave memory when idle, like any other.
+        for id in recovered.loaded {
+            shared.dedup.touch_used(id);
+        }
         let thread_shared = shared.clone();
         let commit_thread = std::thread::Builder::new()
             .name("tidemark-commit".into())
@@ -582,8 +586,8 @@ impl Engine {
         self.check_writable()
     }
 
-    /// The group's send state. When it is not in memory (first send or
-    /// join since open, or since it was dropped: idle, or for the dedup
+    /// The group's send state. When it is not in memory (first send since
+    /// open, or since it was dropped: idle, or for the dedup
     /// budget), `NotReady`: the maintenance worker loads the log, rebuilds
     /// the window and installs the state (`ready.rs`); only a loaded log
     /// holding no record gets its state here, an empty window needing no

@@ -30,7 +30,7 @@
 //! when the group goes idle ([`crate::dedup::DedupBudget`] says which, the
 //! commit thread evicts them, `commit.rs`):
 //! - the send state with its dedup window ([`AssignState`], `assign` is
-//!   `None` until the next send or join has the maintenance worker rebuild
+//!   `None` until the next send has the maintenance worker rebuild
 //!   it from the log, as after a restart, `ready.rs`);
 //! - the loaded log ([`LogSlot::Loaded`]): a small quiet log goes back to
 //!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
@@ -76,8 +76,9 @@ pub struct Group {
     pub members: Mutex<GroupMembers>,
     /// `None`: keep everything (the default, and nearly every group).
     retention: Mutex<Option<Box<Retention>>>,
-    /// The send path's state, `None` until the first send or join since
-    /// open or since the group went idle (module docs).
+    /// The send path's state, `None` until the first send since open or
+    /// since the group went idle (module docs). A join reads only its
+    /// `last_id`, or the log's head without one.
     pub assign: Mutex<Option<Box<AssignState>>>,
     pub log: RwLock<LogSlot>,
     // Per-group checkpoint state (design S4: dirty flag, applied lsn, dirty
@@ -111,7 +112,7 @@ pub enum Unload {
     Never,
 }
 
-/// The send path's view of a group, built on its first send or join (the
+/// The send path's view of a group, built on its first send (the
 /// dedup window rebuilt from the log) and dropped when it goes idle.
 #[derive(Default)]
 pub struct AssignState {

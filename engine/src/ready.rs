@@ -5,7 +5,7 @@
 //! After open most groups are as the checkpoint left them (`LogSlot::
 //! Unloaded`): loading one scans its active segment (up to
 //! `segment_bytes_max`, CRC checked), a sealed segment's index is built by
-//! a scan on its first read, and the first send or join builds the group's
+//! a scan on its first read, and the first send builds the group's
 //! send state (`Group::assign`, `None` until then) by rebuilding the dedup
 //! window from the log. The same holds after the idle sweep (`commit.rs`)
 //! dropped an idle group's send state and unloaded its small log, and
@@ -135,7 +135,7 @@ impl Engine {
         Ok(())
     }
 
-    /// The error for a send or join whose group has no send state in
+    /// The error for a send whose group has no send state in
     /// memory: why the worker could not make
     /// it ready last time, or why it cannot be (a damaged group), or
     /// `NotReady` with the job that makes it ready. The caller holds the

@@ -231,6 +231,10 @@ fn damage_found_by_the_worker_is_group_damaged_for_the_request() {
         e.read(A, 0, 10, 1 << 20),
         Err(Error::GroupDamaged { group: A, .. })
     ));
+    assert!(matches!(
+        e.try_submit_join(A, 5, crate::JoinStart::Head),
+        Err(Error::GroupDamaged { group: A, .. })
+    ));
 }
 
 #[test]
@@ -453,4 +457,50 @@ fn an_idle_sweep_between_the_workers_job_and_the_request_costs_a_new_job() {
     e.wait_ready(t4).unwrap();
     assert_eq!(e.try_read(A, 0, 10, 1 << 20).unwrap().count, 1);
     assert_eq!(e.stats().group_loads, 4);
+}
+
+/// A join needs only the assigned head, which without a send state is the
+/// log's head, loaded or not: it loads nothing, builds no window and queues
+/// no worker job.
+#[test]
+fn a_join_to_an_idle_group_reads_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_idle(dir.path());
+    e.create_group(A).unwrap();
+    e.append(A, 100, 1, b"one").unwrap();
+    e.append(A, 100, 2, b"two").unwrap();
+    e.checkpoint().unwrap();
+    sweep_idle(&e);
+    assert!(evicted(&e, A));
+    let at_head = e.try_submit_join(A, 7, crate::JoinStart::Head).unwrap();
+    assert_eq!(e.wait_op(at_head).unwrap(), 2);
+    let earliest = e.try_submit_join(A, 8, crate::JoinStart::Earliest).unwrap();
+    assert_eq!(e.wait_op(earliest).unwrap(), 0);
+    assert!(evicted(&e, A), "nothing loaded or built for the joins");
+    assert_eq!(e.stats().group_loads, 0);
+    assert_eq!(e.stats().dedup_entries, 0);
+    // The next send still finds its retransmit.
+    assert!(e.append(A, 100, 2, b"two").unwrap().duplicate);
+}
+
+/// Logs that recovery loaded (here: replay applying records to a group the
+/// checkpoint left unloaded) are listed for the idle sweep like any other.
+#[test]
+fn a_log_loaded_by_recovery_leaves_memory_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_idle(dir.path());
+    e.create_group(A).unwrap();
+    e.append(A, 100, 1, b"one").unwrap();
+    e.checkpoint().unwrap();
+    e.append(A, 100, 2, b"two").unwrap();
+    e.simulate_crash();
+    let e = open_idle(dir.path());
+    {
+        let g = e.shared.catalog.read().get(A).cloned().unwrap();
+        assert!(matches!(&*g.log.read(), crate::group::LogSlot::Loaded(_)));
+    }
+    assert_eq!(e.stats().groups_in_use, 1);
+    sweep_idle(&e);
+    assert!(evicted(&e, A), "the replayed log left memory");
+    assert_eq!(e.read(A, 0, 10, 1 << 20).unwrap().count, 2);
 }

@@ -165,6 +165,10 @@ pub(crate) struct Recovered {
     pub cursors: CursorTable,
     pub journal: Journal,
     pub report: RecoveryReport,
+    /// The groups whose log recovery loaded (replay, discovery, segments
+    /// that may lead the journal, creations replayed): the engine lists
+    /// them for the idle sweep, as it lists every log loaded later.
+    pub loaded: Vec<u64>,
 }
 
 /// Rebuilds the in-memory state from disk and returns the journal to
@@ -323,10 +327,14 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         load_groups_whose_segments_lead(ctx, &catalog, &mut report);
     }
     clamp_cursors_to_heads(&catalog, &cursors);
+    let mut loaded_groups = Vec::new();
     for g in catalog.groups() {
         match &*g.log.read() {
             LogSlot::Damaged { reason, .. } => report.damaged_groups.push((g.id, reason.clone())),
-            LogSlot::Loaded(_) => report.groups_verified += 1,
+            LogSlot::Loaded(_) => {
+                report.groups_verified += 1;
+                loaded_groups.push(g.id);
+            }
             LogSlot::Unloaded(_) => report.groups_unverified += 1,
             LogSlot::Deleted => {}
         }
@@ -352,6 +360,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         cursors,
         journal: done.journal,
         report,
+        loaded: loaded_groups,
     })
 }
 

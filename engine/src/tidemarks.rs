@@ -122,30 +122,54 @@ impl Engine {
         self.wait_op(ticket)
     }
 
-    /// Queues a join; the ticket's value is the member's cursor. Waits for
-    /// the group's first load after open if it needs one.
+    /// Queues a join; the ticket's value is the member's cursor. A join
+    /// reads no file and builds no send state: it never waits for the disk.
     pub fn submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
-        self.blocking(|| self.try_submit_join(group_id, user, start))
+        self.try_submit_join(group_id, user, start)
     }
 
-    /// [`Engine::submit_join`] that never waits for the disk: `NotReady`
-    /// when the group's send path must be made ready first (the join's
-    /// cursor is resolved against the assigned head).
+    /// [`Engine::submit_join`], the name the event loop's requests use: a
+    /// join never gets `NotReady`.
     pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         if let Some(c) = self.shared.cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
         }
         self.check_writable()?;
-        let mut slot = group.assign.lock();
-        // Checked again under the lock (in `ready_to_assign`), which orders
-        // the join against a delete.
-        let assign = self.ready_to_assign(&group, &mut slot)?;
-        // `last_id` counts every record queued before this join, which is
-        // exactly what precedes it in the journal: the cursor is resolved
-        // here, once, and replay reproduces it.
-        let head = assign.last_id;
-        let below = group.log.read().floor().saturating_sub(1);
+        let assign = group.assign.lock();
+        // Checked again under the lock, which orders the join against a delete.
+        if group.is_deleting() {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        // The cursor is resolved against the assigned head: it counts every
+        // record queued before this join, which is exactly what precedes it
+        // in the journal, so the cursor is resolved here, once, and replay
+        // reproduces it. Without a send state no record of the group is
+        // queued (a state is dropped only once its last round completed),
+        // so the assigned head is the applied one, the log's, loaded or not (a log left unloaded by recovery or the
+        // idle sweep does not grow when loaded: recovery loads every group
+        // whose segments may lead the journal). So no log is loaded and no
+        // window rebuilt for a join.
+        let (head, below) = {
+            let log = group.log.read();
+            match &*log {
+                LogSlot::Damaged { reason, .. } => {
+                    return Err(Error::GroupDamaged {
+                        group: group_id,
+                        reason: reason.clone(),
+                    })
+                }
+                LogSlot::Deleted => return Err(Error::GroupNotFound { group: group_id }),
+                LogSlot::Loaded(_) | LogSlot::Unloaded(_) => {}
+            }
+            if assign.is_some() || matches!(&*log, LogSlot::Loaded(_)) {
+                // A use: what the group holds stays (not its window's use
+                // for the dedup budget: a join sends nothing).
+                self.shared.dedup.touch_used(group_id);
+            }
+            let head = assign.as_deref().map_or_else(|| log.head(), |a| a.last_id);
+            (head, log.floor().saturating_sub(1))
+        };
         let cursor = match start {
             JoinStart::Head => head,
             JoinStart::Earliest => below,
