@@ -17,6 +17,10 @@
 //! - a sender's cursor follows its own message only live (see
 //!   [`advance_caught_up_senders`]).
 //!
+//! A third mode, [`Mode::Replicated`], applies a round another node wrote
+//! (a follower): like replay, except that a failed write stops writes as
+//! live.
+//!
 //! Everything else is the same in both: a record the log already holds is
 //! skipped (replay after a crash; live, the retry of a round a full disk
 //! stopped part-way), a join is checked against the membership limits (so
@@ -50,6 +54,13 @@ pub(crate) enum Mode {
     Live,
     /// Recovery, for each valid entry of the journal after the checkpoint.
     Replay,
+    /// The commit thread, for a round another node wrote
+    /// (`Engine::append_replicated`), after its journal write (and sync).
+    /// As `Replay` in what an entry means (bodies verified, groups created
+    /// here, cursors raised from Cursors entries and never moved by a
+    /// sender's own message: the leader persisted those moves in its own
+    /// Cursors entries), as `Live` in what a failed write does.
+    Replicated,
 }
 
 /// The state entries are applied to.
@@ -141,7 +152,7 @@ pub(crate) fn entry(
         },
         EntryKind::Cursors => {
             // Live, cursors are written from memory and never applied.
-            debug_assert_eq!(mode, Mode::Replay, "cursor entries are not queued");
+            debug_assert_ne!(mode, Mode::Live, "cursor entries are not queued");
             restore_cursors(st.cursors, group, entry.body);
             Ok(0)
         }
@@ -163,10 +174,10 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
         // already holds: nothing to do.
         return match mode {
             Mode::Live => GroupLog::create_files(st.ctx, id),
-            Mode::Replay => Ok(()),
+            Mode::Replay | Mode::Replicated => Ok(()),
         };
     }
-    debug_assert_eq!(mode, Mode::Replay, "a queued creation is registered");
+    debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
     let slot = match GroupLog::create_files(st.ctx, id) {
         Ok(()) => LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, id))),
         Err(e) => LogSlot::damaged(e.to_string()),
@@ -199,7 +210,7 @@ pub(crate) fn records(
     let LogSlot::Loaded(log) = &mut *slot else {
         return Ok(done);
     };
-    if mode == Mode::Replay && body::decode_records(run).is_none() {
+    if mode != Mode::Live && body::decode_records(run).is_none() {
         let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
         *slot = damage(ctx, log, reason);
         return Ok(done);
@@ -210,7 +221,8 @@ pub(crate) fn records(
     done.already_present = count_records(&run[..run.len() - above.len()]);
     if let Some(next) = (!above.is_empty()).then(|| record::peek_msg_id(above)) {
         if next != head + 1 {
-            // Live, ids are assigned densely and applied in journal order.
+            // Live, ids are assigned densely and applied in journal order;
+            // a replicated round was checked against the send state.
             debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
             let reason =
                 format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
@@ -227,7 +239,7 @@ pub(crate) fn records(
     done.appended = log.head() - head;
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
-        Err(e) if mode == Mode::Live => return Err(e),
+        Err(e) if mode != Mode::Replay => return Err(e),
         Err(e) => {
             done.appended = 0;
             *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));

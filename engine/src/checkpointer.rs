@@ -235,6 +235,9 @@ pub(crate) fn write_checkpoint(
         }
     }
     if !any_damaged {
+        // Out of the round index first: a reader that finds a round's
+        // position and then no file reports it compacted.
+        ctx.rounds.forget_files_below(keep_from);
         for (seq, path) in journal::list(&*ctx.vfs, &dir)? {
             if seq < keep_from {
                 ctx.vfs

@@ -163,6 +163,19 @@ pub(crate) struct Pending {
     /// Shut down like a crash: no final checkpoint. Only
     /// `Engine::simulate_crash` (tests, `testing` feature) sets it.
     pub crash: bool,
+    /// Rounds another node wrote (`Engine::append_replicated`), written
+    /// and applied before this round's own entries.
+    pub replicated: Vec<ReplicatedRound>,
+}
+
+/// A round another node wrote, checked by `replicate.rs` and queued for
+/// the commit thread.
+pub(crate) struct ReplicatedRound {
+    /// The whole payload (format-spec/storage.md section 5).
+    pub payload: Vec<u8>,
+    pub round_index: u64,
+    /// Set to `Ok(round_index)` once the round is written and applied.
+    pub reply: Arc<Reply>,
 }
 
 /// Completion state of rounds.
@@ -276,6 +289,9 @@ pub(crate) struct Shared {
     pub listeners: Mutex<Vec<CommitListener>>,
     /// Entries of all dedup windows, against `dedup_entries_total_max`.
     pub dedup: DedupBudget,
+    /// Held by `Engine::append_replicated` while its payload is checked,
+    /// queued and committed: one replicated round in flight.
+    pub replicating: Mutex<()>,
     /// The maintenance worker's queues (its thread is the engine's).
     pub worker: Worker<Shared>,
     /// Why the worker could not make a group's send path ready (its dedup
@@ -297,6 +313,7 @@ pub(crate) fn worker_settled(shared: &Shared) {
 enum Work {
     Round {
         ops: Vec<Op>,
+        replicated: Vec<ReplicatedRound>,
         round: u64,
         flush_cursors: bool,
         checkpoint: bool,
@@ -389,11 +406,16 @@ impl Committer {
                 }
                 Work::Round {
                     ops,
+                    replicated,
                     round,
                     flush_cursors,
                     checkpoint,
                 } => {
-                    let mut result = self.commit_round(&ops, flush_cursors);
+                    self.appended.clear();
+                    let mut result = self.commit_replicated(&replicated);
+                    if result.is_ok() {
+                        result = self.commit_round(&ops, flush_cursors);
+                    }
                     if result.is_ok() && checkpoint {
                         result = self.checkpoint(false);
                     }
@@ -490,7 +512,7 @@ impl Committer {
     fn next_work(&mut self) -> Work {
         let mut p = self.shared.pending.lock();
         loop {
-            if !p.ops.is_empty() || p.flush_cursors || p.checkpoint {
+            if !p.ops.is_empty() || !p.replicated.is_empty() || p.flush_cursors || p.checkpoint {
                 break;
             }
             if p.shutdown {
@@ -505,6 +527,7 @@ impl Committer {
         std::mem::swap(&mut p.buf, &mut self.round_buf);
         p.buf.clear();
         let ops = std::mem::take(&mut p.ops);
+        let replicated = std::mem::take(&mut p.replicated);
         let flush_cursors = std::mem::take(&mut p.flush_cursors);
         let checkpoint = std::mem::take(&mut p.checkpoint);
         let round = p.round;
@@ -514,6 +537,7 @@ impl Committer {
         self.shared.pending_cv.notify_all();
         Work::Round {
             ops,
+            replicated,
             round,
             flush_cursors,
             checkpoint,
@@ -611,16 +635,23 @@ impl Committer {
     /// Returns whether anything was written.
     fn write_dirty_cursors(&mut self) -> Result<bool> {
         self.last_cursor_flush = Instant::now();
+        // A frame held back by a full disk goes first, as it was built:
+        // the cursors moved since go into a frame of their own, so every
+        // frame's entries stay in group id order (storage.md section 5).
+        // Nothing is taken from the table before it is written, so a
+        // failure here loses no dirty mark.
+        let held_written = self.cursor_buf_unwritten;
+        if held_written {
+            self.append_cursor_frame()?;
+        }
         let mut by_slot: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
         self.shared
             .cursors
             .take_dirty(|user, slot, cursor| by_slot.entry(slot).or_default().push((user, cursor)));
-        if by_slot.is_empty() && !self.cursor_buf_unwritten {
-            return Ok(false);
+        if by_slot.is_empty() {
+            return Ok(held_written);
         }
-        if !self.cursor_buf_unwritten {
-            self.cursor_frame.clear();
-        }
+        self.cursor_frame.clear();
         let per_entry = self.config().record_bytes_max() / 16;
         let catalog = self.shared.catalog.read();
         // A frame's entries are in group id order (format-spec/storage.md
@@ -641,19 +672,27 @@ impl Committer {
         }
         if self.cursor_frame.entry_count() == 0 {
             // Every moved cursor's group is gone.
-            self.cursor_buf_unwritten = false;
-            return Ok(false);
+            return Ok(held_written);
         }
-        // Replay raises cursors with max(), so entries written twice or out
-        // of order are harmless.
+        // Held until written: the rows were taken from the table, and a
+        // write that finds the disk full is retried with this frame.
         self.cursor_buf_unwritten = true;
+        self.append_cursor_frame()?;
+        Ok(true)
+    }
+
+    /// Appends the cursor frame (built, or held back by a full disk) and
+    /// marks it written. Replay raises cursors with max(), so a frame
+    /// written after newer ones is harmless.
+    fn append_cursor_frame(&mut self) -> Result<()> {
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
+        self.note_round_written(&written);
         self.note_written(written, self.cursor_frame.len());
         self.cursor_buf_unwritten = false;
         self.unsynced_bytes += self.cursor_frame.len() as u64;
-        Ok(true)
+        Ok(())
     }
 
     fn commit_round(&mut self, ops: &[Op], flush_cursors: bool) -> Result<()> {
@@ -662,7 +701,6 @@ impl Committer {
                 reason: "an earlier round failed".into(),
             });
         }
-        self.appended.clear();
         build_frame(
             &self.round_buf,
             ops,
@@ -764,6 +802,7 @@ impl Committer {
         let mut lsn = 0;
         if self.frame.entry_count() > 0 {
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
+            self.note_round_written(&written);
             self.note_written(written, self.frame.len());
             self.unsynced_bytes += self.frame.len() as u64;
             lsn = written.lsn;
@@ -824,6 +863,114 @@ impl Committer {
                 };
                 if let Some(reply) = &op.reply {
                     reply.set(outcome);
+                }
+            }
+            *next += 1;
+        }
+        Ok(())
+    }
+
+    /// Where a Round frame went, for `read_rounds` (journal/rounds.rs).
+    fn note_round_written(&self, w: &crate::journal::FrameWritten) {
+        self.shared.ctx.rounds.record(w.seq, w.offset, w.round);
+    }
+
+    /// Writes and applies rounds another node wrote (`replicate.rs`, which
+    /// checked each payload and already counted its records in the send
+    /// states of their groups), in queue order: each payload unchanged in
+    /// this node's envelope, synced per the fsync policy like a local
+    /// round, then applied through `apply` (`Mode::Replicated`). A full
+    /// disk holds the round and retries, as for a local round. Any other
+    /// failure stops writes, also a payload whose round a frame of this
+    /// node took meanwhile (local writes while following, which issue 16's
+    /// roles refuse): its records are counted in the send states, so
+    /// going on would give their ids out twice.
+    fn commit_replicated(&mut self, rounds: &[ReplicatedRound]) -> Result<()> {
+        for r in rounds {
+            if self.failed() {
+                return Err(Error::WritesStopped {
+                    reason: "an earlier round failed".into(),
+                });
+            }
+            self.frame.load_payload(&r.payload);
+            let mut result = self.write_replicated(r.round_index);
+            while let Err(e @ Error::NoSpace { .. }) = &result {
+                if !self.hold_for_space(e) {
+                    break;
+                }
+                result = self.write_replicated(r.round_index);
+            }
+            self.end_hold();
+            let lsn = match result {
+                Err(e @ Error::RoundOutOfOrder { .. }) => {
+                    return Err(Error::WritesStopped {
+                        reason: format!("{e}: this node wrote rounds of its own meanwhile"),
+                    })
+                }
+                other => other?,
+            };
+            let mut next = 0;
+            let mut result = self.apply_replicated(&r.payload, lsn, &mut next);
+            while let Err(e @ Error::NoSpace { .. }) = &result {
+                if !self.hold_for_space(e) {
+                    break;
+                }
+                result = self.apply_replicated(&r.payload, lsn, &mut next);
+            }
+            self.end_hold();
+            result?;
+            self.note_writes_resumed();
+            r.reply.set(Ok(r.round_index));
+        }
+        Ok(())
+    }
+
+    /// Writes the replicated payload loaded in `self.frame` as round
+    /// `round`, synced per the policy; returns its lsn.
+    fn write_replicated(&mut self, round: u64) -> Result<u64> {
+        let written = self.journal.append_replicated(&mut self.frame, round)?;
+        self.note_round_written(&written);
+        self.note_written(written, self.frame.len());
+        self.unsynced_bytes += self.frame.len() as u64;
+        let sync_now = match self.config().fsync {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Interval(period) => self.last_sync.elapsed() >= period,
+            FsyncPolicy::Never => false,
+        };
+        if sync_now {
+            self.sync_journal()?;
+        }
+        Ok(written.lsn)
+    }
+
+    /// Applies the entries of a replicated payload (frame `lsn`) from the
+    /// `*next`-th on; resumable like [`Committer::apply`]. Each entry's
+    /// group is looked up by id, as in replay: the payload was checked
+    /// against the registry before it was queued.
+    fn apply_replicated(&mut self, payload: &[u8], lsn: u64, next: &mut usize) -> Result<()> {
+        let st = apply::State {
+            ctx: &self.shared.ctx,
+            catalog: &self.shared.catalog,
+            cursors: &self.shared.cursors,
+        };
+        let entries = crate::journal::EntryIter::new(
+            &payload[crate::journal::frame::PAYLOAD_HEADER_BYTES..],
+            FrameKind::Round,
+        );
+        for entry in entries.skip(*next) {
+            let group = self.shared.catalog.read().get(entry.group_id).cloned();
+            if matches!(entry.kind, EntryKind::CreateGroup | EntryKind::Records) {
+                // Listed for the idle sweep, as a local create or send does.
+                self.shared.dedup.touch_used(entry.group_id);
+            }
+            let applied = apply::entry(&st, &entry, group.as_ref(), apply::Mode::Replicated, lsn)?;
+            if let apply::Applied::Records(done) = applied {
+                if let Some((first, last)) = done.held {
+                    self.appended.push(GroupAppend {
+                        group: entry.group_id,
+                        first,
+                        last,
+                    });
                 }
             }
             *next += 1;
@@ -910,6 +1057,11 @@ impl Committer {
 
     fn write_checkpoint(&mut self, clean_shutdown: bool) -> Result<()> {
         self.flusher.check()?;
+        // Moved cursors go to the journal first, as a Cursors round: a
+        // checkpoint's member snapshot would persist them too, but only on
+        // this node, and a round is what replication ships (replicate.rs).
+        // Synced below with the rest of the file.
+        self.write_dirty_cursors()?;
         // The checkpoint moves writing to a new journal file: like a roll,
         // it first syncs the file it leaves (whatever the policy), so a torn
         // tail can only be in the newest file that holds frames (storage.md

@@ -185,6 +185,7 @@ impl Engine {
             dedup: DedupBudget::new(),
             worker: Worker::new(),
             ready_failures: Mutex::new(Default::default()),
+            replicating: Mutex::new(()),
         });
         // Logs recovery loaded leave memory when idle, like any other.
         for id in recovered.loaded {
@@ -418,7 +419,7 @@ impl Engine {
     /// Locks the pending round. When `full_matters`, a full round makes the
     /// caller wait for the commit thread to take it (`wait`) or fail with
     /// `Overloaded`.
-    fn lock_pending(
+    pub(crate) fn lock_pending(
         &self,
         wait: bool,
         full_matters: bool,
@@ -534,15 +535,11 @@ impl Engine {
             .map(|&g| self.group(g))
             .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
-        let mut not_ready: Option<Error> = None;
+        let mut not_ready = None;
         for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
             match self.ready_to_assign(group, slot) {
                 Ok(_) => {}
-                Err(e @ Error::NotReady { ticket, .. }) => {
-                    if !matches!(not_ready, Some(Error::NotReady { ticket: t, .. }) if t > ticket) {
-                        not_ready = Some(e);
-                    }
-                }
+                Err(e @ Error::NotReady { .. }) => crate::ready::keep_latest(&mut not_ready, e),
                 Err(e) => return Err(e),
             }
         }
@@ -618,7 +615,7 @@ impl Engine {
     /// round: a rebuild would not find them in the log yet). Called with no
     /// lock held. Costs the windows it looks at; each dropped one costs its
     /// group one rebuild, exactly as after a restart.
-    fn fit_dedup_budget(&self, current: u64) {
+    pub(crate) fn fit_dedup_budget(&self, current: u64) {
         let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
         if budget.entries() <= max {

@@ -84,6 +84,22 @@ pub enum Error {
     /// PULL may have applied its `ack_up_to`, which doing again changes
     /// nothing). The blocking requests never return it.
     NotReady { group: u64, ticket: u64 },
+    /// Replication (`Engine::read_rounds`): the round is no longer in the
+    /// retained journal (a checkpoint deleted its file, or a power cut
+    /// under fsync `interval`/`never` lost it); `first` is the oldest
+    /// round retained. A follower that needs it needs a snapshot.
+    RoundCompacted { round: u64, first: u64 },
+    /// Replication (`Engine::read_rounds`): the round was not written yet;
+    /// `last` is the newest round written.
+    RoundNotWritten { round: u64, last: u64 },
+    /// Replication (`Engine::append_replicated`): the payload's round is
+    /// not the one after this node's last round (`expected`): a gap or a
+    /// round this node holds already. Nothing was written.
+    RoundOutOfOrder { round: u64, expected: u64 },
+    /// Replication (`Engine::append_replicated`): the payload is not a
+    /// valid round for this node's state (checksum, structure, or entries
+    /// that do not continue its groups). Nothing was written.
+    InvalidRound { reason: String },
     /// The data directory holds storage format `found`, which this build
     /// does not read (it reads `supported` only); nothing was written to
     /// it. `detail` names what was seen (format 1: the files and their
@@ -191,6 +207,21 @@ impl fmt::Display for Error {
                 "group {group} is being read from disk (background job {ticket}); run the \
                  request again once it is done"
             ),
+            Error::RoundCompacted { round, first } => write!(
+                f,
+                "round {round} is no longer in the journal (the oldest retained is {first})"
+            ),
+            Error::RoundNotWritten { round, last } => {
+                write!(f, "round {round} was not written yet (the last is {last})")
+            }
+            Error::RoundOutOfOrder { round, expected } => write!(
+                f,
+                "replicated round {round} does not follow this node's journal (round {expected} \
+                 was expected); nothing was written"
+            ),
+            Error::InvalidRound { reason } => {
+                write!(f, "invalid replicated round, nothing was written: {reason}")
+            }
             Error::UnsupportedFormat {
                 path,
                 found,

@@ -17,6 +17,7 @@
 //! | `memberships_decode` | `member_snapshot::decode` (the cursor snapshot) |
 //! | `recovery` | `Engine::open` over an arbitrary data-directory image |
 //! | `engine_ops` | the engine API under an operation sequence, against an oracle |
+//! | `append_replicated` | `Engine::append_replicated` of a follower fed arbitrary payloads |
 //!
 //! Inputs that need valid checksums to get past the first check
 //! (`frame_decode`, `checkpoint_decode`, `recovery`) carry a flag that
@@ -54,6 +55,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("memberships_decode", memberships_decode),
     ("recovery", recovery),
     ("engine_ops", engine_ops),
+    ("append_replicated", append_replicated),
 ];
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -925,6 +927,9 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
             ));
         }
     }
+    for (i, input) in append_replicated_seeds().into_iter().enumerate() {
+        out.push(("append_replicated", format!("leader{i}"), input));
+    }
     for (i, ops) in engine_ops_seeds().into_iter().enumerate() {
         out.push(("engine_ops", format!("ops{i}"), ops));
     }
@@ -1583,4 +1588,181 @@ pub fn engine_ops_seeds() -> Vec<Vec<u8>> {
         .iter()
         .map(|ops| encode_ops(ops))
         .collect()
+}
+
+// ---------------------------------------------------------------------------
+// append_replicated
+
+/// Flag of an `append_replicated` input: number each payload as the
+/// follower's next round and recompute its payload CRC, so the fuzzer gets
+/// past those checks to the entry checks and the apply behind them.
+pub const REPLICATED_FIX: u8 = 1;
+
+/// A follower's state as compared: every group with its head and record
+/// bytes, and the last round.
+fn follower_state(e: &Engine) -> (u64, Vec<(u64, u64, Vec<u8>)>) {
+    let mut ids = e.group_ids();
+    ids.sort_unstable();
+    let groups = ids
+        .into_iter()
+        .map(|g| {
+            let head = e.head(g).unwrap_or(0);
+            let mut bytes = Vec::new();
+            if let Ok(batch) = e.read(g, 0, usize::MAX, usize::MAX) {
+                for c in &batch.chunks {
+                    bytes.extend_from_slice(c.bytes());
+                }
+            }
+            (g, head, bytes)
+        })
+        .collect();
+    (e.last_round(), groups)
+}
+
+/// Input: `{ flags: u8 | n x { len: u16 | payload } }`, at most 16
+/// payloads, fed in order to [`Engine::append_replicated`] of an empty
+/// follower (flag [`REPLICATED_FIX`]: each renumbered and resealed).
+///
+/// Checks: no panic; a refused payload is a typed replication error (or
+/// the error of a group it names) and changes nothing (last round, groups,
+/// heads, record bytes, journal bytes); a taken one is the next round and
+/// every record of it reads back byte for byte; after a crash the follower
+/// reopens with the same state.
+pub fn append_replicated(data: &[u8]) {
+    let Some((&flags, mut rest)) = data.split_first() else {
+        return;
+    };
+    let dir = ScratchDir::new("replicated");
+    let Ok(b) = open(dir.path()) else {
+        panic!("an empty follower opens");
+    };
+    let journal_bytes = || -> u64 {
+        let jdir = crate::journal::journal_dir(dir.path());
+        crate::journal::list(&OsVfs, &jdir)
+            .map(|files| {
+                files
+                    .iter()
+                    .map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    for _ in 0..16 {
+        if rest.len() < 2 {
+            break;
+        }
+        let len = (u16_at(rest, 0) as usize).min(rest.len() - 2);
+        let mut payload = rest[2..2 + len].to_vec();
+        rest = &rest[2 + len..];
+        if flags & REPLICATED_FIX != 0 && payload.len() >= PAYLOAD_HEADER_BYTES {
+            let next = b.last_round() + 1;
+            payload[8..16].copy_from_slice(&next.to_le_bytes());
+            let crc = crc32fast::hash(&payload[4..]);
+            put_u32(&mut payload, 0, crc);
+        }
+        let before = follower_state(&b);
+        let bytes_before = journal_bytes();
+        match b.append_replicated(&payload) {
+            Ok(round) => {
+                assert_eq!(round, before.0 + 1, "the next round");
+                assert_eq!(b.last_round(), round);
+                let entries: Vec<_> =
+                    journal::EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round)
+                        .collect();
+                let deleted = |g: u64| {
+                    entries
+                        .iter()
+                        .any(|d| d.group_id == g && d.kind == EntryKind::DeleteGroup)
+                };
+                for e in entries.iter().filter(|e| e.kind == EntryKind::Records) {
+                    if deleted(e.group_id) {
+                        continue; // its records left with it
+                    }
+                    let Some((first, n)) = journal::body::decode_records(e.body) else {
+                        panic!("a taken round holds an invalid Records body");
+                    };
+                    let batch = match b.read(e.group_id, first - 1, n as usize, usize::MAX) {
+                        Ok(batch) => batch,
+                        Err(err) => panic!("group {}: {err}", e.group_id),
+                    };
+                    let got: Vec<u8> = batch
+                        .chunks
+                        .iter()
+                        .flat_map(|c| c.bytes().to_vec())
+                        .collect();
+                    assert_eq!(
+                        got, e.body,
+                        "group {}: replicated records read back",
+                        e.group_id
+                    );
+                }
+            }
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e,
+                        Error::InvalidRound { .. }
+                            | Error::RoundOutOfOrder { .. }
+                            | Error::GroupDamaged { .. }
+                            | Error::GroupNotFound { .. }
+                    ),
+                    "unexpected refusal: {e}"
+                );
+                assert_eq!(
+                    follower_state(&b),
+                    before,
+                    "a refused payload changed state: {e}"
+                );
+                assert_eq!(
+                    journal_bytes(),
+                    bytes_before,
+                    "a refused payload was written: {e}"
+                );
+            }
+        }
+    }
+    let want = follower_state(&b);
+    b.simulate_crash();
+    let b = match open(dir.path()) {
+        Ok(b) => b,
+        Err(e) => panic!("the follower does not reopen: {e}"),
+    };
+    assert_eq!(follower_state(&b), want, "state after the follower's crash");
+}
+
+/// Seeds of `append_replicated`: the rounds of a small leader (creations,
+/// sends with a retransmit, joins, an ACK flush, a delete), as the target
+/// reads them, with and without [`REPLICATED_FIX`].
+pub fn append_replicated_seeds() -> Vec<Vec<u8>> {
+    let dir = ScratchDir::new("replicated-seed");
+    let Ok(a) = open(dir.path()) else {
+        return Vec::new();
+    };
+    let ops = || -> crate::Result<()> {
+        a.create_group(1)?;
+        a.create_group(2)?;
+        a.append(1, 7, 1, b"hello")?;
+        a.join(1, 7, JoinStart::Earliest)?;
+        a.append(2, 8, 1, b"world")?;
+        a.append(1, 7, 1, b"hello")?;
+        a.append(1, 8, 2, b"again")?;
+        a.ack(1, 7, 2)?;
+        a.flush_cursors()?;
+        a.delete_group(2)?;
+        Ok(())
+    };
+    if ops().is_err() {
+        return Vec::new();
+    }
+    let Ok(rounds) = a.read_rounds(1, a.last_round(), usize::MAX) else {
+        return Vec::new();
+    };
+    let mut input = vec![0];
+    for r in &rounds {
+        input.extend_from_slice(&(r.bytes.len() as u16).to_le_bytes());
+        input.extend_from_slice(&r.bytes);
+    }
+    let mut fixed = input.clone();
+    fixed[0] = REPLICATED_FIX;
+    vec![input, fixed]
 }

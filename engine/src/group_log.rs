@@ -26,6 +26,10 @@ pub struct LogContext {
     pub cache: SegmentCache,
     /// Where directories of deleted groups go before they are removed.
     pub trash: Trash,
+    /// Where the retained journal's rounds lie (replication): kept here
+    /// because recovery, the commit thread and the checkpoint that
+    /// deletes journal files all update it.
+    pub rounds: crate::journal::rounds::RoundIndex,
 }
 
 impl LogContext {
@@ -37,6 +41,7 @@ impl LogContext {
             config,
             cache,
             trash,
+            rounds: Default::default(),
         }
     }
 

@@ -73,6 +73,9 @@ pub mod record;
 #[cfg(not(any(test, feature = "testing")))]
 mod record;
 mod recovery;
+mod replicate;
+#[cfg(test)]
+mod replicate_tests;
 mod retention;
 mod segment;
 mod segment_cache;
@@ -94,6 +97,7 @@ pub use engine::{
 pub use error::{Error, Result, DAMAGED_GROUP_HINT};
 pub use group_log::{Chunk, ReadBatch};
 pub use io::{raise_open_file_limit, FD_RESERVE};
+pub use journal::rounds::RoundPayload;
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
 pub use tidemarks::{

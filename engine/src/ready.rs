@@ -158,6 +158,19 @@ impl Engine {
     }
 }
 
+/// Keeps in `acc` the `NotReady` with the latest ticket (`e` is one): a
+/// request that needs several jobs asks for all of them, then waits once,
+/// for the last (tickets settle in order).
+pub(crate) fn keep_latest(acc: &mut Option<Error>, e: Error) {
+    let ticket_of = |e: &Error| match e {
+        Error::NotReady { ticket, .. } => *ticket,
+        _ => 0,
+    };
+    if acc.as_ref().is_none_or(|a| ticket_of(a) < ticket_of(&e)) {
+        *acc = Some(e);
+    }
+}
+
 /// A worker job: makes `group` meet `need`.
 fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
     match need {

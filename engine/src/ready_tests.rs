@@ -504,3 +504,33 @@ fn a_log_loaded_by_recovery_leaves_memory_when_idle() {
     assert!(evicted(&e, A), "the replayed log left memory");
     assert_eq!(e.read(A, 0, 10, 1 << 20).unwrap().count, 2);
 }
+
+/// A follower whose group went idle (send state dropped, log unloaded)
+/// takes the leader's next round: the worker builds the state, the payload
+/// waits for it and is checked again.
+#[test]
+fn a_replicated_round_to_an_idle_group_waits_for_the_worker() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (leader, follower) = (open_idle(da.path()), open_idle(db.path()));
+    let catch_up = || {
+        let from = follower.last_round() + 1;
+        for r in leader
+            .read_rounds(from, leader.last_round(), usize::MAX)
+            .unwrap()
+        {
+            assert_eq!(follower.append_replicated(&r.bytes).unwrap(), r.round_index);
+        }
+    };
+    leader.create_group(A).unwrap();
+    leader.append(A, 100, 1, b"one").unwrap();
+    catch_up();
+    follower.checkpoint().unwrap();
+    sweep_idle(&follower);
+    assert!(evicted(&follower, A));
+    leader.append(A, 100, 2, b"two").unwrap();
+    catch_up();
+    assert_eq!(follower.stats().group_loads, 1);
+    assert_eq!(follower.read(A, 0, 10, 1 << 20).unwrap().count, 2);
+    // The state the worker built counted the replicated record in.
+    assert!(follower.append(A, 100, 2, b"two").unwrap().duplicate);
+}

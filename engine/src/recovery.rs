@@ -272,7 +272,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             report: &mut report,
             later: &files[i + 1..],
         };
-        let outcome = replay.file(path, header_durable(*seq))?;
+        let outcome = replay.file(*seq, path, header_durable(*seq))?;
         if let Some((lsn, round)) = outcome.next {
             next_numbers = (next_numbers.0.max(lsn), next_numbers.1.max(round));
         }
@@ -348,6 +348,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         lsn: next_numbers.0,
         round: next_numbers.1,
     };
+    ctx.rounds.continue_at(next.round);
     let done = checkpointer::write_checkpoint(ctx, &catalog, &cursors, next, false)?;
     for (file, bytes, why) in &report.cuts {
         log::warn!("recovery cut {bytes} bytes from {file}: {why}");
@@ -631,7 +632,7 @@ impl Replay<'_> {
     /// `header_durable`: the file's header was made durable before anything
     /// relied on the file (section 11, step 4), so a file without a valid
     /// header is refused rather than taken for a crash during its creation.
-    fn file(&mut self, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+    fn file(&mut self, seq: u64, path: &Path, header_durable: bool) -> Result<FileOutcome> {
         let damaged_header = |reason: &str| Error::Corrupt {
             path: path.to_owned(),
             group: None,
@@ -702,6 +703,10 @@ impl Replay<'_> {
             let mut it = FrameIter::new(&map, pos, header.mark_key, lsn, round);
             for f in it.by_ref() {
                 outcome.frames += 1;
+                if f.envelope.kind == FrameKind::Round {
+                    let round = frame::payload_header(f.payload).map_or(0, |h| h.round_index);
+                    self.st.ctx.rounds.record(seq, f.offset as u64, round);
+                }
                 self.frame_entries(f.entries(), f.envelope.lsn)?;
             }
             pos = it.position();
@@ -738,6 +743,11 @@ impl Replay<'_> {
                     }
                     self.report.journal_records_repaired += r.records_restored;
                     outcome.frames += 1;
+                    if r.kind == FrameKind::Round {
+                        // Its bytes in the file stay damaged: a read of
+                        // the round reports it (`Corrupt`).
+                        self.st.ctx.rounds.record(seq, bad as u64, round);
+                    }
                     let entries = EntryIter::new(&r.payload[PAYLOAD_HEADER_BYTES..], r.kind);
                     self.frame_entries(entries, lsn)?;
                     pos = r.end;

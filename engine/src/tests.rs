@@ -612,6 +612,54 @@ fn cursors_a_full_disk_kept_out_of_the_journal_are_written_at_the_next_flush() {
     assert_eq!(e.unread(42)[0].cursor, 3);
 }
 
+/// A cursor frame held back by a full disk is written as it was built, and
+/// the cursors moved since go into a frame of their own: every frame's
+/// entries stay in group id order (storage.md section 5), whichever groups
+/// moved in between.
+#[test]
+fn cursors_held_by_a_full_disk_and_moved_since_go_in_frames_sorted_by_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = FaultyVfs::new();
+    let control = vfs.control.clone();
+    let mut config = small_config(dir.path());
+    config.cursor_flush_ms = 10;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    fill(&e, &[1, 2], 5);
+    e.join(1, 42, crate::JoinStart::Earliest).unwrap();
+    e.join(2, 42, crate::JoinStart::Earliest).unwrap();
+    control.writes_before_full.store(0, Ordering::SeqCst);
+    e.ack(2, 42, 3).unwrap();
+    // The timer's flush finds the disk full and holds its frame (group 2).
+    while control.writes_refused.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    e.ack(1, 42, 4).unwrap();
+    control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
+    e.flush_cursors().unwrap();
+    let journal = newest_file(&dir.path().join("journal"), ".tmj");
+    let frames = crate::journal::frames_of_file(&std::fs::read(journal).unwrap());
+    let cursor_frames: Vec<Vec<u64>> = frames
+        .iter()
+        .map(|f| {
+            f.entries
+                .iter()
+                .filter(|en| en.2 == crate::journal::EntryKind::Cursors)
+                .map(|en| en.3)
+                .collect::<Vec<u64>>()
+        })
+        .filter(|groups| !groups.is_empty())
+        .collect();
+    assert_eq!(cursor_frames, vec![vec![2], vec![1]]);
+    e.simulate_crash();
+    let e = Engine::open(small_config(dir.path())).unwrap();
+    let cursors: Vec<(u64, u64)> = e
+        .unread(42)
+        .iter()
+        .map(|u| (u.group_id, u.cursor))
+        .collect();
+    assert_eq!(cursors, vec![(1, 4), (2, 3)]);
+}
+
 #[test]
 fn cursors_a_checkpoint_put_off_by_a_full_disk_stay_dirty_for_the_next_flush() {
     // Issue 11 item 2: the checkpoint's membership snapshot cleared every

@@ -153,7 +153,12 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
         EngineError::Io { .. }
         | EngineError::Locked { .. }
         | EngineError::InvalidConfig { .. }
-        | EngineError::UnsupportedFormat { .. } => (ErrorCode::Internal, None),
+        | EngineError::UnsupportedFormat { .. }
+        // Replication errors: no request of the client protocol reaches them.
+        | EngineError::RoundCompacted { .. }
+        | EngineError::RoundNotWritten { .. }
+        | EngineError::RoundOutOfOrder { .. }
+        | EngineError::InvalidRound { .. } => (ErrorCode::Internal, None),
     }
 }
 

@@ -129,6 +129,15 @@ pub fn envelope_at(file: &[u8], at: usize, mark_key: u32) -> Result<Envelope, St
             file.len().saturating_sub(at)
         ));
     };
+    check_envelope(b, at as u64, mark_key)
+}
+
+/// The checks of [`envelope_at`] on the 32 envelope bytes `b` of a frame
+/// that starts at file offset `at` (a positioned read has no whole file).
+pub fn check_envelope(b: &[u8], at: u64, mark_key: u32) -> Result<Envelope, String> {
+    let Some(b) = b.get(..ENVELOPE_BYTES) else {
+        return Err(format!("truncated frame envelope ({} bytes)", b.len()));
+    };
     let Some(kind) = FrameKind::from_u8(b[8]) else {
         return Err(format!("unknown frame kind {}", b[8]));
     };
@@ -136,7 +145,7 @@ pub fn envelope_at(file: &[u8], at: usize, mark_key: u32) -> Result<Envelope, St
         return Err("reserved envelope bytes set".into());
     }
     let synced_len = u64_at(b, 24);
-    if synced_len < JOURNAL_HEADER_BYTES as u64 || synced_len > at as u64 {
+    if synced_len < JOURNAL_HEADER_BYTES as u64 || synced_len > at {
         return Err(format!(
             "synced_len {synced_len} outside {JOURNAL_HEADER_BYTES}..={at}"
         ));
@@ -456,13 +465,6 @@ impl FrameBuf {
         synced_len: u64,
         mark_key: u32,
     ) -> Result<&[u8], String> {
-        let payload_len = u32::try_from(self.bytes.len() - ENVELOPE_BYTES).map_err(|_| {
-            format!(
-                "a frame of {} bytes exceeds the largest payload ({} bytes)",
-                self.bytes.len(),
-                u32::MAX
-            )
-        })?;
         let p = &mut self.bytes[ENVELOPE_BYTES..];
         // Format: { payload_crc: u32 (of payload bytes 4..payload_len) |
         //   entry_count: u32 | round_index: u64 | term: u64 = 0 |
@@ -472,6 +474,36 @@ impl FrameBuf {
         p[16..32].copy_from_slice(&[0; 16]);
         let crc = crc32fast::hash(&p[4..]);
         p[0..4].copy_from_slice(&crc.to_le_bytes());
+        self.seal_envelope(kind, lsn, synced_len, mark_key)
+    }
+
+    /// Makes the frame one around `payload`, a whole payload written by
+    /// another node (checked by the caller, `replicate.rs`): its bytes go
+    /// to the journal unchanged, and only [`FrameBuf::seal_envelope`]
+    /// fills in anything (this node's envelope).
+    pub fn load_payload(&mut self, payload: &[u8]) {
+        self.bytes.truncate(ENVELOPE_BYTES);
+        self.bytes.extend_from_slice(payload);
+        self.entries = payload_header(payload).map_or(0, |h| h.entry_count);
+    }
+
+    /// Fills in the envelope of a frame whose payload is complete (sealed
+    /// by [`FrameBuf::seal`] or loaded whole by [`FrameBuf::load_payload`])
+    /// and returns the whole frame, or why it cannot be framed.
+    pub fn seal_envelope(
+        &mut self,
+        kind: FrameKind,
+        lsn: u64,
+        synced_len: u64,
+        mark_key: u32,
+    ) -> Result<&[u8], String> {
+        let payload_len = u32::try_from(self.bytes.len() - ENVELOPE_BYTES).map_err(|_| {
+            format!(
+                "a frame of {} bytes exceeds the largest payload ({} bytes)",
+                self.bytes.len(),
+                u32::MAX
+            )
+        })?;
         let env = encode_envelope(
             &Envelope {
                 payload_len,

@@ -29,6 +29,7 @@
 
 pub mod entry;
 pub mod frame;
+pub mod rounds;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -255,6 +256,11 @@ pub struct FrameWritten {
     /// fdatasyncs of journal files a roll before the frame made (0 or 2:
     /// the file left, and the new file's header).
     pub roll_syncs: u64,
+    /// Where the frame lies: the journal file and its offset there.
+    pub seq: u64,
+    pub offset: u64,
+    /// The frame's `round_index` (0 for a Local frame).
+    pub round: u64,
 }
 
 /// The journal file being appended to, and the numbering of frames.
@@ -312,12 +318,7 @@ impl Journal {
     /// is cut back to where it was and no number is used, so a failed
     /// write (a full disk) can be retried as if it never happened.
     pub fn append(&mut self, frame: &mut FrameBuf, kind: FrameKind) -> Result<FrameWritten> {
-        let mut roll_syncs = 0;
-        let would_be = self.len.saturating_add(frame.len() as u64);
-        if would_be > self.options.file_bytes_max && self.len > JOURNAL_HEADER_BYTES as u64 {
-            self.roll()?;
-            roll_syncs = 2;
-        }
+        let roll_syncs = self.roll_for(frame.len())?;
         let round = match kind {
             FrameKind::Round => self.next_round,
             FrameKind::Local => 0,
@@ -325,8 +326,53 @@ impl Journal {
         let bytes = frame
             .seal(kind, self.next_lsn, round, self.synced, self.mark_key)
             .map_err(|reason| Error::WritesStopped { reason })?;
-        if let Err(e) = self.file.write_all_at(bytes, self.len) {
-            let _ = self.file.set_len(self.len);
+        self.write_sealed(bytes, kind, round, roll_syncs)
+    }
+
+    /// Writes a Round frame whose payload another node wrote
+    /// ([`FrameBuf::load_payload`]): its bytes unchanged, in this node's
+    /// envelope (its lsn, its `synced_len`). Like [`Journal::append`] in
+    /// every other way. The caller checked that the payload's
+    /// `round_index` is [`Journal::next_round`]; it is checked again here,
+    /// since a frame numbered otherwise would end the valid part of the
+    /// file for recovery.
+    pub fn append_replicated(&mut self, frame: &mut FrameBuf, round: u64) -> Result<FrameWritten> {
+        if round != self.next_round {
+            return Err(Error::RoundOutOfOrder {
+                round,
+                expected: self.next_round,
+            });
+        }
+        let roll_syncs = self.roll_for(frame.len())?;
+        let bytes = frame
+            .seal_envelope(FrameKind::Round, self.next_lsn, self.synced, self.mark_key)
+            .map_err(|reason| Error::WritesStopped { reason })?;
+        self.write_sealed(bytes, FrameKind::Round, round, roll_syncs)
+    }
+
+    /// Rolls to the next file first if a frame of `len` bytes would take
+    /// this one past `journal_file_bytes` (a frame larger than that goes
+    /// alone into a new file); returns the fdatasyncs that took.
+    fn roll_for(&mut self, len: usize) -> Result<u64> {
+        let would_be = self.len.saturating_add(len as u64);
+        if would_be > self.options.file_bytes_max && self.len > JOURNAL_HEADER_BYTES as u64 {
+            self.roll()?;
+            return Ok(2);
+        }
+        Ok(0)
+    }
+
+    /// Writes a sealed frame at the end of the file and moves the numbers on.
+    fn write_sealed(
+        &mut self,
+        bytes: &[u8],
+        kind: FrameKind,
+        round: u64,
+        roll_syncs: u64,
+    ) -> Result<FrameWritten> {
+        let offset = self.len;
+        if let Err(e) = self.file.write_all_at(bytes, offset) {
+            let _ = self.file.set_len(offset);
             return Err(Error::write(format!("write {}", self.path.display()), e));
         }
         let n = bytes.len() as u64;
@@ -339,7 +385,13 @@ impl Journal {
         if kind == FrameKind::Round {
             self.next_round = self.next_round.saturating_add(1);
         }
-        Ok(FrameWritten { lsn, roll_syncs })
+        Ok(FrameWritten {
+            lsn,
+            roll_syncs,
+            seq: self.seq,
+            offset,
+            round,
+        })
     }
 
     /// Moves to file `seq + 1`: this file is synced first (so a torn tail
