@@ -41,7 +41,8 @@
 //! section 11).
 //!
 //! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
-//! (O(members of the group) and the removal of its files).
+//! (O(members of the group) and one rename of its directory) and
+//! CreateGroup (a mkdir and a file of its first segment).
 
 use std::sync::Arc;
 
@@ -136,9 +137,12 @@ pub(crate) fn entry(
                 return Ok(Applied::Reflected);
             }
         }
-        let g = create_group(st, entry.group_id, group, mode);
-        let mut ck = g.ckpt(&st.ctx.dirty);
-        st.ctx.dirty.mark(&g, &mut ck);
+        create_group(st, entry.group_id, group, mode)?;
+        let g = st.catalog.read().get(entry.group_id).cloned();
+        if let Some(g) = g {
+            let mut ck = g.ckpt(&st.ctx.dirty);
+            st.ctx.dirty.mark(&g, &mut ck);
+        }
         return Ok(Applied::Op(Ok(0)));
     }
     let Some(group) = group else {
@@ -156,7 +160,7 @@ pub(crate) fn entry(
     };
     let outcome = match kind {
         EntryKind::DeleteGroup => {
-            delete_group(st.ctx, &mut st.catalog.write(), st.cursors, group.id)?;
+            delete_group(st, group)?;
             // Its next capture writes a tombstone; the group object itself
             // (maybe still on the dirty list) is skipped by captures, and
             // its slot's lists are forgotten (the slot may be reused).
@@ -224,21 +228,29 @@ pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
     st.ctx.dirty.mark(group, &mut ck);
 }
 
-/// CreateGroup. Live, the group is registered already: `submit_create_group`
-/// created its files and registered it on the caller's thread, so appends
-/// may follow at once. In replay it is created here unless registered,
-/// as `submit_create_group` does (a directory left at its path is removed
-/// first); if that fails the group is registered as damaged.
-fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) -> Arc<Group> {
-    if let Some(g) = group {
-        return g.clone();
+/// CreateGroup. Live, the group is registered already
+/// (`submit_create_group` registered it in memory, so appends may follow at
+/// once); its files are made here, on the commit thread, with no lock
+/// held: an error stops writes like a failed group-log write (a full disk
+/// holds the round, and this runs again). In replay the group is created
+/// here unless registered, files included; if making them fails the group
+/// is registered as damaged. A registered group is left as it is.
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) -> Result<()> {
+    if group.is_some() {
+        // Replay meets a creation the checkpoint (or an earlier entry)
+        // already holds: nothing to do.
+        return match mode {
+            Mode::Live => GroupLog::create_files(st.ctx, id),
+            Mode::Replay | Mode::Replicated => Ok(()),
+        };
     }
     debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
-    let slot = match GroupLog::create(st.ctx, id) {
-        Ok(log) => LogSlot::Loaded(Box::new(log)),
+    let slot = match GroupLog::create_files(st.ctx, id) {
+        Ok(()) => LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, id))),
         Err(e) => LogSlot::damaged(e.to_string()),
     };
-    st.catalog.write().insert(id, slot)
+    st.catalog.write().insert(id, slot);
+    Ok(())
 }
 
 /// Appends `run` (a Records body: whole records of `group`, consecutive
@@ -431,30 +443,28 @@ pub(crate) fn leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u
     Ok(cursor)
 }
 
-/// DeleteGroup: the group's memberships, its registry entry, its files.
-pub(crate) fn delete_group(
-    ctx: &LogContext,
-    catalog: &mut Catalog,
-    cursors: &CursorTable,
-    id: u64,
-) -> Result<()> {
-    let Some(group) = catalog.get(id).cloned() else {
-        return Ok(());
-    };
-    remove_all_members(cursors, &group);
-    catalog.remove(id);
-    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if let LogSlot::Loaded(log) = &old {
-        log.remove_files(ctx)?;
-    } else {
-        let dir = ctx.group_dir(id);
-        if ctx.vfs.exists(&dir) {
-            ctx.vfs
-                .remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+/// DeleteGroup: the group's memberships and registry entry (memory, under
+/// the registry lock), then its files: moved to the trash with one rename,
+/// outside every lock (the maintenance worker removes them, see
+/// `trash.rs`). Repeatable: live, a round a full disk held applies it again
+/// (the group is then unregistered already, and only the move is redone).
+pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
+    let id = group.id;
+    {
+        let mut catalog = st.catalog.write();
+        if catalog.get(id).is_some_and(|g| Arc::ptr_eq(g, group)) {
+            remove_all_members(st.cursors, group);
+            catalog.remove(id);
         }
     }
-    Ok(())
+    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if let Some(state) = old.state() {
+        for (base, _) in state.segments {
+            st.ctx.cache.forget(id, base);
+        }
+    }
+    drop(old);
+    st.ctx.trash.put(&*st.ctx.vfs, id, &st.ctx.group_dir(id))
 }
 
 /// Removes every membership of a group being deleted.

@@ -43,7 +43,9 @@ use crate::group_log::LogContext;
 use crate::journal::{
     self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
 };
+use crate::trash;
 use crate::warn_limit::RepeatedWarning;
+use crate::worker::Worker;
 
 struct Committer {
     shared: Arc<Shared>,
@@ -135,6 +137,8 @@ pub(crate) struct Counters {
     pub bytes_appended: AtomicU64,
     pub acks: AtomicU64,
     pub membership_rows_listed: AtomicU64,
+    /// Group logs the maintenance worker loaded.
+    pub group_loads: AtomicU64,
 }
 
 /// One entry of a round's frame: where it lies in the frame, and the
@@ -208,8 +212,11 @@ pub(crate) struct Progress {
 }
 
 /// What a completed commit round changed, for listeners. Also sent with
-/// nothing appended when writes stop or the commit thread ends: then every
-/// parked operation has its outcome (an error) too.
+/// nothing appended when writes stop or the commit thread ends (then every
+/// parked operation has its outcome, an error, too), and when the
+/// maintenance worker finished a job requests wait for (a request that got
+/// `Error::NotReady` can run again once `Engine::settled_load` reached its
+/// ticket).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CommitNotice {
     pub round: u64,
@@ -311,6 +318,21 @@ pub(crate) struct Shared {
     /// Held by `Engine::append_replicated` while its payload is checked,
     /// queued and committed: one replicated round in flight.
     pub replicating: Mutex<()>,
+    /// The maintenance worker's queues (its thread is the engine's).
+    pub worker: Worker<Shared>,
+    /// Why the worker could not make a group's send path ready (its dedup
+    /// window could not be rebuilt), for the next request that asks: that
+    /// request gets the error instead of waiting for the same failure
+    /// again. Taken by that request.
+    pub ready_failures: Mutex<HashMap<u64, Error>>,
+}
+
+/// Called by the maintenance worker after each job a request waits for:
+/// the commit listeners learn that parked requests may go on (a notice
+/// with nothing appended, like the one after a failed round).
+pub(crate) fn worker_settled(shared: &Shared) {
+    let round = shared.progress.lock().completed;
+    notify_listeners(shared, round, Vec::new());
 }
 
 /// What woke the commit thread.
@@ -1169,6 +1191,7 @@ impl Committer {
     fn finish_round(&mut self, round: u64, ops: &[Op], result: Result<()>) {
         match result {
             Ok(()) => {
+                self.queue_trash_removals();
                 let c = &self.shared.counters;
                 c.rounds.fetch_add(1, Ordering::Relaxed);
                 c.round_records_max
@@ -1179,6 +1202,18 @@ impl Committer {
                 notify_listeners(&self.shared, round, appended);
             }
             Err(e) => self.fail(round, e),
+        }
+    }
+
+    /// Directories the round moved to the trash (deleted groups) are
+    /// removed by the maintenance worker, in the background.
+    fn queue_trash_removals(&self) {
+        for entry in self.shared.ctx.trash.take_moved() {
+            trash::remove_in_background(
+                &self.shared.worker,
+                self.shared.ctx.vfs.clone(),
+                trash::Removal::new(entry),
+            );
         }
     }
 

@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 
 use crate::config::Config;
 use crate::error::Result;
-use crate::group_log::{GroupLog, LogContext};
+use crate::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -131,17 +131,20 @@ impl DedupWindow {
 
     /// Rebuilds the window of `log` from its records: the last `sends`
     /// records, extended back segment by segment while a segment's first
-    /// record is younger than `age_ms`.
+    /// record is younger than `age_ms`. With `Scan::Refused`, a sealed
+    /// segment whose index is not built stops it with `NeedsIndex` (the
+    /// caller builds that index without the log's lock and tries again).
     pub fn rebuild(
         log: &GroupLog,
         ctx: &LogContext,
+        scan: Scan,
         now_ms: u64,
         limits: WindowLimits,
-    ) -> Result<DedupWindow> {
+    ) -> Result<Scanned<DedupWindow>> {
         let mut window = DedupWindow::default();
         let head = log.head();
         if head < log.floor() {
-            return Ok(window);
+            return Ok(Ok(window));
         }
         let by_count = head
             .saturating_sub(limits.sends as u64 - 1)
@@ -154,8 +157,7 @@ impl DedupWindow {
         let mut seg = log.segment_of(by_count);
         let mut start = log.segment_base(seg);
         while seg > 0 {
-            let first_ts = log
-                .first_header_from(ctx, seg)?
+            let first_ts = scanned!(log.first_header_from(ctx, scan, seg))
                 .map(|h| h.timestamp_ms)
                 .unwrap_or(0);
             if first_ts.saturating_add(limits.age_ms) < now_ms {
@@ -167,7 +169,7 @@ impl DedupWindow {
         let start = start.max(cap);
         let mut after = start - 1;
         while after < head {
-            let batch = log.read(ctx, after, 4096, usize::MAX)?;
+            let batch = scanned!(log.read_with(ctx, scan, after, 4096, usize::MAX));
             for r in batch.records() {
                 let h = r.header;
                 window.insert(
@@ -182,7 +184,7 @@ impl DedupWindow {
             after = batch.last_id;
         }
         window.evict(now_ms, limits, false);
-        Ok(window)
+        Ok(Ok(window))
     }
 }
 
@@ -271,7 +273,7 @@ impl DedupBudget {
         }
     }
 
-    /// `group`'s window was just used (a send or a join): it leaves memory
+    /// `group`'s window was just used (a send): it leaves memory
     /// last, and the group is not idle.
     pub fn touch(&self, group: u64) {
         let now = crate::now_ms();

@@ -12,15 +12,16 @@ use parking_lot::{Condvar, Mutex, RwLock};
 pub use crate::commit::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
-use crate::dedup::{DedupBudget, DedupWindow, WindowLimits};
+use crate::dedup::{DedupBudget, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{GroupLog, LogContext, ReadBatch};
+use crate::group_log::{GroupLog, LogContext, ReadBatch, Scan};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
 use crate::now_ms;
 use crate::record::NewRecord;
 use crate::recovery::{self, RecoveryReport};
+use crate::worker::Worker;
 
 /// The outcome of an accepted append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +121,10 @@ pub struct EngineStats {
     /// Groups holding a send state or a loaded log now: the ones the idle
     /// sweep looks at (`Config::idle_evict_ms`); idle groups are not counted.
     pub groups_in_use: u64,
+    /// Group logs loaded (verified) by the maintenance worker since open:
+    /// first uses of groups recovery left unloaded or the idle sweep
+    /// unloaded.
+    pub group_loads: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -127,6 +132,8 @@ pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     checkpointer_thread: Option<JoinHandle<()>>,
+    /// The maintenance worker (`worker.rs`, `ready.rs`).
+    worker_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     _lock: File,
 }
@@ -186,8 +193,14 @@ impl Engine {
             listeners: Mutex::new(Vec::new()),
             dedup: DedupBudget::new(),
             ckpt: Default::default(),
+            worker: Worker::new(),
+            ready_failures: Mutex::new(Default::default()),
             replicating: Mutex::new(()),
         });
+        // Logs recovery loaded leave memory when idle, like any other.
+        for id in recovered.loaded {
+            shared.dedup.touch_used(id);
+        }
         let flusher = crate::flusher::Flusher::start(
             shared.ctx.vfs.clone(),
             shared.ctx.config.data_dir.clone(),
@@ -206,6 +219,16 @@ impl Engine {
                 return Err(Error::io("spawn commit thread", e));
             }
         };
+        let worker_thread = match crate::ready::start_worker(&shared) {
+            Ok(handle) => handle,
+            Err(e) => {
+                shared.pending.lock().shutdown = true;
+                shared.pending_cv.notify_all();
+                let _ = commit_thread.join();
+                stop_checkpointer(&shared, checkpointer_thread);
+                return Err(e);
+            }
+        };
         log::info!(
             "engine open: {} groups, clean={}, journal entries replayed {}, bytes cut {}, \
              groups verified {}, not yet verified {}, damaged {}",
@@ -221,6 +244,7 @@ impl Engine {
             shared,
             commit_thread: Some(commit_thread),
             checkpointer_thread: Some(checkpointer_thread),
+            worker_thread: Some(worker_thread),
             recovery: report,
             _lock: lock,
         })
@@ -294,8 +318,10 @@ impl Engine {
         self.wait_op(ticket).map(|_| ())
     }
 
-    /// Creates the group's files and registers it; durable once the ticket's
-    /// round completes. Appends may follow at once.
+    /// Registers the group (memory only: no file-system call here, and
+    /// none under the registry lock) and queues its creation; durable once
+    /// the ticket's round completes, and its files are made by the commit
+    /// thread when it applies that round. Appends may follow at once.
     pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let mut catalog = self.shared.catalog.write();
@@ -309,10 +335,11 @@ impl Engine {
                 max,
             });
         }
-        let log = GroupLog::create(&self.shared.ctx, group_id)?;
+        let log = GroupLog::empty(&self.shared.ctx, group_id);
         let group = catalog.insert(group_id, LogSlot::Loaded(Box::new(log)));
         // Its loaded log leaves memory when the group stays idle; its send
-        // state is built on the first send (an empty log: an empty window).
+        // state is made on the first send, in memory (an empty log: an
+        // empty window, `ready_to_assign`).
         self.shared.dedup.touch_used(group_id);
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
@@ -472,14 +499,19 @@ impl Engine {
     }
 
     /// Assigns the next id of the group (or finds the original of a
-    /// retransmit) and queues the record; does not wait. The append is
-    /// acknowledged once [`Engine::wait`] or [`Engine::poll`] says so.
+    /// retransmit) and queues the record; does not wait for the round. The
+    /// append is acknowledged once [`Engine::wait`] or [`Engine::poll`]
+    /// says so. Waits while the pending round is full, and for the group's
+    /// first load and dedup window after open.
     pub fn submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
-        self.submit_inner(req, true)
+        self.blocking(|| self.submit_inner(req, true))
     }
 
-    /// Like [`Engine::submit`], but never waits: when the pending round is
-    /// full it fails with `Overloaded` (for an event loop that must not block).
+    /// Like [`Engine::submit`], but never waits (for an event loop that
+    /// must not block): when the pending round is full it fails with
+    /// `Overloaded`, and when the group's send path needs the disk first
+    /// (its first send after open: load and dedup window) with `NotReady`,
+    /// the maintenance worker doing that meanwhile.
     pub fn try_submit(&self, req: &AppendRequest<'_>) -> Result<Ticket> {
         self.submit_inner(req, false)
     }
@@ -508,6 +540,15 @@ impl Engine {
     /// locked (in id order, so batches never deadlock), then the round once.
     /// One thread fills a whole commit round this way.
     pub fn submit_batch(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
+        self.blocking(|| self.submit_batch_once(requests))
+    }
+
+    /// One try of [`Engine::submit_batch`]: `NotReady` (nothing assigned)
+    /// if a group's send path is not ready. Every such group's job is asked
+    /// for before it returns, with the last ticket: tickets settle in
+    /// order, so one wait covers them all (idle groups lose their send
+    /// state, so a batch may meet many at once).
+    fn submit_batch_once(&self, requests: &[AppendRequest<'_>]) -> Result<Vec<Ticket>> {
         for req in requests {
             self.check_request(req)?;
         }
@@ -519,8 +560,16 @@ impl Engine {
             .map(|&g| self.group(g))
             .collect::<Result<Vec<_>>>()?;
         let mut assigns: Vec<_> = groups.iter().map(|g| g.assign.lock()).collect();
+        let mut not_ready = None;
         for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
-            self.ready_to_assign(group, slot)?;
+            match self.ready_to_assign(group, slot) {
+                Ok(_) => {}
+                Err(e @ Error::NotReady { .. }) => crate::ready::keep_latest(&mut not_ready, e),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(e) = not_ready {
+            return Err(e);
         }
         let mut p = self.lock_pending(true, true)?;
         let mut tickets = Vec::with_capacity(requests.len());
@@ -559,12 +608,15 @@ impl Engine {
         self.check_writable()
     }
 
-    /// The group's send state, built first if it is not in memory (first
-    /// send or join since open, or since it was dropped: idle, or for the
-    /// dedup budget). The caller holds `assign`.
+    /// The group's send state. When it is not in memory (first send since
+    /// open, or since it was dropped: idle, or for the dedup
+    /// budget), `NotReady`: the maintenance worker loads the log, rebuilds
+    /// the window and installs the state (`ready.rs`); only a loaded log
+    /// holding no record gets its state here, an empty window needing no
+    /// disk. The caller holds `assign`.
     pub(crate) fn ready_to_assign<'a>(
         &self,
-        group: &Group,
+        group: &Arc<Group>,
         slot: &'a mut Option<Box<AssignState>>,
     ) -> Result<&'a mut AssignState> {
         if group.is_deleting() {
@@ -572,7 +624,10 @@ impl Engine {
         }
         let assign = match slot {
             Some(a) => a,
-            None => slot.insert(Box::new(self.init_assign(group)?)),
+            None => match crate::ready::empty_send_state(group) {
+                Some(state) => slot.insert(Box::new(state)),
+                None => return Err(self.assign_not_ready(group)),
+            },
         };
         self.shared.dedup.touch(group.id);
         Ok(assign)
@@ -704,30 +759,6 @@ impl Engine {
         }
     }
 
-    /// The send state of a group that has none in memory (first send or
-    /// join since open, or since it was dropped): its log loaded, its
-    /// window rebuilt (format-spec/storage.md section 12, "Rebuild"). The
-    /// caller holds `assign`, which is `None`.
-    fn init_assign(&self, group: &Group) -> Result<AssignState> {
-        let ctx = &self.shared.ctx;
-        let limits = WindowLimits::from_config(&ctx.config);
-        // The assigned head starts at the applied one: no record of the
-        // group is queued while it has no send state (a state is dropped
-        // only once its last round completed, and the caller holds
-        // `assign`).
-        let (head, ts, dedup) = self.with_log(group, |log| {
-            let dedup = DedupWindow::rebuild(log, ctx, now_ms(), limits)?;
-            Ok((log.head(), log.last_timestamp_ms(), dedup))
-        })?;
-        self.shared.dedup.resized(0, dedup.len());
-        Ok(AssignState {
-            last_id: head,
-            last_timestamp_ms: ts,
-            last_round: 0,
-            dedup,
-        })
-    }
-
     /// Waits until the ticket's round is durable (or failed).
     pub fn wait(&self, ticket: Ticket) -> Result<Appended> {
         self.wait_round(ticket.round)?;
@@ -793,45 +824,22 @@ impl Engine {
         round_outcome(&p, ticket.round).map(|r| r.map(|()| ticket.appended))
     }
 
-    /// Runs `f` on the group's loaded log, loading (and verifying) it first
-    /// if needed.
-    pub(crate) fn with_log<R>(
-        &self,
-        group: &Group,
-        f: impl FnOnce(&GroupLog) -> Result<R>,
-    ) -> Result<R> {
-        loop {
-            if let Some(load) = group.load_if_unloaded(&self.shared.ctx) {
-                // Listed for the idle sweep, which unloads it again.
-                self.shared.dedup.touch_used(group.id);
-                if load.bytes_cut > 0 {
-                    log::warn!(
-                        "group {}: cut {} bytes written after the last checkpoint",
-                        group.id,
-                        load.bytes_cut
-                    );
-                }
-            }
-            let slot = group.log.read();
-            group.debug_check_head(&slot);
-            return match &*slot {
-                LogSlot::Loaded(log) => f(log),
-                LogSlot::Damaged { reason, .. } => Err(Error::GroupDamaged {
-                    group: group.id,
-                    reason: reason.clone(),
-                }),
-                LogSlot::Deleted => Err(Error::GroupNotFound { group: group.id }),
-                // The idle sweep unloaded it between the load and this
-                // lock (it had been idle until this very use): load again.
-                LogSlot::Unloaded(_) => continue,
-            };
-        }
-    }
-
     /// Records above `after_msg_id`, in id order, as borrowed segment bytes:
     /// at most `max_count` records and `max_bytes` bytes, but always at least
     /// one record if any exists.
     pub fn read(
+        &self,
+        group_id: u64,
+        after_msg_id: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<ReadBatch> {
+        self.blocking(|| self.try_read(group_id, after_msg_id, max_count, max_bytes))
+    }
+
+    /// [`Engine::read`] that never waits for the disk: `NotReady` when the
+    /// group's log or a sealed segment's index must be read first.
+    pub fn try_read(
         &self,
         group_id: u64,
         after_msg_id: u64,
@@ -846,7 +854,13 @@ impl Engine {
             });
         }
         self.with_log(&group, |log| {
-            log.read(&self.shared.ctx, after_msg_id, max_count, max_bytes)
+            log.read_with(
+                &self.shared.ctx,
+                Scan::Refused,
+                after_msg_id,
+                max_count,
+                max_bytes,
+            )
         })
     }
 
@@ -883,6 +897,7 @@ impl Engine {
             dedup_entries: self.shared.dedup.entries() as u64,
             dedup_windows_dropped: self.shared.dedup.dropped(),
             groups_in_use: self.shared.dedup.used_len() as u64,
+            group_loads: c.group_loads.load(Ordering::Relaxed),
         }
     }
 
@@ -926,6 +941,12 @@ impl Engine {
         let _ = handle.join();
         if let Some(t) = self.checkpointer_thread.take() {
             stop_checkpointer(&self.shared, t);
+        }
+        // After the commit thread: its last rounds may queue trash
+        // removals, which the worker drops (the next open sweeps the trash).
+        self.shared.worker.stop();
+        if let Some(worker) = self.worker_thread.take() {
+            let _ = worker.join();
         }
         match &self.shared.progress.lock().failed {
             Some((_, reason)) => Err(Error::WritesStopped {

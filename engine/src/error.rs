@@ -74,6 +74,16 @@ pub enum Error {
     BelowRetentionFloor { group: u64, earliest: u64 },
     /// A membership limit (`members_per_group_max`, `groups_per_user_max`).
     LimitExceeded { what: &'static str, max: usize },
+    /// The request needs the group's files read first (its first use
+    /// after open: the verifying load of its log, the index of a sealed
+    /// segment, its dedup window), and the caller asked not to wait for
+    /// the disk (the `try_` requests of an event loop). The maintenance
+    /// worker is doing it; once [`crate::Engine::settled_load`] reaches
+    /// `ticket` (the commit listeners are called then) the same request
+    /// can run again. Nothing was done: the request changed nothing (a
+    /// PULL may have applied its `ack_up_to`, which doing again changes
+    /// nothing). The blocking requests never return it.
+    NotReady { group: u64, ticket: u64 },
     /// Replication (`Engine::read_rounds`): the round is no longer in the
     /// retained journal (a checkpoint deleted its file, or a power cut
     /// under fsync `interval`/`never` lost it); `first` is the oldest
@@ -192,6 +202,11 @@ impl fmt::Display for Error {
                 write!(f, "group {group} no longer stores those messages; the earliest stored msg_id is {earliest}")
             }
             Error::LimitExceeded { what, max } => write!(f, "limit {what} = {max} reached"),
+            Error::NotReady { group, ticket } => write!(
+                f,
+                "group {group} is being read from disk (background job {ticket}); run the \
+                 request again once it is done"
+            ),
             Error::RoundCompacted { round, first } => write!(
                 f,
                 "round {round} is no longer in the journal (the oldest retained is {first})"

@@ -30,8 +30,8 @@
 //! when the group goes idle ([`crate::dedup::DedupBudget`] says which, the
 //! commit thread evicts them, `commit.rs`):
 //! - the send state with its dedup window ([`AssignState`], `assign` is
-//!   `None` until the next send or join rebuilds it from the log, as after
-//!   a restart);
+//!   `None` until the next send has the maintenance worker rebuild
+//!   it from the log, as after a restart, `ready.rs`);
 //! - the loaded log ([`LogSlot::Loaded`]): a small quiet log goes back to
 //!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
 //!   and is loaded again on its next use ([`Group::unload_if_quiet`]).
@@ -77,8 +77,9 @@ pub struct Group {
     pub members: Mutex<GroupMembers>,
     /// `None`: keep everything (the default, and nearly every group).
     retention: Mutex<Option<Box<Retention>>>,
-    /// The send path's state, `None` until the first send or join since
-    /// open or since the group went idle (module docs).
+    /// The send path's state, `None` until the first send since open or
+    /// since the group went idle (module docs). A join reads only its
+    /// `last_id`, or the log's head without one.
     pub assign: Mutex<Option<Box<AssignState>>>,
     pub log: RwLock<LogSlot>,
     /// The checkpoint lock (`dirty.rs`, [`Group::ckpt`]): one byte, in
@@ -116,7 +117,7 @@ pub enum Unload {
     Never,
 }
 
-/// The send path's view of a group, built on its first send or join (the
+/// The send path's view of a group, built on its first send (the
 /// dedup window rebuilt from the log) and dropped when it goes idle.
 #[derive(Default)]
 pub struct AssignState {
@@ -235,19 +236,41 @@ impl Group {
         );
     }
 
+    // --- loading (the maintenance worker, recovery) -------------------
+
     /// Loads the group's log if it is still as its recorded state left it
-    /// (first use after open, or replay meeting the group). Returns what
+    /// (first use after open or after the idle sweep unloaded it, or replay
+    /// meeting the group). Returns what
     /// loading found, `None` if it was loaded already or was found damaged
     /// (then the slot says why).
+    ///
+    /// The verifying scan runs with no lock held (requests to the group
+    /// take `log` and must not wait for the disk; neither may a checkpoint,
+    /// which takes every group's `log`). The result is installed under
+    /// `log` only if the slot is still the one scanned: a deletion
+    /// meanwhile discards it. Cutting a torn tail is the one write, done at
+    /// install under `log` for that reason (a deleted group's id may be
+    /// reused by a new group at the same path).
+    ///
+    /// At run time only the maintenance worker calls this (one thread, so
+    /// two loads of a group never overlap); recovery calls it before the
+    /// worker starts.
     pub fn load_if_unloaded(&self, ctx: &LogContext) -> Option<LoadReport> {
-        if !matches!(&*self.log.read(), LogSlot::Unloaded(_)) {
+        let state = match &*self.log.read() {
+            LogSlot::Unloaded(state) => state.clone(),
+            _ => return None,
+        };
+        let loaded = GroupLog::load(ctx, self.id, &state);
+        let mut slot = self.log.write();
+        if !matches!(&*slot, LogSlot::Unloaded(s) if *s == state) {
+            // Deleted meanwhile: nothing is installed.
             return None;
         }
-        let mut slot = self.log.write();
-        let LogSlot::Unloaded(state) = &*slot else {
-            return None; // another thread loaded it meanwhile
-        };
-        match GroupLog::load(ctx, self.id, state) {
+        let loaded = loaded.and_then(|(log, load)| {
+            log.cut_tails(ctx, &load.cuts)?;
+            Ok((log, load))
+        });
+        match loaded {
             Ok((log, load)) => {
                 // Loading keeps the recorded head or finds records past it.
                 self.publish_head(&log);
@@ -257,7 +280,6 @@ impl Group {
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
                 ctx.dirty.damaged(self.id);
-                let state = state.clone();
                 *slot = LogSlot::Damaged {
                     state,
                     reason: e.to_string(),
@@ -273,8 +295,12 @@ impl Group {
     /// (its recorded state then names exactly what its file durably holds,
     /// as a checkpoint's would), under the default retention (retention runs
     /// only on loaded logs). Its open segment file leaves the cache too.
-    /// Commit thread only (the readers' `with_log` loads again if it finds
-    /// the log unloaded). Does not wait for the lock.
+    /// Commit thread only, under `assign` holding no send state (the
+    /// maintenance worker installs a send state only over a loaded log, so
+    /// a group with one keeps its log loaded, and a record is never applied
+    /// to an unloaded log); a request that finds the log unloaded gets
+    /// `NotReady` and the worker loads it again (`ready.rs`). Does not wait
+    /// for the lock.
     pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
         if self.retention.lock().is_some() {
             return Unload::Never;
@@ -316,6 +342,15 @@ impl LogSlot {
                 segments: vec![(1, crate::segment::SEGMENT_HEADER_BYTES as u64)],
             },
             reason,
+        }
+    }
+
+    /// The state a checkpoint records for this slot (None once deleted).
+    pub fn state(&self) -> Option<LogState> {
+        match self {
+            LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
+            LogSlot::Loaded(l) => Some(l.state()),
+            LogSlot::Deleted => None,
         }
     }
 

@@ -17,6 +17,7 @@ use crate::io::Vfs;
 use crate::record::{self, RecordHeader};
 use crate::segment::{self, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::segment_cache::SegmentCache;
+use crate::trash::Trash;
 
 /// What a group log needs from the engine around it.
 pub struct LogContext {
@@ -25,6 +26,8 @@ pub struct LogContext {
     pub cache: SegmentCache,
     /// What changed since the last checkpoint capture.
     pub dirty: crate::dirty::DirtyList,
+    /// Where directories of deleted groups go before they are removed.
+    pub trash: Trash,
     /// Where the retained journal's rounds lie (replication): kept here
     /// because recovery, the commit thread and the checkpoint that
     /// deletes journal files all update it.
@@ -34,11 +37,13 @@ pub struct LogContext {
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
+        let trash = Trash::new(&config.data_dir);
         LogContext {
             vfs,
             config,
             cache,
             dirty: Default::default(),
+            trash,
             rounds: Default::default(),
         }
     }
@@ -129,6 +134,54 @@ pub struct LoadReport {
     pub records_verified: u64,
     /// Bytes cut from the tail of the active segment (torn or unsynced data).
     pub bytes_cut: u64,
+    /// `(segment base, valid length)` of each file [`GroupLog::load`]
+    /// found longer than its valid records: the caller cuts them
+    /// ([`GroupLog::cut_tails`]) when it installs the log, under the
+    /// group's log lock, so a load whose group was deleted meanwhile (its
+    /// path perhaps reused by a new group of the same id) never writes.
+    pub cuts: Vec<(u64, u64)>,
+}
+
+/// Whether a read may build a missing sealed-segment index itself (a
+/// verifying scan of up to `segment_bytes_max` bytes, under the group's
+/// log lock). Requests never do: they refuse, and the maintenance worker
+/// builds the index without the lock ([`GroupLog::index_job`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scan {
+    Allowed,
+    Refused,
+}
+
+/// A read refused with [`Scan::Refused`]: the sealed segment with this
+/// base msg_id needs its index first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NeedsIndex {
+    pub base: u64,
+}
+
+/// The outcome of a read that may be refused for a missing index.
+pub type Scanned<T> = std::result::Result<T, NeedsIndex>;
+
+/// `?` for a [`Scanned`] inside a function returning `Result<Scanned<_>>`.
+macro_rules! scanned {
+    ($e:expr) => {
+        match $e? {
+            Ok(v) => v,
+            Err(needs) => return Ok(Err(needs)),
+        }
+    };
+}
+pub(crate) use scanned;
+
+/// The unlocked half of building a sealed segment's index: what the scan
+/// needs, copied out of the log under its lock, so the scan itself holds
+/// no lock ([`GroupLog::index_job`], [`GroupLog::install_index`]).
+pub struct IndexJob {
+    group_id: u64,
+    base_id: u64,
+    len: u64,
+    expected_last: u64,
+    path: PathBuf,
 }
 
 pub struct GroupLog {
@@ -385,30 +438,48 @@ impl<'a> Iterator for ChunkRecords<'a> {
 }
 
 impl GroupLog {
-    /// Creates the directory and first segment of a new group. A directory
-    /// left from an earlier incarnation of the same id is removed first.
-    pub fn create(ctx: &LogContext, group_id: u64) -> Result<GroupLog> {
-        let dir = ctx.group_dir(group_id);
-        if ctx.vfs.exists(&dir) {
-            ctx.vfs
-                .remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove stale {}", dir.display()), e))?;
+    /// A new group's log, in memory only: empty, its first segment (base 1)
+    /// named but not created. [`GroupLog::create_files`] makes its files
+    /// before anything is appended: the commit thread, when it applies the
+    /// group's creation (replay: at once). Until then nothing touches them:
+    /// the log is empty, so reads return before opening a segment, and
+    /// checkpoints run between rounds, after the creation was applied.
+    pub fn empty(ctx: &LogContext, group_id: u64) -> GroupLog {
+        GroupLog {
+            group_id,
+            dir: ctx.group_dir(group_id),
+            segments: vec![SegmentMeta {
+                base_id: 1,
+                len: SEGMENT_HEADER_BYTES as u64,
+                index: OnceLock::from(Ok(SparseIndex::new(1, ctx.config.index_interval_bytes))),
+            }],
+            head: 0,
+            last_timestamp_ms: 0,
+            unsynced: vec![1],
+            dir_unsynced: true,
+            tail: Vec::new(),
         }
+    }
+
+    /// Makes the files of a new group: its directory and segment 1 with its
+    /// header. A directory left at its path (by an earlier incarnation of
+    /// the id whose removal a crash undid) goes to the trash first. Runs
+    /// with no lock held. A retry after a failure part-way (a full disk)
+    /// starts over: the half-made directory goes to the trash.
+    pub fn create_files(ctx: &LogContext, group_id: u64) -> Result<()> {
+        let dir = ctx.group_dir(group_id);
+        ctx.trash.put(&*ctx.vfs, group_id, &dir)?;
         ctx.vfs
             .create_dir_all(&dir)
             .map_err(|e| Error::write(format!("mkdir {}", dir.display()), e))?;
-        let mut log = GroupLog {
+        let header = SegmentHeader {
             group_id,
-            dir,
-            segments: Vec::new(),
-            head: 0,
-            last_timestamp_ms: 0,
-            unsynced: Vec::new(),
-            dir_unsynced: true,
-            tail: Vec::new(),
+            base_msg_id: 1,
+            created_ms: crate::now_ms(),
         };
-        log.start_segment(ctx, 1)?;
-        Ok(log)
+        ctx.cache
+            .create(&*ctx.vfs, &dir.join(segment::file_name(1)), &header)?;
+        Ok(())
     }
 
     /// Opens a log whose state a checkpoint recorded. The active segment is
@@ -448,7 +519,7 @@ impl GroupLog {
             dir_unsynced: false,
             tail: Vec::new(),
         };
-        let (path, seg, file_len, scan) = log.scan_whole(ctx, active_base)?;
+        let (path, _, file_len, scan) = log.scan_whole(ctx, active_base)?;
         if scan.header.base_msg_id != active_base
             || scan.valid_len < active_len
             || scan.last_id < state.head
@@ -470,9 +541,10 @@ impl GroupLog {
         let mut report = LoadReport {
             records_verified: scan.records,
             bytes_cut: file_len - scan.valid_len,
+            cuts: Vec::new(),
         };
         if report.bytes_cut > 0 {
-            seg.truncate(scan.valid_len)?;
+            report.cuts.push((active_base, scan.valid_len));
         }
         if file_len > active_len {
             log.unsynced.push(active_base);
@@ -481,6 +553,18 @@ impl GroupLog {
         log.adopt_scan_as_active(scan);
         log.adopt_later_segments(ctx, &mut report)?;
         Ok((log, report))
+    }
+
+    /// Cuts the files [`GroupLog::load`] found longer than their valid
+    /// records (`report.cuts`) to their valid length. Called by whoever
+    /// installs the loaded log, under the group's log lock.
+    pub fn cut_tails(&self, ctx: &LogContext, cuts: &[(u64, u64)]) -> Result<()> {
+        for &(base, len) in cuts {
+            ctx.cache
+                .get(&*ctx.vfs, self.group_id, base, || self.segment_path(base))?
+                .truncate(len)?;
+        }
+        Ok(())
     }
 
     /// Takes in the segment files started after the recorded state: a file
@@ -501,11 +585,11 @@ impl GroupLog {
                 return Ok(());
             }
             let scanned = self.scan_whole(ctx, base);
-            let (seg, file_len, scan) = match scanned {
-                Ok((_, seg, file_len, scan))
+            let (file_len, scan) = match scanned {
+                Ok((_, _, file_len, scan))
                     if scan.header.base_msg_id == base && scan.records > 0 =>
                 {
-                    (seg, file_len, scan)
+                    (file_len, scan)
                 }
                 _ => {
                     ctx.cache.forget(self.group_id, base);
@@ -513,7 +597,7 @@ impl GroupLog {
                 }
             };
             if file_len > scan.valid_len {
-                seg.truncate(scan.valid_len)?;
+                report.cuts.push((base, scan.valid_len));
                 report.bytes_cut += file_len - scan.valid_len;
             }
             report.records_verified += scan.records;
@@ -589,7 +673,9 @@ impl GroupLog {
         let report = LoadReport {
             records_verified: scan.records,
             bytes_cut: file_len - scan.valid_len,
+            cuts: Vec::new(),
         };
+        // Recovery only (no checkpoint), before anything else runs: cut now.
         if report.bytes_cut > 0 {
             seg.truncate(scan.valid_len)?;
             log.unsynced.push(active_base);
@@ -821,48 +907,38 @@ impl GroupLog {
         !self.tail.is_empty()
     }
 
-    /// The verified sparse index of segment `i`, scanning it on first use.
-    fn index_of(&self, ctx: &LogContext, i: usize, seg: &SegmentFile) -> Result<&SparseIndex> {
+    fn segment_index(&self, base: u64) -> Option<usize> {
+        self.segments
+            .binary_search_by_key(&base, |s| s.base_id)
+            .ok()
+    }
+
+    /// The verified sparse index of segment `i`, scanning it on first use
+    /// if `scan` allows (else `NeedsIndex`).
+    fn index_of(
+        &self,
+        ctx: &LogContext,
+        i: usize,
+        seg: &SegmentFile,
+        scan: Scan,
+    ) -> Result<Scanned<&SparseIndex>> {
         let meta = &self.segments[i];
         if meta.index.get().is_none() {
-            let expected_last = self
-                .segments
-                .get(i + 1)
-                .map(|n| n.base_id - 1)
-                .unwrap_or(self.head);
-            let built = segment::scan(
-                seg,
-                meta.len,
-                self.group_id,
-                record::RECORD_BYTES_STORED_MAX,
-                ctx.config.index_interval_bytes,
-            )
-            .map_err(|e| e.to_string())
-            .and_then(|s| {
-                if s.valid_len == meta.len
-                    && s.last_id == expected_last
-                    && s.header.base_msg_id == meta.base_id
-                {
-                    Ok(s.index)
-                } else {
-                    let why = s
-                        .stopped
-                        .map(|x| x.to_string())
-                        .unwrap_or_else(|| "ids do not match".into());
-                    Err(format!(
-                        "{}: offset {}: {why} (expected ids {}..={expected_last} in {} bytes)",
-                        seg.path.display(),
-                        s.valid_len,
-                        meta.base_id,
-                        meta.len
-                    ))
-                }
-            });
-            let _ = meta.index.set(built);
+            if scan == Scan::Refused {
+                return Ok(Err(NeedsIndex { base: meta.base_id }));
+            }
+            let job = IndexJob {
+                group_id: self.group_id,
+                base_id: meta.base_id,
+                len: meta.len,
+                expected_last: self.last_id_of(i),
+                path: self.segment_path(meta.base_id),
+            };
+            let _ = meta.index.set(job.scan(ctx, seg));
         }
         // Invariant: set just above if it was empty.
         match meta.index.get().expect("invariant: index initialised") {
-            Ok(ix) => Ok(ix),
+            Ok(ix) => Ok(Ok(ix)),
             Err(reason) => Err(Error::GroupDamaged {
                 group: self.group_id,
                 reason: reason.clone(),
@@ -870,10 +946,46 @@ impl GroupLog {
         }
     }
 
+    /// Id of the last record of segment `i`.
+    fn last_id_of(&self, i: usize) -> u64 {
+        self.segments
+            .get(i + 1)
+            .map(|n| n.base_id - 1)
+            .unwrap_or(self.head)
+    }
+
+    /// What building the index of segment `base` needs, if it is a segment
+    /// of this log without an index yet. Taken under the log's lock; the
+    /// scan ([`IndexJob::build`]) then runs without it.
+    pub fn index_job(&self, base: u64) -> Option<IndexJob> {
+        let i = self.segment_index(base)?;
+        let meta = &self.segments[i];
+        meta.index.get().is_none().then(|| IndexJob {
+            group_id: self.group_id,
+            base_id: base,
+            len: meta.len,
+            expected_last: self.last_id_of(i),
+            path: self.segment_path(base),
+        })
+    }
+
+    /// Installs an index built by `job` (a failed build makes reads of
+    /// that segment `GroupDamaged`). Memory only: callers hold the log's
+    /// lock for reading. A segment dropped or changed since is left alone.
+    pub fn install_index(&self, job: &IndexJob, built: Result<SparseIndex, String>) {
+        let Some(i) = self.segment_index(job.base_id) else {
+            return;
+        };
+        let meta = &self.segments[i];
+        if meta.len == job.len && self.last_id_of(i) == job.expected_last {
+            let _ = meta.index.set(built);
+        }
+    }
+
     /// Segment `i` opened for reading: its file checked to still hold what
     /// the log wrote to it, mapped, its index verified (a verifying scan on
     /// first use), the tail attached if it is the active segment.
-    fn view(&self, ctx: &LogContext, i: usize) -> Result<SegView<'_>> {
+    fn view(&self, ctx: &LogContext, i: usize, scan: Scan) -> Result<Scanned<SegView<'_>>> {
         let meta = &self.segments[i];
         let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
             self.segment_path(meta.base_id)
@@ -891,8 +1003,8 @@ impl GroupLog {
         // read visits; the windows this leaves are in segment.rs).
         seg.check_len(self.group_id, (len - tail.len()) as u64)?;
         seg.ensure_mapped()?;
-        let index = self.index_of(ctx, i, &seg)?;
-        Ok(SegView {
+        let index = scanned!(self.index_of(ctx, i, &seg, scan));
+        Ok(Ok(SegView {
             group_id: self.group_id,
             seg,
             index,
@@ -905,7 +1017,7 @@ impl GroupLog {
             len,
             file_end: len - tail.len(),
             tail,
-        })
+        }))
     }
 
     /// Reads the records above `after`, at most `max_count` of them and at
@@ -919,15 +1031,29 @@ impl GroupLog {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<ReadBatch> {
+        let read = self.read_with(ctx, Scan::Allowed, after, max_count, max_bytes)?;
+        Ok(read.expect("invariant: a read that may scan is never refused"))
+    }
+
+    /// [`Self::read`], refused with `NeedsIndex` when it reaches a sealed
+    /// segment whose index is not built and `scan` is `Refused`.
+    pub fn read_with(
+        &self,
+        ctx: &LogContext,
+        scan: Scan,
+        after: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Scanned<ReadBatch>> {
         if after >= self.head || max_count == 0 {
-            return Ok(ReadBatch::empty(after, after < self.head));
+            return Ok(Ok(ReadBatch::empty(after, after < self.head)));
         }
         let first = (after + 1).max(self.floor());
         let mut batch = ReadBatch::empty(after, false);
         let mut i = self.segments.partition_point(|s| s.base_id <= first) - 1;
         let mut next_id = first;
         loop {
-            let view = self.view(ctx, i)?;
+            let view = scanned!(self.view(ctx, i, scan));
             let mut pos = view.position_of(next_id)?;
             let mut id = next_id;
             let start = pos;
@@ -950,7 +1076,7 @@ impl GroupLog {
             next_id = id;
             if full || id > self.head {
                 batch.has_more = id <= self.head;
-                return Ok(batch);
+                return Ok(Ok(batch));
             }
             i += 1;
         }
@@ -972,17 +1098,18 @@ impl GroupLog {
     pub fn read_before(
         &self,
         ctx: &LogContext,
+        scan: Scan,
         before: u64,
         lowest: u64,
         max_count: usize,
         max_bytes: usize,
-    ) -> Result<ReadBatch> {
+    ) -> Result<Scanned<ReadBatch>> {
         let before = before.min(self.head + 1);
         let lowest = lowest
             .max(self.floor())
             .max(before.saturating_sub(max_count as u64));
         if lowest >= before {
-            return Ok(ReadBatch::empty(before.saturating_sub(1), false));
+            return Ok(Ok(ReadBatch::empty(before.saturating_sub(1), false)));
         }
         // Invariant from here: floor() <= lowest < before <= head + 1, so
         // every id in [lowest, before) is stored.
@@ -990,7 +1117,7 @@ impl GroupLog {
         let mut budget = max_bytes;
         let mut i = self.segment_of(before - 1);
         loop {
-            let view = self.view(ctx, i)?;
+            let view = scanned!(self.view(ctx, i, scan));
             let end = view.position_of(start)?;
             let seg_lowest = lowest.max(view.base_id);
             let lowest_pos = view.position_of(seg_lowest)?;
@@ -1014,25 +1141,28 @@ impl GroupLog {
         if start == before {
             start = before - 1; // the newest record, whatever its size
         }
-        let mut batch = self.read(ctx, start - 1, (before - start) as usize, usize::MAX)?;
+        let mut batch =
+            scanned!(self.read_with(ctx, scan, start - 1, (before - start) as usize, usize::MAX));
         batch.has_more = false;
-        Ok(batch)
+        Ok(Ok(batch))
     }
 
     /// Header of the first record of segment `segment_i`, for dedup rebuilds.
     pub fn first_header_from(
         &self,
         ctx: &LogContext,
+        scan: Scan,
         segment_i: usize,
-    ) -> Result<Option<RecordHeader>> {
-        let b = self.read(
+    ) -> Result<Scanned<Option<RecordHeader>>> {
+        let b = scanned!(self.read_with(
             ctx,
+            scan,
             self.segments[segment_i].base_id.saturating_sub(1),
             1,
             0,
-        )?;
+        ));
         let first = b.records().next().map(|r| r.header);
-        Ok(first)
+        Ok(Ok(first))
     }
 
     /// Index of the segment holding `msg_id` (clamped to the stored range).
@@ -1056,7 +1186,8 @@ impl GroupLog {
         let mut out = Vec::with_capacity(self.segments.len().saturating_sub(1));
         for i in 0..self.segments.len().saturating_sub(1) {
             let next_first_timestamp_ms = if with_timestamps {
-                self.first_header_from(ctx, i + 1)?
+                self.first_header_from(ctx, Scan::Allowed, i + 1)?
+                    .expect("invariant: a read that may scan is never refused")
                     .map_or(u64::MAX, |h| h.timestamp_ms)
             } else {
                 u64::MAX
@@ -1095,18 +1226,53 @@ impl GroupLog {
     pub fn droppable(&self, n: usize) -> usize {
         n.min(self.segments.len() - 1)
     }
+}
 
-    /// Removes the group's files (after the group was deleted).
-    pub fn remove_files(&self, ctx: &LogContext) -> Result<()> {
-        for s in &self.segments {
-            ctx.cache.forget(self.group_id, s.base_id);
-        }
-        if ctx.vfs.exists(&self.dir) {
-            ctx.vfs
-                .remove_dir_all(&self.dir)
-                .map_err(|e| Error::io(format!("remove {}", self.dir.display()), e))?;
-        }
-        Ok(())
+impl IndexJob {
+    /// The verifying scan of the segment: its index, or why the segment
+    /// is damaged. Holds no lock: the segment is sealed, so its bytes up
+    /// to `len` no longer change. `None` when the file cannot be opened or
+    /// is shorter than the log says: a read meets the same error before it
+    /// asks for the index, and reports it (nothing is installed for it).
+    pub fn build(&self, ctx: &LogContext) -> Option<Result<SparseIndex, String>> {
+        let seg = ctx
+            .cache
+            .get(&*ctx.vfs, self.group_id, self.base_id, || self.path.clone())
+            .ok()?;
+        seg.check_len(self.group_id, self.len).ok()?;
+        Some(self.scan(ctx, &seg))
+    }
+
+    fn scan(&self, ctx: &LogContext, seg: &SegmentFile) -> Result<SparseIndex, String> {
+        segment::scan(
+            seg,
+            self.len,
+            self.group_id,
+            record::RECORD_BYTES_STORED_MAX,
+            ctx.config.index_interval_bytes,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|s| {
+            if s.valid_len == self.len
+                && s.last_id == self.expected_last
+                && s.header.base_msg_id == self.base_id
+            {
+                Ok(s.index)
+            } else {
+                let why = s
+                    .stopped
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "ids do not match".into());
+                Err(format!(
+                    "{}: offset {}: {why} (expected ids {}..={} in {} bytes)",
+                    seg.path.display(),
+                    s.valid_len,
+                    self.base_id,
+                    self.expected_last,
+                    self.len
+                ))
+            }
+        })
     }
 }
 

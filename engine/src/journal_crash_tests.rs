@@ -209,14 +209,8 @@ fn j5_a_crash_while_rolling_to_a_new_file_loses_nothing_acknowledged_before_it()
     c.checkpoint_journal_bytes = 1 << 30;
     c.journal_file_bytes = 4096;
     let e = Engine::open(c.clone()).unwrap();
-    e.create_group(1).unwrap();
     let jdir = src.join("journal");
-    let first = newest_file(&jdir, ".tmj");
-    let mut i = 0;
-    while newest_file(&jdir, ".tmj") == first {
-        i += 1;
-        fill_more(&e, 1, i..=i);
-    }
+    let i = sends_until_a_roll(&e, &jdir);
     // Round `i` rolled: it is the only frame of the new file.
     e.simulate_crash();
     let rolled = newest_file(&jdir, ".tmj");
@@ -333,14 +327,8 @@ fn j5_under_fsync_never_a_power_cut_after_a_roll_still_opens() {
         c.cursor_flush_ms = 3_600_000;
         c.retention_check_ms = 3_600_000;
         let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
-        e.create_group(1).unwrap();
         let jdir = dir.join("journal");
-        let first = newest_file(&jdir, ".tmj");
-        let mut i = 0;
-        while newest_file(&jdir, ".tmj") == first {
-            i += 1;
-            fill_more(&e, 1, i..=i);
-        }
+        let i = sends_until_a_roll(&e, &jdir);
         fill_more(&e, 1, i + 1..=i + 3);
         control.freeze();
         e.simulate_crash();
@@ -396,6 +384,20 @@ fn j5_a_checkpoint_syncs_the_journal_file_it_leaves() {
         );
         assert_dense_and_exact(&e, 1, head);
     }
+}
+
+/// Creates group 1 and sends to it one round at a time until the journal
+/// rolls to a new file; returns the id of the send whose round rolled (the
+/// only frame of the new file).
+fn sends_until_a_roll(e: &Engine, jdir: &Path) -> u64 {
+    e.create_group(1).unwrap();
+    let first = newest_file(jdir, ".tmj");
+    let mut i = 0;
+    while newest_file(jdir, ".tmj") == first {
+        i += 1;
+        fill_more(e, 1, i..=i);
+    }
+    i
 }
 
 /// Copies a directory tree (without the lock file).
@@ -542,14 +544,8 @@ fn j5_a_damaged_header_of_a_rolled_file_that_holds_frames_refuses_to_open() {
     c.checkpoint_journal_bytes = 1 << 30;
     c.journal_file_bytes = 4096;
     let e = Engine::open(c.clone()).unwrap();
-    e.create_group(1).unwrap();
     let jdir = dir.join("journal");
-    let first = newest_file(&jdir, ".tmj");
-    let mut i = 0;
-    while newest_file(&jdir, ".tmj") == first {
-        i += 1;
-        fill_more(&e, 1, i..=i);
-    }
+    let i = sends_until_a_roll(&e, &jdir);
     // Ten more acknowledged sends land in the rolled file.
     fill_more(&e, 1, i + 1..=i + 10);
     e.simulate_crash();

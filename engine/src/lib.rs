@@ -65,6 +65,9 @@ mod model_tests;
 #[doc(hidden)]
 pub mod power_cut;
 mod read_counts;
+mod ready;
+#[cfg(test)]
+mod ready_tests;
 #[cfg(any(test, feature = "testing"))]
 pub mod record;
 #[cfg(not(any(test, feature = "testing")))]
@@ -87,7 +90,9 @@ mod tests;
 #[cfg(test)]
 mod tidemark_tests;
 mod tidemarks;
+mod trash;
 mod warn_limit;
+mod worker;
 
 pub use config::{Config, FsyncPolicy};
 pub use engine::{

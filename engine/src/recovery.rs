@@ -179,6 +179,10 @@ pub(crate) struct Recovered {
     pub on_disk: OnDisk,
     /// A checkpoint should come first (the journal was replayed).
     pub needs_checkpoint: bool,
+    /// The groups whose log recovery loaded (replay, discovery, segments
+    /// that may lead the journal, creations replayed): the engine lists
+    /// them for the idle sweep, as it lists every log loaded later.
+    pub loaded: Vec<u64>,
 }
 
 /// Rebuilds the in-memory state from disk and returns the journal to
@@ -376,10 +380,14 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         load_groups_whose_segments_lead(ctx, &catalog, &mut report);
     }
     clamp_cursors_to_heads(&catalog, &cursors);
+    let mut loaded_groups = Vec::new();
     for g in catalog.groups() {
         match &*g.log.read() {
             LogSlot::Damaged { reason, .. } => report.damaged_groups.push((g.id, reason.clone())),
-            LogSlot::Loaded(_) => report.groups_verified += 1,
+            LogSlot::Loaded(_) => {
+                report.groups_verified += 1;
+                loaded_groups.push(g.id);
+            }
             LogSlot::Unloaded(_) => report.groups_unverified += 1,
             LogSlot::Deleted => {}
         }
@@ -444,6 +452,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         report,
         on_disk,
         needs_checkpoint,
+        loaded: loaded_groups,
     })
 }
 

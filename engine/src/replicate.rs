@@ -36,7 +36,8 @@
 //!
 //! Costs: `append_replicated` is one pass over the payload (CRC, entry
 //! walk, record CRCs), one assign lock per group with records, one commit
-//! round; calls are serialised (one payload in flight), each waiting for
+//! round (and, for groups whose send state is not in memory, a wait for
+//! the maintenance worker to build them, `ready.rs`, then the pass again); calls are serialised (one payload in flight), each waiting for
 //! its round to be durable under the fsync policy. `read_rounds` is two
 //! positioned reads per round.
 
@@ -113,11 +114,31 @@ impl Engine {
                 expected,
             });
         }
+        // A group without a send state in memory has the maintenance
+        // worker build it (`ready.rs`): the payload waits for that, as a
+        // blocking request does, and is checked again.
+        self.blocking(|| self.append_replicated_once(payload, header.round_index))
+    }
+
+    /// One try of [`Engine::append_replicated`] once the payload's CRC,
+    /// structure and round number passed: `NotReady` (nothing queued) if a
+    /// group's send state is not in memory, the worker asked to build
+    /// every such group's.
+    fn append_replicated_once(&self, payload: &[u8], round_index: u64) -> Result<u64> {
+        let invalid = |reason: String| Error::InvalidRound { reason };
         let with_records = self.check_entries(payload).map_err(invalid)?;
         // In group id order (the payload's), as `submit_batch` locks.
         let mut slots: Vec<_> = with_records.iter().map(|g| g.group.assign.lock()).collect();
+        let mut not_ready = None;
         for (g, slot) in with_records.iter().zip(slots.iter_mut()) {
-            let assign = self.ready_to_assign(&g.group, slot)?;
+            let assign = match self.ready_to_assign(&g.group, slot) {
+                Ok(assign) => assign,
+                Err(e @ Error::NotReady { .. }) => {
+                    crate::ready::keep_latest(&mut not_ready, e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if assign.last_id.checked_add(1) != Some(g.first) {
                 return Err(invalid(format!(
                     "the records of group {} start at msg_id {}, but its last id is {}",
@@ -125,11 +146,14 @@ impl Engine {
                 )));
             }
         }
+        if let Some(e) = not_ready {
+            return Err(e);
+        }
         let reply = Arc::new(Reply::default());
         let mut p = self.lock_pending(false, false)?;
         p.replicated.push(ReplicatedRound {
             payload: payload.to_vec(),
-            round_index: header.round_index,
+            round_index,
             reply: reply.clone(),
         });
         let round = p.round;

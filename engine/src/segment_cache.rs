@@ -48,7 +48,17 @@ impl SegmentCache {
         }
         // Open outside the lock: opening and mapping are system calls.
         let seg = Arc::new(SegmentFile::open(vfs, &path(), self.map_bytes)?);
-        self.lru.lock().put((group, base), seg.clone());
+        let mut lru = self.lru.lock();
+        // Opened or created by another thread meanwhile: the first stays. A
+        // file created for a new group of a deleted one's id must not be
+        // shadowed by a handle of the old file opened just before.
+        if let Some(first) = lru.get(&(group, base)) {
+            return Ok(first.clone());
+        }
+        let evicted = lru.push((group, base), seg.clone());
+        drop(lru);
+        // Closed and unmapped outside the lock.
+        drop(evicted);
         Ok(seg)
     }
 
@@ -68,7 +78,9 @@ impl SegmentCache {
 
     /// Drops the cached handle of one segment (before its file is removed).
     pub fn forget(&self, group: u64, base: u64) {
-        self.lru.lock().pop(&(group, base));
+        let dropped = self.lru.lock().pop(&(group, base));
+        // Closed and unmapped (if no reader holds it) outside the lock.
+        drop(dropped);
     }
 
     /// Number of cached open segments.

@@ -14,7 +14,7 @@ use crate::commit::Reply;
 use crate::engine::{Engine, OpTicket};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
-use crate::group_log::ReadBatch;
+use crate::group_log::{scanned, ReadBatch, Scan};
 use crate::journal::{body, EntryKind};
 use crate::retention::Retention;
 
@@ -122,22 +122,54 @@ impl Engine {
         self.wait_op(ticket)
     }
 
-    /// Queues a join; the ticket's value is the member's cursor.
+    /// Queues a join; the ticket's value is the member's cursor. A join
+    /// reads no file and builds no send state: it never waits for the disk.
     pub fn submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
+        self.try_submit_join(group_id, user, start)
+    }
+
+    /// [`Engine::submit_join`], the name the event loop's requests use: a
+    /// join never gets `NotReady`.
+    pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         if let Some(c) = self.shared.cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
         }
         self.check_writable()?;
-        let mut slot = group.assign.lock();
-        // Checked again under the lock (in `ready_to_assign`), which orders
-        // the join against a delete.
-        let assign = self.ready_to_assign(&group, &mut slot)?;
-        // `last_id` counts every record queued before this join, which is
-        // exactly what precedes it in the journal: the cursor is resolved
-        // here, once, and replay reproduces it.
-        let head = assign.last_id;
-        let below = group.log.read().floor().saturating_sub(1);
+        let assign = group.assign.lock();
+        // Checked again under the lock, which orders the join against a delete.
+        if group.is_deleting() {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        // The cursor is resolved against the assigned head: it counts every
+        // record queued before this join, which is exactly what precedes it
+        // in the journal, so the cursor is resolved here, once, and replay
+        // reproduces it. Without a send state no record of the group is
+        // queued (a state is dropped only once its last round completed),
+        // so the assigned head is the applied one, the log's, loaded or not (a log left unloaded by recovery or the
+        // idle sweep does not grow when loaded: recovery loads every group
+        // whose segments may lead the journal). So no log is loaded and no
+        // window rebuilt for a join.
+        let (head, below) = {
+            let log = group.log.read();
+            match &*log {
+                LogSlot::Damaged { reason, .. } => {
+                    return Err(Error::GroupDamaged {
+                        group: group_id,
+                        reason: reason.clone(),
+                    })
+                }
+                LogSlot::Deleted => return Err(Error::GroupNotFound { group: group_id }),
+                LogSlot::Loaded(_) | LogSlot::Unloaded(_) => {}
+            }
+            if assign.is_some() || matches!(&*log, LogSlot::Loaded(_)) {
+                // A use: what the group holds stays (not its window's use
+                // for the dedup budget: a join sends nothing).
+                self.shared.dedup.touch_used(group_id);
+            }
+            let head = assign.as_deref().map_or_else(|| log.head(), |a| a.last_id);
+            (head, log.floor().saturating_sub(1))
+        };
         let cursor = match start {
             JoinStart::Head => head,
             JoinStart::Earliest => below,
@@ -290,7 +322,23 @@ impl Engine {
         max_bytes: usize,
         ack_up_to: Option<u64>,
     ) -> Result<Pull> {
+        self.blocking(|| self.try_pull(group_id, user, max_count, max_bytes, ack_up_to))
+    }
+
+    /// [`Engine::pull`] that never waits for the disk: `NotReady` when the
+    /// group's log must be loaded first (checked before `ack_up_to` is
+    /// applied) or a sealed segment's index built (after: applying it
+    /// again when the pull runs again changes nothing).
+    pub fn try_pull(
+        &self,
+        group_id: u64,
+        user: u64,
+        max_count: usize,
+        max_bytes: usize,
+        ack_up_to: Option<u64>,
+    ) -> Result<Pull> {
         let group = self.group(group_id)?;
+        self.ensure_loaded(&group)?;
         if let Some(a) = ack_up_to {
             self.ack(group_id, user, a)?;
         }
@@ -303,7 +351,13 @@ impl Engine {
                     earliest: log.floor(),
                 });
             }
-            log.read(&self.shared.ctx, cursor, max_count, max_bytes)
+            log.read_with(
+                &self.shared.ctx,
+                Scan::Refused,
+                cursor,
+                max_count,
+                max_bytes,
+            )
         })?;
         Ok(Pull {
             cursor,
@@ -352,13 +406,39 @@ impl Engine {
         total_max_bytes: usize,
         after_group: Option<u64>,
     ) -> Result<Sync> {
+        self.blocking(|| self.try_sync(user, per_group_max, total_max_bytes, after_group))
+    }
+
+    /// [`Engine::sync`] that never waits for the disk: `NotReady` when a
+    /// group it would read must be loaded first. The loads of all such
+    /// groups are queued at once (tickets complete in order, so the last
+    /// one covers them all).
+    pub fn try_sync(
+        &self,
+        user: u64,
+        per_group_max: usize,
+        total_max_bytes: usize,
+        after_group: Option<u64>,
+    ) -> Result<Sync> {
         let mut groups = Vec::new();
         let mut budget = total_max_bytes;
         let mut continue_after = None;
-        let pending = self
+        let pending: Vec<Unread> = self
             .unread(user)
             .into_iter()
-            .filter(|u| u.unread > 0 && after_group.is_none_or(|a| u.group_id > a));
+            .filter(|u| u.unread > 0 && after_group.is_none_or(|a| u.group_id > a))
+            .collect();
+        let mut not_ready = None;
+        for u in &pending {
+            if let Ok(group) = self.group(u.group_id) {
+                if let Err(e @ Error::NotReady { .. }) = self.ensure_loaded(&group) {
+                    not_ready = Some(e);
+                }
+            }
+        }
+        if let Some(e) = not_ready {
+            return Err(e);
+        }
         for u in pending {
             let page_budget = if groups.is_empty() {
                 budget.max(1)
@@ -369,7 +449,7 @@ impl Engine {
                 continue_after = groups.last().map(|g: &SyncGroup| g.unread.group_id);
                 break;
             }
-            let pull = match self.pull(u.group_id, user, per_group_max, page_budget, None) {
+            let pull = match self.try_pull(u.group_id, user, per_group_max, page_budget, None) {
                 Ok(p) => p,
                 // Left or deleted since the unread list was taken: skip it.
                 Err(Error::NotMember { .. } | Error::GroupNotFound { .. }) => continue,
@@ -419,6 +499,19 @@ impl Engine {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<History> {
+        self.blocking(|| self.try_history(group_id, user, before_msg_id, max_count, max_bytes))
+    }
+
+    /// [`Engine::history`] that never waits for the disk: `NotReady` when
+    /// the group's log or a sealed segment's index must be read first.
+    pub fn try_history(
+        &self,
+        group_id: u64,
+        user: u64,
+        before_msg_id: Option<u64>,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<History> {
         let group = self.group(group_id)?;
         let join_point = self.member_cursor(&group, user)?.join_point;
         let head = group.head();
@@ -426,8 +519,14 @@ impl Engine {
             let floor = log.floor();
             let earliest = join_point.max(floor);
             let before = before_msg_id.unwrap_or(head + 1).min(head + 1);
-            let batch =
-                log.read_before(&self.shared.ctx, before, earliest, max_count, max_bytes)?;
+            let batch = scanned!(log.read_before(
+                &self.shared.ctx,
+                Scan::Refused,
+                before,
+                earliest,
+                max_count,
+                max_bytes
+            ));
             // The oldest id of the page (ids are dense); for an empty page,
             // where a page of `max_count` would have started.
             let start = if batch.count > 0 {
@@ -435,12 +534,12 @@ impl Engine {
             } else {
                 earliest.max(before.saturating_sub(max_count as u64))
             };
-            Ok(History {
+            Ok(Ok(History {
                 batch,
                 earliest_visible: earliest,
                 complete: start <= earliest,
                 truncated_by_retention: join_point < floor,
-            })
+            }))
         })
     }
 

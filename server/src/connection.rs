@@ -142,6 +142,12 @@ pub struct Connection {
     /// willing to read (None: no partial frame, or reading paused by the
     /// node's own back-pressure).
     pub partial_since: Option<std::time::Instant>,
+    /// The request at the front of the decoder waits for the engine's
+    /// maintenance worker (its group's files are read for the first time
+    /// since open): the job's ticket. It stays in the input buffer, not in
+    /// flight, and runs again once the ticket is settled; nothing behind it
+    /// starts before (format-spec/protocol.md section 1.4).
+    pub waiting_load: Option<u64>,
 }
 
 /// Which parked requests hold back the later requests of their connection
@@ -172,6 +178,7 @@ impl Connection {
             parked_sends: 0,
             parked_ops: 0,
             partial_since: None,
+            waiting_load: None,
         }
     }
 

@@ -10,7 +10,12 @@
 //! pull are parked as [`Deferred`] work; after every commit round the
 //! commit thread's listener queues a notice and wakes the loop, which
 //! answers what completed, pushes the new records to subscribers and
-//! re-runs the long polls of the groups that grew.
+//! re-runs the long polls of the groups that grew. A request whose group's
+//! files must be read first (its first use since the engine opened) gets
+//! `NotReady` from the engine: it stays at the front of its connection's
+//! input buffer, nothing behind it starts, and it runs again when the
+//! engine's maintenance worker has read them (the worker calls the same
+//! listener).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
@@ -114,6 +119,9 @@ pub struct EventLoop {
     pending: BTreeMap<u64, Vec<Waiting>>,
     /// Parked long polls, by group and by deadline.
     polls: LongPolls<Waiting>,
+    /// Connections whose front request waits for the engine's maintenance
+    /// worker, by the ticket it waits for.
+    loads: BTreeMap<u64, Vec<ConnId>>,
     /// Connections with new output from deferred work, driven at the end of
     /// the loop iteration (never from inside another connection's handling).
     dirty: Vec<usize>,
@@ -198,6 +206,7 @@ impl EventLoop {
             notices,
             pending: BTreeMap::new(),
             polls: LongPolls::default(),
+            loads: BTreeMap::new(),
             dirty: Vec::new(),
             ready: Vec::new(),
             frame_timers: BinaryHeap::new(),
@@ -730,6 +739,7 @@ impl EventLoop {
             if slot.conn.closing
                 || slot.conn.out.len() >= limits.output_bytes_max
                 || *frames_left == 0
+                || slot.conn.waiting_load.is_some()
             {
                 return handled;
             }
@@ -747,8 +757,10 @@ impl EventLoop {
                 server_name: handlers::SERVER_NAME,
             };
             // The frame borrows the decoder; it is handled into owned output
-            // before the connection is touched again.
-            let (request_id, op, outcome) = match slot.conn.decoder.next_frame() {
+            // before the connection is touched again. It stays at the front
+            // until it is taken below (a request that must wait for the
+            // engine's worker stays there).
+            let (request_id, op, outcome) = match slot.conn.decoder.front_frame() {
                 Ok(None) => return handled,
                 Err(fe) => {
                     let out = handlers::error(
@@ -804,13 +816,22 @@ impl EventLoop {
                     }
                 }
             };
-            handled += 1;
-            *frames_left -= 1;
-            slot.conn.phase = phase;
             let conn = ConnId {
                 index,
                 generation: slot.generation,
             };
+            if let Handled::NotReady(ticket) = outcome {
+                // Not run: it waits in the input buffer for the worker, and
+                // so does everything behind it (format-spec/protocol.md 1.4).
+                slot.conn.waiting_load = Some(ticket);
+                self.stats.requests_waited_for_load += 1;
+                self.loads.entry(ticket).or_default().push(conn);
+                return handled;
+            }
+            slot.conn.decoder.consume_front();
+            handled += 1;
+            *frames_left -= 1;
+            slot.conn.phase = phase;
             if let Some(op) = op {
                 self.stats.request(op);
             }
@@ -843,6 +864,7 @@ impl EventLoop {
                     let out = self.stats_reply(request_id);
                     self.respond(conn, op, started, out);
                 }
+                Handled::NotReady(_) => unreachable!("left in the input buffer above"),
             }
         }
     }
@@ -1000,10 +1022,32 @@ impl EventLoop {
             return;
         }
         self.complete_pending();
+        self.complete_loads();
         for notice in &notices {
             for a in &notice.appended {
                 self.push(a.group, a.first, a.last);
                 self.wake_polls(a.group);
+            }
+        }
+    }
+
+    /// Lets the connections whose front request waited for a worker job
+    /// that is now done handle it again (only those, whatever the number
+    /// waiting).
+    fn complete_loads(&mut self) {
+        if self.loads.is_empty() {
+            return;
+        }
+        let settled = self.engine.settled_load();
+        let later = match settled.checked_add(1) {
+            Some(next) => self.loads.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        let due = std::mem::replace(&mut self.loads, later);
+        for conn in due.into_values().flatten() {
+            if let Some(slot) = self.slot_mut(conn) {
+                slot.conn.waiting_load = None;
+                self.dirty.push(conn.index);
             }
         }
     }
@@ -1016,14 +1060,21 @@ impl EventLoop {
                 continue;
             };
             let p = *p;
-            let out = self.engine.pull(
+            let out = self.engine.try_pull(
                 p.group,
                 p.user,
                 p.max_count as usize,
                 p.max_bytes as usize,
                 None,
             );
-            if out.as_ref().is_ok_and(|pull| pull.batch.count == 0) {
+            // A long poll was parked after a pull of its group ran, so the
+            // group is loaded and new records are indexed: NotReady is not
+            // expected; if it came, the poll keeps waiting.
+            let nothing_yet = match &out {
+                Ok(pull) => pull.batch.count == 0,
+                Err(e) => matches!(e, tidemark_engine::Error::NotReady { .. }),
+            };
+            if nothing_yet {
                 continue;
             }
             let Some(w) = self.polls.remove(key) else {
@@ -1044,7 +1095,7 @@ impl EventLoop {
         for (key, w) in self.polls.take_due(now) {
             self.unpark_poll(&w, key);
             let Deferred::Poll(p) = w.work else { continue };
-            let out = match self.engine.pull(
+            let out = match self.engine.try_pull(
                 p.group,
                 p.user,
                 p.max_count as usize,
@@ -1077,9 +1128,11 @@ impl EventLoop {
             (self.config.limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize;
         let mut after = first - 1;
         while after < last {
+            // Records just appended: their segment is indexed, so this
+            // never waits for the worker (a NotReady would RESYNC below).
             let batch = match self
                 .engine
-                .read(group, after, (last - after) as usize, budget)
+                .try_read(group, after, (last - after) as usize, budget)
             {
                 Ok(b) if b.count > 0 => b,
                 // Deleted, or its deletion is pending: no further pushes of

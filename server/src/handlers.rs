@@ -67,6 +67,11 @@ pub enum Handled {
     /// Send, then close the connection.
     Fatal(Outgoing),
     Deferred(Deferred),
+    /// Not run: the group's files must be read first, and the engine's
+    /// maintenance worker does it (the ticket). The loop leaves the request
+    /// in the input buffer and handles it again once the ticket is settled;
+    /// it changed nothing (see `Error::NotReady`).
+    NotReady(u64),
     /// Requests the loop answers itself (they touch loop state).
     Subscribe(Subscription),
     Unsubscribe,
@@ -134,6 +139,10 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
         EngineError::Overloaded => (ErrorCode::Overloaded, None),
         // A nearly full disk is a capacity limit: retry after a back-off.
         EngineError::DiskFull { free, .. } => (ErrorCode::Overloaded, Some(*free)),
+        // Requests that get it wait in the input buffer (`Handled::NotReady`);
+        // a long poll's re-run or a push never reads what is not loaded. If
+        // one ever did, "retry after a back-off" is what it means.
+        EngineError::NotReady { .. } => (ErrorCode::Overloaded, None),
         EngineError::NoSpace { .. } => (ErrorCode::Overloaded, Some(0)),
         EngineError::NotMember { .. } => (ErrorCode::NotMember, None),
         EngineError::CursorAboveHead { head, .. } => (ErrorCode::CursorAboveHead, Some(*head)),
@@ -302,7 +311,7 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
                     }
                 };
                 Handled::Deferred(Deferred::Op(
-                    e.submit_join(group, user, start)?,
+                    e.try_submit_join(group, user, start)?,
                     OpKind::Join { group },
                 ))
             }
@@ -333,7 +342,7 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
             } => {
                 let ack = (ack_up_to > 0).then_some(ack_up_to);
                 let max_bytes = (max_bytes as usize).min(records_budget(ctx.limits));
-                let pull = e.pull(group, user, max_count as usize, max_bytes, ack)?;
+                let pull = e.try_pull(group, user, max_count as usize, max_bytes, ack)?;
                 if pull.batch.count == 0 && wait_ms > 0 && max_count > 0 {
                     let wait =
                         Duration::from_millis(wait_ms.min(ctx.limits.long_poll_ms_max) as u64);
@@ -431,7 +440,7 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
                 let before = (before_msg_id > 0).then_some(before_msg_id);
                 // The engine stops reading at the frame's budget.
                 let budget = records_budget(ctx.limits);
-                let h = e.history(group, user, before, max_count as usize, budget)?;
+                let h = e.try_history(group, user, before, max_count as usize, budget)?;
                 Handled::Reply(history_reply(request_id, group, h, budget)?)
             }
             Request::ReadCount { group, msg_id } => {
@@ -447,6 +456,7 @@ pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_
     })();
     match result {
         Ok(h) => h,
+        Err(EngineError::NotReady { ticket, .. }) => Handled::NotReady(ticket),
         Err(err) => Handled::Reply(engine_error(request_id, &err)),
     }
 }
@@ -484,7 +494,7 @@ fn sync_reply(
     let after = continuation.checked_sub(1);
     let s = ctx
         .engine
-        .sync(user, per_group_max as usize, budget.max(1), after)?;
+        .try_sync(user, per_group_max as usize, budget.max(1), after)?;
     let mut chunks = Vec::new();
     let mut records = 0;
     let list = s

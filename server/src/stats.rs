@@ -67,6 +67,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("net.input_bytes_buffered", Gauge, "bytes"),
     stat("net.connections_shed", Counter, "connections"),
     stat("net.input_refused", Counter, "frames"),
+    stat("net.requests_waited_for_load", Counter, "requests"),
     stat("engine.appends", Counter, "messages"),
     stat("engine.duplicates", Counter, "messages"),
     stat("engine.acks", Counter, "acks"),
@@ -85,6 +86,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("engine.open_segments", Gauge, "files"),
     stat("engine.dedup_entries", Gauge, "entries"),
     stat("engine.dedup_windows_dropped", Counter, "windows"),
+    stat("engine.group_loads", Counter, "groups"),
     stat("limits.frame_bytes_max", Gauge, "bytes"),
     stat("limits.payload_bytes_max", Gauge, "bytes"),
     stat("limits.requests_in_flight_max", Gauge, "requests"),
@@ -138,6 +140,9 @@ pub struct Stats {
     pub connections_shed: u64,
     /// Frames refused because the node's input passed input_bytes_total_max.
     pub input_refused: u64,
+    /// Requests that waited in the input buffer for the engine's
+    /// maintenance worker (their group's first use since open).
+    pub requests_waited_for_load: u64,
     requests: BTreeMap<&'static str, u64>,
     latency: BTreeMap<&'static str, Histogram<u64>>,
 }
@@ -210,6 +215,10 @@ impl Stats {
             ("net.input_bytes_buffered".into(), n(buffers.input)),
             ("net.connections_shed".into(), self.connections_shed),
             ("net.input_refused".into(), self.input_refused),
+            (
+                "net.requests_waited_for_load".into(),
+                self.requests_waited_for_load,
+            ),
             ("engine.appends".into(), e.appends),
             ("engine.duplicates".into(), e.duplicates),
             ("engine.acks".into(), e.acks),
@@ -237,6 +246,7 @@ impl Stats {
                 "engine.dedup_windows_dropped".into(),
                 e.dedup_windows_dropped,
             ),
+            ("engine.group_loads".into(), e.group_loads),
             (
                 "limits.frame_bytes_max".into(),
                 u64::from(limits.frame_bytes_max),

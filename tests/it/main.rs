@@ -11,6 +11,7 @@ mod cli;
 mod crash_kill;
 mod disk_full;
 mod event_loop;
+mod first_use;
 mod fuzz_corpus;
 mod harness;
 mod hostile;

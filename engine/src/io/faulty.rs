@@ -3,10 +3,14 @@
 //! Test-only: compiled under `cfg(test)` or the `testing` feature, so a
 //! release build contains no fault injection.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::ThreadId;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{OpenMode, OsVfs, Vfs, VfsFile};
 
@@ -57,11 +61,60 @@ pub struct FaultControl {
     /// When set, every `read_exact_at` fails with EIO (a medium that cannot
     /// return a page). Reads through a mapping do not see it.
     pub fail_reads: AtomicBool,
+    /// Operations (every call of the file layer, on files and paths) per
+    /// calling thread: what a request did on its own thread.
+    ops_by_thread: Mutex<HashMap<ThreadId, u64>>,
+    /// While a fragment is here, reading (`read_exact_at`: a verifying
+    /// scan), listing or removing a path that contains it waits (a latch: [`FaultControl::release_paths`] opens
+    /// it); `ops_held` counts the operations waiting.
+    held_paths: Mutex<Vec<String>>,
+    held_cv: Condvar,
+    pub ops_held: AtomicU64,
 }
 
 impl FaultControl {
     pub fn syncs(&self) -> u64 {
         self.file_syncs.load(Ordering::SeqCst) + self.dir_syncs.load(Ordering::SeqCst)
+    }
+
+    /// Operations of the file layer made by `thread` so far.
+    pub fn ops_on(&self, thread: ThreadId) -> u64 {
+        self.ops_by_thread.lock().get(&thread).copied().unwrap_or(0)
+    }
+
+    /// From now on, reading (`read_exact_at`), listing or removing a path
+    /// that contains `fragment` waits until [`FaultControl::release_paths`].
+    pub fn hold_paths_containing(&self, fragment: &str) {
+        self.held_paths.lock().push(fragment.to_owned());
+    }
+
+    /// Lets every held operation go on, and holds nothing more.
+    pub fn release_paths(&self) {
+        self.held_paths.lock().clear();
+        self.held_cv.notify_all();
+    }
+
+    fn count_op(&self) {
+        *self
+            .ops_by_thread
+            .lock()
+            .entry(std::thread::current().id())
+            .or_default() += 1;
+    }
+
+    /// Counts an operation on `path` and waits while the path is held.
+    fn path_op(&self, path: &Path) {
+        self.count_op();
+        let text = path.to_string_lossy();
+        let mut held = self.held_paths.lock();
+        if !held.iter().any(|f| text.contains(f.as_str())) {
+            return;
+        }
+        self.ops_held.fetch_add(1, Ordering::SeqCst);
+        while held.iter().any(|f| text.contains(f.as_str())) {
+            self.held_cv.wait(&mut held);
+        }
+        self.ops_held.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -133,6 +186,7 @@ impl FaultControl {
 
 impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.control.count_op();
         self.control.check_write(buf.len())?;
         self.inner.write_all_at(buf, offset)?;
         self.control
@@ -141,29 +195,35 @@ impl VfsFile for FaultyFile {
         Ok(())
     }
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.control.path_op(&self.path);
         if self.control.fail_reads.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
+        self.control.count_op();
         self.control.check_sync(&self.path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         self.inner.sync_data()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
+        self.control.count_op();
         self.inner.set_len(len)
     }
     fn file_len(&self) -> io::Result<u64> {
+        self.control.count_op();
         self.inner.file_len()
     }
     fn map(&self, len: usize) -> io::Result<memmap2::Mmap> {
+        self.control.count_op();
         self.inner.map(len)
     }
 }
 
 impl Vfs for FaultyVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
+        self.control.count_op();
         self.control.opens.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FaultyFile {
             inner: OsVfs.open(path, mode)?,
@@ -172,40 +232,49 @@ impl Vfs for FaultyVfs {
         }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.control.count_op();
         if self.control.disk_full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         OsVfs.create_dir_all(path)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        self.control.count_op();
         self.control.check_sync(path)?;
         self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_dir(path)
     }
     fn free_bytes(&self, path: &Path) -> io::Result<u64> {
+        self.control.count_op();
         match self.control.free_bytes.load(Ordering::SeqCst) {
             u64::MAX => OsVfs.free_bytes(path),
             n => Ok(n),
         }
     }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
+        self.control.count_op();
         self.control.check_sync(path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_filesystem(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.control.count_op();
         OsVfs.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.control.path_op(path);
         OsVfs.remove_file(path)
     }
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.control.path_op(path);
         OsVfs.remove_dir_all(path)
     }
     fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        self.control.path_op(path);
         OsVfs.read_dir(path)
     }
     fn exists(&self, path: &Path) -> bool {
+        self.control.count_op();
         OsVfs.exists(path)
     }
 }

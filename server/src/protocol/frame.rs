@@ -287,6 +287,38 @@ impl FrameDecoder {
     /// The next whole frame, `Ok(None)` if more bytes are needed. The frame
     /// borrows the buffer; its bytes are released at the next call.
     pub fn next_frame(&mut self) -> Result<Option<Frame<'_>>, FrameError> {
+        let Some((total, header)) = self.front_total()? else {
+            return Ok(None);
+        };
+        let frame_start = self.start;
+        self.start += total;
+        Ok(Some(self.frame_at(frame_start, total, header)))
+    }
+
+    /// Like [`next_frame`](Self::next_frame), but the frame stays at the
+    /// front: the next call returns it again until
+    /// [`consume_front`](Self::consume_front) takes it. For a request that
+    /// cannot run yet and waits in the input buffer, in its turn
+    /// (format-spec/protocol.md section 1.4).
+    pub fn front_frame(&mut self) -> Result<Option<Frame<'_>>, FrameError> {
+        let Some((total, header)) = self.front_total()? else {
+            return Ok(None);
+        };
+        Ok(Some(self.frame_at(self.start, total, header)))
+    }
+
+    /// Takes the whole frame at the front (the one `front_frame` returned).
+    pub fn consume_front(&mut self) {
+        if let Some(total) = self.pending_frame_bytes() {
+            if self.buffered() >= total {
+                self.start += total;
+            }
+        }
+    }
+
+    /// Total bytes and header of the whole frame at the front, if one is
+    /// here.
+    fn front_total(&mut self) -> Result<Option<(usize, FrameHeader)>, FrameError> {
         self.check_prefix();
         if let Some(e) = self.error {
             return Err(e);
@@ -297,23 +329,25 @@ impl FrameDecoder {
         if self.buffered() < total {
             return Ok(None);
         }
-        let frame_start = self.start;
-        let bytes = &self.buf[frame_start..frame_start + total];
         // `total >= 16` bytes are here (the prefix was checked), so the
         // header parses; the error arm only keeps this free of panics.
-        let Ok(header) = FrameHeader::parse(bytes) else {
+        let Ok(header) = FrameHeader::parse(&self.buf[self.start..self.start + total]) else {
             let e = FrameError::TooShort {
                 frame_len: (total - LENGTH_PREFIX_BYTES) as u32,
             };
             self.error = Some(e);
             return Err(e);
         };
-        self.start += total;
-        let bytes = &self.buf[frame_start..frame_start + total];
-        Ok(Some(Frame {
+        Ok(Some((total, header)))
+    }
+
+    /// The frame of `total` bytes at `at`, whose header is `header`.
+    fn frame_at(&self, at: usize, total: usize, header: FrameHeader) -> Frame<'_> {
+        let bytes = &self.buf[at..at + total];
+        Frame {
             header,
             body: &bytes[FRAME_HEADER_BYTES..],
-        }))
+        }
     }
 
     /// Total bytes (prefix included) of the frame at `start`, once its
