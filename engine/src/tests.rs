@@ -758,19 +758,29 @@ fn a_held_back_cursor_entry_never_lands_after_a_later_join_of_the_same_user() {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
-    loop {
-        match e.leave(1, 42) {
-            Ok(()) => break,
-            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(5)),
-            Err(other) => panic!("{other}"),
-        }
-    }
-    assert_eq!(e.join(1, 42, crate::JoinStart::Earliest).unwrap(), 0);
+    // Until a write succeeds again the engine may still answer DiskFull
+    // (it measured a full disk): both requests retry until it does.
+    retry_while_disk_full(|| e.leave(1, 42));
+    assert_eq!(
+        retry_while_disk_full(|| e.join(1, 42, crate::JoinStart::Earliest)),
+        0
+    );
     // The next flush writes whatever is still held.
     e.flush_cursors().unwrap();
     e.simulate_crash();
     let e = Engine::open(small_config(dir.path())).unwrap();
     assert_eq!(e.unread(42)[0].cursor, 0, "the new membership's cursor");
+}
+
+/// Runs `op` until it answers something other than `DiskFull`.
+fn retry_while_disk_full<T>(mut op: impl FnMut() -> crate::Result<T>) -> T {
+    loop {
+        match op() {
+            Ok(v) => return v,
+            Err(Error::DiskFull { .. }) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            Err(other) => panic!("{other}"),
+        }
+    }
 }
 
 /// The oldest msg_id of `group` still stored.
