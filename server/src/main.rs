@@ -1,5 +1,6 @@
 //! The `tidemark` binary: `tidemark serve` runs a node; the client
-//! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`.
+//! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`,
+//! the node in `tidemark_node`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -8,8 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tidemark_engine::FsyncPolicy;
-use tidemark_server::config::NodeConfig;
-use tidemark_server::event_loop;
+use tidemark_node::NodeConfig;
 
 #[derive(Parser)]
 #[command(
@@ -47,7 +47,7 @@ struct ServeArgs {
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Largest frame (bytes after the length prefix).
-    #[arg(long, default_value_t = tidemark_server::protocol::FRAME_BYTES_MAX_DEFAULT)]
+    #[arg(long, default_value_t = tidemark_protocol::FRAME_BYTES_MAX_DEFAULT)]
     frame_bytes_max: u32,
     /// Largest message payload.
     #[arg(long, default_value_t = 1 << 20)]
@@ -59,7 +59,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8 << 20)]
     output_bytes_max: usize,
     /// Requests answered later (sends, joins, long polls) per connection.
-    #[arg(long, default_value_t = tidemark_server::protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT)]
+    #[arg(long, default_value_t = tidemark_protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT)]
     requests_in_flight_max: u32,
     /// Longest PULL wait honoured, in milliseconds.
     #[arg(long, default_value_t = 60_000)]
@@ -148,7 +148,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     c.engine.idle_evict_ms = a.idle_evict_ms;
     if let Some(path) = a.token_file {
-        c.token = Some(tidemark_server::cli::read_token_file(&path)?);
+        c.token = Some(tidemark_server::token_file::read_token_file(&path)?);
     }
     // The engine would fail on a file here with a bare "mkdir: File exists".
     let data = &c.engine.data_dir;
@@ -164,7 +164,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         c.engine.data_dir.display(),
         c.engine.fsync
     );
-    event_loop::serve(c, |addr, shutdown| {
+    tidemark_node::serve(c, |addr, shutdown| {
         let signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
             signal_hook::consts::SIGTERM,

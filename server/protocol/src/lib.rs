@@ -25,6 +25,10 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod fuzz_targets;
+
 pub use error_code::ErrorCode;
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR,

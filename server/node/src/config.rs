@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tidemark_engine::FD_RESERVE;
 use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
-use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
+use tidemark_protocol::{self as protocol, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
 
 /// Frames one connection may have handled in one turn of the event loop
 /// (format-spec/protocol.md section 1.8): then the other connections get
