@@ -8,8 +8,9 @@
 //!
 //! The API is what the `tidemark` binary needs to run a node: a
 //! [`NodeConfig`] (the engine's config, the listen address, the token and
-//! the node's [`Limits`]), [`serve`], and the [`Shutdown`] handle it hands
-//! out once the node accepts connections. The modules are private:
+//! the node's [`Limits`]), the limits' [`defaults`] and fixed values,
+//! [`serve`], and the [`Shutdown`] handle it hands out once the node
+//! accepts connections. The modules are private:
 //!
 //! - `config`: the node's limits, their defaults and the checks between
 //!   them and the engine's;
@@ -29,5 +30,7 @@ mod long_poll;
 mod stats;
 mod subscriptions;
 
-pub use config::{Limits, NodeConfig};
+pub use config::{
+    defaults, Limits, NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
+};
 pub use event_loop::{serve, Shutdown};
