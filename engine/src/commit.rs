@@ -139,6 +139,7 @@ pub(crate) struct Counters {
     pub membership_rows_listed: AtomicU64,
     /// Group logs the maintenance worker loaded.
     pub group_loads: AtomicU64,
+    pub retention_groups_planned: AtomicU64,
 }
 
 /// One entry of a round's frame: where it lies in the frame, and the

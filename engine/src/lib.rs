@@ -77,6 +77,8 @@ mod replicate;
 #[cfg(test)]
 mod replicate_tests;
 mod retention;
+#[cfg(test)]
+mod retention_index_tests;
 mod segment;
 mod segment_cache;
 // Phase 1 of storage v2 step S4: the format and merge of incremental
