@@ -205,6 +205,31 @@ pub(crate) fn put_key(out: &mut Vec<u8>, k: Key) {
 
 pub(crate) const KEY_BYTES: usize = 17;
 
+/// A reader of items (a run part, a run, a merge) that yields its first
+/// error and then ends: a damaged input is reported once, and nothing
+/// after the damage is read as if it were sound.
+pub(crate) trait StopAtError {
+    /// The next item, `Ok(None)` at the end.
+    fn next_inner(&mut self) -> Result<Option<Item>, String>;
+
+    /// The flag that the first error was yielded.
+    fn failed(&mut self) -> &mut bool;
+
+    /// `Iterator::next` of such a reader.
+    fn next_or_first_error(&mut self) -> Option<Result<Item, String>> {
+        if *self.failed() {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(v) => v.map(Ok),
+            Err(e) => {
+                *self.failed() = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
 pub(crate) fn read_key(r: &mut Reader<'_>) -> Result<Key, String> {
     let group = r.u64()?;
     let tag = r.u8()?;

@@ -29,7 +29,9 @@
 
 use std::io::Write;
 
-use super::{put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader};
+use super::{
+    put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader, StopAtError,
+};
 use crate::retention::Retention;
 use crate::segment::SEGMENT_HEADER_BYTES;
 
@@ -760,7 +762,11 @@ impl<'a> PartReader<'a> {
     }
 }
 
-impl PartReader<'_> {
+impl StopAtError for PartReader<'_> {
+    fn failed(&mut self) -> &mut bool {
+        &mut self.failed
+    }
+
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
         if self.block_left == 0 {
             if !self.block.is_empty() {
@@ -794,16 +800,7 @@ impl Iterator for PartReader<'_> {
 
     /// The next item; an error ends the iteration.
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(v) => v.map(Ok),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_or_first_error()
     }
 }
 
@@ -827,6 +824,12 @@ impl<'a> RunItems<'a> {
             cur: None,
             failed: false,
         }
+    }
+}
+
+impl StopAtError for RunItems<'_> {
+    fn failed(&mut self) -> &mut bool {
+        &mut self.failed
     }
 
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
@@ -873,15 +876,6 @@ impl Iterator for RunItems<'_> {
     type Item = Result<Item, String>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(v) => v.map(Ok),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_or_first_error()
     }
 }
