@@ -4,8 +4,9 @@
 //! Memory: a membership is 16 bytes here (cursor, group slot, join point)
 //! plus the 8-byte user id in the group's member list; see the bench
 //! `memberships` for the measured total. An ACK is a hash lookup, a binary
-//! search over the user's groups and one atomic `fetch_max`: no system call,
-//! no allocation, no exclusive lock.
+//! search over the user's groups and one atomic compare-and-swap, plus an
+//! insert into its shard's flush queue when the move raises the flush bit
+//! (the only allocation, amortised): no system call, no exclusive lock.
 //!
 //! Each cursor word is `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`
 //! (msg_ids stay below 2^62). The *flush* bit makes the commit thread's
@@ -253,28 +254,46 @@ impl CursorTable {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
         let m = entry.find(slot)?;
-        let current = m.cursor.load(Ordering::Acquire);
-        if msg_id <= current >> SHIFT {
-            let c = current >> SHIFT;
-            return Some(Moved {
-                old: c,
-                new: c,
-                newly_checkpoint_dirty: false,
-            });
+        let seen = m.cursor.load(Ordering::Acquire);
+        Some(self.raise(user, slot, m, seen, msg_id))
+    }
+
+    /// Moves `m` to `msg_id` if that is forward of what it holds, setting
+    /// both dirty bits; `seen` is a value of its word read before. A
+    /// compare-and-swap from the value the decision was made on: a move
+    /// that found the cursor already at `msg_id` (a racing ACK of the same
+    /// id got there first, maybe read by a flush or a checkpoint since)
+    /// writes nothing, so a bit is only ever raised together with the
+    /// report (and the queueing) of its raise.
+    fn raise(&self, user: u64, slot: u32, m: &Membership, seen: u64, msg_id: u64) -> Moved {
+        let mut current = seen;
+        loop {
+            let old = current >> SHIFT;
+            if msg_id <= old {
+                return Moved {
+                    old,
+                    new: old,
+                    newly_checkpoint_dirty: false,
+                };
+            }
+            let next = msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY;
+            match m
+                .cursor
+                .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if current & FLUSH_DIRTY == 0 {
+                        self.queue_flush(user, slot);
+                    }
+                    return Moved {
+                        old,
+                        new: msg_id,
+                        newly_checkpoint_dirty: current & CKPT_DIRTY == 0,
+                    };
+                }
+                Err(now) => current = now,
+            }
         }
-        // fetch_max on the encoded value sets the cursor and both bits.
-        let prev = m
-            .cursor
-            .fetch_max(msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY, Ordering::AcqRel);
-        let old = prev >> SHIFT;
-        if old < msg_id && prev & FLUSH_DIRTY == 0 {
-            self.queue_flush(user, slot);
-        }
-        Some(Moved {
-            old,
-            new: old.max(msg_id),
-            newly_checkpoint_dirty: old < msg_id && prev & CKPT_DIRTY == 0,
-        })
     }
 
     /// Moves the cursor from exactly `expected` to `msg_id` (a caught-up
@@ -521,6 +540,35 @@ mod tests {
         seen.clear();
         assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
         assert_eq!(seen, vec![(7, 0, 2)]);
+    }
+
+    #[test]
+    fn a_move_that_read_the_cursor_before_a_racing_equal_move_raises_no_bit_unqueued() {
+        // Two ACKs of msg_id 5 race: the second read the cursor at 0, then
+        // the first moved it to 5 and a flush and a checkpoint read it
+        // (clearing both bits) before the second's write. The second must
+        // change nothing: a bit it raised without queueing the membership
+        // would hide every later move from flushes and checkpoints.
+        let t = CursorTable::new();
+        t.insert(1, 1, 0, 1, None).unwrap();
+        let raise_from_stale = |seen: u64, msg_id: u64| {
+            let shard = t.shard(1).read();
+            let m = shard.get(&1).unwrap().find(1).unwrap();
+            t.raise(1, 1, m, seen, msg_id)
+        };
+        let stale = 0;
+        assert!(t.advance(1, 1, 5).unwrap().newly_checkpoint_dirty);
+        let mut seen = Vec::new();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(t.take_for_checkpoint(1, 1).unwrap().cursor, 5);
+        let moved = raise_from_stale(stale, 5);
+        assert_eq!((moved.old, moved.new), (5, 5));
+        assert!(!moved.newly_checkpoint_dirty);
+        // The next move is queued for both.
+        assert!(t.advance(1, 1, 6).unwrap().newly_checkpoint_dirty);
+        seen.clear();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(seen, vec![(1, 1, 6)]);
     }
 
     #[test]
