@@ -77,6 +77,8 @@ mod replicate;
 #[cfg(test)]
 mod replicate_tests;
 mod retention;
+#[cfg(test)]
+mod retention_index_tests;
 mod segment;
 mod segment_cache;
 #[cfg(test)]
