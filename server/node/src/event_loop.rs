@@ -42,9 +42,7 @@ use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked};
 use crate::long_poll::{LongPolls, PollKey};
 use crate::stats::{Buffers, Stats};
 use crate::subscriptions::Subscriptions;
-use tidemark_protocol::{
-    ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, RECORDS_RESPONSE_OVERHEAD_BYTES,
-};
+use tidemark_protocol::{ErrorCode, Opcode};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -918,8 +916,7 @@ impl EventLoop {
         if targets.is_empty() {
             return;
         }
-        let budget =
-            (self.config.limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize;
+        let budget = handlers::records_budget(&self.config.limits);
         let mut after = first - 1;
         while after < last {
             // Records just appended: their segment is indexed, so this
@@ -942,23 +939,11 @@ impl EventLoop {
                 }
             };
             after = batch.last_id;
-            // Invariant: bounded by the frame budget.
-            let section = RecordsLen {
-                count: batch.count as u32,
-                bytes: batch.bytes as u32,
-            };
-            let frame = handlers::reply(
-                0,
-                &Response::Push {
-                    group,
-                    records: section,
-                },
-                batch.chunks.clone(),
-                batch.count,
-            );
+            let bytes = batch.bytes;
+            let frame = handlers::push(group, batch);
             for &conn in &targets {
                 let limit = self.config.limits.output_bytes_max;
-                let node_full = self.out_total + frame.head.len() + batch.bytes
+                let node_full = self.out_total + frame.head.len() + bytes
                     > self.config.limits.output_bytes_total_max;
                 let Some(slot) = self.slot_mut(conn) else {
                     continue;
@@ -966,20 +951,11 @@ impl EventLoop {
                 if !slot.conn.is_subscribed() {
                     continue; // cancelled by an earlier RESYNC in this loop
                 }
-                if node_full || slot.conn.output_bytes() + frame.head.len() + batch.bytes > limit {
+                if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
                     self.resync(conn);
                 } else {
                     self.stats.pushes += 1;
-                    self.send(
-                        conn,
-                        Outgoing {
-                            request_id: frame.request_id,
-                            error: frame.error,
-                            head: frame.head.clone(),
-                            chunks: frame.chunks.clone(),
-                            records: frame.records,
-                        },
-                    );
+                    self.send(conn, frame.clone());
                 }
                 self.dirty.push(conn.index);
             }
@@ -995,8 +971,7 @@ impl EventLoop {
         }
         self.stats.resyncs += 1;
         self.unsubscribe_all(conn);
-        let resync: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
-        self.send(conn, handlers::reply(0, &resync, Vec::new(), 0));
+        self.send(conn, handlers::resync_all());
         self.dirty.push(conn.index);
     }
 
@@ -1016,14 +991,7 @@ impl EventLoop {
         let figures =
             self.stats
                 .report(self.connections, buffers, &self.engine, &self.config.limits);
-        let list: Vec<Stat<'_>> = figures
-            .iter()
-            .map(|(name, value)| Stat {
-                name,
-                value: *value,
-            })
-            .collect();
-        handlers::reply(request_id, &Response::Stats(list), Vec::new(), 0)
+        handlers::stats(request_id, &figures)
     }
 
     /// Re-registers the connection for what it wants, or closes it.

@@ -18,8 +18,8 @@ use crate::connection::{Barrier, ConnId};
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse,
-    JoinStart, RecordsLen, Response, Subscription, SyncGroup, UnreadEntry, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
+    JoinStart, RecordsLen, Response, ResyncScope, Stat, Subscription, SyncGroup, UnreadEntry,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
 
 /// The HELLO response's `server_name` (format-spec/protocol.md 4.1):
@@ -34,6 +34,8 @@ pub const SERVER_NAME: &str = concat!(
 
 /// A response frame: the encoded head, then record bytes from segments,
 /// with what the loop needs to know of it without parsing its bytes.
+/// Cloning shares the record bytes (a PUSH goes to every subscriber).
+#[derive(Clone)]
 pub struct Outgoing {
     /// The request it answers (0: a frame not tied to a request).
     pub request_id: u64,
@@ -308,7 +310,7 @@ const BATCH_ACK_RESPONSE_FIXED_BYTES: usize = 12 + 4;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 
 /// Record bytes a response may carry after its fixed part.
-fn records_budget(limits: &Limits) -> usize {
+pub fn records_budget(limits: &Limits) -> usize {
     (limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize
 }
 
@@ -557,6 +559,34 @@ pub fn read_count(
     ))
 }
 
+/// STATS (4.4): the node's figures, as `Stats::report` lists them.
+pub fn stats(request_id: u64, figures: &[(String, u64)]) -> Outgoing {
+    let list: Vec<Stat<'_>> = figures
+        .iter()
+        .map(|(name, value)| Stat {
+            name,
+            value: *value,
+        })
+        .collect();
+    reply(request_id, &Response::Stats(list), Vec::new(), 0)
+}
+
+/// PUSH (format-spec/protocol.md 5.1) of a batch of `group`'s records, read
+/// within `records_budget`.
+pub fn push(group: u64, batch: ReadBatch) -> Outgoing {
+    let resp = Response::Push {
+        group,
+        records: records_len(&batch),
+    };
+    reply(0, &resp, batch.chunks, batch.count)
+}
+
+/// RESYNC(all) (5.2): the subscriber's pushes stopped; it pulls to catch up.
+pub fn resync_all() -> Outgoing {
+    let resp: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
+    reply(0, &resp, Vec::new(), 0)
+}
+
 /// UNSUBSCRIBE (4.18)'s response (the connection drops its subscriptions).
 pub fn unsubscribed(request_id: u64) -> Outgoing {
     reply(request_id, &Response::Unsubscribe, Vec::new(), 0)
@@ -770,6 +800,14 @@ mod tests {
         }
     }
 
+    /// An engine over a file layer whose syncs a test can hold.
+    fn faulty_engine(dir: &std::path::Path) -> (Engine, Arc<tidemark_engine::io::FaultControl>) {
+        let vfs = FaultyVfs::new();
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(Config::new(dir), Arc::new(vfs)).unwrap();
+        (e, control)
+    }
+
     /// Releases held syncs when dropped, also when an assertion failed, so
     /// the engine's shutdown does not wait for a held sync forever.
     struct Release(Arc<tidemark_engine::io::FaultControl>);
@@ -811,9 +849,7 @@ mod tests {
     #[test]
     fn requests_see_the_committed_head_and_join_head_counts_accepted_sends() {
         let dir = tempfile::tempdir().unwrap();
-        let vfs = FaultyVfs::new();
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(Config::new(dir.path()), Arc::new(vfs)).unwrap();
+        let (e, control) = faulty_engine(dir.path());
         let limits = Limits::default();
         e.create_group(1).unwrap();
         e.join(1, 5, EngineJoinStart::Earliest).unwrap();
@@ -1032,9 +1068,7 @@ mod tests {
     #[test]
     fn a_pending_delete_is_group_not_found_for_every_request() {
         let dir = tempfile::tempdir().unwrap();
-        let vfs = FaultyVfs::new();
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(Config::new(dir.path()), Arc::new(vfs)).unwrap();
+        let (e, control) = faulty_engine(dir.path());
         let limits = Limits::default();
         for g in [1, 2] {
             e.create_group(g).unwrap();
