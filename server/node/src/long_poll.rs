@@ -5,7 +5,8 @@
 //! - by group: a commit that appended to group `g` looks at the waiters of
 //!   `g` only;
 //! - by deadline: a min-heap, so the loop's next timeout is a peek and the
-//!   expired polls are popped in deadline order;
+//!   expired polls are listed in deadline order (`due`), then answered and
+//!   removed like woken ones;
 //! - by key: a poll leaves (answered, expired, or its connection closed) in
 //!   O(1) plus a heap entry left behind.
 //!
