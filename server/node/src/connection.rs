@@ -573,7 +573,6 @@ impl Session {
             let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
-        let ctx_ro: &Ctx<'_> = ctx;
         let result = match req {
             Request::Hello {
                 min_version,
@@ -581,8 +580,8 @@ impl Session {
                 ..
             } => {
                 let out =
-                    handlers::hello(ctx_ro, id, min_version, max_version).map_err(Stop::Fatal)?;
-                self.phase = if ctx_ro.token.is_some() {
+                    handlers::hello(ctx, id, min_version, max_version).map_err(Stop::Fatal)?;
+                self.phase = if ctx.token.is_some() {
                     Phase::AwaitAuth
                 } else {
                     Phase::Ready
@@ -590,7 +589,7 @@ impl Session {
                 return Ok(answer(out));
             }
             Request::Auth { token } => {
-                let out = handlers::auth(ctx_ro, id, token).map_err(Stop::Fatal)?;
+                let out = handlers::auth(ctx, id, token).map_err(Stop::Fatal)?;
                 self.phase = Phase::Ready;
                 return Ok(answer(out));
             }
@@ -602,24 +601,24 @@ impl Session {
                 return Ok(answer(handlers::unsubscribed(id)));
             }
             Request::CreateGroup { group } => {
-                self.in_flight_limited(ctx_ro, id, || handlers::create_group(ctx_ro, group))
+                self.in_flight_limited(ctx, id, || handlers::create_group(ctx, group))
             }
             Request::DeleteGroup { group } => {
-                self.in_flight_limited(ctx_ro, id, || handlers::delete_group(ctx_ro, group))
+                self.in_flight_limited(ctx, id, || handlers::delete_group(ctx, group))
             }
             Request::Join { group, user, start } => {
-                self.in_flight_limited(ctx_ro, id, || handlers::join(ctx_ro, group, user, start))
+                self.in_flight_limited(ctx, id, || handlers::join(ctx, group, user, start))
             }
             Request::Leave { group, user } => {
-                self.in_flight_limited(ctx_ro, id, || handlers::leave(ctx_ro, group, user))
+                self.in_flight_limited(ctx, id, || handlers::leave(ctx, group, user))
             }
             Request::Send {
                 group,
                 sender,
                 client_msg_id,
                 payload,
-            } => self.in_flight_limited(ctx_ro, id, || {
-                handlers::send(ctx_ro, group, sender, client_msg_id, payload)
+            } => self.in_flight_limited(ctx, id, || {
+                handlers::send(ctx, group, sender, client_msg_id, payload)
             }),
             Request::Pull {
                 group,
@@ -628,42 +627,35 @@ impl Session {
                 max_count,
                 max_bytes,
                 wait_ms,
-            } => self.in_flight_limited(ctx_ro, id, || {
+            } => self.in_flight_limited(ctx, id, || {
                 handlers::pull(
-                    ctx_ro, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
+                    ctx, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
                 )
             }),
             Request::Ack {
                 group,
                 user,
                 msg_id,
-            } => handlers::ack(ctx_ro, id, group, user, msg_id).map(answer),
+            } => handlers::ack(ctx, id, group, user, msg_id).map(answer),
             Request::BatchAck { user, items } => {
-                handlers::batch_ack(ctx_ro, id, user, &items).map(answer)
+                handlers::batch_ack(ctx, id, user, &items).map(answer)
             }
-            Request::Unread { user } => handlers::unread(ctx_ro, id, user).map(answer),
+            Request::Unread { user } => handlers::unread(ctx, id, user).map(answer),
             Request::Sync {
                 user,
                 per_group_max,
                 total_max_bytes,
                 continuation,
-            } => handlers::sync(
-                ctx_ro,
-                id,
-                user,
-                per_group_max,
-                total_max_bytes,
-                continuation,
-            )
-            .map(answer),
+            } => handlers::sync(ctx, id, user, per_group_max, total_max_bytes, continuation)
+                .map(answer),
             Request::History {
                 group,
                 user,
                 before_msg_id,
                 max_count,
-            } => handlers::history(ctx_ro, id, group, user, before_msg_id, max_count).map(answer),
+            } => handlers::history(ctx, id, group, user, before_msg_id, max_count).map(answer),
             Request::ReadCount { group, msg_id } => {
-                handlers::read_count(ctx_ro, id, group, msg_id).map(answer)
+                handlers::read_count(ctx, id, group, msg_id).map(answer)
             }
         };
         match result {
