@@ -1030,6 +1030,45 @@ mod state_tests {
         ));
     }
 
+    /// A connection's subscriptions are its own list; the node's push index
+    /// follows it: SUBSCRIBE adds to both (within subscriptions_max, existing
+    /// groups only), UNSUBSCRIBE empties both.
+    #[test]
+    fn subscriptions_are_the_connections_and_the_index_follows_them() {
+        let limits = Limits {
+            subscriptions_max: 2,
+            ..Limits::default()
+        };
+        let mut node = Node::new(limits);
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        node.answered(&mut c, hello());
+        node.answered(&mut c, Request::Auth { token: TOKEN });
+        let me = ConnId {
+            index: 0,
+            generation: 1,
+        };
+        let groups = |g: &[u64]| Request::Subscribe(Subscription::Groups(g.to_vec()));
+        assert_eq!(
+            node.answered(&mut c, groups(&[99])),
+            Some(ErrorCode::GroupNotFound)
+        );
+        assert!(!c.is_subscribed());
+        assert_eq!(node.answered(&mut c, groups(&[1])), None);
+        assert_eq!(node.subs.targets(&node.engine, 1), [me]);
+        let over = Some(ErrorCode::LimitExceeded);
+        assert_eq!(node.answered(&mut c, groups(&[1, 1])), over);
+        let user = Request::Subscribe(Subscription::User(5));
+        assert_eq!(node.answered(&mut c, user), None);
+        assert_eq!(
+            node.answered(&mut c, Request::Subscribe(Subscription::User(6))),
+            over
+        );
+        assert!(c.is_subscribed());
+        assert_eq!(node.answered(&mut c, Request::Unsubscribe), None);
+        assert!(!c.is_subscribed());
+        assert!(node.subs.targets(&node.engine, 1).is_empty());
+    }
+
     /// While the node shuts down every request is answered SHUTTING_DOWN,
     /// HELLO included, and nothing runs.
     #[test]
