@@ -853,6 +853,14 @@ mod state_tests {
             conn.handle_next(&mut ctx)
         }
 
+        /// A connection through HELLO and AUTH.
+        fn authenticated(&mut self) -> Connection {
+            let mut c = Connection::new(self.limits.frame_bytes_max);
+            assert_eq!(self.answered(&mut c, hello()), None);
+            assert_eq!(self.answered(&mut c, Request::Auth { token: TOKEN }), None);
+            c
+        }
+
         /// The error code of the response `req` got at once, or None for
         /// another response.
         fn answered(&mut self, conn: &mut Connection, req: Request<'_>) -> Option<ErrorCode> {
@@ -964,9 +972,7 @@ mod state_tests {
 
         // A second HELLO, with a long poll in flight: the connection ends
         // when that is answered too.
-        let mut c = Connection::new(node.limits.frame_bytes_max);
-        node.answered(&mut c, hello());
-        node.answered(&mut c, Request::Auth { token: TOKEN });
+        let mut c = node.authenticated();
         assert!(matches!(
             node.request(&mut c, 3, long_poll()),
             Next::Handled {
@@ -997,9 +1003,7 @@ mod state_tests {
             ..Limits::default()
         };
         let mut node = Node::new(limits);
-        let mut c = Connection::new(node.limits.frame_bytes_max);
-        node.answered(&mut c, hello());
-        node.answered(&mut c, Request::Auth { token: TOKEN });
+        let mut c = node.authenticated();
         for id in [10, 11] {
             assert!(matches!(
                 node.request(&mut c, id, long_poll()),
@@ -1040,9 +1044,7 @@ mod state_tests {
             ..Limits::default()
         };
         let mut node = Node::new(limits);
-        let mut c = Connection::new(node.limits.frame_bytes_max);
-        node.answered(&mut c, hello());
-        node.answered(&mut c, Request::Auth { token: TOKEN });
+        let mut c = node.authenticated();
         let me = ConnId {
             index: 0,
             generation: 1,
