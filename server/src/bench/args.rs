@@ -134,7 +134,8 @@ pub struct BenchArgs {
     /// population: the spawned node's `serve --idle-evict-ms`, so that the
     /// memory figures are those of idle groups (read once the groups went
     /// idle); not passed to a binary whose `serve` lacks the flag (0.1,
-    /// whose groups never give their memory back).
+    /// whose groups never give their memory back). 0: not passed either
+    /// (the node's default, 10 minutes) and memory read at once.
     #[arg(long, default_value_t = 5_000)]
     pub node_idle_evict_ms: u64,
     /// population: the spawned node's `serve --checkpoint-interval-ms`

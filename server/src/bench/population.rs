@@ -34,7 +34,8 @@
 //! checkpoint (new groups' files must be synced before their memory can
 //! go), or, from a node that has the flag but not that figure, waits a
 //! fixed [`SETTLE_FIXED_SLACK`] past the idle time. A binary without the flag
-//! (0.1) gets neither flag nor wait: its groups never go idle. The send
+//! (0.1) gets neither flag nor wait: its groups never go idle; nor does
+//! any node with `--node-idle-evict-ms 0` (the node's own idle time). The send
 //! phase then starts on idle groups, so a send to a group unused for the
 //! idle time loads its log first (STATS `engine.group_loads`, reported).
 //!
@@ -771,14 +772,15 @@ fn validate(
 }
 
 /// The `serve` flags the population's node runs with: a short idle time
-/// ([`IDLE_FLAG`], `--node-idle-evict-ms`) if `bin` has that flag, and
+/// ([`IDLE_FLAG`], `--node-idle-evict-ms` unless 0) if `bin` has that
+/// flag, and
 /// `--node-checkpoint-interval-ms` if given (an error if `bin` lacks it).
 pub(crate) fn node_flags(
     args: &super::BenchArgs,
     bin: &std::path::Path,
 ) -> Result<Vec<String>, String> {
     let mut flags = Vec::new();
-    if serve_has_flag(bin, IDLE_FLAG)? {
+    if args.node_idle_evict_ms > 0 && serve_has_flag(bin, IDLE_FLAG)? {
         flags.extend([IDLE_FLAG.to_string(), args.node_idle_evict_ms.to_string()]);
     }
     if let Some(ms) = args.node_checkpoint_interval_ms {
