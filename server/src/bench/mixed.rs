@@ -418,12 +418,12 @@ impl Job for CatchUpJob<'_> {
                 groups,
             } => {
                 for g in &groups {
-                    let group = g.group.wrapping_sub(base);
-                    let last = self.take(group, g.cursor, &g.records, t);
+                    let group = g.entry.group.wrapping_sub(base);
+                    let last = self.take(group, g.entry.cursor, &g.records, t);
                     let s = &mut self.state[i];
-                    s.seen.push((group, g.head));
-                    s.delivered += last - g.cursor;
-                    if last < g.head {
+                    s.seen.push((group, g.entry.head));
+                    s.delivered += last - g.entry.cursor;
+                    if last < g.entry.head {
                         s.pulls.push_back((group, last));
                     } else {
                         s.acks.push((group, last));
