@@ -395,7 +395,7 @@ impl Client {
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(ClientError::Protocol(e.to_string())),
             };
-            let owned = frame_bytes(&frame);
+            let owned = OwnedFrame(frame.to_vec());
             let event = match decode_response(&frame)? {
                 Response::Push { group, records } => {
                     Some(messages(group, &records).map(Event::Push))
@@ -709,16 +709,4 @@ pub fn parse_sent(f: &OwnedFrame) -> Result<Sent> {
         }),
         _ => unexpected("SEND"),
     }
-}
-
-fn frame_bytes(frame: &Frame<'_>) -> OwnedFrame {
-    let h = &frame.header;
-    let mut v = Vec::with_capacity(16 + frame.body.len());
-    v.extend_from_slice(&h.frame_len.to_le_bytes());
-    v.push(h.version);
-    v.push(h.opcode);
-    v.extend_from_slice(&h.flags.to_le_bytes());
-    v.extend_from_slice(&h.request_id.to_le_bytes());
-    v.extend_from_slice(frame.body);
-    OwnedFrame(v)
 }
