@@ -364,24 +364,11 @@ impl Job for SendJob<'_> {
     }
 
     fn complete(&mut self, i: u64, resp: Response<'_>, t: &mut Tally) {
-        match resp {
-            Response::Send {
-                msg_id, duplicate, ..
-            } => {
-                t.ops += 1;
-                t.payload_bytes += self.size;
-                self.got
-                    .push((self.targets[(i - self.first) as usize], msg_id, i));
-                self.acked.fetch_add(1, Ordering::Relaxed);
-                if duplicate {
-                    self.duplicates += 1;
-                }
-            }
-            r => {
-                if !t.check(&r, "SEND") {
-                    t.error("unexpected answer to SEND".into());
-                }
-            }
+        if let Some((msg_id, duplicate)) = t.sent(&resp, self.size) {
+            self.got
+                .push((self.targets[(i - self.first) as usize], msg_id, i));
+            self.acked.fetch_add(1, Ordering::Relaxed);
+            self.duplicates += u64::from(duplicate);
         }
     }
 
@@ -911,11 +898,10 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
     params.insert("users".into(), users.into());
     params.insert("messages".into(), messages.into());
     params.insert("group_size_max".into(), pop.big_max.into());
-    let mut p = ctx.common_params();
-    p.extend(params);
-    let mut rep = Report {
-        workload: "population",
-        title: format!(
+    let mut rep = Report::new(
+        ctx,
+        "population",
+        format!(
             "population: {} groups ({} pairs, {} of {MID_MIN}-{MID_MAX}, {} of {}-{}; {} memberships, largest {}), {} users, then {} sends Zipf({SEND_EXPONENT}) by group, {} connections x {} in flight, {}-byte payloads, fsync {}",
             group_digits(groups),
             group_digits(groups - pop.mid_groups - pop.big_groups),
@@ -932,17 +918,9 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             a.size,
             ctx.fsync
         ),
-        params: p,
-        setup: Vec::new(),
-        unit: "sends",
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    };
+        params,
+        "sends",
+    );
 
     // ---- phase 1: groups and memberships
     let mut conns = connect(ctx, &node.addr, a.connections)?;

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use super::conn::Conn;
 use super::driver::{run_phase, split, Job, Tally};
@@ -137,31 +137,6 @@ fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, k: &str) -
         .saturating_sub(before.get(k).copied().unwrap_or(0))
 }
 
-fn report(
-    ctx: &Ctx<'_>,
-    workload: &'static str,
-    title: String,
-    params: Map<String, Value>,
-    unit: &'static str,
-) -> Report {
-    let mut p = ctx.common_params();
-    p.extend(params);
-    Report {
-        workload,
-        title,
-        params: p,
-        setup: Vec::new(),
-        unit,
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    }
-}
-
 // ---------------------------------------------------------------- W1
 
 pub(crate) struct W1Job<'a> {
@@ -190,22 +165,9 @@ impl Job for W1Job<'_> {
     }
 
     fn complete(&mut self, group: u64, resp: Response<'_>, t: &mut Tally) {
-        match resp {
-            Response::Send {
-                msg_id, duplicate, ..
-            } => {
-                t.ops += 1;
-                t.payload_bytes += self.size;
-                self.got.push((group as u32, msg_id));
-                if duplicate {
-                    self.duplicates += 1;
-                }
-            }
-            r => {
-                if !t.check(&r, "SEND") {
-                    t.error("unexpected answer to SEND".into());
-                }
-            }
+        if let Some((msg_id, duplicate)) = t.sent(&resp, self.size) {
+            self.got.push((group as u32, msg_id));
+            self.duplicates += u64::from(duplicate);
         }
     }
 
@@ -225,7 +187,7 @@ pub(crate) fn w1(ctx: &Ctx<'_>) -> Result<Report, String> {
     let mut params = Map::new();
     params.insert("groups".into(), groups.into());
     params.insert("messages".into(), messages.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w1",
         format!(
@@ -420,27 +382,9 @@ impl Job for W2Job {
                         m.user, m.last
                     ));
                 }
-                let mut last = m.last;
-                for r in records.iter(true) {
-                    match r {
-                        Ok(r) if r.msg_id() == last + 1 => {
-                            last += 1;
-                            t.ops += 1;
-                            t.payload_bytes += r.payload().len() as u64;
-                        }
-                        Ok(r) => {
-                            self.fail(format!(
-                                "user {}: got id {} after {last}",
-                                m.user,
-                                r.msg_id()
-                            ));
-                            break;
-                        }
-                        Err(e) => {
-                            t.error(format!("PULL records: {e}"));
-                            break;
-                        }
-                    }
+                let (last, stray) = t.take_dense(&records, m.last, "PULL records");
+                if let Some(id) = stray {
+                    self.fail(format!("user {}: got id {id} after {last}", m.user));
                 }
                 if head != self.messages {
                     self.fail(format!("head {head}, expected {}", self.messages));
@@ -466,9 +410,7 @@ impl Job for W2Job {
                 self.finish(i);
             }
             r => {
-                if !t.check(&r, "W2") {
-                    t.error("unexpected answer in W2".into());
-                }
+                t.unexpected(&r, "W2");
                 self.finish(i);
             }
         }
@@ -490,7 +432,7 @@ pub(crate) fn w2(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("members".into(), members.into());
     params.insert("messages".into(), messages.into());
     params.insert("page".into(), a.page.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w2",
         format!(
@@ -630,9 +572,7 @@ impl Job for W3Job {
                 }
             }
             r => {
-                if !t.check(&r, "ACK") {
-                    t.error("unexpected answer to ACK".into());
-                }
+                t.unexpected(&r, "ACK");
             }
         }
     }
@@ -668,9 +608,7 @@ impl Job for CursorReadJob {
                     .push((u, list.iter().map(|e| (e.group, e.cursor)).collect()));
             }
             r => {
-                if !t.check(&r, "UNREAD") {
-                    t.error("unexpected answer to UNREAD".into());
-                }
+                t.unexpected(&r, "UNREAD");
             }
         }
     }
@@ -692,7 +630,7 @@ pub(crate) fn w3(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("members".into(), members.into());
     params.insert("messages".into(), messages.into());
     params.insert("acks".into(), acks.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w3",
         format!(
@@ -878,9 +816,7 @@ impl Job for W4Job<'_> {
                 }
             }
             r => {
-                if !t.check(&r, "UNREAD") {
-                    t.error("unexpected answer to UNREAD".into());
-                }
+                t.unexpected(&r, "UNREAD");
             }
         }
     }
@@ -910,7 +846,7 @@ pub(crate) fn w4(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("groups_per_user".into(), per_user.into());
     params.insert("messages".into(), p.messages.into());
     params.insert("queries".into(), queries.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w4",
         format!(
