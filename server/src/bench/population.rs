@@ -672,6 +672,23 @@ impl Validation {
 
 /// Member counts of every group, then every acknowledged send read back.
 /// `acked` is sorted by (group, msg_id).
+/// Restarts the node on its directory and measures the restart: its
+/// seconds, the memory the node then holds, and a validation of every
+/// group (`exact` and `label` as for `validate`).
+fn restart_and_validate(
+    ctx: &Ctx<'_>,
+    node: &mut SpawnedNode,
+    pop: &Population,
+    acked: &[(u32, u64, u64)],
+    exact: bool,
+    label: &str,
+) -> Result<(f64, Memory, Validation), String> {
+    let secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
+    let mem = node.memory()?;
+    let validation = validate(ctx, &node.addr, pop, acked, exact, label)?;
+    Ok((secs, mem, validation))
+}
+
 fn validate(
     ctx: &Ctx<'_>,
     addr: &str,
@@ -1034,16 +1051,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
 
     // ---- phase 3: clean stop and restart, validate; kill under load, restart, validate
     let stop_secs = node.stop_clean()?.as_secs_f64();
-    let clean_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let clean_mem = node.memory()?;
-    let clean = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        true,
-        "validate (clean restart)",
-    )?;
+    let (clean_restart_secs, clean_mem, clean) =
+        restart_and_validate(ctx, node, &pop, &acked, true, "validate (clean restart)")?;
 
     let crash_sends = messages.max(1);
     let kill_after = (messages / 10).max(1);
@@ -1092,16 +1101,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
         acked.extend_from_slice(&j.got);
     }
     acked.sort_unstable();
-    let crash_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let crash_mem = node.memory()?;
-    let crashed = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        false,
-        "validate (crash restart)",
-    )?;
+    let (crash_restart_secs, crash_mem, crashed) =
+        restart_and_validate(ctx, node, &pop, &acked, false, "validate (crash restart)")?;
 
     // ---- figures
     let ckpt = |s: &std::collections::HashMap<String, u64>| {

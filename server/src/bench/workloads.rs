@@ -421,6 +421,44 @@ impl Job for W2Job {
     }
 }
 
+/// W2's and W3's setup: group 1 with `messages` messages stored and
+/// users `1..=members` joined at `start(user)`; one setup line in `rep`,
+/// ending in `joined`.
+// One argument per part of the setup.
+#[allow(clippy::too_many_arguments)]
+fn one_group_setup(
+    ctx: &Ctx<'_>,
+    conns: &mut [Conn],
+    rep: &mut Report,
+    label: &str,
+    messages: u64,
+    members: u64,
+    start: impl Fn(u64) -> JoinStart + Sync,
+    joined: &str,
+) -> Result<(), String> {
+    let t0 = setup(ctx, conns, label, "groups", 1, || |_| SetupOp::Create(1))?;
+    let t1 = setup(ctx, conns, label, "sends", messages, || {
+        |i| SetupOp::Send { group: 1, i }
+    })?;
+    let start = &start;
+    let t2 = setup(ctx, conns, label, "joins", members, || {
+        move |i| SetupOp::Join {
+            group: 1,
+            user: i + 1,
+            start: start(i + 1),
+        }
+    })?;
+    rep.setup.push((
+        format!(
+            "1 group, {} messages stored, {} members joined{joined}",
+            group_digits(messages),
+            group_digits(members)
+        ),
+        t0 + t1 + t2,
+    ));
+    Ok(())
+}
+
 /// W2 fan-out pull: one group, `members` members with cursors in the top
 /// tenth of `messages` stored messages; each pulls everything above its
 /// cursor in pages, every page ACKing the previous, and ACKs the last.
@@ -449,27 +487,16 @@ pub(crate) fn w2(ctx: &Ctx<'_>) -> Result<Report, String> {
         "deliveries",
     );
     let mut conns = ctx.connect(a.connections)?;
-    let t0 = setup(ctx, &mut conns, "w2 setup", "groups", 1, || {
-        |_| SetupOp::Create(1)
-    })?;
-    let t1 = setup(ctx, &mut conns, "w2 setup", "sends", messages, || {
-        |i| SetupOp::Send { group: 1, i }
-    })?;
-    let t2 = setup(ctx, &mut conns, "w2 setup", "joins", members, || {
-        |i| SetupOp::Join {
-            group: 1,
-            user: i + 1,
-            start: JoinStart::At(plan::w2_cursor(a.seed, messages, i + 1)),
-        }
-    })?;
-    rep.setup.push((
-        format!(
-            "1 group, {} messages stored, {} members joined",
-            group_digits(messages),
-            group_digits(members)
-        ),
-        t0 + t1 + t2,
-    ));
+    one_group_setup(
+        ctx,
+        &mut conns,
+        &mut rep,
+        "w2 setup",
+        messages,
+        members,
+        |user| JoinStart::At(plan::w2_cursor(a.seed, messages, user)),
+        "",
+    )?;
 
     let c = conns.len();
     let jobs: Vec<_> = (0..c)
@@ -646,27 +673,16 @@ pub(crate) fn w3(ctx: &Ctx<'_>) -> Result<Report, String> {
         "acks",
     );
     let mut conns = ctx.connect(a.connections)?;
-    let t0 = setup(ctx, &mut conns, "w3 setup", "groups", 1, || {
-        |_| SetupOp::Create(1)
-    })?;
-    let t1 = setup(ctx, &mut conns, "w3 setup", "sends", messages, || {
-        |i| SetupOp::Send { group: 1, i }
-    })?;
-    let t2 = setup(ctx, &mut conns, "w3 setup", "joins", members, || {
-        |i| SetupOp::Join {
-            group: 1,
-            user: i + 1,
-            start: JoinStart::At(0),
-        }
-    })?;
-    rep.setup.push((
-        format!(
-            "1 group, {} messages stored, {} members joined at cursor 0",
-            group_digits(messages),
-            group_digits(members)
-        ),
-        t0 + t1 + t2,
-    ));
+    one_group_setup(
+        ctx,
+        &mut conns,
+        &mut rep,
+        "w3 setup",
+        messages,
+        members,
+        |_| JoinStart::At(0),
+        " at cursor 0",
+    )?;
     let (moves, model) = plan::w3_acks(a.seed, members, messages, acks);
     let c = conns.len() as u64;
     let mut per_conn: Vec<Vec<(u64, u64)>> = vec![Vec::new(); c as usize];
