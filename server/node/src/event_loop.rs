@@ -807,12 +807,7 @@ impl EventLoop {
     /// Answers every parked send and operation whose round completed (or
     /// failed): only those, whatever the number parked.
     fn complete_pending(&mut self) {
-        let settled = self.engine.settled_round();
-        let later = match settled.checked_add(1) {
-            Some(next) => self.pending.split_off(&next),
-            None => BTreeMap::new(),
-        };
-        let due = std::mem::replace(&mut self.pending, later);
+        let due = take_settled(&mut self.pending, self.engine.settled_round());
         // One not answered is not expected (its round is settled): it stays
         // parked.
         for w in due.into_values().flatten() {
@@ -860,12 +855,7 @@ impl EventLoop {
         if self.loads.is_empty() {
             return;
         }
-        let settled = self.engine.settled_load();
-        let later = match settled.checked_add(1) {
-            Some(next) => self.loads.split_off(&next),
-            None => BTreeMap::new(),
-        };
-        let due = std::mem::replace(&mut self.loads, later);
+        let due = take_settled(&mut self.loads, self.engine.settled_load());
         for conn in due.into_values().flatten() {
             if let Some(slot) = self.slot_mut(conn) {
                 slot.conn.load_settled();
@@ -1062,6 +1052,18 @@ impl EventLoop {
     }
 }
 
+/// Removes and returns the entries of `waiting` (keyed by the engine
+/// ticket they wait for) whose ticket is at or below `settled`; tickets
+/// settle in order, so these are exactly the ones done. Costs what it takes
+/// out, whatever the number left waiting.
+fn take_settled<T>(waiting: &mut BTreeMap<u64, T>, settled: u64) -> BTreeMap<u64, T> {
+    let later = match settled.checked_add(1) {
+        Some(next) => waiting.split_off(&next),
+        None => BTreeMap::new(),
+    };
+    std::mem::replace(waiting, later)
+}
+
 /// The slot of connection `id`, if it is still open.
 fn slot_of(slots: &mut [Option<Slot>], id: ConnId) -> Option<&mut Slot> {
     slots
@@ -1114,4 +1116,22 @@ pub fn serve(
         stats.journal_syncs
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_settled_takes_the_settled_tickets_only() {
+        let mut waiting: BTreeMap<u64, Vec<u32>> =
+            [(3, vec![1]), (4, vec![2]), (9, vec![3])].into();
+        let due = take_settled(&mut waiting, 4);
+        assert_eq!(due.keys().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(waiting.keys().copied().collect::<Vec<_>>(), vec![9]);
+        assert!(take_settled(&mut waiting, 8).is_empty());
+        waiting.insert(u64::MAX, vec![4]);
+        assert_eq!(take_settled(&mut waiting, u64::MAX).len(), 2);
+        assert!(waiting.is_empty());
+    }
 }

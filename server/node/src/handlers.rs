@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tidemark_engine::{
     AppendRequest, Chunk, Engine, Error as EngineError, JoinStart as EngineJoinStart, OpTicket,
-    ReadBatch, Ticket,
+    ReadBatch, Ticket, Unread,
 };
 
 use crate::config::Limits;
@@ -509,18 +509,23 @@ pub fn batch_ack(
     ))
 }
 
+/// A group's counts as UNREAD and SYNC list them.
+fn unread_entry(u: &Unread) -> UnreadEntry {
+    UnreadEntry {
+        group: u.group_id,
+        head: u.head,
+        cursor: u.cursor,
+        unread: u.unread,
+    }
+}
+
 /// UNREAD (4.13).
 pub fn unread(ctx: &Ctx<'_>, request_id: u64, user: u64) -> Result<Outgoing, EngineError> {
     let list = ctx
         .engine
         .unread(user)
         .into_iter()
-        .map(|u| UnreadEntry {
-            group: u.group_id,
-            head: u.head,
-            cursor: u.cursor,
-            unread: u.unread,
-        })
+        .map(|u| unread_entry(&u))
         .collect();
     Ok(reply(request_id, &Response::Unread(list), Vec::new(), 0))
 }
@@ -672,10 +677,7 @@ pub fn sync(
             records += g.batch.count;
             chunks.extend(g.batch.chunks);
             SyncGroup {
-                group: g.unread.group_id,
-                head: g.unread.head,
-                cursor: g.unread.cursor,
-                unread: g.unread.unread,
+                entry: unread_entry(&g.unread),
                 records: section,
             }
         })
@@ -1171,7 +1173,10 @@ mod tests {
         let Response::Sync { groups, .. } = response(&frame) else {
             panic!("{:?}", response(&frame));
         };
-        assert_eq!(groups.iter().map(|g| g.group).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            groups.iter().map(|g| g.entry.group).collect::<Vec<_>>(),
+            vec![2]
+        );
         // SUBSCRIBE GROUPS is answered by the loop, which checks each group
         // with `head`.
         assert!(e.head(1).is_err());

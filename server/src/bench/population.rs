@@ -364,24 +364,11 @@ impl Job for SendJob<'_> {
     }
 
     fn complete(&mut self, i: u64, resp: Response<'_>, t: &mut Tally) {
-        match resp {
-            Response::Send {
-                msg_id, duplicate, ..
-            } => {
-                t.ops += 1;
-                t.payload_bytes += self.size;
-                self.got
-                    .push((self.targets[(i - self.first) as usize], msg_id, i));
-                self.acked.fetch_add(1, Ordering::Relaxed);
-                if duplicate {
-                    self.duplicates += 1;
-                }
-            }
-            r => {
-                if !t.check(&r, "SEND") {
-                    t.error("unexpected answer to SEND".into());
-                }
-            }
+        if let Some((msg_id, duplicate)) = t.sent(&resp, self.size) {
+            self.got
+                .push((self.targets[(i - self.first) as usize], msg_id, i));
+            self.acked.fetch_add(1, Ordering::Relaxed);
+            self.duplicates += u64::from(duplicate);
         }
     }
 
@@ -685,6 +672,23 @@ impl Validation {
 
 /// Member counts of every group, then every acknowledged send read back.
 /// `acked` is sorted by (group, msg_id).
+/// Restarts the node on its directory and measures the restart: its
+/// seconds, the memory the node then holds, and a validation of every
+/// group (`exact` and `label` as for `validate`).
+fn restart_and_validate(
+    ctx: &Ctx<'_>,
+    node: &mut SpawnedNode,
+    pop: &Population,
+    acked: &[(u32, u64, u64)],
+    exact: bool,
+    label: &str,
+) -> Result<(f64, Memory, Validation), String> {
+    let secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
+    let mem = node.memory()?;
+    let validation = validate(ctx, &node.addr, pop, acked, exact, label)?;
+    Ok((secs, mem, validation))
+}
+
 fn validate(
     ctx: &Ctx<'_>,
     addr: &str,
@@ -911,11 +915,10 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
     params.insert("users".into(), users.into());
     params.insert("messages".into(), messages.into());
     params.insert("group_size_max".into(), pop.big_max.into());
-    let mut p = ctx.common_params();
-    p.extend(params);
-    let mut rep = Report {
-        workload: "population",
-        title: format!(
+    let mut rep = Report::new(
+        ctx,
+        "population",
+        format!(
             "population: {} groups ({} pairs, {} of {MID_MIN}-{MID_MAX}, {} of {}-{}; {} memberships, largest {}), {} users, then {} sends Zipf({SEND_EXPONENT}) by group, {} connections x {} in flight, {}-byte payloads, fsync {}",
             group_digits(groups),
             group_digits(groups - pop.mid_groups - pop.big_groups),
@@ -932,17 +935,9 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             a.size,
             ctx.fsync
         ),
-        params: p,
-        setup: Vec::new(),
-        unit: "sends",
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    };
+        params,
+        "sends",
+    );
 
     // ---- phase 1: groups and memberships
     let mut conns = connect(ctx, &node.addr, a.connections)?;
@@ -1056,16 +1051,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
 
     // ---- phase 3: clean stop and restart, validate; kill under load, restart, validate
     let stop_secs = node.stop_clean()?.as_secs_f64();
-    let clean_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let clean_mem = node.memory()?;
-    let clean = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        true,
-        "validate (clean restart)",
-    )?;
+    let (clean_restart_secs, clean_mem, clean) =
+        restart_and_validate(ctx, node, &pop, &acked, true, "validate (clean restart)")?;
 
     let crash_sends = messages.max(1);
     let kill_after = (messages / 10).max(1);
@@ -1114,16 +1101,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
         acked.extend_from_slice(&j.got);
     }
     acked.sort_unstable();
-    let crash_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let crash_mem = node.memory()?;
-    let crashed = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        false,
-        "validate (crash restart)",
-    )?;
+    let (crash_restart_secs, crash_mem, crashed) =
+        restart_and_validate(ctx, node, &pop, &acked, false, "validate (crash restart)")?;
 
     // ---- figures
     let ckpt = |s: &std::collections::HashMap<String, u64>| {
