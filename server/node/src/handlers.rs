@@ -19,7 +19,7 @@ use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse,
     JoinStart, RecordsLen, Response, ResyncScope, Stat, Subscription, SyncGroup, UnreadEntry,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
 };
 
 /// The HELLO response's `server_name` (format-spec/protocol.md 4.1):
@@ -652,15 +652,15 @@ pub fn sync(
     total_max_bytes: u32,
     continuation: u64,
 ) -> Result<Outgoing, EngineError> {
-    // The group entries take 40 bytes each; the records get what is left of
-    // the frame.
+    // The group entries take SYNC_GROUP_BYTES each; the records get what is
+    // left of the frame.
     let groups = ctx
         .engine
         .unread(user)
         .iter()
         .filter(|u| u.unread > 0)
         .count();
-    let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + 40 * groups;
+    let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + SYNC_GROUP_BYTES * groups;
     let budget =
         (total_max_bytes as usize).min((ctx.limits.frame_bytes_max as usize).saturating_sub(fixed));
     let after = continuation.checked_sub(1);

@@ -182,7 +182,9 @@ impl<R> Response<'_, R> {
 const STAT_BYTES_MIN: usize = 12;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 const UNREAD_ENTRY_BYTES: usize = 32;
-const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
+/// A SYNC group's fixed part: its UNREAD entry and its records-section count
+/// (protocol.md, SYNC response); a node budgets its frame with it.
+pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
 
 /// Checks the request id against the frame kind: PUSH and RESYNC carry 0,
 /// ERROR any id (0: about the connection), every other response nonzero.
