@@ -367,6 +367,26 @@ mod tests {
         assert_eq!(format!("{from_flags:?}"), format!("{defaults:?}"));
     }
 
+    /// `--help` explains every argument of every subcommand.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn check(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        let mut cli = Cli::command();
+        cli.build();
+        check(&cli, "tidemark", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+
     /// What `tidemark ARGS` runs `serve` with, as text to compare.
     fn serve_config(args: &[OsString]) -> String {
         let argv = ["tidemark", "serve"]
