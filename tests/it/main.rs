@@ -18,6 +18,7 @@ mod hostile;
 mod idle;
 mod net_faults;
 mod node;
+mod ops_cli;
 mod proxy;
 mod segment_damage;
 mod spec_limits;
