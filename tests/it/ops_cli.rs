@@ -35,6 +35,34 @@ fn ok(args: &[&str]) -> String {
 /// A config file that lets a node take 2 MiB payloads (the default is
 /// 1 MiB), with a fsync policy and a data directory the harness's flags
 /// override.
+/// `tidemark ARGS`, which must exit by itself (a `serve` that starts
+/// although it should not fails the test instead of hanging it).
+fn must_exit(args: &[&str]) -> Output {
+    let mut child = Reaped(
+        Command::new(tidemark_bin())
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run tidemark"),
+    );
+    let status = wait_exit(&mut child);
+    Output {
+        status,
+        stdout: read_all(child.stdout.take()),
+        stderr: read_all(child.stderr.take()),
+    }
+}
+
+fn read_all(pipe: Option<impl std::io::Read>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        pipe.read_to_end(&mut bytes).unwrap();
+    }
+    bytes
+}
+
 fn write_config(dir: &Path) -> std::path::PathBuf {
     let path = dir.join("tidemark.toml");
     std::fs::write(
@@ -88,7 +116,7 @@ fn config_file_values_reach_the_node_and_flags_override_them() {
         let bad = dir.path().join("bad.toml");
         std::fs::write(&bad, text).unwrap();
         let data = dir.path().join("c");
-        let out = tidemark(&[
+        let out = must_exit(&[
             "serve",
             "--config",
             bad.to_str().unwrap(),
@@ -282,6 +310,30 @@ fn ping_leave_and_delete_group() {
     ok(&["create-group", "--addr", a, "--group", "5"]);
 }
 
+/// A child process killed when the test ends, also when it fails (a child
+/// left running would hold the test's output pipes open).
+struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Lines a child writes to a pipe, read on a thread so that a test waits
 /// with a timeout instead of hanging on a child that went wrong.
 fn lines(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
@@ -308,10 +360,7 @@ fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
         if let Some(status) = child.try_wait().unwrap() {
             return status;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "tail did not exit"
-        );
+        assert!(start.elapsed() < Duration::from_secs(20), "did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -333,12 +382,14 @@ fn tail_prints_messages_sent_after_it_started_and_exits_0_on_sigint() {
         "before the tail",
     ]);
 
-    let mut tail = Command::new(tidemark_bin())
-        .args(["tail", "--addr", a, "--group", "3"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tail = Reaped(
+        Command::new(tidemark_bin())
+            .args(["tail", "--addr", a, "--group", "3"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let out = lines(tail.stdout.take().unwrap());
     let err = lines(tail.stderr.take().unwrap());
     let ready = next_line(&err, "following line");
@@ -390,4 +441,77 @@ fn tail_prints_messages_sent_after_it_started_and_exits_0_on_sigint() {
     let missing = tidemark(&["tail", "--addr", a, "--group", "99"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("GROUP_NOT_FOUND"));
+}
+
+/// A node on a fixed port (so that a restarted node has the same address).
+fn serve_on(dir: &Path, addr: &str) -> Reaped {
+    let mut child = Command::new(tidemark_bin())
+        .args(["serve", "--data", dir.to_str().unwrap(), "--listen", addr])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(crate::harness::listening_addr(&mut child), addr);
+    Reaped(child)
+}
+
+#[test]
+fn tail_reconnects_and_names_the_messages_it_missed() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let a = format!("127.0.0.1:{port}");
+    let a = a.as_str();
+    let node = serve_on(dir.path(), a);
+    ok(&["create-group", "--addr", a, "--group", "4"]);
+    let mut tail = Reaped(
+        Command::new(tidemark_bin())
+            .args(["tail", "--addr", a, "--group", "4", "--timeout-ms", "20000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = lines(tail.stdout.take().unwrap());
+    let err = lines(tail.stderr.take().unwrap());
+    next_line(&err, "following line");
+    ok(&["send", "--addr", a, "--group", "4", "--sender", "1", "one"]);
+    assert!(next_line(&out, "message 1").ends_with(": one"));
+
+    // The tail is stopped while its node restarts and a message is stored:
+    // nothing can push it that message.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(tail.id() as i32, libc::SIGSTOP) };
+    drop(node); // SIGKILL
+    let _node = serve_on(dir.path(), a);
+    ok(&[
+        "send", "--addr", a, "--group", "4", "--sender", "1", "missed",
+    ]);
+    // SAFETY: as above.
+    unsafe { libc::kill(tail.id() as i32, libc::SIGCONT) };
+    let lost = next_line(&err, "connection lost line");
+    assert!(lost.starts_with("tidemark: connection lost ("), "{lost}");
+    let again = next_line(&err, "following again line");
+    assert!(
+        again.starts_with("tidemark: following group 4 again"),
+        "{again}"
+    );
+
+    ok(&[
+        "send", "--addr", a, "--group", "4", "--sender", "1", "three",
+    ]);
+    let gap = next_line(&err, "gap line");
+    assert_eq!(
+        gap,
+        "tidemark: group 4: msg_ids 2..=2 were not pushed to this tail; a member sees them with `tidemark history --group 4 --user USER --before 3`"
+    );
+    let third = next_line(&out, "message 3");
+    assert!(third.starts_with("[group 4 #3] "), "{third}");
+
+    // SAFETY: as above.
+    unsafe { libc::kill(tail.id() as i32, libc::SIGTERM) };
+    assert_eq!(wait_exit(&mut tail).code(), Some(0));
 }
