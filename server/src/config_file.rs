@@ -3,7 +3,9 @@
 //! Representation: a flat TOML table whose keys are `serve`'s long flags
 //! with `_` for `-` (`--frame-bytes-max` is `frame_bytes_max`), each with the
 //! value the flag would take: an integer or a string (`fsync =
-//! "interval:50"`, `listen = "0.0.0.0:7070"`). `server/tidemark.example.toml`
+//! "interval:50"`, `listen = "0.0.0.0:7070"`); a boolean for a switch
+//! (`send_requires_membership = true`); an array for a flag that may be
+//! repeated (`system_sender = [1000, 1001]`). `server/tidemark.example.toml`
 //! lists every key with its default.
 //!
 //! The file is turned into flags rather than into a second settings struct:
@@ -12,16 +14,21 @@
 //! line accept exactly the same values, the defaults stay in one place (the
 //! `defaults` modules, through clap), and a new flag is a new key with no
 //! code here. A key whose flag is also on the command line is skipped: flags
-//! override the file.
+//! override the file (a repeated flag replaces the file's list; a switch
+//! set in the file cannot be switched off by a flag: edit the file).
 //!
-//! Invariant: every serve argument that is a key takes a value (no switch
-//! flags), so `--flag=value` expresses any key; `main.rs`'s tests check it.
+//! Invariant: every serve argument that is a key is set once (`Set`),
+//! repeated (`Append`) or a switch (`SetTrue`), the three forms this module
+//! writes as flags; `main.rs`'s tests check it.
 //!
 //! Cost: one read and parse of the file and one clap parse per key, at start.
 
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
+
+use clap::error::ErrorKind;
+use clap::ArgAction;
 
 /// The serve arguments that are not keys: the file itself, and clap's own.
 const NOT_KEYS: [&str; 3] = ["config", "help", "version"];
@@ -44,11 +51,13 @@ pub enum ConfigFileError {
         /// The key meant, when `key` is one written with `-` for `_`.
         suggestion: Option<String>,
     },
-    /// A value of a type no flag takes: a float, a boolean, a date, an
-    /// array or a table.
+    /// A value of a type the key's flag does not take (a float, a date or
+    /// a table always; a boolean for a flag that is not a switch; an array
+    /// for one that cannot be repeated).
     WrongType {
         path: PathBuf,
         key: String,
+        expected: &'static str,
         found: &'static str,
     },
     /// A value the flag's parser refuses (the same value would be refused
@@ -89,9 +98,14 @@ impl fmt::Display for ConfigFileError {
                     ),
                 }
             }
-            ConfigFileError::WrongType { path, key, found } => write!(
+            ConfigFileError::WrongType {
+                path,
+                key,
+                expected,
+                found,
+            } => write!(
                 f,
-                "config file {}: key `{key}`: expected an integer or a string, found {found}",
+                "config file {}: key `{key}`: expected {expected}, found {found}",
                 path.display()
             ),
             ConfigFileError::BadValue {
@@ -113,8 +127,9 @@ impl std::error::Error for ConfigFileError {}
 /// A file turned into flags.
 #[derive(Debug, Default)]
 pub struct FileArgs {
-    /// `--flag=value` for each key whose flag was not on the command line,
-    /// in the file's key order (sorted).
+    /// `--flag=value` (or `--switch`) for each key whose flag was not on
+    /// the command line, in the file's key order (sorted); a repeated
+    /// flag's values in the array's order.
     pub args: Vec<OsString>,
     /// The keys those came from.
     pub applied: Vec<String>,
@@ -176,46 +191,87 @@ pub fn parse(
                 suggestion,
             });
         };
-        let value = match value {
-            toml::Value::Integer(i) => i.to_string(),
-            toml::Value::String(s) => s.clone(),
-            other => {
-                return Err(ConfigFileError::WrongType {
-                    path: path.to_owned(),
-                    key: key.clone(),
-                    found: other.type_str(),
-                })
-            }
+        let wrong_type = |expected: &'static str, found: &toml::Value| ConfigFileError::WrongType {
+            path: path.to_owned(),
+            key: key.clone(),
+            expected,
+            found: found.type_str(),
         };
         let long = arg
             .get_long()
             .expect("key_of returned a key, so the argument has a long flag");
-        let flag = OsString::from(format!("--{long}={value}"));
-        // The flag's own parser, on this one flag: a refusal names the key
-        // rather than a flag the user never typed.
-        if let Err(e) = serve
-            .clone()
-            .no_binary_name(true)
-            .try_get_matches_from([flag.clone()])
-        {
-            let reason = std::error::Error::source(&e)
-                .map(ToString::to_string)
-                .unwrap_or_else(|| first_line_of_clap_error(&e));
-            return Err(ConfigFileError::BadValue {
-                path: path.to_owned(),
-                key: key.clone(),
-                value,
-                reason,
-            });
-        }
+        let flags: Vec<OsString> = match arg.get_action() {
+            ArgAction::SetTrue => match value {
+                toml::Value::Boolean(true) => vec![format!("--{long}").into()],
+                toml::Value::Boolean(false) => Vec::new(),
+                other => return Err(wrong_type("a boolean", other)),
+            },
+            action => {
+                const ONE: &str = "an integer or a string";
+                const LIST: &str = "an integer, a string or an array of them";
+                let values = match (action, value) {
+                    (ArgAction::Append, toml::Value::Array(items)) => items
+                        .iter()
+                        .map(|v| scalar(v).ok_or_else(|| wrong_type(LIST, v)))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    (ArgAction::Append, v) => vec![scalar(v).ok_or_else(|| wrong_type(LIST, v))?],
+                    (_, v) => vec![scalar(v).ok_or_else(|| wrong_type(ONE, v))?],
+                };
+                let mut flags = Vec::new();
+                for value in values {
+                    let flag = OsString::from(format!("--{long}={value}"));
+                    check_value(serve, &flag).map_err(|reason| ConfigFileError::BadValue {
+                        path: path.to_owned(),
+                        key: key.clone(),
+                        value,
+                        reason,
+                    })?;
+                    flags.push(flag);
+                }
+                flags
+            }
+        };
         if on_command_line(arg.get_id().as_str()) {
             out.overridden.push(key.clone());
         } else {
-            out.args.push(flag);
+            out.args.extend(flags);
             out.applied.push(key.clone());
         }
     }
     Ok(out)
+}
+
+/// A TOML integer or string as a flag's value.
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::String(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Runs the flag's own parser on `flag` (`--name=value`) alone, so that a
+/// refusal names the key rather than a flag the user never typed. Only the
+/// value is judged here: what one flag needs of the others (`requires`,
+/// conflicts) is checked when the whole command line is parsed.
+fn check_value(serve: &clap::Command, flag: &OsString) -> Result<(), String> {
+    match serve
+        .clone()
+        .no_binary_name(true)
+        .try_get_matches_from([flag])
+    {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::InvalidValue | ErrorKind::ValueValidation | ErrorKind::InvalidUtf8
+            ) =>
+        {
+            Err(std::error::Error::source(&e)
+                .map(ToString::to_string)
+                .unwrap_or_else(|| first_line_of_clap_error(&e)))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// clap's message without its `error: ` prefix and usage advice.
@@ -240,6 +296,18 @@ mod tests {
             )
             .arg(Arg::new("listen").long("listen").default_value("x"))
             .arg(Arg::new("config").long("config"))
+            .arg(
+                Arg::new("strict")
+                    .long("strict")
+                    .action(clap::ArgAction::SetTrue),
+            )
+            .arg(
+                Arg::new("senders")
+                    .long("sender")
+                    .action(clap::ArgAction::Append)
+                    .value_parser(clap::value_parser!(u64))
+                    .requires("strict"),
+            )
     }
 
     fn parse_text(text: &str, given: &[&str]) -> Result<FileArgs, ConfigFileError> {
@@ -254,6 +322,24 @@ mod tests {
         assert_eq!(a.args, vec![OsString::from("--frame-bytes-max=7")]);
         assert_eq!(a.applied, vec!["frame_bytes_max"]);
         assert_eq!(a.overridden, vec!["listen"]);
+    }
+
+    #[test]
+    fn switches_are_booleans_and_repeated_flags_arrays() {
+        // `sender` requires `strict`: only the value is judged per key.
+        let a = parse_text("sender = [3, 4]\nstrict = true\n", &[]).unwrap();
+        assert_eq!(
+            a.args,
+            vec![
+                OsString::from("--sender=3"),
+                OsString::from("--sender=4"),
+                OsString::from("--strict"),
+            ]
+        );
+        let a = parse_text("sender = 3\nstrict = false\n", &["senders"]).unwrap();
+        assert_eq!(a.args, Vec::<OsString>::new());
+        assert_eq!(a.applied, vec!["strict"]);
+        assert_eq!(a.overridden, vec!["sender"]);
     }
 
     #[test]
@@ -283,6 +369,26 @@ mod tests {
             .to_string();
         assert!(
             e.contains("key `frame_bytes_max`: expected an integer or a string, found float"),
+            "{e}"
+        );
+        let e = parse_text("strict = 1", &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("key `strict`: expected a boolean, found integer"),
+            "{e}"
+        );
+        let e = parse_text("sender = [1, true]", &[])
+            .unwrap_err()
+            .to_string();
+        let want = "key `sender`: expected an integer, a string or an array of them, found boolean";
+        assert!(e.contains(want), "{e}");
+        let e = parse_text("listen = [\"a\"]", &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("key `listen`: expected an integer or a string, found array"),
+            "{e}"
+        );
+        let e = parse_text("sender = [1, -2]", &[]).unwrap_err();
+        assert!(
+            matches!(&e, ConfigFileError::BadValue { key, value, .. } if key == "sender" && value == "-2"),
             "{e}"
         );
         let e = parse_text("[serve]\nlisten = \"a\"", &[])

@@ -431,13 +431,22 @@ mod tests {
     fn the_example_file_lists_every_serve_flag_with_its_default() {
         let table: toml::Table = EXAMPLE.parse().expect("the example is TOML");
         for (arg, key) in keys() {
-            // config_file's invariant: `--flag=value` expresses every key.
-            assert!(arg.get_action().takes_values(), "{key} takes no value");
+            // config_file's invariant: the three forms it writes as flags.
+            assert!(
+                matches!(
+                    arg.get_action(),
+                    clap::ArgAction::Set | clap::ArgAction::Append | clap::ArgAction::SetTrue
+                ),
+                "`{key}` is a {:?} flag, which config_file does not write",
+                arg.get_action()
+            );
+            // A switch's default is "false".
             let defaults = arg.get_default_values();
             if let Some(default) = defaults.first() {
                 let listed = match table.get(&key) {
                     Some(toml::Value::Integer(i)) => i.to_string(),
                     Some(toml::Value::String(s)) => s.clone(),
+                    Some(toml::Value::Boolean(b)) => b.to_string(),
                     other => panic!("example file: `{key}` is {other:?}"),
                 };
                 assert_eq!(listed, default.to_string_lossy(), "default of `{key}`");
@@ -456,7 +465,8 @@ mod tests {
     }
 
     /// Every key: its value in a file reaches the node's configuration
-    /// exactly as its flag does, and the flag overrides the file.
+    /// exactly as its flag does, and the flag overrides the file (but for
+    /// switches, which a flag cannot switch off).
     #[test]
     fn every_config_key_round_trips_and_its_flag_overrides_it() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -466,8 +476,41 @@ mod tests {
             path.to_string_lossy().into_owned()
         };
         let (token_a, token_b) = (token("a"), token("b"));
+        let write = |key: &str, text: String| -> OsString {
+            let file = dir.path().join(format!("{key}.toml"));
+            std::fs::write(&file, text).expect("write config");
+            file.into()
+        };
+        let long =
+            |arg: &clap::Arg| format!("--{}", arg.get_long().expect("keys have a long flag"));
+        let (switches, others): (Vec<_>, Vec<_>) = keys()
+            .into_iter()
+            .partition(|(arg, _)| matches!(arg.get_action(), clap::ArgAction::SetTrue));
         let defaults = serve_config(&[]);
-        for (arg, key) in keys() {
+        for (arg, key) in &switches {
+            let with_file =
+                serve_config(&["--config".into(), write(key, format!("{key} = true\n"))]);
+            assert_eq!(
+                with_file,
+                serve_config(&[long(arg).into()]),
+                "`{key} = true`"
+            );
+            assert_ne!(with_file, defaults, "`{key} = true` changed nothing");
+        }
+        // Every switch on, in the file and as flags alike, so that a key
+        // whose flag requires a switch can be set alone.
+        let switch_keys: String = switches
+            .iter()
+            .map(|(_, k)| format!("{k} = true\n"))
+            .collect();
+        let switch_flags: Vec<OsString> = switches.iter().map(|(a, _)| long(a).into()).collect();
+        let flags = |more: &[&str]| -> String {
+            let mut args = switch_flags.clone();
+            args.extend(more.iter().map(OsString::from));
+            serve_config(&args)
+        };
+        let baseline = flags(&[]);
+        for (arg, key) in &others {
             let default = arg
                 .get_default_values()
                 .first()
@@ -482,25 +525,24 @@ mod tests {
                 // A new flag without a default: ids and counts take these.
                 _ => ("1".to_string(), "2".to_string()),
             };
-            let toml_value = |v: &str| match v.parse::<u64>() {
+            let value = match a.parse::<u64>() {
                 Ok(n) => n.to_string(),
-                Err(_) => format!("{v:?}"),
+                Err(_) => format!("{a:?}"),
             };
-            let file = dir.path().join(format!("{key}.toml"));
-            std::fs::write(&file, format!("{key} = {}\n", toml_value(&a))).expect("write");
-            let long = format!("--{}", arg.get_long().expect("keys have a long flag"));
-            let with_file = serve_config(&["--config".into(), file.clone().into()]);
-            let with_flag_a = serve_config(&[long.clone().into(), a.clone().into()]);
-            assert_eq!(with_file, with_flag_a, "`{key} = {a}` in the file");
-            assert_ne!(with_file, defaults, "`{key} = {a}` changed nothing");
-            let both = serve_config(&[
-                "--config".into(),
-                file.into(),
-                long.clone().into(),
-                b.clone().into(),
-            ]);
-            let with_flag_b = serve_config(&[long.into(), b.into()]);
-            assert_eq!(both, with_flag_b, "the flag overrides `{key}`");
+            let value = match arg.get_action() {
+                clap::ArgAction::Append => format!("[{value}]"),
+                _ => value,
+            };
+            let file = write(key, format!("{switch_keys}{key} = {value}\n"));
+            let with_file = serve_config(&["--config".into(), file.clone()]);
+            assert_eq!(
+                with_file,
+                flags(&[&long(arg), &a]),
+                "`{key} = {value}` in the file"
+            );
+            assert_ne!(with_file, baseline, "`{key} = {value}` changed nothing");
+            let both = serve_config(&["--config".into(), file, long(arg).into(), b.clone().into()]);
+            assert_eq!(both, flags(&[&long(arg), &b]), "the flag overrides `{key}`");
             assert_ne!(both, with_file, "the flag overrides `{key}`");
         }
     }
