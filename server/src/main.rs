@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use tidemark_engine::FsyncPolicy;
 use tidemark_node::NodeConfig;
 
@@ -142,15 +142,19 @@ type LoadedFile = (PathBuf, tidemark_server::config_file::FileArgs);
 /// the file, and both go through the same parsers.
 fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseError> {
     let command = Cli::command();
+    // A first look for `--config` and the flags given, without judging how
+    // they fit together: what a flag requires may be in the file.
     let matches = command
         .clone()
+        .ignore_errors(true)
         .try_get_matches_from(&argv)
-        .map_err(ParseError::Usage)?;
-    let config = matches
-        .subcommand_matches("serve")
-        .and_then(|serve| Some((serve, serve.get_one::<PathBuf>("config")?.clone())));
+        .ok();
+    let config = matches.as_ref().and_then(|m| {
+        let serve = m.subcommand_matches("serve")?;
+        Some((serve, serve.get_one::<PathBuf>("config")?.clone()))
+    });
     let Some((serve, path)) = config else {
-        let cli = Cli::from_arg_matches(&matches).map_err(ParseError::Usage)?;
+        let cli = Cli::try_parse_from(&argv).map_err(ParseError::Usage)?;
         return Ok((cli, None));
     };
     let serve_command = command
@@ -405,11 +409,11 @@ mod tests {
         format!("{:?}", node_config(serve).expect("config"))
     }
 
+    /// Built, as when parsing: switches then have their default, "false".
     fn serve_command() -> clap::Command {
-        Cli::command()
-            .find_subcommand("serve")
-            .expect("serve")
-            .clone()
+        let mut cli = Cli::command();
+        cli.build();
+        cli.find_subcommand("serve").expect("serve").clone()
     }
 
     /// The serve arguments that are config keys, with their keys.
