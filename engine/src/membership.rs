@@ -429,7 +429,10 @@ mod page_tests {
             let (page, more) = m.page_after(after, max);
             assert!(page.len() <= max);
             if let (false, Some(&last)) = (more, page.last()) {
-                assert!(m.page_after(last, 1).0.is_empty(), "no member above the end");
+                assert!(
+                    m.page_after(last, 1).0.is_empty(),
+                    "no member above the end"
+                );
             }
             out.extend(&page);
             match (more, page.last()) {
@@ -449,7 +452,9 @@ mod page_tests {
         // joins sit in the buffer beside the main list.
         for n in [1usize, 2, 3, 500, 3_000] {
             while model.len() < n {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let u = (x >> 44) + 1;
                 assert_eq!(m.insert(u, 0, |_| 0), model.insert(u));
             }
@@ -466,9 +471,12 @@ mod page_tests {
             assert!(page.is_empty() && more, "max 0 says whether members remain");
         }
         // One more join after a merge leaves the buffer non-empty.
-        let buffered = |m: &GroupMembers| matches!(&m.users, Users::Many(b) if !b.recent.is_empty());
+        let buffered =
+            |m: &GroupMembers| matches!(&m.users, Users::Many(b) if !b.recent.is_empty());
         while !buffered(&m) {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = (x >> 44) + 1;
             assert_eq!(m.insert(u, 0, |_| 0), model.insert(u));
         }

@@ -679,7 +679,10 @@ mod member_list_tests {
         for &u in users.iter().step_by(3) {
             e.ack(1, u, u % 6).unwrap();
         }
-        let mut want: Vec<(u64, u64)> = users.iter().map(|&u| (u, e.cursor(1, u).unwrap())).collect();
+        let mut want: Vec<(u64, u64)> = users
+            .iter()
+            .map(|&u| (u, e.cursor(1, u).unwrap()))
+            .collect();
         want.sort_unstable();
         let (mut got, mut after): (Vec<(u64, u64)>, u64) = (Vec::new(), 0);
         loop {
