@@ -47,7 +47,7 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
     /// Every request opcode of version 1 (MEMBERS and GROUP_INFO are
-    /// additions of tidemark 0.2, format-spec/protocol.md section 7).
+    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
     pub const ALL: [Opcode; 20] = [
         Opcode::Hello,
         Opcode::Auth,
