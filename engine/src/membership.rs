@@ -309,6 +309,43 @@ impl GroupMembers {
         }
     }
 
+    /// A page of the members in ascending user id order: at most `max`
+    /// user ids above `after` (0: from the first), and whether members
+    /// above the last one returned remain. O(log n + page): both sorted
+    /// parts (the main list and the buffer of recent joins) are searched
+    /// for `after` and merged from there, never walked from the start.
+    pub fn page_after(&self, after: u64, max: usize) -> (Vec<u64>, bool) {
+        let (a, b): (&[u64], &[u64]) = match &self.users {
+            Users::Inline { len, ids } => (&ids[..*len as usize], &[]),
+            Users::Many(m) => (&m.sorted, &m.recent),
+        };
+        let (mut a, mut b) = (
+            &a[a.partition_point(|&u| u <= after)..],
+            &b[b.partition_point(|&u| u <= after)..],
+        );
+        let mut page = Vec::with_capacity(max.min(a.len() + b.len()));
+        while page.len() < max {
+            // The two parts are disjoint (a user is in one of them).
+            let next = match (a.first(), b.first()) {
+                (Some(&x), Some(&y)) if x < y => {
+                    a = &a[1..];
+                    x
+                }
+                (_, Some(&y)) => {
+                    b = &b[1..];
+                    y
+                }
+                (Some(&x), None) => {
+                    a = &a[1..];
+                    x
+                }
+                (None, None) => break,
+            };
+            page.push(next);
+        }
+        (page, !a.is_empty() || !b.is_empty())
+    }
+
     /// Heap bytes (the list in place is part of the group).
     pub fn heap_bytes(&self) -> usize {
         match &self.users {
@@ -375,6 +412,78 @@ mod tests {
         assert!(!m.contains(first));
         assert!(!m.remove(first, 0));
         assert_eq!(m.read_count(0, |_| 0), (model.len() - 1) as u32);
+    }
+}
+
+/// Pages by user id (MEMBERS): every member once, in order, whatever the
+/// split between the main list and the buffer of recent joins.
+#[cfg(test)]
+mod page_tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    fn all_pages(m: &GroupMembers, max: usize) -> Vec<u64> {
+        let (mut out, mut after) = (Vec::new(), 0);
+        loop {
+            let (page, more) = m.page_after(after, max);
+            assert!(page.len() <= max);
+            if let (false, Some(&last)) = (more, page.last()) {
+                assert!(
+                    m.page_after(last, 1).0.is_empty(),
+                    "no member above the end"
+                );
+            }
+            out.extend(&page);
+            match (more, page.last()) {
+                (true, Some(&last)) => after = last,
+                _ => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn pages_cover_every_member_once_in_order() {
+        let mut m = GroupMembers::new();
+        let mut model = BTreeSet::new();
+        assert_eq!(m.page_after(0, 10), (vec![], false));
+        let mut x: u64 = 7;
+        // Inline, small list, then past DIRECT_INSERT_MAX so that recent
+        // joins sit in the buffer beside the main list.
+        for n in [1usize, 2, 3, 500, 3_000] {
+            while model.len() < n {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let u = (x >> 44) + 1;
+                assert_eq!(m.insert(u, 0, |_| 0), model.insert(u));
+            }
+            let want: Vec<u64> = model.iter().copied().collect();
+            for max in [1, 2, 7, 64, 10_000] {
+                assert_eq!(all_pages(&m, max), want, "{n} members, pages of {max}");
+            }
+            // A page starts after any id, member or not.
+            let mid = want[want.len() / 2];
+            let (page, _) = m.page_after(mid, 3);
+            let expect: Vec<u64> = model.range(mid + 1..).take(3).copied().collect();
+            assert_eq!(page, expect);
+            let (page, more) = m.page_after(mid - 1, 0);
+            assert!(page.is_empty() && more, "max 0 says whether members remain");
+        }
+        // One more join after a merge leaves the buffer non-empty.
+        let buffered =
+            |m: &GroupMembers| matches!(&m.users, Users::Many(b) if !b.recent.is_empty());
+        while !buffered(&m) {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (x >> 44) + 1;
+            assert_eq!(m.insert(u, 0, |_| 0), model.insert(u));
+        }
+        let want: Vec<u64> = model.iter().copied().collect();
+        assert_eq!(all_pages(&m, 100), want, "main list and buffer merged");
+        let last = *model.iter().next_back().unwrap();
+        assert_eq!(m.page_after(last, 5), (vec![], false));
     }
 }
 

@@ -235,6 +235,48 @@ impl Engine {
         })
     }
 
+    /// A page of the group's members with their cursors, in ascending user
+    /// id order: at most `max` members whose id is above `after_user` (0:
+    /// from the first). The next page starts after the last user returned.
+    /// O(log members + page × log(groups of a member)): the member list is
+    /// kept sorted (`membership.rs`), so a page is a search and a merge of
+    /// its two sorted parts, then one cursor lookup per member returned;
+    /// the group's size only enters through the search. Reads memory only
+    /// (a group's log need not be loaded).
+    ///
+    /// Pages taken while members join and leave list every member present
+    /// throughout exactly once (ids only ascend from page to page); one who
+    /// joins or leaves meanwhile may or may not be listed.
+    pub fn members_page(&self, group_id: u64, after_user: u64, max: usize) -> Result<MembersPage> {
+        let group = self.group(group_id)?;
+        // Under the members lock the list and the cursor table agree
+        // (membership.rs invariant), so every listed user has a cursor.
+        let members = group.members.lock();
+        let (users, has_more) = members.page_after(after_user, max);
+        let cursor_of = group.cursor_of(&self.shared.cursors);
+        let page = users.into_iter().map(|u| (u, cursor_of(u))).collect();
+        Ok(MembersPage {
+            members: page,
+            has_more,
+        })
+    }
+
+    /// What GROUP_INFO answers: the group's committed head, its retention
+    /// floor, its member count and its retention policy. O(1) (memory only:
+    /// a log left unloaded still knows its segments).
+    pub fn group_info(&self, group_id: u64) -> Result<GroupInfo> {
+        let group = self.group(group_id)?;
+        let head = group.head();
+        let floor = group.log.read().floor();
+        let members = group.members.lock().len();
+        Ok(GroupInfo {
+            head,
+            floor,
+            members,
+            retention: group.retention(),
+        })
+    }
+
     /// Moves the member's cursor forward to `msg_id` and returns the cursor.
     /// A lower or equal id changes nothing; an id above the head is refused.
     /// Memory only: persisted in bulk (see the module docs).
@@ -560,6 +602,28 @@ impl Engine {
     }
 }
 
+/// See [`Engine::members_page`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembersPage {
+    /// `(user, cursor)` in ascending user id order.
+    pub members: Vec<(u64, u64)>,
+    /// Members above the last one returned remain.
+    pub has_more: bool,
+}
+
+/// See [`Engine::group_info`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// The newest committed msg_id (0: none yet).
+    pub head: u64,
+    /// The oldest stored msg_id (1 until retention drops messages; above
+    /// `head` when nothing is stored).
+    pub floor: u64,
+    pub members: usize,
+    /// The group's policy ([`Retention::default`]: keeps everything).
+    pub retention: Retention,
+}
+
 /// See [`Engine::members_version`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MembersVersion {
@@ -589,5 +653,68 @@ mod tests {
         assert_eq!(direct_group_id(3, 9), direct_group_id(9, 3));
         assert_ne!(direct_group_id(3, 9), direct_group_id(3, 10));
         assert!(direct_group_id(1, 2) >= 1 << 63);
+    }
+}
+
+/// MEMBERS and GROUP_INFO's engine calls: pages by user id with the
+/// members' cursors, and a group's head, floor, count and policy.
+#[cfg(test)]
+mod member_list_tests {
+    use super::*;
+    use crate::Config;
+
+    #[test]
+    fn member_pages_list_everyone_once_with_their_cursors() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        e.create_group(1).unwrap();
+        for i in 1..=5 {
+            e.append(1, 999, i, b"m").unwrap();
+        }
+        // 150 members (past the read-count tree's threshold), ids spread.
+        let users: Vec<u64> = (1..=150u64).map(|u| u * 7919 % 100_003).collect();
+        for &u in &users {
+            e.join(1, u, JoinStart::Earliest).unwrap();
+        }
+        for &u in users.iter().step_by(3) {
+            e.ack(1, u, u % 6).unwrap();
+        }
+        let mut want: Vec<(u64, u64)> = users
+            .iter()
+            .map(|&u| (u, e.cursor(1, u).unwrap()))
+            .collect();
+        want.sort_unstable();
+        let (mut got, mut after): (Vec<(u64, u64)>, u64) = (Vec::new(), 0);
+        loop {
+            let page = e.members_page(1, after, 11).unwrap();
+            assert!(page.members.len() <= 11);
+            got.extend(&page.members);
+            match page.members.last() {
+                Some(&(last, _)) if page.has_more => after = last,
+                _ => break,
+            }
+        }
+        assert_eq!(got, want);
+        assert!(want.iter().any(|&(_, c)| c > 0), "some cursors moved");
+        assert_eq!(
+            e.members_page(2, 0, 10).unwrap_err().to_string(),
+            Error::GroupNotFound { group: 2 }.to_string()
+        );
+
+        let info = e.group_info(1).unwrap();
+        assert_eq!((info.head, info.floor, info.members), (5, 1, 150));
+        assert!(info.retention.keeps_everything());
+        let policy = Retention {
+            by_cursor: true,
+            max_age_ms: 86_400_000,
+            max_bytes: 1 << 30,
+        };
+        e.set_retention(1, policy).unwrap();
+        e.leave(1, users[0]).unwrap();
+        let info = e.group_info(1).unwrap();
+        assert_eq!((info.members, info.retention), (149, policy));
+        e.create_group(3).unwrap();
+        let empty = e.group_info(3).unwrap();
+        assert_eq!((empty.head, empty.floor, empty.members), (0, 1, 0));
     }
 }

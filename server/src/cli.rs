@@ -1,7 +1,8 @@
 //! The `tidemark` client subcommands: `create-group`, `join`, `send`,
-//! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `stats` against a
-//! running node, and `demo`; `ping`, `leave`, `delete-group` and `tail` are
-//! in [`ops`], a send's payload input (text, stdin, file) in [`payload`]. Human-readable output by default, one JSON
+//! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `group-info`,
+//! `stats` against a running node, and `demo`; `ping`, `leave`, `delete-group`
+//! and `tail` are in [`ops`], a send's payload input (text, stdin, file) in
+//! [`payload`]. Human-readable output by default, one JSON
 //! object with `--json`. Every command goes through the reliable client
 //! ([`tidemark_client::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
@@ -87,8 +88,11 @@ pub enum ClientCommand {
     Sync(SyncArgs),
     /// Stored messages of a group, newest first (message roaming).
     History(HistoryArgs),
-    /// How many members a group has, and read receipts of recent messages.
+    /// A group's members with their cursors (paged by user id), and read
+    /// receipts of its newest messages.
     Members(MembersArgs),
+    /// A group's head, retention floor, member count and retention policy.
+    GroupInfo(GroupInfoArgs),
     /// The node's counters.
     Stats(StatsArgs),
     #[command(flatten)]
@@ -257,14 +261,29 @@ pub struct MembersArgs {
     /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
-
-    /// A member, to learn the group's head and show read receipts of the
-    /// newest messages.
-    #[arg(long, value_parser = nonzero)]
-    user: Option<u64>,
+    /// List members whose user id is above this one (0: from the first);
+    /// to continue a listing, pass the `next_after` it printed.
+    #[arg(long, default_value_t = 0)]
+    after: u64,
+    /// List at most this many members.
+    #[arg(long, default_value_t = 1000)]
+    max: u32,
+    /// Members per MEMBERS request (the node lists at most its
+    /// `limits.members_page_max`).
+    #[arg(long, default_value_t = 1000)]
+    page: u32,
     /// Read receipts of this many of the newest messages.
     #[arg(long, default_value_t = 5)]
     last: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct GroupInfoArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The group's id.
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
 }
 
 #[derive(Args, Debug)]
@@ -346,6 +365,7 @@ impl ClientCommand {
             ClientCommand::Sync(a) => a.conn.json,
             ClientCommand::History(a) => a.conn.json,
             ClientCommand::Members(a) => a.conn.json,
+            ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
@@ -374,6 +394,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Sync(a) => sync(a),
         ClientCommand::History(a) => history(a),
         ClientCommand::Members(a) => members(a),
+        ClientCommand::GroupInfo(a) => group_info(a),
         ClientCommand::Stats(a) => stats(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
@@ -664,26 +685,105 @@ fn history(a: HistoryArgs) -> Result<(), CliError> {
 
 fn members(a: MembersArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    // Every cursor is >= 0: READ_COUNT of 0 counts the members.
-    let count = c.read_count(a.group, 0)?;
-    let mut human = format!("group {}: {count} member(s)\n", a.group);
+    let info = c.group_info(a.group)?;
+    let count = info.member_count;
+    let mut human = format!("group {}: {count} member(s), head {}\n", a.group, info.head);
+    // Pages by user id: each starts after the last user of the one before,
+    // so every member present throughout is listed once.
+    let mut listed = Vec::new();
+    let mut after = a.after;
+    let mut next_after = None;
+    while listed.len() < a.max as usize {
+        let want = (a.max as usize - listed.len()).min(a.page.max(1) as usize) as u32;
+        let (page, has_more) = c.members(a.group, after, want)?;
+        listed.extend(page.iter().map(|m| (m.user, m.cursor)));
+        match page.last() {
+            Some(last) if has_more => after = last.user,
+            _ => break,
+        }
+        if listed.len() >= a.max as usize {
+            next_after = Some(after);
+        }
+    }
+    if !listed.is_empty() {
+        human.push_str(&format!(
+            "{:>20} {:>12} {:>12}\n",
+            "user", "cursor", "unread"
+        ));
+    }
+    for &(user, cursor) in &listed {
+        let unread = info.head.saturating_sub(cursor);
+        human.push_str(&format!("{user:>20} {cursor:>12} {unread:>12}\n"));
+    }
+    if let Some(n) = next_after {
+        human.push_str(&format!("more members: --after {n}\n"));
+    }
     let mut receipts = Vec::new();
-    let mut head = None;
-    if let Some(user) = a.user {
-        // A PULL of no records reads the head without moving the cursor.
-        let page = c.pull_page(a.group, user, 0, 0, 0)?;
-        head = Some(page.head);
-        let first = page.head.saturating_sub(a.last.saturating_sub(1)).max(1);
-        for msg_id in (first..=page.head).rev() {
+    let first = info.head.saturating_sub(a.last.saturating_sub(1)).max(1);
+    if a.last > 0 {
+        for msg_id in (first..=info.head).rev() {
             let read = c.read_count(a.group, msg_id)?;
             human.push_str(&format!("  msg {msg_id}: read by {read} of {count}\n"));
             receipts.push(json!({ "msg_id": msg_id, "read_by": read }));
         }
     }
+    let list: Vec<Value> = listed
+        .iter()
+        .map(|&(user, cursor)| json!({ "user": user, "cursor": cursor }))
+        .collect();
     emit(
         a.conn.json,
         human,
-        json!({ "group": a.group, "members": count, "head": head, "read_receipts": receipts }),
+        json!({
+            "group": a.group,
+            "member_count": count,
+            "head": info.head,
+            "members": list,
+            "next_after": next_after,
+            "read_receipts": receipts,
+        }),
+    )
+}
+
+fn group_info(a: GroupInfoArgs) -> Result<(), CliError> {
+    let mut c = connect(&a.conn)?;
+    let g = c.group_info(a.group)?;
+    let r = g.retention;
+    let keeps_everything = r == tidemark_client::protocol::RetentionPolicy::default();
+    let policy = if keeps_everything {
+        "none (every message is kept)".to_string()
+    } else {
+        let mut parts = Vec::new();
+        if r.by_cursor {
+            parts.push("messages every member acknowledged".to_string());
+        }
+        if r.max_age_ms > 0 {
+            parts.push(format!("older than {} ms", r.max_age_ms));
+        }
+        if r.max_bytes > 0 {
+            parts.push(format!("beyond {} bytes", r.max_bytes));
+        }
+        format!("drops {}", parts.join(", "))
+    };
+    let stored = (g.head + 1).saturating_sub(g.floor);
+    emit(
+        a.conn.json,
+        format!(
+            "group {}: head {}, floor {} ({stored} message(s) stored), {} member(s)\nretention: {policy}\n",
+            a.group, g.head, g.floor, g.member_count
+        ),
+        json!({
+            "group": a.group,
+            "head": g.head,
+            "floor": g.floor,
+            "member_count": g.member_count,
+            "retention": {
+                "by_cursor": r.by_cursor,
+                "max_age_ms": r.max_age_ms,
+                "max_bytes": r.max_bytes,
+                "keeps_everything": keeps_everything,
+            },
+        }),
     )
 }
 

@@ -125,6 +125,20 @@ struct ServeArgs {
     /// ...and at least this often, in milliseconds, when anything changed.
     #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_INTERVAL_MS)]
     checkpoint_interval_ms: u64,
+    /// Refuse SENDs whose sender is not a member of the group (NOT_MEMBER),
+    /// except from system senders. Off by default: protocol version 1
+    /// lets the gateway authorise senders, and the node stores any sender.
+    #[arg(long)]
+    send_requires_membership: bool,
+    /// A user id that may send to any group under
+    /// --send-requires-membership (a bot, the application's notices);
+    /// repeat the flag for more.
+    #[arg(
+        long = "system-sender",
+        value_name = "USER_ID",
+        requires = "send_requires_membership"
+    )]
+    system_senders: Vec<u64>,
 }
 
 /// Why the command line was refused.
@@ -205,6 +219,9 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.limits.input_bytes_total_max = a.input_bytes_total_max;
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     c.engine.idle_evict_ms = a.idle_evict_ms;
+    if a.send_requires_membership {
+        c.sends = tidemark_node::SendPolicy::members_only(a.system_senders);
+    }
     if let Some(path) = a.token_file {
         c.token = Some(tidemark_server::token_file::read_token_file(&path)?);
     }
@@ -549,5 +566,29 @@ mod tests {
             assert_eq!(both, flags(&[&long(arg), &b]), "the flag overrides `{key}`");
             assert_ne!(both, with_file, "the flag overrides `{key}`");
         }
+    }
+
+    /// `--system-sender` is repeated, and means nothing without
+    /// `--send-requires-membership` (refused rather than ignored).
+    #[test]
+    fn system_senders_come_with_members_only_sends() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["tidemark", "serve"][..], args].concat());
+        let Ok(Cli {
+            command: Command::Serve(args),
+        }) = parse(&[
+            "--send-requires-membership",
+            "--system-sender",
+            "9",
+            "--system-sender",
+            "3",
+        ])
+        else {
+            panic!("parses");
+        };
+        let c = node_config(args).expect("config");
+        assert_eq!(c.sends, tidemark_node::SendPolicy::members_only([3, 9]));
+        assert!(!c.sends.needs_membership(3) && c.sends.needs_membership(4));
+        assert!(parse(&["--system-sender", "9"]).is_err());
     }
 }

@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod harness;
 mod hostile;
 mod idle;
+mod members;
 mod net_faults;
 mod node;
 mod ops_cli;

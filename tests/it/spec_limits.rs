@@ -138,6 +138,7 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
             "READ_BYTES_PER_PASS_MAX",
             n(tidemark_node::READ_BYTES_PER_PASS_MAX),
         ),
+        ("members_page_max", n(node::MEMBERS_PAGE_MAX)),
         ("members_per_group_max", n(engine::MEMBERS_PER_GROUP_MAX)),
         ("groups_per_user_max", n(engine::GROUPS_PER_USER_MAX)),
         ("groups_max", n(engine::GROUPS_MAX)),

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
     decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
-    JoinStart, Records, Request, Response, ResyncScope, Subscription, UnreadEntry,
-    FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
+    GroupInfo, JoinStart, MemberEntry, Records, Request, Response, ResyncScope, Subscription,
+    UnreadEntry, FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
 };
 
 /// A message as the client hands it to the application.
@@ -668,6 +668,36 @@ impl Client {
         {
             Response::ReadCount { count } => Ok(count),
             _ => unexpected("READ_COUNT"),
+        }
+    }
+
+    /// MEMBERS: at most `max_count` members with an id above `after_user`
+    /// (0: from the first) and their cursors, ascending, and whether more
+    /// remain (the next page starts after the last user returned).
+    pub fn members(
+        &mut self,
+        group: u64,
+        after_user: u64,
+        max_count: u32,
+    ) -> Result<(Vec<MemberEntry>, bool)> {
+        match self
+            .call(&Request::Members {
+                group,
+                after_user,
+                max_count,
+            })?
+            .response()?
+        {
+            Response::Members { has_more, members } => Ok((members, has_more)),
+            _ => unexpected("MEMBERS"),
+        }
+    }
+
+    /// GROUP_INFO: head, retention floor, member count, retention policy.
+    pub fn group_info(&mut self, group: u64) -> Result<GroupInfo> {
+        match self.call(&Request::GroupInfo { group })?.response()? {
+            Response::GroupInfo(info) => Ok(info),
+            _ => unexpected("GROUP_INFO"),
         }
     }
 

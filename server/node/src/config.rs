@@ -40,6 +40,10 @@ pub mod defaults {
     pub const FRAME_TIMEOUT_MS: u64 = 30_000;
     pub const OUTPUT_BYTES_TOTAL_MAX: usize = 1 << 30;
     pub const INPUT_BYTES_TOTAL_MAX: usize = 1 << 30;
+    /// Members one MEMBERS response lists at most (160 KiB of entries):
+    /// bounds the work of one request on the event loop, whatever the
+    /// group's size.
+    pub const MEMBERS_PAGE_MAX: usize = 10_000;
     /// `tidemark serve --listen`.
     pub const LISTEN: &str = "127.0.0.1:7070";
     /// `tidemark serve --data`.
@@ -61,6 +65,11 @@ const _: () = {
     assert!(INPUT_BYTES_TOTAL_MAX >= 4 + FRAME_BYTES_MAX as usize);
     // A frame the node-wide input budget never refuses is one it accepts.
     assert!(INPUT_BYTES_FREE <= FRAME_BYTES_MAX as usize);
+    // A full MEMBERS page fits the default frame.
+    assert!(
+        MEMBERS_PAGE_MAX * protocol::MEMBER_ENTRY_BYTES + protocol::MEMBERS_RESPONSE_FIXED_BYTES
+            <= FRAME_BYTES_MAX as usize
+    );
 };
 
 /// Everything `tidemark serve` runs with.
@@ -71,6 +80,51 @@ pub struct NodeConfig {
     /// When set, clients must AUTH with exactly these bytes after HELLO.
     pub token: Option<Vec<u8>>,
     pub limits: Limits,
+    /// Who may SEND to a group (format-spec/protocol.md 4.9).
+    pub sends: SendPolicy,
+}
+
+/// Who may SEND to a group: anyone (version 1's rule, the default: the
+/// gateway authorises senders), or members only, except the system
+/// senders (format-spec/protocol.md 4.9, "Who may send").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SendPolicy {
+    members_only: bool,
+    /// Sorted, no duplicates: one binary search per SEND.
+    system_senders: Vec<u64>,
+}
+
+impl SendPolicy {
+    /// Every sender may send to every group (the default).
+    pub const fn anyone() -> SendPolicy {
+        SendPolicy {
+            members_only: false,
+            system_senders: Vec::new(),
+        }
+    }
+
+    /// Only members may send, except `system_senders` (bots, the
+    /// application's own notices), who may send to any group.
+    pub fn members_only(system_senders: impl IntoIterator<Item = u64>) -> SendPolicy {
+        let mut system_senders: Vec<u64> = system_senders.into_iter().collect();
+        system_senders.sort_unstable();
+        system_senders.dedup();
+        SendPolicy {
+            members_only: true,
+            system_senders,
+        }
+    }
+
+    /// True when a SEND of `sender` must be from a member of its group.
+    /// O(log system senders).
+    pub fn needs_membership(&self, sender: u64) -> bool {
+        self.members_only && self.system_senders.binary_search(&sender).is_err()
+    }
+
+    /// The system senders, ascending.
+    pub fn system_senders(&self) -> &[u64] {
+        &self.system_senders
+    }
 }
 
 /// Per-node and per-connection limits.
@@ -100,6 +154,9 @@ pub struct Limits {
     /// the total above it (and is larger than `INPUT_BYTES_FREE`) is refused
     /// with OVERLOADED and its connection closed.
     pub input_bytes_total_max: usize,
+    /// Members a MEMBERS response lists at most (also kept within
+    /// `frame_bytes_max`); a larger `max_count` is clamped to it.
+    pub members_page_max: usize,
 }
 
 impl Default for Limits {
@@ -115,6 +172,7 @@ impl Default for Limits {
             frame_timeout_ms: FRAME_TIMEOUT_MS,
             output_bytes_total_max: OUTPUT_BYTES_TOTAL_MAX,
             input_bytes_total_max: INPUT_BYTES_TOTAL_MAX,
+            members_page_max: MEMBERS_PAGE_MAX,
         }
     }
 }
@@ -132,6 +190,7 @@ impl NodeConfig {
             engine,
             token: None,
             limits: Limits::default(),
+            sends: SendPolicy::anyone(),
         }
     }
 
@@ -198,6 +257,9 @@ impl NodeConfig {
         }
         if l.connections_max == 0 || l.requests_in_flight_max == 0 {
             return Err("connections_max and requests_in_flight_max must be positive".into());
+        }
+        if l.members_page_max == 0 {
+            return Err("members_page_max must be positive".into());
         }
         if l.frame_timeout_ms == 0 {
             return Err("frame_timeout_ms must be positive".into());

@@ -618,7 +618,7 @@ impl Session {
                 client_msg_id,
                 payload,
             } => self.in_flight_limited(ctx, id, || {
-                handlers::send(ctx, group, sender, client_msg_id, payload)
+                handlers::send(ctx, id, group, sender, client_msg_id, payload)
             }),
             Request::Pull {
                 group,
@@ -657,6 +657,12 @@ impl Session {
             Request::ReadCount { group, msg_id } => {
                 handlers::read_count(ctx, id, group, msg_id).map(answer)
             }
+            Request::Members {
+                group,
+                after_user,
+                max_count,
+            } => handlers::members(ctx, id, group, after_user, max_count).map(answer),
+            Request::GroupInfo { group } => handlers::group_info(ctx, id, group).map(answer),
         };
         match result {
             Ok(action) => Ok(action),
@@ -839,9 +845,11 @@ mod state_tests {
             let mut frame = Vec::new();
             encode_request(id, &req, &mut frame).unwrap();
             assert_eq!(conn.decoder.push(&frame), frame.len());
+            let sends = crate::config::SendPolicy::anyone();
             let mut ctx = Ctx {
                 engine: &self.engine,
                 limits: &self.limits,
+                sends: &sends,
                 token: Some(TOKEN),
                 shutting_down: self.shutting_down,
                 subs: &mut self.subs,

@@ -692,6 +692,7 @@ impl EventLoop {
             let mut ctx = Ctx {
                 engine: &self.engine,
                 limits: &limits,
+                sends: &self.config.sends,
                 token: self.config.token.as_deref(),
                 shutting_down: self.shutdown.load(Ordering::SeqCst),
                 subs: &mut self.subs,

@@ -13,12 +13,13 @@ use tidemark_engine::{
     ReadBatch, Ticket, Unread,
 };
 
-use crate::config::Limits;
+use crate::config::{Limits, SendPolicy};
 use crate::connection::{Barrier, ConnId};
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
-    encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse,
-    JoinStart, RecordsLen, Response, ResyncScope, Stat, Subscription, SyncGroup, UnreadEntry,
+    encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, GroupInfo,
+    HelloResponse, JoinStart, MemberEntry, RecordsLen, Response, ResyncScope, RetentionPolicy,
+    Stat, Subscription, SyncGroup, UnreadEntry, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
 };
 
@@ -185,6 +186,8 @@ pub enum Action {
 pub struct Ctx<'a> {
     pub engine: &'a Engine,
     pub limits: &'a Limits,
+    /// Who may SEND (4.9).
+    pub sends: &'a SendPolicy,
     pub token: Option<&'a [u8]>,
     /// The node is shutting down: every request is answered SHUTTING_DOWN.
     pub shutting_down: bool,
@@ -402,14 +405,38 @@ pub fn leave(ctx: &Ctx<'_>, group: u64, user: u64) -> Result<Action, EngineError
     Ok(Action::Park(Parked::Op(ticket, OpKind::Leave)))
 }
 
-/// SEND (4.9): parked until its round is durable.
+/// SEND (4.9): parked until its round is durable. Under a members-only
+/// [`SendPolicy`] a sender who is neither a member nor a system sender is
+/// refused NOT_MEMBER, after the checks that come first in 4.9's order
+/// (payload size, writes accepted, the group exists): one lookup of the
+/// sender's membership, O(log groups of the sender), never a walk of the
+/// group's members.
 pub fn send(
     ctx: &Ctx<'_>,
+    request_id: u64,
     group: u64,
     sender: u64,
     client_msg_id: u64,
     payload: &[u8],
 ) -> Result<Action, EngineError> {
+    let e = ctx.engine;
+    if ctx.sends.needs_membership(sender)
+        && payload.len() <= e.config().payload_bytes_max
+        && e.accepting_writes().is_ok()
+    {
+        match e.cursor(group, sender) {
+            Ok(_) => {}
+            Err(EngineError::NotMember { .. }) => {
+                return Ok(Action::Answer(error(
+                    request_id,
+                    ErrorCode::NotMember,
+                    None,
+                    &format!("SEND refused: sender {sender} is not a member of group {group}"),
+                )));
+            }
+            Err(err) => return Err(err),
+        }
+    }
     let ticket = ctx.engine.try_submit(&AppendRequest {
         group_id: group,
         sender_id: sender,
@@ -562,6 +589,59 @@ pub fn read_count(
         Vec::new(),
         0,
     ))
+}
+
+/// The most members a MEMBERS response lists: `members_page_max`, and
+/// no more than fit `frame_bytes_max` (with the length prefix, as every
+/// frame).
+pub fn members_page_max(limits: &Limits) -> usize {
+    let fit = (limits.frame_bytes_max as usize).saturating_sub(MEMBERS_RESPONSE_FIXED_BYTES)
+        / MEMBER_ENTRY_BYTES;
+    limits.members_page_max.min(fit)
+}
+
+/// MEMBERS (4.19): a page of the group's members with their cursors, by
+/// user id; `max_count` clamped to [`members_page_max`]. The work is the
+/// page's (`Engine::members_page`), not the group's.
+pub fn members(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    after_user: u64,
+    max_count: u32,
+) -> Result<Outgoing, EngineError> {
+    let max = (max_count as usize).min(members_page_max(ctx.limits));
+    let page = ctx.engine.members_page(group, after_user, max)?;
+    let members = page
+        .members
+        .iter()
+        .map(|&(user, cursor)| MemberEntry { user, cursor })
+        .collect();
+    Ok(reply(
+        request_id,
+        &Response::Members {
+            has_more: page.has_more,
+            members,
+        },
+        Vec::new(),
+        0,
+    ))
+}
+
+/// GROUP_INFO (4.20): head, retention floor, member count and policy.
+pub fn group_info(ctx: &Ctx<'_>, request_id: u64, group: u64) -> Result<Outgoing, EngineError> {
+    let g = ctx.engine.group_info(group)?;
+    let resp = Response::GroupInfo(GroupInfo {
+        head: g.head,
+        floor: g.floor,
+        member_count: g.members as u64,
+        retention: RetentionPolicy {
+            by_cursor: g.retention.by_cursor,
+            max_age_ms: g.retention.max_age_ms,
+            max_bytes: g.retention.max_bytes,
+        },
+    });
+    Ok(reply(request_id, &resp, Vec::new(), 0))
 }
 
 /// STATS (4.4): the node's figures, as `Stats::report` lists them.
@@ -771,6 +851,8 @@ mod tests {
         }
     }
 
+    static ANYONE: SendPolicy = SendPolicy::anyone();
+
     /// What a connection hands a handler, for a connection of its own.
     fn test_ctx<'a>(
         engine: &'a Engine,
@@ -781,6 +863,7 @@ mod tests {
         Ctx {
             engine,
             limits,
+            sends: &ANYONE,
             token,
             shutting_down: false,
             subs,
@@ -1195,5 +1278,135 @@ mod tests {
         assert!(!constant_time_eq(b"secret", b"secret!"));
         assert!(!constant_time_eq(b"", b"x"));
         assert!(constant_time_eq(b"", b""));
+    }
+}
+
+/// MEMBERS' page limits and SEND's membership check (4.9, 4.19, 4.20),
+/// at the handlers: what the end-to-end tests cannot reach cheaply (a page
+/// limit below the group, a frame limit below the page limit, the order
+/// of SEND's refusals).
+#[cfg(test)]
+mod member_tests {
+    use super::*;
+    use crate::connection::Connection;
+    use tidemark_engine::Config;
+    use tidemark_protocol::{decode_response, Frame, Request};
+
+    /// Runs `req` on a READY connection under `sends`; the response frame,
+    /// or `None` when it parked (a SEND accepted).
+    fn call(e: &Engine, limits: &Limits, sends: &SendPolicy, req: Request<'_>) -> Option<Vec<u8>> {
+        let mut subs = Subscriptions::default();
+        let mut ctx = Ctx {
+            engine: e,
+            limits,
+            sends,
+            token: None,
+            shutting_down: false,
+            subs: &mut subs,
+            conn: ConnId {
+                index: 0,
+                generation: 0,
+            },
+        };
+        let mut conn = Connection::ready(limits.frame_bytes_max);
+        match conn.handle_request(&mut ctx, 9, req) {
+            Ok(Action::Answer(out)) => Some(out.head),
+            Ok(Action::Park(Parked::Send(ticket))) => {
+                e.wait(ticket).unwrap();
+                None
+            }
+            _ => panic!("answered at once, or a SEND parked"),
+        }
+    }
+
+    fn members_of(frame: &[u8]) -> (bool, Vec<(u64, u64)>) {
+        match decode_response(&Frame::parse(frame).unwrap()).unwrap() {
+            Response::Members { has_more, members } => (
+                has_more,
+                members.iter().map(|m| (m.user, m.cursor)).collect(),
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn code_of(frame: &[u8]) -> ErrorCode {
+        match decode_response(&Frame::parse(frame).unwrap()).unwrap() {
+            Response::Error(err) => err.code,
+            other => panic!("not an ERROR: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn members_pages_are_clamped_to_the_page_limit_and_the_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        e.create_group(1).unwrap();
+        for u in 1..=300 {
+            e.join(1, u, EngineJoinStart::Head).unwrap();
+        }
+        let anyone = SendPolicy::anyone();
+        let mut limits = Limits {
+            members_page_max: 5,
+            ..Limits::default()
+        };
+        let page = |limits: &Limits, after_user, max_count| {
+            let req = Request::Members {
+                group: 1,
+                after_user,
+                max_count,
+            };
+            members_of(&call(&e, limits, &anyone, req).unwrap())
+        };
+        let (more, got) = page(&limits, 0, u32::MAX);
+        assert!(more);
+        assert_eq!(got, (1..=5).map(|u| (u, 0)).collect::<Vec<_>>());
+        let (more, got) = page(&limits, 298, 100);
+        assert!(!more);
+        assert_eq!(got, vec![(299, 0), (300, 0)]);
+        // At the smallest frame a node may have, the frame is the bound.
+        limits.members_page_max = 10_000;
+        limits.frame_bytes_max = tidemark_protocol::FRAME_BYTES_MAX_FLOOR;
+        assert_eq!(members_page_max(&limits), (4096 - 21) / 16);
+        let (more, got) = page(&limits, 0, u32::MAX);
+        assert!(more);
+        assert_eq!(got.len(), 254);
+        let req = Request::Members {
+            group: 2,
+            after_user: 0,
+            max_count: 1,
+        };
+        let frame = call(&e, &limits, &anyone, req).unwrap();
+        assert_eq!(code_of(&frame), ErrorCode::GroupNotFound);
+    }
+
+    #[test]
+    fn sends_of_non_members_are_refused_after_the_checks_that_come_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        e.create_group(1).unwrap();
+        e.join(1, 5, EngineJoinStart::Head).unwrap();
+        let limits = Limits::default();
+        let policy = SendPolicy::members_only([900, 77, 900]);
+        assert_eq!(policy.system_senders(), &[77, 900]);
+        let send = |sender, payload: &'static [u8], group| Request::Send {
+            group,
+            sender,
+            client_msg_id: sender,
+            payload,
+        };
+        let big: &'static [u8] = Box::leak(vec![0u8; (1 << 20) + 1].into_boxed_slice());
+        let refused = |req| code_of(&call(&e, &limits, &policy, req).unwrap());
+        assert_eq!(refused(send(6, b"x", 1)), ErrorCode::NotMember);
+        // 4.9's order: the payload's size and the group come first.
+        assert_eq!(refused(send(6, big, 1)), ErrorCode::PayloadTooLarge);
+        assert_eq!(refused(send(6, b"x", 2)), ErrorCode::GroupNotFound);
+        // A member and a system sender are accepted.
+        assert!(call(&e, &limits, &policy, send(5, b"m", 1)).is_none());
+        assert!(call(&e, &limits, &policy, send(900, b"s", 1)).is_none());
+        assert_eq!(e.head(1).unwrap(), 2, "two messages stored, none refused");
+        // The default policy is version 1's: anyone may send.
+        let anyone = SendPolicy::anyone();
+        assert!(call(&e, &limits, &anyone, send(6, b"v1", 1)).is_none());
+        assert_eq!(e.head(1).unwrap(), 3);
     }
 }

@@ -7,8 +7,8 @@
 //! the loop. The wire format is the `tidemark-protocol` codec.
 //!
 //! The API is what the `tidemark` binary needs to run a node: a
-//! [`NodeConfig`] (the engine's config, the listen address, the token and
-//! the node's [`Limits`]), the limits' [`defaults`] and fixed values,
+//! [`NodeConfig`] (the engine's config, the listen address, the token,
+//! the node's [`Limits`] and its [`SendPolicy`]), the limits' [`defaults`] and fixed values,
 //! [`serve`], and the [`Shutdown`] handle it hands out once the node
 //! accepts connections. The modules are private:
 //!
@@ -35,6 +35,7 @@ mod stats;
 mod subscriptions;
 
 pub use config::{
-    defaults, Limits, NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
+    defaults, Limits, NodeConfig, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
+    READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, Shutdown};

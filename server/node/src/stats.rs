@@ -106,6 +106,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.frame_timeout_ms", Gauge, "ms"),
     stat("limits.long_poll_ms_max", Gauge, "ms"),
     stat("limits.subscriptions_max", Gauge, "subscriptions"),
+    stat("limits.members_page_max", Gauge, "members"),
     stat("limits.members_per_group_max", Gauge, "members"),
     stat("limits.groups_per_user_max", Gauge, "groups"),
     stat("limits.groups_max", Gauge, "groups"),
@@ -173,6 +174,8 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Sync => "sync",
         Opcode::History => "history",
         Opcode::ReadCount => "read_count",
+        Opcode::Members => "members",
+        Opcode::GroupInfo => "group_info",
         Opcode::Subscribe => "subscribe",
         Opcode::Unsubscribe => "unsubscribe",
     }
@@ -287,6 +290,10 @@ impl Stats {
             (
                 "limits.subscriptions_max".into(),
                 n(limits.subscriptions_max),
+            ),
+            (
+                "limits.members_page_max".into(),
+                n(crate::handlers::members_page_max(limits)),
             ),
             (
                 "limits.members_per_group_max".into(),

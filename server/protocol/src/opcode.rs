@@ -26,6 +26,8 @@ pub enum Opcode {
     Sync = 0x25,
     History = 0x26,
     ReadCount = 0x27,
+    Members = 0x28,
+    GroupInfo = 0x29,
     Subscribe = 0x30,
     Unsubscribe = 0x31,
 }
@@ -44,8 +46,9 @@ pub const OPCODE_ERROR: u8 = 0xFF;
 const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
-    /// Every request opcode of version 1.
-    pub const ALL: [Opcode; 18] = [
+    /// Every request opcode of version 1 (MEMBERS and GROUP_INFO are
+    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 20] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -62,6 +65,8 @@ impl Opcode {
         Opcode::Sync,
         Opcode::History,
         Opcode::ReadCount,
+        Opcode::Members,
+        Opcode::GroupInfo,
         Opcode::Subscribe,
         Opcode::Unsubscribe,
     ];
@@ -100,6 +105,8 @@ impl Opcode {
             Opcode::Sync => "SYNC",
             Opcode::History => "HISTORY",
             Opcode::ReadCount => "READ_COUNT",
+            Opcode::Members => "MEMBERS",
+            Opcode::GroupInfo => "GROUP_INFO",
             Opcode::Subscribe => "SUBSCRIBE",
             Opcode::Unsubscribe => "UNSUBSCRIBE",
         }

@@ -128,6 +128,17 @@ pub enum Request<'a> {
         group: u64,
         msg_id: u64,
     },
+    /// A page of the group's members with their cursors, by user id.
+    Members {
+        group: u64,
+        /// Members with an id above this one; 0 starts from the first.
+        after_user: u64,
+        /// At most this many (the node clamps it to its page limit).
+        max_count: u32,
+    },
+    GroupInfo {
+        group: u64,
+    },
     Subscribe(Subscription),
     Unsubscribe,
 }
@@ -151,6 +162,8 @@ impl Request<'_> {
             Request::Sync { .. } => Opcode::Sync,
             Request::History { .. } => Opcode::History,
             Request::ReadCount { .. } => Opcode::ReadCount,
+            Request::Members { .. } => Opcode::Members,
+            Request::GroupInfo { .. } => Opcode::GroupInfo,
             Request::Subscribe(_) => Opcode::Subscribe,
             Request::Unsubscribe => Opcode::Unsubscribe,
         }
@@ -195,7 +208,9 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
         }
         // Format: {} (empty body)
         Request::Ping | Request::Stats | Request::Unsubscribe => {}
-        Request::CreateGroup { group } | Request::DeleteGroup { group } => {
+        Request::CreateGroup { group }
+        | Request::DeleteGroup { group }
+        | Request::GroupInfo { group } => {
             // Format: { group: u64 }
             put_u64(out, *group);
         }
@@ -298,6 +313,16 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_u64(out, *group);
             put_u64(out, *msg_id);
         }
+        Request::Members {
+            group,
+            after_user,
+            max_count,
+        } => {
+            // Format: { group: u64 | after_user: u64 | max_count: u32 }
+            put_u64(out, *group);
+            put_u64(out, *after_user);
+            put_u32(out, *max_count);
+        }
         Request::Subscribe(sub) => {
             // Format: { mode: u8 | user: u64 | groups: list<u64> }
             match sub {
@@ -371,6 +396,9 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
             group: r.id("group")?,
         },
         Opcode::DeleteGroup => Request::DeleteGroup {
+            group: r.id("group")?,
+        },
+        Opcode::GroupInfo => Request::GroupInfo {
             group: r.id("group")?,
         },
         Opcode::Join => {
@@ -463,6 +491,12 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::ReadCount => Request::ReadCount {
             group: r.id("group")?,
             msg_id: r.u64("msg_id")?,
+        },
+        // Format: { group: u64 | after_user: u64 | max_count: u32 }
+        Opcode::Members => Request::Members {
+            group: r.id("group")?,
+            after_user: r.u64("after_user")?,
+            max_count: r.u32("max_count")?,
         },
         Opcode::Subscribe => {
             // Format: { mode: u8 | user: u64 | groups: list<u64> }

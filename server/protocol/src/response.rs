@@ -68,6 +68,39 @@ pub struct SyncGroup<R> {
     pub records: R,
 }
 
+/// One member of MEMBERS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberEntry {
+    pub user: u64,
+    /// The member's cursor (`last_ack_msg_id`).
+    pub cursor: u64,
+}
+
+/// A group's retention policy as GROUP_INFO reports it; all zero (the
+/// default) keeps every message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Messages every member acknowledged may be dropped.
+    pub by_cursor: bool,
+    /// Messages older than this may be dropped; 0 = no age limit.
+    pub max_age_ms: u64,
+    /// The oldest messages may be dropped while the group's log is larger;
+    /// 0 = no size limit.
+    pub max_bytes: u64,
+}
+
+/// The answer to GROUP_INFO.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// The newest committed msg_id (0: none yet).
+    pub head: u64,
+    /// The oldest stored msg_id, the retention floor (1 until retention
+    /// drops messages; `head + 1` when nothing is stored).
+    pub floor: u64,
+    pub member_count: u64,
+    pub retention: RetentionPolicy,
+}
+
 /// What a RESYNC covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResyncScope {
@@ -137,6 +170,13 @@ pub enum Response<'a, R = Records<'a>> {
     ReadCount {
         count: u64,
     },
+    Members {
+        /// Members above the last one listed remain.
+        has_more: bool,
+        /// Ascending user ids.
+        members: Vec<MemberEntry>,
+    },
+    GroupInfo(GroupInfo),
     Subscribe,
     Unsubscribe,
     /// Server-initiated (request id 0): new records of a subscribed group.
@@ -172,6 +212,8 @@ impl<R> Response<'_, R> {
             Response::Sync { .. } => Opcode::Sync,
             Response::History { .. } => Opcode::History,
             Response::ReadCount { .. } => Opcode::ReadCount,
+            Response::Members { .. } => Opcode::Members,
+            Response::GroupInfo(_) => Opcode::GroupInfo,
             Response::Subscribe => Opcode::Subscribe,
             Response::Unsubscribe => Opcode::Unsubscribe,
         };
@@ -182,6 +224,12 @@ impl<R> Response<'_, R> {
 const STAT_BYTES_MIN: usize = 12;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 const UNREAD_ENTRY_BYTES: usize = 32;
+/// Bytes of one MEMBERS entry (user, cursor).
+pub const MEMBER_ENTRY_BYTES: usize = 16;
+/// A MEMBERS response's bytes besides its entries, its length prefix
+/// included: the frame header, `has_more` and the list count. A node fits
+/// its pages to `frame_bytes_max` with it.
+pub const MEMBERS_RESPONSE_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 1 + 4;
 /// A SYNC group's fixed part: its UNREAD entry and its records-section count
 /// (protocol.md, SYNC response); a node budgets its frame with it.
 pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
@@ -379,6 +427,26 @@ fn encode_body<R: RecordsSection>(
         Response::ReadCount { count } => {
             // Format: { count: u64 }
             put_u64(out, *count);
+        }
+        Response::Members { has_more, members } => {
+            // Format: { has_more: bool | members: list<{ user: u64 | cursor: u64 }> }
+            put_bool(out, *has_more);
+            put_count(out, members.len(), "members")?;
+            for m in members {
+                put_u64(out, m.user);
+                put_u64(out, m.cursor);
+            }
+        }
+        Response::GroupInfo(g) => {
+            // Format: { head: u64 | floor: u64 | member_count: u64 |
+            //           retention_by_cursor: bool | retention_max_age_ms: u64 |
+            //           retention_max_bytes: u64 }
+            put_u64(out, g.head);
+            put_u64(out, g.floor);
+            put_u64(out, g.member_count);
+            put_bool(out, g.retention.by_cursor);
+            put_u64(out, g.retention.max_age_ms);
+            put_u64(out, g.retention.max_bytes);
         }
         Response::Push { group, records } => {
             // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
@@ -650,5 +718,31 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
         Opcode::ReadCount => Response::ReadCount {
             count: r.u64("count")?,
         },
+        Opcode::Members => {
+            // Format: { has_more: bool | members: list<{ user: u64 | cursor: u64 }> }
+            let has_more = r.bool("has_more")?;
+            let n = r.count("members", MEMBER_ENTRY_BYTES)?;
+            let mut members = Vec::with_capacity(n);
+            for _ in 0..n {
+                members.push(MemberEntry {
+                    user: r.u64("members.user")?,
+                    cursor: r.u64("members.cursor")?,
+                });
+            }
+            Response::Members { has_more, members }
+        }
+        // Format: { head: u64 | floor: u64 | member_count: u64 |
+        //           retention_by_cursor: bool | retention_max_age_ms: u64 |
+        //           retention_max_bytes: u64 }
+        Opcode::GroupInfo => Response::GroupInfo(GroupInfo {
+            head: r.u64("head")?,
+            floor: r.u64("floor")?,
+            member_count: r.u64("member_count")?,
+            retention: RetentionPolicy {
+                by_cursor: r.bool("retention_by_cursor")?,
+                max_age_ms: r.u64("retention_max_age_ms")?,
+                max_bytes: r.u64("retention_max_bytes")?,
+            },
+        }),
     })
 }

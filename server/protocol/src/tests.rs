@@ -86,6 +86,11 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("subscribe_request"),
     vector!("ping_request"),
     vector!("pong_response"),
+    vector!("members_request"),
+    vector!("members_response"),
+    vector!("group_info_request"),
+    vector!("group_info_response"),
+    vector!("error_not_member"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -273,6 +278,52 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
         }
         "ping_request" => Expected::Req(11, Request::Ping),
         "pong_response" => Expected::Resp(11, Response::Pong),
+        "members_request" => Expected::Req(
+            12,
+            Request::Members {
+                group: 7,
+                after_user: 5,
+                max_count: 2,
+            },
+        ),
+        "members_response" => Expected::Resp(
+            12,
+            Response::Members {
+                has_more: true,
+                members: vec![
+                    MemberEntry {
+                        user: 9,
+                        cursor: 1002,
+                    },
+                    MemberEntry {
+                        user: 12,
+                        cursor: 1000,
+                    },
+                ],
+            },
+        ),
+        "group_info_request" => Expected::Req(13, Request::GroupInfo { group: 7 }),
+        "group_info_response" => Expected::Resp(
+            13,
+            Response::GroupInfo(GroupInfo {
+                head: 1003,
+                floor: 501,
+                member_count: 3,
+                retention: RetentionPolicy {
+                    by_cursor: true,
+                    max_age_ms: 604_800_000,
+                    max_bytes: 1 << 30,
+                },
+            }),
+        ),
+        "error_not_member" => Expected::Resp(
+            3,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::NotMember,
+                detail: None,
+                message: "SEND refused: sender 42 is not a member of group 7",
+            }),
+        ),
         other => panic!("vector {other} has no documented values"),
     };
     verify(e)
@@ -821,6 +872,12 @@ fn every_request_and_response_round_trips() {
         },
         Request::Subscribe(Subscription::User(77)),
         Request::Subscribe(Subscription::Groups(vec![])),
+        Request::Members {
+            group: 1,
+            after_user: 0,
+            max_count: u32::MAX,
+        },
+        Request::GroupInfo { group: u64::MAX },
     ];
     for (i, req) in reqs.iter().enumerate() {
         let mut out = Vec::new();
@@ -851,6 +908,16 @@ fn every_request_and_response_round_trips() {
             records: Records::EMPTY,
         },
         Response::ReadCount { count: 3 },
+        Response::Members {
+            has_more: false,
+            members: vec![],
+        },
+        Response::GroupInfo(GroupInfo {
+            head: 0,
+            floor: 1,
+            member_count: 0,
+            retention: RetentionPolicy::default(),
+        }),
         Response::Subscribe,
         Response::Unsubscribe,
         Response::Error(ErrorResponse {

@@ -32,7 +32,7 @@ use super::error::{classify, Class, Ctx, Error};
 use super::link::{Link, LinkStats};
 use super::{ClientMsgIds, ReliableConfig};
 use crate::client::{later, parse_sent, ClientError, GroupState, Message, Page, Sent};
-use tidemark_protocol::{JoinStart, Request};
+use tidemark_protocol::{GroupInfo, JoinStart, MemberEntry, Request};
 
 /// How one enqueued send ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -488,20 +488,25 @@ impl ReliableClient {
     }
 
     fn send_failed(&mut self, seq: u64, e: ClientError, deadline: Instant) {
-        let group = self.pending.get(&seq).map_or(0, |p| p.group);
+        // The sender is the user a NOT_MEMBER names.
+        let (group, sender) = self
+            .pending
+            .get(&seq)
+            .map_or((0, 0), |p| (p.group, p.sender));
+        let ctx = Ctx::member(group, sender);
         match classify(&e) {
             Class::Permanent { drop_connection } => {
                 let attempts = self.pending.get(&seq).map_or(0, |p| p.transmissions);
                 if drop_connection {
                     self.connection_failed(&e.to_string());
                 }
-                self.complete(seq, Err(Error::from_client(e, Ctx::group(group), attempts)));
+                self.complete(seq, Err(Error::from_client(e, ctx, attempts)));
             }
             Class::Busy => {
                 if let Some(p) = self.pending.get_mut(&seq) {
                     p.request = None;
                     p.last_failure = Some(e.to_string());
-                    p.last_refusal = Some(Error::from_client(e, Ctx::group(group), 1));
+                    p.last_refusal = Some(Error::from_client(e, ctx, 1));
                 }
                 // Backs off (with jitter) before the next transmission; at
                 // the deadline `expire` reports the refusal.
@@ -639,6 +644,25 @@ impl ReliableClient {
     /// every member).
     pub fn read_count(&mut self, group: u64, msg_id: u64) -> Result<u64, Error> {
         self.call(Ctx::group(group), |c| c.read_count(group, msg_id))
+    }
+
+    /// MEMBERS page: at most `max_count` members above `after_user` (0:
+    /// from the first) with their cursors, ascending, and whether more
+    /// remain.
+    pub fn members(
+        &mut self,
+        group: u64,
+        after_user: u64,
+        max_count: u32,
+    ) -> Result<(Vec<MemberEntry>, bool), Error> {
+        self.call(Ctx::group(group), |c| {
+            c.members(group, after_user, max_count)
+        })
+    }
+
+    /// GROUP_INFO: head, retention floor, member count, retention policy.
+    pub fn group_info(&mut self, group: u64) -> Result<GroupInfo, Error> {
+        self.call(Ctx::group(group), |c| c.group_info(group))
     }
 
     /// The node's STATS.
