@@ -1,6 +1,8 @@
 //! The `tidemark` client subcommands: `create-group`, `join`, `send`,
 //! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `group-info`,
-//! `stats` against a running node, and `demo`. Human-readable output by default, one JSON
+//! `stats` against a running node, and `demo`; `ping`, `leave`, `delete-group`
+//! and `tail` are in [`ops`], a send's payload input (text, stdin, file) in
+//! [`payload`]. Human-readable output by default, one JSON
 //! object with `--json`. Every command goes through the reliable client
 //! ([`tidemark_client::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
@@ -26,13 +28,17 @@ use tidemark_client::{ClientConfig, GroupState, Message};
 use crate::demo;
 use crate::token_file::read_token_file;
 
+pub mod ops;
+pub mod payload;
+
 /// Why a client subcommand failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CliError {
     /// Stable: a node's refusal is its wire error name (`GROUP_NOT_FOUND`,
     /// `OVERLOADED`, ...; format-spec/protocol.md §6.2), what the client
     /// found itself is lowercase (`unavailable`, `invalid_address`,
-    /// `crc_mismatch`, `token_file`, `output`, `usage`, `demo`).
+    /// `crc_mismatch`, `token_file`, `input`, `output`, `signal`, `usage`,
+    /// `demo`).
     pub code: &'static str,
     pub message: String,
 }
@@ -89,6 +95,8 @@ pub enum ClientCommand {
     GroupInfo(GroupInfoArgs),
     /// The node's counters.
     Stats(StatsArgs),
+    #[command(flatten)]
+    Ops(ops::OpsCommand),
     /// Run a scripted session with offline members and cut connections;
     /// print what each member's application received.
     Demo(demo::DemoArgs),
@@ -124,8 +132,10 @@ pub struct CreateGroupArgs {
 pub struct JoinArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
+    /// The user who joins (nonzero).
     #[arg(long, value_parser = nonzero)]
     user: u64,
     /// Where the cursor starts: head (only later messages are unread),
@@ -138,8 +148,10 @@ pub struct JoinArgs {
 pub struct SendArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
+
     /// The sender's user id (stored with the message; nonzero).
     #[arg(long, value_parser = nonzero)]
     sender: u64,
@@ -147,16 +159,26 @@ pub struct SendArgs {
     /// Sending again with the same id stores nothing new.
     #[arg(long)]
     client_msg_id: Option<u64>,
-    /// The message text.
-    message: String,
+    /// The message text. `-` reads the payload from standard input
+    /// instead, as bytes (a trailing newline is part of it); to send a
+    /// literal `-`, pipe it (`printf -- - | tidemark send ... -`) or use
+    /// --payload-file.
+    #[arg(required_unless_present = "payload_file")]
+    message: Option<String>,
+    /// Send this file's bytes as the payload, in place of MESSAGE (up to the
+    /// node's --payload-bytes-max).
+    #[arg(long, value_name = "PATH", conflicts_with = "message")]
+    payload_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub struct PullArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
+    /// The member whose unread messages are printed and acknowledged.
     #[arg(long, value_parser = nonzero)]
     user: u64,
     /// Print at most this many messages.
@@ -177,8 +199,10 @@ pub struct PullArgs {
 pub struct AckArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
+    /// The member whose cursor moves.
     #[arg(long, value_parser = nonzero)]
     user: u64,
     /// Acknowledge up to this msg_id (cursors only move forward; ids start
@@ -191,6 +215,7 @@ pub struct AckArgs {
 pub struct UnreadArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The user whose groups are listed.
     #[arg(long, value_parser = nonzero)]
     user: u64,
 }
@@ -199,6 +224,7 @@ pub struct UnreadArgs {
 pub struct SyncArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The user whose groups are read (no cursor moves).
     #[arg(long, value_parser = nonzero)]
     user: u64,
     /// Messages per group at most; 0 = counts only.
@@ -213,14 +239,17 @@ pub struct SyncArgs {
 pub struct HistoryArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
+
     /// A member of the group.
     #[arg(long, value_parser = nonzero)]
     user: u64,
     /// Messages below this msg_id; 0 = from the newest.
     #[arg(long, default_value_t = 0)]
     before: u64,
+    /// Print at most this many messages (one HISTORY page).
     #[arg(long, default_value_t = 20)]
     max: u32,
 }
@@ -229,6 +258,7 @@ pub struct HistoryArgs {
 pub struct MembersArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
     /// List members whose user id is above this one (0: from the first);
@@ -251,6 +281,7 @@ pub struct MembersArgs {
 pub struct GroupInfoArgs {
     #[command(flatten)]
     conn: ConnArgs,
+    /// The group's id.
     #[arg(long, value_parser = nonzero)]
     group: u64,
 }
@@ -261,7 +292,7 @@ pub struct StatsArgs {
     conn: ConnArgs,
 }
 
-fn nonzero(s: &str) -> Result<u64, String> {
+pub(crate) fn nonzero(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {
         Ok(0) => Err("0 is reserved; ids start at 1".into()),
         Ok(v) => Ok(v),
@@ -336,6 +367,7 @@ impl ClientCommand {
             ClientCommand::Members(a) => a.conn.json,
             ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
+            ClientCommand::Ops(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
     }
@@ -364,6 +396,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Members(a) => members(a),
         ClientCommand::GroupInfo(a) => group_info(a),
         ClientCommand::Stats(a) => stats(a),
+        ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }
@@ -392,8 +425,9 @@ fn join(a: JoinArgs) -> Result<(), CliError> {
 }
 
 fn send(a: SendArgs) -> Result<(), CliError> {
+    let payload = payload::read(a.message.as_deref(), a.payload_file.as_deref())?;
+    let payload = payload.as_slice();
     let mut c = connect(&a.conn)?;
-    let payload = a.message.as_bytes();
     let (client_msg_id, sent) = match a.client_msg_id {
         Some(id) => (id, c.send_with_id(a.group, a.sender, id, payload)),
         None => {
@@ -418,6 +452,7 @@ fn send(a: SendArgs) -> Result<(), CliError> {
             "msg_id": sent.msg_id,
             "timestamp_ms": sent.timestamp_ms,
             "duplicate": sent.duplicate,
+            "payload_bytes": payload.len(),
             "retransmits": stats.retransmits,
         }),
     )

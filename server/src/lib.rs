@@ -10,8 +10,20 @@
 //!   node or a running one.
 //! - [`bench`](mod@bench): the load tool, `tidemark bench`.
 //! - [`token_file`]: the token file every command reads the same way.
+//! - [`config_file`]: `tidemark serve --config FILE`, the TOML file of
+//!   serve's flags.
 
 pub mod bench;
 pub mod cli;
+pub mod config_file;
 pub mod demo;
 pub mod token_file;
+
+/// `tidemark --version`: the package version and the git commit the binary
+/// was built from (`unknown` outside a git checkout; see `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TIDEMARK_COMMIT"),
+    ")"
+);

@@ -2,19 +2,21 @@
 //! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`,
 //! the node in `tidemark_node`.
 
+use std::ffi::OsString;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use tidemark_engine::FsyncPolicy;
 use tidemark_node::NodeConfig;
 
 #[derive(Parser)]
 #[command(
     name = "tidemark",
-    version,
+    version = tidemark_server::VERSION,
     about = "Storage node for group-chat messages"
 )]
 struct Cli {
@@ -34,6 +36,12 @@ enum Command {
 
 #[derive(Args)]
 struct ServeArgs {
+    /// TOML file of these settings: each flag below is a key, with `_` for
+    /// `-` (`frame_bytes_max = 16777216`); a flag given here overrides the
+    /// file's key. server/tidemark.example.toml lists every key with its
+    /// default.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Data directory (created if missing).
     #[arg(long, default_value = tidemark_node::defaults::DATA_DIR)]
     data: PathBuf,
@@ -133,12 +141,61 @@ struct ServeArgs {
     system_senders: Vec<u64>,
 }
 
+/// Why the command line was refused.
+enum ParseError {
+    Usage(clap::Error),
+    Config(tidemark_server::config_file::ConfigFileError),
+}
+
+/// A `serve --config` file that was applied: its path and what it set.
+type LoadedFile = (PathBuf, tidemark_server::config_file::FileArgs);
+
+/// Parses the command line. For `serve --config FILE`, the file's keys
+/// become flags placed before the command line's own serve arguments, and
+/// keys whose flag is on the command line are left out: flags override
+/// the file, and both go through the same parsers.
+fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseError> {
+    let command = Cli::command();
+    // A first look for `--config` and the flags given, without judging how
+    // they fit together: what a flag requires may be in the file.
+    let matches = command
+        .clone()
+        .ignore_errors(true)
+        .try_get_matches_from(&argv)
+        .ok();
+    let config = matches.as_ref().and_then(|m| {
+        let serve = m.subcommand_matches("serve")?;
+        Some((serve, serve.get_one::<PathBuf>("config")?.clone()))
+    });
+    let Some((serve, path)) = config else {
+        let cli = Cli::try_parse_from(&argv).map_err(ParseError::Usage)?;
+        return Ok((cli, None));
+    };
+    let serve_command = command
+        .find_subcommand("serve")
+        .expect("Cli has a serve subcommand, which just matched");
+    let file = tidemark_server::config_file::load(&path, serve_command, |id| {
+        serve.value_source(id) == Some(ValueSource::CommandLine)
+    })
+    .map_err(ParseError::Config)?;
+    // `Cli` has no options of its own: the subcommand is the first
+    // argument, and serve's arguments are all after it.
+    let split = argv.len().min(2);
+    let mut with_file = argv[..split].to_vec();
+    with_file.extend(file.args.iter().cloned());
+    with_file.extend(argv[split..].iter().cloned());
+    let cli = Cli::try_parse_from(with_file).map_err(ParseError::Usage)?;
+    Ok((cli, Some((path, file))))
+}
+
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     s.parse().map_err(|e: tidemark_engine::Error| e.to_string())
 }
 
 /// The node's configuration from `tidemark serve`'s flags.
 fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
+    // Applied before: its keys are among the flags below.
+    let _ = a.config;
     let mut c = NodeConfig::new(a.data);
     c.listen = a.listen;
     c.engine.fsync = a.fsync;
@@ -183,7 +240,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     }
     let fsync = c.engine.fsync;
     log::info!(
-        "starting: data {}, fsync {:?}",
+        "starting tidemark {}: data {}, fsync {:?}",
+        tidemark_server::VERSION,
         c.engine.data_dir.display(),
         c.engine.fsync
     );
@@ -240,9 +298,13 @@ fn abrupt_exit_note(fsync: FsyncPolicy) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+    let (cli, config_file) = match parse_cli(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(ParseError::Usage(e)) => return usage_error(e),
+        Err(ParseError::Config(e)) => {
+            eprintln!("tidemark: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     // A node logs its progress; a client command prints only its result
     // (RUST_LOG still overrides both).
@@ -251,6 +313,15 @@ fn main() -> ExitCode {
         Command::Client(_) | Command::Bench(_) => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
+    if let Some((path, file)) = &config_file {
+        log::info!(
+            "config file {}: {} key(s) applied [{}]; overridden by flags: [{}]",
+            path.display(),
+            file.applied.len(),
+            file.applied.join(", "),
+            file.overridden.join(", ")
+        );
+    }
     let result = match cli.command {
         Command::Serve(a) => serve(a),
         Command::Client(c) => {
@@ -315,6 +386,186 @@ mod tests {
         let from_flags = node_config(args).expect("config");
         let defaults = NodeConfig::new(tidemark_node::defaults::DATA_DIR);
         assert_eq!(format!("{from_flags:?}"), format!("{defaults:?}"));
+    }
+
+    /// `--help` explains every argument of every subcommand.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn check(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        let mut cli = Cli::command();
+        cli.build();
+        check(&cli, "tidemark", &mut missing);
+        assert!(missing.is_empty(), "arguments without help: {missing:?}");
+    }
+
+    /// What `tidemark ARGS` runs `serve` with, as text to compare.
+    fn serve_config(args: &[OsString]) -> String {
+        let argv = ["tidemark", "serve"]
+            .into_iter()
+            .map(OsString::from)
+            .chain(args.iter().cloned())
+            .collect();
+        let (cli, _) = match parse_cli(argv) {
+            Ok(parsed) => parsed,
+            Err(ParseError::Usage(e)) => panic!("{args:?}: {e}"),
+            Err(ParseError::Config(e)) => panic!("{args:?}: {e}"),
+        };
+        let Command::Serve(serve) = cli.command else {
+            panic!("not serve");
+        };
+        format!("{:?}", node_config(serve).expect("config"))
+    }
+
+    /// Built, as when parsing: switches then have their default, "false".
+    fn serve_command() -> clap::Command {
+        let mut cli = Cli::command();
+        cli.build();
+        cli.find_subcommand("serve").expect("serve").clone()
+    }
+
+    /// The serve arguments that are config keys, with their keys.
+    fn keys() -> Vec<(clap::Arg, String)> {
+        let keys: Vec<_> = serve_command()
+            .get_arguments()
+            .filter_map(|a| Some((a.clone(), tidemark_server::config_file::key_of(a)?)))
+            .collect();
+        assert!(keys.len() >= 20, "{} keys", keys.len());
+        keys
+    }
+
+    const EXAMPLE: &str = include_str!("../tidemark.example.toml");
+
+    /// The example file cannot go stale: it sets every flag that has a
+    /// default to exactly that default, shows every other flag as a
+    /// commented-out key, and loading it changes nothing.
+    #[test]
+    fn the_example_file_lists_every_serve_flag_with_its_default() {
+        let table: toml::Table = EXAMPLE.parse().expect("the example is TOML");
+        for (arg, key) in keys() {
+            // config_file's invariant: the three forms it writes as flags.
+            assert!(
+                matches!(
+                    arg.get_action(),
+                    clap::ArgAction::Set | clap::ArgAction::Append | clap::ArgAction::SetTrue
+                ),
+                "`{key}` is a {:?} flag, which config_file does not write",
+                arg.get_action()
+            );
+            // A switch's default is "false".
+            let defaults = arg.get_default_values();
+            if let Some(default) = defaults.first() {
+                let listed = match table.get(&key) {
+                    Some(toml::Value::Integer(i)) => i.to_string(),
+                    Some(toml::Value::String(s)) => s.clone(),
+                    Some(toml::Value::Boolean(b)) => b.to_string(),
+                    other => panic!("example file: `{key}` is {other:?}"),
+                };
+                assert_eq!(listed, default.to_string_lossy(), "default of `{key}`");
+            } else {
+                assert!(
+                    EXAMPLE
+                        .lines()
+                        .any(|l| l.starts_with(&format!("# {key} = "))),
+                    "example file: no commented-out `# {key} = ...` for a flag without default"
+                );
+            }
+        }
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/tidemark.example.toml");
+        let loaded = serve_config(&["--config".into(), example.into()]);
+        assert_eq!(loaded, serve_config(&[]));
+    }
+
+    /// Every key: its value in a file reaches the node's configuration
+    /// exactly as its flag does, and the flag overrides the file (but for
+    /// switches, which a flag cannot switch off).
+    #[test]
+    fn every_config_key_round_trips_and_its_flag_overrides_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let token = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, name).expect("write token");
+            path.to_string_lossy().into_owned()
+        };
+        let (token_a, token_b) = (token("a"), token("b"));
+        let write = |key: &str, text: String| -> OsString {
+            let file = dir.path().join(format!("{key}.toml"));
+            std::fs::write(&file, text).expect("write config");
+            file.into()
+        };
+        let long =
+            |arg: &clap::Arg| format!("--{}", arg.get_long().expect("keys have a long flag"));
+        let (switches, others): (Vec<_>, Vec<_>) = keys()
+            .into_iter()
+            .partition(|(arg, _)| matches!(arg.get_action(), clap::ArgAction::SetTrue));
+        let defaults = serve_config(&[]);
+        for (arg, key) in &switches {
+            let with_file =
+                serve_config(&["--config".into(), write(key, format!("{key} = true\n"))]);
+            assert_eq!(
+                with_file,
+                serve_config(&[long(arg).into()]),
+                "`{key} = true`"
+            );
+            assert_ne!(with_file, defaults, "`{key} = true` changed nothing");
+        }
+        // Every switch on, in the file and as flags alike, so that a key
+        // whose flag requires a switch can be set alone.
+        let switch_keys: String = switches
+            .iter()
+            .map(|(_, k)| format!("{k} = true\n"))
+            .collect();
+        let switch_flags: Vec<OsString> = switches.iter().map(|(a, _)| long(a).into()).collect();
+        let flags = |more: &[&str]| -> String {
+            let mut args = switch_flags.clone();
+            args.extend(more.iter().map(OsString::from));
+            serve_config(&args)
+        };
+        let baseline = flags(&[]);
+        for (arg, key) in &others {
+            let default = arg
+                .get_default_values()
+                .first()
+                .map(|d| d.to_string_lossy().into_owned());
+            // Two values other than the default (and each other).
+            let (a, b) = match (key.as_str(), default.as_deref().map(str::parse::<u64>)) {
+                ("data", _) => ("/tmp/tidemark-a".to_string(), "/tmp/tidemark-b".to_string()),
+                ("listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
+                ("fsync", _) => ("never".to_string(), "interval:5".to_string()),
+                ("token_file", _) => (token_a.clone(), token_b.clone()),
+                (_, Some(Ok(d))) => ((d + 1).to_string(), (d + 2).to_string()),
+                // A new flag without a default: ids and counts take these.
+                _ => ("1".to_string(), "2".to_string()),
+            };
+            let value = match a.parse::<u64>() {
+                Ok(n) => n.to_string(),
+                Err(_) => format!("{a:?}"),
+            };
+            let value = match arg.get_action() {
+                clap::ArgAction::Append => format!("[{value}]"),
+                _ => value,
+            };
+            let file = write(key, format!("{switch_keys}{key} = {value}\n"));
+            let with_file = serve_config(&["--config".into(), file.clone()]);
+            assert_eq!(
+                with_file,
+                flags(&[&long(arg), &a]),
+                "`{key} = {value}` in the file"
+            );
+            assert_ne!(with_file, baseline, "`{key} = {value}` changed nothing");
+            let both = serve_config(&["--config".into(), file, long(arg).into(), b.clone().into()]);
+            assert_eq!(both, flags(&[&long(arg), &b]), "the flag overrides `{key}`");
+            assert_ne!(both, with_file, "the flag overrides `{key}`");
+        }
     }
 
     /// `--system-sender` is repeated, and means nothing without
