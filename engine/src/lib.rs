@@ -37,6 +37,14 @@ mod cursors;
 mod dedup;
 mod engine;
 mod error;
+// Small groups in shared files (storage v2, issue 12): the extent list, the
+// cold file format and the reclamation planner. Nothing in the engine uses
+// them until step S5/S6 wires them in; until then they are compiled for
+// tests only (public then, like `io` and `record`, so the `testing` build
+// does not see them as dead code), and a release build has none of them.
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod extents;
 mod flusher;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
