@@ -31,6 +31,10 @@ mod catalog;
 mod checkpoint;
 mod checkpointer;
 mod codec;
+// Wired by step S6 (see `extents` below).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod cold;
 mod commit;
 mod config;
 mod cursors;
@@ -68,6 +72,10 @@ mod model_tests;
 #[doc(hidden)]
 pub mod power_cut;
 mod read_counts;
+// Wired by step S6 (see `extents` above).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod reclaim;
 #[cfg(any(test, feature = "testing"))]
 pub mod record;
 #[cfg(not(any(test, feature = "testing")))]
