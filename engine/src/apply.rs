@@ -41,8 +41,9 @@
 //! section 11).
 //!
 //! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
-//! (O(members of the group) and one rename of its directory) and
-//! CreateGroup (a mkdir and a file of its first segment).
+//! (O(members of the group) and, for a group with files, one rename of its
+//! directory) and a group's first record (a mkdir and a file of its first
+//! segment). CreateGroup touches no file.
 
 use std::sync::Arc;
 
@@ -137,7 +138,7 @@ pub(crate) fn entry(
                 return Ok(Applied::Reflected);
             }
         }
-        create_group(st, entry.group_id, group, mode)?;
+        create_group(st, entry.group_id, group, mode);
         let g = st.catalog.read().get(entry.group_id).cloned();
         if let Some(g) = g {
             let mut ck = g.ckpt(&st.ctx.dirty);
@@ -228,28 +229,47 @@ pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
     st.ctx.dirty.mark(group, &mut ck);
 }
 
-/// CreateGroup. Live, the group is registered already
-/// (`submit_create_group` registered it in memory, so appends may follow at
-/// once); its files are made here, on the commit thread, with no lock
-/// held: an error stops writes like a failed group-log write (a full disk
-/// holds the round, and this runs again). In replay the group is created
-/// here unless registered, files included; if making them fails the group
-/// is registered as damaged. A registered group is left as it is.
-fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) -> Result<()> {
+/// CreateGroup: memory only, no file-system call (storage v2 S5). Live,
+/// the group is registered already (`submit_create_group` registered it
+/// in memory, so appends may follow at once); in replay (and for a
+/// replicated round) it is registered here unless it is. A new group's
+/// slot is [`LogSlot::Empty`]: its files are made when its first record
+/// is applied ([`records`]). A registered group is left as it is.
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
     if group.is_some() {
-        // Replay meets a creation the checkpoint (or an earlier entry)
-        // already holds: nothing to do.
-        return match mode {
-            Mode::Live => GroupLog::create_files(st.ctx, id),
-            Mode::Replay | Mode::Replicated => Ok(()),
-        };
+        // Live: registered by the request. Replay: a creation the
+        // checkpoint (or an earlier entry) already holds.
+        return;
     }
     debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
-    let slot = match GroupLog::create_files(st.ctx, id) {
-        Ok(()) => LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, id))),
-        Err(e) => LogSlot::damaged(e.to_string()),
-    };
-    st.catalog.write().insert(id, slot);
+    st.catalog.write().insert(id, LogSlot::Empty);
+}
+
+/// The files of a group about to take its first record: its slot is
+/// [`LogSlot::Empty`] (no file, no directory), so its directory and first
+/// segment are made now, on the applying thread, with no lock held (the
+/// commit thread and replay are the only ones that turn an empty slot into
+/// another, so nothing races this), and the slot becomes an empty loaded
+/// log. A failure: live, the caller stops writes (a full disk holds the
+/// round, and this runs again: `create_files` starts over); in replay the
+/// group is damaged.
+fn make_files_if_empty(st: &State<'_>, group: &Group, mode: Mode) -> Result<()> {
+    if !matches!(&*group.log.read(), LogSlot::Empty) {
+        return Ok(());
+    }
+    let made = GroupLog::create_files(st.ctx, group.id);
+    let mut slot = group.log.write();
+    if !matches!(&*slot, LogSlot::Empty) {
+        return Ok(());
+    }
+    match made {
+        Ok(()) => *slot = LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, group.id))),
+        Err(e) if mode != Mode::Replay => return Err(e),
+        Err(e) => {
+            st.ctx.dirty.damaged(group.id);
+            *slot = LogSlot::damaged(format!("its files could not be made: {e}"));
+        }
+    }
     Ok(())
 }
 
@@ -265,6 +285,9 @@ pub(crate) fn records(
     lsn: u64,
 ) -> Result<RecordsApplied> {
     let ctx = st.ctx;
+    // Outside the group's locks: the only file-system work a group's
+    // creation leads to.
+    make_files_if_empty(st, group, mode)?;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
     let mut done = RecordsApplied {
@@ -458,6 +481,9 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if matches!(old, LogSlot::Empty) {
+        return Ok(()); // no file was ever made: nothing to move
+    }
     if let Some(state) = old.state() {
         for (base, _) in state.segments {
             st.ctx.cache.forget(id, base);

@@ -41,7 +41,7 @@ use crate::dirty::Taken;
 use crate::error::{Error, Result};
 use crate::flusher::FlushCheck;
 use crate::group::{Group, LogSlot};
-use crate::group_log::{LogContext, SyncDuties};
+use crate::group_log::{LogContext, LogState, SyncDuties};
 use crate::io::{OpenMode, VfsFile};
 use crate::journal::{self, JournalStart};
 use crate::retention;
@@ -524,6 +524,15 @@ impl Checkpointer {
             }
             LogSlot::Unloaded(state) => (state.clone(), None, None),
             LogSlot::Damaged { state, reason } => (state.clone(), Some(reason.clone()), None),
+            // No file: recorded with no segment, nothing to sync.
+            LogSlot::Empty => (
+                LogState {
+                    head: 0,
+                    segments: Vec::new(),
+                },
+                None,
+                None,
+            ),
         };
         drop(slot);
         ck.clear_dirty();

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::dedup::{DedupBudget, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{GroupLog, LogContext, ReadBatch, Scan};
+use crate::group_log::{LogContext, ReadBatch, Scan};
 use crate::io::{OsVfs, Vfs};
 use crate::journal::{self, EntryKind};
 use crate::now_ms;
@@ -320,8 +320,9 @@ impl Engine {
 
     /// Registers the group (memory only: no file-system call here, and
     /// none under the registry lock) and queues its creation; durable once
-    /// the ticket's round completes, and its files are made by the commit
-    /// thread when it applies that round. Appends may follow at once.
+    /// the ticket's round completes. The creation itself makes no file:
+    /// the commit thread makes the group's files when it applies its first
+    /// record. Appends may follow at once.
     pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let mut catalog = self.shared.catalog.write();
@@ -335,11 +336,10 @@ impl Engine {
                 max,
             });
         }
-        let log = GroupLog::empty(&self.shared.ctx, group_id);
-        let group = catalog.insert(group_id, LogSlot::Loaded(Box::new(log)));
-        // Its loaded log leaves memory when the group stays idle; its send
-        // state is made on the first send, in memory (an empty log: an
-        // empty window, `ready_to_assign`).
+        // No file and no directory: they are made when its first record
+        // is applied (`LogSlot::Empty`). Its send state is made on the
+        // first send, in memory (an empty window, `empty_send_state`).
+        let group = catalog.insert(group_id, LogSlot::Empty);
         self.shared.dedup.touch_used(group_id);
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.

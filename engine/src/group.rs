@@ -93,6 +93,14 @@ pub struct Group {
 
 /// Where the group's log is.
 pub enum LogSlot {
+    /// A group that holds no record yet and has no file and no directory
+    /// (storage v2 step S5, design section 9): its creation is one journal
+    /// entry and nothing else. The commit thread (or replay) makes its
+    /// files when it applies the group's first record, outside every lock
+    /// (`apply::records`), and the slot becomes `Loaded`. Deleting it
+    /// touches no file. A checkpoint records it with no segment
+    /// (format-spec/storage.md section 6.1).
+    Empty,
     /// Known from the checkpoint (or unloaded while idle); opened and
     /// verified on first use.
     Unloaded(LogState),
@@ -348,6 +356,10 @@ impl LogSlot {
     /// The state a checkpoint records for this slot (None once deleted).
     pub fn state(&self) -> Option<LogState> {
         match self {
+            LogSlot::Empty => Some(LogState {
+                head: 0,
+                segments: Vec::new(),
+            }),
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
             LogSlot::Loaded(l) => Some(l.state()),
             LogSlot::Deleted => None,
@@ -359,7 +371,7 @@ impl LogSlot {
         match self {
             LogSlot::Loaded(l) => l.head(),
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => s.head,
-            LogSlot::Deleted => 0,
+            LogSlot::Empty | LogSlot::Deleted => 0,
         }
     }
 }

@@ -95,6 +95,8 @@ mod replicate_tests;
 mod retention;
 mod segment;
 mod segment_cache;
+#[cfg(test)]
+mod small_tests;
 // Phase 1 of storage v2 step S4: the format and merge of incremental
 // checkpoints, tested alone; the engine uses it from the next commit on.
 #[cfg(test)]

@@ -114,6 +114,11 @@ impl Engine {
                 Err(NeedsIndex { base }) => Need::Index(base),
             },
             LogSlot::Unloaded(_) => Need::Log,
+            // No record and no file: the empty log of a new group.
+            LogSlot::Empty => match f(&GroupLog::empty(&self.shared.ctx, group.id))? {
+                Ok(r) => return Ok(r),
+                Err(NeedsIndex { base }) => Need::Index(base),
+            },
             LogSlot::Damaged { reason, .. } => {
                 return Err(Error::GroupDamaged {
                     group: group.id,
@@ -152,7 +157,7 @@ impl Engine {
                 }
             }
             LogSlot::Deleted => return Error::GroupNotFound { group: group.id },
-            LogSlot::Loaded(_) | LogSlot::Unloaded(_) => {}
+            LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Empty => {}
         }
         self.not_ready(group, Need::Assign)
     }
@@ -245,6 +250,9 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
             }
             // Unloaded again by the idle sweep since `load`.
             LogSlot::Unloaded(_) => continue,
+            // No record: the request makes the empty state itself
+            // (`empty_send_state`).
+            LogSlot::Empty => return Ok(()),
             // Damaged or deleted: the request finds out from the slot.
             LogSlot::Damaged { .. } | LogSlot::Deleted => return Ok(()),
         };
@@ -287,8 +295,10 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
 /// from.
 pub(crate) fn empty_send_state(group: &Group) -> Option<AssignState> {
     let slot = group.log.read();
-    let LogSlot::Loaded(log) = &*slot else {
-        return None;
+    let log = match &*slot {
+        LogSlot::Loaded(log) => log,
+        LogSlot::Empty => return Some(AssignState::default()),
+        _ => return None,
     };
     (log.head() < log.floor()).then(|| AssignState {
         last_id: log.head(),

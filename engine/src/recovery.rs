@@ -389,7 +389,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                 loaded_groups.push(g.id);
             }
             LogSlot::Unloaded(_) => report.groups_unverified += 1,
-            LogSlot::Deleted => {}
+            LogSlot::Empty | LogSlot::Deleted => {}
         }
     }
     report.groups = catalog.len() as u64;
@@ -533,11 +533,34 @@ fn load_groups_whose_segments_lead(
     report: &mut RecoveryReport,
 ) {
     for group in catalog.groups() {
-        let state = match &*group.log.read() {
-            LogSlot::Unloaded(state) => state.clone(),
+        let (state, lead) = match &*group.log.read() {
+            LogSlot::Unloaded(state) => (state.clone(), segments_lead(ctx, group.id, state)),
+            // Files made for a first record that the journal lost: loaded
+            // as a log recorded empty, if its first segment holds a record
+            // (a group without files costs one failed open).
+            LogSlot::Empty => {
+                let header = crate::segment::SEGMENT_HEADER_BYTES as u64;
+                let first = ctx.group_dir(group.id).join(crate::segment::file_name(1));
+                let lead = ctx
+                    .vfs
+                    .open(&first, crate::io::OpenMode::Read)
+                    .and_then(|f| f.file_len())
+                    .is_ok_and(|len| len > header);
+                let state = LogState {
+                    head: 0,
+                    segments: vec![(1, header)],
+                };
+                (state, lead)
+            }
             _ => continue,
         };
-        if segments_lead(ctx, group.id, &state) {
+        if lead {
+            {
+                let mut slot = group.log.write();
+                if matches!(&*slot, LogSlot::Empty) {
+                    *slot = LogSlot::Unloaded(state);
+                }
+            }
             ensure_loaded_reporting(ctx, group, report);
             // Its head may have moved past what the runs say: record it.
             let mut ck = group.ckpt(&ctx.dirty);
@@ -584,6 +607,8 @@ fn restore_runs(
                     };
                     let slot = match rec.damaged {
                         Some(reason) => LogSlot::Damaged { state, reason },
+                        // No segment: a group without record or file.
+                        None if state.segments.is_empty() => LogSlot::Empty,
                         None => LogSlot::Unloaded(state),
                     };
                     let g = catalog.insert(rec.group, slot);

@@ -1714,14 +1714,18 @@ fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_l
     c.checkpoint_journal_bytes = 1 << 30;
     c.segment_tail_bytes = 0; // every record also reaches its segment file
     let e = Engine::open(c.clone()).unwrap();
-    // Both groups are in the checkpoint (replaying a group's creation
-    // starts its files afresh, so its segments could not help).
+    // Both groups are in the checkpoint with their files (a group's first
+    // record makes them, and replaying it starts them afresh, so its
+    // segments could not help).
     e.create_group(1).unwrap();
     e.create_group(2).unwrap();
+    for g in [1, 2] {
+        e.append(g, 7, g * 1_000_000 + 1, &payload(g, 1)).unwrap();
+    }
     e.checkpoint().unwrap();
     for g in [1, 2] {
         // Group 2's records all follow the damaged entry in the journal.
-        for i in 1..=30 {
+        for i in 2..=30 {
             e.append(g, 7, g * 1_000_000 + i, &payload(g, i)).unwrap();
         }
     }

@@ -567,6 +567,9 @@ fn out_of_descriptors_at_accept_refuses_with_overloaded() {
     let pid = node.child.id();
     let mut kept = node.client();
     kept.create_group(1).unwrap();
+    // A group's files are made at its first record (storage v2): made
+    // now, while the node can still open files.
+    kept.send(1, 1, 1, b"first").unwrap();
     let to_close = node.client();
     // Lower the node's limit to its lowest free descriptor number: it can
     // open nothing more.
@@ -588,7 +591,7 @@ fn out_of_descriptors_at_accept_refuses_with_overloaded() {
         assert!(!connect_outcome(&node.addr), "connection {i} is refused");
     }
     kept.ping().unwrap();
-    kept.send(1, 1, 1, b"still served").unwrap();
+    kept.send(1, 1, 2, b"still served").unwrap();
     // A descriptor comes free: the next connection is served.
     drop(to_close);
     let mut served = false;

@@ -70,6 +70,10 @@ pub struct FaultControl {
     held_paths: Mutex<Vec<String>>,
     held_cv: Condvar,
     pub ops_held: AtomicU64,
+    /// While `Some`, the path of every operation (any thread) is appended:
+    /// what a step touched, whichever thread did it
+    /// ([`FaultControl::log_paths`]).
+    path_log: Mutex<Option<Vec<PathBuf>>>,
 }
 
 impl FaultControl {
@@ -94,17 +98,31 @@ impl FaultControl {
         self.held_cv.notify_all();
     }
 
-    fn count_op(&self) {
+    /// Starts logging the path of every operation, on any thread (a log
+    /// already started is emptied).
+    pub fn log_paths(&self) {
+        *self.path_log.lock() = Some(Vec::new());
+    }
+
+    /// Stops logging paths; returns those logged since [`Self::log_paths`].
+    pub fn logged_paths(&self) -> Vec<PathBuf> {
+        self.path_log.lock().take().unwrap_or_default()
+    }
+
+    fn count_op(&self, path: &Path) {
         *self
             .ops_by_thread
             .lock()
             .entry(std::thread::current().id())
             .or_default() += 1;
+        if let Some(log) = self.path_log.lock().as_mut() {
+            log.push(path.to_owned());
+        }
     }
 
     /// Counts an operation on `path` and waits while the path is held.
     fn path_op(&self, path: &Path) {
-        self.count_op();
+        self.count_op(path);
         let text = path.to_string_lossy();
         let mut held = self.held_paths.lock();
         if !held.iter().any(|f| text.contains(f.as_str())) {
@@ -186,7 +204,7 @@ impl FaultControl {
 
 impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(&self.path);
         self.control.check_write(buf.len())?;
         self.inner.write_all_at(buf, offset)?;
         self.control
@@ -202,28 +220,28 @@ impl VfsFile for FaultyFile {
         self.inner.read_exact_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(&self.path);
         self.control.check_sync(&self.path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         self.inner.sync_data()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(&self.path);
         self.inner.set_len(len)
     }
     fn file_len(&self) -> io::Result<u64> {
-        self.control.count_op();
+        self.control.count_op(&self.path);
         self.inner.file_len()
     }
     fn map(&self, len: usize) -> io::Result<memmap2::Mmap> {
-        self.control.count_op();
+        self.control.count_op(&self.path);
         self.inner.map(len)
     }
 }
 
 impl Vfs for FaultyVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn VfsFile>> {
-        self.control.count_op();
+        self.control.count_op(path);
         self.control.opens.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FaultyFile {
             inner: OsVfs.open(path, mode)?,
@@ -232,33 +250,33 @@ impl Vfs for FaultyVfs {
         }))
     }
     fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(path);
         if self.control.disk_full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         OsVfs.create_dir_all(path)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(path);
         self.control.check_sync(path)?;
         self.control.dir_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_dir(path)
     }
     fn free_bytes(&self, path: &Path) -> io::Result<u64> {
-        self.control.count_op();
+        self.control.count_op(path);
         match self.control.free_bytes.load(Ordering::SeqCst) {
             u64::MAX => OsVfs.free_bytes(path),
             n => Ok(n),
         }
     }
     fn sync_filesystem(&self, path: &Path) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(path);
         self.control.check_sync(path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
         OsVfs.sync_filesystem(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.control.count_op();
+        self.control.count_op(from);
         OsVfs.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -274,7 +292,7 @@ impl Vfs for FaultyVfs {
         OsVfs.read_dir(path)
     }
     fn exists(&self, path: &Path) -> bool {
-        self.control.count_op();
+        self.control.count_op(path);
         OsVfs.exists(path)
     }
 }

@@ -293,6 +293,20 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
     ] {
         assert!(decode_raw(&good(bad), 1, Key::group(1)).is_err(), "{what}");
     }
+    // A group with no file (storage v2 S5: created, no record yet): no
+    // segment, head 0, exactly these bytes (format-spec/storage.md 6.1);
+    // no segment with a head above 0 is refused.
+    let fileless = GroupRecord {
+        head: 0,
+        segments: Vec::new(),
+        ..base.clone()
+    };
+    assert_eq!(good(fileless.clone()), [1, 1, 0, 0, 0, 0]);
+    assert_eq!(
+        decode_raw(&good(fileless.clone()), 1, Key::group(1)).unwrap(),
+        [Item::GroupPut(fileless)]
+    );
+    assert!(decode_raw(&[1, 1, 0, 0, 3, 0], 1, Key::group(1)).is_err());
     // Segments whose bases do not rise: patch the second delta to 0.
     let mut raw = good(base.clone());
     // kind, group, flags, lsn, head, m, base0, len0, delta1, len1

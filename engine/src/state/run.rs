@@ -124,8 +124,8 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 }
 
 // Format: GroupPut value { flags u8 (1 fresh, 2 damaged, 4 retention) |
-// varint applied_lsn | varint head | varint m >= 1 | varint base_0 |
-// varint len_0 | (m - 1) x { varint base delta > 0 | varint len } |
+// varint applied_lsn | varint head | varint m (0 only with head 0: no file) |
+// m x { varint base (the first absolute, then the delta > 0) | varint len } |
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
 // damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
@@ -262,8 +262,9 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     let head = r.varint()?;
     let m = r.varint()?;
     // Each segment takes at least two bytes: a hostile count fails here.
-    if m == 0 || m > (r.remaining() / 2) as u64 {
-        return Err(bad(&format!("{m} segments")));
+    // No segment: a group that holds no record and has no file.
+    if (m == 0 && head != 0) || m > (r.remaining() / 2) as u64 {
+        return Err(bad(&format!("{m} segments with head {head}")));
     }
     let mut segments = Vec::with_capacity(m as usize);
     let mut base = 0u64;
@@ -282,7 +283,7 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         segments.push((base, len));
     }
     // Bases rise from at least 1 (ids start at 1) to at most head + 1.
-    if segments[0].0 == 0 || base > head.saturating_add(1) {
+    if segments.first().is_some_and(|s| s.0 == 0) || base > head.saturating_add(1) {
         return Err(bad("inconsistent segment list"));
     }
     let retention = if flags & FLAG_RETENTION != 0 {
