@@ -237,6 +237,11 @@ enum ChunkSource {
     Mapped(Arc<SegmentFile>),
     /// Records not yet written to the file, copied out of the log's tail.
     Copied(Arc<[u8]>),
+    /// A small group's records where the commit round wrote them: a slice
+    /// of a shared (journal) file's mapping (storage v2, `small_read.rs`;
+    /// test-only until step S5 wires small groups in).
+    #[cfg(any(test, feature = "testing"))]
+    Shared(Arc<crate::small_read::SharedMap>),
 }
 
 impl ChunkSource {
@@ -244,11 +249,29 @@ impl ChunkSource {
         match self {
             ChunkSource::Mapped(seg) => seg.bytes(start, end),
             ChunkSource::Copied(buf) => &buf[start..end],
+            #[cfg(any(test, feature = "testing"))]
+            ChunkSource::Shared(map) => &map.bytes()[start..end],
         }
     }
 }
 
 impl Chunk {
+    /// Whole records at `[start, end)` of a shared file's mapping, which
+    /// holds them (the caller checked the range).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn shared(
+        map: Arc<crate::small_read::SharedMap>,
+        start: usize,
+        end: usize,
+    ) -> Chunk {
+        debug_assert!(start <= end && end <= map.bytes().len());
+        Chunk {
+            source: ChunkSource::Shared(map),
+            start,
+            end,
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.source.bytes(self.start, self.end)
     }

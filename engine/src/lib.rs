@@ -95,6 +95,11 @@ mod replicate_tests;
 mod retention;
 mod segment;
 mod segment_cache;
+// Reads of small groups from the shared journal files (storage v2):
+// test-only until step S5 wires small groups in (see `extents` above).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod small_read;
 #[cfg(test)]
 mod small_tests;
 // Phase 1 of storage v2 step S4: the format and merge of incremental
