@@ -84,6 +84,11 @@ mod ready_tests;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod reclaim;
+// The journal files checkpoints keep for small groups (storage v2):
+// test-only until step S5 wires small groups in (see `extents` above).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod pins;
 // The worker's half of a promotion (storage v2): test-only until step S5
 // wires small groups in (see `extents` above).
 #[cfg(any(test, feature = "testing"))]

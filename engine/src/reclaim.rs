@@ -120,6 +120,11 @@ impl LiveBytes {
         self.files.get(&file).copied()
     }
 
+    /// Every accounted file, in file order.
+    pub fn files(&self) -> impl Iterator<Item = (FileId, FileUsage)> + '_ {
+        self.files.iter().map(|(f, u)| (*f, *u))
+    }
+
     /// Sealed and nothing live: the file may go to the graveyard (a journal
     /// file only once it also left the replay window).
     pub fn is_dead(&self, file: FileId) -> bool {
