@@ -1,5 +1,7 @@
-//! Engine options. Every limit has a unit in its name, a default here, and a
-//! line in format-spec/storage.md ("Limits").
+//! Engine options. Every limit has a unit in its name, a default here (one
+//! constant in [`defaults`], which `Config::new` and `tidemark serve`'s
+//! flags take, and which a test checks against the "Limits" table of
+//! format-spec/storage.md), and a line in that table.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,6 +47,63 @@ impl std::str::FromStr for FsyncPolicy {
         }
     }
 }
+
+/// The default of every engine limit, one constant each: `Config::new`
+/// takes them, `tidemark serve` shows them as its flags' defaults, and a
+/// test checks them against format-spec/storage.md section 13. The
+/// relationships `Config::validate` checks hold between them at compile
+/// time (the assertions below the module).
+pub mod defaults {
+    pub const SEGMENT_BYTES_MAX: u64 = 32 << 20;
+    pub const INDEX_INTERVAL_BYTES: u32 = 4096;
+    pub const PAYLOAD_BYTES_MAX: usize = 1 << 20;
+    pub const OPEN_SEGMENTS_MAX: usize = 16_384;
+    pub const DEDUP_WINDOW_SENDS: usize = 10_000;
+    pub const DEDUP_WINDOW_MS: u64 = 10 * 60 * 1000;
+    pub const DEDUP_ENTRIES_MAX: usize = 1_000_000;
+    pub const DEDUP_ENTRIES_TOTAL_MAX: usize = 10_000_000;
+    pub const IDLE_EVICT_MS: u64 = 10 * 60 * 1000;
+    pub const CHECKPOINT_JOURNAL_BYTES: u64 = 64 << 20;
+    pub const CHECKPOINT_DIRTY_GROUPS_MAX: usize = 1_000_000;
+    pub const CHECKPOINT_INTERVAL_MS: u64 = 60_000;
+    pub const RUN_FILE_BYTES_MAX: u64 = 256 << 20;
+    pub const JOURNAL_FILE_BYTES: u64 = 64 << 20;
+    pub const SEGMENT_TAIL_BYTES: usize = 16 << 10;
+    pub const COMMIT_ROUND_BYTES_MAX: usize = 8 << 20;
+    pub const GROUPS_MAX: usize = 10_000_000;
+    pub const MEMBERS_PER_GROUP_MAX: usize = 500_000;
+    pub const GROUPS_PER_USER_MAX: usize = 20_000;
+    pub const CURSOR_FLUSH_MS: u64 = 1000;
+    pub const RETENTION_CHECK_MS: u64 = 60_000;
+    pub const DISK_FREE_MIN_BYTES: u64 = 64 << 20;
+}
+
+// `Config::validate`'s relationships, for the defaults, at compile time.
+const _: () = {
+    use defaults::*;
+    let record_bytes_max = RECORD_HEADER_BYTES + PAYLOAD_BYTES_MAX;
+    assert!(PAYLOAD_BYTES_MAX > 0 && record_bytes_max <= crate::record::RECORD_BYTES_STORED_MAX);
+    assert!(SEGMENT_BYTES_MAX >= (SEGMENT_HEADER_BYTES + record_bytes_max) as u64);
+    assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+    let journal_min = crate::journal::JOURNAL_HEADER_BYTES
+        + crate::journal::frame::FRAME_OVERHEAD_BYTES
+        + crate::journal::ENTRY_HEADER_BYTES
+        + record_bytes_max;
+    assert!(JOURNAL_FILE_BYTES >= journal_min as u64 && JOURNAL_FILE_BYTES <= u32::MAX as u64);
+    assert!(INDEX_INTERVAL_BYTES > 0 && OPEN_SEGMENTS_MAX >= 2);
+    assert!(COMMIT_ROUND_BYTES_MAX >= record_bytes_max);
+    assert!(GROUPS_MAX < u32::MAX as usize);
+    assert!(CURSOR_FLUSH_MS > 0 && RETENTION_CHECK_MS > 0);
+    assert!(RUN_FILE_BYTES_MAX >= crate::state::run::RUN_FILE_BYTES_MIN);
+    assert!(RUN_FILE_BYTES_MAX <= crate::state::run::RUN_FILE_BYTES_READ_MAX);
+    assert!(CHECKPOINT_JOURNAL_BYTES > 0 && CHECKPOINT_DIRTY_GROUPS_MAX > 0);
+    assert!(CHECKPOINT_INTERVAL_MS > 0);
+    assert!(DEDUP_WINDOW_SENDS > 0);
+    assert!(DEDUP_ENTRIES_MAX >= DEDUP_WINDOW_SENDS);
+    assert!(DEDUP_ENTRIES_TOTAL_MAX >= DEDUP_WINDOW_SENDS);
+    // A group's whole window fits the node-wide budget.
+    assert!(DEDUP_ENTRIES_TOTAL_MAX >= DEDUP_ENTRIES_MAX);
+};
 
 /// Options of an engine. `Config::new(dir)` gives the documented defaults.
 #[derive(Clone, Debug)]
@@ -111,31 +170,32 @@ pub struct Config {
 
 impl Config {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        use defaults::*;
         Config {
             data_dir: data_dir.into(),
             fsync: FsyncPolicy::Always,
-            segment_bytes_max: 32 << 20,
-            index_interval_bytes: 4096,
-            payload_bytes_max: 1 << 20,
-            open_segments_max: 16_384,
-            dedup_window_sends: 10_000,
-            dedup_window_ms: 10 * 60 * 1000,
-            dedup_entries_max: 1_000_000,
-            dedup_entries_total_max: 10_000_000,
-            idle_evict_ms: 10 * 60 * 1000,
-            checkpoint_journal_bytes: 64 << 20,
-            checkpoint_dirty_groups_max: 1_000_000,
-            checkpoint_interval_ms: 60_000,
-            run_file_bytes_max: 256 << 20,
-            journal_file_bytes: 64 << 20,
-            segment_tail_bytes: 16 << 10,
-            commit_round_bytes_max: 8 << 20,
-            groups_max: 10_000_000,
-            members_per_group_max: 500_000,
-            groups_per_user_max: 20_000,
-            cursor_flush_ms: 1000,
-            retention_check_ms: 60_000,
-            disk_free_min_bytes: 64 << 20,
+            segment_bytes_max: SEGMENT_BYTES_MAX,
+            index_interval_bytes: INDEX_INTERVAL_BYTES,
+            payload_bytes_max: PAYLOAD_BYTES_MAX,
+            open_segments_max: OPEN_SEGMENTS_MAX,
+            dedup_window_sends: DEDUP_WINDOW_SENDS,
+            dedup_window_ms: DEDUP_WINDOW_MS,
+            dedup_entries_max: DEDUP_ENTRIES_MAX,
+            dedup_entries_total_max: DEDUP_ENTRIES_TOTAL_MAX,
+            idle_evict_ms: IDLE_EVICT_MS,
+            checkpoint_journal_bytes: CHECKPOINT_JOURNAL_BYTES,
+            checkpoint_dirty_groups_max: CHECKPOINT_DIRTY_GROUPS_MAX,
+            checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS,
+            run_file_bytes_max: RUN_FILE_BYTES_MAX,
+            journal_file_bytes: JOURNAL_FILE_BYTES,
+            segment_tail_bytes: SEGMENT_TAIL_BYTES,
+            commit_round_bytes_max: COMMIT_ROUND_BYTES_MAX,
+            groups_max: GROUPS_MAX,
+            members_per_group_max: MEMBERS_PER_GROUP_MAX,
+            groups_per_user_max: GROUPS_PER_USER_MAX,
+            cursor_flush_ms: CURSOR_FLUSH_MS,
+            retention_check_ms: RETENTION_CHECK_MS,
+            disk_free_min_bytes: DISK_FREE_MIN_BYTES,
         }
     }
 

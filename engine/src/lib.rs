@@ -127,7 +127,7 @@ mod trash;
 mod warn_limit;
 mod worker;
 
-pub use config::{Config, FsyncPolicy};
+pub use config::{defaults, Config, FsyncPolicy};
 pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };

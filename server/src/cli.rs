@@ -2,7 +2,7 @@
 //! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `stats` against a
 //! running node, and `demo`. Human-readable output by default, one JSON
 //! object with `--json`. Every command goes through the reliable client
-//! ([`crate::reliable`]): it connects with retries for `--timeout-ms`, and
+//! ([`tidemark_client::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
 //! A failure is a [`CliError`]: one line on stderr, or with `--json` one
 //! JSON object `{"error":{"code":..,"message":..}}` on stderr; either way
@@ -13,16 +13,18 @@
 
 use std::fmt;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::client::{ClientConfig, GroupState, Message};
+use tidemark_client::protocol::JoinStart;
+use tidemark_client::reliable::{Error, ReliableClient, ReliableConfig};
+use tidemark_client::{ClientConfig, GroupState, Message};
+
 use crate::demo;
-use crate::protocol::JoinStart;
-use crate::reliable::{Error, ReliableClient, ReliableConfig};
+use crate::token_file::read_token_file;
 
 /// Why a client subcommand failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -260,19 +262,6 @@ fn parse_start(s: &str) -> Result<JoinStart, String> {
     }
 }
 
-/// Reads a token file as `tidemark serve` does: trailing newlines ignored.
-pub fn read_token_file(path: &Path) -> Result<Vec<u8>, String> {
-    let mut token = std::fs::read(path)
-        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
-    while token.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        token.pop();
-    }
-    if token.is_empty() {
-        return Err(format!("token file {} is empty", path.display()));
-    }
-    Ok(token)
-}
-
 fn reliable_config(conn: &ConnArgs) -> Result<ReliableConfig, CliError> {
     let mut client = ClientConfig::new(conn.addr.clone());
     client.client_name = "tidemark-cli".into();
@@ -388,7 +377,7 @@ fn send(a: SendArgs) -> Result<(), CliError> {
     let (client_msg_id, sent) = match a.client_msg_id {
         Some(id) => (id, c.send_with_id(a.group, a.sender, id, payload)),
         None => {
-            let id = crate::reliable::ClientMsgIds::new().next_id();
+            let id = tidemark_client::reliable::ClientMsgIds::new().next_id();
             (id, c.send_with_id(a.group, a.sender, id, payload))
         }
     };

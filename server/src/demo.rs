@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::client::{ClientConfig, Message};
-use crate::config::NodeConfig;
-use crate::event_loop::{self, Shutdown};
-use crate::protocol::JoinStart;
-use crate::reliable::{Inbox, ReliableClient, ReliableConfig};
+use tidemark_client::protocol::JoinStart;
+use tidemark_client::{ClientConfig, Inbox, Message, ReliableClient, ReliableConfig};
+use tidemark_node::{NodeConfig, Shutdown};
+
+use crate::token_file::read_token_file;
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -184,7 +184,7 @@ impl DemoReport {
 /// The `tidemark demo` subcommand.
 pub fn run_cli(a: DemoArgs) -> Result<(), String> {
     let token = match &a.token_file {
-        Some(p) => Some(crate::cli::read_token_file(p)?),
+        Some(p) => Some(read_token_file(p)?),
         None => None,
     };
     let report = run(a.addr.clone(), token, a.messages)?;
@@ -227,7 +227,7 @@ impl LocalNode {
         let thread = std::thread::Builder::new()
             .name("demo-node".into())
             .spawn(move || {
-                event_loop::serve(config, move |addr, shutdown| {
+                tidemark_node::serve(config, move |addr, shutdown| {
                     let _ = tx.send((addr, shutdown));
                 })
             })
@@ -369,7 +369,7 @@ pub fn run(
     let (group, user_base) = if local.is_some() {
         (1, 0)
     } else {
-        let r = crate::reliable::random_u64() % 9_000_000 + 1_000_000;
+        let r = tidemark_client::reliable::random_u64() % 9_000_000 + 1_000_000;
         (r, r * 10)
     };
     let mut narrative = Vec::new();

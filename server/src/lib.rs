@@ -1,22 +1,17 @@
-//! tidemark-server: the network side of the tidemark node.
+//! tidemark-server: the `tidemark` binary's subcommands, as a library so
+//! that the integration tests and the comparison benchmark
+//! (`benches/compare`) drive the same code.
 //!
-//! [`protocol`] is the binary wire protocol as a sans-IO codec: it turns
-//! bytes into frames and frames into bytes and knows nothing of sockets or
-//! of the engine (format-spec/protocol.md is its specification).
+//! - `tidemark serve` is in `main.rs`: flags into a [`tidemark_node::NodeConfig`],
+//!   then [`tidemark_node::serve`] with signal handling.
+//! - [`cli`]: the client commands (`send`, `pull`, ...) over the reliable
+//!   client of `tidemark-client`, and `demo`'s command line.
+//! - [`demo`]: the delivery-guarantee walkthrough, against an in-process
+//!   node or a running one.
+//! - [`bench`](mod@bench): the load tool, `tidemark bench`.
+//! - [`token_file`]: the token file every command reads the same way.
 
 pub mod bench;
 pub mod cli;
-pub mod client;
-pub mod config;
-pub mod connection;
 pub mod demo;
-pub mod event_loop;
-#[cfg(any(test, feature = "testing"))]
-#[doc(hidden)]
-pub mod fuzz_targets;
-pub mod handlers;
-pub mod long_poll;
-pub mod protocol;
-pub mod reliable;
-pub mod stats;
-pub mod subscriptions;
+pub mod token_file;

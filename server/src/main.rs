@@ -1,5 +1,6 @@
 //! The `tidemark` binary: `tidemark serve` runs a node; the client
-//! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`.
+//! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`,
+//! the node in `tidemark_node`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -8,8 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use tidemark_engine::FsyncPolicy;
-use tidemark_server::config::NodeConfig;
-use tidemark_server::event_loop;
+use tidemark_node::NodeConfig;
 
 #[derive(Parser)]
 #[command(
@@ -35,10 +35,10 @@ enum Command {
 #[derive(Args)]
 struct ServeArgs {
     /// Data directory (created if missing).
-    #[arg(long, default_value = "./tidemark-data")]
+    #[arg(long, default_value = tidemark_node::defaults::DATA_DIR)]
     data: PathBuf,
     /// Address to listen on; port 0 picks a free port (printed at start).
-    #[arg(long, default_value = "127.0.0.1:7070")]
+    #[arg(long, default_value = tidemark_node::defaults::LISTEN)]
     listen: SocketAddr,
     /// When a send is acknowledged: always (after fsync), interval:MS, never.
     #[arg(long, default_value = "always", value_parser = parse_fsync)]
@@ -47,75 +47,75 @@ struct ServeArgs {
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Largest frame (bytes after the length prefix).
-    #[arg(long, default_value_t = tidemark_server::protocol::FRAME_BYTES_MAX_DEFAULT)]
+    #[arg(long, default_value_t = tidemark_node::defaults::FRAME_BYTES_MAX)]
     frame_bytes_max: u32,
     /// Largest message payload.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::PAYLOAD_BYTES_MAX)]
     payload_bytes_max: usize,
     /// Connections at once.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = tidemark_node::defaults::CONNECTIONS_MAX)]
     connections_max: usize,
     /// Output buffered per connection before reads stop and pushes are dropped.
-    #[arg(long, default_value_t = 8 << 20)]
+    #[arg(long, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_MAX)]
     output_bytes_max: usize,
     /// Requests answered later (sends, joins, long polls) per connection.
-    #[arg(long, default_value_t = tidemark_server::protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT)]
+    #[arg(long, default_value_t = tidemark_node::defaults::REQUESTS_IN_FLIGHT_MAX)]
     requests_in_flight_max: u32,
     /// Longest PULL wait honoured, in milliseconds.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = tidemark_node::defaults::LONG_POLL_MS_MAX)]
     long_poll_ms_max: u32,
     /// Subscriptions (users + groups) per connection.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = tidemark_node::defaults::SUBSCRIPTIONS_MAX)]
     subscriptions_max: usize,
     /// A frame must arrive whole within this many milliseconds of its first
     /// byte, or the connection is closed (BAD_FRAME).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = tidemark_node::defaults::FRAME_TIMEOUT_MS)]
     frame_timeout_ms: u64,
     /// Output queued by all connections together; above it the connections
     /// with the most output queued are closed.
-    #[arg(long, default_value_t = 1 << 30)]
+    #[arg(long, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_TOTAL_MAX)]
     output_bytes_total_max: usize,
     /// Input buffered by all connections together; a frame that would pass
     /// it gets OVERLOADED and a close.
-    #[arg(long, default_value_t = 1 << 30)]
+    #[arg(long, default_value_t = tidemark_node::defaults::INPUT_BYTES_TOTAL_MAX)]
     input_bytes_total_max: usize,
     /// Dedup entries remembered by all groups together (see the spec's
     /// dedup window): past it, idle groups' windows leave memory.
-    #[arg(long, default_value_t = 10_000_000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::DEDUP_ENTRIES_TOTAL_MAX)]
     dedup_entries_total_max: usize,
     /// A group unused this long (ms) gives back its send state and dedup
     /// window (rebuilt from its log on its next SEND) and its small log.
-    #[arg(long, default_value_t = 600_000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::IDLE_EVICT_MS)]
     idle_evict_ms: u64,
     /// Members per group.
-    #[arg(long, default_value_t = 500_000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::MEMBERS_PER_GROUP_MAX)]
     members_per_group_max: usize,
     /// Groups per user.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::GROUPS_PER_USER_MAX)]
     groups_per_user_max: usize,
     /// Segment files kept open.
-    #[arg(long, default_value_t = 16_384)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::OPEN_SEGMENTS_MAX)]
     open_segments_max: usize,
     /// Segment size before a new segment starts.
-    #[arg(long, default_value_t = 32 << 20)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::SEGMENT_BYTES_MAX)]
     segment_bytes_max: u64,
     /// Below this much free space in the data directory's file system, sends
     /// are refused (OVERLOADED, detail = free bytes) until space returns.
     /// 0 turns the reserve off (a write that finds the disk full is then
     /// held until space returns, and sends are refused meanwhile).
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::DISK_FREE_MIN_BYTES)]
     disk_free_min_bytes: u64,
     /// Moved cursors (ACKs) are persisted at least this often, in
     /// milliseconds; a crash forgets at most the ACKs of the last interval.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::CURSOR_FLUSH_MS)]
     cursor_flush_ms: u64,
     /// A checkpoint is taken once this many journal bytes were written
     /// since the last one (checkpoints write what changed, beside the
     /// commit rounds).
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_JOURNAL_BYTES)]
     checkpoint_journal_bytes: u64,
     /// ...and at least this often, in milliseconds, when anything changed.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_INTERVAL_MS)]
     checkpoint_interval_ms: u64,
 }
 
@@ -123,7 +123,8 @@ fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     s.parse().map_err(|e: tidemark_engine::Error| e.to_string())
 }
 
-fn serve(a: ServeArgs) -> Result<(), String> {
+/// The node's configuration from `tidemark serve`'s flags.
+fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     let mut c = NodeConfig::new(a.data);
     c.listen = a.listen;
     c.engine.fsync = a.fsync;
@@ -148,8 +149,13 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     c.engine.idle_evict_ms = a.idle_evict_ms;
     if let Some(path) = a.token_file {
-        c.token = Some(tidemark_server::cli::read_token_file(&path)?);
+        c.token = Some(tidemark_server::token_file::read_token_file(&path)?);
     }
+    Ok(c)
+}
+
+fn serve(a: ServeArgs) -> Result<(), String> {
+    let c = node_config(a)?;
     // The engine would fail on a file here with a bare "mkdir: File exists".
     let data = &c.engine.data_dir;
     if data.exists() && !data.is_dir() {
@@ -164,7 +170,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         c.engine.data_dir.display(),
         c.engine.fsync
     );
-    event_loop::serve(c, |addr, shutdown| {
+    tidemark_node::serve(c, |addr, shutdown| {
         let signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
             signal_hook::consts::SIGTERM,
@@ -275,4 +281,22 @@ fn usage_error(e: clap::Error) -> ExitCode {
     tidemark_server::cli::report_error(&err, true);
     // clap's own status for a usage error.
     ExitCode::from(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `tidemark serve` without flags runs with exactly the defaults of
+    /// `NodeConfig::new` (both take them from the `defaults` modules).
+    #[test]
+    fn serve_without_flags_runs_with_the_defaults() {
+        let cli = Cli::try_parse_from(["tidemark", "serve"]).expect("parses");
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        let from_flags = node_config(args).expect("config");
+        let defaults = NodeConfig::new(tidemark_node::defaults::DATA_DIR);
+        assert_eq!(format!("{from_flags:?}"), format!("{defaults:?}"));
+    }
 }

@@ -7,8 +7,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tidemark_server::client::{Client, ClientConfig};
-use tidemark_server::protocol::JoinStart;
+use tidemark_client::{Client, ClientConfig};
+use tidemark_protocol::JoinStart;
 
 use crate::harness::{tidemark_bin, Node};
 

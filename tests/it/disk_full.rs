@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidemark_server::client::{Client, ClientConfig, ClientError};
-use tidemark_server::protocol::{ErrorCode, JoinStart};
+use tidemark_client::{Client, ClientConfig, ClientError};
+use tidemark_protocol::{ErrorCode, JoinStart};
 
 use crate::harness::{tidemark_bin, Node};
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidemark_server::protocol::{
+use tidemark_protocol::{
     decode_response, encode_request, ErrorCode, Frame, JoinStart, Request, Response,
 };
 
@@ -166,7 +166,7 @@ fn pipelined_requests_observe_every_earlier_request() {
     ));
 }
 
-fn stats(c: &mut tidemark_server::client::Client) -> HashMap<String, u64> {
+fn stats(c: &mut tidemark_client::Client) -> HashMap<String, u64> {
     c.stats().unwrap().into_iter().collect()
 }
 
@@ -255,7 +255,7 @@ fn ping_floods_do_not_starve_a_normal_client() {
     std::thread::sleep(Duration::from_millis(300));
     let mut c = node.config();
     c.io_timeout = Duration::from_secs(60);
-    let mut good = tidemark_server::client::Client::connect(&c).expect("connect during flood");
+    let mut good = tidemark_client::Client::connect(&c).expect("connect during flood");
     good.create_group(1).unwrap();
     // A generous bound: before the fix the first PING waited for a flood
     // connection's socket to run dry, which it never does.
@@ -272,7 +272,7 @@ fn ping_floods_do_not_starve_a_normal_client() {
 /// Polls STATS until `cond` holds (or panics after a generous while): a
 /// wait for the node to get there, not a timing assertion.
 fn wait_for_stats(
-    c: &mut tidemark_server::client::Client,
+    c: &mut tidemark_client::Client,
     what: &str,
     cond: impl Fn(&HashMap<String, u64>) -> bool,
 ) -> HashMap<String, u64> {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use tidemark_server::protocol::{JoinStart, Request, Response};
+use tidemark_protocol::{JoinStart, Request, Response};
 
 use crate::harness::Node;
 

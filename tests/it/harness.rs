@@ -7,7 +7,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tidemark_server::client::{Client, ClientConfig};
+use tidemark_client::{Client, ClientConfig};
 
 /// Reads the first line a just-started `tidemark serve` prints on its piped
 /// standard output and returns the address it names.

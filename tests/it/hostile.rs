@@ -8,7 +8,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use tidemark_server::protocol::{encode_request, JoinStart, Request, Subscription};
+use tidemark_protocol::{encode_request, JoinStart, Request, Subscription};
 
 use crate::harness::Node;
 

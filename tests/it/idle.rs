@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use tidemark_server::client::Client;
+use tidemark_client::Client;
 
 use crate::harness::Node;
 

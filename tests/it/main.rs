@@ -20,6 +20,7 @@ mod net_faults;
 mod node;
 mod proxy;
 mod segment_damage;
+mod spec_limits;
 mod storage_format;
 mod torture;
 mod workspace;

@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tidemark_server::client::{Client, ClientConfig, ClientError};
-use tidemark_server::protocol::{
+use tidemark_client::reliable::{Error, Inbox, ReliableClient, ReliableConfig};
+use tidemark_client::{Client, ClientConfig, ClientError};
+use tidemark_protocol::{
     decode_request, encode_response, ErrorCode, FrameDecoder, HelloResponse, JoinStart, Records,
     Request, Response,
 };
-use tidemark_server::reliable::{Error, Inbox, ReliableClient, ReliableConfig};
 
 use crate::harness::Node;
 use crate::proxy::{Faults, Proxy, Rng};
@@ -155,7 +155,7 @@ fn many_senders_and_receivers_through_a_faulty_proxy() {
     // (group, msg_id) -> (sender, client_msg_id, payload) of every send a
     // sender was told succeeded.
     let mut acked: HashMap<(u64, u64), (u64, u64, Vec<u8>)> = HashMap::new();
-    let mut sender_totals = tidemark_server::reliable::SenderStats::default();
+    let mut sender_totals = tidemark_client::reliable::SenderStats::default();
     let mut failed = Vec::new();
     for t in sender_threads {
         let (sender, outcomes, stats) = t.join().expect("sender thread");
@@ -282,7 +282,7 @@ fn many_senders_and_receivers_through_a_faulty_proxy() {
 type SenderResult = (
     u64,
     Vec<(u64, u64, Vec<u8>, Result<u64, Error>)>,
-    tidemark_server::reliable::SenderStats,
+    tidemark_client::reliable::SenderStats,
 );
 
 fn run_sender(
@@ -296,7 +296,7 @@ fn run_sender(
     let mut c = ReliableClient::new(config);
     let mut payloads: HashMap<u64, (u64, Vec<u8>)> = HashMap::new();
     let mut outcomes = Vec::new();
-    let mut collect = |o: tidemark_server::reliable::SendOutcome,
+    let mut collect = |o: tidemark_client::reliable::SendOutcome,
                        payloads: &mut HashMap<u64, (u64, Vec<u8>)>| {
         let (group, payload) = payloads.remove(&o.client_msg_id).expect("an enqueued send");
         outcomes.push((group, o.client_msg_id, payload, o.result.map(|s| s.msg_id)));
@@ -328,7 +328,7 @@ type ReceiverResult = (
     u64,
     Vec<u64>,
     Received,
-    tidemark_server::reliable::InboxStats,
+    tidemark_client::reliable::InboxStats,
 );
 
 fn run_receiver(
@@ -348,9 +348,9 @@ fn run_receiver(
             Some(h) => groups.iter().all(|g| contiguous(received, *g) >= h[g]),
         }
     };
-    let mut totals = tidemark_server::reliable::InboxStats::default();
-    let add = |totals: &mut tidemark_server::reliable::InboxStats,
-               s: tidemark_server::reliable::InboxStats| {
+    let mut totals = tidemark_client::reliable::InboxStats::default();
+    let add = |totals: &mut tidemark_client::reliable::InboxStats,
+               s: tidemark_client::reliable::InboxStats| {
         totals.delivered += s.delivered;
         totals.duplicates_dropped += s.duplicates_dropped;
         totals.link.reconnects += s.link.reconnects;
@@ -782,7 +782,7 @@ fn every_error_code_from_the_node_becomes_its_typed_error() {
             let mut out = Vec::new();
             encode_response(
                 id,
-                &Response::Error(tidemark_server::protocol::ErrorResponse {
+                &Response::Error(tidemark_protocol::ErrorResponse {
                     code,
                     detail: Some(42),
                     message: "from the fake node",

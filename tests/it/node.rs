@@ -9,8 +9,8 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidemark_server::client::{Client, ClientConfig, ClientError, Event};
-use tidemark_server::protocol::{
+use tidemark_client::{Client, ClientConfig, ClientError, Event};
+use tidemark_protocol::{
     decode_response, encode_request, ErrorCode, Frame, JoinStart, Request, Response, ResyncScope,
     Subscription,
 };

@@ -6,8 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tidemark_server::client::{Client, ClientError};
-use tidemark_server::protocol::{ErrorCode, JoinStart};
+use tidemark_client::{Client, ClientError};
+use tidemark_protocol::{ErrorCode, JoinStart};
 
 use crate::harness::Node;
 

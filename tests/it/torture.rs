@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tidemark_server::client::{Client, ClientConfig};
-use tidemark_server::protocol::JoinStart;
+use tidemark_client::{Client, ClientConfig};
+use tidemark_protocol::JoinStart;
 
 use crate::harness::Node;
 

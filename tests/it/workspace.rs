@@ -21,6 +21,25 @@ fn toml_str(text: &str, key: &str) -> Option<String> {
     })
 }
 
+/// The manifests of the root package and of every workspace member, from
+/// the root's `members = [...]`.
+fn member_manifests() -> Vec<String> {
+    let manifest = read("Cargo.toml");
+    let start = manifest
+        .find("members = [")
+        .expect("members = [ in Cargo.toml");
+    let list = &manifest[start + "members = [".len()..];
+    let list = &list[..list.find(']').expect("end of members")];
+    let mut out = vec!["Cargo.toml".to_string()];
+    out.extend(
+        list.split(',')
+            .map(|m| m.trim().trim_matches('"'))
+            .filter(|m| !m.is_empty())
+            .map(|m| format!("{m}/Cargo.toml")),
+    );
+    out
+}
+
 fn version(v: &str) -> Vec<u64> {
     v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
 }
@@ -74,9 +93,9 @@ fn the_stated_minimum_rust_covers_every_locked_dependency() {
         "rust-version {stated} is below what locked dependencies need: {too_new:?}"
     );
     // Every member inherits it, so cargo and clippy hold the code to it.
-    for member in ["Cargo.toml", "engine/Cargo.toml", "server/Cargo.toml"] {
+    for member in member_manifests() {
         assert!(
-            read(member).contains("rust-version.workspace = true"),
+            read(&member).contains("rust-version.workspace = true"),
             "{member} does not inherit rust-version"
         );
     }
@@ -95,11 +114,8 @@ fn every_workspace_dependency_is_used_by_a_member() {
         .expect("[workspace.dependencies]");
     let section = &manifest[start..];
     let end = section[1..].find("\n[").map_or(section.len(), |i| i + 1);
-    let members = [
-        read("Cargo.toml"),
-        read("engine/Cargo.toml"),
-        read("server/Cargo.toml"),
-    ];
+    let members: Vec<String> = member_manifests().iter().map(|m| read(m)).collect();
+    assert!(members.len() > 2, "members = [...] not found in Cargo.toml");
     let unused: Vec<&str> = section[..end]
         .lines()
         .skip(1)

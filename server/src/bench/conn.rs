@@ -1,5 +1,5 @@
 //! A pipelining connection for the load tool, on the same sans-IO codec as
-//! [`crate::client::Client`], with two things the client does not do:
+//! [`tidemark_client::Client`], with two things the client does not do:
 //! it queues many requests and writes them with one system call, and it
 //! hands every response to the caller borrowed from the receive buffer
 //! (records are CRC-checked by the workload, never copied). On two cores
@@ -11,7 +11,7 @@ use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{
+use tidemark_protocol::{
     decode_response, encode_request, FrameDecoder, Request, Response, FRAME_BYTES_MAX_FLOOR,
     PROTOCOL_VERSION,
 };

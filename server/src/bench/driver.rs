@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 
 use super::conn::Conn;
 use super::progress::Progress;
-use crate::protocol::{Request, Response};
+use tidemark_protocol::{Request, Response};
 
 /// Error messages kept per phase (the count is exact; the texts are samples).
 const ERROR_SAMPLES_MAX: usize = 5;

@@ -26,7 +26,7 @@ use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{setup, SetupOp, W1Job};
 use super::Ctx;
-use crate::protocol::{AckItem, JoinStart, Request, Response, ResyncScope, Subscription};
+use tidemark_protocol::{AckItem, JoinStart, Request, Response, ResyncScope, Subscription};
 
 /// How long gateways wait for the last pushes once the sends are done.
 const PUSH_DRAIN_MAX: Duration = Duration::from_secs(10);
@@ -311,7 +311,7 @@ impl CatchUpJob<'_> {
         &mut self,
         group: u64,
         last: u64,
-        records: &crate::protocol::Records<'_>,
+        records: &tidemark_protocol::Records<'_>,
         t: &mut Tally,
     ) -> u64 {
         let mut last = last;

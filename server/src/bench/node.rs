@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::conn::Conn;
-use crate::protocol::{Request, Response};
+use tidemark_protocol::{Request, Response};
 
 /// How long a node may take to exit after SIGTERM before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(20);

@@ -49,7 +49,7 @@ use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{node_stats, send_request, setup, SetupOp};
 use super::{Ctx, IO_TIMEOUT};
-use crate::protocol::{JoinStart, Request, Response};
+use tidemark_protocol::{JoinStart, Request, Response};
 
 /// Groups per thousand in the middle band and in the big band (the rest
 /// are two-member chats).
@@ -470,7 +470,7 @@ impl ReadBackJob<'_> {
         &mut self,
         k: usize,
         has_more: bool,
-        records: crate::protocol::Records<'_>,
+        records: tidemark_protocol::Records<'_>,
     ) -> bool {
         let c = &mut self.checks[k];
         let mut faults = Vec::new();

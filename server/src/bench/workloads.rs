@@ -12,7 +12,7 @@ use super::plan::{self, W4Plan};
 use super::progress::group_digits;
 use super::report::Report;
 use super::Ctx;
-use crate::protocol::{JoinStart, Request, Response};
+use tidemark_protocol::{JoinStart, Request, Response};
 
 /// One setup request; group and user ids before the `--id-base` offset.
 #[derive(Clone, Copy, Debug)]

@@ -25,6 +25,10 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod fuzz_targets;
+
 pub use error_code::ErrorCode;
 pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR,
@@ -62,6 +66,8 @@ pub const fn frame_bytes_min_for_payload(payload_bytes_max: u32) -> u64 {
         + payload_bytes_max as u64
 }
 
-// The default frame limit carries the engine's default 1 MiB payload.
+// The default frame limit carries the engine's default 1 MiB payload (the
+// node asserts the same against `tidemark_engine::defaults`, which this
+// crate does not depend on).
 const _: () = assert!(FRAME_BYTES_MAX_DEFAULT as u64 >= frame_bytes_min_for_payload(1 << 20));
 const _: () = assert!(FRAME_BYTES_MAX_DEFAULT >= FRAME_BYTES_MAX_FLOOR);

@@ -4,7 +4,8 @@
 //! Every name is `area.figure` (lowercase, dot-separated, see [`NAME_RULE`])
 //! and listed in [`STAT_NAMES`], which a test checks against the table in
 //! format-spec/protocol.md section 4.4.1 and against what
-//! [`Stats::report`] emits. A new figure is one row here and one row there.
+//! [`Stats::report`] emits (the list exists for that test, and is compiled
+//! only with it). A new figure is one row here and one row there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use hdrhistogram::Histogram;
 use tidemark_engine::Engine;
 
 use crate::config::Limits;
-use crate::protocol::Opcode;
+use tidemark_protocol::Opcode;
 
+#[cfg(test)]
 /// Whether a figure only grows (since the node started) or is a level now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatKind {
@@ -22,6 +24,7 @@ pub enum StatKind {
     Gauge,
 }
 
+#[cfg(test)]
 /// One documented STATS name. In `name`, `{op}` stands for every request
 /// opcode's [`op_name`] and `{q}` for every latency figure of
 /// [`LATENCY_FIGURES`].
@@ -32,6 +35,7 @@ pub struct StatName {
     pub unit: &'static str,
 }
 
+#[cfg(test)]
 /// What every name matches: lowercase words of `[a-z0-9_]`, each starting
 /// with a letter, joined by dots, at least two words.
 pub const NAME_RULE: &str = "[a-z][a-z0-9_]*(.[a-z][a-z0-9_]*)+";
@@ -45,12 +49,15 @@ pub const LATENCY_FIGURES: [(&str, Option<f64>); 5] = [
     ("max", None),
 ];
 
+#[cfg(test)]
 const fn stat(name: &'static str, kind: StatKind, unit: &'static str) -> StatName {
     StatName { name, kind, unit }
 }
 
+#[cfg(test)]
 use StatKind::{Counter, Gauge};
 
+#[cfg(test)]
 /// Every name STATS reports (format-spec/protocol.md 4.4.1, same order).
 pub const STAT_NAMES: &[StatName] = &[
     stat("net.connections", Gauge, "connections"),
@@ -357,7 +364,7 @@ mod tests {
 
     /// The rows of format-spec/protocol.md 4.4.1: `(name, kind, unit)`.
     fn spec_rows() -> Vec<(String, String, String)> {
-        let spec = include_str!("../../format-spec/protocol.md");
+        let spec = include_str!("../../../format-spec/protocol.md");
         let start = spec
             .find("#### 4.4.1 ")
             .expect("protocol.md has section 4.4.1, the STATS names");

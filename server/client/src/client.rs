@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{
+use tidemark_protocol::{
     decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
     JoinStart, Records, Request, Response, ResyncScope, Subscription, FRAME_BYTES_MAX_FLOOR,
     PROTOCOL_VERSION,

@@ -27,7 +27,7 @@ use super::error::{classify, Class, Ctx, Error};
 use super::link::{Link, LinkStats};
 use super::ReliableConfig;
 use crate::client::{later, ClientError, Event, Message};
-use crate::protocol::{ResyncScope, Subscription};
+use tidemark_protocol::{ResyncScope, Subscription};
 
 /// Counters of an [`Inbox`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -34,12 +34,12 @@ use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTE
 use crate::connection::{Barrier, Connection, OutChunk};
 use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
 use crate::long_poll::{LongPolls, PollKey};
-use crate::protocol::{
+use crate::stats::{Buffers, Stats};
+use crate::subscriptions::Subscriptions;
+use tidemark_protocol::{
     decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
     RECORDS_RESPONSE_OVERHEAD_BYTES,
 };
-use crate::stats::{Buffers, Stats};
-use crate::subscriptions::Subscriptions;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -167,15 +167,10 @@ fn out_of_descriptors(e: &io::Error) -> bool {
 }
 
 impl EventLoop {
-    /// Binds the listener and hooks the loop to the engine's commit rounds.
-    pub fn new(engine: Arc<Engine>, config: NodeConfig) -> io::Result<EventLoop> {
-        let listener = TcpListener::bind(config.listen)?;
-        EventLoop::with_listener(engine, config, listener)
-    }
-
-    /// [`new`](Self::new) with a listener bound already: [`serve`] binds
-    /// before it opens the engine, so that a taken address is reported at
-    /// once instead of after recovery and a checkpoint.
+    /// Hooks the loop to the engine's commit rounds, over a listener bound
+    /// already: [`serve`] binds before it opens the engine, so that a taken
+    /// address is reported at once instead of after recovery and a
+    /// checkpoint.
     pub fn with_listener(
         engine: Arc<Engine>,
         config: NodeConfig,

@@ -32,7 +32,7 @@ use super::error::{classify, Class, Ctx, Error};
 use super::link::{Link, LinkStats};
 use super::{ClientMsgIds, ReliableConfig};
 use crate::client::{later, parse_sent, ClientError, GroupState, Message, Page, Sent};
-use crate::protocol::{JoinStart, Request};
+use tidemark_protocol::{JoinStart, Request};
 
 /// How one enqueued send ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

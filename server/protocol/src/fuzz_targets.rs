@@ -22,8 +22,8 @@
 
 use tidemark_engine::record;
 
-use crate::protocol::frame::LENGTH_PREFIX_BYTES;
-use crate::protocol::{
+use crate::frame::LENGTH_PREFIX_BYTES;
+use crate::{
     decode_request, decode_response, encode_request, encode_response, Frame, FrameDecoder,
     FrameError, FrameKind, Opcode, Records, RecordsError, FRAME_BYTES_MAX_DEFAULT,
     FRAME_HEADER_BYTES, PROTOCOL_VERSION,
@@ -116,8 +116,8 @@ fn decode_and_check_canonical(bytes: &[u8]) -> bool {
 }
 
 /// The records sections of a decoded response tile their bytes.
-fn check_records_of(resp: &crate::protocol::Response<'_>) {
-    use crate::protocol::Response;
+fn check_records_of(resp: &crate::Response<'_>) {
+    use crate::Response;
     let sections: Vec<Records<'_>> = match resp {
         Response::Pull { records, .. }
         | Response::History { records, .. }

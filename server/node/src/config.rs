@@ -1,5 +1,7 @@
-//! The node's limits: every one has a default here, a `tidemark serve` flag,
-//! and a line in format-spec/protocol.md "Limits".
+//! The node's limits: every one has a default here (one constant in
+//! [`defaults`], which `Limits::default` and `tidemark serve`'s flags take),
+//! a `tidemark serve` flag, and a line in format-spec/protocol.md "Limits"
+//! (checked against these constants by `tests/it/spec_limits.rs`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,7 +9,7 @@ use std::path::PathBuf;
 use tidemark_engine::FD_RESERVE;
 use tidemark_engine::{Config as EngineConfig, FsyncPolicy};
 
-use crate::protocol::{self, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR};
+use tidemark_protocol::{self as protocol, FRAME_BYTES_MAX_FLOOR};
 
 /// Frames one connection may have handled in one turn of the event loop
 /// (format-spec/protocol.md section 1.8): then the other connections get
@@ -19,6 +21,47 @@ pub const READ_BYTES_PER_PASS_MAX: usize = 256 << 10;
 /// Input a connection may buffer whatever the node-wide input total: a
 /// frame up to this size is never refused for `input_bytes_total_max`.
 pub const INPUT_BYTES_FREE: usize = 64 << 10;
+
+/// The default of every node limit, one constant each, and of the address
+/// and data directory `tidemark serve` uses without flags. The engine's
+/// are in [`tidemark_engine::defaults`]; the two the protocol announces
+/// come from the codec. The relationships `NodeConfig::validate` checks
+/// hold between them at compile time (below the module).
+pub mod defaults {
+    pub use tidemark_protocol::{
+        FRAME_BYTES_MAX_DEFAULT as FRAME_BYTES_MAX,
+        REQUESTS_IN_FLIGHT_MAX_DEFAULT as REQUESTS_IN_FLIGHT_MAX,
+    };
+
+    pub const CONNECTIONS_MAX: usize = 10_000;
+    pub const OUTPUT_BYTES_MAX: usize = 8 << 20;
+    pub const LONG_POLL_MS_MAX: u32 = 60_000;
+    pub const SUBSCRIPTIONS_MAX: usize = 100_000;
+    pub const FRAME_TIMEOUT_MS: u64 = 30_000;
+    pub const OUTPUT_BYTES_TOTAL_MAX: usize = 1 << 30;
+    pub const INPUT_BYTES_TOTAL_MAX: usize = 1 << 30;
+    /// `tidemark serve --listen`.
+    pub const LISTEN: &str = "127.0.0.1:7070";
+    /// `tidemark serve --data`.
+    pub const DATA_DIR: &str = "./tidemark-data";
+}
+
+// `NodeConfig::validate`'s relationships, for the defaults, at compile time.
+const _: () = {
+    use defaults::*;
+    let payload_bytes_max = tidemark_engine::defaults::PAYLOAD_BYTES_MAX;
+    assert!(FRAME_BYTES_MAX >= FRAME_BYTES_MAX_FLOOR);
+    assert!(payload_bytes_max <= u32::MAX as usize);
+    assert!(
+        FRAME_BYTES_MAX as u64 >= protocol::frame_bytes_min_for_payload(payload_bytes_max as u32)
+    );
+    assert!(OUTPUT_BYTES_MAX >= FRAME_BYTES_MAX as usize);
+    assert!(CONNECTIONS_MAX > 0 && REQUESTS_IN_FLIGHT_MAX > 0 && FRAME_TIMEOUT_MS > 0);
+    assert!(OUTPUT_BYTES_TOTAL_MAX >= OUTPUT_BYTES_MAX + 4 + FRAME_BYTES_MAX as usize);
+    assert!(INPUT_BYTES_TOTAL_MAX >= 4 + FRAME_BYTES_MAX as usize);
+    // A frame the node-wide input budget never refuses is one it accepts.
+    assert!(INPUT_BYTES_FREE <= FRAME_BYTES_MAX as usize);
+};
 
 /// Everything `tidemark serve` runs with.
 #[derive(Clone, Debug)]
@@ -61,28 +104,29 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
+        use defaults::*;
         Limits {
-            frame_bytes_max: FRAME_BYTES_MAX_DEFAULT,
-            connections_max: 10_000,
-            output_bytes_max: 8 << 20,
-            requests_in_flight_max: protocol::REQUESTS_IN_FLIGHT_MAX_DEFAULT,
-            long_poll_ms_max: 60_000,
-            subscriptions_max: 100_000,
-            frame_timeout_ms: 30_000,
-            output_bytes_total_max: 1 << 30,
-            input_bytes_total_max: 1 << 30,
+            frame_bytes_max: FRAME_BYTES_MAX,
+            connections_max: CONNECTIONS_MAX,
+            output_bytes_max: OUTPUT_BYTES_MAX,
+            requests_in_flight_max: REQUESTS_IN_FLIGHT_MAX,
+            long_poll_ms_max: LONG_POLL_MS_MAX,
+            subscriptions_max: SUBSCRIPTIONS_MAX,
+            frame_timeout_ms: FRAME_TIMEOUT_MS,
+            output_bytes_total_max: OUTPUT_BYTES_TOTAL_MAX,
+            input_bytes_total_max: INPUT_BYTES_TOTAL_MAX,
         }
     }
 }
 
 impl NodeConfig {
-    /// Defaults: data in `./tidemark-data`, 127.0.0.1:7070, fsync always.
+    /// Defaults: data in `data_dir`, [`defaults::LISTEN`], fsync always.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let mut engine = EngineConfig::new(data_dir);
         engine.fsync = FsyncPolicy::Always;
         NodeConfig {
             // Invariant: a literal address.
-            listen: "127.0.0.1:7070"
+            listen: defaults::LISTEN
                 .parse()
                 .expect("invariant: valid default address"),
             engine,

@@ -58,10 +58,12 @@ impl<T> Default for LongPolls<T> {
 const STALE_SLACK: usize = 64;
 
 impl<T> LongPolls<T> {
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.polls.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.polls.is_empty()
     }

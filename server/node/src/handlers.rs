@@ -11,7 +11,7 @@ use tidemark_engine::{
 
 use crate::config::Limits;
 use crate::connection::Phase;
-use crate::protocol::{
+use tidemark_protocol::{
     encode_response_head, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse, JoinStart,
     RecordsLen, Request, Response, Subscription, SyncGroup, UnreadEntry, PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
@@ -572,11 +572,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode_response, AckItem, Frame};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use tidemark_engine::io::FaultyVfs;
     use tidemark_engine::Config;
+    use tidemark_protocol::{decode_response, AckItem, Frame};
 
     fn engine(dir: &std::path::Path) -> Engine {
         Engine::open(Config::new(dir)).unwrap()
@@ -794,7 +794,7 @@ mod tests {
         let Handled::Reply(out) = handle(&ctx, &mut Phase::AwaitHello, 1, hello) else {
             panic!("HELLO is answered at once");
         };
-        let text = include_str!("../../format-spec/vectors/protocol/hello_response.hex");
+        let text = include_str!("../../../format-spec/vectors/protocol/hello_response.hex");
         let vector: Vec<u8> = text
             .lines()
             .filter(|l| !l.starts_with('#'))

@@ -9,7 +9,7 @@ use std::io::{self, IoSlice, Write};
 
 use tidemark_engine::Chunk;
 
-use crate::protocol::{FrameDecoder, Opcode};
+use tidemark_protocol::{FrameDecoder, Opcode};
 
 /// Where the connection is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

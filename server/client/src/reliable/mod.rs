@@ -1,5 +1,5 @@
 //! The client library's reliability layer, over the one-connection
-//! [`Client`](crate::client::Client): no loss, no duplicates, end to end.
+//! [`Client`](crate::Client): no loss, no duplicates, end to end.
 //!
 //! - [`ReliableClient`] (sender side, and every other request): connects
 //!   lazily, reconnects with exponential backoff, and keeps each SEND in a
@@ -149,7 +149,8 @@ fn random_prefix() -> u32 {
 
 /// 64 random bits from the standard library's randomly keyed hasher, mixed
 /// with the time and the process id (no dependency on a PRNG crate).
-pub(crate) fn random_u64() -> u64 {
+/// Public for `tidemark demo`, which draws a shared node's fresh ids here.
+pub fn random_u64() -> u64 {
     let mut h = RandomState::new().build_hasher();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -11,7 +11,7 @@
 use std::fmt;
 
 use crate::client::ClientError;
-use crate::protocol::ErrorCode;
+use tidemark_protocol::ErrorCode;
 
 /// What an operation was about, to fill the error's fields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,0 +1,36 @@
+//! tidemark-node: the network side of a tidemark node over the engine.
+//!
+//! One thread runs a mio event loop over the listener, the connections and
+//! a waker; every request is a memory operation on the engine, and what
+//! must wait for a commit round, a long poll or the engine's maintenance
+//! worker is parked and finished when the commit thread's listener wakes
+//! the loop. The wire format is the `tidemark-protocol` codec.
+//!
+//! The API is what the `tidemark` binary needs to run a node: a
+//! [`NodeConfig`] (the engine's config, the listen address, the token and
+//! the node's [`Limits`]), the limits' [`defaults`] and fixed values,
+//! [`serve`], and the [`Shutdown`] handle it hands out once the node
+//! accepts connections. The modules are private:
+//!
+//! - `config`: the node's limits, their defaults and the checks between
+//!   them and the engine's;
+//! - `event_loop`: the loop, accept, fair bounded turns, buffer budgets,
+//!   deferred work, push, long polls, shutdown;
+//! - `connection`: one connection's state, sans IO;
+//! - `handlers`: request -> engine call -> response, never waiting;
+//! - `long_poll`: parked long polls by group and by deadline;
+//! - `subscriptions`: who gets pushes;
+//! - `stats`: the counters and latency histograms of STATS.
+
+mod config;
+mod connection;
+mod event_loop;
+mod handlers;
+mod long_poll;
+mod stats;
+mod subscriptions;
+
+pub use config::{
+    defaults, Limits, NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
+};
+pub use event_loop::{serve, Shutdown};
