@@ -233,7 +233,7 @@ pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
 /// the group is registered already (`submit_create_group` registered it
 /// in memory, so appends may follow at once); in replay (and for a
 /// replicated round) it is registered here unless it is. A new group's
-/// slot is [`LogSlot::Empty`]: its files are made when its first record
+/// slot is a [`LogSlot::Small`] without records: its files are made when its first record
 /// is applied ([`records`]). A registered group is left as it is.
 fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
     if group.is_some() {
@@ -242,11 +242,11 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
         return;
     }
     debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
-    st.catalog.write().insert(id, LogSlot::Empty);
+    st.catalog.write().insert(id, LogSlot::new_small());
 }
 
 /// The files of a group about to take its first record: its slot is
-/// [`LogSlot::Empty`] (no file, no directory), so its directory and first
+/// a [`LogSlot::Small`] without records (no file, no directory), so its directory and first
 /// segment are made now, on the applying thread, with no lock held (the
 /// commit thread and replay are the only ones that turn an empty slot into
 /// another, so nothing races this), and the slot becomes an empty loaded
@@ -254,12 +254,12 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
 /// round, and this runs again: `create_files` starts over); in replay the
 /// group is damaged.
 fn make_files_if_empty(st: &State<'_>, group: &Group, mode: Mode) -> Result<()> {
-    if !matches!(&*group.log.read(), LogSlot::Empty) {
+    if !group.log.read().is_small_without_records() {
         return Ok(());
     }
     let made = GroupLog::create_files(st.ctx, group.id);
     let mut slot = group.log.write();
-    if !matches!(&*slot, LogSlot::Empty) {
+    if !slot.is_small_without_records() {
         return Ok(());
     }
     match made {
@@ -481,7 +481,7 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if matches!(old, LogSlot::Empty) {
+    if old.is_small_without_records() {
         return Ok(()); // no file was ever made: nothing to move
     }
     if let Some(state) = old.state() {

@@ -525,14 +525,17 @@ impl Checkpointer {
             LogSlot::Unloaded(state) => (state.clone(), None, None),
             LogSlot::Damaged { state, reason } => (state.clone(), Some(reason.clone()), None),
             // No file: recorded with no segment, nothing to sync.
-            LogSlot::Empty => (
-                LogState {
-                    head: 0,
-                    segments: Vec::new(),
-                },
-                None,
-                None,
-            ),
+            LogSlot::Small(list) => {
+                crate::group::debug_assert_no_records(list);
+                (
+                    LogState {
+                        head: 0,
+                        segments: Vec::new(),
+                    },
+                    None,
+                    None,
+                )
+            }
         };
         drop(slot);
         ck.clear_dirty();

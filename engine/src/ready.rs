@@ -114,11 +114,14 @@ impl Engine {
                 Err(NeedsIndex { base }) => Need::Index(base),
             },
             LogSlot::Unloaded(_) => Need::Log,
-            // No record and no file: the empty log of a new group.
-            LogSlot::Empty => match f(&GroupLog::empty(&self.shared.ctx, group.id))? {
-                Ok(r) => return Ok(r),
-                Err(NeedsIndex { base }) => Need::Index(base),
-            },
+            // A small group: no record and no file yet, the empty log.
+            LogSlot::Small(list) => {
+                crate::group::debug_assert_no_records(list);
+                match f(&GroupLog::empty(&self.shared.ctx, group.id))? {
+                    Ok(r) => return Ok(r),
+                    Err(NeedsIndex { base }) => Need::Index(base),
+                }
+            }
             LogSlot::Damaged { reason, .. } => {
                 return Err(Error::GroupDamaged {
                     group: group.id,
@@ -157,7 +160,7 @@ impl Engine {
                 }
             }
             LogSlot::Deleted => return Error::GroupNotFound { group: group.id },
-            LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Empty => {}
+            LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Small(_) => {}
         }
         self.not_ready(group, Need::Assign)
     }
@@ -252,7 +255,10 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
             LogSlot::Unloaded(_) => continue,
             // No record: the request makes the empty state itself
             // (`empty_send_state`).
-            LogSlot::Empty => return Ok(()),
+            LogSlot::Small(list) => {
+                crate::group::debug_assert_no_records(list);
+                return Ok(());
+            }
             // Damaged or deleted: the request finds out from the slot.
             LogSlot::Damaged { .. } | LogSlot::Deleted => return Ok(()),
         };
@@ -297,7 +303,10 @@ pub(crate) fn empty_send_state(group: &Group) -> Option<AssignState> {
     let slot = group.log.read();
     let log = match &*slot {
         LogSlot::Loaded(log) => log,
-        LogSlot::Empty => return Some(AssignState::default()),
+        LogSlot::Small(list) => {
+            crate::group::debug_assert_no_records(list);
+            return Some(AssignState::default());
+        }
         _ => return None,
     };
     (log.head() < log.floor()).then(|| AssignState {

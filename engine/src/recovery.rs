@@ -389,7 +389,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                 loaded_groups.push(g.id);
             }
             LogSlot::Unloaded(_) => report.groups_unverified += 1,
-            LogSlot::Empty | LogSlot::Deleted => {}
+            LogSlot::Small(_) | LogSlot::Deleted => {}
         }
     }
     report.groups = catalog.len() as u64;
@@ -538,7 +538,7 @@ fn load_groups_whose_segments_lead(
             // Files made for a first record that the journal lost: loaded
             // as a log recorded empty, if its first segment holds a record
             // (a group without files costs one failed open).
-            LogSlot::Empty => {
+            slot if slot.is_small_without_records() => {
                 let header = crate::segment::SEGMENT_HEADER_BYTES as u64;
                 let first = ctx.group_dir(group.id).join(crate::segment::file_name(1));
                 let lead = ctx
@@ -557,7 +557,7 @@ fn load_groups_whose_segments_lead(
         if lead {
             {
                 let mut slot = group.log.write();
-                if matches!(&*slot, LogSlot::Empty) {
+                if slot.is_small_without_records() {
                     *slot = LogSlot::Unloaded(state);
                 }
             }
@@ -608,7 +608,7 @@ fn restore_runs(
                     let slot = match rec.damaged {
                         Some(reason) => LogSlot::Damaged { state, reason },
                         // No segment: a group without record or file.
-                        None if state.segments.is_empty() => LogSlot::Empty,
+                        None if state.segments.is_empty() => LogSlot::new_small(),
                         None => LogSlot::Unloaded(state),
                     };
                     let g = catalog.insert(rec.group, slot);
