@@ -191,7 +191,7 @@ pub(crate) fn entry(
         },
         EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
             Some(r) => {
-                group.set_retention(r);
+                st.catalog.write().set_retention(group, r);
                 Ok(0)
             }
             None => Err(malformed("retention")),

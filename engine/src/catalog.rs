@@ -1,22 +1,33 @@
 //! The registry of groups: id -> group, and slot -> group. A slot is a dense
 //! small integer given to each live group so the cursor table can name a
-//! group in 4 bytes; slots of deleted groups are reused.
+//! group in 4 bytes; slots of deleted groups are reused. It also indexes
+//! the groups with a retention policy (anything but keep-everything), so
+//! the checkpointer's periodic retention planning visits those only
+//! (O(groups with a policy), not O(groups)).
+//!
+//! Invariant: `retained` holds exactly the slots of registered groups whose
+//! policy is not keep-everything: a policy is set only through
+//! [`Catalog::set_retention`] (applied entries, restored checkpoints), and
+//! [`Catalog::remove`] drops the slot before it can be reused.
 //!
 //! Memory: about 17 bytes per group in `by_id` (key, pointer and a control
 //! byte, at a load of 7/16 to 7/8) plus 8 in `by_slot`; reserved at once when
 //! a checkpoint is restored. Measured with the rest of a group by
 //! `engine/tests/memory.rs`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::group::{Group, LogSlot};
+use crate::retention::Retention;
 
 #[derive(Default)]
 pub struct Catalog {
     by_id: HashMap<u64, Arc<Group>>,
     by_slot: Vec<Option<Arc<Group>>>,
     free: Vec<u32>,
+    /// Slots of the groups with a retention policy (module invariant).
+    retained: BTreeSet<u32>,
 }
 
 impl Catalog {
@@ -57,14 +68,37 @@ impl Catalog {
     pub fn remove(&mut self, id: u64) -> Option<Arc<Group>> {
         let g = self.by_id.remove(&id)?;
         self.by_slot[g.slot as usize] = None;
+        self.retained.remove(&g.slot);
         self.free.push(g.slot);
         Some(g)
     }
 
-    /// Slots in use or free: `by_slot(s)` for `s` below this visits every
-    /// group (in chunks, so a long walk need not hold the lock throughout).
-    pub fn slots(&self) -> usize {
-        self.by_slot.len()
+    /// Sets a registered group's retention policy and keeps the index of
+    /// groups with one; a group not (or no longer) registered is left alone.
+    pub fn set_retention(&mut self, group: &Arc<Group>, policy: Retention) {
+        if !self
+            .by_slot(group.slot)
+            .is_some_and(|g| Arc::ptr_eq(g, group))
+        {
+            return;
+        }
+        group.set_retention(policy);
+        if policy.keeps_everything() {
+            self.retained.remove(&group.slot);
+        } else {
+            self.retained.insert(group.slot);
+        }
+    }
+
+    /// Up to `max` groups with a retention policy, from slot `from` on in
+    /// slot order (a walk in chunks resumes after the last slot it got).
+    /// O(log n + max).
+    pub fn retained_from(&self, from: u32, max: usize) -> Vec<Arc<Group>> {
+        self.retained
+            .range(from..)
+            .take(max)
+            .filter_map(|&s| self.by_slot(s).cloned())
+            .collect()
     }
 
     pub fn groups(&self) -> impl Iterator<Item = &Arc<Group>> {

@@ -386,23 +386,26 @@ impl Checkpointer {
     /// Applies every group's retention policy: drops the sealed segments it
     /// allows from the group's log (readers get `BelowRetentionFloor` at
     /// once), marks the group dirty, and queues the files for deletion once
-    /// the checkpoint after the next one is stored (D6). Walks the groups in
-    /// chunks of slots, holding the registry's read lock per chunk only.
+    /// the checkpoint after the next one is stored (D6). Walks only the
+    /// groups with a policy (the registry's index of them), in chunks,
+    /// holding the registry's read lock per chunk only.
     fn retention(&mut self) -> Vec<Arc<Group>> {
         self.last_retention = Instant::now();
         let mut dropped = Vec::new();
         let ctx = &self.shared.ctx;
-        let slots = self.shared.catalog.read().slots();
         let mut dropped_any = false;
-        for start in (0..slots).step_by(1024) {
-            let chunk: Vec<Arc<Group>> = {
-                let catalog = self.shared.catalog.read();
-                (start..(start + 1024).min(slots))
-                    .filter_map(|s| catalog.by_slot(s as u32))
-                    .filter(|g| !g.retention().keeps_everything())
-                    .cloned()
-                    .collect()
+        let mut from = 0;
+        loop {
+            let chunk = self.shared.catalog.read().retained_from(from, 1024);
+            let Some(last) = chunk.last() else {
+                break;
             };
+            // Slots stay below u32::MAX (catalog.rs): no overflow.
+            from = last.slot + 1;
+            self.shared
+                .counters
+                .retention_groups_planned
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
             for g in chunk {
                 let n = match plan_retention(ctx, &self.shared.cursors, &g) {
                     Ok(Some(n)) => n,

@@ -139,6 +139,7 @@ pub(crate) struct Counters {
     pub membership_rows_listed: AtomicU64,
     /// Group logs the maintenance worker loaded.
     pub group_loads: AtomicU64,
+    pub retention_groups_planned: AtomicU64,
 }
 
 /// One entry of a round's frame: where it lies in the frame, and the
@@ -515,18 +516,10 @@ impl Committer {
         }
         // Moved cursors go to the journal first, as a Cursors round: the
         // runs persist them too, but only on this node, and a round is
-        // what replication ships (replicate.rs). A full disk puts the
-        // capture off; any other failure stops writes.
-        match self.write_dirty_cursors() {
-            Ok(_) => {}
-            Err(e @ Error::NoSpace { .. }) => {
-                self.capture_put_off(&e);
-                return false;
-            }
-            Err(e) => {
-                stop_writes(&self.shared, &e);
-                return false;
-            }
+        // what replication ships (replicate.rs).
+        if let Err(e) = self.write_dirty_cursors() {
+            self.capture_step_failed(&e);
+            return false;
         }
         // The capture starts a new journal file, as a roll does (the file
         // left is synced first, whatever the policy): P is the new file's
@@ -534,23 +527,15 @@ impl Committer {
         // needs them, and a fallback to the older manifest replays synced
         // files.
         if self.journal.holds_frames() {
-            match self.journal.roll() {
-                Ok(()) => {
-                    let c = &self.shared.counters;
-                    c.journal_syncs.fetch_add(2, Ordering::Relaxed);
-                    c.journal_bytes
-                        .fetch_add(journal::JOURNAL_HEADER_BYTES as u64, Ordering::Relaxed);
-                    self.unsynced_bytes = 0;
-                }
-                Err(e @ Error::NoSpace { .. }) => {
-                    self.capture_put_off(&e);
-                    return false;
-                }
-                Err(e) => {
-                    stop_writes(&self.shared, &e);
-                    return false;
-                }
+            if let Err(e) = self.journal.roll() {
+                self.capture_step_failed(&e);
+                return false;
             }
+            let c = &self.shared.counters;
+            c.journal_syncs.fetch_add(2, Ordering::Relaxed);
+            c.journal_bytes
+                .fetch_add(journal::JOURNAL_HEADER_BYTES as u64, Ordering::Relaxed);
+            self.unsynced_bytes = 0;
         }
         let Ok(next) = self.journal.next_start() else {
             return false; // sequence numbers exhausted: writes stop on the next roll
@@ -583,6 +568,16 @@ impl Committer {
         self.journal_at_capture = self.journal.bytes_since_start();
         self.flusher.journal_restarted();
         true
+    }
+
+    /// A step of a capture (its cursor round, its roll) failed: a full disk
+    /// puts the capture off, any other failure stops writes.
+    fn capture_step_failed(&mut self, e: &Error) {
+        if matches!(e, Error::NoSpace { .. }) {
+            self.capture_put_off(e);
+        } else {
+            stop_writes(&self.shared, e);
+        }
     }
 
     /// A capture that found the disk full (its cursor round or its roll)

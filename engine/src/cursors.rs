@@ -4,12 +4,16 @@
 //! Memory: a membership is 16 bytes here (cursor, group slot, join point)
 //! plus the 8-byte user id in the group's member list; see the bench
 //! `memberships` for the measured total. An ACK is a hash lookup, a binary
-//! search over the user's groups and one atomic `fetch_max`: no system call,
-//! no allocation, no exclusive lock.
+//! search over the user's groups and one atomic compare-and-swap, plus an
+//! insert into its shard's flush queue when the move raises the flush bit
+//! (the only allocation, amortised): no system call, no exclusive lock.
 //!
 //! Each cursor word is `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`
 //! (msg_ids stay below 2^62). The *flush* bit makes the commit thread's
-//! cursor flush write only cursors that moved since it last wrote them; the
+//! cursor flush write only cursors that moved since it last wrote them:
+//! the move that raises it queues `(user, slot)` on its shard's flush
+//! queue, so a flush visits the moved cursors only, never every user (it
+//! runs on the commit thread, between rounds); the
 //! *checkpoint* bit makes each moved membership reach the next checkpoint's
 //! delta run once: the move that sets it (an ACK, a caught-up sender, a
 //! replayed Cursors entry) reports it, and the caller queues the user on its
@@ -17,14 +21,19 @@
 //! cursors that moved, never the whole table.
 //!
 //! Invariants: a flush bit is cleared only atomically with reading the
-//! value it covers (the flush keeps the entries until written); a
+//! value it covers (the flush keeps the entries until written); every
+//! membership whose flush bit is set is on its shard's flush queue
+//! (queued by the move that raises it, taken by the flush that clears it,
+//! dropped by the leave that removes it); the queue is a set, so it holds
+//! at most one entry per membership, and an entry whose bit a flush
+//! cleared between a move's raise and its queueing is skipped once; a
 //! checkpoint bit is set only by a move that reports it (so every set bit
 //! has its user queued) and cleared only atomically with the read of the
 //! value the checkpoint stores.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -47,7 +56,6 @@ struct Membership {
 struct UserEntry {
     /// Sorted by slot.
     memberships: Vec<Membership>,
-    dirty: AtomicBool,
 }
 
 impl UserEntry {
@@ -71,6 +79,10 @@ pub enum InsertError {
 /// keyed SipHash (user ids come from clients).
 pub struct CursorTable {
     shards: Vec<RwLock<HashMap<u64, UserEntry>>>,
+    /// By shard: the `(user, slot)` of every membership of the shard's
+    /// users whose flush bit is set (module invariants). Its own lock, as a
+    /// move holds its shard only shared; taken after the shard's.
+    flush_queues: Vec<Mutex<HashSet<(u64, u32)>>>,
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
@@ -102,15 +114,28 @@ impl CursorTable {
     pub fn new() -> Self {
         CursorTable {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            flush_queues: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             join_overflow: Mutex::new(HashMap::new()),
         }
     }
 
-    fn shard(&self, user: u64) -> &RwLock<HashMap<u64, UserEntry>> {
+    fn shard_index(&self, user: u64) -> usize {
         let mut h = self.hasher.build_hasher();
         h.write_u64(user);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        (h.finish() as usize) % SHARDS
+    }
+
+    fn shard(&self, user: u64) -> &RwLock<HashMap<u64, UserEntry>> {
+        &self.shards[self.shard_index(user)]
+    }
+
+    /// Queues a membership whose flush bit this caller raised (0 -> 1);
+    /// the caller holds its shard.
+    fn queue_flush(&self, user: u64, slot: u32) {
+        self.flush_queues[self.shard_index(user)]
+            .lock()
+            .insert((user, slot));
     }
 
     fn join_point(&self, user: u64, m: &Membership) -> u64 {
@@ -179,6 +204,12 @@ impl CursorTable {
             .binary_search_by_key(&slot, |m| m.slot)
             .ok()?;
         let m = entry.memberships.remove(at);
+        if m.cursor.load(Ordering::Acquire) & FLUSH_DIRTY != 0 {
+            // Under the shard's write lock: no move races this read.
+            self.flush_queues[self.shard_index(user)]
+                .lock()
+                .remove(&(user, slot));
+        }
         if m.join_lo == JOIN_OVERFLOW {
             self.join_overflow.lock().remove(&(slot, user));
         }
@@ -223,28 +254,46 @@ impl CursorTable {
         let shard = self.shard(user).read();
         let entry = shard.get(&user)?;
         let m = entry.find(slot)?;
-        let current = m.cursor.load(Ordering::Acquire);
-        if msg_id <= current >> SHIFT {
-            let c = current >> SHIFT;
-            return Some(Moved {
-                old: c,
-                new: c,
-                newly_checkpoint_dirty: false,
-            });
+        let seen = m.cursor.load(Ordering::Acquire);
+        Some(self.raise(user, slot, m, seen, msg_id))
+    }
+
+    /// Moves `m` to `msg_id` if that is forward of what it holds, setting
+    /// both dirty bits; `seen` is a value of its word read before. A
+    /// compare-and-swap from the value the decision was made on: a move
+    /// that found the cursor already at `msg_id` (a racing ACK of the same
+    /// id got there first, maybe read by a flush or a checkpoint since)
+    /// writes nothing, so a bit is only ever raised together with the
+    /// report (and the queueing) of its raise.
+    fn raise(&self, user: u64, slot: u32, m: &Membership, seen: u64, msg_id: u64) -> Moved {
+        let mut current = seen;
+        loop {
+            let old = current >> SHIFT;
+            if msg_id <= old {
+                return Moved {
+                    old,
+                    new: old,
+                    newly_checkpoint_dirty: false,
+                };
+            }
+            let next = msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY;
+            match m
+                .cursor
+                .compare_exchange_weak(current, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if current & FLUSH_DIRTY == 0 {
+                        self.queue_flush(user, slot);
+                    }
+                    return Moved {
+                        old,
+                        new: msg_id,
+                        newly_checkpoint_dirty: current & CKPT_DIRTY == 0,
+                    };
+                }
+                Err(now) => current = now,
+            }
         }
-        // fetch_max on the encoded value sets the cursor and both bits.
-        let prev = m
-            .cursor
-            .fetch_max(msg_id << SHIFT | CKPT_DIRTY | FLUSH_DIRTY, Ordering::AcqRel);
-        let old = prev >> SHIFT;
-        if !entry.dirty.load(Ordering::Relaxed) {
-            entry.dirty.store(true, Ordering::Release);
-        }
-        Some(Moved {
-            old,
-            new: old.max(msg_id),
-            newly_checkpoint_dirty: old < msg_id && prev & CKPT_DIRTY == 0,
-        })
     }
 
     /// Moves the cursor from exactly `expected` to `msg_id` (a caught-up
@@ -265,7 +314,9 @@ impl CursorTable {
                 Ordering::Acquire,
             )
             .ok()?;
-        entry.dirty.store(true, Ordering::Release);
+        if current & FLUSH_DIRTY == 0 {
+            self.queue_flush(user, slot);
+        }
         Some(current & CKPT_DIRTY == 0)
     }
 
@@ -280,23 +331,36 @@ impl CursorTable {
     }
 
     /// Takes every cursor that moved since it was last taken: calls
-    /// `f(user, slot, cursor)` and clears its dirty bit atomically with the
-    /// read, so an ACK racing with this is taken next time.
-    pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) {
-        for shard in &self.shards {
+    /// `f(user, slot, cursor)` and clears its flush bit atomically with the
+    /// read, so an ACK racing with this is taken next time (its move either
+    /// finds the bit still set, and this read takes its value, or raises it
+    /// again and queues the membership again). Visits the flush queues
+    /// only: O(moved cursors + shards), whatever the table holds. Returns
+    /// the number of queued entries it visited.
+    pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) -> usize {
+        let mut visited = 0;
+        for (queue, shard) in self.flush_queues.iter().zip(&self.shards) {
+            // Taken before the shard is read: a move queues after raising
+            // the bit, so every entry taken has its bit raised by now.
+            let queued = std::mem::take(&mut *queue.lock());
+            if queued.is_empty() {
+                continue;
+            }
+            visited += queued.len();
             let shard = shard.read();
-            for (&user, entry) in shard.iter() {
-                if !entry.dirty.swap(false, Ordering::AcqRel) {
+            for (user, slot) in queued {
+                // A leave since the move took its entry off the queue, but
+                // a take that already held the entry finds it gone here.
+                let Some(m) = shard.get(&user).and_then(|e| e.find(slot)) else {
                     continue;
-                }
-                for m in &entry.memberships {
-                    let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
-                    if v & FLUSH_DIRTY != 0 {
-                        f(user, m.slot, v >> SHIFT);
-                    }
+                };
+                let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
+                if v & FLUSH_DIRTY != 0 {
+                    f(user, slot, v >> SHIFT);
                 }
             }
         }
+        visited
     }
 
     /// Raises a cursor to a value read from the journal (never lowers it);
@@ -343,7 +407,7 @@ impl CursorTable {
     pub fn clamp_all(&self, head_of: impl Fn(u32) -> u64, mut moved: impl FnMut(u32, u64, u64)) {
         for shard in &self.shards {
             let shard = shard.read();
-            for entry in shard.values() {
+            for (user, entry) in shard.iter() {
                 for m in &entry.memberships {
                     let head = head_of(m.slot);
                     let v = m.cursor.load(Ordering::Acquire);
@@ -353,7 +417,9 @@ impl CursorTable {
                             head << SHIFT | FLUSH_DIRTY | (v & CKPT_DIRTY),
                             Ordering::Release,
                         );
-                        entry.dirty.store(true, Ordering::Release);
+                        if v & FLUSH_DIRTY == 0 {
+                            self.queue_flush(*user, m.slot);
+                        }
                         moved(m.slot, v >> SHIFT, head);
                     }
                 }
@@ -364,16 +430,24 @@ impl CursorTable {
     /// Heap bytes held (the shard maps' buckets and the membership vectors).
     pub fn heap_bytes(&self) -> usize {
         let per_bucket = std::mem::size_of::<(u64, UserEntry)>() + 1;
-        self.shards
+        let per_queued = std::mem::size_of::<(u64, u32)>() + 1;
+        let queues: usize = self
+            .flush_queues
             .iter()
-            .map(|s| {
-                let s = s.read();
-                s.capacity() * per_bucket
-                    + s.values()
-                        .map(|e| e.memberships.capacity() * std::mem::size_of::<Membership>())
-                        .sum::<usize>()
-            })
-            .sum()
+            .map(|q| q.lock().capacity() * per_queued)
+            .sum();
+        queues
+            + self
+                .shards
+                .iter()
+                .map(|s| {
+                    let s = s.read();
+                    s.capacity() * per_bucket
+                        + s.values()
+                            .map(|e| e.memberships.capacity() * std::mem::size_of::<Membership>())
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
     }
 }
 
@@ -433,6 +507,68 @@ mod tests {
         t.advance(1, 2, 6);
         t.take_dirty(|u, s, c| seen.push((u, s, c)));
         assert_eq!(seen, vec![(1, 2, 6)]);
+    }
+
+    #[test]
+    fn a_flush_visits_the_moved_cursors_only() {
+        let t = CursorTable::new();
+        for user in 0..100_000 {
+            t.insert(user, (user % 7) as u32, 0, 1, None).unwrap();
+        }
+        t.insert(42, 9, 0, 1, None).unwrap();
+        let mut seen = Vec::new();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 0);
+        t.advance(42, 9, 5);
+        t.advance(42, 9, 6);
+        assert!(t.advance_if_at(42, 9, 6, 7).is_some());
+        assert_eq!(
+            t.take_dirty(|u, s, c| seen.push((u, s, c))),
+            1,
+            "one moved cursor among 100,000 users: one entry visited, queued once"
+        );
+        assert_eq!(seen, vec![(42, 9, 7)]);
+        // A leave drops its queued entry; a rejoin starts clean.
+        t.advance(42, 9, 8);
+        t.advance(7, 0, 3);
+        t.remove(42, 9);
+        t.insert(42, 9, 8, 1, None).unwrap();
+        seen.clear();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(seen, vec![(7, 0, 3)]);
+        // Recovery's clamp queues what it lowers.
+        t.clamp_all(|slot| if slot == 0 { 2 } else { u64::MAX }, |_, _, _| {});
+        seen.clear();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(seen, vec![(7, 0, 2)]);
+    }
+
+    #[test]
+    fn a_move_that_read_the_cursor_before_a_racing_equal_move_raises_no_bit_unqueued() {
+        // Two ACKs of msg_id 5 race: the second read the cursor at 0, then
+        // the first moved it to 5 and a flush and a checkpoint read it
+        // (clearing both bits) before the second's write. The second must
+        // change nothing: a bit it raised without queueing the membership
+        // would hide every later move from flushes and checkpoints.
+        let t = CursorTable::new();
+        t.insert(1, 1, 0, 1, None).unwrap();
+        let raise_from_stale = |seen: u64, msg_id: u64| {
+            let shard = t.shard(1).read();
+            let m = shard.get(&1).unwrap().find(1).unwrap();
+            t.raise(1, 1, m, seen, msg_id)
+        };
+        let stale = 0;
+        assert!(t.advance(1, 1, 5).unwrap().newly_checkpoint_dirty);
+        let mut seen = Vec::new();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(t.take_for_checkpoint(1, 1).unwrap().cursor, 5);
+        let moved = raise_from_stale(stale, 5);
+        assert_eq!((moved.old, moved.new), (5, 5));
+        assert!(!moved.newly_checkpoint_dirty);
+        // The next move is queued for both.
+        assert!(t.advance(1, 1, 6).unwrap().newly_checkpoint_dirty);
+        seen.clear();
+        t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(seen, vec![(1, 1, 6)]);
     }
 
     #[test]

@@ -125,6 +125,10 @@ pub struct EngineStats {
     /// first uses of groups recovery left unloaded or the idle sweep
     /// unloaded.
     pub group_loads: u64,
+    /// Groups the periodic retention planning looked at: only the groups
+    /// with a retention policy (the work of a walk that must not grow with
+    /// the groups that keep everything).
+    pub retention_groups_planned: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -898,6 +902,7 @@ impl Engine {
             dedup_windows_dropped: self.shared.dedup.dropped(),
             groups_in_use: self.shared.dedup.used_len() as u64,
             group_loads: c.group_loads.load(Ordering::Relaxed),
+            retention_groups_planned: c.retention_groups_planned.load(Ordering::Relaxed),
         }
     }
 

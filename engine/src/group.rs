@@ -190,7 +190,9 @@ impl Group {
             .unwrap_or_default()
     }
 
-    pub fn set_retention(&self, policy: Retention) {
+    /// Only through [`crate::catalog::Catalog::set_retention`], which keeps
+    /// the index of groups with a policy that retention planning walks.
+    pub(crate) fn set_retention(&self, policy: Retention) {
         *self.retention.lock() = (!policy.keeps_everything()).then(|| Box::new(policy));
     }
 

@@ -109,6 +109,8 @@ mod replicate;
 #[cfg(test)]
 mod replicate_tests;
 mod retention;
+#[cfg(test)]
+mod retention_index_tests;
 mod segment;
 mod segment_cache;
 // Reads of small groups from the shared journal files (storage v2):

@@ -3,9 +3,10 @@
 //! answer must agree. The oracle and the checks are the `engine_ops` fuzz
 //! target's ([`crate::fuzz_targets::run_ops`]), so the two never drift
 //! apart: groups, memberships, ACK, pull with `ack_up_to`, unread, sync,
-//! history, read counts, cursor flushes, checkpoints, clean reopen and
-//! crash (after which a cursor may lie anywhere between its last persisted
-//! and its last ACKed value, the documented allowance).
+//! history, read counts, cursor flushes, checkpoints, clean reopen, crash
+//! and a power cut at an operation of a checkpoint (after which a cursor
+//! may lie anywhere between its last persisted and its last ACKed value,
+//! the documented allowance).
 
 use proptest::prelude::*;
 
@@ -37,6 +38,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Checkpoint),
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
+        1 => (1..65u64).prop_map(Op::PowerCut),
     ]
 }
 

@@ -612,7 +612,7 @@ fn restore_runs(
                         None => LogSlot::Unloaded(state),
                     };
                     let g = catalog.insert(rec.group, slot);
-                    g.set_retention(rec.retention);
+                    catalog.set_retention(&g, rec.retention);
                     let mut ck = g.ckpt(&ctx.dirty);
                     ck.set_applied_lsn(rec.applied_lsn);
                     ck.capture_once();

@@ -149,6 +149,11 @@ fn population_reports_every_figure_and_validates() {
         "4000",
         "--group-size-max",
         "1500",
+        "--node-idle-evict-ms",
+        "300",
+        // New groups go idle after the first checkpoint: sooner here.
+        "--node-checkpoint-interval-ms",
+        "1000",
     ]);
     assert_eq!(r.len(), 1);
     let r = &r[0];
@@ -195,10 +200,19 @@ fn population_reports_every_figure_and_validates() {
         "memory.rss_bytes_per_membership",
         "memory.anon_bytes_per_group",
         "memory.anon_bytes_per_membership",
+        "memory.before_settle.after_create.rss_bytes",
+        "memory.before_settle.after_join.rss_bytes",
+        "memory.settle.after_create.secs",
+        "memory.settle.after_create.groups_in_use",
+        "memory.settle.after_create.checkpoints",
+        "memory.settle.after_join.secs",
+        "memory.settle.after_join.groups_in_use",
         "send.messages",
         "send.groups_touched",
         "send.commit_rounds",
         "send.fsyncs",
+        "send.group_loads",
+        "send.requests_waited_for_load",
         "checkpoints.count",
         "checkpoints.bytes",
         "checkpoints.bytes_max",
@@ -223,6 +237,9 @@ fn population_reports_every_figure_and_validates() {
     ] {
         number(path);
     }
+    // This build's node has `--idle-evict-ms`: it ran with the bench's
+    // idle time, and memory was read after waiting for idle groups.
+    assert_eq!(number("memory.settle.idle_evict_ms"), 300.0);
     // Creating groups and joining members costs something on any engine.
     assert!(number("disk.after_join.bytes") > number("disk.empty.bytes"));
     assert!(number("checkpoints.journal_bytes") > 0.0);

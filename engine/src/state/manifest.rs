@@ -21,7 +21,7 @@
 use std::path::{Path, PathBuf};
 
 use super::run::{PartMeta, RUN_FILE_BYTES_READ_MAX, RUN_HEADER_BYTES, RUN_TRAILER_BYTES};
-use super::{put_key, read_key, Reader, KEY_BYTES};
+use super::{check_header, put_key, read_key, Reader, KEY_BYTES};
 use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs};
 
@@ -147,26 +147,17 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         ));
     }
     let mut h = Reader::new(&bytes[..MANIFEST_HEADER_BYTES]);
-    let magic = h.bytes(8)?;
-    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    let header_len = u16::from_le_bytes([bytes[10], bytes[11]]);
-    h.bytes(4)?;
+    h.bytes(12)?;
     let reserved = h.u32()?;
     let body_len = h.u64()?;
     let body_crc = h.u32()?;
-    let header_crc = h.u32()?;
-    if crc32fast::hash(&bytes[..28]) != header_crc {
-        return Err("manifest header checksum mismatch".into());
-    }
-    if magic != MANIFEST_MAGIC {
-        return Err("bad manifest magic".into());
-    }
-    if version != MANIFEST_VERSION {
-        return Err(format!("unsupported manifest version {version}"));
-    }
-    if header_len as usize != MANIFEST_HEADER_BYTES || reserved != 0 {
-        return Err("bad manifest header length or reserved bytes".into());
-    }
+    check_header(
+        &bytes[..MANIFEST_HEADER_BYTES],
+        "manifest",
+        &MANIFEST_MAGIC,
+        MANIFEST_VERSION,
+        reserved == 0,
+    )?;
     let body = &bytes[MANIFEST_HEADER_BYTES..];
     if body_len != body.len() as u64 {
         return Err(format!(

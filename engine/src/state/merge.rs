@@ -23,7 +23,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::{Item, Key};
+use super::{Item, Key, StopAtError};
 
 /// The merge of `k` runs, yielding items in key order.
 pub(crate) struct Merge<I: Iterator<Item = Result<Item, String>>> {
@@ -133,6 +133,12 @@ impl<I: Iterator<Item = Result<Item, String>>> Merge<I> {
         }
         Ok(Some((key, items)))
     }
+}
+
+impl<I: Iterator<Item = Result<Item, String>>> StopAtError for Merge<I> {
+    fn failed(&mut self) -> &mut bool {
+        &mut self.failed
+    }
 
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
         while let Some((key, items)) = self.pop_key()? {
@@ -211,16 +217,7 @@ impl<I: Iterator<Item = Result<Item, String>>> Iterator for Merge<I> {
         if let Some(e) = self.pending_error.take() {
             return Some(Err(e));
         }
-        if self.failed {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(v) => v.map(Ok),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_or_first_error()
     }
 }
 

@@ -205,6 +205,64 @@ pub(crate) fn put_key(out: &mut Vec<u8>, k: Key) {
 
 pub(crate) const KEY_BYTES: usize = 17;
 
+/// Checks the header shape that run parts and manifests share
+/// (format-spec/storage.md section 6): `{ magic[8] | version u16 |
+/// header_len u16 | ... | crc32 of the header's other bytes }`, `h` being
+/// the whole header. `reserved_zero` says whether the caller's reserved
+/// bytes are zero. In this order: checksum, magic, version, length and
+/// reserved bytes; the errors name `what`.
+pub(crate) fn check_header(
+    h: &[u8],
+    what: &str,
+    magic: &[u8; 8],
+    version: u16,
+    reserved_zero: bool,
+) -> Result<(), String> {
+    let n = h.len();
+    debug_assert!(n >= 16, "a header holds its magic, version and crc");
+    let stored_crc = u32::from_le_bytes([h[n - 4], h[n - 3], h[n - 2], h[n - 1]]);
+    if crc32fast::hash(&h[..n - 4]) != stored_crc {
+        return Err(format!("{what} header checksum mismatch"));
+    }
+    if h[..8] != magic[..] {
+        return Err(format!("bad {what} magic"));
+    }
+    let found = u16::from_le_bytes([h[8], h[9]]);
+    if found != version {
+        return Err(format!("unsupported {what} version {found}"));
+    }
+    let header_len = u16::from_le_bytes([h[10], h[11]]);
+    if header_len as usize != n || !reserved_zero {
+        return Err(format!("bad {what} header length or reserved bytes"));
+    }
+    Ok(())
+}
+
+/// A reader of items (a run part, a run, a merge) that yields its first
+/// error and then ends: a damaged input is reported once, and nothing
+/// after the damage is read as if it were sound.
+pub(crate) trait StopAtError {
+    /// The next item, `Ok(None)` at the end.
+    fn next_inner(&mut self) -> Result<Option<Item>, String>;
+
+    /// The flag that the first error was yielded.
+    fn failed(&mut self) -> &mut bool;
+
+    /// `Iterator::next` of such a reader.
+    fn next_or_first_error(&mut self) -> Option<Result<Item, String>> {
+        if *self.failed() {
+            return None;
+        }
+        match self.next_inner() {
+            Ok(v) => v.map(Ok),
+            Err(e) => {
+                *self.failed() = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
 pub(crate) fn read_key(r: &mut Reader<'_>) -> Result<Key, String> {
     let group = r.u64()?;
     let tag = r.u8()?;

@@ -29,7 +29,10 @@
 
 use std::io::Write;
 
-use super::{put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader};
+use super::{
+    check_header, put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader,
+    StopAtError,
+};
 use crate::retention::Retention;
 use crate::segment::SEGMENT_HEADER_BYTES;
 
@@ -629,26 +632,17 @@ impl<'a> PartReader<'a> {
         }
         let h = &bytes[..RUN_HEADER_BYTES];
         let mut r = Reader::new(h);
-        let magic = r.bytes(8)?;
-        let version = u16::from_le_bytes([h[8], h[9]]);
-        let header_len = u16::from_le_bytes([h[10], h[11]]);
-        r.bytes(4)?;
+        r.bytes(12)?;
         let part = r.u32()?;
         let run_seq = r.u64()?;
         let _created_ms = r.u64()?;
-        let stored_crc = u32::from_le_bytes([h[60], h[61], h[62], h[63]]);
-        if crc32fast::hash(&h[..60]) != stored_crc {
-            return Err("run part header checksum mismatch".into());
-        }
-        if magic != RUN_MAGIC {
-            return Err("bad run part magic".into());
-        }
-        if version != RUN_VERSION {
-            return Err(format!("unsupported run part version {version}"));
-        }
-        if header_len as usize != RUN_HEADER_BYTES || h[32..60].iter().any(|&b| b != 0) {
-            return Err("bad run part header length or reserved bytes".into());
-        }
+        check_header(
+            h,
+            "run part",
+            &RUN_MAGIC,
+            RUN_VERSION,
+            h[32..60].iter().all(|&b| b == 0),
+        )?;
         let t = &bytes[len - RUN_TRAILER_BYTES..];
         let mut tr = Reader::new(t);
         let tmagic = tr.bytes(8)?;
@@ -761,7 +755,11 @@ impl<'a> PartReader<'a> {
     }
 }
 
-impl PartReader<'_> {
+impl StopAtError for PartReader<'_> {
+    fn failed(&mut self) -> &mut bool {
+        &mut self.failed
+    }
+
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
         if self.block_left == 0 {
             if !self.block.is_empty() {
@@ -795,16 +793,7 @@ impl Iterator for PartReader<'_> {
 
     /// The next item; an error ends the iteration.
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(v) => v.map(Ok),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_or_first_error()
     }
 }
 
@@ -828,6 +817,12 @@ impl<'a> RunItems<'a> {
             cur: None,
             failed: false,
         }
+    }
+}
+
+impl StopAtError for RunItems<'_> {
+    fn failed(&mut self) -> &mut bool {
+        &mut self.failed
     }
 
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
@@ -874,15 +869,6 @@ impl Iterator for RunItems<'_> {
     type Item = Result<Item, String>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.next_inner() {
-            Ok(v) => v.map(Ok),
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
-            }
-        }
+        self.next_or_first_error()
     }
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
     decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
-    JoinStart, Records, Request, Response, ResyncScope, Subscription, FRAME_BYTES_MAX_FLOOR,
-    PROTOCOL_VERSION,
+    JoinStart, Records, Request, Response, ResyncScope, Subscription, UnreadEntry,
+    FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
 };
 
 /// A message as the client hands it to the application.
@@ -180,6 +180,18 @@ pub struct GroupState {
     pub cursor: u64,
     pub unread: u64,
     pub messages: Vec<Message>,
+}
+
+impl GroupState {
+    fn new(e: &UnreadEntry, messages: Vec<Message>) -> GroupState {
+        GroupState {
+            group: e.group,
+            head: e.head,
+            cursor: e.cursor,
+            unread: e.unread,
+            messages,
+        }
+    }
 }
 
 /// A response frame, owned.
@@ -383,7 +395,7 @@ impl Client {
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(ClientError::Protocol(e.to_string())),
             };
-            let owned = frame_bytes(&frame);
+            let owned = OwnedFrame(frame.to_vec());
             let event = match decode_response(&frame)? {
                 Response::Push { group, records } => {
                     Some(messages(group, &records).map(Event::Push))
@@ -590,13 +602,7 @@ impl Client {
         match self.call(&Request::Unread { user })?.response()? {
             Response::Unread(list) => Ok(list
                 .iter()
-                .map(|u| GroupState {
-                    group: u.group,
-                    head: u.head,
-                    cursor: u.cursor,
-                    unread: u.unread,
-                    messages: Vec::new(),
-                })
+                .map(|u| GroupState::new(u, Vec::new()))
                 .collect()),
             _ => unexpected("UNREAD"),
         }
@@ -623,13 +629,8 @@ impl Client {
             } => {
                 let mut out = Vec::with_capacity(groups.len());
                 for g in groups {
-                    out.push(GroupState {
-                        group: g.group,
-                        head: g.head,
-                        cursor: g.cursor,
-                        unread: g.unread,
-                        messages: messages(g.group, &g.records)?,
-                    });
+                    let messages = messages(g.entry.group, &g.records)?;
+                    out.push(GroupState::new(&g.entry, messages));
                 }
                 Ok((out, next_continuation))
             }
@@ -708,16 +709,4 @@ pub fn parse_sent(f: &OwnedFrame) -> Result<Sent> {
         }),
         _ => unexpected("SEND"),
     }
-}
-
-fn frame_bytes(frame: &Frame<'_>) -> OwnedFrame {
-    let h = &frame.header;
-    let mut v = Vec::with_capacity(16 + frame.body.len());
-    v.extend_from_slice(&h.frame_len.to_le_bytes());
-    v.push(h.version);
-    v.push(h.opcode);
-    v.extend_from_slice(&h.flags.to_le_bytes());
-    v.extend_from_slice(&h.request_id.to_le_bytes());
-    v.extend_from_slice(frame.body);
-    OwnedFrame(v)
 }

@@ -1,19 +1,58 @@
-//! One client connection, sans IO: the frame decoder on the way in, a
-//! bounded queue of outgoing bytes on the way out (response heads plus
-//! record bytes borrowed from segment mappings, written with writev), the
-//! handshake phase and the requests it has in flight. The event loop moves
-//! bytes and derives its interest from `wants_read` / `wants_write`.
+//! One client connection, sans IO: the protocol state machine of a
+//! connection, after rustls' `Connection`. The event loop hands it the bytes
+//! it reads (`read_from`), asks it for the next request ([`Connection::
+//! handle_next`], which turns a decoded request into an [`Action`] for the
+//! loop), queues what the loop answers (`queue`), and writes what it holds
+//! (`write_to`, writev over response heads and record bytes borrowed from
+//! segment mappings); it derives its interest from `wants_read` /
+//! `wants_write`.
+//!
+//! What lives here and nowhere else:
+//!
+//! - the handshake gate (format-spec/protocol.md 1.7): HELLO, then AUTH
+//!   when the node has a token, then everything but HELLO;
+//! - the in-flight limit (1.5): a request that may stay in flight (SEND,
+//!   PULL, CREATE_GROUP, DELETE_GROUP, JOIN, LEAVE: the requests whose
+//!   handlers can park) is refused TOO_MANY_REQUESTS_IN_FLIGHT when
+//!   `requests_in_flight_max` are; the count moves when a request parks and
+//!   when the loop reports it answered (`parked_done`);
+//! - the ordering barrier (1.4): which parked requests hold back later ones;
+//! - closing and fatal: a fatal ERROR is the last frame queued, nothing is
+//!   read after it, and the connection ends once its output is written and
+//!   nothing is in flight;
+//! - the connection's subscriptions: its groups and users are the truth;
+//!   the node's push index (`subscriptions.rs`) is derived from them and
+//!   changed only together with them (SUBSCRIBE, UNSUBSCRIBE, RESYNC,
+//!   close).
+//!
+//! Invariants: `in_flight` = parked requests answered later (its parked
+//! SENDs and operations, and its long polls); nothing is queued after a
+//! fatal ERROR; a request that waits (behind a parked one, or for its
+//! group's load) stays in the decoder, unread beyond, and is not in flight.
+//! Costs: a request costs its handler; nothing here walks other
+//! connections.
 
-use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::collections::{HashSet, VecDeque};
+use std::io::{self, IoSlice, Read, Write};
+use std::time::Instant;
 
-use tidemark_engine::Chunk;
+use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
-use tidemark_protocol::{FrameDecoder, Opcode};
+use crate::handlers::{self, Action, Ctx, Outgoing};
+use crate::subscriptions::Subscriptions;
+use tidemark_protocol::{decode_request, ErrorCode, FrameDecoder, Opcode, Request, Subscription};
+
+/// Identifies a connection across the reuse of its slot in the event loop
+/// (the slot's index and the generation of its occupant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId {
+    pub index: usize,
+    pub generation: u64,
+}
 
 /// Where the connection is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+enum Phase {
     /// Only HELLO is accepted.
     AwaitHello,
     /// HELLO done; the node has a token, so only AUTH is accepted.
@@ -23,7 +62,7 @@ pub enum Phase {
 
 /// A piece of output: bytes the node encoded, or stored records sent as
 /// they lie in a segment.
-pub enum OutChunk {
+enum OutChunk {
     Bytes(Vec<u8>),
     Records(Chunk),
 }
@@ -39,7 +78,7 @@ impl OutChunk {
 
 /// Queued output, written front to back.
 #[derive(Default)]
-pub struct OutQueue {
+struct OutQueue {
     chunks: VecDeque<OutChunk>,
     /// Bytes of the front chunk already written.
     front_written: usize,
@@ -51,7 +90,7 @@ pub struct OutQueue {
 const IOVECS_MAX: usize = 64;
 
 impl OutQueue {
-    pub fn push(&mut self, chunk: OutChunk) {
+    fn push(&mut self, chunk: OutChunk) {
         let n = chunk.bytes().len();
         if n > 0 {
             self.len += n;
@@ -59,17 +98,17 @@ impl OutQueue {
         }
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Writes as much as `w` takes. Returns bytes written; stops at
     /// WouldBlock (not an error).
-    pub fn write_to<W: Write>(&mut self, w: &mut W) -> io::Result<usize> {
+    fn write_to<W: Write>(&mut self, w: &mut W) -> io::Result<usize> {
         let mut total = 0;
         while !self.chunks.is_empty() {
             let mut slices: Vec<IoSlice<'_>> =
@@ -120,34 +159,42 @@ impl OutQueue {
 }
 
 pub struct Connection {
-    pub decoder: FrameDecoder,
-    pub out: OutQueue,
-    pub phase: Phase,
-    /// Requests accepted and not yet answered (durable sends, ops, long polls).
-    pub in_flight: u32,
+    decoder: FrameDecoder,
+    out: OutQueue,
+    session: Session,
     /// Stop reading: write what is queued, then close (a fatal error, or
     /// the node shutting down).
-    pub closing: bool,
+    closing: bool,
     /// A fatal error frame was queued: nothing more is queued after it.
-    pub fatal: bool,
-    /// The peer closed its side (read returned 0).
-    pub peer_closed: bool,
-    /// Subscription entries (groups + users) this connection holds.
-    pub subscriptions: usize,
-    /// Parked SENDs waiting for their commit round.
-    pub parked_sends: u32,
-    /// Parked CREATE_GROUP, DELETE_GROUP, JOIN and LEAVE requests.
-    pub parked_ops: u32,
+    fatal: bool,
+    /// The peer closed its side (read returned 0), or the socket failed.
+    peer_closed: bool,
     /// Since when the decoder has held part of a frame while the node was
     /// willing to read (None: no partial frame, or reading paused by the
     /// node's own back-pressure).
-    pub partial_since: Option<std::time::Instant>,
+    partial_since: Option<Instant>,
     /// The request at the front of the decoder waits for the engine's
     /// maintenance worker (its group's files are read for the first time
     /// since open): the job's ticket. It stays in the input buffer, not in
     /// flight, and runs again once the ticket is settled; nothing behind it
     /// starts before (format-spec/protocol.md section 1.4).
-    pub waiting_load: Option<u64>,
+    waiting_load: Option<u64>,
+}
+
+/// The part of a connection's state a request changes: kept apart from the
+/// decoder, whose front frame the request borrows while it is handled.
+struct Session {
+    phase: Phase,
+    /// Requests accepted and not yet answered (parked sends and operations,
+    /// long polls).
+    in_flight: u32,
+    /// Parked SENDs waiting for their commit round.
+    parked_sends: u32,
+    /// Parked CREATE_GROUP, DELETE_GROUP, JOIN and LEAVE requests.
+    parked_ops: u32,
+    /// The groups and users this connection is subscribed to.
+    sub_groups: HashSet<u64>,
+    sub_users: HashSet<u64>,
 }
 
 /// Which parked requests hold back the later requests of their connection
@@ -164,56 +211,135 @@ pub enum Barrier {
     Op,
 }
 
+/// What [`Connection::handle_next`] did.
+pub enum Next {
+    /// Nothing to handle now: no whole frame, or the connection is closing,
+    /// its output is full, or its front request waits (behind a parked one,
+    /// or for a load).
+    Idle,
+    /// The front request was not run: its group's files must be read first,
+    /// by the engine's maintenance worker (the ticket). It stays in the
+    /// input buffer and runs again after `load_settled`.
+    WaitsForLoad(u64),
+    /// A request was taken from the input and handled. `op` is `None` for a
+    /// frame that did not decode (answered by a fatal ERROR).
+    Handled {
+        request_id: u64,
+        op: Option<Opcode>,
+        action: Action,
+    },
+}
+
+/// Why a request produced no action: it must wait for a load, or it is a
+/// fatal error (the ERROR to queue last).
+pub enum Stop {
+    NotReady(u64),
+    Fatal(Outgoing),
+}
+
 impl Connection {
     pub fn new(frame_bytes_max: u32) -> Self {
         Connection {
             decoder: FrameDecoder::new(frame_bytes_max),
             out: OutQueue::default(),
-            phase: Phase::AwaitHello,
-            in_flight: 0,
+            session: Session {
+                phase: Phase::AwaitHello,
+                in_flight: 0,
+                parked_sends: 0,
+                parked_ops: 0,
+                sub_groups: HashSet::new(),
+                sub_users: HashSet::new(),
+            },
             closing: false,
             fatal: false,
             peer_closed: false,
-            subscriptions: 0,
-            parked_sends: 0,
-            parked_ops: 0,
             partial_since: None,
             waiting_load: None,
         }
     }
 
-    /// Whether a request with this opcode byte may start now, given the
-    /// requests of this connection parked before it: execution order is
-    /// request order, so a request that could observe a parked request's
-    /// effect waits until it is answered. PING observes nothing; a SEND
-    /// behind SENDs only needs the order of id assignment, which is request
-    /// order. An unknown opcode byte waits like any request (it is then
-    /// answered BAD_FRAME in its turn).
-    pub fn may_start(&self, opcode: u8) -> bool {
-        match Opcode::from_request_byte(opcode) {
-            Some(Opcode::Ping) => true,
-            Some(Opcode::Send) => self.parked_ops == 0,
-            _ => self.parked_ops == 0 && self.parked_sends == 0,
+    /// Reads what `r` has into the decoder. `Ok(0)` and errors other than
+    /// WouldBlock and Interrupted mean the peer is gone: nothing more is
+    /// read. Call only while `wants_read`.
+    pub fn read_from<R: Read>(&mut self, r: &mut R) -> io::Result<usize> {
+        let result = self.decoder.read_from(r);
+        match &result {
+            Ok(0) => self.peer_closed = true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => self.peer_closed = true,
         }
+        result
     }
 
-    /// Counts a request parked with this barrier.
-    pub fn park(&mut self, barrier: Barrier) {
-        self.in_flight += 1;
-        match barrier {
-            Barrier::None => {}
-            Barrier::Send => self.parked_sends += 1,
-            Barrier::Op => self.parked_ops += 1,
+    /// Writes what `w` takes of the queued output. An error means the peer
+    /// is gone: nothing queued can be delivered, and it is dropped. (Or
+    /// EFAULT: record bytes queued from a segment file cut under the node
+    /// since; the frame is broken, so the connection ends the same way. See
+    /// engine segment.rs.)
+    pub fn write_to<W: Write>(&mut self, w: &mut W) -> io::Result<usize> {
+        let result = self.out.write_to(w);
+        if result.is_err() {
+            self.peer_closed = true;
+            self.out = OutQueue::default();
         }
+        result
     }
 
-    /// Counts a parked request answered.
-    pub fn unpark(&mut self, barrier: Barrier) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        match barrier {
-            Barrier::None => {}
-            Barrier::Send => self.parked_sends = self.parked_sends.saturating_sub(1),
-            Barrier::Op => self.parked_ops = self.parked_ops.saturating_sub(1),
+    /// Queues a response or a server-initiated frame. Returns false (and
+    /// drops it) after a fatal error: nothing follows the fatal ERROR.
+    pub fn queue(&mut self, out: Outgoing) -> bool {
+        if self.fatal {
+            return false;
+        }
+        self.out.push(OutChunk::Bytes(out.head));
+        for c in out.chunks {
+            self.out.push(OutChunk::Records(c));
+        }
+        true
+    }
+
+    /// Queues a fatal ERROR (unless one is queued already) and closes: the
+    /// input is not read any more.
+    pub fn fail(&mut self, out: Outgoing) {
+        self.queue(out);
+        self.closing = true;
+        self.fatal = true;
+        self.partial_since = None;
+    }
+
+    /// Stops reading (the node shuts down): what is queued and in flight is
+    /// still answered.
+    pub fn begin_close(&mut self) {
+        self.closing = true;
+    }
+
+    /// Drops the queued output (the node sheds this connection).
+    pub fn drop_output(&mut self) {
+        self.out = OutQueue::default();
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Bytes of output queued and not yet written.
+    pub fn output_bytes(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The input memory to count against the node's budget: the decoder's
+    /// buffer or the whole frame in progress once its length prefix is
+    /// here; a closing connection reads nothing more, so only its buffer.
+    pub fn input_bytes(&self) -> usize {
+        if self.closing {
+            self.decoder.allocated()
+        } else {
+            self.decoder.memory_bytes()
         }
     }
 
@@ -230,10 +356,376 @@ impl Connection {
         !self.out.is_empty()
     }
 
-    /// True when nothing more will happen on this connection.
+    /// True when nothing more will happen on this connection: its peer is
+    /// gone and nothing is in flight, or it is closing and its output is
+    /// written too.
     pub fn finished(&self) -> bool {
-        (self.closing || self.peer_closed) && self.out.is_empty() && self.in_flight == 0
+        let idle = self.session.in_flight == 0;
+        (self.peer_closed && idle) || (self.closing && self.out.is_empty() && idle)
     }
+
+    /// Runs the clock of a partial frame after a turn
+    /// (format-spec/protocol.md 1.6): since when the decoder holds part of
+    /// a frame while the node is willing to read, or `None`. The clock runs
+    /// only while the node reads (a frame held back by the node's own
+    /// back-pressure is not the client's delay) and restarts with each
+    /// whole frame (`handled_frames`).
+    pub fn frame_clock(
+        &mut self,
+        output_bytes_max: usize,
+        handled_frames: bool,
+    ) -> Option<Instant> {
+        let partial = self.wants_read(output_bytes_max) && self.decoder.holds_partial_frame();
+        if !partial {
+            self.partial_since = None;
+            return None;
+        }
+        if handled_frames || self.partial_since.is_none() {
+            self.partial_since = Some(Instant::now());
+        }
+        self.partial_since
+    }
+
+    /// Since when the current partial frame is awaited (see `frame_clock`).
+    pub fn partial_frame_since(&self) -> Option<Instant> {
+        self.partial_since
+    }
+
+    /// The load the front request waited for is settled: it runs in the
+    /// connection's next turn.
+    pub fn load_settled(&mut self) {
+        self.waiting_load = None;
+    }
+
+    /// A parked request or long poll with this barrier was answered.
+    pub fn parked_done(&mut self, barrier: Barrier) {
+        self.session.unpark(barrier);
+    }
+
+    /// Whether the connection holds any subscription (gets pushes).
+    pub fn is_subscribed(&self) -> bool {
+        !self.session.sub_groups.is_empty() || !self.session.sub_users.is_empty()
+    }
+
+    /// Drops every subscription of the connection, from its list and from
+    /// the node's index (UNSUBSCRIBE, RESYNC, close).
+    pub fn unsubscribe_all(
+        &mut self,
+        engine: &Engine,
+        subs: &mut Subscriptions<ConnId>,
+        id: ConnId,
+    ) {
+        self.session.unsubscribe_all(engine, subs, id);
+    }
+
+    /// Handles the request at the front of the input if one may start now
+    /// (the connection is not closing, its output has room, and nothing
+    /// parked before it could be observed by it, format-spec/protocol.md
+    /// 1.4): decodes it, passes it through the shutdown check, the
+    /// handshake gate and the in-flight limit, runs its handler, and says
+    /// what the loop must do with it. A frame that does not decode is
+    /// answered by a fatal ERROR queued here.
+    pub fn handle_next(&mut self, ctx: &mut Ctx<'_>) -> Next {
+        if self.closing
+            || self.out.len() >= ctx.limits.output_bytes_max
+            || self.waiting_load.is_some()
+        {
+            return Next::Idle;
+        }
+        if let Some(opcode) = self.decoder.front_opcode() {
+            if !self.session.may_start(opcode) {
+                return Next::Idle;
+            }
+        }
+        let frame_bytes_max = ctx.limits.frame_bytes_max;
+        // The frame borrows the decoder; it is handled into owned output
+        // before the rest of the connection is touched. It stays at the
+        // front until it is taken below (a request that must wait for the
+        // engine's worker stays there).
+        let (request_id, op, result) = match self.decoder.front_frame() {
+            Ok(None) => return Next::Idle,
+            Err(fe) => {
+                let out = handlers::error(
+                    0,
+                    fe.error_code(),
+                    Some(frame_bytes_max as u64),
+                    &fe.to_string(),
+                );
+                (0, None, Err(Stop::Fatal(out)))
+            }
+            Ok(Some(frame)) => {
+                let id = frame.header.request_id;
+                match decode_request(&frame) {
+                    Err(de) => {
+                        let detail =
+                            (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
+                        let out = handlers::error(id, de.error_code(), detail, &de.to_string());
+                        (id, None, Err(Stop::Fatal(out)))
+                    }
+                    Ok(req) => (id, Some(req.opcode()), self.session.handle(ctx, id, req)),
+                }
+            }
+        };
+        let action = match result {
+            Ok(action) => action,
+            Err(Stop::NotReady(ticket)) => {
+                // Not run: it waits in the input buffer for the worker, and
+                // so does everything behind it (format-spec/protocol.md 1.4).
+                self.waiting_load = Some(ticket);
+                return Next::WaitsForLoad(ticket);
+            }
+            Err(Stop::Fatal(out)) => {
+                self.fail(out);
+                Action::Closed
+            }
+        };
+        self.decoder.consume_front();
+        Next::Handled {
+            request_id,
+            op,
+            action,
+        }
+    }
+
+    /// Handles a decoded request as `handle_next` does, for tests of the
+    /// handlers.
+    #[cfg(test)]
+    pub fn handle_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        request_id: u64,
+        req: Request<'_>,
+    ) -> Result<Action, Stop> {
+        self.session.handle(ctx, request_id, req)
+    }
+
+    /// A connection past its handshake, for tests of the handlers.
+    #[cfg(test)]
+    pub fn ready(frame_bytes_max: u32) -> Self {
+        let mut c = Connection::new(frame_bytes_max);
+        c.session.phase = Phase::Ready;
+        c
+    }
+}
+
+impl Session {
+    /// Whether a request with this opcode byte may start now, given the
+    /// requests of this connection parked before it: execution order is
+    /// request order, so a request that could observe a parked request's
+    /// effect waits until it is answered. PING observes nothing; a SEND
+    /// behind SENDs only needs the order of id assignment, which is request
+    /// order. An unknown opcode byte waits like any request (it is then
+    /// answered BAD_FRAME in its turn).
+    fn may_start(&self, opcode: u8) -> bool {
+        match Opcode::from_request_byte(opcode) {
+            Some(Opcode::Ping) => true,
+            Some(Opcode::Send) => self.parked_ops == 0,
+            _ => self.parked_ops == 0 && self.parked_sends == 0,
+        }
+    }
+
+    /// Counts a request parked with this barrier.
+    fn park(&mut self, barrier: Barrier) {
+        self.in_flight += 1;
+        match barrier {
+            Barrier::None => {}
+            Barrier::Send => self.parked_sends += 1,
+            Barrier::Op => self.parked_ops += 1,
+        }
+    }
+
+    /// Counts a parked request answered.
+    fn unpark(&mut self, barrier: Barrier) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match barrier {
+            Barrier::None => {}
+            Barrier::Send => self.parked_sends = self.parked_sends.saturating_sub(1),
+            Barrier::Op => self.parked_ops = self.parked_ops.saturating_sub(1),
+        }
+    }
+
+    /// One decoded request: the shutdown check, the handshake gate
+    /// (format-spec/protocol.md 1.7), then its handler; the requests that
+    /// may stay in flight go through the in-flight limit (1.5).
+    fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
+        if ctx.shutting_down {
+            return Ok(answer(handlers::error(
+                id,
+                ErrorCode::ShuttingDown,
+                None,
+                "node is shutting down",
+            )));
+        }
+        // The handshake gate. Nothing parks before READY, so the in-flight
+        // limit below never refuses a request the gate would.
+        let refused = match (&req, self.phase) {
+            (Request::Hello { .. }, Phase::AwaitHello) => None,
+            (Request::Hello { .. }, _) => {
+                let out = handlers::error(id, ErrorCode::BadFrame, None, "a second HELLO");
+                return Err(Stop::Fatal(out));
+            }
+            (Request::Auth { .. }, Phase::AwaitAuth | Phase::Ready) => None,
+            (_, Phase::AwaitHello) => Some("send HELLO first"),
+            (_, Phase::AwaitAuth) => Some("send AUTH first"),
+            (_, Phase::Ready) => None,
+        };
+        if let Some(message) = refused {
+            let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
+            return Ok(answer(out));
+        }
+        let result = match req {
+            Request::Hello {
+                min_version,
+                max_version,
+                ..
+            } => {
+                let out =
+                    handlers::hello(ctx, id, min_version, max_version).map_err(Stop::Fatal)?;
+                self.phase = if ctx.token.is_some() {
+                    Phase::AwaitAuth
+                } else {
+                    Phase::Ready
+                };
+                return Ok(answer(out));
+            }
+            Request::Auth { token } => {
+                let out = handlers::auth(ctx, id, token).map_err(Stop::Fatal)?;
+                self.phase = Phase::Ready;
+                return Ok(answer(out));
+            }
+            Request::Ping => return Ok(answer(handlers::ping(id))),
+            Request::Stats => return Ok(Action::Report),
+            Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
+            Request::Unsubscribe => {
+                self.unsubscribe_all(ctx.engine, ctx.subs, ctx.conn);
+                return Ok(answer(handlers::unsubscribed(id)));
+            }
+            Request::CreateGroup { group } => {
+                self.in_flight_limited(ctx, id, || handlers::create_group(ctx, group))
+            }
+            Request::DeleteGroup { group } => {
+                self.in_flight_limited(ctx, id, || handlers::delete_group(ctx, group))
+            }
+            Request::Join { group, user, start } => {
+                self.in_flight_limited(ctx, id, || handlers::join(ctx, group, user, start))
+            }
+            Request::Leave { group, user } => {
+                self.in_flight_limited(ctx, id, || handlers::leave(ctx, group, user))
+            }
+            Request::Send {
+                group,
+                sender,
+                client_msg_id,
+                payload,
+            } => self.in_flight_limited(ctx, id, || {
+                handlers::send(ctx, group, sender, client_msg_id, payload)
+            }),
+            Request::Pull {
+                group,
+                user,
+                ack_up_to,
+                max_count,
+                max_bytes,
+                wait_ms,
+            } => self.in_flight_limited(ctx, id, || {
+                handlers::pull(
+                    ctx, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
+                )
+            }),
+            Request::Ack {
+                group,
+                user,
+                msg_id,
+            } => handlers::ack(ctx, id, group, user, msg_id).map(answer),
+            Request::BatchAck { user, items } => {
+                handlers::batch_ack(ctx, id, user, &items).map(answer)
+            }
+            Request::Unread { user } => handlers::unread(ctx, id, user).map(answer),
+            Request::Sync {
+                user,
+                per_group_max,
+                total_max_bytes,
+                continuation,
+            } => handlers::sync(ctx, id, user, per_group_max, total_max_bytes, continuation)
+                .map(answer),
+            Request::History {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => handlers::history(ctx, id, group, user, before_msg_id, max_count).map(answer),
+            Request::ReadCount { group, msg_id } => {
+                handlers::read_count(ctx, id, group, msg_id).map(answer)
+            }
+        };
+        match result {
+            Ok(action) => Ok(action),
+            Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
+            Err(e) => Ok(answer(handlers::engine_error(id, &e))),
+        }
+    }
+
+    /// Runs a request that may stay in flight (format-spec/protocol.md
+    /// 1.5): refused at once, not run, while `requests_in_flight_max` are in
+    /// flight (even a PULL that would not wait); counted in flight when it
+    /// parks or waits.
+    fn in_flight_limited(
+        &mut self,
+        ctx: &Ctx<'_>,
+        id: u64,
+        run: impl FnOnce() -> Result<Action, EngineError>,
+    ) -> Result<Action, EngineError> {
+        let max = ctx.limits.requests_in_flight_max;
+        if self.in_flight >= max {
+            return Ok(answer(handlers::error(
+                id,
+                ErrorCode::TooManyRequestsInFlight,
+                Some(max as u64),
+                "too many requests in flight",
+            )));
+        }
+        let action = run()?;
+        match &action {
+            Action::Park(parked) => self.park(parked.barrier()),
+            Action::Wait(_) => self.park(Barrier::None),
+            Action::Answer(_) | Action::Report | Action::Closed => {}
+        }
+        Ok(action)
+    }
+
+    /// SUBSCRIBE: checked by its handler, then added to this connection's
+    /// list and the node's index.
+    fn subscribe(&mut self, ctx: &mut Ctx<'_>, id: u64, sub: Subscription) -> Outgoing {
+        let held = self.sub_groups.len() + self.sub_users.len();
+        match handlers::subscribe(ctx, id, held, &sub) {
+            Err(refusal) => refusal,
+            Ok(out) => {
+                match sub {
+                    Subscription::User(user) => {
+                        self.sub_users.insert(user);
+                        ctx.subs.add_user(ctx.engine, ctx.conn, user);
+                    }
+                    Subscription::Groups(groups) => {
+                        for g in groups {
+                            self.sub_groups.insert(g);
+                            ctx.subs.add_group(ctx.conn, g);
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    fn unsubscribe_all(&mut self, engine: &Engine, subs: &mut Subscriptions<ConnId>, id: ConnId) {
+        let groups = std::mem::take(&mut self.sub_groups);
+        let users = std::mem::take(&mut self.sub_users);
+        subs.remove(engine, id, groups, users);
+    }
+}
+
+fn answer(out: Outgoing) -> Action {
+    Action::Answer(out)
 }
 
 #[cfg(test)]
@@ -262,7 +754,7 @@ mod tests {
 
     #[test]
     fn parked_requests_hold_back_what_could_observe_them() {
-        let mut c = Connection::new(4096);
+        let mut c = Connection::new(4096).session;
         let (ping, send, pull) = (
             Opcode::Ping.request_byte(),
             Opcode::Send.request_byte(),
@@ -305,5 +797,290 @@ mod tests {
         };
         assert_eq!(q.write_to(&mut blocked).unwrap(), 0);
         assert_eq!(q.len(), 1);
+    }
+}
+
+/// The connection as a state machine, fed frames as a client sends them:
+/// the handshake gate, the in-flight limit, closing and fatal.
+#[cfg(test)]
+mod state_tests {
+    use super::*;
+    use crate::config::Limits;
+    use tidemark_engine::{Config, JoinStart as EngineJoinStart};
+    use tidemark_protocol::{decode_response, encode_request, Frame, Response};
+
+    struct Node {
+        _dir: tempfile::TempDir,
+        engine: Engine,
+        limits: Limits,
+        subs: Subscriptions<ConnId>,
+        shutting_down: bool,
+    }
+
+    const TOKEN: &[u8] = b"s3cret";
+
+    impl Node {
+        fn new(limits: Limits) -> Node {
+            let dir = tempfile::tempdir().unwrap();
+            let engine = Engine::open(Config::new(dir.path())).unwrap();
+            engine.create_group(1).unwrap();
+            engine.join(1, 5, EngineJoinStart::Head).unwrap();
+            Node {
+                _dir: dir,
+                engine,
+                limits,
+                subs: Subscriptions::default(),
+                shutting_down: false,
+            }
+        }
+
+        /// Sends `req` on `conn` and lets it handle its next request.
+        fn request(&mut self, conn: &mut Connection, id: u64, req: Request<'_>) -> Next {
+            let mut frame = Vec::new();
+            encode_request(id, &req, &mut frame).unwrap();
+            assert_eq!(conn.decoder.push(&frame), frame.len());
+            let mut ctx = Ctx {
+                engine: &self.engine,
+                limits: &self.limits,
+                token: Some(TOKEN),
+                shutting_down: self.shutting_down,
+                subs: &mut self.subs,
+                conn: ConnId {
+                    index: 0,
+                    generation: 1,
+                },
+            };
+            conn.handle_next(&mut ctx)
+        }
+
+        /// A connection through HELLO and AUTH.
+        fn authenticated(&mut self) -> Connection {
+            let mut c = Connection::new(self.limits.frame_bytes_max);
+            assert_eq!(self.answered(&mut c, hello()), None);
+            assert_eq!(self.answered(&mut c, Request::Auth { token: TOKEN }), None);
+            c
+        }
+
+        /// The error code of the response `req` got at once, or None for
+        /// another response.
+        fn answered(&mut self, conn: &mut Connection, req: Request<'_>) -> Option<ErrorCode> {
+            match self.request(conn, 7, req) {
+                Next::Handled {
+                    request_id: 7,
+                    action: Action::Answer(out),
+                    ..
+                } => {
+                    let frame = Frame::parse(&out.head).unwrap();
+                    match decode_response(&frame).unwrap() {
+                        Response::Error(e) => {
+                            assert!(out.error, "an ERROR frame says so");
+                            Some(e.code)
+                        }
+                        _ => None,
+                    }
+                }
+                _ => panic!("not answered at once"),
+            }
+        }
+    }
+
+    fn hello() -> Request<'static> {
+        Request::Hello {
+            min_version: 1,
+            max_version: 1,
+            client_name: "t",
+        }
+    }
+
+    fn send(client_msg_id: u64) -> Request<'static> {
+        Request::Send {
+            group: 1,
+            sender: 9,
+            client_msg_id,
+            payload: b"m",
+        }
+    }
+
+    fn long_poll() -> Request<'static> {
+        Request::Pull {
+            group: 1,
+            user: 5,
+            ack_up_to: 0,
+            max_count: 10,
+            max_bytes: 4096,
+            wait_ms: 60_000,
+        }
+    }
+
+    /// format-spec/protocol.md 1.7: before HELLO and before AUTH, every
+    /// other request is refused UNAUTHENTICATED and runs nothing; the
+    /// connection stays open.
+    #[test]
+    fn the_handshake_gate_runs_nothing_before_hello_and_auth() {
+        let mut node = Node::new(Limits::default());
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        let unauth = Some(ErrorCode::Unauthenticated);
+        assert_eq!(node.answered(&mut c, send(1)), unauth);
+        assert_eq!(node.answered(&mut c, Request::Unread { user: 5 }), unauth);
+        assert_eq!(node.answered(&mut c, Request::Ping), unauth);
+        assert_eq!(node.answered(&mut c, hello()), None);
+        assert_eq!(node.answered(&mut c, send(2)), unauth);
+        assert_eq!(node.answered(&mut c, long_poll()), unauth);
+        assert!(!c.is_closing());
+        assert_eq!(node.engine.stats().appends, 0, "no SEND ran");
+        assert_eq!(c.session.in_flight, 0);
+        let auth = Request::Auth { token: TOKEN };
+        assert_eq!(node.answered(&mut c, auth), None);
+        assert!(matches!(
+            node.request(&mut c, 8, send(3)),
+            Next::Handled {
+                action: Action::Park(_),
+                ..
+            }
+        ));
+        assert_eq!(c.session.in_flight, 1);
+    }
+
+    /// A wrong token and a second HELLO are fatal: the ERROR is the last
+    /// frame, nothing after it is read or queued, and the connection ends
+    /// once its output is written and nothing is in flight.
+    #[test]
+    fn a_fatal_error_is_the_last_frame_and_ends_the_connection() {
+        let mut node = Node::new(Limits::default());
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        assert_eq!(node.answered(&mut c, hello()), None);
+        assert!(matches!(
+            node.request(&mut c, 2, Request::Auth { token: b"guess" }),
+            Next::Handled {
+                action: Action::Closed,
+                ..
+            }
+        ));
+        assert!(c.is_closing() && c.wants_write());
+        assert!(!c.wants_read(usize::MAX));
+        let queued = c.output_bytes();
+        assert!(!c.queue(handlers::ping(3)), "nothing follows a fatal ERROR");
+        assert_eq!(c.output_bytes(), queued);
+        assert!(matches!(node.request(&mut c, 4, Request::Ping), Next::Idle));
+        assert!(!c.finished(), "its output is not written yet");
+        let mut written = Vec::new();
+        c.write_to(&mut written).unwrap();
+        let frame = Frame::parse(&written).unwrap();
+        assert!(matches!(decode_response(&frame).unwrap(),
+            Response::Error(e) if e.code == ErrorCode::Unauthenticated));
+        assert!(c.finished());
+
+        // A second HELLO, with a long poll in flight: the connection ends
+        // when that is answered too.
+        let mut c = node.authenticated();
+        assert!(matches!(
+            node.request(&mut c, 3, long_poll()),
+            Next::Handled {
+                action: Action::Wait(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            node.request(&mut c, 4, hello()),
+            Next::Handled {
+                action: Action::Closed,
+                ..
+            }
+        ));
+        c.write_to(&mut Vec::new()).unwrap();
+        assert!(!c.finished(), "a long poll is in flight");
+        c.parked_done(Barrier::None);
+        assert!(c.finished());
+    }
+
+    /// format-spec/protocol.md 1.5: with requests_in_flight_max in flight,
+    /// the requests that may park are refused at once and run nothing (a
+    /// PULL too), the others are answered; one answered makes room.
+    #[test]
+    fn the_in_flight_limit_refuses_only_requests_that_may_park() {
+        let limits = Limits {
+            requests_in_flight_max: 2,
+            ..Limits::default()
+        };
+        let mut node = Node::new(limits);
+        let mut c = node.authenticated();
+        for id in [10, 11] {
+            assert!(matches!(
+                node.request(&mut c, id, long_poll()),
+                Next::Handled {
+                    action: Action::Wait(_),
+                    ..
+                }
+            ));
+        }
+        let full = Some(ErrorCode::TooManyRequestsInFlight);
+        assert_eq!(node.answered(&mut c, send(1)), full);
+        assert_eq!(node.answered(&mut c, long_poll()), full);
+        assert_eq!(
+            node.answered(&mut c, Request::CreateGroup { group: 2 }),
+            full
+        );
+        assert_eq!(node.answered(&mut c, Request::Unread { user: 5 }), None);
+        assert_eq!(node.answered(&mut c, Request::Ping), None);
+        assert_eq!(node.engine.stats().appends, 0, "a refused SEND ran");
+        assert_eq!(c.session.in_flight, 2);
+        c.parked_done(Barrier::None);
+        assert!(matches!(
+            node.request(&mut c, 12, send(2)),
+            Next::Handled {
+                action: Action::Park(_),
+                ..
+            }
+        ));
+    }
+
+    /// A connection's subscriptions are its own list; the node's push index
+    /// follows it: SUBSCRIBE adds to both (within subscriptions_max, existing
+    /// groups only), UNSUBSCRIBE empties both.
+    #[test]
+    fn subscriptions_are_the_connections_and_the_index_follows_them() {
+        let limits = Limits {
+            subscriptions_max: 2,
+            ..Limits::default()
+        };
+        let mut node = Node::new(limits);
+        let mut c = node.authenticated();
+        let me = ConnId {
+            index: 0,
+            generation: 1,
+        };
+        let groups = |g: &[u64]| Request::Subscribe(Subscription::Groups(g.to_vec()));
+        assert_eq!(
+            node.answered(&mut c, groups(&[99])),
+            Some(ErrorCode::GroupNotFound)
+        );
+        assert!(!c.is_subscribed());
+        assert_eq!(node.answered(&mut c, groups(&[1])), None);
+        assert_eq!(node.subs.targets(&node.engine, 1), [me]);
+        let over = Some(ErrorCode::LimitExceeded);
+        assert_eq!(node.answered(&mut c, groups(&[1, 1])), over);
+        let user = Request::Subscribe(Subscription::User(5));
+        assert_eq!(node.answered(&mut c, user), None);
+        assert_eq!(
+            node.answered(&mut c, Request::Subscribe(Subscription::User(6))),
+            over
+        );
+        assert!(c.is_subscribed());
+        assert_eq!(node.answered(&mut c, Request::Unsubscribe), None);
+        assert!(!c.is_subscribed());
+        assert!(node.subs.targets(&node.engine, 1).is_empty());
+    }
+
+    /// While the node shuts down every request is answered SHUTTING_DOWN,
+    /// HELLO included, and nothing runs.
+    #[test]
+    fn a_shutting_down_node_runs_nothing() {
+        let mut node = Node::new(Limits::default());
+        node.shutting_down = true;
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        let down = Some(ErrorCode::ShuttingDown);
+        assert_eq!(node.answered(&mut c, hello()), down);
+        assert_eq!(node.answered(&mut c, send(1)), down);
+        assert_eq!(c.session.phase, Phase::AwaitHello);
     }
 }

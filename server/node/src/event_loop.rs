@@ -6,8 +6,14 @@
 //! (an append is queued, not written), so one loop saturates the network
 //! long before it saturates its core, and it needs no locks of its own.
 //!
-//! The loop never waits for the disk. A durable send, a join, a long-poll
-//! pull are parked as [`Deferred`] work; after every commit round the
+//! The loop moves bytes and parked work; it never parses a frame nor knows
+//! what an opcode means: each connection turns its next request into an
+//! [`Action`] (`Connection::handle_next`), and every response carries its
+//! request id and whether it is an error.
+//!
+//! The loop never waits for the disk. A durable send, a join are
+//! [`Parked`] until their commit round settles, a PULL that found nothing
+//! waits as a [`LongPoll`]; after every commit round the
 //! commit thread's listener queues a notice and wakes the loop, which
 //! answers what completed, pushes the new records to subscribers and
 //! re-runs the long polls of the groups that grew. A request whose group's
@@ -31,15 +37,12 @@ use parking_lot::Mutex;
 use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
 
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
-use crate::connection::{Barrier, Connection, OutChunk};
-use crate::handlers::{self, Ctx, Deferred, Handled, OpKind, Outgoing};
+use crate::connection::{Barrier, ConnId, Connection, Next};
+use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked};
 use crate::long_poll::{LongPolls, PollKey};
 use crate::stats::{Buffers, Stats};
 use crate::subscriptions::Subscriptions;
-use tidemark_protocol::{
-    decode_request, ErrorCode, Opcode, RecordsLen, Response, ResyncScope, Stat, Subscription,
-    RECORDS_RESPONSE_OVERHEAD_BYTES,
-};
+use tidemark_protocol::{ErrorCode, Opcode};
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -57,8 +60,6 @@ struct Slot {
     interest: Option<Interest>,
     /// Distinguishes this connection from earlier ones in the same slot.
     generation: u64,
-    sub_groups: HashSet<u64>,
-    sub_users: HashSet<u64>,
     /// This connection's parked long polls, dropped when it closes.
     polls: HashSet<PollKey>,
     /// In `EventLoop::ready`: it has work left from its last turn.
@@ -71,22 +72,14 @@ struct Slot {
     in_counted: usize,
 }
 
-/// Identifies a connection across slot reuse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct ConnId {
-    index: usize,
-    generation: u64,
-}
-
-/// Deferred work with what is needed to answer it.
-struct Waiting {
+/// A request answered later ([`Parked`] or [`LongPoll`]) with what is
+/// needed to answer it. `op` only labels its latency figure.
+struct Waiting<W> {
     conn: ConnId,
     request_id: u64,
-    op: Opcode,
+    op: Option<Opcode>,
     started: Instant,
-    work: Deferred,
-    /// What it holds back on its connection while parked.
-    barrier: Barrier,
+    work: W,
 }
 
 /// Handle to stop a running node from another thread (signal handler, tests).
@@ -116,9 +109,9 @@ pub struct EventLoop {
     next_generation: u64,
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     /// Parked sends and operations by the commit round they wait for.
-    pending: BTreeMap<u64, Vec<Waiting>>,
+    pending: BTreeMap<u64, Vec<Waiting<Parked>>>,
     /// Parked long polls, by group and by deadline.
-    polls: LongPolls<Waiting>,
+    polls: LongPolls<Waiting<LongPoll>>,
     /// Connections whose front request waits for the engine's maintenance
     /// worker, by the ticket it waits for.
     loads: BTreeMap<u64, Vec<ConnId>>,
@@ -296,7 +289,7 @@ impl EventLoop {
                     self.begin_shutdown();
                 }
                 let drained = self.pending.is_empty()
-                    && self.slots.iter().flatten().all(|s| s.conn.out.is_empty());
+                    && self.slots.iter().flatten().all(|s| !s.conn.wants_write());
                 if drained || drain_deadline.is_some_and(|d| Instant::now() >= d) {
                     return Ok(());
                 }
@@ -325,7 +318,7 @@ impl EventLoop {
         self.expire_polls(Instant::now() + Duration::from_secs(3600 * 24 * 365));
         for i in 0..self.slots.len() {
             if let Some(slot) = self.slots[i].as_mut() {
-                slot.conn.closing = true;
+                slot.conn.begin_close();
             }
             self.update(i);
         }
@@ -395,8 +388,6 @@ impl EventLoop {
                 stream,
                 interest: Some(Interest::READABLE),
                 generation: self.next_generation,
-                sub_groups: HashSet::new(),
-                sub_users: HashSet::new(),
                 polls: HashSet::new(),
                 ready: false,
                 frame_timer_armed: false,
@@ -460,10 +451,7 @@ impl EventLoop {
     }
 
     fn slot_mut(&mut self, id: ConnId) -> Option<&mut Slot> {
-        self.slots
-            .get_mut(id.index)?
-            .as_mut()
-            .filter(|s| s.generation == id.generation)
+        slot_of(&mut self.slots, id)
     }
 
     /// One turn of a connection: reads, handles and writes until it has
@@ -487,11 +475,9 @@ impl EventLoop {
                 if read_left == 0 || !slot.conn.wants_read(limits.output_bytes_max) {
                     break;
                 }
-                match slot.conn.decoder.read_from(&mut slot.stream) {
-                    Ok(0) => {
-                        slot.conn.peer_closed = true;
-                        break;
-                    }
+                // The connection marks itself closed on Ok(0) and on errors.
+                match slot.conn.read_from(&mut slot.stream) {
+                    Ok(0) => break,
                     Ok(n) => {
                         self.stats.bytes_in += n as u64;
                         read_left = read_left.saturating_sub(n);
@@ -502,10 +488,7 @@ impl EventLoop {
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        slot.conn.peer_closed = true;
-                        break;
-                    }
+                    Err(_) => break,
                 }
             }
             let n = self.handle_frames(index, &mut frames_left);
@@ -518,19 +501,11 @@ impl EventLoop {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 return;
             };
-            match slot.conn.out.write_to(&mut slot.stream) {
-                Ok(n) if n > 0 => {
+            // On an error the connection drops its output and ends.
+            if let Ok(n) = slot.conn.write_to(&mut slot.stream) {
+                if n > 0 {
                     self.stats.bytes_out += n as u64;
                     progress = true;
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    // The peer is gone: nothing queued can be delivered.
-                    // (Or EFAULT: record bytes queued from a segment file
-                    // cut under the node since; the frame is broken, so the
-                    // connection ends the same way. See engine segment.rs.)
-                    slot.conn.peer_closed = true;
-                    slot.conn.out = Default::default();
                 }
             }
             // Written bytes leave the node's total before more requests of
@@ -557,8 +532,8 @@ impl EventLoop {
         let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
             return;
         };
-        let need = slot.conn.decoder.memory_bytes();
-        if !slot.conn.closing
+        let need = slot.conn.input_bytes();
+        if !slot.conn.is_closing()
             && need > slot.in_counted
             && need > INPUT_BYTES_FREE
             && self.in_total + (need - slot.in_counted) > max
@@ -570,11 +545,7 @@ impl EventLoop {
         };
         // A closing connection reads nothing more: only its buffer counts,
         // not the frame it announced.
-        let input = if slot.conn.closing {
-            slot.conn.decoder.allocated()
-        } else {
-            slot.conn.decoder.memory_bytes()
-        };
+        let input = slot.conn.input_bytes();
         self.in_total = self.in_total - slot.in_counted + input;
         slot.in_counted = input;
     }
@@ -596,11 +567,7 @@ impl EventLoop {
             Some(max as u64),
             "node input buffers full (input_bytes_total_max)",
         );
-        self.send(id, out);
-        if let Some(slot) = self.slot_mut(id) {
-            slot.conn.closing = true;
-            slot.conn.fatal = true;
-        }
+        self.fail(id, out);
     }
 
     /// Brings the node-wide output total up to date with this connection's
@@ -609,7 +576,7 @@ impl EventLoop {
         let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
             return;
         };
-        let out = slot.conn.out.len();
+        let out = slot.conn.output_bytes();
         if out != slot.out_counted {
             if slot.out_counted > 0 {
                 self.out_by_size.remove(&(slot.out_counted, index));
@@ -636,7 +603,7 @@ impl EventLoop {
             self.stats.connections_shed += 1;
             log::debug!("closing connection {index}: {queued} bytes of output queued");
             if let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) {
-                slot.conn.out = Default::default();
+                slot.conn.drop_output();
             }
             self.close(index);
         }
@@ -657,21 +624,14 @@ impl EventLoop {
             slot.ready = true;
             self.ready.push(index);
         }
-        // The clock runs only while the node is willing to read: a frame
-        // held back by the node's own back-pressure is not the client's
-        // delay. It restarts with each whole frame.
-        let partial = slot.conn.wants_read(limits.output_bytes_max)
-            && slot.conn.decoder.holds_partial_frame();
-        if !partial {
-            slot.conn.partial_since = None;
+        let Some(since) = slot
+            .conn
+            .frame_clock(limits.output_bytes_max, handled_frames)
+        else {
             return;
-        }
-        if handled_frames || slot.conn.partial_since.is_none() {
-            slot.conn.partial_since = Some(Instant::now());
-        }
+        };
         if !slot.frame_timer_armed {
             slot.frame_timer_armed = true;
-            let since = slot.conn.partial_since.unwrap_or_else(Instant::now);
             let at = since + Duration::from_millis(limits.frame_timeout_ms);
             self.frame_timers.push(Reverse((at, id)));
         }
@@ -691,7 +651,7 @@ impl EventLoop {
                 continue;
             };
             slot.frame_timer_armed = false;
-            let Some(since) = slot.conn.partial_since else {
+            let Some(since) = slot.conn.partial_frame_since() else {
                 continue;
             };
             if since + timeout > now {
@@ -700,7 +660,6 @@ impl EventLoop {
                 self.frame_timers.push(Reverse((since + timeout, id)));
                 continue;
             }
-            slot.conn.partial_since = None;
             let ms = self.config.limits.frame_timeout_ms;
             let out = handlers::error(
                 0,
@@ -710,158 +669,87 @@ impl EventLoop {
             );
             self.stats.errors += 1;
             self.stats.frames_timed_out += 1;
-            self.send(id, out);
-            if let Some(slot) = self.slot_mut(id) {
-                slot.conn.closing = true;
-                slot.conn.fatal = true;
-            }
+            self.fail(id, out);
             self.dirty.push(id.index);
         }
     }
 
-    /// Handles the whole frames the decoder holds, in order, while output
-    /// has room, the turn has frames left, and the next request may start
-    /// (format-spec/protocol.md section 1.4: a request that could observe a
-    /// parked one's effect waits in the decoder until that one is answered).
+    /// Lets the connection handle the whole frames it holds, in order,
+    /// while it may (`Connection::handle_next`: output room, ordering,
+    /// loads) and the turn has frames left, and does what each asks.
     /// Returns the number of frames handled.
     fn handle_frames(&mut self, index: usize, frames_left: &mut usize) -> usize {
         let mut handled = 0;
         let limits = self.config.limits;
-        loop {
+        while *frames_left > 0 {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 return handled;
-            };
-            if slot.conn.closing
-                || slot.conn.out.len() >= limits.output_bytes_max
-                || *frames_left == 0
-                || slot.conn.waiting_load.is_some()
-            {
-                return handled;
-            }
-            if let Some(opcode) = slot.conn.decoder.front_opcode() {
-                if !slot.conn.may_start(opcode) {
-                    return handled;
-                }
-            }
-            let mut phase = slot.conn.phase;
-            let in_flight = slot.conn.in_flight;
-            let ctx = Ctx {
-                engine: &self.engine,
-                limits: &limits,
-                token: self.config.token.as_deref(),
-                server_name: handlers::SERVER_NAME,
-            };
-            // The frame borrows the decoder; it is handled into owned output
-            // before the connection is touched again. It stays at the front
-            // until it is taken below (a request that must wait for the
-            // engine's worker stays there).
-            let (request_id, op, outcome) = match slot.conn.decoder.front_frame() {
-                Ok(None) => return handled,
-                Err(fe) => {
-                    let out = handlers::error(
-                        0,
-                        fe.error_code(),
-                        Some(limits.frame_bytes_max as u64),
-                        &fe.to_string(),
-                    );
-                    (0, None, Handled::Fatal(out))
-                }
-                Ok(Some(frame)) => {
-                    let id = frame.header.request_id;
-                    match decode_request(&frame) {
-                        Err(de) => {
-                            let detail =
-                                (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
-                            (
-                                id,
-                                None,
-                                Handled::Fatal(handlers::error(
-                                    id,
-                                    de.error_code(),
-                                    detail,
-                                    &de.to_string(),
-                                )),
-                            )
-                        }
-                        Ok(req) => {
-                            let op = req.opcode();
-                            if self.shutdown.load(Ordering::SeqCst) {
-                                (
-                                    id,
-                                    Some(op),
-                                    Handled::Reply(handlers::error(
-                                        id,
-                                        ErrorCode::ShuttingDown,
-                                        None,
-                                        "node is shutting down",
-                                    )),
-                                )
-                            } else if in_flight >= limits.requests_in_flight_max && defers(op) {
-                                let out = handlers::error(
-                                    id,
-                                    ErrorCode::TooManyRequestsInFlight,
-                                    Some(limits.requests_in_flight_max as u64),
-                                    "too many requests in flight",
-                                );
-                                (id, Some(op), Handled::Reply(out))
-                            } else {
-                                (id, Some(op), handlers::handle(&ctx, &mut phase, id, req))
-                            }
-                        }
-                    }
-                }
             };
             let conn = ConnId {
                 index,
                 generation: slot.generation,
             };
-            if let Handled::NotReady(ticket) = outcome {
-                // Not run: it waits in the input buffer for the worker, and
-                // so does everything behind it (format-spec/protocol.md 1.4).
-                slot.conn.waiting_load = Some(ticket);
-                self.stats.requests_waited_for_load += 1;
-                self.loads.entry(ticket).or_default().push(conn);
-                return handled;
-            }
-            slot.conn.decoder.consume_front();
+            let mut ctx = Ctx {
+                engine: &self.engine,
+                limits: &limits,
+                token: self.config.token.as_deref(),
+                shutting_down: self.shutdown.load(Ordering::SeqCst),
+                subs: &mut self.subs,
+                conn,
+            };
+            let (request_id, op, action) = match slot.conn.handle_next(&mut ctx) {
+                Next::Idle => return handled,
+                Next::WaitsForLoad(ticket) => {
+                    self.stats.requests_waited_for_load += 1;
+                    self.loads.entry(ticket).or_default().push(conn);
+                    return handled;
+                }
+                Next::Handled {
+                    request_id,
+                    op,
+                    action,
+                } => (request_id, op, action),
+            };
             handled += 1;
             *frames_left -= 1;
-            slot.conn.phase = phase;
             if let Some(op) = op {
                 self.stats.request(op);
             }
             let started = Instant::now();
-            match outcome {
-                Handled::Reply(out) => self.respond(conn, op, started, out),
-                Handled::Fatal(out) => {
+            match action {
+                Action::Answer(out) => self.respond(conn, op, started, out),
+                Action::Closed => {
+                    // The connection queued the fatal ERROR itself.
                     self.stats.errors += 1;
-                    self.send(conn, out);
-                    if let Some(slot) = self.slot_mut(conn) {
-                        slot.conn.closing = true;
-                        slot.conn.fatal = true;
-                    }
+                    self.account(index);
                 }
-                Handled::Deferred(work) => self.defer(conn, request_id, op, started, work),
-                Handled::Subscribe(sub) => {
-                    let out = self.subscribe(conn, request_id, sub);
-                    self.respond(conn, op, started, out);
-                }
-                Handled::Unsubscribe => {
-                    self.unsubscribe_all(conn);
-                    self.respond(
+                Action::Park(work) => self.park(Waiting {
+                    conn,
+                    request_id,
+                    op,
+                    started,
+                    work,
+                }),
+                Action::Wait(poll) => {
+                    let w = Waiting {
                         conn,
+                        request_id,
                         op,
                         started,
-                        handlers::reply(request_id, &Response::Unsubscribe, Vec::new(), 0),
-                    );
+                        work: poll,
+                    };
+                    let key = self.polls.insert(poll.group, started + poll.wait, w);
+                    if let Some(slot) = self.slot_mut(conn) {
+                        slot.polls.insert(key);
+                    }
                 }
-                Handled::Stats => {
+                Action::Report => {
                     let out = self.stats_reply(request_id);
                     self.respond(conn, op, started, out);
                 }
-                Handled::NotReady(_) => unreachable!("left in the input buffer above"),
             }
         }
+        handled
     }
 
     fn respond(&mut self, conn: ConnId, op: Option<Opcode>, started: Instant, out: Outgoing) {
@@ -870,9 +758,8 @@ impl EventLoop {
         // Record-carrying responses are sized to fit; a list answer (UNREAD,
         // BATCH_ACK, STATS) of an extreme size is refused, not sent oversized.
         let out = if len > frame_max {
-            let request_id = u64::from_le_bytes(out.head[8..16].try_into().unwrap_or_default());
             handlers::error(
-                request_id,
+                out.request_id,
                 ErrorCode::LimitExceeded,
                 Some(frame_max as u64 - 4),
                 "response would exceed frame_bytes_max",
@@ -883,130 +770,65 @@ impl EventLoop {
         if let Some(op) = op {
             self.stats.latency(op, started.elapsed());
         }
-        if out.head.get(5) == Some(&0xFF) {
+        if out.error {
             self.stats.errors += 1;
         }
         self.send(conn, out);
     }
 
     fn send(&mut self, conn: ConnId, out: Outgoing) {
-        // After a fatal error the connection writes nothing more.
-        let Some(slot) = self.slot_mut(conn).filter(|s| !s.conn.fatal) else {
-            return;
-        };
-        slot.conn.out.push(OutChunk::Bytes(out.head));
-        for c in out.chunks {
-            slot.conn.out.push(OutChunk::Records(c));
+        let records = out.records;
+        // After a fatal error the connection queues nothing more.
+        if self.slot_mut(conn).is_some_and(|s| s.conn.queue(out)) {
+            self.stats.deliveries += records;
+            self.account(conn.index);
         }
-        self.stats.deliveries += out.records;
-        self.account(conn.index);
     }
 
-    fn defer(
-        &mut self,
-        conn: ConnId,
-        request_id: u64,
-        op: Option<Opcode>,
-        started: Instant,
-        work: Deferred,
-    ) {
-        let Some(op) = op else { return };
-        let barrier = match work {
-            Deferred::Send(_) => Barrier::Send,
-            Deferred::Op(..) => Barrier::Op,
-            Deferred::Poll(_) => Barrier::None,
-        };
+    /// Queues a fatal ERROR the loop itself raised (input budget, frame
+    /// timeout); the connection closes after it.
+    fn fail(&mut self, conn: ConnId, out: Outgoing) {
         if let Some(slot) = self.slot_mut(conn) {
-            slot.conn.park(barrier);
+            slot.conn.fail(out);
+            self.account(conn.index);
         }
-        let w = Waiting {
-            conn,
-            request_id,
-            op,
-            started,
-            work,
-            barrier,
-        };
-        match w.work {
-            Deferred::Poll(p) => {
-                let key = self.polls.insert(p.group, started + p.wait, w);
-                if let Some(slot) = self.slot_mut(conn) {
-                    slot.polls.insert(key);
-                }
-            }
-            // An operation may already be complete (a retransmit of a durable
-            // send): answer it without waiting for a round.
-            _ => {
-                if let Some(out) = self.answer(&w) {
-                    self.finish(w, out);
-                } else {
-                    self.pending.entry(round_of(&w.work)).or_default().push(w);
-                }
-            }
+    }
+
+    /// Parks a request until its commit round settles; one that is
+    /// complete already (a retransmit of a durable send) is answered at
+    /// once.
+    fn park(&mut self, w: Waiting<Parked>) {
+        match w.work.answer(&self.engine, w.request_id) {
+            Some(out) => self.finish(w.conn, w.op, w.started, w.work.barrier(), out),
+            None => self.pending.entry(w.work.round()).or_default().push(w),
         }
     }
 
     /// Answers every parked send and operation whose round completed (or
     /// failed): only those, whatever the number parked.
     fn complete_pending(&mut self) {
-        let settled = self.engine.settled_round();
-        let later = match settled.checked_add(1) {
-            Some(next) => self.pending.split_off(&next),
-            None => BTreeMap::new(),
-        };
-        let due = std::mem::replace(&mut self.pending, later);
+        let due = take_settled(&mut self.pending, self.engine.settled_round());
+        // One not answered is not expected (its round is settled): it stays
+        // parked.
         for w in due.into_values().flatten() {
-            match self.answer(&w) {
-                Some(out) => self.finish(w, out),
-                // Not expected (its round is settled); keep it parked.
-                None => self.pending.entry(round_of(&w.work)).or_default().push(w),
-            }
+            self.park(w);
         }
-    }
-
-    /// The response to parked work, if its round's outcome is known.
-    fn answer(&self, w: &Waiting) -> Option<Outgoing> {
-        let out = match &w.work {
-            Deferred::Send(ticket) => match self.engine.poll(ticket)? {
-                Ok(a) => handlers::reply(
-                    w.request_id,
-                    &Response::Send {
-                        msg_id: a.msg_id,
-                        timestamp_ms: a.timestamp_ms,
-                        duplicate: a.duplicate,
-                    },
-                    Vec::new(),
-                    0,
-                ),
-                Err(e) => handlers::engine_error(w.request_id, &e),
-            },
-            Deferred::Op(ticket, kind) => match self.engine.poll_op(ticket)? {
-                Ok(value) => {
-                    let resp: Response<'_, RecordsLen> = match kind {
-                        OpKind::CreateGroup => Response::CreateGroup,
-                        OpKind::DeleteGroup => Response::DeleteGroup,
-                        OpKind::Leave => Response::Leave,
-                        OpKind::Join { group } => Response::Join {
-                            cursor: value,
-                            head: self.engine.head(*group).unwrap_or(value),
-                        },
-                    };
-                    handlers::reply(w.request_id, &resp, Vec::new(), 0)
-                }
-                Err(e) => handlers::engine_error(w.request_id, &e),
-            },
-            Deferred::Poll(_) => unreachable!("polls are parked separately"),
-        };
-        Some(out)
     }
 
     /// Answers parked work and updates its connection.
-    fn finish(&mut self, w: Waiting, out: Outgoing) {
-        if let Some(slot) = self.slot_mut(w.conn) {
-            slot.conn.unpark(w.barrier);
+    fn finish(
+        &mut self,
+        conn: ConnId,
+        op: Option<Opcode>,
+        started: Instant,
+        barrier: Barrier,
+        out: Outgoing,
+    ) {
+        if let Some(slot) = self.slot_mut(conn) {
+            slot.conn.parked_done(barrier);
         }
-        self.respond(w.conn, Some(w.op), w.started, out);
-        self.dirty.push(w.conn.index);
+        self.respond(conn, op, started, out);
+        self.dirty.push(conn.index);
     }
 
     /// After commit rounds: answer completed work, push new records, wake
@@ -1033,15 +855,10 @@ impl EventLoop {
         if self.loads.is_empty() {
             return;
         }
-        let settled = self.engine.settled_load();
-        let later = match settled.checked_add(1) {
-            Some(next) => self.loads.split_off(&next),
-            None => BTreeMap::new(),
-        };
-        let due = std::mem::replace(&mut self.loads, later);
+        let due = take_settled(&mut self.loads, self.engine.settled_load());
         for conn in due.into_values().flatten() {
             if let Some(slot) = self.slot_mut(conn) {
-                slot.conn.waiting_load = None;
+                slot.conn.load_settled();
                 self.dirty.push(conn.index);
             }
         }
@@ -1051,64 +868,34 @@ impl EventLoop {
     /// records now is answered; the others keep waiting.
     fn wake_polls(&mut self, group: u64) {
         for key in self.polls.waiters(group) {
-            let Some(Deferred::Poll(p)) = self.polls.get(key).map(|w| &w.work) else {
-                continue;
-            };
-            let p = *p;
-            let out = self.engine.try_pull(
-                p.group,
-                p.user,
-                p.max_count as usize,
-                p.max_bytes as usize,
-                None,
-            );
-            // A long poll was parked after a pull of its group ran, so the
-            // group is loaded and new records are indexed: NotReady is not
-            // expected; if it came, the poll keeps waiting.
-            let nothing_yet = match &out {
-                Ok(pull) => pull.batch.count == 0,
-                Err(e) => matches!(e, tidemark_engine::Error::NotReady { .. }),
-            };
-            if nothing_yet {
-                continue;
-            }
-            let Some(w) = self.polls.remove(key) else {
-                continue;
-            };
-            self.unpark_poll(&w, key);
-            let out = match out {
-                Ok(pull) => handlers::pull_reply(w.request_id, pull),
-                Err(e) => handlers::engine_error(w.request_id, &e),
-            };
-            self.finish(w, out);
+            self.answer_poll(key, false);
         }
     }
 
     /// Answers long polls whose wait is over with what is there (nothing,
     /// unless a message arrived unnoticed). Costs the polls that expire.
     fn expire_polls(&mut self, now: Instant) {
-        for (key, w) in self.polls.take_due(now) {
-            self.unpark_poll(&w, key);
-            let Deferred::Poll(p) = w.work else { continue };
-            let out = match self.engine.try_pull(
-                p.group,
-                p.user,
-                p.max_count as usize,
-                p.max_bytes as usize,
-                None,
-            ) {
-                Ok(pull) => handlers::pull_reply(w.request_id, pull),
-                Err(e) => handlers::engine_error(w.request_id, &e),
-            };
-            self.finish(w, out);
+        for key in self.polls.due(now) {
+            self.answer_poll(key, true);
         }
     }
 
-    /// Forgets a poll that left the parked set in its connection's list.
-    fn unpark_poll(&mut self, w: &Waiting, key: PollKey) {
+    /// The one path of a long poll's wake-up and expiry: runs it again and
+    /// answers it if it has something to say (or its deadline passed).
+    fn answer_poll(&mut self, key: PollKey, deadline_passed: bool) {
+        let Some(w) = self.polls.get(key) else {
+            return;
+        };
+        let Some(out) = w.work.answer(&self.engine, w.request_id, deadline_passed) else {
+            return;
+        };
+        let Some(w) = self.polls.remove(key) else {
+            return;
+        };
         if let Some(slot) = self.slot_mut(w.conn) {
             slot.polls.remove(&key);
         }
+        self.finish(w.conn, w.op, w.started, Barrier::None, out);
     }
 
     /// Pushes records `first..=last` of `group` to every subscriber. A
@@ -1119,8 +906,7 @@ impl EventLoop {
         if targets.is_empty() {
             return;
         }
-        let budget =
-            (self.config.limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize;
+        let budget = handlers::records_budget(&self.config.limits);
         let mut after = first - 1;
         while after < last {
             // Records just appended: their segment is indexed, so this
@@ -1143,42 +929,23 @@ impl EventLoop {
                 }
             };
             after = batch.last_id;
-            // Invariant: bounded by the frame budget.
-            let section = RecordsLen {
-                count: batch.count as u32,
-                bytes: batch.bytes as u32,
-            };
-            let frame = handlers::reply(
-                0,
-                &Response::Push {
-                    group,
-                    records: section,
-                },
-                batch.chunks.clone(),
-                batch.count,
-            );
+            let bytes = batch.bytes;
+            let frame = handlers::push(group, batch);
             for &conn in &targets {
                 let limit = self.config.limits.output_bytes_max;
-                let node_full = self.out_total + frame.head.len() + batch.bytes
+                let node_full = self.out_total + frame.head.len() + bytes
                     > self.config.limits.output_bytes_total_max;
                 let Some(slot) = self.slot_mut(conn) else {
                     continue;
                 };
-                if slot.sub_groups.is_empty() && slot.sub_users.is_empty() {
+                if !slot.conn.is_subscribed() {
                     continue; // cancelled by an earlier RESYNC in this loop
                 }
-                if node_full || slot.conn.out.len() + frame.head.len() + batch.bytes > limit {
+                if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
                     self.resync(conn);
                 } else {
                     self.stats.pushes += 1;
-                    self.send(
-                        conn,
-                        Outgoing {
-                            head: frame.head.clone(),
-                            chunks: frame.chunks.clone(),
-                            records: frame.records,
-                        },
-                    );
+                    self.send(conn, frame.clone());
                 }
                 self.dirty.push(conn.index);
             }
@@ -1188,73 +955,22 @@ impl EventLoop {
     /// Tells a subscriber its pushes stopped and cancels its subscription;
     /// it pulls to catch up (its cursors did not move: nothing is lost).
     fn resync(&mut self, conn: ConnId) {
-        let subscribed = self
-            .slot_mut(conn)
-            .is_some_and(|s| !s.sub_groups.is_empty() || !s.sub_users.is_empty());
+        let subscribed = self.slot_mut(conn).is_some_and(|s| s.conn.is_subscribed());
         if !subscribed {
             return;
         }
         self.stats.resyncs += 1;
         self.unsubscribe_all(conn);
-        let resync: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
-        self.send(conn, handlers::reply(0, &resync, Vec::new(), 0));
+        self.send(conn, handlers::resync_all());
         self.dirty.push(conn.index);
     }
 
-    fn subscribe(&mut self, conn: ConnId, request_id: u64, sub: Subscription) -> Outgoing {
-        let max = self.config.limits.subscriptions_max;
-        let Some(slot) = self.slot_mut(conn) else {
-            return handlers::error(request_id, ErrorCode::Internal, None, "connection gone");
-        };
-        let adding = match &sub {
-            Subscription::User(_) => 1,
-            Subscription::Groups(g) => g.len(),
-        };
-        if slot.sub_groups.len() + slot.sub_users.len() + adding > max {
-            return handlers::error(
-                request_id,
-                ErrorCode::LimitExceeded,
-                Some(max as u64),
-                "too many subscriptions",
-            );
-        }
-        match sub {
-            Subscription::User(user) => {
-                slot.sub_users.insert(user);
-                self.subs.add_user(&self.engine, conn, user);
-            }
-            Subscription::Groups(groups) => {
-                if let Some(missing) = groups.iter().find(|g| self.engine.head(**g).is_err()) {
-                    return handlers::error(
-                        request_id,
-                        ErrorCode::GroupNotFound,
-                        None,
-                        &format!("group {missing} not found"),
-                    );
-                }
-                let Some(slot) = self.slot_mut(conn) else {
-                    unreachable!("checked above")
-                };
-                slot.sub_groups.extend(groups.iter().copied());
-                for g in groups {
-                    self.subs.add_group(conn, g);
-                }
-            }
-        }
-        if let Some(slot) = self.slot_mut(conn) {
-            slot.conn.subscriptions = slot.sub_groups.len() + slot.sub_users.len();
-        }
-        handlers::reply(request_id, &Response::Subscribe, Vec::new(), 0)
-    }
-
+    /// Drops the connection's subscriptions, from its list and the index.
     fn unsubscribe_all(&mut self, conn: ConnId) {
-        let Some(slot) = self.slot_mut(conn) else {
-            return;
-        };
-        let groups = std::mem::take(&mut slot.sub_groups);
-        let users = std::mem::take(&mut slot.sub_users);
-        slot.conn.subscriptions = 0;
-        self.subs.remove(&self.engine, conn, groups, users);
+        if let Some(slot) = slot_of(&mut self.slots, conn) {
+            slot.conn
+                .unsubscribe_all(&self.engine, &mut self.subs, conn);
+        }
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
@@ -1265,14 +981,7 @@ impl EventLoop {
         let figures =
             self.stats
                 .report(self.connections, buffers, &self.engine, &self.config.limits);
-        let list: Vec<Stat<'_>> = figures
-            .iter()
-            .map(|(name, value)| Stat {
-                name,
-                value: *value,
-            })
-            .collect();
-        handlers::reply(request_id, &Response::Stats(list), Vec::new(), 0)
+        handlers::stats(request_id, &figures)
     }
 
     /// Re-registers the connection for what it wants, or closes it.
@@ -1281,7 +990,7 @@ impl EventLoop {
         let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
             return;
         };
-        if slot.conn.finished() || (slot.conn.peer_closed && slot.conn.in_flight == 0) {
+        if slot.conn.finished() {
             self.close(index);
             return;
         }
@@ -1343,26 +1052,24 @@ impl EventLoop {
     }
 }
 
-/// Requests that are answered later count against requests_in_flight_max.
-/// The commit round parked work waits for.
-fn round_of(work: &Deferred) -> u64 {
-    match work {
-        Deferred::Send(ticket) => ticket.round,
-        Deferred::Op(ticket, _) => ticket.round(),
-        Deferred::Poll(_) => unreachable!("polls are parked separately"),
-    }
+/// Removes and returns the entries of `waiting` (keyed by the engine
+/// ticket they wait for) whose ticket is at or below `settled`; tickets
+/// settle in order, so these are exactly the ones done. Costs what it takes
+/// out, whatever the number left waiting.
+fn take_settled<T>(waiting: &mut BTreeMap<u64, T>, settled: u64) -> BTreeMap<u64, T> {
+    let later = match settled.checked_add(1) {
+        Some(next) => waiting.split_off(&next),
+        None => BTreeMap::new(),
+    };
+    std::mem::replace(waiting, later)
 }
 
-fn defers(op: Opcode) -> bool {
-    matches!(
-        op,
-        Opcode::Send
-            | Opcode::Pull
-            | Opcode::CreateGroup
-            | Opcode::DeleteGroup
-            | Opcode::Join
-            | Opcode::Leave
-    )
+/// The slot of connection `id`, if it is still open.
+fn slot_of(slots: &mut [Option<Slot>], id: ConnId) -> Option<&mut Slot> {
+    slots
+        .get_mut(id.index)?
+        .as_mut()
+        .filter(|s| s.generation == id.generation)
 }
 
 /// Opens the engine, serves until SIGINT/SIGTERM or `on_ready`'s handle
@@ -1409,4 +1116,22 @@ pub fn serve(
         stats.journal_syncs
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_settled_takes_the_settled_tickets_only() {
+        let mut waiting: BTreeMap<u64, Vec<u32>> =
+            [(3, vec![1]), (4, vec![2]), (9, vec![3])].into();
+        let due = take_settled(&mut waiting, 4);
+        assert_eq!(due.keys().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(waiting.keys().copied().collect::<Vec<_>>(), vec![9]);
+        assert!(take_settled(&mut waiting, 8).is_empty());
+        waiting.insert(u64::MAX, vec![4]);
+        assert_eq!(take_settled(&mut waiting, u64::MAX).len(), 2);
+        assert!(waiting.is_empty());
+    }
 }

@@ -1,20 +1,25 @@
-//! Request -> engine call -> response. Everything here runs on the event
-//! loop thread and never waits: durable operations come back as
-//! [`Deferred`] work the loop finishes when the commit thread says so.
+//! Request -> engine call -> response, one function per opcode. Everything
+//! here runs on the event loop thread and never waits: a durable operation
+//! comes back as a [`Parked`] request answered when its commit round
+//! settles, a PULL that found nothing as a [`LongPoll`]. Which requests go
+//! through the handshake gate and the in-flight limit, and what a request
+//! does to its connection, is the connection's business
+//! (`connection.rs`); these functions see only the engine and the limits.
 
 use std::time::Duration;
 
 use tidemark_engine::{
     AppendRequest, Chunk, Engine, Error as EngineError, JoinStart as EngineJoinStart, OpTicket,
-    ReadBatch, Ticket,
+    ReadBatch, Ticket, Unread,
 };
 
 use crate::config::Limits;
-use crate::connection::Phase;
+use crate::connection::{Barrier, ConnId};
+use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
-    encode_response_head, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse, JoinStart,
-    RecordsLen, Request, Response, Subscription, SyncGroup, UnreadEntry, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES,
+    encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, HelloResponse,
+    JoinStart, RecordsLen, Response, ResyncScope, Stat, Subscription, SyncGroup, UnreadEntry,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
 };
 
 /// The HELLO response's `server_name` (format-spec/protocol.md 4.1):
@@ -27,8 +32,15 @@ pub const SERVER_NAME: &str = concat!(
     env!("CARGO_PKG_VERSION_MINOR")
 );
 
-/// A response frame: the encoded head, then record bytes from segments.
+/// A response frame: the encoded head, then record bytes from segments,
+/// with what the loop needs to know of it without parsing its bytes.
+/// Cloning shares the record bytes (a PUSH goes to every subscriber).
+#[derive(Clone)]
 pub struct Outgoing {
+    /// The request it answers (0: a frame not tied to a request).
+    pub request_id: u64,
+    /// It is an ERROR frame (counted in `net.errors`).
+    pub error: bool,
     pub head: Vec<u8>,
     pub chunks: Vec<Chunk>,
     /// Records the response delivers (for stats).
@@ -44,9 +56,73 @@ pub enum OpKind {
     Leave,
 }
 
-/// A PULL that found nothing and waits for a message.
+/// A request parked until its commit round settles: a SEND, or a group or
+/// membership operation.
+pub enum Parked {
+    Send(Ticket),
+    Op(OpTicket, OpKind),
+}
+
+impl Parked {
+    /// The commit round whose outcome answers it.
+    pub fn round(&self) -> u64 {
+        match self {
+            Parked::Send(ticket) => ticket.round,
+            Parked::Op(ticket, _) => ticket.round(),
+        }
+    }
+
+    /// What it holds back on its connection while parked
+    /// (format-spec/protocol.md 1.4).
+    pub fn barrier(&self) -> Barrier {
+        match self {
+            Parked::Send(_) => Barrier::Send,
+            Parked::Op(..) => Barrier::Op,
+        }
+    }
+
+    /// The response, once its round's outcome is known (an operation may be
+    /// complete when it is parked: the retransmit of a durable send).
+    pub fn answer(&self, engine: &Engine, request_id: u64) -> Option<Outgoing> {
+        let out = match self {
+            Parked::Send(ticket) => match engine.poll(ticket)? {
+                Ok(a) => reply(
+                    request_id,
+                    &Response::Send {
+                        msg_id: a.msg_id,
+                        timestamp_ms: a.timestamp_ms,
+                        duplicate: a.duplicate,
+                    },
+                    Vec::new(),
+                    0,
+                ),
+                Err(e) => engine_error(request_id, &e),
+            },
+            Parked::Op(ticket, kind) => match engine.poll_op(ticket)? {
+                Ok(value) => {
+                    let resp: Response<'_, RecordsLen> = match kind {
+                        OpKind::CreateGroup => Response::CreateGroup,
+                        OpKind::DeleteGroup => Response::DeleteGroup,
+                        OpKind::Leave => Response::Leave,
+                        OpKind::Join { group } => Response::Join {
+                            cursor: value,
+                            head: engine.head(*group).unwrap_or(value),
+                        },
+                    };
+                    reply(request_id, &resp, Vec::new(), 0)
+                }
+                Err(e) => engine_error(request_id, &e),
+            },
+        };
+        Some(out)
+    }
+}
+
+/// A PULL that found nothing and waits for a message (a long poll). It holds
+/// nothing back on its connection: its `ack_up_to` was applied when it
+/// started.
 #[derive(Clone, Copy, Debug)]
-pub struct PollRequest {
+pub struct LongPoll {
     pub group: u64,
     pub user: u64,
     pub max_count: u32,
@@ -54,28 +130,55 @@ pub struct PollRequest {
     pub wait: Duration,
 }
 
-/// Work answered later by the loop.
-pub enum Deferred {
-    Send(Ticket),
-    Op(OpTicket, OpKind),
-    Poll(PollRequest),
+impl LongPoll {
+    /// The pull run again: the response when there is something to answer
+    /// (records, or an error), or when `deadline_passed` (then with what is
+    /// there, usually nothing); `None` while it should keep waiting. The one
+    /// path of both a wake-up and an expiry.
+    pub fn answer(
+        &self,
+        engine: &Engine,
+        request_id: u64,
+        deadline_passed: bool,
+    ) -> Option<Outgoing> {
+        let pull = engine.try_pull(
+            self.group,
+            self.user,
+            self.max_count as usize,
+            self.max_bytes as usize,
+            None,
+        );
+        // A long poll was parked after a pull of its group ran, so the group
+        // is loaded and new records are indexed: NotReady is not expected on
+        // a wake-up; if it came, the poll keeps waiting.
+        let nothing_yet = match &pull {
+            Ok(p) => p.batch.count == 0,
+            Err(e) => matches!(e, EngineError::NotReady { .. }),
+        };
+        if nothing_yet && !deadline_passed {
+            return None;
+        }
+        Some(match pull {
+            Ok(p) => pull_reply(request_id, p),
+            Err(e) => engine_error(request_id, &e),
+        })
+    }
 }
 
-/// What handling a request produced.
-pub enum Handled {
-    Reply(Outgoing),
-    /// Send, then close the connection.
-    Fatal(Outgoing),
-    Deferred(Deferred),
-    /// Not run: the group's files must be read first, and the engine's
-    /// maintenance worker does it (the ticket). The loop leaves the request
-    /// in the input buffer and handles it again once the ticket is settled;
-    /// it changed nothing (see `Error::NotReady`).
-    NotReady(u64),
-    /// Requests the loop answers itself (they touch loop state).
-    Subscribe(Subscription),
-    Unsubscribe,
-    Stats,
+/// What a handled request asks of the event loop.
+pub enum Action {
+    /// Send this response now.
+    Answer(Outgoing),
+    /// Answer when the commit round of this work settles (in flight).
+    Park(Parked),
+    /// Answer when the group grows or the wait ends (in flight).
+    Wait(LongPoll),
+    /// STATS: answer with the node's figures, which the loop holds (its
+    /// counters count this request).
+    Report,
+    /// A fatal ERROR was queued on the connection, which now closes
+    /// (format-spec/protocol.md 1.6).
+    Closed,
 }
 
 /// What a handler may use.
@@ -83,7 +186,13 @@ pub struct Ctx<'a> {
     pub engine: &'a Engine,
     pub limits: &'a Limits,
     pub token: Option<&'a [u8]>,
-    pub server_name: &'a str,
+    /// The node is shutting down: every request is answered SHUTTING_DOWN.
+    pub shutting_down: bool,
+    /// The node's index of subscriptions and this connection's id in it:
+    /// SUBSCRIBE and UNSUBSCRIBE change the connection's own list (the
+    /// truth) and this index (derived from the lists) together.
+    pub subs: &'a mut Subscriptions<ConnId>,
+    pub conn: ConnId,
 }
 
 /// Encodes a response whose records the caller sends after the head.
@@ -95,6 +204,8 @@ pub fn reply(
 ) -> Outgoing {
     match encode_response_head(request_id, resp) {
         Ok(head) => Outgoing {
+            request_id,
+            error: matches!(resp, Response::Error(_)),
             head,
             chunks,
             records,
@@ -119,6 +230,8 @@ pub fn error(request_id: u64, code: ErrorCode, detail: Option<u64>, message: &st
     // Invariant: an ERROR frame with a short message always encodes.
     let head = encode_response_head(request_id, &resp).expect("invariant: error frames encode");
     Outgoing {
+        request_id,
+        error: true,
         head,
         chunks: Vec::new(),
         records: 0,
@@ -139,7 +252,7 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
         EngineError::Overloaded => (ErrorCode::Overloaded, None),
         // A nearly full disk is a capacity limit: retry after a back-off.
         EngineError::DiskFull { free, .. } => (ErrorCode::Overloaded, Some(*free)),
-        // Requests that get it wait in the input buffer (`Handled::NotReady`);
+        // Requests that get it wait in the input buffer (`Next::WaitsForLoad`);
         // a long poll's re-run or a push never reads what is not loaded. If
         // one ever did, "retry after a back-off" is what it means.
         EngineError::NotReady { .. } => (ErrorCode::Overloaded, None),
@@ -197,268 +310,326 @@ const BATCH_ACK_RESPONSE_FIXED_BYTES: usize = 12 + 4;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 
 /// Record bytes a response may carry after its fixed part.
-fn records_budget(limits: &Limits) -> usize {
+pub fn records_budget(limits: &Limits) -> usize {
     (limits.frame_bytes_max - RECORDS_RESPONSE_OVERHEAD_BYTES) as usize
 }
 
-/// Handles one decoded request on a connection in `phase`.
-pub fn handle(ctx: &Ctx<'_>, phase: &mut Phase, request_id: u64, req: Request<'_>) -> Handled {
-    // The handshake gate (format-spec/protocol.md 1.7).
-    match (&req, *phase) {
-        (
-            Request::Hello {
-                min_version,
-                max_version,
-                ..
-            },
-            Phase::AwaitHello,
-        ) => {
-            if *min_version > PROTOCOL_VERSION || *max_version < PROTOCOL_VERSION_MIN {
-                return Handled::Fatal(error(
-                    request_id,
-                    ErrorCode::UnsupportedVersion,
-                    Some(PROTOCOL_VERSION as u64),
-                    "no protocol version in common",
-                ));
-            }
-            *phase = if ctx.token.is_some() {
-                Phase::AwaitAuth
-            } else {
-                Phase::Ready
-            };
-            let resp = Response::Hello(HelloResponse {
-                version: PROTOCOL_VERSION.min(*max_version),
-                auth_required: ctx.token.is_some(),
-                frame_bytes_max: ctx.limits.frame_bytes_max,
-                // Invariant: NodeConfig::validate keeps payload_bytes_max below 4 GiB.
-                payload_bytes_max: ctx.engine.config().payload_bytes_max as u32,
-                requests_in_flight_max: ctx.limits.requests_in_flight_max,
-                server_name: ctx.server_name,
-            });
-            return Handled::Reply(reply(request_id, &resp, Vec::new(), 0));
-        }
-        (Request::Hello { .. }, _) => {
-            return Handled::Fatal(error(
-                request_id,
-                ErrorCode::BadFrame,
-                None,
-                "a second HELLO",
-            ));
-        }
-        (Request::Auth { token }, Phase::AwaitAuth | Phase::Ready) => {
-            if ctx.token.is_none_or(|t| constant_time_eq(t, token)) {
-                *phase = Phase::Ready;
-                return Handled::Reply(reply(request_id, &Response::Auth, Vec::new(), 0));
-            }
-            return Handled::Fatal(error(
-                request_id,
-                ErrorCode::Unauthenticated,
-                None,
-                "wrong token",
-            ));
-        }
-        (_, Phase::AwaitHello) => {
-            return Handled::Reply(error(
-                request_id,
-                ErrorCode::Unauthenticated,
-                None,
-                "send HELLO first",
-            ));
-        }
-        (_, Phase::AwaitAuth) => {
-            return Handled::Reply(error(
-                request_id,
-                ErrorCode::Unauthenticated,
-                None,
-                "send AUTH first",
-            ));
-        }
-        _ => {}
+/// HELLO (format-spec/protocol.md 4.1): the response, or the fatal
+/// UNSUPPORTED_VERSION when no version is common.
+pub fn hello(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    min_version: u8,
+    max_version: u8,
+) -> Result<Outgoing, Outgoing> {
+    if min_version > PROTOCOL_VERSION || max_version < PROTOCOL_VERSION_MIN {
+        return Err(error(
+            request_id,
+            ErrorCode::UnsupportedVersion,
+            Some(PROTOCOL_VERSION as u64),
+            "no protocol version in common",
+        ));
     }
+    let resp = Response::Hello(HelloResponse {
+        version: PROTOCOL_VERSION.min(max_version),
+        auth_required: ctx.token.is_some(),
+        frame_bytes_max: ctx.limits.frame_bytes_max,
+        // Invariant: NodeConfig::validate keeps payload_bytes_max below 4 GiB.
+        payload_bytes_max: ctx.engine.config().payload_bytes_max as u32,
+        requests_in_flight_max: ctx.limits.requests_in_flight_max,
+        server_name: SERVER_NAME,
+    });
+    Ok(reply(request_id, &resp, Vec::new(), 0))
+}
+
+/// AUTH (4.2): the response, or the fatal UNAUTHENTICATED for a wrong token
+/// (compared in constant time; any token passes when the node has none).
+pub fn auth(ctx: &Ctx<'_>, request_id: u64, token: &[u8]) -> Result<Outgoing, Outgoing> {
+    if ctx.token.is_none_or(|t| constant_time_eq(t, token)) {
+        return Ok(reply(request_id, &Response::Auth, Vec::new(), 0));
+    }
+    Err(error(
+        request_id,
+        ErrorCode::Unauthenticated,
+        None,
+        "wrong token",
+    ))
+}
+
+/// PING (4.3).
+pub fn ping(request_id: u64) -> Outgoing {
+    reply(request_id, &Response::Pong, Vec::new(), 0)
+}
+
+/// CREATE_GROUP (4.5): parked until its round commits.
+pub fn create_group(ctx: &Ctx<'_>, group: u64) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.submit_create_group(group)?;
+    Ok(Action::Park(Parked::Op(ticket, OpKind::CreateGroup)))
+}
+
+/// DELETE_GROUP (4.6): parked until its round commits.
+pub fn delete_group(ctx: &Ctx<'_>, group: u64) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.submit_delete_group(group)?;
+    Ok(Action::Park(Parked::Op(ticket, OpKind::DeleteGroup)))
+}
+
+/// JOIN (4.7): parked until its round commits.
+pub fn join(ctx: &Ctx<'_>, group: u64, user: u64, start: JoinStart) -> Result<Action, EngineError> {
     let e = ctx.engine;
-    let result: Result<Handled, EngineError> = (|| {
-        Ok(match req {
-            Request::Hello { .. } | Request::Auth { .. } => {
-                unreachable!("handled by the handshake gate")
+    let start = match start {
+        JoinStart::Head => EngineJoinStart::Head,
+        JoinStart::Earliest => EngineJoinStart::Earliest,
+        JoinStart::At(cursor) => {
+            let head = e.head(group)?;
+            if cursor > head {
+                return Err(EngineError::CursorAboveHead {
+                    group,
+                    requested: cursor,
+                    head,
+                });
             }
-            Request::Ping => Handled::Reply(reply(request_id, &Response::Pong, Vec::new(), 0)),
-            Request::Stats => Handled::Stats,
-            Request::Subscribe(s) => Handled::Subscribe(s),
-            Request::Unsubscribe => Handled::Unsubscribe,
-            Request::CreateGroup { group } => Handled::Deferred(Deferred::Op(
-                e.submit_create_group(group)?,
-                OpKind::CreateGroup,
-            )),
-            Request::DeleteGroup { group } => Handled::Deferred(Deferred::Op(
-                e.submit_delete_group(group)?,
-                OpKind::DeleteGroup,
-            )),
-            Request::Join { group, user, start } => {
-                let start = match start {
-                    JoinStart::Head => EngineJoinStart::Head,
-                    JoinStart::Earliest => EngineJoinStart::Earliest,
-                    JoinStart::At(cursor) => {
-                        let head = e.head(group)?;
-                        if cursor > head {
-                            return Err(EngineError::CursorAboveHead {
-                                group,
-                                requested: cursor,
-                                head,
-                            });
-                        }
-                        // The wire names the cursor; the engine the first unread id.
-                        EngineJoinStart::At(cursor + 1)
-                    }
-                };
-                Handled::Deferred(Deferred::Op(
-                    e.try_submit_join(group, user, start)?,
-                    OpKind::Join { group },
-                ))
-            }
-            Request::Leave { group, user } => {
-                Handled::Deferred(Deferred::Op(e.submit_leave(group, user)?, OpKind::Leave))
-            }
-            Request::Send {
-                group,
-                sender,
-                client_msg_id,
-                payload,
-            } => {
-                let ticket = e.try_submit(&AppendRequest {
-                    group_id: group,
-                    sender_id: sender,
-                    client_msg_id,
-                    payload,
-                })?;
-                Handled::Deferred(Deferred::Send(ticket))
-            }
-            Request::Pull {
-                group,
-                user,
-                ack_up_to,
-                max_count,
-                max_bytes,
-                wait_ms,
-            } => {
-                let ack = (ack_up_to > 0).then_some(ack_up_to);
-                let max_bytes = (max_bytes as usize).min(records_budget(ctx.limits));
-                let pull = e.try_pull(group, user, max_count as usize, max_bytes, ack)?;
-                if pull.batch.count == 0 && wait_ms > 0 && max_count > 0 {
-                    let wait =
-                        Duration::from_millis(wait_ms.min(ctx.limits.long_poll_ms_max) as u64);
-                    // Invariant: max_bytes was clamped below frame_bytes_max (u32).
-                    let poll = PollRequest {
-                        group,
-                        user,
-                        max_count,
-                        max_bytes: max_bytes as u32,
-                        wait,
-                    };
-                    Handled::Deferred(Deferred::Poll(poll))
-                } else {
-                    Handled::Reply(pull_reply(request_id, pull))
-                }
-            }
-            Request::Ack {
-                group,
-                user,
-                msg_id,
-            } => {
-                let cursor = e.ack(group, user, msg_id)?;
-                Handled::Reply(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
-            }
-            Request::BatchAck { user, items } => {
-                // The response is 2 bytes per item longer than the request:
-                // one that could not be sent is refused before any item is
-                // applied (format-spec/protocol.md 4.12).
-                let max = batch_ack_items_max(ctx.limits);
-                if items.len() > max {
-                    return Ok(Handled::Reply(error(
-                        request_id,
-                        ErrorCode::LimitExceeded,
-                        Some(max as u64),
-                        &format!(
-                            "{} BATCH_ACK items: the response would exceed frame_bytes_max; \
-                             at most {max} items per request, nothing was applied",
-                            items.len()
-                        ),
-                    )));
-                }
-                let pairs: Vec<(u64, u64)> = items.iter().map(|i| (i.group, i.msg_id)).collect();
-                // Each outcome carries the cursor as it stood right after its
-                // item, found by one membership lookup (never a walk of the
-                // user's groups): the cost is bounded by the request's size.
-                let results = e
-                    .batch_ack(user, &pairs)
-                    .into_iter()
-                    .zip(&items)
-                    .map(|(r, item)| BatchAckResult {
-                        group: item.group,
-                        error: r.error.as_ref().map(|err| error_code_of(err).0),
-                        cursor: r.cursor,
-                    })
-                    .collect();
-                Handled::Reply(reply(
-                    request_id,
-                    &Response::BatchAck(results),
-                    Vec::new(),
-                    0,
-                ))
-            }
-            Request::Unread { user } => {
-                let list = e
-                    .unread(user)
-                    .into_iter()
-                    .map(|u| UnreadEntry {
-                        group: u.group_id,
-                        head: u.head,
-                        cursor: u.cursor,
-                        unread: u.unread,
-                    })
-                    .collect();
-                Handled::Reply(reply(request_id, &Response::Unread(list), Vec::new(), 0))
-            }
-            Request::Sync {
-                user,
-                per_group_max,
-                total_max_bytes,
-                continuation,
-            } => Handled::Reply(sync_reply(
-                ctx,
-                request_id,
-                user,
-                per_group_max,
-                total_max_bytes,
-                continuation,
-            )?),
-            Request::History {
-                group,
-                user,
-                before_msg_id,
-                max_count,
-            } => {
-                let before = (before_msg_id > 0).then_some(before_msg_id);
-                // The engine stops reading at the frame's budget.
-                let budget = records_budget(ctx.limits);
-                let h = e.try_history(group, user, before, max_count as usize, budget)?;
-                Handled::Reply(history_reply(request_id, group, h, budget)?)
-            }
-            Request::ReadCount { group, msg_id } => {
-                let count = e.read_count(group, msg_id)? as u64;
-                Handled::Reply(reply(
-                    request_id,
-                    &Response::ReadCount { count },
-                    Vec::new(),
-                    0,
-                ))
-            }
-        })
-    })();
-    match result {
-        Ok(h) => h,
-        Err(EngineError::NotReady { ticket, .. }) => Handled::NotReady(ticket),
-        Err(err) => Handled::Reply(engine_error(request_id, &err)),
+            // The wire names the cursor; the engine the first unread id.
+            EngineJoinStart::At(cursor + 1)
+        }
+    };
+    let ticket = e.try_submit_join(group, user, start)?;
+    Ok(Action::Park(Parked::Op(ticket, OpKind::Join { group })))
+}
+
+/// LEAVE (4.8): parked until its round commits.
+pub fn leave(ctx: &Ctx<'_>, group: u64, user: u64) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.submit_leave(group, user)?;
+    Ok(Action::Park(Parked::Op(ticket, OpKind::Leave)))
+}
+
+/// SEND (4.9): parked until its round is durable.
+pub fn send(
+    ctx: &Ctx<'_>,
+    group: u64,
+    sender: u64,
+    client_msg_id: u64,
+    payload: &[u8],
+) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.try_submit(&AppendRequest {
+        group_id: group,
+        sender_id: sender,
+        client_msg_id,
+        payload,
+    })?;
+    Ok(Action::Park(Parked::Send(ticket)))
+}
+
+/// PULL (4.10): answered at once, or a long poll when it found nothing and
+/// may wait.
+// One argument per field of the request.
+#[allow(clippy::too_many_arguments)]
+pub fn pull(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    user: u64,
+    ack_up_to: u64,
+    max_count: u32,
+    max_bytes: u32,
+    wait_ms: u32,
+) -> Result<Action, EngineError> {
+    let ack = (ack_up_to > 0).then_some(ack_up_to);
+    let max_bytes = (max_bytes as usize).min(records_budget(ctx.limits));
+    let pull = ctx
+        .engine
+        .try_pull(group, user, max_count as usize, max_bytes, ack)?;
+    if pull.batch.count == 0 && wait_ms > 0 && max_count > 0 {
+        let wait = Duration::from_millis(wait_ms.min(ctx.limits.long_poll_ms_max) as u64);
+        // Invariant: max_bytes was clamped below frame_bytes_max (u32).
+        return Ok(Action::Wait(LongPoll {
+            group,
+            user,
+            max_count,
+            max_bytes: max_bytes as u32,
+            wait,
+        }));
     }
+    Ok(Action::Answer(pull_reply(request_id, pull)))
+}
+
+/// ACK (4.11).
+pub fn ack(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    user: u64,
+    msg_id: u64,
+) -> Result<Outgoing, EngineError> {
+    let cursor = ctx.engine.ack(group, user, msg_id)?;
+    Ok(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
+}
+
+/// BATCH_ACK (4.12): each item's outcome; refused whole, before any item is
+/// applied, when its response could not be sent.
+pub fn batch_ack(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    user: u64,
+    items: &[AckItem],
+) -> Result<Outgoing, EngineError> {
+    // The response is 2 bytes per item longer than the request.
+    let max = batch_ack_items_max(ctx.limits);
+    if items.len() > max {
+        return Ok(error(
+            request_id,
+            ErrorCode::LimitExceeded,
+            Some(max as u64),
+            &format!(
+                "{} BATCH_ACK items: the response would exceed frame_bytes_max; \
+                 at most {max} items per request, nothing was applied",
+                items.len()
+            ),
+        ));
+    }
+    let pairs: Vec<(u64, u64)> = items.iter().map(|i| (i.group, i.msg_id)).collect();
+    // Each outcome carries the cursor as it stood right after its item,
+    // found by one membership lookup (never a walk of the user's groups):
+    // the cost is bounded by the request's size.
+    let results = ctx
+        .engine
+        .batch_ack(user, &pairs)
+        .into_iter()
+        .zip(items)
+        .map(|(r, item)| BatchAckResult {
+            group: item.group,
+            error: r.error.as_ref().map(|err| error_code_of(err).0),
+            cursor: r.cursor,
+        })
+        .collect();
+    Ok(reply(
+        request_id,
+        &Response::BatchAck(results),
+        Vec::new(),
+        0,
+    ))
+}
+
+/// A group's counts as UNREAD and SYNC list them.
+fn unread_entry(u: &Unread) -> UnreadEntry {
+    UnreadEntry {
+        group: u.group_id,
+        head: u.head,
+        cursor: u.cursor,
+        unread: u.unread,
+    }
+}
+
+/// UNREAD (4.13).
+pub fn unread(ctx: &Ctx<'_>, request_id: u64, user: u64) -> Result<Outgoing, EngineError> {
+    let list = ctx
+        .engine
+        .unread(user)
+        .into_iter()
+        .map(|u| unread_entry(&u))
+        .collect();
+    Ok(reply(request_id, &Response::Unread(list), Vec::new(), 0))
+}
+
+/// HISTORY (4.15).
+pub fn history(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    user: u64,
+    before_msg_id: u64,
+    max_count: u32,
+) -> Result<Outgoing, EngineError> {
+    let before = (before_msg_id > 0).then_some(before_msg_id);
+    // The engine stops reading at the frame's budget.
+    let budget = records_budget(ctx.limits);
+    let h = ctx
+        .engine
+        .try_history(group, user, before, max_count as usize, budget)?;
+    history_reply(request_id, group, h, budget)
+}
+
+/// READ_COUNT (4.16).
+pub fn read_count(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    msg_id: u64,
+) -> Result<Outgoing, EngineError> {
+    let count = ctx.engine.read_count(group, msg_id)? as u64;
+    Ok(reply(
+        request_id,
+        &Response::ReadCount { count },
+        Vec::new(),
+        0,
+    ))
+}
+
+/// STATS (4.4): the node's figures, as `Stats::report` lists them.
+pub fn stats(request_id: u64, figures: &[(String, u64)]) -> Outgoing {
+    let list: Vec<Stat<'_>> = figures
+        .iter()
+        .map(|(name, value)| Stat {
+            name,
+            value: *value,
+        })
+        .collect();
+    reply(request_id, &Response::Stats(list), Vec::new(), 0)
+}
+
+/// PUSH (format-spec/protocol.md 5.1) of a batch of `group`'s records, read
+/// within `records_budget`.
+pub fn push(group: u64, batch: ReadBatch) -> Outgoing {
+    let resp = Response::Push {
+        group,
+        records: records_len(&batch),
+    };
+    reply(0, &resp, batch.chunks, batch.count)
+}
+
+/// RESYNC(all) (5.2): the subscriber's pushes stopped; it pulls to catch up.
+pub fn resync_all() -> Outgoing {
+    let resp: Response<'_, RecordsLen> = Response::Resync(ResyncScope::All);
+    reply(0, &resp, Vec::new(), 0)
+}
+
+/// UNSUBSCRIBE (4.18)'s response (the connection drops its subscriptions).
+pub fn unsubscribed(request_id: u64) -> Outgoing {
+    reply(request_id, &Response::Unsubscribe, Vec::new(), 0)
+}
+
+/// SUBSCRIBE (4.17)'s response, or its refusal: `held` entries are held by
+/// the connection already, and a GROUPS subscription names existing groups
+/// only. The connection adds the entries when this is `Ok`.
+pub fn subscribe(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    held: usize,
+    sub: &Subscription,
+) -> Result<Outgoing, Outgoing> {
+    let max = ctx.limits.subscriptions_max;
+    let adding = match sub {
+        Subscription::User(_) => 1,
+        Subscription::Groups(g) => g.len(),
+    };
+    if held + adding > max {
+        return Err(error(
+            request_id,
+            ErrorCode::LimitExceeded,
+            Some(max as u64),
+            "too many subscriptions",
+        ));
+    }
+    if let Subscription::Groups(groups) = sub {
+        if let Some(missing) = groups.iter().find(|g| ctx.engine.head(**g).is_err()) {
+            return Err(error(
+                request_id,
+                ErrorCode::GroupNotFound,
+                None,
+                &format!("group {missing} not found"),
+            ));
+        }
+    }
+    Ok(reply(request_id, &Response::Subscribe, Vec::new(), 0))
 }
 
 pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
@@ -472,7 +643,8 @@ pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
     reply(request_id, &resp, pull.batch.chunks, records)
 }
 
-fn sync_reply(
+/// SYNC (4.14).
+pub fn sync(
     ctx: &Ctx<'_>,
     request_id: u64,
     user: u64,
@@ -480,15 +652,15 @@ fn sync_reply(
     total_max_bytes: u32,
     continuation: u64,
 ) -> Result<Outgoing, EngineError> {
-    // The group entries take 40 bytes each; the records get what is left of
-    // the frame.
+    // The group entries take SYNC_GROUP_BYTES each; the records get what is
+    // left of the frame.
     let groups = ctx
         .engine
         .unread(user)
         .iter()
         .filter(|u| u.unread > 0)
         .count();
-    let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + 40 * groups;
+    let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + SYNC_GROUP_BYTES * groups;
     let budget =
         (total_max_bytes as usize).min((ctx.limits.frame_bytes_max as usize).saturating_sub(fixed));
     let after = continuation.checked_sub(1);
@@ -505,10 +677,7 @@ fn sync_reply(
             records += g.batch.count;
             chunks.extend(g.batch.chunks);
             SyncGroup {
-                group: g.unread.group_id,
-                head: g.unread.head,
-                cursor: g.unread.cursor,
-                unread: g.unread.unread,
+                entry: unread_entry(&g.unread),
                 records: section,
             }
         })
@@ -572,11 +741,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::connection::{Connection, Stop};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use tidemark_engine::io::FaultyVfs;
     use tidemark_engine::Config;
-    use tidemark_protocol::{decode_response, AckItem, Frame};
+    use tidemark_protocol::{decode_response, Frame, Request};
 
     fn engine(dir: &std::path::Path) -> Engine {
         Engine::open(Config::new(dir)).unwrap()
@@ -586,14 +756,11 @@ mod tests {
     /// response frame (head and records), or `None` when it was deferred or
     /// is answered by the loop.
     fn call(e: &Engine, limits: &Limits, req: Request<'_>) -> Option<Vec<u8>> {
-        let ctx = Ctx {
-            engine: e,
-            limits,
-            token: None,
-            server_name: SERVER_NAME,
-        };
-        match handle(&ctx, &mut Phase::Ready, 9, req) {
-            Handled::Reply(out) | Handled::Fatal(out) => {
+        let mut subs = Subscriptions::default();
+        let mut ctx = test_ctx(e, limits, None, &mut subs);
+        let mut conn = Connection::ready(limits.frame_bytes_max);
+        match conn.handle_request(&mut ctx, 9, req) {
+            Ok(Action::Answer(out)) | Err(Stop::Fatal(out)) => {
                 let mut frame = out.head;
                 for c in &out.chunks {
                     frame.extend_from_slice(c.bytes());
@@ -601,6 +768,26 @@ mod tests {
                 Some(frame)
             }
             _ => None,
+        }
+    }
+
+    /// What a connection hands a handler, for a connection of its own.
+    fn test_ctx<'a>(
+        engine: &'a Engine,
+        limits: &'a Limits,
+        token: Option<&'a [u8]>,
+        subs: &'a mut Subscriptions<ConnId>,
+    ) -> Ctx<'a> {
+        Ctx {
+            engine,
+            limits,
+            token,
+            shutting_down: false,
+            subs,
+            conn: ConnId {
+                index: 0,
+                generation: 0,
+            },
         }
     }
 
@@ -613,6 +800,14 @@ mod tests {
             Response::Error(e) => Some(e.code),
             _ => None,
         }
+    }
+
+    /// An engine over a file layer whose syncs a test can hold.
+    fn faulty_engine(dir: &std::path::Path) -> (Engine, Arc<tidemark_engine::io::FaultControl>) {
+        let vfs = FaultyVfs::new();
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(Config::new(dir), Arc::new(vfs)).unwrap();
+        (e, control)
     }
 
     /// Releases held syncs when dropped, also when an assertion failed, so
@@ -656,9 +851,7 @@ mod tests {
     #[test]
     fn requests_see_the_committed_head_and_join_head_counts_accepted_sends() {
         let dir = tempfile::tempdir().unwrap();
-        let vfs = FaultyVfs::new();
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(Config::new(dir.path()), Arc::new(vfs)).unwrap();
+        let (e, control) = faulty_engine(dir.path());
         let limits = Limits::default();
         e.create_group(1).unwrap();
         e.join(1, 5, EngineJoinStart::Earliest).unwrap();
@@ -780,18 +973,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = engine(dir.path());
         let limits = Limits::default();
-        let ctx = Ctx {
-            engine: &e,
-            limits: &limits,
-            token: Some(b"s3cret"),
-            server_name: SERVER_NAME,
-        };
+        let mut subs = Subscriptions::default();
+        let mut ctx = test_ctx(&e, &limits, Some(b"s3cret"), &mut subs);
         let hello = Request::Hello {
             min_version: 1,
             max_version: 1,
             client_name: "gw-1",
         };
-        let Handled::Reply(out) = handle(&ctx, &mut Phase::AwaitHello, 1, hello) else {
+        let mut conn = Connection::new(limits.frame_bytes_max);
+        let Ok(Action::Answer(out)) = conn.handle_request(&mut ctx, 1, hello) else {
             panic!("HELLO is answered at once");
         };
         let text = include_str!("../../../format-spec/vectors/protocol/hello_response.hex");
@@ -880,9 +1070,7 @@ mod tests {
     #[test]
     fn a_pending_delete_is_group_not_found_for_every_request() {
         let dir = tempfile::tempdir().unwrap();
-        let vfs = FaultyVfs::new();
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(Config::new(dir.path()), Arc::new(vfs)).unwrap();
+        let (e, control) = faulty_engine(dir.path());
         let limits = Limits::default();
         for g in [1, 2] {
             e.create_group(g).unwrap();
@@ -894,18 +1082,12 @@ mod tests {
         // Hold the fsync of a round on group 2, so the delete of group 1
         // waits in the next round while the requests below are handled.
         let (held, release) = hold_a_round(&e, &control, 2);
-        let ctx = Ctx {
-            engine: &e,
-            limits: &limits,
-            token: None,
-            server_name: SERVER_NAME,
-        };
-        let Handled::Deferred(Deferred::Op(delete, _)) = handle(
-            &ctx,
-            &mut Phase::Ready,
-            1,
-            Request::DeleteGroup { group: 1 },
-        ) else {
+        let mut subs = Subscriptions::default();
+        let mut ctx = test_ctx(&e, &limits, None, &mut subs);
+        let mut conn = Connection::ready(limits.frame_bytes_max);
+        let Ok(Action::Park(Parked::Op(delete, _))) =
+            conn.handle_request(&mut ctx, 1, Request::DeleteGroup { group: 1 })
+        else {
             panic!("DELETE_GROUP is answered after its round");
         };
         let not_found = |req: Request<'_>| {
@@ -991,7 +1173,10 @@ mod tests {
         let Response::Sync { groups, .. } = response(&frame) else {
             panic!("{:?}", response(&frame));
         };
-        assert_eq!(groups.iter().map(|g| g.group).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            groups.iter().map(|g| g.entry.group).collect::<Vec<_>>(),
+            vec![2]
+        );
         // SUBSCRIBE GROUPS is answered by the loop, which checks each group
         // with `head`.
         assert!(e.head(1).is_err());

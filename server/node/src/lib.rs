@@ -15,9 +15,13 @@
 //! - `config`: the node's limits, their defaults and the checks between
 //!   them and the engine's;
 //! - `event_loop`: the loop, accept, fair bounded turns, buffer budgets,
-//!   deferred work, push, long polls, shutdown;
-//! - `connection`: one connection's state, sans IO;
-//! - `handlers`: request -> engine call -> response, never waiting;
+//!   parked requests, push, long polls, shutdown; it moves bytes and does
+//!   what each connection's `Action` says, never parsing a frame;
+//! - `connection`: one connection as a state machine, sans IO: decoder,
+//!   output, handshake gate, in-flight limit, ordering, closing and fatal,
+//!   its subscriptions;
+//! - `handlers`: one function per opcode, request -> engine call ->
+//!   response, never waiting;
 //! - `long_poll`: parked long polls by group and by deadline;
 //! - `subscriptions`: who gets pushes;
 //! - `stats`: the counters and latency histograms of STATS.

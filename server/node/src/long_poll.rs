@@ -5,7 +5,8 @@
 //! - by group: a commit that appended to group `g` looks at the waiters of
 //!   `g` only;
 //! - by deadline: a min-heap, so the loop's next timeout is a peek and the
-//!   expired polls are popped in deadline order;
+//!   expired polls are listed in deadline order (`due`), then answered and
+//!   removed like woken ones;
 //! - by key: a poll leaves (answered, expired, or its connection closed) in
 //!   O(1) plus a heap entry left behind.
 //!
@@ -135,9 +136,11 @@ impl<T> LongPolls<T> {
         None
     }
 
-    /// Takes out every poll whose deadline is at or before `now`, earliest
-    /// first.
-    pub fn take_due(&mut self, now: Instant) -> Vec<(PollKey, T)> {
+    /// The keys of the polls whose deadline is at or before `now`, earliest
+    /// first. They stay parked (each keeps its heap entry) until the caller
+    /// removes them: it answers an expired poll the way it answers a woken
+    /// one. Costs the due polls and the stale entries on top.
+    pub fn due(&mut self, now: Instant) -> Vec<PollKey> {
         let mut due = Vec::new();
         while let Some(deadline) = self.next_deadline() {
             if deadline > now {
@@ -147,11 +150,12 @@ impl<T> LongPolls<T> {
             let Some(Reverse((_, key))) = self.deadlines.pop() else {
                 break;
             };
-            if let Some(item) = self.remove(key) {
-                due.push((key, item));
-            }
+            due.push((deadline, key));
         }
-        due
+        for &(deadline, key) in &due {
+            self.deadlines.push(Reverse((deadline, key)));
+        }
+        due.into_iter().map(|(_, key)| key).collect()
     }
 }
 
@@ -197,9 +201,9 @@ mod tests {
         let before = p.examined;
         assert_eq!(p.next_deadline(), Some(now + Duration::from_millis(1)));
         let due: Vec<u32> = p
-            .take_due(now + Duration::from_millis(10))
+            .due(now + Duration::from_millis(10))
             .into_iter()
-            .map(|(_, v)| v)
+            .map(|k| p.remove(k).unwrap())
             .collect();
         assert_eq!(due, [2, 1]);
         assert_eq!(p.next_deadline(), Some(now + Duration::from_secs(100)));

@@ -94,6 +94,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("engine.dedup_entries", Gauge, "entries"),
     stat("engine.dedup_windows_dropped", Counter, "windows"),
     stat("engine.group_loads", Counter, "groups"),
+    stat("engine.groups_in_use", Gauge, "groups"),
     stat("limits.frame_bytes_max", Gauge, "bytes"),
     stat("limits.payload_bytes_max", Gauge, "bytes"),
     stat("limits.requests_in_flight_max", Gauge, "requests"),
@@ -254,6 +255,7 @@ impl Stats {
                 e.dedup_windows_dropped,
             ),
             ("engine.group_loads".into(), e.group_loads),
+            ("engine.groups_in_use".into(), e.groups_in_use),
             (
                 "limits.frame_bytes_max".into(),
                 u64::from(limits.frame_bytes_max),

@@ -1,5 +1,7 @@
 //! Who gets pushes: connections subscribed to groups directly, or to users
-//! (every group of the user). The push path asks once per commit round for
+//! (every group of the user). This is an index derived from the
+//! connections' own lists (`Connection` owns what it is subscribed to and
+//! changes this index only together with its list). The push path asks once per commit round for
 //! each group the round touched, so the answer must not cost a walk of a
 //! 100,000-member list every time: the connections reached through user
 //! subscriptions are cached per group, keyed on the group's member-list

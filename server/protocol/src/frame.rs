@@ -40,6 +40,16 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// Appends the 16 header bytes, the inverse of `parse`.
+    fn put(&self, out: &mut Vec<u8>) {
+        // Format: { frame_len: u32 | version: u8 | opcode: u8 | flags: u16 | request_id: u64 }
+        put_u32(out, self.frame_len);
+        put_u8(out, self.version);
+        put_u8(out, self.opcode);
+        put_u16(out, self.flags);
+        put_u64(out, self.request_id);
+    }
+
     /// Parses the 16 header bytes at the start of `buf`.
     fn parse(buf: &[u8]) -> Result<FrameHeader, DecodeError> {
         let mut r = Reader::new(buf, 0);
@@ -77,18 +87,29 @@ impl<'a> Frame<'a> {
             body: bytes.get(FRAME_HEADER_BYTES..).unwrap_or(&[]),
         })
     }
+
+    /// The frame's bytes as they were on the wire: length prefix, header,
+    /// body (what a caller keeps beyond the decoder's buffer).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + self.body.len());
+        self.header.put(&mut out);
+        out.extend_from_slice(self.body);
+        out
+    }
 }
 
 /// Appends a frame header with a placeholder length; returns the frame's
 /// start in `out` for [`finish_frame`].
 pub(crate) fn begin_frame(out: &mut Vec<u8>, opcode: u8, request_id: u64) -> usize {
-    // Format: { frame_len: u32 | version: u8 | opcode: u8 | flags: u16 | request_id: u64 }
     let start = out.len();
-    put_u32(out, 0); // frame_len, set by finish_frame
-    put_u8(out, super::PROTOCOL_VERSION);
-    put_u8(out, opcode);
-    put_u16(out, 0); // flags: none defined in version 1
-    put_u64(out, request_id);
+    FrameHeader {
+        frame_len: 0, // set by finish_frame
+        version: super::PROTOCOL_VERSION,
+        opcode,
+        flags: 0, // none defined in version 1
+        request_id,
+    }
+    .put(out);
     start
 }
 

@@ -59,19 +59,6 @@ fn build_frame(opcode: u8, request_id: u64, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The bytes of a frame the decoder returned, as they were on the wire.
-fn frame_bytes(f: &Frame<'_>) -> Vec<u8> {
-    let h = &f.header;
-    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES + f.body.len());
-    out.extend_from_slice(&h.frame_len.to_le_bytes());
-    out.push(h.version);
-    out.push(h.opcode);
-    out.extend_from_slice(&h.flags.to_le_bytes());
-    out.extend_from_slice(&h.request_id.to_le_bytes());
-    out.extend_from_slice(f.body);
-    out
-}
-
 /// Decodes `bytes` (one whole frame) as whatever its opcode says it is and,
 /// if it decodes, checks that it re-encodes to exactly `bytes`: the codec is
 /// canonical. Returns whether it decoded.
@@ -235,7 +222,7 @@ pub fn frame_decoder(data: &[u8]) {
     loop {
         loop {
             match d.next_frame() {
-                Ok(Some(f)) => got.push(frame_bytes(&f)),
+                Ok(Some(f)) => got.push(f.to_vec()),
                 Ok(None) => break,
                 Err(e) => {
                     error = Some(e);

@@ -39,7 +39,7 @@ pub use records::{RecordIter, RecordView, Records, RecordsError, RecordsLen, Rec
 pub use request::{decode_request, encode_request, AckItem, JoinStart, Request, Subscription};
 pub use response::{
     decode_response, encode_response, encode_response_head, BatchAckResult, ErrorResponse,
-    HelloResponse, Response, ResyncScope, Stat, SyncGroup, UnreadEntry,
+    HelloResponse, Response, ResyncScope, Stat, SyncGroup, UnreadEntry, SYNC_GROUP_BYTES,
 };
 pub use wire::{DecodeError, EncodeError};
 
@@ -55,6 +55,7 @@ pub const REQUESTS_IN_FLIGHT_MAX_DEFAULT: u32 = 256;
 /// Largest fixed part of a response carrying one records section, frame
 /// header included (SYNC with one group: 16 + 8 + 4 + 40 = 68).
 pub const RECORDS_RESPONSE_OVERHEAD_BYTES: u32 = 68;
+const _: () = assert!(RECORDS_RESPONSE_OVERHEAD_BYTES as usize == 16 + 8 + 4 + SYNC_GROUP_BYTES);
 
 /// The smallest `frame_bytes_max` with which every response can carry at
 /// least one record of the largest payload. A node checks

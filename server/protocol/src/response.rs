@@ -63,10 +63,8 @@ pub struct UnreadEntry {
 /// One group of SYNC with its first page of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyncGroup<R> {
-    pub group: u64,
-    pub head: u64,
-    pub cursor: u64,
-    pub unread: u64,
+    /// The group's counts, the same 32 bytes as its UNREAD entry.
+    pub entry: UnreadEntry,
     pub records: R,
 }
 
@@ -184,7 +182,9 @@ impl<R> Response<'_, R> {
 const STAT_BYTES_MIN: usize = 12;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 const UNREAD_ENTRY_BYTES: usize = 32;
-const SYNC_GROUP_BYTES: usize = 40;
+/// A SYNC group's fixed part: its UNREAD entry and its records-section count
+/// (protocol.md, SYNC response); a node budgets its frame with it.
+pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
 
 /// Checks the request id against the frame kind: PUSH and RESYNC carry 0,
 /// ERROR any id (0: about the connection), every other response nonzero.
@@ -259,6 +259,15 @@ fn put_section_bytes<R: RecordsSection>(
         Some(b) if inline => out.extend_from_slice(b),
         _ => *trailing = trailing.saturating_add(s.byte_len() as u64),
     }
+}
+
+/// An UNREAD entry, also the start of a SYNC group.
+// Format: { group: u64 | head: u64 | cursor: u64 | unread: u64 }
+fn put_unread_entry(out: &mut Vec<u8>, e: &UnreadEntry) {
+    put_u64(out, e.group);
+    put_u64(out, e.head);
+    put_u64(out, e.cursor);
+    put_u64(out, e.unread);
 }
 
 fn encode_body<R: RecordsSection>(
@@ -341,10 +350,7 @@ fn encode_body<R: RecordsSection>(
             // Format: { groups: list<{ group: u64 | head: u64 | cursor: u64 | unread: u64 }> }
             put_count(out, groups.len(), "groups")?;
             for g in groups {
-                put_u64(out, g.group);
-                put_u64(out, g.head);
-                put_u64(out, g.cursor);
-                put_u64(out, g.unread);
+                put_unread_entry(out, g);
             }
         }
         Response::Sync {
@@ -357,10 +363,7 @@ fn encode_body<R: RecordsSection>(
             put_u64(out, *next_continuation);
             put_count(out, groups.len(), "groups")?;
             for g in groups {
-                put_u64(out, g.group);
-                put_u64(out, g.head);
-                put_u64(out, g.cursor);
-                put_u64(out, g.unread);
+                put_unread_entry(out, &g.entry);
                 put_section_header(out, &g.records)?;
             }
             for g in groups {
@@ -466,6 +469,17 @@ fn section_bytes<'a>(
         }
     }
     Ok(records)
+}
+
+/// An UNREAD entry, also the start of a SYNC group.
+// Format: { group: u64 | head: u64 | cursor: u64 | unread: u64 }
+fn unread_entry(r: &mut Reader<'_>) -> Result<UnreadEntry, DecodeError> {
+    Ok(UnreadEntry {
+        group: r.u64("groups.group")?,
+        head: r.u64("groups.head")?,
+        cursor: r.u64("groups.cursor")?,
+        unread: r.u64("groups.unread")?,
+    })
 }
 
 fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, DecodeError> {
@@ -599,12 +613,7 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             let n = r.count("groups", UNREAD_ENTRY_BYTES)?;
             let mut groups = Vec::with_capacity(n);
             for _ in 0..n {
-                groups.push(UnreadEntry {
-                    group: r.u64("groups.group")?,
-                    head: r.u64("groups.head")?,
-                    cursor: r.u64("groups.cursor")?,
-                    unread: r.u64("groups.unread")?,
-                });
+                groups.push(unread_entry(r)?);
             }
             Response::Unread(groups)
         }
@@ -616,22 +625,13 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             let n = r.count("groups", SYNC_GROUP_BYTES)?;
             let mut heads = Vec::with_capacity(n);
             for _ in 0..n {
-                heads.push(SyncGroup {
-                    group: r.u64("groups.group")?,
-                    head: r.u64("groups.head")?,
-                    cursor: r.u64("groups.cursor")?,
-                    unread: r.u64("groups.unread")?,
-                    records: section_header(r)?,
-                });
+                heads.push((unread_entry(r)?, section_header(r)?));
             }
             let mut groups = Vec::with_capacity(n);
-            for g in heads {
+            for (entry, section) in heads {
                 groups.push(SyncGroup {
-                    group: g.group,
-                    head: g.head,
-                    cursor: g.cursor,
-                    unread: g.unread,
-                    records: section_bytes(r, g.records)?,
+                    entry,
+                    records: section_bytes(r, section)?,
                 });
             }
             Response::Sync {

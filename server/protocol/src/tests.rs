@@ -235,17 +235,21 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 next_continuation: 0,
                 groups: vec![
                     SyncGroup {
-                        group: 7,
-                        head: 1003,
-                        cursor: 1002,
-                        unread: 1,
+                        entry: UnreadEntry {
+                            group: 7,
+                            head: 1003,
+                            cursor: 1002,
+                            unread: 1,
+                        },
                         records: records(&r[1]),
                     },
                     SyncGroup {
-                        group: 9,
-                        head: 50,
-                        cursor: 40,
-                        unread: 10,
+                        entry: UnreadEntry {
+                            group: 9,
+                            head: 50,
+                            cursor: 40,
+                            unread: 10,
+                        },
                         records: records(&r[2]),
                     },
                 ],
@@ -375,10 +379,7 @@ fn head_encoding_plus_record_slices_equals_the_whole_frame() {
                         groups: groups
                             .iter()
                             .map(|g| SyncGroup {
-                                group: g.group,
-                                head: g.head,
-                                cursor: g.cursor,
-                                unread: g.unread,
+                                entry: g.entry,
                                 records: len(&g.records),
                             })
                             .collect(),
@@ -887,10 +888,12 @@ fn frame_limit_covers_a_largest_record_response() {
         &Response::Sync {
             next_continuation: 0,
             groups: vec![SyncGroup {
-                group: 1,
-                head: 1,
-                cursor: 0,
-                unread: 1,
+                entry: UnreadEntry {
+                    group: 1,
+                    head: 1,
+                    cursor: 0,
+                    unread: 1,
+                },
                 records: records(&rec),
             }],
         },

@@ -131,6 +131,19 @@ pub struct BenchArgs {
     /// mixed: offline users that catch up with SYNC and BATCH_ACK.
     #[arg(long, default_value_t = 1_000)]
     pub catchup_users: u64,
+    /// population: the spawned node's `serve --idle-evict-ms`, so that the
+    /// memory figures are those of idle groups (read once the groups went
+    /// idle); not passed to a binary whose `serve` lacks the flag (0.1,
+    /// whose groups never give their memory back). 0: not passed either
+    /// (the node's default, 10 minutes) and memory read at once.
+    #[arg(long, default_value_t = 5_000)]
+    pub node_idle_evict_ms: u64,
+    /// population: the spawned node's `serve --checkpoint-interval-ms`
+    /// (default: the node's own); new groups give their memory back only
+    /// after a checkpoint, so a short one shortens the wait for idle
+    /// groups in small runs.
+    #[arg(long)]
+    pub node_checkpoint_interval_ms: Option<u64>,
 }
 
 impl BenchArgs {

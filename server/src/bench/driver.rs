@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 
 use super::conn::Conn;
 use super::progress::Progress;
-use tidemark_protocol::{Request, Response};
+use tidemark_protocol::{Records, Request, Response};
 
 /// Error messages kept per phase (the count is exact; the texts are samples).
 const ERROR_SAMPLES_MAX: usize = 5;
@@ -64,6 +64,12 @@ impl Tally {
 
     pub fn error(&mut self, what: String) {
         self.errors += 1;
+        self.keep_sample(what);
+    }
+
+    /// Keeps `what` if it is among the first `ERROR_SAMPLES_MAX` distinct
+    /// errors.
+    fn keep_sample(&mut self, what: String) {
         if self.error_samples.len() < ERROR_SAMPLES_MAX && !self.error_samples.contains(&what) {
             self.error_samples.push(what);
         }
@@ -79,6 +85,62 @@ impl Tally {
         }
     }
 
+    /// Counts an answer the workload did not ask for as an error: an ERROR
+    /// with its code, anything else as unexpected.
+    pub fn unexpected(&mut self, resp: &Response<'_>, what: &str) {
+        if !self.check(resp, what) {
+            self.error(format!("unexpected answer to {what}"));
+        }
+    }
+
+    /// A SEND's answer: its `(msg_id, duplicate)`, counted as one operation
+    /// of `size` payload bytes; any other answer is counted as an error.
+    pub fn sent(&mut self, resp: &Response<'_>, size: u64) -> Option<(u64, bool)> {
+        match *resp {
+            Response::Send {
+                msg_id, duplicate, ..
+            } => {
+                self.ops += 1;
+                self.payload_bytes += size;
+                Some((msg_id, duplicate))
+            }
+            ref r => {
+                self.unexpected(r, "SEND");
+                None
+            }
+        }
+    }
+
+    /// Takes a page of records that must continue `last` densely (ids
+    /// `last + 1`, `last + 2`, ...), each counted as an operation with its
+    /// payload bytes. Returns the last id taken and, if the page broke the
+    /// sequence, the id that broke it (the page ends there). A record that
+    /// fails its checks is counted as an error (`what: ...`) and ends the
+    /// page.
+    pub fn take_dense(
+        &mut self,
+        records: &Records<'_>,
+        last: u64,
+        what: &str,
+    ) -> (u64, Option<u64>) {
+        let mut last = last;
+        for r in records.iter(true) {
+            match r {
+                Ok(r) if r.msg_id() == last + 1 => {
+                    last += 1;
+                    self.ops += 1;
+                    self.payload_bytes += r.payload().len() as u64;
+                }
+                Ok(r) => return (last, Some(r.msg_id())),
+                Err(e) => {
+                    self.error(format!("{what}: {e}"));
+                    break;
+                }
+            }
+        }
+        (last, None)
+    }
+
     pub fn record_latency(&mut self, us: u64) {
         // Saturate rather than fail: a value past an hour is still counted.
         let _ = self.latency_us.record(us.clamp(1, LATENCY_US_MAX));
@@ -90,9 +152,7 @@ impl Tally {
         self.requests += other.requests;
         self.errors += other.errors;
         for s in &other.error_samples {
-            if self.error_samples.len() < ERROR_SAMPLES_MAX && !self.error_samples.contains(s) {
-                self.error_samples.push(s.clone());
-            }
+            self.keep_sample(s.clone());
         }
         let _ = self.latency_us.add(&other.latency_us);
     }

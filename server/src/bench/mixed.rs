@@ -314,23 +314,9 @@ impl CatchUpJob<'_> {
         records: &tidemark_protocol::Records<'_>,
         t: &mut Tally,
     ) -> u64 {
-        let mut last = last;
-        for r in records.iter(true) {
-            match r {
-                Ok(r) if r.msg_id() == last + 1 => {
-                    last += 1;
-                    t.ops += 1;
-                    t.payload_bytes += r.payload().len() as u64;
-                }
-                Ok(r) => {
-                    self.fail(format!("group {group}: id {} after {last}", r.msg_id()));
-                    break;
-                }
-                Err(e) => {
-                    t.error(format!("records: {e}"));
-                    break;
-                }
-            }
+        let (last, stray) = t.take_dense(records, last, "records");
+        if let Some(id) = stray {
+            self.fail(format!("group {group}: id {id} after {last}"));
         }
         last
     }
@@ -418,12 +404,12 @@ impl Job for CatchUpJob<'_> {
                 groups,
             } => {
                 for g in &groups {
-                    let group = g.group.wrapping_sub(base);
-                    let last = self.take(group, g.cursor, &g.records, t);
+                    let group = g.entry.group.wrapping_sub(base);
+                    let last = self.take(group, g.entry.cursor, &g.records, t);
                     let s = &mut self.state[i];
-                    s.seen.push((group, g.head));
-                    s.delivered += last - g.cursor;
-                    if last < g.head {
+                    s.seen.push((group, g.entry.head));
+                    s.delivered += last - g.entry.cursor;
+                    if last < g.entry.head {
                         s.pulls.push_back((group, last));
                     } else {
                         s.acks.push((group, last));
@@ -492,9 +478,7 @@ impl Job for CatchUpJob<'_> {
                 s.stage = Stage::Done;
             }
             r => {
-                if !t.check(&r, "catch-up") {
-                    t.error("unexpected answer in catch-up".into());
-                }
+                t.unexpected(&r, "catch-up");
                 self.state[i].stage = Stage::Done;
                 self.state[i].pulls.clear();
                 self.state[i].acks.clear();
@@ -533,11 +517,10 @@ pub(crate) fn mixed(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("online".into(), a.online.into());
     params.insert("gateways".into(), gateways.into());
     params.insert("catchup_users".into(), a.catchup_users.into());
-    let mut p = ctx.common_params();
-    p.extend(params);
-    let mut rep = Report {
-        workload: "mixed",
-        title: format!(
+    let mut rep = Report::new(
+        ctx,
+        "mixed",
+        format!(
             "mixed: {} users, {} groups (Zipf sizes 2..={}, largest {}, {} memberships), {} online on {} gateways, {} sends over {} connections x {} in flight, then {} offline users SYNC + BATCH_ACK",
             group_digits(users),
             group_digits(groups),
@@ -551,17 +534,9 @@ pub(crate) fn mixed(ctx: &Ctx<'_>) -> Result<Report, String> {
             a.in_flight,
             group_digits(a.catchup_users)
         ),
-        params: p,
-        setup: Vec::new(),
-        unit: "sends",
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    };
+        params,
+        "sends",
+    );
 
     let mut conns = ctx.connect(a.connections)?;
     let t0 = setup(ctx, &mut conns, "mixed setup", "groups", groups, || {

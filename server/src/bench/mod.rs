@@ -108,7 +108,17 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 None => std::env::current_exe().map_err(|e| format!("current executable: {e}"))?,
             };
             let parent = args.data_dir.clone().unwrap_or_else(std::env::temp_dir);
-            Some(SpawnedNode::start(&bin, &parent, w.name(), &args.fsync)?)
+            let extra = match w {
+                Workload::Population => population::node_flags(args, &bin)?,
+                _ => Vec::new(),
+            };
+            Some(SpawnedNode::start(
+                &bin,
+                &parent,
+                w.name(),
+                &args.fsync,
+                extra,
+            )?)
         } else {
             None
         };

@@ -2,7 +2,9 @@
 //! stopped (SIGTERM, then SIGKILL) and its directory removed when dropped.
 //! The population workload also stops it cleanly, kills it, restarts the
 //! same binary on the same directory, and reads its memory (`/proc`) and
-//! its directory's size.
+//! its directory's size. A workload may pass the node extra `serve` flags
+//! (the population workload's `--idle-evict-ms`), checked first against
+//! what the binary's `serve --help` lists so older builds still run.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -26,6 +28,8 @@ pub struct SpawnedNode {
     dir: PathBuf,
     bin: PathBuf,
     fsync: String,
+    /// Extra `serve` flags, given again on every restart.
+    extra: Vec<String>,
 }
 
 /// What `du` and `find | wc -l` would say of a directory tree.
@@ -48,13 +52,15 @@ pub struct Memory {
 }
 
 impl SpawnedNode {
-    /// Starts `bin serve --listen 127.0.0.1:0 --data <fresh dir> --fsync <policy>`
-    /// and waits for its `tidemark listening on ADDR` line.
+    /// Starts `bin serve --listen 127.0.0.1:0 --data <fresh dir> --fsync
+    /// <policy>` plus `extra`, and waits for its `tidemark listening on
+    /// ADDR` line.
     pub fn start(
         bin: &Path,
         parent: &Path,
         label: &str,
         fsync: &str,
+        extra: Vec<String>,
     ) -> Result<SpawnedNode, String> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -65,14 +71,20 @@ impl SpawnedNode {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-        let (child, addr) = launch(bin, &dir, fsync)?;
+        let (child, addr) = launch(bin, &dir, fsync, &extra)?;
         Ok(SpawnedNode {
             child,
             addr,
             dir,
             bin: bin.to_path_buf(),
             fsync: fsync.to_string(),
+            extra,
         })
+    }
+
+    /// Whether the node was started with `flag` among its extra flags.
+    pub fn has_flag(&self, flag: &str) -> bool {
+        self.extra.iter().any(|f| f == flag)
     }
 
     pub fn pid(&self) -> u32 {
@@ -188,7 +200,7 @@ impl SpawnedNode {
     /// time from the start of the process to that answer.
     pub fn restart(&mut self, token: Option<&[u8]>) -> Result<Duration, String> {
         let start = Instant::now();
-        let (child, addr) = launch(&self.bin, &self.dir, &self.fsync)?;
+        let (child, addr) = launch(&self.bin, &self.dir, &self.fsync, &self.extra)?;
         self.child = child;
         self.addr = addr;
         let mut last = String::new();
@@ -216,6 +228,28 @@ impl SpawnedNode {
     }
 }
 
+/// Whether `bin serve --help` lists `flag` (e.g. `--idle-evict-ms`): a
+/// flag the node does not know would make it refuse to start.
+pub fn serve_has_flag(bin: &Path, flag: &str) -> Result<bool, String> {
+    let out = Command::new(bin)
+        .args(["serve", "--help"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("run {} serve --help: {e}", bin.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} serve --help exited with {}",
+            bin.display(),
+            out.status
+        ));
+    }
+    let help = String::from_utf8_lossy(&out.stdout);
+    Ok(help
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .any(|word| word == flag))
+}
+
 /// Sends SIGKILL to process `pid` (a node this tool spawned).
 pub fn kill_now(pid: u32) {
     // SAFETY: kill(2) on a child of ours that has not been reaped yet, so
@@ -225,10 +259,16 @@ pub fn kill_now(pid: u32) {
 
 /// Starts `bin serve` on `dir` and reads its `tidemark listening on ADDR`
 /// line (printed once it accepts connections).
-fn launch(bin: &Path, dir: &Path, fsync: &str) -> Result<(Child, String), String> {
+fn launch(
+    bin: &Path,
+    dir: &Path,
+    fsync: &str,
+    extra: &[String],
+) -> Result<(Child, String), String> {
     let mut child = Command::new(bin)
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--fsync", fsync])
+        .args(extra)
         .arg("--data")
         .arg(dir)
         .env(

@@ -25,6 +25,20 @@
 //! group after creation, per membership after the joins; deltas from the
 //! empty node), and the engine's checkpoint counters from STATS.
 //!
+//! Memory is that of *idle* groups (issue 12's goal is bytes per idle
+//! group): the node runs with a short `--idle-evict-ms`
+//! (`--node-idle-evict-ms`, 5 s; the node's default is 10 minutes), and
+//! after creation and after the joins the workload waits for the groups to
+//! go idle before reading memory ([`settle`]): it polls STATS
+//! `engine.groups_in_use` until it is 0 or stops falling after a
+//! checkpoint (new groups' files must be synced before their memory can
+//! go), or, from a node that has the flag but not that figure, waits a
+//! fixed [`SETTLE_FIXED_SLACK`] past the idle time. A binary without the flag
+//! (0.1) gets neither flag nor wait: its groups never go idle; nor does
+//! any node with `--node-idle-evict-ms 0` (the node's own idle time). The send
+//! phase then starts on idle groups, so a send to a group unused for the
+//! idle time loads its log first (STATS `engine.group_loads`, reported).
+//!
 //! Validation after each restart: every group answers READ_COUNT with its
 //! planned member count; every acknowledged send is read back with HISTORY
 //! (CRC, sender, client_msg_id and payload), ids are consecutive, and the
@@ -43,7 +57,7 @@ use serde_json::{json, Map, Value};
 
 use super::conn::Conn;
 use super::driver::{run_phase, split, Job, Tally};
-use super::node::{kill_now, DiskUsage, Memory, SpawnedNode};
+use super::node::{kill_now, serve_has_flag, DiskUsage, Memory, SpawnedNode};
 use super::plan::{self, hash, Rng, Zipf};
 use super::progress::group_digits;
 use super::report::Report;
@@ -71,6 +85,24 @@ const USER_EXPONENT: f64 = 0.6;
 const SEND_EXPONENT: f64 = 1.0;
 /// Users and groups the population needs at least (the big band's floor).
 const USERS_MIN: u64 = BIG_MIN;
+
+/// The node flag that makes groups go idle sooner ([`node_flags`]).
+const IDLE_FLAG: &str = "--idle-evict-ms";
+/// How often [`settle`] asks STATS.
+const SETTLE_POLL: Duration = Duration::from_millis(200);
+/// Past the idle time, the idle sweep still needs its period (1 s) and its
+/// pace (1,024 groups a millisecond) to give everything back: [`settle`]
+/// waits at least this much longer before it accepts a count that stopped
+/// falling.
+const SETTLE_SWEEP_SLACK: Duration = Duration::from_millis(2_000);
+/// A group that cannot give its memory back yet (its new files not yet
+/// synced) is listed again and waits for the next checkpoint (at most
+/// `checkpoint_interval_ms`, 60 s, apart by default): [`settle`] waits at
+/// most this long past the idle time.
+const SETTLE_MAX: Duration = Duration::from_secs(120);
+/// From a node that has the flag but does not report
+/// `engine.groups_in_use`: the fixed wait past the idle time.
+const SETTLE_FIXED_SLACK: Duration = Duration::from_secs(5);
 
 // Sub-seeds of the population's random streams (distinct from plan.rs's).
 const TAG_BAND: u64 = 16;
@@ -332,24 +364,11 @@ impl Job for SendJob<'_> {
     }
 
     fn complete(&mut self, i: u64, resp: Response<'_>, t: &mut Tally) {
-        match resp {
-            Response::Send {
-                msg_id, duplicate, ..
-            } => {
-                t.ops += 1;
-                t.payload_bytes += self.size;
-                self.got
-                    .push((self.targets[(i - self.first) as usize], msg_id, i));
-                self.acked.fetch_add(1, Ordering::Relaxed);
-                if duplicate {
-                    self.duplicates += 1;
-                }
-            }
-            r => {
-                if !t.check(&r, "SEND") {
-                    t.error("unexpected answer to SEND".into());
-                }
-            }
+        if let Some((msg_id, duplicate)) = t.sent(&resp, self.size) {
+            self.got
+                .push((self.targets[(i - self.first) as usize], msg_id, i));
+            self.acked.fetch_add(1, Ordering::Relaxed);
+            self.duplicates += u64::from(duplicate);
         }
     }
 
@@ -653,6 +672,23 @@ impl Validation {
 
 /// Member counts of every group, then every acknowledged send read back.
 /// `acked` is sorted by (group, msg_id).
+/// Restarts the node on its directory and measures the restart: its
+/// seconds, the memory the node then holds, and a validation of every
+/// group (`exact` and `label` as for `validate`).
+fn restart_and_validate(
+    ctx: &Ctx<'_>,
+    node: &mut SpawnedNode,
+    pop: &Population,
+    acked: &[(u32, u64, u64)],
+    exact: bool,
+    label: &str,
+) -> Result<(f64, Memory, Validation), String> {
+    let secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
+    let mem = node.memory()?;
+    let validation = validate(ctx, &node.addr, pop, acked, exact, label)?;
+    Ok((secs, mem, validation))
+}
+
 fn validate(
     ctx: &Ctx<'_>,
     addr: &str,
@@ -739,6 +775,118 @@ fn validate(
     })
 }
 
+/// The `serve` flags the population's node runs with: a short idle time
+/// ([`IDLE_FLAG`], `--node-idle-evict-ms` unless 0) if `bin` has that
+/// flag, and
+/// `--node-checkpoint-interval-ms` if given (an error if `bin` lacks it).
+pub(crate) fn node_flags(
+    args: &super::BenchArgs,
+    bin: &std::path::Path,
+) -> Result<Vec<String>, String> {
+    let mut flags = Vec::new();
+    if args.node_idle_evict_ms > 0 && serve_has_flag(bin, IDLE_FLAG)? {
+        flags.extend([IDLE_FLAG.to_string(), args.node_idle_evict_ms.to_string()]);
+    }
+    if let Some(ms) = args.node_checkpoint_interval_ms {
+        let flag = "--checkpoint-interval-ms";
+        if !serve_has_flag(bin, flag)? {
+            return Err(format!(
+                "--node-checkpoint-interval-ms: {} serve has no {flag}",
+                bin.display()
+            ));
+        }
+        flags.extend([flag.to_string(), ms.to_string()]);
+    }
+    Ok(flags)
+}
+
+/// How a [`settle`] ended.
+struct Settled {
+    secs: f64,
+    /// `engine.groups_in_use` when it ended (None: not reported).
+    groups_in_use: Option<u64>,
+    /// Checkpoints the node stored meanwhile (None: not reported).
+    checkpoints: Option<u64>,
+}
+
+impl Settled {
+    fn to_json(&self) -> Value {
+        json!({
+            "secs": self.secs,
+            "groups_in_use": self.groups_in_use,
+            "checkpoints": self.checkpoints,
+        })
+    }
+}
+
+/// Waits for the groups a phase used to go idle and give back their
+/// memory (module docs). Returns at once if `idle_ms` is None (the node
+/// has no idle eviction) or STATS says no group is in use. Else polls
+/// `engine.groups_in_use` until it is 0, or until it has not fallen for
+/// `max(2 × idle time, 5 s)` once the idle time and
+/// [`SETTLE_SWEEP_SLACK`] have passed *and* a checkpoint was stored since
+/// the wait began (a group whose new files are not synced yet stays in use
+/// until a checkpoint syncs them), or at the latest [`SETTLE_MAX`] past the
+/// idle time. Without that figure it waits the idle time and
+/// [`SETTLE_FIXED_SLACK`].
+fn settle(conn: &mut Conn, idle_ms: Option<u64>) -> Result<Settled, String> {
+    let started = Instant::now();
+    let first = node_stats(conn)?;
+    let in_use = stat(&first, "engine.groups_in_use");
+    let ckpt0 = stat(&first, "engine.checkpoints");
+    let checkpoints = |s: &std::collections::HashMap<String, u64>| {
+        ckpt0
+            .zip(stat(s, "engine.checkpoints"))
+            .map(|(a, b)| b.saturating_sub(a))
+    };
+    let Some(idle_ms) = idle_ms else {
+        return Ok(Settled {
+            secs: 0.0,
+            groups_in_use: in_use,
+            checkpoints: Some(0),
+        });
+    };
+    let idle = Duration::from_millis(idle_ms);
+    let Some(mut last) = in_use else {
+        std::thread::sleep(idle + SETTLE_FIXED_SLACK);
+        return Ok(Settled {
+            secs: started.elapsed().as_secs_f64(),
+            groups_in_use: None,
+            checkpoints: checkpoints(&node_stats(conn)?),
+        });
+    };
+    let stalled_for = (2 * idle).max(Duration::from_secs(5));
+    let mut fell_at = Instant::now();
+    let mut stored = Some(0);
+    while last > 0 {
+        let waited = started.elapsed();
+        let checkpointed = stored.is_none_or(|n| n > 0);
+        if waited >= idle + SETTLE_MAX
+            || (checkpointed
+                && waited >= idle + SETTLE_SWEEP_SLACK
+                && fell_at.elapsed() >= stalled_for)
+        {
+            break;
+        }
+        std::thread::sleep(SETTLE_POLL);
+        let s = node_stats(conn)?;
+        let now = stat(&s, "engine.groups_in_use").unwrap_or(0);
+        let before = stored;
+        stored = checkpoints(&s);
+        // A checkpoint just stored lets the groups it synced go at their
+        // next turn (up to an idle time later): the stall clock restarts.
+        if now < last || stored != before {
+            fell_at = Instant::now();
+        }
+        last = now;
+    }
+    Ok(Settled {
+        secs: started.elapsed().as_secs_f64(),
+        groups_in_use: Some(last),
+        checkpoints: stored,
+    })
+}
+
 fn stat(stats: &std::collections::HashMap<String, u64>, name: &str) -> Option<u64> {
     stats.get(name).copied()
 }
@@ -767,11 +915,10 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
     params.insert("users".into(), users.into());
     params.insert("messages".into(), messages.into());
     params.insert("group_size_max".into(), pop.big_max.into());
-    let mut p = ctx.common_params();
-    p.extend(params);
-    let mut rep = Report {
-        workload: "population",
-        title: format!(
+    let mut rep = Report::new(
+        ctx,
+        "population",
+        format!(
             "population: {} groups ({} pairs, {} of {MID_MIN}-{MID_MAX}, {} of {}-{}; {} memberships, largest {}), {} users, then {} sends Zipf({SEND_EXPONENT}) by group, {} connections x {} in flight, {}-byte payloads, fsync {}",
             group_digits(groups),
             group_digits(groups - pop.mid_groups - pop.big_groups),
@@ -788,17 +935,9 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             a.size,
             ctx.fsync
         ),
-        params: p,
-        setup: Vec::new(),
-        unit: "sends",
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    };
+        params,
+        "sends",
+    );
 
     // ---- phase 1: groups and memberships
     let mut conns = connect(ctx, &node.addr, a.connections)?;
@@ -813,6 +952,9 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
         || |i| SetupOp::Create(i + 1),
     )?;
     let created_disk = node.disk_usage()?;
+    let created_mem_at_once = node.memory()?;
+    let idle_ms = node.has_flag(IDLE_FLAG).then_some(a.node_idle_evict_ms);
+    let created_settle = settle(&mut conns[0], idle_ms)?;
     let created_mem = node.memory()?;
     let pop_ref = &pop;
     let join_secs = setup(
@@ -841,6 +983,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
         },
     )?;
     let joined_disk = node.disk_usage()?;
+    let joined_mem_at_once = node.memory()?;
+    let joined_settle = settle(&mut conns[0], idle_ms)?;
     let joined_mem = node.memory()?;
     rep.setup.push((
         format!("plan ({} memberships)", group_digits(memberships)),
@@ -907,16 +1051,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
 
     // ---- phase 3: clean stop and restart, validate; kill under load, restart, validate
     let stop_secs = node.stop_clean()?.as_secs_f64();
-    let clean_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let clean_mem = node.memory()?;
-    let clean = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        true,
-        "validate (clean restart)",
-    )?;
+    let (clean_restart_secs, clean_mem, clean) =
+        restart_and_validate(ctx, node, &pop, &acked, true, "validate (clean restart)")?;
 
     let crash_sends = messages.max(1);
     let kill_after = (messages / 10).max(1);
@@ -965,16 +1101,8 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
         acked.extend_from_slice(&j.got);
     }
     acked.sort_unstable();
-    let crash_restart_secs = node.restart(ctx.token.as_deref())?.as_secs_f64();
-    let crash_mem = node.memory()?;
-    let crashed = validate(
-        ctx,
-        &node.addr,
-        &pop,
-        &acked,
-        false,
-        "validate (crash restart)",
-    )?;
+    let (crash_restart_secs, crash_mem, crashed) =
+        restart_and_validate(ctx, node, &pop, &acked, false, "validate (crash restart)")?;
 
     // ---- figures
     let ckpt = |s: &std::collections::HashMap<String, u64>| {
@@ -1067,6 +1195,15 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             "rss_bytes_per_membership": rss_per_membership,
             "anon_bytes_per_group": per(created_mem.anon_bytes, empty_mem.anon_bytes, groups),
             "anon_bytes_per_membership": per(joined_mem.anon_bytes, created_mem.anon_bytes, memberships),
+            "before_settle": {
+                "after_create": mem_json(created_mem_at_once),
+                "after_join": mem_json(joined_mem_at_once),
+            },
+            "settle": {
+                "idle_evict_ms": idle_ms,
+                "after_create": created_settle.to_json(),
+                "after_join": joined_settle.to_json(),
+            },
         }),
     );
     let rounds = d(
@@ -1080,6 +1217,11 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             "groups_touched": groups_touched,
             "commit_rounds": rounds,
             "fsyncs": d(stat(&before, "engine.fsyncs"), stat(&after, "engine.fsyncs")),
+            "group_loads": d(stat(&before, "engine.group_loads"), stat(&after, "engine.group_loads")),
+            "requests_waited_for_load": d(
+                stat(&before, "net.requests_waited_for_load"),
+                stat(&after, "net.requests_waited_for_load")
+            ),
         }),
     );
     rep.extra.insert("checkpoints".into(), checkpoints);
@@ -1178,10 +1320,26 @@ pub(crate) fn population(ctx: &Ctx<'_>, node: &mut SpawnedNode) -> Result<Report
             mib(clean_mem.rss_bytes),
             mib(crash_mem.rss_bytes)
         ),
+        match idle_ms {
+            Some(ms) => format!(
+                "idle      node idle time {ms} ms: read {:.1} s after creation ({} groups in use; {} at once) and {:.1} s after the joins ({} in use; {} at once)",
+                created_settle.secs,
+                opt(created_settle.groups_in_use),
+                mib(created_mem_at_once.rss_bytes),
+                joined_settle.secs,
+                opt(joined_settle.groups_in_use),
+                mib(joined_mem_at_once.rss_bytes)
+            ),
+            None => "idle      the node has no idle eviction (no --idle-evict-ms): memory read at once".to_string(),
+        },
         format!(
-            "sends     {} groups touched, {} commit rounds",
+            "sends     {} groups touched, {} commit rounds, {} group loads",
             group_digits(groups_touched),
-            opt(rounds)
+            opt(rounds),
+            opt(d(
+                stat(&before, "engine.group_loads"),
+                stat(&after, "engine.group_loads")
+            ))
         ),
         format!(
             "ckpt      {} checkpoints, {} bytes (largest {}), {} journal bytes: {} checkpoint bytes per journal byte; send phase: {} checkpoints, {}",

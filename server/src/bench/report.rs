@@ -6,6 +6,7 @@ use serde_json::{json, Map, Value};
 
 use super::driver::Tally;
 use super::progress::group_digits;
+use super::Ctx;
 
 /// What one workload measured and whether its result checked out.
 pub struct Report {
@@ -34,6 +35,33 @@ pub struct Report {
 }
 
 impl Report {
+    /// A report before the run: the common parameters (`Ctx::common_params`)
+    /// and then the workload's, nothing measured or verified yet.
+    pub(crate) fn new(
+        ctx: &Ctx<'_>,
+        workload: &'static str,
+        title: String,
+        params: Map<String, Value>,
+        unit: &'static str,
+    ) -> Report {
+        let mut p = ctx.common_params();
+        p.extend(params);
+        Report {
+            workload,
+            title,
+            params: p,
+            setup: Vec::new(),
+            unit,
+            tally: Tally::new(),
+            measured_secs: 0.0,
+            cut_short: false,
+            verified: false,
+            verification: String::new(),
+            extra: Map::new(),
+            table: Vec::new(),
+        }
+    }
+
     pub fn ops_per_sec(&self) -> f64 {
         self.tally.ops as f64 / self.measured_secs.max(1e-9)
     }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use super::conn::Conn;
 use super::driver::{run_phase, split, Job, Tally};
@@ -137,31 +137,6 @@ fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, k: &str) -
         .saturating_sub(before.get(k).copied().unwrap_or(0))
 }
 
-fn report(
-    ctx: &Ctx<'_>,
-    workload: &'static str,
-    title: String,
-    params: Map<String, Value>,
-    unit: &'static str,
-) -> Report {
-    let mut p = ctx.common_params();
-    p.extend(params);
-    Report {
-        workload,
-        title,
-        params: p,
-        setup: Vec::new(),
-        unit,
-        tally: Tally::new(),
-        measured_secs: 0.0,
-        cut_short: false,
-        verified: false,
-        verification: String::new(),
-        extra: Map::new(),
-        table: Vec::new(),
-    }
-}
-
 // ---------------------------------------------------------------- W1
 
 pub(crate) struct W1Job<'a> {
@@ -190,22 +165,9 @@ impl Job for W1Job<'_> {
     }
 
     fn complete(&mut self, group: u64, resp: Response<'_>, t: &mut Tally) {
-        match resp {
-            Response::Send {
-                msg_id, duplicate, ..
-            } => {
-                t.ops += 1;
-                t.payload_bytes += self.size;
-                self.got.push((group as u32, msg_id));
-                if duplicate {
-                    self.duplicates += 1;
-                }
-            }
-            r => {
-                if !t.check(&r, "SEND") {
-                    t.error("unexpected answer to SEND".into());
-                }
-            }
+        if let Some((msg_id, duplicate)) = t.sent(&resp, self.size) {
+            self.got.push((group as u32, msg_id));
+            self.duplicates += u64::from(duplicate);
         }
     }
 
@@ -225,7 +187,7 @@ pub(crate) fn w1(ctx: &Ctx<'_>) -> Result<Report, String> {
     let mut params = Map::new();
     params.insert("groups".into(), groups.into());
     params.insert("messages".into(), messages.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w1",
         format!(
@@ -420,27 +382,9 @@ impl Job for W2Job {
                         m.user, m.last
                     ));
                 }
-                let mut last = m.last;
-                for r in records.iter(true) {
-                    match r {
-                        Ok(r) if r.msg_id() == last + 1 => {
-                            last += 1;
-                            t.ops += 1;
-                            t.payload_bytes += r.payload().len() as u64;
-                        }
-                        Ok(r) => {
-                            self.fail(format!(
-                                "user {}: got id {} after {last}",
-                                m.user,
-                                r.msg_id()
-                            ));
-                            break;
-                        }
-                        Err(e) => {
-                            t.error(format!("PULL records: {e}"));
-                            break;
-                        }
-                    }
+                let (last, stray) = t.take_dense(&records, m.last, "PULL records");
+                if let Some(id) = stray {
+                    self.fail(format!("user {}: got id {id} after {last}", m.user));
                 }
                 if head != self.messages {
                     self.fail(format!("head {head}, expected {}", self.messages));
@@ -466,9 +410,7 @@ impl Job for W2Job {
                 self.finish(i);
             }
             r => {
-                if !t.check(&r, "W2") {
-                    t.error("unexpected answer in W2".into());
-                }
+                t.unexpected(&r, "W2");
                 self.finish(i);
             }
         }
@@ -477,6 +419,44 @@ impl Job for W2Job {
     fn finished(&self) -> bool {
         self.members.len() == self.users.len() && self.active == 0
     }
+}
+
+/// W2's and W3's setup: group 1 with `messages` messages stored and
+/// users `1..=members` joined at `start(user)`; one setup line in `rep`,
+/// ending in `joined`.
+// One argument per part of the setup.
+#[allow(clippy::too_many_arguments)]
+fn one_group_setup(
+    ctx: &Ctx<'_>,
+    conns: &mut [Conn],
+    rep: &mut Report,
+    label: &str,
+    messages: u64,
+    members: u64,
+    start: impl Fn(u64) -> JoinStart + Sync,
+    joined: &str,
+) -> Result<(), String> {
+    let t0 = setup(ctx, conns, label, "groups", 1, || |_| SetupOp::Create(1))?;
+    let t1 = setup(ctx, conns, label, "sends", messages, || {
+        |i| SetupOp::Send { group: 1, i }
+    })?;
+    let start = &start;
+    let t2 = setup(ctx, conns, label, "joins", members, || {
+        move |i| SetupOp::Join {
+            group: 1,
+            user: i + 1,
+            start: start(i + 1),
+        }
+    })?;
+    rep.setup.push((
+        format!(
+            "1 group, {} messages stored, {} members joined{joined}",
+            group_digits(messages),
+            group_digits(members)
+        ),
+        t0 + t1 + t2,
+    ));
+    Ok(())
 }
 
 /// W2 fan-out pull: one group, `members` members with cursors in the top
@@ -490,7 +470,7 @@ pub(crate) fn w2(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("members".into(), members.into());
     params.insert("messages".into(), messages.into());
     params.insert("page".into(), a.page.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w2",
         format!(
@@ -507,27 +487,16 @@ pub(crate) fn w2(ctx: &Ctx<'_>) -> Result<Report, String> {
         "deliveries",
     );
     let mut conns = ctx.connect(a.connections)?;
-    let t0 = setup(ctx, &mut conns, "w2 setup", "groups", 1, || {
-        |_| SetupOp::Create(1)
-    })?;
-    let t1 = setup(ctx, &mut conns, "w2 setup", "sends", messages, || {
-        |i| SetupOp::Send { group: 1, i }
-    })?;
-    let t2 = setup(ctx, &mut conns, "w2 setup", "joins", members, || {
-        |i| SetupOp::Join {
-            group: 1,
-            user: i + 1,
-            start: JoinStart::At(plan::w2_cursor(a.seed, messages, i + 1)),
-        }
-    })?;
-    rep.setup.push((
-        format!(
-            "1 group, {} messages stored, {} members joined",
-            group_digits(messages),
-            group_digits(members)
-        ),
-        t0 + t1 + t2,
-    ));
+    one_group_setup(
+        ctx,
+        &mut conns,
+        &mut rep,
+        "w2 setup",
+        messages,
+        members,
+        |user| JoinStart::At(plan::w2_cursor(a.seed, messages, user)),
+        "",
+    )?;
 
     let c = conns.len();
     let jobs: Vec<_> = (0..c)
@@ -630,9 +599,7 @@ impl Job for W3Job {
                 }
             }
             r => {
-                if !t.check(&r, "ACK") {
-                    t.error("unexpected answer to ACK".into());
-                }
+                t.unexpected(&r, "ACK");
             }
         }
     }
@@ -668,9 +635,7 @@ impl Job for CursorReadJob {
                     .push((u, list.iter().map(|e| (e.group, e.cursor)).collect()));
             }
             r => {
-                if !t.check(&r, "UNREAD") {
-                    t.error("unexpected answer to UNREAD".into());
-                }
+                t.unexpected(&r, "UNREAD");
             }
         }
     }
@@ -692,7 +657,7 @@ pub(crate) fn w3(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("members".into(), members.into());
     params.insert("messages".into(), messages.into());
     params.insert("acks".into(), acks.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w3",
         format!(
@@ -708,27 +673,16 @@ pub(crate) fn w3(ctx: &Ctx<'_>) -> Result<Report, String> {
         "acks",
     );
     let mut conns = ctx.connect(a.connections)?;
-    let t0 = setup(ctx, &mut conns, "w3 setup", "groups", 1, || {
-        |_| SetupOp::Create(1)
-    })?;
-    let t1 = setup(ctx, &mut conns, "w3 setup", "sends", messages, || {
-        |i| SetupOp::Send { group: 1, i }
-    })?;
-    let t2 = setup(ctx, &mut conns, "w3 setup", "joins", members, || {
-        |i| SetupOp::Join {
-            group: 1,
-            user: i + 1,
-            start: JoinStart::At(0),
-        }
-    })?;
-    rep.setup.push((
-        format!(
-            "1 group, {} messages stored, {} members joined at cursor 0",
-            group_digits(messages),
-            group_digits(members)
-        ),
-        t0 + t1 + t2,
-    ));
+    one_group_setup(
+        ctx,
+        &mut conns,
+        &mut rep,
+        "w3 setup",
+        messages,
+        members,
+        |_| JoinStart::At(0),
+        " at cursor 0",
+    )?;
     let (moves, model) = plan::w3_acks(a.seed, members, messages, acks);
     let c = conns.len() as u64;
     let mut per_conn: Vec<Vec<(u64, u64)>> = vec![Vec::new(); c as usize];
@@ -878,9 +832,7 @@ impl Job for W4Job<'_> {
                 }
             }
             r => {
-                if !t.check(&r, "UNREAD") {
-                    t.error("unexpected answer to UNREAD".into());
-                }
+                t.unexpected(&r, "UNREAD");
             }
         }
     }
@@ -910,7 +862,7 @@ pub(crate) fn w4(ctx: &Ctx<'_>) -> Result<Report, String> {
     params.insert("groups_per_user".into(), per_user.into());
     params.insert("messages".into(), p.messages.into());
     params.insert("queries".into(), queries.into());
-    let mut rep = report(
+    let mut rep = Report::new(
         ctx,
         "w4",
         format!(
