@@ -121,9 +121,9 @@ pub struct Config {
     /// the shared journal, without files of its own; past it they are
     /// promoted to its own segment files (storage v2 design section 4).
     /// 0 promotes at the first record: every group with a record has its
-    /// segment files, as in 0.1. Only 0 is accepted until small groups keep
-    /// their records in the journal (step S5 of the design, not wired yet);
-    /// the range it will take is checked already (`validate`).
+    /// segment files, as in 0.1. A journal file stays while a small
+    /// group's records are in it (until the group is promoted or deleted:
+    /// moving them out of old files comes with step S6 of the design).
     pub small_group_bytes_max: u64,
     /// One sparse-index entry per this many bytes of log.
     pub index_interval_bytes: u32,
@@ -254,13 +254,6 @@ impl Config {
                 self.small_group_bytes_max
             ));
         }
-        if self.small_group_bytes_max > 0 {
-            return bad(format!(
-                "small_group_bytes_max {}: only 0 (promote at the first record) is \
-                 supported yet; small groups in the shared journal are not wired in",
-                self.small_group_bytes_max
-            ));
-        }
         // A journal file holds its header and at least one frame of one
         // record; offsets in it fit a u32.
         let min_journal = (crate::journal::JOURNAL_HEADER_BYTES
@@ -377,10 +370,8 @@ mod tests {
         assert!(e.contains("must be at most"), "{e}");
         c.small_group_bytes_max = u64::MAX;
         assert!(c.validate().is_err());
-        // Inside the range, still refused until small groups are wired in.
         c.small_group_bytes_max = room;
-        let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("only 0"), "{e}");
+        c.validate().unwrap();
         c.small_group_bytes_max = 0;
         c.validate().unwrap();
     }

@@ -541,6 +541,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 max_bytes: 4096,
             },
             damaged: None,
+            small: None,
         }),
         Item::MemberPut {
             group: 1,
@@ -558,6 +559,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             segments: vec![(1, 64)],
             retention: crate::Retention::default(),
             damaged: Some("checkpointed data damaged".into()),
+            small: None,
         }),
     ];
     let mut out = Vec::new();
@@ -596,6 +598,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         next_run_seq: 6,
         clean: false,
         runs,
+        pinned: vec![1, 2],
     };
     out.push((
         "manifest_decode",

@@ -96,14 +96,14 @@ pub struct Group {
 pub enum LogSlot {
     /// A small group: no file and no directory of its own, its records
     /// (storage v2 step S5, design section 3.1) in the shared journal
-    /// files, named by its extent list. Its creation is one journal entry
-    /// and nothing else (design section 9). Invariant, until small groups
-    /// keep records (`small_group_bytes_max` is 0, the only value accepted
-    /// yet): the list holds no extent, so the group holds no record. The
-    /// commit thread (or replay) makes its files when it applies the
-    /// group's first record, outside every lock (`apply::records`), and the
-    /// slot becomes `Loaded`. Deleting it touches no file. A checkpoint
-    /// records it with no segment (format-spec/storage.md section 6.1).
+    /// files, named by its extent list (none for a group without records).
+    /// Its creation is one journal entry and nothing else (design section
+    /// 9). The applying thread (commit thread, replay) appends its records'
+    /// extents while it stays within `small_group_bytes_max`, and promotes
+    /// it to `Loaded` (its own segment files) when a round would take it
+    /// past (`small_log.rs`). Deleting it touches no file. A checkpoint
+    /// records it with its extents and no segment (format-spec/storage.md
+    /// section 6.1).
     Small(ExtentList),
     /// Known from the checkpoint (or unloaded while idle); opened and
     /// verified on first use.
@@ -224,16 +224,16 @@ impl Group {
         self.visible_head.load(Ordering::Acquire)
     }
 
-    /// Makes the log's head visible. The caller holds `log` for writing
-    /// (that is where `log` comes from), so publishers never race. The
-    /// visible head never moves backward: a log only grows at its head.
-    pub fn publish_head(&self, log: &GroupLog) {
-        let old = self.visible_head.swap(log.head(), Ordering::AcqRel);
+    /// Makes `head`, the head of the group's log, visible. The caller holds
+    /// the log slot for writing (the head comes from what it holds), so
+    /// publishers never race. The visible head never moves backward: a
+    /// log only grows at its head.
+    pub fn publish_head(&self, head: u64) {
+        let old = self.visible_head.swap(head, Ordering::AcqRel);
         debug_assert!(
-            old <= log.head(),
-            "group {}: visible head {old} would move back to {}",
+            old <= head,
+            "group {}: visible head {old} would move back to {head}",
             self.id,
-            log.head()
         );
     }
 
@@ -287,7 +287,7 @@ impl Group {
         match loaded {
             Ok((log, load)) => {
                 // Loading keeps the recorded head or finds records past it.
-                self.publish_head(&log);
+                self.publish_head(log.head());
                 *slot = LogSlot::Loaded(Box::new(log));
                 Some(load)
             }
@@ -352,23 +352,10 @@ impl LogSlot {
         LogSlot::Small(ExtentList::new(1))
     }
 
-    /// Whether this is a small group without any record (and so without
-    /// any file): the only kind of small group until small groups keep
-    /// records (`LogSlot::Small`).
+    /// Whether this is a small group without any record.
     pub fn is_small_without_records(&self) -> bool {
         matches!(self, LogSlot::Small(list) if list.extents().is_empty())
     }
-}
-
-/// The invariant of a [`LogSlot::Small`] until small groups keep their
-/// records in the journal (storage v2 design 4.2): its list holds no
-/// extent. Every place that relies on it calls this, so the wiring finds
-/// them all.
-pub(crate) fn debug_assert_no_records(list: &ExtentList) {
-    debug_assert!(
-        list.extents().is_empty(),
-        "a small group holds no record until S5 wires them in (design 4.2)"
-    );
 }
 
 impl LogSlot {

@@ -28,6 +28,7 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         segments: vec![(1, 64 + head)],
         retention: Retention::default(),
         damaged: None,
+        small: None,
     })
 }
 
@@ -98,6 +99,7 @@ fn sample_items() -> Vec<Item> {
                 max_bytes: 0,
             },
             damaged: Some("bad crc at 12 ü".into()),
+            small: None,
         }),
         member(3, u64::MAX, 2),
         Item::MemberPut {
@@ -168,6 +170,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         segments: (1..=600).map(|b| (b, 64)).collect(),
         retention: Retention::default(),
         damaged: None,
+        small: None,
     });
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
@@ -266,6 +269,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         segments: vec![(1, 64), (5, 100)],
         retention: Retention::default(),
         damaged: None,
+        small: None,
     };
     assert!(decode_raw(&good(base.clone()), 1, Key::group(1)).is_ok());
     for (what, bad) in [
@@ -358,6 +362,7 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         segments: vec![(1, 64)],
         retention: Retention::default(),
         damaged: Some(reason.clone()),
+        small: None,
     });
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
@@ -649,6 +654,7 @@ impl Model {
             segments: vec![(1, 64 + st.head)],
             retention: Retention::default(),
             damaged: None,
+            small: None,
         })
     }
 
