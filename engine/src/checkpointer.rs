@@ -39,11 +39,11 @@ use crate::commit::Shared;
 use crate::cursors::CursorTable;
 use crate::dirty::Taken;
 use crate::error::{Error, Result};
+use crate::extents::FileId;
 use crate::flusher::FlushCheck;
 use crate::group::{Group, LogSlot};
 use crate::group_log::{LogContext, LogState, SyncDuties};
 use crate::io::{OpenMode, VfsFile};
-use crate::extents::FileId;
 use crate::journal::{self, JournalStart};
 use crate::pins;
 use crate::retention;
@@ -156,8 +156,35 @@ pub(crate) fn start(
     };
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
-        .spawn(move || c.run())
+        .spawn(move || {
+            let _exit = ExitGuard(c.shared.clone());
+            c.run()
+        })
         .map_err(|e| Error::io("spawn checkpointer thread", e))
+}
+
+/// Marks the checkpointer exited however its thread ends, a panic (a
+/// broken invariant) included, so whoever waits for a checkpoint
+/// (`Engine::checkpoint`, the commit thread's `checkpointer_ready`) stops
+/// waiting instead of hanging.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // No checkpoint can be taken any more: the journal would grow
+            // without bound and every open replay all of it.
+            crate::commit::stop_writes(
+                &self.0,
+                &Error::WritesStopped {
+                    reason: "the checkpointer thread panicked".into(),
+                },
+            );
+        }
+        let co = &self.0.ckpt;
+        co.status.lock().exited = true;
+        co.cv.notify_all();
+    }
 }
 
 /// Number of sealed segments the group's retention policy drops now.

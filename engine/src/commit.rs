@@ -1185,8 +1185,14 @@ impl Committer {
                     + (crate::journal::frame::ENVELOPE_BYTES + offset_in(payload, entry.body))
                         as u64,
             });
-            let applied =
-                apply::entry(&st, &entry, group.as_ref(), apply::Mode::Replicated, lsn, at)?;
+            let applied = apply::entry(
+                &st,
+                &entry,
+                group.as_ref(),
+                apply::Mode::Replicated,
+                lsn,
+                at,
+            )?;
             if let apply::Applied::Records(done) = applied {
                 if let Some((first, last)) = done.held {
                     self.appended.push(GroupAppend {

@@ -795,8 +795,13 @@ impl Engine {
             co.cv
                 .wait_for(&mut st, std::time::Duration::from_millis(50));
         }
+        let missed = st.attempted_through < round;
         drop(st);
-        self.check_not_stopped()
+        self.check_not_stopped()?;
+        if missed {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
     }
 
     fn request_round(&self, set: impl FnOnce(&mut Pending)) -> Result<u64> {

@@ -657,6 +657,9 @@ fn small_config(dir: &Path) -> Config {
     let mut c = Config::new(dir);
     c.payload_bytes_max = 256;
     c.segment_bytes_max = 1024;
+    // Groups keep up to 300 bytes of records in the journal, then are
+    // promoted (storage v2 S5): both kinds of log in every run.
+    c.small_group_bytes_max = 300;
     c.index_interval_bytes = 128;
     c.open_segments_max = 4;
     c.checkpoint_journal_bytes = 4096;

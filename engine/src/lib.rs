@@ -53,9 +53,8 @@ mod error;
 // the planner are compiled for tests only until step S6 wires them in
 // (public then, like `io` and `record`, so the `testing` build does not see
 // them as dead code). The extent list is a small group's slot
-// (`LogSlot::Small`) already; until step S5 keeps records in it, a release
-// build uses only its empty form, and the rest serves the test-only read,
-// promotion and pinning modules: allowed as dead code in that build only.
+// (`LogSlot::Small`, step S5); its rewrite and trim wait for S6, so they
+// are allowed as dead code in a release build only.
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod extents;
@@ -100,11 +99,6 @@ pub mod reclaim;
 mod reclaim;
 // The journal files checkpoints keep for small groups (storage v2).
 mod pins;
-// The worker's half of a promotion (storage v2): test-only until step S5
-// wires small groups in (see `extents` above).
-#[cfg(any(test, feature = "testing"))]
-#[doc(hidden)]
-pub mod promote;
 #[cfg(any(test, feature = "testing"))]
 pub mod record;
 #[cfg(not(any(test, feature = "testing")))]
@@ -120,6 +114,8 @@ mod segment;
 mod segment_cache;
 // A small group's log in the shared journal files (storage v2 S5).
 mod small_log;
+#[cfg(test)]
+mod small_log_tests;
 // Reads of small groups from the shared journal files (storage v2).
 mod small_read;
 #[cfg(test)]

@@ -30,8 +30,9 @@
 //! Cost: `pinned(k)` is O(journal files) at K1 (memory only); the deletion
 //! rule O(log pins) per file.
 //!
-//! Test-only until step S5 wires small groups in (the manifest's list is a
-//! format change that comes with the wiring).
+//! Wired in: `commit.rs` takes `pinned` at K1 into the capture, the
+//! manifest stores it (format-spec/storage.md section 6.3), and
+//! `checkpointer.rs` K7 asks `journal_file_deletable`.
 
 use crate::extents::{FileId, FileKind};
 use crate::reclaim::LiveBytes;

@@ -40,11 +40,11 @@ use crate::commit::Shared;
 use crate::dedup::{DedupWindow, WindowLimits};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::group::{AssignState, Group, LogSlot};
 use crate::extents::ExtentList;
+use crate::group::{AssignState, Group, LogSlot};
 use crate::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
-use crate::small_log;
 use crate::now_ms;
+use crate::small_log;
 use crate::worker::{Need, Worker};
 
 impl Engine {
@@ -379,10 +379,12 @@ pub(crate) fn empty_send_state(group: &Group) -> Option<AssignState> {
         LogSlot::Loaded(log) => log,
         // A small group without records (with records, its window is
         // rebuilt from them by the worker).
-        LogSlot::Small(list) => return (list.next_id() == list.floor()).then(|| AssignState {
-            last_id: list.next_id() - 1,
-            ..AssignState::default()
-        }),
+        LogSlot::Small(list) => {
+            return (list.next_id() == list.floor()).then(|| AssignState {
+                last_id: list.next_id() - 1,
+                ..AssignState::default()
+            })
+        }
         _ => return None,
     };
     (log.head() < log.floor()).then(|| AssignState {

@@ -862,7 +862,11 @@ impl Replay<'_> {
                 }
                 if f.envelope.lsn >= self.replay_lsn {
                     outcome.replayed += 1;
-                    let at = Located { seq, buf: &map, start: 0 };
+                    let at = Located {
+                        seq,
+                        buf: &map,
+                        start: 0,
+                    };
                     self.frame_entries(f.entries(), f.envelope.lsn, at)?;
                 }
             }
@@ -1129,7 +1133,14 @@ impl Replay<'_> {
     /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
         let group = self.st.catalog.read().get(entry.group_id).cloned();
-        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay, lsn, Some(at))? {
+        match apply::entry(
+            &self.st,
+            entry,
+            group.as_ref(),
+            apply::Mode::Replay,
+            lsn,
+            Some(at),
+        )? {
             apply::Applied::Orphan => self.report.orphan_entries += 1,
             apply::Applied::Reflected => self.report.entries_reflected += 1,
             apply::Applied::Records(done) => {

@@ -30,8 +30,8 @@
 //! marks the extents this read verified afterwards
 //! ([`ExtentList::mark_verified`]).
 //!
-//! Test-only until step S5 wires small groups into the engine (the reads
-//! behind `with_log`, the dedup rebuild and the promotion copy).
+//! Used by `small_log.rs` (the reads behind `with_log`, the dedup rebuild
+//! and the promotion's copy).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -100,8 +100,9 @@ struct ServeArgs {
     #[arg(long, default_value_t = tidemark_engine::defaults::SEGMENT_BYTES_MAX)]
     segment_bytes_max: u64,
     /// A group whose records take at most this many bytes keeps them in the
-    /// shared journal, without files of its own (0: every group with a
-    /// record has its own segment files; only 0 is accepted yet).
+    /// shared journal, without files of its own; past it the group gets
+    /// its own segment files (0: every group with a record has them).
+    /// Journal files stay while small groups' records are in them.
     #[arg(long, default_value_t = tidemark_engine::defaults::SMALL_GROUP_BYTES_MAX)]
     small_group_bytes_max: u64,
     /// Below this much free space in the data directory's file system, sends

@@ -244,7 +244,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     }
     let pinned_count = r.u32()?;
     if pinned_count as usize > r.remaining() / 8 {
-        return Err(format!("{pinned_count} pinned files cannot fit the manifest"));
+        return Err(format!(
+            "{pinned_count} pinned files cannot fit the manifest"
+        ));
     }
     let mut pinned: Vec<u64> = Vec::with_capacity(pinned_count as usize);
     for _ in 0..pinned_count {
@@ -257,7 +259,10 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         pinned.push(seq);
     }
     if !r.is_empty() {
-        return Err(format!("{} bytes after the manifest's pinned list", r.remaining()));
+        return Err(format!(
+            "{} bytes after the manifest's pinned list",
+            r.remaining()
+        ));
     }
     Ok(Manifest {
         ckpt_seq,

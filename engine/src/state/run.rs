@@ -30,8 +30,8 @@
 use std::io::Write;
 
 use super::{
-    check_header, put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader, SmallRecord,
-    StopAtError,
+    check_header, put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader,
+    SmallRecord, StopAtError,
 };
 use crate::retention::Retention;
 use crate::segment::SEGMENT_HEADER_BYTES;
@@ -379,7 +379,11 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
     for _ in 0..n {
         let seq = r.varint()?;
         let field = |v: u64| u32::try_from(v).map_err(|_| format!("extent field {v} too large"));
-        let (offset, bytes, count) = (field(r.varint()?)?, field(r.varint()?)?, field(r.varint()?)?);
+        let (offset, bytes, count) = (
+            field(r.varint()?)?,
+            field(r.varint()?)?,
+            field(r.varint()?)?,
+        );
         crate::extents::FileId::journal(seq)
             .and_then(|f| crate::extents::Extent::new(f, offset, bytes, count))
             .ok_or_else(|| format!("extent ({seq}, {offset}, {bytes}, {count}) is invalid"))?;
