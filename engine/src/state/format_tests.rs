@@ -16,7 +16,7 @@ use proptest::prelude::*;
 
 use super::merge::{plan, Merge};
 use super::run::*;
-use super::{GroupRecord, Item, Key, Reader};
+use super::{GroupRecord, Item, Key, Reader, SmallRecord};
 use crate::retention::Retention;
 
 fn group(group: u64, fresh: bool, head: u64) -> Item {
@@ -311,6 +311,35 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         [Item::GroupPut(fileless)]
     );
     assert!(decode_raw(&[1, 1, 0, 0, 3, 0], 1, Key::group(1)).is_err());
+    // A small group (storage v2 S5): bit 3, no segment, its extents, exactly
+    // these bytes (format-spec/storage.md 6.1): three records, ids 1..=3, in
+    // 150 bytes at offset 100 of journal file 2.
+    let small = GroupRecord {
+        head: 3,
+        segments: Vec::new(),
+        small: Some(SmallRecord {
+            first_id: 1,
+            floor: 1,
+            extents: vec![(2, 100, 150, 3)],
+        }),
+        ..base.clone()
+    };
+    let small_bytes = [1, 1, 8, 0, 3, 0, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3];
+    assert_eq!(good(small.clone()), small_bytes);
+    assert_eq!(
+        decode_raw(&small_bytes, 1, Key::group(1)).unwrap(),
+        [Item::GroupPut(small)]
+    );
+    // Extents that do not end at the head, a segment beside bit 3, a count
+    // too small for its bytes' records, and no extent are refused.
+    for bad in [
+        &[1, 1, 8, 0, 4, 0, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
+        &[1, 1, 8, 0, 3, 1, 1, 64, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
+        &[1, 1, 8, 0, 3, 0, 1, 0, 1, 2, 0x64, 10, 3][..],
+        &[1, 1, 8, 0, 0, 0, 1, 0, 0][..],
+    ] {
+        assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
+    }
     // Segments whose bases do not rise: patch the second delta to 0.
     let mut raw = good(base.clone());
     // kind, group, flags, lsn, head, m, base0, len0, delta1, len1
