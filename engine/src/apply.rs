@@ -59,6 +59,14 @@ use crate::group_log::{GroupLog, LoadReport, LogContext};
 use crate::journal::{body, Entry, EntryKind};
 use crate::record;
 
+/// Where a Records entry's body lies in the journal: file `seq`, at byte
+/// `offset` (a small group's extent points there, small_log.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BodyAt {
+    pub seq: u64,
+    pub offset: u64,
+}
+
 /// Who applies: see the module docs for what differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -130,6 +138,7 @@ pub(crate) fn entry(
     group: Option<&Arc<Group>>,
     mode: Mode,
     lsn: u64,
+    at: Option<BodyAt>,
 ) -> Result<Applied> {
     let kind = entry.kind;
     if kind == EntryKind::CreateGroup {
@@ -153,7 +162,7 @@ pub(crate) fn entry(
         return Ok(Applied::Reflected);
     }
     if kind == EntryKind::Records {
-        return records(st, group, entry.body, mode, lsn).map(Applied::Records);
+        return records(st, group, entry.body, at, mode, lsn).map(Applied::Records);
     }
     let mut ck = group.ckpt(&st.ctx.dirty);
     let malformed = |what: &str| Error::InvalidConfig {
@@ -233,7 +242,7 @@ pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
 /// the group is registered already (`submit_create_group` registered it
 /// in memory, so appends may follow at once); in replay (and for a
 /// replicated round) it is registered here unless it is. A new group's
-/// slot is [`LogSlot::Empty`]: its files are made when its first record
+/// slot is a [`LogSlot::Small`] without records: its files are made when its first record
 /// is applied ([`records`]). A registered group is left as it is.
 fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
     if group.is_some() {
@@ -242,54 +251,30 @@ fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode)
         return;
     }
     debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
-    st.catalog.write().insert(id, LogSlot::Empty);
-}
-
-/// The files of a group about to take its first record: its slot is
-/// [`LogSlot::Empty`] (no file, no directory), so its directory and first
-/// segment are made now, on the applying thread, with no lock held (the
-/// commit thread and replay are the only ones that turn an empty slot into
-/// another, so nothing races this), and the slot becomes an empty loaded
-/// log. A failure: live, the caller stops writes (a full disk holds the
-/// round, and this runs again: `create_files` starts over); in replay the
-/// group is damaged.
-fn make_files_if_empty(st: &State<'_>, group: &Group, mode: Mode) -> Result<()> {
-    if !matches!(&*group.log.read(), LogSlot::Empty) {
-        return Ok(());
-    }
-    let made = GroupLog::create_files(st.ctx, group.id);
-    let mut slot = group.log.write();
-    if !matches!(&*slot, LogSlot::Empty) {
-        return Ok(());
-    }
-    match made {
-        Ok(()) => *slot = LogSlot::Loaded(Box::new(GroupLog::empty(st.ctx, group.id))),
-        Err(e) if mode != Mode::Replay => return Err(e),
-        Err(e) => {
-            st.ctx.dirty.damaged(group.id);
-            *slot = LogSlot::damaged(format!("its files could not be made: {e}"));
-        }
-    }
-    Ok(())
+    st.catalog.write().insert(id, LogSlot::new_small());
 }
 
 /// Appends `run` (a Records body: whole records of `group`, consecutive
 /// ids) of the frame numbered `lsn` to the group's log, skipping those it
 /// already holds. In replay the body is checked first: it must be valid
-/// records with consecutive ids, else the group is damaged.
+/// records with consecutive ids, else the group is damaged. `at` is where
+/// the body lies in the journal (`None`: nowhere a small group can point
+/// to, so a small group is promoted).
 pub(crate) fn records(
     st: &State<'_>,
     group: &Arc<Group>,
     run: &[u8],
+    at: Option<BodyAt>,
     mode: Mode,
     lsn: u64,
 ) -> Result<RecordsApplied> {
     let ctx = st.ctx;
-    // Outside the group's locks: the only file-system work a group's
-    // creation leads to.
-    make_files_if_empty(st, group, mode)?;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
+    // A small group: its extent list, or its promotion (small_log.rs).
+    if let Some(done) = crate::small_log::apply_records(st, group, &mut ck, run, at, mode, lsn)? {
+        return Ok(done);
+    }
     let mut done = RecordsApplied {
         // Live, the send path loaded the group before assigning an id.
         loaded: group.load_if_unloaded(ctx),
@@ -327,7 +312,7 @@ pub(crate) fn records(
     let taken = log.append(ctx, above);
     // What the log took in is readable (the journal has it), also when a
     // write for it failed and the round is held.
-    group.publish_head(log);
+    group.publish_head(log.head());
     done.appended = log.head() - head;
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
@@ -345,7 +330,8 @@ pub(crate) fn records(
     Ok(done)
 }
 
-fn count_records(mut buf: &[u8]) -> u64 {
+/// Number of whole records at the front of `buf`.
+pub(crate) fn count_records(mut buf: &[u8]) -> u64 {
     let mut n = 0;
     while let Some(len) = record::peek_len(buf).filter(|&l| l > 0 && l <= buf.len()) {
         n += 1;
@@ -373,7 +359,7 @@ fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
 /// only: replay sees cursors as they were persisted, not as they stood when
 /// the message was applied, and a crash may take a cursor back to its last
 /// persisted value anyway.
-fn advance_caught_up_senders(
+pub(crate) fn advance_caught_up_senders(
     cursors: &CursorTable,
     group: &Group,
     ck: &mut CkptGuard<'_>,
@@ -481,8 +467,10 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
-    if matches!(old, LogSlot::Empty) {
-        return Ok(()); // no file was ever made: nothing to move
+    if let LogSlot::Small(list) = &old {
+        // No file of its own: its records leave the shared files' counts.
+        crate::small_log::forget_extents(st.ctx, list);
+        return Ok(());
     }
     if let Some(state) = old.state() {
         for (base, _) in state.segments {
@@ -549,7 +537,7 @@ mod tests {
                 group_id,
                 body,
             };
-            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1).unwrap()
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1, None).unwrap()
         }
     }
 
@@ -611,10 +599,10 @@ mod tests {
         f.replay(EntryKind::CreateGroup, 5, &[]);
         let g = f.group(5).unwrap();
         let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
-        let done = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
+        let done = super::records(&f.st(), &g, &run, None, Mode::Live, 1).unwrap();
         assert_eq!((done.appended, done.already_present), (3, 0));
         assert_eq!(done.held, Some((1, 3)));
-        let again = super::records(&f.st(), &g, &run, Mode::Live, 1).unwrap();
+        let again = super::records(&f.st(), &g, &run, None, Mode::Live, 1).unwrap();
         assert_eq!((again.appended, again.already_present), (0, 3));
         assert_eq!(g.head(), 3);
     }
@@ -632,7 +620,7 @@ mod tests {
                 group_id: 5,
                 body: &b,
             };
-            match entry(&f.st(), &e, Some(&g), mode, 1).unwrap() {
+            match entry(&f.st(), &e, Some(&g), mode, 1, None).unwrap() {
                 Applied::Op(r) => r,
                 other => panic!("{other:?}"),
             }
@@ -687,7 +675,7 @@ mod tests {
                 group_id: 5,
                 body,
             };
-            entry(&f.st(), &e, Some(&g), Mode::Replay, lsn).unwrap()
+            entry(&f.st(), &e, Some(&g), Mode::Replay, lsn, None).unwrap()
         };
         let mut join9 = Vec::new();
         body::encode_join(&mut join9, 9, 0);

@@ -39,11 +39,13 @@ use crate::commit::Shared;
 use crate::cursors::CursorTable;
 use crate::dirty::Taken;
 use crate::error::{Error, Result};
+use crate::extents::FileId;
 use crate::flusher::FlushCheck;
 use crate::group::{Group, LogSlot};
 use crate::group_log::{LogContext, LogState, SyncDuties};
 use crate::io::{OpenMode, VfsFile};
 use crate::journal::{self, JournalStart};
+use crate::pins;
 use crate::retention;
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::merge::{self, Merge};
@@ -73,6 +75,9 @@ pub(crate) struct Capture {
     pub clean: bool,
     /// Apply the retention policies first (`Engine::checkpoint`).
     pub retention: bool,
+    /// The journal files with small groups' records at the capture
+    /// (`pins::pinned`), which the manifest keeps.
+    pub pinned: Vec<u64>,
 }
 
 /// What the commit thread, the facade and the checkpointer share.
@@ -151,8 +156,35 @@ pub(crate) fn start(
     };
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
-        .spawn(move || c.run())
+        .spawn(move || {
+            let _exit = ExitGuard(c.shared.clone());
+            c.run()
+        })
         .map_err(|e| Error::io("spawn checkpointer thread", e))
+}
+
+/// Marks the checkpointer exited however its thread ends, a panic (a
+/// broken invariant) included, so whoever waits for a checkpoint
+/// (`Engine::checkpoint`, the commit thread's `checkpointer_ready`) stops
+/// waiting instead of hanging.
+struct ExitGuard(Arc<Shared>);
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // No checkpoint can be taken any more: the journal would grow
+            // without bound and every open replay all of it.
+            crate::commit::stop_writes(
+                &self.0,
+                &Error::WritesStopped {
+                    reason: "the checkpointer thread panicked".into(),
+                },
+            );
+        }
+        let co = &self.0.ckpt;
+        co.status.lock().exited = true;
+        co.cv.notify_all();
+    }
 }
 
 /// Number of sealed segments the group's retention policy drops now.
@@ -527,15 +559,21 @@ impl Checkpointer {
             }
             LogSlot::Unloaded(state) => (state.clone(), None, None),
             LogSlot::Damaged { state, reason } => (state.clone(), Some(reason.clone()), None),
-            // No file: recorded with no segment, nothing to sync.
-            LogSlot::Empty => (
+            // No file of its own: recorded with its extents (none for a
+            // group without records), nothing to sync (the journal holds
+            // its records, synced per the policy).
+            LogSlot::Small(list) => (
                 LogState {
-                    head: 0,
+                    head: list.next_id() - 1,
                     segments: Vec::new(),
                 },
                 None,
                 None,
             ),
+        };
+        let small = match &*slot {
+            LogSlot::Small(list) if list.next_id() > 1 => Some(crate::small_log::to_record(list)),
+            _ => None,
         };
         drop(slot);
         ck.clear_dirty();
@@ -554,6 +592,7 @@ impl Checkpointer {
             segments: state.segments,
             retention,
             damaged,
+            small,
         }));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();
@@ -689,6 +728,7 @@ impl Checkpointer {
             next_run_seq: self.next_run_seq,
             clean: job.clean,
             runs,
+            pinned: job.pinned,
         };
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;
@@ -725,8 +765,9 @@ impl Checkpointer {
 
     /// K7: deletes what neither kept manifest (`last`, `prev`) needs:
     /// other manifests, run parts neither names, journal files before
-    /// `prev`'s replay position (none while a group is damaged: they may
-    /// hold its records for a repair), and graveyard files dropped before
+    /// `prev`'s replay position that neither pins and no small group's
+    /// records are in now (none while a group is damaged: they may hold
+    /// its records for a repair), and graveyard files dropped before
     /// `last`'s capture. Failures are logged: a file left behind is
     /// removed by a later checkpoint.
     fn release(&mut self, ctx: &LogContext) {
@@ -770,9 +811,22 @@ impl Checkpointer {
             // position and then no file reports it compacted.
             ctx.rounds.forget_files_below(prev.replay_journal_seq);
             if let Ok(list) = journal::list(&*ctx.vfs, &jdir) {
+                // Small groups' records keep a file while either kept
+                // manifest or the memory state names it (`pins.rs`).
+                let mut live = ctx.live.lock();
                 for (seq, path) in list {
-                    if seq < prev.replay_journal_seq {
+                    let deletable = pins::journal_file_deletable(
+                        seq,
+                        prev.replay_journal_seq,
+                        &last.pinned,
+                        &prev.pinned,
+                        &live,
+                    );
+                    if deletable {
                         remove(&path);
+                        if let Some(f) = FileId::journal(seq) {
+                            live.forget(f);
+                        }
                     }
                 }
             }

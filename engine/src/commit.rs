@@ -67,6 +67,9 @@ struct Committer {
     /// submission order), the round's frame, cursor entries.
     round_buf: Vec<u8>,
     frame: FrameBuf,
+    /// Where `frame` was last written: journal file and offset (the
+    /// extents of small groups point into it).
+    frame_at: Option<(u64, u64)>,
     cursor_frame: FrameBuf,
     /// The round's ops in frame order (a stable sort by group id), and
     /// the frame's entries with the ops each came from.
@@ -364,6 +367,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher) {
         completed_round: 0,
         round_buf: Vec::new(),
         frame: FrameBuf::default(),
+        frame_at: None,
         cursor_frame: FrameBuf::default(),
         order: Vec::new(),
         spans: Vec::new(),
@@ -547,6 +551,10 @@ impl Committer {
             seq: self.journal.seq,
             ..next
         };
+        // The files small groups' records are in: those at or after P are
+        // kept by the replay window anyway.
+        let mut pinned = crate::pins::pinned(&self.shared.ctx.live.lock());
+        pinned.retain(|&seq| seq < replay.seq);
         let co = &self.shared.ckpt;
         let mut st = co.status.lock();
         if st.job.is_some() || st.busy || st.exited {
@@ -558,6 +566,7 @@ impl Committer {
             round: self.completed_round,
             clean,
             retention: self.capture_wanted,
+            pinned,
         });
         st.wanted = false;
         st.wanted_at = None;
@@ -987,8 +996,10 @@ impl Committer {
             self.write_dirty_cursors()?;
         }
         let mut lsn = 0;
+        self.frame_at = None;
         if self.frame.entry_count() > 0 {
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
+            self.frame_at = Some((written.seq, written.offset));
             self.note_round_written(&written);
             self.note_written(written, self.frame.len());
             self.unsynced_bytes += self.frame.len() as u64;
@@ -1025,7 +1036,12 @@ impl Committer {
             let op = &ops[self.order[span.ops.start]];
             let entry = self.frame.entry(span.entry.clone());
             if entry.kind == EntryKind::Records {
-                let done = apply::records(&st, &op.group, entry.body, apply::Mode::Live, lsn)?;
+                // The frame's bytes start with its envelope, as in the file.
+                let at = self.frame_at.map(|(seq, offset)| apply::BodyAt {
+                    seq,
+                    offset: offset + (span.entry.start + ENTRY_HEADER_BYTES) as u64,
+                });
+                let done = apply::records(&st, &op.group, entry.body, at, apply::Mode::Live, lsn)?;
                 if let Some((first, last)) = done.held {
                     self.appended.push(GroupAppend {
                         group: op.group.id,
@@ -1041,7 +1057,8 @@ impl Committer {
                     entry.kind != EntryKind::DeleteGroup || !self.cursor_buf_unwritten,
                     "held cursors written first"
                 );
-                let applied = apply::entry(&st, &entry, Some(&op.group), apply::Mode::Live, lsn)?;
+                let applied =
+                    apply::entry(&st, &entry, Some(&op.group), apply::Mode::Live, lsn, None)?;
                 let outcome = match applied {
                     apply::Applied::Op(outcome) => outcome,
                     // Records entries are applied above, and a queued entry's
@@ -1125,6 +1142,7 @@ impl Committer {
     /// `round`, synced per the policy; returns its lsn.
     fn write_replicated(&mut self, round: u64) -> Result<u64> {
         let written = self.journal.append_replicated(&mut self.frame, round)?;
+        self.frame_at = Some((written.seq, written.offset));
         self.note_round_written(&written);
         self.note_written(written, self.frame.len());
         self.unsynced_bytes += self.frame.len() as u64;
@@ -1160,7 +1178,21 @@ impl Committer {
                 // Listed for the idle sweep, as a local create or send does.
                 self.shared.dedup.touch_used(entry.group_id);
             }
-            let applied = apply::entry(&st, &entry, group.as_ref(), apply::Mode::Replicated, lsn)?;
+            // The payload follows this node's envelope in the file.
+            let at = self.frame_at.map(|(seq, offset)| apply::BodyAt {
+                seq,
+                offset: offset
+                    + (crate::journal::frame::ENVELOPE_BYTES + offset_in(payload, entry.body))
+                        as u64,
+            });
+            let applied = apply::entry(
+                &st,
+                &entry,
+                group.as_ref(),
+                apply::Mode::Replicated,
+                lsn,
+                at,
+            )?;
             if let apply::Applied::Records(done) = applied {
                 if let Some((first, last)) = done.held {
                     self.appended.push(GroupAppend {
@@ -1226,6 +1258,13 @@ impl Committer {
         // learn that parked operations now have their outcome.
         notify_listeners(&self.shared, round, Vec::new());
     }
+}
+
+/// Where `inner`, a slice borrowed from `outer`, starts in it.
+pub(crate) fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
+    let at = (inner.as_ptr() as usize).wrapping_sub(outer.as_ptr() as usize);
+    debug_assert!(at + inner.len() <= outer.len(), "a slice of the buffer");
+    at
 }
 
 /// Builds a round's frame from the pending round's entries (`round_buf`,

@@ -55,6 +55,7 @@ impl std::str::FromStr for FsyncPolicy {
 /// time (the assertions below the module).
 pub mod defaults {
     pub const SEGMENT_BYTES_MAX: u64 = 32 << 20;
+    pub const SMALL_GROUP_BYTES_MAX: u64 = 0;
     pub const INDEX_INTERVAL_BYTES: u32 = 4096;
     pub const PAYLOAD_BYTES_MAX: usize = 1 << 20;
     pub const OPEN_SEGMENTS_MAX: usize = 16_384;
@@ -85,6 +86,10 @@ const _: () = {
     assert!(PAYLOAD_BYTES_MAX > 0 && record_bytes_max <= crate::record::RECORD_BYTES_STORED_MAX);
     assert!(SEGMENT_BYTES_MAX >= (SEGMENT_HEADER_BYTES + record_bytes_max) as u64);
     assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
+    assert!(
+        SMALL_GROUP_BYTES_MAX + (SEGMENT_HEADER_BYTES + record_bytes_max) as u64
+            <= SEGMENT_BYTES_MAX
+    );
     let journal_min = crate::journal::JOURNAL_HEADER_BYTES
         + crate::journal::frame::FRAME_OVERHEAD_BYTES
         + crate::journal::ENTRY_HEADER_BYTES
@@ -112,6 +117,14 @@ pub struct Config {
     pub fsync: FsyncPolicy,
     /// A segment is sealed and a new one started before it would exceed this.
     pub segment_bytes_max: u64,
+    /// A group whose records take at most this many bytes keeps them in
+    /// the shared journal, without files of its own; past it they are
+    /// promoted to its own segment files (storage v2 design section 4).
+    /// 0 promotes at the first record: every group with a record has its
+    /// segment files, as in 0.1. A journal file stays while a small
+    /// group's records are in it (until the group is promoted or deleted:
+    /// moving them out of old files comes with step S6 of the design).
+    pub small_group_bytes_max: u64,
     /// One sparse-index entry per this many bytes of log.
     pub index_interval_bytes: u32,
     pub payload_bytes_max: usize,
@@ -175,6 +188,7 @@ impl Config {
             data_dir: data_dir.into(),
             fsync: FsyncPolicy::Always,
             segment_bytes_max: SEGMENT_BYTES_MAX,
+            small_group_bytes_max: SMALL_GROUP_BYTES_MAX,
             index_interval_bytes: INDEX_INTERVAL_BYTES,
             payload_bytes_max: PAYLOAD_BYTES_MAX,
             open_segments_max: OPEN_SEGMENTS_MAX,
@@ -223,6 +237,21 @@ impl Config {
                 "segment_bytes_max {} must be in [{min_segment}, {}]",
                 self.segment_bytes_max,
                 u32::MAX
+            ));
+        }
+        // A promotion copies a small group's records into its first
+        // segment: a group at the threshold plus one largest record must
+        // fit an empty one. (Records beyond that, of the round that passed
+        // the threshold or of later ones, come from the promotion's
+        // catch-up, which may roll to a next segment: design 4.2.)
+        let small_max = self
+            .segment_bytes_max
+            .saturating_sub((SEGMENT_HEADER_BYTES + self.record_bytes_max()) as u64);
+        if self.small_group_bytes_max > small_max {
+            return bad(format!(
+                "small_group_bytes_max {} must be at most {small_max} \
+                 (segment_bytes_max - 64 - 44 - payload_bytes_max)",
+                self.small_group_bytes_max
             ));
         }
         // A journal file holds its header and at least one frame of one
@@ -329,6 +358,21 @@ mod tests {
         c.journal_file_bytes = c.payload_bytes_max as u64;
         assert!(c.validate().is_err());
         c.journal_file_bytes = (48 + 64 + 16 + c.record_bytes_max()) as u64;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn small_group_bytes_max_must_leave_room_for_a_record_in_one_segment() {
+        let mut c = Config::new("/tmp/x");
+        let room = c.segment_bytes_max - 64 - c.record_bytes_max() as u64;
+        c.small_group_bytes_max = room + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("must be at most"), "{e}");
+        c.small_group_bytes_max = u64::MAX;
+        assert!(c.validate().is_err());
+        c.small_group_bytes_max = room;
+        c.validate().unwrap();
+        c.small_group_bytes_max = 0;
         c.validate().unwrap();
     }
 

@@ -129,6 +129,44 @@ impl DedupWindow {
         self.recent.len()
     }
 
+    /// Rebuilds the window of a small group (`list`, copied under its
+    /// slot's lock) from its records, and gives the timestamp of its last
+    /// record. A small group holds at most `small_group_bytes_max` bytes, so
+    /// all of them within the entry cap are read.
+    pub fn rebuild_small(
+        ctx: &LogContext,
+        group: &crate::group::Group,
+        list: &crate::extents::ExtentList,
+        now_ms: u64,
+        limits: WindowLimits,
+    ) -> Result<(DedupWindow, u64)> {
+        let mut window = DedupWindow::default();
+        let mut last_ts = 0;
+        let head = list.next_id() - 1;
+        let start = head
+            .saturating_sub(limits.entries_max as u64 - 1)
+            .max(list.floor());
+        let mut after = start - 1;
+        while after < head {
+            let batch = crate::small_log::read_above(ctx, group, list, after, 4096, usize::MAX)?;
+            for r in batch.records() {
+                let h = r.header;
+                window.insert(
+                    h.msg_id,
+                    h.sender_id,
+                    h.client_msg_id,
+                    h.timestamp_ms,
+                    limits,
+                    false,
+                );
+                last_ts = h.timestamp_ms;
+            }
+            after = batch.last_id;
+        }
+        window.evict(now_ms, limits, false);
+        Ok((window, last_ts))
+    }
+
     /// Rebuilds the window of `log` from its records: the last `sends`
     /// records, extended back segment by segment while a segment's first
     /// record is younger than `age_ms`. With `Scan::Refused`, a sealed

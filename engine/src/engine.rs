@@ -341,9 +341,9 @@ impl Engine {
             });
         }
         // No file and no directory: they are made when its first record
-        // is applied (`LogSlot::Empty`). Its send state is made on the
+        // is applied (`LogSlot::Small`). Its send state is made on the
         // first send, in memory (an empty window, `empty_send_state`).
-        let group = catalog.insert(group_id, LogSlot::Empty);
+        let group = catalog.insert(group_id, LogSlot::new_small());
         self.shared.dedup.touch_used(group_id);
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
@@ -795,8 +795,13 @@ impl Engine {
             co.cv
                 .wait_for(&mut st, std::time::Duration::from_millis(50));
         }
+        let missed = st.attempted_through < round;
         drop(st);
-        self.check_not_stopped()
+        self.check_not_stopped()?;
+        if missed {
+            return Err(Error::ShuttingDown);
+        }
+        Ok(())
     }
 
     fn request_round(&self, set: impl FnOnce(&mut Pending)) -> Result<u64> {

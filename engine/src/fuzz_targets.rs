@@ -18,6 +18,7 @@
 //! | `recovery` | `Engine::open` over an arbitrary data-directory image |
 //! | `engine_ops` | the engine API under an operation sequence, against an oracle |
 //! | `append_replicated` | `Engine::append_replicated` of a follower fed arbitrary payloads |
+//! | `cold_scan` | `cold::ColdScanner` over a cold file (storage v2) |
 //!
 //! Inputs that need valid checksums to get past the first check
 //! (`frame_decode`, `run_decode`, `manifest_decode`, `recovery`) carry
@@ -56,6 +57,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("recovery", recovery),
     ("engine_ops", engine_ops),
     ("append_replicated", append_replicated),
+    ("cold_scan", cold_scan),
 ];
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -539,6 +541,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
                 max_bytes: 4096,
             },
             damaged: None,
+            small: None,
         }),
         Item::MemberPut {
             group: 1,
@@ -556,6 +559,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             segments: vec![(1, 64)],
             retention: crate::Retention::default(),
             damaged: Some("checkpointed data damaged".into()),
+            small: None,
         }),
     ];
     let mut out = Vec::new();
@@ -594,6 +598,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         next_run_seq: 6,
         clean: false,
         runs,
+        pinned: vec![1, 2],
     };
     out.push((
         "manifest_decode",
@@ -652,6 +657,9 @@ fn small_config(dir: &Path) -> Config {
     let mut c = Config::new(dir);
     c.payload_bytes_max = 256;
     c.segment_bytes_max = 1024;
+    // Groups keep up to 300 bytes of records in the journal, then are
+    // promoted (storage v2 S5): both kinds of log in every run.
+    c.small_group_bytes_max = 300;
     c.index_interval_bytes = 128;
     c.open_segments_max = 4;
     c.checkpoint_journal_bytes = 4096;
@@ -1045,6 +1053,9 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
         out.push(("engine_ops", format!("ops{i}"), ops));
     }
     out.extend(state_seeds());
+    for (name, input) in cold_scan_seeds() {
+        out.push(("cold_scan", name.to_string(), input));
+    }
     // Keep one seed per (target, name): a directory holds several journal
     // files or segments under one kind; the first is enough.
     let mut seen = std::collections::HashSet::new();
@@ -1972,4 +1983,162 @@ pub fn append_replicated_seeds() -> Vec<Vec<u8>> {
     let mut fixed = input.clone();
     fixed[0] = REPLICATED_FIX;
     vec![input, fixed]
+}
+
+// ---------------------------------------------------------------------------
+// cold_scan
+
+/// Recomputes the checksums of a cold file image: the file header's, then,
+/// walking extents by their `bytes` fields, each record's (as far as the
+/// record lengths allow) and each extent header's.
+fn fix_cold(b: &mut [u8]) {
+    use crate::cold::{COLD_HEADER_BYTES, EXTENT_HEADER_BYTES};
+    if b.len() < COLD_HEADER_BYTES {
+        return;
+    }
+    let crc = crc32fast::hash(&b[0..28]);
+    put_u32(b, 28, crc);
+    let mut pos = COLD_HEADER_BYTES;
+    while b.len() - pos >= EXTENT_HEADER_BYTES {
+        let bytes = u32_at(b, pos + 4) as usize;
+        let records = pos + EXTENT_HEADER_BYTES;
+        let records_end = records + bytes.min(b.len() - records);
+        fix_records(&mut b[records..records_end], false);
+        let crc = crc32fast::hash(&b[pos + 4..pos + EXTENT_HEADER_BYTES]);
+        put_u32(b, pos, crc);
+        pos = match records.checked_add(bytes) {
+            Some(next) if next <= b.len() => next,
+            _ => return,
+        };
+    }
+}
+
+/// Input: `{ flags: u8 | durable: u8 | bytes }`: `bytes` is a cold file,
+/// scanned with `durable_len = len(bytes) * durable / 255`. Flag bit 0
+/// recomputes the checksums (so the fuzzer reaches the field checks and the
+/// record walk behind them); bit 1 has the scan check record CRCs.
+///
+/// Checks: extents tile the file from its header to `valid_len`, each inside
+/// the file, with the bytes the file holds there; the walked prefix is
+/// exactly what the encoders write for what was decoded; an extent without
+/// damage holds `count` whole records with dense ids filling `bytes`; damage
+/// (of an extent, or an error) only below the durable length, a torn end
+/// only at or past it; a clean end only at the end of the file; the scanner
+/// stays ended.
+pub fn cold_scan(data: &[u8]) {
+    use crate::cold::{ColdError, ColdHeader, ColdScanner, ScanEnd, COLD_HEADER_BYTES};
+    if data.len() < 2 {
+        return;
+    }
+    let (flags, durable) = (data[0], data[1]);
+    let mut file = data[2..].to_vec();
+    if flags & 1 != 0 {
+        fix_cold(&mut file);
+    }
+    let durable_len = file.len() as u64 * u64::from(durable) / 255;
+    let mut scan = match ColdScanner::new(&file[..], durable_len, flags & 2 != 0) {
+        Ok(s) => s,
+        Err(e) => {
+            assert_eq!(ColdHeader::decode(&file).err(), Some(e));
+            return;
+        }
+    };
+    let mut rebuilt = scan.header().encode().to_vec();
+    assert_eq!(rebuilt[..], file[..COLD_HEADER_BYTES]);
+    loop {
+        let at = scan.valid_len();
+        match scan.next_extent() {
+            Ok(Some(e)) => {
+                assert_eq!(e.offset, at, "extents must tile the file");
+                let records = e.offset as usize + 32;
+                let end = records + e.header.bytes as usize;
+                assert_eq!(scan.valid_len(), end as u64);
+                assert_eq!(e.records[..], file[records..end]);
+                rebuilt.extend_from_slice(&e.header.encode());
+                rebuilt.extend_from_slice(&e.records);
+                match &e.damage {
+                    None => {
+                        let (mut pos, mut id) = (0, e.header.first_msg_id);
+                        while pos < e.records.len() {
+                            let h =
+                                record::decode_header(&e.records[pos..], RECORD_BYTES_STORED_MAX)
+                                    .expect("an undamaged extent holds whole records");
+                            assert_eq!(h.msg_id, id);
+                            pos += h.record_len as usize;
+                            id += 1;
+                        }
+                        assert_eq!(id - e.header.first_msg_id, u64::from(e.header.count));
+                    }
+                    Some(d) => {
+                        assert!(
+                            e.offset < durable_len,
+                            "damage past the durable length: {d}"
+                        );
+                        assert!(
+                            matches!(d, ColdError::Record { group, .. } if *group == e.header.group_id)
+                        );
+                    }
+                }
+            }
+            Ok(None) => {
+                match scan.end() {
+                    Some(ScanEnd::Clean) => assert_eq!(at, file.len() as u64),
+                    Some(ScanEnd::Torn { offset, .. }) => {
+                        assert_eq!(*offset, at);
+                        assert!(at >= durable_len && at < file.len() as u64);
+                    }
+                    None => panic!("a scan that returned None must say how it ended"),
+                }
+                assert_eq!(scan.next_extent(), Ok(None), "the scan stays ended");
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    at < durable_len,
+                    "an error at or past the durable length: {e}"
+                );
+                break;
+            }
+        }
+    }
+    assert_eq!(rebuilt[..], file[..scan.valid_len() as usize]);
+}
+
+/// Seeds of `cold_scan`: a clean file (durable), the same with a torn tail
+/// (half durable, CRCs recomputed and checked) and with a damaged record.
+fn cold_scan_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use crate::cold::{ColdHeader, ExtentHeader};
+    let mut file = ColdHeader { seq: 1 }.encode().to_vec();
+    for (group, first, n) in [(1u64, 1u64, 2u64), (2, 5, 1), (3, 1, 3)] {
+        let mut recs = Vec::new();
+        for id in first..first + n {
+            let payload = [id as u8; 5];
+            record::encode_into(
+                &NewRecord {
+                    msg_id: id,
+                    timestamp_ms: id,
+                    sender_id: group,
+                    client_msg_id: id,
+                    payload: &payload,
+                },
+                &mut recs,
+            );
+        }
+        let h = ExtentHeader {
+            bytes: recs.len() as u32,
+            group_id: group,
+            first_msg_id: first,
+            count: n as u32,
+        };
+        file.extend_from_slice(&h.encode());
+        file.extend_from_slice(&recs);
+    }
+    let torn = &file[..file.len() - 20];
+    let mut damaged = file.clone();
+    damaged[32 + 32 + 50] ^= 1;
+    vec![
+        ("clean", [&[0, 255], &file[..]].concat()),
+        ("torn", [&[3, 128], torn].concat()),
+        ("damaged-record", [&[2, 255], &damaged[..]].concat()),
+    ]
 }

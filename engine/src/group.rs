@@ -47,6 +47,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::cursors::CursorTable;
 use crate::dedup::DedupWindow;
 use crate::dirty::{CkptGuard, DirtyList};
+use crate::extents::ExtentList;
 use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::membership::GroupMembers;
 use crate::retention::Retention;
@@ -93,14 +94,17 @@ pub struct Group {
 
 /// Where the group's log is.
 pub enum LogSlot {
-    /// A group that holds no record yet and has no file and no directory
-    /// (storage v2 step S5, design section 9): its creation is one journal
-    /// entry and nothing else. The commit thread (or replay) makes its
-    /// files when it applies the group's first record, outside every lock
-    /// (`apply::records`), and the slot becomes `Loaded`. Deleting it
-    /// touches no file. A checkpoint records it with no segment
-    /// (format-spec/storage.md section 6.1).
-    Empty,
+    /// A small group: no file and no directory of its own, its records
+    /// (storage v2 step S5, design section 3.1) in the shared journal
+    /// files, named by its extent list (none for a group without records).
+    /// Its creation is one journal entry and nothing else (design section
+    /// 9). The applying thread (commit thread, replay) appends its records'
+    /// extents while it stays within `small_group_bytes_max`, and promotes
+    /// it to `Loaded` (its own segment files) when a round would take it
+    /// past (`small_log.rs`). Deleting it touches no file. A checkpoint
+    /// records it with its extents and no segment (format-spec/storage.md
+    /// section 6.1).
+    Small(ExtentList),
     /// Known from the checkpoint (or unloaded while idle); opened and
     /// verified on first use.
     Unloaded(LogState),
@@ -220,16 +224,16 @@ impl Group {
         self.visible_head.load(Ordering::Acquire)
     }
 
-    /// Makes the log's head visible. The caller holds `log` for writing
-    /// (that is where `log` comes from), so publishers never race. The
-    /// visible head never moves backward: a log only grows at its head.
-    pub fn publish_head(&self, log: &GroupLog) {
-        let old = self.visible_head.swap(log.head(), Ordering::AcqRel);
+    /// Makes `head`, the head of the group's log, visible. The caller holds
+    /// the log slot for writing (the head comes from what it holds), so
+    /// publishers never race. The visible head never moves backward: a
+    /// log only grows at its head.
+    pub fn publish_head(&self, head: u64) {
+        let old = self.visible_head.swap(head, Ordering::AcqRel);
         debug_assert!(
-            old <= log.head(),
-            "group {}: visible head {old} would move back to {}",
+            old <= head,
+            "group {}: visible head {old} would move back to {head}",
             self.id,
-            log.head()
         );
     }
 
@@ -283,7 +287,7 @@ impl Group {
         match loaded {
             Ok((log, load)) => {
                 // Loading keeps the recorded head or finds records past it.
-                self.publish_head(&log);
+                self.publish_head(log.head());
                 *slot = LogSlot::Loaded(Box::new(log));
                 Some(load)
             }
@@ -342,6 +346,19 @@ impl Group {
 }
 
 impl LogSlot {
+    /// The slot of a new group: small, without a record, its first record
+    /// to be id 1.
+    pub fn new_small() -> LogSlot {
+        LogSlot::Small(ExtentList::new(1))
+    }
+
+    /// Whether this is a small group without any record.
+    pub fn is_small_without_records(&self) -> bool {
+        matches!(self, LogSlot::Small(list) if list.extents().is_empty())
+    }
+}
+
+impl LogSlot {
     /// A group whose files could not be created or found: damaged, with a
     /// placeholder state (head 0, an empty segment 1) so a checkpoint
     /// still lists it.
@@ -358,8 +375,8 @@ impl LogSlot {
     /// The state a checkpoint records for this slot (None once deleted).
     pub fn state(&self) -> Option<LogState> {
         match self {
-            LogSlot::Empty => Some(LogState {
-                head: 0,
+            LogSlot::Small(list) => Some(LogState {
+                head: list.next_id() - 1,
                 segments: Vec::new(),
             }),
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
@@ -373,7 +390,8 @@ impl LogSlot {
         match self {
             LogSlot::Loaded(l) => l.head(),
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => s.head,
-            LogSlot::Empty | LogSlot::Deleted => 0,
+            LogSlot::Small(list) => list.next_id() - 1,
+            LogSlot::Deleted => 0,
         }
     }
 }
@@ -395,10 +413,12 @@ mod tests {
         assert_eq!(size_of::<Mutex<GroupMembers>>(), 40);
         assert_eq!(size_of::<Mutex<Option<Box<AssignState>>>>(), 16);
         assert_eq!(size_of::<Mutex<Option<Box<Retention>>>>(), 16);
+        // A small group's extent list is held in place (design 3.3).
+        assert_eq!(size_of::<ExtentList>(), 40);
         assert_eq!(
             size_of::<LogSlot>(),
             56,
-            "a recorded state or a damage reason"
+            "a recorded state, a damage reason or a small group's extent list"
         );
         assert_eq!(size_of::<RwLock<LogSlot>>(), 64);
         assert_eq!(size_of::<Mutex<()>>(), 1);

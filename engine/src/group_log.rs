@@ -32,12 +32,25 @@ pub struct LogContext {
     /// because recovery, the commit thread and the checkpoint that
     /// deletes journal files all update it.
     pub rounds: crate::journal::rounds::RoundIndex,
+    /// Read-only mappings of the journal files small groups' records are
+    /// in (storage v2 S5), shared by every reader of a small group.
+    pub shared_files: crate::small_read::SharedFiles,
+    /// Bytes of small groups' records per journal file (invariant A1 of
+    /// `reclaim.rs`): changed by whoever applies entries (the commit thread,
+    /// replay) and by recovery's restore; read at checkpoint capture (the
+    /// pinned list) and by the checkpoint's deletion of journal files.
+    pub live: parking_lot::Mutex<crate::reclaim::LiveBytes>,
 }
 
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
         let trash = Trash::new(&config.data_dir);
+        let shared_files = crate::small_read::SharedFiles::new(
+            vfs.clone(),
+            crate::journal::journal_dir(&config.data_dir),
+            config.open_segments_max,
+        );
         LogContext {
             vfs,
             config,
@@ -45,6 +58,8 @@ impl LogContext {
             dirty: Default::default(),
             trash,
             rounds: Default::default(),
+            shared_files,
+            live: Default::default(),
         }
     }
 
@@ -237,6 +252,9 @@ enum ChunkSource {
     Mapped(Arc<SegmentFile>),
     /// Records not yet written to the file, copied out of the log's tail.
     Copied(Arc<[u8]>),
+    /// A small group's records where the commit round wrote them: a slice
+    /// of a shared (journal) file's mapping (storage v2, `small_read.rs`).
+    Shared(Arc<crate::small_read::SharedMap>),
 }
 
 impl ChunkSource {
@@ -244,11 +262,27 @@ impl ChunkSource {
         match self {
             ChunkSource::Mapped(seg) => seg.bytes(start, end),
             ChunkSource::Copied(buf) => &buf[start..end],
+            ChunkSource::Shared(map) => &map.bytes()[start..end],
         }
     }
 }
 
 impl Chunk {
+    /// Whole records at `[start, end)` of a shared file's mapping, which
+    /// holds them (the caller checked the range).
+    pub(crate) fn shared(
+        map: Arc<crate::small_read::SharedMap>,
+        start: usize,
+        end: usize,
+    ) -> Chunk {
+        debug_assert!(start <= end && end <= map.bytes().len());
+        Chunk {
+            source: ChunkSource::Shared(map),
+            start,
+            end,
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         self.source.bytes(self.start, self.end)
     }
@@ -444,29 +478,34 @@ impl GroupLog {
     /// group's creation (replay: at once). Until then nothing touches them:
     /// the log is empty, so reads return before opening a segment, and
     /// checkpoints run between rounds, after the creation was applied.
-    pub fn empty(ctx: &LogContext, group_id: u64) -> GroupLog {
+    /// The log of a group whose next record is `base` and whose files
+    /// [`GroupLog::create_files`] just made: one empty segment `base`, not
+    /// synced yet (the next checkpoint syncs it and its directories).
+    pub fn empty_at(ctx: &LogContext, group_id: u64, base: u64) -> GroupLog {
         GroupLog {
             group_id,
             dir: ctx.group_dir(group_id),
             segments: vec![SegmentMeta {
-                base_id: 1,
+                base_id: base,
                 len: SEGMENT_HEADER_BYTES as u64,
-                index: OnceLock::from(Ok(SparseIndex::new(1, ctx.config.index_interval_bytes))),
+                index: OnceLock::from(Ok(SparseIndex::new(base, ctx.config.index_interval_bytes))),
             }],
-            head: 0,
+            head: base - 1,
             last_timestamp_ms: 0,
-            unsynced: vec![1],
+            unsynced: vec![base],
             dir_unsynced: true,
             tail: Vec::new(),
         }
     }
 
-    /// Makes the files of a new group: its directory and segment 1 with its
-    /// header. A directory left at its path (by an earlier incarnation of
-    /// the id whose removal a crash undid) goes to the trash first. Runs
-    /// with no lock held. A retry after a failure part-way (a full disk)
-    /// starts over: the half-made directory goes to the trash.
-    pub fn create_files(ctx: &LogContext, group_id: u64) -> Result<()> {
+    /// Makes the files of a group taking its first segment (a new group's
+    /// first record, or a small group's promotion): its directory and
+    /// segment `base` with its header. A directory left at its path (by an
+    /// earlier incarnation of the id whose removal a crash undid, or by a
+    /// promotion a crash made moot) goes to the trash first. Runs with no
+    /// lock held. A retry after a failure part-way (a full disk) starts
+    /// over: the half-made directory goes to the trash.
+    pub fn create_files(ctx: &LogContext, group_id: u64, base: u64) -> Result<()> {
         let dir = ctx.group_dir(group_id);
         ctx.trash.put(&*ctx.vfs, group_id, &dir)?;
         ctx.vfs
@@ -474,11 +513,11 @@ impl GroupLog {
             .map_err(|e| Error::write(format!("mkdir {}", dir.display()), e))?;
         let header = SegmentHeader {
             group_id,
-            base_msg_id: 1,
+            base_msg_id: base,
             created_ms: crate::now_ms(),
         };
         ctx.cache
-            .create(&*ctx.vfs, &dir.join(segment::file_name(1)), &header)?;
+            .create(&*ctx.vfs, &dir.join(segment::file_name(base)), &header)?;
         Ok(())
     }
 

@@ -40,9 +40,11 @@ use crate::commit::Shared;
 use crate::dedup::{DedupWindow, WindowLimits};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::extents::ExtentList;
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{GroupLog, NeedsIndex, Scan, Scanned};
+use crate::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
 use crate::now_ms;
+use crate::small_log;
 use crate::worker::{Need, Worker};
 
 impl Engine {
@@ -98,27 +100,35 @@ impl Engine {
         self.shared.worker.wait_idle();
     }
 
-    /// Runs `f` on the group's loaded log; `NotReady` if the log is not
-    /// loaded yet or `f` needs a sealed segment's index (the job is
-    /// queued). `f` reads with `Scan::Refused`.
+    /// Runs `f` on the group's log: its loaded segment log, or a small
+    /// group's extent list (copied under the slot's lock, read after it);
+    /// `NotReady` if the log is not loaded yet or `f` needs a sealed
+    /// segment's index (the job is queued). `f` reads with `Scan::Refused`.
     pub(crate) fn with_log<R>(
         &self,
         group: &Arc<Group>,
-        f: impl FnOnce(&GroupLog) -> Result<Scanned<R>>,
+        f: impl FnOnce(&LogView<'_>) -> Result<Scanned<R>>,
     ) -> Result<R> {
         let slot = group.log.read();
         group.debug_check_head(&slot);
         let need = match &*slot {
-            LogSlot::Loaded(log) => match f(log)? {
+            LogSlot::Loaded(log) => match f(&LogView::Segmented(log))? {
                 Ok(r) => return Ok(r),
                 Err(NeedsIndex { base }) => Need::Index(base),
             },
             LogSlot::Unloaded(_) => Need::Log,
-            // No record and no file: the empty log of a new group.
-            LogSlot::Empty => match f(&GroupLog::empty(&self.shared.ctx, group.id))? {
-                Ok(r) => return Ok(r),
-                Err(NeedsIndex { base }) => Need::Index(base),
-            },
+            LogSlot::Small(list) => {
+                let view = LogView::Small {
+                    group,
+                    list: list.clone(),
+                };
+                // Reading marks verified extents under the slot's lock.
+                drop(slot);
+                match f(&view)? {
+                    Ok(r) => return Ok(r),
+                    Err(NeedsIndex { base }) => Need::Index(base),
+                }
+            }
             LogSlot::Damaged { reason, .. } => {
                 return Err(Error::GroupDamaged {
                     group: group.id,
@@ -127,7 +137,6 @@ impl Engine {
             }
             LogSlot::Deleted => return Err(Error::GroupNotFound { group: group.id }),
         };
-        drop(slot);
         Err(self.not_ready(group, need))
     }
 
@@ -157,9 +166,64 @@ impl Engine {
                 }
             }
             LogSlot::Deleted => return Error::GroupNotFound { group: group.id },
-            LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Empty => {}
+            LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Small(_) => {}
         }
         self.not_ready(group, Need::Assign)
+    }
+}
+
+/// A group's log as a read sees it ([`Engine::with_log`]): a loaded
+/// segment log, or a small group's extents in the shared journal files.
+pub(crate) enum LogView<'a> {
+    Segmented(&'a GroupLog),
+    Small { group: &'a Group, list: ExtentList },
+}
+
+impl LogView<'_> {
+    /// The oldest id a read may return.
+    pub fn floor(&self) -> u64 {
+        match self {
+            LogView::Segmented(log) => log.floor(),
+            LogView::Small { list, .. } => list.floor(),
+        }
+    }
+
+    /// As `GroupLog::read_with`.
+    pub fn read_with(
+        &self,
+        ctx: &LogContext,
+        scan: Scan,
+        after: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Scanned<ReadBatch>> {
+        match self {
+            LogView::Segmented(log) => log.read_with(ctx, scan, after, max_count, max_bytes),
+            LogView::Small { group, list } => {
+                small_log::read_above(ctx, group, list, after, max_count, max_bytes).map(Ok)
+            }
+        }
+    }
+
+    /// As `GroupLog::read_before`.
+    pub fn read_before(
+        &self,
+        ctx: &LogContext,
+        scan: Scan,
+        before: u64,
+        lowest: u64,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<Scanned<ReadBatch>> {
+        match self {
+            LogView::Segmented(log) => {
+                log.read_before(ctx, scan, before, lowest, max_count, max_bytes)
+            }
+            LogView::Small { group, list } => {
+                small_log::read_before(ctx, group, list, before, lowest, max_count, max_bytes)
+                    .map(Ok)
+            }
+        }
     }
 }
 
@@ -243,18 +307,29 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
     let limits = WindowLimits::from_config(&ctx.config);
     loop {
         load(shared, group);
-        let rebuilt = match &*group.log.read() {
-            LogSlot::Loaded(log) => {
-                DedupWindow::rebuild(log, ctx, Scan::Refused, now_ms(), limits)?
-                    .map(|w| (w, log.head(), log.last_timestamp_ms()))
+        // A small group: its window from its records (at most
+        // `small_group_bytes_max`), read from the journal files with no
+        // lock held (the read marks what it verified under the slot's).
+        let small = match &*group.log.read() {
+            LogSlot::Small(list) => Some(list.clone()),
+            _ => None,
+        };
+        let rebuilt = match small {
+            Some(list) => {
+                let (w, last_ts) = DedupWindow::rebuild_small(ctx, group, &list, now_ms(), limits)?;
+                Ok((w, list.next_id() - 1, last_ts))
             }
-            // Unloaded again by the idle sweep since `load`.
-            LogSlot::Unloaded(_) => continue,
-            // No record: the request makes the empty state itself
-            // (`empty_send_state`).
-            LogSlot::Empty => return Ok(()),
-            // Damaged or deleted: the request finds out from the slot.
-            LogSlot::Damaged { .. } | LogSlot::Deleted => return Ok(()),
+            None => match &*group.log.read() {
+                LogSlot::Loaded(log) => {
+                    DedupWindow::rebuild(log, ctx, Scan::Refused, now_ms(), limits)?
+                        .map(|w| (w, log.head(), log.last_timestamp_ms()))
+                }
+                // Unloaded again by the idle sweep since `load`, or just
+                // promoted.
+                LogSlot::Unloaded(_) | LogSlot::Small(_) => continue,
+                // Damaged or deleted: the request finds out from the slot.
+                LogSlot::Damaged { .. } | LogSlot::Deleted => return Ok(()),
+            },
         };
         let (dedup, head, last_timestamp_ms) = match rebuilt {
             Ok(done) => done,
@@ -270,7 +345,12 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
         // Unloaded by the idle sweep since the rebuild, or (a request made
         // an empty log's state meanwhile, sent, and that state went idle)
         // moved on: start over.
-        if !matches!(&*group.log.read(), LogSlot::Loaded(log) if log.head() == head) {
+        let still = match &*group.log.read() {
+            LogSlot::Loaded(log) => log.head() == head,
+            LogSlot::Small(list) => list.next_id() - 1 == head,
+            _ => false,
+        };
+        if !still {
             continue;
         }
         shared.dedup.resized(0, dedup.len());
@@ -297,7 +377,14 @@ pub(crate) fn empty_send_state(group: &Group) -> Option<AssignState> {
     let slot = group.log.read();
     let log = match &*slot {
         LogSlot::Loaded(log) => log,
-        LogSlot::Empty => return Some(AssignState::default()),
+        // A small group without records (with records, its window is
+        // rebuilt from them by the worker).
+        LogSlot::Small(list) => {
+            return (list.next_id() == list.floor()).then(|| AssignState {
+                last_id: list.next_id() - 1,
+                ..AssignState::default()
+            })
+        }
         _ => return None,
     };
     (log.head() < log.floor()).then(|| AssignState {

@@ -234,6 +234,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     // Start over from nothing for the next candidate.
                     catalog = Catalog::default();
                     cursors = CursorTable::new();
+                    *ctx.live.lock() = Default::default();
                     reason
                 }
             },
@@ -389,7 +390,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                 loaded_groups.push(g.id);
             }
             LogSlot::Unloaded(_) => report.groups_unverified += 1,
-            LogSlot::Empty | LogSlot::Deleted => {}
+            LogSlot::Small(_) | LogSlot::Deleted => {}
         }
     }
     report.groups = catalog.len() as u64;
@@ -431,6 +432,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             next_run_seq: on_disk.next_run_seq,
             clean: false,
             runs: Vec::new(),
+            pinned: Vec::new(),
         };
         manifest::store(vfs, &mdir, &m)?;
         on_disk.next_ckpt_seq += 1;
@@ -538,7 +540,7 @@ fn load_groups_whose_segments_lead(
             // Files made for a first record that the journal lost: loaded
             // as a log recorded empty, if its first segment holds a record
             // (a group without files costs one failed open).
-            LogSlot::Empty => {
+            slot if slot.is_small_without_records() => {
                 let header = crate::segment::SEGMENT_HEADER_BYTES as u64;
                 let first = ctx.group_dir(group.id).join(crate::segment::file_name(1));
                 let lead = ctx
@@ -557,7 +559,7 @@ fn load_groups_whose_segments_lead(
         if lead {
             {
                 let mut slot = group.log.write();
-                if matches!(&*slot, LogSlot::Empty) {
+                if slot.is_small_without_records() {
                     *slot = LogSlot::Unloaded(state);
                 }
             }
@@ -605,11 +607,18 @@ fn restore_runs(
                         head: rec.head,
                         segments: rec.segments,
                     };
-                    let slot = match rec.damaged {
-                        Some(reason) => LogSlot::Damaged { state, reason },
+                    let slot = match (rec.damaged, rec.small) {
+                        (Some(reason), _) => LogSlot::Damaged { state, reason },
+                        // A small group: its records in the journal files.
+                        (None, Some(small)) => {
+                            let list = crate::small_log::from_record(&small, state.head)
+                                .map_err(|why| format!("group {}: {why}", rec.group))?;
+                            crate::small_log::restore_live(ctx, &list);
+                            LogSlot::Small(list)
+                        }
                         // No segment: a group without record or file.
-                        None if state.segments.is_empty() => LogSlot::Empty,
-                        None => LogSlot::Unloaded(state),
+                        (None, None) if state.segments.is_empty() => LogSlot::new_small(),
+                        (None, None) => LogSlot::Unloaded(state),
                     };
                     let g = catalog.insert(rec.group, slot);
                     catalog.set_retention(&g, rec.retention);
@@ -734,11 +743,23 @@ struct FileOutcome {
 /// A durable frame that was damaged, as recovery restored it.
 struct Restored {
     kind: FrameKind,
+    /// Where the payload starts in the file.
+    start: usize,
     /// The payload with its damaged records replaced by their segment
     /// copies (its checksum matches again).
     payload: Vec<u8>,
     end: usize,
     records_restored: u64,
+}
+
+/// Where the entries of a frame being replayed lie: `buf` (the file's
+/// mapping, or a restored copy of a payload) starts at byte `start` of
+/// journal file `seq`.
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    seq: u64,
+    buf: &'a [u8],
+    start: u64,
 }
 
 struct Replay<'a> {
@@ -841,7 +862,12 @@ impl Replay<'_> {
                 }
                 if f.envelope.lsn >= self.replay_lsn {
                     outcome.replayed += 1;
-                    self.frame_entries(f.entries(), f.envelope.lsn)?;
+                    let at = Located {
+                        seq,
+                        buf: &map,
+                        start: 0,
+                    };
+                    self.frame_entries(f.entries(), f.envelope.lsn, at)?;
                 }
             }
             pos = it.position();
@@ -886,7 +912,15 @@ impl Replay<'_> {
                     if lsn >= self.replay_lsn {
                         outcome.replayed += 1;
                         let entries = EntryIter::new(&r.payload[PAYLOAD_HEADER_BYTES..], r.kind);
-                        self.frame_entries(entries, lsn)?;
+                        // The copy of the payload lies at `start` in the file;
+                        // a small group's records in it are the file's bytes
+                        // (only records of groups with segments are restored).
+                        let at = Located {
+                            seq,
+                            buf: &r.payload,
+                            start: r.start as u64,
+                        };
+                        self.frame_entries(entries, lsn, at)?;
                     }
                     pos = r.end;
                     lsn = lsn.saturating_add(1);
@@ -973,6 +1007,7 @@ impl Replay<'_> {
         if frame::check_payload(payload, kind).is_ok() {
             return Ok(Restored {
                 kind,
+                start,
                 payload: payload.to_vec(),
                 end,
                 records_restored: 0,
@@ -999,6 +1034,7 @@ impl Replay<'_> {
         }
         Ok(Restored {
             kind,
+            start,
             payload: fixed,
             end,
             records_restored: restored,
@@ -1065,7 +1101,7 @@ impl Replay<'_> {
     /// Applies the entries of one valid frame numbered `lsn`, then notes
     /// the frame done for each group it named (a frame lists a group's
     /// entries together).
-    fn frame_entries(&mut self, entries: EntryIter<'_>, lsn: u64) -> Result<()> {
+    fn frame_entries(&mut self, entries: EntryIter<'_>, lsn: u64, at: Located<'_>) -> Result<()> {
         let mut current: Option<u64> = None;
         for e in entries {
             if current.is_some_and(|g| g != e.group_id) {
@@ -1073,7 +1109,11 @@ impl Replay<'_> {
             }
             current = Some(e.group_id);
             self.report.journal_entries_replayed += 1;
-            self.entry(&e, lsn)?;
+            let body_at = apply::BodyAt {
+                seq: at.seq,
+                offset: at.start + crate::commit::offset_in(at.buf, e.body) as u64,
+            };
+            self.entry(&e, lsn, body_at)?;
         }
         self.frame_done(current, lsn);
         Ok(())
@@ -1091,9 +1131,16 @@ impl Replay<'_> {
 
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
-    fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64) -> Result<()> {
+    fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
         let group = self.st.catalog.read().get(entry.group_id).cloned();
-        match apply::entry(&self.st, entry, group.as_ref(), apply::Mode::Replay, lsn)? {
+        match apply::entry(
+            &self.st,
+            entry,
+            group.as_ref(),
+            apply::Mode::Replay,
+            lsn,
+            Some(at),
+        )? {
             apply::Applied::Orphan => self.report.orphan_entries += 1,
             apply::Applied::Reflected => self.report.entries_reflected += 1,
             apply::Applied::Records(done) => {

@@ -1,5 +1,5 @@
 //! Storage v2 step S5, first part: a group that holds no record has no
-//! file and no directory (`LogSlot::Empty`). Its creation and deletion are
+//! file and no directory (`LogSlot::Small` without records). Its creation and deletion are
 //! journal entries only; its first record makes its files (commit thread,
 //! replay); checkpoints record it with no segment (format-spec/storage.md
 //! section 6.1) and recovery restores it without touching `groups/`.
@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::group::LogSlot;
 use crate::io::{FaultControl, FaultyVfs};
 use crate::{Config, Engine, FsyncPolicy, JoinStart};
 
@@ -179,7 +178,7 @@ fn reads_of_a_group_without_records_open_no_file() {
         "reads touched group files: {paths:?}"
     );
     let g = e.shared.catalog.read().get(3).cloned().unwrap();
-    assert!(matches!(&*g.log.read(), LogSlot::Empty));
+    assert!(g.log.read().is_small_without_records());
 }
 
 /// A follower applies a leader's rounds through the same `apply`: groups

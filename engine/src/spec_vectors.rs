@@ -847,6 +847,7 @@ fn manifest_vector_matches_the_encoder_and_decodes_to_its_fields() {
             run_seq: 7,
             parts: vec![run_part_meta()],
         }],
+        pinned: vec![1],
     };
     assert_eq!(manifest::encode(&m).unwrap(), v);
     assert_eq!(manifest::decode(&v).unwrap(), m);

@@ -160,7 +160,7 @@ impl Engine {
                     })
                 }
                 LogSlot::Deleted => return Err(Error::GroupNotFound { group: group_id }),
-                LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Empty => {}
+                LogSlot::Loaded(_) | LogSlot::Unloaded(_) | LogSlot::Small(_) => {}
             }
             if assign.is_some() || matches!(&*log, LogSlot::Loaded(_)) {
                 // A use: what the group holds stays (not its window's use
@@ -639,7 +639,8 @@ impl LogSlot {
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => {
                 s.segments.first().map_or(1, |s| s.0)
             }
-            LogSlot::Empty | LogSlot::Deleted => 1,
+            LogSlot::Small(list) => list.floor(),
+            LogSlot::Deleted => 1,
         }
     }
 }

@@ -107,6 +107,12 @@ struct ServeArgs {
     /// Segment size before a new segment starts.
     #[arg(long, default_value_t = tidemark_engine::defaults::SEGMENT_BYTES_MAX)]
     segment_bytes_max: u64,
+    /// A group whose records take at most this many bytes keeps them in the
+    /// shared journal, without files of its own; past it the group gets
+    /// its own segment files (0: every group with a record has them).
+    /// Journal files stay while small groups' records are in them.
+    #[arg(long, default_value_t = tidemark_engine::defaults::SMALL_GROUP_BYTES_MAX)]
+    small_group_bytes_max: u64,
     /// Below this much free space in the data directory's file system, sends
     /// are refused (OVERLOADED, detail = free bytes) until space returns.
     /// 0 turns the reserve off (a write that finds the disk full is then
@@ -204,6 +210,7 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.engine.groups_per_user_max = a.groups_per_user_max;
     c.engine.open_segments_max = a.open_segments_max;
     c.engine.segment_bytes_max = a.segment_bytes_max;
+    c.engine.small_group_bytes_max = a.small_group_bytes_max;
     c.engine.disk_free_min_bytes = a.disk_free_min_bytes;
     c.engine.cursor_flush_ms = a.cursor_flush_ms;
     c.engine.checkpoint_journal_bytes = a.checkpoint_journal_bytes;

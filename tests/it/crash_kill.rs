@@ -95,13 +95,17 @@ fn payload_of(group: u64, sender: u64, client_msg_id: u64) -> Vec<u8> {
 }
 
 /// Small segments and journal files, so that the kills also land in segment
-/// rollovers and checkpoints. Parent and child must agree on it.
-fn config(dir: &Path) -> Config {
+/// rollovers and checkpoints. In odd rounds groups keep up to 8 KiB of
+/// records in the journal (storage v2 small groups), so kills also land in
+/// promotions, and a directory written with one threshold is opened with
+/// the other. Parent and child open with the round's configuration.
+fn config(dir: &Path, round: u64) -> Config {
     let mut c = Config::new(dir);
     c.fsync = FsyncPolicy::Always;
     c.payload_bytes_max = PAYLOAD_BYTES_MAX;
     c.segment_bytes_max = 64 << 10;
     c.checkpoint_journal_bytes = 256 << 10;
+    c.small_group_bytes_max = if round % 2 == 1 { 8 << 10 } else { 0 };
     c
 }
 
@@ -132,7 +136,7 @@ fn child_process() {
     // a newline: end that line so the first ACK starts one of its own.
     emit(&out, "child start\n");
 
-    let engine = Engine::open(config(Path::new(&dir))).expect("child: open");
+    let engine = Engine::open(config(Path::new(&dir), round)).expect("child: open");
     for g in group_ids() {
         match engine.create_group(g) {
             Ok(()) | Err(Error::GroupExists { .. }) => {}
@@ -381,7 +385,7 @@ fn sigkill_during_appends_loses_no_acknowledged_message() {
         }
         totals.acks += round_acks;
 
-        let engine = Engine::open(config(dir.path()))
+        let engine = Engine::open(config(dir.path(), round))
             .unwrap_or_else(|e| panic!("{ctx}: reopen after SIGKILL: {e}"));
         let report = engine.recovery_report().clone();
         totals.records_replayed += report.records_replayed;

@@ -78,6 +78,7 @@ fn storage_md_limits_are_the_engine_defaults() {
         ("data_dir", None),
         ("fsync", None),
         ("segment_bytes_max", n(engine::SEGMENT_BYTES_MAX)),
+        ("small_group_bytes_max", n(engine::SMALL_GROUP_BYTES_MAX)),
         ("index_interval_bytes", n(engine::INDEX_INTERVAL_BYTES)),
         ("payload_bytes_max", n(engine::PAYLOAD_BYTES_MAX)),
         ("open_segments_max", n(engine::OPEN_SEGMENTS_MAX)),
@@ -177,6 +178,7 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
     for (flag, value) in [
         ("--open-segments-max", n(engine::OPEN_SEGMENTS_MAX)),
         ("--segment-bytes-max", n(engine::SEGMENT_BYTES_MAX)),
+        ("--small-group-bytes-max", n(engine::SMALL_GROUP_BYTES_MAX)),
     ] {
         let want = format!("`{flag}` (default\n{}", spaced(value.unwrap()));
         let want_one_line = want.replace('\n', " ");

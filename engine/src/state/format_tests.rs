@@ -16,7 +16,7 @@ use proptest::prelude::*;
 
 use super::merge::{plan, Merge};
 use super::run::*;
-use super::{GroupRecord, Item, Key, Reader};
+use super::{GroupRecord, Item, Key, Reader, SmallRecord};
 use crate::retention::Retention;
 
 fn group(group: u64, fresh: bool, head: u64) -> Item {
@@ -28,6 +28,7 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         segments: vec![(1, 64 + head)],
         retention: Retention::default(),
         damaged: None,
+        small: None,
     })
 }
 
@@ -98,6 +99,7 @@ fn sample_items() -> Vec<Item> {
                 max_bytes: 0,
             },
             damaged: Some("bad crc at 12 ü".into()),
+            small: None,
         }),
         member(3, u64::MAX, 2),
         Item::MemberPut {
@@ -168,6 +170,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         segments: (1..=600).map(|b| (b, 64)).collect(),
         retention: Retention::default(),
         damaged: None,
+        small: None,
     });
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
@@ -266,6 +269,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         segments: vec![(1, 64), (5, 100)],
         retention: Retention::default(),
         damaged: None,
+        small: None,
     };
     assert!(decode_raw(&good(base.clone()), 1, Key::group(1)).is_ok());
     for (what, bad) in [
@@ -307,6 +311,35 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         [Item::GroupPut(fileless)]
     );
     assert!(decode_raw(&[1, 1, 0, 0, 3, 0], 1, Key::group(1)).is_err());
+    // A small group (storage v2 S5): bit 3, no segment, its extents, exactly
+    // these bytes (format-spec/storage.md 6.1): three records, ids 1..=3, in
+    // 150 bytes at offset 100 of journal file 2.
+    let small = GroupRecord {
+        head: 3,
+        segments: Vec::new(),
+        small: Some(SmallRecord {
+            first_id: 1,
+            floor: 1,
+            extents: vec![(2, 100, 150, 3)],
+        }),
+        ..base.clone()
+    };
+    let small_bytes = [1, 1, 8, 0, 3, 0, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3];
+    assert_eq!(good(small.clone()), small_bytes);
+    assert_eq!(
+        decode_raw(&small_bytes, 1, Key::group(1)).unwrap(),
+        [Item::GroupPut(small)]
+    );
+    // Extents that do not end at the head, a segment beside bit 3, a count
+    // too small for its bytes' records, and no extent are refused.
+    for bad in [
+        &[1, 1, 8, 0, 4, 0, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
+        &[1, 1, 8, 0, 3, 1, 1, 64, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
+        &[1, 1, 8, 0, 3, 0, 1, 0, 1, 2, 0x64, 10, 3][..],
+        &[1, 1, 8, 0, 0, 0, 1, 0, 0][..],
+    ] {
+        assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
+    }
     // Segments whose bases do not rise: patch the second delta to 0.
     let mut raw = good(base.clone());
     // kind, group, flags, lsn, head, m, base0, len0, delta1, len1
@@ -358,6 +391,7 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         segments: vec![(1, 64)],
         retention: Retention::default(),
         damaged: Some(reason.clone()),
+        small: None,
     });
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
@@ -649,6 +683,7 @@ impl Model {
             segments: vec![(1, 64 + st.head)],
             retention: Retention::default(),
             damaged: None,
+            small: None,
         })
     }
 

@@ -5,14 +5,19 @@
 //! newer is unreadable.
 //!
 //! Format (little-endian):
-//! `{ magic "TDMKMANI" | version u16 = 1 | header_len u16 = 32 | reserved u32 = 0 |
+//! `{ magic "TDMKMANI" | version u16 = 2 | header_len u16 = 32 | reserved u32 = 0 |
 //!    body_len u64 | body_crc u32 | header_crc u32 (of bytes 0..28) | body }`,
 //! body: `{ ckpt_seq u64 | replay_journal_seq u64 | replay_lsn u64 |
 //!    replay_round u64 | created_ms u64 | next_run_seq u64 | clean u8 |
 //!    reserved [3] = 0 |
 //!    run_count u32 | runs, newest first: { run_seq u64 | part_count u32 |
 //!    parts: { item_count u64 | file_len u64 | trailer_crc u32 |
-//!    first_key (17) | last_key (17) } } }`.
+//!    first_key (17) | last_key (17) } } |
+//!    pinned_count u32 | pinned: journal seq u64, ascending, each below
+//!    replay_journal_seq }`.
+//! Version 2 added the pinned list (the journal files before the replay
+//! position that small groups' records are in, `pins.rs`); a version 1
+//! manifest is refused like any unsupported version.
 //!
 //! Its size grows with the number of run parts, not with the state; the
 //! reader refuses more than [`MANIFEST_BYTES_MAX`] and the encoder checks
@@ -26,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs};
 
 pub(crate) const MANIFEST_MAGIC: [u8; 8] = *b"TDMKMANI";
-pub(crate) const MANIFEST_VERSION: u16 = 1;
+pub(crate) const MANIFEST_VERSION: u16 = 2;
 pub(crate) const MANIFEST_HEADER_BYTES: usize = 32;
 /// The largest manifest a reader accepts and a writer writes.
 pub(crate) const MANIFEST_BYTES_MAX: u64 = 64 << 20;
@@ -71,6 +76,10 @@ pub(crate) struct Manifest {
     pub clean: bool,
     /// Newest first.
     pub runs: Vec<RunMeta>,
+    /// Journal files small groups' records were in when the checkpoint
+    /// was captured (`pins.rs`), ascending: kept while this manifest is,
+    /// also before the replay position.
+    pub pinned: Vec<u64>,
 }
 
 pub(crate) fn manifest_dir(data_dir: &Path) -> PathBuf {
@@ -112,6 +121,11 @@ pub(crate) fn encode(m: &Manifest) -> Result<Vec<u8>, String> {
             put_key(&mut body, p.first_key);
             put_key(&mut body, p.last_key);
         }
+    }
+    let pinned = u32::try_from(m.pinned.len()).map_err(|_| "too many pinned files".to_string())?;
+    body.extend_from_slice(&pinned.to_le_bytes());
+    for seq in &m.pinned {
+        body.extend_from_slice(&seq.to_le_bytes());
     }
     let total = (MANIFEST_HEADER_BYTES + body.len()) as u64;
     if total > MANIFEST_BYTES_MAX {
@@ -228,8 +242,27 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         }
         runs.push(RunMeta { run_seq, parts });
     }
+    let pinned_count = r.u32()?;
+    if pinned_count as usize > r.remaining() / 8 {
+        return Err(format!(
+            "{pinned_count} pinned files cannot fit the manifest"
+        ));
+    }
+    let mut pinned: Vec<u64> = Vec::with_capacity(pinned_count as usize);
+    for _ in 0..pinned_count {
+        let seq = r.u64()?;
+        if seq >= replay_journal_seq || pinned.last().is_some_and(|&p| p >= seq) {
+            return Err(format!(
+                "pinned journal file {seq} not ascending or not before the replay file"
+            ));
+        }
+        pinned.push(seq);
+    }
     if !r.is_empty() {
-        return Err(format!("{} bytes after the manifest's runs", r.remaining()));
+        return Err(format!(
+            "{} bytes after the manifest's pinned list",
+            r.remaining()
+        ));
     }
     Ok(Manifest {
         ckpt_seq,
@@ -240,6 +273,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         next_run_seq,
         clean,
         runs,
+        pinned,
     })
 }
 
@@ -333,6 +367,7 @@ mod tests {
                     ],
                 },
             ],
+            pinned: vec![1, 3],
         }
     }
 

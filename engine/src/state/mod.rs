@@ -69,6 +69,22 @@ pub(crate) struct GroupRecord {
     pub retention: Retention,
     /// Why the group failed verification; it stays damaged.
     pub damaged: Option<String>,
+    /// A small group's records in the shared journal files (storage v2
+    /// S5): `segments` is then empty. `None` for a group with segments and
+    /// for a small group without any record.
+    pub small: Option<SmallRecord>,
+}
+
+/// Where a small group's records are, as a checkpoint records them: its
+/// extent list (`extents.rs`) without the in-memory `verified` flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SmallRecord {
+    /// Id of the first record of the first extent.
+    pub first_id: u64,
+    /// The oldest id reads may return (at least `first_id`).
+    pub floor: u64,
+    /// `(journal seq, offset, bytes, count)` per extent, in id order.
+    pub extents: Vec<(u64, u32, u32, u32)>,
 }
 
 /// One item of a run.

@@ -31,7 +31,7 @@ use std::io::Write;
 
 use super::{
     check_header, put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader,
-    StopAtError,
+    SmallRecord, StopAtError,
 };
 use crate::retention::Retention;
 use crate::segment::SEGMENT_HEADER_BYTES;
@@ -68,6 +68,7 @@ const KIND_MEMBER_DELETE: u8 = 4;
 const FLAG_FRESH: u8 = 1;
 const FLAG_DAMAGED: u8 = 2;
 const FLAG_RETENTION: u8 = 4;
+const FLAG_SMALL: u8 = 8;
 
 /// What a manifest records about a part, and what a reader checks it
 /// against.
@@ -126,9 +127,12 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
     encode_value(out, item);
 }
 
-// Format: GroupPut value { flags u8 (1 fresh, 2 damaged, 4 retention) |
-// varint applied_lsn | varint head | varint m (0 only with head 0: no file) |
+// Format: GroupPut value { flags u8 (1 fresh, 2 damaged, 4 retention,
+// 8 small) | varint applied_lsn | varint head | varint m (0 with head 0: no
+// file; 0 for a small or damaged group) |
 // m x { varint base (the first absolute, then the delta > 0) | varint len } |
+// small? { varint first_id | varint floor - first_id | varint n |
+//   n x { varint journal seq | varint offset | varint bytes | varint count } } |
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
 // damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
@@ -145,6 +149,9 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
             if !g.retention.keeps_everything() {
                 flags |= FLAG_RETENTION;
             }
+            if g.small.is_some() {
+                flags |= FLAG_SMALL;
+            }
             out.push(flags);
             put_varint(out, g.applied_lsn);
             put_varint(out, g.head);
@@ -154,6 +161,17 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                 put_varint(out, base - prev_base);
                 put_varint(out, len);
                 prev_base = base;
+            }
+            if let Some(small) = &g.small {
+                put_varint(out, small.first_id);
+                put_varint(out, small.floor - small.first_id);
+                put_varint(out, small.extents.len() as u64);
+                for &(seq, offset, bytes, count) in &small.extents {
+                    put_varint(out, seq);
+                    put_varint(out, offset.into());
+                    put_varint(out, bytes.into());
+                    put_varint(out, count.into());
+                }
             }
             if flags & FLAG_RETENTION != 0 {
                 out.push(u8::from(g.retention.by_cursor));
@@ -258,15 +276,20 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
 fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     let bad = |what: &str| format!("group {group}: {what}");
     let flags = r.u8()?;
-    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION) != 0 {
+    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL) != 0 {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
     let applied_lsn = r.varint()?;
     let head = r.varint()?;
     let m = r.varint()?;
     // Each segment takes at least two bytes: a hostile count fails here.
-    // No segment: a group that holds no record and has no file.
-    if (m == 0 && head != 0) || m > (r.remaining() / 2) as u64 {
+    // No segment: a group that holds no record and has no file, a small
+    // group (its records in the journal), or a group damaged while small.
+    let fileless_ok = flags & (FLAG_SMALL | FLAG_DAMAGED) != 0;
+    if (m == 0 && head != 0 && !fileless_ok)
+        || (m > 0 && flags & FLAG_SMALL != 0)
+        || m > (r.remaining() / 2) as u64
+    {
         return Err(bad(&format!("{m} segments with head {head}")));
     }
     let mut segments = Vec::with_capacity(m as usize);
@@ -289,6 +312,11 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     if segments.first().is_some_and(|s| s.0 == 0) || base > head.saturating_add(1) {
         return Err(bad("inconsistent segment list"));
     }
+    let small = if flags & FLAG_SMALL != 0 {
+        Some(decode_small(r, head).map_err(|why| bad(&why))?)
+    } else {
+        None
+    };
     let retention = if flags & FLAG_RETENTION != 0 {
         let by_cursor = match r.u8()? {
             0 => false,
@@ -329,6 +357,50 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         segments,
         retention,
         damaged,
+        small,
+    })
+}
+
+/// A small group's extents (the `small` part of a GroupPut value): each a
+/// run of records an extent can be (`Extent::new`), in a journal file, the
+/// ids from `first_id` through `head` covered exactly.
+fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
+    let first_id = r.varint()?;
+    let floor = first_id
+        .checked_add(r.varint()?)
+        .ok_or("small floor overflows")?;
+    let n = r.varint()?;
+    // Each extent takes at least four bytes: a hostile count fails here.
+    if first_id == 0 || n == 0 || n > (r.remaining() / 4) as u64 {
+        return Err(format!("small group: first_id {first_id}, {n} extents"));
+    }
+    let mut extents = Vec::with_capacity(n as usize);
+    let mut next = first_id;
+    for _ in 0..n {
+        let seq = r.varint()?;
+        let field = |v: u64| u32::try_from(v).map_err(|_| format!("extent field {v} too large"));
+        let (offset, bytes, count) = (
+            field(r.varint()?)?,
+            field(r.varint()?)?,
+            field(r.varint()?)?,
+        );
+        crate::extents::FileId::journal(seq)
+            .and_then(|f| crate::extents::Extent::new(f, offset, bytes, count))
+            .ok_or_else(|| format!("extent ({seq}, {offset}, {bytes}, {count}) is invalid"))?;
+        next = next
+            .checked_add(count.into())
+            .ok_or("small group ids overflow")?;
+        extents.push((seq, offset, bytes, count));
+    }
+    if next - 1 != head || floor > next {
+        return Err(format!(
+            "small group: extents hold ids {first_id}..{next}, floor {floor}, head {head}"
+        ));
+    }
+    Ok(SmallRecord {
+        first_id,
+        floor,
+        extents,
     })
 }
 
