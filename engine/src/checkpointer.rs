@@ -133,6 +133,9 @@ struct Checkpointer {
     graveyard: Vec<(PathBuf, u64)>,
     damaged: HashSet<u64>,
     last_retention: Instant,
+    /// Copies small groups' records out of old shared files after each
+    /// checkpoint (rewrite.rs).
+    reclaimer: Option<crate::rewrite::Reclaimer>,
 }
 
 /// Starts the checkpointer thread.
@@ -153,7 +156,9 @@ pub(crate) fn start(
         graveyard: Vec::new(),
         damaged: on_disk.damaged,
         last_retention: Instant::now(),
+        reclaimer: None,
     };
+    c.reclaimer = Some(crate::rewrite::Reclaimer::new(&c.shared.ctx));
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
         .spawn(move || {
@@ -161,6 +166,22 @@ pub(crate) fn start(
             c.run()
         })
         .map_err(|e| Error::io("spawn checkpointer thread", e))
+}
+
+/// The journal and cold files in `jdir` (unreadable listings: none, a
+/// later checkpoint tries again).
+fn shared_files(ctx: &LogContext, jdir: &Path) -> Vec<(FileId, PathBuf)> {
+    let mut out: Vec<(FileId, PathBuf)> = journal::list(&*ctx.vfs, jdir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(seq, p)| Some((FileId::journal(seq)?, p)))
+        .collect();
+    for p in ctx.vfs.read_dir(jdir).unwrap_or_default() {
+        if let Some(f) = crate::cold::parse_file_name(&p).and_then(FileId::cold) {
+            out.push((f, p));
+        }
+    }
+    out
 }
 
 /// Marks the checkpointer exited however its thread ends, a panic (a
@@ -743,6 +764,8 @@ impl Checkpointer {
         self.prev = self.last.replace(m);
         // K7: what neither kept manifest needs.
         self.release(ctx);
+        // Then small groups' records out of files they alone keep.
+        self.reclaim();
         let took = started.elapsed();
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -761,6 +784,31 @@ impl Checkpointer {
             self.last.as_ref().map_or(0, |m| m.runs.len()),
         );
         Ok(())
+    }
+
+    /// Evacuation and compaction (rewrite.rs) after a stored checkpoint: a
+    /// failure ends the pass (nothing installed depends on a failed copy)
+    /// and the next checkpoint's pass goes on.
+    fn reclaim(&mut self) {
+        let Some(floor) = self.prev.as_ref().map(|m| m.replay_journal_seq) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let Some(r) = self.reclaimer.as_mut() else {
+            return;
+        };
+        match r.run(&shared.ctx, &shared.catalog, floor) {
+            Ok(s) => {
+                let c = &shared.counters;
+                c.reclaim_bytes_copied
+                    .fetch_add(s.bytes_copied, Ordering::Relaxed);
+                c.reclaim_files.fetch_add(
+                    s.journal_files_evacuated + s.cold_files_compacted,
+                    Ordering::Relaxed,
+                );
+            }
+            Err(e) => log::warn!("reclaiming small groups' space put off: {e}"),
+        }
     }
 
     /// K7: deletes what neither kept manifest (`last`, `prev`) needs:
@@ -810,24 +858,23 @@ impl Checkpointer {
             // Out of the round index first: a reader that finds a round's
             // position and then no file reports it compacted.
             ctx.rounds.forget_files_below(prev.replay_journal_seq);
-            if let Ok(list) = journal::list(&*ctx.vfs, &jdir) {
-                // Small groups' records keep a file while either kept
-                // manifest or the memory state names it (`pins.rs`).
-                let mut live = ctx.live.lock();
-                for (seq, path) in list {
-                    let deletable = pins::journal_file_deletable(
-                        seq,
+            // Small groups' records keep a shared file while either kept
+            // manifest or the memory state names it (`pins.rs`); the cold
+            // file being written stays whatever it holds.
+            let writing = self.reclaimer.as_ref().and_then(|r| r.writing());
+            let mut live = ctx.live.lock();
+            for (file, path) in shared_files(ctx, &jdir) {
+                let go = Some(file) != writing
+                    && pins::deletable(
+                        file,
                         prev.replay_journal_seq,
                         &last.pinned,
                         &prev.pinned,
                         &live,
                     );
-                    if deletable {
-                        remove(&path);
-                        if let Some(f) = FileId::journal(seq) {
-                            live.forget(f);
-                        }
-                    }
+                if go {
+                    remove(&path);
+                    live.forget(file);
                 }
             }
         }

@@ -130,6 +130,7 @@ impl std::fmt::Display for ColdError {
 
 impl ColdError {
     /// The engine error for this damage in the file at `path`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn into_error(self, path: &Path) -> Error {
         let (offset, group) = match &self {
             ColdError::FileHeader { .. } => (0, None),
@@ -352,6 +353,7 @@ impl ColdWriter {
     }
 
     /// Seq the next new file will get.
+    #[cfg(any(test, feature = "testing"))]
     pub fn next_seq(&self) -> u64 {
         self.next_seq
     }
@@ -579,11 +581,13 @@ impl<'a, R: ReadAt + ?Sized> ColdScanner<'a, R> {
     }
 
     /// End of the last whole extent returned (where a torn end starts).
+    #[cfg(any(test, feature = "testing"))]
     pub fn valid_len(&self) -> u64 {
         self.pos
     }
 
     /// How the scan ended, once [`Self::next_extent`] returned `None`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn end(&self) -> Option<&ScanEnd> {
         self.end.as_ref()
     }

@@ -134,6 +134,10 @@ pub(crate) struct Counters {
     /// Time checkpoints took on the checkpointer thread (ms).
     pub checkpoint_ms_total: AtomicU64,
     pub checkpoint_ms_max: AtomicU64,
+    /// Small groups' record bytes copied into cold files (rewrite.rs).
+    pub reclaim_bytes_copied: AtomicU64,
+    /// Journal files evacuated and cold files compacted.
+    pub reclaim_files: AtomicU64,
     /// Bytes written to the journal (frames, and the header of each file a
     /// frame rolled to).
     pub journal_bytes: AtomicU64,
@@ -553,8 +557,7 @@ impl Committer {
         };
         // The files small groups' records are in: those at or after P are
         // kept by the replay window anyway.
-        let mut pinned = crate::pins::pinned(&self.shared.ctx.live.lock());
-        pinned.retain(|&seq| seq < replay.seq);
+        let pinned = crate::pins::pinned(&self.shared.ctx.live.lock(), replay.seq);
         let co = &self.shared.ckpt;
         let mut st = co.status.lock();
         if st.job.is_some() || st.busy || st.exited {

@@ -103,6 +103,11 @@ pub struct EngineStats {
     /// and the longest, in milliseconds.
     pub checkpoint_ms_total: u64,
     pub checkpoint_ms_max: u64,
+    /// Small groups' record bytes copied out of old shared files into cold
+    /// files (evacuation and compaction).
+    pub reclaim_bytes_copied: u64,
+    /// Journal files evacuated and cold files compacted.
+    pub reclaim_files: u64,
     /// Bytes written to the journal (frames, and the header of each file a
     /// frame rolled to).
     pub journal_bytes: u64,
@@ -897,6 +902,8 @@ impl Engine {
             checkpoint_bytes_max: c.checkpoint_bytes_max.load(Ordering::Relaxed),
             checkpoint_ms_total: c.checkpoint_ms_total.load(Ordering::Relaxed),
             checkpoint_ms_max: c.checkpoint_ms_max.load(Ordering::Relaxed),
+            reclaim_bytes_copied: c.reclaim_bytes_copied.load(Ordering::Relaxed),
+            reclaim_files: c.reclaim_files.load(Ordering::Relaxed),
             journal_bytes: c.journal_bytes.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),

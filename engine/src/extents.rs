@@ -93,6 +93,17 @@ impl FileId {
     pub fn seq(self) -> u64 {
         u64::from(self.0 & !FILE_COLD)
     }
+
+    /// The 32 bits as stored (checkpoint items, manifests): a journal
+    /// file's seq, or 2^31 + a cold file's seq.
+    pub fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// The file `raw` names (every `u32` names one).
+    pub fn from_raw(raw: u32) -> FileId {
+        FileId(raw)
+    }
 }
 
 /// A run of whole records of one group, contiguous in one shared file.

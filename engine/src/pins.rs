@@ -37,32 +37,34 @@
 use crate::extents::{FileId, FileKind};
 use crate::reclaim::LiveBytes;
 
-/// `pinned(k)`: the journal files with live bytes at K1 (`at_k1` is the
-/// accounting as it was then), sorted.
-pub fn pinned(at_k1: &LiveBytes) -> Vec<u64> {
+/// `pinned(k)`: the shared files with live bytes at K1 (`at_k1` is the
+/// accounting as it was then) that the replay window does not keep anyway
+/// (journal files before `replay_seq`, and every cold file), as
+/// [`FileId::raw`] values, sorted (journal files first).
+pub fn pinned(at_k1: &LiveBytes, replay_seq: u64) -> Vec<u64> {
     at_k1
         .files()
-        .filter(|(f, u)| f.kind() == FileKind::Journal && u.live > 0)
-        .map(|(f, _)| f.seq())
+        .filter(|(f, u)| u.live > 0 && (f.kind() == FileKind::Cold || f.seq() < replay_seq))
+        .map(|(f, _)| u64::from(f.raw()))
         .collect()
 }
 
-/// K7 of checkpoint k: may journal file `seq` go? `replay_floor` is the
-/// lower of the two kept manifests' replay files; `pins` and `pins_prev`
-/// their pinned lists (sorted); `live` the accounting now.
-pub fn journal_file_deletable(
-    seq: u64,
+/// K7 of checkpoint k: may shared file `file` go? `replay_floor` is the
+/// lower of the two kept manifests' replay files (a journal file at or
+/// after it stays); `pins` and `pins_prev` their pinned lists (sorted raw
+/// ids); `live` the accounting now.
+pub fn deletable(
+    file: FileId,
     replay_floor: u64,
     pins: &[u64],
     pins_prev: &[u64],
     live: &LiveBytes,
 ) -> bool {
-    let live_now = FileId::journal(seq)
-        .and_then(|f| live.usage(f))
-        .is_some_and(|u| u.live > 0);
-    seq < replay_floor
-        && pins.binary_search(&seq).is_err()
-        && pins_prev.binary_search(&seq).is_err()
+    let raw = u64::from(file.raw());
+    let live_now = live.usage(file).is_some_and(|u| u.live > 0);
+    (file.kind() == FileKind::Cold || file.seq() < replay_floor)
+        && pins.binary_search(&raw).is_err()
+        && pins_prev.binary_search(&raw).is_err()
         && !live_now
 }
 
@@ -86,8 +88,11 @@ mod tests {
         live.add(&ext(5, 0));
         live.remove(&ext(5, 0));
         live.add(&Extent::new(FileId::cold(9).unwrap(), 32, 100, 1).unwrap());
-        // Live at K1: 3 (5 is accounted but holds nothing live; 9 is cold).
-        assert_eq!(pinned(&live), vec![3]);
+        // Live at K1: 3 and cold 9 (5 is accounted but holds nothing live).
+        let cold9 = u64::from(FileId::cold(9).unwrap().raw());
+        assert_eq!(pinned(&live, 10), vec![3, cold9]);
+        // A journal file in the replay window is not listed.
+        assert_eq!(pinned(&live, 3), vec![cold9]);
         let none: &[u64] = &[];
         for (seq, floor, pins, prev, want) in [
             (2, 10, none, none, true),
@@ -98,7 +103,7 @@ mod tests {
             (5, 10, none, none, true),
         ] {
             assert_eq!(
-                journal_file_deletable(seq, floor, pins, prev, &live),
+                deletable(FileId::journal(seq).unwrap(), floor, pins, prev, &live),
                 want,
                 "file {seq}"
             );
@@ -227,7 +232,7 @@ mod tests {
                     let m = Manifest {
                         state,
                         replay,
-                        pins: pinned(&at_k1),
+                        pins: pinned(&at_k1, u64::MAX),
                     };
                     self.kept.push(m);
                     if self.kept.len() > 2 {
@@ -238,7 +243,13 @@ mod tests {
                     let pins = &self.kept[self.kept.len() - 1].pins;
                     for seq in 1..self.cur {
                         if !self.deleted.contains(&seq)
-                            && journal_file_deletable(seq, floor, pins, prev, &self.live)
+                            && deletable(
+                                FileId::journal(seq).unwrap(),
+                                floor,
+                                pins,
+                                prev,
+                                &self.live,
+                            )
                         {
                             self.deleted.insert(seq);
                         }

@@ -76,6 +76,7 @@ pub struct LiveBytes {
 }
 
 impl LiveBytes {
+    #[cfg(test)]
     pub fn new() -> LiveBytes {
         LiveBytes::default()
     }
@@ -127,6 +128,7 @@ impl LiveBytes {
 
     /// Sealed and nothing live: the file may go to the graveyard (a journal
     /// file only once it also left the replay window).
+    #[cfg(test)]
     pub fn is_dead(&self, file: FileId) -> bool {
         self.files
             .get(&file)
@@ -219,12 +221,6 @@ pub fn plan(files: &[ColdFile], cold_file_bytes: u64) -> Plan {
     plan
 }
 
-/// True while `S > 3L + C`: space is short enough that compaction runs
-/// unpaced (design 5.4, `reclaim_bytes_per_sec`).
-pub fn urgent(files: &[ColdFile], cold_file_bytes: u64) -> bool {
-    let (s, l) = sealed_totals(files);
-    s > 3 * l + cold_file_bytes
-}
 
 #[cfg(test)]
 mod tests {
@@ -295,13 +291,6 @@ mod tests {
             let (s, l) = sealed_totals(&rest);
             assert!(s <= 2 * l + C, "I7 after {files:?}");
         }
-    }
-
-    #[test]
-    fn urgency_starts_above_three_times_live() {
-        assert!(!urgent(&[f(1, 400, 100)], 100));
-        assert!(urgent(&[f(1, 401, 100)], 100));
-        assert!(!urgent(&[], 0));
     }
 
     fn ext(file: FileId, offset: u32, bytes: u32) -> Extent {

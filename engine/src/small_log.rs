@@ -114,10 +114,14 @@ pub(crate) fn apply_records(
             Ok(log) => {
                 let mut slot = group.log.write();
                 let new_head = log.head();
-                *slot = LogSlot::Loaded(Box::new(log));
+                // The list as it is now: a rewrite (rewrite.rs) may have
+                // moved extents since the copy (same records, new places).
+                let old = std::mem::replace(&mut *slot, LogSlot::Loaded(Box::new(log)));
                 group.publish_head(new_head);
                 drop(slot);
-                forget_extents(ctx, &list);
+                if let LogSlot::Small(now) = &old {
+                    forget_extents(ctx, now);
+                }
                 done.appended = count;
                 done.held = Some((first, new_head));
             }
@@ -263,7 +267,7 @@ pub(crate) fn to_record(list: &ExtentList) -> SmallRecord {
         extents: list
             .extents()
             .iter()
-            .map(|e| (e.file().seq(), e.offset(), e.bytes(), e.count()))
+            .map(|e| (e.file().raw(), e.offset(), e.bytes(), e.count()))
             .collect(),
     }
 }
@@ -272,10 +276,9 @@ pub(crate) fn to_record(list: &ExtentList) -> SmallRecord {
 /// extents are not verified: the first read of each checks its records.
 pub(crate) fn from_record(rec: &SmallRecord, head: u64) -> Result<ExtentList, String> {
     let mut list = ExtentList::new(rec.first_id);
-    for &(seq, offset, bytes, count) in &rec.extents {
-        let ext = FileId::journal(seq)
-            .and_then(|f| Extent::new(f, offset, bytes, count))
-            .ok_or_else(|| format!("extent ({seq}, {offset}, {bytes}, {count}) is invalid"))?;
+    for &(file, offset, bytes, count) in &rec.extents {
+        let ext = Extent::new(FileId::from_raw(file), offset, bytes, count)
+            .ok_or_else(|| format!("extent ({file}, {offset}, {bytes}, {count}) is invalid"))?;
         list.append(list.next_id(), ext);
     }
     if list.next_id() - 1 != head {

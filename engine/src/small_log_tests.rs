@@ -203,15 +203,28 @@ fn journal_files(dir: &Path) -> Vec<u64> {
         .unwrap()
         .filter_map(|e| {
             let name = e.ok()?.file_name().into_string().ok()?;
-            name.split('.').next()?.parse().ok()
+            name.strip_suffix(".tmj")?.parse().ok()
         })
         .collect();
     seqs.sort_unstable();
     seqs
 }
 
+fn cold_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out: Vec<(PathBuf, u64)> = std::fs::read_dir(journal::journal_dir(dir))
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            crate::cold::parse_file_name(&e.path())?;
+            Some((e.path(), e.metadata().ok()?.len()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 #[test]
-fn a_journal_file_with_small_records_stays_until_two_checkpoints_after_the_promotion() {
+fn a_small_groups_records_leave_old_journal_files_for_a_cold_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path();
     let e = Engine::open(config(path)).unwrap();
@@ -219,45 +232,136 @@ fn a_journal_file_with_small_records_stays_until_two_checkpoints_after_the_promo
     e.create_group(2).unwrap();
     e.append(1, 1, 1, b"kept in the first journal file")
         .unwrap();
-    let pinned = *journal_files(path).last().unwrap();
+    let first = *journal_files(path).last().unwrap();
     // Traffic elsewhere rolls the journal; checkpoints move the replay
-    // position far past the file.
+    // position past the file, evacuate it (its record goes to a cold
+    // file) and, two checkpoints later, delete it.
     for i in 0..40u64 {
         e.append(2, 1, i + 10, &payload(2, i)).unwrap();
     }
-    for _ in 0..3 {
+    assert!(journal_files(path).contains(&first));
+    for i in 0..5 {
         e.checkpoint().unwrap();
-        e.append(2, 1, 999, b"x").unwrap();
+        e.append(2, 1, 1000 + i, b"x").unwrap();
     }
     assert!(
-        journal_files(path).contains(&pinned),
-        "a small group's records keep their journal file"
+        !journal_files(path).contains(&first),
+        "the journal file went once its small record was moved"
     );
-    assert!(
-        journal_files(path).len() < 10,
-        "files without small records go as before"
-    );
-    // Promote group 1: its record moves to its own segment.
-    e.append(1, 1, 2, &vec![b'p'; 1000]).unwrap();
-    e.append(1, 1, 3, &vec![b'q'; 1000]).unwrap();
-    assert!(crate::group_log::group_dir(path, 1).exists(), "promoted");
-    e.checkpoint().unwrap();
-    assert!(
-        journal_files(path).contains(&pinned),
-        "the older kept manifest still pins the file"
-    );
-    e.checkpoint().unwrap();
-    assert!(
-        !journal_files(path).contains(&pinned),
-        "gone at the second checkpoint after the promotion"
-    );
-    let b = e.read(1, 0, 10, 1 << 20).unwrap();
-    let got: Vec<&[u8]> = b.records().map(|r| r.payload()).collect();
-    assert_eq!(got[0], b"kept in the first journal file");
-    assert_eq!(got.len(), 3);
+    assert!(journal_files(path).len() < 6, "old journal files go");
+    assert_eq!(cold_files(path).len(), 1, "the record is in a cold file");
+    assert!(e.stats().reclaim_bytes_copied > 0);
+    let read = |e: &Engine| -> Vec<Vec<u8>> {
+        let b = e.read(1, 0, 10, 1 << 20).unwrap();
+        b.records().map(|r| r.payload().to_vec()).collect()
+    };
+    assert_eq!(read(&e), [b"kept in the first journal file".to_vec()]);
+    // A crash, then a clean close: read from the cold file each time.
+    e.append(1, 1, 2, b"second").unwrap();
+    e.simulate_crash();
+    let e = Engine::open(config(path)).unwrap();
+    assert_eq!(read(&e).len(), 2);
     e.close().unwrap();
     let e = Engine::open(config(path)).unwrap();
-    assert_eq!(e.read(1, 0, 10, 1 << 20).unwrap().count, 3);
+    assert_eq!(read(&e)[0], b"kept in the first journal file");
+    // Promoted: the cold file holds nothing live and goes two checkpoints
+    // later.
+    e.append(1, 1, 3, &vec![b'p'; 1000]).unwrap();
+    e.append(1, 1, 4, &vec![b'q'; 1000]).unwrap();
+    assert!(crate::group_log::group_dir(path, 1).exists(), "promoted");
+    for _ in 0..3 {
+        e.checkpoint().unwrap();
+        e.append(2, 1, 5000, b"y").unwrap();
+    }
+    assert!(cold_files(path).is_empty(), "a dead cold file goes");
+    assert_eq!(read(&e).len(), 4);
+}
+
+#[test]
+fn reclamation_bounds_the_space_of_small_groups_and_what_it_copies() {
+    // Many small groups, three in four deleted midway (their cold bytes
+    // become garbage spread over every cold file, so only compaction can
+    // give it back), a busy big group rolling the journal and many
+    // checkpoints: old journal files go, cold files stay within twice the
+    // live bytes plus two files (one being written, one awaiting its
+    // second checkpoint), and evacuation copies each live byte about once.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let e = Engine::open(config(path)).unwrap();
+    const SMALL: u64 = 120;
+    e.create_group(1000).unwrap();
+    let mut small_bytes = 0u64;
+    for g in 1..=SMALL {
+        e.create_group(g).unwrap();
+    }
+    for round in 0..6u64 {
+        for g in 1..=SMALL {
+            let p = payload(g, round + 1);
+            small_bytes += 44 + p.len() as u64;
+            e.append(g, 1, round, &p).unwrap();
+        }
+        for i in 0..20 {
+            e.append(1000, 1, round * 100 + i, &payload(1000, i))
+                .unwrap();
+        }
+        e.checkpoint().unwrap();
+    }
+    for g in (1..=SMALL).filter(|g| g % 4 != 0) {
+        e.delete_group(g).unwrap();
+    }
+    for round in 0..12u64 {
+        for i in 0..20 {
+            e.append(1000, 2, round * 100 + i, &payload(1000, i))
+                .unwrap();
+        }
+        e.checkpoint().unwrap();
+    }
+    let live: u64 = (4..=SMALL)
+        .step_by(4)
+        .map(|g| {
+            (1..=6)
+                .map(|i| 44 + payload(g, i).len() as u64)
+                .sum::<u64>()
+        })
+        .sum();
+    let cold: u64 = cold_files(path).iter().map(|(_, len)| len).sum();
+    // Live bytes as the accounting counts them: records plus a 32-byte
+    // header per cold extent (one per round the group appeared in).
+    let accounted: u64 = e
+        .shared
+        .ctx
+        .live
+        .lock()
+        .cold_files()
+        .iter()
+        .map(|f| f.live)
+        .sum();
+    assert!(
+        accounted <= live + 32 * 6 * SMALL / 4,
+        "{accounted} for {live}"
+    );
+    let file = config(path).journal_file_bytes;
+    assert!(
+        cold <= 2 * accounted + 2 * file,
+        "cold files hold {cold} bytes for {accounted} live"
+    );
+    assert!(journal_files(path).len() <= 6, "{:?}", journal_files(path));
+    let copied = e.stats().reclaim_bytes_copied;
+    assert!(
+        copied <= 3 * small_bytes,
+        "copied {copied} for {small_bytes} bytes of small records"
+    );
+    for g in (4..=SMALL).step_by(4) {
+        let b = e.read(g, 0, 10, 1 << 20).unwrap();
+        let got: Vec<Vec<u8>> = b.records().map(|r| r.payload().to_vec()).collect();
+        let want: Vec<Vec<u8>> = (1..=6).map(|i| payload(g, i)).collect();
+        assert_eq!(got, want, "group {g}");
+    }
+    e.simulate_crash();
+    let e = Engine::open(config(path)).unwrap();
+    for g in (4..=SMALL).step_by(4) {
+        assert_eq!(e.read(g, 0, 10, 1 << 20).unwrap().count, 6, "group {g}");
+    }
 }
 
 /// The journal file and offset of the first occurrence of `needle`.

@@ -89,7 +89,10 @@ impl SharedFiles {
 
     /// The path of a shared file.
     pub fn path(&self, file: FileId) -> PathBuf {
-        crate::journal::journal_path(&self.journal_dir, file.seq())
+        match file.kind() {
+            FileKind::Journal => crate::journal::journal_path(&self.journal_dir, file.seq()),
+            FileKind::Cold => self.journal_dir.join(crate::cold::file_name(file.seq())),
+        }
     }
 
     /// A mapping of `file` holding at least `end` bytes. The file is
@@ -114,13 +117,6 @@ impl SharedFiles {
             group,
             reason: format!("{}: {reason}", path.display()),
         };
-        if file.kind() == FileKind::Cold {
-            // Cold files come with step S6; no extent of this build names one.
-            return Err(damaged(format!(
-                "an extent names cold file {}, which this build does not write",
-                file.seq()
-            )));
-        }
         let f = self.vfs.open(&path, OpenMode::Read).map_err(|e| {
             damaged(format!(
                 "cannot open the shared file the group's records are in: {e}"

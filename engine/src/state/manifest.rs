@@ -13,8 +13,8 @@
 //!    run_count u32 | runs, newest first: { run_seq u64 | part_count u32 |
 //!    parts: { item_count u64 | file_len u64 | trailer_crc u32 |
 //!    first_key (17) | last_key (17) } } |
-//!    pinned_count u32 | pinned: journal seq u64, ascending, each below
-//!    replay_journal_seq }`.
+//!    pinned_count u32 | pinned: file id u64 (a journal file's seq, each
+//!    below replay_journal_seq, or 2^31 + a cold file's seq), ascending }`.
 //! Version 2 added the pinned list (the journal files before the replay
 //! position that small groups' records are in, `pins.rs`); a version 1
 //! manifest is refused like any unsupported version.
@@ -76,9 +76,9 @@ pub(crate) struct Manifest {
     pub clean: bool,
     /// Newest first.
     pub runs: Vec<RunMeta>,
-    /// Journal files small groups' records were in when the checkpoint
-    /// was captured (`pins.rs`), ascending: kept while this manifest is,
-    /// also before the replay position.
+    /// Shared files small groups' records were in when the checkpoint was
+    /// captured (`pins.rs`), as `FileId::raw` values, ascending: kept while
+    /// this manifest is (journal files also before the replay position).
     pub pinned: Vec<u64>,
 }
 
@@ -250,13 +250,19 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     }
     let mut pinned: Vec<u64> = Vec::with_capacity(pinned_count as usize);
     for _ in 0..pinned_count {
-        let seq = r.u64()?;
-        if seq >= replay_journal_seq || pinned.last().is_some_and(|&p| p >= seq) {
+        // A journal file's seq (below 2^31), or 2^31 + a cold file's seq.
+        let id = r.u64()?;
+        let journal = id < 1 << 31;
+        if id > u64::from(u32::MAX)
+            || (journal && id >= replay_journal_seq)
+            || pinned.last().is_some_and(|&p| p >= id)
+        {
             return Err(format!(
-                "pinned journal file {seq} not ascending or not before the replay file"
+                "pinned file {id} not ascending, not a file id, or a journal file not \
+                 before the replay file"
             ));
         }
-        pinned.push(seq);
+        pinned.push(id);
     }
     if !r.is_empty() {
         return Err(format!(

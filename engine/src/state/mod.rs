@@ -83,8 +83,10 @@ pub(crate) struct SmallRecord {
     pub first_id: u64,
     /// The oldest id reads may return (at least `first_id`).
     pub floor: u64,
-    /// `(journal seq, offset, bytes, count)` per extent, in id order.
-    pub extents: Vec<(u64, u32, u32, u32)>,
+    /// `(file, offset, bytes, count)` per extent, in id order; `file` is
+    /// the shared file's id as stored (`FileId::raw`: a journal file's seq,
+    /// or 2^31 + a cold file's seq).
+    pub extents: Vec<(u32, u32, u32, u32)>,
 }
 
 /// One item of a run.

@@ -132,7 +132,7 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 // file; 0 for a small or damaged group) |
 // m x { varint base (the first absolute, then the delta > 0) | varint len } |
 // small? { varint first_id | varint floor - first_id | varint n |
-//   n x { varint journal seq | varint offset | varint bytes | varint count } } |
+//   n x { varint file (FileId::raw) | varint offset | varint bytes | varint count } } |
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
 // damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
@@ -166,8 +166,8 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                 put_varint(out, small.first_id);
                 put_varint(out, small.floor - small.first_id);
                 put_varint(out, small.extents.len() as u64);
-                for &(seq, offset, bytes, count) in &small.extents {
-                    put_varint(out, seq);
+                for &(file, offset, bytes, count) in &small.extents {
+                    put_varint(out, file.into());
                     put_varint(out, offset.into());
                     put_varint(out, bytes.into());
                     put_varint(out, count.into());
@@ -377,20 +377,19 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
     let mut extents = Vec::with_capacity(n as usize);
     let mut next = first_id;
     for _ in 0..n {
-        let seq = r.varint()?;
         let field = |v: u64| u32::try_from(v).map_err(|_| format!("extent field {v} too large"));
+        let file = field(r.varint()?)?;
         let (offset, bytes, count) = (
             field(r.varint()?)?,
             field(r.varint()?)?,
             field(r.varint()?)?,
         );
-        crate::extents::FileId::journal(seq)
-            .and_then(|f| crate::extents::Extent::new(f, offset, bytes, count))
-            .ok_or_else(|| format!("extent ({seq}, {offset}, {bytes}, {count}) is invalid"))?;
+        crate::extents::Extent::new(crate::extents::FileId::from_raw(file), offset, bytes, count)
+            .ok_or_else(|| format!("extent ({file}, {offset}, {bytes}, {count}) is invalid"))?;
         next = next
             .checked_add(count.into())
             .ok_or("small group ids overflow")?;
-        extents.push((seq, offset, bytes, count));
+        extents.push((file, offset, bytes, count));
     }
     if next - 1 != head || floor > next {
         return Err(format!(
