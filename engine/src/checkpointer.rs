@@ -875,6 +875,7 @@ impl Checkpointer {
                 if go {
                     remove(&path);
                     live.forget(file);
+                    ctx.shared_files.forget(file);
                 }
             }
         }
