@@ -168,6 +168,15 @@ pub(crate) fn start(
         .map_err(|e| Error::io("spawn checkpointer thread", e))
 }
 
+/// The sequence number after `seq`; none after `u64::MAX` (only a damaged
+/// or hostile directory names such a file): writes stop rather than a
+/// number being used twice.
+fn next_seq(seq: u64, what: &str) -> Result<u64> {
+    seq.checked_add(1).ok_or_else(|| Error::WritesStopped {
+        reason: format!("{what} sequence numbers exhausted"),
+    })
+}
+
 /// The journal and cold files in `jdir` (unreadable listings: none, a
 /// later checkpoint tries again).
 fn shared_files(ctx: &LogContext, jdir: &Path) -> Vec<(FileId, PathBuf)> {
@@ -705,7 +714,7 @@ impl Checkpointer {
         let delta_seq = self.next_run_seq;
         let delta = write_run(ctx, delta_seq, self.delta.values().cloned().map(Ok))?;
         if let Some(run) = delta {
-            self.next_run_seq += 1;
+            self.next_run_seq = next_seq(self.next_run_seq, "run")?;
             written += run.bytes();
             syncs += run.parts.len() as u64 + 1;
             runs.insert(0, run);
@@ -727,7 +736,7 @@ impl Checkpointer {
             })?;
             match merged {
                 Ok(merged) => {
-                    self.next_run_seq += 1;
+                    self.next_run_seq = next_seq(self.next_run_seq, "run")?;
                     runs.drain(..n);
                     if let Some(run) = merged {
                         written += run.bytes();
@@ -760,7 +769,7 @@ impl Checkpointer {
         // groups must not leave memory per group behind).
         self.delta = BTreeMap::new();
         self.duties = Vec::new();
-        self.next_ckpt_seq += 1;
+        self.next_ckpt_seq = next_seq(self.next_ckpt_seq, "checkpoint")?;
         self.prev = self.last.replace(m);
         // K7: what neither kept manifest needs.
         self.release(ctx);
@@ -875,6 +884,7 @@ impl Checkpointer {
                 if go {
                     remove(&path);
                     live.forget(file);
+                    ctx.shared_files.forget(file);
                 }
             }
         }

@@ -129,6 +129,29 @@ impl DedupWindow {
         self.recent.len()
     }
 
+    /// Inserts every record of a page read back from a log (a rebuild);
+    /// returns the last record's timestamp.
+    fn insert_batch(
+        &mut self,
+        batch: &crate::group_log::ReadBatch,
+        limits: WindowLimits,
+    ) -> Option<u64> {
+        let mut last = None;
+        for r in batch.records() {
+            let h = r.header;
+            self.insert(
+                h.msg_id,
+                h.sender_id,
+                h.client_msg_id,
+                h.timestamp_ms,
+                limits,
+                false,
+            );
+            last = Some(h.timestamp_ms);
+        }
+        last
+    }
+
     /// Rebuilds the window of a small group (`list`, copied under its
     /// slot's lock) from its records, and gives the timestamp of its last
     /// record. A small group holds at most `small_group_bytes_max` bytes, so
@@ -149,18 +172,7 @@ impl DedupWindow {
         let mut after = start - 1;
         while after < head {
             let batch = crate::small_log::read_above(ctx, group, list, after, 4096, usize::MAX)?;
-            for r in batch.records() {
-                let h = r.header;
-                window.insert(
-                    h.msg_id,
-                    h.sender_id,
-                    h.client_msg_id,
-                    h.timestamp_ms,
-                    limits,
-                    false,
-                );
-                last_ts = h.timestamp_ms;
-            }
+            last_ts = window.insert_batch(&batch, limits).unwrap_or(last_ts);
             after = batch.last_id;
         }
         window.evict(now_ms, limits, false);
@@ -208,17 +220,7 @@ impl DedupWindow {
         let mut after = start - 1;
         while after < head {
             let batch = scanned!(log.read_with(ctx, scan, after, 4096, usize::MAX));
-            for r in batch.records() {
-                let h = r.header;
-                window.insert(
-                    h.msg_id,
-                    h.sender_id,
-                    h.client_msg_id,
-                    h.timestamp_ms,
-                    limits,
-                    false,
-                );
-            }
+            window.insert_batch(&batch, limits);
             after = batch.last_id;
         }
         window.evict(now_ms, limits, false);

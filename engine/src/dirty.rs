@@ -41,7 +41,7 @@ struct Changed {
     cursors: Vec<u64>,
 }
 
-const LSN_MASK: u64 = (1 << 62) - 1;
+const LSN_MASK: u64 = crate::journal::LSN_MAX;
 const DIRTY: u64 = 1 << 62;
 const CAPTURED_ONCE: u64 = 1 << 63;
 

@@ -691,6 +691,17 @@ impl GroupLog {
                 .cache
                 .get(&*ctx.vfs, group_id, base_id, || path.clone())?
                 .file_len()?;
+            // A state naming a segment shorter than its header is one no
+            // reader accepts (checkpoint decoding refuses it), so it is
+            // damage now, not at the sealed segment's first read.
+            if len < SEGMENT_HEADER_BYTES as u64 {
+                return Err(Error::Corrupt {
+                    path,
+                    group: Some(group_id),
+                    offset: 0,
+                    reason: format!("sealed segment of {len} bytes, shorter than its header"),
+                });
+            }
             log.segments.push(SegmentMeta {
                 base_id,
                 len,

@@ -221,7 +221,6 @@ pub fn plan(files: &[ColdFile], cold_file_bytes: u64) -> Plan {
     plan
 }
 
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -435,7 +435,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             pinned: Vec::new(),
         };
         manifest::store(vfs, &mdir, &m)?;
-        on_disk.next_ckpt_seq += 1;
+        on_disk.next_ckpt_seq = on_disk.next_ckpt_seq.saturating_add(1);
         on_disk.last = Some(m);
     }
     // After a crash the first checkpoint comes at once, so the journal

@@ -355,7 +355,11 @@ fn groups_in_cold_file(ctx: &LogContext, file: FileId) -> BTreeSet<u64> {
         return groups;
     };
     if scan.header().seq != file.seq() {
-        log::warn!("reclaim: {} names cold file {}", path.display(), scan.header().seq);
+        log::warn!(
+            "reclaim: {} names cold file {}",
+            path.display(),
+            scan.header().seq
+        );
         return groups;
     }
     while let Ok(Some(ext)) = scan.next_extent() {

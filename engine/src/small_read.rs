@@ -87,6 +87,12 @@ impl SharedFiles {
         }
     }
 
+    /// Drops the cached mapping of `file` (deleted): its disk space is
+    /// given back once the readers holding chunks of it are done.
+    pub fn forget(&self, file: FileId) {
+        self.maps.lock().retain(|(f, _)| *f != file);
+    }
+
     /// The path of a shared file.
     pub fn path(&self, file: FileId) -> PathBuf {
         match file.kind() {

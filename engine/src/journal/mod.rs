@@ -167,6 +167,11 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// The largest frame number (lsn) a file may name: a group keeps its
+/// `applied_lsn` in 62 bits beside two flags (`dirty.rs`), and 2^62 frames
+/// are never written, so a larger one is damage.
+pub const LSN_MAX: u64 = (1 << 62) - 1;
+
 /// Checks a journal file header; returns its fields.
 pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
     if b.len() < JOURNAL_HEADER_BYTES {
@@ -195,6 +200,11 @@ pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
     let (first_lsn, first_round) = (u64_at(b, 24), u64_at(b, 32));
     if first_lsn == 0 || first_round == 0 {
         return Err("journal header first_lsn or first_round is 0".into());
+    }
+    if first_lsn > LSN_MAX {
+        return Err(format!(
+            "journal header first_lsn {first_lsn} is at or beyond 2^62"
+        ));
     }
     Ok(JournalHeader {
         flags: b[12],

@@ -90,7 +90,8 @@ fn sample_items() -> Vec<Item> {
         Item::GroupPut(GroupRecord {
             group: 3,
             fresh: false,
-            applied_lsn: u64::MAX,
+            // The largest a reader takes (below 2^62, the group's word).
+            applied_lsn: crate::journal::LSN_MAX,
             head: u64::MAX - 1,
             segments: vec![(1, 64), (5, 1 << 31), (u64::MAX, 64)],
             retention: Retention {
@@ -284,6 +285,13 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
             "short segment",
             GroupRecord {
                 segments: vec![(1, 63)],
+                ..base.clone()
+            },
+        ),
+        (
+            "applied_lsn at 2^62",
+            GroupRecord {
+                applied_lsn: crate::journal::LSN_MAX + 1,
                 ..base.clone()
             },
         ),

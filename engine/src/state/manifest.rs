@@ -186,6 +186,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     let ckpt_seq = r.u64()?;
     let replay_journal_seq = r.u64()?;
     let replay_lsn = r.u64()?;
+    if replay_lsn > crate::journal::LSN_MAX {
+        return Err(format!(
+            "manifest replay_lsn {replay_lsn} is at or beyond 2^62"
+        ));
+    }
     let replay_round = r.u64()?;
     let created_ms = r.u64()?;
     let next_run_seq = r.u64()?;

@@ -280,6 +280,9 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
     let applied_lsn = r.varint()?;
+    if applied_lsn > crate::journal::LSN_MAX {
+        return Err(bad(&format!("applied_lsn {applied_lsn} at or beyond 2^62")));
+    }
     let head = r.varint()?;
     let m = r.varint()?;
     // Each segment takes at least two bytes: a hostile count fails here.

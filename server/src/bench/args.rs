@@ -144,6 +144,11 @@ pub struct BenchArgs {
     /// groups in small runs.
     #[arg(long)]
     pub node_checkpoint_interval_ms: Option<u64>,
+    /// population: the spawned node's `serve --small-group-bytes-max`
+    /// (default: the node's own): groups whose records stay within it keep
+    /// them in the shared journal, with no file of their own.
+    #[arg(long)]
+    pub node_small_group_bytes_max: Option<u64>,
 }
 
 impl BenchArgs {

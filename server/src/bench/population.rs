@@ -777,8 +777,8 @@ fn validate(
 
 /// The `serve` flags the population's node runs with: a short idle time
 /// ([`IDLE_FLAG`], `--node-idle-evict-ms` unless 0) if `bin` has that
-/// flag, and
-/// `--node-checkpoint-interval-ms` if given (an error if `bin` lacks it).
+/// flag, and `--node-checkpoint-interval-ms` and
+/// `--node-small-group-bytes-max` if given (an error if `bin` lacks one).
 pub(crate) fn node_flags(
     args: &super::BenchArgs,
     bin: &std::path::Path,
@@ -787,15 +787,24 @@ pub(crate) fn node_flags(
     if args.node_idle_evict_ms > 0 && serve_has_flag(bin, IDLE_FLAG)? {
         flags.extend([IDLE_FLAG.to_string(), args.node_idle_evict_ms.to_string()]);
     }
-    if let Some(ms) = args.node_checkpoint_interval_ms {
-        let flag = "--checkpoint-interval-ms";
+    let passed = [
+        (
+            args.node_checkpoint_interval_ms,
+            "--node-checkpoint-interval-ms",
+            "--checkpoint-interval-ms",
+        ),
+        (
+            args.node_small_group_bytes_max,
+            "--node-small-group-bytes-max",
+            "--small-group-bytes-max",
+        ),
+    ];
+    for (value, ours, flag) in passed {
+        let Some(v) = value else { continue };
         if !serve_has_flag(bin, flag)? {
-            return Err(format!(
-                "--node-checkpoint-interval-ms: {} serve has no {flag}",
-                bin.display()
-            ));
+            return Err(format!("{ours}: {} serve has no {flag}", bin.display()));
         }
-        flags.extend([flag.to_string(), ms.to_string()]);
+        flags.extend([flag.to_string(), v.to_string()]);
     }
     Ok(flags)
 }
