@@ -439,7 +439,7 @@ mod tests {
 
     fn idle_engine() -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Config::new(dir.path());
+        let mut c = Config::segmented(dir.path());
         c.fsync = FsyncPolicy::Never;
         c.idle_evict_ms = IDLE_MS;
         let e = Engine::open(c).unwrap();
@@ -556,7 +556,7 @@ mod tests {
     #[test]
     fn a_group_used_recently_is_not_idle() {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Config::new(dir.path());
+        let mut c = Config::segmented(dir.path());
         c.fsync = FsyncPolicy::Never;
         c.idle_evict_ms = 60_000;
         let e = Engine::open(c).unwrap();

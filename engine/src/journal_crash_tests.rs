@@ -460,7 +460,7 @@ fn a_format_1_directory_is_refused_naming_its_versions_and_nothing_is_written() 
     let dir = tempfile::tempdir().unwrap();
     format_1_directory(dir.path());
     let before = tree(dir.path());
-    let err = Engine::open(Config::new(dir.path()))
+    let err = Engine::open(Config::segmented(dir.path()))
         .err()
         .expect("a format-1 directory is refused");
     match &err {
@@ -500,7 +500,7 @@ fn a_format_1_directory_is_refused_naming_its_versions_and_nothing_is_written() 
         }
         assert!(
             matches!(
-                Engine::open(Config::new(dir.path())),
+                Engine::open(Config::segmented(dir.path())),
                 Err(Error::UnsupportedFormat { found: 1, .. })
             ),
             "{keep} alone"
@@ -511,18 +511,18 @@ fn a_format_1_directory_is_refused_naming_its_versions_and_nothing_is_written() 
 #[test]
 fn a_new_directory_gets_format_2_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let e = Engine::open(Config::new(dir.path())).unwrap();
+    let e = Engine::open(Config::segmented(dir.path())).unwrap();
     e.close().unwrap();
     let b = std::fs::read(dir.path().join("FORMAT")).unwrap();
     assert_eq!(crate::format::decode(&b), Ok(2));
-    Engine::open(Config::new(dir.path()))
+    Engine::open(Config::segmented(dir.path()))
         .unwrap()
         .close()
         .unwrap();
     // A FORMAT of another version is refused, and stays as it was.
     std::fs::write(dir.path().join("FORMAT"), crate::format::encode(3, 0)).unwrap();
     assert!(matches!(
-        Engine::open(Config::new(dir.path())),
+        Engine::open(Config::segmented(dir.path())),
         Err(Error::UnsupportedFormat {
             found: 3,
             supported: 2,

@@ -35,7 +35,7 @@ fn fragment(group: u64) -> String {
 }
 
 fn config(dir: &Path) -> Config {
-    let mut c = Config::new(dir);
+    let mut c = Config::segmented(dir);
     c.payload_bytes_max = 1024;
     c.segment_bytes_max = 8192;
     c.index_interval_bytes = 512;

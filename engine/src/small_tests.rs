@@ -11,7 +11,7 @@ use crate::io::{FaultControl, FaultyVfs};
 use crate::{Config, Engine, FsyncPolicy, JoinStart};
 
 fn config(dir: &Path) -> Config {
-    let mut c = Config::new(dir);
+    let mut c = Config::segmented(dir);
     c.fsync = FsyncPolicy::Always;
     c
 }

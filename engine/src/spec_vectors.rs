@@ -698,7 +698,7 @@ fn first_of_kind(entries: &[Vec<u8>], kind: EntryKind) -> &[u8] {
 #[test]
 fn the_engine_writes_the_membership_vectors() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(Config::new(dir.path())).unwrap();
+    let engine = Engine::open(Config::segmented(dir.path())).unwrap();
     // The checkpoint after open is done before the story starts.
     engine.checkpoint().unwrap();
     engine.create_group(5).unwrap();

@@ -9,7 +9,7 @@ use crate::io::FaultyVfs;
 use crate::{AppendRequest, Config, Engine, Error, FsyncPolicy};
 
 pub(crate) fn small_config(dir: &Path) -> Config {
-    let mut c = Config::new(dir);
+    let mut c = Config::segmented(dir);
     c.payload_bytes_max = 1024;
     c.segment_bytes_max = 8192;
     c.index_interval_bytes = 512;

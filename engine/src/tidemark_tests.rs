@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::{Config, Engine, Error, JoinStart, Retention};
 
 fn config(dir: &Path) -> Config {
-    let mut c = Config::new(dir);
+    let mut c = Config::segmented(dir);
     c.payload_bytes_max = 1024;
     c.segment_bytes_max = 4096;
     c.index_interval_bytes = 512;
