@@ -47,7 +47,9 @@ struct FileRounds {
 
 impl FileRounds {
     fn end_round(&self) -> u64 {
-        self.first_round + self.offsets.len() as u64
+        // Saturating: a damaged or hostile header may name a round near
+        // u64::MAX (the journal's own numbering then stops writes).
+        self.first_round.saturating_add(self.offsets.len() as u64)
     }
 }
 
