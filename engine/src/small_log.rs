@@ -28,9 +28,10 @@
 //! back small; the next promotion moves the stale directory to the trash.
 //!
 //! Invariants:
-//! - only the applying thread changes a small slot (appends, promotion),
-//!   and deletion (also applied there); readers copy the list under the
-//!   slot's read lock and read the files after it;
+//! - only the applying thread appends to a small slot, promotes it or
+//!   deletes it (deletion is applied there too); a rewrite (`rewrite.rs`,
+//!   checkpointer thread) only moves extents, gated; readers copy the list
+//!   under the slot's read lock and read the files after it;
 //! - every extent of every small slot is counted in `LogContext::live`
 //!   (A1 of `reclaim.rs`), and nothing else is;
 //! - a small group's bytes stay at most `small_group_bytes_max`.
@@ -66,15 +67,18 @@ pub(crate) fn apply_records(
     lsn: u64,
 ) -> Result<Option<RecordsApplied>> {
     let ctx = st.ctx;
-    let list = match &*group.log.read() {
-        LogSlot::Small(list) => list.clone(),
+    // What the decision needs, without copying the list: only a
+    // promotion reads it. This thread alone appends to a small slot or
+    // turns it into another kind, so head and bytes stay as read (a
+    // rewrite moves extents, never records).
+    let (head, bytes) = match &*group.log.read() {
+        LogSlot::Small(list) => (list.next_id() - 1, list.bytes()),
         _ => return Ok(None),
     };
     let mut done = RecordsApplied::default();
-    let head = list.next_id() - 1;
     if mode != Mode::Live && body::decode_records(run).is_none() {
         let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
-        damage(st, group, &list, reason);
+        damage(st, group, reason);
         return Ok(Some(done));
     }
     let first = record::peek_msg_id(run);
@@ -89,17 +93,18 @@ pub(crate) fn apply_records(
         debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
         let reason =
             format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
-        damage(st, group, &list, reason);
+        damage(st, group, reason);
         return Ok(Some(done));
     }
     let count = apply::count_records(above);
     let threshold = ctx.config.small_group_bytes_max;
     let extent = at
-        .filter(|_| list.bytes() + above.len() as u64 <= threshold)
+        .filter(|_| bytes + above.len() as u64 <= threshold)
         .and_then(|at| extent_of(at, run.len() - above.len(), above.len(), count));
     if let Some(ext) = extent {
         let mut slot = group.log.write();
-        // Invariant: only this thread changes a small slot (module docs).
+        // Invariant: only this thread turns a small slot into another kind
+        // (a rewrite only moves its extents; module docs).
         let LogSlot::Small(list) = &mut *slot else {
             unreachable!("a small slot changed under its applier");
         };
@@ -110,6 +115,10 @@ pub(crate) fn apply_records(
         done.held = Some((first, list.next_id() - 1));
     } else {
         // Outside every lock: the files, the copy.
+        let list = match &*group.log.read() {
+            LogSlot::Small(list) => list.clone(),
+            _ => unreachable!("a small slot changed under its applier"),
+        };
         match promote(ctx, group.id, &list, above) {
             Ok(log) => {
                 let mut slot = group.log.write();
@@ -130,7 +139,7 @@ pub(crate) fn apply_records(
             // to the trash first).
             Err(e) if mode != Mode::Replay => return Err(e),
             Err(e) => {
-                damage(st, group, &list, format!("its promotion failed: {e}"));
+                damage(st, group, format!("its promotion failed: {e}"));
                 return Ok(Some(done));
             }
         }
@@ -189,12 +198,16 @@ pub(crate) fn forget_extents(ctx: &LogContext, list: &ExtentList) {
 /// A small group found damaged while applying: its slot says why. Its
 /// extents leave the accounting (no journal file is deleted while a group
 /// is damaged, checkpointer K7, and deleting it then names no extent).
-fn damage(st: &apply::State<'_>, group: &Group, list: &ExtentList, reason: String) {
+fn damage(st: &apply::State<'_>, group: &Group, reason: String) {
     st.ctx.dirty.damaged(group.id);
-    forget_extents(st.ctx, list);
-    *group.log.write() = LogSlot::Damaged {
+    let mut slot = group.log.write();
+    if let LogSlot::Small(list) = &*slot {
+        forget_extents(st.ctx, list);
+    }
+    let head = slot.head();
+    *slot = LogSlot::Damaged {
         state: LogState {
-            head: list.next_id() - 1,
+            head,
             segments: Vec::new(),
         },
         reason,
