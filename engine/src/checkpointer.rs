@@ -217,26 +217,62 @@ impl Drop for ExitGuard {
     }
 }
 
-/// Number of sealed segments the group's retention policy drops now.
-fn plan_retention(ctx: &LogContext, cursors: &CursorTable, g: &Group) -> Result<Option<usize>> {
+/// What a group's retention policy drops now.
+enum RetentionCut {
+    /// The `n` oldest sealed segments of a segmented log.
+    Segments(usize),
+    /// A small group's records below this new floor (design 5.5).
+    SmallFloor(u64),
+}
+
+/// What the group's retention policy drops now, if anything. A small
+/// group's list is copied under its lock and its files are read (for
+/// timestamps) without it.
+fn plan_retention(
+    ctx: &LogContext,
+    cursors: &CursorTable,
+    g: &Group,
+) -> Result<Option<RetentionCut>> {
     let policy = g.retention();
     if policy.keeps_everything() {
         return Ok(None);
     }
-    let slot = g.log.read();
-    let LogSlot::Loaded(log) = &*slot else {
-        return Ok(None);
-    };
-    let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
     let min_cursor = g.min_cursor(cursors);
-    let n = retention::droppable(
-        &policy,
-        &sealed,
-        log.total_bytes(),
-        min_cursor,
-        crate::now_ms(),
-    );
-    Ok((n > 0).then_some(n))
+    let slot = g.log.read();
+    match &*slot {
+        LogSlot::Loaded(log) => {
+            let sealed = log.sealed_segments(ctx, policy.max_age_ms > 0)?;
+            let n = retention::droppable(
+                &policy,
+                &sealed,
+                log.total_bytes(),
+                min_cursor,
+                crate::now_ms(),
+            );
+            Ok((n > 0).then_some(RetentionCut::Segments(n)))
+        }
+        LogSlot::Small(list) => {
+            let list = list.clone();
+            drop(slot);
+            let extents = crate::small_read::retention_view(
+                &ctx.shared_files,
+                g.id,
+                &list,
+                policy.max_age_ms > 0,
+            )?;
+            let head = list.next_id() - 1;
+            Ok(retention::plan_small(
+                &policy,
+                &extents,
+                list.floor(),
+                head,
+                min_cursor,
+                crate::now_ms(),
+            )
+            .map(RetentionCut::SmallFloor))
+        }
+        _ => Ok(None),
+    }
 }
 
 fn state_dir(data_dir: &Path) -> PathBuf {
@@ -469,8 +505,8 @@ impl Checkpointer {
                 .retention_groups_planned
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
             for g in chunk {
-                let n = match plan_retention(ctx, &self.shared.cursors, &g) {
-                    Ok(Some(n)) => n,
+                let cut = match plan_retention(ctx, &self.shared.cursors, &g) {
+                    Ok(Some(cut)) => cut,
                     Ok(None) => continue,
                     Err(e) => {
                         log::warn!("group {}: retention skipped: {e}", g.id);
@@ -479,19 +515,35 @@ impl Checkpointer {
                 };
                 let mut ck = g.ckpt(&ctx.dirty);
                 let mut slot = g.log.write();
-                let LogSlot::Loaded(log) = &mut *slot else {
-                    continue;
-                };
-                let paths = log.drop_oldest(ctx, n);
-                drop(slot);
-                if paths.is_empty() {
-                    continue;
+                match (&mut *slot, cut) {
+                    (LogSlot::Loaded(log), RetentionCut::Segments(n)) => {
+                        let paths = log.drop_oldest(ctx, n);
+                        drop(slot);
+                        if paths.is_empty() {
+                            continue;
+                        }
+                        let tag = self.next_ckpt_seq;
+                        self.graveyard.extend(paths.into_iter().map(|p| (p, tag)));
+                    }
+                    // The floor was planned on a copy of the list: appends
+                    // and rewrites since then keep ids, so it still names
+                    // the same records, and `trim` clamps it to the head.
+                    (LogSlot::Small(list), RetentionCut::SmallFloor(floor)) => {
+                        let before = list.floor();
+                        let mut live = ctx.live.lock();
+                        list.trim(floor, |e| live.remove(e));
+                        drop(live);
+                        if list.floor() == before {
+                            continue;
+                        }
+                        drop(slot);
+                    }
+                    // Promoted, deleted or damaged since the plan.
+                    _ => continue,
                 }
                 dropped_any = true;
                 ctx.dirty.mark(&g, &mut ck);
                 drop(ck);
-                let tag = self.next_ckpt_seq;
-                self.graveyard.extend(paths.into_iter().map(|p| (p, tag)));
                 dropped.push(g);
             }
         }

@@ -3,8 +3,9 @@
 //! get a typed `BelowRetentionFloor` naming the earliest stored id.
 //!
 //! Storage v2 (design 5.5) adds [`plan_small`], the same policy over a small
-//! group's extents; it is wired by step S6 (Trim entries) and compiled for
-//! tests only until then.
+//! group's extents. The checkpointer applies both (its retention pass):
+//! dropped segments go to its graveyard, a small group's floor rises in its
+//! extent list, and the next checkpoint records either.
 
 /// A group's retention policy. The default keeps everything (roaming).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,7 +77,6 @@ pub fn droppable(
 /// the rules of [`droppable`]. Unlike a segmented log, whose active segment
 /// always stays, a small group may drop every record (`head + 1`): its
 /// head lives in the group, not in a file.
-#[cfg(test)]
 pub fn plan_small(
     policy: &Retention,
     extents: &[SealedSegment],

@@ -46,6 +46,7 @@ use crate::extents::{Extent, FileId, FileKind, Piece};
 use crate::group::{Group, LogSlot};
 use crate::group_log::LogContext;
 use crate::journal::{self, EntryKind};
+use crate::record;
 
 /// What a reclamation pass did (engine stats, tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,7 +176,7 @@ impl Reclaimer {
                 _ => continue,
             };
             for run in runs_in(list.pieces().collect(), file) {
-                let Some(copy) = self.copy_run(ctx, &group, &run)? else {
+                let Some(copy) = self.copy_run(ctx, &group, &run, list.floor())? else {
                     continue;
                 };
                 stats.bytes_copied += u64::from(copy.new.bytes());
@@ -199,16 +200,20 @@ impl Reclaimer {
     }
 
     /// Copies one run of a group's extents (all in one file) into one cold
-    /// extent. `None` if the records do not check out (the group's reads
-    /// report the damage; its extents stay where they are).
+    /// extent, leaving out the records below the group's retention `floor`
+    /// (only the list's first extent can hold some). `None` if the records
+    /// do not check out (the group's reads report the damage; its extents
+    /// stay where they are).
     fn copy_run(
         &mut self,
         ctx: &LogContext,
         group: &Arc<Group>,
         run: &[Piece],
+        floor: u64,
     ) -> Result<Option<Copy>> {
         let mut records = Vec::new();
         let mut count = 0u32;
+        let first_id = run[0].first_id.max(floor);
         for p in run {
             let map = match ctx.shared_files.map(group.id, p.ext.file(), p.ext.end()) {
                 Ok(m) => m,
@@ -218,14 +223,25 @@ impl Reclaimer {
                 }
             };
             let at = p.ext.offset() as usize;
-            records.extend_from_slice(&map.bytes()[at..at + p.ext.bytes() as usize]);
-            count += p.ext.count();
+            let bytes = &map.bytes()[at..at + p.ext.bytes() as usize];
+            // E1: the floor lies in the list's first extent, so only the
+            // run's first piece can start below it, and keeps a record.
+            let skip = first_id.saturating_sub(p.first_id);
+            let Some(kept) = records_from(bytes, skip) else {
+                log::warn!(
+                    "group {}: records left in place: the lengths of extent {}..{} do not walk to id {first_id}",
+                    group.id,
+                    p.first_id,
+                    p.end_id()
+                );
+                return Ok(None);
+            };
+            records.extend_from_slice(kept);
+            // `skip` < the piece's count (E1), so this fits u32.
+            count += p.ext.count() - skip as u32;
         }
         let before = self.writer.current().map(|(seq, _)| seq);
-        let appended = match self
-            .writer
-            .append(group.id, run[0].first_id, count, &records)
-        {
+        let appended = match self.writer.append(group.id, first_id, count, &records) {
             Ok(a) => a,
             Err(crate::Error::GroupDamaged { reason, .. }) => {
                 log::warn!("group {}: records left in place: {reason}", group.id);
@@ -249,7 +265,7 @@ impl Reclaimer {
         Ok(Some(Copy {
             group: group.clone(),
             old: run.iter().map(|p| p.ext).collect(),
-            first_id: run[0].first_id,
+            first_id,
             new: appended.extent,
         }))
     }
@@ -283,6 +299,21 @@ impl Reclaimer {
         }
         Ok(())
     }
+}
+
+/// `bytes` (a run of records) without its first `skip` records, or `None`
+/// if their lengths do not walk inside it. The kept records are checked
+/// whole by the cold writer; this walk only has to stay in bounds.
+fn records_from(bytes: &[u8], skip: u64) -> Option<&[u8]> {
+    let mut at = 0usize;
+    for _ in 0..skip {
+        let len = record::peek_len(bytes.get(at..)?)?;
+        if len < record::RECORD_HEADER_BYTES {
+            return None;
+        }
+        at = at.checked_add(len).filter(|&end| end <= bytes.len())?;
+    }
+    bytes.get(at..)
 }
 
 /// The maximal runs of consecutive pieces that lie in `file`.

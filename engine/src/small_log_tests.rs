@@ -437,3 +437,206 @@ fn a_flipped_byte_in_a_small_record_the_journal_must_replay_refuses_the_open() {
         Ok(_) => panic!("opened over a damaged acknowledged record"),
     }
 }
+
+/// Storage v2 design 5.5: retention trims small groups too. Cursor
+/// retention raises a small group's floor to the record (here inside an
+/// extent: the slowest member is in the middle of one), the floor survives
+/// every kind of restart, and the journal files that held only dropped
+/// records go once two checkpoints no longer pin them, without waiting for
+/// an evacuation to copy anything.
+#[test]
+fn cursor_retention_trims_a_small_group_and_gives_its_journal_files_back() {
+    use crate::Retention;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let e = Engine::open(config(path)).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    for user in [100, 101] {
+        e.join(1, user, JoinStart::Earliest).unwrap();
+    }
+    // Ids 1-3 in one round (one extent), then one round each for 4-9;
+    // group 2's traffic rolls the journal between them.
+    let first: Vec<Vec<u8>> = (1..=3u64).map(|i| payload(1, i)).collect();
+    let reqs: Vec<AppendRequest<'_>> = first
+        .iter()
+        .zip(1u64..)
+        .map(|(p, i)| AppendRequest {
+            group_id: 1,
+            sender_id: 7,
+            client_msg_id: i,
+            payload: p,
+        })
+        .collect();
+    e.append_batch(&reqs).unwrap();
+    let oldest_file = *journal_files(path).last().unwrap();
+    for i in 4..=9u64 {
+        e.append(1, 7, i, &payload(1, i)).unwrap();
+        for j in 0..8u64 {
+            e.append(2, 7, i * 100 + j, &payload(2, i * 100 + j))
+                .unwrap();
+        }
+    }
+    assert!(
+        !crate::group_log::group_dir(path, 1).exists(),
+        "still small"
+    );
+    e.set_retention(
+        1,
+        Retention {
+            by_cursor: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    e.ack(1, 100, 6).unwrap();
+    e.ack(1, 101, 2).unwrap();
+    e.checkpoint().unwrap();
+    let floor = |e: &Engine| e.group_info(1).unwrap().floor;
+    assert_eq!(
+        floor(&e),
+        3,
+        "the slowest member read 2: inside the first extent"
+    );
+    let b = e.read(1, 0, 10, 1 << 20).unwrap();
+    assert_eq!(
+        b.records().next().unwrap().header.msg_id,
+        3,
+        "reads start at the floor"
+    );
+
+    e.ack(1, 101, 6).unwrap();
+    e.checkpoint().unwrap();
+    assert_eq!(floor(&e), 7);
+    let ids = |e: &Engine| -> Vec<u64> {
+        let b = e.read(1, 6, 10, 1 << 20).unwrap();
+        b.records().map(|r| r.header.msg_id).collect()
+    };
+    assert_eq!(ids(&e), [7, 8, 9]);
+    // Two more checkpoints: the journal file of ids 1-3 held nothing else
+    // live (group 2 was promoted to its own segments at once), so it goes.
+    for i in 0..2u64 {
+        e.append(2, 7, 10_000 + i, b"z").unwrap();
+        e.checkpoint().unwrap();
+    }
+    assert!(
+        !journal_files(path).contains(&oldest_file),
+        "the journal file of the dropped records went"
+    );
+    e.simulate_crash();
+    let e = Engine::open(config(path)).unwrap();
+    assert_eq!((floor(&e), ids(&e)), (7, vec![7, 8, 9]), "after a crash");
+    e.close().unwrap();
+    let e = Engine::open(config(path)).unwrap();
+    assert_eq!(
+        (floor(&e), ids(&e)),
+        (7, vec![7, 8, 9]),
+        "after a clean close"
+    );
+    assert_eq!(e.head(1).unwrap(), 9);
+    assert_eq!(e.append(1, 7, 10, b"next").unwrap().msg_id, 10, "ids go on");
+}
+
+/// Age retention drops a small group's whole extents whose records are all
+/// older than the limit; with every record old, all of them (the floor
+/// passes the head, which stays: ids are never reused).
+#[test]
+fn age_retention_drops_every_old_record_of_a_small_group() {
+    use crate::Retention;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let e = Engine::open(config(path)).unwrap();
+    e.create_group(1).unwrap();
+    for i in 1..=4u64 {
+        e.append(1, 7, i, &payload(1, i)).unwrap();
+    }
+    e.set_retention(
+        1,
+        Retention {
+            max_age_ms: 50,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    e.checkpoint().unwrap();
+    assert_eq!(e.group_info(1).unwrap().floor, 1, "nothing is old yet");
+    // The records' timestamps come from the clock; make them old.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    e.checkpoint().unwrap();
+    assert_eq!(e.group_info(1).unwrap().floor, 5);
+    assert_eq!(e.head(1).unwrap(), 4);
+    e.simulate_crash();
+    let e = Engine::open(config(path)).unwrap();
+    assert_eq!(e.group_info(1).unwrap().floor, 5);
+    assert_eq!(e.append(1, 7, 5, b"new").unwrap().msg_id, 5);
+    let b = e.read(1, 4, 10, 1 << 20).unwrap();
+    assert_eq!(
+        b.records().map(|r| r.header.msg_id).collect::<Vec<_>>(),
+        [5]
+    );
+}
+
+/// A rewrite leaves out the records below a small group's floor that
+/// share an extent with kept ones (design 5.5): the cold copy starts at
+/// the floor, and reads after it answer the same.
+#[test]
+fn a_rewrite_drops_the_records_below_a_small_groups_floor() {
+    use crate::Retention;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let e = Engine::open(config(path)).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.join(1, 100, JoinStart::Earliest).unwrap();
+    let payloads: Vec<Vec<u8>> = (1..=6u64).map(|i| payload(1, i)).collect();
+    let reqs: Vec<AppendRequest<'_>> = payloads
+        .iter()
+        .zip(1u64..)
+        .map(|(p, i)| AppendRequest {
+            group_id: 1,
+            sender_id: 7,
+            client_msg_id: i,
+            payload: p,
+        })
+        .collect();
+    e.append_batch(&reqs).unwrap();
+    let kept: u64 = payloads[4..].iter().map(|p| 44 + p.len() as u64).sum();
+    e.set_retention(
+        1,
+        Retention {
+            by_cursor: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    e.ack(1, 100, 4).unwrap();
+    let copied_before = e.stats().reclaim_bytes_copied;
+    // Traffic elsewhere rolls the journal; checkpoints move the replay
+    // position past the file and evacuate it.
+    for i in 0..40u64 {
+        e.append(2, 1, i + 10, &payload(2, i)).unwrap();
+    }
+    for i in 0..4 {
+        e.checkpoint().unwrap();
+        e.append(2, 1, 1000 + i, b"x").unwrap();
+    }
+    assert_eq!(
+        cold_files(path).len(),
+        1,
+        "the kept records are in a cold file"
+    );
+    assert_eq!(
+        e.stats().reclaim_bytes_copied - copied_before,
+        kept,
+        "only the records at or above the floor were copied"
+    );
+    let ids = |e: &Engine| -> Vec<u64> {
+        let b = e.read(1, 4, 10, 1 << 20).unwrap();
+        b.records().map(|r| r.header.msg_id).collect()
+    };
+    assert_eq!(ids(&e), [5, 6]);
+    e.simulate_crash();
+    let e = Engine::open(config(path)).unwrap();
+    assert_eq!(ids(&e), [5, 6]);
+    assert_eq!(e.group_info(1).unwrap().floor, 5);
+}

@@ -254,6 +254,41 @@ pub fn read_before(
     Ok(answer)
 }
 
+/// Retention's view of a small group (`retention::plan_small`): for each
+/// extent, oldest first, the id of its last record, its bytes and an upper
+/// bound of its records' timestamps: the next extent's first record's, the
+/// group's last record's for the last extent. Timestamps never decrease
+/// within a group, so the bound holds. Without `with_timestamps` (no age
+/// policy) the bound is `u64::MAX` and nothing is read. With it, the cost is
+/// one record read per extent (verified reads, as any read).
+pub fn retention_view(
+    files: &SharedFiles,
+    group: u64,
+    list: &ExtentList,
+    with_timestamps: bool,
+) -> Result<Vec<crate::retention::SealedSegment>> {
+    let pieces: Vec<_> = list.pieces().collect();
+    let mut out = Vec::with_capacity(pieces.len());
+    for (i, p) in pieces.iter().enumerate() {
+        let next_first_timestamp_ms = if !with_timestamps {
+            u64::MAX
+        } else {
+            let read = match pieces.get(i + 1) {
+                Some(next) => read_above(files, group, list, next.first_id - 1, 1, usize::MAX)?,
+                None => read_before(files, group, list, p.end_id(), p.first_id, 1, usize::MAX)?,
+            };
+            let first = read.batch.records().next();
+            first.map_or(u64::MAX, |r| r.header.timestamp_ms)
+        };
+        out.push(crate::retention::SealedSegment {
+            last_id: p.end_id() - 1,
+            bytes: u64::from(p.ext.bytes()),
+            next_first_timestamp_ms,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -374,8 +374,13 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
         .ok_or("small floor overflows")?;
     let n = r.varint()?;
     // Each extent takes at least four bytes: a hostile count fails here.
-    if first_id == 0 || n == 0 || n > (r.remaining() / 4) as u64 {
-        return Err(format!("small group: first_id {first_id}, {n} extents"));
+    // No extent: a group whose every record retention dropped (a group
+    // that never had one is written without bit 3).
+    let emptied = n == 0 && head > 0 && first_id == head.saturating_add(1) && floor == first_id;
+    if first_id == 0 || (n == 0 && !emptied) || n > (r.remaining() / 4) as u64 {
+        return Err(format!(
+            "small group: first_id {first_id}, floor {floor}, {n} extents, head {head}"
+        ));
     }
     let mut extents = Vec::with_capacity(n as usize);
     let mut next = first_id;
@@ -394,7 +399,11 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
             .ok_or("small group ids overflow")?;
         extents.push((file, offset, bytes, count));
     }
-    if next - 1 != head || floor > next {
+    // The floor lies in the first extent (invariant E1 of `extents.rs`).
+    let first_end = extents
+        .first()
+        .map_or(first_id, |e| first_id + u64::from(e.3));
+    if next - 1 != head || (n > 0 && floor >= first_end) {
         return Err(format!(
             "small group: extents hold ids {first_id}..{next}, floor {floor}, head {head}"
         ));
