@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use super::merge::{plan, Merge};
 use super::run::*;
 use super::{GroupRecord, Item, Key, Reader, SmallRecord};
-use crate::retention::Retention;
+use crate::logs::retention::Retention;
 
 fn group(group: u64, fresh: bool, head: u64) -> Item {
     Item::GroupPut(GroupRecord {
@@ -91,7 +91,7 @@ fn sample_items() -> Vec<Item> {
             group: 3,
             fresh: false,
             // The largest a reader takes (below 2^62, the group's word).
-            applied_lsn: crate::journal::LSN_MAX,
+            applied_lsn: crate::commit::journal::LSN_MAX,
             head: u64::MAX - 1,
             segments: vec![(1, 64), (5, 1 << 31), (u64::MAX, 64)],
             retention: Retention {
@@ -291,7 +291,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         (
             "applied_lsn at 2^62",
             GroupRecord {
-                applied_lsn: crate::journal::LSN_MAX + 1,
+                applied_lsn: crate::commit::journal::LSN_MAX + 1,
                 ..base.clone()
             },
         ),
