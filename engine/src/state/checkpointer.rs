@@ -301,10 +301,12 @@ impl Write for PartFile {
 /// Writes `items` as run `run_seq` (parts fdatasynced, `state/` fsynced).
 /// `None` for a run without items. A full disk is `NoSpace` (the partial
 /// parts are removed).
-pub(crate) fn write_run(
+/// `items` are owned (a merge's) or borrowed (the delta buffer, kept for a
+/// retry if the write fails: no copy of it is made).
+pub(crate) fn write_run<T: std::borrow::Borrow<Item>>(
     ctx: &LogContext,
     run_seq: u64,
-    items: impl Iterator<Item = Result<Item, String>>,
+    items: impl Iterator<Item = Result<T, String>>,
 ) -> Result<Option<RunMeta>> {
     let dir = state_dir(&ctx.config.data_dir);
     let created: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -334,7 +336,7 @@ pub(crate) fn write_run(
                 offset: 0,
                 reason: format!("a run being merged is damaged: {reason}"),
             })?;
-            w.push(&item).map_err(|e| io(e, "write"))?;
+            w.push(item.borrow()).map_err(|e| io(e, "write"))?;
         }
         let parts = w.finish().map_err(|e| io(e, "write"))?;
         if parts.is_empty() {
@@ -668,7 +670,7 @@ impl Checkpointer {
             self.damaged.remove(&g.id);
         }
         let retention = g.retention();
-        self.put(Item::GroupPut(GroupRecord {
+        self.put(Item::GroupPut(Box::new(GroupRecord {
             group: g.id,
             fresh,
             applied_lsn: ck.applied_lsn(),
@@ -677,7 +679,7 @@ impl Checkpointer {
             retention,
             damaged,
             small,
-        }));
+        })));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();
         changed.sort_unstable();
@@ -766,7 +768,7 @@ impl Checkpointer {
         let mut runs: Vec<RunMeta> = self.last.as_ref().map_or(Vec::new(), |m| m.runs.clone());
         let mut written = 0u64;
         let delta_seq = self.next_run_seq;
-        let delta = write_run(ctx, delta_seq, self.delta.values().cloned().map(Ok))?;
+        let delta = write_run(ctx, delta_seq, self.delta.values().map(Ok))?;
         if let Some(run) = delta {
             self.next_run_seq = next_seq(self.next_run_seq, "run")?;
             written += run.bytes();

@@ -105,11 +105,12 @@ pub(crate) struct SmallRecord {
 /// One item of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Item {
-    GroupPut(GroupRecord),
+    /// Boxed: a group record is several times the size of a member row,
+    /// and a checkpoint's delta buffer holds an item per changed membership
+    /// (the enum is as large as its largest variant).
+    GroupPut(Box<GroupRecord>),
     /// The group is gone: hides every item of the group in older runs.
-    GroupDelete {
-        group: u64,
-    },
+    GroupDelete { group: u64 },
     MemberPut {
         group: u64,
         user: u64,
@@ -117,10 +118,7 @@ pub(crate) enum Item {
         join_point: u64,
     },
     /// The membership is gone.
-    MemberDelete {
-        group: u64,
-        user: u64,
-    },
+    MemberDelete { group: u64, user: u64 },
 }
 
 impl Item {

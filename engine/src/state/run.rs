@@ -244,7 +244,7 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
         None
     };
     let item = match kind {
-        KIND_GROUP_PUT => Item::GroupPut(decode_group(r, group)?),
+        KIND_GROUP_PUT => Item::GroupPut(Box::new(decode_group(r, group)?)),
         KIND_GROUP_DELETE => Item::GroupDelete { group },
         KIND_MEMBER_PUT => {
             let cursor = r.varint()?;

@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// (default: the system's temporary directory).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Keep a spawned node's data directory after the run (its path is
+    /// printed on stderr), to inspect it or time restarts of it.
+    #[arg(long)]
+    pub keep_data: bool,
     /// File with the token the node requires (trailing newline ignored).
     #[arg(long)]
     pub token_file: Option<PathBuf>,

@@ -118,6 +118,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 w.name(),
                 &args.fsync,
                 extra,
+                args.keep_data,
             )?)
         } else {
             None
