@@ -341,7 +341,10 @@ fn demo_delivers_n_of_n_with_no_duplicates_and_says_so() {
         text.contains("OK: every member received all 12 messages exactly once"),
         "{text}"
     );
-    assert!(text.contains("ack:N  node -> alice   RECEIPT group"), "{text}");
+    assert!(
+        text.contains("ack:N  node -> alice   RECEIPT group"),
+        "{text}"
+    );
     for name in ["bob", "carol", "dave", "erin"] {
         let line = text
             .lines()
