@@ -144,8 +144,8 @@ pub use journal::rounds::RoundPayload;
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
 pub use tidemarks::{
-    direct_group_id, AckOutcome, GroupInfo, History, JoinStart, MembersPage, MembersVersion, Pull,
-    Sync, SyncGroup, Unread,
+    direct_group_id, AckMove, AckOutcome, GroupInfo, History, JoinStart, MembersPage,
+    MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before

@@ -541,9 +541,12 @@ pub fn ack(
     user: u64,
     msg_id: u64,
 ) -> Result<Outgoing, EngineError> {
-    let before = ctx.cursor_before(group, user);
-    let cursor = ctx.engine.ack(group, user, msg_id)?;
-    ctx.report_move(group, user, before, cursor);
+    let ack = ctx.engine.ack_move(group, user, msg_id)?;
+    if ack.moved {
+        // One hash lookup when nobody watches the group.
+        ctx.receipts.moved(group, user, ack.cursor);
+    }
+    let cursor = ack.cursor;
     Ok(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
 }
 
