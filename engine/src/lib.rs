@@ -74,8 +74,8 @@ pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use logs::group_log::{Chunk, ReadBatch};
 pub use logs::retention::Retention;
 pub use members::tidemarks::{
-    direct_group_id, AckOutcome, GroupInfo, History, JoinStart, MembersPage, MembersVersion, Pull,
-    Sync, SyncGroup, Unread,
+    direct_group_id, AckMove, AckOutcome, GroupInfo, History, JoinStart, MembersPage,
+    MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 pub use state::recovery::RecoveryReport;
 

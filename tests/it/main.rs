@@ -21,6 +21,7 @@ mod net_faults;
 mod node;
 mod ops_cli;
 mod proxy;
+mod receipts;
 mod segment_damage;
 mod spec_limits;
 mod storage_format;

@@ -40,6 +40,7 @@ use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTE
 use crate::connection::{Barrier, ConnId, Connection, Next};
 use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked};
 use crate::long_poll::{LongPolls, PollKey};
+use crate::receipts::Receipts;
 use crate::stats::{Buffers, Stats};
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{ErrorCode, Opcode};
@@ -134,6 +135,8 @@ pub struct EventLoop {
     /// Input memory of all connections (sum of `Slot::in_counted`).
     in_total: usize,
     subs: Subscriptions<ConnId>,
+    /// Receipt subscriptions and the cursors moved since the last flush.
+    receipts: Receipts<ConnId>,
     stats: Stats,
     /// A descriptor held in reserve: when accept fails for want of
     /// descriptors (EMFILE, ENFILE), it is closed so that the waiting
@@ -180,7 +183,13 @@ impl EventLoop {
             // A failed wake means the loop is gone; nothing to do.
             let _ = w.wake();
         }));
+        let receipts = Receipts::new(
+            Duration::from_millis(config.limits.receipt_interval_ms),
+            config.limits.receipt_members_max,
+            config.limits.frame_bytes_max,
+        );
         Ok(EventLoop {
+            receipts,
             engine,
             config,
             poll,
@@ -267,6 +276,7 @@ impl EventLoop {
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
+            self.flush_receipts(now);
             self.shed_output();
             // Marks made while these are driven wait for the next pass.
             let mut dirty = std::mem::take(&mut self.dirty);
@@ -304,6 +314,7 @@ impl EventLoop {
             .next_deadline()
             .into_iter()
             .chain(frames)
+            .chain(self.receipts.deadline())
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -696,6 +707,7 @@ impl EventLoop {
                 token: self.config.token.as_deref(),
                 shutting_down: self.shutdown.load(Ordering::SeqCst),
                 subs: &mut self.subs,
+                receipts: &mut self.receipts,
                 conn,
             };
             let (request_id, op, action) = match slot.conn.handle_next(&mut ctx) {
@@ -800,7 +812,12 @@ impl EventLoop {
     /// once.
     fn park(&mut self, w: Waiting<Parked>) {
         match w.work.answer(&self.engine, w.request_id) {
-            Some(out) => self.finish(w.conn, w.op, w.started, w.work.barrier(), out),
+            Some(out) => {
+                if let Some((group, sender, msg_id)) = w.work.accepted(&out) {
+                    self.receipts.sent(group, sender, msg_id);
+                }
+                self.finish(w.conn, w.op, w.started, w.work.barrier(), out)
+            }
             None => self.pending.entry(w.work.round()).or_default().push(w),
         }
     }
@@ -933,22 +950,46 @@ impl EventLoop {
             let bytes = batch.bytes;
             let frame = handlers::push(group, batch);
             for &conn in &targets {
-                let limit = self.config.limits.output_bytes_max;
-                let node_full = self.out_total + frame.head.len() + bytes
-                    > self.config.limits.output_bytes_total_max;
-                let Some(slot) = self.slot_mut(conn) else {
-                    continue;
-                };
-                if !slot.conn.is_subscribed() {
-                    continue; // cancelled by an earlier RESYNC in this loop
-                }
-                if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
-                    self.resync(conn);
-                } else {
+                if self.push_frame(conn, &frame, bytes) {
                     self.stats.pushes += 1;
-                    self.send(conn, frame.clone());
                 }
-                self.dirty.push(conn.index);
+            }
+        }
+    }
+
+    /// Queues a server-initiated frame (`bytes` of records after its head)
+    /// on a subscriber, or, when it would pass the connection's or the
+    /// node's output limit, sends RESYNC(all) instead. True if queued.
+    fn push_frame(&mut self, conn: ConnId, frame: &Outgoing, bytes: usize) -> bool {
+        let limit = self.config.limits.output_bytes_max;
+        let node_full =
+            self.out_total + frame.head.len() + bytes > self.config.limits.output_bytes_total_max;
+        let Some(slot) = self.slot_mut(conn) else {
+            return false;
+        };
+        if !slot.conn.is_subscribed() {
+            return false; // cancelled by an earlier RESYNC
+        }
+        let queued = if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
+            self.resync(conn);
+            false
+        } else {
+            self.send(conn, frame.clone());
+            true
+        };
+        self.dirty.push(conn.index);
+        queued
+    }
+
+    /// Sends the receipts due by `now` (format-spec/protocol.md 5.3, 5.4):
+    /// the frames of the groups that had cursors move in the interval
+    /// (`Receipts::flush` costs only those).
+    fn flush_receipts(&mut self, now: Instant) {
+        for f in self.receipts.flush(&self.engine, now) {
+            for &conn in &f.to {
+                if self.push_frame(conn, &f.frame, 0) {
+                    self.stats.receipts += 1;
+                }
             }
         }
     }
@@ -970,7 +1011,7 @@ impl EventLoop {
     fn unsubscribe_all(&mut self, conn: ConnId) {
         if let Some(slot) = slot_of(&mut self.slots, conn) {
             slot.conn
-                .unsubscribe_all(&self.engine, &mut self.subs, conn);
+                .unsubscribe_all(&self.engine, &mut self.subs, &mut self.receipts, conn);
         }
     }
 

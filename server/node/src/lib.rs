@@ -24,6 +24,8 @@
 //!   response, never waiting;
 //! - `long_poll`: parked long polls by group and by deadline;
 //! - `subscriptions`: who gets pushes;
+//! - `receipts`: who gets receipts, what moved since the last flush, the
+//!   RECEIPT and RECEIPT_COUNTS frames;
 //! - `stats`: the counters and latency histograms of STATS.
 
 mod config;
@@ -31,6 +33,7 @@ mod connection;
 mod event_loop;
 mod handlers;
 mod long_poll;
+mod receipts;
 mod stats;
 mod subscriptions;
 
@@ -39,3 +42,4 @@ pub use config::{
     READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, Shutdown};
+pub use receipts::RECENT_SENDS_MAX;

@@ -68,6 +68,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("net.deliveries", Counter, "records"),
     stat("net.pushes", Counter, "frames"),
     stat("net.resyncs", Counter, "frames"),
+    stat("net.receipts", Counter, "frames"),
     stat("net.errors", Counter, "frames"),
     stat("net.frames_timed_out", Counter, "connections"),
     stat("net.output_bytes_queued", Gauge, "bytes"),
@@ -107,6 +108,8 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.long_poll_ms_max", Gauge, "ms"),
     stat("limits.subscriptions_max", Gauge, "subscriptions"),
     stat("limits.members_page_max", Gauge, "members"),
+    stat("limits.receipt_members_max", Gauge, "members"),
+    stat("limits.receipt_interval_ms", Gauge, "ms"),
     stat("limits.members_per_group_max", Gauge, "members"),
     stat("limits.groups_per_user_max", Gauge, "groups"),
     stat("limits.groups_max", Gauge, "groups"),
@@ -141,6 +144,8 @@ pub struct Stats {
     pub deliveries: u64,
     pub pushes: u64,
     pub resyncs: u64,
+    /// RECEIPT and RECEIPT_COUNTS frames queued.
+    pub receipts: u64,
     pub errors: u64,
     /// Connections closed because a frame did not arrive whole in time.
     pub frames_timed_out: u64,
@@ -176,8 +181,10 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::ReadCount => "read_count",
         Opcode::Members => "members",
         Opcode::GroupInfo => "group_info",
+        Opcode::Readers => "readers",
         Opcode::Subscribe => "subscribe",
         Opcode::Unsubscribe => "unsubscribe",
+        Opcode::SubscribeReceipts => "subscribe_receipts",
     }
 }
 
@@ -220,6 +227,7 @@ impl Stats {
             ("net.deliveries".into(), self.deliveries),
             ("net.pushes".into(), self.pushes),
             ("net.resyncs".into(), self.resyncs),
+            ("net.receipts".into(), self.receipts),
             ("net.errors".into(), self.errors),
             ("net.frames_timed_out".into(), self.frames_timed_out),
             ("net.output_bytes_queued".into(), n(buffers.output)),
@@ -294,6 +302,14 @@ impl Stats {
             (
                 "limits.members_page_max".into(),
                 n(crate::handlers::members_page_max(limits)),
+            ),
+            (
+                "limits.receipt_members_max".into(),
+                n(limits.receipt_members_max),
+            ),
+            (
+                "limits.receipt_interval_ms".into(),
+                limits.receipt_interval_ms,
             ),
             (
                 "limits.members_per_group_max".into(),

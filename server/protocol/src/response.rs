@@ -76,6 +76,15 @@ pub struct MemberEntry {
     pub cursor: u64,
 }
 
+/// One message of RECEIPT_COUNTS: how many members' cursors are at or
+/// above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiptCount {
+    pub msg_id: u64,
+    /// Members whose cursor is at or above `msg_id` when the push was made.
+    pub count: u64,
+}
+
 /// A group's retention policy as GROUP_INFO reports it; all zero (the
 /// default) keeps every message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -177,8 +186,17 @@ pub enum Response<'a, R = Records<'a>> {
         members: Vec<MemberEntry>,
     },
     GroupInfo(GroupInfo),
+    Readers {
+        /// The `after_user` of the next page; 0 when every member was
+        /// examined.
+        next_after_user: u64,
+        /// Members whose cursor is at or above the request's `msg_id`,
+        /// ascending user ids.
+        readers: Vec<MemberEntry>,
+    },
     Subscribe,
     Unsubscribe,
+    SubscribeReceipts,
     /// Server-initiated (request id 0): new records of a subscribed group.
     Push {
         group: u64,
@@ -186,6 +204,21 @@ pub enum Response<'a, R = Records<'a>> {
     },
     /// Server-initiated (request id 0): pushes were dropped; pull.
     Resync(ResyncScope),
+    /// Server-initiated (request id 0): members whose cursor moved in a
+    /// group of a receipt subscription, each once with its latest cursor.
+    Receipt {
+        group: u64,
+        /// At least one; ascending user ids.
+        receipts: Vec<MemberEntry>,
+    },
+    /// Server-initiated (request id 0): in a group above the receipt
+    /// threshold, the read counts of `sender`'s recent messages.
+    ReceiptCounts {
+        group: u64,
+        sender: u64,
+        /// At least one; ascending msg ids.
+        counts: Vec<ReceiptCount>,
+    },
     Error(ErrorResponse<'a>),
 }
 
@@ -195,6 +228,8 @@ impl<R> Response<'_, R> {
         let op = match self {
             Response::Push { .. } => return FrameKind::Push,
             Response::Resync(_) => return FrameKind::Resync,
+            Response::Receipt { .. } => return FrameKind::Receipt,
+            Response::ReceiptCounts { .. } => return FrameKind::ReceiptCounts,
             Response::Error(_) => return FrameKind::Error,
             Response::Hello(_) => Opcode::Hello,
             Response::Auth => Opcode::Auth,
@@ -214,8 +249,10 @@ impl<R> Response<'_, R> {
             Response::ReadCount { .. } => Opcode::ReadCount,
             Response::Members { .. } => Opcode::Members,
             Response::GroupInfo(_) => Opcode::GroupInfo,
+            Response::Readers { .. } => Opcode::Readers,
             Response::Subscribe => Opcode::Subscribe,
             Response::Unsubscribe => Opcode::Unsubscribe,
+            Response::SubscribeReceipts => Opcode::SubscribeReceipts,
         };
         FrameKind::Response(op)
     }
@@ -230,6 +267,15 @@ pub const MEMBER_ENTRY_BYTES: usize = 16;
 /// included: the frame header, `has_more` and the list count. A node fits
 /// its pages to `frame_bytes_max` with it.
 pub const MEMBERS_RESPONSE_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 1 + 4;
+/// Bytes of one RECEIPT_COUNTS entry (msg_id, count).
+pub const RECEIPT_COUNT_BYTES: usize = 16;
+/// A READERS response's bytes besides its entries, its length prefix
+/// included: the frame header, `next_after_user` and the list count.
+pub const READERS_RESPONSE_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 8 + 4;
+/// A RECEIPT frame's bytes besides its entries, its length prefix included:
+/// the frame header, `group` and the list count. A node splits a round's
+/// receipts of one group into frames that fit `frame_bytes_max` with it.
+pub const RECEIPT_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 8 + 4;
 /// A SYNC group's fixed part: its UNREAD entry and its records-section count
 /// (protocol.md, SYNC response); a node budgets its frame with it.
 pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
@@ -238,7 +284,9 @@ pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
 /// ERROR any id (0: about the connection), every other response nonzero.
 fn request_id_error(kind: FrameKind, request_id: u64) -> Option<&'static str> {
     match kind {
-        FrameKind::Push | FrameKind::Resync if request_id != 0 => {
+        FrameKind::Push | FrameKind::Resync | FrameKind::Receipt | FrameKind::ReceiptCounts
+            if request_id != 0 =>
+        {
             Some("server-initiated frames carry request id 0")
         }
         FrameKind::Response(_) if request_id == 0 => {
@@ -318,6 +366,48 @@ fn put_unread_entry(out: &mut Vec<u8>, e: &UnreadEntry) {
     put_u64(out, e.unread);
 }
 
+/// A list of (user, cursor) pairs: MEMBERS, READERS, RECEIPT.
+// Format: list<{ user: u64 | cursor: u64 }>
+fn put_members(
+    out: &mut Vec<u8>,
+    members: &[MemberEntry],
+    field: &'static str,
+) -> Result<(), EncodeError> {
+    put_count(out, members.len(), field)?;
+    for m in members {
+        put_u64(out, m.user);
+        put_u64(out, m.cursor);
+    }
+    Ok(())
+}
+
+/// The list [`put_members`] writes.
+// Format: list<{ user: u64 | cursor: u64 }>
+fn member_list(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<MemberEntry>, DecodeError> {
+    let n = r.count(field, MEMBER_ENTRY_BYTES)?;
+    let mut members = Vec::with_capacity(n);
+    for _ in 0..n {
+        members.push(MemberEntry {
+            user: r.u64("user")?,
+            cursor: r.u64("cursor")?,
+        });
+    }
+    Ok(members)
+}
+
+/// A RECEIPT or RECEIPT_COUNTS list must not be empty: a push says
+/// something or is not sent.
+fn nonempty<T>(list: Vec<T>, field: &'static str, offset: usize) -> Result<Vec<T>, DecodeError> {
+    if list.is_empty() {
+        return Err(DecodeError::InvalidValue {
+            field,
+            offset,
+            value: 0,
+        });
+    }
+    Ok(list)
+}
+
 fn encode_body<R: RecordsSection>(
     resp: &Response<'_, R>,
     out: &mut Vec<u8>,
@@ -343,7 +433,8 @@ fn encode_body<R: RecordsSection>(
         | Response::DeleteGroup
         | Response::Leave
         | Response::Subscribe
-        | Response::Unsubscribe => {}
+        | Response::Unsubscribe
+        | Response::SubscribeReceipts => {}
         Response::Stats(stats) => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             put_count(out, stats.len(), "stats")?;
@@ -448,11 +539,38 @@ fn encode_body<R: RecordsSection>(
             put_u64(out, g.retention.max_age_ms);
             put_u64(out, g.retention.max_bytes);
         }
+        Response::Readers {
+            next_after_user,
+            readers,
+        } => {
+            // Format: { next_after_user: u64 | readers: list<{ user: u64 | cursor: u64 }> }
+            put_u64(out, *next_after_user);
+            put_members(out, readers, "readers")?;
+        }
         Response::Push { group, records } => {
             // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
             put_u64(out, *group);
             put_section_header(out, records)?;
             put_section_bytes(out, records, inline, trailing);
+        }
+        Response::Receipt { group, receipts } => {
+            // Format: { group: u64 | receipts: list<{ user: u64 | cursor: u64 }> }
+            put_u64(out, *group);
+            put_members(out, receipts, "receipts")?;
+        }
+        Response::ReceiptCounts {
+            group,
+            sender,
+            counts,
+        } => {
+            // Format: { group: u64 | sender: u64 | counts: list<{ msg_id: u64 | count: u64 }> }
+            put_u64(out, *group);
+            put_u64(out, *sender);
+            put_count(out, counts.len(), "counts")?;
+            for c in counts {
+                put_u64(out, c.msg_id);
+                put_u64(out, c.count);
+            }
         }
         Response::Resync(scope) => {
             // Format: { all: bool | group: u64 }
@@ -560,6 +678,33 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             let records = section_bytes(r, section)?;
             return Ok(Response::Push { group, records });
         }
+        FrameKind::Receipt => {
+            // Format: { group: u64 | receipts: list<{ user: u64 | cursor: u64 }> }
+            let group = r.id("group")?;
+            let at = r.offset();
+            let receipts = nonempty(member_list(r, "receipts")?, "receipts (count)", at)?;
+            return Ok(Response::Receipt { group, receipts });
+        }
+        FrameKind::ReceiptCounts => {
+            // Format: { group: u64 | sender: u64 | counts: list<{ msg_id: u64 | count: u64 }> }
+            let group = r.id("group")?;
+            let sender = r.id("sender")?;
+            let at = r.offset();
+            let n = r.count("counts", RECEIPT_COUNT_BYTES)?;
+            let mut counts = Vec::with_capacity(n);
+            for _ in 0..n {
+                counts.push(ReceiptCount {
+                    msg_id: r.u64("counts.msg_id")?,
+                    count: r.u64("counts.count")?,
+                });
+            }
+            let counts = nonempty(counts, "counts (count)", at)?;
+            return Ok(Response::ReceiptCounts {
+                group,
+                sender,
+                counts,
+            });
+        }
         FrameKind::Resync => {
             // Format: { all: bool | group: u64 }
             let scope = if r.bool("all")? {
@@ -621,6 +766,7 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
         Opcode::Leave => Response::Leave,
         Opcode::Subscribe => Response::Subscribe,
         Opcode::Unsubscribe => Response::Unsubscribe,
+        Opcode::SubscribeReceipts => Response::SubscribeReceipts,
         Opcode::Stats => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             let n = r.count("stats", STAT_BYTES_MIN)?;
@@ -731,6 +877,11 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             }
             Response::Members { has_more, members }
         }
+        // Format: { next_after_user: u64 | readers: list<{ user: u64 | cursor: u64 }> }
+        Opcode::Readers => Response::Readers {
+            next_after_user: r.u64("next_after_user")?,
+            readers: member_list(r, "readers")?,
+        },
         // Format: { head: u64 | floor: u64 | member_count: u64 |
         //           retention_by_cursor: bool | retention_max_age_ms: u64 |
         //           retention_max_bytes: u64 }

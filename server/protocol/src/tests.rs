@@ -91,6 +91,12 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("group_info_request"),
     vector!("group_info_response"),
     vector!("error_not_member"),
+    vector!("readers_request"),
+    vector!("readers_response"),
+    vector!("subscribe_receipts_request"),
+    vector!("subscribe_receipts_response"),
+    vector!("receipt"),
+    vector!("receipt_counts"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -323,6 +329,72 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 detail: None,
                 message: "SEND refused: sender 42 is not a member of group 7",
             }),
+        ),
+        "readers_request" => Expected::Req(
+            14,
+            Request::Readers {
+                group: 7,
+                msg_id: 1002,
+                after_user: 0,
+                max_count: 100,
+            },
+        ),
+        "readers_response" => Expected::Resp(
+            14,
+            Response::Readers {
+                next_after_user: 12,
+                readers: vec![
+                    MemberEntry {
+                        user: 9,
+                        cursor: 1002,
+                    },
+                    MemberEntry {
+                        user: 12,
+                        cursor: 1003,
+                    },
+                ],
+            },
+        ),
+        "subscribe_receipts_request" => Expected::Req(
+            15,
+            Request::SubscribeReceipts {
+                sender: 42,
+                groups: vec![7],
+            },
+        ),
+        "subscribe_receipts_response" => Expected::Resp(15, Response::SubscribeReceipts),
+        "receipt" => Expected::Resp(
+            0,
+            Response::Receipt {
+                group: 7,
+                receipts: vec![
+                    MemberEntry {
+                        user: 5,
+                        cursor: 1003,
+                    },
+                    MemberEntry {
+                        user: 9,
+                        cursor: 1002,
+                    },
+                ],
+            },
+        ),
+        "receipt_counts" => Expected::Resp(
+            0,
+            Response::ReceiptCounts {
+                group: 7,
+                sender: 42,
+                counts: vec![
+                    ReceiptCount {
+                        msg_id: 1001,
+                        count: 2,
+                    },
+                    ReceiptCount {
+                        msg_id: 1003,
+                        count: 1,
+                    },
+                ],
+            },
         ),
         other => panic!("vector {other} has no documented values"),
     };
@@ -878,6 +950,16 @@ fn every_request_and_response_round_trips() {
             max_count: u32::MAX,
         },
         Request::GroupInfo { group: u64::MAX },
+        Request::Readers {
+            group: 1,
+            msg_id: 0,
+            after_user: u64::MAX,
+            max_count: 0,
+        },
+        Request::SubscribeReceipts {
+            sender: 1,
+            groups: vec![],
+        },
     ];
     for (i, req) in reqs.iter().enumerate() {
         let mut out = Vec::new();
@@ -918,8 +1000,13 @@ fn every_request_and_response_round_trips() {
             member_count: 0,
             retention: RetentionPolicy::default(),
         }),
+        Response::Readers {
+            next_after_user: 0,
+            readers: vec![],
+        },
         Response::Subscribe,
         Response::Unsubscribe,
+        Response::SubscribeReceipts,
         Response::Error(ErrorResponse {
             code: ErrorCode::Internal,
             detail: None,
@@ -940,6 +1027,45 @@ fn every_request_and_response_round_trips() {
         decode_response(&Frame::parse(&out).unwrap()).unwrap(),
         Response::Resync(ResyncScope::All)
     );
+}
+
+/// A RECEIPT or RECEIPT_COUNTS frame says something or is not sent: an
+/// empty list, a zero group or a zero sender is malformed (the decoder's
+/// canonical form has no empty receipt), and receipts carry request id 0.
+#[test]
+fn receipt_frames_are_never_empty_and_carry_request_id_0() {
+    for resp in [
+        Response::Receipt {
+            group: 7,
+            receipts: vec![],
+        },
+        Response::ReceiptCounts {
+            group: 7,
+            sender: 42,
+            counts: vec![],
+        },
+        Response::Receipt {
+            group: 0,
+            receipts: vec![MemberEntry { user: 1, cursor: 1 }],
+        },
+        Response::ReceiptCounts {
+            group: 7,
+            sender: 0,
+            counts: vec![ReceiptCount {
+                msg_id: 1,
+                count: 1,
+            }],
+        },
+    ] {
+        let mut out = Vec::new();
+        encode_response(0, &resp, &mut out).unwrap();
+        let err = decode_response(&Frame::parse(&out).unwrap()).unwrap_err();
+        assert!(
+            matches!(err, DecodeError::InvalidValue { .. }),
+            "{resp:?}: {err:?}"
+        );
+        assert!(encode_response(1, &resp, &mut Vec::new()).is_err());
+    }
 }
 
 #[test]
