@@ -118,6 +118,10 @@ mod small_log_tests;
 mod small_read;
 #[cfg(test)]
 mod small_tests;
+// Consistent snapshots of a running engine (online backup, Raft later).
+mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 // Phase 1 of storage v2 step S4: the format and merge of incremental
 // checkpoints, tested alone; the engine uses it from the next commit on.
 #[cfg(test)]
@@ -143,6 +147,7 @@ pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use journal::rounds::RoundPayload;
 pub use recovery::RecoveryReport;
 pub use retention::Retention;
+pub use snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};
 pub use tidemarks::{
     direct_group_id, AckOutcome, GroupInfo, History, JoinStart, MembersPage, MembersVersion, Pull,
     Sync, SyncGroup, Unread,
