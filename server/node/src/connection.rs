@@ -595,6 +595,7 @@ impl Session {
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
             Request::Stats => return Ok(Action::Report),
+            Request::Backup => return Ok(Action::Backup),
             Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
             Request::Unsubscribe => {
                 self.unsubscribe_all(ctx.engine, ctx.subs, ctx.conn);
@@ -694,7 +695,7 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report | Action::Closed => {}
+            Action::Answer(_) | Action::Report | Action::Backup | Action::Closed => {}
         }
         Ok(action)
     }

@@ -24,8 +24,11 @@
 //!   response, never waiting;
 //! - `long_poll`: parked long polls by group and by deadline;
 //! - `subscriptions`: who gets pushes;
-//! - `stats`: the counters and latency histograms of STATS.
+//! - `stats`: the counters and latency histograms of STATS;
+//! - `backup`: BACKUP, a snapshot of the engine streamed by a backup
+//!   thread through a bounded channel.
 
+mod backup;
 mod config;
 mod connection;
 mod event_loop;

@@ -107,6 +107,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.long_poll_ms_max", Gauge, "ms"),
     stat("limits.subscriptions_max", Gauge, "subscriptions"),
     stat("limits.members_page_max", Gauge, "members"),
+    stat("limits.backups_max", Gauge, "backups"),
     stat("limits.members_per_group_max", Gauge, "members"),
     stat("limits.groups_per_user_max", Gauge, "groups"),
     stat("limits.groups_max", Gauge, "groups"),
@@ -162,6 +163,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Auth => "auth",
         Opcode::Ping => "ping",
         Opcode::Stats => "stats",
+        Opcode::Backup => "backup",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",
@@ -295,6 +297,7 @@ impl Stats {
                 "limits.members_page_max".into(),
                 n(crate::handlers::members_page_max(limits)),
             ),
+            ("limits.backups_max".into(), n(crate::backup::BACKUPS_MAX)),
             (
                 "limits.members_per_group_max".into(),
                 n(c.members_per_group_max),

@@ -14,6 +14,7 @@ pub enum Opcode {
     Auth = 0x02,
     Ping = 0x03,
     Stats = 0x04,
+    Backup = 0x05,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -38,6 +39,9 @@ pub const RESPONSE_BIT: u8 = 0x80;
 pub const OPCODE_PUSH: u8 = 0xF0;
 /// Opcode of RESYNC (server-initiated, request id 0).
 pub const OPCODE_RESYNC: u8 = 0xF1;
+/// Opcode of BACKUP_CHUNK: part of a file of a BACKUP's snapshot, carrying
+/// the BACKUP's request id (format-spec/protocol.md, BACKUP).
+pub const OPCODE_BACKUP_CHUNK: u8 = 0xF2;
 /// Opcode of ERROR, the failure response to any request.
 pub const OPCODE_ERROR: u8 = 0xFF;
 
@@ -47,12 +51,14 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
     /// Every request opcode of version 1 (MEMBERS and GROUP_INFO are
-    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 20] = [
+    /// additions made after tidemark 0.1, and so is BACKUP,
+    /// format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 21] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
+        Opcode::Backup,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
         Opcode::Join,
@@ -93,6 +99,7 @@ impl Opcode {
             Opcode::Auth => "AUTH",
             Opcode::Ping => "PING",
             Opcode::Stats => "STATS",
+            Opcode::Backup => "BACKUP",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",
@@ -124,6 +131,8 @@ pub enum FrameKind {
     Push,
     /// Pushes were dropped; the client must pull (server-initiated).
     Resync,
+    /// Part of a file of a BACKUP's snapshot (the BACKUP's request id).
+    BackupChunk,
     /// The failure response to a request, or a connection-level error
     /// (request id 0).
     Error,
@@ -135,6 +144,7 @@ impl FrameKind {
         match b {
             OPCODE_PUSH => Some(FrameKind::Push),
             OPCODE_RESYNC => Some(FrameKind::Resync),
+            OPCODE_BACKUP_CHUNK => Some(FrameKind::BackupChunk),
             OPCODE_ERROR => Some(FrameKind::Error),
             b if b & RESPONSE_BIT != 0 => {
                 Opcode::from_request_byte(b & !RESPONSE_BIT).map(FrameKind::Response)
@@ -150,6 +160,7 @@ impl FrameKind {
             FrameKind::Response(op) => op.response_byte(),
             FrameKind::Push => OPCODE_PUSH,
             FrameKind::Resync => OPCODE_RESYNC,
+            FrameKind::BackupChunk => OPCODE_BACKUP_CHUNK,
             FrameKind::Error => OPCODE_ERROR,
         }
     }
@@ -185,7 +196,7 @@ mod tests {
                 kinds += 1;
             }
         }
-        // Requests, their responses, PUSH, RESYNC and ERROR.
-        assert_eq!(kinds, Opcode::ALL.len() * 2 + 3);
+        // Requests, their responses, PUSH, RESYNC, BACKUP_CHUNK and ERROR.
+        assert_eq!(kinds, Opcode::ALL.len() * 2 + 4);
     }
 }
