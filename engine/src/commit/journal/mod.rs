@@ -1,0 +1,670 @@
+//! The commit journal: the shared append-only log into which every commit
+//! round is written as one frame, with one `pwrite` and (under
+//! `fsync=always`) one `fdatasync`, whatever number of groups it touched.
+//! Group logs are written after the journal and synced only at
+//! checkpoints; recovery replays the journal into them.
+//!
+//! Layout (format-spec/storage.md section 5): journal files
+//! `journal/<seq>.tmj`, each a 48-byte header then frames back to back.
+//! `frame.rs` holds the frame (envelope + replicated payload) codec,
+//! `entry.rs` the entry kinds and their bodies' codecs (`journal::body`);
+//! this module holds the file header and the writer.
+//!
+//! File header (little-endian):
+//! `{ magic: [u8; 8] = "TDMKJRNL" | version: u16 = 3 | header_len: u16 = 48 |
+//!    flags: u8 | reserved: [u8; 3] = 0 | seq: u64 | first_lsn: u64 |
+//!    first_round: u64 | mark_key: u32 | crc32: u32 (of bytes 0..44) }`
+//!
+//! Invariants: frames are numbered densely by `lsn` from the header's
+//! `first_lsn` (Round frames also by `round_index` from `first_round`); a
+//! file is appended to only by the writer that created it; the writer
+//! rolls to file `seq + 1` only after syncing this one, so a torn tail can
+//! only be in the newest file that holds frames (the rule recovery relies
+//! on). Versions 1 and 2 of the header are storage format 1 (32 bytes,
+//! CRC at 28): such a file is refused, never read.
+//!
+//! Costs: a frame is one `pwrite`; a roll (every `journal_file_bytes`) is
+//! one fdatasync of the old file and the creation of the next one (header,
+//! fdatasync, directory fsync) on the commit thread.
+
+pub mod entry;
+pub mod frame;
+pub mod rounds;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::io::{OpenMode, Vfs, VfsFile};
+
+pub(crate) use entry::body;
+pub use entry::{encode_entry, Entry, EntryIter, EntryKind, ENTRY_HEADER_BYTES};
+pub use frame::{FrameBuf, FrameKind};
+
+pub const JOURNAL_HEADER_BYTES: usize = 48;
+pub const JOURNAL_MAGIC: [u8; 8] = *b"TDMKJRNL";
+/// The version this build writes and reads. Versions 1 and 2 were written
+/// by tidemark 0.1 (storage format 1) and are refused.
+pub const JOURNAL_VERSION: u16 = 3;
+/// Header flag: the writer's group segments could receive a round's
+/// records before the round's journal bytes were synced (fsync policy
+/// `interval` or `never`), so after a power loss a segment may hold
+/// records the journal lost. Recovery then looks at every group's segments
+/// before trusting the heads the checkpoint recorded.
+pub const FLAG_SEGMENTS_MAY_LEAD: u8 = 1;
+const JOURNAL_SUFFIX: &str = ".tmj";
+/// Header bytes of a storage-format-1 journal file (versions 1 and 2).
+const FORMAT_1_HEADER_BYTES: usize = 32;
+
+/// A decoded journal file header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalHeader {
+    pub flags: u8,
+    pub seq: u64,
+    /// The lsn of the file's first frame (or of the next frame written).
+    pub first_lsn: u64,
+    /// The round index of the file's first Round frame (or of the next).
+    pub first_round: u64,
+    /// The random key that every envelope checksum of this file mixes in
+    /// (frame.rs): it keeps client-chosen payloads from passing for frames.
+    pub mark_key: u32,
+}
+
+impl JournalHeader {
+    /// Whether group segments may hold records this file lost.
+    pub fn segments_may_lead(&self) -> bool {
+        self.flags & FLAG_SEGMENTS_MAY_LEAD != 0
+    }
+}
+
+/// Where a new journal file starts: its sequence number and the numbers
+/// its first frame gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalStart {
+    pub seq: u64,
+    pub lsn: u64,
+    pub round: u64,
+}
+
+impl JournalStart {
+    /// The start of a new data directory's first journal file.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn first(seq: u64) -> JournalStart {
+        JournalStart {
+            seq,
+            lsn: 1,
+            round: 1,
+        }
+    }
+}
+
+/// How the writer creates and rolls files.
+#[derive(Clone, Copy, Debug)]
+pub struct JournalOptions {
+    /// See [`FLAG_SEGMENTS_MAY_LEAD`]: set unless the fsync policy is `always`.
+    pub segments_may_lead: bool,
+    /// A file rolls before a frame would take it past this (`Config::journal_file_bytes`).
+    pub file_bytes_max: u64,
+}
+
+impl JournalOptions {
+    pub fn of(config: &crate::config::Config) -> JournalOptions {
+        JournalOptions {
+            segments_may_lead: config.fsync != crate::config::FsyncPolicy::Always,
+            file_bytes_max: config.journal_file_bytes,
+        }
+    }
+}
+
+/// The header this build writes for `start` (flags 0) with `mark_key`.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn encode_header(start: JournalStart, mark_key: u32) -> [u8; JOURNAL_HEADER_BYTES] {
+    encode_header_of(&JournalHeader {
+        flags: 0,
+        seq: start.seq,
+        first_lsn: start.lsn,
+        first_round: start.round,
+        mark_key,
+    })
+}
+
+/// A fresh key for a new journal file's envelopes. It must be one a
+/// client cannot predict (SipHash under the process's random keys, over
+/// the time), not one that is secret in any stronger sense: it only keeps
+/// record payloads, which clients choose, from passing for envelopes.
+fn new_mark_key(seq: u64) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seq);
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    let b = h.finish().to_le_bytes();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+// Format: { magic | version: u16 = 3 | header_len: u16 = 48 | flags: u8 |
+//   reserved: [u8; 3] | seq: u64 | first_lsn: u64 | first_round: u64 |
+//   mark_key: u32 | crc32 of 0..44 }
+pub(crate) fn encode_header_of(h: &JournalHeader) -> [u8; JOURNAL_HEADER_BYTES] {
+    let mut b = [0u8; JOURNAL_HEADER_BYTES];
+    b[0..8].copy_from_slice(&JOURNAL_MAGIC);
+    b[8..10].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    b[10..12].copy_from_slice(&(JOURNAL_HEADER_BYTES as u16).to_le_bytes());
+    b[12] = h.flags;
+    b[16..24].copy_from_slice(&h.seq.to_le_bytes());
+    b[24..32].copy_from_slice(&h.first_lsn.to_le_bytes());
+    b[32..40].copy_from_slice(&h.first_round.to_le_bytes());
+    b[40..44].copy_from_slice(&h.mark_key.to_le_bytes());
+    let crc = crc32fast::hash(&b[0..44]);
+    b[44..48].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// The largest frame number (lsn) a file may name: a group keeps its
+/// `applied_lsn` in 62 bits beside two flags (`dirty.rs`), and 2^62 frames
+/// are never written, so a larger one is damage.
+pub const LSN_MAX: u64 = (1 << 62) - 1;
+
+/// Checks a journal file header; returns its fields.
+pub fn decode_header_of(b: &[u8]) -> Result<JournalHeader, String> {
+    if b.len() < JOURNAL_HEADER_BYTES {
+        return Err(format!(
+            "file of {} bytes is shorter than the journal header",
+            b.len()
+        ));
+    }
+    let stored = u32::from_le_bytes([b[44], b[45], b[46], b[47]]);
+    if crc32fast::hash(&b[0..44]) != stored {
+        return Err("journal header checksum mismatch".into());
+    }
+    if b[0..8] != JOURNAL_MAGIC {
+        return Err("bad journal magic".into());
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    if version != JOURNAL_VERSION {
+        return Err(format!("unsupported journal version {version}"));
+    }
+    if u16::from_le_bytes([b[10], b[11]]) as usize != JOURNAL_HEADER_BYTES
+        || b[12] & !FLAG_SEGMENTS_MAY_LEAD != 0
+        || b[13..16] != [0; 3]
+    {
+        return Err("journal header_len or reserved bytes invalid".into());
+    }
+    let (first_lsn, first_round) = (u64_at(b, 24), u64_at(b, 32));
+    if first_lsn == 0 || first_round == 0 {
+        return Err("journal header first_lsn or first_round is 0".into());
+    }
+    if first_lsn > LSN_MAX {
+        return Err(format!(
+            "journal header first_lsn {first_lsn} is at or beyond 2^62"
+        ));
+    }
+    Ok(JournalHeader {
+        flags: b[12],
+        seq: u64_at(b, 16),
+        first_lsn,
+        first_round,
+        mark_key: u32::from_le_bytes([b[40], b[41], b[42], b[43]]),
+    })
+}
+
+/// The version of a journal file whose header is intact but of a version
+/// this build does not read (such a file must be refused, not cut): a
+/// storage-format-1 header (versions 1 and 2: 32 bytes, CRC of bytes
+/// 0..28 at 28), or a header of this layout with another version.
+pub fn unsupported_version(b: &[u8]) -> Option<u16> {
+    if b.len() < FORMAT_1_HEADER_BYTES || b[0..8] != JOURNAL_MAGIC {
+        return None;
+    }
+    let version = u16::from_le_bytes([b[8], b[9]]);
+    let crc_at = |at: usize| {
+        b.len() >= at + 4
+            && crc32fast::hash(&b[0..at])
+                == u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    };
+    let format_1 = matches!(version, 1 | 2) && crc_at(28);
+    let other = version != JOURNAL_VERSION && crc_at(44);
+    (format_1 || other).then_some(version)
+}
+
+pub fn journal_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("journal")
+}
+
+pub fn journal_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:020}{JOURNAL_SUFFIX}"))
+}
+
+/// The journal files in `dir` as `(seq, path)`, oldest first.
+pub fn list(vfs: &dyn Vfs, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let entries = vfs
+        .read_dir(dir)
+        .map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    let mut files: Vec<(u64, PathBuf)> = entries
+        .into_iter()
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let seq = name.strip_suffix(JOURNAL_SUFFIX)?.parse().ok()?;
+            Some((seq, p))
+        })
+        .collect();
+    files.sort_unstable();
+    Ok(files)
+}
+
+/// What a frame write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameWritten {
+    pub lsn: u64,
+    /// fdatasyncs of journal files a roll before the frame made (0 or 2:
+    /// the file left, and the new file's header).
+    pub roll_syncs: u64,
+    /// Where the frame lies: the journal file and its offset there.
+    pub seq: u64,
+    pub offset: u64,
+    /// The frame's `round_index` (0 for a Local frame).
+    pub round: u64,
+}
+
+/// The journal file being appended to, and the numbering of frames.
+pub struct Journal {
+    vfs: Arc<dyn Vfs>,
+    dir: PathBuf,
+    options: JournalOptions,
+    pub seq: u64,
+    path: PathBuf,
+    file: Box<dyn VfsFile>,
+    len: u64,
+    /// Bytes of the file known durable: its length when the last
+    /// fdatasync returned. Every frame carries it (`synced_len`).
+    synced: u64,
+    /// The header's key, mixed into every envelope checksum of this file.
+    mark_key: u32,
+    next_lsn: u64,
+    next_round: u64,
+    /// Bytes written since this writer was created (by a checkpoint or
+    /// recovery), headers of rolled files included: what triggers the
+    /// next checkpoint.
+    written: u64,
+    /// Where the end of the written frames is published for snapshots
+    /// (`pins::Holds`), once the engine is open.
+    published: Option<Arc<crate::state::pins::Holds>>,
+}
+
+impl Journal {
+    /// Creates journal file `start.seq` in `dir` and makes it (and its
+    /// directory entry) durable, so a checkpoint may point at it.
+    pub fn create(
+        vfs: Arc<dyn Vfs>,
+        dir: &Path,
+        start: JournalStart,
+        options: JournalOptions,
+    ) -> Result<Journal> {
+        let (path, file, mark_key) = create_file(&*vfs, dir, start, options)?;
+        Ok(Journal {
+            vfs,
+            dir: dir.to_owned(),
+            options,
+            seq: start.seq,
+            path,
+            file,
+            len: JOURNAL_HEADER_BYTES as u64,
+            synced: JOURNAL_HEADER_BYTES as u64,
+            mark_key,
+            next_lsn: start.lsn,
+            next_round: start.round,
+            written: JOURNAL_HEADER_BYTES as u64,
+            published: None,
+        })
+    }
+
+    /// From now on, the end of the written frames is published to `holds`
+    /// after every write and roll (a snapshot's journal prefix ends there).
+    pub(crate) fn publish_to(&mut self, holds: Arc<crate::state::pins::Holds>) {
+        self.published = Some(holds);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if let Some(h) = &self.published {
+            h.journal_at(crate::state::pins::JournalEnd {
+                seq: self.seq,
+                len: self.len,
+            });
+        }
+    }
+
+    /// Writes `frame` (sealed here with the next lsn, round index and the
+    /// synced length) with one write, after rolling to the next file if
+    /// the frame would take this one past `journal_file_bytes` (a frame
+    /// larger than that goes alone into a new file). On failure the file
+    /// is cut back to where it was and no number is used, so a failed
+    /// write (a full disk) can be retried as if it never happened.
+    pub fn append(&mut self, frame: &mut FrameBuf, kind: FrameKind) -> Result<FrameWritten> {
+        let roll_syncs = self.roll_for(frame.len())?;
+        let round = match kind {
+            FrameKind::Round => self.next_round,
+            FrameKind::Local => 0,
+        };
+        let bytes = frame
+            .seal(kind, self.next_lsn, round, self.synced, self.mark_key)
+            .map_err(|reason| Error::WritesStopped { reason })?;
+        self.write_sealed(bytes, kind, round, roll_syncs)
+    }
+
+    /// Writes a Round frame whose payload another node wrote
+    /// ([`FrameBuf::load_payload`]): its bytes unchanged, in this node's
+    /// envelope (its lsn, its `synced_len`). Like [`Journal::append`] in
+    /// every other way. The caller checked that the payload's
+    /// `round_index` is [`Journal::next_round`]; it is checked again here,
+    /// since a frame numbered otherwise would end the valid part of the
+    /// file for recovery.
+    pub fn append_replicated(&mut self, frame: &mut FrameBuf, round: u64) -> Result<FrameWritten> {
+        if round != self.next_round {
+            return Err(Error::RoundOutOfOrder {
+                round,
+                expected: self.next_round,
+            });
+        }
+        let roll_syncs = self.roll_for(frame.len())?;
+        let bytes = frame
+            .seal_envelope(FrameKind::Round, self.next_lsn, self.synced, self.mark_key)
+            .map_err(|reason| Error::WritesStopped { reason })?;
+        self.write_sealed(bytes, FrameKind::Round, round, roll_syncs)
+    }
+
+    /// Rolls to the next file first if a frame of `len` bytes would take
+    /// this one past `journal_file_bytes` (a frame larger than that goes
+    /// alone into a new file); returns the fdatasyncs that took.
+    fn roll_for(&mut self, len: usize) -> Result<u64> {
+        let would_be = self.len.saturating_add(len as u64);
+        if would_be > self.options.file_bytes_max && self.len > JOURNAL_HEADER_BYTES as u64 {
+            self.roll()?;
+            return Ok(2);
+        }
+        Ok(0)
+    }
+
+    /// Writes a sealed frame at the end of the file and moves the numbers on.
+    fn write_sealed(
+        &mut self,
+        bytes: &[u8],
+        kind: FrameKind,
+        round: u64,
+        roll_syncs: u64,
+    ) -> Result<FrameWritten> {
+        let offset = self.len;
+        if let Err(e) = self.file.write_all_at(bytes, offset) {
+            let _ = self.file.set_len(offset);
+            return Err(Error::write(format!("write {}", self.path.display()), e));
+        }
+        let n = bytes.len() as u64;
+        self.len += n;
+        self.written += n;
+        let lsn = self.next_lsn;
+        // Numbers saturate rather than wrap: 2^64 frames are not reachable,
+        // only a crafted header starts near the end.
+        self.next_lsn = self.next_lsn.saturating_add(1);
+        if kind == FrameKind::Round {
+            self.next_round = self.next_round.saturating_add(1);
+        }
+        self.publish();
+        Ok(FrameWritten {
+            lsn,
+            roll_syncs,
+            seq: self.seq,
+            offset,
+            round,
+        })
+    }
+
+    /// Moves to file `seq + 1`: this file is synced first (so a torn tail
+    /// can only be in the newest file holding frames), then the next one
+    /// is created durable. Nothing changes if either step fails.
+    pub(crate) fn roll(&mut self) -> Result<()> {
+        let seq = self
+            .seq
+            .checked_add(1)
+            .filter(|&s| s < u64::MAX)
+            .ok_or_else(|| Error::WritesStopped {
+                reason: "journal sequence numbers exhausted".into(),
+            })?;
+        self.sync()?;
+        let start = self.next_start_at(seq);
+        let (path, file, mark_key) = create_file(&*self.vfs, &self.dir, start, self.options)?;
+        self.seq = seq;
+        self.path = path;
+        self.file = file;
+        self.len = JOURNAL_HEADER_BYTES as u64;
+        self.synced = JOURNAL_HEADER_BYTES as u64;
+        self.mark_key = mark_key;
+        self.written += JOURNAL_HEADER_BYTES as u64;
+        self.publish();
+        Ok(())
+    }
+
+    pub fn sync(&mut self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(format!("fdatasync {}", self.path.display()), e))?;
+        self.synced = self.len;
+        Ok(())
+    }
+
+    /// Whether the current file holds frames (a checkpoint's capture
+    /// rolls to a new file only then).
+    pub fn holds_frames(&self) -> bool {
+        self.len > JOURNAL_HEADER_BYTES as u64
+    }
+
+    /// Bytes written since this writer was created (a checkpoint or the
+    /// end of recovery), the headers of rolled files included.
+    pub fn bytes_since_start(&self) -> u64 {
+        self.written
+    }
+
+    /// Where the file after this one starts (a checkpoint creates it).
+    pub fn next_start(&self) -> Result<JournalStart> {
+        let seq = self
+            .seq
+            .checked_add(1)
+            .ok_or_else(|| Error::WritesStopped {
+                reason: "journal sequence numbers exhausted".into(),
+            })?;
+        Ok(self.next_start_at(seq))
+    }
+
+    fn next_start_at(&self, seq: u64) -> JournalStart {
+        JournalStart {
+            seq,
+            lsn: self.next_lsn,
+            round: self.next_round,
+        }
+    }
+}
+
+/// Creates journal file `start.seq` (truncating any file of that name),
+/// writes its header, syncs it and its directory.
+fn create_file(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    start: JournalStart,
+    options: JournalOptions,
+) -> Result<(PathBuf, Box<dyn VfsFile>, u32)> {
+    let path = journal_path(dir, start.seq);
+    let ctx = |op: &str| format!("{op} {}", path.display());
+    let file = vfs
+        .open(&path, OpenMode::ReadWriteCreate)
+        .map_err(|e| Error::io(ctx("create"), e))?;
+    file.set_len(0).map_err(|e| Error::io(ctx("truncate"), e))?;
+    let header = JournalHeader {
+        flags: if options.segments_may_lead {
+            FLAG_SEGMENTS_MAY_LEAD
+        } else {
+            0
+        },
+        seq: start.seq,
+        first_lsn: start.lsn,
+        first_round: start.round,
+        mark_key: new_mark_key(start.seq),
+    };
+    file.write_all_at(&encode_header_of(&header), 0)
+        .map_err(|e| Error::write(ctx("write"), e))?;
+    file.sync_data()
+        .map_err(|e| Error::io(ctx("fdatasync"), e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))?;
+    Ok((path, file, header.mark_key))
+}
+
+/// Maps a whole journal file for replay.
+pub fn map_file(vfs: &dyn Vfs, path: &Path) -> Result<Option<memmap2::Mmap>> {
+    let file = vfs
+        .open(path, OpenMode::Read)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let len = file
+        .file_len()
+        .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+    if len == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(len).map_err(|_| Error::Corrupt {
+        path: path.to_owned(),
+        group: None,
+        offset: 0,
+        reason: "journal larger than the address space".into(),
+    })?;
+    file.map(len)
+        .map(Some)
+        .map_err(|e| Error::io(format!("mmap {}", path.display()), e))
+}
+
+/// A frame of a journal file as tests see it: where it lies and its
+/// entries as `(offset in the file, length, kind, group)`.
+#[cfg(test)]
+#[derive(Clone, Debug)]
+pub struct FrameInfo {
+    pub offset: usize,
+    pub end: usize,
+    pub lsn: u64,
+    pub synced_len: u64,
+    pub entries: Vec<(usize, usize, EntryKind, u64)>,
+}
+
+/// The valid frames of a whole journal file (header first), for tests.
+#[cfg(test)]
+pub fn frames_of_file(file: &[u8]) -> Vec<FrameInfo> {
+    let Ok(h) = decode_header_of(file) else {
+        return Vec::new();
+    };
+    frame::FrameIter::new(
+        file,
+        JOURNAL_HEADER_BYTES,
+        h.mark_key,
+        h.first_lsn,
+        h.first_round,
+    )
+    .map(|f| {
+        let base = f.offset + frame::FRAME_OVERHEAD_BYTES;
+        let mut at = base;
+        let entries = f
+            .entries()
+            .map(|e| {
+                let len = ENTRY_HEADER_BYTES + e.body.len();
+                let row = (at, len, e.kind, e.group_id);
+                at += len;
+                row
+            })
+            .collect();
+        FrameInfo {
+            offset: f.offset,
+            end: f.end(),
+            lsn: f.envelope.lsn,
+            synced_len: f.envelope.synced_len,
+            entries,
+        }
+    })
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+
+    #[test]
+    fn header_round_trips_and_detects_damage() {
+        let start = JournalStart {
+            seq: 77,
+            lsn: 5,
+            round: 4,
+        };
+        let h = encode_header(start, 0xfeed);
+        let d = decode_header_of(&h).unwrap();
+        assert_eq!(
+            (d.seq, d.first_lsn, d.first_round, d.mark_key),
+            (77, 5, 4, 0xfeed)
+        );
+        for at in 0..JOURNAL_HEADER_BYTES {
+            let mut b = h;
+            b[at] ^= 1;
+            assert!(decode_header_of(&b).is_err(), "byte {at}");
+        }
+    }
+
+    #[test]
+    fn the_writer_numbers_frames_densely_and_rolls_only_after_syncing() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs: Arc<dyn Vfs> = Arc::new(OsVfs);
+        let options = JournalOptions {
+            segments_may_lead: false,
+            file_bytes_max: 400,
+        };
+        let mut j =
+            Journal::create(vfs.clone(), dir.path(), JournalStart::first(3), options).unwrap();
+        let mut f = FrameBuf::default();
+        let mut lsns = Vec::new();
+        for g in 1..=6u64 {
+            f.clear();
+            f.push_entry(EntryKind::CreateGroup, g, |b| b.extend_from_slice(&[0; 40]));
+            let w = j.append(&mut f, FrameKind::Round).unwrap();
+            lsns.push((w.lsn, j.seq, w.roll_syncs));
+        }
+        // Frames of 120 bytes: 48 + 3 x 120 = 408 > 400, so two per file.
+        assert_eq!(
+            lsns,
+            vec![
+                (1, 3, 0),
+                (2, 3, 0),
+                (3, 4, 2),
+                (4, 4, 0),
+                (5, 5, 2),
+                (6, 5, 0)
+            ]
+        );
+        let files = list(&*vfs, dir.path()).unwrap();
+        assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![3, 4, 5]);
+        let second = std::fs::read(&files[1].1).unwrap();
+        let h = decode_header_of(&second).unwrap();
+        assert_eq!((h.first_lsn, h.first_round), (3, 3));
+        let frames = frames_of_file(&second);
+        assert_eq!(frames.iter().map(|f| f.lsn).collect::<Vec<_>>(), vec![3, 4]);
+        // A new file's frames name its synced header until it is synced.
+        assert_eq!(frames[1].synced_len, JOURNAL_HEADER_BYTES as u64);
+        assert_eq!(
+            j.next_start().unwrap(),
+            JournalStart {
+                seq: 6,
+                lsn: 7,
+                round: 7
+            }
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! The trash: where the directory of a deleted group (or a stale directory
+//! found where a new group's files go) is moved, with one rename, before
+//! the maintenance worker removes it one file per step. So deleting a
+//! group of any size costs the commit thread one rename outside every
+//! lock, and no request waits for its files to go (format-spec/storage.md
+//! section 2, "Trash").
+//!
+//! Representation: `groups/trash/<group id, 16 hex>-<suffix, 16 hex>`. The
+//! suffix only makes names unique: it starts at the time the engine opened
+//! (nanoseconds), so names of different runs do not meet, and grows by one
+//! per rename; a rename that still meets a taken name tries the next one.
+//! A name in the trash never parses as a group directory (it has a `-`),
+//! so a directory scan of `groups/` never takes it for a group.
+//!
+//! Crash cases: everything in the trash is garbage, whatever state it is
+//! in, so the sweep queued at every open removes it all. A rename that was
+//! not yet durable may leave the directory at its old path after a power
+//! cut: the DeleteGroup entry, if replayed, moves it again; otherwise it
+//! stays a stray directory of a group that does not exist, moved to the
+//! trash when a group of that id is created again (as 0.1 removed it then).
+//!
+//! Cost: one rename per deleted group on the commit thread; one unlink per
+//! file and one rmdir per directory on the worker.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::io::Vfs;
+use crate::state::pins::Holds;
+use crate::worker::Worker;
+
+/// Tries of a rename that meets a taken name (only a clock far behind the
+/// previous run's could make one happen at all).
+const RENAME_TRIES: u32 = 16;
+
+pub struct Trash {
+    dir: PathBuf,
+    next_suffix: AtomicU64,
+    /// Entries moved in since the commit thread last queued their removal.
+    moved: Mutex<Vec<PathBuf>>,
+    /// Snapshot holds (`pins.rs`): moves are noted in them, and while any
+    /// is active the entries stay (a snapshot may be copying from them).
+    holds: Arc<Holds>,
+}
+
+impl Trash {
+    /// The trash of the data directory `data_dir` (nothing is created yet).
+    pub fn new(data_dir: &Path, holds: Arc<Holds>) -> Trash {
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Trash {
+            dir: data_dir.join("groups").join("trash"),
+            next_suffix: AtomicU64::new(now_ns),
+            moved: Mutex::new(Vec::new()),
+            holds,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Moves the directory `from` (of group `group_id`) into the trash, if
+    /// it exists. One rename (and, the first time, a mkdir of the trash).
+    /// The entry is remembered for [`Trash::take_moved`].
+    pub fn put(&self, vfs: &dyn Vfs, group_id: u64, from: &Path) -> Result<()> {
+        if !vfs.exists(from) {
+            return Ok(());
+        }
+        vfs.create_dir_all(&self.dir)
+            .map_err(|e| Error::write(format!("mkdir {}", self.dir.display()), e))?;
+        let mut last = None;
+        for _ in 0..RENAME_TRIES {
+            let suffix = self.next_suffix.fetch_add(1, Ordering::Relaxed);
+            let to = self.dir.join(format!("{group_id:016x}-{suffix:016x}"));
+            match self.holds.moving(group_id, &to, || vfs.rename(from, &to)) {
+                Ok(()) => {
+                    self.moved.lock().push(to);
+                    return Ok(());
+                }
+                // Gone meanwhile: nothing to move.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !vfs.exists(from) => {
+                    return Ok(())
+                }
+                // The name is taken (a directory that is not empty).
+                Err(e) => last = Some(e),
+            }
+        }
+        let e = last.unwrap_or_else(|| std::io::ErrorKind::AlreadyExists.into());
+        Err(Error::io(
+            format!("move {} to {}", from.display(), self.dir.display()),
+            e,
+        ))
+    }
+
+    /// The entries moved in since the last call (the commit thread queues
+    /// their removal after each round). None while a snapshot hold is
+    /// active: they are kept for the first round after the last hold ends.
+    pub fn take_moved(&self) -> Vec<PathBuf> {
+        if self.holds.active() {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.moved.lock())
+    }
+
+    /// Everything in the trash now. A trash that does not exist is empty.
+    #[cfg(test)]
+    pub fn entries(&self, vfs: &dyn Vfs) -> Vec<PathBuf> {
+        list(vfs, &self.dir)
+    }
+}
+
+/// The removal of one trash entry, one file per [`Removal::step`].
+pub struct Removal {
+    entry: PathBuf,
+    /// The entry's files not yet removed; `None` before it was listed.
+    files: Option<Vec<PathBuf>>,
+}
+
+impl Removal {
+    pub fn new(entry: PathBuf) -> Removal {
+        Removal { entry, files: None }
+    }
+
+    /// Removes one file of the entry (the first step lists it; the last
+    /// removes the emptied directory). Returns true when the entry is gone
+    /// or cannot be removed (then it is tried again at the next open).
+    pub fn step(&mut self, vfs: &dyn Vfs) -> bool {
+        let files = match &mut self.files {
+            Some(files) => files,
+            None => match vfs.read_dir(&self.entry) {
+                Ok(files) => self.files.insert(files),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+                // Not a directory: removed as a whole below.
+                Err(_) => self.files.insert(Vec::new()),
+            },
+        };
+        if let Some(file) = files.pop() {
+            // A directory inside (not made by the engine) goes whole.
+            if vfs.remove_file(&file).is_err() {
+                if let Err(e) = vfs.remove_dir_all(&file) {
+                    log::warn!("trash: cannot remove {}: {e}", file.display());
+                }
+            }
+            return false;
+        }
+        if let Err(e) = vfs.remove_dir_all(&self.entry) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("trash: cannot remove {}: {e}", self.entry.display());
+            }
+        }
+        true
+    }
+}
+
+/// Queues `removal` on the maintenance worker, one step per background
+/// job (each step queues the next), so a job a request waits for never
+/// waits behind more than one file's removal.
+pub(crate) fn remove_in_background<C: Send + Sync + 'static>(
+    worker: &Worker<C>,
+    vfs: Arc<dyn Vfs>,
+    mut removal: Removal,
+) {
+    worker.background(move |w, _| {
+        if !removal.step(&*vfs) {
+            remove_in_background(w, vfs, removal);
+        }
+    });
+}
+
+/// Queues the removal of everything in the trash (at every open: a crash
+/// may have left anything there).
+pub(crate) fn sweep_in_background<C: Send + Sync + 'static>(
+    worker: &Worker<C>,
+    vfs: Arc<dyn Vfs>,
+    trash_dir: PathBuf,
+) {
+    worker.background(move |w, _| {
+        for entry in list(&*vfs, &trash_dir) {
+            remove_in_background(w, vfs.clone(), Removal::new(entry));
+        }
+    });
+}
+
+/// Everything in the trash directory `dir` (none if it does not exist).
+fn list(vfs: &dyn Vfs, dir: &Path) -> Vec<PathBuf> {
+    match vfs.read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            log::warn!("cannot list {}: {e}", dir.display());
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+
+    #[test]
+    fn a_moved_directory_is_removed_one_file_per_step_and_never_looks_like_a_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let trash = Trash::new(dir.path(), Arc::default());
+        let group_dir = dir
+            .path()
+            .join("groups")
+            .join("001")
+            .join("0000000000000007");
+        std::fs::create_dir_all(&group_dir).unwrap();
+        for i in 0..3 {
+            std::fs::write(group_dir.join(format!("{i}.seg")), b"x").unwrap();
+        }
+        trash.put(&OsVfs, 7, &group_dir).unwrap();
+        trash.put(&OsVfs, 8, &dir.path().join("missing")).unwrap();
+        assert!(!group_dir.exists());
+        let moved = trash.take_moved();
+        assert_eq!(moved.len(), 1, "a missing directory is not moved");
+        assert_eq!(trash.entries(&OsVfs), moved);
+        let name = moved[0].file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("0000000000000007-"), "{name}");
+        assert!(u64::from_str_radix(name, 16).is_err());
+        let mut removal = Removal::new(moved[0].clone());
+        let mut steps = 1;
+        while !removal.step(&OsVfs) {
+            steps += 1;
+        }
+        assert_eq!(
+            steps, 4,
+            "three files (the first step lists them), then the directory"
+        );
+        assert!(trash.entries(&OsVfs).is_empty());
+    }
+}
