@@ -20,6 +20,7 @@
 
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use mio::Waker;
 use tidemark_engine::{Engine, Snapshot};
@@ -50,11 +51,21 @@ pub enum Msg {
     },
 }
 
+/// How long a backup may make no progress (its client reads nothing of
+/// its queued frames) before the node ends it: a stalled backup holds
+/// every deletion of the node back (storage.md section 18), so a client
+/// that stops reading must not keep the disk from being given back.
+pub const STALL_MAX: Duration = Duration::from_secs(60);
+
 /// A backup under way, as the event loop holds it.
 pub struct Stream {
     pub conn: ConnId,
     pub request_id: u64,
     rx: Receiver<Msg>,
+    /// When the client last drained output or a frame was queued, and the
+    /// connection's output then (progress is output going down).
+    progress_at: Instant,
+    output_then: usize,
 }
 
 /// What the loop gets from a stream now.
@@ -66,6 +77,30 @@ pub enum Next {
 }
 
 impl Stream {
+    /// Notes the connection's queued output now; true if the stream made
+    /// progress within [`STALL_MAX`]: its output went down or was empty,
+    /// or a frame was queued.
+    pub fn alive(&mut self, output_now: usize, now: Instant) -> bool {
+        // Nothing queued: the client has read everything (a slow thread,
+        // reading or merging, is not the client's stall).
+        if output_now == 0 || output_now < self.output_then {
+            self.progress_at = now;
+        }
+        self.output_then = output_now;
+        now.saturating_duration_since(self.progress_at) < STALL_MAX
+    }
+
+    /// A frame was queued on the connection (progress of the stream).
+    pub fn queued(&mut self, output_now: usize, now: Instant) {
+        self.progress_at = now;
+        self.output_then = output_now;
+    }
+
+    /// When the stream counts as stalled if nothing moves before.
+    pub fn deadline(&self) -> Instant {
+        self.progress_at + STALL_MAX
+    }
+
     pub fn try_next(&self) -> Next {
         match self.rx.try_recv() {
             Ok(m) => Next::Msg(m),
@@ -114,6 +149,8 @@ pub fn start(
         conn,
         request_id,
         rx,
+        progress_at: Instant::now(),
+        output_then: 0,
     })
 }
 
@@ -243,4 +280,55 @@ fn stream_files(
         sent.1 += f.len;
     }
     Ok(Ok(sent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream() -> (Stream, SyncSender<Msg>) {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let s = Stream {
+            conn: ConnId {
+                index: 0,
+                generation: 0,
+            },
+            request_id: 1,
+            rx,
+            progress_at: Instant::now(),
+            output_then: 0,
+        };
+        (s, tx)
+    }
+
+    /// A client that leaves its output queued for `STALL_MAX` stalls the
+    /// backup; one that reads (output going down or empty), or a thread
+    /// that queues frames, keeps it alive.
+    #[test]
+    fn a_backup_stalls_only_while_its_client_reads_nothing() {
+        let (mut s, _tx) = stream();
+        let t0 = Instant::now();
+        s.queued(900_000, t0);
+        let later = t0 + STALL_MAX - Duration::from_millis(1);
+        assert!(s.alive(900_000, later), "within the limit");
+        assert!(
+            !s.alive(900_000, t0 + STALL_MAX),
+            "nothing read for STALL_MAX"
+        );
+        let (mut s, _tx) = stream();
+        s.queued(900_000, t0);
+        assert!(s.alive(500_000, t0 + STALL_MAX / 2), "the client read");
+        assert!(
+            s.alive(500_000, t0 + STALL_MAX),
+            "counted from its last read"
+        );
+        assert!(!s.alive(500_000, t0 + STALL_MAX * 3 / 2));
+        let (mut s, _tx) = stream();
+        s.queued(0, t0);
+        assert!(
+            s.alive(0, t0 + STALL_MAX * 2),
+            "all read: the thread is slow, not the client"
+        );
+        assert_eq!(s.deadline(), t0 + STALL_MAX * 3);
+    }
 }

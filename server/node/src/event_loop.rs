@@ -321,6 +321,7 @@ impl EventLoop {
             .into_iter()
             .chain(frames)
             .chain(self.receipts.deadline())
+            .chain(self.backups.iter().map(backup::Stream::deadline))
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -811,10 +812,30 @@ impl EventLoop {
     /// room): a backup goes as fast as its client reads. A stream whose
     /// connection is gone is dropped, which stops its thread.
     fn pump_backups(&mut self) {
+        let now = Instant::now();
         let mut i = 0;
         while i < self.backups.len() {
             let (conn, request_id) = (self.backups[i].conn, self.backups[i].request_id);
             let mut over = false;
+            // A client that reads nothing for `STALL_MAX` loses its backup
+            // (and its connection): the hold it keeps must end.
+            if let Some(slot) = self.slot_mut(conn) {
+                let output = slot.conn.output_bytes();
+                if !self.backups[i].alive(output, now) {
+                    log::warn!(
+                        "backup on connection {}: no progress for {:?}; ended",
+                        conn.index,
+                        backup::STALL_MAX
+                    );
+                    self.stats.errors += 1;
+                    self.backups.swap_remove(i);
+                    if let Some(slot) = self.slot_mut(conn) {
+                        slot.conn.drop_output();
+                    }
+                    self.close(conn.index);
+                    continue;
+                }
+            }
             loop {
                 let Some(slot) = self.slot_mut(conn) else {
                     over = true;
@@ -826,6 +847,8 @@ impl EventLoop {
                 match self.backups[i].try_next() {
                     backup::Next::Msg(backup::Msg::Chunk(frame)) => {
                         self.send(conn, backup::outgoing(request_id, frame, false));
+                        let output = self.slot_mut(conn).map_or(0, |s| s.conn.output_bytes());
+                        self.backups[i].queued(output, now);
                     }
                     backup::Next::Msg(backup::Msg::End { frame, error }) => {
                         if error {
