@@ -348,6 +348,8 @@ fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
     if let Err(e) = log.flush_tail(ctx) {
         log::warn!("damaged group: its unwritten records stay in the journal: {e}");
     }
+    ctx.damaged_groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     LogSlot::Damaged {
         state: log.state(),
         reason,
@@ -467,6 +469,12 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    if matches!(old, LogSlot::Damaged { .. }) {
+        // Once: a repeated delete finds the slot `Deleted`.
+        st.ctx
+            .damaged_groups
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
     if let LogSlot::Small(list) = &old {
         // No file of its own: its records leave the shared files' counts.
         crate::small_log::forget_extents(st.ctx, list);

@@ -134,6 +134,17 @@ pub struct EngineStats {
     /// with a retention policy (the work of a walk that must not grow with
     /// the groups that keep everything).
     pub retention_groups_planned: u64,
+    /// Memberships now (the cursor table's count).
+    pub memberships: u64,
+    /// Groups whose files failed verification and that answer
+    /// `GroupDamaged` now.
+    pub groups_damaged: u64,
+    /// A write or fsync failed: writes are refused until the engine is
+    /// reopened.
+    pub writes_stopped: bool,
+    /// Free bytes of the data directory's file system as the engine last
+    /// measured them (at open, then by the commit thread).
+    pub disk_free_bytes: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -915,6 +926,10 @@ impl Engine {
             groups_in_use: self.shared.dedup.used_len() as u64,
             group_loads: c.group_loads.load(Ordering::Relaxed),
             retention_groups_planned: c.retention_groups_planned.load(Ordering::Relaxed),
+            memberships: self.shared.cursors.memberships(),
+            groups_damaged: self.shared.ctx.damaged_groups.load(Ordering::Relaxed),
+            writes_stopped: self.shared.writes_stopped.load(Ordering::Acquire),
+            disk_free_bytes: self.shared.disk_free_bytes.load(Ordering::Acquire),
         }
     }
 

@@ -294,6 +294,8 @@ impl Group {
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
                 ctx.dirty.damaged(self.id);
+                ctx.damaged_groups
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 *slot = LogSlot::Damaged {
                     state,
                     reason: e.to_string(),

@@ -40,6 +40,13 @@ pub struct LogContext {
     /// replay) and by recovery's restore; read at checkpoint capture (the
     /// pinned list) and by the checkpoint's deletion of journal files.
     pub live: parking_lot::Mutex<crate::reclaim::LiveBytes>,
+    /// Groups whose log slot is `Damaged` now (STATS
+    /// `storage.groups_damaged`, read in O(1)): set by recovery from its
+    /// walk over the groups, then one more where a slot becomes damaged (a
+    /// load's verification in `group.rs`, `apply::damage`) and one fewer
+    /// when a damaged group is deleted (`apply::delete_group`), the only
+    /// ways in and out.
+    pub damaged_groups: std::sync::atomic::AtomicU64,
 }
 
 impl LogContext {
@@ -60,6 +67,7 @@ impl LogContext {
             rounds: Default::default(),
             shared_files,
             live: Default::default(),
+            damaged_groups: Default::default(),
         }
     }
 

@@ -81,6 +81,8 @@ mod journal_crash_tests;
 mod membership;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod ops_stats_tests;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod power_cut;

@@ -394,6 +394,12 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         }
     }
     report.groups = catalog.len() as u64;
+    // Replay's own damages are counted here, with those the checkpoint
+    // recorded; from now on the count changes where damage happens.
+    ctx.damaged_groups.store(
+        report.damaged_groups.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 
     if discovered {
         // No run holds these groups: the first checkpoint records each
