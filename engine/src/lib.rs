@@ -142,6 +142,7 @@ pub use engine::{
 pub use error::{Error, Result, DAMAGED_GROUP_HINT};
 pub use group_log::{Chunk, ReadBatch};
 pub use io::{raise_open_file_limit, FD_RESERVE};
+pub use journal::journal_dir;
 pub use journal::rounds::RoundPayload;
 pub use recovery::RecoveryReport;
 pub use retention::Retention;

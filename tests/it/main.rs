@@ -19,6 +19,7 @@ mod idle;
 mod members;
 mod net_faults;
 mod node;
+mod observe;
 mod ops_cli;
 mod proxy;
 mod segment_damage;

@@ -19,7 +19,7 @@ pub mod reliable;
 
 pub use client::{
     messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Message,
-    NodeLimits, OwnedFrame, Page, Result, Sent,
+    NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
 };
 pub use reliable::{Inbox, ReliableClient, ReliableConfig};
 /// The wire codec the client speaks, for the types its requests take

@@ -38,7 +38,8 @@ use std::time::Instant;
 
 use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing};
+use crate::handlers::{self, Action, Ctx, Outgoing, Report};
+use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{decode_request, ErrorCode, FrameDecoder, Opcode, Request, Subscription};
 
@@ -226,6 +227,8 @@ pub enum Next {
     Handled {
         request_id: u64,
         op: Option<Opcode>,
+        /// What it asked, for the slow log.
+        args: Summary,
         action: Action,
     },
 }
@@ -442,6 +445,7 @@ impl Connection {
         // before the rest of the connection is touched. It stays at the
         // front until it is taken below (a request that must wait for the
         // engine's worker stays there).
+        let mut args = Summary::default();
         let (request_id, op, result) = match self.decoder.front_frame() {
             Ok(None) => return Next::Idle,
             Err(fe) => {
@@ -462,7 +466,10 @@ impl Connection {
                         let out = handlers::error(id, de.error_code(), detail, &de.to_string());
                         (id, None, Err(Stop::Fatal(out)))
                     }
-                    Ok(req) => (id, Some(req.opcode()), self.session.handle(ctx, id, req)),
+                    Ok(req) => {
+                        args = Summary::of_request(&req);
+                        (id, Some(req.opcode()), self.session.handle(ctx, id, req))
+                    }
                 }
             }
         };
@@ -475,14 +482,17 @@ impl Connection {
                 return Next::WaitsForLoad(ticket);
             }
             Err(Stop::Fatal(out)) => {
+                // Invariant: a fatal answer is an ERROR frame.
+                let code = out.error.unwrap_or(ErrorCode::BadFrame);
                 self.fail(out);
-                Action::Closed
+                Action::Closed(code)
             }
         };
         self.decoder.consume_front();
         Next::Handled {
             request_id,
             op,
+            args,
             action,
         }
     }
@@ -594,7 +604,11 @@ impl Session {
                 return Ok(answer(out));
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
-            Request::Stats => return Ok(Action::Report),
+            Request::Stats => return Ok(Action::Report(Report::Stats)),
+            Request::Info => return Ok(Action::Report(Report::Info)),
+            Request::SlowLog { reset, max_count } => {
+                return Ok(Action::Report(Report::SlowLog { reset, max_count }))
+            }
             Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
             Request::Unsubscribe => {
                 self.unsubscribe_all(ctx.engine, ctx.subs, ctx.conn);
@@ -694,7 +708,7 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report | Action::Closed => {}
+            Action::Answer(_) | Action::Report(_) | Action::Closed(_) => {}
         }
         Ok(action)
     }
@@ -881,7 +895,7 @@ mod state_tests {
                     let frame = Frame::parse(&out.head).unwrap();
                     match decode_response(&frame).unwrap() {
                         Response::Error(e) => {
-                            assert!(out.error, "an ERROR frame says so");
+                            assert_eq!(out.error, Some(e.code), "an ERROR frame says so");
                             Some(e.code)
                         }
                         _ => None,
@@ -960,7 +974,7 @@ mod state_tests {
         assert!(matches!(
             node.request(&mut c, 2, Request::Auth { token: b"guess" }),
             Next::Handled {
-                action: Action::Closed,
+                action: Action::Closed(ErrorCode::Unauthenticated),
                 ..
             }
         ));
@@ -991,7 +1005,7 @@ mod state_tests {
         assert!(matches!(
             node.request(&mut c, 4, hello()),
             Next::Handled {
-                action: Action::Closed,
+                action: Action::Closed(ErrorCode::BadFrame),
                 ..
             }
         ));

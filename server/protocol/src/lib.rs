@@ -39,8 +39,9 @@ pub use records::{RecordIter, RecordView, Records, RecordsError, RecordsLen, Rec
 pub use request::{decode_request, encode_request, AckItem, JoinStart, Request, Subscription};
 pub use response::{
     decode_response, encode_response, encode_response_head, BatchAckResult, ErrorResponse,
-    GroupInfo, HelloResponse, MemberEntry, Response, ResyncScope, RetentionPolicy, Stat, SyncGroup,
-    UnreadEntry, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES, SYNC_GROUP_BYTES,
+    GroupInfo, HelloResponse, InfoItem, MemberEntry, Response, ResyncScope, RetentionPolicy,
+    SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry, MEMBERS_RESPONSE_FIXED_BYTES,
+    MEMBER_ENTRY_BYTES, SLOW_LOG_ENTRY_BYTES_MIN, SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
 };
 pub use wire::{DecodeError, EncodeError};
 

@@ -14,6 +14,8 @@ pub enum Opcode {
     Auth = 0x02,
     Ping = 0x03,
     Stats = 0x04,
+    Info = 0x05,
+    SlowLog = 0x06,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -46,13 +48,16 @@ pub const OPCODE_ERROR: u8 = 0xFF;
 const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
-    /// Every request opcode of version 1 (MEMBERS and GROUP_INFO are
-    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 20] = [
+    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, INFO and
+    /// SLOWLOG are additions made after tidemark 0.1, format-spec/protocol.md
+    /// section 7).
+    pub const ALL: [Opcode; 22] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
+        Opcode::Info,
+        Opcode::SlowLog,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
         Opcode::Join,
@@ -93,6 +98,8 @@ impl Opcode {
             Opcode::Auth => "AUTH",
             Opcode::Ping => "PING",
             Opcode::Stats => "STATS",
+            Opcode::Info => "INFO",
+            Opcode::SlowLog => "SLOWLOG",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",

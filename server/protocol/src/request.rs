@@ -4,7 +4,8 @@
 use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
 use super::opcode::{FrameKind, Opcode};
 use super::wire::{
-    put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError, Reader,
+    put_bool, put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError,
+    Reader,
 };
 use super::PROTOCOL_VERSION;
 
@@ -65,6 +66,15 @@ pub enum Request<'a> {
     },
     Ping,
     Stats,
+    /// The node's text figures (version, data directory, ...): an addition
+    /// (format-spec/protocol.md 4.21).
+    Info,
+    /// The slow log (4.22): up to `max_count` entries, newest first; with
+    /// `reset`, the log is emptied after they are listed (an addition).
+    SlowLog {
+        reset: bool,
+        max_count: u32,
+    },
     CreateGroup {
         group: u64,
     },
@@ -150,6 +160,8 @@ impl Request<'_> {
             Request::Auth { .. } => Opcode::Auth,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
+            Request::Info => Opcode::Info,
+            Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
             Request::Join { .. } => Opcode::Join,
@@ -207,7 +219,12 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Unsubscribe => {}
+        Request::Ping | Request::Stats | Request::Info | Request::Unsubscribe => {}
+        Request::SlowLog { reset, max_count } => {
+            // Format: { reset: bool | max_count: u32 }
+            put_bool(out, *reset);
+            put_u32(out, *max_count);
+        }
         Request::CreateGroup { group }
         | Request::DeleteGroup { group }
         | Request::GroupInfo { group } => {
@@ -390,6 +407,12 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         // Format: {} (empty body)
         Opcode::Ping => Request::Ping,
         Opcode::Stats => Request::Stats,
+        Opcode::Info => Request::Info,
+        // Format: { reset: bool | max_count: u32 }
+        Opcode::SlowLog => Request::SlowLog {
+            reset: r.bool("reset")?,
+            max_count: r.u32("max_count")?,
+        },
         Opcode::Unsubscribe => Request::Unsubscribe,
         // Format: { group: u64 }
         Opcode::CreateGroup => Request::CreateGroup {
