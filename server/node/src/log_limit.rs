@@ -9,8 +9,9 @@
 //! have no "condition ended": a token bucket per [`EventKind`]. Each kind
 //! may log a burst of [`BURST`] lines, then one line per [`REFILL`]; an
 //! event without a token is counted, and [`LogLimiter::flush`] turns the
-//! counts into one "N similar events suppressed" line per kind at most
-//! every [`REPORT_INTERVAL`].
+//! count into one "N similar events suppressed" line per kind
+//! [`REPORT_INTERVAL`] after the first event it counts (so a flood's line
+//! says most of it, and a kind has at most one such line per interval).
 //!
 //! Bound: per kind, at most `BURST + t / REFILL` event lines and
 //! `t / REPORT_INTERVAL + 1` suppression lines over `t`, whatever the rate
@@ -68,7 +69,8 @@ struct Bucket {
     refilled_at: Instant,
     /// Events not logged since the last suppression line.
     suppressed: u64,
-    reported_at: Option<Instant>,
+    /// When the first of them happened (`None` while there are none).
+    counting_since: Option<Instant>,
 }
 
 /// One token bucket per [`EventKind`].
@@ -86,7 +88,7 @@ impl LogLimiter {
             tokens: BURST,
             refilled_at: now,
             suppressed: 0,
-            reported_at: None,
+            counting_since: None,
         };
         LogLimiter {
             buckets: [bucket(), bucket(), bucket(), bucket()],
@@ -117,22 +119,23 @@ impl LogLimiter {
             return true;
         }
         b.suppressed += 1;
+        b.counting_since.get_or_insert(now);
         self.suppressed_total += 1;
         false
     }
 
     /// The suppression lines due at `now`: `(kind, events not logged since
-    /// the last line)` for each kind with a count whose last report is at
+    /// the last line)` for each kind whose oldest counted event is at
     /// least [`REPORT_INTERVAL`] old.
     pub fn flush(&mut self, now: Instant) -> Vec<(EventKind, u64)> {
         let mut due = Vec::new();
         for (kind, b) in EventKind::ALL.iter().zip(self.buckets.iter_mut()) {
             let ready = b
-                .reported_at
-                .is_none_or(|t| now.saturating_duration_since(t) >= REPORT_INTERVAL);
-            if b.suppressed > 0 && ready {
+                .counting_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= REPORT_INTERVAL);
+            if ready {
                 due.push((*kind, std::mem::take(&mut b.suppressed)));
-                b.reported_at = Some(now);
+                b.counting_since = None;
             }
         }
         due
@@ -143,8 +146,8 @@ impl LogLimiter {
     pub fn next_flush(&self) -> Option<Instant> {
         self.buckets
             .iter()
-            .filter(|b| b.suppressed > 0)
-            .map(|b| b.reported_at.map_or(b.refilled_at, |t| t + REPORT_INTERVAL))
+            .filter_map(|b| b.counting_since)
+            .map(|t| t + REPORT_INTERVAL)
             .min()
     }
 
@@ -162,6 +165,7 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let mut l = LogLimiter::new(t0);
+        assert_eq!(l.next_flush(), None, "nothing counted: no timer");
         // 10,000 bad frames in 5 s (one every 0.5 ms).
         let logged = (0..10_000u64)
             .filter(|i| l.allow(EventKind::ProtocolError, ms(i / 2)))
@@ -174,23 +178,26 @@ mod tests {
         assert_eq!(l.suppressed_total(), 10_000 - logged);
         // Other kinds keep their own tokens.
         assert!(l.allow(EventKind::Accept, ms(5_000)));
-        // The count is said once, then not again before the interval.
+        // The count is said once, REPORT_INTERVAL after the first event it
+        // counts (the 21st, at 10 ms): the whole flood in one line.
+        assert_eq!(l.next_flush(), Some(ms(10_010)));
+        assert!(l.flush(ms(10_009)).is_empty());
         assert_eq!(
-            l.flush(ms(5_000)),
+            l.flush(ms(10_010)),
             vec![(EventKind::ProtocolError, 10_000 - logged)]
         );
-        assert!(l.flush(ms(5_001)).is_empty());
-        assert_eq!(l.next_flush(), None, "nothing counted: no timer");
-        assert!(
-            !l.allow(EventKind::ProtocolError, ms(4_999)),
-            "no token yet"
-        );
-        assert_eq!(l.next_flush(), Some(ms(15_000)));
-        assert!(l.flush(ms(14_999)).is_empty());
-        assert_eq!(l.flush(ms(15_000)), vec![(EventKind::ProtocolError, 1)]);
+        assert!(l.flush(ms(10_011)).is_empty());
+        assert_eq!(l.next_flush(), None);
+        // A flood that goes on: at most one line per interval.
+        let mut lines = 0;
+        for i in 0..60_000u64 {
+            l.allow(EventKind::ProtocolError, ms(10_011 + i));
+            lines += l.flush(ms(10_011 + i)).len();
+        }
+        assert_eq!(lines, 5, "60 s of flood, 6 intervals, the last not over");
         // A quiet spell refills the burst, no more.
         let after_quiet = (0..100)
-            .filter(|_| l.allow(EventKind::ProtocolError, ms(120_000)))
+            .filter(|_| l.allow(EventKind::ProtocolError, ms(200_000)))
             .count();
         assert_eq!(after_quiet, BURST as usize);
     }
