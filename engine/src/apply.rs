@@ -268,6 +268,26 @@ pub(crate) fn records(
     mode: Mode,
     lsn: u64,
 ) -> Result<RecordsApplied> {
+    // The count of stored messages follows whatever this did to the slot
+    // (records appended, a promotion, damage). Nothing else changes the
+    // count meanwhile: retention holds the group's checkpoint lock, which
+    // this holds too, and a load happens here or before (live, the send
+    // path loaded the group).
+    let before = group.log.read().stored_messages();
+    let done = records_into_slot(st, group, run, at, mode, lsn);
+    st.ctx
+        .stored_changed(before, group.log.read().stored_messages());
+    done
+}
+
+fn records_into_slot(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    run: &[u8],
+    at: Option<BodyAt>,
+    mode: Mode,
+    lsn: u64,
+) -> Result<RecordsApplied> {
     let ctx = st.ctx;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
@@ -469,6 +489,7 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    st.ctx.stored_changed(old.stored_messages(), 0);
     if matches!(old, LogSlot::Damaged { .. }) {
         // Once: a repeated delete finds the slot `Deleted`.
         st.ctx

@@ -482,7 +482,9 @@ impl Checkpointer {
                 let LogSlot::Loaded(log) = &mut *slot else {
                     continue;
                 };
+                let before = (log.head() + 1).saturating_sub(log.floor());
                 let paths = log.drop_oldest(ctx, n);
+                ctx.stored_changed(before, (log.head() + 1).saturating_sub(log.floor()));
                 drop(slot);
                 if paths.is_empty() {
                     continue;

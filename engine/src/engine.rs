@@ -145,6 +145,9 @@ pub struct EngineStats {
     /// Free bytes of the data directory's file system as the engine last
     /// measured them (at open, then by the commit thread).
     pub disk_free_bytes: u64,
+    /// Messages stored and readable now (`floor..=head` of every group
+    /// that is not damaged).
+    pub messages_stored: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -930,6 +933,7 @@ impl Engine {
             groups_damaged: self.shared.ctx.damaged_groups.load(Ordering::Relaxed),
             writes_stopped: self.shared.writes_stopped.load(Ordering::Acquire),
             disk_free_bytes: self.shared.disk_free_bytes.load(Ordering::Acquire),
+            messages_stored: self.shared.ctx.messages_stored.load(Ordering::Relaxed),
         }
     }
 

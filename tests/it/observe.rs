@@ -112,6 +112,7 @@ fn the_metrics_endpoint_serves_every_stats_figure() {
     assert!(get("tidemark_engine_appends") >= 5);
     assert!(get("tidemark_requests{op=\"send\"}") >= 5);
     assert!(get("tidemark_storage_memberships") >= 1);
+    assert_eq!(get("tidemark_storage_messages_stored"), 5);
     assert_eq!(get("tidemark_engine_groups"), 1);
     assert_eq!(get("tidemark_storage_groups_damaged"), 0);
     assert_eq!(get("tidemark_storage_writes_stopped"), 0);
