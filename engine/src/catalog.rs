@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::group::{Group, LogSlot};
-use crate::retention::Retention;
+use crate::logs::retention::Retention;
 
 #[derive(Default)]
 pub struct Catalog {

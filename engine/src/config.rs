@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::record::RECORD_HEADER_BYTES;
-use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::logs::record::RECORD_HEADER_BYTES;
+use crate::logs::segment::SEGMENT_HEADER_BYTES;
 
 /// When an append counts as durable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,13 +87,15 @@ pub mod defaults {
 const _: () = {
     use defaults::*;
     let record_bytes_max = RECORD_HEADER_BYTES + PAYLOAD_BYTES_MAX;
-    assert!(PAYLOAD_BYTES_MAX > 0 && record_bytes_max <= crate::record::RECORD_BYTES_STORED_MAX);
+    assert!(
+        PAYLOAD_BYTES_MAX > 0 && record_bytes_max <= crate::logs::record::RECORD_BYTES_STORED_MAX
+    );
     assert!(SEGMENT_BYTES_MAX >= (SEGMENT_HEADER_BYTES + record_bytes_max) as u64);
     assert!(SEGMENT_BYTES_MAX <= u32::MAX as u64);
     assert!(SMALL_GROUP_BYTES_MAX <= SMALL_GROUP_BYTES_LIMIT);
-    let journal_min = crate::journal::JOURNAL_HEADER_BYTES
-        + crate::journal::frame::FRAME_OVERHEAD_BYTES
-        + crate::journal::ENTRY_HEADER_BYTES
+    let journal_min = crate::commit::journal::JOURNAL_HEADER_BYTES
+        + crate::commit::journal::frame::FRAME_OVERHEAD_BYTES
+        + crate::commit::journal::ENTRY_HEADER_BYTES
         + record_bytes_max;
     assert!(JOURNAL_FILE_BYTES >= journal_min as u64 && JOURNAL_FILE_BYTES <= u32::MAX as u64);
     assert!(INDEX_INTERVAL_BYTES > 0 && OPEN_SEGMENTS_MAX >= 2);
@@ -223,7 +225,7 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::InvalidConfig { reason });
         if self.payload_bytes_max == 0
-            || self.record_bytes_max() > crate::record::RECORD_BYTES_STORED_MAX
+            || self.record_bytes_max() > crate::logs::record::RECORD_BYTES_STORED_MAX
         {
             return bad(format!(
                 "payload_bytes_max {} out of range",
@@ -250,9 +252,9 @@ impl Config {
         }
         // A journal file holds its header and at least one frame of one
         // record; offsets in it fit a u32.
-        let min_journal = (crate::journal::JOURNAL_HEADER_BYTES
-            + crate::journal::frame::FRAME_OVERHEAD_BYTES
-            + crate::journal::ENTRY_HEADER_BYTES
+        let min_journal = (crate::commit::journal::JOURNAL_HEADER_BYTES
+            + crate::commit::journal::frame::FRAME_OVERHEAD_BYTES
+            + crate::commit::journal::ENTRY_HEADER_BYTES
             + self.record_bytes_max()) as u64;
         if self.journal_file_bytes < min_journal || self.journal_file_bytes > u32::MAX as u64 {
             return bad(format!(

@@ -9,18 +9,18 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-pub use crate::commit::{CommitListener, CommitNotice, GroupAppend};
-use crate::commit::{Counters, Op, Pending, Progress, Reply, Shared};
+use crate::commit::dedup::{DedupBudget, WindowLimits};
+use crate::commit::journal::{self, EntryKind};
+pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
+use crate::commit::thread::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
-use crate::dedup::{DedupBudget, WindowLimits};
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{LogContext, ReadBatch, Scan};
 use crate::io::{OsVfs, Vfs};
-use crate::journal::{self, EntryKind};
+use crate::logs::group_log::{LogContext, ReadBatch, Scan};
+use crate::logs::record::NewRecord;
 use crate::now_ms;
-use crate::record::NewRecord;
-use crate::recovery::{self, RecoveryReport};
+use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
 
 /// The outcome of an accepted append.
@@ -181,7 +181,7 @@ impl Engine {
         // A directory of another storage format is refused before anything
         // (the lock file, a directory) is written to it; recovery checks
         // again under the lock and marks a new directory.
-        crate::format::check(&*vfs, &config.data_dir)?;
+        crate::state::format::check(&*vfs, &config.data_dir)?;
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
@@ -224,17 +224,17 @@ impl Engine {
         for id in recovered.loaded {
             shared.dedup.touch_used(id);
         }
-        let flusher = crate::flusher::Flusher::start(
+        let flusher = crate::commit::flusher::Flusher::start(
             shared.ctx.vfs.clone(),
             shared.ctx.config.data_dir.clone(),
             shared.ctx.config.checkpoint_journal_bytes,
         );
         let checkpointer_thread =
-            crate::checkpointer::start(shared.clone(), flusher.checker(), on_disk)?;
+            crate::state::checkpointer::start(shared.clone(), flusher.checker(), on_disk)?;
         let thread_shared = shared.clone();
         let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
-            .spawn(move || crate::commit::run(thread_shared, journal, flusher))
+            .spawn(move || crate::commit::thread::run(thread_shared, journal, flusher))
         {
             Ok(t) => t,
             Err(e) => {

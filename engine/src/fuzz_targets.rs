@@ -31,17 +31,19 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::io::OsVfs;
-use crate::journal::frame::{
+use crate::commit::journal::frame::{
     self, FrameIter, ENVELOPE_BYTES, FRAME_OVERHEAD_BYTES, PAYLOAD_HEADER_BYTES,
 };
-use crate::journal::{
+use crate::commit::journal::{
     self, EntryKind, FrameBuf, FrameKind, JournalStart, ENTRY_HEADER_BYTES, JOURNAL_HEADER_BYTES,
     JOURNAL_VERSION,
 };
-use crate::power_cut::{Cut, PowerCutVfs};
-use crate::record::{self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES};
-use crate::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
+use crate::io::power_cut::{Cut, PowerCutVfs};
+use crate::io::OsVfs;
+use crate::logs::record::{
+    self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES,
+};
+use crate::logs::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
 use crate::{Config, Engine, Error, JoinStart};
 
 /// A fuzz target body: arbitrary bytes in, a panic on a finding.
@@ -762,21 +764,21 @@ fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, Im
     let jdir = journal::journal_dir(dir);
     let mut out = Vec::new();
     if !files.iter().any(|(k, _, _)| *k == ImageFile::Format) {
-        let valid = crate::format::encode(crate::format::FORMAT_VERSION, 0).to_vec();
-        out.push((crate::format::path(dir), ImageFile::Format, valid));
+        let valid = crate::state::format::encode(crate::state::format::FORMAT_VERSION, 0).to_vec();
+        out.push((crate::state::format::path(dir), ImageFile::Format, valid));
     }
     for (kind, fix, bytes) in files {
         let mut b = bytes.clone();
         let path = match kind {
             ImageFile::Format => {
-                let path = crate::format::path(dir);
+                let path = crate::state::format::path(dir);
                 out.retain(|(p, _, _)| *p != path);
                 if b.is_empty() {
                     continue;
                 }
                 if *fix {
                     let version = if b.len() >= 10 { u16_at(&b, 8) } else { 2 };
-                    b = crate::format::encode(version, 0).to_vec();
+                    b = crate::state::format::encode(version, 0).to_vec();
                 }
                 path
             }
@@ -817,7 +819,7 @@ fn lay_out(dir: &Path, files: &[(ImageFile, bool, Vec<u8>)]) -> Vec<(PathBuf, Im
                     2
                 };
                 let base = if b.len() >= 32 { u64_at(&b, 24) } else { 1 };
-                crate::group_log::group_dir(dir, group).join(segment::file_name(base))
+                crate::logs::group_log::group_dir(dir, group).join(segment::file_name(base))
             }
         };
         out.retain(|(p, _, _)| *p != path);
@@ -1068,7 +1070,7 @@ pub fn seeds(storage_vectors: &[(String, Vec<u8>)]) -> Vec<(&'static str, String
 fn image_of(dir: &Path) -> Vec<(ImageFile, bool, Vec<u8>)> {
     let mut files = Vec::new();
     let read = |p: PathBuf| std::fs::read(p).ok();
-    if let Some(b) = read(crate::format::path(dir)) {
+    if let Some(b) = read(crate::state::format::path(dir)) {
         files.push((ImageFile::Format, false, b));
     }
     let listed = |d: PathBuf| -> Vec<PathBuf> {
@@ -1094,7 +1096,7 @@ fn image_of(dir: &Path) -> Vec<(ImageFile, bool, Vec<u8>)> {
         }
     }
     for (group, kind) in [(1, ImageFile::SegmentGroup1), (2, ImageFile::SegmentGroup2)] {
-        let gdir = crate::group_log::group_dir(dir, group);
+        let gdir = crate::logs::group_log::group_dir(dir, group);
         let mut segs: Vec<PathBuf> = std::fs::read_dir(gdir)
             .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default();
@@ -1855,8 +1857,8 @@ pub fn append_replicated(data: &[u8]) {
         panic!("an empty follower opens");
     };
     let journal_bytes = || -> u64 {
-        let jdir = crate::journal::journal_dir(dir.path());
-        crate::journal::list(&OsVfs, &jdir)
+        let jdir = crate::commit::journal::journal_dir(dir.path());
+        crate::commit::journal::list(&OsVfs, &jdir)
             .map(|files| {
                 files
                     .iter()
@@ -1992,7 +1994,7 @@ pub fn append_replicated_seeds() -> Vec<Vec<u8>> {
 /// walking extents by their `bytes` fields, each record's (as far as the
 /// record lengths allow) and each extent header's.
 fn fix_cold(b: &mut [u8]) {
-    use crate::cold::{COLD_HEADER_BYTES, EXTENT_HEADER_BYTES};
+    use crate::logs::cold::{COLD_HEADER_BYTES, EXTENT_HEADER_BYTES};
     if b.len() < COLD_HEADER_BYTES {
         return;
     }
@@ -2026,7 +2028,7 @@ fn fix_cold(b: &mut [u8]) {
 /// only at or past it; a clean end only at the end of the file; the scanner
 /// stays ended.
 pub fn cold_scan(data: &[u8]) {
-    use crate::cold::{ColdError, ColdHeader, ColdScanner, ScanEnd, COLD_HEADER_BYTES};
+    use crate::logs::cold::{ColdError, ColdHeader, ColdScanner, ScanEnd, COLD_HEADER_BYTES};
     if data.len() < 2 {
         return;
     }
@@ -2107,7 +2109,7 @@ pub fn cold_scan(data: &[u8]) {
 /// Seeds of `cold_scan`: a clean file (durable), the same with a torn tail
 /// (half durable, CRCs recomputed and checked) and with a damaged record.
 fn cold_scan_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use crate::cold::{ColdHeader, ExtentHeader};
+    use crate::logs::cold::{ColdHeader, ExtentHeader};
     let mut file = ColdHeader { seq: 1 }.encode().to_vec();
     for (group, first, n) in [(1u64, 1u64, 2u64), (2, 5, 1), (3, 1, 3)] {
         let mut recs = Vec::new();

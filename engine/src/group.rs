@@ -27,7 +27,7 @@
 //! holds in place only what every group needs: ids, the visible head, the
 //! member list (inline up to two members, see `membership.rs`) and the
 //! slot of its log. What only a busy group needs is boxed and leaves memory
-//! when the group goes idle ([`crate::dedup::DedupBudget`] says which, the
+//! when the group goes idle ([`crate::commit::dedup::DedupBudget`] says which, the
 //! commit thread evicts them, `commit.rs`):
 //! - the send state with its dedup window ([`AssignState`], `assign` is
 //!   `None` until the next send has the maintenance worker rebuild
@@ -44,13 +44,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::cursors::CursorTable;
-use crate::dedup::DedupWindow;
-use crate::dirty::{CkptGuard, DirtyList};
-use crate::extents::ExtentList;
-use crate::group_log::{GroupLog, LoadReport, LogContext, LogState};
-use crate::membership::GroupMembers;
-use crate::retention::Retention;
+use crate::commit::dedup::DedupWindow;
+use crate::logs::extents::ExtentList;
+use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
+use crate::logs::retention::Retention;
+use crate::members::cursors::CursorTable;
+use crate::members::membership::GroupMembers;
+use crate::state::dirty::{CkptGuard, DirtyList};
 
 /// A log whose only segment is at most this long is unloaded when its group
 /// goes idle: loading it again verifies (CRC-scans) at most this much. The
@@ -383,7 +383,7 @@ impl LogSlot {
         LogSlot::Damaged {
             state: LogState {
                 head: 0,
-                segments: vec![(1, crate::segment::SEGMENT_HEADER_BYTES as u64)],
+                segments: vec![(1, crate::logs::segment::SEGMENT_HEADER_BYTES as u64)],
             },
             reason,
         }
@@ -430,7 +430,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::commit::evict_idle;
+    use crate::commit::thread::evict_idle;
     use crate::{Config, Engine, FsyncPolicy};
 
     /// What a group holds in place, pinned: every byte here is paid by every

@@ -59,7 +59,7 @@ fn a_damaged_group_is_counted_until_it_is_deleted() {
         e.close().unwrap();
     }
     // Flip a byte inside the first record of A's only segment.
-    let seg_dir = crate::group_log::group_dir(dir.path(), A);
+    let seg_dir = crate::logs::group_log::group_dir(dir.path(), A);
     let seg = std::fs::read_dir(&seg_dir)
         .unwrap()
         .next()
@@ -67,7 +67,7 @@ fn a_damaged_group_is_counted_until_it_is_deleted() {
         .unwrap()
         .path();
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[crate::segment::SEGMENT_HEADER_BYTES + 40] ^= 0xFF;
+    bytes[crate::logs::segment::SEGMENT_HEADER_BYTES + 40] ^= 0xFF;
     std::fs::write(&seg, &bytes).unwrap();
     {
         let e = Engine::open(config(dir.path())).unwrap();
@@ -129,20 +129,25 @@ fn messages_stored_follow_sends_promotions_retention_deletes_and_reopens() {
     assert_eq!(e.stats().messages_stored, stored_by_walk(&e, &groups));
     // Retention by cursor: a member read 150 of group 4's messages; the
     // sealed segments below that go at the next checkpoint.
-    e.join(4, 9, JoinStart::Earliest).unwrap();
-    e.ack(4, 9, 150).unwrap();
-    e.set_retention(
-        4,
-        crate::Retention {
-            by_cursor: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    // So did a member of small group 2, which drops 3 of its 5.
+    let by_cursor = crate::Retention {
+        by_cursor: true,
+        ..Default::default()
+    };
+    for (g, read) in [(4, 150), (2, 3)] {
+        e.join(g, 9, JoinStart::Earliest).unwrap();
+        e.ack(g, 9, read).unwrap();
+        e.set_retention(g, by_cursor).unwrap();
+    }
     e.checkpoint().unwrap();
     let floor = e.group_info(4).unwrap().floor;
     assert!(floor > 1, "retention dropped segments");
-    assert_eq!(e.stats().messages_stored, 46 + 201 - floor);
+    assert_eq!(
+        e.group_info(2).unwrap().floor,
+        4,
+        "retention trimmed the small group"
+    );
+    assert_eq!(e.stats().messages_stored, 1 + 2 + 40 + 201 - floor);
     assert_eq!(e.stats().messages_stored, stored_by_walk(&e, &groups));
     e.delete_group(2).unwrap();
     let left = [1, 3, 4];

@@ -36,15 +36,15 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::commit::Shared;
-use crate::dedup::{DedupWindow, WindowLimits};
+use crate::commit::dedup::{DedupWindow, WindowLimits};
+use crate::commit::thread::Shared;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::extents::ExtentList;
 use crate::group::{AssignState, Group, LogSlot};
-use crate::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
+use crate::logs::extents::ExtentList;
+use crate::logs::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
+use crate::logs::small_log;
 use crate::now_ms;
-use crate::small_log;
 use crate::worker::{Need, Worker};
 
 impl Engine {
@@ -401,11 +401,11 @@ pub(crate) fn start_worker(shared: &Arc<Shared>) -> Result<std::thread::JoinHand
     let handle = Worker::spawn(
         shared.clone(),
         |s: &Shared| &s.worker,
-        crate::commit::worker_settled,
+        crate::commit::thread::worker_settled,
     )?;
     // Whatever recovery moved to the trash is in the listing below.
     drop(shared.ctx.trash.take_moved());
-    crate::trash::sweep_in_background(
+    crate::logs::trash::sweep_in_background(
         &shared.worker,
         shared.ctx.vfs.clone(),
         shared.ctx.trash.dir().to_owned(),

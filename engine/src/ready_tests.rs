@@ -206,7 +206,7 @@ fn damage_found_by_the_worker_is_group_damaged_for_the_request() {
         e.close().unwrap();
     }
     // Flip a byte inside the first record of A's only segment.
-    let seg_dir = crate::group_log::group_dir(dir.path(), A);
+    let seg_dir = crate::logs::group_log::group_dir(dir.path(), A);
     let seg = std::fs::read_dir(&seg_dir)
         .unwrap()
         .next()
@@ -214,7 +214,7 @@ fn damage_found_by_the_worker_is_group_damaged_for_the_request() {
         .unwrap()
         .path();
     let mut bytes = std::fs::read(&seg).unwrap();
-    let at = crate::segment::SEGMENT_HEADER_BYTES + 40;
+    let at = crate::logs::segment::SEGMENT_HEADER_BYTES + 40;
     bytes[at] ^= 0xFF;
     std::fs::write(&seg, &bytes).unwrap();
     let e = Engine::open(config(dir.path())).unwrap();
@@ -305,7 +305,7 @@ fn create_group_makes_no_file_system_call_on_the_calling_thread() {
         .shared
         .ctx
         .group_dir(7)
-        .join(crate::segment::file_name(1))
+        .join(crate::logs::segment::file_name(1))
         .exists());
     e.close().unwrap();
     let e = Engine::open(config(dir.path())).unwrap();
@@ -335,7 +335,7 @@ fn a_crash_mid_delete_leaves_no_group_and_the_next_open_empties_the_trash() {
     let trash = dir.path().join("groups").join("trash");
     let left: Vec<_> = std::fs::read_dir(&trash).unwrap().collect();
     assert_eq!(left.len(), 1, "the deleted group's files are in the trash");
-    assert!(!crate::group_log::group_dir(dir.path(), A).exists());
+    assert!(!crate::logs::group_log::group_dir(dir.path(), A).exists());
 
     let e = Engine::open(config(dir.path())).unwrap();
     assert!(matches!(e.head(A), Err(Error::GroupNotFound { .. })));
@@ -358,7 +358,7 @@ fn open_idle(dir: &Path) -> Engine {
 
 /// Runs the commit thread's idle sweep as if a minute had passed.
 fn sweep_idle(e: &Engine) {
-    while crate::commit::evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+    while crate::commit::thread::evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
 }
 
 /// True if the group holds neither a send state nor a loaded log.

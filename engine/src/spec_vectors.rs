@@ -7,15 +7,15 @@
 
 use std::path::Path;
 
-use crate::io::OsVfs;
-use crate::journal::frame::{self, FrameIter};
-use crate::journal::{
+use crate::commit::journal::frame::{self, FrameIter};
+use crate::commit::journal::{
     self, EntryIter, EntryKind, FrameBuf, FrameKind, JournalStart, ENTRY_HEADER_BYTES,
     JOURNAL_HEADER_BYTES,
 };
-use crate::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
-use crate::retention::Retention;
-use crate::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
+use crate::io::OsVfs;
+use crate::logs::record::{self, NewRecord, RecordError, KIND_MESSAGE, RECORD_HEADER_BYTES};
+use crate::logs::retention::Retention;
+use crate::logs::segment::{self, ScanStop, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::run::{
     PartMeta, PartReader, RunItems, RunWriter, RUN_FILE_BYTES_MIN, RUN_FILE_BYTES_READ_MAX,
@@ -598,14 +598,14 @@ fn journal_frame_invalid_values_stop_the_walk_as_documented() {
 fn format_vector_matches_the_encoder_and_decodes_to_its_version() {
     let v = vector(FORMAT);
     assert_eq!(
-        crate::format::encode(crate::format::FORMAT_VERSION, TIMESTAMP_MS).to_vec(),
+        crate::state::format::encode(crate::state::format::FORMAT_VERSION, TIMESTAMP_MS).to_vec(),
         v
     );
-    assert_eq!(crate::format::decode(&v), Ok(2));
+    assert_eq!(crate::state::format::decode(&v), Ok(2));
     assert_eq!(&v[0..8], b"TDMKFMT\0");
     assert_eq!(crc32fast::hash(&v[0..28]).to_le_bytes(), v[28..32]);
     assert_eq!(
-        crate::format::path(Path::new("data")),
+        crate::state::format::path(Path::new("data")),
         Path::new("data/FORMAT")
     );
 }
@@ -713,10 +713,10 @@ fn the_engine_writes_the_membership_vectors() {
 
     // The checkpoint's delta run holds the group and the membership of
     // storage.md section 6A's example (the lsn depends on the journal).
-    let m = crate::checkpoint_tests::load_manifest(&crate::checkpoint_tests::newest_manifest(
-        dir.path(),
-    ));
-    let items = crate::checkpoint_tests::run_items(dir.path(), &m.runs[0]);
+    let m = crate::state::checkpoint_tests::load_manifest(
+        &crate::state::checkpoint_tests::newest_manifest(dir.path()),
+    );
+    let items = crate::state::checkpoint_tests::run_items(dir.path(), &m.runs[0]);
     let crate::state::Item::GroupPut(g) = &items[0] else {
         panic!("{items:?}")
     };
@@ -866,15 +866,15 @@ fn crc32_is_the_ieee_crc_of_the_readme() {
 fn directory_layout_matches_the_spec() {
     let data = Path::new("data");
     assert_eq!(
-        crate::group_log::group_dir(data, 5),
+        crate::logs::group_log::group_dir(data, 5),
         Path::new("data/groups/05c/0000000000000005")
     );
     assert_eq!(
-        crate::group_log::group_dir(data, 42),
+        crate::logs::group_log::group_dir(data, 42),
         Path::new("data/groups/3d4/000000000000002a")
     );
     assert_eq!(
-        crate::group_log::group_dir(data, u64::MAX),
+        crate::logs::group_log::group_dir(data, u64::MAX),
         Path::new("data/groups/187/ffffffffffffffff")
     );
     assert_eq!(
@@ -894,6 +894,6 @@ fn directory_layout_matches_the_spec() {
             .join("groups")
             .join(format!("{shard:03x}"))
             .join(format!("{g:016x}"));
-        assert_eq!(crate::group_log::group_dir(data, g), expected);
+        assert_eq!(crate::logs::group_log::group_dir(data, g), expected);
     }
 }

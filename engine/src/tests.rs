@@ -99,7 +99,7 @@ fn seek_lands_on_the_first_record_above_every_id_across_segments() {
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[9], 400);
     // 400 records of ~130 bytes in 8 KiB segments: several segment boundaries.
-    let segments = std::fs::read_dir(crate::group_log::group_dir(dir.path(), 9))
+    let segments = std::fs::read_dir(crate::logs::group_log::group_dir(dir.path(), 9))
         .unwrap()
         .count();
     assert!(segments >= 5, "expected several segments, got {segments}");
@@ -133,7 +133,7 @@ fn read_limits_bytes_but_always_returns_one_record() {
 /// Bytes of records 1..=n of `group` as `fill` sends them.
 fn record_bytes(group: u64, n: u64) -> u64 {
     (1..=n)
-        .map(|i| (crate::record::RECORD_HEADER_BYTES + payload(group, i).len()) as u64)
+        .map(|i| (crate::logs::record::RECORD_HEADER_BYTES + payload(group, i).len()) as u64)
         .sum()
 }
 
@@ -146,16 +146,16 @@ fn records_waiting_in_a_segment_tail_read_like_written_ones_and_survive_close_an
     fill(&e, &[1], 40);
     // Part of the active segment is still in memory (the test would not
     // test the mixed reads otherwise).
-    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let seg = newest_file(&crate::logs::group_log::group_dir(dir.path(), 1), ".seg");
     let on_disk = std::fs::metadata(&seg).unwrap().len();
-    let sealed = std::fs::read_dir(crate::group_log::group_dir(dir.path(), 1))
+    let sealed = std::fs::read_dir(crate::logs::group_log::group_dir(dir.path(), 1))
         .unwrap()
         .count() as u64
         - 1;
     assert!(sealed == 0, "the records fit one segment");
-    let logical = crate::segment::SEGMENT_HEADER_BYTES as u64 + record_bytes(1, 40);
+    let logical = crate::logs::segment::SEGMENT_HEADER_BYTES as u64 + record_bytes(1, 40);
     assert!(
-        on_disk < logical && on_disk > crate::segment::SEGMENT_HEADER_BYTES as u64,
+        on_disk < logical && on_disk > crate::logs::segment::SEGMENT_HEADER_BYTES as u64,
         "file {on_disk} bytes, log {logical}"
     );
     assert_dense_and_exact(&e, 1, 40);
@@ -185,7 +185,7 @@ fn records_waiting_in_a_segment_tail_read_like_written_ones_and_survive_close_an
     let on_disk = std::fs::metadata(&seg).unwrap().len();
     assert_eq!(
         on_disk,
-        crate::segment::SEGMENT_HEADER_BYTES as u64 + record_bytes(1, 41)
+        crate::logs::segment::SEGMENT_HEADER_BYTES as u64 + record_bytes(1, 41)
     );
     let e = Engine::open(c).unwrap();
     assert!(e.recovery_report().clean_shutdown);
@@ -341,7 +341,7 @@ fn a_write_back_error_seen_by_the_background_sync_fails_the_next_checkpoint() {
     let control = vfs.control.clone();
     let mut c = small_config(dir.path());
     c.fsync = FsyncPolicy::Never;
-    c.checkpoint_journal_bytes = 8 * crate::flusher::STEP_BYTES_MIN;
+    c.checkpoint_journal_bytes = 8 * crate::commit::flusher::STEP_BYTES_MIN;
     let e = Engine::open_with_vfs(c, Arc::new(vfs)).unwrap();
     e.create_group(1).unwrap();
     // The checkpoint after open is done (it syncs, and so does the
@@ -640,13 +640,13 @@ fn cursors_held_by_a_full_disk_and_moved_since_go_in_frames_sorted_by_group() {
     control.writes_before_full.store(u64::MAX, Ordering::SeqCst);
     e.flush_cursors().unwrap();
     let journal = newest_file(&dir.path().join("journal"), ".tmj");
-    let frames = crate::journal::frames_of_file(&std::fs::read(journal).unwrap());
+    let frames = crate::commit::journal::frames_of_file(&std::fs::read(journal).unwrap());
     let cursor_frames: Vec<Vec<u64>> = frames
         .iter()
         .map(|f| {
             f.entries
                 .iter()
-                .filter(|en| en.2 == crate::journal::EntryKind::Cursors)
+                .filter(|en| en.2 == crate::commit::journal::EntryKind::Cursors)
                 .map(|en| en.3)
                 .collect::<Vec<u64>>()
         })
@@ -810,9 +810,9 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
         },
     )
     .unwrap();
-    let manifests_before = crate::checkpoint_tests::manifests(dir.path());
+    let manifests_before = crate::state::checkpoint_tests::manifests(dir.path());
     let seg_files = || {
-        std::fs::read_dir(crate::group_log::group_dir(dir.path(), 1))
+        std::fs::read_dir(crate::logs::group_log::group_dir(dir.path(), 1))
             .unwrap()
             .count()
     };
@@ -823,7 +823,7 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
     control.writes_before_full.store(1, Ordering::SeqCst);
     e.checkpoint().unwrap();
     assert_eq!(
-        crate::checkpoint_tests::manifests(dir.path()),
+        crate::state::checkpoint_tests::manifests(dir.path()),
         manifests_before
     );
     assert_eq!(
@@ -907,7 +907,7 @@ fn delete_group_removes_its_files_and_survives_restart() {
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[1, 2], 30);
     e.delete_group(1).unwrap();
-    assert!(!crate::group_log::group_dir(dir.path(), 1).exists());
+    assert!(!crate::logs::group_log::group_dir(dir.path(), 1).exists());
     assert!(matches!(
         e.append(1, 1, 1, b"x"),
         Err(Error::GroupNotFound { .. })
@@ -962,11 +962,11 @@ fn concurrent_appenders_get_dense_ids_in_assignment_order() {
 /// Positions of the last `n` record starts in a segment file and its length.
 fn last_record_offsets(path: &Path, n: usize) -> Vec<u64> {
     let bytes = std::fs::read(path).unwrap();
-    let mut pos = crate::segment::SEGMENT_HEADER_BYTES;
+    let mut pos = crate::logs::segment::SEGMENT_HEADER_BYTES;
     let mut starts = Vec::new();
     while pos < bytes.len() {
         starts.push(pos as u64);
-        pos += crate::record::peek_len(&bytes[pos..]).unwrap();
+        pos += crate::logs::record::peek_len(&bytes[pos..]).unwrap();
     }
     starts.split_off(starts.len().saturating_sub(n))
 }
@@ -981,7 +981,7 @@ pub(crate) fn newest_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
         .filter(|p| p.to_str().unwrap().ends_with(suffix))
         .collect();
     files.sort();
-    let header = crate::journal::JOURNAL_HEADER_BYTES as u64;
+    let header = crate::commit::journal::JOURNAL_HEADER_BYTES as u64;
     while suffix == ".tmj"
         && files.len() > 1
         && std::fs::metadata(files.last().unwrap()).unwrap().len() <= header
@@ -1001,13 +1001,13 @@ fn active_segment_cut_at_every_byte_of_its_last_records_is_refilled_from_the_jou
     let e = Engine::open(c).unwrap();
     fill(&e, &[1], 25);
     e.simulate_crash();
-    let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
+    let seg = newest_file(&crate::logs::group_log::group_dir(&src, 1), ".seg");
     let len = std::fs::metadata(&seg).unwrap().len();
     let start = last_record_offsets(&seg, 3)[0];
     for cut in start..len {
         let dst = base.path().join(format!("cut{cut}"));
         copy_dir(&src, &dst);
-        let target = crate::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
+        let target = crate::logs::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
         std::fs::OpenOptions::new()
             .write(true)
             .open(&target)
@@ -1040,11 +1040,11 @@ fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones()
     let (mut ends, mut record_ends) = (Vec::new(), Vec::new());
     for (_, end, kind, _) in journal_entries(&jbytes) {
         ends.push(end as u64);
-        if kind == crate::journal::EntryKind::Records {
+        if kind == crate::commit::journal::EntryKind::Records {
             record_ends.push(end as u64);
         }
     }
-    let seg = newest_file(&crate::group_log::group_dir(&src, 1), ".seg");
+    let seg = newest_file(&crate::logs::group_log::group_dir(&src, 1), ".seg");
     let seg_starts = last_record_offsets(&seg, 25);
     let from = ends[ends.len() - 4];
     for cut in from..jbytes.len() as u64 {
@@ -1059,7 +1059,7 @@ fn journal_torn_at_every_byte_of_its_last_entries_keeps_exactly_the_whole_ones()
             .set_len(cut)
             .unwrap();
         // The crash hit before the group log got the torn round's records.
-        let target = crate::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
+        let target = crate::logs::group_log::group_dir(&dst, 1).join(seg.file_name().unwrap());
         std::fs::OpenOptions::new()
             .write(true)
             .open(&target)
@@ -1092,7 +1092,7 @@ fn a_flipped_byte_in_a_sealed_segment_is_reported_and_other_groups_are_served() 
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[1, 2], 200);
     e.close().unwrap();
-    let gdir = crate::group_log::group_dir(dir.path(), 1);
+    let gdir = crate::logs::group_log::group_dir(dir.path(), 1);
     let mut segs: Vec<_> = std::fs::read_dir(&gdir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -1131,7 +1131,7 @@ fn a_damaged_checkpoint_is_rejected_and_everything_is_rebuilt() {
     let e = Engine::open(small_config(dir.path())).unwrap();
     fill(&e, &[1, 2, 3], 60);
     e.close().unwrap();
-    let cp = crate::checkpoint_tests::newest_manifest(dir.path());
+    let cp = crate::state::checkpoint_tests::newest_manifest(dir.path());
     let mut bytes = std::fs::read(&cp).unwrap();
     let last = bytes.len() - 3;
     bytes[last] ^= 0xff;
@@ -1217,11 +1217,11 @@ fn a_torn_journal_followed_only_by_empty_files_is_cut_not_refused() {
         .unwrap()
         .parse()
         .unwrap();
-    let next = crate::journal::Journal::create(
+    let next = crate::commit::journal::Journal::create(
         Arc::new(crate::io::OsVfs),
         &jdir,
-        crate::journal::JournalStart::first(seq + 1),
-        crate::journal::JournalOptions::of(&c),
+        crate::commit::journal::JournalStart::first(seq + 1),
+        crate::commit::journal::JournalOptions::of(&c),
     )
     .unwrap();
     drop(next);
@@ -1262,9 +1262,9 @@ fn a_damaged_group_stays_damaged_across_reopens() {
     e.close().unwrap();
     // Damage what the checkpoint says was synced: the group's active segment
     // (bytes after a checkpoint would be repaired from the journal instead).
-    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let seg = newest_file(&crate::logs::group_log::group_dir(dir.path(), 1), ".seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    bytes[crate::logs::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
     std::fs::write(&seg, &bytes).unwrap();
     let e = Engine::open(c.clone()).unwrap();
     assert!(matches!(
@@ -1405,7 +1405,7 @@ type Acked = (u64, u64, u64, u64, u64);
 /// append, `(group, msg_id, sender, client_msg_id, journal syncs completed
 /// when it returned)`, and the journal syncs completed before the cut.
 fn run_until_power_cut(root: &Path, c: Config, seed: u64) -> (Vec<Acked>, u64) {
-    use crate::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::{Cut, PowerCutVfs};
     use std::sync::atomic::AtomicBool;
     let vfs = PowerCutVfs::new(root);
     let control = vfs.control.clone();
@@ -1518,7 +1518,7 @@ fn a_data_directory_the_engine_created_survives_a_power_cut() {
     // Issue 11 item 9: the data directory's own entry (and those of any
     // parents the engine created) was never synced in its parent, so a
     // power cut could take the directory with every synced byte inside it.
-    use crate::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::{Cut, PowerCutVfs};
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("new-parent").join("data");
     let vfs = PowerCutVfs::new(root.path());
@@ -1594,7 +1594,7 @@ fn stored_cursors_far_above_the_head_are_clamped_not_trusted() {
     fill(&e, &[1], 3);
     e.join(1, 5, crate::JoinStart::Earliest).unwrap();
     e.close().unwrap();
-    crate::checkpoint_tests::add_run(
+    crate::state::checkpoint_tests::add_run(
         dir.path(),
         &[crate::state::Item::MemberPut {
             group: 1,
@@ -1624,11 +1624,11 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
         std::fs::remove_file(f.unwrap().path()).unwrap();
     }
     std::fs::remove_dir_all(dir.path().join("manifest")).unwrap();
-    crate::journal::Journal::create(
+    crate::commit::journal::Journal::create(
         Arc::new(crate::io::OsVfs),
         &jdir,
-        crate::journal::JournalStart::first(u64::MAX),
-        crate::journal::JournalOptions::of(&small_config(dir.path())),
+        crate::commit::journal::JournalStart::first(u64::MAX),
+        crate::commit::journal::JournalOptions::of(&small_config(dir.path())),
     )
     .unwrap();
     let err = Engine::open(small_config(dir.path()))
@@ -1639,8 +1639,8 @@ fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
 
 /// `(frame start, frame end, kind, group)` of every entry of a journal
 /// file's valid part, by the frame that holds it.
-fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::journal::EntryKind, u64)> {
-    crate::journal::frames_of_file(bytes)
+fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::commit::journal::EntryKind, u64)> {
+    crate::commit::journal::frames_of_file(bytes)
         .into_iter()
         .flat_map(|f| {
             f.entries
@@ -1676,7 +1676,7 @@ fn a_flipped_byte_mid_journal_with_valid_entries_after_it_refuses_to_open_naming
     let mut bytes = std::fs::read(&journal).unwrap();
     let records: Vec<_> = journal_entries(&bytes)
         .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Records)
+        .filter(|e| e.2 == crate::commit::journal::EntryKind::Records)
         .collect();
     assert_eq!(records.len(), 80);
     // The middle record's payload (the end of its frame): valid,
@@ -1734,7 +1734,7 @@ fn a_flipped_byte_mid_journal_is_restored_from_the_segment_copy_and_nothing_is_l
     let mut bytes = std::fs::read(&journal).unwrap();
     let records: Vec<_> = journal_entries(&bytes)
         .into_iter()
-        .filter(|e| e.2 == crate::journal::EntryKind::Records)
+        .filter(|e| e.2 == crate::commit::journal::EntryKind::Records)
         .collect();
     // A byte of the 20th record of group 1 (in its payload, at the end of
     // its frame).
@@ -1850,7 +1850,7 @@ fn refusing_an_older_journal_file_says_to_move_the_later_files_aside_too() {
     e.simulate_crash();
     let jdir = dir.path().join("journal");
     let newest = newest_file(&jdir, ".tmj");
-    let older = crate::journal::journal_path(&jdir, seq_of(&newest) - 1);
+    let older = crate::commit::journal::journal_path(&jdir, seq_of(&newest) - 1);
     // Every manifest is lost: recovery replays every journal file, and the
     // older one has a torn end.
     std::fs::remove_dir_all(dir.path().join("manifest")).unwrap();
@@ -1920,7 +1920,7 @@ fn a_payload_shaped_like_frame_envelopes_cannot_make_a_torn_write_refused() {
     e.simulate_crash();
     let mut bytes = std::fs::read(&journal).unwrap();
     let (start, _, kind, _) = *journal_entries(&bytes).last().unwrap();
-    assert_eq!(kind, crate::journal::EntryKind::Records);
+    assert_eq!(kind, crate::commit::journal::EntryKind::Records);
     assert_eq!(start as u64, before);
     // The power cut kept the later page of the write but not its start.
     bytes[start..start + 64].fill(0);
@@ -1944,7 +1944,7 @@ fn a_damaged_envelope_of_a_durable_frame_is_restored_not_refused() {
         e.simulate_crash();
         let journal = newest_file(&dir.path().join("journal"), ".tmj");
         let mut bytes = std::fs::read(&journal).unwrap();
-        let frames = crate::journal::frames_of_file(&bytes);
+        let frames = crate::commit::journal::frames_of_file(&bytes);
         assert!(frames.len() > 10);
         // A frame in the middle: later frames show it durable.
         let start = frames[frames.len() / 2].offset;
@@ -2006,21 +2006,21 @@ fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     let jdir = dir.path().join("journal");
     let seq = seq_of(&newest_file(&jdir, ".tmj"));
     // File seq + 1 is missing; seq + 2 holds a frame.
-    let mut j = crate::journal::Journal::create(
+    let mut j = crate::commit::journal::Journal::create(
         Arc::new(crate::io::OsVfs),
         &jdir,
-        crate::journal::JournalStart::first(seq + 2),
-        crate::journal::JournalOptions::of(&c),
+        crate::commit::journal::JournalStart::first(seq + 2),
+        crate::commit::journal::JournalOptions::of(&c),
     )
     .unwrap();
-    let mut frame = crate::journal::FrameBuf::default();
-    frame.push_entry(crate::journal::EntryKind::CreateGroup, 9, |_| {});
-    j.append(&mut frame, crate::journal::FrameKind::Round)
+    let mut frame = crate::commit::journal::FrameBuf::default();
+    frame.push_entry(crate::commit::journal::EntryKind::CreateGroup, 9, |_| {});
+    j.append(&mut frame, crate::commit::journal::FrameKind::Round)
         .unwrap();
     j.sync().unwrap();
     drop(j);
     let err = Engine::open(c).err().expect("refused");
-    let missing = crate::journal::journal_path(&jdir, seq + 1);
+    let missing = crate::commit::journal::journal_path(&jdir, seq + 1);
     assert!(
         matches!(&err, Error::Corrupt { path, .. } if path == &missing),
         "names the missing file: {err}"
@@ -2050,7 +2050,7 @@ fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_tw
         e.append(2, 7, 2_000_000 + i, &payload(2, i)).unwrap();
     }
     e.simulate_crash();
-    let gdir = crate::group_log::group_dir(dir.path(), 2);
+    let gdir = crate::logs::group_log::group_dir(dir.path(), 2);
     assert!(
         std::fs::read_dir(&gdir).unwrap().count() >= 3,
         "several segments"
@@ -2059,7 +2059,7 @@ fn segments_written_after_the_checkpoint_set_heads_at_open_and_no_id_is_given_tw
     let bytes = std::fs::read(&journal).unwrap();
     let first_of_2 = journal_entries(&bytes)
         .into_iter()
-        .find(|e| e.2 == crate::journal::EntryKind::Records && e.3 == 2)
+        .find(|e| e.2 == crate::commit::journal::EntryKind::Records && e.3 == 2)
         .unwrap()
         .0;
     std::fs::OpenOptions::new()
@@ -2091,9 +2091,9 @@ fn the_report_counts_unverified_groups_and_a_damaged_group_says_what_to_do() {
     fill(&e, &[1, 2, 3], 30);
     e.close().unwrap();
     // Damage group 1's checkpointed data: found only when it is loaded.
-    let seg = newest_file(&crate::group_log::group_dir(dir.path(), 1), ".seg");
+    let seg = newest_file(&crate::logs::group_log::group_dir(dir.path(), 1), ".seg");
     let mut bytes = std::fs::read(&seg).unwrap();
-    bytes[crate::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
+    bytes[crate::logs::segment::SEGMENT_HEADER_BYTES + 20] ^= 0xff;
     std::fs::write(&seg, &bytes).unwrap();
 
     let e = Engine::open(c.clone()).unwrap();
@@ -2257,7 +2257,7 @@ static CHECKPOINTS_DURING_RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic
 /// retention and checkpoints on one thread while another cuts the power
 /// after a seeded number of operations. Returns what was acknowledged.
 fn mixed_work_until_power_cut(root: &Path, c: &Config, start: Expected, seed: u64) -> Expected {
-    use crate::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::{Cut, PowerCutVfs};
     use std::sync::atomic::AtomicU64;
     let vfs = PowerCutVfs::new(root);
     let control = vfs.control.clone();
@@ -2451,7 +2451,7 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
     // not acknowledged: the journal can end in valid entries after a hole,
     // and recovery must treat that as the torn tail it is (crash case 1),
     // not as damage to acknowledged data.
-    use crate::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::{Cut, PowerCutVfs};
     let mut holes = 0;
     let cuts = power_cuts(12);
     for seed in 0..cuts {
@@ -2474,9 +2474,9 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
         e.simulate_crash();
         control.cut(Cut::Seeded(seed)).unwrap();
         let journal = std::fs::read(newest_file(&dir.join("journal"), ".tmj")).unwrap();
-        let valid = crate::journal::frames_of_file(&journal)
+        let valid = crate::commit::journal::frames_of_file(&journal)
             .last()
-            .map_or(crate::journal::JOURNAL_HEADER_BYTES, |f| f.end);
+            .map_or(crate::commit::journal::JOURNAL_HEADER_BYTES, |f| f.end);
         // Bytes of the torn frame that did not persist (a run of zeros no
         // frame holds), followed by bytes that did.
         let torn = &journal[valid..];

@@ -17,7 +17,7 @@ use proptest::prelude::*;
 use super::merge::{plan, Merge};
 use super::run::*;
 use super::{GroupRecord, Item, Key, Reader, SmallRecord};
-use crate::retention::Retention;
+use crate::logs::retention::Retention;
 
 fn group(group: u64, fresh: bool, head: u64) -> Item {
     Item::GroupPut(GroupRecord {
@@ -91,7 +91,7 @@ fn sample_items() -> Vec<Item> {
             group: 3,
             fresh: false,
             // The largest a reader takes (below 2^62, the group's word).
-            applied_lsn: crate::journal::LSN_MAX,
+            applied_lsn: crate::commit::journal::LSN_MAX,
             head: u64::MAX - 1,
             segments: vec![(1, 64), (5, 1 << 31), (u64::MAX, 64)],
             retention: Retention {
@@ -291,7 +291,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         (
             "applied_lsn at 2^62",
             GroupRecord {
-                applied_lsn: crate::journal::LSN_MAX + 1,
+                applied_lsn: crate::commit::journal::LSN_MAX + 1,
                 ..base.clone()
             },
         ),
@@ -336,15 +336,42 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
     assert_eq!(good(small.clone()), small_bytes);
     assert_eq!(
         decode_raw(&small_bytes, 1, Key::group(1)).unwrap(),
-        [Item::GroupPut(small)]
+        [Item::GroupPut(small.clone())]
     );
+    // Retention raised the floor inside the first extent (to 3), or
+    // dropped every record (no extent, first_id = floor = head + 1).
+    let trimmed = [1, 1, 8, 0, 3, 0, 1, 2, 1, 2, 0x64, 0x96, 0x01, 3];
+    let emptied = [1, 1, 8, 0, 3, 0, 4, 0, 0];
+    for (bytes, first_id, floor, extents) in [
+        (&trimmed[..], 1, 3, vec![(2, 100, 150, 3)]),
+        (&emptied[..], 4, 4, vec![]),
+    ] {
+        let item = GroupRecord {
+            small: Some(SmallRecord {
+                first_id,
+                floor,
+                extents,
+            }),
+            ..small.clone()
+        };
+        assert_eq!(good(item.clone()), bytes);
+        assert_eq!(
+            decode_raw(bytes, 1, Key::group(1)).unwrap(),
+            [Item::GroupPut(item)]
+        );
+    }
     // Extents that do not end at the head, a segment beside bit 3, a count
-    // too small for its bytes' records, and no extent are refused.
+    // too small for its bytes' records, no extent without a dropped head
+    // (head 0, or first_id not head + 1, or a floor above it), and a floor
+    // past the first extent are refused.
     for bad in [
         &[1, 1, 8, 0, 4, 0, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
         &[1, 1, 8, 0, 3, 1, 1, 64, 1, 0, 1, 2, 0x64, 0x96, 0x01, 3][..],
         &[1, 1, 8, 0, 3, 0, 1, 0, 1, 2, 0x64, 10, 3][..],
         &[1, 1, 8, 0, 0, 0, 1, 0, 0][..],
+        &[1, 1, 8, 0, 3, 0, 3, 0, 0][..],
+        &[1, 1, 8, 0, 3, 0, 4, 1, 0][..],
+        &[1, 1, 8, 0, 3, 0, 1, 3, 1, 2, 0x64, 0x96, 0x01, 3][..],
     ] {
         assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
     }

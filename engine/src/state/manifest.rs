@@ -51,10 +51,6 @@ impl RunMeta {
     pub fn bytes(&self) -> u64 {
         self.parts.iter().map(|p| p.file_len).sum()
     }
-
-    pub fn items(&self) -> u64 {
-        self.parts.iter().map(|p| p.item_count).sum()
-    }
 }
 
 /// What a stored checkpoint is.
@@ -186,7 +182,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     let ckpt_seq = r.u64()?;
     let replay_journal_seq = r.u64()?;
     let replay_lsn = r.u64()?;
-    if replay_lsn > crate::journal::LSN_MAX {
+    if replay_lsn > crate::commit::journal::LSN_MAX {
         return Err(format!(
             "manifest replay_lsn {replay_lsn} is at or beyond 2^62"
         ));

@@ -1,6 +1,10 @@
-//! The engine's persistent state as incremental checkpoints store it
-//! (format-spec/storage.md section 6): a set of immutable **runs** of
-//! sorted items, named by a **manifest**.
+//! The engine's persistent state (format-spec/storage.md sections 6, 9
+//! "Checkpoint", 11): what changed since the last checkpoint (`dirty`),
+//! the checkpointer thread and the journal files it keeps for small groups
+//! (`pins`), the run and manifest files, the `FORMAT` file, and recovery
+//! at open. This module itself holds the state's items as incremental
+//! checkpoints store them: a set of immutable **runs** of sorted items,
+//! named by a **manifest**.
 //!
 //! Representation: the state is a map from [`Key`] to a value. For every
 //! group a *group record* under `(group, None)` (head, segments, retention,
@@ -23,11 +27,20 @@
 //! Costs: a delta run costs its items (~25-45 bytes a group record, 6-10
 //! a member row); loading at open is one k-way merge over all runs.
 
+#[cfg(test)]
+pub(crate) mod checkpoint_stats_tests;
+#[cfg(test)]
+pub(crate) mod checkpoint_tests;
+pub(crate) mod checkpointer;
+pub(crate) mod dirty;
+pub(crate) mod format;
 pub(crate) mod manifest;
-pub(crate) mod merge;
+mod merge;
+pub(crate) mod pins;
+pub(crate) mod recovery;
 pub(crate) mod run;
 
-use crate::retention::Retention;
+use crate::logs::retention::Retention;
 
 /// The key of an item: `(group, None)` is the group record, `(group,
 /// Some(user))` a member row. Ordered by group, then the group record
@@ -356,4 +369,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod format_tests;
+pub(crate) mod format_tests;

@@ -33,8 +33,8 @@ use super::{
     check_header, put_key, put_varint, read_key, unzigzag, zigzag, GroupRecord, Item, Key, Reader,
     SmallRecord, StopAtError,
 };
-use crate::retention::Retention;
-use crate::segment::SEGMENT_HEADER_BYTES;
+use crate::logs::retention::Retention;
+use crate::logs::segment::SEGMENT_HEADER_BYTES;
 
 pub(crate) const RUN_MAGIC: [u8; 8] = *b"TDMKRUN\0";
 pub(crate) const RUN_TRAILER_MAGIC: [u8; 8] = *b"TDMKRUNT";
@@ -213,6 +213,7 @@ fn cut_at_char_boundary(s: &str, max: usize) -> &str {
 }
 
 /// A damage reason as stored (what a decoded record holds).
+#[cfg(test)]
 pub(crate) fn stored_reason(reason: &str) -> String {
     cut_at_char_boundary(reason, DAMAGE_REASON_BYTES_MAX).to_owned()
 }
@@ -280,7 +281,7 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
     let applied_lsn = r.varint()?;
-    if applied_lsn > crate::journal::LSN_MAX {
+    if applied_lsn > crate::commit::journal::LSN_MAX {
         return Err(bad(&format!("applied_lsn {applied_lsn} at or beyond 2^62")));
     }
     let head = r.varint()?;
@@ -374,8 +375,13 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
         .ok_or("small floor overflows")?;
     let n = r.varint()?;
     // Each extent takes at least four bytes: a hostile count fails here.
-    if first_id == 0 || n == 0 || n > (r.remaining() / 4) as u64 {
-        return Err(format!("small group: first_id {first_id}, {n} extents"));
+    // No extent: a group whose every record retention dropped (a group
+    // that never had one is written without bit 3).
+    let emptied = n == 0 && head > 0 && first_id == head.saturating_add(1) && floor == first_id;
+    if first_id == 0 || (n == 0 && !emptied) || n > (r.remaining() / 4) as u64 {
+        return Err(format!(
+            "small group: first_id {first_id}, floor {floor}, {n} extents, head {head}"
+        ));
     }
     let mut extents = Vec::with_capacity(n as usize);
     let mut next = first_id;
@@ -387,14 +393,23 @@ fn decode_small(r: &mut Reader<'_>, head: u64) -> Result<SmallRecord, String> {
             field(r.varint()?)?,
             field(r.varint()?)?,
         );
-        crate::extents::Extent::new(crate::extents::FileId::from_raw(file), offset, bytes, count)
-            .ok_or_else(|| format!("extent ({file}, {offset}, {bytes}, {count}) is invalid"))?;
+        crate::logs::extents::Extent::new(
+            crate::logs::extents::FileId::from_raw(file),
+            offset,
+            bytes,
+            count,
+        )
+        .ok_or_else(|| format!("extent ({file}, {offset}, {bytes}, {count}) is invalid"))?;
         next = next
             .checked_add(count.into())
             .ok_or("small group ids overflow")?;
         extents.push((file, offset, bytes, count));
     }
-    if next - 1 != head || floor > next {
+    // The floor lies in the first extent (invariant E1 of `extents.rs`).
+    let first_end = extents
+        .first()
+        .map_or(first_id, |e| first_id + u64::from(e.3));
+    if next - 1 != head || (n > 0 && floor >= first_end) {
         return Err(format!(
             "small group: extents hold ids {first_id}..{next}, floor {floor}, head {head}"
         ));

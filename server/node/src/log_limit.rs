@@ -3,7 +3,7 @@
 //! scanner, a client in a reconnect loop, garbage on the port) cannot turn
 //! the log into a disk-filler.
 //!
-//! The idea is the engine's `warn_limit.rs` (pure state over
+//! The idea is the engine's `commit/warn_limit.rs` (pure state over
 //! caller-supplied instants, so its schedule is tested without sleeping;
 //! what is not logged is counted and said later), applied to events that
 //! have no "condition ended": a token bucket per [`EventKind`]. Each kind

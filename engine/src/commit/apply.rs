@@ -1,0 +1,763 @@
+//! Applying a journal entry to the in-memory state: the group registry, the
+//! cursor table and member lists, and the group logs. The commit thread
+//! applies each round's frame here once it is in the journal; recovery's
+//! replay applies each valid frame's entries here, in the same (frame)
+//! order. One applier, so live and replay cannot drift apart on what an
+//! entry means (raft-engine's `MemTableAccessor` is the model). Every entry
+//! comes with the `lsn` of its frame (format-spec/storage.md section 5),
+//! which names the frame in damage reports and is what a later step's
+//! per-group `applied_lsn` gates replay on.
+//!
+//! What differs between the two is real, and is [`Mode`]:
+//! - a failed group-log write stops every write live (there is no way to
+//!   stop one group's writes, and a full disk holds the round for a retry),
+//!   while replay marks that group damaged and opens the rest;
+//! - record bytes are verified during replay (they come from a file) and
+//!   trusted live (the commit thread encoded them this run);
+//! - a sender's cursor follows its own message only live (see
+//!   [`advance_caught_up_senders`]).
+//!
+//! A third mode, [`Mode::Replicated`], applies a round another node wrote
+//! (a follower): like replay, except that a failed write stops writes as
+//! live.
+//!
+//! Everything else is the same in both: a record the log already holds is
+//! skipped (replay after a crash; live, the retry of a round a full disk
+//! stopped part-way), a join is checked against the membership limits (so
+//! a join refused live is refused again by replay, never resurrected: both
+//! apply a frame's entries in frame order, which groups them by group id),
+//! a cursor is never set above its group's head. Restoring a
+//! checkpoint's memberships is not an apply: the snapshot holds what was
+//! accepted, and no limit is checked again (recovery.rs).
+//!
+//! Every entry carries the lsn of its frame. An entry is applied to a
+//! group under the group's `ckpt` lock, which also puts the group on the
+//! dirty list (`dirty.rs`); after a group's last entry of a frame its
+//! `applied_lsn` becomes the frame's ([`frame_done`]). A checkpoint
+//! captures a group under the same lock, so its record reflects every
+//! frame up to its `applied_lsn` (and maybe part of the next one); replay
+//! therefore skips the frames at or below a group's `applied_lsn` and
+//! applies the others whole (the fuzzy checkpoint made exact, storage.md
+//! section 11).
+//!
+//! Cost: O(1) per entry plus the bytes it carries, except DeleteGroup
+//! (O(members of the group) and, for a group with files, one rename of its
+//! directory) and a group's first record (a mkdir and a file of its first
+//! segment). CreateGroup touches no file.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::catalog::Catalog;
+use crate::commit::journal::{body, Entry, EntryKind};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::group::{Group, LogSlot};
+use crate::logs::group_log::{GroupLog, LoadReport, LogContext};
+use crate::logs::record;
+use crate::members::cursors::{CursorTable, InsertError};
+use crate::state::dirty::CkptGuard;
+
+/// Where a Records entry's body lies in the journal: file `seq`, at byte
+/// `offset` (a small group's extent points there, small_log.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BodyAt {
+    pub seq: u64,
+    pub offset: u64,
+}
+
+/// Who applies: see the module docs for what differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The commit thread, after the round's journal write (and sync).
+    Live,
+    /// Recovery, for each valid entry of the journal after the checkpoint.
+    Replay,
+    /// The commit thread, for a round another node wrote
+    /// (`Engine::append_replicated`), after its journal write (and sync).
+    /// As `Replay` in what an entry means (bodies verified, groups created
+    /// here, cursors raised from Cursors entries and never moved by a
+    /// sender's own message: the leader persisted those moves in its own
+    /// Cursors entries), as `Live` in what a failed write does.
+    Replicated,
+}
+
+/// The state entries are applied to.
+#[derive(Clone, Copy)]
+pub(crate) struct State<'a> {
+    pub ctx: &'a LogContext,
+    pub catalog: &'a RwLock<Catalog>,
+    pub cursors: &'a CursorTable,
+}
+
+/// What applying one entry did.
+#[derive(Debug)]
+pub(crate) enum Applied {
+    /// A group or membership operation (and Cursors): its value
+    /// (a join's cursor, otherwise 0) or why it was refused (a limit, a
+    /// leave of a non-member, a malformed body). Live, that is the caller's
+    /// answer; replay ignores it.
+    Op(Result<u64>),
+    /// A Records entry.
+    Records(RecordsApplied),
+    /// The entry names a group that is not registered: one deleted later
+    /// in the journal (replay only).
+    Orphan,
+    /// The group's checkpointed record already reflects the entry's frame
+    /// (its lsn is at or below the group's `applied_lsn`; replay only).
+    Reflected,
+}
+
+/// What applying a run of records did to its group's log.
+#[derive(Debug, Default)]
+pub(crate) struct RecordsApplied {
+    /// The group's log was loaded first (replay meets groups as the
+    /// checkpoint left them), with what loading found.
+    pub loaded: Option<LoadReport>,
+    /// Records the log already held, skipped.
+    pub already_present: u64,
+    /// Records appended now.
+    pub appended: u64,
+    /// The run's first msg_id and the log's head after it, when the log
+    /// (still) holds the run; `None` when the group is damaged or deleted.
+    pub held: Option<(u64, u64)>,
+}
+
+/// Applies one journal entry of the frame numbered `lsn`. `group` is the
+/// registered group the entry names (`None` if none is): the commit thread
+/// passes the group the entry was queued for, replay looks the id up in
+/// the registry.
+///
+/// An `Err` is an operating error that stops the caller: live, writes stop
+/// (or, for a full disk, the round is held and applied again); in replay,
+/// opening fails.
+pub(crate) fn entry(
+    st: &State<'_>,
+    entry: &Entry<'_>,
+    group: Option<&Arc<Group>>,
+    mode: Mode,
+    lsn: u64,
+    at: Option<BodyAt>,
+) -> Result<Applied> {
+    let kind = entry.kind;
+    if kind == EntryKind::CreateGroup {
+        if let Some(g) = group {
+            if reflected(st, g, mode, lsn) {
+                return Ok(Applied::Reflected);
+            }
+        }
+        create_group(st, entry.group_id, group, mode);
+        let g = st.catalog.read().get(entry.group_id).cloned();
+        if let Some(g) = g {
+            let mut ck = g.ckpt(&st.ctx.dirty);
+            st.ctx.dirty.mark(&g, &mut ck);
+        }
+        return Ok(Applied::Op(Ok(0)));
+    }
+    let Some(group) = group else {
+        return Ok(Applied::Orphan);
+    };
+    if reflected(st, group, mode, lsn) {
+        return Ok(Applied::Reflected);
+    }
+    if kind == EntryKind::Records {
+        return records(st, group, entry.body, at, mode, lsn).map(Applied::Records);
+    }
+    let mut ck = group.ckpt(&st.ctx.dirty);
+    let malformed = |what: &str| Error::InvalidConfig {
+        reason: format!("malformed {what} entry"),
+    };
+    let outcome = match kind {
+        EntryKind::DeleteGroup => {
+            delete_group(st, group)?;
+            // Its next capture writes a tombstone; the group object itself
+            // (maybe still on the dirty list) is skipped by captures, and
+            // its slot's lists are forgotten (the slot may be reused).
+            ck.forget_changes();
+            st.ctx.dirty.deleted(group.id);
+            return Ok(Applied::Op(Ok(0)));
+        }
+        EntryKind::Join => match body::decode_join(entry.body) {
+            Some((user, cursor)) => {
+                let r = join(st.cursors, &st.ctx.config, group, user, cursor);
+                if r.is_ok() {
+                    ck.member_changed(user);
+                }
+                r
+            }
+            None => Err(malformed("join")),
+        },
+        EntryKind::Leave => match body::decode_leave(entry.body) {
+            Some(user) => {
+                let r = leave(st.cursors, group, user);
+                if r.is_ok() {
+                    ck.member_changed(user);
+                }
+                r
+            }
+            None => Err(malformed("leave")),
+        },
+        EntryKind::SetRetention => match body::decode_set_retention(entry.body) {
+            Some(r) => {
+                st.catalog.write().set_retention(group, r);
+                Ok(0)
+            }
+            None => Err(malformed("retention")),
+        },
+        EntryKind::Cursors => {
+            // Live, cursors are written from memory and never applied.
+            debug_assert_ne!(mode, Mode::Live, "cursor entries are not queued");
+            restore_cursors(st.cursors, group, &mut ck, entry.body);
+            Ok(0)
+        }
+        EntryKind::CreateGroup | EntryKind::Records => Ok(0),
+    };
+    st.ctx.dirty.mark(group, &mut ck);
+    Ok(Applied::Op(outcome))
+}
+
+/// Replay: whether the group's checkpointed record already reflects the
+/// frame numbered `lsn` (a capture records a group only between frames,
+/// see [`frame_done`]). Live entries are never reflected.
+fn reflected(st: &State<'_>, group: &Group, mode: Mode, lsn: u64) -> bool {
+    mode == Mode::Replay && lsn <= group.ckpt(&st.ctx.dirty).applied_lsn()
+}
+
+/// Records that every entry of the frame numbered `lsn` for `group` was
+/// applied: its `applied_lsn`, and the dirty list. Called by the commit
+/// thread and replay after a group's last entry of a frame, never between
+/// two of them: a capture taken between two entries of one frame sees the
+/// older lsn, so replay applies the whole frame to it again, which every
+/// entry kind tolerates (joins, leaves, retention and cursors are
+/// idempotent, records at or below the head are skipped).
+pub(crate) fn frame_done(st: &State<'_>, group: &Arc<Group>, lsn: u64) {
+    let mut ck = group.ckpt(&st.ctx.dirty);
+    let applied = ck.applied_lsn().max(lsn);
+    ck.set_applied_lsn(applied);
+    st.ctx.dirty.mark(group, &mut ck);
+}
+
+/// CreateGroup: memory only, no file-system call (storage v2 S5). Live,
+/// the group is registered already (`submit_create_group` registered it
+/// in memory, so appends may follow at once); in replay (and for a
+/// replicated round) it is registered here unless it is. A new group's
+/// slot is a [`LogSlot::Small`] without records: its files are made when its first record
+/// is applied ([`records`]). A registered group is left as it is.
+fn create_group(st: &State<'_>, id: u64, group: Option<&Arc<Group>>, mode: Mode) {
+    if group.is_some() {
+        // Live: registered by the request. Replay: a creation the
+        // checkpoint (or an earlier entry) already holds.
+        return;
+    }
+    debug_assert_ne!(mode, Mode::Live, "a queued creation is registered");
+    st.catalog.write().insert(id, LogSlot::new_small());
+}
+
+/// Appends `run` (a Records body: whole records of `group`, consecutive
+/// ids) of the frame numbered `lsn` to the group's log, skipping those it
+/// already holds. In replay the body is checked first: it must be valid
+/// records with consecutive ids, else the group is damaged. `at` is where
+/// the body lies in the journal (`None`: nowhere a small group can point
+/// to, so a small group is promoted).
+pub(crate) fn records(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    run: &[u8],
+    at: Option<BodyAt>,
+    mode: Mode,
+    lsn: u64,
+) -> Result<RecordsApplied> {
+    // The count of stored messages follows whatever this did to the slot
+    // (records appended, a promotion, damage). Nothing else changes the
+    // count meanwhile: retention holds the group's checkpoint lock, which
+    // this holds too, and a load happens here or before (live, the send
+    // path loaded the group).
+    let before = group.log.read().stored_messages();
+    let done = records_into_slot(st, group, run, at, mode, lsn);
+    st.ctx
+        .stored_changed(before, group.log.read().stored_messages());
+    done
+}
+
+fn records_into_slot(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    run: &[u8],
+    at: Option<BodyAt>,
+    mode: Mode,
+    lsn: u64,
+) -> Result<RecordsApplied> {
+    let ctx = st.ctx;
+    let mut ck = group.ckpt(&st.ctx.dirty);
+    st.ctx.dirty.mark(group, &mut ck);
+    // A small group: its extent list, or its promotion (small_log.rs).
+    if let Some(done) =
+        crate::logs::small_log::apply_records(st, group, &mut ck, run, at, mode, lsn)?
+    {
+        return Ok(done);
+    }
+    let mut done = RecordsApplied {
+        // Live, the send path loaded the group before assigning an id.
+        loaded: group.load_if_unloaded(ctx),
+        ..RecordsApplied::default()
+    };
+    let mut slot = group.log.write();
+    // A damaged group's records are not applied (its journal files are
+    // kept); a group cannot be unloaded here, nor deleted before its
+    // DeleteGroup entry.
+    let LogSlot::Loaded(log) = &mut *slot else {
+        return Ok(done);
+    };
+    if mode != Mode::Live && body::decode_records(run).is_none() {
+        let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
+        *slot = damage(ctx, log, reason);
+        return Ok(done);
+    }
+    let head = log.head();
+    let first = record::peek_msg_id(run);
+    let above = record::records_above(run, head);
+    done.already_present = count_records(&run[..run.len() - above.len()]);
+    if let Some(next) = (!above.is_empty()).then(|| record::peek_msg_id(above)) {
+        if next != head + 1 {
+            // Live, ids are assigned densely and applied in journal order;
+            // a replicated round was checked against the send state.
+            debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
+            let reason =
+                format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
+            *slot = damage(ctx, log, reason);
+            return Ok(done);
+        }
+    }
+    // Called also with nothing new: live, the retry of a round a full disk
+    // stopped retries the tail flush that failed.
+    let taken = log.append(ctx, above);
+    // What the log took in is readable (the journal has it), also when a
+    // write for it failed and the round is held.
+    group.publish_head(log.head());
+    done.appended = log.head() - head;
+    match taken {
+        Ok(()) => done.held = Some((first, log.head())),
+        Err(e) if mode != Mode::Replay => return Err(e),
+        Err(e) => {
+            done.appended = 0;
+            *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));
+            return Ok(done);
+        }
+    }
+    drop(slot);
+    if mode == Mode::Live {
+        advance_caught_up_senders(st.cursors, group, &mut ck, run);
+    }
+    Ok(done)
+}
+
+/// Number of whole records at the front of `buf`.
+pub(crate) fn count_records(mut buf: &[u8]) -> u64 {
+    let mut n = 0;
+    while let Some(len) = record::peek_len(buf).filter(|&l| l > 0 && l <= buf.len()) {
+        n += 1;
+        buf = &buf[len..];
+    }
+    n
+}
+
+/// The slot of a group found damaged while applying. Its recorded state
+/// must name only bytes in its files, so the log's unwritten tail is
+/// written first (if that fails too, the journals, kept while a group is
+/// damaged, still hold it).
+fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
+    if let Err(e) = log.flush_tail(ctx) {
+        log::warn!("damaged group: its unwritten records stay in the journal: {e}");
+    }
+    ctx.damaged_groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    LogSlot::Damaged {
+        state: log.state(),
+        reason,
+    }
+}
+
+/// A sender who had read everything before its own message has read that
+/// message too: its cursor follows (so own messages are not unread). Live
+/// only: replay sees cursors as they were persisted, not as they stood when
+/// the message was applied, and a crash may take a cursor back to its last
+/// persisted value anyway.
+pub(crate) fn advance_caught_up_senders(
+    cursors: &CursorTable,
+    group: &Group,
+    ck: &mut CkptGuard<'_>,
+    mut run: &[u8],
+) {
+    while let Some(len) = record::peek_len(run) {
+        // Invariant: live runs hold whole records encoded by the engine.
+        let h = record::decode_header(run, usize::MAX).expect("invariant: staged record");
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
+        if let Some(newly) = cursors.advance_if_at(h.sender_id, group.slot, h.msg_id - 1, h.msg_id)
+        {
+            members.advance(h.msg_id - 1, h.msg_id);
+            if newly {
+                ck.cursor_moved(h.sender_id);
+            }
+        }
+        run = &run[len..];
+    }
+}
+
+/// Cursors: raises each member's cursor to the row's value (never lowers
+/// it, never above the head); rows of non-members are ignored. Entries
+/// written twice or out of order are therefore harmless.
+fn restore_cursors(cursors: &CursorTable, group: &Group, ck: &mut CkptGuard<'_>, body: &[u8]) {
+    let head = group.head();
+    for (user, cursor) in body::decode_cursors(body) {
+        // The members lock spans the move (membership.rs invariant).
+        let mut members = group.members.lock();
+        if let Some(m) = cursors.restore(user, group.slot, cursor.min(head)) {
+            if m.new != m.old {
+                members.advance(m.old, m.new);
+            }
+            if m.newly_checkpoint_dirty {
+                ck.cursor_moved(user);
+            }
+        }
+    }
+}
+
+/// Join. Idempotent: joining again returns the current cursor. Checked
+/// against the membership limits in both modes, in journal order.
+pub(crate) fn join(
+    cursors: &CursorTable,
+    config: &Config,
+    group: &Group,
+    user: u64,
+    cursor: u64,
+) -> Result<u64> {
+    // Never above the head, whatever a journal entry says.
+    let cursor = cursor.min(group.head());
+    let mut members = group.members.lock();
+    if let Some(c) = cursors.get(user, group.slot) {
+        return Ok(c.cursor);
+    }
+    if members.len() >= config.members_per_group_max {
+        return Err(Error::LimitExceeded {
+            what: "members_per_group_max",
+            max: config.members_per_group_max,
+        });
+    }
+    match cursors.insert(
+        user,
+        group.slot,
+        cursor,
+        cursor.saturating_add(1),
+        Some(config.groups_per_user_max),
+    ) {
+        Ok(()) => {}
+        Err(InsertError::AlreadyMember) => return Ok(cursor),
+        Err(InsertError::GroupsPerUserLimit { max }) => {
+            return Err(Error::LimitExceeded {
+                what: "groups_per_user_max",
+                max,
+            })
+        }
+    }
+    members.insert(user, cursor, group.cursor_of(cursors));
+    Ok(cursor)
+}
+
+/// Leave. Returns the cursor the member had.
+pub(crate) fn leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u64> {
+    let mut members = group.members.lock();
+    let cursor = cursors.remove(user, group.slot).ok_or(Error::NotMember {
+        group: group.id,
+        user,
+    })?;
+    members.remove(user, cursor);
+    Ok(cursor)
+}
+
+/// DeleteGroup: the group's memberships and registry entry (memory, under
+/// the registry lock), then its files: moved to the trash with one rename,
+/// outside every lock (the maintenance worker removes them, see
+/// `trash.rs`). Repeatable: live, a round a full disk held applies it again
+/// (the group is then unregistered already, and only the move is redone).
+pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
+    let id = group.id;
+    {
+        let mut catalog = st.catalog.write();
+        if catalog.get(id).is_some_and(|g| Arc::ptr_eq(g, group)) {
+            remove_all_members(st.cursors, group);
+            catalog.remove(id);
+        }
+    }
+    let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    st.ctx.stored_changed(old.stored_messages(), 0);
+    if matches!(old, LogSlot::Damaged { .. }) {
+        // Once: a repeated delete finds the slot `Deleted`.
+        st.ctx
+            .damaged_groups
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let LogSlot::Small(list) = &old {
+        // No file of its own: its records leave the shared files' counts.
+        crate::logs::small_log::forget_extents(st.ctx, list);
+        return Ok(());
+    }
+    if let Some(state) = old.state() {
+        for (base, _) in state.segments {
+            st.ctx.cache.forget(id, base);
+        }
+    }
+    drop(old);
+    st.ctx.trash.put(&*st.ctx.vfs, id, &st.ctx.group_dir(id))
+}
+
+/// Removes every membership of a group being deleted.
+fn remove_all_members(cursors: &CursorTable, group: &Group) {
+    let mut members = group.members.lock();
+    for user in members.users() {
+        if let Some(c) = cursors.remove(user, group.slot) {
+            members.remove(user, c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::OsVfs;
+    use crate::logs::record::NewRecord;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        ctx: LogContext,
+        catalog: RwLock<Catalog>,
+        cursors: CursorTable,
+    }
+
+    impl Fixture {
+        fn new(members_per_group_max: usize) -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = Config::new(dir.path());
+            config.members_per_group_max = members_per_group_max;
+            Fixture {
+                ctx: LogContext::new(Arc::new(OsVfs), config),
+                _dir: dir,
+                catalog: RwLock::new(Catalog::default()),
+                cursors: CursorTable::new(),
+            }
+        }
+
+        fn st(&self) -> State<'_> {
+            State {
+                ctx: &self.ctx,
+                catalog: &self.catalog,
+                cursors: &self.cursors,
+            }
+        }
+
+        fn group(&self, id: u64) -> Option<Arc<Group>> {
+            self.catalog.read().get(id).cloned()
+        }
+
+        /// Applies an entry as replay does: the group looked up by id.
+        fn replay(&self, kind: EntryKind, group_id: u64, body: &[u8]) -> Applied {
+            let group = self.group(group_id);
+            let e = Entry {
+                kind,
+                group_id,
+                body,
+            };
+            entry(&self.st(), &e, group.as_ref(), Mode::Replay, 1, None).unwrap()
+        }
+    }
+
+    fn rec(msg_id: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        body::encode_record(
+            &mut out,
+            &NewRecord {
+                msg_id,
+                timestamp_ms: 1,
+                sender_id: 7,
+                client_msg_id: msg_id,
+                payload: b"hello",
+            },
+        );
+        out
+    }
+
+    fn records(a: &Applied) -> (u64, u64) {
+        match a {
+            Applied::Records(r) => (r.appended, r.already_present),
+            other => panic!("not a records outcome: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_creates_appends_skips_what_the_log_holds_and_damages_on_a_gap() {
+        let f = Fixture::new(10);
+        assert!(matches!(
+            f.replay(EntryKind::Records, 5, &rec(1)),
+            Applied::Orphan
+        ));
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).expect("created by replay");
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (1, 0));
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(1))), (0, 1));
+        assert_eq!(g.head(), 1);
+        assert_eq!(records(&f.replay(EntryKind::Records, 5, &rec(3))), (0, 0));
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { state, .. } if state.head == 1));
+        assert_eq!(g.head(), 1, "a damaged group keeps its head");
+    }
+
+    #[test]
+    fn replay_damages_a_group_whose_record_is_invalid() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut bad = rec(1);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        f.replay(EntryKind::Records, 5, &bad);
+        let g = f.group(5).unwrap();
+        assert!(matches!(&*g.log.read(), LogSlot::Damaged { .. }));
+        assert_eq!(g.head(), 0);
+    }
+
+    #[test]
+    fn live_appends_a_run_and_a_retry_writes_nothing_twice() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let run: Vec<u8> = [rec(1), rec(2), rec(3)].concat();
+        let done = super::records(&f.st(), &g, &run, None, Mode::Live, 1).unwrap();
+        assert_eq!((done.appended, done.already_present), (3, 0));
+        assert_eq!(done.held, Some((1, 3)));
+        let again = super::records(&f.st(), &g, &run, None, Mode::Live, 1).unwrap();
+        assert_eq!((again.appended, again.already_present), (0, 3));
+        assert_eq!(g.head(), 3);
+    }
+
+    #[test]
+    fn a_join_over_a_limit_is_refused_live_and_in_replay_alike() {
+        let f = Fixture::new(1);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let join = |user, mode| {
+            let mut b = Vec::new();
+            body::encode_join(&mut b, user, 0);
+            let e = Entry {
+                kind: EntryKind::Join,
+                group_id: 5,
+                body: &b,
+            };
+            match entry(&f.st(), &e, Some(&g), mode, 1, None).unwrap() {
+                Applied::Op(r) => r,
+                other => panic!("{other:?}"),
+            }
+        };
+        for mode in [Mode::Live, Mode::Replay] {
+            assert_eq!(join(1, mode).unwrap(), 0, "{mode:?}");
+            let refused = join(2, mode).unwrap_err();
+            assert!(
+                matches!(
+                    refused,
+                    Error::LimitExceeded {
+                        what: "members_per_group_max",
+                        ..
+                    }
+                ),
+                "{mode:?}: {refused}"
+            );
+            leave(&f.cursors, &g, 1).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_cursor_row_never_lowers_a_cursor_nor_lifts_it_above_the_head() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        for id in 1..=4 {
+            f.replay(EntryKind::Records, 5, &rec(id));
+        }
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 2);
+        f.replay(EntryKind::Join, 5, &b);
+        let g = f.group(5).unwrap();
+        let cursor = || f.cursors.get(9, g.slot).unwrap().cursor;
+        let mut rows = Vec::new();
+        body::encode_cursors(&mut rows, &[(9, 1)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 2);
+        rows.clear();
+        body::encode_cursors(&mut rows, &[(9, 99)]);
+        f.replay(EntryKind::Cursors, 5, &rows);
+        assert_eq!(cursor(), 4);
+    }
+
+    #[test]
+    fn replay_skips_the_frames_a_checkpointed_record_reflects_and_tracks_what_changed() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let g = f.group(5).unwrap();
+        let at = |lsn, kind, body: &[u8]| {
+            let e = Entry {
+                kind,
+                group_id: 5,
+                body,
+            };
+            entry(&f.st(), &e, Some(&g), Mode::Replay, lsn, None).unwrap()
+        };
+        let mut join9 = Vec::new();
+        body::encode_join(&mut join9, 9, 0);
+        // Frame 10: a record and a join, both applied, then the frame is done.
+        assert!(matches!(
+            at(10, EntryKind::Records, &rec(1)),
+            Applied::Records(_)
+        ));
+        assert!(matches!(
+            at(10, EntryKind::Join, &join9),
+            Applied::Op(Ok(0))
+        ));
+        frame_done(&f.st(), &g, 10);
+        assert_eq!(g.ckpt(&f.ctx.dirty).applied_lsn(), 10);
+        // Frames at or below the group's applied_lsn are reflected already.
+        assert!(matches!(
+            at(10, EntryKind::Records, &rec(2)),
+            Applied::Reflected
+        ));
+        assert!(matches!(
+            at(7, EntryKind::Leave, &9u64.to_le_bytes()),
+            Applied::Reflected
+        ));
+        assert!(f.cursors.get(9, g.slot).is_some());
+        assert_eq!(g.head(), 1);
+        assert!(matches!(
+            at(11, EntryKind::Records, &rec(2)),
+            Applied::Records(_)
+        ));
+        let mut ck = g.ckpt(&f.ctx.dirty);
+        assert!(ck.is_dirty());
+        assert_eq!(ck.take_members_changed(), vec![9]);
+        drop(ck);
+        assert_eq!(f.ctx.dirty.take().groups.len(), 1, "on the dirty list once");
+    }
+
+    #[test]
+    fn delete_removes_the_group_and_its_memberships() {
+        let f = Fixture::new(10);
+        f.replay(EntryKind::CreateGroup, 5, &[]);
+        let mut b = Vec::new();
+        body::encode_join(&mut b, 9, 0);
+        f.replay(EntryKind::Join, 5, &b);
+        let slot = f.group(5).unwrap().slot;
+        f.replay(EntryKind::DeleteGroup, 5, &[]);
+        assert!(f.group(5).is_none());
+        assert!(f.cursors.get(9, slot).is_none());
+        assert!(!f.ctx.vfs.exists(&f.ctx.group_dir(5)));
+        assert!(matches!(
+            f.replay(EntryKind::Leave, 5, &9u64.to_le_bytes()),
+            Applied::Orphan
+        ));
+    }
+}

@@ -1,0 +1,480 @@
+//! The idempotence window of one group: `(sender, client_msg_id) -> msg_id`
+//! for its recent sends, so a retransmitted send returns the original id and
+//! stores nothing.
+//!
+//! The window holds at least the group's last `dedup_window_sends` sends and
+//! every send younger than `dedup_window_ms`, never more than
+//! `dedup_entries_max`. It is not persisted on its own: it is rebuilt from the
+//! group log (the records carry sender and client_msg_id), so it survives a
+//! restart exactly as far as the log does.
+//!
+//! Keys come from clients, so the map keeps std's randomly keyed SipHash:
+//! a client must not be able to choose colliding keys.
+//!
+//! Node-wide, [`DedupBudget`] bounds the entries of all windows together
+//! (`dedup_entries_total_max`): past it, a window being sent to keeps only
+//! its last `dedup_window_sends` sends (the age extension goes first), and
+//! the windows of the groups sent to least recently leave memory whole.
+//! Such a window is rebuilt from the log on its group's next send, exactly
+//! as after a restart, so the configured minimum is never broken: the cost
+//! of the bound is that rebuild, never a forgotten send.
+//!
+//! [`DedupBudget`] also lists, by time of last use, the groups holding state
+//! that an idle group gives back (a send state with its window, a loaded
+//! log): the commit thread takes the ones idle for `idle_evict_ms` off the
+//! front of that list and drops their state (`commit.rs`, "idle sweep"),
+//! which the next send rebuilds by the same rule. Both lists cost one
+//! entry per group holding such state, nothing per idle group.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    sender_id: u64,
+    client_msg_id: u64,
+    timestamp_ms: u64,
+}
+
+/// The limits of a window, taken from [`Config`].
+#[derive(Clone, Copy, Debug)]
+pub struct WindowLimits {
+    pub sends: usize,
+    pub age_ms: u64,
+    pub entries_max: usize,
+}
+
+impl WindowLimits {
+    pub fn from_config(c: &Config) -> Self {
+        WindowLimits {
+            sends: c.dedup_window_sends,
+            age_ms: c.dedup_window_ms,
+            entries_max: c.dedup_entries_max,
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct DedupWindow {
+    by_key: HashMap<(u64, u64), u64>,
+    /// Entries of msg_ids `first_id .. first_id + recent.len()`, oldest first.
+    recent: VecDeque<Entry>,
+    first_id: u64,
+}
+
+impl DedupWindow {
+    /// The `(msg_id, timestamp_ms)` of an earlier send with this key, if it
+    /// is still in the window.
+    pub fn lookup(&self, sender_id: u64, client_msg_id: u64) -> Option<(u64, u64)> {
+        let id = *self.by_key.get(&(sender_id, client_msg_id))?;
+        let e = self.recent.get(usize::try_from(id - self.first_id).ok()?)?;
+        Some((id, e.timestamp_ms))
+    }
+
+    /// Remembers send `msg_id`, which must be the next id after the newest
+    /// one remembered, and evicts what left the window. With `over_budget`
+    /// (the node holds more entries than its budget) the window keeps only
+    /// its last `limits.sends` sends, whatever their age.
+    pub fn insert(
+        &mut self,
+        msg_id: u64,
+        sender_id: u64,
+        client_msg_id: u64,
+        timestamp_ms: u64,
+        limits: WindowLimits,
+        over_budget: bool,
+    ) {
+        if self.recent.is_empty() {
+            self.first_id = msg_id;
+        }
+        debug_assert_eq!(
+            msg_id,
+            self.first_id + self.recent.len() as u64,
+            "dedup ids must be dense"
+        );
+        self.recent.push_back(Entry {
+            sender_id,
+            client_msg_id,
+            timestamp_ms,
+        });
+        self.by_key.insert((sender_id, client_msg_id), msg_id);
+        self.evict(timestamp_ms, limits, over_budget);
+    }
+
+    fn evict(&mut self, now_ms: u64, limits: WindowLimits, over_budget: bool) {
+        while let Some(front) = self.recent.front() {
+            let over_cap = self.recent.len() > limits.entries_max;
+            let old = self.recent.len() > limits.sends
+                && (over_budget || front.timestamp_ms.saturating_add(limits.age_ms) < now_ms);
+            if !over_cap && !old {
+                break;
+            }
+            let key = (front.sender_id, front.client_msg_id);
+            if self.by_key.get(&key) == Some(&self.first_id) {
+                self.by_key.remove(&key);
+            }
+            self.recent.pop_front();
+            self.first_id += 1;
+        }
+    }
+
+    /// Sends remembered.
+    pub fn len(&self) -> usize {
+        self.recent.len()
+    }
+
+    /// Inserts every record of a page read back from a log (a rebuild);
+    /// returns the last record's timestamp.
+    fn insert_batch(
+        &mut self,
+        batch: &crate::logs::group_log::ReadBatch,
+        limits: WindowLimits,
+    ) -> Option<u64> {
+        let mut last = None;
+        for r in batch.records() {
+            let h = r.header;
+            self.insert(
+                h.msg_id,
+                h.sender_id,
+                h.client_msg_id,
+                h.timestamp_ms,
+                limits,
+                false,
+            );
+            last = Some(h.timestamp_ms);
+        }
+        last
+    }
+
+    /// Rebuilds the window of a small group (`list`, copied under its
+    /// slot's lock) from its records, and gives the timestamp of its last
+    /// record. A small group holds at most `small_group_bytes_max` bytes, so
+    /// all of them within the entry cap are read.
+    pub fn rebuild_small(
+        ctx: &LogContext,
+        group: &crate::group::Group,
+        list: &crate::logs::extents::ExtentList,
+        now_ms: u64,
+        limits: WindowLimits,
+    ) -> Result<(DedupWindow, u64)> {
+        let mut window = DedupWindow::default();
+        let mut last_ts = 0;
+        let head = list.next_id() - 1;
+        let start = head
+            .saturating_sub(limits.entries_max as u64 - 1)
+            .max(list.floor());
+        let mut after = start - 1;
+        while after < head {
+            let batch =
+                crate::logs::small_log::read_above(ctx, group, list, after, 4096, usize::MAX)?;
+            last_ts = window.insert_batch(&batch, limits).unwrap_or(last_ts);
+            after = batch.last_id;
+        }
+        window.evict(now_ms, limits, false);
+        Ok((window, last_ts))
+    }
+
+    /// Rebuilds the window of `log` from its records: the last `sends`
+    /// records, extended back segment by segment while a segment's first
+    /// record is younger than `age_ms`. With `Scan::Refused`, a sealed
+    /// segment whose index is not built stops it with `NeedsIndex` (the
+    /// caller builds that index without the log's lock and tries again).
+    pub fn rebuild(
+        log: &GroupLog,
+        ctx: &LogContext,
+        scan: Scan,
+        now_ms: u64,
+        limits: WindowLimits,
+    ) -> Result<Scanned<DedupWindow>> {
+        let mut window = DedupWindow::default();
+        let head = log.head();
+        if head < log.floor() {
+            return Ok(Ok(window));
+        }
+        let by_count = head
+            .saturating_sub(limits.sends as u64 - 1)
+            .max(log.floor());
+        let cap = head
+            .saturating_sub(limits.entries_max as u64 - 1)
+            .max(log.floor());
+        // Whole segments: records before `by_count` in its segment may still
+        // be young enough to belong to the window; the eviction rule decides.
+        let mut seg = log.segment_of(by_count);
+        let mut start = log.segment_base(seg);
+        while seg > 0 {
+            let first_ts = scanned!(log.first_header_from(ctx, scan, seg))
+                .map(|h| h.timestamp_ms)
+                .unwrap_or(0);
+            if first_ts.saturating_add(limits.age_ms) < now_ms {
+                break;
+            }
+            seg -= 1;
+            start = log.segment_base(seg);
+        }
+        let start = start.max(cap);
+        let mut after = start - 1;
+        while after < head {
+            let batch = scanned!(log.read_with(ctx, scan, after, 4096, usize::MAX));
+            window.insert_batch(&batch, limits);
+            after = batch.last_id;
+        }
+        window.evict(now_ms, limits, false);
+        Ok(Ok(window))
+    }
+}
+
+/// The entries of all windows of an engine, which groups' windows were
+/// used least recently, and which groups holding state were used least
+/// recently. Only counts, group ids and times: each window stays under its
+/// group's assign lock.
+pub struct DedupBudget {
+    entries: AtomicUsize,
+    dropped: AtomicU64,
+    lists: Mutex<Lists>,
+}
+
+/// Both lists under one lock: a send updates both with one lock taken.
+struct Lists {
+    /// Groups with a window in memory, least recently sent to first.
+    windows: lru::LruCache<u64, ()>,
+    /// Groups with a send state or a loaded log, least recently used first,
+    /// with the time of that use (ms since the epoch).
+    used: lru::LruCache<u64, u64>,
+    /// The most entries each list held since it was last rebuilt.
+    windows_peak: usize,
+    used_peak: usize,
+}
+
+impl Lists {
+    /// A hash map keeps its capacity when emptied: once a list holds less
+    /// than a quarter of its peak, it is rebuilt at its size (in order), so
+    /// a burst of busy groups does not cost memory after they went idle.
+    /// Amortised O(1) per removal.
+    fn shrink_if_sparse(&mut self) {
+        fn rebuilt<V: Copy>(l: &lru::LruCache<u64, V>) -> lru::LruCache<u64, V> {
+            let mut fresh = lru::LruCache::unbounded();
+            for (&k, &v) in l.iter().rev() {
+                fresh.put(k, v);
+            }
+            fresh
+        }
+        if self.windows_peak > 1024 && self.windows.len() * 4 < self.windows_peak {
+            self.windows = rebuilt(&self.windows);
+            self.windows_peak = self.windows.len();
+        }
+        if self.used_peak > 1024 && self.used.len() * 4 < self.used_peak {
+            self.used = rebuilt(&self.used);
+            self.used_peak = self.used.len();
+        }
+    }
+}
+
+impl Default for DedupBudget {
+    fn default() -> Self {
+        DedupBudget::new()
+    }
+}
+
+impl DedupBudget {
+    pub fn new() -> Self {
+        DedupBudget {
+            entries: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            lists: Mutex::new(Lists {
+                windows: lru::LruCache::unbounded(),
+                used: lru::LruCache::unbounded(),
+                windows_peak: 0,
+                used_peak: 0,
+            }),
+        }
+    }
+
+    /// Entries in all windows.
+    pub fn entries(&self) -> usize {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    /// Windows dropped from memory for the budget since open.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// A window changed size from `before` to `after` entries.
+    pub fn resized(&self, before: usize, after: usize) {
+        if after >= before {
+            self.entries.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.entries.fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// `group`'s window was just used (a send): it leaves memory
+    /// last, and the group is not idle.
+    pub fn touch(&self, group: u64) {
+        let now = crate::now_ms();
+        let mut lists = self.lists.lock();
+        lists.windows.put(group, ());
+        lists.used.put(group, now);
+        lists.windows_peak = lists.windows_peak.max(lists.windows.len());
+        lists.used_peak = lists.used_peak.max(lists.used.len());
+    }
+
+    /// `group` was just used without its window (its log was loaded or
+    /// created): it is not idle.
+    pub fn touch_used(&self, group: u64) {
+        let now = crate::now_ms();
+        let mut lists = self.lists.lock();
+        lists.used.put(group, now);
+        lists.used_peak = lists.used_peak.max(lists.used.len());
+    }
+
+    /// Puts back a window [`Self::take_least_recent`] took out.
+    pub fn touch_window(&self, group: u64) {
+        let mut lists = self.lists.lock();
+        lists.windows.put(group, ());
+        lists.windows_peak = lists.windows_peak.max(lists.windows.len());
+    }
+
+    /// `group` was deleted: it leaves both lists; `len` is what its window
+    /// held.
+    pub fn forget(&self, group: u64, len: usize) {
+        let mut lists = self.lists.lock();
+        lists.windows.pop(&group);
+        lists.used.pop(&group);
+        lists.shrink_if_sparse();
+        drop(lists);
+        self.resized(len, 0);
+    }
+
+    /// `group`'s window left memory while the group stays listed as used
+    /// (the idle sweep, which unloads its log next); `len` is what it held.
+    pub fn forget_window(&self, group: u64, len: usize) {
+        let mut lists = self.lists.lock();
+        lists.windows.pop(&group);
+        lists.shrink_if_sparse();
+        drop(lists);
+        self.resized(len, 0);
+    }
+
+    /// The group whose window was used least recently, taken out of the
+    /// order (the caller drops its window, or puts it back with
+    /// [`Self::touch_window`]).
+    pub fn take_least_recent(&self) -> Option<u64> {
+        let mut lists = self.lists.lock();
+        let g = lists.windows.pop_lru().map(|(g, ())| g);
+        lists.shrink_if_sparse();
+        g
+    }
+
+    /// The group used least recently if its last use is at least `idle_ms`
+    /// before `now_ms`, taken out of the list (the caller drops its state,
+    /// or lists it again with [`Self::touch_used`] if it could not).
+    pub fn take_idle(&self, now_ms: u64, idle_ms: u64) -> Option<u64> {
+        let mut lists = self.lists.lock();
+        let (_, &used) = lists.used.peek_lru()?;
+        if used.saturating_add(idle_ms) > now_ms {
+            return None;
+        }
+        let g = lists.used.pop_lru().map(|(g, _)| g);
+        lists.shrink_if_sparse();
+        g
+    }
+
+    /// Groups listed as holding state an idle group gives back.
+    pub fn used_len(&self) -> usize {
+        self.lists.lock().used.len()
+    }
+
+    pub fn count_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: WindowLimits = WindowLimits {
+        sends: 3,
+        age_ms: 1000,
+        entries_max: 5,
+    };
+
+    #[test]
+    fn keeps_the_last_sends_and_the_young_ones() {
+        let mut w = DedupWindow::default();
+        for id in 1..=5 {
+            w.insert(id, 1, 100 + id, 10, LIMITS, false);
+        }
+        // all young: kept up to the cap of 5
+        assert_eq!(w.len(), 5);
+        assert_eq!(w.lookup(1, 101), Some((1, 10)));
+        // time passes: only the last 3 sends stay
+        w.insert(6, 1, 106, 5000, LIMITS, false);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w.lookup(1, 103), None);
+        assert_eq!(w.lookup(1, 104), Some((4, 10)));
+        assert_eq!(w.lookup(1, 106), Some((6, 5000)));
+    }
+
+    #[test]
+    fn cap_bounds_memory_even_for_young_sends() {
+        let mut w = DedupWindow::default();
+        for id in 1..=100 {
+            w.insert(id, 2, id, 10, LIMITS, false);
+        }
+        assert_eq!(w.len(), 5);
+        assert_eq!(w.lookup(2, 95), None);
+        assert_eq!(w.lookup(2, 96), Some((96, 10)));
+    }
+
+    #[test]
+    fn over_the_node_budget_a_window_keeps_only_its_minimum() {
+        let mut w = DedupWindow::default();
+        for id in 1..=5 {
+            w.insert(id, 1, id, 10, LIMITS, false);
+        }
+        assert_eq!(w.len(), 5, "young sends are kept up to the cap");
+        w.insert(6, 1, 6, 10, LIMITS, true);
+        assert_eq!(w.len(), 3, "the last `sends` sends, however young");
+        assert_eq!(w.lookup(1, 4), Some((4, 10)));
+        assert_eq!(w.lookup(1, 3), None);
+    }
+
+    #[test]
+    fn the_node_wide_budget_drops_idle_windows_and_keeps_the_guarantee() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = crate::Config::new(dir.path());
+        c.fsync = crate::FsyncPolicy::Never;
+        c.dedup_window_sends = 5;
+        c.dedup_entries_max = 50;
+        c.dedup_entries_total_max = 20;
+        let e = crate::Engine::open(c).unwrap();
+        let mut ids = HashMap::new();
+        for g in 1..=10u64 {
+            e.create_group(g).unwrap();
+            for m in 1..=10u64 {
+                let a = e.append(g, 7, g * 100 + m, b"x").unwrap();
+                ids.insert((g, m), a.msg_id);
+                let entries = e.stats().dedup_entries;
+                assert!(entries <= 20, "{entries} entries after group {g} send {m}");
+            }
+        }
+        assert!(e.stats().dedup_windows_dropped > 0);
+        // Group 1's window left memory; a retransmit of each of its last
+        // `dedup_window_sends` sends still finds the original.
+        for m in 6..=10u64 {
+            let a = e.append(1, 7, 100 + m, b"x").unwrap();
+            assert!(a.duplicate, "send {m} of group 1 forgotten");
+            assert_eq!(a.msg_id, ids[&(1, m)]);
+        }
+        assert_eq!(e.head(1).unwrap(), 10, "nothing stored twice");
+        assert!(e.stats().dedup_entries <= 20);
+    }
+}

@@ -1,0 +1,402 @@
+//! Space reclamation for small groups (storage v2 step S6, design 5.2 and
+//! 5.4): live records of small groups are copied out of old shared files
+//! so those files can be deleted. Two jobs, run by the checkpointer thread
+//! after each stored checkpoint (K7), never by the commit thread or a
+//! request:
+//!
+//! - **evacuation**: a journal file before the older kept manifest's replay
+//!   position that still holds small groups' records (live bytes > 0) is
+//!   walked (its frames' Records entries name the groups); each group's
+//!   extents in it, per run of consecutive extents, are copied into one
+//!   extent of the current *cold file* (`cold.rs`);
+//! - **compaction**: the planner (`reclaim::plan`) picks sealed cold files
+//!   whose live bytes are low (`S > 2L + C`, or dead); their live extents,
+//!   found by walking the self-describing file, are copied the same way.
+//!
+//! A copy is installed in the group's extent list only if the extents it
+//! replaces are still exactly there (`ExtentList::replace`, raft-engine's
+//! rewrite gate): a promotion, a deletion or a later rewrite makes it dead
+//! on arrival. The cold file is fdatasynced (and its directory entry
+//! fsynced when the file is new) **before** any install, so a checkpoint
+//! that records a moved extent names durable bytes. Nothing is journaled:
+//! until a stored manifest records the new extents, recovery uses the old
+//! places, which stay until two checkpoints no longer pin them (D6,
+//! `pins.rs`); a crash leaves at worst an unnamed cold file, deleted by a
+//! later checkpoint.
+//!
+//! Bounds (format-spec/storage.md section 9, "Reclaiming small groups'
+//! space"): a small group's byte is copied by evacuation at most once (a
+//! cold file is never evacuated), and compaction copies less than it frees
+//! (a victim's usage is below 1/2), so cold files hold at most `2L + C`
+//! (`L` their live bytes, `C` one cold file) plus the files awaiting their
+//! second checkpoint. Cost: the live bytes copied plus one walk of each
+//! victim file; the group's locks are held only to clone its list and to
+//! install, in memory.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::catalog::Catalog;
+use crate::commit::journal::{self, EntryKind};
+use crate::error::Result;
+use crate::group::{Group, LogSlot};
+use crate::logs::cold::{self, ColdScanner, ColdWriter};
+use crate::logs::extents::{Extent, FileId, FileKind, Piece};
+use crate::logs::group_log::LogContext;
+use crate::logs::record;
+
+/// What a reclamation pass did (engine stats, tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReclaimStats {
+    /// Journal files whose small records were copied out.
+    pub journal_files_evacuated: u64,
+    /// Cold files compacted.
+    pub cold_files_compacted: u64,
+    /// Record bytes copied into cold files (extent headers excluded).
+    pub bytes_copied: u64,
+    /// Copies not installed: the group changed meanwhile.
+    pub stale_copies: u64,
+}
+
+/// One copy waiting for its install: the extents it replaces (a run of
+/// the group's list), the id of their first record, and the new extent.
+struct Copy {
+    group: Arc<Group>,
+    old: Vec<Extent>,
+    first_id: u64,
+    new: Extent,
+}
+
+/// The writer of cold files and the jobs that fill them (module docs).
+/// Owned by the checkpointer thread.
+pub(crate) struct Reclaimer {
+    writer: ColdWriter,
+    dir: PathBuf,
+    /// The current cold file's directory entry is not synced yet.
+    dir_unsynced: bool,
+}
+
+impl Reclaimer {
+    /// A reclaimer whose first cold file comes after every one in the
+    /// journal directory (a cold file is never appended to after a
+    /// restart); the existing ones are accounted with their lengths, sealed.
+    pub fn new(ctx: &LogContext) -> Reclaimer {
+        let dir = journal::journal_dir(&ctx.config.data_dir);
+        let mut next = 1;
+        let mut live = ctx.live.lock();
+        for p in ctx.vfs.read_dir(&dir).unwrap_or_default() {
+            let Some(seq) = cold::parse_file_name(&p) else {
+                continue;
+            };
+            next = next.max(seq.saturating_add(1));
+            if let Some(f) = FileId::cold(seq) {
+                let len = ctx
+                    .vfs
+                    .open(&p, crate::io::OpenMode::Read)
+                    .and_then(|f| f.file_len())
+                    .unwrap_or(0);
+                live.set_len(f, len);
+                live.seal(f);
+            }
+        }
+        Reclaimer {
+            writer: ColdWriter::new(ctx.vfs.clone(), &dir, next, ctx.config.journal_file_bytes),
+            dir,
+            dir_unsynced: false,
+        }
+    }
+
+    /// The cold file being written (never deleted).
+    pub fn writing(&self) -> Option<FileId> {
+        self.writer.current().and_then(|(seq, _)| FileId::cold(seq))
+    }
+
+    /// Evacuates the journal files before `replay_floor` that hold small
+    /// groups' records, then compacts cold files as the planner says.
+    /// Errors (a full disk, a failed sync) end the pass; what was installed
+    /// stays, and the next pass goes on.
+    pub fn run(
+        &mut self,
+        ctx: &LogContext,
+        catalog: &RwLock<Catalog>,
+        replay_floor: u64,
+    ) -> Result<ReclaimStats> {
+        let mut stats = ReclaimStats::default();
+        let victims: Vec<FileId> = ctx
+            .live
+            .lock()
+            .files()
+            .filter(|(f, u)| f.kind() == FileKind::Journal && f.seq() < replay_floor && u.live > 0)
+            .map(|(f, _)| f)
+            .collect();
+        for file in victims {
+            let groups = groups_in_journal_file(ctx, file);
+            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats)?;
+            self.install(ctx, copies, &mut stats)?;
+            stats.journal_files_evacuated += 1;
+        }
+        let plan = crate::logs::reclaim::plan(
+            &ctx.live.lock().cold_files(),
+            ctx.config.journal_file_bytes,
+        );
+        for seq in plan.victims {
+            let Some(file) = FileId::cold(seq) else {
+                continue;
+            };
+            if Some(file) == self.writing() {
+                continue;
+            }
+            let groups = groups_in_cold_file(ctx, file);
+            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats)?;
+            self.install(ctx, copies, &mut stats)?;
+            stats.cold_files_compacted += 1;
+        }
+        Ok(stats)
+    }
+
+    /// Copies, for each group of `groups`, every run of its extents that
+    /// lies in `file` into the current cold file, then makes the cold file
+    /// durable. No install yet.
+    fn copy_out(
+        &mut self,
+        ctx: &LogContext,
+        catalog: &RwLock<Catalog>,
+        file: FileId,
+        groups: BTreeSet<u64>,
+        stats: &mut ReclaimStats,
+    ) -> Result<Vec<Copy>> {
+        let mut copies = Vec::new();
+        for id in groups {
+            let Some(group) = catalog.read().get(id).cloned() else {
+                continue;
+            };
+            let list = match &*group.log.read() {
+                LogSlot::Small(list) => list.clone(),
+                _ => continue,
+            };
+            for run in runs_in(list.pieces().collect(), file) {
+                let Some(copy) = self.copy_run(ctx, &group, &run, list.floor())? else {
+                    continue;
+                };
+                stats.bytes_copied += u64::from(copy.new.bytes());
+                copies.push(copy);
+            }
+        }
+        if !copies.is_empty() {
+            if let Some((seq, len)) = self.writer.sync()? {
+                if let Some(f) = FileId::cold(seq) {
+                    ctx.live.lock().set_len(f, len);
+                }
+            }
+            if self.dir_unsynced {
+                ctx.vfs.sync_dir(&self.dir).map_err(|e| {
+                    crate::Error::io(format!("fsync dir {}", self.dir.display()), e)
+                })?;
+                self.dir_unsynced = false;
+            }
+        }
+        Ok(copies)
+    }
+
+    /// Copies one run of a group's extents (all in one file) into one cold
+    /// extent, leaving out the records below the group's retention `floor`
+    /// (only the list's first extent can hold some). `None` if the records
+    /// do not check out (the group's reads report the damage; its extents
+    /// stay where they are).
+    fn copy_run(
+        &mut self,
+        ctx: &LogContext,
+        group: &Arc<Group>,
+        run: &[Piece],
+        floor: u64,
+    ) -> Result<Option<Copy>> {
+        let mut records = Vec::new();
+        let mut count = 0u32;
+        let first_id = run[0].first_id.max(floor);
+        for p in run {
+            let map = match ctx.shared_files.map(group.id, p.ext.file(), p.ext.end()) {
+                Ok(m) => m,
+                Err(e) => {
+                    log::warn!("group {}: records left in place: {e}", group.id);
+                    return Ok(None);
+                }
+            };
+            let at = p.ext.offset() as usize;
+            let bytes = &map.bytes()[at..at + p.ext.bytes() as usize];
+            // E1: the floor lies in the list's first extent, so only the
+            // run's first piece can start below it, and keeps a record.
+            let skip = first_id.saturating_sub(p.first_id);
+            let Some(kept) = records_from(bytes, skip) else {
+                log::warn!(
+                    "group {}: records left in place: the lengths of extent {}..{} do not walk to id {first_id}",
+                    group.id,
+                    p.first_id,
+                    p.end_id()
+                );
+                return Ok(None);
+            };
+            records.extend_from_slice(kept);
+            // `skip` < the piece's count (E1), so this fits u32.
+            count += p.ext.count() - skip as u32;
+        }
+        let before = self.writer.current().map(|(seq, _)| seq);
+        let appended = match self.writer.append(group.id, first_id, count, &records) {
+            Ok(a) => a,
+            Err(crate::Error::GroupDamaged { reason, .. }) => {
+                log::warn!("group {}: records left in place: {reason}", group.id);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut live = ctx.live.lock();
+        if let Some((seq, len)) = appended.sealed {
+            if let Some(f) = FileId::cold(seq) {
+                live.set_len(f, len);
+                live.seal(f);
+            }
+        }
+        if let Some((seq, len)) = self.writer.current() {
+            if let Some(f) = FileId::cold(seq) {
+                live.set_len(f, len);
+            }
+            self.dir_unsynced |= before != Some(seq);
+        }
+        Ok(Some(Copy {
+            group: group.clone(),
+            old: run.iter().map(|p| p.ext).collect(),
+            first_id,
+            new: appended.extent,
+        }))
+    }
+
+    /// Installs each copy if the group still holds exactly the extents it
+    /// replaces; the moved bytes change files in the accounting and the
+    /// group is recorded by the next checkpoint.
+    fn install(
+        &mut self,
+        ctx: &LogContext,
+        copies: Vec<Copy>,
+        stats: &mut ReclaimStats,
+    ) -> Result<()> {
+        for c in copies {
+            let mut ck = c.group.ckpt(&ctx.dirty);
+            let installed = match &mut *c.group.log.write() {
+                LogSlot::Small(list) => list.replace(&c.old, c.first_id, c.new).is_ok(),
+                _ => false,
+            };
+            if !installed {
+                stats.stale_copies += 1;
+                continue;
+            }
+            let mut live = ctx.live.lock();
+            for e in &c.old {
+                live.remove(e);
+            }
+            live.add(&c.new);
+            drop(live);
+            ctx.dirty.mark(&c.group, &mut ck);
+        }
+        Ok(())
+    }
+}
+
+/// `bytes` (a run of records) without its first `skip` records, or `None`
+/// if their lengths do not walk inside it. The kept records are checked
+/// whole by the cold writer; this walk only has to stay in bounds.
+fn records_from(bytes: &[u8], skip: u64) -> Option<&[u8]> {
+    let mut at = 0usize;
+    for _ in 0..skip {
+        let len = record::peek_len(bytes.get(at..)?)?;
+        if len < record::RECORD_HEADER_BYTES {
+            return None;
+        }
+        at = at.checked_add(len).filter(|&end| end <= bytes.len())?;
+    }
+    bytes.get(at..)
+}
+
+/// The maximal runs of consecutive pieces that lie in `file`.
+fn runs_in(pieces: Vec<Piece>, file: FileId) -> Vec<Vec<Piece>> {
+    let mut runs: Vec<Vec<Piece>> = Vec::new();
+    let mut open = false;
+    for p in pieces {
+        if p.ext.file() != file {
+            open = false;
+            continue;
+        }
+        match runs.last_mut() {
+            Some(run) if open => run.push(p),
+            _ => runs.push(vec![p]),
+        }
+        open = true;
+    }
+    runs
+}
+
+/// The groups whose Records entries a journal file holds (its valid
+/// frames; a damaged frame ends the walk, and the groups after it keep
+/// the file until they are promoted or deleted).
+fn groups_in_journal_file(ctx: &LogContext, file: FileId) -> BTreeSet<u64> {
+    let mut groups = BTreeSet::new();
+    let path = ctx.shared_files.path(file);
+    let map = match journal::map_file(&*ctx.vfs, &path) {
+        Ok(Some(m)) => m,
+        Ok(None) => return groups,
+        Err(e) => {
+            log::warn!("reclaim: cannot read {}: {e}", path.display());
+            return groups;
+        }
+    };
+    let Ok(h) = journal::decode_header_of(&map) else {
+        return groups;
+    };
+    let mut frames = journal::frame::FrameIter::new(
+        &map,
+        journal::JOURNAL_HEADER_BYTES,
+        h.mark_key,
+        h.first_lsn,
+        h.first_round,
+    );
+    for f in frames.by_ref() {
+        for e in f.entries() {
+            if e.kind == EntryKind::Records {
+                groups.insert(e.group_id);
+            }
+        }
+    }
+    if let Some(why) = frames.stop_reason() {
+        log::warn!("reclaim: {} ends early: {why}", path.display());
+    }
+    groups
+}
+
+/// The groups whose extents a cold file holds (its self-describing
+/// extent headers, `cold.rs`).
+fn groups_in_cold_file(ctx: &LogContext, file: FileId) -> BTreeSet<u64> {
+    let mut groups = BTreeSet::new();
+    let path = ctx.shared_files.path(file);
+    let Ok(f) = ctx.vfs.open(&path, crate::io::OpenMode::Read) else {
+        return groups;
+    };
+    let Ok(len) = f.file_len() else {
+        return groups;
+    };
+    let Ok(mut scan) = ColdScanner::new(&*f, len, false) else {
+        return groups;
+    };
+    if scan.header().seq != file.seq() {
+        log::warn!(
+            "reclaim: {} names cold file {}",
+            path.display(),
+            scan.header().seq
+        );
+        return groups;
+    }
+    while let Ok(Some(ext)) = scan.next_extent() {
+        groups.insert(ext.header.group_id);
+    }
+    groups
+}

@@ -1,0 +1,72 @@
+//! The checkpoint statistics (`EngineStats::checkpoint_bytes`,
+//! `checkpoint_bytes_max`, `journal_bytes`): what the population benchmark
+//! reads to report checkpoint bytes per journal byte.
+
+use std::collections::HashSet;
+
+use crate::state::checkpoint_tests::{load_manifest, newest_manifest};
+use crate::{Config, Engine, FsyncPolicy, JoinStart};
+
+/// Bytes of the newest manifest and of the run parts it names that the
+/// previous manifest (`before`, its run sequence numbers) did not.
+fn stored_bytes(dir: &std::path::Path, before: &HashSet<u64>) -> (u64, HashSet<u64>) {
+    let path = newest_manifest(dir);
+    let m = load_manifest(&path);
+    let new_runs: u64 = m
+        .runs
+        .iter()
+        .filter(|r| !before.contains(&r.run_seq))
+        .map(|r| r.bytes())
+        .sum();
+    let runs = m.runs.iter().map(|r| r.run_seq).collect();
+    (std::fs::metadata(&path).unwrap().len() + new_runs, runs)
+}
+
+#[test]
+fn checkpoint_and_journal_bytes_count_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path());
+    config.fsync = FsyncPolicy::Never;
+    config.checkpoint_journal_bytes = 1 << 30;
+    let e = Engine::open(config).unwrap();
+    let s0 = e.stats();
+    assert_eq!((s0.checkpoint_bytes, s0.checkpoint_bytes_max), (0, 0));
+
+    e.create_group(1).unwrap();
+    for i in 0..10 {
+        e.append(1, 7, i + 1, &[0xab; 200]).unwrap();
+    }
+    let s1 = e.stats();
+    // Ten records of 200 payload bytes went through the journal.
+    assert!(
+        s1.journal_bytes >= s0.journal_bytes + 10 * 200,
+        "{} -> {}",
+        s0.journal_bytes,
+        s1.journal_bytes
+    );
+
+    e.checkpoint().unwrap();
+    let (first, runs) = stored_bytes(dir.path(), &HashSet::new());
+    let s2 = e.stats();
+    assert_eq!(s2.checkpoints, s1.checkpoints + 1);
+    assert_eq!(s2.checkpoint_bytes, s1.checkpoint_bytes + first);
+    assert_eq!(s2.checkpoint_bytes_max, first);
+
+    // More changes make a bigger checkpoint: the maximum follows it. (The
+    // delta is merged with the first run here, so it wrote both.)
+    for g in 2..=200 {
+        e.create_group(g).unwrap();
+        e.join(g, 9, JoinStart::Head).unwrap();
+    }
+    e.checkpoint().unwrap();
+    let (second, _) = stored_bytes(dir.path(), &runs);
+    let s3 = e.stats();
+    assert!(s3.checkpoint_bytes >= s2.checkpoint_bytes + second);
+    assert!(s3.checkpoint_bytes_max >= second && second > first);
+    assert_eq!(
+        s3.checkpoint_bytes_max,
+        s3.checkpoint_bytes - s2.checkpoint_bytes
+    );
+    assert!(s3.journal_bytes > s2.journal_bytes);
+    assert!(s3.checkpoint_ms_max <= s3.checkpoint_ms_total);
+}

@@ -1,0 +1,1209 @@
+//! Opening a data directory: the lock, the newest valid manifest and the
+//! merge of its runs (the previous manifest if it fails), the replay of
+//! the journal from the manifest's position (each valid entry applied by
+//! `apply.rs`, as the commit thread applies it, skipping the frames a
+//! group's checkpointed record already reflects), and the repair of torn
+//! tails. Groups that recovery did not need to touch are loaded on first
+//! use (`Group::load_if_unloaded`). Recovery deletes nothing and takes no
+//! checkpoint itself: it cuts torn journal tails and starts a new journal
+//! file, so it can be repeated after a crash during it.
+//!
+//! The algorithm, step by step, is in format-spec/storage.md "Recovery".
+
+use std::fs::File;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::catalog::Catalog;
+use crate::commit::apply;
+use crate::commit::journal::frame::{self, FrameIter, PAYLOAD_HEADER_BYTES};
+use crate::commit::journal::{
+    self, EntryIter, EntryKind, FrameKind, Journal, JournalStart, JOURNAL_HEADER_BYTES,
+    JOURNAL_VERSION,
+};
+use crate::error::{Error, Result};
+use crate::group::{Group, LogSlot};
+use crate::io::Vfs;
+use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
+use crate::logs::record;
+use crate::members::cursors::CursorTable;
+use crate::state::checkpointer::{self, OnDisk};
+use crate::state::manifest::{self, Manifest};
+use crate::state::{run, Item};
+
+/// What opening the engine found and repaired.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    /// The checkpoint was written by a clean shutdown and no journal followed it.
+    pub clean_shutdown: bool,
+    /// A valid checkpoint (manifest and runs) was used (otherwise every
+    /// group was rescanned).
+    pub checkpoint_used: bool,
+    /// Why the newest manifest was not used, if one existed and was not.
+    pub checkpoint_rejected: Option<String>,
+    /// Journal entries of frames a group's checkpointed record already
+    /// reflected (at or below its `applied_lsn`), skipped.
+    pub entries_reflected: u64,
+    pub groups: u64,
+    pub journal_files_replayed: u64,
+    pub journal_entries_replayed: u64,
+    /// Records appended to group logs from the journal.
+    pub records_replayed: u64,
+    /// Records found in the journal that the group logs already held.
+    pub records_already_present: u64,
+    /// Entries for groups that no longer exist (deleted later).
+    pub orphan_entries: u64,
+    /// Records of durable journal frames that were damaged after they were
+    /// synced and were restored from their intact copies in their groups'
+    /// segments.
+    pub journal_records_repaired: u64,
+    /// Durable journal frames whose envelope was damaged and whose payload
+    /// was intact: an envelope holds no data, so nothing was lost.
+    pub journal_envelopes_repaired: u64,
+    /// `(file, bytes cut, why)` for every torn tail removed.
+    pub cuts: Vec<(String, u64, String)>,
+    /// Groups that failed verification, with the reason.
+    pub damaged_groups: Vec<(u64, String)>,
+    /// Groups whose log recovery loaded: their active segment was scanned
+    /// and verified (sealed segments are verified when first read).
+    pub groups_verified: u64,
+    /// Groups left as the checkpoint recorded them, to be loaded and
+    /// verified on first use: damage in their files shows up only then.
+    pub groups_unverified: u64,
+}
+
+impl RecoveryReport {
+    pub fn bytes_cut(&self) -> u64 {
+        self.cuts.iter().map(|c| c.1).sum()
+    }
+
+    /// One line for the start-up log: what was replayed, cut and repaired,
+    /// and how many groups were verified, left unverified or found damaged.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
+             journal records repaired: {}, damaged frame envelopes repaired: {}, bytes cut: {}, \
+             groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
+             damaged groups: {}",
+            self.groups,
+            self.clean_shutdown,
+            self.journal_entries_replayed,
+            self.records_replayed,
+            self.journal_records_repaired,
+            self.journal_envelopes_repaired,
+            self.bytes_cut(),
+            self.groups_verified,
+            self.groups_unverified,
+            self.damaged_groups.len()
+        )
+    }
+}
+
+/// What an operator can do about a journal file that recovery refuses at
+/// an offset, given the journal files after it: cutting only this file
+/// is not enough while a later file holds entries (recovery refuses a cut
+/// file followed by entries), so those must be moved aside too.
+pub fn journal_damage_hint(later: &[(u64, std::path::PathBuf)]) -> String {
+    let mut hint = String::from(
+        "The data directory was not opened, so nothing was dropped. Restore the data \
+         directory (or this file) from a backup. To open it anyway, accepting the loss of \
+         what the file holds from this offset on, keep a copy of the directory and truncate \
+         the file to this offset",
+    );
+    if !later.is_empty() {
+        // Bounded: while a group is damaged journal files are kept, so there
+        // may be many.
+        const NAMED_MAX: usize = 8;
+        let names: Vec<String> = later
+            .iter()
+            .take(NAMED_MAX)
+            .map(|(_, p)| p.display().to_string())
+            .collect();
+        hint.push_str(&format!(
+            ", and move every later journal file out of the journal directory (their \
+             entries are lost too): {}",
+            names.join(", ")
+        ));
+        if later.len() > NAMED_MAX {
+            hint.push_str(&format!(" and {} more", later.len() - NAMED_MAX));
+        }
+    }
+    hint.push_str("; msg_ids of lost messages may then be given to new messages");
+    hint
+}
+
+/// Takes an exclusive advisory lock on `<data_dir>/LOCK` (released when the
+/// returned file is closed), creating the data directory if needed.
+pub(crate) fn lock_data_dir(vfs: &dyn Vfs, data_dir: &Path) -> Result<File> {
+    vfs.create_dir_all_durable(data_dir)
+        .map_err(|e| Error::io(format!("mkdir {}", data_dir.display()), e))?;
+    let path = data_dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    // A lock can outlive its holder for a moment: a process that forks
+    // (to spawn anything) while an engine is open shares the descriptor
+    // with the child until the child's exec closes it. So a lock found
+    // held is tried again for a little while before it counts as taken.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a valid open descriptor; no memory is shared.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(file);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Locked { path });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// How long a held data-directory lock is waited for.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Everything recovery rebuilds.
+pub(crate) struct Recovered {
+    pub catalog: Catalog,
+    pub cursors: CursorTable,
+    pub journal: Journal,
+    pub report: RecoveryReport,
+    /// The manifests in force, for the checkpointer.
+    pub on_disk: OnDisk,
+    /// A checkpoint should come first (the journal was replayed).
+    pub needs_checkpoint: bool,
+    /// The groups whose log recovery loaded (replay, discovery, segments
+    /// that may lead the journal, creations replayed): the engine lists
+    /// them for the idle sweep, as it lists every log loaded later.
+    pub loaded: Vec<u64>,
+}
+
+/// Rebuilds the in-memory state from disk and returns the journal to
+/// append to (a new file after every existing one).
+pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
+    let vfs = &*ctx.vfs;
+    let data_dir = &ctx.config.data_dir;
+    // Checked again under the lock (`Engine::open` checked before taking
+    // it, so that a directory of another format gets nothing written).
+    if crate::state::format::check(vfs, data_dir)? == crate::state::format::Found::Empty {
+        crate::state::format::create(vfs, data_dir)?;
+    }
+    let jdir = journal::journal_dir(data_dir);
+    let mdir = manifest::manifest_dir(data_dir);
+    for dir in [
+        jdir.clone(),
+        data_dir.join("groups"),
+        data_dir.join("state"),
+        mdir.clone(),
+    ] {
+        vfs.create_dir_all_durable(&dir)
+            .map_err(|e| Error::io(format!("mkdir {}", dir.display()), e))?;
+    }
+    let mut report = RecoveryReport::default();
+    let mut catalog = Catalog::default();
+    let mut cursors = CursorTable::new();
+    let mut on_disk = OnDisk::default();
+
+    let manifests = manifest::list(vfs, &mdir)?;
+    on_disk.next_ckpt_seq = manifests.last().map_or(1, |(seq, _)| seq.saturating_add(1));
+    let mut replay_from = 0;
+    let mut loaded = false;
+    // Newest first: the first that passes its checks and whose runs load.
+    let mut older = manifests.iter().rev();
+    for (seq, path) in older.by_ref() {
+        let reason = match manifest::load(vfs, path)? {
+            Err(reason) => reason,
+            Ok(m) if m.ckpt_seq != *seq => format!("names checkpoint {}", m.ckpt_seq),
+            Ok(m) => match restore_runs(ctx, &mut catalog, &cursors, &m) {
+                Ok(()) => {
+                    replay_from = m.replay_journal_seq;
+                    report.clean_shutdown = m.clean;
+                    report.checkpoint_used = true;
+                    loaded = true;
+                    on_disk.last = Some(m);
+                    break;
+                }
+                Err(reason) => {
+                    // Start over from nothing for the next candidate.
+                    catalog = Catalog::default();
+                    cursors = CursorTable::new();
+                    *ctx.live.lock() = Default::default();
+                    reason
+                }
+            },
+        };
+        log::warn!("checkpoint {} rejected: {reason}", path.display());
+        report
+            .checkpoint_rejected
+            .get_or_insert(format!("{}: {reason}", path.display()));
+    }
+    // The one before it stays the fallback: the checkpointer keeps what it
+    // needs until the next checkpoint is stored.
+    if loaded {
+        for (seq, path) in older {
+            if let Ok(Ok(m)) = manifest::load(vfs, path) {
+                if m.ckpt_seq == *seq {
+                    on_disk.prev = Some(m);
+                    break;
+                }
+            }
+        }
+    }
+    let max_run = vfs
+        .read_dir(&data_dir.join("state"))
+        .map_err(|e| Error::io("list state", e))?
+        .iter()
+        .filter_map(|p| run::parse_part_file_name(p.file_name()?.to_str()?))
+        .map(|(seq, _)| seq)
+        .max();
+    on_disk.next_run_seq = on_disk
+        .last
+        .as_ref()
+        .map_or(1, |m| m.next_run_seq)
+        .max(max_run.map_or(1, |s| s.saturating_add(1)));
+    let discovered = !loaded && report.checkpoint_rejected.is_some();
+    if discovered {
+        log::warn!(
+            "no usable checkpoint; rescanning every group (memberships come from the journal only)"
+        );
+        discover_groups(ctx, &mut catalog, &mut report)?;
+    }
+
+    let files: Vec<_> = journal::list(vfs, &jdir)?
+        .into_iter()
+        .filter(|(seq, _)| *seq >= replay_from)
+        .collect();
+    check_journal_sequence(
+        &jdir,
+        &files,
+        loaded.then_some(replay_from),
+        report.clean_shutdown,
+    )?;
+    let report_clean = report.clean_shutdown;
+    let mut next_seq = replay_from.max(1);
+    let replay_lsn = on_disk.last.as_ref().map_or(0, |m| m.replay_lsn);
+    // Frames are numbered on from the furthest any file reached (a file
+    // started by a checkpoint names the numbers the writer had reached,
+    // also when frames before it were lost to a power cut).
+    let mut next_numbers = on_disk
+        .last
+        .as_ref()
+        .map_or((1, 1), |m| (m.replay_lsn.max(1), m.replay_round.max(1)));
+    // An invalid frame that no later frame's synced_len shows to be durable
+    // ends a journal file's valid part. That is a torn tail (a crash
+    // mid-write) only if no later file holds frames; if one does,
+    // acknowledged data after it is unreadable and opening fails. (Damage
+    // that a synced_len shows to be durable is restored or refused in
+    // `Replay::file`.)
+    let mut torn: Vec<TornTail> = Vec::new();
+    let mut segments_may_lead = false;
+    // The file a checkpoint names had its header synced (and its directory
+    // entry) before the checkpoint was stored (`Journal::create`), so a
+    // missing or damaged header there is damage, not a crash while it was
+    // being created. After a clean shutdown that file held no entry, so
+    // damage to it loses nothing and stays tolerated, like its absence.
+    let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
+    // Replay applies entries the way the commit thread does, to the
+    // registry behind the lock the commit thread uses (uncontended here).
+    let shared_catalog = RwLock::new(catalog);
+    for (i, (seq, path)) in files.iter().enumerate() {
+        let mut replay = Replay {
+            st: apply::State {
+                ctx,
+                catalog: &shared_catalog,
+                cursors: &cursors,
+            },
+            report: &mut report,
+            later: &files[i + 1..],
+            replay_lsn,
+        };
+        let outcome = replay.file(*seq, path, header_durable(*seq))?;
+        if let Some((lsn, round)) = outcome.next {
+            next_numbers = (next_numbers.0.max(lsn), next_numbers.1.max(round));
+        }
+        // The file a clean shutdown's checkpoint names held no entry, so
+        // its header's flag says nothing: a clean restart loads no group.
+        let held_nothing = loaded && report_clean && *seq == replay_from;
+        segments_may_lead |= outcome.segments_may_lead && !held_nothing;
+        if outcome.frames > 0 {
+            if let Some(t) = torn.first() {
+                return Err(Error::Corrupt {
+                    path: t.path.clone(),
+                    group: None,
+                    offset: t.valid,
+                    reason: format!(
+                        "{} (and a later journal file holds frames). {}",
+                        t.reason,
+                        journal_damage_hint(later_than(&files, &t.path))
+                    ),
+                });
+            }
+        }
+        if outcome.replayed > 0 {
+            report.clean_shutdown = false;
+        }
+        torn.extend(outcome.torn);
+        next_seq = seq.checked_add(1).ok_or_else(|| Error::Corrupt {
+            path: path.clone(),
+            group: None,
+            offset: 0,
+            reason: "journal sequence numbers exhausted".into(),
+        })?;
+    }
+    let catalog = shared_catalog.into_inner();
+    for t in torn {
+        let file = vfs
+            .open(&t.path, crate::io::OpenMode::ReadWriteCreate)
+            .map_err(|e| Error::io(format!("open {}", t.path.display()), e))?;
+        file.set_len(t.valid)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| Error::io(format!("cut {}", t.path.display()), e))?;
+        // Entries that were cut may have reached group segments before the
+        // tear (a damaged last write whose records were written out). A
+        // file cut to nothing had no valid header, so it held no entry.
+        segments_may_lead |= t.valid > 0 && t.len > t.valid;
+        report
+            .cuts
+            .push((t.path.display().to_string(), t.len - t.valid, t.reason));
+    }
+    if segments_may_lead {
+        // The journal may have lost records that group segments hold. Their
+        // msg_ids were given out, so every such group is loaded now: its
+        // head covers them before anyone reads it or sends to the group,
+        // and it does not jump when the group is first used.
+        load_groups_whose_segments_lead(ctx, &catalog, &mut report);
+    }
+    clamp_cursors_to_heads(&catalog, &cursors);
+    let mut loaded_groups = Vec::new();
+    let mut stored = 0;
+    for g in catalog.groups() {
+        let slot = g.log.read();
+        stored += slot.stored_messages();
+        match &*slot {
+            LogSlot::Damaged { reason, .. } => report.damaged_groups.push((g.id, reason.clone())),
+            LogSlot::Loaded(_) => {
+                report.groups_verified += 1;
+                loaded_groups.push(g.id);
+            }
+            LogSlot::Unloaded(_) => report.groups_unverified += 1,
+            LogSlot::Small(_) | LogSlot::Deleted => {}
+        }
+    }
+    report.groups = catalog.len() as u64;
+    // Replay's own damages are counted here, with those the checkpoint
+    // recorded; from now on the count changes where damage happens. The
+    // same for the stored messages.
+    ctx.damaged_groups.store(
+        report.damaged_groups.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    ctx.messages_stored
+        .store(stored, std::sync::atomic::Ordering::Relaxed);
+
+    if discovered {
+        // No run holds these groups: the first checkpoint records each
+        // whole (and `fresh`), whatever replay touched.
+        for g in catalog.groups() {
+            let mut ck = g.ckpt(&ctx.dirty);
+            ctx.dirty.mark(g, &mut ck);
+        }
+    }
+    on_disk.damaged = report.damaged_groups.iter().map(|(g, _)| *g).collect();
+    // A new journal file after every existing one, numbered on; the
+    // replayed files stay until a checkpoint no longer needs them.
+    let next = JournalStart {
+        seq: next_seq,
+        lsn: next_numbers.0,
+        round: next_numbers.1,
+    };
+    ctx.rounds.continue_at(next.round);
+    let journal = Journal::create(
+        ctx.vfs.clone(),
+        &jdir,
+        next,
+        journal::JournalOptions::of(&ctx.config),
+    )?;
+    // A directory never checkpointed and with nothing to replay (a new
+    // one) gets an empty manifest naming the new journal file, so from
+    // its first frame on a lost journal file is noticed (it is named).
+    let fresh = manifests.is_empty() && report.journal_entries_replayed == 0;
+    if fresh {
+        let m = Manifest {
+            ckpt_seq: on_disk.next_ckpt_seq,
+            replay_journal_seq: next.seq,
+            replay_lsn: next.lsn,
+            replay_round: next.round,
+            created_ms: crate::now_ms(),
+            next_run_seq: on_disk.next_run_seq,
+            clean: false,
+            runs: Vec::new(),
+            pinned: Vec::new(),
+        };
+        manifest::store(vfs, &mdir, &m)?;
+        on_disk.next_ckpt_seq = on_disk.next_ckpt_seq.saturating_add(1);
+        on_disk.last = Some(m);
+    }
+    // After a crash the first checkpoint comes at once, so the journal
+    // just replayed is not replayed again after the next crash.
+    let needs_checkpoint = !(fresh || report.clean_shutdown && report.checkpoint_used);
+    for (file, bytes, why) in &report.cuts {
+        log::warn!("recovery cut {bytes} bytes from {file}: {why}");
+    }
+    for (g, why) in &report.damaged_groups {
+        log::error!("group {g} is damaged: {why}");
+    }
+    Ok(Recovered {
+        catalog,
+        cursors,
+        journal,
+        report,
+        on_disk,
+        needs_checkpoint,
+        loaded: loaded_groups,
+    })
+}
+
+/// The files of `files` after the one at `path`.
+fn later_than<'a>(
+    files: &'a [(u64, std::path::PathBuf)],
+    path: &Path,
+) -> &'a [(u64, std::path::PathBuf)] {
+    files
+        .iter()
+        .position(|(_, p)| p == path)
+        .map_or(&[], |i| &files[i + 1..])
+}
+
+/// Journal files must run without a gap from the one the checkpoint names
+/// (`first`, when a checkpoint is used): a missing file held acknowledged
+/// entries nothing else may hold. The one exception is the file a clean
+/// shutdown's checkpoint names, which holds no entry.
+fn check_journal_sequence(
+    jdir: &Path,
+    files: &[(u64, std::path::PathBuf)],
+    first: Option<u64>,
+    clean_shutdown: bool,
+) -> Result<()> {
+    let missing = |seq: u64, why: String| Error::Corrupt {
+        path: journal::journal_path(jdir, seq),
+        group: None,
+        offset: 0,
+        reason: format!(
+            "journal file missing: {why}. Its entries (acknowledged messages, joins, \
+             cursors) may exist nowhere else. The data directory was not opened, so \
+             nothing was dropped: restore the file from a backup"
+        ),
+    };
+    let mut expected = first;
+    for (i, (seq, _)) in files.iter().enumerate() {
+        match expected {
+            Some(e) if *seq != e => {
+                let skippable = i == 0 && first == Some(e) && clean_shutdown;
+                if !skippable {
+                    let why = match i {
+                        0 => format!("the checkpoint names file {e} as the first to replay"),
+                        _ => format!("files {} and {seq} exist", e - 1),
+                    };
+                    return Err(missing(e, why));
+                }
+                log::warn!(
+                    "journal file {e} is missing; the clean shutdown's checkpoint names it, \
+                     so it held no entry"
+                );
+            }
+            _ => {}
+        }
+        expected = seq.checked_add(1);
+    }
+    if let (Some(e), true) = (first, files.is_empty()) {
+        if !clean_shutdown {
+            return Err(missing(
+                e,
+                format!("the checkpoint names file {e} as the first to replay"),
+            ));
+        }
+        log::warn!(
+            "journal file {e} is missing; the clean shutdown's checkpoint names it, so it held no entry"
+        );
+    }
+    Ok(())
+}
+
+/// Loads every group still unloaded whose active segment is longer than
+/// the checkpoint recorded or that has a segment file starting just above
+/// its recorded head: such a group got records after the checkpoint that
+/// the journal no longer holds. One open and one directory lookup per
+/// unloaded group; done only when the journal may have lost records.
+fn load_groups_whose_segments_lead(
+    ctx: &LogContext,
+    catalog: &Catalog,
+    report: &mut RecoveryReport,
+) {
+    for group in catalog.groups() {
+        let (state, lead) = match &*group.log.read() {
+            LogSlot::Unloaded(state) => (state.clone(), segments_lead(ctx, group.id, state)),
+            // Files made for a first record that the journal lost: loaded
+            // as a log recorded empty, if its first segment holds a record
+            // (a group without files costs one failed open).
+            slot if slot.is_small_without_records() => {
+                let header = crate::logs::segment::SEGMENT_HEADER_BYTES as u64;
+                let first = ctx
+                    .group_dir(group.id)
+                    .join(crate::logs::segment::file_name(1));
+                let lead = ctx
+                    .vfs
+                    .open(&first, crate::io::OpenMode::Read)
+                    .and_then(|f| f.file_len())
+                    .is_ok_and(|len| len > header);
+                let state = LogState {
+                    head: 0,
+                    segments: vec![(1, header)],
+                };
+                (state, lead)
+            }
+            _ => continue,
+        };
+        if lead {
+            {
+                let mut slot = group.log.write();
+                if slot.is_small_without_records() {
+                    *slot = LogSlot::Unloaded(state);
+                }
+            }
+            ensure_loaded_reporting(ctx, group, report);
+            // Its head may have moved past what the runs say: record it.
+            let mut ck = group.ckpt(&ctx.dirty);
+            ctx.dirty.mark(group, &mut ck);
+        }
+    }
+}
+
+fn segments_lead(ctx: &LogContext, group_id: u64, state: &LogState) -> bool {
+    let Some(&(base, len)) = state.segments.last() else {
+        return true; // loading reports the damage
+    };
+    let dir = ctx.group_dir(group_id);
+    let active = dir.join(crate::logs::segment::file_name(base));
+    let longer = ctx
+        .vfs
+        .open(&active, crate::io::OpenMode::Read)
+        .and_then(|f| f.file_len())
+        // A segment that cannot be opened is loaded so the damage is found now.
+        .map_or(true, |file_len| file_len > len);
+    longer
+        || ctx.vfs.exists(&dir.join(crate::logs::segment::file_name(
+            state.head.saturating_add(1),
+        )))
+}
+
+/// Registers the groups (unloaded) and memberships the merge of a
+/// manifest's runs yields. The runs hold what was accepted: no limit is
+/// applied again; a cursor is never above its group's head.
+fn restore_runs(
+    ctx: &LogContext,
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    m: &Manifest,
+) -> Result<(), String> {
+    checkpointer::with_merge(ctx, &m.runs, true, |items| {
+        let mut current: Option<Arc<Group>> = None;
+        for item in items {
+            match item? {
+                Item::GroupPut(rec) => {
+                    let state = LogState {
+                        head: rec.head,
+                        segments: rec.segments,
+                    };
+                    let slot = match (rec.damaged, rec.small) {
+                        (Some(reason), _) => LogSlot::Damaged { state, reason },
+                        // A small group: its records in the journal files.
+                        (None, Some(small)) => {
+                            let list = crate::logs::small_log::from_record(&small, state.head)
+                                .map_err(|why| format!("group {}: {why}", rec.group))?;
+                            crate::logs::small_log::restore_live(ctx, &list);
+                            LogSlot::Small(list)
+                        }
+                        // No segment: a group without record or file.
+                        (None, None) if state.segments.is_empty() => LogSlot::new_small(),
+                        (None, None) => LogSlot::Unloaded(state),
+                    };
+                    let g = catalog.insert(rec.group, slot);
+                    catalog.set_retention(&g, rec.retention);
+                    let mut ck = g.ckpt(&ctx.dirty);
+                    ck.set_applied_lsn(rec.applied_lsn);
+                    ck.capture_once();
+                    drop(ck);
+                    current = Some(g);
+                }
+                Item::MemberPut {
+                    group,
+                    user,
+                    cursor,
+                    join_point,
+                } => {
+                    // Rows follow their group's record in key order.
+                    let g = current
+                        .as_ref()
+                        .filter(|g| g.id == group)
+                        .ok_or_else(|| format!("member row of group {group} without its record"))?;
+                    let cursor = cursor.min(g.head());
+                    if cursors
+                        .insert(user, g.slot, cursor, join_point, None)
+                        .is_ok()
+                    {
+                        g.members.lock().insert(user, cursor, g.cursor_of(cursors));
+                    }
+                }
+                other => return Err(format!("a full merge yielded {other:?}")),
+            }
+        }
+        Ok(())
+    })?
+}
+
+/// After replay: no cursor beyond its group's head.
+fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
+    let mut moved = Vec::new();
+    cursors.clamp_all(
+        |slot| catalog.by_slot(slot).map_or(u64::MAX, |g| g.head()),
+        |slot, old, new| moved.push((slot, old, new)),
+    );
+    for (slot, old, new) in moved {
+        if let Some(g) = catalog.by_slot(slot) {
+            // Recovery is single-threaded: no cursor moves meanwhile.
+            g.members.lock().advance(old, new);
+        }
+    }
+}
+
+/// Without a usable checkpoint: every group directory is opened and its
+/// active segment scanned.
+fn discover_groups(
+    ctx: &LogContext,
+    catalog: &mut Catalog,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    let vfs = &*ctx.vfs;
+    let root = ctx.config.data_dir.join("groups");
+    for shard in vfs
+        .read_dir(&root)
+        .map_err(|e| Error::io(format!("list {}", root.display()), e))?
+    {
+        let Ok(dirs) = vfs.read_dir(&shard) else {
+            continue;
+        };
+        for dir in dirs {
+            let Some(id) = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+            else {
+                continue;
+            };
+            if ctx.group_dir(id) != dir {
+                continue; // not a directory this engine would have made
+            }
+            match GroupLog::discover(ctx, id) {
+                Ok((log, load)) => {
+                    if load.bytes_cut > 0 {
+                        report.cuts.push((
+                            format!("group {id} active segment"),
+                            load.bytes_cut,
+                            "torn or unsynced tail".into(),
+                        ));
+                    }
+                    catalog.insert(id, LogSlot::Loaded(Box::new(log)));
+                }
+                Err(e) => {
+                    catalog.insert(id, LogSlot::damaged(e.to_string()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The end of a journal file's valid part, when it ends early.
+struct TornTail {
+    path: std::path::PathBuf,
+    valid: u64,
+    len: u64,
+    reason: String,
+}
+
+#[derive(Default)]
+struct FileOutcome {
+    /// Valid frames (restored ones included).
+    frames: u64,
+    /// Of them, the frames at or after the checkpoint's replay position:
+    /// applied.
+    replayed: u64,
+    torn: Option<TornTail>,
+    /// The file's header says group segments may hold records it lost.
+    segments_may_lead: bool,
+    /// The lsn and round index a frame after this file's valid ones would
+    /// have (the header's first ones if it holds none); `None` without a
+    /// valid header.
+    next: Option<(u64, u64)>,
+}
+
+/// A durable frame that was damaged, as recovery restored it.
+struct Restored {
+    kind: FrameKind,
+    /// Where the payload starts in the file.
+    start: usize,
+    /// The payload with its damaged records replaced by their segment
+    /// copies (its checksum matches again).
+    payload: Vec<u8>,
+    end: usize,
+    records_restored: u64,
+}
+
+/// Where the entries of a frame being replayed lie: `buf` (the file's
+/// mapping, or a restored copy of a payload) starts at byte `start` of
+/// journal file `seq`.
+#[derive(Clone, Copy)]
+struct Located<'a> {
+    seq: u64,
+    buf: &'a [u8],
+    start: u64,
+}
+
+struct Replay<'a> {
+    st: apply::State<'a>,
+    report: &'a mut RecoveryReport,
+    /// The journal files after the one being replayed (for the hint).
+    later: &'a [(u64, std::path::PathBuf)],
+    /// Frames before this lsn are reflected in the checkpoint: skipped.
+    replay_lsn: u64,
+}
+
+impl Replay<'_> {
+    /// Replays the valid frames of one journal file; reports where its
+    /// valid part ends if it ends before the file does.
+    ///
+    /// An invalid frame is a torn write unless a frame after it names a
+    /// `synced_len` beyond it: then bytes that were durable are damaged.
+    /// Such a frame is restored when the damage provably touched only its
+    /// envelope (which holds no data) or records whose intact copies are
+    /// in their groups' segments, and otherwise opening fails: it held
+    /// acknowledged data that exists nowhere else.
+    ///
+    /// `header_durable`: the file's header was made durable before anything
+    /// relied on the file (section 11, step 4), so a file without a valid
+    /// header is refused rather than taken for a crash during its creation.
+    fn file(&mut self, seq: u64, path: &Path, header_durable: bool) -> Result<FileOutcome> {
+        let damaged_header = |reason: &str| Error::Corrupt {
+            path: path.to_owned(),
+            group: None,
+            offset: 0,
+            reason: format!(
+                "{reason}. The checkpoint in use names this journal file, and its header \
+                 was durable before that checkpoint was stored, so this is damage, not a \
+                 crash while the file was created: the file's frames (acknowledged \
+                 messages, joins, cursors) cannot be read. The data directory was not \
+                 opened, so nothing was dropped: restore the data directory (or this file) \
+                 from a backup"
+            ),
+        };
+        let Some(map) = journal::map_file(&*self.st.ctx.vfs, path)? else {
+            if header_durable {
+                return Err(damaged_header("journal file is empty (0 bytes)"));
+            }
+            return Ok(FileOutcome::default());
+        };
+        if let Some(version) = journal::unsupported_version(&map) {
+            let what = if version < JOURNAL_VERSION {
+                " (it was written by tidemark 0.1, storage format 1)"
+            } else {
+                ""
+            };
+            return Err(Error::Corrupt {
+                path: path.to_owned(),
+                group: None,
+                offset: 8,
+                reason: format!("journal version {version} is not supported by this build{what}"),
+            });
+        }
+        let torn = |valid: usize, reason: String| TornTail {
+            path: path.to_owned(),
+            valid: valid as u64,
+            len: map.len() as u64,
+            reason,
+        };
+        let header = match journal::decode_header_of(&map) {
+            Ok(h) => h,
+            Err(reason) if header_durable => return Err(damaged_header(&reason)),
+            // A file longer than its header holds frames, and the writer
+            // writes the first frame only after the header and the file's
+            // directory entry are synced (`Journal::create`): the header
+            // was durable, so this is damage, whichever file it is.
+            Err(reason) if map.len() > JOURNAL_HEADER_BYTES => {
+                return Err(damaged_header_with_frames(path, &reason))
+            }
+            // A crash while creating the file: nothing in it was acknowledged.
+            Err(reason) => {
+                return Ok(FileOutcome {
+                    torn: Some(torn(0, reason)),
+                    ..FileOutcome::default()
+                })
+            }
+        };
+        self.report.journal_files_replayed += 1;
+        let mut outcome = FileOutcome {
+            segments_may_lead: header.segments_may_lead(),
+            ..FileOutcome::default()
+        };
+        let mut pos = JOURNAL_HEADER_BYTES;
+        let (mut lsn, mut round) = (header.first_lsn, header.first_round);
+        // The furthest proof (a valid envelope's synced_len) after the last
+        // bad frame, kept while it still lies after the next one.
+        let mut proof: Option<(u64, usize)> = None;
+        loop {
+            let mut it = FrameIter::new(&map, pos, header.mark_key, lsn, round);
+            for f in it.by_ref() {
+                outcome.frames += 1;
+                if f.envelope.kind == FrameKind::Round {
+                    let round = frame::payload_header(f.payload).map_or(0, |h| h.round_index);
+                    self.st.ctx.rounds.record(seq, f.offset as u64, round);
+                }
+                if f.envelope.lsn >= self.replay_lsn {
+                    outcome.replayed += 1;
+                    let at = Located {
+                        seq,
+                        buf: &map,
+                        start: 0,
+                    };
+                    self.frame_entries(f.entries(), f.envelope.lsn, at)?;
+                }
+            }
+            pos = it.position();
+            (lsn, round) = it.next_numbers();
+            let Some(reason) = it.stop_reason().map(str::to_owned) else {
+                break;
+            };
+            let bad = pos;
+            if proof.is_none_or(|(_, at)| at <= bad) {
+                proof = frame::furthest_proof_from(&map, bad + 1, header.mark_key);
+            }
+            let Some((synced, proof_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
+                outcome.torn = Some(torn(bad, reason));
+                break;
+            };
+            match self.restore_frame(&map, bad, header.mark_key, lsn, round) {
+                Ok(r) => {
+                    log::warn!(
+                        "journal {} offset {bad}: {reason}; the frame (lsn {lsn}) was durable and \
+                         is restored: {}",
+                        path.display(),
+                        if r.records_restored == 0 {
+                            "only its envelope, which holds no data, was damaged".to_string()
+                        } else {
+                            format!(
+                                "{} damaged records were replaced by their intact copies in \
+                                 their groups' segments",
+                                r.records_restored
+                            )
+                        }
+                    );
+                    if r.records_restored == 0 {
+                        self.report.journal_envelopes_repaired += 1;
+                    }
+                    self.report.journal_records_repaired += r.records_restored;
+                    outcome.frames += 1;
+                    if r.kind == FrameKind::Round {
+                        // Its bytes in the file stay damaged: a read of
+                        // the round reports it (`Corrupt`).
+                        self.st.ctx.rounds.record(seq, bad as u64, round);
+                    }
+                    if lsn >= self.replay_lsn {
+                        outcome.replayed += 1;
+                        let entries = EntryIter::new(&r.payload[PAYLOAD_HEADER_BYTES..], r.kind);
+                        // The copy of the payload lies at `start` in the file;
+                        // a small group's records in it are the file's bytes
+                        // (only records of groups with segments are restored).
+                        let at = Located {
+                            seq,
+                            buf: &r.payload,
+                            start: r.start as u64,
+                        };
+                        self.frame_entries(entries, lsn, at)?;
+                    }
+                    pos = r.end;
+                    lsn = lsn.saturating_add(1);
+                    if r.kind == FrameKind::Round {
+                        round = round.saturating_add(1);
+                    }
+                }
+                Err(why) => {
+                    return Err(Error::Corrupt {
+                        path: path.to_owned(),
+                        group: None,
+                        offset: bad as u64,
+                        reason: format!(
+                            "{reason}. This is not a torn write: the frame at offset \
+                             {proof_at} shows that the file was durable up to offset {synced}, \
+                             so acknowledged frames were damaged, and they are not all intact \
+                             elsewhere ({why}). {}",
+                            journal_damage_hint(self.later)
+                        ),
+                    });
+                }
+            }
+        }
+        outcome.next = Some((lsn, round));
+        Ok(outcome)
+    }
+
+    /// Restores the durable frame at `bad` (expected to be numbered `lsn`
+    /// and, if a Round frame, `round`), if the damage provably touched
+    /// nothing that only it held:
+    /// - its extent is confirmed: the payload length its envelope gives
+    ///   (checked or not) ends where a valid envelope numbered `lsn + 1`
+    ///   starts;
+    /// - and either its payload is valid (the damage is in the envelope,
+    ///   which holds no data), or its payload's structure parses and
+    ///   replacing each record that fails its own CRC by the group's
+    ///   stored record of that msg_id (same length) makes the payload's
+    ///   stored checksum match again.
+    ///
+    /// Otherwise says why not.
+    fn restore_frame(
+        &mut self,
+        map: &[u8],
+        bad: usize,
+        mark_key: u32,
+        lsn: u64,
+        round: u64,
+    ) -> Result<Restored, String> {
+        let env = map
+            .get(bad..bad + frame::ENVELOPE_BYTES)
+            .ok_or("its envelope is truncated")?;
+        let checked = frame::envelope_at(map, bad, mark_key).ok();
+        if checked.is_some_and(|e| e.lsn != lsn) {
+            return Err(format!(
+                "its intact envelope names lsn {}",
+                checked.map_or(0, |e| e.lsn)
+            ));
+        }
+        let payload_len = u32::from_le_bytes([env[4], env[5], env[6], env[7]]) as usize;
+        let start = bad + frame::ENVELOPE_BYTES;
+        let end = start
+            .checked_add(payload_len)
+            .filter(|&e| e < map.len())
+            .ok_or("its payload length runs past the last frame")?;
+        match frame::envelope_at(map, end, mark_key) {
+            Ok(next) if Some(next.lsn) == lsn.checked_add(1) => {}
+            _ => return Err("no valid frame follows where its payload length says it ends".into()),
+        }
+        let payload = &map[start..end];
+        let header = frame::payload_header(payload).ok_or("its payload has no header")?;
+        // An unchecked kind byte is trusted only if it is a kind; the
+        // payload's checksum or restoration then confirms it.
+        let kind = match checked {
+            Some(e) => e.kind,
+            None if env[8] == FrameKind::Local as u8 => FrameKind::Local,
+            None => FrameKind::Round,
+        };
+        if kind == FrameKind::Round && header.round_index != round {
+            return Err(format!(
+                "its payload names round_index {} where {round} was expected",
+                header.round_index
+            ));
+        }
+        if frame::check_payload(payload, kind).is_ok() {
+            return Ok(Restored {
+                kind,
+                start,
+                payload: payload.to_vec(),
+                end,
+                records_restored: 0,
+            });
+        }
+        frame::check_payload_structure(payload, kind)
+            .map_err(|why| format!("its payload does not parse: {why}"))?;
+        let mut fixed = payload.to_vec();
+        let mut restored = 0;
+        let mut at = PAYLOAD_HEADER_BYTES;
+        for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], kind) {
+            let body_at = at + journal::ENTRY_HEADER_BYTES;
+            at = body_at + e.body.len();
+            if e.kind == EntryKind::Records {
+                restored += self.restore_records(e.group_id, &mut fixed[body_at..at])?;
+            }
+        }
+        if crc32fast::hash(&fixed[4..]) != header.payload_crc {
+            return Err(
+                "its damage is not only in records that the segments hold (restoring them did \
+                 not reproduce the payload's checksum)"
+                    .into(),
+            );
+        }
+        Ok(Restored {
+            kind,
+            start,
+            payload: fixed,
+            end,
+            records_restored: restored,
+        })
+    }
+
+    /// Replaces each record of a damaged Records body that fails its own
+    /// CRC by the stored record of its msg_id in the group's log: the id
+    /// after the previous record of the body, or (for the first) the id
+    /// the damaged record names. Returns how many were replaced, or why one
+    /// could not be.
+    fn restore_records(&mut self, group_id: u64, body: &mut [u8]) -> Result<u64, String> {
+        let mut restored = 0;
+        let mut prev: Option<u64> = None;
+        let mut at = 0;
+        while at < body.len() {
+            let rest = &body[at..];
+            let len = record::peek_len(rest)
+                .filter(|&l| l >= record::RECORD_HEADER_BYTES && l <= rest.len())
+                .ok_or_else(|| format!("a record length in group {group_id}'s entry is damaged"))?;
+            if let Ok(h) = record::decode_verified(&rest[..len], len) {
+                prev = Some(h.msg_id);
+                at += len;
+                continue;
+            }
+            let msg_id = match prev {
+                Some(p) => p + 1,
+                None => record::peek_msg_id(rest),
+            };
+            let copy = self.stored_record(group_id, msg_id).ok_or_else(|| {
+                format!("group {group_id} holds no intact copy of msg_id {msg_id}")
+            })?;
+            if copy.len() != len {
+                return Err(format!(
+                    "group {group_id}'s copy of msg_id {msg_id} has {} bytes, the frame {len}",
+                    copy.len()
+                ));
+            }
+            body[at..at + len].copy_from_slice(&copy);
+            restored += 1;
+            prev = Some(msg_id);
+            at += len;
+        }
+        Ok(restored)
+    }
+
+    /// The stored (verified) record `msg_id` of a registered, undamaged
+    /// group, loading the group if needed.
+    fn stored_record(&mut self, group_id: u64, msg_id: u64) -> Option<Vec<u8>> {
+        let group = self.st.catalog.read().get(group_id)?.clone();
+        ensure_loaded_reporting(self.st.ctx, &group, self.report);
+        let slot = group.log.read();
+        let LogSlot::Loaded(log) = &*slot else {
+            return None;
+        };
+        if msg_id == 0 || msg_id > log.head() || msg_id < log.floor() {
+            return None;
+        }
+        let batch = log.read(self.st.ctx, msg_id - 1, 1, usize::MAX).ok()?;
+        let copy = batch.records().next()?;
+        (copy.header.msg_id == msg_id).then(|| copy.bytes.to_vec())
+    }
+
+    /// Applies the entries of one valid frame numbered `lsn`, then notes
+    /// the frame done for each group it named (a frame lists a group's
+    /// entries together).
+    fn frame_entries(&mut self, entries: EntryIter<'_>, lsn: u64, at: Located<'_>) -> Result<()> {
+        let mut current: Option<u64> = None;
+        for e in entries {
+            if current.is_some_and(|g| g != e.group_id) {
+                self.frame_done(current, lsn);
+            }
+            current = Some(e.group_id);
+            self.report.journal_entries_replayed += 1;
+            let body_at = apply::BodyAt {
+                seq: at.seq,
+                offset: at.start + crate::commit::thread::offset_in(at.buf, e.body) as u64,
+            };
+            self.entry(&e, lsn, body_at)?;
+        }
+        self.frame_done(current, lsn);
+        Ok(())
+    }
+
+    fn frame_done(&mut self, group: Option<u64>, lsn: u64) {
+        let Some(id) = group else {
+            return;
+        };
+        let group = self.st.catalog.read().get(id).cloned();
+        if let Some(g) = group {
+            apply::frame_done(&self.st, &g, lsn);
+        }
+    }
+
+    /// Applies one valid entry (the same apply as the commit thread's)
+    /// and counts what it did.
+    fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
+        let group = self.st.catalog.read().get(entry.group_id).cloned();
+        match apply::entry(
+            &self.st,
+            entry,
+            group.as_ref(),
+            apply::Mode::Replay,
+            lsn,
+            Some(at),
+        )? {
+            apply::Applied::Orphan => self.report.orphan_entries += 1,
+            apply::Applied::Reflected => self.report.entries_reflected += 1,
+            apply::Applied::Records(done) => {
+                if let Some(load) = done.loaded {
+                    report_load(self.report, entry.group_id, &load);
+                }
+                self.report.records_replayed += done.appended;
+                self.report.records_already_present += done.already_present;
+            }
+            // Refusals (a limit, a malformed body) are ignored: replay
+            // checks what the live apply checked, in the same order.
+            apply::Applied::Op(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// A journal file that holds frames (it is longer than a header) but whose
+/// header is invalid: its header was synced before its first frame was
+/// written, so the header is damaged, and the frames cannot be trusted to
+/// be read (their `mark_key` and numbering are in it).
+fn damaged_header_with_frames(path: &Path, reason: &str) -> Error {
+    Error::Corrupt {
+        path: path.to_owned(),
+        group: None,
+        offset: 0,
+        reason: format!(
+            "{reason}. The file is longer than its header, so it holds frames, and the \
+             writer syncs a journal file's header (and its directory entry) before it writes \
+             the first frame: this is damage to a durable header, not a crash while the file \
+             was created. Its frames (acknowledged messages, joins, cursors) cannot be read. \
+             The data directory was not opened, so nothing was dropped: restore the data \
+             directory (or this file) from a backup"
+        ),
+    }
+}
+
+fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {
+    if let Some(load) = group.load_if_unloaded(ctx) {
+        report_load(report, group.id, &load);
+    }
+}
+
+fn report_load(report: &mut RecoveryReport, group_id: u64, load: &LoadReport) {
+    if load.bytes_cut > 0 {
+        report.cuts.push((
+            format!("group {group_id} active segment"),
+            load.bytes_cut,
+            "written after the checkpoint".into(),
+        ));
+    }
+}
