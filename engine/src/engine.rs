@@ -142,9 +142,6 @@ pub struct EngineStats {
     /// A write or fsync failed: writes are refused until the engine is
     /// reopened.
     pub writes_stopped: bool,
-    /// Free bytes of the data directory's file system as the engine last
-    /// measured them (at open, then by the commit thread).
-    pub disk_free_bytes: u64,
     /// Messages stored and readable now (`floor..=head` of every group
     /// that is not damaged).
     pub messages_stored: u64,
@@ -932,7 +929,6 @@ impl Engine {
             memberships: self.shared.cursors.memberships(),
             groups_damaged: self.shared.ctx.damaged_groups.load(Ordering::Relaxed),
             writes_stopped: self.shared.writes_stopped.load(Ordering::Acquire),
-            disk_free_bytes: self.shared.disk_free_bytes.load(Ordering::Acquire),
             messages_stored: self.shared.ctx.messages_stored.load(Ordering::Relaxed),
         }
     }
