@@ -531,7 +531,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     use crate::state::run::RunWriter;
     use crate::state::{GroupRecord, Item};
     let items = vec![
-        Item::GroupPut(GroupRecord {
+        Item::GroupPut(Box::new(GroupRecord {
             group: 1,
             fresh: true,
             applied_lsn: 11,
@@ -544,7 +544,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             },
             damaged: None,
             small: None,
-        }),
+        })),
         Item::MemberPut {
             group: 1,
             user: 7,
@@ -553,7 +553,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         },
         Item::MemberDelete { group: 1, user: 8 },
         Item::GroupDelete { group: 2 },
-        Item::GroupPut(GroupRecord {
+        Item::GroupPut(Box::new(GroupRecord {
             group: 3,
             fresh: false,
             applied_lsn: 1,
@@ -562,7 +562,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             retention: crate::Retention::default(),
             damaged: Some("checkpointed data damaged".into()),
             small: None,
-        }),
+        })),
     ];
     let mut out = Vec::new();
     let mut runs = Vec::new();

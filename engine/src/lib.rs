@@ -77,10 +77,11 @@ pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use logs::group_log::{Chunk, ReadBatch};
 pub use logs::retention::Retention;
 pub use members::tidemarks::{
-    direct_group_id, AckOutcome, GroupInfo, History, JoinStart, MembersPage, MembersVersion, Pull,
-    Sync, SyncGroup, Unread,
+    direct_group_id, AckMove, AckOutcome, GroupInfo, History, JoinStart, MembersPage,
+    MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 pub use state::recovery::RecoveryReport;
+pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before
 /// it): record timestamps, checkpoint and segment creation times.

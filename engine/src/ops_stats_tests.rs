@@ -44,9 +44,25 @@ fn memberships_count_joins_and_leaves_and_survive_a_reopen() {
         assert_eq!(e.stats().memberships, 2);
         e.close().unwrap();
     }
+    // The clean close wrote a checkpoint: this open restores the
+    // memberships with the bulk loader (`members::cursors::Loader`), which
+    // must count them too.
     let e = Engine::open(config(dir.path())).unwrap();
     assert_eq!(e.stats().memberships, 2);
+    assert_eq!(e.membership_memory().0, 2, "the member lists agree");
     assert!(!e.stats().writes_stopped);
+    // Then both paths at once: a checkpoint holds some memberships (bulk
+    // loaded), the journal after it the rest (replayed one by one).
+    e.join(A, 4, JoinStart::Head).unwrap();
+    e.checkpoint().unwrap();
+    fill(&e, B + 1, 1);
+    e.join(B + 1, 1, JoinStart::Head).unwrap();
+    e.leave(A, 1).unwrap();
+    assert_eq!(e.stats().memberships, 3);
+    e.simulate_crash();
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(e.stats().memberships, 3);
+    assert_eq!(e.membership_memory().0, 3, "the member lists agree");
 }
 
 #[test]

@@ -28,6 +28,7 @@ use tidemark_client::{ClientConfig, GroupState, Message};
 use crate::demo;
 use crate::token_file::read_token_file;
 
+pub mod backup;
 pub mod observe;
 pub mod ops;
 pub mod payload;
@@ -100,6 +101,13 @@ pub enum ClientCommand {
     /// The node's slow log: the last requests that took at least its
     /// threshold (`serve --slowlog-threshold-us`), newest first.
     Slowlog(observe::SlowlogArgs),
+    /// Copy a running node, consistently, into a new directory DIR;
+    /// `tidemark serve --data DIR` restores it.
+    ///
+    /// Writes are held back only while the snapshot begins (microseconds:
+    /// the end reports it); the copy streams while the node serves. DIR
+    /// must not exist or be empty; it is removed if the backup fails.
+    Backup(backup::BackupArgs),
     #[command(flatten)]
     Ops(ops::OpsCommand),
     /// Run a scripted session with offline members and cut connections;
@@ -373,6 +381,7 @@ impl ClientCommand {
             ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
             ClientCommand::Slowlog(a) => a.conn.json,
+            ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
@@ -403,6 +412,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::GroupInfo(a) => group_info(a),
         ClientCommand::Stats(a) => observe::stats(a),
         ClientCommand::Slowlog(a) => observe::slowlog(a),
+        ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }

@@ -18,6 +18,14 @@
 //!    and pulls again with the marks he persisted: the node re-sends the
 //!    last page, his filter drops it.
 //!
+//! Before that, on a second group of alice and bob, the six packets of one
+//! message are printed as they go (the seeds' flow): `msg:R` (alice's
+//! SEND), `msg:A` (its answer, once durable), `msg:N` (the PUSH to bob),
+//! `ack:R` (bob's ACK), `ack:A` (its answer) and `ack:N` (the RECEIPT that
+//! tells alice bob has it; format-spec/protocol.md 4.22). At the end,
+//! alice's client library (`Receipts`) reports how many members have her
+//! last message.
+//!
 //! Each member's application counts what it received. The demo prints, per
 //! member, delivered / expected / duplicates (N / N / 0 when the system
 //! works) and exits non-zero otherwise. Without `--addr` it runs a node
@@ -33,8 +41,11 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::{json, Value};
 
-use tidemark_client::protocol::JoinStart;
-use tidemark_client::{ClientConfig, Inbox, Message, ReliableClient, ReliableConfig};
+use tidemark_client::protocol::{JoinStart, Subscription};
+use tidemark_client::reliable::ClientMsgIds;
+use tidemark_client::{
+    Client, ClientConfig, Event, Inbox, Message, Receipts, ReliableClient, ReliableConfig,
+};
 use tidemark_node::{NodeConfig, Shutdown};
 
 use crate::token_file::read_token_file;
@@ -96,6 +107,12 @@ pub struct DemoReport {
     /// Of those, how many the node answered `duplicate` (stored once).
     pub duplicate_answers: u64,
     pub members: Vec<MemberReport>,
+    /// The six packets of one message, one line each (msg:R .. ack:N).
+    pub flow: Vec<String>,
+    /// Members at or above alice's last message, as her client library's
+    /// receipts report it (every member, alice included, when all is well).
+    pub last_delivered: u64,
+    pub member_count: u64,
     pub narrative: Vec<String>,
 }
 
@@ -104,7 +121,10 @@ impl DemoReport {
     /// once, and every cursor reached the head (the last batch ACK went out
     /// on close).
     pub fn ok(&self) -> bool {
-        self.head == self.sent && self.members.iter().all(|m| m.ok() && m.cursor == self.head)
+        self.head == self.sent
+            && self.members.iter().all(|m| m.ok() && m.cursor == self.head)
+            && self.flow.len() == 6
+            && self.last_delivered == self.member_count
     }
 
     pub fn to_json(&self) -> Value {
@@ -116,6 +136,9 @@ impl DemoReport {
             "head": self.head,
             "retransmits": self.retransmits,
             "duplicate_answers": self.duplicate_answers,
+            "flow": self.flow,
+            "last_delivered": self.last_delivered,
+            "member_count": self.member_count,
             "ok": self.ok(),
             "members": self.members.iter().map(|m| json!({
                 "user": m.user,
@@ -136,6 +159,10 @@ impl DemoReport {
             s.push_str(line);
             s.push('\n');
         }
+        s.push_str(&format!(
+            "ack:N    alice's last message is delivered to {} of {} members (her client library's receipts)\n",
+            self.last_delivered, self.member_count
+        ));
         s.push('\n');
         s.push_str("member  user                  delivered / expected / duplicates   (dropped by dedup filter, cursor)\n");
         for m in &self.members {
@@ -168,13 +195,13 @@ impl DemoReport {
         s.push('\n');
         if self.ok() {
             s.push_str(&format!(
-                "OK: every member received all {} messages exactly once; the group stores each once (head {}).\n",
+                "OK: every member received all {} messages exactly once; the group stores each once (head {}); alice heard every delivery.\n",
                 self.sent, self.head
             ));
         } else {
             s.push_str(&format!(
-                "FAILED: a member is short, saw a duplicate or is not acknowledged to the head, or the group stores {} messages for {} sends.\n",
-                self.head, self.sent
+                "FAILED: a member is short, saw a duplicate or is not acknowledged to the head, the group stores {} messages for {} sends, or alice's receipts are short ({} of {}).\n",
+                self.head, self.sent, self.last_delivered, self.member_count
             ));
         }
         s
@@ -417,6 +444,13 @@ pub fn run(
         "group    {group}: alice {alice} sends; bob {bob}, carol {carol}, dave {dave}, erin {erin} receive (all join at the head)"
     ));
 
+    let flow = six_packets(&base.client, &mut admin, group + 1, alice, bob)?;
+    narrative.push(format!(
+        "the six packets of one message (group {}: alice and bob):",
+        group + 1
+    ));
+    narrative.extend(flow.iter().map(|l| format!("  {l}")));
+
     let mut sender = ReliableClient::connect(base.clone()).map_err(|e| e.to_string())?;
     // msg_id -> payload of every send alice was told succeeded.
     let mut sent: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -545,6 +579,19 @@ pub fn run(
         }
     }
 
+    // ack:N through the client library: alice follows her last message.
+    let last = sent.keys().copied().max().unwrap_or(0);
+    let mut receipts = Receipts::new(base.clone(), alice);
+    receipts.track(group, last);
+    let deadline = Instant::now() + drain_limit;
+    let member_count = 1 + users.len() as u64;
+    while receipts.delivered(group, last).unwrap_or(0) < member_count && Instant::now() < deadline {
+        receipts
+            .next(Duration::from_millis(200))
+            .map_err(|e| format!("alice's receipts: {e}"))?;
+    }
+    let last_delivered = receipts.delivered(group, last).unwrap_or(0);
+
     // The node's view: the head, and each member's cursor.
     let mut head = 0;
     let mut cursors = Vec::new();
@@ -568,8 +615,100 @@ pub fn run(
         retransmits,
         duplicate_answers,
         members,
+        flow,
+        last_delivered,
+        member_count,
         narrative,
     })
+}
+
+/// The seeds' six packets of one message, on their own group of alice and
+/// bob, over raw connections so that each packet is seen: alice subscribes
+/// to the group's receipts and bob to its messages first, then alice sends
+/// (`msg:R`, answered `msg:A` once durable), the node pushes it to bob
+/// (`msg:N`), bob acknowledges (`ack:R`, answered `ack:A`) and the node
+/// tells alice (`ack:N`, a RECEIPT at the end of its receipt interval).
+/// One line per packet.
+fn six_packets(
+    config: &ClientConfig,
+    admin: &mut ReliableClient,
+    group: u64,
+    alice: u64,
+    bob: u64,
+) -> Result<Vec<String>, String> {
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |e: tidemark_client::ClientError| format!("{what}: {e}")
+    };
+    admin.create_group(group).map_err(|e| e.to_string())?;
+    for u in [alice, bob] {
+        admin
+            .join(group, u, JoinStart::Head)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut a = Client::connect(config).map_err(e("alice"))?;
+    let mut b = Client::connect(config).map_err(e("bob"))?;
+    a.subscribe_receipts(alice, &[group])
+        .map_err(e("alice: SUBSCRIBE_RECEIPTS"))?;
+    b.subscribe(Subscription::Groups(vec![group]))
+        .map_err(e("bob: SUBSCRIBE"))?;
+    let payload = b"hello bob";
+    let client_msg_id = ClientMsgIds::new().next_id();
+    let mut flow = vec![format!(
+        "msg:R  alice -> node   SEND group {group}, sender {alice}, client_msg_id {client_msg_id:#x}, \"hello bob\""
+    )];
+    let sent = a
+        .send(group, alice, client_msg_id, payload)
+        .map_err(e("alice: SEND"))?;
+    flow.push(format!(
+        "msg:A  node -> alice   SEND ok: msg_id {} (answered once durable)",
+        sent.msg_id
+    ));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pushed = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("bob: no PUSH of the message".into());
+        }
+        if let Some(Event::Push(msgs)) = b.next_event(left).map_err(e("bob"))? {
+            if let Some(m) = msgs.into_iter().find(|m| m.msg_id == sent.msg_id) {
+                break m;
+            }
+        }
+    };
+    flow.push(format!(
+        "msg:N  node -> bob     PUSH group {group}: msg_id {} \"{}\"",
+        pushed.msg_id,
+        String::from_utf8_lossy(&pushed.payload)
+    ));
+    flow.push(format!(
+        "ack:R  bob -> node     ACK group {group}, user {bob}, msg_id {}",
+        pushed.msg_id
+    ));
+    let acked_at = Instant::now();
+    let cursor = b.ack(group, bob, pushed.msg_id).map_err(e("bob: ACK"))?;
+    flow.push(format!("ack:A  node -> bob     ACK ok: cursor {cursor}"));
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("alice: no RECEIPT of bob's ACK".into());
+        }
+        if let Some(Event::Receipt { group: g, receipts }) =
+            a.next_event(left).map_err(e("alice"))?
+        {
+            if let Some(r) = receipts
+                .iter()
+                .find(|r| g == group && r.user == bob && r.cursor >= sent.msg_id)
+            {
+                flow.push(format!(
+                    "ack:N  node -> alice   RECEIPT group {group}: user {bob} at cursor {} (delivered), {} ms after the ACK",
+                    r.cursor,
+                    acked_at.elapsed().as_millis()
+                ));
+                return Ok(flow);
+            }
+        }
+    }
 }
 
 fn send(

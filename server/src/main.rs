@@ -79,6 +79,16 @@ struct ServeArgs {
     /// byte, or the connection is closed (BAD_FRAME).
     #[arg(long, default_value_t = tidemark_node::defaults::FRAME_TIMEOUT_MS)]
     frame_timeout_ms: u64,
+    /// Groups with more members than this get counts-only receipts
+    /// (RECEIPT_COUNTS of each subscribed sender's recent messages) instead
+    /// of a RECEIPT listing every member whose cursor moved.
+    #[arg(long, default_value_t = tidemark_node::defaults::RECEIPT_MEMBERS_MAX)]
+    receipt_members_max: usize,
+    /// Receipts are coalesced over this many milliseconds: at most one per
+    /// member (or per subscribed sender) per interval, latest cursor wins;
+    /// 0 sends them at the end of every pass of the event loop.
+    #[arg(long, default_value_t = tidemark_node::defaults::RECEIPT_INTERVAL_MS)]
+    receipt_interval_ms: u64,
     /// Output queued by all connections together; above it the connections
     /// with the most output queued are closed.
     #[arg(long, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_TOTAL_MAX)]
@@ -235,6 +245,8 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.limits.long_poll_ms_max = a.long_poll_ms_max;
     c.limits.subscriptions_max = a.subscriptions_max;
     c.limits.frame_timeout_ms = a.frame_timeout_ms;
+    c.limits.receipt_members_max = a.receipt_members_max;
+    c.limits.receipt_interval_ms = a.receipt_interval_ms;
     c.limits.output_bytes_total_max = a.output_bytes_total_max;
     c.limits.input_bytes_total_max = a.input_bytes_total_max;
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;

@@ -258,3 +258,45 @@ fn population_reports_every_figure_and_validates() {
         4000.0 + number("restart.crash_load_sends_acknowledged")
     );
 }
+
+/// The receipts workload (issue 13) at a tiny scale, in both modes: above
+/// the node's threshold (counts: RECEIPT_COUNTS only) and, with the
+/// spawned node's threshold raised above the group, list receipts (RECEIPT
+/// only). Both runs verify, and the ratio of their throughputs is reported.
+#[test]
+fn receipts_workload_reports_both_runs_in_both_modes() {
+    let common = [
+        "-w",
+        "receipts",
+        "--fsync",
+        "never",
+        "--members",
+        "1500",
+        "--messages",
+        "100",
+        "--ops",
+        "3000",
+        "--receipt-subscribers",
+        "2",
+    ];
+    for list in [false, true] {
+        let mut flags = common.to_vec();
+        if list {
+            flags.extend(["--node-receipt-members-max", "5000"]);
+        }
+        let r = run(&flags);
+        let r = &r[0];
+        check(r, "receipts", 3000);
+        let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k}: {r:#}"));
+        assert!(r["throughput_ratio"].as_f64().is_some_and(|x| x > 0.0));
+        assert!(r["baseline_acks_per_sec"].as_f64().is_some_and(|x| x > 0.0));
+        let (lists, counts) = (n("receipt_frames"), n("receipt_counts_frames"));
+        if list {
+            assert!(lists > 0 && counts == 0, "{r:#}");
+            assert!(n("receipt_entries") >= lists, "{r:#}");
+        } else {
+            assert!(counts > 0 && lists == 0, "{r:#}");
+        }
+        assert_eq!(n("node_receipt_frames"), lists + counts, "{r:#}");
+    }
+}

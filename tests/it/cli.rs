@@ -309,6 +309,23 @@ fn demo_delivers_n_of_n_with_no_duplicates_and_says_so() {
         assert_eq!(m.u("cursor"), 30, "acknowledged to the head");
     }
     assert!(report.u("retransmits") > 0, "the cut forced retransmits");
+    // The six packets of one message, ack:N (the RECEIPT) last, and the
+    // sender's receipts of her last message: every member has it.
+    let flow = report.get("flow").arr();
+    let packets: Vec<String> = flow
+        .iter()
+        .map(|l| match l {
+            Json::Str(s) => s.split_whitespace().next().unwrap_or("").to_string(),
+            other => panic!("flow line {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        packets,
+        ["msg:R", "msg:A", "msg:N", "ack:R", "ack:A", "ack:N"],
+        "{flow:?}"
+    );
+    assert_eq!(report.u("last_delivered"), 5);
+    assert_eq!(report.u("member_count"), 5);
     assert_eq!(report.u("head"), 30, "each send stored once");
     let dropped: u64 = members.iter().map(|m| m.u("dropped_by_filter")).sum();
     assert!(
@@ -322,6 +339,10 @@ fn demo_delivers_n_of_n_with_no_duplicates_and_says_so() {
     let text = ok(&["demo", "--addr", &node.addr, "--messages", "4"]);
     assert!(
         text.contains("OK: every member received all 12 messages exactly once"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ack:N  node -> alice   RECEIPT group"),
         "{text}"
     );
     for name in ["bob", "carol", "dave", "erin"] {

@@ -15,6 +15,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Once;
 use std::time::Instant;
 
 type Target = fn(&[u8]);
@@ -89,8 +91,27 @@ fn every_target_has_a_wrapper_and_a_seed_corpus() {
     }
 }
 
+/// Panics in any thread of this process since it started. libFuzzer
+/// aborts on a panic in any thread (an engine thread's included: the
+/// commit thread turns its own panic into stopped writes, which a target
+/// tolerates), so the replay counts them all, not only the ones
+/// `catch_unwind` sees on the calling thread.
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_panics() {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+    });
+}
+
 #[test]
 fn committed_corpora_replay_cleanly() {
+    count_panics();
     let fuzz = fuzz_dir();
     let mut failures = Vec::new();
     let mut replayed = 0;
@@ -100,7 +121,9 @@ fn committed_corpora_replay_cleanly() {
             for file in files_in(&fuzz.join(dir).join(name)) {
                 let bytes = std::fs::read(&file).expect("read a corpus file");
                 replayed += 1;
-                if std::panic::catch_unwind(|| target(&bytes)).is_err() {
+                let before = PANICS.load(Ordering::SeqCst);
+                let unwound = std::panic::catch_unwind(|| target(&bytes)).is_err();
+                if unwound || PANICS.load(Ordering::SeqCst) != before {
                     failures.push(file.display().to_string());
                 }
             }

@@ -6,6 +6,7 @@
 //! switched on by environment variables documented in each module (no
 //! `#[ignore]`).
 
+mod backup;
 mod bench_tool;
 mod cli;
 mod crash_kill;
@@ -22,6 +23,7 @@ mod node;
 mod observe;
 mod ops_cli;
 mod proxy;
+mod receipts;
 mod segment_damage;
 mod spec_limits;
 mod storage_format;

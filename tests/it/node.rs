@@ -264,6 +264,9 @@ fn a_slow_subscriber_gets_resync_and_then_pulls_everything() {
                 assert_eq!(scope, ResyncScope::All);
                 resync = true;
             }
+            e @ (Event::Receipt { .. } | Event::ReceiptCounts { .. }) => {
+                panic!("no receipt subscription, yet {e:?}")
+            }
         }
     }
     assert!(resync, "the slow subscriber was told to resync");

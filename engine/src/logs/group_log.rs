@@ -60,12 +60,16 @@ pub struct LogContext {
     /// The other slot changes (unload, rewrite, marking extents verified)
     /// keep head and floor.
     pub messages_stored: std::sync::atomic::AtomicU64,
+    /// Snapshot holds (`state/pins.rs`): the newest stored manifest, the
+    /// journal end, and what deletions wait while a snapshot is copied.
+    pub holds: Arc<crate::state::pins::Holds>,
 }
 
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
-        let trash = Trash::new(&config.data_dir);
+        let holds: Arc<crate::state::pins::Holds> = Arc::default();
+        let trash = Trash::new(&config.data_dir, holds.clone());
         let shared_files = crate::logs::small_read::SharedFiles::new(
             vfs.clone(),
             crate::commit::journal::journal_dir(&config.data_dir),
@@ -82,6 +86,7 @@ impl LogContext {
             live: Default::default(),
             damaged_groups: Default::default(),
             messages_stored: Default::default(),
+            holds,
         }
     }
 

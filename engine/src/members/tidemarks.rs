@@ -29,6 +29,15 @@ pub enum JoinStart {
     At(u64),
 }
 
+/// The outcome of [`Engine::ack_move`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckMove {
+    /// The member's cursor after the ACK.
+    pub cursor: u64,
+    /// The ACK moved it (a lower or equal id does not).
+    pub moved: bool,
+}
+
 /// The outcome of one pair of [`Engine::batch_ack`].
 #[derive(Debug)]
 pub struct AckOutcome {
@@ -281,6 +290,12 @@ impl Engine {
     /// A lower or equal id changes nothing; an id above the head is refused.
     /// Memory only: persisted in bulk (see the module docs).
     pub fn ack(&self, group_id: u64, user: u64, msg_id: u64) -> Result<u64> {
+        Ok(self.ack_move(group_id, user, msg_id)?.cursor)
+    }
+
+    /// [`Engine::ack`], also saying whether the cursor moved (what a
+    /// receipt reports), at no extra cost.
+    pub fn ack_move(&self, group_id: u64, user: u64, msg_id: u64) -> Result<AckMove> {
         let group = self.group(group_id)?;
         let head = group.head();
         if msg_id > head {
@@ -312,7 +327,10 @@ impl Engine {
             // Once per membership per checkpoint: the next one stores it.
             self.shared.ctx.dirty.cursor_moved(&group, user);
         }
-        Ok(m.new)
+        Ok(AckMove {
+            cursor: m.new,
+            moved: m.new != m.old,
+        })
     }
 
     /// Acknowledges many `(group, msg_id)` pairs of one user, in order; one

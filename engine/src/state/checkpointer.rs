@@ -159,6 +159,9 @@ pub(crate) fn start(
         reclaimer: None,
     };
     c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx));
+    if let Some(m) = &c.last {
+        c.shared.ctx.holds.set_newest(m);
+    }
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
         .spawn(move || {
@@ -301,10 +304,12 @@ impl Write for PartFile {
 /// Writes `items` as run `run_seq` (parts fdatasynced, `state/` fsynced).
 /// `None` for a run without items. A full disk is `NoSpace` (the partial
 /// parts are removed).
-pub(crate) fn write_run(
+/// `items` are owned (a merge's) or borrowed (the delta buffer, kept for a
+/// retry if the write fails: no copy of it is made).
+pub(crate) fn write_run<T: std::borrow::Borrow<Item>>(
     ctx: &LogContext,
     run_seq: u64,
-    items: impl Iterator<Item = Result<Item, String>>,
+    items: impl Iterator<Item = Result<T, String>>,
 ) -> Result<Option<RunMeta>> {
     let dir = state_dir(&ctx.config.data_dir);
     let created: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -334,7 +339,7 @@ pub(crate) fn write_run(
                 offset: 0,
                 reason: format!("a run being merged is damaged: {reason}"),
             })?;
-            w.push(&item).map_err(|e| io(e, "write"))?;
+            w.push(item.borrow()).map_err(|e| io(e, "write"))?;
         }
         let parts = w.finish().map_err(|e| io(e, "write"))?;
         if parts.is_empty() {
@@ -672,7 +677,7 @@ impl Checkpointer {
             self.damaged.remove(&g.id);
         }
         let retention = g.retention();
-        self.put(Item::GroupPut(GroupRecord {
+        self.put(Item::GroupPut(Box::new(GroupRecord {
             group: g.id,
             fresh,
             applied_lsn: ck.applied_lsn(),
@@ -681,7 +686,7 @@ impl Checkpointer {
             retention,
             damaged,
             small,
-        }));
+        })));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();
         changed.sort_unstable();
@@ -770,7 +775,7 @@ impl Checkpointer {
         let mut runs: Vec<RunMeta> = self.last.as_ref().map_or(Vec::new(), |m| m.runs.clone());
         let mut written = 0u64;
         let delta_seq = self.next_run_seq;
-        let delta = write_run(ctx, delta_seq, self.delta.values().cloned().map(Ok))?;
+        let delta = write_run(ctx, delta_seq, self.delta.values().map(Ok))?;
         if let Some(run) = delta {
             self.next_run_seq = next_seq(self.next_run_seq, "run")?;
             written += run.bytes();
@@ -820,6 +825,8 @@ impl Checkpointer {
         };
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;
+        // Snapshots begun from now on copy this checkpoint (`pins::Holds`).
+        ctx.holds.set_newest(&m);
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
         let items = self.delta.len();
@@ -889,6 +896,18 @@ impl Checkpointer {
         let Some(last) = &self.last else {
             return;
         };
+        // A snapshot is being copied (`pins::Holds`): nothing goes. The
+        // first checkpoint after the last hold ends deletes what this one
+        // would have (its rules read listings and the graveyard list).
+        // A hold begun after this check holds this manifest or the one
+        // before it, whose files this K7 keeps anyway.
+        if ctx.holds.active() {
+            log::debug!(
+                "checkpoint {}: deletions deferred by a snapshot",
+                last.ckpt_seq
+            );
+            return;
+        }
         let keep_runs: HashSet<u64> = last
             .runs
             .iter()

@@ -20,7 +20,7 @@ use super::{GroupRecord, Item, Key, Reader, SmallRecord};
 use crate::logs::retention::Retention;
 
 fn group(group: u64, fresh: bool, head: u64) -> Item {
-    Item::GroupPut(GroupRecord {
+    Item::GroupPut(Box::new(GroupRecord {
         group,
         fresh,
         applied_lsn: 7 << 32 | head,
@@ -29,7 +29,7 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         retention: Retention::default(),
         damaged: None,
         small: None,
-    })
+    }))
 }
 
 fn member(group: u64, user: u64, cursor: u64) -> Item {
@@ -87,7 +87,7 @@ fn sample_items() -> Vec<Item> {
         member(1, 5, 1 << 40),
         Item::MemberDelete { group: 1, user: 6 },
         Item::GroupDelete { group: 2 },
-        Item::GroupPut(GroupRecord {
+        Item::GroupPut(Box::new(GroupRecord {
             group: 3,
             fresh: false,
             // The largest a reader takes (below 2^62, the group's word).
@@ -101,7 +101,7 @@ fn sample_items() -> Vec<Item> {
             },
             damaged: Some("bad crc at 12 ü".into()),
             small: None,
-        }),
+        })),
         member(3, u64::MAX, 2),
         Item::MemberPut {
             group: u64::MAX,
@@ -163,7 +163,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         .err()
         .is_some_and(|e| e.contains("limit")));
     // An item that cannot fit an empty part is refused, not written.
-    let huge = Item::GroupPut(GroupRecord {
+    let huge = Item::GroupPut(Box::new(GroupRecord {
         group: 1,
         fresh: false,
         applied_lsn: 0,
@@ -172,7 +172,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         retention: Retention::default(),
         damaged: None,
         small: None,
-    });
+    }));
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
         w.push(&huge),
@@ -259,7 +259,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
     // Group values a writer never makes.
     let good = |g: GroupRecord| {
         let mut raw = Vec::new();
-        encode_item(&mut raw, &Item::GroupPut(g), None);
+        encode_item(&mut raw, &Item::GroupPut(Box::new(g)), None);
         raw
     };
     let base = GroupRecord {
@@ -316,7 +316,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
     assert_eq!(good(fileless.clone()), [1, 1, 0, 0, 0, 0]);
     assert_eq!(
         decode_raw(&good(fileless.clone()), 1, Key::group(1)).unwrap(),
-        [Item::GroupPut(fileless)]
+        [Item::GroupPut(Box::new(fileless))]
     );
     assert!(decode_raw(&[1, 1, 0, 0, 3, 0], 1, Key::group(1)).is_err());
     // A small group (storage v2 S5): bit 3, no segment, its extents, exactly
@@ -336,7 +336,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
     assert_eq!(good(small.clone()), small_bytes);
     assert_eq!(
         decode_raw(&small_bytes, 1, Key::group(1)).unwrap(),
-        [Item::GroupPut(small.clone())]
+        [Item::GroupPut(Box::new(small.clone()))]
     );
     // Retention raised the floor inside the first extent (to 3), or
     // dropped every record (no extent, first_id = floor = head + 1).
@@ -357,7 +357,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         assert_eq!(good(item.clone()), bytes);
         assert_eq!(
             decode_raw(bytes, 1, Key::group(1)).unwrap(),
-            [Item::GroupPut(item)]
+            [Item::GroupPut(Box::new(item))]
         );
     }
     // Extents that do not end at the head, a segment beside bit 3, a count
@@ -418,7 +418,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
 #[test]
 fn long_damage_reasons_are_cut_at_a_char_boundary() {
     let reason = "é".repeat(DAMAGE_REASON_BYTES_MAX);
-    let item = Item::GroupPut(GroupRecord {
+    let item = Item::GroupPut(Box::new(GroupRecord {
         group: 1,
         fresh: false,
         applied_lsn: 0,
@@ -427,7 +427,7 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         retention: Retention::default(),
         damaged: Some(reason.clone()),
         small: None,
-    });
+    }));
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
     assert_eq!(g.damaged.as_deref(), Some(stored_reason(&reason).as_str()));
@@ -710,7 +710,7 @@ impl Model {
     }
 
     fn record(g: u64, st: &ModelGroup, fresh: bool) -> Item {
-        Item::GroupPut(GroupRecord {
+        Item::GroupPut(Box::new(GroupRecord {
             group: g,
             fresh,
             applied_lsn: st.lsn,
@@ -719,7 +719,7 @@ impl Model {
             retention: Retention::default(),
             damaged: None,
             small: None,
-        })
+        }))
     }
 
     /// The delta run the engine's capture writes.

@@ -39,6 +39,10 @@ mod merge;
 pub(crate) mod pins;
 pub(crate) mod recovery;
 pub(crate) mod run;
+// Consistent snapshots of a running engine (online backup, Raft later).
+pub(crate) mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 
 use crate::logs::retention::Retention;
 
@@ -105,11 +109,12 @@ pub(crate) struct SmallRecord {
 /// One item of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Item {
-    GroupPut(GroupRecord),
+    /// Boxed: a group record is several times the size of a member row,
+    /// and a checkpoint's delta buffer holds an item per changed membership
+    /// (the enum is as large as its largest variant).
+    GroupPut(Box<GroupRecord>),
     /// The group is gone: hides every item of the group in older runs.
-    GroupDelete {
-        group: u64,
-    },
+    GroupDelete { group: u64 },
     MemberPut {
         group: u64,
         user: u64,
@@ -117,10 +122,7 @@ pub(crate) enum Item {
         join_point: u64,
     },
     /// The membership is gone.
-    MemberDelete {
-        group: u64,
-        user: u64,
-    },
+    MemberDelete { group: u64, user: u64 },
 }
 
 impl Item {

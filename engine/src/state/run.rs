@@ -244,7 +244,7 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
         None
     };
     let item = match kind {
-        KIND_GROUP_PUT => Item::GroupPut(decode_group(r, group)?),
+        KIND_GROUP_PUT => Item::GroupPut(Box::new(decode_group(r, group)?)),
         KIND_GROUP_DELETE => Item::GroupDelete { group },
         KIND_MEMBER_PUT => {
             let cursor = r.varint()?;
@@ -864,6 +864,14 @@ impl StopAtError for PartReader<'_> {
                 return Ok(None);
             }
             self.enter_block()?;
+        }
+        // Checked before an item is yielded, not only at the end: a reader
+        // never hands out an item its trailer does not count.
+        if self.seen >= self.item_count {
+            return Err(format!(
+                "run part holds more items than its trailer says ({})",
+                self.item_count
+            ));
         }
         let item = match self.pending.take() {
             Some(item) => item,

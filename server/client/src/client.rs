@@ -13,9 +13,9 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
-    decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
-    GroupInfo, JoinStart, MemberEntry, Records, Request, Response, ResyncScope, Subscription,
-    UnreadEntry, FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
+    decode_response, encode_request, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
+    Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, ReceiptCount, Records, Request,
+    Response, ResyncScope, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
 };
 
 /// A message as the client hands it to the application.
@@ -60,6 +60,20 @@ pub enum Event {
     Push(Vec<Message>),
     /// Pushes were dropped (all: the subscription was cancelled); pull.
     Resync(ResyncScope),
+    /// RECEIPT (after [`Client::subscribe_receipts`]): these members'
+    /// cursors moved in `group`, each its latest.
+    Receipt {
+        group: u64,
+        receipts: Vec<MemberEntry>,
+    },
+    /// RECEIPT_COUNTS (after [`Client::subscribe_receipts`], a group above
+    /// the node's receipt threshold): members at or above each of
+    /// `sender`'s recent messages.
+    ReceiptCounts {
+        group: u64,
+        sender: u64,
+        counts: Vec<ReceiptCount>,
+    },
 }
 
 /// Everything that can go wrong, typed.
@@ -393,10 +407,20 @@ impl Client {
     }
 
     /// Reads frames until one that is not a push arrives; pushes are queued.
-    fn read_response_frame(&mut self, deadline: Instant) -> Result<OwnedFrame> {
+    /// With `events_end_wait`, a queued event ends the wait too (as
+    /// `Timeout`: no response came), so that [`Client::next_event`] returns
+    /// a push or a receipt when it arrives rather than at its deadline.
+    fn read_response_frame(
+        &mut self,
+        deadline: Instant,
+        events_end_wait: bool,
+    ) -> Result<OwnedFrame> {
         loop {
             if let Some(f) = self.take_frame()? {
                 return Ok(f);
+            }
+            if events_end_wait && !self.events.is_empty() {
+                return Err(ClientError::Timeout);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -426,6 +450,18 @@ impl Client {
                     Some(messages(group, &records).map(Event::Push))
                 }
                 Response::Resync(scope) => Some(Ok(Event::Resync(scope))),
+                Response::Receipt { group, receipts } => {
+                    Some(Ok(Event::Receipt { group, receipts }))
+                }
+                Response::ReceiptCounts {
+                    group,
+                    sender,
+                    counts,
+                } => Some(Ok(Event::ReceiptCounts {
+                    group,
+                    sender,
+                    counts,
+                })),
                 _ => None,
             };
             match event {
@@ -442,7 +478,7 @@ impl Client {
                 return Ok(f);
             }
         }
-        self.read_response_frame(later(Instant::now(), self.io_timeout))
+        self.read_response_frame(later(Instant::now(), self.io_timeout), false)
     }
 
     /// Waits for the response to request `id`, stashing others.
@@ -452,7 +488,7 @@ impl Client {
         }
         let deadline = later(later(Instant::now(), self.io_timeout), extra);
         loop {
-            let f = self.read_response_frame(deadline)?;
+            let f = self.read_response_frame(deadline, false)?;
             let rid = f.request_id();
             if rid == id {
                 return Ok(f);
@@ -487,7 +523,7 @@ impl Client {
             if let Some(e) = self.events.pop_front() {
                 return e.map(Some);
             }
-            match self.read_response_frame(deadline) {
+            match self.read_response_frame(deadline, true) {
                 Ok(f) => {
                     let id = f.request_id();
                     if id == 0 {
@@ -733,10 +769,69 @@ impl Client {
         }
     }
 
+    /// SUBSCRIBE_RECEIPTS: receipts of `groups` arrive as
+    /// [`Event::Receipt`] (or [`Event::ReceiptCounts`] of `sender`'s recent
+    /// messages in a group above the node's threshold).
+    pub fn subscribe_receipts(&mut self, sender: u64, groups: &[u64]) -> Result<()> {
+        let req = Request::SubscribeReceipts {
+            sender,
+            groups: groups.to_vec(),
+        };
+        match self.call(&req)?.response()? {
+            Response::SubscribeReceipts => Ok(()),
+            _ => unexpected("SUBSCRIBE_RECEIPTS"),
+        }
+    }
+
+    /// READERS: members whose cursor is at or above `msg_id`, among those
+    /// the node examined above `after_user` (0: from the first), and the
+    /// `after_user` of the next page (0: none left).
+    pub fn readers(
+        &mut self,
+        group: u64,
+        msg_id: u64,
+        after_user: u64,
+        max_count: u32,
+    ) -> Result<(Vec<MemberEntry>, u64)> {
+        let req = Request::Readers {
+            group,
+            msg_id,
+            after_user,
+            max_count,
+        };
+        match self.call(&req)?.response()? {
+            Response::Readers {
+                next_after_user,
+                readers,
+            } => Ok((readers, next_after_user)),
+            _ => unexpected("READERS"),
+        }
+    }
+
     pub fn unsubscribe(&mut self) -> Result<()> {
         match self.call(&Request::Unsubscribe)?.response()? {
             Response::Unsubscribe => Ok(()),
             _ => unexpected("UNSUBSCRIBE"),
+        }
+    }
+
+    /// BACKUP: a consistent snapshot of the node, streamed
+    /// (format-spec/protocol.md, BACKUP). `on_chunk` gets each part of each
+    /// file in order (its CRC already checked) and may stop the stream
+    /// with an error; the end says what the snapshot holds. The client's
+    /// I/O timeout applies to each frame, not to the whole stream.
+    pub fn backup(
+        &mut self,
+        mut on_chunk: impl FnMut(&BackupChunk<'_>) -> Result<()>,
+    ) -> Result<BackupEnd> {
+        let id = self.submit(&Request::Backup)?;
+        loop {
+            let f = self.wait(id, Duration::ZERO)?;
+            match f.response()? {
+                Response::BackupChunk(c) => on_chunk(&c)?,
+                Response::Backup(end) => return Ok(end),
+                _ => return unexpected("BACKUP"),
+            }
         }
     }
 

@@ -8,7 +8,8 @@
 //!   checked before a message reaches the caller.
 //! - [`reliable`]: the reliability layer over it: reconnects with backoff,
 //!   the pending queue of sends, the dedup filter and the batch ACK of
-//!   [`Inbox`].
+//!   [`Inbox`], and the delivery state of a sender's messages
+//!   ([`Receipts`]).
 //!
 //! The README's example above is this crate's doctest, so it compiles with
 //! every `cargo test`; the repository's README shows the same lines (a test
@@ -21,7 +22,7 @@ pub use client::{
     messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Message,
     NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
 };
-pub use reliable::{Inbox, ReliableClient, ReliableConfig};
+pub use reliable::{Delivery, Inbox, Receipts, ReliableClient, ReliableConfig};
 /// The wire codec the client speaks, for the types its requests take
 /// ([`protocol::JoinStart`], [`protocol::Subscription`], ...).
 pub use tidemark_protocol as protocol;

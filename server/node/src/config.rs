@@ -44,6 +44,14 @@ pub mod defaults {
     /// bounds the work of one request on the event loop, whatever the
     /// group's size.
     pub const MEMBERS_PAGE_MAX: usize = 10_000;
+    /// Groups with more members than this get counts-only receipts
+    /// (RECEIPT_COUNTS instead of a RECEIPT listing every member whose
+    /// cursor moved; format-spec/protocol.md 4.22): a RECEIPT of such a
+    /// group lists at most this many members (16 KiB).
+    pub const RECEIPT_MEMBERS_MAX: usize = 1_000;
+    /// Receipts are coalesced over this interval: at most one per member
+    /// (list mode) or per subscribed sender (counts mode) per interval.
+    pub const RECEIPT_INTERVAL_MS: u64 = 100;
     /// `tidemark serve --listen`.
     pub const LISTEN: &str = "127.0.0.1:7070";
     /// `tidemark serve --data`.
@@ -193,6 +201,11 @@ pub struct Limits {
     pub slowlog_threshold_us: u64,
     /// Slow requests kept, newest; 0 keeps none.
     pub slowlog_entries_max: usize,
+    /// Groups with more members get counts-only receipts (4.22).
+    pub receipt_members_max: usize,
+    /// Receipts are coalesced over this interval (4.22); 0 flushes them
+    /// at the end of every pass of the event loop.
+    pub receipt_interval_ms: u64,
 }
 
 impl Default for Limits {
@@ -211,6 +224,8 @@ impl Default for Limits {
             members_page_max: MEMBERS_PAGE_MAX,
             slowlog_threshold_us: SLOWLOG_THRESHOLD_US,
             slowlog_entries_max: SLOWLOG_ENTRIES_MAX,
+            receipt_members_max: RECEIPT_MEMBERS_MAX,
+            receipt_interval_ms: RECEIPT_INTERVAL_MS,
         }
     }
 }

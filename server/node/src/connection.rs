@@ -39,6 +39,7 @@ use std::time::Instant;
 use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
 use crate::handlers::{self, Action, Ctx, Outgoing, Report};
+use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{decode_request, ErrorCode, FrameDecoder, Opcode, Request, Subscription};
@@ -196,6 +197,8 @@ struct Session {
     /// The groups and users this connection is subscribed to.
     sub_groups: HashSet<u64>,
     sub_users: HashSet<u64>,
+    /// Its receipt subscriptions (4.22): (group, sender).
+    sub_receipts: HashSet<(u64, u64)>,
 }
 
 /// Which parked requests hold back the later requests of their connection
@@ -252,6 +255,7 @@ impl Connection {
                 parked_ops: 0,
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
+                sub_receipts: HashSet::new(),
             },
             closing: false,
             fatal: false,
@@ -405,9 +409,12 @@ impl Connection {
         self.session.unpark(barrier);
     }
 
-    /// Whether the connection holds any subscription (gets pushes).
+    /// Whether the connection holds any subscription (gets pushes or
+    /// receipts).
     pub fn is_subscribed(&self) -> bool {
-        !self.session.sub_groups.is_empty() || !self.session.sub_users.is_empty()
+        !self.session.sub_groups.is_empty()
+            || !self.session.sub_users.is_empty()
+            || !self.session.sub_receipts.is_empty()
     }
 
     /// Drops every subscription of the connection, from its list and from
@@ -416,9 +423,10 @@ impl Connection {
         &mut self,
         engine: &Engine,
         subs: &mut Subscriptions<ConnId>,
+        receipts: &mut Receipts<ConnId>,
         id: ConnId,
     ) {
-        self.session.unsubscribe_all(engine, subs, id);
+        self.session.unsubscribe_all(engine, subs, receipts, id);
     }
 
     /// Handles the request at the front of the input if one may start now
@@ -609,29 +617,41 @@ impl Session {
             Request::SlowLog { reset, max_count } => {
                 return Ok(Action::Report(Report::SlowLog { reset, max_count }))
             }
+            Request::Backup => return Ok(Action::Backup),
             Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
+            Request::SubscribeReceipts { sender, groups } => {
+                return Ok(answer(self.subscribe_receipts(ctx, id, sender, &groups)))
+            }
             Request::Unsubscribe => {
-                self.unsubscribe_all(ctx.engine, ctx.subs, ctx.conn);
+                self.unsubscribe_all(ctx.engine, ctx.subs, ctx.receipts, ctx.conn);
                 return Ok(answer(handlers::unsubscribed(id)));
             }
             Request::CreateGroup { group } => {
-                self.in_flight_limited(ctx, id, || handlers::create_group(ctx, group))
+                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                    handlers::create_group(ctx, group)
+                })
             }
             Request::DeleteGroup { group } => {
-                self.in_flight_limited(ctx, id, || handlers::delete_group(ctx, group))
+                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                    handlers::delete_group(ctx, group)
+                })
             }
             Request::Join { group, user, start } => {
-                self.in_flight_limited(ctx, id, || handlers::join(ctx, group, user, start))
+                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                    handlers::join(ctx, group, user, start)
+                })
             }
             Request::Leave { group, user } => {
-                self.in_flight_limited(ctx, id, || handlers::leave(ctx, group, user))
+                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                    handlers::leave(ctx, group, user)
+                })
             }
             Request::Send {
                 group,
                 sender,
                 client_msg_id,
                 payload,
-            } => self.in_flight_limited(ctx, id, || {
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                 handlers::send(ctx, id, group, sender, client_msg_id, payload)
             }),
             Request::Pull {
@@ -641,7 +661,7 @@ impl Session {
                 max_count,
                 max_bytes,
                 wait_ms,
-            } => self.in_flight_limited(ctx, id, || {
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                 handlers::pull(
                     ctx, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
                 )
@@ -677,6 +697,12 @@ impl Session {
                 max_count,
             } => handlers::members(ctx, id, group, after_user, max_count).map(answer),
             Request::GroupInfo { group } => handlers::group_info(ctx, id, group).map(answer),
+            Request::Readers {
+                group,
+                msg_id,
+                after_user,
+                max_count,
+            } => handlers::readers(ctx, id, group, msg_id, after_user, max_count).map(answer),
         };
         match result {
             Ok(action) => Ok(action),
@@ -691,11 +717,10 @@ impl Session {
     /// parks or waits.
     fn in_flight_limited(
         &mut self,
-        ctx: &Ctx<'_>,
+        max: u32,
         id: u64,
         run: impl FnOnce() -> Result<Action, EngineError>,
     ) -> Result<Action, EngineError> {
-        let max = ctx.limits.requests_in_flight_max;
         if self.in_flight >= max {
             return Ok(answer(handlers::error(
                 id,
@@ -708,7 +733,7 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report(_) | Action::Closed(_) => {}
+            Action::Answer(_) | Action::Report(_) | Action::Backup | Action::Closed(_) => {}
         }
         Ok(action)
     }
@@ -716,8 +741,7 @@ impl Session {
     /// SUBSCRIBE: checked by its handler, then added to this connection's
     /// list and the node's index.
     fn subscribe(&mut self, ctx: &mut Ctx<'_>, id: u64, sub: Subscription) -> Outgoing {
-        let held = self.sub_groups.len() + self.sub_users.len();
-        match handlers::subscribe(ctx, id, held, &sub) {
+        match handlers::subscribe(ctx, id, self.held(), &sub) {
             Err(refusal) => refusal,
             Ok(out) => {
                 match sub {
@@ -737,10 +761,45 @@ impl Session {
         }
     }
 
-    fn unsubscribe_all(&mut self, engine: &Engine, subs: &mut Subscriptions<ConnId>, id: ConnId) {
+    /// Subscriptions held: groups, users and receipt subscriptions, which
+    /// `subscriptions_max` bounds together.
+    fn held(&self) -> usize {
+        self.sub_groups.len() + self.sub_users.len() + self.sub_receipts.len()
+    }
+
+    /// SUBSCRIBE_RECEIPTS: checked by its handler, then added to this
+    /// connection's list and the node's receipt index.
+    fn subscribe_receipts(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u64,
+        sender: u64,
+        groups: &[u64],
+    ) -> Outgoing {
+        match handlers::subscribe_receipts(ctx, id, self.held(), groups) {
+            Err(refusal) => refusal,
+            Ok(out) => {
+                for &g in groups {
+                    if self.sub_receipts.insert((g, sender)) {
+                        ctx.receipts.add(ctx.engine, ctx.conn, sender, g);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    fn unsubscribe_all(
+        &mut self,
+        engine: &Engine,
+        subs: &mut Subscriptions<ConnId>,
+        receipts: &mut Receipts<ConnId>,
+        id: ConnId,
+    ) {
         let groups = std::mem::take(&mut self.sub_groups);
         let users = std::mem::take(&mut self.sub_users);
         subs.remove(engine, id, groups, users);
+        receipts.remove(id, std::mem::take(&mut self.sub_receipts));
     }
 }
 
@@ -834,6 +893,7 @@ mod state_tests {
         engine: Engine,
         limits: Limits,
         subs: Subscriptions<ConnId>,
+        receipts: Receipts<ConnId>,
         shutting_down: bool,
     }
 
@@ -850,6 +910,7 @@ mod state_tests {
                 engine,
                 limits,
                 subs: Subscriptions::default(),
+                receipts: Receipts::new(std::time::Duration::ZERO, usize::MAX, 1 << 20),
                 shutting_down: false,
             }
         }
@@ -867,6 +928,7 @@ mod state_tests {
                 token: Some(TOKEN),
                 shutting_down: self.shutting_down,
                 subs: &mut self.subs,
+                receipts: &mut self.receipts,
                 conn: ConnId {
                     index: 0,
                     generation: 1,

@@ -36,6 +36,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
 
+use crate::backup;
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
 use crate::connection::{Barrier, ConnId, Connection, Next};
 use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked, Report};
@@ -43,6 +44,7 @@ use crate::host::HostFigures;
 use crate::log_limit::{EventKind, LogLimiter};
 use crate::long_poll::{LongPolls, PollKey};
 use crate::metrics::{MetricsServer, Published};
+use crate::receipts::Receipts;
 use crate::slowlog::{SlowLog, Summary};
 use crate::stats::{Buffers, Sources, Stats};
 use crate::subscriptions::Subscriptions;
@@ -142,6 +144,8 @@ pub struct EventLoop {
     /// Input memory of all connections (sum of `Slot::in_counted`).
     in_total: usize,
     subs: Subscriptions<ConnId>,
+    /// Receipt subscriptions and the cursors moved since the last flush.
+    receipts: Receipts<ConnId>,
     stats: Stats,
     /// A descriptor held in reserve: when accept fails for want of
     /// descriptors (EMFILE, ENFILE), it is closed so that the waiting
@@ -168,6 +172,9 @@ pub struct EventLoop {
     /// When the node started serving (uptime), also as Unix ms.
     started: Instant,
     started_unix_ms: u64,
+    /// BACKUPs under way (at most `backup::BACKUPS_MAX`): their frames
+    /// move to their connections as those drain (`pump_backups`).
+    backups: Vec<backup::Stream>,
 }
 
 /// Holds one descriptor number for `EventLoop::spare_fd`.
@@ -203,7 +210,13 @@ impl EventLoop {
             // A failed wake means the loop is gone; nothing to do.
             let _ = w.wake();
         }));
+        let receipts = Receipts::new(
+            Duration::from_millis(config.limits.receipt_interval_ms),
+            config.limits.receipt_members_max,
+            config.limits.frame_bytes_max,
+        );
         Ok(EventLoop {
+            receipts,
             engine,
             poll,
             listener: Some(listener),
@@ -242,6 +255,7 @@ impl EventLoop {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             config,
+            backups: Vec::new(),
         })
     }
 
@@ -304,6 +318,7 @@ impl EventLoop {
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
+            self.pump_backups();
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
@@ -314,6 +329,7 @@ impl EventLoop {
                 let figures = self.figures();
                 self.published.publish(figures);
             }
+            self.flush_receipts(now);
             self.shed_output();
             // Marks made while these are driven wait for the next pass.
             let mut dirty = std::mem::take(&mut self.dirty);
@@ -351,6 +367,7 @@ impl EventLoop {
             .next_deadline()
             .into_iter()
             .chain(frames)
+            .chain(self.receipts.deadline())
             .chain(drain_deadline)
             .chain(self.log_limit.next_flush())
             .min()?;
@@ -364,6 +381,9 @@ impl EventLoop {
             let _ = self.poll.registry().deregister(&mut l);
         }
         self.expire_polls(Instant::now() + Duration::from_secs(3600 * 24 * 365));
+        // Backups under way end: their threads stop at their next frame
+        // and their snapshots' holds end (the client sees no BACKUP end).
+        self.backups.clear();
         for i in 0..self.slots.len() {
             if let Some(slot) = self.slots[i].as_mut() {
                 slot.conn.begin_close();
@@ -756,6 +776,7 @@ impl EventLoop {
                 token: self.config.token.as_deref(),
                 shutting_down: self.shutdown.load(Ordering::SeqCst),
                 subs: &mut self.subs,
+                receipts: &mut self.receipts,
                 conn,
             };
             // The handler's own time counts (latency, slow log).
@@ -830,6 +851,7 @@ impl EventLoop {
                     };
                     self.respond(conn, op, args, started, out);
                 }
+                Action::Backup => self.start_backup(conn, request_id, op, args, started),
             }
         }
         handled
@@ -852,6 +874,92 @@ impl EventLoop {
                 EventKind::AuthFailure | EventKind::ProtocolError => {
                     log::warn!("connection {peer}: {what}")
                 }
+            }
+        }
+    }
+
+    /// BACKUP: begins a snapshot (O(1)) and the thread that streams it, or
+    /// answers why not (OVERLOADED while `BACKUPS_MAX` run).
+    fn start_backup(
+        &mut self,
+        conn: ConnId,
+        request_id: u64,
+        op: Option<Opcode>,
+        args: Summary,
+        started: Instant,
+    ) {
+        if self.backups.len() >= backup::BACKUPS_MAX {
+            let out = handlers::error(
+                request_id,
+                ErrorCode::Overloaded,
+                Some(backup::BACKUPS_MAX as u64),
+                "as many backups as the node runs at once are under way",
+            );
+            return self.respond(conn, op, args, started, out);
+        }
+        match backup::start(
+            &self.engine,
+            conn,
+            request_id,
+            self.config.limits.frame_bytes_max,
+            self.waker.clone(),
+        ) {
+            Ok(stream) => self.backups.push(stream),
+            Err(out) => self.respond(conn, op, args, started, out),
+        }
+    }
+
+    /// Moves the frames the backup threads made to their connections,
+    /// each only while its output is below `backup::OUTPUT_QUEUED_MAX`
+    /// (the rest waits in the bounded channel, and the thread waits for
+    /// room): a backup goes as fast as its client reads. A stream whose
+    /// connection is gone is dropped, which stops its thread.
+    fn pump_backups(&mut self) {
+        let mut i = 0;
+        while i < self.backups.len() {
+            let (conn, request_id) = (self.backups[i].conn, self.backups[i].request_id);
+            let mut over = false;
+            loop {
+                let Some(slot) = self.slot_mut(conn) else {
+                    over = true;
+                    break;
+                };
+                if slot.conn.output_bytes() >= backup::OUTPUT_QUEUED_MAX {
+                    break;
+                }
+                match self.backups[i].try_next() {
+                    backup::Next::Msg(backup::Msg::Chunk(frame)) => {
+                        self.send(conn, backup::outgoing(request_id, frame, None));
+                    }
+                    backup::Next::Msg(backup::Msg::End { frame, error }) => {
+                        if let Some(code) = error {
+                            self.stats.error(code);
+                        }
+                        self.send(conn, backup::outgoing(request_id, frame, error));
+                        over = true;
+                    }
+                    backup::Next::Nothing => break,
+                    backup::Next::Gone => {
+                        let out = handlers::error(
+                            request_id,
+                            ErrorCode::Internal,
+                            None,
+                            "the backup thread ended without finishing",
+                        );
+                        self.stats.error(ErrorCode::Internal);
+                        self.send(conn, out);
+                        over = true;
+                    }
+                }
+                self.dirty.push(conn.index);
+                if over {
+                    break;
+                }
+            }
+            if over {
+                self.backups.swap_remove(i);
+            } else {
+                i += 1;
             }
         }
     }
@@ -915,7 +1023,12 @@ impl EventLoop {
     /// once.
     fn park(&mut self, w: Waiting<Parked>) {
         match w.work.answer(&self.engine, w.request_id) {
-            Some(out) => self.finish(w.conn, w.op, w.args, w.started, w.work.barrier(), out),
+            Some(out) => {
+                if let Some((group, sender, msg_id)) = w.work.accepted(&out) {
+                    self.receipts.sent(group, sender, msg_id);
+                }
+                self.finish(w.conn, w.op, w.args, w.started, w.work.barrier(), out)
+            }
             None => self.pending.entry(w.work.round()).or_default().push(w),
         }
     }
@@ -1049,22 +1162,46 @@ impl EventLoop {
             let bytes = batch.bytes;
             let frame = handlers::push(group, batch);
             for &conn in &targets {
-                let limit = self.config.limits.output_bytes_max;
-                let node_full = self.out_total + frame.head.len() + bytes
-                    > self.config.limits.output_bytes_total_max;
-                let Some(slot) = self.slot_mut(conn) else {
-                    continue;
-                };
-                if !slot.conn.is_subscribed() {
-                    continue; // cancelled by an earlier RESYNC in this loop
-                }
-                if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
-                    self.resync(conn);
-                } else {
+                if self.push_frame(conn, &frame, bytes) {
                     self.stats.pushes += 1;
-                    self.send(conn, frame.clone());
                 }
-                self.dirty.push(conn.index);
+            }
+        }
+    }
+
+    /// Queues a server-initiated frame (`bytes` of records after its head)
+    /// on a subscriber, or, when it would pass the connection's or the
+    /// node's output limit, sends RESYNC(all) instead. True if queued.
+    fn push_frame(&mut self, conn: ConnId, frame: &Outgoing, bytes: usize) -> bool {
+        let limit = self.config.limits.output_bytes_max;
+        let node_full =
+            self.out_total + frame.head.len() + bytes > self.config.limits.output_bytes_total_max;
+        let Some(slot) = self.slot_mut(conn) else {
+            return false;
+        };
+        if !slot.conn.is_subscribed() {
+            return false; // cancelled by an earlier RESYNC
+        }
+        let queued = if node_full || slot.conn.output_bytes() + frame.head.len() + bytes > limit {
+            self.resync(conn);
+            false
+        } else {
+            self.send(conn, frame.clone());
+            true
+        };
+        self.dirty.push(conn.index);
+        queued
+    }
+
+    /// Sends the receipts due by `now` (format-spec/protocol.md 5.3, 5.4):
+    /// the frames of the groups that had cursors move in the interval
+    /// (`Receipts::flush` costs only those).
+    fn flush_receipts(&mut self, now: Instant) {
+        for f in self.receipts.flush(&self.engine, now) {
+            for &conn in &f.to {
+                if self.push_frame(conn, &f.frame, 0) {
+                    self.stats.receipts += 1;
+                }
             }
         }
     }
@@ -1086,7 +1223,7 @@ impl EventLoop {
     fn unsubscribe_all(&mut self, conn: ConnId) {
         if let Some(slot) = slot_of(&mut self.slots, conn) {
             slot.conn
-                .unsubscribe_all(&self.engine, &mut self.subs, conn);
+                .unsubscribe_all(&self.engine, &mut self.subs, &mut self.receipts, conn);
         }
     }
 

@@ -15,13 +15,15 @@ use tidemark_engine::{
 
 use crate::config::{Limits, SendPolicy};
 use crate::connection::{Barrier, ConnId};
+use crate::receipts::Receipts;
 use crate::slowlog::SlowLog;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, GroupInfo,
     HelloResponse, JoinStart, MemberEntry, RecordsLen, Response, ResyncScope, RetentionPolicy,
     Stat, Subscription, SyncGroup, UnreadEntry, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, READERS_RESPONSE_FIXED_BYTES,
+    RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
 };
 
 /// The HELLO response's `server_name` (format-spec/protocol.md 4.1):
@@ -62,7 +64,13 @@ pub enum OpKind {
 /// A request parked until its commit round settles: a SEND, or a group or
 /// membership operation.
 pub enum Parked {
-    Send(Ticket),
+    /// A SEND, with its group and sender (a receipt subscription of the
+    /// pair counts its message once it is answered).
+    Send {
+        ticket: Ticket,
+        group: u64,
+        sender: u64,
+    },
     Op(OpTicket, OpKind),
 }
 
@@ -70,7 +78,7 @@ impl Parked {
     /// The commit round whose outcome answers it.
     pub fn round(&self) -> u64 {
         match self {
-            Parked::Send(ticket) => ticket.round,
+            Parked::Send { ticket, .. } => ticket.round,
             Parked::Op(ticket, _) => ticket.round(),
         }
     }
@@ -79,7 +87,7 @@ impl Parked {
     /// (format-spec/protocol.md 1.4).
     pub fn barrier(&self) -> Barrier {
         match self {
-            Parked::Send(_) => Barrier::Send,
+            Parked::Send { .. } => Barrier::Send,
             Parked::Op(..) => Barrier::Op,
         }
     }
@@ -88,7 +96,7 @@ impl Parked {
     /// complete when it is parked: the retransmit of a durable send).
     pub fn answer(&self, engine: &Engine, request_id: u64) -> Option<Outgoing> {
         let out = match self {
-            Parked::Send(ticket) => match engine.poll(ticket)? {
+            Parked::Send { ticket, .. } => match engine.poll(ticket)? {
                 Ok(a) => reply(
                     request_id,
                     &Response::Send {
@@ -118,6 +126,18 @@ impl Parked {
             },
         };
         Some(out)
+    }
+
+    /// A SEND's (group, sender, msg_id) once it was answered with success.
+    pub fn accepted(&self, out: &Outgoing) -> Option<(u64, u64, u64)> {
+        match self {
+            Parked::Send {
+                ticket,
+                group,
+                sender,
+            } if out.error.is_none() => Some((*group, *sender, ticket.appended.msg_id)),
+            _ => None,
+        }
     }
 }
 
@@ -182,6 +202,8 @@ pub enum Action {
     /// A fatal ERROR with this code was queued on the connection, which
     /// now closes (format-spec/protocol.md 1.6).
     Closed(ErrorCode),
+    /// BACKUP: the loop begins a snapshot and streams it (`backup.rs`).
+    Backup,
 }
 
 /// What a request the loop answers itself asks for.
@@ -205,7 +227,28 @@ pub struct Ctx<'a> {
     /// SUBSCRIBE and UNSUBSCRIBE change the connection's own list (the
     /// truth) and this index (derived from the lists) together.
     pub subs: &'a mut Subscriptions<ConnId>,
+    /// The node's receipt subscriptions: the ACK paths report the cursors
+    /// they move in watched groups (4.22).
+    pub receipts: &'a mut Receipts<ConnId>,
     pub conn: ConnId,
+}
+
+impl Ctx<'_> {
+    /// The member's cursor before an ACK, when its group's receipts are
+    /// watched (one lookup; nothing otherwise).
+    fn cursor_before(&self, group: u64, user: u64) -> Option<u64> {
+        if !self.receipts.watches(group) {
+            return None;
+        }
+        self.engine.cursor(group, user).ok()
+    }
+
+    /// Reports the cursor an ACK left if it moved from `before`.
+    fn report_move(&mut self, group: u64, user: u64, before: Option<u64>, after: u64) {
+        if before.is_some_and(|b| after > b) {
+            self.receipts.moved(group, user, after);
+        }
+    }
 }
 
 /// Encodes a response whose records the caller sends after the head.
@@ -456,7 +499,11 @@ pub fn send(
         client_msg_id,
         payload,
     })?;
-    Ok(Action::Park(Parked::Send(ticket)))
+    Ok(Action::Park(Parked::Send {
+        ticket,
+        group,
+        sender,
+    }))
 }
 
 /// PULL (4.10): answered at once, or a long poll when it found nothing and
@@ -464,7 +511,7 @@ pub fn send(
 // One argument per field of the request.
 #[allow(clippy::too_many_arguments)]
 pub fn pull(
-    ctx: &Ctx<'_>,
+    ctx: &mut Ctx<'_>,
     request_id: u64,
     group: u64,
     user: u64,
@@ -475,9 +522,18 @@ pub fn pull(
 ) -> Result<Action, EngineError> {
     let ack = (ack_up_to > 0).then_some(ack_up_to);
     let max_bytes = (max_bytes as usize).min(records_budget(ctx.limits));
+    let before = ack.and_then(|_| ctx.cursor_before(group, user));
     let pull = ctx
         .engine
-        .try_pull(group, user, max_count as usize, max_bytes, ack)?;
+        .try_pull(group, user, max_count as usize, max_bytes, ack);
+    if before.is_some() {
+        // Also after a refusal: a pull that must wait for an index applied
+        // its ACK first, and its re-run finds the cursor moved already.
+        if let Ok(after) = ctx.engine.cursor(group, user) {
+            ctx.report_move(group, user, before, after);
+        }
+    }
+    let pull = pull?;
     if pull.batch.count == 0 && wait_ms > 0 && max_count > 0 {
         let wait = Duration::from_millis(wait_ms.min(ctx.limits.long_poll_ms_max) as u64);
         // Invariant: max_bytes was clamped below frame_bytes_max (u32).
@@ -494,20 +550,25 @@ pub fn pull(
 
 /// ACK (4.11).
 pub fn ack(
-    ctx: &Ctx<'_>,
+    ctx: &mut Ctx<'_>,
     request_id: u64,
     group: u64,
     user: u64,
     msg_id: u64,
 ) -> Result<Outgoing, EngineError> {
-    let cursor = ctx.engine.ack(group, user, msg_id)?;
+    let ack = ctx.engine.ack_move(group, user, msg_id)?;
+    if ack.moved {
+        // One hash lookup when nobody watches the group.
+        ctx.receipts.moved(group, user, ack.cursor);
+    }
+    let cursor = ack.cursor;
     Ok(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
 }
 
 /// BATCH_ACK (4.12): each item's outcome; refused whole, before any item is
 /// applied, when its response could not be sent.
 pub fn batch_ack(
-    ctx: &Ctx<'_>,
+    ctx: &mut Ctx<'_>,
     request_id: u64,
     user: u64,
     items: &[AckItem],
@@ -527,12 +588,34 @@ pub fn batch_ack(
         ));
     }
     let pairs: Vec<(u64, u64)> = items.iter().map(|i| (i.group, i.msg_id)).collect();
+    // The cursors watched groups start from (a group may appear twice: the
+    // first item's is the start).
+    let mut before: Vec<(u64, u64)> = Vec::new();
+    for &(g, _) in &pairs {
+        if !before.iter().any(|&(b, _)| b == g) {
+            if let Some(c) = ctx.cursor_before(g, user) {
+                before.push((g, c));
+            }
+        }
+    }
     // Each outcome carries the cursor as it stood right after its item,
     // found by one membership lookup (never a walk of the user's groups):
     // the cost is bounded by the request's size.
-    let results = ctx
-        .engine
-        .batch_ack(user, &pairs)
+    let outcomes = ctx.engine.batch_ack(user, &pairs);
+    for &(g, start) in &before {
+        // Cursors only move forward: the last item of the group left the
+        // highest.
+        let last = pairs
+            .iter()
+            .zip(&outcomes)
+            .filter(|((pg, _), o)| *pg == g && o.error.is_none())
+            .map(|(_, o)| o.cursor)
+            .max();
+        if let Some(after) = last {
+            ctx.report_move(g, user, Some(start), after);
+        }
+    }
+    let results = outcomes
         .into_iter()
         .zip(items)
         .map(|(r, item)| BatchAckResult {
@@ -641,6 +724,55 @@ pub fn members(
     ))
 }
 
+/// READERS (4.21): the members at or above `msg_id` among at most
+/// [`members_page_max`] members examined above `after_user`, at most
+/// `max_count` listed. The work is bounded by the page limit whatever the
+/// group's size or how few members have read the message;
+/// `next_after_user` continues where the examination stopped.
+pub fn readers(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    msg_id: u64,
+    after_user: u64,
+    max_count: u32,
+) -> Result<Outgoing, EngineError> {
+    let fit = (ctx.limits.frame_bytes_max as usize).saturating_sub(READERS_RESPONSE_FIXED_BYTES)
+        / MEMBER_ENTRY_BYTES;
+    // At least one, so that a page always makes progress or ends.
+    let list_max = (max_count as usize).clamp(1, fit.max(1));
+    let examine = members_page_max(ctx.limits);
+    let page = ctx.engine.members_page(group, after_user, examine)?;
+    let mut readers = Vec::new();
+    let mut last_examined = after_user;
+    let mut stopped_early = false;
+    for &(user, cursor) in &page.members {
+        if cursor >= msg_id {
+            if readers.len() == list_max {
+                // The list is full: the next page starts at this member.
+                stopped_early = true;
+                break;
+            }
+            readers.push(MemberEntry { user, cursor });
+        }
+        last_examined = user;
+    }
+    let next_after_user = if stopped_early || page.has_more {
+        last_examined
+    } else {
+        0
+    };
+    Ok(reply(
+        request_id,
+        &Response::Readers {
+            next_after_user,
+            readers,
+        },
+        Vec::new(),
+        0,
+    ))
+}
+
 /// GROUP_INFO (4.20): head, retention floor, member count and policy.
 pub fn group_info(ctx: &Ctx<'_>, request_id: u64, group: u64) -> Result<Outgoing, EngineError> {
     let g = ctx.engine.group_info(group)?;
@@ -669,7 +801,7 @@ pub fn stats(request_id: u64, figures: &[(String, u64)]) -> Outgoing {
     reply(request_id, &Response::Stats(list), Vec::new(), 0)
 }
 
-/// INFO (format-spec/protocol.md 4.21): the node's text figures.
+/// INFO (format-spec/protocol.md 4.24): the node's text figures.
 pub fn info(request_id: u64, items: &[(String, String)]) -> Outgoing {
     let list: Vec<tidemark_protocol::InfoItem<'_>> = items
         .iter()
@@ -678,7 +810,7 @@ pub fn info(request_id: u64, items: &[(String, String)]) -> Outgoing {
     reply(request_id, &Response::Info(list), Vec::new(), 0)
 }
 
-/// SLOWLOG (format-spec/protocol.md 4.22): up to `max_count` entries,
+/// SLOWLOG (format-spec/protocol.md 4.25): up to `max_count` entries,
 /// newest first, as many as fit `frame_bytes_max`; with `reset`, the log
 /// is emptied once they are listed (entries that did not fit are dropped
 /// too: `held` says how many there were). Costs the entries listed.
@@ -780,6 +912,41 @@ pub fn subscribe(
         }
     }
     Ok(reply(request_id, &Response::Subscribe, Vec::new(), 0))
+}
+
+/// SUBSCRIBE_RECEIPTS (4.22)'s response, or its refusal: as SUBSCRIBE's,
+/// `held` counting every subscription of the connection and each group
+/// one more; the groups must exist. The connection adds the entries when
+/// this is `Ok`.
+pub fn subscribe_receipts(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    held: usize,
+    groups: &[u64],
+) -> Result<Outgoing, Outgoing> {
+    let max = ctx.limits.subscriptions_max;
+    if held + groups.len() > max {
+        return Err(error(
+            request_id,
+            ErrorCode::LimitExceeded,
+            Some(max as u64),
+            "too many subscriptions",
+        ));
+    }
+    if let Some(missing) = groups.iter().find(|g| ctx.engine.head(**g).is_err()) {
+        return Err(error(
+            request_id,
+            ErrorCode::GroupNotFound,
+            None,
+            &format!("group {missing} not found"),
+        ));
+    }
+    Ok(reply(
+        request_id,
+        &Response::SubscribeReceipts,
+        Vec::new(),
+        0,
+    ))
 }
 
 pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
@@ -907,7 +1074,8 @@ mod tests {
     /// is answered by the loop.
     fn call(e: &Engine, limits: &Limits, req: Request<'_>) -> Option<Vec<u8>> {
         let mut subs = Subscriptions::default();
-        let mut ctx = test_ctx(e, limits, None, &mut subs);
+        let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
+        let mut ctx = test_ctx(e, limits, None, &mut subs, &mut receipts);
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {
             Ok(Action::Answer(out)) | Err(Stop::Fatal(out)) => {
@@ -929,6 +1097,7 @@ mod tests {
         limits: &'a Limits,
         token: Option<&'a [u8]>,
         subs: &'a mut Subscriptions<ConnId>,
+        receipts: &'a mut Receipts<ConnId>,
     ) -> Ctx<'a> {
         Ctx {
             engine,
@@ -937,6 +1106,7 @@ mod tests {
             token,
             shutting_down: false,
             subs,
+            receipts,
             conn: ConnId {
                 index: 0,
                 generation: 0,
@@ -1127,7 +1297,8 @@ mod tests {
         let e = engine(dir.path());
         let limits = Limits::default();
         let mut subs = Subscriptions::default();
-        let mut ctx = test_ctx(&e, &limits, Some(b"s3cret"), &mut subs);
+        let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
+        let mut ctx = test_ctx(&e, &limits, Some(b"s3cret"), &mut subs, &mut receipts);
         let hello = Request::Hello {
             min_version: 1,
             max_version: 1,
@@ -1236,7 +1407,8 @@ mod tests {
         // waits in the next round while the requests below are handled.
         let (held, release) = hold_a_round(&e, &control, 2);
         let mut subs = Subscriptions::default();
-        let mut ctx = test_ctx(&e, &limits, None, &mut subs);
+        let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
+        let mut ctx = test_ctx(&e, &limits, None, &mut subs, &mut receipts);
         let mut conn = Connection::ready(limits.frame_bytes_max);
         let Ok(Action::Park(Parked::Op(delete, _))) =
             conn.handle_request(&mut ctx, 1, Request::DeleteGroup { group: 1 })
@@ -1366,6 +1538,7 @@ mod member_tests {
     /// or `None` when it parked (a SEND accepted).
     fn call(e: &Engine, limits: &Limits, sends: &SendPolicy, req: Request<'_>) -> Option<Vec<u8>> {
         let mut subs = Subscriptions::default();
+        let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, limits.frame_bytes_max);
         let mut ctx = Ctx {
             engine: e,
             limits,
@@ -1373,6 +1546,7 @@ mod member_tests {
             token: None,
             shutting_down: false,
             subs: &mut subs,
+            receipts: &mut receipts,
             conn: ConnId {
                 index: 0,
                 generation: 0,
@@ -1381,7 +1555,7 @@ mod member_tests {
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {
             Ok(Action::Answer(out)) => Some(out.head),
-            Ok(Action::Park(Parked::Send(ticket))) => {
+            Ok(Action::Park(Parked::Send { ticket, .. })) => {
                 e.wait(ticket).unwrap();
                 None
             }

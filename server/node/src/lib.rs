@@ -31,8 +31,13 @@
 //!   authentication failures, protocol errors) from flooding the log;
 //! - `host`: the background refresher of disk and memory figures;
 //! - `metrics`: `--metrics-listen`, the figures in the Prometheus text
-//!   format over HTTP on their own thread.
+//!   format over HTTP on their own thread;
+//! - `receipts`: who gets receipts, what moved since the last flush, the
+//!   RECEIPT and RECEIPT_COUNTS frames;
+//! - `backup`: BACKUP, a snapshot of the engine streamed by a backup
+//!   thread through a bounded channel.
 
+mod backup;
 mod config;
 mod connection;
 mod event_loop;
@@ -41,6 +46,7 @@ mod host;
 mod log_limit;
 mod long_poll;
 mod metrics;
+mod receipts;
 mod slowlog;
 mod stats;
 mod subscriptions;
@@ -51,3 +57,4 @@ pub use config::{
 };
 pub use event_loop::{serve, Shutdown};
 pub use metrics::{prometheus_series, stat_kind};
+pub use receipts::RECENT_SENDS_MAX;

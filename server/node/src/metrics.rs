@@ -340,7 +340,7 @@ pub fn render(figures: &[(String, u64)], info: &[(String, String)]) -> String {
         .collect();
     let _ = writeln!(
         out,
-        "# HELP tidemark_info INFO's text figures as labels (format-spec/protocol.md 4.21)"
+        "# HELP tidemark_info INFO's text figures as labels (format-spec/protocol.md 4.24)"
     );
     let _ = writeln!(out, "# TYPE tidemark_info gauge");
     let _ = writeln!(out, "tidemark_info{} 1", labels_text(&labels));
@@ -440,7 +440,7 @@ tidemark_net_connections 2
 # TYPE tidemark_requests counter
 tidemark_requests{op=\"send\"} 3
 tidemark_requests{op=\"ping\"} 1
-# HELP tidemark_info INFO's text figures as labels (format-spec/protocol.md 4.21)
+# HELP tidemark_info INFO's text figures as labels (format-spec/protocol.md 4.24)
 # TYPE tidemark_info gauge
 tidemark_info{version=\"0.1.0\",data_dir=\"/data/\\\"x\\\"\\n\"} 1
 ";

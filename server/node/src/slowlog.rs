@@ -1,5 +1,5 @@
 //! The slow log: the last requests that took at least a threshold, kept
-//! for SLOWLOG (format-spec/protocol.md 4.22) and `tidemark slowlog`.
+//! for SLOWLOG (format-spec/protocol.md 4.25) and `tidemark slowlog`.
 //!
 //! Representation: a ring of at most `entries_max` [`Entry`]s, oldest at
 //! the front, each a fixed-size value: the request's opcode, its
@@ -57,9 +57,11 @@ impl Summary {
                 ("client_name_bytes", client_name.len() as u64),
             ]),
             Request::Auth { token } => Summary::of(&[("token_bytes", token.len() as u64)]),
-            Request::Ping | Request::Stats | Request::Info | Request::Unsubscribe => {
-                Summary::default()
-            }
+            Request::Ping
+            | Request::Stats
+            | Request::Backup
+            | Request::Info
+            | Request::Unsubscribe => Summary::default(),
             Request::SlowLog { reset, max_count } => Summary::of(&[
                 ("reset", u64::from(*reset)),
                 ("max_count", u64::from(*max_count)),
@@ -135,6 +137,20 @@ impl Summary {
                 ("after_user", *after_user),
                 ("max_count", u64::from(*max_count)),
             ]),
+            Request::Readers {
+                group,
+                msg_id,
+                after_user,
+                max_count,
+            } => Summary::of(&[
+                ("group", *group),
+                ("msg_id", *msg_id),
+                ("after_user", *after_user),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::SubscribeReceipts { sender, groups } => {
+                Summary::of(&[("sender", *sender), ("groups", groups.len() as u64)])
+            }
             Request::Subscribe(Subscription::User(user)) => Summary::of(&[("user", *user)]),
             Request::Subscribe(Subscription::Groups(groups)) => {
                 Summary::of(&[("groups", groups.len() as u64)])

@@ -8,7 +8,7 @@
 //! what [`Stats::report`] emits; the metrics endpoint (`metrics.rs`) takes
 //! each figure's Prometheus type from it. A new figure is one row here and
 //! one row there. INFO's names ([`INFO_NAMES`]) are checked the same way
-//! against section 4.21.
+//! against section 4.24.
 //!
 //! Who owns what: the counters here belong to the event loop; the
 //! engine's figures are its atomics (`Engine::stats`, O(1) each); the
@@ -74,6 +74,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("net.deliveries", Counter, "records"),
     stat("net.pushes", Counter, "frames"),
     stat("net.resyncs", Counter, "frames"),
+    stat("net.receipts", Counter, "frames"),
     stat("net.errors", Counter, "frames"),
     stat("net.frames_timed_out", Counter, "connections"),
     stat("net.output_bytes_queued", Gauge, "bytes"),
@@ -113,6 +114,9 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.long_poll_ms_max", Gauge, "ms"),
     stat("limits.subscriptions_max", Gauge, "subscriptions"),
     stat("limits.members_page_max", Gauge, "members"),
+    stat("limits.receipt_members_max", Gauge, "members"),
+    stat("limits.receipt_interval_ms", Gauge, "ms"),
+    stat("limits.backups_max", Gauge, "backups"),
     stat("limits.members_per_group_max", Gauge, "members"),
     stat("limits.groups_per_user_max", Gauge, "groups"),
     stat("limits.groups_max", Gauge, "groups"),
@@ -152,7 +156,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("latency.{op}.{q}_ns", Gauge, "ns"),
 ];
 
-/// Every name INFO reports (format-spec/protocol.md 4.21, same order).
+/// Every name INFO reports (format-spec/protocol.md 4.24, same order).
 pub const INFO_NAMES: [&str; 6] = [
     "server.version",
     "server.build_commit",
@@ -267,6 +271,8 @@ pub struct Stats {
     pub deliveries: u64,
     pub pushes: u64,
     pub resyncs: u64,
+    /// RECEIPT and RECEIPT_COUNTS frames queued.
+    pub receipts: u64,
     pub errors: u64,
     /// Connections closed because a frame did not arrive whole in time.
     pub frames_timed_out: u64,
@@ -306,6 +312,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Auth => "auth",
         Opcode::Ping => "ping",
         Opcode::Stats => "stats",
+        Opcode::Backup => "backup",
         Opcode::Info => "info",
         Opcode::SlowLog => "slowlog",
         Opcode::CreateGroup => "create_group",
@@ -322,8 +329,10 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::ReadCount => "read_count",
         Opcode::Members => "members",
         Opcode::GroupInfo => "group_info",
+        Opcode::Readers => "readers",
         Opcode::Subscribe => "subscribe",
         Opcode::Unsubscribe => "unsubscribe",
+        Opcode::SubscribeReceipts => "subscribe_receipts",
     }
 }
 
@@ -374,6 +383,7 @@ impl Stats {
             ("net.deliveries".into(), self.deliveries),
             ("net.pushes".into(), self.pushes),
             ("net.resyncs".into(), self.resyncs),
+            ("net.receipts".into(), self.receipts),
             ("net.errors".into(), self.errors),
             ("net.frames_timed_out".into(), self.frames_timed_out),
             ("net.output_bytes_queued".into(), n(buffers.output)),
@@ -448,6 +458,15 @@ impl Stats {
             (
                 "limits.members_page_max".into(),
                 n(crate::handlers::members_page_max(limits)),
+            ),
+            ("limits.backups_max".into(), n(crate::backup::BACKUPS_MAX)),
+            (
+                "limits.receipt_members_max".into(),
+                n(limits.receipt_members_max),
+            ),
+            (
+                "limits.receipt_interval_ms".into(),
+                limits.receipt_interval_ms,
             ),
             (
                 "limits.members_per_group_max".into(),
@@ -650,13 +669,13 @@ mod tests {
         assert_eq!(get("storage.disk_scan_age_ms"), Some(0), "no walk yet");
     }
 
-    /// The rows of format-spec/protocol.md 4.21: the INFO names.
+    /// The rows of format-spec/protocol.md 4.24: the INFO names.
     #[test]
     fn every_info_name_is_in_the_spec_and_reported() {
         let spec = include_str!("../../../format-spec/protocol.md");
         let start = spec
-            .find("### 4.21 ")
-            .expect("protocol.md has section 4.21, INFO");
+            .find("### 4.24 ")
+            .expect("protocol.md has section 4.24, INFO");
         let section = &spec[start..];
         let end = section[5..].find("\n### ").map_or(section.len(), |e| e + 5);
         let rows: Vec<String> = section[..end]

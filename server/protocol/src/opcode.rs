@@ -3,7 +3,9 @@
 //!
 //! Requests use 0x01..=0x3F. The response to a request carries the request's
 //! opcode with the high bit set (0x81..=0xBF). Server-initiated frames use
-//! 0xF0 (PUSH) and 0xF1 (RESYNC); 0xFF is ERROR, the response to any request.
+//! 0xF0 (PUSH), 0xF1 (RESYNC), 0xF2 (RECEIPT), 0xF3 (RECEIPT_COUNTS) and
+//! 0xF4 (BACKUP_CHUNK, carrying its BACKUP's request id);
+//! 0xFF is ERROR, the response to any request.
 //! One byte thus tells a reader the direction and the body layout.
 
 /// The opcode of a request (and, with [`RESPONSE_BIT`], of its response).
@@ -14,8 +16,9 @@ pub enum Opcode {
     Auth = 0x02,
     Ping = 0x03,
     Stats = 0x04,
-    Info = 0x05,
-    SlowLog = 0x06,
+    Backup = 0x05,
+    Info = 0x06,
+    SlowLog = 0x07,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -30,8 +33,10 @@ pub enum Opcode {
     ReadCount = 0x27,
     Members = 0x28,
     GroupInfo = 0x29,
+    Readers = 0x2A,
     Subscribe = 0x30,
     Unsubscribe = 0x31,
+    SubscribeReceipts = 0x32,
 }
 
 /// Set in the opcode of every response to a request.
@@ -40,6 +45,13 @@ pub const RESPONSE_BIT: u8 = 0x80;
 pub const OPCODE_PUSH: u8 = 0xF0;
 /// Opcode of RESYNC (server-initiated, request id 0).
 pub const OPCODE_RESYNC: u8 = 0xF1;
+/// Opcode of RECEIPT (server-initiated, request id 0).
+pub const OPCODE_RECEIPT: u8 = 0xF2;
+/// Opcode of RECEIPT_COUNTS (server-initiated, request id 0).
+pub const OPCODE_RECEIPT_COUNTS: u8 = 0xF3;
+/// Opcode of BACKUP_CHUNK: part of a file of a BACKUP's snapshot, carrying
+/// the BACKUP's request id (format-spec/protocol.md, BACKUP).
+pub const OPCODE_BACKUP_CHUNK: u8 = 0xF4;
 /// Opcode of ERROR, the failure response to any request.
 pub const OPCODE_ERROR: u8 = 0xFF;
 
@@ -48,14 +60,15 @@ pub const OPCODE_ERROR: u8 = 0xFF;
 const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
-    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, INFO and
-    /// SLOWLOG are additions made after tidemark 0.1, format-spec/protocol.md
-    /// section 7).
-    pub const ALL: [Opcode; 22] = [
+    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
+    /// SUBSCRIBE_RECEIPTS, BACKUP, INFO and SLOWLOG are additions made after
+    /// tidemark 0.1, format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 25] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
+        Opcode::Backup,
         Opcode::Info,
         Opcode::SlowLog,
         Opcode::CreateGroup,
@@ -72,8 +85,10 @@ impl Opcode {
         Opcode::ReadCount,
         Opcode::Members,
         Opcode::GroupInfo,
+        Opcode::Readers,
         Opcode::Subscribe,
         Opcode::Unsubscribe,
+        Opcode::SubscribeReceipts,
     ];
 
     /// The request's opcode byte.
@@ -98,6 +113,7 @@ impl Opcode {
             Opcode::Auth => "AUTH",
             Opcode::Ping => "PING",
             Opcode::Stats => "STATS",
+            Opcode::Backup => "BACKUP",
             Opcode::Info => "INFO",
             Opcode::SlowLog => "SLOWLOG",
             Opcode::CreateGroup => "CREATE_GROUP",
@@ -114,8 +130,10 @@ impl Opcode {
             Opcode::ReadCount => "READ_COUNT",
             Opcode::Members => "MEMBERS",
             Opcode::GroupInfo => "GROUP_INFO",
+            Opcode::Readers => "READERS",
             Opcode::Subscribe => "SUBSCRIBE",
             Opcode::Unsubscribe => "UNSUBSCRIBE",
+            Opcode::SubscribeReceipts => "SUBSCRIBE_RECEIPTS",
         }
     }
 }
@@ -131,6 +149,14 @@ pub enum FrameKind {
     Push,
     /// Pushes were dropped; the client must pull (server-initiated).
     Resync,
+    /// Members' cursors moved in a group whose receipts the client
+    /// subscribed to (server-initiated; only after SUBSCRIBE_RECEIPTS).
+    Receipt,
+    /// Read counts of a sender's recent messages in a large group
+    /// (server-initiated; only after SUBSCRIBE_RECEIPTS).
+    ReceiptCounts,
+    /// Part of a file of a BACKUP's snapshot (the BACKUP's request id).
+    BackupChunk,
     /// The failure response to a request, or a connection-level error
     /// (request id 0).
     Error,
@@ -142,6 +168,9 @@ impl FrameKind {
         match b {
             OPCODE_PUSH => Some(FrameKind::Push),
             OPCODE_RESYNC => Some(FrameKind::Resync),
+            OPCODE_RECEIPT => Some(FrameKind::Receipt),
+            OPCODE_RECEIPT_COUNTS => Some(FrameKind::ReceiptCounts),
+            OPCODE_BACKUP_CHUNK => Some(FrameKind::BackupChunk),
             OPCODE_ERROR => Some(FrameKind::Error),
             b if b & RESPONSE_BIT != 0 => {
                 Opcode::from_request_byte(b & !RESPONSE_BIT).map(FrameKind::Response)
@@ -157,13 +186,19 @@ impl FrameKind {
             FrameKind::Response(op) => op.response_byte(),
             FrameKind::Push => OPCODE_PUSH,
             FrameKind::Resync => OPCODE_RESYNC,
+            FrameKind::Receipt => OPCODE_RECEIPT,
+            FrameKind::ReceiptCounts => OPCODE_RECEIPT_COUNTS,
+            FrameKind::BackupChunk => OPCODE_BACKUP_CHUNK,
             FrameKind::Error => OPCODE_ERROR,
         }
     }
 
     /// True for frames the server sends without a request (request id 0).
     pub const fn is_server_initiated(self) -> bool {
-        matches!(self, FrameKind::Push | FrameKind::Resync)
+        matches!(
+            self,
+            FrameKind::Push | FrameKind::Resync | FrameKind::Receipt | FrameKind::ReceiptCounts
+        )
     }
 }
 
@@ -192,7 +227,8 @@ mod tests {
                 kinds += 1;
             }
         }
-        // Requests, their responses, PUSH, RESYNC and ERROR.
-        assert_eq!(kinds, Opcode::ALL.len() * 2 + 3);
+        // Requests, their responses, PUSH, RESYNC, RECEIPT, RECEIPT_COUNTS,
+        // BACKUP_CHUNK and ERROR.
+        assert_eq!(kinds, Opcode::ALL.len() * 2 + 6);
     }
 }

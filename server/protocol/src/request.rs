@@ -66,10 +66,13 @@ pub enum Request<'a> {
     },
     Ping,
     Stats,
+    /// A consistent snapshot of the node, streamed as BACKUP_CHUNK frames
+    /// and ended by the BACKUP response.
+    Backup,
     /// The node's text figures (version, data directory, ...): an addition
-    /// (format-spec/protocol.md 4.21).
+    /// (format-spec/protocol.md 4.24).
     Info,
-    /// The slow log (4.22): up to `max_count` entries, newest first; with
+    /// The slow log (4.25): up to `max_count` entries, newest first; with
     /// `reset`, the log is emptied after they are listed (an addition).
     SlowLog {
         reset: bool,
@@ -149,8 +152,26 @@ pub enum Request<'a> {
     GroupInfo {
         group: u64,
     },
+    /// A page of the group's members whose cursor is at or above `msg_id`
+    /// (who has received it), by user id; the node examines a bounded
+    /// number of members per request.
+    Readers {
+        group: u64,
+        msg_id: u64,
+        /// Members with an id above this one; 0 starts from the first.
+        after_user: u64,
+        /// At most this many listed (the node clamps it to its page limit).
+        max_count: u32,
+    },
     Subscribe(Subscription),
     Unsubscribe,
+    /// Adds receipt subscriptions: RECEIPT pushes of these groups (and, in
+    /// groups above the node's receipt threshold, RECEIPT_COUNTS of
+    /// `sender`'s recent messages).
+    SubscribeReceipts {
+        sender: u64,
+        groups: Vec<u64>,
+    },
 }
 
 impl Request<'_> {
@@ -160,6 +181,7 @@ impl Request<'_> {
             Request::Auth { .. } => Opcode::Auth,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
+            Request::Backup => Opcode::Backup,
             Request::Info => Opcode::Info,
             Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
@@ -176,8 +198,10 @@ impl Request<'_> {
             Request::ReadCount { .. } => Opcode::ReadCount,
             Request::Members { .. } => Opcode::Members,
             Request::GroupInfo { .. } => Opcode::GroupInfo,
+            Request::Readers { .. } => Opcode::Readers,
             Request::Subscribe(_) => Opcode::Subscribe,
             Request::Unsubscribe => Opcode::Unsubscribe,
+            Request::SubscribeReceipts { .. } => Opcode::SubscribeReceipts,
         }
     }
 }
@@ -219,7 +243,8 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Info | Request::Unsubscribe => {}
+        Request::Ping | Request::Stats | Request::Backup | Request::Info | Request::Unsubscribe => {
+        }
         Request::SlowLog { reset, max_count } => {
             // Format: { reset: bool | max_count: u32 }
             put_bool(out, *reset);
@@ -340,6 +365,26 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_u64(out, *after_user);
             put_u32(out, *max_count);
         }
+        Request::Readers {
+            group,
+            msg_id,
+            after_user,
+            max_count,
+        } => {
+            // Format: { group: u64 | msg_id: u64 | after_user: u64 | max_count: u32 }
+            put_u64(out, *group);
+            put_u64(out, *msg_id);
+            put_u64(out, *after_user);
+            put_u32(out, *max_count);
+        }
+        Request::SubscribeReceipts { sender, groups } => {
+            // Format: { sender: u64 | groups: list<u64> }
+            put_u64(out, *sender);
+            put_count(out, groups.len(), "groups")?;
+            for g in groups {
+                put_u64(out, *g);
+            }
+        }
         Request::Subscribe(sub) => {
             // Format: { mode: u8 | user: u64 | groups: list<u64> }
             match sub {
@@ -407,6 +452,7 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         // Format: {} (empty body)
         Opcode::Ping => Request::Ping,
         Opcode::Stats => Request::Stats,
+        Opcode::Backup => Request::Backup,
         Opcode::Info => Request::Info,
         // Format: { reset: bool | max_count: u32 }
         Opcode::SlowLog => Request::SlowLog {
@@ -521,6 +567,23 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
             after_user: r.u64("after_user")?,
             max_count: r.u32("max_count")?,
         },
+        // Format: { group: u64 | msg_id: u64 | after_user: u64 | max_count: u32 }
+        Opcode::Readers => Request::Readers {
+            group: r.id("group")?,
+            msg_id: r.u64("msg_id")?,
+            after_user: r.u64("after_user")?,
+            max_count: r.u32("max_count")?,
+        },
+        Opcode::SubscribeReceipts => {
+            // Format: { sender: u64 | groups: list<u64> }
+            let sender = r.id("sender")?;
+            let n = r.count("groups", 8)?;
+            let mut groups = Vec::with_capacity(n);
+            for _ in 0..n {
+                groups.push(r.id("groups")?);
+            }
+            Request::SubscribeReceipts { sender, groups }
+        }
         Opcode::Subscribe => {
             // Format: { mode: u8 | user: u64 | groups: list<u64> }
             let mode_offset = r.offset();

@@ -12,8 +12,8 @@ use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
 use super::opcode::{FrameKind, Opcode};
 use super::records::{Records, RecordsSection};
 use super::wire::{
-    put_bool, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError, EncodeError,
-    Reader,
+    put_bool, put_bytes, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError,
+    EncodeError, Reader,
 };
 use super::PROTOCOL_VERSION;
 
@@ -40,14 +40,14 @@ pub struct Stat<'a> {
     pub value: u64,
 }
 
-/// One text figure of INFO (format-spec/protocol.md 4.21).
+/// One text figure of INFO (format-spec/protocol.md 4.24).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InfoItem<'a> {
     pub name: &'a str,
     pub value: &'a str,
 }
 
-/// One request the slow log kept (format-spec/protocol.md 4.22).
+/// One request the slow log kept (format-spec/protocol.md 4.25).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlowLogEntry<'a> {
     /// 1 for the first slow request since the node started, then dense.
@@ -64,7 +64,7 @@ pub struct SlowLogEntry<'a> {
     pub args: &'a str,
 }
 
-/// The SLOWLOG response (format-spec/protocol.md 4.22).
+/// The SLOWLOG response (format-spec/protocol.md 4.25).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlowLog<'a> {
     /// Requests that took at least this long are kept.
@@ -115,6 +115,15 @@ pub struct MemberEntry {
     pub cursor: u64,
 }
 
+/// One message of RECEIPT_COUNTS: how many members' cursors are at or
+/// above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceiptCount {
+    pub msg_id: u64,
+    /// Members whose cursor is at or above `msg_id` when the push was made.
+    pub count: u64,
+}
+
 /// A group's retention policy as GROUP_INFO reports it; all zero (the
 /// default) keeps every message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,6 +136,40 @@ pub struct RetentionPolicy {
     /// 0 = no size limit.
     pub max_bytes: u64,
 }
+
+/// The BACKUP response: the end of a snapshot's stream (format-spec/
+/// protocol.md, BACKUP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupEnd {
+    /// The checkpoint the snapshot copies.
+    pub checkpoint_seq: u64,
+    /// Its journal prefix ends in this journal file, at this length.
+    pub journal_seq: u64,
+    pub journal_len: u64,
+    /// How long beginning the snapshot held the node's writes back, in
+    /// microseconds.
+    pub pause_us: u64,
+    /// Files sent, and their bytes in all.
+    pub files: u32,
+    pub bytes: u64,
+}
+
+/// Part of one file of a snapshot: `data` is bytes `offset..offset +
+/// data.len()` of the file `name` (relative to the data directory,
+/// `/`-separated), which has `file_len` bytes in the snapshot. `crc32` is
+/// the CRC-32 of `data`, checked when decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupChunk<'a> {
+    pub name: &'a str,
+    pub file_len: u64,
+    pub offset: u64,
+    pub crc32: u32,
+    pub data: &'a [u8],
+}
+
+/// A BACKUP_CHUNK's bytes besides its name and data, the length prefix and
+/// header included: a node sizes its chunks to `frame_bytes_max` with it.
+pub const BACKUP_CHUNK_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 4 + 8 + 8 + 4 + 4;
 
 /// The answer to GROUP_INFO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -218,8 +261,17 @@ pub enum Response<'a, R = Records<'a>> {
         members: Vec<MemberEntry>,
     },
     GroupInfo(GroupInfo),
+    Readers {
+        /// The `after_user` of the next page; 0 when every member was
+        /// examined.
+        next_after_user: u64,
+        /// Members whose cursor is at or above the request's `msg_id`,
+        /// ascending user ids.
+        readers: Vec<MemberEntry>,
+    },
     Subscribe,
     Unsubscribe,
+    SubscribeReceipts,
     /// Server-initiated (request id 0): new records of a subscribed group.
     Push {
         group: u64,
@@ -227,6 +279,25 @@ pub enum Response<'a, R = Records<'a>> {
     },
     /// Server-initiated (request id 0): pushes were dropped; pull.
     Resync(ResyncScope),
+    /// Server-initiated (request id 0): members whose cursor moved in a
+    /// group of a receipt subscription, each once with its latest cursor.
+    Receipt {
+        group: u64,
+        /// At least one; ascending user ids.
+        receipts: Vec<MemberEntry>,
+    },
+    /// Server-initiated (request id 0): in a group above the receipt
+    /// threshold, the read counts of `sender`'s recent messages.
+    ReceiptCounts {
+        group: u64,
+        sender: u64,
+        /// At least one; ascending msg ids.
+        counts: Vec<ReceiptCount>,
+    },
+    /// The end of a BACKUP's stream.
+    Backup(BackupEnd),
+    /// Part of a file of a BACKUP's snapshot (the BACKUP's request id).
+    BackupChunk(BackupChunk<'a>),
     Error(ErrorResponse<'a>),
 }
 
@@ -236,11 +307,15 @@ impl<R> Response<'_, R> {
         let op = match self {
             Response::Push { .. } => return FrameKind::Push,
             Response::Resync(_) => return FrameKind::Resync,
+            Response::Receipt { .. } => return FrameKind::Receipt,
+            Response::ReceiptCounts { .. } => return FrameKind::ReceiptCounts,
+            Response::BackupChunk(_) => return FrameKind::BackupChunk,
             Response::Error(_) => return FrameKind::Error,
             Response::Hello(_) => Opcode::Hello,
             Response::Auth => Opcode::Auth,
             Response::Pong => Opcode::Ping,
             Response::Stats(_) => Opcode::Stats,
+            Response::Backup(_) => Opcode::Backup,
             Response::Info(_) => Opcode::Info,
             Response::SlowLog(_) => Opcode::SlowLog,
             Response::CreateGroup => Opcode::CreateGroup,
@@ -257,8 +332,10 @@ impl<R> Response<'_, R> {
             Response::ReadCount { .. } => Opcode::ReadCount,
             Response::Members { .. } => Opcode::Members,
             Response::GroupInfo(_) => Opcode::GroupInfo,
+            Response::Readers { .. } => Opcode::Readers,
             Response::Subscribe => Opcode::Subscribe,
             Response::Unsubscribe => Opcode::Unsubscribe,
+            Response::SubscribeReceipts => Opcode::SubscribeReceipts,
         };
         FrameKind::Response(op)
     }
@@ -279,6 +356,15 @@ pub const MEMBER_ENTRY_BYTES: usize = 16;
 /// included: the frame header, `has_more` and the list count. A node fits
 /// its pages to `frame_bytes_max` with it.
 pub const MEMBERS_RESPONSE_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 1 + 4;
+/// Bytes of one RECEIPT_COUNTS entry (msg_id, count).
+pub const RECEIPT_COUNT_BYTES: usize = 16;
+/// A READERS response's bytes besides its entries, its length prefix
+/// included: the frame header, `next_after_user` and the list count.
+pub const READERS_RESPONSE_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 8 + 4;
+/// A RECEIPT frame's bytes besides its entries, its length prefix included:
+/// the frame header, `group` and the list count. A node splits a round's
+/// receipts of one group into frames that fit `frame_bytes_max` with it.
+pub const RECEIPT_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 8 + 4;
 /// A SYNC group's fixed part: its UNREAD entry and its records-section count
 /// (protocol.md, SYNC response); a node budgets its frame with it.
 pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
@@ -287,10 +373,12 @@ pub const SYNC_GROUP_BYTES: usize = UNREAD_ENTRY_BYTES + 8;
 /// ERROR any id (0: about the connection), every other response nonzero.
 fn request_id_error(kind: FrameKind, request_id: u64) -> Option<&'static str> {
     match kind {
-        FrameKind::Push | FrameKind::Resync if request_id != 0 => {
+        FrameKind::Push | FrameKind::Resync | FrameKind::Receipt | FrameKind::ReceiptCounts
+            if request_id != 0 =>
+        {
             Some("server-initiated frames carry request id 0")
         }
-        FrameKind::Response(_) if request_id == 0 => {
+        FrameKind::Response(_) | FrameKind::BackupChunk if request_id == 0 => {
             Some("responses carry their request's nonzero id")
         }
         _ => None,
@@ -367,6 +455,48 @@ fn put_unread_entry(out: &mut Vec<u8>, e: &UnreadEntry) {
     put_u64(out, e.unread);
 }
 
+/// A list of (user, cursor) pairs: MEMBERS, READERS, RECEIPT.
+// Format: list<{ user: u64 | cursor: u64 }>
+fn put_members(
+    out: &mut Vec<u8>,
+    members: &[MemberEntry],
+    field: &'static str,
+) -> Result<(), EncodeError> {
+    put_count(out, members.len(), field)?;
+    for m in members {
+        put_u64(out, m.user);
+        put_u64(out, m.cursor);
+    }
+    Ok(())
+}
+
+/// The list [`put_members`] writes.
+// Format: list<{ user: u64 | cursor: u64 }>
+fn member_list(r: &mut Reader<'_>, field: &'static str) -> Result<Vec<MemberEntry>, DecodeError> {
+    let n = r.count(field, MEMBER_ENTRY_BYTES)?;
+    let mut members = Vec::with_capacity(n);
+    for _ in 0..n {
+        members.push(MemberEntry {
+            user: r.u64("user")?,
+            cursor: r.u64("cursor")?,
+        });
+    }
+    Ok(members)
+}
+
+/// A RECEIPT or RECEIPT_COUNTS list must not be empty: a push says
+/// something or is not sent.
+fn nonempty<T>(list: Vec<T>, field: &'static str, offset: usize) -> Result<Vec<T>, DecodeError> {
+    if list.is_empty() {
+        return Err(DecodeError::InvalidValue {
+            field,
+            offset,
+            value: 0,
+        });
+    }
+    Ok(list)
+}
+
 fn encode_body<R: RecordsSection>(
     resp: &Response<'_, R>,
     out: &mut Vec<u8>,
@@ -392,7 +522,8 @@ fn encode_body<R: RecordsSection>(
         | Response::DeleteGroup
         | Response::Leave
         | Response::Subscribe
-        | Response::Unsubscribe => {}
+        | Response::Unsubscribe
+        | Response::SubscribeReceipts => {}
         Response::Stats(stats) => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             put_count(out, stats.len(), "stats")?;
@@ -524,11 +655,38 @@ fn encode_body<R: RecordsSection>(
             put_u64(out, g.retention.max_age_ms);
             put_u64(out, g.retention.max_bytes);
         }
+        Response::Readers {
+            next_after_user,
+            readers,
+        } => {
+            // Format: { next_after_user: u64 | readers: list<{ user: u64 | cursor: u64 }> }
+            put_u64(out, *next_after_user);
+            put_members(out, readers, "readers")?;
+        }
         Response::Push { group, records } => {
             // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
             put_u64(out, *group);
             put_section_header(out, records)?;
             put_section_bytes(out, records, inline, trailing);
+        }
+        Response::Receipt { group, receipts } => {
+            // Format: { group: u64 | receipts: list<{ user: u64 | cursor: u64 }> }
+            put_u64(out, *group);
+            put_members(out, receipts, "receipts")?;
+        }
+        Response::ReceiptCounts {
+            group,
+            sender,
+            counts,
+        } => {
+            // Format: { group: u64 | sender: u64 | counts: list<{ msg_id: u64 | count: u64 }> }
+            put_u64(out, *group);
+            put_u64(out, *sender);
+            put_count(out, counts.len(), "counts")?;
+            for c in counts {
+                put_u64(out, c.msg_id);
+                put_u64(out, c.count);
+            }
         }
         Response::Resync(scope) => {
             // Format: { all: bool | group: u64 }
@@ -538,6 +696,24 @@ fn encode_body<R: RecordsSection>(
             };
             put_bool(out, all);
             put_u64(out, group);
+        }
+        Response::Backup(b) => {
+            // Format: { checkpoint_seq: u64 | journal_seq: u64 | journal_len: u64 |
+            //           pause_us: u64 | files: u32 | bytes: u64 }
+            put_u64(out, b.checkpoint_seq);
+            put_u64(out, b.journal_seq);
+            put_u64(out, b.journal_len);
+            put_u64(out, b.pause_us);
+            put_u32(out, b.files);
+            put_u64(out, b.bytes);
+        }
+        Response::BackupChunk(c) => {
+            // Format: { name: string | file_len: u64 | offset: u64 | crc32: u32 | data: bytes }
+            put_str(out, c.name, "name")?;
+            put_u64(out, c.file_len);
+            put_u64(out, c.offset);
+            put_u32(out, c.crc32);
+            put_bytes(out, c.data, "data")?;
         }
         Response::Error(e) => {
             // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
@@ -636,6 +812,33 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             let records = section_bytes(r, section)?;
             return Ok(Response::Push { group, records });
         }
+        FrameKind::Receipt => {
+            // Format: { group: u64 | receipts: list<{ user: u64 | cursor: u64 }> }
+            let group = r.id("group")?;
+            let at = r.offset();
+            let receipts = nonempty(member_list(r, "receipts")?, "receipts (count)", at)?;
+            return Ok(Response::Receipt { group, receipts });
+        }
+        FrameKind::ReceiptCounts => {
+            // Format: { group: u64 | sender: u64 | counts: list<{ msg_id: u64 | count: u64 }> }
+            let group = r.id("group")?;
+            let sender = r.id("sender")?;
+            let at = r.offset();
+            let n = r.count("counts", RECEIPT_COUNT_BYTES)?;
+            let mut counts = Vec::with_capacity(n);
+            for _ in 0..n {
+                counts.push(ReceiptCount {
+                    msg_id: r.u64("counts.msg_id")?,
+                    count: r.u64("counts.count")?,
+                });
+            }
+            let counts = nonempty(counts, "counts (count)", at)?;
+            return Ok(Response::ReceiptCounts {
+                group,
+                sender,
+                counts,
+            });
+        }
         FrameKind::Resync => {
             // Format: { all: bool | group: u64 }
             let scope = if r.bool("all")? {
@@ -645,6 +848,40 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
                 ResyncScope::Group(r.u64("group")?)
             };
             return Ok(Response::Resync(scope));
+        }
+        FrameKind::BackupChunk => {
+            // Format: { name: string | file_len: u64 | offset: u64 | crc32: u32 | data: bytes }
+            let name = r.str("name")?;
+            let file_len = r.u64("file_len")?;
+            let offset_at = r.offset();
+            let offset = r.u64("offset")?;
+            let crc_at = r.offset();
+            let crc32 = r.u32("crc32")?;
+            let data = r.bytes("data")?;
+            if offset
+                .checked_add(data.len() as u64)
+                .is_none_or(|end| end > file_len)
+            {
+                return Err(DecodeError::InvalidValue {
+                    field: "offset (the data ends past file_len)",
+                    offset: offset_at,
+                    value: offset,
+                });
+            }
+            if crc32fast::hash(data) != crc32 {
+                return Err(DecodeError::InvalidValue {
+                    field: "crc32 (of data)",
+                    offset: crc_at,
+                    value: u64::from(crc32),
+                });
+            }
+            return Ok(Response::BackupChunk(BackupChunk {
+                name,
+                file_len,
+                offset,
+                crc32,
+                data,
+            }));
         }
         FrameKind::Error => {
             // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
@@ -697,6 +934,17 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
         Opcode::Leave => Response::Leave,
         Opcode::Subscribe => Response::Subscribe,
         Opcode::Unsubscribe => Response::Unsubscribe,
+        Opcode::SubscribeReceipts => Response::SubscribeReceipts,
+        // Format: { checkpoint_seq: u64 | journal_seq: u64 | journal_len: u64 |
+        //           pause_us: u64 | files: u32 | bytes: u64 }
+        Opcode::Backup => Response::Backup(BackupEnd {
+            checkpoint_seq: r.u64("checkpoint_seq")?,
+            journal_seq: r.u64("journal_seq")?,
+            journal_len: r.u64("journal_len")?,
+            pause_us: r.u64("pause_us")?,
+            files: r.u32("files")?,
+            bytes: r.u64("bytes")?,
+        }),
         Opcode::Stats => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             let n = r.count("stats", STAT_BYTES_MIN)?;
@@ -848,6 +1096,11 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             }
             Response::Members { has_more, members }
         }
+        // Format: { next_after_user: u64 | readers: list<{ user: u64 | cursor: u64 }> }
+        Opcode::Readers => Response::Readers {
+            next_after_user: r.u64("next_after_user")?,
+            readers: member_list(r, "readers")?,
+        },
         // Format: { head: u64 | floor: u64 | member_count: u64 |
         //           retention_by_cursor: bool | retention_max_age_ms: u64 |
         //           retention_max_bytes: u64 }

@@ -95,6 +95,15 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
+    vector!("readers_request"),
+    vector!("readers_response"),
+    vector!("subscribe_receipts_request"),
+    vector!("subscribe_receipts_response"),
+    vector!("receipt"),
+    vector!("receipt_counts"),
+    vector!("backup_request"),
+    vector!("backup_chunk"),
+    vector!("backup_response"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -364,6 +373,94 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                     client: "127.0.0.1:50412",
                     args: "group=7 sender=42 client_msg_id=9 payload_bytes=5",
                 }],
+            }),
+        ),
+        "readers_request" => Expected::Req(
+            14,
+            Request::Readers {
+                group: 7,
+                msg_id: 1002,
+                after_user: 0,
+                max_count: 100,
+            },
+        ),
+        "readers_response" => Expected::Resp(
+            14,
+            Response::Readers {
+                next_after_user: 12,
+                readers: vec![
+                    MemberEntry {
+                        user: 9,
+                        cursor: 1002,
+                    },
+                    MemberEntry {
+                        user: 12,
+                        cursor: 1003,
+                    },
+                ],
+            },
+        ),
+        "subscribe_receipts_request" => Expected::Req(
+            15,
+            Request::SubscribeReceipts {
+                sender: 42,
+                groups: vec![7],
+            },
+        ),
+        "subscribe_receipts_response" => Expected::Resp(15, Response::SubscribeReceipts),
+        "receipt" => Expected::Resp(
+            0,
+            Response::Receipt {
+                group: 7,
+                receipts: vec![
+                    MemberEntry {
+                        user: 5,
+                        cursor: 1003,
+                    },
+                    MemberEntry {
+                        user: 9,
+                        cursor: 1002,
+                    },
+                ],
+            },
+        ),
+        "receipt_counts" => Expected::Resp(
+            0,
+            Response::ReceiptCounts {
+                group: 7,
+                sender: 42,
+                counts: vec![
+                    ReceiptCount {
+                        msg_id: 1001,
+                        count: 2,
+                    },
+                    ReceiptCount {
+                        msg_id: 1003,
+                        count: 1,
+                    },
+                ],
+            },
+        ),
+        "backup_request" => Expected::Req(14, Request::Backup),
+        "backup_chunk" => Expected::Resp(
+            14,
+            Response::BackupChunk(BackupChunk {
+                name: "FORMAT",
+                file_len: 32,
+                offset: 0,
+                crc32: 0x8005_82f7,
+                data: b"TDMKFMT\0",
+            }),
+        ),
+        "backup_response" => Expected::Resp(
+            14,
+            Response::Backup(BackupEnd {
+                checkpoint_seq: 3,
+                journal_seq: 5,
+                journal_len: 4144,
+                pause_us: 7,
+                files: 6,
+                bytes: 20480,
             }),
         ),
         other => panic!("vector {other} has no documented values"),
@@ -925,6 +1022,16 @@ fn every_request_and_response_round_trips() {
             reset: true,
             max_count: u32::MAX,
         },
+        Request::Readers {
+            group: 1,
+            msg_id: 0,
+            after_user: u64::MAX,
+            max_count: 0,
+        },
+        Request::SubscribeReceipts {
+            sender: 1,
+            groups: vec![],
+        },
     ];
     for (i, req) in reqs.iter().enumerate() {
         let mut out = Vec::new();
@@ -973,8 +1080,13 @@ fn every_request_and_response_round_trips() {
             member_count: 0,
             retention: RetentionPolicy::default(),
         }),
+        Response::Readers {
+            next_after_user: 0,
+            readers: vec![],
+        },
         Response::Subscribe,
         Response::Unsubscribe,
+        Response::SubscribeReceipts,
         Response::Error(ErrorResponse {
             code: ErrorCode::Internal,
             detail: None,
@@ -995,6 +1107,45 @@ fn every_request_and_response_round_trips() {
         decode_response(&Frame::parse(&out).unwrap()).unwrap(),
         Response::Resync(ResyncScope::All)
     );
+}
+
+/// A RECEIPT or RECEIPT_COUNTS frame says something or is not sent: an
+/// empty list, a zero group or a zero sender is malformed (the decoder's
+/// canonical form has no empty receipt), and receipts carry request id 0.
+#[test]
+fn receipt_frames_are_never_empty_and_carry_request_id_0() {
+    for resp in [
+        Response::Receipt {
+            group: 7,
+            receipts: vec![],
+        },
+        Response::ReceiptCounts {
+            group: 7,
+            sender: 42,
+            counts: vec![],
+        },
+        Response::Receipt {
+            group: 0,
+            receipts: vec![MemberEntry { user: 1, cursor: 1 }],
+        },
+        Response::ReceiptCounts {
+            group: 7,
+            sender: 0,
+            counts: vec![ReceiptCount {
+                msg_id: 1,
+                count: 1,
+            }],
+        },
+    ] {
+        let mut out = Vec::new();
+        encode_response(0, &resp, &mut out).unwrap();
+        let err = decode_response(&Frame::parse(&out).unwrap()).unwrap_err();
+        assert!(
+            matches!(err, DecodeError::InvalidValue { .. }),
+            "{resp:?}: {err:?}"
+        );
+        assert!(encode_response(1, &resp, &mut Vec::new()).is_err());
+    }
 }
 
 #[test]
@@ -1023,4 +1174,33 @@ fn frame_limit_covers_a_largest_record_response() {
     )
     .unwrap();
     assert_eq!((out.len() - 4) as u64, min);
+}
+
+#[test]
+fn a_backup_chunk_with_a_wrong_crc_or_past_its_file_is_refused() {
+    let good = vector_bytes("backup_chunk");
+    let frame = Frame::parse(&good).unwrap();
+    assert!(decode_response(&frame).is_ok());
+    // A data byte flipped: the CRC no longer matches.
+    let mut bad = good.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::InvalidValue { offset: 42, .. }),
+        "{err:?}"
+    );
+    // file_len 4: the 8 data bytes end past it.
+    let mut bad = good.clone();
+    bad[26] = 4;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::InvalidValue { offset: 34, .. }),
+        "{err:?}"
+    );
+    // Request id 0 is refused for a chunk, as for any response.
+    let mut bad = good;
+    bad[8] = 0;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(matches!(err, DecodeError::BadRequestId { .. }), "{err:?}");
 }

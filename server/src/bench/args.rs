@@ -22,7 +22,10 @@ pub enum Workload {
     /// Issue 12: many groups of an IM node's size mix, Zipf sends, clean
     /// and crash restarts; disk, memory and restart figures (needs --spawn).
     Population,
-    /// W1, W2, W3, W4 and mixed (not population).
+    /// Issue 13: the W3 ACK storm in one large group without, then with,
+    /// receipt subscribers (SUBSCRIBE_RECEIPTS): what a receipt costs.
+    Receipts,
+    /// W1, W2, W3, W4 and mixed (not population, not receipts).
     All,
 }
 
@@ -35,6 +38,7 @@ impl Workload {
             Workload::W4 => "w4",
             Workload::Mixed => "mixed",
             Workload::Population => "population",
+            Workload::Receipts => "receipts",
             Workload::All => "all",
         }
     }
@@ -42,7 +46,7 @@ impl Workload {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, all
+    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts, all
     /// (all = w1..w4 and mixed).
     #[arg(
         long,
@@ -68,6 +72,10 @@ pub struct BenchArgs {
     /// (default: the system's temporary directory).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Keep a spawned node's data directory after the run (its path is
+    /// printed on stderr), to inspect it or time restarts of it.
+    #[arg(long)]
+    pub keep_data: bool,
     /// File with the token the node requires (trailing newline ignored).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -149,6 +157,15 @@ pub struct BenchArgs {
     /// them in the shared journal, with no file of their own.
     #[arg(long)]
     pub node_small_group_bytes_max: Option<u64>,
+    /// receipts: connections subscribed to the group's receipts in the
+    /// second run.
+    #[arg(long, default_value_t = 4)]
+    pub receipt_subscribers: usize,
+    /// receipts: the spawned node's `serve --receipt-members-max` (default:
+    /// the node's own, 1,000, so a 100,000-member group gets counts-only
+    /// receipts); above the group's size it measures list receipts.
+    #[arg(long)]
+    pub node_receipt_members_max: Option<u64>,
 }
 
 impl BenchArgs {

@@ -12,7 +12,9 @@
 //! - `conn`: a pipelining connection on the protocol codec.
 //! - `driver`: one thread per connection, requests in flight, latency.
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
-//!   population workload of issue 12 (groups held, restarts).
+//!   population workload of issue 12 (groups held, restarts); `receipts`:
+//!   the ACK storm of one large group without and with receipt
+//!   subscribers (issue 13).
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
 //! - `node`: `--spawn` (and the population's stops, kills, restarts,
 //!   memory and disk readings).
@@ -29,6 +31,7 @@ mod node;
 pub mod plan;
 mod population;
 mod progress;
+mod receipts;
 mod report;
 mod workloads;
 
@@ -110,6 +113,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
             let parent = args.data_dir.clone().unwrap_or_else(std::env::temp_dir);
             let extra = match w {
                 Workload::Population => population::node_flags(args, &bin)?,
+                Workload::Receipts => receipts::node_flags(args),
                 _ => Vec::new(),
             };
             Some(SpawnedNode::start(
@@ -118,6 +122,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 w.name(),
                 &args.fsync,
                 extra,
+                args.keep_data,
             )?)
         } else {
             None
@@ -148,6 +153,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 Some(node) => population::population(&ctx, node)?,
                 None => return Err("the population workload needs --spawn".into()),
             },
+            Workload::Receipts => receipts::receipts(&ctx)?,
             Workload::All => continue,
         };
         if let Some(n) = &spawned {

@@ -1,5 +1,6 @@
 //! `--spawn`: a node started as a child process on a fresh data directory,
-//! stopped (SIGTERM, then SIGKILL) and its directory removed when dropped.
+//! stopped (SIGTERM, then SIGKILL) and its directory removed when dropped
+//! (kept with `--keep-data`).
 //! The population workload also stops it cleanly, kills it, restarts the
 //! same binary on the same directory, and reads its memory (`/proc`) and
 //! its directory's size. A workload may pass the node extra `serve` flags
@@ -30,6 +31,8 @@ pub struct SpawnedNode {
     fsync: String,
     /// Extra `serve` flags, given again on every restart.
     extra: Vec<String>,
+    /// Leave the data directory when dropped (`--keep-data`).
+    keep: bool,
 }
 
 /// What `du` and `find | wc -l` would say of a directory tree.
@@ -61,6 +64,7 @@ impl SpawnedNode {
         label: &str,
         fsync: &str,
         extra: Vec<String>,
+        keep: bool,
     ) -> Result<SpawnedNode, String> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -79,6 +83,7 @@ impl SpawnedNode {
             bin: bin.to_path_buf(),
             fsync: fsync.to_string(),
             extra,
+            keep,
         })
     }
 
@@ -335,6 +340,13 @@ impl Drop for SpawnedNode {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.keep {
+            eprintln!(
+                "tidemark bench: data directory kept: {}",
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }

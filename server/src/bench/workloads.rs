@@ -129,7 +129,7 @@ pub(crate) fn node_stats(conn: &mut Conn) -> Result<HashMap<String, u64>, String
     Ok(out)
 }
 
-fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, k: &str) -> u64 {
+pub(crate) fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, k: &str) -> u64 {
     after
         .get(k)
         .copied()
@@ -426,7 +426,7 @@ impl Job for W2Job {
 /// ending in `joined`.
 // One argument per part of the setup.
 #[allow(clippy::too_many_arguments)]
-fn one_group_setup(
+pub(crate) fn one_group_setup(
     ctx: &Ctx<'_>,
     conns: &mut [Conn],
     rep: &mut Report,
@@ -565,12 +565,14 @@ pub(crate) fn w2(ctx: &Ctx<'_>) -> Result<Report, String> {
 
 // ---------------------------------------------------------------- W3
 
-struct W3Job {
-    group: u64,
-    base: u64,
-    acks: Vec<(u64, u64)>,
-    pos: usize,
-    fault: Option<String>,
+pub(crate) struct W3Job {
+    pub group: u64,
+    pub base: u64,
+    /// (member, target) ACKs, in order.
+    pub acks: Vec<(u64, u64)>,
+    pub pos: usize,
+    /// The first ACK whose answer was not its target.
+    pub fault: Option<String>,
 }
 
 impl Job for W3Job {

@@ -1,5 +1,5 @@
 //! The observing commands: `stats` (STATS and INFO, grouped by area) and
-//! `slowlog` (SLOWLOG, format-spec/protocol.md 4.22).
+//! `slowlog` (SLOWLOG, format-spec/protocol.md 4.25).
 //!
 //! `stats` prints each figure with its kind and unit, as protocol.md
 //! 4.4.1 lists them (this binary's copy of that table; a figure of a newer

@@ -182,7 +182,8 @@ fn tail(a: TailArgs) -> Result<(), CliError> {
     let mut printed = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match c.next_event(POLL) {
-            Ok(None) => {}
+            // A tail never subscribes to receipts.
+            Ok(None | Some(Event::Receipt { .. } | Event::ReceiptCounts { .. })) => {}
             Ok(Some(Event::Push(messages))) => {
                 let mut text = String::new();
                 for m in &messages {

@@ -294,6 +294,9 @@ pub struct Journal {
     /// recovery), headers of rolled files included: what triggers the
     /// next checkpoint.
     written: u64,
+    /// Where the end of the written frames is published for snapshots
+    /// (`pins::Holds`), once the engine is open.
+    published: Option<Arc<crate::state::pins::Holds>>,
 }
 
 impl Journal {
@@ -319,7 +322,24 @@ impl Journal {
             next_lsn: start.lsn,
             next_round: start.round,
             written: JOURNAL_HEADER_BYTES as u64,
+            published: None,
         })
+    }
+
+    /// From now on, the end of the written frames is published to `holds`
+    /// after every write and roll (a snapshot's journal prefix ends there).
+    pub(crate) fn publish_to(&mut self, holds: Arc<crate::state::pins::Holds>) {
+        self.published = Some(holds);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if let Some(h) = &self.published {
+            h.journal_at(crate::state::pins::JournalEnd {
+                seq: self.seq,
+                len: self.len,
+            });
+        }
     }
 
     /// Writes `frame` (sealed here with the next lsn, round index and the
@@ -329,6 +349,7 @@ impl Journal {
     /// is cut back to where it was and no number is used, so a failed
     /// write (a full disk) can be retried as if it never happened.
     pub fn append(&mut self, frame: &mut FrameBuf, kind: FrameKind) -> Result<FrameWritten> {
+        lsn_available(self.next_lsn)?;
         let roll_syncs = self.roll_for(frame.len())?;
         let round = match kind {
             FrameKind::Round => self.next_round,
@@ -354,6 +375,7 @@ impl Journal {
                 expected: self.next_round,
             });
         }
+        lsn_available(self.next_lsn)?;
         let roll_syncs = self.roll_for(frame.len())?;
         let bytes = frame
             .seal_envelope(FrameKind::Round, self.next_lsn, self.synced, self.mark_key)
@@ -396,6 +418,7 @@ impl Journal {
         if kind == FrameKind::Round {
             self.next_round = self.next_round.saturating_add(1);
         }
+        self.publish();
         Ok(FrameWritten {
             lsn,
             roll_syncs,
@@ -426,6 +449,7 @@ impl Journal {
         self.synced = JOURNAL_HEADER_BYTES as u64;
         self.mark_key = mark_key;
         self.written += JOURNAL_HEADER_BYTES as u64;
+        self.publish();
         Ok(())
     }
 
@@ -471,12 +495,25 @@ impl Journal {
 
 /// Creates journal file `start.seq` (truncating any file of that name),
 /// writes its header, syncs it and its directory.
+/// Refuses a frame number past [`LSN_MAX`]: a reader would take the frame
+/// (or a file header naming it) for damage. Only a crafted header starts
+/// near the end; 2^62 frames are never written.
+fn lsn_available(lsn: u64) -> Result<()> {
+    if lsn > LSN_MAX {
+        return Err(Error::WritesStopped {
+            reason: format!("journal frame numbers exhausted (next lsn {lsn} is at 2^62)"),
+        });
+    }
+    Ok(())
+}
+
 fn create_file(
     vfs: &dyn Vfs,
     dir: &Path,
     start: JournalStart,
     options: JournalOptions,
 ) -> Result<(PathBuf, Box<dyn VfsFile>, u32)> {
+    lsn_available(start.lsn)?;
     let path = journal_path(dir, start.seq);
     let ctx = |op: &str| format!("{op} {}", path.display());
     let file = vfs
@@ -596,6 +633,40 @@ mod tests {
             b[at] ^= 1;
             assert!(decode_header_of(&b).is_err(), "byte {at}");
         }
+    }
+
+    /// Fuzz finding F12: a journal whose header starts at the last frame
+    /// number a reader accepts took one more frame numbered 2^62, which
+    /// the next open would call damage (and a group's `applied_lsn` cannot
+    /// hold). The writer refuses it: writes stop with a reason.
+    #[test]
+    fn the_writer_stops_at_the_last_frame_number_a_reader_accepts() {
+        let dir = tempfile::tempdir().unwrap();
+        let vfs: Arc<dyn Vfs> = Arc::new(OsVfs);
+        let options = JournalOptions {
+            segments_may_lead: false,
+            file_bytes_max: 400,
+        };
+        let start = JournalStart {
+            seq: 1,
+            lsn: LSN_MAX,
+            round: 1,
+        };
+        let mut j = Journal::create(vfs.clone(), dir.path(), start, options).unwrap();
+        let mut f = FrameBuf::default();
+        f.push_entry(EntryKind::CreateGroup, 1, |b| b.extend_from_slice(&[0; 40]));
+        assert_eq!(j.append(&mut f, FrameKind::Round).unwrap().lsn, LSN_MAX);
+        f.clear();
+        f.push_entry(EntryKind::CreateGroup, 2, |b| b.extend_from_slice(&[0; 40]));
+        assert!(matches!(
+            j.append(&mut f, FrameKind::Round),
+            Err(Error::WritesStopped { .. })
+        ));
+        assert!(matches!(j.roll(), Err(Error::WritesStopped { .. })));
+        let files = list(&*vfs, dir.path()).unwrap();
+        assert_eq!(files.len(), 1, "no file numbered past the limit");
+        let first = std::fs::read(&files[0].1).unwrap();
+        assert_eq!(frames_of_file(&first).len(), 1);
     }
 
     #[test]

@@ -219,6 +219,12 @@ impl Inbox {
                         ResyncScope::All => self.subscribed_gen = 0,
                     }
                 }
+                // An inbox's connection never sends SUBSCRIBE_RECEIPTS, so
+                // receipts do not come; were one to, it is traffic and
+                // nothing else (no message, no effect on the dedup filter).
+                Ok(Some(Event::Receipt { .. } | Event::ReceiptCounts { .. })) => {
+                    self.last_traffic = Instant::now();
+                }
                 Ok(None) => {
                     if Instant::now() >= later(self.last_traffic, heartbeat) {
                         // Quiet for a while: make sure the connection lives.

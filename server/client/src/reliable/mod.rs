@@ -15,6 +15,10 @@
 //!   lost ACK) reaches the application once, and a [`BatchAcker`] that
 //!   acknowledges after N messages or T milliseconds, whichever comes
 //!   first, and on close.
+//! - [`Receipts`] (sender side, the seeds' `ack:N`): the delivery state of
+//!   the application's own messages, from RECEIPT and RECEIPT_COUNTS
+//!   pushes, with READERS and READ_COUNT pulls as the truth after every
+//!   (re)subscription.
 //! - Every record's CRC is verified before a message reaches the
 //!   application (a mismatch is [`Error::Crc`]); every wire error code has
 //!   its own [`Error`] variant; nothing the node sends makes this code panic.
@@ -32,6 +36,7 @@ mod dedup;
 mod error;
 mod inbox;
 mod link;
+mod receipts;
 mod sender;
 
 use std::collections::hash_map::RandomState;
@@ -43,6 +48,7 @@ pub use dedup::{DedupFilter, Verdict};
 pub use error::{Ctx, Error};
 pub use inbox::{Inbox, InboxStats, Messages, Pulled};
 pub use link::LinkStats;
+pub use receipts::{Delivery, Receipts, ReceiptsStats, TRACKED_PER_GROUP_MAX};
 pub use sender::{ReliableClient, SendOutcome, SenderStats};
 
 use crate::client::ClientConfig;
