@@ -4,7 +4,8 @@
 use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
 use super::opcode::{FrameKind, Opcode};
 use super::wire::{
-    put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError, Reader,
+    put_bool, put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError,
+    Reader,
 };
 use super::PROTOCOL_VERSION;
 
@@ -68,6 +69,15 @@ pub enum Request<'a> {
     /// A consistent snapshot of the node, streamed as BACKUP_CHUNK frames
     /// and ended by the BACKUP response.
     Backup,
+    /// The node's text figures (version, data directory, ...): an addition
+    /// (format-spec/protocol.md 4.24).
+    Info,
+    /// The slow log (4.25): up to `max_count` entries, newest first; with
+    /// `reset`, the log is emptied after they are listed (an addition).
+    SlowLog {
+        reset: bool,
+        max_count: u32,
+    },
     CreateGroup {
         group: u64,
     },
@@ -172,6 +182,8 @@ impl Request<'_> {
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
             Request::Backup => Opcode::Backup,
+            Request::Info => Opcode::Info,
+            Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
             Request::Join { .. } => Opcode::Join,
@@ -231,7 +243,13 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Backup | Request::Unsubscribe => {}
+        Request::Ping | Request::Stats | Request::Backup | Request::Info | Request::Unsubscribe => {
+        }
+        Request::SlowLog { reset, max_count } => {
+            // Format: { reset: bool | max_count: u32 }
+            put_bool(out, *reset);
+            put_u32(out, *max_count);
+        }
         Request::CreateGroup { group }
         | Request::DeleteGroup { group }
         | Request::GroupInfo { group } => {
@@ -435,6 +453,12 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Ping => Request::Ping,
         Opcode::Stats => Request::Stats,
         Opcode::Backup => Request::Backup,
+        Opcode::Info => Request::Info,
+        // Format: { reset: bool | max_count: u32 }
+        Opcode::SlowLog => Request::SlowLog {
+            reset: r.bool("reset")?,
+            max_count: r.u32("max_count")?,
+        },
         Opcode::Unsubscribe => Request::Unsubscribe,
         // Format: { group: u64 }
         Opcode::CreateGroup => Request::CreateGroup {
