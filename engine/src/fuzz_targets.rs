@@ -385,6 +385,13 @@ fn decode_entry_body(kind: EntryKind, body: &[u8]) {
                 assert_eq!(again, body);
             }
         }
+        EntryKind::ClearHistory => {
+            if let Some((user, up_to)) = journal::body::decode_clear_history(body) {
+                let mut again = Vec::new();
+                journal::body::encode_clear_history(&mut again, user, up_to);
+                assert_eq!(again, body);
+            }
+        }
         EntryKind::Cursors => {
             assert!(journal::body::decode_cursors(body).count() <= body.len() / 16)
         }
