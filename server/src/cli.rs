@@ -30,6 +30,7 @@ use crate::token_file::read_token_file;
 
 pub mod ops;
 pub mod payload;
+pub mod retention;
 
 /// Why a client subcommand failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +98,8 @@ pub enum ClientCommand {
     Stats(StatsArgs),
     #[command(flatten)]
     Ops(ops::OpsCommand),
+    #[command(flatten)]
+    Retention(retention::RetentionCommand),
     /// Run a scripted session with offline members and cut connections;
     /// print what each member's application received.
     Demo(demo::DemoArgs),
@@ -368,6 +371,7 @@ impl ClientCommand {
             ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
             ClientCommand::Ops(c) => c.json(),
+            ClientCommand::Retention(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
     }
@@ -397,6 +401,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::GroupInfo(a) => group_info(a),
         ClientCommand::Stats(a) => stats(a),
         ClientCommand::Ops(c) => ops::run(c),
+        ClientCommand::Retention(c) => retention::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }

@@ -22,6 +22,7 @@ mod node;
 mod ops_cli;
 mod proxy;
 mod receipts;
+mod retention;
 mod segment_damage;
 mod spec_limits;
 mod storage_format;

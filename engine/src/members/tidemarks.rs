@@ -113,6 +113,17 @@ impl Engine {
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<OpTicket> {
         self.check_writable()?;
+        self.submit_group_entry(group_id, kind, body)
+    }
+
+    /// Queues one entry of the group with a reply, without the free-space
+    /// check (the caller made the checks its request needs).
+    fn submit_group_entry(
+        &self,
+        group_id: u64,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         let reply = Arc::new(Reply::default());
         let _assign = group.assign.lock();
@@ -214,10 +225,19 @@ impl Engine {
 
     /// Sets the group's retention policy. Durable when it returns.
     pub fn set_retention(&self, group_id: u64, policy: Retention) -> Result<()> {
-        let ticket = self.submit_member_op(group_id, EntryKind::SetRetention, |b| {
-            body::encode_set_retention(b, &policy)
-        })?;
+        let ticket = self.submit_set_retention(group_id, policy)?;
         self.wait_op(ticket).map(|_| ())
+    }
+
+    /// Queues a SetRetention entry; the policy holds once its round
+    /// completes, and the checkpointer's next retention pass applies it.
+    /// Accepted while the disk is nearly full, like a delete: a policy is
+    /// how an operator gives space back, and its entry is 33 bytes.
+    pub fn submit_set_retention(&self, group_id: u64, policy: Retention) -> Result<OpTicket> {
+        self.check_not_stopped()?;
+        self.submit_group_entry(group_id, EntryKind::SetRetention, |b| {
+            body::encode_set_retention(b, &policy)
+        })
     }
 
     /// Clears the member's history up to `up_to` (OpenIM's per-user

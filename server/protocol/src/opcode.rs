@@ -19,6 +19,8 @@ pub enum Opcode {
     DeleteGroup = 0x11,
     Join = 0x12,
     Leave = 0x13,
+    SetRetention = 0x14,
+    ClearHistory = 0x15,
     Send = 0x20,
     Pull = 0x21,
     Ack = 0x22,
@@ -53,10 +55,10 @@ pub const OPCODE_ERROR: u8 = 0xFF;
 const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
-    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS and
-    /// SUBSCRIBE_RECEIPTS are additions made after tidemark 0.1,
-    /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 22] = [
+    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
+    /// SUBSCRIBE_RECEIPTS, SET_RETENTION and CLEAR_HISTORY are additions
+    /// made after tidemark 0.1, format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 24] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -65,6 +67,8 @@ impl Opcode {
         Opcode::DeleteGroup,
         Opcode::Join,
         Opcode::Leave,
+        Opcode::SetRetention,
+        Opcode::ClearHistory,
         Opcode::Send,
         Opcode::Pull,
         Opcode::Ack,
@@ -107,6 +111,8 @@ impl Opcode {
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",
             Opcode::Leave => "LEAVE",
+            Opcode::SetRetention => "SET_RETENTION",
+            Opcode::ClearHistory => "CLEAR_HISTORY",
             Opcode::Send => "SEND",
             Opcode::Pull => "PULL",
             Opcode::Ack => "ACK",
