@@ -4,8 +4,8 @@
 //! node's default policy (`serve --retention-*`) is stored with the groups
 //! created under it; CLEAR_HISTORY (and `tidemark clear-history`) hides a
 //! member's history from it alone with its unread count exact; all of it
-//! across a SIGKILL and a graceful restart (format-spec/protocol.md 4.23,
-//! 4.24; storage.md section 9 "Retention", section 15.2).
+//! across a SIGKILL and a graceful restart (format-spec/protocol.md 4.26,
+//! 4.27; storage.md section 9 "Retention", section 15.2).
 
 use std::path::Path;
 use std::time::{Duration, Instant};

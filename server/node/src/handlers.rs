@@ -457,7 +457,7 @@ pub fn leave(ctx: &Ctx<'_>, group: u64, user: u64) -> Result<Action, EngineError
     Ok(Action::Park(Parked::Op(ticket, OpKind::Leave)))
 }
 
-/// SET_RETENTION (4.23): parked until the policy is durable.
+/// SET_RETENTION (4.26): parked until the policy is durable.
 pub fn set_retention(
     ctx: &Ctx<'_>,
     group: u64,
@@ -474,7 +474,7 @@ pub fn set_retention(
     Ok(Action::Park(Parked::Op(ticket, OpKind::SetRetention)))
 }
 
-/// CLEAR_HISTORY (4.24): parked until the clear is durable.
+/// CLEAR_HISTORY (4.27): parked until the clear is durable.
 pub fn clear_history(
     ctx: &Ctx<'_>,
     group: u64,

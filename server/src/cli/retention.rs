@@ -1,6 +1,6 @@
 //! The retention commands: `retention` (SET_RETENTION, a group's policy)
 //! and `clear-history` (CLEAR_HISTORY, one member's history floor),
-//! format-spec/protocol.md sections 4.23 and 4.24. One request each over
+//! format-spec/protocol.md sections 4.26 and 4.27. One request each over
 //! the reliable client, like the commands in `cli.rs`; `group-info` shows
 //! the policy and the floor it produces.
 //!
