@@ -78,6 +78,7 @@ pub use members::tidemarks::{
     MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 pub use state::recovery::RecoveryReport;
+pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before
 /// it): record timestamps, checkpoint and segment creation times.

@@ -28,6 +28,7 @@ use tidemark_client::{ClientConfig, GroupState, Message};
 use crate::demo;
 use crate::token_file::read_token_file;
 
+pub mod backup;
 pub mod ops;
 pub mod payload;
 pub mod retention;
@@ -96,6 +97,13 @@ pub enum ClientCommand {
     GroupInfo(GroupInfoArgs),
     /// The node's counters.
     Stats(StatsArgs),
+    /// Copy a running node, consistently, into a new directory DIR;
+    /// `tidemark serve --data DIR` restores it.
+    ///
+    /// Writes are held back only while the snapshot begins (microseconds:
+    /// the end reports it); the copy streams while the node serves. DIR
+    /// must not exist or be empty; it is removed if the backup fails.
+    Backup(backup::BackupArgs),
     #[command(flatten)]
     Ops(ops::OpsCommand),
     #[command(flatten)]
@@ -370,6 +378,7 @@ impl ClientCommand {
             ClientCommand::Members(a) => a.conn.json,
             ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
+            ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Retention(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
@@ -400,6 +409,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Members(a) => members(a),
         ClientCommand::GroupInfo(a) => group_info(a),
         ClientCommand::Stats(a) => stats(a),
+        ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Retention(c) => retention::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),

@@ -40,12 +40,16 @@ pub struct LogContext {
     /// replay) and by recovery's restore; read at checkpoint capture (the
     /// pinned list) and by the checkpoint's deletion of journal files.
     pub live: parking_lot::Mutex<crate::logs::reclaim::LiveBytes>,
+    /// Snapshot holds (`state/pins.rs`): the newest stored manifest, the
+    /// journal end, and what deletions wait while a snapshot is copied.
+    pub holds: Arc<crate::state::pins::Holds>,
 }
 
 impl LogContext {
     pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
-        let trash = Trash::new(&config.data_dir);
+        let holds: Arc<crate::state::pins::Holds> = Arc::default();
+        let trash = Trash::new(&config.data_dir, holds.clone());
         let shared_files = crate::logs::small_read::SharedFiles::new(
             vfs.clone(),
             crate::commit::journal::journal_dir(&config.data_dir),
@@ -60,6 +64,7 @@ impl LogContext {
             rounds: Default::default(),
             shared_files,
             live: Default::default(),
+            holds,
         }
     }
 

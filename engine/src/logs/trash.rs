@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::io::Vfs;
+use crate::state::pins::Holds;
 use crate::worker::Worker;
 
 /// Tries of a rename that meets a taken name (only a clock far behind the
@@ -41,11 +42,14 @@ pub struct Trash {
     next_suffix: AtomicU64,
     /// Entries moved in since the commit thread last queued their removal.
     moved: Mutex<Vec<PathBuf>>,
+    /// Snapshot holds (`pins.rs`): moves are noted in them, and while any
+    /// is active the entries stay (a snapshot may be copying from them).
+    holds: Arc<Holds>,
 }
 
 impl Trash {
     /// The trash of the data directory `data_dir` (nothing is created yet).
-    pub fn new(data_dir: &Path) -> Trash {
+    pub fn new(data_dir: &Path, holds: Arc<Holds>) -> Trash {
         let now_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -53,6 +57,7 @@ impl Trash {
             dir: data_dir.join("groups").join("trash"),
             next_suffix: AtomicU64::new(now_ns),
             moved: Mutex::new(Vec::new()),
+            holds,
         }
     }
 
@@ -73,7 +78,7 @@ impl Trash {
         for _ in 0..RENAME_TRIES {
             let suffix = self.next_suffix.fetch_add(1, Ordering::Relaxed);
             let to = self.dir.join(format!("{group_id:016x}-{suffix:016x}"));
-            match vfs.rename(from, &to) {
+            match self.holds.moving(group_id, &to, || vfs.rename(from, &to)) {
                 Ok(()) => {
                     self.moved.lock().push(to);
                     return Ok(());
@@ -94,8 +99,12 @@ impl Trash {
     }
 
     /// The entries moved in since the last call (the commit thread queues
-    /// their removal after each round).
+    /// their removal after each round). None while a snapshot hold is
+    /// active: they are kept for the first round after the last hold ends.
     pub fn take_moved(&self) -> Vec<PathBuf> {
+        if self.holds.active() {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.moved.lock())
     }
 
@@ -198,7 +207,7 @@ mod tests {
     #[test]
     fn a_moved_directory_is_removed_one_file_per_step_and_never_looks_like_a_group() {
         let dir = tempfile::tempdir().unwrap();
-        let trash = Trash::new(dir.path());
+        let trash = Trash::new(dir.path(), Arc::default());
         let group_dir = dir
             .path()
             .join("groups")

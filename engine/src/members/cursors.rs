@@ -151,6 +151,18 @@ impl CursorTable {
         }
     }
 
+    /// A bulk loader of the memberships a checkpoint restores: what
+    /// [`CursorTable::insert`] does for each, at a fraction of the cost
+    /// (see [`Loader`]). `expected` sizes its buffers (the memberships the
+    /// manifest's runs hold at most).
+    pub fn loader(&self, expected: usize) -> Loader<'_> {
+        let per_shard = expected / SHARDS + expected / SHARDS / 8 + 1;
+        Loader {
+            table: self,
+            by_shard: (0..SHARDS).map(|_| Vec::with_capacity(per_shard)).collect(),
+        }
+    }
+
     /// Adds a membership with its starting cursor and join point (the first
     /// msg_id history may show). The new cursor is clean: whatever added it
     /// (a join entry, a snapshot) already persisted it.
@@ -481,6 +493,96 @@ impl CursorTable {
     }
 }
 
+/// One membership waiting in a [`Loader`] (24 bytes).
+struct LoadRow {
+    user: u64,
+    cursor: u64,
+    slot: u32,
+    join_lo: u32,
+}
+
+/// Restores many memberships at once (recovery, from a checkpoint's runs).
+///
+/// Why: inserting one membership at a time costs a hash-bucket miss and a
+/// miss in the user's list per membership, in random order (a checkpoint's
+/// rows come by group, the table is by user), plus the list's growth:
+/// about 60% of a clean restart with 1.8 M memberships, measured with
+/// `perf`. The loader appends rows to per-shard buffers (sequential
+/// writes), then sorts each shard's rows by user and slot (a shard's rows
+/// fit the caches) and builds each user's list at its exact size with one
+/// map insert per user. The two cores each build half of the shards.
+/// Cost: 24 bytes per membership while loading, freed at the end.
+pub struct Loader<'a> {
+    table: &'a CursorTable,
+    by_shard: Vec<Vec<LoadRow>>,
+}
+
+impl Loader<'_> {
+    /// Queues a membership (as [`CursorTable::insert`] without a limit;
+    /// the caller never queues one twice: a checkpoint's keys are unique).
+    pub fn push(&mut self, user: u64, slot: u32, cursor: u64, join_point: u64) {
+        let join_lo = match u32::try_from(join_point) {
+            Ok(j) if j != JOIN_OVERFLOW => j,
+            _ => {
+                self.table
+                    .join_overflow
+                    .lock()
+                    .insert((slot, user), join_point);
+                JOIN_OVERFLOW
+            }
+        };
+        let shard = self.table.shard_index(user);
+        self.by_shard[shard].push(LoadRow {
+            user,
+            cursor,
+            slot,
+            join_lo,
+        });
+    }
+
+    /// Builds the queued memberships into the table.
+    pub fn finish(self) {
+        let table = self.table;
+        let mut shards: Vec<(usize, Vec<LoadRow>)> =
+            self.by_shard.into_iter().enumerate().collect();
+        let half = shards.len() / 2;
+        let second = shards.split_off(half);
+        std::thread::scope(|s| {
+            s.spawn(|| table.build_shards(second));
+            table.build_shards(shards);
+        });
+    }
+}
+
+impl CursorTable {
+    fn build_shards(&self, shards: Vec<(usize, Vec<LoadRow>)>) {
+        for (index, mut rows) in shards {
+            rows.sort_unstable_by_key(|r| (r.user, r.slot));
+            let mut map = self.shards[index].write();
+            map.reserve(rows.len() / 2);
+            for run in rows.chunk_by(|a, b| a.user == b.user) {
+                let entry = map.entry(run[0].user).or_default();
+                let v = &mut entry.memberships;
+                v.reserve_exact(run.len());
+                v.extend(run.iter().map(|r| Membership {
+                    // Clean: the checkpoint holds it.
+                    cursor: AtomicU64::new(r.cursor << SHIFT),
+                    slot: r.slot,
+                    join_lo: r.join_lo,
+                }));
+                // A user who had memberships before the load (none in
+                // recovery) keeps one sorted list.
+                if v.len() > run.len() {
+                    v.sort_unstable_by_key(|m| m.slot);
+                }
+            }
+            // The rows' memory goes now, shard by shard.
+            drop(map);
+            drop(rows);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -679,5 +781,45 @@ mod tests {
         assert_eq!((m.cursor, m.join_point), (big - 1, big));
         t.remove(1, 1);
         assert!(t.join_overflow.lock().is_empty());
+    }
+
+    /// The bulk loader builds the table that one insert per membership
+    /// builds: the same memberships, cursors and join points (some past 32
+    /// bits), each user's list sorted by slot, every cursor clean.
+    #[test]
+    fn the_loader_builds_what_inserts_build() {
+        use proptest::prelude::*;
+        let rows = proptest::collection::btree_map(
+            (0u64..200, 0u32..300),
+            (
+                0u64..1_000,
+                prop_oneof![0u64..1_000, (1u64 << 32) - 2..(1u64 << 33)],
+            ),
+            0..600,
+        );
+        proptest!(ProptestConfig::with_cases(64), |(rows in rows)| {
+            let one_by_one = CursorTable::new();
+            let bulk = CursorTable::new();
+            let mut loader = bulk.loader(rows.len() / 2);
+            // A checkpoint's rows come by group (slot), then user.
+            let mut by_group: Vec<_> = rows.iter().collect();
+            by_group.sort_by_key(|((user, slot), _)| (*slot, *user));
+            for (&(user, slot), &(cursor, join)) in by_group {
+                one_by_one.insert(user, slot, cursor, join, None).unwrap();
+                loader.push(user, slot, cursor, join);
+            }
+            loader.finish();
+            for (&(user, slot), &(cursor, join)) in &rows {
+                prop_assert_eq!(bulk.get(user, slot), one_by_one.get(user, slot));
+                prop_assert_eq!(bulk.get(user, slot).map(|m| (m.cursor, m.join_point)), Some((cursor, join)));
+            }
+            for user in 0..200u64 {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                bulk.for_each_of_user(user, |slot, c| a.push((slot, c)));
+                one_by_one.for_each_of_user(user, |slot, c| b.push((slot, c)));
+                prop_assert_eq!(a, b);
+            }
+            prop_assert_eq!(bulk.take_dirty(|_, _, _| {}), 0);
+        });
     }
 }

@@ -111,6 +111,41 @@ impl GroupMembers {
         }
     }
 
+    /// The member list of `members` (user, cursor), ascending user ids
+    /// without repeats, built at once (recovery): the list at its exact
+    /// size and, above [`READ_COUNTS_MEMBERS_MIN`] members, the tree from
+    /// the given cursors, with no lookup in the cursor table.
+    pub fn from_sorted(members: &[(u64, u64)]) -> Self {
+        debug_assert!(members.windows(2).all(|w| w[0].0 < w[1].0));
+        let users = if members.len() <= 2 {
+            let mut ids = [0; 2];
+            for (i, &(u, _)) in members.iter().enumerate() {
+                ids[i] = u;
+            }
+            Users::Inline {
+                len: members.len() as u8,
+                ids,
+            }
+        } else {
+            let read_counts = (members.len() > READ_COUNTS_MEMBERS_MIN).then(|| {
+                let mut rc = ReadCounts::new(0);
+                for &(_, cursor) in members {
+                    rc.insert(cursor);
+                }
+                rc
+            });
+            Users::Many(Box::new(Many {
+                sorted: members.iter().map(|&(u, _)| u).collect(),
+                recent: Vec::new(),
+                read_counts,
+            }))
+        };
+        GroupMembers {
+            version: next_version(),
+            users,
+        }
+    }
+
     /// A value that changes whenever a member joins or leaves and is never
     /// shared with another member list: what a cache of "who is in this
     /// group" keys on.
@@ -412,6 +447,30 @@ mod tests {
         assert!(!m.contains(first));
         assert!(!m.remove(first, 0));
         assert_eq!(m.read_count(0, |_| 0), (model.len() - 1) as u32);
+    }
+
+    /// A list built at once answers what one built by inserts answers:
+    /// members, and read counts below and above the tree's threshold.
+    #[test]
+    fn a_list_built_at_once_is_the_list_inserts_build() {
+        for n in [0usize, 1, 2, 3, 64, 65, 300] {
+            let members: Vec<(u64, u64)> =
+                (0..n as u64).map(|i| (i * 3 + 1, (i * 7) % 50)).collect();
+            let cursor_of = |u: u64| members.iter().find(|m| m.0 == u).map_or(0, |m| m.1);
+            let mut inserted = GroupMembers::new();
+            for &(u, c) in members.iter().rev() {
+                assert!(inserted.insert(u, c, cursor_of));
+            }
+            let built = GroupMembers::from_sorted(&members);
+            assert_eq!(built.users(), inserted.users(), "{n} members");
+            for m in 0..52 {
+                assert_eq!(
+                    built.read_count(m, cursor_of),
+                    inserted.read_count(m, cursor_of),
+                    "{n} members, read count of {m}"
+                );
+            }
+        }
     }
 }
 

@@ -159,6 +159,9 @@ pub(crate) fn start(
         reclaimer: None,
     };
     c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx));
+    if let Some(m) = &c.last {
+        c.shared.ctx.holds.set_newest(m);
+    }
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
         .spawn(move || {
@@ -818,6 +821,8 @@ impl Checkpointer {
         };
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;
+        // Snapshots begun from now on copy this checkpoint (`pins::Holds`).
+        ctx.holds.set_newest(&m);
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
         let items = self.delta.len();
@@ -887,6 +892,18 @@ impl Checkpointer {
         let Some(last) = &self.last else {
             return;
         };
+        // A snapshot is being copied (`pins::Holds`): nothing goes. The
+        // first checkpoint after the last hold ends deletes what this one
+        // would have (its rules read listings and the graveyard list).
+        // A hold begun after this check holds this manifest or the one
+        // before it, whose files this K7 keeps anyway.
+        if ctx.holds.active() {
+            log::debug!(
+                "checkpoint {}: deletions deferred by a snapshot",
+                last.ckpt_seq
+            );
+            return;
+        }
         let keep_runs: HashSet<u64> = last
             .runs
             .iter()

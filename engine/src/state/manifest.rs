@@ -51,6 +51,11 @@ impl RunMeta {
     pub fn bytes(&self) -> u64 {
         self.parts.iter().map(|p| p.file_len).sum()
     }
+
+    /// Items of all parts (groups and member rows).
+    pub fn items(&self) -> u64 {
+        self.parts.iter().map(|p| p.item_count).sum()
+    }
 }
 
 /// What a stored checkpoint is.

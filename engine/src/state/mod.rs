@@ -39,6 +39,10 @@ mod merge;
 pub(crate) mod pins;
 pub(crate) mod recovery;
 pub(crate) mod run;
+// Consistent snapshots of a running engine (online backup, Raft later).
+pub(crate) mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 
 use crate::logs::retention::Retention;
 

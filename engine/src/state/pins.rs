@@ -33,9 +33,162 @@
 //! Wired in: `commit.rs` takes `pinned` at K1 into the capture, the
 //! manifest stores it (format-spec/storage.md section 6.3), and
 //! `checkpointer.rs` K7 asks `journal_file_deletable`.
+//!
+//! **Snapshot holds** ([`Holds`], format-spec/storage.md section 18): a
+//! snapshot (`snapshot.rs`, an online backup, later a Raft snapshot) needs
+//! the files of one stored manifest and a prefix of the journal to stay as
+//! they were while it is copied, however long that takes. While any hold
+//! is active, K7 deletes nothing (manifests, run parts, journal and cold
+//! files, retention's graveyard), and the trash keeps what was moved into
+//! it; a deleted group's directory still moves (a new group of that id
+//! needs the path), and each hold notes where it went. Deferred, not lost:
+//! K7 decides from listings and the graveyard list, so the first
+//! checkpoint after the last hold ends deletes what the held ones kept,
+//! and the first round after it queues the trash's removals.
+//!
+//! Invariants of [`Holds`]: `newest` is the newest stored manifest (set
+//! after K6, before K7); `journal_end` is a frame boundary of the current
+//! journal file at or after the end of every frame written so far minus
+//! the one being written (set by the journal writer after each write and
+//! roll, so it is at or after `newest`'s replay position); a hold's
+//! `moved` names, per group, the first trash entry its directory moved to
+//! after the hold began; `renaming` counts trash renames under way that
+//! began while a hold was active. Cost: every call is one leaf lock and
+//! O(1) work (a move: O(active holds)).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::logs::extents::{FileId, FileKind};
 use crate::logs::reclaim::LiveBytes;
+use crate::state::manifest::Manifest;
+
+/// The end of the journal's written frames: file `seq`, `len` bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalEnd {
+    pub seq: u64,
+    pub len: u64,
+}
+
+/// What a hold captured: the manifest, the journal end, how long the
+/// capture held the lock.
+pub(crate) struct Held {
+    pub id: u64,
+    pub manifest: Arc<Manifest>,
+    pub journal_end: JournalEnd,
+    pub pause: Duration,
+}
+
+/// Where a held group's directory is, as far as a hold knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Whereabouts {
+    /// Not moved since the hold began, and no rename under way.
+    InPlace,
+    /// Moved to this trash entry (the first move since the hold began).
+    Moved(PathBuf),
+    /// A trash rename is under way: ask again.
+    Renaming,
+}
+
+#[derive(Default)]
+struct HoldsInner {
+    newest: Option<Arc<Manifest>>,
+    journal_end: JournalEnd,
+    next_id: u64,
+    active: BTreeMap<u64, HashMap<u64, PathBuf>>,
+    renaming: u32,
+}
+
+/// The snapshot holds of an engine (module doc).
+#[derive(Default)]
+pub struct Holds {
+    inner: Mutex<HoldsInner>,
+}
+
+impl Holds {
+    /// After K6 (and at open): `m` is the newest stored manifest.
+    pub(crate) fn set_newest(&self, m: &Manifest) {
+        self.inner.lock().newest = Some(Arc::new(m.clone()));
+    }
+
+    /// The journal writer after each frame write and roll.
+    pub(crate) fn journal_at(&self, end: JournalEnd) {
+        self.inner.lock().journal_end = end;
+    }
+
+    /// Begins a hold: the newest stored manifest and the journal end now,
+    /// taken under one lock (the bounded pause of a backup: nothing else
+    /// is done under it). `None` before a manifest is known.
+    pub(crate) fn hold(&self) -> Option<Held> {
+        let started = Instant::now();
+        let mut i = self.inner.lock();
+        let manifest = i.newest.clone()?;
+        let journal_end = i.journal_end;
+        let id = i.next_id;
+        i.next_id += 1;
+        i.active.insert(id, HashMap::new());
+        drop(i);
+        Some(Held {
+            id,
+            manifest,
+            journal_end,
+            pause: started.elapsed(),
+        })
+    }
+
+    pub(crate) fn release(&self, id: u64) {
+        self.inner.lock().active.remove(&id);
+    }
+
+    /// Whether any hold is active: K7 and the trash's removals wait.
+    pub fn active(&self) -> bool {
+        !self.inner.lock().active.is_empty()
+    }
+
+    /// Renames group `group`'s directory to the trash entry `to` with
+    /// `rename`, noting the move in every active hold (the first move per
+    /// group wins). Called by the trash, on the applying thread.
+    pub(crate) fn moving(
+        &self,
+        group: u64,
+        to: &Path,
+        rename: impl FnOnce() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let counted = {
+            let mut i = self.inner.lock();
+            let any = !i.active.is_empty();
+            if any {
+                i.renaming += 1;
+            }
+            any
+        };
+        let result = rename();
+        let mut i = self.inner.lock();
+        if counted {
+            i.renaming -= 1;
+        }
+        if result.is_ok() {
+            for moved in i.active.values_mut() {
+                moved.entry(group).or_insert_with(|| to.to_owned());
+            }
+        }
+        result
+    }
+
+    /// Where group `group`'s directory is for hold `id`.
+    pub(crate) fn whereabouts(&self, id: u64, group: u64) -> Whereabouts {
+        let i = self.inner.lock();
+        match i.active.get(&id).and_then(|m| m.get(&group)) {
+            Some(to) => Whereabouts::Moved(to.clone()),
+            None if i.renaming > 0 => Whereabouts::Renaming,
+            None => Whereabouts::InPlace,
+        }
+    }
+}
 
 /// `pinned(k)`: the shared files with live bytes at K1 (`at_k1` is the
 /// accounting as it was then) that the replay window does not keep anyway

@@ -31,6 +31,7 @@ use crate::io::Vfs;
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::logs::record;
 use crate::members::cursors::CursorTable;
+use crate::members::membership::GroupMembers;
 use crate::state::checkpointer::{self, OnDisk};
 use crate::state::manifest::{self, Manifest};
 use crate::state::{run, Item};
@@ -600,11 +601,24 @@ fn restore_runs(
     cursors: &CursorTable,
     m: &Manifest,
 ) -> Result<(), String> {
+    // The runs' items bound the memberships (a full merge yields fewer
+    // when newer runs replace or delete older items). The counts are the
+    // manifest's, not yet checked against the parts: the reservation is
+    // capped (it is address space; beyond it the buffers grow).
+    let items = m.runs.iter().map(|r| r.items()).sum::<u64>();
+    let mut loader = cursors.loader(usize::try_from(items.min(1 << 24)).unwrap_or(1 << 24));
     checkpointer::with_merge(ctx, &m.runs, true, |items| {
+        // The group whose rows come now, and its members so far: rows
+        // follow their group's record in key order, users ascending.
         let mut current: Option<Arc<Group>> = None;
+        let mut members: Vec<(u64, u64)> = Vec::new();
         for item in items {
             match item? {
                 Item::GroupPut(rec) => {
+                    if let Some(g) = current.take() {
+                        *g.members.lock() = GroupMembers::from_sorted(&members);
+                    }
+                    members.clear();
                     let state = LogState {
                         head: rec.head,
                         segments: rec.segments,
@@ -636,24 +650,27 @@ fn restore_runs(
                     cursor,
                     join_point,
                 } => {
-                    // Rows follow their group's record in key order.
                     let g = current
                         .as_ref()
                         .filter(|g| g.id == group)
                         .ok_or_else(|| format!("member row of group {group} without its record"))?;
-                    let cursor = cursor.min(g.head());
-                    if cursors
-                        .insert(user, g.slot, cursor, join_point, None)
-                        .is_ok()
-                    {
-                        g.members.lock().insert(user, cursor, g.cursor_of(cursors));
+                    if members.last().is_some_and(|&(last, _)| last >= user) {
+                        return Err(format!("member rows of group {group} out of order"));
                     }
+                    let cursor = cursor.min(g.head());
+                    loader.push(user, g.slot, cursor, join_point);
+                    members.push((user, cursor));
                 }
                 other => return Err(format!("a full merge yielded {other:?}")),
             }
         }
+        if let Some(g) = current.take() {
+            *g.members.lock() = GroupMembers::from_sorted(&members);
+        }
         Ok(())
-    })?
+    })??;
+    loader.finish();
+    Ok(())
 }
 
 /// After replay: no cursor beyond its group's head.

@@ -865,6 +865,14 @@ impl StopAtError for PartReader<'_> {
             }
             self.enter_block()?;
         }
+        // Checked before an item is yielded, not only at the end: a reader
+        // never hands out an item its trailer does not count.
+        if self.seen >= self.item_count {
+            return Err(format!(
+                "run part holds more items than its trailer says ({})",
+                self.item_count
+            ));
+        }
         let item = match self.pending.take() {
             Some(item) => item,
             None => decode_item(&mut self.block, self.prev)?,

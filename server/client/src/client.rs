@@ -13,9 +13,10 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
-    decode_response, encode_request, AckItem, DecodeError, ErrorCode, Frame, FrameDecoder,
-    GroupInfo, JoinStart, MemberEntry, ReceiptCount, Records, Request, Response, ResyncScope,
-    RetentionPolicy, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
+    decode_response, encode_request, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
+    Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, ReceiptCount, Records, Request,
+    Response, ResyncScope, RetentionPolicy, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR,
+    PROTOCOL_VERSION,
 };
 
 /// A message as the client hands it to the application.
@@ -815,6 +816,26 @@ impl Client {
         match self.call(&Request::Unsubscribe)?.response()? {
             Response::Unsubscribe => Ok(()),
             _ => unexpected("UNSUBSCRIBE"),
+        }
+    }
+
+    /// BACKUP: a consistent snapshot of the node, streamed
+    /// (format-spec/protocol.md, BACKUP). `on_chunk` gets each part of each
+    /// file in order (its CRC already checked) and may stop the stream
+    /// with an error; the end says what the snapshot holds. The client's
+    /// I/O timeout applies to each frame, not to the whole stream.
+    pub fn backup(
+        &mut self,
+        mut on_chunk: impl FnMut(&BackupChunk<'_>) -> Result<()>,
+    ) -> Result<BackupEnd> {
+        let id = self.submit(&Request::Backup)?;
+        loop {
+            let f = self.wait(id, Duration::ZERO)?;
+            match f.response()? {
+                Response::BackupChunk(c) => on_chunk(&c)?,
+                Response::Backup(end) => return Ok(end),
+                _ => return unexpected("BACKUP"),
+            }
         }
     }
 

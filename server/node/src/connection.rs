@@ -605,6 +605,7 @@ impl Session {
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
             Request::Stats => return Ok(Action::Report),
+            Request::Backup => return Ok(Action::Backup),
             Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
             Request::SubscribeReceipts { sender, groups } => {
                 return Ok(answer(self.subscribe_receipts(ctx, id, sender, &groups)))
@@ -738,7 +739,7 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report | Action::Closed => {}
+            Action::Answer(_) | Action::Report | Action::Backup | Action::Closed => {}
         }
         Ok(action)
     }

@@ -36,6 +36,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
 
+use crate::backup;
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
 use crate::connection::{Barrier, ConnId, Connection, Next};
 use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked};
@@ -149,6 +150,9 @@ pub struct EventLoop {
     /// the last warning was logged.
     fd_refusals_unlogged: u64,
     fd_warned_at: Option<Instant>,
+    /// BACKUPs under way (at most `backup::BACKUPS_MAX`): their frames
+    /// move to their connections as those drain (`pump_backups`).
+    backups: Vec<backup::Stream>,
 }
 
 /// Holds one descriptor number for `EventLoop::spare_fd`.
@@ -216,6 +220,7 @@ impl EventLoop {
             accept_blocked: false,
             fd_refusals_unlogged: 0,
             fd_warned_at: None,
+            backups: Vec::new(),
         })
     }
 
@@ -273,6 +278,7 @@ impl EventLoop {
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
+            self.pump_backups();
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
@@ -315,6 +321,7 @@ impl EventLoop {
             .into_iter()
             .chain(frames)
             .chain(self.receipts.deadline())
+            .chain(self.backups.iter().map(backup::Stream::deadline))
             .chain(drain_deadline)
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
@@ -327,6 +334,9 @@ impl EventLoop {
             let _ = self.poll.registry().deregister(&mut l);
         }
         self.expire_polls(Instant::now() + Duration::from_secs(3600 * 24 * 365));
+        // Backups under way end: their threads stop at their next frame
+        // and their snapshots' holds end (the client sees no BACKUP end).
+        self.backups.clear();
         for i in 0..self.slots.len() {
             if let Some(slot) = self.slots[i].as_mut() {
                 slot.conn.begin_close();
@@ -760,9 +770,116 @@ impl EventLoop {
                     let out = self.stats_reply(request_id);
                     self.respond(conn, op, started, out);
                 }
+                Action::Backup => self.start_backup(conn, request_id, op, started),
             }
         }
         handled
+    }
+
+    /// BACKUP: begins a snapshot (O(1)) and the thread that streams it, or
+    /// answers why not (OVERLOADED while `BACKUPS_MAX` run).
+    fn start_backup(
+        &mut self,
+        conn: ConnId,
+        request_id: u64,
+        op: Option<Opcode>,
+        started: Instant,
+    ) {
+        if self.backups.len() >= backup::BACKUPS_MAX {
+            let out = handlers::error(
+                request_id,
+                ErrorCode::Overloaded,
+                Some(backup::BACKUPS_MAX as u64),
+                "as many backups as the node runs at once are under way",
+            );
+            return self.respond(conn, op, started, out);
+        }
+        match backup::start(
+            &self.engine,
+            conn,
+            request_id,
+            self.config.limits.frame_bytes_max,
+            self.waker.clone(),
+        ) {
+            Ok(stream) => self.backups.push(stream),
+            Err(out) => self.respond(conn, op, started, out),
+        }
+    }
+
+    /// Moves the frames the backup threads made to their connections,
+    /// each only while its output is below `backup::OUTPUT_QUEUED_MAX`
+    /// (the rest waits in the bounded channel, and the thread waits for
+    /// room): a backup goes as fast as its client reads. A stream whose
+    /// connection is gone is dropped, which stops its thread.
+    fn pump_backups(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.backups.len() {
+            let (conn, request_id) = (self.backups[i].conn, self.backups[i].request_id);
+            let mut over = false;
+            // A client that reads nothing for `STALL_MAX` loses its backup
+            // (and its connection): the hold it keeps must end.
+            if let Some(slot) = self.slot_mut(conn) {
+                let output = slot.conn.output_bytes();
+                if !self.backups[i].alive(output, now) {
+                    log::warn!(
+                        "backup on connection {}: no progress for {:?}; ended",
+                        conn.index,
+                        backup::STALL_MAX
+                    );
+                    self.stats.errors += 1;
+                    self.backups.swap_remove(i);
+                    if let Some(slot) = self.slot_mut(conn) {
+                        slot.conn.drop_output();
+                    }
+                    self.close(conn.index);
+                    continue;
+                }
+            }
+            loop {
+                let Some(slot) = self.slot_mut(conn) else {
+                    over = true;
+                    break;
+                };
+                if slot.conn.output_bytes() >= backup::OUTPUT_QUEUED_MAX {
+                    break;
+                }
+                match self.backups[i].try_next() {
+                    backup::Next::Msg(backup::Msg::Chunk(frame)) => {
+                        self.send(conn, backup::outgoing(request_id, frame, false));
+                        let output = self.slot_mut(conn).map_or(0, |s| s.conn.output_bytes());
+                        self.backups[i].queued(output, now);
+                    }
+                    backup::Next::Msg(backup::Msg::End { frame, error }) => {
+                        if error {
+                            self.stats.errors += 1;
+                        }
+                        self.send(conn, backup::outgoing(request_id, frame, error));
+                        over = true;
+                    }
+                    backup::Next::Nothing => break,
+                    backup::Next::Gone => {
+                        let out = handlers::error(
+                            request_id,
+                            ErrorCode::Internal,
+                            None,
+                            "the backup thread ended without finishing",
+                        );
+                        self.send(conn, out);
+                        over = true;
+                    }
+                }
+                self.dirty.push(conn.index);
+                if over {
+                    break;
+                }
+            }
+            if over {
+                self.backups.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
     }
 
     fn respond(&mut self, conn: ConnId, op: Option<Opcode>, started: Instant, out: Outgoing) {

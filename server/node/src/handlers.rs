@@ -211,6 +211,8 @@ pub enum Action {
     /// A fatal ERROR was queued on the connection, which now closes
     /// (format-spec/protocol.md 1.6).
     Closed,
+    /// BACKUP: the loop begins a snapshot and streams it (`backup.rs`).
+    Backup,
 }
 
 /// What a handler may use.

@@ -26,8 +26,11 @@
 //! - `subscriptions`: who gets pushes;
 //! - `receipts`: who gets receipts, what moved since the last flush, the
 //!   RECEIPT and RECEIPT_COUNTS frames;
-//! - `stats`: the counters and latency histograms of STATS.
+//! - `stats`: the counters and latency histograms of STATS;
+//! - `backup`: BACKUP, a snapshot of the engine streamed by a backup
+//!   thread through a bounded channel.
 
+mod backup;
 mod config;
 mod connection;
 mod event_loop;

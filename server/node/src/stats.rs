@@ -110,6 +110,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.members_page_max", Gauge, "members"),
     stat("limits.receipt_members_max", Gauge, "members"),
     stat("limits.receipt_interval_ms", Gauge, "ms"),
+    stat("limits.backups_max", Gauge, "backups"),
     stat("limits.members_per_group_max", Gauge, "members"),
     stat("limits.groups_per_user_max", Gauge, "groups"),
     stat("limits.groups_max", Gauge, "groups"),
@@ -168,6 +169,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Auth => "auth",
         Opcode::Ping => "ping",
         Opcode::Stats => "stats",
+        Opcode::Backup => "backup",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",
@@ -306,6 +308,7 @@ impl Stats {
                 "limits.members_page_max".into(),
                 n(crate::handlers::members_page_max(limits)),
             ),
+            ("limits.backups_max".into(), n(crate::backup::BACKUPS_MAX)),
             (
                 "limits.receipt_members_max".into(),
                 n(limits.receipt_members_max),

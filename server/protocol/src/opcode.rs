@@ -3,7 +3,8 @@
 //!
 //! Requests use 0x01..=0x3F. The response to a request carries the request's
 //! opcode with the high bit set (0x81..=0xBF). Server-initiated frames use
-//! 0xF0 (PUSH), 0xF1 (RESYNC), 0xF2 (RECEIPT) and 0xF3 (RECEIPT_COUNTS);
+//! 0xF0 (PUSH), 0xF1 (RESYNC), 0xF2 (RECEIPT), 0xF3 (RECEIPT_COUNTS) and
+//! 0xF4 (BACKUP_CHUNK, carrying its BACKUP's request id);
 //! 0xFF is ERROR, the response to any request.
 //! One byte thus tells a reader the direction and the body layout.
 
@@ -15,6 +16,7 @@ pub enum Opcode {
     Auth = 0x02,
     Ping = 0x03,
     Stats = 0x04,
+    Backup = 0x05,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -47,6 +49,9 @@ pub const OPCODE_RESYNC: u8 = 0xF1;
 pub const OPCODE_RECEIPT: u8 = 0xF2;
 /// Opcode of RECEIPT_COUNTS (server-initiated, request id 0).
 pub const OPCODE_RECEIPT_COUNTS: u8 = 0xF3;
+/// Opcode of BACKUP_CHUNK: part of a file of a BACKUP's snapshot, carrying
+/// the BACKUP's request id (format-spec/protocol.md, BACKUP).
+pub const OPCODE_BACKUP_CHUNK: u8 = 0xF4;
 /// Opcode of ERROR, the failure response to any request.
 pub const OPCODE_ERROR: u8 = 0xFF;
 
@@ -56,13 +61,14 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
     /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
-    /// SUBSCRIBE_RECEIPTS, SET_RETENTION and CLEAR_HISTORY are additions
-    /// made after tidemark 0.1, format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 24] = [
+    /// SUBSCRIBE_RECEIPTS, BACKUP, SET_RETENTION and CLEAR_HISTORY are
+    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 25] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
+        Opcode::Backup,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
         Opcode::Join,
@@ -107,6 +113,7 @@ impl Opcode {
             Opcode::Auth => "AUTH",
             Opcode::Ping => "PING",
             Opcode::Stats => "STATS",
+            Opcode::Backup => "BACKUP",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",
@@ -148,6 +155,8 @@ pub enum FrameKind {
     /// Read counts of a sender's recent messages in a large group
     /// (server-initiated; only after SUBSCRIBE_RECEIPTS).
     ReceiptCounts,
+    /// Part of a file of a BACKUP's snapshot (the BACKUP's request id).
+    BackupChunk,
     /// The failure response to a request, or a connection-level error
     /// (request id 0).
     Error,
@@ -161,6 +170,7 @@ impl FrameKind {
             OPCODE_RESYNC => Some(FrameKind::Resync),
             OPCODE_RECEIPT => Some(FrameKind::Receipt),
             OPCODE_RECEIPT_COUNTS => Some(FrameKind::ReceiptCounts),
+            OPCODE_BACKUP_CHUNK => Some(FrameKind::BackupChunk),
             OPCODE_ERROR => Some(FrameKind::Error),
             b if b & RESPONSE_BIT != 0 => {
                 Opcode::from_request_byte(b & !RESPONSE_BIT).map(FrameKind::Response)
@@ -178,6 +188,7 @@ impl FrameKind {
             FrameKind::Resync => OPCODE_RESYNC,
             FrameKind::Receipt => OPCODE_RECEIPT,
             FrameKind::ReceiptCounts => OPCODE_RECEIPT_COUNTS,
+            FrameKind::BackupChunk => OPCODE_BACKUP_CHUNK,
             FrameKind::Error => OPCODE_ERROR,
         }
     }
@@ -216,8 +227,8 @@ mod tests {
                 kinds += 1;
             }
         }
-        // Requests, their responses, PUSH, RESYNC, RECEIPT, RECEIPT_COUNTS
-        // and ERROR.
-        assert_eq!(kinds, Opcode::ALL.len() * 2 + 5);
+        // Requests, their responses, PUSH, RESYNC, RECEIPT, RECEIPT_COUNTS,
+        // BACKUP_CHUNK and ERROR.
+        assert_eq!(kinds, Opcode::ALL.len() * 2 + 6);
     }
 }

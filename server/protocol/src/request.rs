@@ -66,6 +66,9 @@ pub enum Request<'a> {
     },
     Ping,
     Stats,
+    /// A consistent snapshot of the node, streamed as BACKUP_CHUNK frames
+    /// and ended by the BACKUP response.
+    Backup,
     CreateGroup {
         group: u64,
     },
@@ -185,6 +188,7 @@ impl Request<'_> {
             Request::Auth { .. } => Opcode::Auth,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
+            Request::Backup => Opcode::Backup,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
             Request::Join { .. } => Opcode::Join,
@@ -246,7 +250,7 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Unsubscribe => {}
+        Request::Ping | Request::Stats | Request::Backup | Request::Unsubscribe => {}
         Request::CreateGroup { group }
         | Request::DeleteGroup { group }
         | Request::GroupInfo { group } => {
@@ -467,6 +471,7 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         // Format: {} (empty body)
         Opcode::Ping => Request::Ping,
         Opcode::Stats => Request::Stats,
+        Opcode::Backup => Request::Backup,
         Opcode::Unsubscribe => Request::Unsubscribe,
         // Format: { group: u64 }
         Opcode::CreateGroup => Request::CreateGroup {

@@ -12,8 +12,8 @@ use super::frame::{begin_frame, finish_frame, Frame, FRAME_HEADER_BYTES};
 use super::opcode::{FrameKind, Opcode};
 use super::records::{Records, RecordsSection};
 use super::wire::{
-    put_bool, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError, EncodeError,
-    Reader,
+    put_bool, put_bytes, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError,
+    EncodeError, Reader,
 };
 use super::PROTOCOL_VERSION;
 
@@ -97,6 +97,40 @@ pub struct RetentionPolicy {
     /// 0 = no size limit.
     pub max_bytes: u64,
 }
+
+/// The BACKUP response: the end of a snapshot's stream (format-spec/
+/// protocol.md, BACKUP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupEnd {
+    /// The checkpoint the snapshot copies.
+    pub checkpoint_seq: u64,
+    /// Its journal prefix ends in this journal file, at this length.
+    pub journal_seq: u64,
+    pub journal_len: u64,
+    /// How long beginning the snapshot held the node's writes back, in
+    /// microseconds.
+    pub pause_us: u64,
+    /// Files sent, and their bytes in all.
+    pub files: u32,
+    pub bytes: u64,
+}
+
+/// Part of one file of a snapshot: `data` is bytes `offset..offset +
+/// data.len()` of the file `name` (relative to the data directory,
+/// `/`-separated), which has `file_len` bytes in the snapshot. `crc32` is
+/// the CRC-32 of `data`, checked when decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackupChunk<'a> {
+    pub name: &'a str,
+    pub file_len: u64,
+    pub offset: u64,
+    pub crc32: u32,
+    pub data: &'a [u8],
+}
+
+/// A BACKUP_CHUNK's bytes besides its name and data, the length prefix and
+/// header included: a node sizes its chunks to `frame_bytes_max` with it.
+pub const BACKUP_CHUNK_FIXED_BYTES: usize = FRAME_HEADER_BYTES + 4 + 8 + 8 + 4 + 4;
 
 /// The answer to GROUP_INFO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,6 +261,10 @@ pub enum Response<'a, R = Records<'a>> {
         /// At least one; ascending msg ids.
         counts: Vec<ReceiptCount>,
     },
+    /// The end of a BACKUP's stream.
+    Backup(BackupEnd),
+    /// Part of a file of a BACKUP's snapshot (the BACKUP's request id).
+    BackupChunk(BackupChunk<'a>),
     Error(ErrorResponse<'a>),
 }
 
@@ -238,11 +276,13 @@ impl<R> Response<'_, R> {
             Response::Resync(_) => return FrameKind::Resync,
             Response::Receipt { .. } => return FrameKind::Receipt,
             Response::ReceiptCounts { .. } => return FrameKind::ReceiptCounts,
+            Response::BackupChunk(_) => return FrameKind::BackupChunk,
             Response::Error(_) => return FrameKind::Error,
             Response::Hello(_) => Opcode::Hello,
             Response::Auth => Opcode::Auth,
             Response::Pong => Opcode::Ping,
             Response::Stats(_) => Opcode::Stats,
+            Response::Backup(_) => Opcode::Backup,
             Response::CreateGroup => Opcode::CreateGroup,
             Response::DeleteGroup => Opcode::DeleteGroup,
             Response::Join { .. } => Opcode::Join,
@@ -299,7 +339,7 @@ fn request_id_error(kind: FrameKind, request_id: u64) -> Option<&'static str> {
         {
             Some("server-initiated frames carry request id 0")
         }
-        FrameKind::Response(_) if request_id == 0 => {
+        FrameKind::Response(_) | FrameKind::BackupChunk if request_id == 0 => {
             Some("responses carry their request's nonzero id")
         }
         _ => None,
@@ -597,6 +637,24 @@ fn encode_body<R: RecordsSection>(
             put_bool(out, all);
             put_u64(out, group);
         }
+        Response::Backup(b) => {
+            // Format: { checkpoint_seq: u64 | journal_seq: u64 | journal_len: u64 |
+            //           pause_us: u64 | files: u32 | bytes: u64 }
+            put_u64(out, b.checkpoint_seq);
+            put_u64(out, b.journal_seq);
+            put_u64(out, b.journal_len);
+            put_u64(out, b.pause_us);
+            put_u32(out, b.files);
+            put_u64(out, b.bytes);
+        }
+        Response::BackupChunk(c) => {
+            // Format: { name: string | file_len: u64 | offset: u64 | crc32: u32 | data: bytes }
+            put_str(out, c.name, "name")?;
+            put_u64(out, c.file_len);
+            put_u64(out, c.offset);
+            put_u32(out, c.crc32);
+            put_bytes(out, c.data, "data")?;
+        }
         Response::Error(e) => {
             // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
             put_u16(out, e.code.code());
@@ -731,6 +789,40 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             };
             return Ok(Response::Resync(scope));
         }
+        FrameKind::BackupChunk => {
+            // Format: { name: string | file_len: u64 | offset: u64 | crc32: u32 | data: bytes }
+            let name = r.str("name")?;
+            let file_len = r.u64("file_len")?;
+            let offset_at = r.offset();
+            let offset = r.u64("offset")?;
+            let crc_at = r.offset();
+            let crc32 = r.u32("crc32")?;
+            let data = r.bytes("data")?;
+            if offset
+                .checked_add(data.len() as u64)
+                .is_none_or(|end| end > file_len)
+            {
+                return Err(DecodeError::InvalidValue {
+                    field: "offset (the data ends past file_len)",
+                    offset: offset_at,
+                    value: offset,
+                });
+            }
+            if crc32fast::hash(data) != crc32 {
+                return Err(DecodeError::InvalidValue {
+                    field: "crc32 (of data)",
+                    offset: crc_at,
+                    value: u64::from(crc32),
+                });
+            }
+            return Ok(Response::BackupChunk(BackupChunk {
+                name,
+                file_len,
+                offset,
+                crc32,
+                data,
+            }));
+        }
         FrameKind::Error => {
             // Format: { code: u16 | has_detail: bool | detail: u64 | message: string }
             let code_offset = r.offset();
@@ -789,6 +881,16 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
         Opcode::Subscribe => Response::Subscribe,
         Opcode::Unsubscribe => Response::Unsubscribe,
         Opcode::SubscribeReceipts => Response::SubscribeReceipts,
+        // Format: { checkpoint_seq: u64 | journal_seq: u64 | journal_len: u64 |
+        //           pause_us: u64 | files: u32 | bytes: u64 }
+        Opcode::Backup => Response::Backup(BackupEnd {
+            checkpoint_seq: r.u64("checkpoint_seq")?,
+            journal_seq: r.u64("journal_seq")?,
+            journal_len: r.u64("journal_len")?,
+            pause_us: r.u64("pause_us")?,
+            files: r.u32("files")?,
+            bytes: r.u64("bytes")?,
+        }),
         Opcode::Stats => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             let n = r.count("stats", STAT_BYTES_MIN)?;

@@ -97,6 +97,9 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("subscribe_receipts_response"),
     vector!("receipt"),
     vector!("receipt_counts"),
+    vector!("backup_request"),
+    vector!("backup_chunk"),
+    vector!("backup_response"),
     vector!("set_retention_request"),
     vector!("set_retention_response"),
     vector!("clear_history_request"),
@@ -424,6 +427,28 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                     },
                 ],
             },
+        ),
+        "backup_request" => Expected::Req(14, Request::Backup),
+        "backup_chunk" => Expected::Resp(
+            14,
+            Response::BackupChunk(BackupChunk {
+                name: "FORMAT",
+                file_len: 32,
+                offset: 0,
+                crc32: 0x8005_82f7,
+                data: b"TDMKFMT\0",
+            }),
+        ),
+        "backup_response" => Expected::Resp(
+            14,
+            Response::Backup(BackupEnd {
+                checkpoint_seq: 3,
+                journal_seq: 5,
+                journal_len: 4144,
+                pause_us: 7,
+                files: 6,
+                bytes: 20480,
+            }),
         ),
         other => panic!("vector {other} has no documented values"),
     };
@@ -1139,4 +1164,33 @@ fn frame_limit_covers_a_largest_record_response() {
     )
     .unwrap();
     assert_eq!((out.len() - 4) as u64, min);
+}
+
+#[test]
+fn a_backup_chunk_with_a_wrong_crc_or_past_its_file_is_refused() {
+    let good = vector_bytes("backup_chunk");
+    let frame = Frame::parse(&good).unwrap();
+    assert!(decode_response(&frame).is_ok());
+    // A data byte flipped: the CRC no longer matches.
+    let mut bad = good.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::InvalidValue { offset: 42, .. }),
+        "{err:?}"
+    );
+    // file_len 4: the 8 data bytes end past it.
+    let mut bad = good.clone();
+    bad[26] = 4;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(err, DecodeError::InvalidValue { offset: 34, .. }),
+        "{err:?}"
+    );
+    // Request id 0 is refused for a chunk, as for any response.
+    let mut bad = good;
+    bad[8] = 0;
+    let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(matches!(err, DecodeError::BadRequestId { .. }), "{err:?}");
 }

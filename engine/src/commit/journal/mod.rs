@@ -293,6 +293,9 @@ pub struct Journal {
     /// recovery), headers of rolled files included: what triggers the
     /// next checkpoint.
     written: u64,
+    /// Where the end of the written frames is published for snapshots
+    /// (`pins::Holds`), once the engine is open.
+    published: Option<Arc<crate::state::pins::Holds>>,
 }
 
 impl Journal {
@@ -318,7 +321,24 @@ impl Journal {
             next_lsn: start.lsn,
             next_round: start.round,
             written: JOURNAL_HEADER_BYTES as u64,
+            published: None,
         })
+    }
+
+    /// From now on, the end of the written frames is published to `holds`
+    /// after every write and roll (a snapshot's journal prefix ends there).
+    pub(crate) fn publish_to(&mut self, holds: Arc<crate::state::pins::Holds>) {
+        self.published = Some(holds);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if let Some(h) = &self.published {
+            h.journal_at(crate::state::pins::JournalEnd {
+                seq: self.seq,
+                len: self.len,
+            });
+        }
     }
 
     /// Writes `frame` (sealed here with the next lsn, round index and the
@@ -397,6 +417,7 @@ impl Journal {
         if kind == FrameKind::Round {
             self.next_round = self.next_round.saturating_add(1);
         }
+        self.publish();
         Ok(FrameWritten {
             lsn,
             roll_syncs,
@@ -427,6 +448,7 @@ impl Journal {
         self.synced = JOURNAL_HEADER_BYTES as u64;
         self.mark_key = mark_key;
         self.written += JOURNAL_HEADER_BYTES as u64;
+        self.publish();
         Ok(())
     }
 

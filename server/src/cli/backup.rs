@@ -1,0 +1,287 @@
+//! `tidemark backup --addr ADDR DIR`: a consistent copy of a running node
+//! (format-spec/storage.md section 18) written into a new directory `DIR`,
+//! from the node's BACKUP stream (format-spec/protocol.md, BACKUP).
+//!
+//! The copy is a data directory: `tidemark serve --data DIR` restores it
+//! (recovery replays the copied journal prefix). There is no separate
+//! restore command: what it could check before the move, the open checks.
+//!
+//! Checks: `DIR` must not exist or be empty; every file name is a relative
+//! path of at most four plain components (no `..`, no absolute path), each
+//! file arrives once, its chunks in order and whole (offsets contiguous up
+//! to its length), each chunk's CRC matched (the codec checks it), and the
+//! end's file and byte counts match what arrived. Each file is fdatasynced
+//! when complete, every directory made and `DIR`'s parent fsynced at the
+//! end. On any failure `DIR` is removed (it was made or empty), so a
+//! partial copy is never left to be served.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use tidemark_client::protocol::BackupChunk;
+use tidemark_client::{Client, ClientConfig, ClientError};
+
+use super::{emit, read_token_file, CliError, ConnArgs};
+
+#[derive(Args, Debug)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// Directory to write the copy into: must not exist, or be empty.
+    dir: PathBuf,
+}
+
+impl BackupArgs {
+    pub fn json(&self) -> bool {
+        self.conn.json
+    }
+}
+
+/// The file being written.
+struct Current {
+    name: String,
+    file: File,
+    len: u64,
+    at: u64,
+}
+
+/// What arrived so far.
+struct Writer {
+    root: PathBuf,
+    current: Option<Current>,
+    seen: BTreeSet<String>,
+    dirs: BTreeSet<PathBuf>,
+    files: u32,
+    bytes: u64,
+}
+
+/// A name the node may send: 1 to 4 components of `[A-Za-z0-9._-]`, none
+/// `.` or `..`, joined by `/`.
+fn valid_name(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('/').collect();
+    (1..=4).contains(&parts.len())
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && *p != "."
+                && *p != ".."
+                && p.len() <= 64
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        })
+}
+
+fn bad(message: String) -> ClientError {
+    ClientError::Protocol(message)
+}
+
+impl Writer {
+    fn finish_current(&mut self) -> Result<(), ClientError> {
+        if let Some(c) = self.current.take() {
+            if c.at != c.len {
+                return Err(bad(format!(
+                    "{} ended at byte {} of {}",
+                    c.name, c.at, c.len
+                )));
+            }
+            c.file.sync_data()?;
+            self.files += 1;
+            self.bytes += c.len;
+        }
+        Ok(())
+    }
+
+    fn chunk(&mut self, c: &BackupChunk<'_>) -> Result<(), ClientError> {
+        if self.current.as_ref().is_none_or(|cur| cur.name != c.name) {
+            self.finish_current()?;
+            if !valid_name(c.name) {
+                return Err(bad(format!("refused file name {:?}", c.name)));
+            }
+            if !self.seen.insert(c.name.to_string()) {
+                return Err(bad(format!("{} sent twice", c.name)));
+            }
+            let path = self.root.join(c.name);
+            if let Some(parent) = path.parent() {
+                if !self.dirs.contains(parent) {
+                    std::fs::create_dir_all(parent)?;
+                    let mut p = parent;
+                    while p != self.root && self.dirs.insert(p.to_owned()) {
+                        p = p.parent().unwrap_or(&self.root);
+                    }
+                }
+            }
+            let file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)?;
+            self.current = Some(Current {
+                name: c.name.to_string(),
+                file,
+                len: c.file_len,
+                at: 0,
+            });
+        }
+        let cur = self.current.as_mut().ok_or_else(|| bad("no file".into()))?;
+        if c.offset != cur.at || c.file_len != cur.len {
+            return Err(bad(format!(
+                "{}: chunk at {} of {} bytes, expected {} of {}",
+                c.name, c.offset, c.file_len, cur.at, cur.len
+            )));
+        }
+        cur.file.write_all(c.data)?;
+        cur.at += c.data.len() as u64;
+        Ok(())
+    }
+
+    /// Every directory made, then the root and its parent, fsynced.
+    fn sync_dirs(&self) -> std::io::Result<()> {
+        for d in self.dirs.iter().rev() {
+            File::open(d)?.sync_all()?;
+        }
+        File::open(&self.root)?.sync_all()?;
+        let parent = match self.root.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        File::open(parent)?.sync_all()
+    }
+}
+
+pub fn run(a: BackupArgs) -> Result<(), CliError> {
+    let dir = &a.dir;
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(CliError::new(
+                    "usage",
+                    format!(
+                        "{} is not empty: a backup goes into a new directory",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CliError::new("output", format!("{}: {e}", dir.display()))),
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| CliError::new("output", format!("mkdir {}: {e}", dir.display())))?;
+    let started = Instant::now();
+    let result = copy(&a, dir);
+    let (end, w) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            // Never leave a partial copy that could be served.
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
+    };
+    let took = started.elapsed();
+    let mib_s = w.bytes as f64 / (1 << 20) as f64 / took.as_secs_f64().max(1e-9);
+    emit(
+        a.conn.json,
+        format!(
+            "backup of {addr} in {dir}: {files} files, {bytes} bytes in {secs:.2} s ({mib_s:.1} MiB/s)\n\
+             checkpoint {ckpt}, journal up to file {jseq} byte {jlen}; writes held for {pause} us\n\
+             restore: tidemark serve --data {dir}\n",
+            addr = a.conn.addr,
+            dir = dir.display(),
+            files = w.files,
+            bytes = w.bytes,
+            secs = took.as_secs_f64(),
+            ckpt = end.checkpoint_seq,
+            jseq = end.journal_seq,
+            jlen = end.journal_len,
+            pause = end.pause_us,
+        ),
+        json!({
+            "addr": a.conn.addr,
+            "dir": dir.display().to_string(),
+            "files": w.files,
+            "bytes": w.bytes,
+            "elapsed_ms": took.as_millis() as u64,
+            "checkpoint_seq": end.checkpoint_seq,
+            "journal_seq": end.journal_seq,
+            "journal_len": end.journal_len,
+            "pause_us": end.pause_us,
+        }),
+    )
+}
+
+fn copy(
+    a: &BackupArgs,
+    dir: &Path,
+) -> Result<(tidemark_client::protocol::BackupEnd, Writer), CliError> {
+    let mut config = ClientConfig::new(a.conn.addr.clone());
+    config.client_name = "tidemark-backup".into();
+    if let Some(path) = &a.conn.token_file {
+        config.token = Some(read_token_file(path).map_err(|m| CliError::new("token_file", m))?);
+    }
+    config.io_timeout = Duration::from_millis(a.conn.timeout_ms.clamp(1000, 60_000));
+    let fail = |e: ClientError| match e {
+        ClientError::Server { code, message, .. } => {
+            CliError::new(code.name(), format!("{}: {message}", a.conn.addr))
+        }
+        ClientError::Address { .. } => CliError::new("invalid_address", e.to_string()),
+        ClientError::Protocol(m) => CliError::new("backup", format!("{}: {m}", a.conn.addr)),
+        e => CliError::new("unavailable", format!("{}: {e}", a.conn.addr)),
+    };
+    let mut client = Client::connect(&config).map_err(fail)?;
+    let mut w = Writer {
+        root: dir.to_owned(),
+        current: None,
+        seen: BTreeSet::new(),
+        dirs: BTreeSet::new(),
+        files: 0,
+        bytes: 0,
+    };
+    let end = client.backup(|c| w.chunk(c)).map_err(fail)?;
+    w.finish_current().map_err(fail)?;
+    if end.files != w.files || end.bytes != w.bytes {
+        return Err(CliError::new(
+            "backup",
+            format!(
+                "the node sent {} files, {} bytes; {} files, {} bytes arrived",
+                end.files, end.bytes, w.files, w.bytes
+            ),
+        ));
+    }
+    w.sync_dirs()
+        .map_err(|e| CliError::new("output", format!("fsync {}: {e}", dir.display())))?;
+    Ok((end, w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_name;
+
+    #[test]
+    fn only_plain_relative_names_are_written() {
+        for ok in [
+            "FORMAT",
+            "journal/00000000000000000003.tmj",
+            "groups/05c/0000000000000005/00000000000000000001.seg",
+        ] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a/b/c/d/e",
+            "a b",
+            "a\\b",
+            "groups/trash/x\u{0}",
+        ] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+    }
+}
