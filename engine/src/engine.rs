@@ -134,6 +134,17 @@ pub struct EngineStats {
     /// with a retention policy (the work of a walk that must not grow with
     /// the groups that keep everything).
     pub retention_groups_planned: u64,
+    /// Memberships now (the cursor table's count).
+    pub memberships: u64,
+    /// Groups whose files failed verification and that answer
+    /// `GroupDamaged` now.
+    pub groups_damaged: u64,
+    /// A write or fsync failed: writes are refused until the engine is
+    /// reopened.
+    pub writes_stopped: bool,
+    /// Messages stored and readable now (`floor..=head` of every group
+    /// that is not damaged).
+    pub messages_stored: u64,
 }
 
 /// A tidemark storage engine over one data directory.
@@ -939,6 +950,10 @@ impl Engine {
             groups_in_use: self.shared.dedup.used_len() as u64,
             group_loads: c.group_loads.load(Ordering::Relaxed),
             retention_groups_planned: c.retention_groups_planned.load(Ordering::Relaxed),
+            memberships: self.shared.cursors.memberships(),
+            groups_damaged: self.shared.ctx.damaged_groups.load(Ordering::Relaxed),
+            writes_stopped: self.shared.writes_stopped.load(Ordering::Acquire),
+            messages_stored: self.shared.ctx.messages_stored.load(Ordering::Relaxed),
         }
     }
 

@@ -280,6 +280,21 @@ impl Group {
             // Deleted meanwhile: nothing is installed.
             return None;
         }
+        let before = state.stored_messages();
+        let installed = self.install_load(ctx, &mut slot, state, loaded);
+        ctx.stored_changed(before, slot.stored_messages());
+        installed
+    }
+
+    /// The second half of [`Group::load_if_unloaded`], under `log`: the
+    /// loaded log, or the damage found, goes into the slot.
+    fn install_load(
+        &self,
+        ctx: &LogContext,
+        slot: &mut LogSlot,
+        state: LogState,
+        loaded: crate::Result<(GroupLog, LoadReport)>,
+    ) -> Option<LoadReport> {
         let loaded = loaded.and_then(|(log, load)| {
             log.cut_tails(ctx, &load.cuts)?;
             Ok((log, load))
@@ -294,6 +309,8 @@ impl Group {
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
                 ctx.dirty.damaged(self.id);
+                ctx.damaged_groups
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 *slot = LogSlot::Damaged {
                     state,
                     reason: e.to_string(),
@@ -382,6 +399,17 @@ impl LogSlot {
             LogSlot::Unloaded(s) | LogSlot::Damaged { state: s, .. } => Some(s.clone()),
             LogSlot::Loaded(l) => Some(l.state()),
             LogSlot::Deleted => None,
+        }
+    }
+
+    /// Messages this slot stores and can serve: `floor..=head`; none for a
+    /// damaged or deleted group. O(1).
+    pub fn stored_messages(&self) -> u64 {
+        match self {
+            LogSlot::Small(list) => list.next_id().saturating_sub(list.floor()),
+            LogSlot::Loaded(l) => (l.head() + 1).saturating_sub(l.floor()),
+            LogSlot::Unloaded(s) => s.stored_messages(),
+            LogSlot::Damaged { .. } | LogSlot::Deleted => 0,
         }
     }
 

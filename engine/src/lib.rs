@@ -51,6 +51,8 @@ mod logs;
 mod members;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod ops_stats_tests;
 mod ready;
 #[cfg(test)]
 mod ready_tests;
@@ -64,6 +66,7 @@ mod worker;
 #[cfg(any(test, feature = "testing"))]
 pub use logs::record;
 
+pub use commit::journal::journal_dir;
 pub use commit::journal::rounds::RoundPayload;
 pub use config::{defaults, Config, FsyncPolicy};
 pub use engine::{

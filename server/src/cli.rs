@@ -29,6 +29,7 @@ use crate::demo;
 use crate::token_file::read_token_file;
 
 pub mod backup;
+pub mod observe;
 pub mod ops;
 pub mod payload;
 pub mod retention;
@@ -95,8 +96,12 @@ pub enum ClientCommand {
     Members(MembersArgs),
     /// A group's head, retention floor, member count and retention policy.
     GroupInfo(GroupInfoArgs),
-    /// The node's counters.
+    /// The node's figures (STATS and INFO), grouped by area, each with its
+    /// kind (counter or gauge) and unit.
     Stats(StatsArgs),
+    /// The node's slow log: the last requests that took at least its
+    /// threshold (`serve --slowlog-threshold-us`), newest first.
+    Slowlog(observe::SlowlogArgs),
     /// Copy a running node, consistently, into a new directory DIR;
     /// `tidemark serve --data DIR` restores it.
     ///
@@ -300,7 +305,7 @@ pub struct GroupInfoArgs {
 #[derive(Args, Debug)]
 pub struct StatsArgs {
     #[command(flatten)]
-    conn: ConnArgs,
+    pub(crate) conn: ConnArgs,
 }
 
 pub(crate) fn nonzero(s: &str) -> Result<u64, String> {
@@ -378,6 +383,7 @@ impl ClientCommand {
             ClientCommand::Members(a) => a.conn.json,
             ClientCommand::GroupInfo(a) => a.conn.json,
             ClientCommand::Stats(a) => a.conn.json,
+            ClientCommand::Slowlog(a) => a.conn.json,
             ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Retention(c) => c.json(),
@@ -408,7 +414,8 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::History(a) => history(a),
         ClientCommand::Members(a) => members(a),
         ClientCommand::GroupInfo(a) => group_info(a),
-        ClientCommand::Stats(a) => stats(a),
+        ClientCommand::Stats(a) => observe::stats(a),
+        ClientCommand::Slowlog(a) => observe::slowlog(a),
         ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Retention(c) => retention::run(c),
@@ -800,19 +807,6 @@ fn group_info(a: GroupInfoArgs) -> Result<(), CliError> {
             },
         }),
     )
-}
-
-fn stats(a: StatsArgs) -> Result<(), CliError> {
-    let mut c = connect(&a.conn)?;
-    let stats = c.node_stats()?;
-    let width = stats.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-    let mut human = String::new();
-    let mut obj = serde_json::Map::new();
-    for (name, value) in &stats {
-        human.push_str(&format!("{name:<width$}  {value}\n"));
-        obj.insert(name.clone(), json!(value));
-    }
-    emit(a.conn.json, human, Value::Object(obj))
 }
 
 /// One message as a line of text.

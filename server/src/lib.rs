@@ -19,6 +19,10 @@ pub mod config_file;
 pub mod demo;
 pub mod token_file;
 
+/// The git commit the binary was built from (`unknown` outside a git
+/// checkout; see `build.rs`), which INFO reports.
+pub const COMMIT: &str = env!("TIDEMARK_COMMIT");
+
 /// `tidemark --version`: the package version and the git commit the binary
 /// was built from (`unknown` outside a git checkout; see `build.rs`).
 pub const VERSION: &str = concat!(

@@ -172,6 +172,19 @@ struct ServeArgs {
         requires = "send_requires_membership"
     )]
     system_senders: Vec<u64>,
+    /// Serve the STATS figures in the Prometheus text format at
+    /// http://ADDR/metrics (port 0 picks a free port; INFO names it). No
+    /// default: no endpoint.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Requests that take at least this many microseconds (from handling
+    /// to queueing the response) go to the slow log; 0: every request.
+    #[arg(long, default_value_t = tidemark_node::defaults::SLOWLOG_THRESHOLD_US)]
+    slowlog_threshold_us: u64,
+    /// Slow requests kept, the newest (`tidemark slowlog` lists them); 0
+    /// keeps none.
+    #[arg(long, default_value_t = tidemark_node::defaults::SLOWLOG_ENTRIES_MAX)]
+    slowlog_entries_max: usize,
 }
 
 /// Why the command line was refused.
@@ -261,6 +274,13 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.limits.input_bytes_total_max = a.input_bytes_total_max;
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     c.engine.idle_evict_ms = a.idle_evict_ms;
+    c.metrics_listen = a.metrics_listen;
+    c.limits.slowlog_threshold_us = a.slowlog_threshold_us;
+    c.limits.slowlog_entries_max = a.slowlog_entries_max;
+    c.build = tidemark_node::Build {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: tidemark_server::COMMIT.to_string(),
+    };
     if a.send_requires_membership {
         c.sends = tidemark_node::SendPolicy::members_only(a.system_senders);
     }
@@ -426,7 +446,9 @@ mod tests {
             panic!("not serve");
         };
         let from_flags = node_config(args).expect("config");
-        let defaults = NodeConfig::new(tidemark_node::defaults::DATA_DIR);
+        let mut defaults = NodeConfig::new(tidemark_node::defaults::DATA_DIR);
+        // What only the binary knows.
+        defaults.build.commit = tidemark_server::COMMIT.to_string();
         assert_eq!(format!("{from_flags:?}"), format!("{defaults:?}"));
     }
 
@@ -584,6 +606,7 @@ mod tests {
                 ("listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("fsync", _) => ("never".to_string(), "interval:5".to_string()),
                 ("token_file", _) => (token_a.clone(), token_b.clone()),
+                ("metrics_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 (_, Some(Ok(d))) => ((d + 1).to_string(), (d + 2).to_string()),
                 // A new flag without a default: ids and counts take these.
                 _ => ("1".to_string(), "2".to_string()),

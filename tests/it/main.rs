@@ -20,6 +20,7 @@ mod idle;
 mod members;
 mod net_faults;
 mod node;
+mod observe;
 mod ops_cli;
 mod proxy;
 mod receipts;

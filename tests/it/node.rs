@@ -587,7 +587,11 @@ fn stats_report_the_limits_and_cursor_flush_ms_is_a_serve_flag() {
     for name in stats.keys() {
         let area = name.split('.').next().unwrap_or("");
         assert!(
-            ["net", "engine", "limits", "requests", "latency"].contains(&area),
+            [
+                "net", "engine", "limits", "requests", "latency", "server", "storage", "memory",
+                "errors", "slowlog", "log"
+            ]
+            .contains(&area),
             "{name}"
         );
     }

@@ -272,6 +272,26 @@ pub(crate) fn records(
     mode: Mode,
     lsn: u64,
 ) -> Result<RecordsApplied> {
+    // The count of stored messages follows whatever this did to the slot
+    // (records appended, a promotion, damage). Nothing else changes the
+    // count meanwhile: retention holds the group's checkpoint lock, which
+    // this holds too, and a load happens here or before (live, the send
+    // path loaded the group).
+    let before = group.log.read().stored_messages();
+    let done = records_into_slot(st, group, run, at, mode, lsn);
+    st.ctx
+        .stored_changed(before, group.log.read().stored_messages());
+    done
+}
+
+fn records_into_slot(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    run: &[u8],
+    at: Option<BodyAt>,
+    mode: Mode,
+    lsn: u64,
+) -> Result<RecordsApplied> {
     let ctx = st.ctx;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
@@ -354,6 +374,8 @@ fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
     if let Err(e) = log.flush_tail(ctx) {
         log::warn!("damaged group: its unwritten records stay in the journal: {e}");
     }
+    ctx.damaged_groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     LogSlot::Damaged {
         state: log.state(),
         reason,
@@ -509,6 +531,13 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     let old = std::mem::replace(&mut *group.log.write(), LogSlot::Deleted);
+    st.ctx.stored_changed(old.stored_messages(), 0);
+    if matches!(old, LogSlot::Damaged { .. }) {
+        // Once: a repeated delete finds the slot `Deleted`.
+        st.ctx
+            .damaged_groups
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
     if let LogSlot::Small(list) = &old {
         // No file of its own: its records leave the shared files' counts.
         crate::logs::small_log::forget_extents(st.ctx, list);

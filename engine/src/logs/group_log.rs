@@ -40,6 +40,26 @@ pub struct LogContext {
     /// replay) and by recovery's restore; read at checkpoint capture (the
     /// pinned list) and by the checkpoint's deletion of journal files.
     pub live: parking_lot::Mutex<crate::logs::reclaim::LiveBytes>,
+    /// Groups whose log slot is `Damaged` now (STATS
+    /// `storage.groups_damaged`, read in O(1)): set by recovery from its
+    /// walk over the groups, then one more where a slot becomes damaged (a
+    /// load's verification in `group.rs`, `apply::damage`) and one fewer
+    /// when a damaged group is deleted (`apply::delete_group`), the only
+    /// ways in and out.
+    pub damaged_groups: std::sync::atomic::AtomicU64,
+    /// Messages stored and readable now, all groups (STATS
+    /// `storage.messages_stored`, read in O(1)): the sum of
+    /// `LogSlot::stored_messages`, damaged groups counting none. Set by
+    /// recovery from its walk over the groups; then every change of a slot
+    /// that can change its count adjusts it by the difference, measured
+    /// around the change: records applied (`apply::records`, promotion and
+    /// damage included), deletion (`apply::delete_group`), a load
+    /// (`Group::load_if_unloaded`: damage found, or records past the
+    /// recorded head) and retention (the checkpointer's `drop_oldest` of
+    /// segments and `trim` of a small group's extents).
+    /// The other slot changes (unload, rewrite, marking extents verified)
+    /// keep head and floor.
+    pub messages_stored: std::sync::atomic::AtomicU64,
     /// Snapshot holds (`state/pins.rs`): the newest stored manifest, the
     /// journal end, and what deletions wait while a snapshot is copied.
     pub holds: Arc<crate::state::pins::Holds>,
@@ -64,7 +84,19 @@ impl LogContext {
             rounds: Default::default(),
             shared_files,
             live: Default::default(),
+            damaged_groups: Default::default(),
+            messages_stored: Default::default(),
             holds,
+        }
+    }
+
+    /// A slot's stored messages went from `before` to `after`.
+    pub fn stored_changed(&self, before: u64, after: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if after > before {
+            self.messages_stored.fetch_add(after - before, Relaxed);
+        } else if before > after {
+            self.messages_stored.fetch_sub(before - after, Relaxed);
         }
     }
 
@@ -90,6 +122,16 @@ pub struct LogState {
     pub head: u64,
     /// `(base_msg_id, valid bytes)` of every segment, oldest first.
     pub segments: Vec<(u64, u64)>,
+}
+
+impl LogState {
+    /// Messages `floor..=head`, the floor being the first segment's base
+    /// (none without a segment).
+    pub fn stored_messages(&self) -> u64 {
+        self.segments
+            .first()
+            .map_or(0, |&(base, _)| (self.head + 1).saturating_sub(base))
+    }
 }
 
 /// The files a checkpoint must make durable for one group's captured

@@ -86,6 +86,11 @@ pub struct CursorTable {
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
+    /// Memberships in the table: changed with them (under their shard's
+    /// write lock) by `insert`, `remove` and the bulk [`Loader`], the only
+    /// three that add or drop one, so [`CursorTable::memberships`] is O(1)
+    /// (STATS `storage.memberships`).
+    len: AtomicU64,
 }
 
 const FLUSH_DIRTY: u64 = 1;
@@ -117,7 +122,13 @@ impl CursorTable {
             flush_queues: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             join_overflow: Mutex::new(HashMap::new()),
+            len: AtomicU64::new(0),
         }
+    }
+
+    /// Memberships in the table now. O(1).
+    pub fn memberships(&self) -> u64 {
+        self.len.load(Ordering::Relaxed)
     }
 
     fn shard_index(&self, user: u64) -> usize {
@@ -204,6 +215,7 @@ impl CursorTable {
                 join_lo,
             },
         );
+        self.len.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -216,6 +228,7 @@ impl CursorTable {
             .binary_search_by_key(&slot, |m| m.slot)
             .ok()?;
         let m = entry.memberships.remove(at);
+        self.len.fetch_sub(1, Ordering::Relaxed);
         if m.cursor.load(Ordering::Acquire) & FLUSH_DIRTY != 0 {
             // Under the shard's write lock: no move races this read.
             self.flush_queues[self.shard_index(user)]
@@ -576,6 +589,8 @@ impl CursorTable {
                     v.sort_unstable_by_key(|m| m.slot);
                 }
             }
+            // Counted with them, under the shard's write lock (as `insert`).
+            self.len.fetch_add(rows.len() as u64, Ordering::Relaxed);
             // The rows' memory goes now, shard by shard.
             drop(map);
             drop(rows);
@@ -783,6 +798,23 @@ mod tests {
         assert!(t.join_overflow.lock().is_empty());
     }
 
+    #[test]
+    fn the_membership_count_follows_inserts_and_removes_only() {
+        let t = CursorTable::new();
+        assert_eq!(t.memberships(), 0);
+        t.insert(7, 1, 0, 1, None).unwrap();
+        t.insert(7, 2, 0, 1, None).unwrap();
+        t.insert(8, 1, 0, 1, None).unwrap();
+        // Refused inserts and removes of nothing change no count.
+        assert!(t.insert(7, 1, 0, 1, None).is_err());
+        assert!(t.insert(9, 1, 0, 1, Some(0)).is_err());
+        assert_eq!(t.remove(9, 1), None);
+        assert_eq!(t.memberships(), 3);
+        assert_eq!(t.remove(7, 1), Some(0));
+        assert_eq!(t.remove(7, 1), None);
+        assert_eq!(t.memberships(), 2);
+    }
+
     /// The bulk loader builds the table that one insert per membership
     /// builds: the same memberships, cursors and join points (some past 32
     /// bits), each user's list sorted by slot, every cursor clean.
@@ -820,6 +852,8 @@ mod tests {
                 prop_assert_eq!(a, b);
             }
             prop_assert_eq!(bulk.take_dirty(|_, _, _| {}), 0);
+            prop_assert_eq!(bulk.memberships(), one_by_one.memberships());
+            prop_assert_eq!(bulk.memberships(), rows.len() as u64);
         });
     }
 }

@@ -522,7 +522,9 @@ impl Checkpointer {
                 let mut slot = g.log.write();
                 match (&mut *slot, cut) {
                     (LogSlot::Loaded(log), RetentionCut::Segments(n)) => {
+                        let stored = (log.head() + 1).saturating_sub(log.floor());
                         let paths = log.drop_oldest(ctx, n);
+                        ctx.stored_changed(stored, (log.head() + 1).saturating_sub(log.floor()));
                         drop(slot);
                         if paths.is_empty() {
                             continue;
@@ -535,9 +537,11 @@ impl Checkpointer {
                     // the same records, and `trim` clamps it to the head.
                     (LogSlot::Small(list), RetentionCut::SmallFloor(floor)) => {
                         let before = list.floor();
+                        let stored = list.next_id().saturating_sub(before);
                         let mut live = ctx.live.lock();
                         list.trim(floor, |e| live.remove(e));
                         drop(live);
+                        ctx.stored_changed(stored, list.next_id().saturating_sub(list.floor()));
                         if list.floor() == before {
                             continue;
                         }

@@ -383,8 +383,11 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     }
     clamp_cursors_to_heads(&catalog, &cursors);
     let mut loaded_groups = Vec::new();
+    let mut stored = 0;
     for g in catalog.groups() {
-        match &*g.log.read() {
+        let slot = g.log.read();
+        stored += slot.stored_messages();
+        match &*slot {
             LogSlot::Damaged { reason, .. } => report.damaged_groups.push((g.id, reason.clone())),
             LogSlot::Loaded(_) => {
                 report.groups_verified += 1;
@@ -395,6 +398,15 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         }
     }
     report.groups = catalog.len() as u64;
+    // Replay's own damages are counted here, with those the checkpoint
+    // recorded; from now on the count changes where damage happens. The
+    // same for the stored messages.
+    ctx.damaged_groups.store(
+        report.damaged_groups.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    ctx.messages_stored
+        .store(stored, std::sync::atomic::Ordering::Relaxed);
 
     if discovered {
         // No run holds these groups: the first checkpoint records each

@@ -30,6 +30,31 @@ pub struct Message {
     pub payload: Vec<u8>,
 }
 
+/// One request of the node's slow log (SLOWLOG, format-spec/protocol.md
+/// 4.22).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowRequest {
+    pub id: u64,
+    pub unix_ms: u64,
+    pub duration_ns: u64,
+    /// The request's opcode byte (maybe one this client does not know).
+    pub opcode: u8,
+    pub client: String,
+    pub args: String,
+}
+
+/// The node's slow log as SLOWLOG lists it: newest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowLogReport {
+    pub threshold_us: u64,
+    pub entries_max: u32,
+    /// Entries the log held (more than listed if the list was cut).
+    pub held: u32,
+    /// Slow requests since the node started.
+    pub recorded: u64,
+    pub entries: Vec<SlowRequest>,
+}
+
 /// Something the node sent on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -845,6 +870,49 @@ impl Client {
                 Ok(list.iter().map(|s| (s.name.to_string(), s.value)).collect())
             }
             _ => unexpected("STATS"),
+        }
+    }
+
+    /// INFO: the node's text figures. An addition (format-spec/protocol.md
+    /// section 7): send it only to a node whose STATS reports
+    /// `limits.slowlog_entries_max`.
+    pub fn info(&mut self) -> Result<Vec<(String, String)>> {
+        match self.call(&Request::Info)?.response()? {
+            Response::Info(items) => Ok(items
+                .iter()
+                .map(|i| (i.name.to_string(), i.value.to_string()))
+                .collect()),
+            _ => unexpected("INFO"),
+        }
+    }
+
+    /// SLOWLOG: up to `max_count` slow requests, newest first; with
+    /// `reset`, the node empties its log once they are listed. An
+    /// addition, as INFO.
+    pub fn slowlog(&mut self, reset: bool, max_count: u32) -> Result<SlowLogReport> {
+        match self
+            .call(&Request::SlowLog { reset, max_count })?
+            .response()?
+        {
+            Response::SlowLog(l) => Ok(SlowLogReport {
+                threshold_us: l.threshold_us,
+                entries_max: l.entries_max,
+                held: l.held,
+                recorded: l.recorded,
+                entries: l
+                    .entries
+                    .iter()
+                    .map(|e| SlowRequest {
+                        id: e.id,
+                        unix_ms: e.unix_ms,
+                        duration_ns: e.duration_ns,
+                        opcode: e.opcode,
+                        client: e.client.to_string(),
+                        args: e.args.to_string(),
+                    })
+                    .collect(),
+            }),
+            _ => unexpected("SLOWLOG"),
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod reliable;
 
 pub use client::{
     messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Message,
-    NodeLimits, OwnedFrame, Page, Result, Sent,
+    NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
 };
 pub use reliable::{Delivery, Inbox, Receipts, ReliableClient, ReliableConfig};
 /// The wire codec the client speaks, for the types its requests take

@@ -44,10 +44,10 @@ pub const OUTPUT_QUEUED_MAX: usize = 1 << 20;
 /// A frame of a stream, whole (length prefix included).
 pub enum Msg {
     Chunk(Vec<u8>),
-    /// The BACKUP response, or an ERROR: the last frame.
+    /// The BACKUP response, or an ERROR (with its code): the last frame.
     End {
         frame: Vec<u8>,
-        error: bool,
+        error: Option<ErrorCode>,
     },
 }
 
@@ -111,7 +111,7 @@ impl Stream {
 }
 
 /// The frame as an `Outgoing` of request `request_id`.
-pub fn outgoing(request_id: u64, frame: Vec<u8>, error: bool) -> Outgoing {
+pub fn outgoing(request_id: u64, frame: Vec<u8>, error: Option<ErrorCode>) -> Outgoing {
     Outgoing {
         request_id,
         error,
@@ -196,10 +196,7 @@ fn run(
             };
             let mut frame = Vec::new();
             match encode_response(request_id, &Response::Backup(end), &mut frame) {
-                Ok(()) => Msg::End {
-                    frame,
-                    error: false,
-                },
+                Ok(()) => Msg::End { frame, error: None },
                 Err(e) => error_end(request_id, &e.to_string()),
             }
         }
@@ -220,7 +217,7 @@ fn error_end(request_id: u64, message: &str) -> Msg {
     let out = handlers::error(request_id, ErrorCode::Internal, None, message);
     Msg::End {
         frame: out.head,
-        error: true,
+        error: out.error,
     }
 }
 

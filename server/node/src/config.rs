@@ -56,6 +56,13 @@ pub mod defaults {
     pub const LISTEN: &str = "127.0.0.1:7070";
     /// `tidemark serve --data`.
     pub const DATA_DIR: &str = "./tidemark-data";
+    /// Requests that take at least this long (from handling to queueing
+    /// the response) go to the slow log: 10 ms, Redis's default too.
+    pub const SLOWLOG_THRESHOLD_US: u64 = 10_000;
+    /// Slow requests kept (the oldest go first).
+    pub const SLOWLOG_ENTRIES_MAX: usize = 128;
+    /// The largest `slowlog_entries_max` (a log of about 16 MiB).
+    pub const SLOWLOG_ENTRIES_MAX_MAX: usize = 100_000;
 }
 
 // `NodeConfig::validate`'s relationships, for the defaults, at compile time.
@@ -73,6 +80,7 @@ const _: () = {
     assert!(INPUT_BYTES_TOTAL_MAX >= 4 + FRAME_BYTES_MAX as usize);
     // A frame the node-wide input budget never refuses is one it accepts.
     assert!(INPUT_BYTES_FREE <= FRAME_BYTES_MAX as usize);
+    assert!(SLOWLOG_ENTRIES_MAX <= SLOWLOG_ENTRIES_MAX_MAX);
     // A full MEMBERS page fits the default frame.
     assert!(
         MEMBERS_PAGE_MAX * protocol::MEMBER_ENTRY_BYTES + protocol::MEMBERS_RESPONSE_FIXED_BYTES
@@ -90,6 +98,29 @@ pub struct NodeConfig {
     pub limits: Limits,
     /// Who may SEND to a group (format-spec/protocol.md 4.9).
     pub sends: SendPolicy,
+    /// Where to serve the Prometheus metrics over HTTP (`GET /metrics`);
+    /// `None`: no endpoint.
+    pub metrics_listen: Option<SocketAddr>,
+    /// What INFO says the node is.
+    pub build: Build,
+}
+
+/// The build a node runs, for INFO: the binary knows its commit (its
+/// `build.rs`), the node crate only its version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Build {
+    pub version: String,
+    /// `unknown` when not built from a git checkout.
+    pub commit: String,
+}
+
+impl Default for Build {
+    fn default() -> Self {
+        Build {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            commit: "unknown".to_string(),
+        }
+    }
 }
 
 /// Who may SEND to a group: anyone (version 1's rule, the default: the
@@ -165,6 +196,11 @@ pub struct Limits {
     /// Members a MEMBERS response lists at most (also kept within
     /// `frame_bytes_max`); a larger `max_count` is clamped to it.
     pub members_page_max: usize,
+    /// Requests that take at least this many microseconds go to the slow
+    /// log (0: every request).
+    pub slowlog_threshold_us: u64,
+    /// Slow requests kept, newest; 0 keeps none.
+    pub slowlog_entries_max: usize,
     /// Groups with more members get counts-only receipts (4.22).
     pub receipt_members_max: usize,
     /// Receipts are coalesced over this interval (4.22); 0 flushes them
@@ -186,6 +222,8 @@ impl Default for Limits {
             output_bytes_total_max: OUTPUT_BYTES_TOTAL_MAX,
             input_bytes_total_max: INPUT_BYTES_TOTAL_MAX,
             members_page_max: MEMBERS_PAGE_MAX,
+            slowlog_threshold_us: SLOWLOG_THRESHOLD_US,
+            slowlog_entries_max: SLOWLOG_ENTRIES_MAX,
             receipt_members_max: RECEIPT_MEMBERS_MAX,
             receipt_interval_ms: RECEIPT_INTERVAL_MS,
         }
@@ -206,6 +244,8 @@ impl NodeConfig {
             token: None,
             limits: Limits::default(),
             sends: SendPolicy::anyone(),
+            metrics_listen: None,
+            build: Build::default(),
         }
     }
 
@@ -275,6 +315,12 @@ impl NodeConfig {
         }
         if l.members_page_max == 0 {
             return Err("members_page_max must be positive".into());
+        }
+        if l.slowlog_entries_max > defaults::SLOWLOG_ENTRIES_MAX_MAX {
+            return Err(format!(
+                "slowlog_entries_max must be at most {}",
+                defaults::SLOWLOG_ENTRIES_MAX_MAX
+            ));
         }
         if l.frame_timeout_ms == 0 {
             return Err("frame_timeout_ms must be positive".into());

@@ -38,8 +38,9 @@ use std::time::Instant;
 
 use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing};
+use crate::handlers::{self, Action, Ctx, Outgoing, Report};
 use crate::receipts::Receipts;
+use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
@@ -231,6 +232,8 @@ pub enum Next {
     Handled {
         request_id: u64,
         op: Option<Opcode>,
+        /// What it asked, for the slow log.
+        args: Summary,
         action: Action,
     },
 }
@@ -452,6 +455,7 @@ impl Connection {
         // before the rest of the connection is touched. It stays at the
         // front until it is taken below (a request that must wait for the
         // engine's worker stays there).
+        let mut args = Summary::default();
         let (request_id, op, result) = match self.decoder.front_frame() {
             Ok(None) => return Next::Idle,
             Err(fe) => {
@@ -472,7 +476,10 @@ impl Connection {
                         let out = handlers::error(id, de.error_code(), detail, &de.to_string());
                         (id, None, Err(Stop::Fatal(out)))
                     }
-                    Ok(req) => (id, Some(req.opcode()), self.session.handle(ctx, id, req)),
+                    Ok(req) => {
+                        args = Summary::of_request(&req);
+                        (id, Some(req.opcode()), self.session.handle(ctx, id, req))
+                    }
                 }
             }
         };
@@ -485,14 +492,17 @@ impl Connection {
                 return Next::WaitsForLoad(ticket);
             }
             Err(Stop::Fatal(out)) => {
+                // Invariant: a fatal answer is an ERROR frame.
+                let code = out.error.unwrap_or(ErrorCode::BadFrame);
                 self.fail(out);
-                Action::Closed
+                Action::Closed(code)
             }
         };
         self.decoder.consume_front();
         Next::Handled {
             request_id,
             op,
+            args,
             action,
         }
     }
@@ -604,7 +614,11 @@ impl Session {
                 return Ok(answer(out));
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
-            Request::Stats => return Ok(Action::Report),
+            Request::Stats => return Ok(Action::Report(Report::Stats)),
+            Request::Info => return Ok(Action::Report(Report::Info)),
+            Request::SlowLog { reset, max_count } => {
+                return Ok(Action::Report(Report::SlowLog { reset, max_count }))
+            }
             Request::Backup => return Ok(Action::Backup),
             Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
             Request::SubscribeReceipts { sender, groups } => {
@@ -739,7 +753,7 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report | Action::Backup | Action::Closed => {}
+            Action::Answer(_) | Action::Report(_) | Action::Backup | Action::Closed(_) => {}
         }
         Ok(action)
     }
@@ -963,7 +977,7 @@ mod state_tests {
                     let frame = Frame::parse(&out.head).unwrap();
                     match decode_response(&frame).unwrap() {
                         Response::Error(e) => {
-                            assert!(out.error, "an ERROR frame says so");
+                            assert_eq!(out.error, Some(e.code), "an ERROR frame says so");
                             Some(e.code)
                         }
                         _ => None,
@@ -1042,7 +1056,7 @@ mod state_tests {
         assert!(matches!(
             node.request(&mut c, 2, Request::Auth { token: b"guess" }),
             Next::Handled {
-                action: Action::Closed,
+                action: Action::Closed(ErrorCode::Unauthenticated),
                 ..
             }
         ));
@@ -1073,7 +1087,7 @@ mod state_tests {
         assert!(matches!(
             node.request(&mut c, 4, hello()),
             Next::Handled {
-                action: Action::Closed,
+                action: Action::Closed(ErrorCode::BadFrame),
                 ..
             }
         ));

@@ -39,10 +39,14 @@ use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
 use crate::backup;
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
 use crate::connection::{Barrier, ConnId, Connection, Next};
-use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked};
+use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked, Report};
+use crate::host::HostFigures;
+use crate::log_limit::{EventKind, LogLimiter};
 use crate::long_poll::{LongPolls, PollKey};
+use crate::metrics::{MetricsServer, Published};
 use crate::receipts::Receipts;
-use crate::stats::{Buffers, Stats};
+use crate::slowlog::{SlowLog, Summary};
+use crate::stats::{Buffers, Sources, Stats};
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{ErrorCode, Opcode};
 
@@ -72,6 +76,8 @@ struct Slot {
     out_counted: usize,
     /// This connection's input memory as counted in `EventLoop::in_total`.
     in_counted: usize,
+    /// The client's address (event lines, the slow log).
+    peer: SocketAddr,
 }
 
 /// A request answered later ([`Parked`] or [`LongPoll`]) with what is
@@ -80,6 +86,8 @@ struct Waiting<W> {
     conn: ConnId,
     request_id: u64,
     op: Option<Opcode>,
+    /// What the request asked, for the slow log.
+    args: Summary,
     started: Instant,
     work: W,
 }
@@ -150,6 +158,20 @@ pub struct EventLoop {
     /// the last warning was logged.
     fd_refusals_unlogged: u64,
     fd_warned_at: Option<Instant>,
+    /// The last slow requests (SLOWLOG).
+    slowlog: SlowLog,
+    /// Keeps event lines (accepts, closes, authentication failures,
+    /// protocol errors) from flooding the log.
+    log_limit: LogLimiter,
+    /// Disk and memory figures, measured by the host refresher.
+    host: Arc<HostFigures>,
+    /// Where a metrics scrape asks for a report and gets it.
+    published: Arc<Published>,
+    /// INFO's items, fixed at start.
+    info: Vec<(String, String)>,
+    /// When the node started serving (uptime), also as Unix ms.
+    started: Instant,
+    started_unix_ms: u64,
     /// BACKUPs under way (at most `backup::BACKUPS_MAX`): their frames
     /// move to their connections as those drain (`pump_backups`).
     backups: Vec<backup::Stream>,
@@ -175,6 +197,7 @@ impl EventLoop {
         engine: Arc<Engine>,
         config: NodeConfig,
         mut listener: TcpListener,
+        host: Arc<HostFigures>,
     ) -> io::Result<EventLoop> {
         let poll = Poll::new()?;
         poll.registry()
@@ -195,7 +218,6 @@ impl EventLoop {
         Ok(EventLoop {
             receipts,
             engine,
-            config,
             poll,
             listener: Some(listener),
             waker,
@@ -220,8 +242,26 @@ impl EventLoop {
             accept_blocked: false,
             fd_refusals_unlogged: 0,
             fd_warned_at: None,
+            slowlog: SlowLog::new(
+                config.limits.slowlog_threshold_us,
+                config.limits.slowlog_entries_max,
+            ),
+            log_limit: LogLimiter::new(Instant::now()),
+            host,
+            published: Arc::default(),
+            info: Vec::new(),
+            started: Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            config,
             backups: Vec::new(),
         })
+    }
+
+    /// INFO's items, once the addresses are bound.
+    fn set_info(&mut self, listen: SocketAddr, metrics: Option<SocketAddr>) {
+        self.info = crate::stats::info_items(&self.config, listen, metrics);
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -282,6 +322,13 @@ impl EventLoop {
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
+            for (kind, n) in self.log_limit.flush(now) {
+                log::warn!("{n} similar events suppressed: {}", kind.name());
+            }
+            if self.published.take_wanted() {
+                let figures = self.figures();
+                self.published.publish(figures);
+            }
             self.flush_receipts(now);
             self.shed_output();
             // Marks made while these are driven wait for the next pass.
@@ -323,6 +370,7 @@ impl EventLoop {
             .chain(self.receipts.deadline())
             .chain(self.backups.iter().map(backup::Stream::deadline))
             .chain(drain_deadline)
+            .chain(self.log_limit.next_flush())
             .min()?;
         Some(next.saturating_duration_since(Instant::now()))
     }
@@ -414,6 +462,7 @@ impl EventLoop {
                 frame_timer_armed: false,
                 out_counted: 0,
                 in_counted: 0,
+                peer,
             };
             if let Err(e) = self.poll.registry().register(
                 &mut slot.stream,
@@ -427,6 +476,12 @@ impl EventLoop {
             self.slots[index] = Some(slot);
             self.connections += 1;
             self.stats.connections_accepted += 1;
+            if self.log_limit.allow(EventKind::Accept, Instant::now()) {
+                log::info!(
+                    "connection from {peer} accepted ({} open)",
+                    self.connections
+                );
+            }
         }
     }
 
@@ -580,7 +635,7 @@ impl EventLoop {
             return;
         };
         self.stats.input_refused += 1;
-        self.stats.errors += 1;
+        self.stats.error(ErrorCode::Overloaded);
         let max = self.config.limits.input_bytes_total_max;
         let out = handlers::error(
             0,
@@ -688,8 +743,13 @@ impl EventLoop {
                 None,
                 &format!("no whole frame within frame_timeout_ms ({ms} ms)"),
             );
-            self.stats.errors += 1;
+            self.stats.error(ErrorCode::BadFrame);
             self.stats.frames_timed_out += 1;
+            self.event(
+                id.index,
+                EventKind::ProtocolError,
+                "no whole frame within frame_timeout_ms",
+            );
             self.fail(id, out);
             self.dirty.push(id.index);
         }
@@ -720,7 +780,9 @@ impl EventLoop {
                 receipts: &mut self.receipts,
                 conn,
             };
-            let (request_id, op, action) = match slot.conn.handle_next(&mut ctx) {
+            // The handler's own time counts (latency, slow log).
+            let started = Instant::now();
+            let (request_id, op, args, action) = match slot.conn.handle_next(&mut ctx) {
                 Next::Idle => return handled,
                 Next::WaitsForLoad(ticket) => {
                     self.stats.requests_waited_for_load += 1;
@@ -730,26 +792,35 @@ impl EventLoop {
                 Next::Handled {
                     request_id,
                     op,
+                    args,
                     action,
-                } => (request_id, op, action),
+                } => (request_id, op, args, action),
             };
             handled += 1;
             *frames_left -= 1;
             if let Some(op) = op {
                 self.stats.request(op);
             }
-            let started = Instant::now();
             match action {
-                Action::Answer(out) => self.respond(conn, op, started, out),
-                Action::Closed => {
+                Action::Answer(out) => self.respond(conn, op, args, started, out),
+                Action::Closed(code) => {
                     // The connection queued the fatal ERROR itself.
-                    self.stats.errors += 1;
+                    self.stats.error(code);
+                    let (kind, what) = match code {
+                        ErrorCode::Unauthenticated => {
+                            (EventKind::AuthFailure, "authentication failed")
+                        }
+                        _ => (EventKind::ProtocolError, "protocol error"),
+                    };
+                    let what = format!("{what} ({}), closing", crate::stats::code_name(code));
+                    self.event(index, kind, &what);
                     self.account(index);
                 }
                 Action::Park(work) => self.park(Waiting {
                     conn,
                     request_id,
                     op,
+                    args,
                     started,
                     work,
                 }),
@@ -758,6 +829,7 @@ impl EventLoop {
                         conn,
                         request_id,
                         op,
+                        args,
                         started,
                         work: poll,
                     };
@@ -766,14 +838,45 @@ impl EventLoop {
                         slot.polls.insert(key);
                     }
                 }
-                Action::Report => {
-                    let out = self.stats_reply(request_id);
-                    self.respond(conn, op, started, out);
+                Action::Report(report) => {
+                    let out = match report {
+                        Report::Stats => self.stats_reply(request_id),
+                        Report::Info => handlers::info(request_id, &self.info),
+                        Report::SlowLog { reset, max_count } => handlers::slowlog(
+                            request_id,
+                            &mut self.slowlog,
+                            reset,
+                            max_count,
+                            limits.frame_bytes_max,
+                        ),
+                    };
+                    self.respond(conn, op, args, started, out);
                 }
-                Action::Backup => self.start_backup(conn, request_id, op, started),
+                Action::Backup => self.start_backup(conn, request_id, op, args, started),
             }
         }
         handled
+    }
+
+    /// Logs an event of a connection, within its kind's rate
+    /// (`log_limit.rs`).
+    fn event(&mut self, index: usize, kind: EventKind, what: &str) {
+        let Some(peer) = self
+            .slots
+            .get(index)
+            .and_then(|s| s.as_ref())
+            .map(|s| s.peer)
+        else {
+            return;
+        };
+        if self.log_limit.allow(kind, Instant::now()) {
+            match kind {
+                EventKind::Accept | EventKind::Close => log::info!("connection {peer}: {what}"),
+                EventKind::AuthFailure | EventKind::ProtocolError => {
+                    log::warn!("connection {peer}: {what}")
+                }
+            }
+        }
     }
 
     /// BACKUP: begins a snapshot (O(1)) and the thread that streams it, or
@@ -783,6 +886,7 @@ impl EventLoop {
         conn: ConnId,
         request_id: u64,
         op: Option<Opcode>,
+        args: Summary,
         started: Instant,
     ) {
         if self.backups.len() >= backup::BACKUPS_MAX {
@@ -792,7 +896,7 @@ impl EventLoop {
                 Some(backup::BACKUPS_MAX as u64),
                 "as many backups as the node runs at once are under way",
             );
-            return self.respond(conn, op, started, out);
+            return self.respond(conn, op, args, started, out);
         }
         match backup::start(
             &self.engine,
@@ -802,7 +906,7 @@ impl EventLoop {
             self.waker.clone(),
         ) {
             Ok(stream) => self.backups.push(stream),
-            Err(out) => self.respond(conn, op, started, out),
+            Err(out) => self.respond(conn, op, args, started, out),
         }
     }
 
@@ -827,7 +931,6 @@ impl EventLoop {
                         conn.index,
                         backup::STALL_MAX
                     );
-                    self.stats.errors += 1;
                     self.backups.swap_remove(i);
                     if let Some(slot) = self.slot_mut(conn) {
                         slot.conn.drop_output();
@@ -846,13 +949,13 @@ impl EventLoop {
                 }
                 match self.backups[i].try_next() {
                     backup::Next::Msg(backup::Msg::Chunk(frame)) => {
-                        self.send(conn, backup::outgoing(request_id, frame, false));
+                        self.send(conn, backup::outgoing(request_id, frame, None));
                         let output = self.slot_mut(conn).map_or(0, |s| s.conn.output_bytes());
                         self.backups[i].queued(output, now);
                     }
                     backup::Next::Msg(backup::Msg::End { frame, error }) => {
-                        if error {
-                            self.stats.errors += 1;
+                        if let Some(code) = error {
+                            self.stats.error(code);
                         }
                         self.send(conn, backup::outgoing(request_id, frame, error));
                         over = true;
@@ -865,6 +968,7 @@ impl EventLoop {
                             None,
                             "the backup thread ended without finishing",
                         );
+                        self.stats.error(ErrorCode::Internal);
                         self.send(conn, out);
                         over = true;
                     }
@@ -882,7 +986,14 @@ impl EventLoop {
         }
     }
 
-    fn respond(&mut self, conn: ConnId, op: Option<Opcode>, started: Instant, out: Outgoing) {
+    fn respond(
+        &mut self,
+        conn: ConnId,
+        op: Option<Opcode>,
+        args: Summary,
+        started: Instant,
+        out: Outgoing,
+    ) {
         let frame_max = self.config.limits.frame_bytes_max as usize + 4;
         let len = out.head.len() + out.chunks.iter().map(|c| c.bytes().len()).sum::<usize>();
         // Record-carrying responses are sized to fit; a list answer (UNREAD,
@@ -898,10 +1009,15 @@ impl EventLoop {
             out
         };
         if let Some(op) = op {
-            self.stats.latency(op, started.elapsed());
+            let took = started.elapsed();
+            self.stats.latency(op, took);
+            if let Some(slot) = self.slot_mut(conn) {
+                let peer = slot.peer;
+                self.slowlog.finished(op, took, peer, args);
+            }
         }
-        if out.error {
-            self.stats.errors += 1;
+        if let Some(code) = out.error {
+            self.stats.error(code);
         }
         self.send(conn, out);
     }
@@ -933,7 +1049,7 @@ impl EventLoop {
                 if let Some((group, sender, msg_id)) = w.work.accepted(&out) {
                     self.receipts.sent(group, sender, msg_id);
                 }
-                self.finish(w.conn, w.op, w.started, w.work.barrier(), out)
+                self.finish(w.conn, w.op, w.args, w.started, w.work.barrier(), out)
             }
             None => self.pending.entry(w.work.round()).or_default().push(w),
         }
@@ -955,6 +1071,7 @@ impl EventLoop {
         &mut self,
         conn: ConnId,
         op: Option<Opcode>,
+        args: Summary,
         started: Instant,
         barrier: Barrier,
         out: Outgoing,
@@ -962,7 +1079,7 @@ impl EventLoop {
         if let Some(slot) = self.slot_mut(conn) {
             slot.conn.parked_done(barrier);
         }
-        self.respond(conn, op, started, out);
+        self.respond(conn, op, args, started, out);
         self.dirty.push(conn.index);
     }
 
@@ -1030,7 +1147,7 @@ impl EventLoop {
         if let Some(slot) = self.slot_mut(w.conn) {
             slot.polls.remove(&key);
         }
-        self.finish(w.conn, w.op, w.started, Barrier::None, out);
+        self.finish(w.conn, w.op, w.args, w.started, Barrier::None, out);
     }
 
     /// Pushes records `first..=last` of `group` to every subscriber. A
@@ -1132,15 +1249,27 @@ impl EventLoop {
         }
     }
 
+    /// The STATS figures now (also what a metrics scrape gets).
+    fn figures(&self) -> Vec<(String, u64)> {
+        self.stats.report(&Sources {
+            connections: self.connections,
+            buffers: Buffers {
+                output: self.out_total,
+                input: self.in_total,
+            },
+            engine: &self.engine,
+            limits: &self.config.limits,
+            host: &self.host,
+            slowlog: &self.slowlog,
+            log_suppressed: self.log_limit.suppressed_total(),
+            started: self.started,
+            started_unix_ms: self.started_unix_ms,
+            now: Instant::now(),
+        })
+    }
+
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        let buffers = Buffers {
-            output: self.out_total,
-            input: self.in_total,
-        };
-        let figures =
-            self.stats
-                .report(self.connections, buffers, &self.engine, &self.config.limits);
-        handlers::stats(request_id, &figures)
+        handlers::stats(request_id, &self.figures())
     }
 
     /// Re-registers the connection for what it wants, or closes it.
@@ -1183,6 +1312,7 @@ impl EventLoop {
             return;
         };
         self.unsubscribe_all(id);
+        self.event(index, EventKind::Close, "closed");
         let keys = self.slots[index]
             .as_mut()
             .map(|s| std::mem::take(&mut s.polls))
@@ -1253,15 +1383,41 @@ pub fn serve(
     // engine opens wait in the listen backlog.
     let listener =
         TcpListener::bind(config.listen).map_err(|e| format!("listen {}: {e}", config.listen))?;
+    let mut metrics = config.metrics_listen.map(MetricsServer::bind).transpose()?;
     let engine =
         Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
     let report = engine.recovery_report();
     log::info!("recovered: {}", report.summary());
-    let mut event_loop = EventLoop::with_listener(engine.clone(), config, listener)
+    // The host refresher: disk and memory figures, off the event loop.
+    let host = Arc::new(HostFigures::new(Instant::now()));
+    let (stop_host, host_stopped) = std::sync::mpsc::channel::<()>();
+    let host_thread = crate::host::spawn(
+        config.engine.data_dir.clone(),
+        tidemark_engine::journal_dir(&config.engine.data_dir),
+        host.clone(),
+        host_stopped,
+    )
+    .map_err(|e| format!("host refresher thread: {e}"))?;
+    let mut event_loop = EventLoop::with_listener(engine.clone(), config, listener, host)
         .map_err(|e| format!("event loop: {e}"))?;
     let addr = event_loop.local_addr().map_err(|e| e.to_string())?;
+    event_loop.set_info(addr, metrics.as_ref().map(MetricsServer::addr));
+    if let Some(m) = metrics.as_mut() {
+        m.start(
+            event_loop.published.clone(),
+            event_loop.waker.clone(),
+            event_loop.info.clone(),
+        )
+        .map_err(|e| format!("metrics thread: {e}"))?;
+        log::info!("metrics on http://{}/metrics", m.addr());
+    }
     on_ready(addr, event_loop.shutdown_handle());
     event_loop.run().map_err(|e| format!("event loop: {e}"))?;
+    if let Some(mut m) = metrics.take() {
+        m.stop();
+    }
+    drop(stop_host);
+    let _ = host_thread.join();
     let stats = engine.stats();
     drop(event_loop);
     match Arc::try_unwrap(engine) {

@@ -16,6 +16,7 @@ use tidemark_engine::{
 use crate::config::{Limits, SendPolicy};
 use crate::connection::{Barrier, ConnId};
 use crate::receipts::Receipts;
+use crate::slowlog::SlowLog;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, GroupInfo,
@@ -42,8 +43,9 @@ pub const SERVER_NAME: &str = concat!(
 pub struct Outgoing {
     /// The request it answers (0: a frame not tied to a request).
     pub request_id: u64,
-    /// It is an ERROR frame (counted in `net.errors`).
-    pub error: bool,
+    /// It is an ERROR frame with this code (counted in `net.errors` and
+    /// `errors.{code}`).
+    pub error: Option<ErrorCode>,
     pub head: Vec<u8>,
     pub chunks: Vec<Chunk>,
     /// Records the response delivers (for stats).
@@ -144,7 +146,7 @@ impl Parked {
                 ticket,
                 group,
                 sender,
-            } if !out.error => Some((*group, *sender, ticket.appended.msg_id)),
+            } if out.error.is_none() => Some((*group, *sender, ticket.appended.msg_id)),
             _ => None,
         }
     }
@@ -205,14 +207,22 @@ pub enum Action {
     Park(Parked),
     /// Answer when the group grows or the wait ends (in flight).
     Wait(LongPoll),
-    /// STATS: answer with the node's figures, which the loop holds (its
-    /// counters count this request).
-    Report,
-    /// A fatal ERROR was queued on the connection, which now closes
-    /// (format-spec/protocol.md 1.6).
-    Closed,
+    /// STATS, INFO, SLOWLOG: answer with what the loop holds (its
+    /// counters, which count this request; the slow log).
+    Report(Report),
+    /// A fatal ERROR with this code was queued on the connection, which
+    /// now closes (format-spec/protocol.md 1.6).
+    Closed(ErrorCode),
     /// BACKUP: the loop begins a snapshot and streams it (`backup.rs`).
     Backup,
+}
+
+/// What a request the loop answers itself asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Report {
+    Stats,
+    Info,
+    SlowLog { reset: bool, max_count: u32 },
 }
 
 /// What a handler may use.
@@ -262,7 +272,10 @@ pub fn reply(
     match encode_response_head(request_id, resp) {
         Ok(head) => Outgoing {
             request_id,
-            error: matches!(resp, Response::Error(_)),
+            error: match resp {
+                Response::Error(e) => Some(e.code),
+                _ => None,
+            },
             head,
             chunks,
             records,
@@ -288,7 +301,7 @@ pub fn error(request_id: u64, code: ErrorCode, detail: Option<u64>, message: &st
     let head = encode_response_head(request_id, &resp).expect("invariant: error frames encode");
     Outgoing {
         request_id,
-        error: true,
+        error: Some(code),
         head,
         chunks: Vec::new(),
         records: 0,
@@ -828,6 +841,63 @@ pub fn stats(request_id: u64, figures: &[(String, u64)]) -> Outgoing {
         })
         .collect();
     reply(request_id, &Response::Stats(list), Vec::new(), 0)
+}
+
+/// INFO (format-spec/protocol.md 4.24): the node's text figures.
+pub fn info(request_id: u64, items: &[(String, String)]) -> Outgoing {
+    let list: Vec<tidemark_protocol::InfoItem<'_>> = items
+        .iter()
+        .map(|(name, value)| tidemark_protocol::InfoItem { name, value })
+        .collect();
+    reply(request_id, &Response::Info(list), Vec::new(), 0)
+}
+
+/// SLOWLOG (format-spec/protocol.md 4.25): up to `max_count` entries,
+/// newest first, as many as fit `frame_bytes_max`; with `reset`, the log
+/// is emptied once they are listed (entries that did not fit are dropped
+/// too: `held` says how many there were). Costs the entries listed.
+pub fn slowlog(
+    request_id: u64,
+    log: &mut SlowLog,
+    reset: bool,
+    max_count: u32,
+    frame_bytes_max: u32,
+) -> Outgoing {
+    let texts: Vec<(String, String)> = log
+        .newest_first()
+        .take(max_count as usize)
+        .map(|e| (e.client.to_string(), e.args.text()))
+        .collect();
+    let mut room = (frame_bytes_max as usize + 4)
+        .saturating_sub(tidemark_protocol::SLOW_LOG_RESPONSE_FIXED_BYTES);
+    let mut entries = Vec::with_capacity(texts.len());
+    for (e, (client, args)) in log.newest_first().zip(&texts) {
+        let size = tidemark_protocol::SLOW_LOG_ENTRY_BYTES_MIN + client.len() + args.len();
+        if size > room {
+            break;
+        }
+        room -= size;
+        entries.push(tidemark_protocol::SlowLogEntry {
+            id: e.id,
+            unix_ms: e.unix_ms,
+            duration_ns: e.duration.as_nanos().min(u128::from(u64::MAX)) as u64,
+            opcode: e.op.request_byte(),
+            client,
+            args,
+        });
+    }
+    let resp = Response::SlowLog(tidemark_protocol::SlowLog {
+        threshold_us: log.threshold_us(),
+        entries_max: u32::try_from(log.entries_max()).unwrap_or(u32::MAX),
+        held: u32::try_from(log.len()).unwrap_or(u32::MAX),
+        recorded: log.recorded(),
+        entries,
+    });
+    let out = reply(request_id, &resp, Vec::new(), 0);
+    if reset {
+        log.reset();
+    }
+    out
 }
 
 /// PUSH (format-spec/protocol.md 5.1) of a batch of `group`'s records, read

@@ -24,9 +24,16 @@
 //!   response, never waiting;
 //! - `long_poll`: parked long polls by group and by deadline;
 //! - `subscriptions`: who gets pushes;
+//! - `stats`: the counters and latency histograms of STATS, the names of
+//!   STATS and INFO;
+//! - `slowlog`: the last slow requests, for SLOWLOG;
+//! - `log_limit`: token buckets that keep event lines (accepts, closes,
+//!   authentication failures, protocol errors) from flooding the log;
+//! - `host`: the background refresher of disk and memory figures;
+//! - `metrics`: `--metrics-listen`, the figures in the Prometheus text
+//!   format over HTTP on their own thread;
 //! - `receipts`: who gets receipts, what moved since the last flush, the
 //!   RECEIPT and RECEIPT_COUNTS frames;
-//! - `stats`: the counters and latency histograms of STATS;
 //! - `backup`: BACKUP, a snapshot of the engine streamed by a backup
 //!   thread through a bounded channel.
 
@@ -35,14 +42,19 @@ mod config;
 mod connection;
 mod event_loop;
 mod handlers;
+mod host;
+mod log_limit;
 mod long_poll;
+mod metrics;
 mod receipts;
+mod slowlog;
 mod stats;
 mod subscriptions;
 
 pub use config::{
-    defaults, Limits, NodeConfig, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
+    defaults, Build, Limits, NodeConfig, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
     READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, Shutdown};
+pub use metrics::{prometheus_series, stat_kind};
 pub use receipts::RECENT_SENDS_MAX;

@@ -1,22 +1,31 @@
 //! Node statistics: counters and per-operation latency histograms, reported
-//! by STATS as `(name, value)` pairs so new figures need no format change.
+//! by STATS as `(name, value)` pairs so new figures need no format change,
+//! and the text figures of INFO.
 //!
 //! Every name is `area.figure` (lowercase, dot-separated, see [`NAME_RULE`])
-//! and listed in [`STAT_NAMES`], which a test checks against the table in
-//! format-spec/protocol.md section 4.4.1 and against what
-//! [`Stats::report`] emits (the list exists for that test, and is compiled
-//! only with it). A new figure is one row here and one row there.
+//! and listed in [`STAT_NAMES`] with its kind and unit, which a test checks
+//! against the table in format-spec/protocol.md section 4.4.1 and against
+//! what [`Stats::report`] emits; the metrics endpoint (`metrics.rs`) takes
+//! each figure's Prometheus type from it. A new figure is one row here and
+//! one row there. INFO's names ([`INFO_NAMES`]) are checked the same way
+//! against section 4.24.
+//!
+//! Who owns what: the counters here belong to the event loop; the
+//! engine's figures are its atomics (`Engine::stats`, O(1) each); the
+//! disk and memory figures are the host refresher's (`host.rs`). A report
+//! reads them all and walks no group, member or file.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use tidemark_engine::Engine;
+use tidemark_engine::{Engine, FsyncPolicy};
 
-use crate::config::Limits;
-use tidemark_protocol::Opcode;
+use crate::config::{Limits, NodeConfig};
+use crate::host::HostFigures;
+use crate::slowlog::SlowLog;
+use tidemark_protocol::{ErrorCode, Opcode};
 
-#[cfg(test)]
 /// Whether a figure only grows (since the node started) or is a level now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StatKind {
@@ -24,10 +33,10 @@ pub enum StatKind {
     Gauge,
 }
 
-#[cfg(test)]
 /// One documented STATS name. In `name`, `{op}` stands for every request
-/// opcode's [`op_name`] and `{q}` for every latency figure of
-/// [`LATENCY_FIGURES`].
+/// opcode's [`op_name`], `{q}` for every latency figure of
+/// [`LATENCY_FIGURES`] and `{code}` for every error code's [`code_name`]
+/// (see [`template_values`]).
 #[derive(Clone, Copy, Debug)]
 pub struct StatName {
     pub name: &'static str,
@@ -49,15 +58,12 @@ pub const LATENCY_FIGURES: [(&str, Option<f64>); 5] = [
     ("max", None),
 ];
 
-#[cfg(test)]
 const fn stat(name: &'static str, kind: StatKind, unit: &'static str) -> StatName {
     StatName { name, kind, unit }
 }
 
-#[cfg(test)]
 use StatKind::{Counter, Gauge};
 
-#[cfg(test)]
 /// Every name STATS reports (format-spec/protocol.md 4.4.1, same order).
 pub const STAT_NAMES: &[StatName] = &[
     stat("net.connections", Gauge, "connections"),
@@ -126,7 +132,127 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.segment_bytes_max", Gauge, "bytes"),
     stat("requests.{op}", Counter, "requests"),
     stat("latency.{op}.{q}_us", Gauge, "us"),
+    stat("server.uptime_ms", Counter, "ms"),
+    stat("server.pid", Gauge, "id"),
+    stat("server.started_unix_ms", Gauge, "ms"),
+    stat("storage.memberships", Gauge, "memberships"),
+    stat("storage.messages_stored", Gauge, "messages"),
+    stat("storage.groups_damaged", Gauge, "groups"),
+    stat("storage.writes_stopped", Gauge, "flag"),
+    stat("storage.record_bytes_appended", Counter, "bytes"),
+    stat("storage.disk_bytes_used", Gauge, "bytes"),
+    stat("storage.journal_bytes", Gauge, "bytes"),
+    stat("storage.disk_bytes_free", Gauge, "bytes"),
+    stat("storage.disk_bytes_total", Gauge, "bytes"),
+    stat("storage.disk_scan_ms", Gauge, "ms"),
+    stat("storage.disk_scan_age_ms", Gauge, "ms"),
+    stat("memory.resident_bytes", Gauge, "bytes"),
+    stat("memory.virtual_bytes", Gauge, "bytes"),
+    stat("errors.{code}", Counter, "frames"),
+    stat("slowlog.entries", Gauge, "entries"),
+    stat("slowlog.recorded", Counter, "requests"),
+    stat("log.events_suppressed", Counter, "events"),
+    stat("limits.slowlog_threshold_us", Gauge, "us"),
+    stat("limits.slowlog_entries_max", Gauge, "entries"),
+    stat("latency.{op}.{q}_ns", Gauge, "ns"),
 ];
+
+/// Every name INFO reports (format-spec/protocol.md 4.24, same order).
+pub const INFO_NAMES: [&str; 6] = [
+    "server.version",
+    "server.build_commit",
+    "server.data_dir",
+    "server.fsync_policy",
+    "server.listen",
+    "server.metrics_listen",
+];
+
+/// The values a template placeholder (`op`, `q`, `code`) stands for.
+pub fn template_values(placeholder: &str) -> Vec<&'static str> {
+    match placeholder {
+        "op" => Opcode::ALL.iter().map(|&op| op_name(op)).collect(),
+        "q" => LATENCY_FIGURES.iter().map(|(q, _)| *q).collect(),
+        "code" => ErrorCode::ALL.iter().map(|&c| code_name(c)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+/// A name of [`STAT_NAMES`] with each placeholder replaced by each of its
+/// values: every concrete name the template stands for.
+pub fn expand(template: &str) -> Vec<String> {
+    let mut names = vec![template.to_string()];
+    for placeholder in ["op", "q", "code"] {
+        let token = format!("{{{placeholder}}}");
+        if !template.contains(&token) {
+            continue;
+        }
+        let values = template_values(placeholder);
+        names = names
+            .iter()
+            .flat_map(|n| values.iter().map(|v| n.replace(&token, v)))
+            .collect();
+    }
+    names
+}
+
+/// An error code's name in `errors.{code}`: the spec's name in lowercase.
+pub fn code_name(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::BadFrame => "bad_frame",
+        ErrorCode::UnsupportedVersion => "unsupported_version",
+        ErrorCode::Unauthenticated => "unauthenticated",
+        ErrorCode::FrameTooLarge => "frame_too_large",
+        ErrorCode::TooManyRequestsInFlight => "too_many_requests_in_flight",
+        ErrorCode::Overloaded => "overloaded",
+        ErrorCode::ShuttingDown => "shutting_down",
+        ErrorCode::GroupNotFound => "group_not_found",
+        ErrorCode::GroupExists => "group_exists",
+        ErrorCode::NotMember => "not_member",
+        ErrorCode::PayloadTooLarge => "payload_too_large",
+        ErrorCode::CursorAboveHead => "cursor_above_head",
+        ErrorCode::BelowRetentionFloor => "below_retention_floor",
+        ErrorCode::LimitExceeded => "limit_exceeded",
+        ErrorCode::GroupDamaged => "group_damaged",
+        ErrorCode::WritesStopped => "writes_stopped",
+        ErrorCode::Internal => "internal",
+        // The node sends only the codes it defines.
+        ErrorCode::Unknown(_) => "unknown",
+    }
+}
+
+/// The fsync policy as `serve --fsync` takes it.
+pub fn fsync_text(policy: FsyncPolicy) -> String {
+    match policy {
+        FsyncPolicy::Always => "always".into(),
+        FsyncPolicy::Never => "never".into(),
+        FsyncPolicy::Interval(d) => format!("interval:{}", d.as_millis()),
+    }
+}
+
+/// INFO's items, in [`INFO_NAMES`] order: fixed while the node runs, so
+/// built once at start, with the addresses the node bound (`listen` and
+/// the metrics endpoint's, which a port 0 in the configuration leaves to
+/// the system).
+pub fn info_items(
+    config: &NodeConfig,
+    listen: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
+) -> Vec<(String, String)> {
+    let values = [
+        config.build.version.clone(),
+        config.build.commit.clone(),
+        config.engine.data_dir.display().to_string(),
+        fsync_text(config.engine.fsync),
+        listen.to_string(),
+        metrics.map_or_else(String::new, |a| a.to_string()),
+    ];
+    INFO_NAMES
+        .iter()
+        .zip(values)
+        .map(|(n, v)| (n.to_string(), v))
+        .collect()
+}
 
 /// The node's connection buffers at the moment of a report (gauges).
 #[derive(Clone, Copy, Debug, Default)]
@@ -160,7 +286,25 @@ pub struct Stats {
     /// maintenance worker (their group's first use since open).
     pub requests_waited_for_load: u64,
     requests: BTreeMap<&'static str, u64>,
+    /// Per opcode, in nanoseconds.
     latency: BTreeMap<&'static str, Histogram<u64>>,
+    /// ERROR frames by code, in [`ErrorCode::ALL`] order.
+    errors_by_code: [u64; ErrorCode::ALL.len()],
+}
+
+/// What a report reads besides the loop's own counters.
+pub struct Sources<'a> {
+    pub connections: usize,
+    pub buffers: Buffers,
+    pub engine: &'a Engine,
+    pub limits: &'a Limits,
+    pub host: &'a HostFigures,
+    pub slowlog: &'a SlowLog,
+    pub log_suppressed: u64,
+    /// When the node started serving, and the same instant as Unix ms.
+    pub started: Instant,
+    pub started_unix_ms: u64,
+    pub now: Instant,
 }
 
 pub fn op_name(op: Opcode) -> &'static str {
@@ -170,6 +314,8 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Ping => "ping",
         Opcode::Stats => "stats",
         Opcode::Backup => "backup",
+        Opcode::Info => "info",
+        Opcode::SlowLog => "slowlog",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",
@@ -198,31 +344,39 @@ impl Stats {
         *self.requests.entry(op_name(op)).or_default() += 1;
     }
 
-    /// Records the time from a request's arrival to its response.
+    /// Records the time from handling a request to queueing its response,
+    /// to the nanosecond (3 significant digits).
     pub fn latency(&mut self, op: Opcode, elapsed: Duration) {
         let h = self
             .latency
             .entry(op_name(op))
-            // Invariant: constant, valid bounds (1 µs .. 1 h, 3 significant digits).
+            // Invariant: constant, valid bounds (1 ns .. 1 h, 3 significant digits).
             .or_insert_with(|| {
-                Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("invariant: valid bounds")
+                Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                    .expect("invariant: valid bounds")
             });
-        h.saturating_record(elapsed.as_micros().max(1) as u64);
+        h.saturating_record(elapsed.as_nanos().max(1) as u64);
     }
 
-    /// All figures as `(name, value)`, every name one of [`STAT_NAMES`];
-    /// latencies in microseconds. `limits` and the engine's configuration
-    /// give the `limits.*` figures: what a client cannot learn from HELLO.
-    pub fn report(
-        &self,
-        connections: usize,
-        buffers: Buffers,
-        engine: &Engine,
-        limits: &Limits,
-    ) -> Vec<(String, u64)> {
+    /// Counts an ERROR frame with this code (`net.errors`, `errors.{code}`).
+    pub fn error(&mut self, code: ErrorCode) {
+        self.errors += 1;
+        if let Some(i) = ErrorCode::ALL.iter().position(|c| *c == code) {
+            self.errors_by_code[i] += 1;
+        }
+    }
+
+    /// All figures as `(name, value)`, every name one of [`STAT_NAMES`].
+    /// `limits` and the engine's configuration give the `limits.*`
+    /// figures: what a client cannot learn from HELLO. O(figures): reads
+    /// counters and atomics, walks nothing.
+    pub fn report(&self, src: &Sources<'_>) -> Vec<(String, u64)> {
+        let (connections, buffers, engine, limits) =
+            (src.connections, src.buffers, src.engine, src.limits);
         let e = engine.stats();
         let c = engine.config();
         let n = |v: usize| v as u64;
+        let host = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
         let mut out: Vec<(String, u64)> = vec![
             ("net.connections".into(), n(connections)),
             ("net.connections_accepted".into(), self.connections_accepted),
@@ -343,13 +497,55 @@ impl Stats {
             ("limits.open_segments_max".into(), n(c.open_segments_max)),
             ("limits.segment_bytes_max".into(), c.segment_bytes_max),
         ];
+        let h = src.host;
+        out.extend([
+            (
+                "server.uptime_ms".into(),
+                src.now.saturating_duration_since(src.started).as_millis() as u64,
+            ),
+            ("server.pid".into(), u64::from(std::process::id())),
+            ("server.started_unix_ms".into(), src.started_unix_ms),
+            ("storage.memberships".into(), e.memberships),
+            ("storage.messages_stored".into(), e.messages_stored),
+            ("storage.groups_damaged".into(), e.groups_damaged),
+            ("storage.writes_stopped".into(), u64::from(e.writes_stopped)),
+            ("storage.record_bytes_appended".into(), e.bytes_appended),
+            ("storage.disk_bytes_used".into(), host(&h.disk_bytes_used)),
+            ("storage.journal_bytes".into(), host(&h.journal_bytes)),
+            ("storage.disk_bytes_free".into(), host(&h.disk_bytes_free)),
+            ("storage.disk_bytes_total".into(), host(&h.disk_bytes_total)),
+            ("storage.disk_scan_ms".into(), host(&h.disk_scan_ms)),
+            (
+                "storage.disk_scan_age_ms".into(),
+                h.disk_scan_age_ms(src.now),
+            ),
+            ("memory.resident_bytes".into(), host(&h.resident_bytes)),
+            ("memory.virtual_bytes".into(), host(&h.virtual_bytes)),
+            ("slowlog.entries".into(), n(src.slowlog.len())),
+            ("slowlog.recorded".into(), src.slowlog.recorded()),
+            ("log.events_suppressed".into(), src.log_suppressed),
+            (
+                "limits.slowlog_threshold_us".into(),
+                src.slowlog.threshold_us(),
+            ),
+            (
+                "limits.slowlog_entries_max".into(),
+                n(src.slowlog.entries_max()),
+            ),
+        ]);
+        for (code, count) in ErrorCode::ALL.iter().zip(self.errors_by_code) {
+            out.push((format!("errors.{}", code_name(*code)), count));
+        }
         for (op, count) in &self.requests {
             out.push((format!("requests.{op}"), *count));
         }
         for (op, h) in &self.latency {
             for (label, q) in LATENCY_FIGURES {
-                let v = q.map_or_else(|| h.max(), |q| h.value_at_quantile(q));
-                out.push((format!("latency.{op}.{label}_us"), v));
+                let ns = q.map_or_else(|| h.max(), |q| h.value_at_quantile(q));
+                // Microseconds rounded up: a request is never reported as
+                // taking 0 us (what version 1's names always meant).
+                out.push((format!("latency.{op}.{label}_us"), ns.div_ceil(1000)));
+                out.push((format!("latency.{op}.{label}_ns"), ns));
             }
         }
         out
@@ -362,25 +558,7 @@ mod tests {
 
     /// Every name of [`STAT_NAMES`] with its templates expanded.
     fn expanded() -> Vec<String> {
-        let mut out = Vec::new();
-        for s in STAT_NAMES {
-            let ops: Vec<&str> = if s.name.contains("{op}") {
-                Opcode::ALL.iter().map(|&op| op_name(op)).collect()
-            } else {
-                vec![""]
-            };
-            for op in ops {
-                let with_op = s.name.replace("{op}", op);
-                if with_op.contains("{q}") {
-                    for (q, _) in LATENCY_FIGURES {
-                        out.push(with_op.replace("{q}", q));
-                    }
-                } else {
-                    out.push(with_op);
-                }
-            }
-        }
-        out
+        STAT_NAMES.iter().flat_map(|s| expand(s.name)).collect()
     }
 
     /// [`NAME_RULE`], checked without a regex engine.
@@ -448,8 +626,28 @@ mod tests {
             stats.request(op);
             stats.latency(op, Duration::from_micros(250));
         }
+        stats.error(ErrorCode::NotMember);
+        stats.error(ErrorCode::NotMember);
+        stats.latency(Opcode::Ping, Duration::from_nanos(420));
         let limits = Limits::default();
-        let report = stats.report(3, Buffers::default(), &engine, &limits);
+        let mut slowlog = SlowLog::new(0, 4);
+        let addr = "127.0.0.1:1".parse().unwrap();
+        slowlog.finished(Opcode::Ping, Duration::ZERO, addr, Default::default());
+        let started = Instant::now();
+        let host = HostFigures::new(started);
+        let src = Sources {
+            connections: 3,
+            buffers: Buffers::default(),
+            engine: &engine,
+            limits: &limits,
+            host: &host,
+            slowlog: &slowlog,
+            log_suppressed: 7,
+            started,
+            started_unix_ms: 1_700_000_000_000,
+            now: started + Duration::from_secs(2),
+        };
+        let report = stats.report(&src);
         let mut emitted: Vec<String> = report.iter().map(|(n, _)| n.clone()).collect();
         let mut documented = expanded();
         emitted.sort();
@@ -461,5 +659,52 @@ mod tests {
         assert_eq!(get("limits.batch_ack_items_max"), Some(233_016));
         assert_eq!(get("limits.cursor_flush_ms"), Some(1000));
         assert!(get("latency.send.p99_us").is_some_and(|v| v >= 250));
+        // Sub-microsecond resolution in ns; the us figure rounds up.
+        assert!(get("latency.ping.p50_ns").is_some_and(|v| (420..250_000).contains(&v)));
+        assert!(get("latency.ping.p50_us").is_some_and(|v| v >= 1));
+        assert_eq!(get("errors.not_member"), Some(2));
+        assert_eq!(get("errors.bad_frame"), Some(0));
+        assert_eq!(get("net.errors"), Some(2));
+        assert_eq!(get("server.uptime_ms"), Some(2_000));
+        assert_eq!(get("server.pid"), Some(u64::from(std::process::id())));
+        assert_eq!(get("slowlog.entries"), Some(1));
+        assert_eq!(get("log.events_suppressed"), Some(7));
+        assert_eq!(get("storage.writes_stopped"), Some(0));
+        assert_eq!(get("storage.disk_scan_age_ms"), Some(0), "no walk yet");
+    }
+
+    /// The rows of format-spec/protocol.md 4.24: the INFO names.
+    #[test]
+    fn every_info_name_is_in_the_spec_and_reported() {
+        let spec = include_str!("../../../format-spec/protocol.md");
+        let start = spec
+            .find("### 4.24 ")
+            .expect("protocol.md has section 4.24, INFO");
+        let section = &spec[start..];
+        let end = section[5..].find("\n### ").map_or(section.len(), |e| e + 5);
+        let rows: Vec<String> = section[..end]
+            .lines()
+            .filter(|l| l.starts_with("| `server."))
+            .map(|l| {
+                l.split('|')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches('`')
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(rows, INFO_NAMES.to_vec());
+        let mut c = NodeConfig::new("/tmp/d");
+        c.engine.fsync = FsyncPolicy::Interval(Duration::from_millis(50));
+        let items = info_items(&c, "127.0.0.1:7070".parse().unwrap(), None);
+        let names: Vec<&str> = items.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, INFO_NAMES.to_vec());
+        assert_eq!(items[2].1, "/tmp/d");
+        assert_eq!(items[3].1, "interval:50");
+        assert_eq!(items[5].1, "", "no metrics endpoint");
+        for name in INFO_NAMES {
+            assert!(follows_the_rule(name));
+        }
     }
 }

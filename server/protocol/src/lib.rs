@@ -39,10 +39,11 @@ pub use records::{RecordIter, RecordView, Records, RecordsError, RecordsLen, Rec
 pub use request::{decode_request, encode_request, AckItem, JoinStart, Request, Subscription};
 pub use response::{
     decode_response, encode_response, encode_response_head, BackupChunk, BackupEnd, BatchAckResult,
-    ErrorResponse, GroupInfo, HelloResponse, MemberEntry, ReceiptCount, Response, ResyncScope,
-    RetentionPolicy, Stat, SyncGroup, UnreadEntry, BACKUP_CHUNK_FIXED_BYTES,
-    MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES, READERS_RESPONSE_FIXED_BYTES,
-    RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES, SYNC_GROUP_BYTES,
+    ErrorResponse, GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount, Response,
+    ResyncScope, RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry,
+    BACKUP_CHUNK_FIXED_BYTES, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
+    READERS_RESPONSE_FIXED_BYTES, RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES,
+    SLOW_LOG_ENTRY_BYTES_MIN, SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
 };
 pub use wire::{DecodeError, EncodeError};
 

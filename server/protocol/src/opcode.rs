@@ -17,6 +17,8 @@ pub enum Opcode {
     Ping = 0x03,
     Stats = 0x04,
     Backup = 0x05,
+    Info = 0x06,
+    SlowLog = 0x07,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -61,14 +63,17 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
     /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
-    /// SUBSCRIBE_RECEIPTS, BACKUP, SET_RETENTION and CLEAR_HISTORY are
-    /// additions made after tidemark 0.1, format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 25] = [
+    /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
+    /// CLEAR_HISTORY are additions made after tidemark 0.1,
+    /// format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 27] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
         Opcode::Backup,
+        Opcode::Info,
+        Opcode::SlowLog,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
         Opcode::Join,
@@ -114,6 +119,8 @@ impl Opcode {
             Opcode::Ping => "PING",
             Opcode::Stats => "STATS",
             Opcode::Backup => "BACKUP",
+            Opcode::Info => "INFO",
+            Opcode::SlowLog => "SLOWLOG",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",

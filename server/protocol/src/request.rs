@@ -69,6 +69,15 @@ pub enum Request<'a> {
     /// A consistent snapshot of the node, streamed as BACKUP_CHUNK frames
     /// and ended by the BACKUP response.
     Backup,
+    /// The node's text figures (version, data directory, ...): an addition
+    /// (format-spec/protocol.md 4.24).
+    Info,
+    /// The slow log (4.25): up to `max_count` entries, newest first; with
+    /// `reset`, the log is emptied after they are listed (an addition).
+    SlowLog {
+        reset: bool,
+        max_count: u32,
+    },
     CreateGroup {
         group: u64,
     },
@@ -189,6 +198,8 @@ impl Request<'_> {
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
             Request::Backup => Opcode::Backup,
+            Request::Info => Opcode::Info,
+            Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
             Request::Join { .. } => Opcode::Join,
@@ -250,7 +261,13 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Backup | Request::Unsubscribe => {}
+        Request::Ping | Request::Stats | Request::Backup | Request::Info | Request::Unsubscribe => {
+        }
+        Request::SlowLog { reset, max_count } => {
+            // Format: { reset: bool | max_count: u32 }
+            put_bool(out, *reset);
+            put_u32(out, *max_count);
+        }
         Request::CreateGroup { group }
         | Request::DeleteGroup { group }
         | Request::GroupInfo { group } => {
@@ -472,6 +489,12 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Ping => Request::Ping,
         Opcode::Stats => Request::Stats,
         Opcode::Backup => Request::Backup,
+        Opcode::Info => Request::Info,
+        // Format: { reset: bool | max_count: u32 }
+        Opcode::SlowLog => Request::SlowLog {
+            reset: r.bool("reset")?,
+            max_count: r.u32("max_count")?,
+        },
         Opcode::Unsubscribe => Request::Unsubscribe,
         // Format: { group: u64 }
         Opcode::CreateGroup => Request::CreateGroup {

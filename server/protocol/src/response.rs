@@ -40,6 +40,45 @@ pub struct Stat<'a> {
     pub value: u64,
 }
 
+/// One text figure of INFO (format-spec/protocol.md 4.24).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InfoItem<'a> {
+    pub name: &'a str,
+    pub value: &'a str,
+}
+
+/// One request the slow log kept (format-spec/protocol.md 4.25).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowLogEntry<'a> {
+    /// 1 for the first slow request since the node started, then dense.
+    pub id: u64,
+    /// When its response was queued, in ms since the Unix epoch.
+    pub unix_ms: u64,
+    /// From handling the request to queueing its response, in nanoseconds.
+    pub duration_ns: u64,
+    /// The request's opcode byte (a client may meet one it does not know).
+    pub opcode: u8,
+    /// The client's address, as `ip:port`.
+    pub client: &'a str,
+    /// A short summary of the request's arguments (no payload bytes).
+    pub args: &'a str,
+}
+
+/// The SLOWLOG response (format-spec/protocol.md 4.25).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlowLog<'a> {
+    /// Requests that took at least this long are kept.
+    pub threshold_us: u64,
+    /// The most entries the log keeps (the oldest go first).
+    pub entries_max: u32,
+    /// Entries the log held when the request was handled.
+    pub held: u32,
+    /// Slow requests recorded since the node started (kept or not).
+    pub recorded: u64,
+    /// Newest first.
+    pub entries: Vec<SlowLogEntry<'a>>,
+}
+
 /// The outcome of one BATCH_ACK item, in request order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchAckResult {
@@ -173,6 +212,8 @@ pub enum Response<'a, R = Records<'a>> {
     Auth,
     Pong,
     Stats(Vec<Stat<'a>>),
+    Info(Vec<InfoItem<'a>>),
+    SlowLog(SlowLog<'a>),
     CreateGroup,
     DeleteGroup,
     Join {
@@ -283,6 +324,8 @@ impl<R> Response<'_, R> {
             Response::Pong => Opcode::Ping,
             Response::Stats(_) => Opcode::Stats,
             Response::Backup(_) => Opcode::Backup,
+            Response::Info(_) => Opcode::Info,
+            Response::SlowLog(_) => Opcode::SlowLog,
             Response::CreateGroup => Opcode::CreateGroup,
             Response::DeleteGroup => Opcode::DeleteGroup,
             Response::Join { .. } => Opcode::Join,
@@ -309,6 +352,12 @@ impl<R> Response<'_, R> {
 }
 
 const STAT_BYTES_MIN: usize = 12;
+/// Smallest INFO item: two empty strings.
+const INFO_ITEM_BYTES_MIN: usize = 8;
+/// Smallest slow log entry: three u64, the opcode, two empty strings.
+pub const SLOW_LOG_ENTRY_BYTES_MIN: usize = 8 * 3 + 1 + 4 + 4;
+/// The fixed part of a SLOWLOG response, frame header included.
+pub const SLOW_LOG_RESPONSE_FIXED_BYTES: usize = 16 + 8 + 4 + 4 + 8 + 4;
 const BATCH_ACK_RESULT_BYTES: usize = 18;
 const UNREAD_ENTRY_BYTES: usize = 32;
 /// Bytes of one MEMBERS entry (user, cursor).
@@ -497,6 +546,33 @@ fn encode_body<R: RecordsSection>(
             for s in stats {
                 put_str(out, s.name, "stats.name")?;
                 put_u64(out, s.value);
+            }
+        }
+        Response::Info(items) => {
+            // Format: { items: list<{ name: string | value: string }> }
+            put_count(out, items.len(), "items")?;
+            for i in items {
+                put_str(out, i.name, "items.name")?;
+                put_str(out, i.value, "items.value")?;
+            }
+        }
+        Response::SlowLog(l) => {
+            // Format: { threshold_us: u64 | entries_max: u32 | held: u32 |
+            //           recorded: u64 | entries: list<{ id: u64 | unix_ms: u64 |
+            //           duration_ns: u64 | opcode: u8 | client: string |
+            //           args: string }> }
+            put_u64(out, l.threshold_us);
+            put_u32(out, l.entries_max);
+            put_u32(out, l.held);
+            put_u64(out, l.recorded);
+            put_count(out, l.entries.len(), "entries")?;
+            for e in &l.entries {
+                put_u64(out, e.id);
+                put_u64(out, e.unix_ms);
+                put_u64(out, e.duration_ns);
+                put_u8(out, e.opcode);
+                put_str(out, e.client, "entries.client")?;
+                put_str(out, e.args, "entries.args")?;
             }
         }
         Response::Join { cursor, head } => {
@@ -902,6 +978,47 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
                 });
             }
             Response::Stats(stats)
+        }
+        Opcode::Info => {
+            // Format: { items: list<{ name: string | value: string }> }
+            let n = r.count("items", INFO_ITEM_BYTES_MIN)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push(InfoItem {
+                    name: r.str("items.name")?,
+                    value: r.str("items.value")?,
+                });
+            }
+            Response::Info(items)
+        }
+        Opcode::SlowLog => {
+            // Format: { threshold_us: u64 | entries_max: u32 | held: u32 |
+            //           recorded: u64 | entries: list<{ id: u64 | unix_ms: u64 |
+            //           duration_ns: u64 | opcode: u8 | client: string |
+            //           args: string }> }
+            let threshold_us = r.u64("threshold_us")?;
+            let entries_max = r.u32("entries_max")?;
+            let held = r.u32("held")?;
+            let recorded = r.u64("recorded")?;
+            let n = r.count("entries", SLOW_LOG_ENTRY_BYTES_MIN)?;
+            let mut entries = Vec::with_capacity(n);
+            for _ in 0..n {
+                entries.push(SlowLogEntry {
+                    id: r.u64("entries.id")?,
+                    unix_ms: r.u64("entries.unix_ms")?,
+                    duration_ns: r.u64("entries.duration_ns")?,
+                    opcode: r.u8("entries.opcode")?,
+                    client: r.str("entries.client")?,
+                    args: r.str("entries.args")?,
+                });
+            }
+            Response::SlowLog(SlowLog {
+                threshold_us,
+                entries_max,
+                held,
+                recorded,
+                entries,
+            })
         }
         // Format: { cursor: u64 | head: u64 }
         Opcode::Join => Response::Join {

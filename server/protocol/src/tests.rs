@@ -91,6 +91,10 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("group_info_request"),
     vector!("group_info_response"),
     vector!("error_not_member"),
+    vector!("info_request"),
+    vector!("info_response"),
+    vector!("slowlog_request"),
+    vector!("slowlog_response"),
     vector!("readers_request"),
     vector!("readers_response"),
     vector!("subscribe_receipts_request"),
@@ -360,6 +364,44 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 code: ErrorCode::NotMember,
                 detail: None,
                 message: "SEND refused: sender 42 is not a member of group 7",
+            }),
+        ),
+        "info_request" => Expected::Req(14, Request::Info),
+        "info_response" => Expected::Resp(
+            14,
+            Response::Info(vec![
+                InfoItem {
+                    name: "server.version",
+                    value: "0.1.0",
+                },
+                InfoItem {
+                    name: "server.fsync_policy",
+                    value: "always",
+                },
+            ]),
+        ),
+        "slowlog_request" => Expected::Req(
+            15,
+            Request::SlowLog {
+                reset: false,
+                max_count: 10,
+            },
+        ),
+        "slowlog_response" => Expected::Resp(
+            15,
+            Response::SlowLog(SlowLog {
+                threshold_us: 10_000,
+                entries_max: 128,
+                held: 1,
+                recorded: 3,
+                entries: vec![SlowLogEntry {
+                    id: 3,
+                    unix_ms: 1_700_000_000_123,
+                    duration_ns: 12_500_000,
+                    opcode: Opcode::Send.request_byte(),
+                    client: "127.0.0.1:50412",
+                    args: "group=7 sender=42 client_msg_id=9 payload_bytes=5",
+                }],
             }),
         ),
         "readers_request" => Expected::Req(
@@ -1004,6 +1046,11 @@ fn every_request_and_response_round_trips() {
             max_count: u32::MAX,
         },
         Request::GroupInfo { group: u64::MAX },
+        Request::Info,
+        Request::SlowLog {
+            reset: true,
+            max_count: u32::MAX,
+        },
         Request::SetRetention {
             group: 1,
             by_cursor: false,
@@ -1035,6 +1082,14 @@ fn every_request_and_response_round_trips() {
     }
     let resps: Vec<Response<'_>> = vec![
         Response::Auth,
+        Response::Info(vec![]),
+        Response::SlowLog(SlowLog {
+            threshold_us: 0,
+            entries_max: 0,
+            held: 0,
+            recorded: u64::MAX,
+            entries: vec![],
+        }),
         Response::CreateGroup,
         Response::DeleteGroup,
         Response::Join { cursor: 1, head: 2 },

@@ -234,6 +234,7 @@ pub fn unsupported_version(b: &[u8]) -> Option<u16> {
     (format_1 || other).then_some(version)
 }
 
+/// `journal/` under a data directory: the journal files (storage.md 5).
 pub fn journal_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("journal")
 }

@@ -688,6 +688,22 @@ impl ReliableClient {
     pub fn node_stats(&mut self) -> Result<Vec<(String, u64)>, Error> {
         self.call(Ctx::default(), |c| c.stats())
     }
+
+    /// The node's INFO (an addition: see [`crate::Client::info`]).
+    pub fn node_info(&mut self) -> Result<Vec<(String, String)>, Error> {
+        self.call(Ctx::default(), |c| c.info())
+    }
+
+    /// The node's slow log (an addition: see [`crate::Client::slowlog`]).
+    /// A retried reset may empty the log twice; the second list is what
+    /// arrived in between.
+    pub fn node_slowlog(
+        &mut self,
+        reset: bool,
+        max_count: u32,
+    ) -> Result<crate::SlowLogReport, Error> {
+        self.call(Ctx::default(), |c| c.slowlog(reset, max_count))
+    }
 }
 
 impl std::fmt::Debug for ReliableClient {

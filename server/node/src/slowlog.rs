@@ -1,0 +1,329 @@
+//! The slow log: the last requests that took at least a threshold, kept
+//! for SLOWLOG (format-spec/protocol.md 4.25) and `tidemark slowlog`.
+//!
+//! Representation: a ring of at most `entries_max` [`Entry`]s, oldest at
+//! the front, each a fixed-size value: the request's opcode, its
+//! [`Summary`] (the few numbers that say what it asked, never payload
+//! bytes), the client's address, when it was handled and how long it
+//! took. Text is made only when the log is read.
+//!
+//! Invariants: entry ids are dense from 1 in the order requests finished;
+//! the ring holds the newest `min(recorded, entries_max)` of them (fewer
+//! after a reset).
+//!
+//! Costs: [`SlowLog::finished`] is one comparison for a request under the
+//! threshold and O(1) for a slow one (a clock read, a push and at most one
+//! pop, no allocation once the ring is full), on the event loop; a read
+//! formats at most `entries_max` entries.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tidemark_protocol::{Opcode, Request, Subscription};
+
+/// Longest argument summary sent (longer ones are cut at a char boundary).
+pub const ARGS_BYTES_MAX: usize = 128;
+
+/// What a request asked, in a few numbers: enough to find it again
+/// (group, user, ids, sizes), nothing of its payload. `Copy` and fixed
+/// size, so that every request can carry one at no allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Up to four `(field name, value)` pairs; unused ones are `None`.
+    fields: [Option<(&'static str, u64)>; 4],
+}
+
+impl Summary {
+    fn of(fields: &[(&'static str, u64)]) -> Summary {
+        let mut s = Summary::default();
+        for (slot, f) in s.fields.iter_mut().zip(fields) {
+            *slot = Some(*f);
+        }
+        s
+    }
+
+    /// The summary of a decoded request. O(1): a list argument is
+    /// summarised by its length.
+    pub fn of_request(req: &Request<'_>) -> Summary {
+        match req {
+            Request::Hello {
+                min_version,
+                max_version,
+                client_name,
+            } => Summary::of(&[
+                ("min_version", u64::from(*min_version)),
+                ("max_version", u64::from(*max_version)),
+                ("client_name_bytes", client_name.len() as u64),
+            ]),
+            Request::Auth { token } => Summary::of(&[("token_bytes", token.len() as u64)]),
+            Request::Ping
+            | Request::Stats
+            | Request::Backup
+            | Request::Info
+            | Request::Unsubscribe => Summary::default(),
+            Request::SlowLog { reset, max_count } => Summary::of(&[
+                ("reset", u64::from(*reset)),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::CreateGroup { group }
+            | Request::DeleteGroup { group }
+            | Request::GroupInfo { group } => Summary::of(&[("group", *group)]),
+            Request::Join { group, user, .. } | Request::Leave { group, user } => {
+                Summary::of(&[("group", *group), ("user", *user)])
+            }
+            Request::SetRetention {
+                group,
+                by_cursor,
+                max_age_ms,
+                max_bytes,
+            } => Summary::of(&[
+                ("group", *group),
+                ("by_cursor", u64::from(*by_cursor)),
+                ("max_age_ms", *max_age_ms),
+                ("max_bytes", *max_bytes),
+            ]),
+            Request::ClearHistory { group, user, up_to } => {
+                Summary::of(&[("group", *group), ("user", *user), ("up_to", *up_to)])
+            }
+            Request::Send {
+                group,
+                sender,
+                client_msg_id,
+                payload,
+            } => Summary::of(&[
+                ("group", *group),
+                ("sender", *sender),
+                ("client_msg_id", *client_msg_id),
+                ("payload_bytes", payload.len() as u64),
+            ]),
+            Request::Pull {
+                group,
+                user,
+                max_count,
+                wait_ms,
+                ..
+            } => Summary::of(&[
+                ("group", *group),
+                ("user", *user),
+                ("max_count", u64::from(*max_count)),
+                ("wait_ms", u64::from(*wait_ms)),
+            ]),
+            Request::Ack {
+                group,
+                user,
+                msg_id,
+            } => Summary::of(&[("group", *group), ("user", *user), ("msg_id", *msg_id)]),
+            Request::BatchAck { user, items } => {
+                Summary::of(&[("user", *user), ("items", items.len() as u64)])
+            }
+            Request::Unread { user } => Summary::of(&[("user", *user)]),
+            Request::Sync {
+                user,
+                per_group_max,
+                continuation,
+                ..
+            } => Summary::of(&[
+                ("user", *user),
+                ("per_group_max", u64::from(*per_group_max)),
+                ("continuation", *continuation),
+            ]),
+            Request::History {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => Summary::of(&[
+                ("group", *group),
+                ("user", *user),
+                ("before_msg_id", *before_msg_id),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::ReadCount { group, msg_id } => {
+                Summary::of(&[("group", *group), ("msg_id", *msg_id)])
+            }
+            Request::Members {
+                group,
+                after_user,
+                max_count,
+            } => Summary::of(&[
+                ("group", *group),
+                ("after_user", *after_user),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::Readers {
+                group,
+                msg_id,
+                after_user,
+                max_count,
+            } => Summary::of(&[
+                ("group", *group),
+                ("msg_id", *msg_id),
+                ("after_user", *after_user),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::SubscribeReceipts { sender, groups } => {
+                Summary::of(&[("sender", *sender), ("groups", groups.len() as u64)])
+            }
+            Request::Subscribe(Subscription::User(user)) => Summary::of(&[("user", *user)]),
+            Request::Subscribe(Subscription::Groups(groups)) => {
+                Summary::of(&[("groups", groups.len() as u64)])
+            }
+        }
+    }
+
+    /// `name=value` pairs separated by spaces, at most [`ARGS_BYTES_MAX`]
+    /// bytes.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in self.fields.iter().flatten() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(&format!("{name}={value}"));
+        }
+        if out.len() > ARGS_BYTES_MAX {
+            let mut cut = ARGS_BYTES_MAX;
+            while !out.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.truncate(cut);
+        }
+        out
+    }
+}
+
+/// One slow request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub id: u64,
+    pub unix_ms: u64,
+    pub duration: Duration,
+    pub op: Opcode,
+    pub client: SocketAddr,
+    pub args: Summary,
+}
+
+/// The ring of slow requests. Owned by the event loop.
+#[derive(Debug)]
+pub struct SlowLog {
+    threshold: Duration,
+    entries_max: usize,
+    ring: VecDeque<Entry>,
+    /// Slow requests recorded since start (the last entry's id).
+    recorded: u64,
+}
+
+impl SlowLog {
+    pub fn new(threshold_us: u64, entries_max: usize) -> SlowLog {
+        SlowLog {
+            threshold: Duration::from_micros(threshold_us),
+            entries_max,
+            ring: VecDeque::new(),
+            recorded: 0,
+        }
+    }
+
+    /// A request finished after `took`: kept if it took at least the
+    /// threshold (and the log keeps any entry). O(1).
+    pub fn finished(&mut self, op: Opcode, took: Duration, client: SocketAddr, args: Summary) {
+        if took < self.threshold || self.entries_max == 0 {
+            return;
+        }
+        self.recorded += 1;
+        if self.ring.len() >= self.entries_max {
+            self.ring.pop_front();
+        }
+        let unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.ring.push_back(Entry {
+            id: self.recorded,
+            unix_ms,
+            duration: took,
+            op,
+            client,
+            args,
+        });
+    }
+
+    /// The newest entries first.
+    pub fn newest_first(&self) -> impl Iterator<Item = &Entry> {
+        self.ring.iter().rev()
+    }
+
+    /// Empties the log (the ids go on from where they were).
+    pub fn reset(&mut self) {
+        self.ring.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    pub fn recorded(&self) -> u64 {
+        self.recorded
+    }
+
+    pub fn threshold_us(&self) -> u64 {
+        self.threshold.as_micros() as u64
+    }
+
+    pub fn entries_max(&self) -> usize {
+        self.entries_max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr() -> SocketAddr {
+        "127.0.0.1:5000".parse().unwrap()
+    }
+
+    #[test]
+    fn keeps_the_newest_slow_requests_up_to_its_size() {
+        let mut log = SlowLog::new(1_000, 3);
+        let fast = Duration::from_micros(999);
+        let slow = Duration::from_micros(1_000);
+        log.finished(Opcode::Ping, fast, addr(), Summary::default());
+        assert_eq!(log.len(), 0, "under the threshold: not kept");
+        for group in 1..=5 {
+            let args = Summary::of_request(&Request::CreateGroup { group });
+            log.finished(Opcode::CreateGroup, slow, addr(), args);
+        }
+        assert_eq!((log.len(), log.recorded()), (3, 5));
+        let ids: Vec<u64> = log.newest_first().map(|e| e.id).collect();
+        assert_eq!(ids, vec![5, 4, 3]);
+        let newest = log.newest_first().next().unwrap();
+        assert_eq!(newest.args.text(), "group=5");
+        assert_eq!(newest.client, addr());
+        log.reset();
+        assert_eq!(log.len(), 0);
+        log.finished(Opcode::Ping, slow, addr(), Summary::default());
+        assert_eq!(log.newest_first().next().unwrap().id, 6, "ids go on");
+        // A log of no entries keeps nothing, and counts nothing.
+        let mut off = SlowLog::new(0, 0);
+        off.finished(Opcode::Ping, slow, addr(), Summary::default());
+        assert_eq!((off.len(), off.recorded()), (0, 0));
+    }
+
+    #[test]
+    fn a_summary_names_the_arguments_never_the_payload() {
+        let send = Request::Send {
+            group: 7,
+            sender: 42,
+            client_msg_id: 9,
+            payload: b"secret words",
+        };
+        let text = Summary::of_request(&send).text();
+        assert_eq!(text, "group=7 sender=42 client_msg_id=9 payload_bytes=12");
+        assert!(!text.contains("secret"));
+        let auth = Summary::of_request(&Request::Auth { token: b"s3cret" }).text();
+        assert_eq!(auth, "token_bytes=6");
+        // The longest summary fits the wire bound with room to spare.
+        let max = Summary::of(&[("a_long_field_name", u64::MAX); 4]).text();
+        assert!(max.len() <= ARGS_BYTES_MAX, "{}", max.len());
+    }
+}
