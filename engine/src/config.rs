@@ -178,6 +178,12 @@ pub struct Config {
     pub cursor_flush_ms: u64,
     /// Retention policies are applied at least this often.
     pub retention_check_ms: u64,
+    /// The retention policy every group created from now on gets (a
+    /// SetRetention entry journaled with its creation, so it is stored per
+    /// group: changing this later changes no existing group, and a
+    /// replica applies the creator's policy, not its own default). The
+    /// default keeps everything.
+    pub retention_default: crate::Retention,
     /// Below this much free disk space, new writes are refused with
     /// `DiskFull` (nothing is assigned or written), and accepted again by
     /// themselves once space returns. 0 disables the check.
@@ -212,6 +218,11 @@ impl Config {
             groups_per_user_max: GROUPS_PER_USER_MAX,
             cursor_flush_ms: CURSOR_FLUSH_MS,
             retention_check_ms: RETENTION_CHECK_MS,
+            retention_default: crate::Retention {
+                by_cursor: false,
+                max_age_ms: 0,
+                max_bytes: 0,
+            },
             disk_free_min_bytes: DISK_FREE_MIN_BYTES,
         }
     }

@@ -366,7 +366,18 @@ impl Engine {
         // The create entry is queued under the registry lock, so no append to
         // this group can reach the journal before it.
         let round = self.push_entry(&group, EntryKind::CreateGroup, |_| {})?;
-        Ok(OpTicket::pending(round, None))
+        // The node's default policy is stored with the group: one
+        // SetRetention entry right behind its creation, queued under the
+        // same registry lock, so in the same round (a round ends only with
+        // that lock) and applied before any record of the group.
+        let policy = self.shared.ctx.config.retention_default;
+        if policy.keeps_everything() {
+            return Ok(OpTicket::pending(round, None));
+        }
+        let with_policy = self.push_entry(&group, EntryKind::SetRetention, |b| {
+            journal::body::encode_set_retention(b, &policy)
+        })?;
+        Ok(OpTicket::pending(round.max(with_policy), None))
     }
 
     /// Deletes a group and its files; returns when the deletion is durable.

@@ -385,6 +385,13 @@ fn decode_entry_body(kind: EntryKind, body: &[u8]) {
                 assert_eq!(again, body);
             }
         }
+        EntryKind::ClearHistory => {
+            if let Some((user, up_to)) = journal::body::decode_clear_history(body) {
+                let mut again = Vec::new();
+                journal::body::encode_clear_history(&mut again, user, up_to);
+                assert_eq!(again, body);
+            }
+        }
         EntryKind::Cursors => {
             assert!(journal::body::decode_cursors(body).count() <= body.len() / 16)
         }
@@ -1151,6 +1158,8 @@ pub enum Op {
     /// checkpoint taken now, or just after it when the checkpoint has fewer
     /// operations: nothing unsynced persists; then a reopen.
     PowerCut(u64),
+    /// group, user, up_to: a history clear.
+    ClearHistory(u64, u64, u64),
 }
 
 /// Power cuts land within this many file-system operations of a
@@ -1181,13 +1190,13 @@ impl Bytes<'_> {
     }
 }
 
-/// Decodes an op sequence: a tag byte per op (`tag % 17`), then one byte
+/// Decodes an op sequence: a tag byte per op (`tag % 18`), then one byte
 /// per argument, each reduced to its small domain.
 pub fn decode_ops(data: &[u8]) -> Vec<Op> {
     let mut b = Bytes(data);
     let mut ops = Vec::new();
     while !b.0.is_empty() && ops.len() < OPS_MAX {
-        let op = match b.next() % 17 {
+        let op = match b.next() % 18 {
             0 => Op::Create(b.group()),
             1 => Op::Delete(b.group()),
             2 => {
@@ -1220,7 +1229,8 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
             13 => Op::Checkpoint,
             14 => Op::Reopen,
             15 => Op::Crash,
-            _ => Op::PowerCut(1 + b.next() as u64 % OPS_CUT_AT_MAX),
+            16 => Op::PowerCut(1 + b.next() as u64 % OPS_CUT_AT_MAX),
+            _ => Op::ClearHistory(b.group(), b.user(), b.id()),
         };
         ops.push(op);
     }
@@ -1265,6 +1275,7 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
             Op::Reopen => out.push(14),
             Op::Crash => out.push(15),
             Op::PowerCut(n) => out.extend([16, (n - 1) as u8]),
+            Op::ClearHistory(x, y, m) => out.extend([17, g(*x), u(*y), *m as u8]),
         }
     }
     out
@@ -1425,6 +1436,29 @@ pub fn run_ops(ops: Vec<Op>) {
                 }
             }
             Op::Ack(g, u, m) => check_ack(&mut model, g, u, m, e.ack(g, u, m)),
+            Op::ClearHistory(g, u, m) => {
+                let r = e.clear_history(g, u, m);
+                match model.get_mut(&g) {
+                    None => assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}"),
+                    Some(gm) => {
+                        let head = gm.head();
+                        match gm.members.get_mut(&u) {
+                            None => {
+                                assert!(matches!(r, Err(Error::NotMember { .. })), "{r:?}")
+                            }
+                            Some(mm) => {
+                                // Journaled and synced before it returns:
+                                // what it sets is persisted.
+                                let up = m.min(head);
+                                mm.join_point = mm.join_point.max(up + 1);
+                                mm.cursor = mm.cursor.max(up);
+                                mm.persisted = mm.persisted.max(up);
+                                assert_eq!(r.unwrap(), mm.join_point, "clear {g} {u} {m}");
+                            }
+                        }
+                    }
+                }
+            }
             Op::BatchAck(u, acks) => {
                 let results = e.batch_ack(u, &acks);
                 assert_eq!(results.len(), acks.len());
@@ -1804,7 +1838,29 @@ pub fn engine_ops_seeds() -> Vec<Vec<u8>> {
         ]);
     }
     cuts.extend([Delete(2), Ack(1, 1, 2), Crash, PowerCut(3), Unread(1)]);
-    [basic, crash, membership, segments, cuts]
+    // History clears: one member's, below and above the head, through a
+    // crash (replay) and a power cut in a checkpoint.
+    let clears = vec![
+        Create(1),
+        Join(1, 1, JoinStart::Earliest),
+        Join(1, 2, JoinStart::Earliest),
+        Append(1, 3, 1, 10),
+        Append(1, 3, 2, 10),
+        Append(1, 3, 3, 10),
+        ClearHistory(1, 1, 2),
+        Crash,
+        History(1, 1, 0, 4),
+        History(1, 2, 0, 4),
+        Unread(1),
+        ClearHistory(1, 2, 20),
+        ClearHistory(1, 1, 1),
+        PowerCut(6),
+        Pull(1, 1, 4, None),
+        History(1, 2, 0, 4),
+        ClearHistory(1, 4, 1),
+        ClearHistory(3, 1, 1),
+    ];
+    [basic, crash, membership, segments, cuts, clears]
         .iter()
         .map(|ops| encode_ops(ops))
         .collect()

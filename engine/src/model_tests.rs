@@ -3,7 +3,8 @@
 //! answer must agree. The oracle and the checks are the `engine_ops` fuzz
 //! target's ([`crate::fuzz_targets::run_ops`]), so the two never drift
 //! apart: groups, memberships, ACK, pull with `ack_up_to`, unread, sync,
-//! history, read counts, cursor flushes, checkpoints, clean reopen, crash
+//! history, read counts, history clears (a member's join point and cursor
+//! raised, unread exact), cursor flushes, checkpoints, clean reopen, crash
 //! and a power cut at an operation of a checkpoint (after which a cursor
 //! may lie anywhere between its last persisted and its last ACKed value,
 //! the documented allowance).
@@ -39,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => Just(Op::Crash),
         1 => (1..65u64).prop_map(Op::PowerCut),
+        2 => (g.clone(), u.clone(), 0..15u64).prop_map(|(g, u, m)| Op::ClearHistory(g, u, m)),
     ]
 }
 

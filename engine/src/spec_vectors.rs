@@ -42,6 +42,8 @@ const JOURNAL_ENTRY_CURSORS: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-cursors.hex");
 const JOURNAL_ENTRY_SET_RETENTION: &str =
     include_str!("../../format-spec/vectors/storage/journal-entry-set-retention.hex");
+const JOURNAL_ENTRY_CLEAR_HISTORY: &str =
+    include_str!("../../format-spec/vectors/storage/journal-entry-clear-history.hex");
 const RUN_PART: &str = include_str!("../../format-spec/vectors/storage/run-part.hex");
 const MANIFEST: &str = include_str!("../../format-spec/vectors/storage/manifest.hex");
 
@@ -352,6 +354,8 @@ fn entry_vectors() -> Vec<(EntryKind, Vec<u8>, Vec<u8>)> {
     journal::body::encode_leave(&mut leave, 300);
     let mut cursors = Vec::new();
     journal::body::encode_cursors(&mut cursors, &[(300, 1)]);
+    let mut clear = Vec::new();
+    journal::body::encode_clear_history(&mut clear, 300, 1000);
     vec![
         (EntryKind::Records, vector(JOURNAL_ENTRY_RECORDS), record),
         (
@@ -372,6 +376,11 @@ fn entry_vectors() -> Vec<(EntryKind, Vec<u8>, Vec<u8>)> {
             vector(JOURNAL_ENTRY_SET_RETENTION),
             retention,
         ),
+        (
+            EntryKind::ClearHistory,
+            vector(JOURNAL_ENTRY_CLEAR_HISTORY),
+            clear,
+        ),
     ]
 }
 
@@ -391,7 +400,7 @@ fn journal_entry_vectors_match_the_encoder_and_decode_to_their_fields() {
     assert_eq!(records[ENTRY_HEADER_BYTES..], record[..]);
     assert_eq!(journal::body::decode_records(record), Some((1, 1)));
     // Kinds 8 (Trim) and 9 (Promote) are reserved, 0 and the rest invalid.
-    for k in [0u8, 8, 9, 10, 255] {
+    for k in [0u8, 8, 9, 11, 255] {
         assert_eq!(EntryKind::from_u8(k), None, "kind {k}");
     }
 }
@@ -668,6 +677,16 @@ fn membership_entry_vectors_decode_to_their_fields() {
     bad[0] = 2;
     assert_eq!(journal::body::decode_set_retention(&bad), None);
     assert_eq!(journal::body::decode_set_retention(&body[..16]), None);
+
+    let clear = vector(JOURNAL_ENTRY_CLEAR_HISTORY);
+    let (kind, group, body) = only_entry(&clear);
+    assert_eq!((kind, group, body.len()), (EntryKind::ClearHistory, 5, 16));
+    assert_eq!(
+        journal::body::decode_clear_history(&body),
+        Some((300, 1000))
+    );
+    assert_eq!(journal::body::decode_clear_history(&body[..15]), None);
+    assert_eq!(journal::body::decode_clear_history(&[0; 17]), None);
 }
 
 /// Every entry of every frame of every journal file under `data_dir`,
@@ -750,6 +769,12 @@ fn the_engine_writes_the_membership_vectors() {
             },
         )
         .unwrap();
+    // A clear above the head is resolved to the head (1) when queued; the
+    // vector's up_to is 1000, so the engine writes it after 1000 records.
+    for i in 2..=1000u64 {
+        engine.append(5, 42, 7 + i, b"x").unwrap();
+    }
+    engine.clear_history(5, 300, u64::MAX).unwrap();
     engine.leave(5, 300).unwrap();
     entries.extend(journal_entries(dir.path()));
     for (kind, v) in [
@@ -757,6 +782,7 @@ fn the_engine_writes_the_membership_vectors() {
         (EntryKind::Cursors, JOURNAL_ENTRY_CURSORS),
         (EntryKind::SetRetention, JOURNAL_ENTRY_SET_RETENTION),
         (EntryKind::Leave, JOURNAL_ENTRY_LEAVE),
+        (EntryKind::ClearHistory, JOURNAL_ENTRY_CLEAR_HISTORY),
     ] {
         assert_eq!(first_of_kind(&entries, kind), &vector(v)[..], "{kind:?}");
     }

@@ -32,6 +32,7 @@ pub mod backup;
 pub mod observe;
 pub mod ops;
 pub mod payload;
+pub mod retention;
 
 /// Why a client subcommand failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,6 +111,8 @@ pub enum ClientCommand {
     Backup(backup::BackupArgs),
     #[command(flatten)]
     Ops(ops::OpsCommand),
+    #[command(flatten)]
+    Retention(retention::RetentionCommand),
     /// Run a scripted session with offline members and cut connections;
     /// print what each member's application received.
     Demo(demo::DemoArgs),
@@ -383,6 +386,7 @@ impl ClientCommand {
             ClientCommand::Slowlog(a) => a.conn.json,
             ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
+            ClientCommand::Retention(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
     }
@@ -414,6 +418,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Slowlog(a) => observe::slowlog(a),
         ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
+        ClientCommand::Retention(c) => retention::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }

@@ -141,6 +141,23 @@ struct ServeArgs {
     /// ...and at least this often, in milliseconds, when anything changed.
     #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_INTERVAL_MS)]
     checkpoint_interval_ms: u64,
+    /// Retention policy of every group created from now on (stored with
+    /// the group at its creation: changing it later changes no existing
+    /// group; SET_RETENTION changes one): drop messages every member
+    /// acknowledged.
+    #[arg(long)]
+    retention_by_cursor: bool,
+    /// ...and messages older than this many milliseconds (0: no age limit).
+    #[arg(long, default_value_t = 0)]
+    retention_max_age_ms: u64,
+    /// ...and the oldest messages while a group's stored messages take more
+    /// than this many bytes (0: no size limit).
+    #[arg(long, default_value_t = 0)]
+    retention_max_bytes: u64,
+    /// Retention policies are applied at least this often, in milliseconds
+    /// (the files of dropped messages go with the second checkpoint after).
+    #[arg(long, default_value_t = tidemark_engine::defaults::RETENTION_CHECK_MS)]
+    retention_check_ms: u64,
     /// Refuse SENDs whose sender is not a member of the group (NOT_MEMBER),
     /// except from system senders. Off by default: protocol version 1
     /// lets the gateway authorise senders, and the node stores any sender.
@@ -238,6 +255,12 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.engine.cursor_flush_ms = a.cursor_flush_ms;
     c.engine.checkpoint_journal_bytes = a.checkpoint_journal_bytes;
     c.engine.checkpoint_interval_ms = a.checkpoint_interval_ms;
+    c.engine.retention_check_ms = a.retention_check_ms;
+    c.engine.retention_default = tidemark_engine::Retention {
+        by_cursor: a.retention_by_cursor,
+        max_age_ms: a.retention_max_age_ms,
+        max_bytes: a.retention_max_bytes,
+    };
     c.limits.frame_bytes_max = a.frame_bytes_max;
     c.limits.connections_max = a.connections_max;
     c.limits.output_bytes_max = a.output_bytes_max;

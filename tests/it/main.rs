@@ -24,6 +24,7 @@ mod observe;
 mod ops_cli;
 mod proxy;
 mod receipts;
+mod retention;
 mod segment_damage;
 mod spec_limits;
 mod storage_format;

@@ -157,6 +157,7 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
         ("idle_evict_ms", n(engine::IDLE_EVICT_MS)),
         ("commit_round_bytes_max", n(engine::COMMIT_ROUND_BYTES_MAX)),
         ("cursor_flush_ms", n(engine::CURSOR_FLUSH_MS)),
+        ("retention_check_ms", n(engine::RETENTION_CHECK_MS)),
         ("slowlog_threshold_us", n(node::SLOWLOG_THRESHOLD_US)),
         ("slowlog_entries_max", n(node::SLOWLOG_ENTRIES_MAX)),
         (

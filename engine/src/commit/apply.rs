@@ -205,6 +205,10 @@ pub(crate) fn entry(
             }
             None => Err(malformed("retention")),
         },
+        EntryKind::ClearHistory => match body::decode_clear_history(entry.body) {
+            Some((user, up_to)) => clear_history(st.cursors, group, &mut ck, user, up_to),
+            None => Err(malformed("clear-history")),
+        },
         EntryKind::Cursors => {
             // Live, cursors are written from memory and never applied.
             debug_assert_ne!(mode, Mode::Live, "cursor entries are not queued");
@@ -422,6 +426,42 @@ fn restore_cursors(cursors: &CursorTable, group: &Group, ck: &mut CkptGuard<'_>,
             }
         }
     }
+}
+
+/// ClearHistory: raises the member's join point to `up_to + 1` and its
+/// cursor to `up_to` (neither ever falls), so history, pull and sync start
+/// after `up_to` and its unread count counts only what it can still read;
+/// returns the join point. `up_to` is kept at or below the head (it was
+/// resolved against the assigned head when queued; entries apply in
+/// journal order, so the records it covers are applied). Idempotent (both
+/// are maxima), so replaying a frame again is harmless. `NotMember` when
+/// the user left between the request and its round (or in the journal).
+fn clear_history(
+    cursors: &CursorTable,
+    group: &Group,
+    ck: &mut CkptGuard<'_>,
+    user: u64,
+    up_to: u64,
+) -> Result<u64> {
+    let up_to = up_to.min(group.head());
+    // The members lock spans the cursor move (membership.rs invariant).
+    let mut members = group.members.lock();
+    let not_member = Error::NotMember {
+        group: group.id,
+        user,
+    };
+    let join_point = cursors
+        .raise_join_point(user, group.slot, up_to.saturating_add(1))
+        .ok_or(not_member)?;
+    if let Some(m) = cursors.restore(user, group.slot, up_to) {
+        if m.new != m.old {
+            members.advance(m.old, m.new);
+        }
+    }
+    drop(members);
+    // The member row (cursor and join point) goes to the next checkpoint.
+    ck.member_changed(user);
+    Ok(join_point)
 }
 
 /// Join. Idempotent: joining again returns the current cursor. Checked

@@ -276,6 +276,7 @@ impl Engine {
                 EntryKind::Join => body::decode_join(e.body).is_some(),
                 EntryKind::Leave => body::decode_leave(e.body).is_some(),
                 EntryKind::SetRetention => body::decode_set_retention(e.body).is_some(),
+                EntryKind::ClearHistory => body::decode_clear_history(e.body).is_some(),
                 EntryKind::Cursors => {
                     !e.body.is_empty() && e.body.len() % body::CURSOR_ROW_BYTES == 0
                 }

@@ -257,6 +257,36 @@ impl CursorTable {
         })
     }
 
+    /// Raises a membership's join point to `join_point` (never lowers it);
+    /// returns the join point it has now, `None` if `user` is not a
+    /// member. Takes the shard for writing (the join point is no atomic):
+    /// a history clear is rare, never on an ACK's path. The caller queues
+    /// the membership for the next checkpoint, which stores the join point.
+    pub fn raise_join_point(&self, user: u64, slot: u32, join_point: u64) -> Option<u64> {
+        let mut shard = self.shard(user).write();
+        let entry = shard.get_mut(&user)?;
+        let at = entry
+            .memberships
+            .binary_search_by_key(&slot, |m| m.slot)
+            .ok()?;
+        let old = self.join_point(user, &entry.memberships[at]);
+        if join_point <= old {
+            return Some(old);
+        }
+        let m = &mut entry.memberships[at];
+        let mut overflow = self.join_overflow.lock();
+        match u32::try_from(join_point) {
+            Ok(j) if j != JOIN_OVERFLOW => {
+                m.join_lo = j;
+            }
+            _ => {
+                overflow.insert((slot, user), join_point);
+                m.join_lo = JOIN_OVERFLOW;
+            }
+        }
+        Some(join_point)
+    }
+
     /// Reads a membership for a checkpoint and clears its checkpoint bit
     /// with the read: a move after it sets the bit again (and is queued
     /// again).
@@ -734,6 +764,26 @@ mod tests {
         );
         assert_eq!(t.remove(1, 1), Some(0));
         assert!(t.get(1, 1).is_none() && t.get(1, 2).is_some());
+    }
+
+    #[test]
+    fn a_join_point_only_rises_and_may_cross_32_bits() {
+        let t = CursorTable::new();
+        t.insert(1, 1, 4, 5, None).unwrap();
+        assert_eq!(t.raise_join_point(1, 1, 3), Some(5), "never lowered");
+        assert_eq!(t.raise_join_point(1, 1, 9), Some(9));
+        let big = (u32::MAX as u64) + 7;
+        assert_eq!(t.raise_join_point(1, 1, big), Some(big));
+        assert_eq!(t.get(1, 1).unwrap().join_point, big);
+        assert_eq!(t.raise_join_point(1, 1, big + 1), Some(big + 1));
+        assert_eq!(t.get(1, 1).unwrap().join_point, big + 1);
+        // The cursor is not the join point's business.
+        assert_eq!(t.get(1, 1).unwrap().cursor, 4);
+        assert_eq!(t.raise_join_point(2, 1, 9), None);
+        assert_eq!(t.raise_join_point(1, 2, 9), None);
+        // A removed overflowed membership leaves nothing behind.
+        t.remove(1, 1);
+        assert!(t.join_overflow.lock().is_empty());
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Memberships and tidemarks (format-spec/storage.md section 15): the
 //! cursor table (16 bytes per membership, ACK = one compare-and-swap), a
 //! group's member list and read counts, and the facade's member requests
-//! (join, leave, ack, pull, unread, sync, history, member pages).
+//! (join, leave, ack, pull, unread, sync, history, member pages, history
+//! clears).
 
+#[cfg(test)]
+mod clear_history_tests;
 pub(crate) mod cursors;
 pub(crate) mod membership;
 mod read_counts;

@@ -113,6 +113,17 @@ impl Engine {
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<OpTicket> {
         self.check_writable()?;
+        self.submit_group_entry(group_id, kind, body)
+    }
+
+    /// Queues one entry of the group with a reply, without the free-space
+    /// check (the caller made the checks its request needs).
+    fn submit_group_entry(
+        &self,
+        group_id: u64,
+        kind: EntryKind,
+        body: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         let reply = Arc::new(Reply::default());
         let _assign = group.assign.lock();
@@ -214,10 +225,61 @@ impl Engine {
 
     /// Sets the group's retention policy. Durable when it returns.
     pub fn set_retention(&self, group_id: u64, policy: Retention) -> Result<()> {
-        let ticket = self.submit_member_op(group_id, EntryKind::SetRetention, |b| {
-            body::encode_set_retention(b, &policy)
-        })?;
+        let ticket = self.submit_set_retention(group_id, policy)?;
         self.wait_op(ticket).map(|_| ())
+    }
+
+    /// Queues a SetRetention entry; the policy holds once its round
+    /// completes, and the checkpointer's next retention pass applies it.
+    /// Accepted while the disk is nearly full, like a delete: a policy is
+    /// how an operator gives space back, and its entry is 33 bytes.
+    pub fn submit_set_retention(&self, group_id: u64, policy: Retention) -> Result<OpTicket> {
+        self.check_not_stopped()?;
+        self.submit_group_entry(group_id, EntryKind::SetRetention, |b| {
+            body::encode_set_retention(b, &policy)
+        })
+    }
+
+    /// Clears the member's history up to `up_to` (OpenIM's per-user
+    /// floor): its join point rises to `up_to + 1`, so HISTORY, PULL and
+    /// SYNC never again return a record at or below `up_to` to it, and its
+    /// cursor rises to `up_to` (clearing acknowledges what it clears, so its
+    /// unread count stays the number of records it can still read). Never
+    /// lowers either; other members are untouched. `up_to` above the head
+    /// clears everything (it is resolved against the head when queued, so
+    /// the journaled value is exact and replay reproduces it). Returns the
+    /// join point; durable when it returns.
+    pub fn clear_history(&self, group_id: u64, user: u64, up_to: u64) -> Result<u64> {
+        let ticket = self.submit_clear_history(group_id, user, up_to)?;
+        self.wait_op(ticket)
+    }
+
+    /// Queues a history clear (a ClearHistory entry); the ticket's value is
+    /// the member's join point after it. Memory only, never waits for the
+    /// disk: `NotMember` at once for a user who is no member.
+    pub fn submit_clear_history(&self, group_id: u64, user: u64, up_to: u64) -> Result<OpTicket> {
+        self.check_writable()?;
+        let group = self.group(group_id)?;
+        self.member_cursor(&group, user)?;
+        let assign = group.assign.lock();
+        // Checked again under the lock, which orders this op against a delete.
+        if group.is_deleting() {
+            return Err(Error::GroupNotFound { group: group_id });
+        }
+        // As for a join: the assigned head counts every record queued
+        // before this entry, which is what precedes it in the journal.
+        let head = assign
+            .as_deref()
+            .map_or_else(|| group.log.read().head(), |a| a.last_id);
+        let up_to = up_to.min(head);
+        let reply = Arc::new(Reply::default());
+        let round = self.push_entry_with_reply(
+            &group,
+            EntryKind::ClearHistory,
+            |b| body::encode_clear_history(b, user, up_to),
+            Some(reply.clone()),
+        )?;
+        Ok(OpTicket::pending(round, Some(reply)))
     }
 
     /// True if `user` is a member of the group.

@@ -974,5 +974,18 @@ impl Checkpointer {
                 true
             }
         });
+        if !self.graveyard.is_empty() {
+            // Files this checkpoint recorded as dropped go with the next
+            // one, which a quiet node would otherwise never take (nothing
+            // else changes): ask for it, so retention gives the disk back
+            // within two checkpoints whatever the load. It stores a later
+            // sequence number, so every file now in the graveyard goes
+            // then and this asks at most once per drop.
+            let mut st = self.shared.ckpt.status.lock();
+            st.wanted = true;
+            st.wanted_at = None;
+            drop(st);
+            self.shared.pending_cv.notify_all();
+        }
     }
 }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use tidemark_protocol::{
     decode_response, encode_request, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
     Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, ReceiptCount, Records, Request,
-    Response, ResyncScope, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR, PROTOCOL_VERSION,
+    Response, ResyncScope, RetentionPolicy, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR,
+    PROTOCOL_VERSION,
 };
 
 /// A message as the client hands it to the application.
@@ -759,6 +760,34 @@ impl Client {
         match self.call(&Request::GroupInfo { group })?.response()? {
             Response::GroupInfo(info) => Ok(info),
             _ => unexpected("GROUP_INFO"),
+        }
+    }
+
+    /// SET_RETENTION: the group's retention policy from now on (all zero:
+    /// keep everything); answered once durable.
+    pub fn set_retention(&mut self, group: u64, policy: RetentionPolicy) -> Result<()> {
+        let req = Request::SetRetention {
+            group,
+            by_cursor: policy.by_cursor,
+            max_age_ms: policy.max_age_ms,
+            max_bytes: policy.max_bytes,
+        };
+        match self.call(&req)?.response()? {
+            Response::SetRetention => Ok(()),
+            _ => unexpected("SET_RETENTION"),
+        }
+    }
+
+    /// CLEAR_HISTORY: clears `user`'s history of the group up to `up_to`
+    /// (above the head: everything) for that member only; returns its
+    /// `(join_point, cursor)` afterwards.
+    pub fn clear_history(&mut self, group: u64, user: u64, up_to: u64) -> Result<(u64, u64)> {
+        match self
+            .call(&Request::ClearHistory { group, user, up_to })?
+            .response()?
+        {
+            Response::ClearHistory { join_point, cursor } => Ok((join_point, cursor)),
+            _ => unexpected("CLEAR_HISTORY"),
         }
     }
 

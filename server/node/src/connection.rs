@@ -42,7 +42,9 @@ use crate::handlers::{self, Action, Ctx, Outgoing, Report};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
-use tidemark_protocol::{decode_request, ErrorCode, FrameDecoder, Opcode, Request, Subscription};
+use tidemark_protocol::{
+    decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
+};
 
 /// Identifies a connection across the reuse of its slot in the event loop
 /// (the slot's index and the generation of its occupant).
@@ -644,6 +646,24 @@ impl Session {
             Request::Leave { group, user } => {
                 self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                     handlers::leave(ctx, group, user)
+                })
+            }
+            Request::SetRetention {
+                group,
+                by_cursor,
+                max_age_ms,
+                max_bytes,
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                let policy = RetentionPolicy {
+                    by_cursor,
+                    max_age_ms,
+                    max_bytes,
+                };
+                handlers::set_retention(ctx, group, policy)
+            }),
+            Request::ClearHistory { group, user, up_to } => {
+                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                    handlers::clear_history(ctx, group, user, up_to)
                 })
             }
             Request::Send {

@@ -59,6 +59,8 @@ pub enum OpKind {
     DeleteGroup,
     Join { group: u64 },
     Leave,
+    SetRetention,
+    ClearHistory { group: u64, user: u64 },
 }
 
 /// A request parked until its commit round settles: a SEND, or a group or
@@ -115,6 +117,15 @@ impl Parked {
                         OpKind::CreateGroup => Response::CreateGroup,
                         OpKind::DeleteGroup => Response::DeleteGroup,
                         OpKind::Leave => Response::Leave,
+                        OpKind::SetRetention => Response::SetRetention,
+                        OpKind::ClearHistory { group, user } => Response::ClearHistory {
+                            join_point: value,
+                            // Only ever raised: what it is now is at
+                            // least what the clear set.
+                            cursor: engine
+                                .cursor(*group, *user)
+                                .unwrap_or(value.saturating_sub(1)),
+                        },
                         OpKind::Join { group } => Response::Join {
                             cursor: value,
                             head: engine.head(*group).unwrap_or(value),
@@ -459,6 +470,37 @@ pub fn join(ctx: &Ctx<'_>, group: u64, user: u64, start: JoinStart) -> Result<Ac
 pub fn leave(ctx: &Ctx<'_>, group: u64, user: u64) -> Result<Action, EngineError> {
     let ticket = ctx.engine.submit_leave(group, user)?;
     Ok(Action::Park(Parked::Op(ticket, OpKind::Leave)))
+}
+
+/// SET_RETENTION (4.26): parked until the policy is durable.
+pub fn set_retention(
+    ctx: &Ctx<'_>,
+    group: u64,
+    policy: RetentionPolicy,
+) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.submit_set_retention(
+        group,
+        tidemark_engine::Retention {
+            by_cursor: policy.by_cursor,
+            max_age_ms: policy.max_age_ms,
+            max_bytes: policy.max_bytes,
+        },
+    )?;
+    Ok(Action::Park(Parked::Op(ticket, OpKind::SetRetention)))
+}
+
+/// CLEAR_HISTORY (4.27): parked until the clear is durable.
+pub fn clear_history(
+    ctx: &Ctx<'_>,
+    group: u64,
+    user: u64,
+    up_to: u64,
+) -> Result<Action, EngineError> {
+    let ticket = ctx.engine.submit_clear_history(group, user, up_to)?;
+    Ok(Action::Park(Parked::Op(
+        ticket,
+        OpKind::ClearHistory { group, user },
+    )))
 }
 
 /// SEND (4.9): parked until its round is durable. Under a members-only

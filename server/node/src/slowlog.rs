@@ -72,6 +72,20 @@ impl Summary {
             Request::Join { group, user, .. } | Request::Leave { group, user } => {
                 Summary::of(&[("group", *group), ("user", *user)])
             }
+            Request::SetRetention {
+                group,
+                by_cursor,
+                max_age_ms,
+                max_bytes,
+            } => Summary::of(&[
+                ("group", *group),
+                ("by_cursor", u64::from(*by_cursor)),
+                ("max_age_ms", *max_age_ms),
+                ("max_bytes", *max_bytes),
+            ]),
+            Request::ClearHistory { group, user, up_to } => {
+                Summary::of(&[("group", *group), ("user", *user), ("up_to", *up_to)])
+            }
             Request::Send {
                 group,
                 sender,

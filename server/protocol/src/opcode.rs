@@ -34,6 +34,8 @@ pub enum Opcode {
     Members = 0x28,
     GroupInfo = 0x29,
     Readers = 0x2A,
+    SetRetention = 0x2B,
+    ClearHistory = 0x2C,
     Subscribe = 0x30,
     Unsubscribe = 0x31,
     SubscribeReceipts = 0x32,
@@ -61,9 +63,10 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
     /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
-    /// SUBSCRIBE_RECEIPTS, BACKUP, INFO and SLOWLOG are additions made after
-    /// tidemark 0.1, format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 25] = [
+    /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
+    /// CLEAR_HISTORY are additions made after tidemark 0.1,
+    /// format-spec/protocol.md section 7).
+    pub const ALL: [Opcode; 27] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -86,6 +89,8 @@ impl Opcode {
         Opcode::Members,
         Opcode::GroupInfo,
         Opcode::Readers,
+        Opcode::SetRetention,
+        Opcode::ClearHistory,
         Opcode::Subscribe,
         Opcode::Unsubscribe,
         Opcode::SubscribeReceipts,
@@ -120,6 +125,8 @@ impl Opcode {
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",
             Opcode::Leave => "LEAVE",
+            Opcode::SetRetention => "SET_RETENTION",
+            Opcode::ClearHistory => "CLEAR_HISTORY",
             Opcode::Send => "SEND",
             Opcode::Pull => "PULL",
             Opcode::Ack => "ACK",

@@ -93,6 +93,22 @@ pub enum Request<'a> {
         group: u64,
         user: u64,
     },
+    /// Sets the group's retention policy (all zero: keep everything).
+    SetRetention {
+        group: u64,
+        by_cursor: bool,
+        /// 0 = no age limit.
+        max_age_ms: u64,
+        /// 0 = no size limit.
+        max_bytes: u64,
+    },
+    /// Clears `user`'s history of the group up to `up_to` (above the head:
+    /// everything), for that member only.
+    ClearHistory {
+        group: u64,
+        user: u64,
+        up_to: u64,
+    },
     Send {
         group: u64,
         sender: u64,
@@ -188,6 +204,8 @@ impl Request<'_> {
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
             Request::Join { .. } => Opcode::Join,
             Request::Leave { .. } => Opcode::Leave,
+            Request::SetRetention { .. } => Opcode::SetRetention,
+            Request::ClearHistory { .. } => Opcode::ClearHistory,
             Request::Send { .. } => Opcode::Send,
             Request::Pull { .. } => Opcode::Pull,
             Request::Ack { .. } => Opcode::Ack,
@@ -272,6 +290,24 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             // Format: { group: u64 | user: u64 }
             put_u64(out, *group);
             put_u64(out, *user);
+        }
+        Request::SetRetention {
+            group,
+            by_cursor,
+            max_age_ms,
+            max_bytes,
+        } => {
+            // Format: { group: u64 | by_cursor: bool | max_age_ms: u64 | max_bytes: u64 }
+            put_u64(out, *group);
+            put_bool(out, *by_cursor);
+            put_u64(out, *max_age_ms);
+            put_u64(out, *max_bytes);
+        }
+        Request::ClearHistory { group, user, up_to } => {
+            // Format: { group: u64 | user: u64 | up_to: u64 }
+            put_u64(out, *group);
+            put_u64(out, *user);
+            put_u64(out, *up_to);
         }
         Request::Send {
             group,
@@ -500,6 +536,19 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Leave => Request::Leave {
             group: r.id("group")?,
             user: r.id("user")?,
+        },
+        // Format: { group: u64 | by_cursor: bool | max_age_ms: u64 | max_bytes: u64 }
+        Opcode::SetRetention => Request::SetRetention {
+            group: r.id("group")?,
+            by_cursor: r.bool("by_cursor")?,
+            max_age_ms: r.u64("max_age_ms")?,
+            max_bytes: r.u64("max_bytes")?,
+        },
+        // Format: { group: u64 | user: u64 | up_to: u64 }
+        Opcode::ClearHistory => Request::ClearHistory {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            up_to: r.u64("up_to")?,
         },
         // Format: { group: u64 | sender: u64 | client_msg_id: u64 | payload: bytes }
         Opcode::Send => Request::Send {

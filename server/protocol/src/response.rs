@@ -221,6 +221,14 @@ pub enum Response<'a, R = Records<'a>> {
         head: u64,
     },
     Leave,
+    SetRetention,
+    ClearHistory {
+        /// The member's join point now: the first msg_id its HISTORY,
+        /// PULL and SYNC may return.
+        join_point: u64,
+        /// The member's cursor now (at least `join_point − 1`).
+        cursor: u64,
+    },
     Send {
         msg_id: u64,
         timestamp_ms: u64,
@@ -322,6 +330,8 @@ impl<R> Response<'_, R> {
             Response::DeleteGroup => Opcode::DeleteGroup,
             Response::Join { .. } => Opcode::Join,
             Response::Leave => Opcode::Leave,
+            Response::SetRetention => Opcode::SetRetention,
+            Response::ClearHistory { .. } => Opcode::ClearHistory,
             Response::Send { .. } => Opcode::Send,
             Response::Pull { .. } => Opcode::Pull,
             Response::Ack { .. } => Opcode::Ack,
@@ -521,9 +531,15 @@ fn encode_body<R: RecordsSection>(
         | Response::CreateGroup
         | Response::DeleteGroup
         | Response::Leave
+        | Response::SetRetention
         | Response::Subscribe
         | Response::Unsubscribe
         | Response::SubscribeReceipts => {}
+        Response::ClearHistory { join_point, cursor } => {
+            // Format: { join_point: u64 | cursor: u64 }
+            put_u64(out, *join_point);
+            put_u64(out, *cursor);
+        }
         Response::Stats(stats) => {
             // Format: { stats: list<{ name: string | value: u64 }> }
             put_count(out, stats.len(), "stats")?;
@@ -932,6 +948,12 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
         Opcode::CreateGroup => Response::CreateGroup,
         Opcode::DeleteGroup => Response::DeleteGroup,
         Opcode::Leave => Response::Leave,
+        Opcode::SetRetention => Response::SetRetention,
+        // Format: { join_point: u64 | cursor: u64 }
+        Opcode::ClearHistory => Response::ClearHistory {
+            join_point: r.u64("join_point")?,
+            cursor: r.u64("cursor")?,
+        },
         Opcode::Subscribe => Response::Subscribe,
         Opcode::Unsubscribe => Response::Unsubscribe,
         Opcode::SubscribeReceipts => Response::SubscribeReceipts,

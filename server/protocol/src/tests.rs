@@ -104,6 +104,10 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("backup_request"),
     vector!("backup_chunk"),
     vector!("backup_response"),
+    vector!("set_retention_request"),
+    vector!("set_retention_response"),
+    vector!("clear_history_request"),
+    vector!("clear_history_response"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -316,6 +320,31 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
             },
         ),
         "group_info_request" => Expected::Req(13, Request::GroupInfo { group: 7 }),
+        "set_retention_request" => Expected::Req(
+            16,
+            Request::SetRetention {
+                group: 7,
+                by_cursor: true,
+                max_age_ms: 604_800_000,
+                max_bytes: 1 << 30,
+            },
+        ),
+        "set_retention_response" => Expected::Resp(16, Response::SetRetention),
+        "clear_history_request" => Expected::Req(
+            17,
+            Request::ClearHistory {
+                group: 7,
+                user: 5,
+                up_to: 1000,
+            },
+        ),
+        "clear_history_response" => Expected::Resp(
+            17,
+            Response::ClearHistory {
+                join_point: 1001,
+                cursor: 1002,
+            },
+        ),
         "group_info_response" => Expected::Resp(
             13,
             Response::GroupInfo(GroupInfo {
@@ -1022,6 +1051,17 @@ fn every_request_and_response_round_trips() {
             reset: true,
             max_count: u32::MAX,
         },
+        Request::SetRetention {
+            group: 1,
+            by_cursor: false,
+            max_age_ms: u64::MAX,
+            max_bytes: 0,
+        },
+        Request::ClearHistory {
+            group: 1,
+            user: 2,
+            up_to: u64::MAX,
+        },
         Request::Readers {
             group: 1,
             msg_id: 0,
@@ -1054,6 +1094,11 @@ fn every_request_and_response_round_trips() {
         Response::DeleteGroup,
         Response::Join { cursor: 1, head: 2 },
         Response::Leave,
+        Response::SetRetention,
+        Response::ClearHistory {
+            join_point: 1,
+            cursor: 0,
+        },
         Response::Ack { cursor: 5 },
         Response::Unread(vec![UnreadEntry {
             group: 1,

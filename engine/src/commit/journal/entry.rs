@@ -23,7 +23,7 @@ use super::frame::FrameKind;
 pub const ENTRY_HEADER_BYTES: usize = 16;
 
 /// What a journal entry records. Kind numbers 8 (Trim) and 9 (Promote) are
-/// reserved for later versions; 0 and every other value are invalid.
+/// reserved for later versions; 0 and every value above 10 are invalid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum EntryKind {
@@ -42,6 +42,10 @@ pub enum EntryKind {
     Cursors = 6,
     /// Body: `{ by_cursor: u8 | max_age_ms: u64 | max_bytes: u64 }`.
     SetRetention = 7,
+    /// Body: `{ user: u64 | up_to: u64 }`: the member's history up to
+    /// `up_to` is cleared for it (its join point rises to `up_to + 1`, its
+    /// cursor to `up_to`), `up_to` resolved when queued.
+    ClearHistory = 10,
 }
 
 impl EntryKind {
@@ -54,6 +58,7 @@ impl EntryKind {
             5 => Some(EntryKind::Leave),
             6 => Some(EntryKind::Cursors),
             7 => Some(EntryKind::SetRetention),
+            10 => Some(EntryKind::ClearHistory),
             _ => None,
         }
     }
@@ -165,6 +170,22 @@ pub(crate) mod body {
             max_age_ms: u64_at(body, 1)?,
             max_bytes: u64_at(body, 9)?,
         })
+    }
+
+    // Format: { user: u64 | up_to: u64 }, 16 bytes; `up_to` resolved
+    // against the group's head when the clear was queued, so replay
+    // reproduces it exactly.
+    pub fn encode_clear_history(out: &mut Vec<u8>, user: u64, up_to: u64) {
+        out.extend_from_slice(&user.to_le_bytes());
+        out.extend_from_slice(&up_to.to_le_bytes());
+    }
+
+    /// `(user, up_to)`.
+    pub fn decode_clear_history(body: &[u8]) -> Option<(u64, u64)> {
+        if body.len() != 16 {
+            return None;
+        }
+        Some((u64_at(body, 0)?, u64_at(body, 8)?))
     }
 
     fn u64_at(b: &[u8], at: usize) -> Option<u64> {
@@ -386,6 +407,10 @@ mod tests {
         let mut b = Vec::new();
         body::encode_leave(&mut b, 5);
         assert_eq!(body::decode_leave(&b), Some(5));
+        let mut b = Vec::new();
+        body::encode_clear_history(&mut b, 5, 1 << 40);
+        assert_eq!(body::decode_clear_history(&b), Some((5, 1 << 40)));
+        assert_eq!(body::decode_clear_history(&b[..15]), None);
         let mut b = Vec::new();
         body::encode_cursors(&mut b, &[(5, 7), (6, 8)]);
         b.push(1); // a partial row is ignored

@@ -32,7 +32,7 @@ use super::error::{classify, Class, Ctx, Error};
 use super::link::{Link, LinkStats};
 use super::{ClientMsgIds, ReliableConfig};
 use crate::client::{later, parse_sent, ClientError, GroupState, Message, Page, Sent};
-use tidemark_protocol::{GroupInfo, JoinStart, MemberEntry, Request};
+use tidemark_protocol::{GroupInfo, JoinStart, MemberEntry, Request, RetentionPolicy};
 
 /// How one enqueued send ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -663,6 +663,25 @@ impl ReliableClient {
     /// GROUP_INFO: head, retention floor, member count, retention policy.
     pub fn group_info(&mut self, group: u64) -> Result<GroupInfo, Error> {
         self.call(Ctx::group(group), |c| c.group_info(group))
+    }
+
+    /// SET_RETENTION: the group's retention policy (retried: setting the
+    /// same policy again is harmless).
+    pub fn set_retention(&mut self, group: u64, policy: RetentionPolicy) -> Result<(), Error> {
+        self.call(Ctx::group(group), |c| c.set_retention(group, policy))
+    }
+
+    /// CLEAR_HISTORY: `(join_point, cursor)` of the member afterwards
+    /// (retried: a clear only raises, so a repeat is harmless).
+    pub fn clear_history(
+        &mut self,
+        group: u64,
+        user: u64,
+        up_to: u64,
+    ) -> Result<(u64, u64), Error> {
+        self.call(Ctx::member(group, user), |c| {
+            c.clear_history(group, user, up_to)
+        })
     }
 
     /// The node's STATS.
