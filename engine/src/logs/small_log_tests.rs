@@ -441,6 +441,26 @@ fn a_flipped_byte_in_a_small_record_the_journal_must_replay_refuses_the_open() {
     }
 }
 
+/// Sends `payload(group, i)` for i in 1..=n from sender 7 in one batch
+/// (one round: one extent of a small group); returns the payloads.
+fn send_in_one_round(e: &Engine, group: u64, n: u64) -> Vec<Vec<u8>> {
+    let payloads: Vec<Vec<u8>> = (1..=n).map(|i| payload(group, i)).collect();
+    let reqs: Vec<AppendRequest<'_>> = payloads
+        .iter()
+        .zip(1u64..)
+        .map(|(p, i)| AppendRequest {
+            group_id: group,
+            sender_id: 7,
+            client_msg_id: i,
+            payload: p,
+        })
+        .collect();
+    for (r, id) in e.append_batch(&reqs).unwrap().iter().zip(1u64..) {
+        assert_eq!(r.msg_id, id);
+    }
+    payloads
+}
+
 /// Storage v2 design 5.5: retention trims small groups too. Cursor
 /// retention raises a small group's floor to the record (here inside an
 /// extent: the slowest member is in the middle of one), the floor survives
@@ -460,18 +480,7 @@ fn cursor_retention_trims_a_small_group_and_gives_its_journal_files_back() {
     }
     // Ids 1-3 in one round (one extent), then one round each for 4-9;
     // group 2's traffic rolls the journal between them.
-    let first: Vec<Vec<u8>> = (1..=3u64).map(|i| payload(1, i)).collect();
-    let reqs: Vec<AppendRequest<'_>> = first
-        .iter()
-        .zip(1u64..)
-        .map(|(p, i)| AppendRequest {
-            group_id: 1,
-            sender_id: 7,
-            client_msg_id: i,
-            payload: p,
-        })
-        .collect();
-    e.append_batch(&reqs).unwrap();
+    send_in_one_round(&e, 1, 3);
     let oldest_file = *journal_files(path).last().unwrap();
     for i in 4..=9u64 {
         e.append(1, 7, i, &payload(1, i)).unwrap();
@@ -591,18 +600,7 @@ fn a_rewrite_drops_the_records_below_a_small_groups_floor() {
     e.create_group(1).unwrap();
     e.create_group(2).unwrap();
     e.join(1, 100, JoinStart::Earliest).unwrap();
-    let payloads: Vec<Vec<u8>> = (1..=6u64).map(|i| payload(1, i)).collect();
-    let reqs: Vec<AppendRequest<'_>> = payloads
-        .iter()
-        .zip(1u64..)
-        .map(|(p, i)| AppendRequest {
-            group_id: 1,
-            sender_id: 7,
-            client_msg_id: i,
-            payload: p,
-        })
-        .collect();
-    e.append_batch(&reqs).unwrap();
+    let payloads = send_in_one_round(&e, 1, 6);
     let kept: u64 = payloads[4..].iter().map(|p| 44 + p.len() as u64).sum();
     e.set_retention(
         1,
