@@ -51,6 +51,7 @@ mod logs;
 mod members;
 #[cfg(test)]
 mod model_tests;
+mod offline;
 #[cfg(test)]
 mod ops_stats_tests;
 mod ready;
@@ -79,6 +80,10 @@ pub use logs::retention::Retention;
 pub use members::tidemarks::{
     direct_group_id, AckMove, AckOutcome, GroupInfo, History, JoinStart, MembersPage,
     MembersVersion, Pull, Sync, SyncGroup, Unread,
+};
+pub use offline::{
+    is_gap_kind, DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame,
+    ManifestInfo, Member, OfflineGroup, RepairPlan, RepairTarget, Verified,
 };
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};

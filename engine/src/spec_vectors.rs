@@ -24,6 +24,7 @@ use crate::state::{Item, Key};
 use crate::{Config, Engine, JoinStart};
 
 const RECORD: &str = include_str!("../../format-spec/vectors/storage/record.hex");
+const RECORD_GAP: &str = include_str!("../../format-spec/vectors/storage/record-gap.hex");
 const SEGMENT_HEADER: &str = include_str!("../../format-spec/vectors/storage/segment-header.hex");
 const JOURNAL_HEADER: &str = include_str!("../../format-spec/vectors/storage/journal-header.hex");
 const JOURNAL_FRAME: &str = include_str!("../../format-spec/vectors/storage/journal-frame.hex");
@@ -122,6 +123,23 @@ fn record_vector_matches_the_encoder_and_decodes_to_its_fields() {
     assert_eq!(&v[RECORD_HEADER_BYTES..], b"hello");
     // The CRC covers bytes 8..record_len.
     assert_eq!(crc32fast::hash(&v[8..]), h.crc);
+}
+
+#[test]
+fn gap_record_vector_matches_the_encoder_and_decodes_to_its_fields() {
+    let v = vector(RECORD_GAP);
+    let mut out = Vec::new();
+    record::encode_gap_into(2, TIMESTAMP_MS, &mut out);
+    assert_eq!(out, v);
+    let h = record::decode_verified(&v, RECORD_BYTES_MAX).unwrap();
+    assert_eq!(h.record_len, 44);
+    assert_eq!(h.crc, 0x299df9c4);
+    assert_eq!(
+        (h.msg_id, h.timestamp_ms, h.sender_id, h.client_msg_id),
+        (2, TIMESTAMP_MS, 0, 0)
+    );
+    assert_eq!((h.kind, h.flags), (record::KIND_GAP, 0));
+    assert!(record::is_gap(&h));
 }
 
 #[test]

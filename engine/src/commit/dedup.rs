@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 use crate::config::Config;
 use crate::error::Result;
 use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
+use crate::logs::record;
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -107,6 +108,21 @@ impl DedupWindow {
         self.evict(timestamp_ms, limits, over_budget);
     }
 
+    /// Remembers `msg_id` (the next id, as for `insert`) without a key: a
+    /// gap record's place in the window, which no retransmit can match.
+    fn insert_unkeyed(&mut self, msg_id: u64, timestamp_ms: u64, limits: WindowLimits) {
+        if self.recent.is_empty() {
+            self.first_id = msg_id;
+        }
+        debug_assert_eq!(msg_id, self.first_id + self.recent.len() as u64);
+        self.recent.push_back(Entry {
+            sender_id: 0,
+            client_msg_id: 0,
+            timestamp_ms,
+        });
+        self.evict(timestamp_ms, limits, false);
+    }
+
     fn evict(&mut self, now_ms: u64, limits: WindowLimits, over_budget: bool) {
         while let Some(front) = self.recent.front() {
             let over_cap = self.recent.len() > limits.entries_max;
@@ -139,6 +155,14 @@ impl DedupWindow {
         let mut last = None;
         for r in batch.records() {
             let h = r.header;
+            // A gap record (repair's stand-in for a lost message) was
+            // never sent: it holds its id's place, but its (0, 0) key must
+            // not answer a real send.
+            if record::is_gap(&h) {
+                self.insert_unkeyed(h.msg_id, h.timestamp_ms, limits);
+                last = Some(h.timestamp_ms);
+                continue;
+            }
             self.insert(
                 h.msg_id,
                 h.sender_id,

@@ -19,8 +19,16 @@ pub const RECORD_HEADER_BYTES: usize = 44;
 /// look invalid.
 pub const RECORD_BYTES_STORED_MAX: usize = 1 << 30;
 
-/// `kind` of an ordinary chat message. Other values are reserved.
+/// `kind` of an ordinary chat message.
 pub const KIND_MESSAGE: u8 = 0;
+
+/// `kind` of a gap record: `tidemark ctl repair` writes one in place of
+/// each msg_id whose record was lost to damage (format-spec/storage.md
+/// section 3, "Gap records"), so that ids stay dense and never go to a
+/// new message. Flags 0, sender and client_msg_id 0, empty payload: a
+/// reader refuses any other gap. Only repair writes them; the send path
+/// never does. Kinds 1 and 2 are reserved for edits and recalls.
+pub const KIND_GAP: u8 = 3;
 
 const OFF_LEN: usize = 0;
 const OFF_CRC: usize = 4;
@@ -120,6 +128,31 @@ pub fn encode_into(rec: &NewRecord<'_>, out: &mut Vec<u8>) {
     out[start + OFF_CRC..start + OFF_MSG_ID].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Appends a gap record (kind 3, see [`KIND_GAP`]) for `msg_id`: empty
+/// payload, sender and client_msg_id 0, `timestamp_ms` chosen by the
+/// caller so that timestamps never decrease within the group.
+pub fn encode_gap_into(msg_id: u64, timestamp_ms: u64, out: &mut Vec<u8>) {
+    let start = out.len();
+    encode_into(
+        &NewRecord {
+            msg_id,
+            timestamp_ms,
+            sender_id: 0,
+            client_msg_id: 0,
+            payload: &[],
+        },
+        out,
+    );
+    out[start + OFF_KIND] = KIND_GAP;
+    let crc = crc32fast::hash(&out[start + OFF_MSG_ID..]);
+    out[start + OFF_CRC..start + OFF_MSG_ID].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Whether a verified record is a gap record.
+pub fn is_gap(h: &RecordHeader) -> bool {
+    h.kind == KIND_GAP
+}
+
 fn u32_at(b: &[u8], off: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[off..off + 4]);
@@ -179,9 +212,14 @@ pub fn decode_header(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader
     }
     let kind = buf[OFF_KIND];
     let flags = buf[OFF_FLAGS];
-    if kind != KIND_MESSAGE {
+    if kind != KIND_MESSAGE && kind != KIND_GAP {
         return Err(RecordError::BadHeader {
             reason: "unknown kind",
+        });
+    }
+    if kind == KIND_GAP && record_len as usize != RECORD_HEADER_BYTES {
+        return Err(RecordError::BadHeader {
+            reason: "gap record with a payload",
         });
     }
     if flags != 0 || buf[OFF_RESERVED] != 0 || buf[OFF_RESERVED + 1] != 0 {
@@ -348,6 +386,34 @@ mod tests {
             decode_header(&bytes, 1 << 20),
             Err(RecordError::BadLength { .. })
         ));
+    }
+
+    #[test]
+    fn a_gap_record_is_valid_only_empty_and_without_flags() {
+        let mut gap = Vec::new();
+        encode_gap_into(12, 5, &mut gap);
+        assert_eq!(gap.len(), RECORD_HEADER_BYTES);
+        let h = decode_verified(&gap, 1 << 20).unwrap();
+        assert!(is_gap(&h));
+        assert_eq!((h.msg_id, h.timestamp_ms, h.sender_id), (12, 5, 0));
+        // A gap with flags, or with a payload, is not a record.
+        let mut flagged = gap.clone();
+        flagged[OFF_FLAGS] = 1;
+        assert!(decode_header(&flagged, 1 << 20).is_err());
+        let mut with_payload = sample(b"x");
+        with_payload[OFF_KIND] = KIND_GAP;
+        assert_eq!(
+            decode_header(&with_payload, 1 << 20),
+            Err(RecordError::BadHeader {
+                reason: "gap record with a payload"
+            })
+        );
+        // Kinds 1, 2 (reserved for edits and recalls) and 4 stay unknown.
+        for kind in [1u8, 2, 4] {
+            let mut other = gap.clone();
+            other[OFF_KIND] = kind;
+            assert!(decode_header(&other, 1 << 20).is_err(), "kind {kind}");
+        }
     }
 
     #[test]

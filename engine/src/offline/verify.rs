@@ -1,0 +1,287 @@
+//! `ctl verify`: every check the node's reads would make on a stopped
+//! node's directory, made now and all at once, like SQLite's `PRAGMA
+//! integrity_check`. What it checks (format-spec/storage.md section 8, the
+//! invariants marked *checked*, and every file the checkpoint names):
+//!
+//! - `FORMAT` (at open) and the manifest in force: a newer manifest that
+//!   fails its checks, or none usable while manifests exist, is a finding;
+//!   the merge of its runs checks every run part's header, trailer, block
+//!   CRCs and key order (invariants 11, 12);
+//! - the journal files replay would read (from the manifest's replay file
+//!   on): none missing, each header, every frame's envelope and payload
+//!   checksums and numbering (invariant 9); an invalid frame is a torn
+//!   tail (a note, the node cuts it) only in the newest file holding frames
+//!   and only when no later envelope shows it durable (the replay's own
+//!   proof search), else damage; every shared file the manifest pins
+//!   exists;
+//! - every group (`walk.rs`): its segment headers, every record's CRC,
+//!   dense ids from floor to head across segments and the lengths the
+//!   checkpoint records (invariants 1, 2, 4), timestamps that never
+//!   decrease (8), a small group's extents in journal and cold files; a
+//!   group the checkpoint records damaged is a finding.
+//!
+//! Costs: one read of every file named, linear in the directory's bytes.
+
+use std::path::PathBuf;
+
+use super::walk::{self, Event};
+use super::DataDir;
+use crate::commit::journal::{self, frame, JOURNAL_HEADER_BYTES};
+use crate::error::Result;
+
+/// One thing `verify` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub group: Option<u64>,
+    pub file: Option<PathBuf>,
+    pub offset: u64,
+    pub what: String,
+    /// False for notes that are not damage (a torn tail a crash left,
+    /// which the node cuts at its next open).
+    pub damage: bool,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.damage { "DAMAGE" } else { "note" })?;
+        if let Some(g) = self.group {
+            write!(f, " group {g}")?;
+        }
+        if let Some(p) = &self.file {
+            write!(f, " {} offset {}", p.display(), self.offset)?;
+        }
+        write!(f, ": {}", self.what)
+    }
+}
+
+/// What `verify` checked and found.
+#[derive(Clone, Debug, Default)]
+pub struct Verified {
+    pub findings: Vec<Finding>,
+    pub groups: u64,
+    pub records: u64,
+    pub journal_frames: u64,
+}
+
+impl Verified {
+    /// No damage (notes allowed).
+    pub fn clean(&self) -> bool {
+        !self.findings.iter().any(|f| f.damage)
+    }
+}
+
+/// An event of the walk as one line of text.
+pub(crate) fn describe(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage {
+            file,
+            offset,
+            reason,
+            lost,
+        } => {
+            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
+            format!("{} offset {offset}: {reason}{lost}", file.display())
+        }
+        Event::TornTail { file, offset } => format!(
+            "{} offset {offset}: torn tail after the last record (cut by the node at its next open)",
+            file.display()
+        ),
+        Event::LengthMismatch {
+            file,
+            recorded,
+            found,
+        } => format!(
+            "{}: its records end at offset {found}, the checkpoint records {recorded} bytes",
+            file.display()
+        ),
+    }
+}
+
+impl DataDir {
+    /// Checks everything the module docs list. Findings are returned, not
+    /// errors: an `Err` means the check itself could not run (I/O).
+    pub fn verify(&self) -> Result<Verified> {
+        let mut v = Verified::default();
+        for (path, why) in &self.rejected {
+            v.findings.push(Finding {
+                group: None,
+                file: Some(path.clone()),
+                offset: 0,
+                what: format!("manifest rejected: {why}"),
+                damage: true,
+            });
+        }
+        self.verify_journal(&mut v)?;
+        for g in self.groups.values() {
+            v.groups += 1;
+            let id = g.group;
+            if let Some(reason) = &g.damaged {
+                v.findings.push(Finding {
+                    group: Some(id),
+                    file: None,
+                    offset: 0,
+                    what: format!("the checkpoint records the group damaged: {reason}"),
+                    damage: true,
+                });
+            }
+            let mut last_ts = 0u64;
+            let mut records = 0u64;
+            let mut findings = Vec::new();
+            let walked = walk::walk_group(&self.path, g, &mut |ev| {
+                let (file, offset, damage) = match &ev {
+                    Event::Record {
+                        header,
+                        file,
+                        offset,
+                        ..
+                    } => {
+                        records += 1;
+                        if header.timestamp_ms < last_ts {
+                            findings.push(Finding {
+                                group: Some(id),
+                                file: Some(file.to_path_buf()),
+                                offset: *offset,
+                                what: format!(
+                                    "timestamp of msg_id {} decreases ({} after {last_ts})",
+                                    header.msg_id, header.timestamp_ms
+                                ),
+                                damage: true,
+                            });
+                        }
+                        last_ts = last_ts.max(header.timestamp_ms);
+                        return;
+                    }
+                    Event::Damage { file, offset, .. } => (file.clone(), *offset, true),
+                    Event::TornTail { file, offset } => (file.clone(), *offset, false),
+                    Event::LengthMismatch { file, found, .. } => (file.clone(), *found, true),
+                };
+                findings.push(Finding {
+                    group: Some(id),
+                    file: Some(file),
+                    offset,
+                    what: describe(&ev),
+                    damage,
+                });
+            })?;
+            if !walked && g.damaged.is_none() {
+                findings.push(Finding {
+                    group: Some(id),
+                    file: None,
+                    offset: 0,
+                    what: "the checkpoint names no place for the group's records".into(),
+                    damage: true,
+                });
+            }
+            v.records += records;
+            v.findings.extend(findings);
+        }
+        Ok(v)
+    }
+
+    fn verify_journal(&self, v: &mut Verified) -> Result<()> {
+        let jdir = journal::journal_dir(&self.path);
+        let files = if jdir.exists() {
+            journal::list(&*self.ctx.vfs, &jdir)?
+        } else {
+            Vec::new()
+        };
+        let mut finding = |file: Option<PathBuf>, offset: u64, what: String, damage: bool| {
+            v.findings.push(Finding {
+                group: None,
+                file,
+                offset,
+                what,
+                damage,
+            })
+        };
+        let (replay_from, clean, pinned) = match &self.manifest {
+            Some((_, m)) => (m.replay_journal_seq, m.clean, m.pinned.clone()),
+            None => (0, false, Vec::new()),
+        };
+        for raw in pinned {
+            let Ok(raw32) = u32::try_from(raw) else {
+                continue;
+            };
+            let path = walk::shared_path(&self.path, raw32);
+            if !path.exists() {
+                finding(
+                    Some(path),
+                    0,
+                    "a file the checkpoint pins is missing".into(),
+                    true,
+                );
+            }
+        }
+        let window: Vec<_> = files
+            .into_iter()
+            .filter(|(s, _)| *s >= replay_from)
+            .collect();
+        // Replay's sequence rule (storage.md section 11, step 4): the
+        // manifest's file first (unless a clean shutdown's: it held no
+        // frame), then no gap.
+        let mut expect = (self.manifest.is_some() && !clean).then_some(replay_from);
+        // The newest file holding frames: a torn tail may only be there.
+        let mut walked = Vec::new();
+        for (seq, path) in &window {
+            if let Some(e) = expect {
+                if *seq != e {
+                    finding(
+                        Some(journal::journal_path(&jdir, e)),
+                        0,
+                        format!("journal file missing (replay needs {e} before {seq})"),
+                        true,
+                    );
+                }
+            }
+            expect = Some(seq + 1);
+            let bytes = walk::read_file(path)?.unwrap_or_default();
+            if bytes.is_empty() {
+                continue;
+            }
+            let h = match journal::decode_header_of(&bytes) {
+                Ok(h) => h,
+                Err(why) => {
+                    let damage = bytes.len() > JOURNAL_HEADER_BYTES
+                        || (*seq == replay_from && !clean && self.manifest.is_some());
+                    finding(
+                        Some(path.clone()),
+                        0,
+                        format!("journal header: {why}"),
+                        damage,
+                    );
+                    continue;
+                }
+            };
+            let mut it = frame::FrameIter::new(
+                &bytes,
+                JOURNAL_HEADER_BYTES,
+                h.mark_key,
+                h.first_lsn,
+                h.first_round,
+            );
+            let frames = it.by_ref().count() as u64;
+            v.journal_frames += frames;
+            let stop = it.stop_reason().map(|why| (it.position(), why.to_owned()));
+            let proof = stop
+                .as_ref()
+                .and_then(|&(at, _)| frame::furthest_proof_from(&bytes, at, h.mark_key))
+                .filter(|&(synced, _)| synced > stop.as_ref().map_or(0, |s| s.0 as u64));
+            walked.push((path.clone(), frames > 0, stop, proof.is_some()));
+        }
+        let newest_with_frames = walked.iter().rposition(|w| w.1);
+        for (i, (path, _, stop, durable)) in walked.into_iter().enumerate() {
+            let Some((at, why)) = stop else { continue };
+            let torn = !durable && newest_with_frames.is_none_or(|n| i >= n);
+            let what = if torn {
+                format!("{why}: a torn write (cut by the node at its next open)")
+            } else if durable {
+                format!("{why}: damage to a frame a later frame shows was durable")
+            } else {
+                format!("{why}: and a later journal file holds frames")
+            };
+            finding(Some(path), at as u64, what, !torn);
+        }
+        Ok(())
+    }
+}
