@@ -29,6 +29,7 @@ use crate::demo;
 use crate::token_file::read_token_file;
 
 pub mod backup;
+pub mod ctl;
 pub mod observe;
 pub mod ops;
 pub mod payload;
@@ -821,7 +822,7 @@ pub fn message_line(m: &Message) -> String {
     )
 }
 
-fn payload_text(p: &[u8]) -> String {
+pub(crate) fn payload_text(p: &[u8]) -> String {
     match std::str::from_utf8(p) {
         // Debug-escape control characters so a message cannot rewrite the
         // terminal; plain text prints as is.
@@ -831,7 +832,7 @@ fn payload_text(p: &[u8]) -> String {
     }
 }
 
-fn hex(p: &[u8]) -> String {
+pub(crate) fn hex(p: &[u8]) -> String {
     p.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -32,6 +32,10 @@ enum Command {
     Client(tidemark_server::cli::ClientCommand),
     /// Load tool: drive a node (or `--spawn` one) with IM-bench workloads.
     Bench(tidemark_server::bench::BenchArgs),
+    /// Offline tool for a stopped node's data directory: inspect, dump,
+    /// verify, repair. Exit status 0: done / clean; 1: damage found or
+    /// repair not done; 2: could not run.
+    Ctl(tidemark_server::cli::ctl::CtlArgs),
 }
 
 #[derive(Args)]
@@ -372,7 +376,7 @@ fn main() -> ExitCode {
     // (RUST_LOG still overrides both).
     let default_log = match cli.command {
         Command::Serve(_) => "info",
-        Command::Client(_) | Command::Bench(_) => "warn",
+        Command::Client(_) | Command::Bench(_) | Command::Ctl(_) => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
     if let Some((path, file)) = &config_file {
@@ -397,6 +401,7 @@ fn main() -> ExitCode {
             };
         }
         Command::Bench(b) => tidemark_server::bench::run(b),
+        Command::Ctl(c) => return tidemark_server::cli::ctl::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ mod backup;
 mod bench_tool;
 mod cli;
 mod crash_kill;
+mod ctl;
 mod disk_full;
 mod event_loop;
 mod first_use;

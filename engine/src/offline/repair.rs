@@ -157,7 +157,7 @@ impl Rebuild {
             .collect();
         format!(
             "write {} anew: {} intact records kept at their ids, gap records for msg_ids [{}] \
-             ({} ids), {} -> {} bytes",
+             ({} id(s)), {} -> {} bytes",
             path.display(),
             self.kept,
             gaps.join(", "),

@@ -98,7 +98,7 @@ fn verify_plan_repair(dir: &Path, g: u64, file: &Path) -> Vec<u64> {
     assert!(
         v.findings
             .iter()
-            .any(|f| f.damage && f.group == Some(g) && f.what.contains(&*file.to_string_lossy())),
+            .any(|f| f.damage && f.group == Some(g) && f.file.as_deref() == Some(file)),
         "a finding names {}: {:?}",
         file.display(),
         v.findings

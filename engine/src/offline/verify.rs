@@ -70,31 +70,31 @@ impl Verified {
     }
 }
 
-/// An event of the walk as one line of text.
+/// An event of the walk as one line of text, naming its file and offset.
 pub(crate) fn describe(ev: &Event<'_>) -> String {
     match ev {
         Event::Record { header, .. } => format!("record {}", header.msg_id),
-        Event::Damage {
-            file,
-            offset,
-            reason,
-            lost,
-        } => {
-            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
-            format!("{} offset {offset}: {reason}{lost}", file.display())
+        Event::Damage { file, offset, .. } | Event::TornTail { file, offset } => {
+            format!("{} offset {offset}: {}", file.display(), what(ev))
         }
-        Event::TornTail { file, offset } => format!(
-            "{} offset {offset}: torn tail after the last record (cut by the node at its next open)",
-            file.display()
-        ),
+        Event::LengthMismatch { file, .. } => format!("{}: {}", file.display(), what(ev)),
+    }
+}
+
+/// What an event says, without its file and offset.
+fn what(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage { reason, lost, .. } => {
+            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
+            format!("{reason}{lost}")
+        }
+        Event::TornTail { .. } => {
+            "torn tail after the last record (cut by the node at its next open)".into()
+        }
         Event::LengthMismatch {
-            file,
-            recorded,
-            found,
-        } => format!(
-            "{}: its records end at offset {found}, the checkpoint records {recorded} bytes",
-            file.display()
-        ),
+            recorded, found, ..
+        } => format!("its records end at offset {found}, the checkpoint records {recorded} bytes"),
     }
 }
 
@@ -160,7 +160,7 @@ impl DataDir {
                     group: Some(id),
                     file: Some(file),
                     offset,
-                    what: describe(&ev),
+                    what: what(&ev),
                     damage,
                 });
             })?;
