@@ -18,6 +18,7 @@ use std::process::{Command, Output};
 use tidemark_protocol::JoinStart;
 
 use crate::harness::{tidemark_bin, Node};
+use crate::storage_format::tree;
 
 const BIG: u64 = 1;
 const SMALL: u64 = 2;
@@ -44,24 +45,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-/// Every file under `dir` with its bytes.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn segment(data: &Path, group: u64, base: u64) -> PathBuf {
@@ -147,12 +130,12 @@ fn a_damaged_directory_is_verified_repaired_and_served_again() {
     assert!(t.contains(&*sealed.to_string_lossy()), "{t}");
     assert!(t.contains(&*journal.to_string_lossy()), "{t}");
 
-    let before = snapshot(&data);
+    let before = tree(&data);
     let o = ctl(&["repair"], &data);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("nothing is written without --yes"));
     assert!(text(&o).contains("gap records for msg_ids"), "{}", text(&o));
-    assert_eq!(snapshot(&data), before, "repair without --yes wrote");
+    assert_eq!(tree(&data), before, "repair without --yes wrote");
 
     let o = ctl(&["repair", "--yes"], &data);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

@@ -32,7 +32,7 @@ fn storage_vector(name: &str) -> Vec<u8> {
 }
 
 /// Every path under `dir` with its bytes (directories as `None`), sorted.
-fn tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+pub(crate) fn tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_owned()];
     while let Some(d) = stack.pop() {

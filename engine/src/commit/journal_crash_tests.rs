@@ -437,7 +437,7 @@ pub(crate) fn format_1_directory(dir: &Path) {
 }
 
 /// Every path under `dir` with its bytes (directories as `None`).
-fn tree(dir: &Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
+pub(crate) fn tree(dir: &Path) -> Vec<(std::path::PathBuf, Option<Vec<u8>>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_owned()];
     while let Some(d) = stack.pop() {

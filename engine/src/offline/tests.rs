@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{DataDir, RepairTarget};
+use crate::commit::journal_crash_tests::tree;
 use crate::logs::record;
 use crate::tests::{payload, small_config};
 use crate::{Config, Engine, Error, JoinStart};
@@ -71,24 +72,6 @@ fn flip(path: &Path, at: u64) {
     std::fs::write(path, b).unwrap();
 }
 
-/// Every file's bytes under `dir`, to show that a plan writes nothing.
-fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push((p.clone(), std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 /// verify finds damage naming `file`; the plan writes nothing; repair;
 /// verify is clean. Returns the lost ids the dump shows as gaps.
 fn verify_plan_repair(dir: &Path, g: u64, file: &Path) -> Vec<u64> {
@@ -103,10 +86,10 @@ fn verify_plan_repair(dir: &Path, g: u64, file: &Path) -> Vec<u64> {
         file.display(),
         v.findings
     );
-    let before = snapshot(dir);
+    let before = tree(dir);
     let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
     assert!(plan.refused.is_none() && !plan.is_empty(), "{plan:?}");
-    assert_eq!(snapshot(dir), before, "planning writes nothing");
+    assert_eq!(tree(dir), before, "planning writes nothing");
     d.repair(plan).unwrap();
     let v = d.verify().unwrap();
     assert!(v.clean(), "{:?}", v.findings);
@@ -286,4 +269,38 @@ fn a_directory_a_running_engine_holds_is_refused() {
     ));
     e.close().unwrap();
     assert!(DataDir::open(dir.path()).unwrap().verify().unwrap().clean());
+}
+
+/// The usual way in: the node found the damage when it loaded the group,
+/// answered `GroupDamaged` and recorded the group damaged at its clean
+/// shutdown (keeping every journal file). Repair clears it.
+#[test]
+fn a_group_the_node_recorded_damaged_serves_again_after_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let segs = segments(dir.path(), BIG);
+    let (_, path) = segs.last().unwrap().clone();
+    let len = std::fs::metadata(&path).unwrap().len();
+    flip(&path, len / 2);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(matches!(
+        e.read(BIG, 0, 1000, 1 << 30),
+        Err(Error::GroupDamaged { .. })
+    ));
+    e.close().unwrap();
+    let d = DataDir::open(dir.path()).unwrap();
+    let info = d.inspect().unwrap();
+    assert_eq!(
+        info.groups.iter().find(|g| g.id == BIG).unwrap().kind,
+        "damaged"
+    );
+    let v = d.verify().unwrap();
+    assert!(v
+        .findings
+        .iter()
+        .any(|f| f.what.contains("the checkpoint records the group damaged")));
+    drop(d);
+    let gaps = verify_plan_repair(dir.path(), BIG, &path);
+    assert!(!gaps.is_empty());
+    serves(dir.path(), BIG, BIG_RECORDS, &gaps);
 }
