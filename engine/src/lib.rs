@@ -30,7 +30,8 @@
 // facade and what every subsystem shares at the top, then `logs` (where a
 // group's records live), `members` (memberships and tidemarks), `commit`
 // (the journal, rounds and their one applier), `state` (checkpoints and
-// recovery) and `io` (the file layer).
+// recovery), `io` (the file layer) and `offline` (a stopped node's
+// directory: inspect, verify, repair, for `tidemark ctl`).
 mod catalog;
 mod commit;
 mod config;

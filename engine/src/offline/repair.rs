@@ -228,7 +228,7 @@ impl DataDir {
     fn plan_checkpoint(&self, plan: &mut RepairPlan) {
         if let Some((_, m)) = &self.manifest {
             plan.actions.push(format!(
-                "store checkpoint {} (run {} with the groups' new records, then manifest {}), \
+                "store checkpoint {} (run {} with the groups' new items, then manifest {}), \
                  replay position and pins unchanged",
                 self.next_ckpt_seq(m),
                 m.next_run_seq,

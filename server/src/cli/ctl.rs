@@ -32,6 +32,9 @@ pub const EXIT_DAMAGE: u8 = 1;
 /// The command could not run.
 pub const EXIT_ERROR: u8 = 2;
 
+/// Payload bytes `dump` prints as text before it cuts (`--json` prints all).
+const PAYLOAD_SHOWN_MAX: usize = 64;
+
 /// `tidemark ctl`: work on the data directory of a stopped node.
 #[derive(Args, Debug)]
 pub struct CtlArgs {
@@ -361,8 +364,9 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
                     fr.synced_len,
                     fr.entries.len()
                 ));
-                for e in &fr.entries {
-                    s.push_str(&format!("    {} group {} {}\n", e.0, e.1, e.2));
+                for (kind, group, body) in &fr.entries {
+                    let sep = if body.is_empty() { "" } else { " " };
+                    s.push_str(&format!("    {kind} group {group}{sep}{body}\n"));
                 }
             }
             if let Some((at, why)) = &f.stop {
@@ -407,13 +411,22 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
                 super::utc(r.timestamp_ms)
             ));
         } else {
+            // A long payload is cut for the terminal (--json has it whole).
+            let shown = if r.payload.len() > PAYLOAD_SHOWN_MAX {
+                format!(
+                    "{}... ({} bytes)",
+                    super::payload_text(&r.payload[..PAYLOAD_SHOWN_MAX]),
+                    r.payload.len()
+                )
+            } else {
+                super::payload_text(&r.payload)
+            };
             s.push_str(&format!(
-                "#{} {} from {} (client_msg_id {}): {}\n",
+                "#{} {} from {} (client_msg_id {}): {shown}\n",
                 r.msg_id,
                 super::utc(r.timestamp_ms),
                 r.sender_id,
                 r.client_msg_id,
-                super::payload_text(&r.payload)
             ));
         }
     }
