@@ -304,3 +304,59 @@ fn a_group_the_node_recorded_damaged_serves_again_after_repair() {
     assert!(!gaps.is_empty());
     serves(dir.path(), BIG, BIG_RECORDS, &gaps);
 }
+
+/// A crash, then the journal file the checkpoint's replay starts in is
+/// lost: the node refuses the directory, `verify` names the file, and
+/// `repair` refuses a directory no clean shutdown left (rebuilding the
+/// state without the journal is not offered, storage.md section 19).
+#[test]
+fn a_lost_journal_file_is_found_and_repair_refuses_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    e.create_group(BIG).unwrap();
+    for i in 1..=40 {
+        e.append(BIG, 7, i, &payload(BIG, i)).unwrap();
+    }
+    e.checkpoint().unwrap();
+    for i in 41..=80 {
+        e.append(BIG, 7, i, &payload(BIG, i)).unwrap();
+    }
+    e.simulate_crash();
+    let d = DataDir::open(dir.path()).unwrap();
+    let m = d.inspect().unwrap().manifest.unwrap();
+    assert!(!m.clean);
+    let journal = crate::commit::journal::journal_path(
+        &crate::commit::journal::journal_dir(dir.path()),
+        m.replay_journal_seq,
+    );
+    drop(d);
+    std::fs::remove_file(&journal).unwrap();
+    assert!(
+        Engine::open(config(dir.path())).is_err(),
+        "the node refuses"
+    );
+
+    let d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.damage && f.file.as_deref() == Some(&*journal)),
+        "{:?}",
+        v.findings
+    );
+    let before = tree(dir.path());
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    assert!(
+        plan.refused
+            .as_deref()
+            .unwrap()
+            .contains("did not shut down cleanly"),
+        "{plan:?}"
+    );
+    drop(d);
+    let mut d = DataDir::open(dir.path()).unwrap();
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    assert!(d.repair(plan).is_err(), "a refused plan does nothing");
+    assert_eq!(tree(dir.path()), before);
+}

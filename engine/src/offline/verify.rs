@@ -221,6 +221,14 @@ impl DataDir {
         // manifest's file first (unless a clean shutdown's: it held no
         // frame), then no gap.
         let mut expect = (self.manifest.is_some() && !clean).then_some(replay_from);
+        if expect.is_some() && window.is_empty() {
+            finding(
+                Some(journal::journal_path(&jdir, replay_from)),
+                0,
+                "journal file missing (the checkpoint's replay starts in it)".into(),
+                true,
+            );
+        }
         // The newest file holding frames: a torn tail may only be there.
         let mut walked = Vec::new();
         for (seq, path) in &window {
