@@ -434,18 +434,17 @@ impl DataDir {
     /// Does what `plan` says (see the module docs for the order and what a
     /// crash at each point leaves), then reads the new state back.
     pub fn repair(&mut self, plan: RepairPlan) -> Result<()> {
-        self.apply(plan, false)
+        let done = self.write_segments(plan)?;
+        self.store_checkpoint(done)
     }
 
-    /// `stop_after_segments`: tests stop here to leave the directory as a
-    /// crash between steps (1) and (2) would.
-    pub(super) fn apply(&mut self, plan: RepairPlan, stop_after_segments: bool) -> Result<()> {
+    /// Step (1): the new segment files. Returns the checkpoint's items and
+    /// the groups to delete. (Tests stop here to leave the directory as a
+    /// crash between steps (1) and (2) would.)
+    pub(super) fn write_segments(&mut self, plan: RepairPlan) -> Result<(Vec<Item>, Vec<u64>)> {
         if let Some(why) = plan.refused {
             return Err(Error::WritesStopped { reason: why });
         }
-        let Some((_, m)) = self.manifest.clone() else {
-            return Ok(());
-        };
         let vfs = &*self.ctx.vfs;
         let mut items = Vec::new();
         let mut deletes = Vec::new();
@@ -474,12 +473,19 @@ impl DataDir {
                 }
             }
         }
-        if stop_after_segments {
+        Ok((items, deletes))
+    }
+
+    /// Steps (2) to (4): the run, the manifest, the deleted groups'
+    /// directories to the trash; then the new state is read back.
+    fn store_checkpoint(&mut self, (mut items, deletes): (Vec<Item>, Vec<u64>)) -> Result<()> {
+        let Some((_, m)) = self.manifest.clone() else {
             return Ok(());
-        }
+        };
         if items.is_empty() {
             return Ok(());
         }
+        let vfs = &*self.ctx.vfs;
         items.sort_by_key(Item::key);
         let run = checkpointer::write_run(&self.ctx, m.next_run_seq, items.iter().map(Ok))?
             .ok_or_else(|| Error::WritesStopped {

@@ -206,7 +206,7 @@ fn a_repair_cut_between_its_segment_and_its_checkpoint_is_finished_by_repair() {
     flip(path, len / 2);
     let mut d = DataDir::open(dir.path()).unwrap();
     let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
-    d.apply(plan, true).unwrap();
+    d.write_segments(plan).unwrap();
     drop(d);
     let mut d = DataDir::open(dir.path()).unwrap();
     let v = d.verify().unwrap();
