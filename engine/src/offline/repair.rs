@@ -26,6 +26,12 @@
 //!   record (the run writer of checkpoints) and a manifest naming it before
 //!   the runs of the manifest in force (same replay position, pins and
 //!   `clean` flag). Memberships are untouched.
+//! - **The journal of a clean shutdown's directory** damaged or lost
+//!   (a file from the replay position on, or a pinned file): the new
+//!   checkpoint replays from after every journal file present and pins
+//!   only files that exist; the small groups whose records were there get
+//!   gaps as above (a clean shutdown's checkpoint names every extent, so
+//!   the lost ids are known exactly); segmented groups lose nothing.
 //! - **Deleting a group** (`--delete-group`, for a group that cannot be
 //!   repaired: one found damaged while small has no record of where its
 //!   records were): a GroupDelete item in the new checkpoint, then its
@@ -108,6 +114,9 @@ enum Step {
     Record(Box<GroupRecord>),
     /// A GroupDelete in the new checkpoint, then the directory trashed.
     Delete { group: u64 },
+    /// The new checkpoint replays from journal file `seq` (after every
+    /// file present) and pins `pinned` (the old pins that still exist).
+    Journal { seq: u64, pinned: Vec<u64> },
 }
 
 /// A segment being rebuilt from the walk's events.
@@ -214,7 +223,10 @@ impl DataDir {
                 self.group(g)?;
                 vec![g]
             }
-            RepairTarget::AllDamaged => self.groups.keys().copied().collect(),
+            RepairTarget::AllDamaged => {
+                self.plan_journal(&mut plan)?;
+                self.groups.keys().copied().collect()
+            }
         };
         for g in groups {
             self.plan_group(g, &mut plan)?;
@@ -227,15 +239,78 @@ impl DataDir {
 
     fn plan_checkpoint(&self, plan: &mut RepairPlan) {
         if let Some((_, m)) = &self.manifest {
+            let journal = plan.steps.iter().find_map(|s| match s {
+                Step::Journal { seq, .. } => Some(*seq),
+                _ => None,
+            });
+            let run = plan
+                .steps
+                .iter()
+                .any(|s| matches!(s, Step::Record(_) | Step::Delete { .. }));
             plan.actions.push(format!(
-                "store checkpoint {} (run {} with the groups' new items, then manifest {}), \
-                 replay position and pins unchanged",
+                "store checkpoint {} ({}manifest {}), {}",
                 self.next_ckpt_seq(m),
-                m.next_run_seq,
+                if run {
+                    format!("run {} with the groups' new items, then ", m.next_run_seq)
+                } else {
+                    String::new()
+                },
                 manifest::manifest_path(&manifest::manifest_dir(&self.path), self.next_ckpt_seq(m))
-                    .display()
+                    .display(),
+                match journal {
+                    Some(seq) => format!("replay from journal file {seq}, the pins that exist"),
+                    None => "replay position and pins unchanged".into(),
+                }
             ));
         }
+    }
+
+    /// A clean shutdown's directory whose journal is damaged or lost: what
+    /// the node would refuse or miss there (a damaged or missing file from
+    /// the replay position on, a pinned file gone) is left behind by a
+    /// checkpoint that replays from after every journal file present (a
+    /// clean shutdown's checkpoint covers every group: nothing after its
+    /// position is lost) and pins only files that exist. The small groups
+    /// whose records were in a lost or damaged file get gaps for exactly
+    /// those ids (`plan_group`); segmented groups lose nothing.
+    fn plan_journal(&self, plan: &mut RepairPlan) -> Result<()> {
+        let Some((_, m)) = &self.manifest else {
+            return Ok(());
+        };
+        let mut v = super::Verified::default();
+        self.verify_journal(&mut v)?;
+        let damage: Vec<String> = v
+            .findings
+            .iter()
+            .filter(|f| f.damage)
+            .map(|f| f.to_string())
+            .collect();
+        if damage.is_empty() {
+            return Ok(());
+        }
+        let jdir = crate::commit::journal::journal_dir(&self.path);
+        let newest = crate::commit::journal::list(&*self.ctx.vfs, &jdir)?
+            .last()
+            .map_or(0, |f| f.0);
+        let seq = newest.max(m.replay_journal_seq) + 1;
+        let pinned: Vec<u64> = m
+            .pinned
+            .iter()
+            .copied()
+            .filter(|&p| {
+                u32::try_from(p).is_ok_and(|raw| walk::shared_path(&self.path, raw).exists())
+            })
+            .collect();
+        plan.actions.push(format!(
+            "journal: {}; replay from journal file {seq} (after every file present: the clean \
+             shutdown's checkpoint covers everything before), pin {} of {} pinned file(s) (the \
+             others are missing)",
+            damage.join("; "),
+            pinned.len(),
+            m.pinned.len()
+        ));
+        plan.steps.push(Step::Journal { seq, pinned });
+        Ok(())
     }
 
     fn next_ckpt_seq(&self, m: &Manifest) -> u64 {
@@ -441,13 +516,14 @@ impl DataDir {
     /// Step (1): the new segment files. Returns the checkpoint's items and
     /// the groups to delete. (Tests stop here to leave the directory as a
     /// crash between steps (1) and (2) would.)
-    pub(super) fn write_segments(&mut self, plan: RepairPlan) -> Result<(Vec<Item>, Vec<u64>)> {
+    pub(super) fn write_segments(&mut self, plan: RepairPlan) -> Result<Written> {
         if let Some(why) = plan.refused {
             return Err(Error::WritesStopped { reason: why });
         }
         let vfs = &*self.ctx.vfs;
         let mut items = Vec::new();
         let mut deletes = Vec::new();
+        let mut journal = None;
         for step in plan.steps {
             match step {
                 Step::Segment {
@@ -471,31 +547,44 @@ impl DataDir {
                     items.push(Item::GroupDelete { group });
                     deletes.push(group);
                 }
+                Step::Journal { seq, pinned } => journal = Some((seq, pinned)),
             }
         }
-        Ok((items, deletes))
+        Ok(Written {
+            items,
+            deletes,
+            journal,
+        })
     }
 
     /// Steps (2) to (4): the run, the manifest, the deleted groups'
     /// directories to the trash; then the new state is read back.
-    fn store_checkpoint(&mut self, (mut items, deletes): (Vec<Item>, Vec<u64>)) -> Result<()> {
+    fn store_checkpoint(&mut self, w: Written) -> Result<()> {
+        let Written {
+            mut items,
+            deletes,
+            journal,
+        } = w;
         let Some((_, m)) = self.manifest.clone() else {
             return Ok(());
         };
-        if items.is_empty() {
+        if items.is_empty() && journal.is_none() {
             return Ok(());
         }
         let vfs = &*self.ctx.vfs;
         items.sort_by_key(Item::key);
-        let run = checkpointer::write_run(&self.ctx, m.next_run_seq, items.iter().map(Ok))?
-            .ok_or_else(|| Error::WritesStopped {
-                reason: "a repair run without items".into(),
-            })?;
         let mut new = m.clone();
         new.ckpt_seq = self.next_ckpt_seq(&m);
-        new.next_run_seq = m.next_run_seq + 1;
         new.created_ms = crate::now_ms();
-        new.runs.insert(0, run);
+        if let Some(run) = checkpointer::write_run(&self.ctx, m.next_run_seq, items.iter().map(Ok))?
+        {
+            new.next_run_seq = m.next_run_seq + 1;
+            new.runs.insert(0, run);
+        }
+        if let Some((seq, pinned)) = journal {
+            new.replay_journal_seq = seq;
+            new.pinned = pinned;
+        }
         manifest::store(vfs, &manifest::manifest_dir(&self.path), &new)?;
         for group in deletes {
             let dir = crate::logs::group_log::group_dir(&self.path, group);
@@ -507,6 +596,14 @@ impl DataDir {
         self.members.clear();
         self.load_state()
     }
+}
+
+/// What step (1) leaves for the checkpoint: the group items, the groups
+/// whose directories go to the trash after it, the new replay file and pins.
+pub(super) struct Written {
+    items: Vec<Item>,
+    deletes: Vec<u64>,
+    journal: Option<(u64, Vec<u64>)>,
 }
 
 /// `path` replaced by `bytes`: written to `<path>.repair`, fdatasynced,

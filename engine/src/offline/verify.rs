@@ -179,7 +179,7 @@ impl DataDir {
         Ok(v)
     }
 
-    fn verify_journal(&self, v: &mut Verified) -> Result<()> {
+    pub(super) fn verify_journal(&self, v: &mut Verified) -> Result<()> {
         let jdir = journal::journal_dir(&self.path);
         let files = if jdir.exists() {
             journal::list(&*self.ctx.vfs, &jdir)?

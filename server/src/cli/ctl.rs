@@ -57,8 +57,10 @@ pub enum CtlCommand {
     Verify(DirArgs),
     /// Repair damaged groups: keep every intact record before and after
     /// the damage at its id, write a gap record for each lost id, record
-    /// the group again in a new checkpoint. Prints what it would do; does
-    /// it only with --yes. Needs a directory a clean shutdown left.
+    /// the group again in a new checkpoint; and a lost or damaged journal
+    /// (replay from after it; its small groups' lost records become gaps).
+    /// Prints what it would do; does it only with --yes. Needs a directory
+    /// a clean shutdown left.
     Repair(RepairArgs),
 }
 
