@@ -194,3 +194,69 @@ fn a_damaged_directory_is_verified_repaired_and_served_again() {
     );
     assert_eq!(c.send(SMALL, 8, 9, b"small 4").unwrap().msg_id, 4);
 }
+
+/// A cleanly stopped node loses the journal file holding a small group's
+/// records: `verify` names it, `repair --yes` turns exactly that group's
+/// ids into gaps (the clean checkpoint names them) and moves the replay
+/// position past the journal; the large group loses nothing; the node
+/// serves both and the small group's sends go on after its old head.
+#[test]
+fn a_lost_journal_file_of_a_stopped_node_is_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--segment-bytes-max", "1048684"];
+    let mut node = Node::start(&data, &flags);
+    let mut c = node.client();
+    c.create_group(BIG).unwrap();
+    c.create_group(SMALL).unwrap();
+    c.join(BIG, 100, JoinStart::Earliest).unwrap();
+    for i in 1..=60 {
+        c.send(BIG, 7, i, &payload(i)).unwrap();
+    }
+    for i in 1..=SMALL_SENDS {
+        c.send(SMALL, 8, i, b"small").unwrap();
+    }
+    drop(c);
+    assert!(node.terminate().success());
+    let journal = data.join("journal").join(format!("{:020}.tmj", 1));
+    std::fs::remove_file(&journal).unwrap();
+
+    let o = ctl(&["verify"], &data);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(&*journal.to_string_lossy()),
+        "{}",
+        text(&o)
+    );
+    let o = ctl(&["repair", "--yes"], &data);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("replay from journal file"),
+        "{}",
+        text(&o)
+    );
+    let o = ctl(&["verify"], &data);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(
+        dump(&data, SMALL)
+            .iter()
+            .map(|r| (r.0, r.1.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(1, "gap"), (2, "gap"), (3, "gap")]
+    );
+
+    let node = Node::start(&data, &flags);
+    let mut c = node.client();
+    let page = c.pull(BIG, 100, 0, 1000, 0).unwrap();
+    assert_eq!(page.messages.len(), 60);
+    assert!(page
+        .messages
+        .iter()
+        .enumerate()
+        .all(|(i, m)| m.msg_id == i as u64 + 1 && m.payload == payload(m.msg_id)));
+    assert_eq!(
+        c.send(SMALL, 8, 9, b"after").unwrap().msg_id,
+        SMALL_SENDS + 1
+    );
+    assert_eq!(c.send(BIG, 7, 61, b"after").unwrap().msg_id, 61);
+}
