@@ -80,29 +80,37 @@ fn dump(data: &Path, group: u64) -> Vec<(u64, String, Vec<u8>)> {
         .collect()
 }
 
-#[test]
-fn a_damaged_directory_is_verified_repaired_and_served_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let flags = ["--segment-bytes-max", "1048684"];
-    let mut node = Node::start(&data, &flags);
+/// Segments of 1 MiB (the smallest allowed).
+const FLAGS: [&str; 2] = ["--segment-bytes-max", "1048684"];
+
+/// A node on `data`: group 1 with `big` records of 20,000 bytes (member
+/// 100), group 2 small with three ("small 1", ...; member 200).
+fn start_and_fill(data: &Path, big: u64) -> Node {
+    let node = Node::start(data, &FLAGS);
     let mut c = node.client();
     c.create_group(BIG).unwrap();
     c.create_group(SMALL).unwrap();
     c.join(BIG, 100, JoinStart::Earliest).unwrap();
     c.join(SMALL, 200, JoinStart::Earliest).unwrap();
-    for i in 1..=BIG_SENDS {
+    for i in 1..=big {
         assert_eq!(c.send(BIG, 7, i, &payload(i)).unwrap().msg_id, i);
     }
     for i in 1..=SMALL_SENDS {
         c.send(SMALL, 8, i, format!("small {i}").as_bytes())
             .unwrap();
     }
+    node
+}
+
+#[test]
+fn a_damaged_directory_is_verified_repaired_and_served_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut node = start_and_fill(&data, BIG_SENDS);
     // A running node's directory is refused, and nothing is written.
     let o = ctl(&["verify"], &data);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("running node"), "{}", text(&o));
-    drop(c);
     assert!(node.terminate().success());
 
     let o = ctl(&["verify"], &data);
@@ -168,7 +176,7 @@ fn a_damaged_directory_is_verified_repaired_and_served_again() {
     );
 
     // Served again.
-    let node = Node::start(&data, &flags);
+    let node = Node::start(&data, &FLAGS);
     let mut c = node.client();
     let (first, last) = (gaps[0], *gaps.last().unwrap());
     let page = c.pull(BIG, 100, 0, (first - 1) as u32, 0).unwrap();
@@ -204,19 +212,7 @@ fn a_damaged_directory_is_verified_repaired_and_served_again() {
 fn a_lost_journal_file_of_a_stopped_node_is_repaired() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let flags = ["--segment-bytes-max", "1048684"];
-    let mut node = Node::start(&data, &flags);
-    let mut c = node.client();
-    c.create_group(BIG).unwrap();
-    c.create_group(SMALL).unwrap();
-    c.join(BIG, 100, JoinStart::Earliest).unwrap();
-    for i in 1..=60 {
-        c.send(BIG, 7, i, &payload(i)).unwrap();
-    }
-    for i in 1..=SMALL_SENDS {
-        c.send(SMALL, 8, i, b"small").unwrap();
-    }
-    drop(c);
+    let mut node = start_and_fill(&data, 60);
     assert!(node.terminate().success());
     let journal = data.join("journal").join(format!("{:020}.tmj", 1));
     std::fs::remove_file(&journal).unwrap();
@@ -245,7 +241,7 @@ fn a_lost_journal_file_of_a_stopped_node_is_repaired() {
         vec![(1, "gap"), (2, "gap"), (3, "gap")]
     );
 
-    let node = Node::start(&data, &flags);
+    let node = Node::start(&data, &FLAGS);
     let mut c = node.client();
     let page = c.pull(BIG, 100, 0, 1000, 0).unwrap();
     assert_eq!(page.messages.len(), 60);
