@@ -69,6 +69,7 @@ const FLAG_FRESH: u8 = 1;
 const FLAG_DAMAGED: u8 = 2;
 const FLAG_RETENTION: u8 = 4;
 const FLAG_SMALL: u8 = 8;
+const FLAG_QUIET: u8 = 16;
 
 /// What a manifest records about a part, and what a reader checks it
 /// against.
@@ -134,7 +135,9 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 // small? { varint first_id | varint floor - first_id | varint n |
 //   n x { varint file (FileId::raw) | varint offset | varint bytes | varint count } } |
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
-// damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
+// damaged? { varint n <= 4096 | n bytes UTF-8 } |
+// quiet? { varint n | n x varint id (the first absolute, then the delta > 0) } };
+// MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
 fn encode_value(out: &mut Vec<u8>, item: &Item) {
     match item {
@@ -151,6 +154,9 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
             }
             if g.small.is_some() {
                 flags |= FLAG_SMALL;
+            }
+            if !g.quiet.is_empty() {
+                flags |= FLAG_QUIET;
             }
             out.push(flags);
             put_varint(out, g.applied_lsn);
@@ -182,6 +188,14 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                 let reason = cut_at_char_boundary(reason, DAMAGE_REASON_BYTES_MAX);
                 put_varint(out, reason.len() as u64);
                 out.extend_from_slice(reason.as_bytes());
+            }
+            if !g.quiet.is_empty() {
+                put_varint(out, g.quiet.len() as u64);
+                let mut prev = 0;
+                for &id in &g.quiet {
+                    put_varint(out, id - prev);
+                    prev = id;
+                }
             }
         }
         Item::MemberPut {
@@ -277,7 +291,7 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
 fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     let bad = |what: &str| format!("group {group}: {what}");
     let flags = r.u8()?;
-    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL) != 0 {
+    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL | FLAG_QUIET) != 0 {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
     let applied_lsn = r.varint()?;
@@ -353,6 +367,11 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     } else {
         None
     };
+    let quiet = if flags & FLAG_QUIET != 0 {
+        decode_quiet(r, head).map_err(|why| bad(&why))?
+    } else {
+        Vec::new()
+    };
     Ok(GroupRecord {
         group,
         fresh: flags & FLAG_FRESH != 0,
@@ -362,7 +381,32 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         retention,
         damaged,
         small,
+        quiet,
     })
+}
+
+/// A group's quiet ids (the `quiet` part of a GroupPut value): at least
+/// one, rising from at least 1 to at most `head`.
+fn decode_quiet(r: &mut Reader<'_>, head: u64) -> Result<Vec<u64>, String> {
+    let n = r.varint()?;
+    // Each id takes at least one byte: a hostile count fails here.
+    if n == 0 || n > r.remaining() as u64 {
+        return Err(format!("{n} quiet ids"));
+    }
+    let mut ids = Vec::with_capacity(n as usize);
+    let mut id = 0u64;
+    for _ in 0..n {
+        let delta = r.varint()?;
+        if delta == 0 {
+            return Err("quiet ids do not rise from 1".into());
+        }
+        id = id.checked_add(delta).ok_or("quiet id overflows")?;
+        ids.push(id);
+    }
+    if id > head {
+        return Err(format!("quiet id {id} above head {head}"));
+    }
+    Ok(ids)
 }
 
 /// A small group's extents (the `small` part of a GroupPut value): each a

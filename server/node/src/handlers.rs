@@ -333,6 +333,7 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
             (ErrorCode::BelowRetentionFloor, Some(*earliest))
         }
         EngineError::LimitExceeded { max, .. } => (ErrorCode::LimitExceeded, Some(*max as u64)),
+        EngineError::ChangeRefused { why, .. } => (ErrorCode::ChangeRefused, Some(why.code())),
         EngineError::Io { .. }
         | EngineError::Locked { .. }
         | EngineError::InvalidConfig { .. }

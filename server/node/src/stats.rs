@@ -213,6 +213,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::CursorAboveHead => "cursor_above_head",
         ErrorCode::BelowRetentionFloor => "below_retention_floor",
         ErrorCode::LimitExceeded => "limit_exceeded",
+        ErrorCode::ChangeRefused => "change_refused",
         ErrorCode::GroupDamaged => "group_damaged",
         ErrorCode::WritesStopped => "writes_stopped",
         ErrorCode::Internal => "internal",

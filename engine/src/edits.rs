@@ -1,0 +1,150 @@
+//! Edits and recalls (issue 13 item 2; format-spec/storage.md section 3,
+//! protocol.md 4.28): a change to an earlier message is a new record of the
+//! group's log, of kind Edit (payload: the target's id, then the new
+//! payload) or Recall (payload: the target's id), appended through the
+//! send path, so it gets the next id, is deduplicated by `(sender,
+//! client_msg_id)` like a SEND, and reaches every member in order through
+//! pull, sync, history and push. The log stays append-only.
+//!
+//! The rules, checked when the change is submitted, under the group's
+//! `assign` lock (after the retransmit lookup: a retransmit of an accepted
+//! recall gets the original's answer, not "recalled already"):
+//! - the target is a stored message (kind 0, `floor <= target <= head`),
+//!   else `NoSuchMessage`;
+//! - it was not recalled, else `Recalled`;
+//! - the requester is its sender, or the caller says it is an
+//!   administrator (the node's configured admin senders), else `NotSender`;
+//! - the target's timestamp is at most `Config::change_window_ms` old,
+//!   for administrators too, else `WindowPassed`.
+//!
+//! Two changes of one message can both pass before either is applied
+//! (a recall and an edit in the same round): both are stored, and the
+//! latest state of the message is "recalled" whatever their order (a
+//! recall is final). Unread stays exact because quiet ids are a set
+//! (`logs/changes.rs`).
+//!
+//! Costs: one read of the target record (a page of one record: the sparse
+//! index's seek) besides a SEND's.
+
+use crate::engine::{AppendRequest, Appended, Engine, Ticket};
+use crate::error::{ChangeRefusal, Error, Result};
+use crate::logs::record::{self, KIND_EDIT, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES};
+
+/// What a change does to its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// Replaces the message's payload with this one.
+    Edit(&'a [u8]),
+    /// Recalls the message (deleted for everyone; its payload is erased).
+    Recall,
+}
+
+/// An edit or a recall of message `target` of `group_id`.
+#[derive(Clone, Copy, Debug)]
+pub struct ChangeRequest<'a> {
+    pub group_id: u64,
+    /// Who asks; the new record's `sender_id`.
+    pub sender_id: u64,
+    /// The requester's idempotence key, as a SEND's.
+    pub client_msg_id: u64,
+    pub target: u64,
+    pub change: Change<'a>,
+    /// The requester is an administrator: may change anyone's message.
+    pub admin: bool,
+}
+
+impl Engine {
+    /// Appends an edit or a recall and waits until it is acknowledged
+    /// under the fsync policy (as [`Engine::append`]). A retransmit returns
+    /// the original's id.
+    pub fn change(&self, req: &ChangeRequest<'_>) -> Result<Appended> {
+        let ticket = self.blocking(|| self.submit_change(req, true))?;
+        self.wait(ticket)
+    }
+
+    /// [`Engine::change`] that never waits: `Overloaded` when the pending
+    /// round is full, `NotReady` when the group's send path or the
+    /// target's segment index needs the disk first.
+    pub fn try_submit_change(&self, req: &ChangeRequest<'_>) -> Result<Ticket> {
+        self.submit_change(req, false)
+    }
+
+    fn submit_change(&self, req: &ChangeRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
+        let (kind, extra) = match req.change {
+            Change::Edit(p) => (KIND_EDIT, p),
+            Change::Recall => (KIND_RECALL, &[][..]),
+        };
+        let max = self.shared.ctx.config.payload_bytes_max;
+        if extra.len() + TARGET_BYTES > max {
+            return Err(Error::PayloadTooLarge {
+                len: extra.len(),
+                max: max.saturating_sub(TARGET_BYTES),
+            });
+        }
+        self.check_writable()?;
+        let mut payload = Vec::with_capacity(TARGET_BYTES + extra.len());
+        payload.extend_from_slice(&req.target.to_le_bytes());
+        payload.extend_from_slice(extra);
+        let append = AppendRequest {
+            group_id: req.group_id,
+            sender_id: req.sender_id,
+            client_msg_id: req.client_msg_id,
+            payload: &payload,
+        };
+        let group = self.group(req.group_id)?;
+        let mut slot = group.assign.lock();
+        let assign = self.ready_to_assign(&group, &mut slot)?;
+        if let Some(dup) = self.duplicate_of(assign, &append) {
+            return Ok(dup);
+        }
+        self.check_change(req)?;
+        let mut p = self.lock_pending(wait_for_room, true)?;
+        let ticket = self.assign_one(&group, assign, &append, kind, &mut p);
+        drop(p);
+        drop(slot);
+        self.shared.pending_cv.notify_all();
+        self.fit_dedup_budget(req.group_id);
+        Ok(ticket)
+    }
+
+    /// The rules of the module docs. The caller holds the group's `assign`
+    /// lock (so its send state, and with it its loaded log, stays).
+    fn check_change(&self, req: &ChangeRequest<'_>) -> Result<()> {
+        let refused = |why| Error::ChangeRefused {
+            group: req.group_id,
+            target: req.target,
+            why,
+        };
+        let group = self.group(req.group_id)?;
+        if req.target == 0 || req.target > group.head() {
+            return Err(refused(ChangeRefusal::NoSuchMessage));
+        }
+        let batch = self.try_read(req.group_id, req.target - 1, 1, 1)?;
+        let Some(chunk) = batch.chunks.first() else {
+            return Err(refused(ChangeRefusal::NoSuchMessage));
+        };
+        let bytes = chunk.bytes();
+        // Verified when read; a short or foreign record is not the target
+        // (below the floor, the first stored record comes back instead).
+        let h = record::decode_header(bytes, record::RECORD_BYTES_STORED_MAX).map_err(|e| {
+            Error::GroupDamaged {
+                group: req.group_id,
+                reason: format!("record {}: {e}", req.target),
+            }
+        })?;
+        if h.msg_id != req.target || h.kind != KIND_MESSAGE {
+            return Err(refused(ChangeRefusal::NoSuchMessage));
+        }
+        if group.is_quiet(req.target) {
+            return Err(refused(ChangeRefusal::Recalled));
+        }
+        if h.sender_id != req.sender_id && !req.admin {
+            return Err(refused(ChangeRefusal::NotSender));
+        }
+        let window = self.shared.ctx.config.change_window_ms;
+        if crate::now_ms().saturating_sub(h.timestamp_ms) > window {
+            return Err(refused(ChangeRefusal::WindowPassed));
+        }
+        Ok(())
+    }
+}
