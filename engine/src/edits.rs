@@ -28,7 +28,15 @@
 
 use crate::engine::{AppendRequest, Appended, Engine, Ticket};
 use crate::error::{ChangeRefusal, Error, Result};
-use crate::logs::record::{self, KIND_EDIT, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES};
+use crate::logs::group_log::{Chunk, ReadBatch};
+use crate::logs::record::{
+    self, KIND_EDIT, KIND_MESSAGE, KIND_RECALL, RECORD_HEADER_BYTES, TARGET_BYTES,
+};
+
+/// `flags` bit of a recalled message as a reader of protocol version 2
+/// sees it (format-spec/protocol.md 2.1): its payload is withheld. Never
+/// stored: the presentation sets it.
+pub const FLAG_RECALLED: u8 = 1;
 
 /// What a change does to its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,4 +155,76 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+impl Engine {
+    /// `batch` (records of `group_id`, as a read returned them) as a
+    /// reader sees them (format-spec/protocol.md 2.1 and 7). With
+    /// `kinds` (protocol version 2) a recalled message is shown with the
+    /// `recalled` flag and an empty payload, every other record as stored.
+    /// Without (version 1), in addition every record of another kind than
+    /// a message becomes a message with the same id, timestamp, sender and
+    /// `client_msg_id` and an empty payload, so a version 1 reader still
+    /// gets ascending ids without a gap and never meets a kind it does not
+    /// know. A shown record's CRC is recomputed over what is shown.
+    ///
+    /// Costs: nothing for a version 2 reader of a group without quiet ids;
+    /// otherwise one header read per record, and a copy of the 44-byte
+    /// header of each record shown otherwise (the others stay slices of
+    /// the mapping).
+    pub fn present(&self, group_id: u64, batch: ReadBatch, kinds: bool) -> ReadBatch {
+        let first = batch.last_id + 1 - batch.count.min(batch.last_id);
+        let quiet = match self.group(group_id) {
+            Ok(g) if batch.count > 0 => g.quiet_between(first, batch.last_id),
+            _ => Vec::new(),
+        };
+        if kinds && quiet.is_empty() {
+            return batch;
+        }
+        let mut chunks = Vec::with_capacity(batch.chunks.len());
+        for chunk in batch.chunks {
+            let buf = chunk.bytes();
+            let (mut pos, mut kept_from) = (0, 0);
+            while let Some(len) = record::peek_len(&buf[pos..])
+                .filter(|&l| l >= RECORD_HEADER_BYTES && pos + l <= buf.len())
+            {
+                let rec = &buf[pos..pos + len];
+                let kind = record::peek_kind(rec);
+                let recalled =
+                    kind == KIND_MESSAGE && quiet.binary_search(&record::peek_msg_id(rec)).is_ok();
+                if recalled || (!kinds && kind != KIND_MESSAGE) {
+                    if pos > kept_from {
+                        chunks.push(chunk.sub(kept_from, pos));
+                    }
+                    let flags = if recalled && kinds { FLAG_RECALLED } else { 0 };
+                    chunks.push(Chunk::copied(shown_empty(rec, flags)));
+                    kept_from = pos + len;
+                }
+                pos += len;
+            }
+            if kept_from == 0 {
+                chunks.push(chunk);
+            } else if kept_from < buf.len() {
+                chunks.push(chunk.sub(kept_from, buf.len()));
+            }
+        }
+        let bytes = chunks.iter().map(|c| c.bytes().len()).sum();
+        ReadBatch {
+            chunks,
+            bytes,
+            ..batch
+        }
+    }
+}
+
+/// A record shown as a message (kind 0) with `flags` and an empty
+/// payload: its header's ids, timestamp and sender, its CRC recomputed.
+fn shown_empty(rec: &[u8], flags: u8) -> Vec<u8> {
+    let mut out = rec[..RECORD_HEADER_BYTES].to_vec();
+    out[..4].copy_from_slice(&(RECORD_HEADER_BYTES as u32).to_le_bytes());
+    out[40] = KIND_MESSAGE;
+    out[41] = flags;
+    let crc = crc32fast::hash(&out[8..]);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    out
 }

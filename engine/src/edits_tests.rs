@@ -172,3 +172,56 @@ fn unread_stays_exact_across_a_checkpoint_replay_and_retention() {
     assert_eq!(e.group(1).unwrap().quiet_ids(), Vec::<u64>::new());
     e.close().unwrap();
 }
+
+/// What readers of protocol versions 1 and 2 see of a group with an edit
+/// and a recall: byte for byte the records of the spec's vectors
+/// pull_response_v2.hex and pull_response_v1.hex (protocol.md 2.1, 7).
+#[test]
+fn presentations_match_the_protocol_vectors() {
+    use crate::logs::group_log::{Chunk, ReadBatch};
+    let section = |text: &str| {
+        let frame: Vec<u8> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .map(|t| u8::from_str_radix(t, 16).unwrap())
+            .collect();
+        // PULL response: 16 header, cursor, head, has_more, count, bytes.
+        frame[16 + 8 + 8 + 1 + 4 + 4..].to_vec()
+    };
+    let v1 = section(include_str!(
+        "../../format-spec/vectors/protocol/pull_response_v1.hex"
+    ));
+    let v2 = section(include_str!(
+        "../../format-spec/vectors/protocol/pull_response_v2.hex"
+    ));
+    let hello = section(include_str!(
+        "../../format-spec/vectors/protocol/pull_response.hex"
+    ));
+    // Stored: 1001 "hello" (pull_response.hex's first record), then
+    // 1002, the edit 1003 and the recall 1004 as version 2 shows them.
+    let first_v2 = crate::logs::record::peek_len(&v2).unwrap();
+    let first_hello = crate::logs::record::peek_len(&hello).unwrap();
+    let stored = [&hello[..first_hello], &v2[first_v2..]].concat();
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(Config::new(dir.path())).unwrap();
+    e.create_group(7).unwrap();
+    e.group(7).unwrap().restore_quiet(vec![1001, 1003, 1004]);
+    let batch = || ReadBatch {
+        bytes: stored.len(),
+        chunks: vec![Chunk::copied(stored.clone())],
+        count: 4,
+        last_id: 1004,
+        has_more: false,
+    };
+    let shown = |b: ReadBatch| {
+        let bytes: Vec<u8> = b.chunks.iter().flat_map(|c| c.bytes().to_vec()).collect();
+        assert_eq!(bytes.len(), b.bytes);
+        bytes
+    };
+    assert_eq!(shown(e.present(7, batch(), true)), v2);
+    assert_eq!(shown(e.present(7, batch(), false)), v1);
+    // A group without quiet ids shows a version 2 reader the stored bytes.
+    e.create_group(8).unwrap();
+    assert_eq!(shown(e.present(8, batch(), true)), stored);
+}

@@ -245,6 +245,17 @@ impl Group {
             .is_some_and(|x| x.quiet.contains(id))
     }
 
+    /// The quiet ids in `lo ..= hi` (a read's range: what its presentation
+    /// needs, `Engine::present`); empty for a group without any.
+    pub fn quiet_between(&self, lo: u64, hi: u64) -> Vec<u64> {
+        self.extras.lock().as_deref().map_or_else(Vec::new, |x| {
+            let ids = x.quiet.ids();
+            let a = ids.partition_point(|&q| q < lo);
+            let b = ids.partition_point(|&q| q <= hi);
+            ids[a..b.max(a)].to_vec()
+        })
+    }
+
     /// `apply` only, under the checkpoint lock, before the run's records
     /// become visible (so no reader sees the head past an edit whose id is
     /// not quiet yet): the non-message records of a run of records

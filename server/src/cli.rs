@@ -23,12 +23,13 @@ use serde_json::{json, Value};
 
 use tidemark_client::protocol::JoinStart;
 use tidemark_client::reliable::{Error, ReliableClient, ReliableConfig};
-use tidemark_client::{ClientConfig, GroupState, Message};
+use tidemark_client::{ClientConfig, GroupState, Kind, Message};
 
 use crate::demo;
 use crate::token_file::read_token_file;
 
 pub mod backup;
+pub mod changes;
 pub mod observe;
 pub mod ops;
 pub mod payload;
@@ -113,6 +114,8 @@ pub enum ClientCommand {
     Ops(ops::OpsCommand),
     #[command(flatten)]
     Retention(retention::RetentionCommand),
+    #[command(flatten)]
+    Changes(changes::ChangeCommand),
     /// Run a scripted session with offline members and cut connections;
     /// print what each member's application received.
     Demo(demo::DemoArgs),
@@ -387,6 +390,7 @@ impl ClientCommand {
             ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Retention(c) => c.json(),
+            ClientCommand::Changes(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
     }
@@ -419,6 +423,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Retention(c) => retention::run(c),
+        ClientCommand::Changes(c) => changes::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }
@@ -809,15 +814,22 @@ fn group_info(a: GroupInfoArgs) -> Result<(), CliError> {
     )
 }
 
-/// One message as a line of text.
+/// One message as a line of text; an edit, a recall, a recalled or lost
+/// message says so.
 pub fn message_line(m: &Message) -> String {
+    let what = match m.kind {
+        Kind::Message => payload_text(&m.payload),
+        Kind::Edit { target } => format!("(edit of #{target}) {}", payload_text(&m.payload)),
+        Kind::Recall { target } => format!("(recall of #{target})"),
+        Kind::Recalled => "(recalled)".to_string(),
+        Kind::Gap => "(lost to damage)".to_string(),
+    };
     format!(
-        "[group {} #{}] {} from {}: {}\n",
+        "[group {} #{}] {} from {}: {what}\n",
         m.group,
         m.msg_id,
         utc(m.timestamp_ms),
         m.sender_id,
-        payload_text(&m.payload)
     )
 }
 
@@ -844,6 +856,21 @@ pub fn message_json(m: &Message) -> Value {
         "sender": m.sender_id,
         "client_msg_id": m.client_msg_id,
     });
+    // Only what is not a plain message says its kind (the output of a
+    // version 1 session stays as it was).
+    match m.kind {
+        Kind::Message => {}
+        Kind::Edit { target } => {
+            v["kind"] = json!("edit");
+            v["target"] = json!(target);
+        }
+        Kind::Recall { target } => {
+            v["kind"] = json!("recall");
+            v["target"] = json!(target);
+        }
+        Kind::Recalled => v["kind"] = json!("recalled"),
+        Kind::Gap => v["kind"] = json!("gap"),
+    }
     match std::str::from_utf8(&m.payload) {
         Ok(s) => v["payload"] = json!(s),
         Err(_) => v["payload_hex"] = json!(hex(&m.payload)),

@@ -36,7 +36,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::time::Instant;
 
-use tidemark_engine::{Chunk, Engine, Error as EngineError};
+use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
 
 use crate::handlers::{self, Action, Ctx, Outgoing, Report};
 use crate::receipts::Receipts;
@@ -44,6 +44,7 @@ use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
+    HELLO_VERSION, PROTOCOL_VERSION,
 };
 
 /// Identifies a connection across the reuse of its slot in the event loop
@@ -201,6 +202,10 @@ struct Session {
     sub_users: HashSet<u64>,
     /// Its receipt subscriptions (4.22): (group, sender).
     sub_receipts: HashSet<(u64, u64)>,
+    /// The protocol version HELLO chose (1 before): every frame after
+    /// HELLO's carries it, and it says how records are shown
+    /// (format-spec/protocol.md 7).
+    version: u8,
 }
 
 /// Which parked requests hold back the later requests of their connection
@@ -258,6 +263,7 @@ impl Connection {
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
                 sub_receipts: HashSet::new(),
+                version: HELLO_VERSION,
             },
             closing: false,
             fatal: false,
@@ -299,13 +305,23 @@ impl Connection {
         result
     }
 
-    /// Queues a response or a server-initiated frame. Returns false (and
-    /// drops it) after a fatal error: nothing follows the fatal ERROR.
+    /// The protocol version HELLO chose (1 before it).
+    pub fn version(&self) -> u8 {
+        self.session.version
+    }
+
+    /// Queues a response or a server-initiated frame, in the connection's
+    /// protocol version. Returns false (and drops it) after a fatal error:
+    /// nothing follows the fatal ERROR.
     pub fn queue(&mut self, out: Outgoing) -> bool {
         if self.fatal {
             return false;
         }
-        self.out.push(OutChunk::Bytes(out.head));
+        let mut head = out.head;
+        if self.session.version != HELLO_VERSION {
+            tidemark_protocol::set_version(&mut head, self.session.version);
+        }
+        self.out.push(OutChunk::Bytes(head));
         for c in out.chunks {
             self.out.push(OutChunk::Records(c));
         }
@@ -467,6 +483,21 @@ impl Connection {
                 );
                 (0, None, Err(Stop::Fatal(out)))
             }
+            // A frame of another version than the connection's (1 until
+            // HELLO chose one) is fatal (format-spec/protocol.md 7).
+            Ok(Some(frame)) if frame.header.version != self.session.version => {
+                let id = frame.header.request_id;
+                let out = handlers::error(
+                    id,
+                    ErrorCode::UnsupportedVersion,
+                    Some(u64::from(PROTOCOL_VERSION)),
+                    &format!(
+                        "a frame of version {} on a connection of version {}",
+                        frame.header.version, self.session.version
+                    ),
+                );
+                (id, None, Err(Stop::Fatal(out)))
+            }
             Ok(Some(frame)) => {
                 let id = frame.header.request_id;
                 match decode_request(&frame) {
@@ -568,6 +599,7 @@ impl Session {
     /// (format-spec/protocol.md 1.7), then its handler; the requests that
     /// may stay in flight go through the in-flight limit (1.5).
     fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
+        ctx.version = self.version;
         if ctx.shutting_down {
             return Ok(answer(handlers::error(
                 id,
@@ -599,8 +631,11 @@ impl Session {
                 max_version,
                 ..
             } => {
-                let out =
+                let (out, version) =
                     handlers::hello(ctx, id, min_version, max_version).map_err(Stop::Fatal)?;
+                // Every later frame, both ways, carries it (HELLO's
+                // response itself carries 1, `queue`).
+                self.version = version;
                 self.phase = if ctx.token.is_some() {
                     Phase::AwaitAuth
                 } else {
@@ -673,6 +708,32 @@ impl Session {
                 payload,
             } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                 handlers::send(ctx, id, group, sender, client_msg_id, payload)
+            }),
+            Request::Recall {
+                group,
+                sender,
+                client_msg_id,
+                target,
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                handlers::change(
+                    ctx,
+                    id,
+                    group,
+                    sender,
+                    client_msg_id,
+                    target,
+                    Change::Recall,
+                )
+            }),
+            Request::Edit {
+                group,
+                sender,
+                client_msg_id,
+                target,
+                payload,
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                let change = Change::Edit(payload);
+                handlers::change(ctx, id, group, sender, client_msg_id, target, change)
             }),
             Request::Pull {
                 group,
@@ -953,6 +1014,7 @@ mod state_tests {
                     index: 0,
                     generation: 1,
                 },
+                version: 1,
             };
             conn.handle_next(&mut ctx)
         }

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use tidemark_engine::{
-    AppendRequest, Chunk, Engine, Error as EngineError, JoinStart as EngineJoinStart, OpTicket,
-    ReadBatch, Ticket, Unread,
+    AppendRequest, Change, ChangeRequest, Chunk, Engine, Error as EngineError,
+    JoinStart as EngineJoinStart, OpTicket, ReadBatch, Ticket, Unread,
 };
 
 use crate::config::{Limits, SendPolicy};
@@ -74,13 +74,18 @@ pub enum Parked {
         sender: u64,
     },
     Op(OpTicket, OpKind),
+    /// A RECALL (`recall`) or an EDIT: its Edit or Recall record's ticket.
+    Change {
+        ticket: Ticket,
+        recall: bool,
+    },
 }
 
 impl Parked {
     /// The commit round whose outcome answers it.
     pub fn round(&self) -> u64 {
         match self {
-            Parked::Send { ticket, .. } => ticket.round,
+            Parked::Send { ticket, .. } | Parked::Change { ticket, .. } => ticket.round,
             Parked::Op(ticket, _) => ticket.round(),
         }
     }
@@ -89,7 +94,9 @@ impl Parked {
     /// (format-spec/protocol.md 1.4).
     pub fn barrier(&self) -> Barrier {
         match self {
-            Parked::Send { .. } => Barrier::Send,
+            // A change is assigned its id like a SEND (its rules were
+            // checked when it started, after every earlier request).
+            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
             Parked::Op(..) => Barrier::Op,
         }
     }
@@ -109,6 +116,26 @@ impl Parked {
                     Vec::new(),
                     0,
                 ),
+                Err(e) => engine_error(request_id, &e),
+            },
+            Parked::Change { ticket, recall } => match engine.poll(ticket)? {
+                Ok(a) => {
+                    let (msg_id, timestamp_ms, duplicate) = (a.msg_id, a.timestamp_ms, a.duplicate);
+                    let resp: Response<'_, RecordsLen> = if *recall {
+                        Response::Recall {
+                            msg_id,
+                            timestamp_ms,
+                            duplicate,
+                        }
+                    } else {
+                        Response::Edit {
+                            msg_id,
+                            timestamp_ms,
+                            duplicate,
+                        }
+                    };
+                    reply(request_id, &resp, Vec::new(), 0)
+                }
                 Err(e) => engine_error(request_id, &e),
             },
             Parked::Op(ticket, kind) => match engine.poll_op(ticket)? {
@@ -162,6 +189,8 @@ pub struct LongPoll {
     pub max_count: u32,
     pub max_bytes: u32,
     pub wait: Duration,
+    /// The connection's protocol version: how its records are shown.
+    pub version: u8,
 }
 
 impl LongPoll {
@@ -193,7 +222,7 @@ impl LongPoll {
             return None;
         }
         Some(match pull {
-            Ok(p) => pull_reply(request_id, p),
+            Ok(p) => pull_reply(engine, self.version, request_id, self.group, p),
             Err(e) => engine_error(request_id, &e),
         })
     }
@@ -242,6 +271,9 @@ pub struct Ctx<'a> {
     /// they move in watched groups (4.22).
     pub receipts: &'a mut Receipts<ConnId>,
     pub conn: ConnId,
+    /// The connection's protocol version (1 until HELLO chose one): how
+    /// records are shown to it (`Engine::present`).
+    pub version: u8,
 }
 
 impl Ctx<'_> {
@@ -387,13 +419,16 @@ pub fn records_budget(limits: &Limits) -> usize {
 
 /// HELLO (format-spec/protocol.md 4.1): the response, or the fatal
 /// UNSUPPORTED_VERSION when no version is common.
+/// With the response, the version chosen (section 7: the newest in both
+/// ranges).
 pub fn hello(
     ctx: &Ctx<'_>,
     request_id: u64,
     min_version: u8,
     max_version: u8,
-) -> Result<Outgoing, Outgoing> {
-    if min_version > PROTOCOL_VERSION || max_version < PROTOCOL_VERSION_MIN {
+) -> Result<(Outgoing, u8), Outgoing> {
+    let version = PROTOCOL_VERSION.min(max_version);
+    if version < min_version.max(PROTOCOL_VERSION_MIN) {
         return Err(error(
             request_id,
             ErrorCode::UnsupportedVersion,
@@ -402,7 +437,7 @@ pub fn hello(
         ));
     }
     let resp = Response::Hello(HelloResponse {
-        version: PROTOCOL_VERSION.min(max_version),
+        version,
         auth_required: ctx.token.is_some(),
         frame_bytes_max: ctx.limits.frame_bytes_max,
         // Invariant: NodeConfig::validate keeps payload_bytes_max below 4 GiB.
@@ -410,7 +445,7 @@ pub fn hello(
         requests_in_flight_max: ctx.limits.requests_in_flight_max,
         server_name: SERVER_NAME,
     });
-    Ok(reply(request_id, &resp, Vec::new(), 0))
+    Ok((reply(request_id, &resp, Vec::new(), 0), version))
 }
 
 /// AUTH (4.2): the response, or the fatal UNAUTHENTICATED for a wrong token
@@ -549,6 +584,51 @@ pub fn send(
     }))
 }
 
+/// RECALL (4.28) and EDIT (4.29): the rules run in the engine (CHANGE_REFUSED
+/// with the rule as detail); under a members-only send policy the changer
+/// must be a member or a system sender, as for SEND; the node's admin
+/// senders may change anyone's message. Parked until its round settles,
+/// like a SEND.
+// One argument per field of the request.
+#[allow(clippy::too_many_arguments)]
+pub fn change(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    sender: u64,
+    client_msg_id: u64,
+    target: u64,
+    change: Change<'_>,
+) -> Result<Action, EngineError> {
+    let e = ctx.engine;
+    if ctx.sends.needs_membership(sender) && !ctx.sends.is_admin(sender) {
+        match e.cursor(group, sender) {
+            Ok(_) => {}
+            Err(EngineError::NotMember { .. }) => {
+                return Ok(Action::Answer(error(
+                    request_id,
+                    ErrorCode::NotMember,
+                    None,
+                    &format!("refused: sender {sender} is not a member of group {group}"),
+                )));
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    let ticket = e.try_submit_change(&ChangeRequest {
+        group_id: group,
+        sender_id: sender,
+        client_msg_id,
+        target,
+        change,
+        admin: ctx.sends.is_admin(sender),
+    })?;
+    Ok(Action::Park(Parked::Change {
+        ticket,
+        recall: change == Change::Recall,
+    }))
+}
+
 /// PULL (4.10): answered at once, or a long poll when it found nothing and
 /// may wait.
 // One argument per field of the request.
@@ -586,9 +666,16 @@ pub fn pull(
             max_count,
             max_bytes: max_bytes as u32,
             wait,
+            version: ctx.version,
         }));
     }
-    Ok(Action::Answer(pull_reply(request_id, pull)))
+    Ok(Action::Answer(pull_reply(
+        ctx.engine,
+        ctx.version,
+        request_id,
+        group,
+        pull,
+    )))
 }
 
 /// ACK (4.11).
@@ -708,9 +795,10 @@ pub fn history(
     let before = (before_msg_id > 0).then_some(before_msg_id);
     // The engine stops reading at the frame's budget.
     let budget = records_budget(ctx.limits);
-    let h = ctx
+    let mut h = ctx
         .engine
         .try_history(group, user, before, max_count as usize, budget)?;
+    h.batch = ctx.engine.present(group, h.batch, ctx.version >= 2);
     history_reply(request_id, group, h, budget)
 }
 
@@ -902,7 +990,8 @@ pub fn slowlog(
 }
 
 /// PUSH (format-spec/protocol.md 5.1) of a batch of `group`'s records, read
-/// within `records_budget`.
+/// within `records_budget` and shown for the subscribers' protocol version
+/// (`Engine::present`).
 pub fn push(group: u64, batch: ReadBatch) -> Outgoing {
     let resp = Response::Push {
         group,
@@ -992,7 +1081,15 @@ pub fn subscribe_receipts(
     ))
 }
 
-pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
+/// A PULL's response, its records shown for protocol `version`.
+pub fn pull_reply(
+    engine: &Engine,
+    version: u8,
+    request_id: u64,
+    group: u64,
+    mut pull: tidemark_engine::Pull,
+) -> Outgoing {
+    pull.batch = engine.present(group, pull.batch, version >= 2);
     let resp = Response::Pull {
         cursor: pull.cursor,
         head: pull.head,
@@ -1014,11 +1111,12 @@ pub fn sync(
 ) -> Result<Outgoing, EngineError> {
     // The group entries take SYNC_GROUP_BYTES each; the records get what is
     // left of the frame.
+    // The groups SYNC lists: records above the cursor (4.14).
     let groups = ctx
         .engine
         .unread(user)
         .iter()
-        .filter(|u| u.unread > 0)
+        .filter(|u| u.head > u.cursor)
         .count();
     let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + SYNC_GROUP_BYTES * groups;
     let budget =
@@ -1033,9 +1131,12 @@ pub fn sync(
         .groups
         .into_iter()
         .map(|g| {
-            let section = records_len(&g.batch);
-            records += g.batch.count;
-            chunks.extend(g.batch.chunks);
+            let batch = ctx
+                .engine
+                .present(g.unread.group_id, g.batch, ctx.version >= 2);
+            let section = records_len(&batch);
+            records += batch.count;
+            chunks.extend(batch.chunks);
             SyncGroup {
                 entry: unread_entry(&g.unread),
                 records: section,
@@ -1154,6 +1255,7 @@ mod tests {
                 index: 0,
                 generation: 0,
             },
+            version: 1,
         }
     }
 
@@ -1594,6 +1696,7 @@ mod member_tests {
                 index: 0,
                 generation: 0,
             },
+            version: 1,
         };
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {

@@ -97,6 +97,30 @@ impl Summary {
                 ("client_msg_id", *client_msg_id),
                 ("payload_bytes", payload.len() as u64),
             ]),
+            Request::Recall {
+                group,
+                sender,
+                client_msg_id,
+                target,
+            } => Summary::of(&[
+                ("group", *group),
+                ("sender", *sender),
+                ("client_msg_id", *client_msg_id),
+                ("target", *target),
+            ]),
+            Request::Edit {
+                group,
+                sender,
+                client_msg_id,
+                target,
+                payload,
+            } => Summary::of(&[
+                ("group", *group),
+                ("sender", *sender),
+                ("client_msg_id", *client_msg_id),
+                ("target", *target),
+                ("payload_bytes", payload.len() as u64),
+            ]),
             Request::Pull {
                 group,
                 user,
