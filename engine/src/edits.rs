@@ -220,8 +220,143 @@ impl Engine {
 /// A record shown as a message (kind 0) with `flags` and an empty
 /// payload: its header's ids, timestamp and sender, its CRC recomputed.
 fn shown_empty(rec: &[u8], flags: u8) -> Vec<u8> {
-    let mut out = rec[..RECORD_HEADER_BYTES].to_vec();
-    out[..4].copy_from_slice(&(RECORD_HEADER_BYTES as u32).to_le_bytes());
+    shown_with(rec, flags, &[])
+}
+
+/// `flags` bit of a message shown in its latest state with its newest
+/// edit's payload (HISTORY_LATEST, protocol.md 4.30). Never stored.
+pub const FLAG_EDITED: u8 = 2;
+
+/// A page of [`Engine::try_history_latest`].
+pub struct LatestPage {
+    /// The page's messages in their latest state, oldest first (Edit and
+    /// Recall records left out).
+    pub history: crate::History,
+    /// Where the next (older) page starts: the oldest id this page covered
+    /// (edits and recalls included), for `before_msg_id`.
+    pub next_before: u64,
+}
+
+impl Engine {
+    /// [`Engine::try_history_latest`], waiting for the disk when it must.
+    pub fn history_latest(
+        &self,
+        group_id: u64,
+        user: u64,
+        before_msg_id: Option<u64>,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<LatestPage> {
+        self.blocking(|| {
+            self.try_history_latest(group_id, user, before_msg_id, max_count, max_bytes)
+        })
+    }
+
+    /// HISTORY's page (`Engine::try_history`) with every message in its
+    /// latest state (protocol.md 4.30): a recalled message with the
+    /// `recalled` flag and no payload, an edited one with the `edited` flag
+    /// and its newest edit's payload (same id, timestamp, sender and
+    /// `client_msg_id`), the Edit and Recall records themselves left out,
+    /// so a new device needs no replay of the changes. Costs HISTORY's
+    /// page plus one read of the newest edit of each edited message of the
+    /// page (a binary search in the group's latest edits, then the index's
+    /// seek); `NotReady` if that read needs a sealed segment's index.
+    pub fn try_history_latest(
+        &self,
+        group_id: u64,
+        user: u64,
+        before_msg_id: Option<u64>,
+        max_count: usize,
+        max_bytes: usize,
+    ) -> Result<LatestPage> {
+        let mut h = self.try_history(group_id, user, before_msg_id, max_count, max_bytes)?;
+        let group = self.group(group_id)?;
+        let batch = std::mem::take(&mut h.batch);
+        let first = batch.last_id + 1 - batch.count.min(batch.last_id);
+        let next_before = if batch.count > 0 {
+            first
+        } else {
+            before_msg_id.unwrap_or(group.head() + 1)
+        };
+        let quiet = if batch.count > 0 {
+            group.quiet_between(first, batch.last_id)
+        } else {
+            Vec::new()
+        };
+        let mut chunks = Vec::with_capacity(batch.chunks.len());
+        let mut count = 0;
+        for chunk in batch.chunks {
+            let buf = chunk.bytes();
+            let (mut pos, mut kept_from) = (0, 0);
+            while let Some(len) = record::peek_len(&buf[pos..])
+                .filter(|&l| l >= RECORD_HEADER_BYTES && pos + l <= buf.len())
+            {
+                let rec = &buf[pos..pos + len];
+                let (id, kind) = (record::peek_msg_id(rec), record::peek_kind(rec));
+                let shown = if kind == KIND_EDIT || kind == KIND_RECALL {
+                    Some(None)
+                } else if kind == KIND_MESSAGE && quiet.binary_search(&id).is_ok() {
+                    Some(Some(shown_empty(rec, FLAG_RECALLED)))
+                } else if let Some(e) = (kind == KIND_MESSAGE)
+                    .then(|| group.latest_edit(id))
+                    .flatten()
+                {
+                    let edit = self.try_read(group_id, e - 1, 1, 1)?;
+                    let bytes = edit.chunks.first().map(|c| c.bytes()).unwrap_or(&[]);
+                    let new = (record::peek_msg_id(bytes) == e)
+                        .then(|| bytes.get(RECORD_HEADER_BYTES + TARGET_BYTES..))
+                        .flatten()
+                        .ok_or_else(|| Error::GroupDamaged {
+                            group: group_id,
+                            reason: format!("the edit {e} of message {id} is not readable"),
+                        })?;
+                    Some(Some(shown_with(rec, FLAG_EDITED, new)))
+                } else {
+                    None
+                };
+                if let Some(replacement) = shown {
+                    if pos > kept_from {
+                        chunks.push(chunk.sub(kept_from, pos));
+                    }
+                    if let Some(r) = replacement {
+                        chunks.push(Chunk::copied(r));
+                        count += 1;
+                    }
+                    kept_from = pos + len;
+                } else {
+                    count += 1;
+                }
+                pos += len;
+            }
+            if kept_from == 0 {
+                chunks.push(chunk);
+            } else if kept_from < buf.len() {
+                chunks.push(chunk.sub(kept_from, buf.len()));
+            }
+        }
+        let bytes = chunks.iter().map(|c| c.bytes().len()).sum();
+        h.batch = ReadBatch {
+            chunks,
+            count,
+            bytes,
+            ..batch
+        };
+        Ok(LatestPage {
+            history: h,
+            next_before,
+        })
+    }
+}
+
+/// A record shown as a message with `flags` and `payload` in place of its
+/// own: its header's ids, timestamp and sender, its CRC recomputed.
+pub(crate) fn shown_with(rec: &[u8], flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
+    out.extend_from_slice(&rec[..RECORD_HEADER_BYTES]);
+    out.extend_from_slice(payload);
+    // Invariant: the payload is a stored record's (below 1 GiB).
+    let len = u32::try_from(out.len()).expect("invariant: a stored record's size");
+    out[..4].copy_from_slice(&len.to_le_bytes());
     out[40] = KIND_MESSAGE;
     out[41] = flags;
     let crc = crc32fast::hash(&out[8..]);

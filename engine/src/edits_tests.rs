@@ -206,7 +206,9 @@ fn presentations_match_the_protocol_vectors() {
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(Config::new(dir.path())).unwrap();
     e.create_group(7).unwrap();
-    e.group(7).unwrap().restore_quiet(vec![1001, 1003, 1004]);
+    e.group(7)
+        .unwrap()
+        .restore_quiet(vec![1001, 1003, 1004], vec![(1002, 1003)]);
     let batch = || ReadBatch {
         bytes: stored.len(),
         chunks: vec![Chunk::copied(stored.clone())],
@@ -224,4 +226,94 @@ fn presentations_match_the_protocol_vectors() {
     // A group without quiet ids shows a version 2 reader the stored bytes.
     e.create_group(8).unwrap();
     assert_eq!(shown(e.present(8, batch(), true)), stored);
+    // HISTORY_LATEST's records (history_latest_response.hex, after its
+    // next_before): 1002 with its edit's payload, 1001 recalled.
+    let latest = {
+        let text = include_str!("../../format-spec/vectors/protocol/history_latest_response.hex");
+        let frame: Vec<u8> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .flat_map(str::split_whitespace)
+            .map(|t| u8::from_str_radix(t, 16).unwrap())
+            .collect();
+        frame[16 + 1 + 8 + 4 + 4..].to_vec()
+    };
+    let rec_1002 = &stored
+        [first_hello..first_hello + crate::logs::record::peek_len(&stored[first_hello..]).unwrap()];
+    let want = [
+        crate::edits::shown_with(rec_1002, crate::FLAG_EDITED, b"world?"),
+        crate::edits::shown_with(&stored[..first_hello], crate::FLAG_RECALLED, b""),
+    ]
+    .concat();
+    assert_eq!(want, latest);
+}
+
+/// HISTORY_LATEST's page: every message in its latest state, the changes
+/// left out, across a checkpoint and a crash (the latest edits stored in
+/// the group record and replayed).
+#[test]
+fn history_latest_shows_each_message_as_it_reads_now() {
+    use crate::{FLAG_EDITED, FLAG_RECALLED};
+    let dir = tempfile::tempdir().unwrap();
+    let open = || Engine::open(Config::new(dir.path())).unwrap();
+    let e = open();
+    e.create_group(1).unwrap();
+    e.join(1, 20, JoinStart::Earliest).unwrap();
+    for (i, p) in [b"a", b"b", b"c"].iter().enumerate() {
+        e.append(1, 10, i as u64 + 1, *p).unwrap();
+    }
+    e.change(&req(2, 10, 10, Change::Edit(b"b2"))).unwrap(); // 4
+    e.checkpoint().unwrap();
+    e.change(&req(2, 10, 11, Change::Edit(b"b3"))).unwrap(); // 5
+    e.change(&req(1, 10, 12, Change::Recall)).unwrap(); // 6
+    e.change(&req(3, 10, 13, Change::Edit(b"c2"))).unwrap(); // 7
+    let page = |e: &Engine, before: Option<u64>, n: usize| {
+        let p = e.try_history_latest(1, 20, before, n, usize::MAX).unwrap();
+        let recs: Vec<(u64, u8, u8, Vec<u8>)> = p
+            .history
+            .batch
+            .chunks
+            .iter()
+            .flat_map(|c| {
+                let mut out = Vec::new();
+                let mut b = c.bytes();
+                while let Some(len) = crate::logs::record::peek_len(b) {
+                    let r = &b[..len];
+                    assert_eq!(crc32fast::hash(&r[8..]).to_le_bytes(), r[4..8], "CRC");
+                    out.push((
+                        crate::logs::record::peek_msg_id(r),
+                        r[40],
+                        r[41],
+                        r[44..].to_vec(),
+                    ));
+                    b = &b[len..];
+                }
+                out
+            })
+            .collect();
+        assert_eq!(recs.len() as u64, p.history.batch.count);
+        (recs, p.next_before, p.history.complete)
+    };
+    let check = |e: &Engine| {
+        let all = page(e, None, 10);
+        assert_eq!(
+            all.0,
+            vec![
+                (1, 0, FLAG_RECALLED, vec![]),
+                (2, 0, FLAG_EDITED, b"b3".to_vec()),
+                (3, 0, FLAG_EDITED, b"c2".to_vec()),
+            ]
+        );
+        assert_eq!((all.1, all.2), (1, true));
+        // A page of changes only: nothing shown, and where to go on.
+        assert_eq!(page(e, None, 2), (vec![], 6, false));
+        let older = page(e, Some(6), 3);
+        assert_eq!(older.0, vec![(3, 0, FLAG_EDITED, b"c2".to_vec())]);
+        assert_eq!(older.1, 3);
+    };
+    check(&e);
+    e.simulate_crash();
+    let e = open();
+    check(&e);
+    e.close().unwrap();
 }

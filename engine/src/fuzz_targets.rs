@@ -562,6 +562,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             damaged: None,
             small: None,
             quiet: Vec::new(),
+            edits: Vec::new(),
         })),
         Item::MemberPut {
             group: 1,
@@ -581,6 +582,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             damaged: Some("checkpointed data damaged".into()),
             small: None,
             quiet: Vec::new(),
+            edits: Vec::new(),
         })),
     ];
     let mut out = Vec::new();
@@ -1178,6 +1180,8 @@ pub enum Op {
     Edit(u64, u64, u64, u64, u8),
     /// group, sender, client_msg_id, target: a recall.
     Recall(u64, u64, u64, u64),
+    /// group, user, before (0 = none), max_count: HISTORY_LATEST.
+    HistoryLatest(u64, u64, u64, u8),
     /// group, by bytes: retention applied once (the policy set, a
     /// checkpoint, the policy back to keep-everything): "below every
     /// member's cursor", or by bytes (1 byte: everything it may drop,
@@ -1187,6 +1191,10 @@ pub enum Op {
 
 /// The `engine_ops` administrator: may edit and recall anyone's message.
 const OPS_ADMIN: u64 = 4;
+/// Changes' `client_msg_id`s start here, apart from messages' (0..8), so
+/// that most of them are not retransmits of a message; a few collide on
+/// purpose in the seeds.
+pub const OPS_CHANGE_IDS: u64 = 100;
 
 /// Power cuts land within this many file-system operations of a
 /// checkpoint's start (a checkpoint of a few groups takes 10 to 40).
@@ -1222,7 +1230,7 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
     let mut b = Bytes(data);
     let mut ops = Vec::new();
     while !b.0.is_empty() && ops.len() < OPS_MAX {
-        let op = match b.next() % 21 {
+        let op = match b.next() % 22 {
             0 => Op::Create(b.group()),
             1 => Op::Delete(b.group()),
             2 => {
@@ -1260,12 +1268,18 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
             18 => Op::Edit(
                 b.group(),
                 b.user(),
-                b.next() as u64 % 8,
+                OPS_CHANGE_IDS + b.next() as u64 % 8,
                 b.id(),
                 b.next() % 48,
             ),
-            19 => Op::Recall(b.group(), b.user(), b.next() as u64 % 8, b.id()),
-            _ => Op::Retain(b.group(), b.next() % 2 == 1),
+            19 => Op::Recall(
+                b.group(),
+                b.user(),
+                OPS_CHANGE_IDS + b.next() as u64 % 8,
+                b.id(),
+            ),
+            20 => Op::Retain(b.group(), b.next() % 2 == 1),
+            _ => Op::HistoryLatest(b.group(), b.user(), b.id(), 1 + b.next() % 4),
         };
         ops.push(op);
     }
@@ -1311,9 +1325,14 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
             Op::Crash => out.push(15),
             Op::PowerCut(n) => out.extend([16, (n - 1) as u8]),
             Op::ClearHistory(x, y, m) => out.extend([17, g(*x), u(*y), *m as u8]),
-            Op::Edit(x, s, c, t, l) => out.extend([18, g(*x), u(*s), *c as u8, *t as u8, *l]),
-            Op::Recall(x, s, c, t) => out.extend([19, g(*x), u(*s), *c as u8, *t as u8]),
+            Op::Edit(x, s, c, t, l) => {
+                out.extend([18, g(*x), u(*s), (c - OPS_CHANGE_IDS) as u8, *t as u8, *l])
+            }
+            Op::Recall(x, s, c, t) => {
+                out.extend([19, g(*x), u(*s), (c - OPS_CHANGE_IDS) as u8, *t as u8])
+            }
             Op::Retain(x, by_bytes) => out.extend([20, g(*x), u8::from(*by_bytes)]),
+            Op::HistoryLatest(x, y, b, n) => out.extend([21, g(*x), u(*y), *b as u8, n - 1]),
         }
     }
     out
@@ -1398,6 +1417,27 @@ impl GroupModel {
         let i = self.messages.iter().rposition(|m| m.s == s && m.c == c)?;
         let id = i as u64 + 1;
         Some(if id < self.floor { Err(id) } else { Ok(id) })
+    }
+
+    /// Message `id` as HISTORY_LATEST shows it: `(flags, payload)`, or
+    /// `None` for an edit or a recall (left out).
+    fn latest(&self, g: u64, id: u64) -> Option<(u8, Vec<u8>)> {
+        let r = self.messages[id as usize - 1];
+        if r.kind != KIND_MESSAGE {
+            return None;
+        }
+        if self.recalled(id) {
+            return Some((crate::FLAG_RECALLED, Vec::new()));
+        }
+        let newest = self
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.kind == KIND_EDIT && m.target == id);
+        Some(match newest {
+            Some(m) => (crate::FLAG_EDITED, payload(g, m.s, m.c, m.len)),
+            None => (0, payload(g, r.s, r.c, r.len)),
+        })
     }
 
     /// Stores a new record: the next id; a sender who had read everything
@@ -1749,6 +1789,40 @@ pub fn run_ops(ops: Vec<Op>) {
                     None => assert!(r.is_err()),
                 }
             }
+            Op::HistoryLatest(g, u, before, n) => {
+                let before = (before != 0).then_some(before);
+                let r = e.history_latest(g, u, before, n as usize, usize::MAX);
+                match model
+                    .get(&g)
+                    .and_then(|gm| gm.members.get(&u).map(|mm| (gm, mm)))
+                {
+                    Some((gm, mm)) => {
+                        let p = r.unwrap();
+                        let end = before.unwrap_or(gm.head() + 1).min(gm.head() + 1);
+                        let earliest = mm.join_point.max(gm.floor);
+                        let start = earliest.max(end.saturating_sub(n as u64)).max(1);
+                        let mut got = Vec::new();
+                        for c in &p.history.batch.chunks {
+                            let mut b = c.bytes();
+                            while let Some(len) = record::peek_len(b) {
+                                let r = &b[..len];
+                                assert_eq!(crc32fast::hash(&r[8..]).to_le_bytes(), r[4..8]);
+                                got.push((record::peek_msg_id(r), r[41], r[44..].to_vec()));
+                                b = &b[len..];
+                            }
+                        }
+                        let expected: Vec<(u64, u8, Vec<u8>)> = (start..end)
+                            .filter_map(|id| gm.latest(g, id).map(|(f, p)| (id, f, p)))
+                            .collect();
+                        assert_eq!(got, expected, "history latest {g} {u}");
+                        if start < end {
+                            assert_eq!(p.next_before, start, "history latest {g} {u}");
+                        }
+                        assert_eq!(p.history.complete, start <= earliest.max(1));
+                    }
+                    None => assert!(r.is_err()),
+                }
+            }
             Op::ReadCount(g, m) => {
                 let r = e.read_count(g, m);
                 match model.get(&g) {
@@ -1909,6 +1983,25 @@ fn check_contents(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
             })
             .collect();
         assert_eq!(got, expected, "group {g}: stored messages");
+        // Every stored message in its latest state, as HISTORY_LATEST
+        // shows it to a member (the first one).
+        if let Some((&u, mm)) = gm.members.iter().next() {
+            let p = e
+                .history_latest(g, u, None, usize::MAX, usize::MAX)
+                .unwrap();
+            let mut got = Vec::new();
+            for c in &p.history.batch.chunks {
+                let mut b = c.bytes();
+                while let Some(len) = record::peek_len(b) {
+                    got.push((record::peek_msg_id(b), b[41], b[44..len].to_vec()));
+                    b = &b[len..];
+                }
+            }
+            let expected: Vec<(u64, u8, Vec<u8>)> = (mm.join_point.max(gm.floor)..=gm.head())
+                .filter_map(|id| gm.latest(g, id).map(|(f, p)| (id, f, p)))
+                .collect();
+            assert_eq!(got, expected, "group {g}: latest state");
+        }
     }
 }
 
@@ -2109,23 +2202,25 @@ pub fn engine_ops_seeds() -> Vec<Vec<u8>> {
         Append(1, 3, 1, 10),
         Append(1, 3, 2, 10),
         Append(1, 1, 1, 10),
-        Edit(1, 3, 3, 1, 5),
-        Recall(1, 3, 4, 2),
-        Recall(1, 3, 4, 2),
-        Recall(1, 2, 5, 3),
-        Recall(1, OPS_ADMIN, 5, 3),
-        Edit(1, 3, 6, 2, 5),
+        Edit(1, 3, 103, 1, 5),
+        Recall(1, 3, 104, 2),
+        Recall(1, 3, 104, 2),
+        Recall(1, 2, 105, 3),
+        Recall(1, OPS_ADMIN, 105, 3),
+        Edit(1, 3, 106, 2, 5),
         Unread(1),
         Crash,
         Unread(2),
         Ack(1, 1, 5),
         Retain(1, false),
-        Edit(1, 1, 7, 3, 4),
+        Edit(1, 1, 107, 3, 4),
         PowerCut(5),
         Sync(1),
         Retain(1, true),
         Pull(1, 2, 4, None),
         History(1, 2, 0, 4),
+        HistoryLatest(1, 2, 0, 4),
+        HistoryLatest(1, 1, 6, 3),
         Unread(2),
     ];
     [basic, crash, membership, segments, cuts, clears, changes]

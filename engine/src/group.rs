@@ -284,18 +284,35 @@ impl Group {
             .map_or_else(Vec::new, |x| x.quiet.ids().to_vec())
     }
 
-    /// Recovery: the quiet ids a checkpoint stored.
-    pub(crate) fn restore_quiet(&self, ids: Vec<u64>) {
-        self.with_extras(|x| x.quiet = QuietIds::from_sorted(ids));
+    /// The latest edits (`changes.rs`), as a checkpoint stores them.
+    pub(crate) fn latest_edits(&self) -> Vec<(u64, u64)> {
+        self.extras
+            .lock()
+            .as_deref()
+            .map_or_else(Vec::new, |x| x.quiet.edits().to_vec())
+    }
+
+    /// The newest Edit of message `id` (`None`: never edited, or recalled).
+    pub fn latest_edit(&self, id: u64) -> Option<u64> {
+        self.extras
+            .lock()
+            .as_deref()
+            .and_then(|x| x.quiet.latest_edit(id))
+    }
+
+    /// Recovery: the quiet ids and latest edits a checkpoint stored.
+    pub(crate) fn restore_quiet(&self, ids: Vec<u64>, edits: Vec<(u64, u64)>) {
+        self.with_extras(|x| x.quiet = QuietIds::from_sorted(ids, edits));
     }
 
     /// Retention, under the checkpoint lock: drops the quiet ids at or
-    /// below `up_to` (`changes.rs` says which bound is exact).
-    pub(crate) fn trim_quiet(&self, up_to: u64) -> usize {
+    /// below `up_to` and the latest edits of messages below `floor`
+    /// (`changes.rs` says which bounds are exact).
+    pub(crate) fn trim_quiet(&self, up_to: u64, floor: u64) -> usize {
         if self.extras.lock().is_none() {
             return 0;
         }
-        self.with_extras(|x| x.quiet.trim(up_to))
+        self.with_extras(|x| x.quiet.trim(up_to, floor))
     }
 
     /// Takes the group's checkpoint lock (`dirty.rs`): what a capture reads

@@ -72,7 +72,7 @@ pub use logs::record;
 pub use commit::journal::journal_dir;
 pub use commit::journal::rounds::RoundPayload;
 pub use config::{defaults, Config, FsyncPolicy};
-pub use edits::{Change, ChangeRequest};
+pub use edits::{Change, ChangeRequest, LatestPage, FLAG_EDITED, FLAG_RECALLED};
 pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };

@@ -271,6 +271,11 @@ pub struct HistoryArgs {
     /// Print at most this many messages (one HISTORY page).
     #[arg(long, default_value_t = 20)]
     max: u32,
+    /// Each message as it reads now (HISTORY_LATEST, protocol version 2):
+    /// recalled or with its newest edit's text, the edits and recalls
+    /// themselves left out.
+    #[arg(long)]
+    latest: bool,
 }
 
 #[derive(Args, Debug)]
@@ -683,21 +688,27 @@ fn sync(a: SyncArgs) -> Result<(), CliError> {
 
 fn history(a: HistoryArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let (msgs, has_more) = c.history(a.group, a.user, a.before, a.max)?;
+    let (msgs, has_more, next_before) = if a.latest {
+        c.history_latest(a.group, a.user, a.before, a.max)?
+    } else {
+        let (msgs, has_more) = c.history(a.group, a.user, a.before, a.max)?;
+        let next = msgs.last().map_or(a.before, |m| m.msg_id);
+        (msgs, has_more, next)
+    };
     let mut human = String::new();
     for m in &msgs {
         human.push_str(&message_line(m));
     }
-    match (msgs.last(), has_more) {
-        (Some(oldest), true) => human.push_str(&format!(
-            "{} message(s), newest first; older ones: --before {}\n",
+    if has_more {
+        human.push_str(&format!(
+            "{} message(s), newest first; older ones: --before {next_before}\n",
             msgs.len(),
-            oldest.msg_id
-        )),
-        _ => human.push_str(&format!(
+        ));
+    } else {
+        human.push_str(&format!(
             "{} message(s), newest first; no older ones\n",
             msgs.len()
-        )),
+        ));
     }
     emit(
         a.conn.json,
@@ -822,6 +833,7 @@ pub fn message_line(m: &Message) -> String {
         Kind::Edit { target } => format!("(edit of #{target}) {}", payload_text(&m.payload)),
         Kind::Recall { target } => format!("(recall of #{target})"),
         Kind::Recalled => "(recalled)".to_string(),
+        Kind::Edited => format!("(edited) {}", payload_text(&m.payload)),
         Kind::Gap => "(lost to damage)".to_string(),
     };
     format!(
@@ -869,6 +881,7 @@ pub fn message_json(m: &Message) -> Value {
             v["target"] = json!(target);
         }
         Kind::Recalled => v["kind"] = json!("recalled"),
+        Kind::Edited => v["kind"] = json!("edited"),
         Kind::Gap => v["kind"] = json!("gap"),
     }
     match std::str::from_utf8(&m.payload) {

@@ -129,6 +129,24 @@ fn recall_and_edit_follow_the_rules_keep_unread_exact_and_show_per_version() {
     let (mut hist, _) = old.history(1, 20, 0, 100).unwrap();
     hist.reverse();
     assert_eq!(shown(&hist), v1);
+    // The latest state of each message, the changes left out.
+    let (latest, has_more, next_before) = c.history_latest(1, 20, 0, 100).unwrap();
+    assert_eq!(
+        shown(&latest),
+        vec![
+            m(3, Kind::Recalled, b""),
+            m(2, Kind::Edited, b"world!"),
+            m(1, Kind::Recalled, b""),
+        ]
+    );
+    assert_eq!((has_more, next_before), (false, 1));
+    // A page of changes only says where to go on.
+    let (latest, has_more, next_before) = c.history_latest(1, 20, 0, 2).unwrap();
+    assert_eq!((latest.len(), has_more, next_before), (0, true, 5));
+    assert!(matches!(
+        old.history_latest(1, 20, 0, 100),
+        Err(ClientError::Protocol(_))
+    ));
     // Pushes, per subscriber version.
     let pushed = |client: &mut Client| {
         let mut got = Vec::new();
@@ -254,5 +272,21 @@ fn the_inbox_keeps_the_latest_state_and_the_commands_recall_and_edit() {
     assert!(
         pulled.contains("#7] ") && pulled.contains("(recall of #2)"),
         "{pulled}"
+    );
+    let latest = ok(&[
+        "history", "--addr", a, "--group", "1", "--user", "21", "--latest",
+    ]);
+    assert_eq!(latest.lines().count(), 3, "{latest}");
+    assert!(
+        latest.contains("#2] ") && latest.contains("(recalled)"),
+        "{latest}"
+    );
+    assert!(
+        latest.contains("#1] ") && latest.contains("(recalled)"),
+        "{latest}"
+    );
+    assert!(
+        latest.ends_with("2 message(s), newest first; no older ones\n"),
+        "{latest}"
     );
 }

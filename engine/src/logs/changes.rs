@@ -30,27 +30,48 @@
 //! new floor minus one (a member that joins later starts at or above
 //! `floor - 1`). Exact: an id at or below every cursor is above none.
 //!
+//! Beside them, the group's **latest edits**: for every message an Edit
+//! names (and no Recall does), the id of its newest Edit, sorted by the
+//! message's id: what HISTORY_LATEST (protocol.md 4.30) shows a message
+//! with, found by one binary search. Stored with the quiet ids (GroupPut
+//! bit 5), rebuilt the same way, trimmed by retention below the floor (a
+//! message retention dropped is shown to no one).
+//!
 //! Costs: an insert is a binary search and a shift (recalls name older ids,
 //! edits are appended); a count is two binary searches.
 
-use crate::logs::record::KIND_RECALL;
+use crate::logs::record::{KIND_EDIT, KIND_RECALL};
 
 /// See the module docs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QuietIds {
     ids: Vec<u64>,
+    /// `(message, its newest Edit)`, ascending by message; no recalled
+    /// message.
+    edits: Vec<(u64, u64)>,
 }
 
 impl QuietIds {
     /// From ids stored by a checkpoint (sorted, distinct: checked by the
     /// run decoder).
-    pub fn from_sorted(ids: Vec<u64>) -> QuietIds {
+    pub fn from_sorted(ids: Vec<u64>, edits: Vec<(u64, u64)>) -> QuietIds {
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]));
-        QuietIds { ids }
+        debug_assert!(edits.windows(2).all(|w| w[0].0 < w[1].0));
+        QuietIds { ids, edits }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
+        self.ids.is_empty() && self.edits.is_empty()
+    }
+
+    pub fn edits(&self) -> &[(u64, u64)] {
+        &self.edits
+    }
+
+    /// The newest Edit of message `id`, unless it was recalled.
+    pub fn latest_edit(&self, id: u64) -> Option<u64> {
+        let at = self.edits.binary_search_by_key(&id, |e| e.0).ok()?;
+        Some(self.edits[at].1)
     }
 
     pub fn ids(&self) -> &[u64] {
@@ -71,9 +92,18 @@ impl QuietIds {
     /// applied: it is quiet, and a recall's target too.
     pub fn applied(&mut self, msg_id: u64, kind: u8, target: Option<u64>) {
         self.insert(msg_id);
+        let Some(t) = target else { return };
+        let at = self.edits.binary_search_by_key(&t, |e| e.0);
         if kind == KIND_RECALL {
-            if let Some(t) = target {
-                self.insert(t);
+            self.insert(t);
+            // A recall is final: the message's edits no longer matter.
+            if let Ok(at) = at {
+                self.edits.remove(at);
+            }
+        } else if kind == KIND_EDIT && !self.contains(t) {
+            match at {
+                Ok(at) => self.edits[at].1 = self.edits[at].1.max(msg_id),
+                Err(at) => self.edits.insert(at, (t, msg_id)),
             }
         }
     }
@@ -91,17 +121,19 @@ impl QuietIds {
 
     /// Drops the ids at or below `up_to` (module docs say which bound the
     /// caller passes). Returns how many went.
-    pub fn trim(&mut self, up_to: u64) -> usize {
+    /// Also drops the latest edits of the messages below `floor`.
+    pub fn trim(&mut self, up_to: u64, floor: u64) -> usize {
         let n = self.ids.partition_point(|&q| q <= up_to);
         self.ids.drain(..n);
-        n
+        let e = self.edits.partition_point(|&(t, _)| t < floor);
+        self.edits.drain(..e);
+        n + e
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::logs::record::KIND_EDIT;
 
     #[test]
     fn counts_follow_cursor_and_head_and_inserts_are_idempotent() {
@@ -115,7 +147,14 @@ mod tests {
         assert_eq!(q.count_in(0, 6), 2);
         assert_eq!(q.count_in(7, 10), 0);
         assert_eq!(q.count_in(9, 4), 0);
-        assert_eq!(q.trim(4), 1);
-        assert_eq!(q.ids(), &[5, 7]);
+        // 5 edited 2 (kept); 7 recalled 3.
+        assert_eq!(q.latest_edit(2), Some(5));
+        q.applied(8, KIND_EDIT, Some(2));
+        q.applied(9, KIND_EDIT, Some(3));
+        assert_eq!((q.latest_edit(2), q.latest_edit(3)), (Some(8), None));
+        q.applied(10, KIND_RECALL, Some(2));
+        assert_eq!(q.latest_edit(2), None, "a recall is final");
+        assert_eq!(q.trim(4, 3), 2);
+        assert_eq!(q.ids(), &[5, 7, 8, 9, 10]);
     }
 }

@@ -552,11 +552,12 @@ impl Checkpointer {
                 }
                 // Quiet ids no member can count any more (`changes.rs`):
                 // at or below every cursor and below the new floor.
-                let below_floor = g.log.read().floor().saturating_sub(1);
+                let floor = g.log.read().floor();
+                let below_floor = floor.saturating_sub(1);
                 let up_to = g
                     .min_cursor(&self.shared.cursors)
                     .map_or(below_floor, |c| c.min(below_floor));
-                g.trim_quiet(up_to);
+                g.trim_quiet(up_to, floor);
                 dropped_any = true;
                 ctx.dirty.mark(&g, &mut ck);
                 drop(ck);
@@ -694,6 +695,7 @@ impl Checkpointer {
             damaged,
             small,
             quiet: g.quiet_ids(),
+            edits: g.latest_edits(),
         })));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();

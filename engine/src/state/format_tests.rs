@@ -30,6 +30,7 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         damaged: None,
         small: None,
         quiet: Vec::new(),
+        edits: Vec::new(),
     }))
 }
 
@@ -103,6 +104,7 @@ fn sample_items() -> Vec<Item> {
             damaged: Some("bad crc at 12 ü".into()),
             small: None,
             quiet: Vec::new(),
+            edits: Vec::new(),
         })),
         member(3, u64::MAX, 2),
         Item::MemberPut {
@@ -175,6 +177,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         damaged: None,
         small: None,
         quiet: Vec::new(),
+        edits: Vec::new(),
     }));
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
@@ -275,6 +278,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         damaged: None,
         small: None,
         quiet: Vec::new(),
+        edits: Vec::new(),
     };
     assert!(decode_raw(&good(base.clone()), 1, Key::group(1)).is_ok());
     for (what, bad) in [
@@ -432,6 +436,7 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         damaged: Some(reason.clone()),
         small: None,
         quiet: Vec::new(),
+        edits: Vec::new(),
     }));
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
@@ -725,6 +730,7 @@ impl Model {
             damaged: None,
             small: None,
             quiet: Vec::new(),
+            edits: Vec::new(),
         }))
     }
 
@@ -839,6 +845,7 @@ mod quiet_ids {
             damaged: None,
             small: None,
             quiet: vec![3, 5, 9],
+            edits: Vec::new(),
         };
         let mut raw = Vec::new();
         encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
@@ -857,6 +864,41 @@ mod quiet_ids {
             &[1, 1, 0x10, 0, 9, 1, 1, 64, 1, 10],     // above the head
             &[1, 1, 0x10, 0, 9, 1, 1, 64, 200, 1, 1], // count past the end
             &[1, 1, 0x20, 0, 9, 1, 1, 64],            // reserved bit 5
+        ] {
+            assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn latest_edits_round_trip_as_documented_and_bad_lists_are_refused() {
+        let rec = GroupRecord {
+            group: 1,
+            fresh: false,
+            applied_lsn: 0,
+            head: 9,
+            segments: vec![(1, 64)],
+            retention: Retention::default(),
+            damaged: None,
+            small: None,
+            quiet: vec![4, 7],
+            edits: vec![(2, 4), (3, 7)],
+        };
+        let mut raw = Vec::new();
+        encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
+        // flags 0x30 (quiet, edits); quiet 4, +3; edits (2, +2), (+1, +4).
+        let bytes = [1, 1, 0x30, 0, 9, 1, 1, 64, 2, 4, 3, 2, 2, 2, 1, 4];
+        assert_eq!(raw, bytes);
+        assert_eq!(
+            decode_raw(&bytes, 1, Key::group(1)).unwrap(),
+            [Item::GroupPut(Box::new(rec))]
+        );
+        for bad in [
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 0][..],         // no entry
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 2, 0],       // edit not above
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 0, 2],       // message 0
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 5, 5],       // edit above the head
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 2, 1, 1, 0, 1], // not rising
+            &[1, 1, 0x40, 0, 9, 1, 1, 64],                // reserved bit 6
         ] {
             assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
         }

@@ -43,6 +43,9 @@ pub enum Kind {
     Message,
     /// A message recalled since (its payload withheld: empty).
     Recalled,
+    /// A message shown in its latest state with its newest edit's payload
+    /// (HISTORY_LATEST only).
+    Edited,
     /// An edit of message `target`: `payload` is its new payload.
     Edit { target: u64 },
     /// The recall of message `target`.
@@ -304,6 +307,7 @@ pub fn messages(group: u64, records: &Records<'_>) -> Result<Vec<Message>> {
             (KIND_RECALL, Some(target)) => (Kind::Recall { target }, &[][..]),
             (KIND_GAP, _) => (Kind::Gap, &[][..]),
             _ if r.is_recalled() => (Kind::Recalled, &[][..]),
+            _ if r.is_edited() => (Kind::Edited, r.payload()),
             _ => (Kind::Message, r.payload()),
         };
         out.push(Message {
@@ -686,6 +690,34 @@ impl Client {
             payload,
         })?;
         parse_sent(&f)
+    }
+
+    /// HISTORY_LATEST (protocol version 2): HISTORY's page with every
+    /// message in its latest state (recalled, or with its newest edit's
+    /// payload), the edits and recalls left out. Returns the messages
+    /// (newest first), whether older ones remain, and the `before_msg_id`
+    /// of the next page.
+    pub fn history_latest(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool, u64)> {
+        let f = self.call(&Request::HistoryLatest {
+            group,
+            user,
+            before_msg_id,
+            max_count,
+        })?;
+        match f.response()? {
+            Response::HistoryLatest {
+                has_more,
+                next_before,
+                records,
+            } => Ok((messages(group, &records)?, has_more, next_before)),
+            _ => unexpected("HISTORY_LATEST"),
+        }
     }
 
     /// The protocol version HELLO chose.

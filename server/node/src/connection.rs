@@ -709,6 +709,14 @@ impl Session {
             } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                 handlers::send(ctx, id, group, sender, client_msg_id, payload)
             }),
+            Request::HistoryLatest {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => {
+                handlers::history_latest(ctx, id, group, user, before_msg_id, max_count).map(answer)
+            }
             Request::Recall {
                 group,
                 sender,

@@ -802,6 +802,49 @@ pub fn history(
     history_reply(request_id, group, h, budget)
 }
 
+/// HISTORY_LATEST (4.30, version 2): HISTORY's page with each message in
+/// its latest state (`Engine::try_history_latest`), newest first, cut to
+/// the frame as HISTORY's; `next_before` is the oldest id the records sent
+/// cover (the page's start when all were sent).
+pub fn history_latest(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    user: u64,
+    before_msg_id: u64,
+    max_count: u32,
+) -> Result<Outgoing, EngineError> {
+    let before = (before_msg_id > 0).then_some(before_msg_id);
+    let budget = records_budget(ctx.limits);
+    let page = ctx
+        .engine
+        .try_history_latest(group, user, before, max_count as usize, budget)?;
+    let (records, bytes, truncated) = newest_first(group, &page.history.batch, budget)?;
+    let next_before = match records.last() {
+        Some(oldest) if truncated => peek_msg_id(oldest.bytes()),
+        _ => page.next_before,
+    };
+    let resp = Response::HistoryLatest {
+        has_more: truncated || !page.history.complete,
+        next_before,
+        // Invariant: bounded by the frame budget.
+        records: RecordsLen {
+            count: records.len() as u32,
+            bytes: bytes as u32,
+        },
+    };
+    let n = records.len() as u64;
+    Ok(reply(request_id, &resp, records, n))
+}
+
+/// The `msg_id` of a whole record (offset 8).
+fn peek_msg_id(record: &[u8]) -> u64 {
+    record
+        .get(8..16)
+        .and_then(|b| b.first_chunk::<8>())
+        .map_or(0, |b| u64::from_le_bytes(*b))
+}
+
 /// READ_COUNT (4.16).
 pub fn read_count(
     ctx: &Ctx<'_>,
@@ -1163,8 +1206,29 @@ fn history_reply(
     h: tidemark_engine::History,
     budget: usize,
 ) -> Result<Outgoing, EngineError> {
+    let (records, bytes, truncated) = newest_first(group, &h.batch, budget)?;
+    let keep = records.len();
+    let resp = Response::History {
+        has_more: truncated || !h.complete,
+        // Invariant: bounded by the frame budget.
+        records: RecordsLen {
+            count: keep as u32,
+            bytes: bytes as u32,
+        },
+    };
+    Ok(reply(request_id, &resp, records, keep as u64))
+}
+
+/// A page's records newest first, one chunk each, dropping the oldest that
+/// do not fit `budget` (the newest always goes): the records, their bytes,
+/// and whether some were dropped.
+fn newest_first(
+    group: u64,
+    batch: &ReadBatch,
+    budget: usize,
+) -> Result<(Vec<Chunk>, usize, bool), EngineError> {
     let mut records: Vec<Chunk> = Vec::new();
-    for c in &h.batch.chunks {
+    for c in &batch.chunks {
         records.extend(c.split_records(group)?);
     }
     records.reverse();
@@ -1179,15 +1243,7 @@ fn history_reply(
     }
     let truncated = keep < records.len();
     records.truncate(keep);
-    let resp = Response::History {
-        has_more: truncated || !h.complete,
-        // Invariant: bounded by the frame budget.
-        records: RecordsLen {
-            count: keep as u32,
-            bytes: bytes as u32,
-        },
-    };
-    Ok(reply(request_id, &resp, records, keep as u64))
+    Ok((records, bytes, truncated))
 }
 
 /// Compares secrets without an early exit on the first difference.

@@ -336,6 +336,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::ClearHistory => "clear_history",
         Opcode::Recall => "recall",
         Opcode::Edit => "edit",
+        Opcode::HistoryLatest => "history_latest",
         Opcode::Readers => "readers",
         Opcode::Subscribe => "subscribe",
         Opcode::Unsubscribe => "unsubscribe",

@@ -36,8 +36,8 @@ pub use frame::{
 };
 pub use opcode::{FrameKind, Opcode};
 pub use records::{
-    RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection, FLAG_RECALLED,
-    KIND_EDIT, KIND_GAP, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES,
+    RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection, FLAG_EDITED,
+    FLAG_RECALLED, KIND_EDIT, KIND_GAP, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES,
 };
 pub use request::{
     decode_request, encode_request, encode_request_in, AckItem, JoinStart, Request, Subscription,

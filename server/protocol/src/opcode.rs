@@ -38,6 +38,7 @@ pub enum Opcode {
     ClearHistory = 0x2C,
     Recall = 0x2D,
     Edit = 0x2E,
+    HistoryLatest = 0x2F,
     Subscribe = 0x30,
     Unsubscribe = 0x31,
     SubscribeReceipts = 0x32,
@@ -67,9 +68,10 @@ impl Opcode {
     /// Every request opcode (MEMBERS, GROUP_INFO, READERS,
     /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
     /// CLEAR_HISTORY are additions to version 1 made after tidemark 0.1;
-    /// RECALL and EDIT exist from version 2 on, [`Opcode::since`];
+    /// RECALL, EDIT and HISTORY_LATEST exist from version 2 on,
+    /// [`Opcode::since`];
     /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -96,6 +98,7 @@ impl Opcode {
         Opcode::ClearHistory,
         Opcode::Recall,
         Opcode::Edit,
+        Opcode::HistoryLatest,
         Opcode::Subscribe,
         Opcode::Unsubscribe,
         Opcode::SubscribeReceipts,
@@ -105,7 +108,7 @@ impl Opcode {
     /// byte is an unknown opcode (BAD_FRAME).
     pub const fn since(self) -> u8 {
         match self {
-            Opcode::Recall | Opcode::Edit => 2,
+            Opcode::Recall | Opcode::Edit | Opcode::HistoryLatest => 2,
             _ => 1,
         }
     }
@@ -143,6 +146,7 @@ impl Opcode {
             Opcode::ClearHistory => "CLEAR_HISTORY",
             Opcode::Recall => "RECALL",
             Opcode::Edit => "EDIT",
+            Opcode::HistoryLatest => "HISTORY_LATEST",
             Opcode::Send => "SEND",
             Opcode::Pull => "PULL",
             Opcode::Ack => "ACK",

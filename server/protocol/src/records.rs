@@ -28,6 +28,9 @@ pub const KIND_GAP: u8 = 3;
 /// `flags` bit of a recalled message (version 2): its payload is withheld
 /// (empty), whatever the node still stores.
 pub const FLAG_RECALLED: u8 = 1;
+/// `flags` bit of a message shown in its latest state with its newest
+/// edit's payload (version 2; HISTORY_LATEST only).
+pub const FLAG_EDITED: u8 = 2;
 /// Bytes of the target id that starts an edit's or a recall's payload.
 pub const TARGET_BYTES: usize = 8;
 
@@ -57,7 +60,9 @@ fn fields_valid(record: &[u8], version: u8) -> bool {
         t >= 1 && t < id
     };
     match kind {
-        KIND_MESSAGE => flags == 0 || (flags == FLAG_RECALLED && payload == 0),
+        KIND_MESSAGE => {
+            flags == 0 || flags == FLAG_EDITED || (flags == FLAG_RECALLED && payload == 0)
+        }
         KIND_EDIT => flags == 0 && payload >= TARGET_BYTES && target_ok(),
         KIND_RECALL => flags == 0 && payload == TARGET_BYTES && target_ok(),
         KIND_GAP => flags == 0 && payload == 0,
@@ -268,6 +273,10 @@ impl<'a> RecordView<'a> {
     /// An edit's new payload (the payload after its target id).
     pub fn edit_payload(&self) -> Option<&'a [u8]> {
         (self.kind() == KIND_EDIT).then(|| self.payload().get(TARGET_BYTES..).unwrap_or(&[]))
+    }
+    /// A message shown with its newest edit's payload (HISTORY_LATEST).
+    pub fn is_edited(&self) -> bool {
+        self.kind() == KIND_MESSAGE && self.flags() & FLAG_EDITED != 0
     }
     /// A message presented as recalled (version 2; its payload is empty).
     pub fn is_recalled(&self) -> bool {

@@ -168,6 +168,14 @@ pub enum Request<'a> {
         before_msg_id: u64,
         max_count: u32,
     },
+    /// Version 2: HISTORY's page with each message in its latest state
+    /// (4.30); HISTORY's fields.
+    HistoryLatest {
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    },
     ReadCount {
         group: u64,
         msg_id: u64,
@@ -230,6 +238,7 @@ impl Request<'_> {
             Request::Unread { .. } => Opcode::Unread,
             Request::Sync { .. } => Opcode::Sync,
             Request::History { .. } => Opcode::History,
+            Request::HistoryLatest { .. } => Opcode::HistoryLatest,
             Request::ReadCount { .. } => Opcode::ReadCount,
             Request::Members { .. } => Opcode::Members,
             Request::GroupInfo { .. } => Opcode::GroupInfo,
@@ -445,6 +454,12 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_u64(out, *continuation);
         }
         Request::History {
+            group,
+            user,
+            before_msg_id,
+            max_count,
+        }
+        | Request::HistoryLatest {
             group,
             user,
             before_msg_id,
@@ -694,6 +709,13 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         },
         // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
         Opcode::History => Request::History {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            before_msg_id: r.u64("before_msg_id")?,
+            max_count: r.u32("max_count")?,
+        },
+        // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
+        Opcode::HistoryLatest => Request::HistoryLatest {
             group: r.id("group")?,
             user: r.id("user")?,
             before_msg_id: r.u64("before_msg_id")?,

@@ -272,6 +272,14 @@ pub enum Response<'a, R = Records<'a>> {
         /// Newest first.
         records: R,
     },
+    /// Version 2 (4.30): messages in their latest state, newest first.
+    HistoryLatest {
+        /// Older messages may be stored below `next_before`.
+        has_more: bool,
+        /// The next page's `before_msg_id`: the oldest id this page covered.
+        next_before: u64,
+        records: R,
+    },
     ReadCount {
         count: u64,
     },
@@ -354,6 +362,7 @@ impl<R> Response<'_, R> {
             Response::Unread(_) => Opcode::Unread,
             Response::Sync { .. } => Opcode::Sync,
             Response::History { .. } => Opcode::History,
+            Response::HistoryLatest { .. } => Opcode::HistoryLatest,
             Response::ReadCount { .. } => Opcode::ReadCount,
             Response::Members { .. } => Opcode::Members,
             Response::GroupInfo(_) => Opcode::GroupInfo,
@@ -722,6 +731,18 @@ fn encode_body<R: RecordsSection>(
         Response::History { has_more, records } => {
             // Format: { has_more: bool | record_count: u32 | records_bytes: u32 | records }
             put_bool(out, *has_more);
+            put_section_header(out, records)?;
+            put_section_bytes(out, records, inline, trailing);
+        }
+        Response::HistoryLatest {
+            has_more,
+            next_before,
+            records,
+        } => {
+            // Format: { has_more: bool | next_before: u64 | record_count: u32 |
+            //           records_bytes: u32 | records }
+            put_bool(out, *has_more);
+            put_u64(out, *next_before);
             put_section_header(out, records)?;
             put_section_bytes(out, records, inline, trailing);
         }
@@ -1209,6 +1230,19 @@ fn decode_body<'a>(
             let section = section_header(r)?;
             let records = section_bytes(r, section, version)?;
             Response::History { has_more, records }
+        }
+        Opcode::HistoryLatest => {
+            // Format: { has_more: bool | next_before: u64 | record_count: u32 |
+            //           records_bytes: u32 | records }
+            let has_more = r.bool("has_more")?;
+            let next_before = r.u64("next_before")?;
+            let section = section_header(r)?;
+            let records = section_bytes(r, section, version)?;
+            Response::HistoryLatest {
+                has_more,
+                next_before,
+                records,
+            }
         }
         // Format: { count: u64 }
         Opcode::ReadCount => Response::ReadCount {

@@ -114,6 +114,8 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("edit_response"),
     vector!("pull_response_v2"),
     vector!("pull_response_v1"),
+    vector!("history_latest_request"),
+    vector!("history_latest_response"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -542,6 +544,23 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 records: records(&r[if name == "pull_response_v2" { 3 } else { 4 }]),
             },
         ),
+        "history_latest_request" => Expected::Req(
+            21,
+            Request::HistoryLatest {
+                group: 7,
+                user: 5,
+                before_msg_id: 0,
+                max_count: 10,
+            },
+        ),
+        "history_latest_response" => Expected::Resp(
+            21,
+            Response::HistoryLatest {
+                has_more: false,
+                next_before: 1001,
+                records: records(&r[5]),
+            },
+        ),
         other => panic!("vector {other} has no documented values"),
     };
     verify(e)
@@ -570,12 +589,19 @@ fn vector_records() -> Vec<Vec<u8>> {
         rec(1004, 1_700_000_000_999, 42, 10, b""),
     ]
     .concat();
+    // The same group as it reads now, newest first (HISTORY_LATEST).
+    let latest = [
+        rec_kind(1002, 1_700_000_000_456, 43, 1, 0, FLAG_EDITED, b"world?"),
+        rec_kind(1001, 1_700_000_000_123, 42, 9, 0, FLAG_RECALLED, b""),
+    ]
+    .concat();
     vec![
         pull,
         rec(1003, 1_700_000_000_789, 42, 10, b"hi"),
         rec(41, 1_699_999_999_000, 77, 3, b"yo"),
         v2,
         v1,
+        latest,
     ]
 }
 
@@ -1406,7 +1432,7 @@ mod version_2 {
             assert!(decode_any_and_check_canonical(&v), "{name} in version 2");
             // And back in version 1, unless it is new in version 2.
             set_version(&mut v, 1);
-            let v2_only = ["recall_", "edit_", "pull_response_v2"];
+            let v2_only = ["recall_", "edit_", "pull_response_v2", "history_latest"];
             if !v2_only.iter().any(|p| name.starts_with(p)) {
                 assert!(decode_any_and_check_canonical(&v), "{name} in version 1");
             }
@@ -1454,7 +1480,12 @@ mod version_2 {
                 "recalled with a payload",
                 rec_kind(9, 1, 2, 3, 0, FLAG_RECALLED, b"x"),
             ),
-            ("flag bit 1", rec_kind(9, 1, 2, 3, 0, 2, b"")),
+            ("flags 3", rec_kind(9, 1, 2, 3, 0, 3, b"")),
+            ("flag bit 2", rec_kind(9, 1, 2, 3, 0, 4, b"")),
+            (
+                "an edit with a flag",
+                rec_kind(9, 1, 2, 3, KIND_EDIT, 2, &target),
+            ),
             (
                 "edit without a target",
                 rec_kind(9, 1, 2, 3, KIND_EDIT, 0, b"abc"),

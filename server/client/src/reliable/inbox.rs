@@ -401,7 +401,7 @@ impl Inbox {
             ),
             Kind::Recall { target } => (target, Latest::Recalled),
             Kind::Recalled => (m.msg_id, Latest::Recalled),
-            Kind::Message | Kind::Gap => return,
+            Kind::Message | Kind::Gap | Kind::Edited => return,
         };
         let entry = self
             .changes

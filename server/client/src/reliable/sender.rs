@@ -736,6 +736,20 @@ impl ReliableClient {
         })
     }
 
+    /// HISTORY_LATEST (protocol version 2): a page of messages in their
+    /// latest state, newest first; see [`crate::Client::history_latest`].
+    pub fn history_latest(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool, u64), Error> {
+        self.call(Ctx::member(group, user), |c| {
+            c.history_latest(group, user, before_msg_id, max_count)
+        })
+    }
+
     /// The node's STATS.
     pub fn node_stats(&mut self) -> Result<Vec<(String, u64)>, Error> {
         self.call(Ctx::default(), |c| c.stats())
