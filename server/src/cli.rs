@@ -1,8 +1,8 @@
 //! The `tidemark` client subcommands: `create-group`, `join`, `send`,
 //! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `group-info`,
 //! `stats` against a running node, and `demo`; `ping`, `leave`, `delete-group`
-//! and `tail` are in [`ops`], a send's payload input (text, stdin, file) in
-//! [`payload`]. Human-readable output by default, one JSON
+//! and `tail` are in [`ops`], `recall` and `edit` in [`changes`], a send's
+//! payload input (text, stdin, file) in [`payload`]. Human-readable output by default, one JSON
 //! object with `--json`. Every command goes through the reliable client
 //! ([`tidemark_client::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
