@@ -1027,6 +1027,35 @@ mod state_tests {
             conn.handle_next(&mut ctx)
         }
 
+        /// [`Node::request`] as a frame of protocol `version`.
+        fn request_in(
+            &mut self,
+            conn: &mut Connection,
+            version: u8,
+            id: u64,
+            req: Request<'_>,
+        ) -> Next {
+            let mut frame = Vec::new();
+            tidemark_protocol::encode_request_in(version, id, &req, &mut frame).unwrap();
+            assert_eq!(conn.decoder.push(&frame), frame.len());
+            let sends = crate::config::SendPolicy::anyone();
+            let mut ctx = Ctx {
+                engine: &self.engine,
+                limits: &self.limits,
+                sends: &sends,
+                token: Some(TOKEN),
+                shutting_down: self.shutting_down,
+                subs: &mut self.subs,
+                receipts: &mut self.receipts,
+                conn: ConnId {
+                    index: 0,
+                    generation: 1,
+                },
+                version: 1,
+            };
+            conn.handle_next(&mut ctx)
+        }
+
         /// A connection through HELLO and AUTH.
         fn authenticated(&mut self) -> Connection {
             let mut c = Connection::new(self.limits.frame_bytes_max);
@@ -1256,5 +1285,47 @@ mod state_tests {
         assert_eq!(node.answered(&mut c, hello()), down);
         assert_eq!(node.answered(&mut c, send(1)), down);
         assert_eq!(c.session.phase, Phase::AwaitHello);
+    }
+
+    /// Protocol version 2 (format-spec/protocol.md 7): HELLO's response is
+    /// a version 1 frame, every later frame carries 2 both ways, and a
+    /// frame of another version than the connection's is fatal.
+    #[test]
+    fn a_version_2_connection_stamps_its_frames_and_refuses_other_versions() {
+        let mut node = Node::new(Limits::default());
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        let hello = Request::Hello {
+            min_version: 1,
+            max_version: 2,
+            client_name: "t",
+        };
+        let answer = |next: Next| match next {
+            Next::Handled {
+                action: Action::Answer(out),
+                ..
+            } => out,
+            _ => panic!("not answered at once"),
+        };
+        let out = answer(node.request(&mut c, 1, hello));
+        assert_eq!(out.head[4], 1, "HELLO's response carries 1");
+        assert!(c.queue(out));
+        assert_eq!(c.version(), 2);
+        let auth = answer(node.request_in(&mut c, 2, 2, Request::Auth { token: TOKEN }));
+        assert_eq!(auth.error, None);
+        // A version 2 PING: its response stamped 2 when queued.
+        let pong = answer(node.request_in(&mut c, 2, 3, Request::Ping));
+        assert!(c.queue(pong));
+        let mut sink = Vec::new();
+        c.write_to(&mut sink).unwrap();
+        let pong = &sink[sink.len() - 16..];
+        assert_eq!((pong[4], pong[5]), (2, Opcode::Ping.response_byte()));
+        // A version 1 frame on the version 2 connection: fatal.
+        assert!(matches!(
+            node.request(&mut c, 4, Request::Ping),
+            Next::Handled {
+                action: Action::Closed(ErrorCode::UnsupportedVersion),
+                ..
+            }
+        ));
     }
 }
