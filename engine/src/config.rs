@@ -80,6 +80,8 @@ pub mod defaults {
     pub const GROUPS_PER_USER_MAX: usize = 20_000;
     pub const CURSOR_FLUSH_MS: u64 = 1000;
     pub const RETENTION_CHECK_MS: u64 = 60_000;
+    /// A message may be edited or recalled for a day after it was sent.
+    pub const CHANGE_WINDOW_MS: u64 = 86_400_000;
     pub const DISK_FREE_MIN_BYTES: u64 = 64 << 20;
 }
 
@@ -184,6 +186,9 @@ pub struct Config {
     /// replica applies the creator's policy, not its own default). The
     /// default keeps everything.
     pub retention_default: crate::Retention,
+    /// How long after a message was accepted its sender (or an
+    /// administrator) may edit or recall it (`edits.rs`).
+    pub change_window_ms: u64,
     /// Below this much free disk space, new writes are refused with
     /// `DiskFull` (nothing is assigned or written), and accepted again by
     /// themselves once space returns. 0 disables the check.
@@ -223,6 +228,7 @@ impl Config {
                 max_age_ms: 0,
                 max_bytes: 0,
             },
+            change_window_ms: CHANGE_WINDOW_MS,
             disk_free_min_bytes: DISK_FREE_MIN_BYTES,
         }
     }

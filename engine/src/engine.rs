@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
 use crate::io::{OsVfs, Vfs};
 use crate::logs::group_log::{LogContext, ReadBatch, Scan};
-use crate::logs::record::NewRecord;
+use crate::logs::record::{self, NewRecord};
 use crate::now_ms;
 use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
@@ -561,7 +561,7 @@ impl Engine {
             return Ok(dup);
         }
         let mut p = self.lock_pending(wait_for_room, true)?;
-        let ticket = self.assign_one(&group, assign, req, &mut p);
+        let ticket = self.assign_one(&group, assign, req, record::KIND_MESSAGE, &mut p);
         drop(p);
         drop(slot);
         self.shared.pending_cv.notify_all();
@@ -617,7 +617,7 @@ impl Engine {
                 .expect("invariant: send state built above");
             let ticket = match self.duplicate_of(assign, req) {
                 Some(dup) => dup,
-                None => self.assign_one(&groups[i], assign, req, &mut p),
+                None => self.assign_one(&groups[i], assign, req, record::KIND_MESSAGE, &mut p),
             };
             tickets.push(ticket);
         }
@@ -710,7 +710,11 @@ impl Engine {
     }
 
     /// The original of a retransmit, if the window remembers it.
-    fn duplicate_of(&self, assign: &AssignState, req: &AppendRequest<'_>) -> Option<Ticket> {
+    pub(crate) fn duplicate_of(
+        &self,
+        assign: &AssignState,
+        req: &AppendRequest<'_>,
+    ) -> Option<Ticket> {
         let (msg_id, timestamp_ms) = assign.dedup.lookup(req.sender_id, req.client_msg_id)?;
         self.shared
             .counters
@@ -729,12 +733,14 @@ impl Engine {
 
     /// Gives `req` the group's next id and queues its record in the pending
     /// round. The caller holds the group's assign lock and the pending lock,
-    /// so per-group journal order is id order.
-    fn assign_one(
+    /// so per-group journal order is id order. `kind`: a message, or an
+    /// edit or a recall whose payload starts with its target (`edits.rs`).
+    pub(crate) fn assign_one(
         &self,
         group: &Arc<Group>,
         assign: &mut AssignState,
         req: &AppendRequest<'_>,
+        kind: u8,
         p: &mut Pending,
     ) -> Ticket {
         // Stages of the head (group.rs): visible <= assigned.
@@ -759,7 +765,7 @@ impl Engine {
             p,
             group,
             EntryKind::Records,
-            |buf| journal::body::encode_record(buf, &rec),
+            |buf| journal::body::encode_record_kind(buf, &rec, kind),
             None,
         );
         assign.last_id = msg_id;

@@ -74,6 +74,13 @@ pub enum Error {
     BelowRetentionFloor { group: u64, earliest: u64 },
     /// A membership limit (`members_per_group_max`, `groups_per_user_max`).
     LimitExceeded { what: &'static str, max: usize },
+    /// An edit or a recall the rules refuse (format-spec/protocol.md
+    /// 4.28): nothing was written.
+    ChangeRefused {
+        group: u64,
+        target: u64,
+        why: ChangeRefusal,
+    },
     /// The request needs the group's files read first (its first use
     /// after open: the verifying load of its log, the index of a sealed
     /// segment, its dedup window), and the caller asked not to wait for
@@ -110,6 +117,43 @@ pub enum Error {
         supported: u16,
         detail: String,
     },
+}
+
+/// Why an edit or a recall was refused; `code()` is the wire's detail of
+/// error 17 (protocol.md 6.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeRefusal {
+    /// The requester is neither the message's sender nor an administrator.
+    NotSender,
+    /// The message is older than the change window allows.
+    WindowPassed,
+    /// No message of that id is stored (above the head, below the floor,
+    /// 0), or the id is itself an edit or a recall.
+    NoSuchMessage,
+    /// The message was recalled already.
+    Recalled,
+}
+
+impl ChangeRefusal {
+    pub fn code(self) -> u64 {
+        match self {
+            ChangeRefusal::NotSender => 1,
+            ChangeRefusal::WindowPassed => 2,
+            ChangeRefusal::NoSuchMessage => 3,
+            ChangeRefusal::Recalled => 4,
+        }
+    }
+}
+
+impl fmt::Display for ChangeRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ChangeRefusal::NotSender => "only its sender or an administrator may change it",
+            ChangeRefusal::WindowPassed => "the change window has passed",
+            ChangeRefusal::NoSuchMessage => "no such message is stored",
+            ChangeRefusal::Recalled => "it was recalled",
+        })
+    }
 }
 
 impl Error {
@@ -202,6 +246,12 @@ impl fmt::Display for Error {
                 write!(f, "group {group} no longer stores those messages; the earliest stored msg_id is {earliest}")
             }
             Error::LimitExceeded { what, max } => write!(f, "limit {what} = {max} reached"),
+            Error::ChangeRefused { group, target, why } => {
+                write!(
+                    f,
+                    "message {target} of group {group} cannot be changed: {why}"
+                )
+            }
             Error::NotReady { group, ticket } => write!(
                 f,
                 "group {group} is being read from disk (background job {ticket}); run the \

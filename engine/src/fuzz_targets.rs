@@ -41,7 +41,8 @@ use crate::commit::journal::{
 use crate::io::power_cut::{Cut, PowerCutVfs};
 use crate::io::OsVfs;
 use crate::logs::record::{
-    self, NewRecord, RecordError, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES,
+    self, NewRecord, RecordError, KIND_EDIT, KIND_MESSAGE, KIND_RECALL, RECORD_BYTES_STORED_MAX,
+    RECORD_HEADER_BYTES,
 };
 use crate::logs::segment::{self, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_VERSION};
 use crate::{Config, Engine, Error, JoinStart};
@@ -117,7 +118,7 @@ pub fn record_scan(data: &[u8]) {
                 assert_eq!(record::decode_header(r.bytes, max), Ok(r.header));
                 // A verified record is exactly what the encoder writes.
                 let mut again = Vec::with_capacity(len);
-                record::encode_into(
+                record::encode_kind_into(
                     &NewRecord {
                         msg_id: r.header.msg_id,
                         timestamp_ms: r.header.timestamp_ms,
@@ -125,8 +126,17 @@ pub fn record_scan(data: &[u8]) {
                         client_msg_id: r.header.client_msg_id,
                         payload: r.payload(),
                     },
+                    r.header.kind,
                     &mut again,
                 );
+                // An edit or a recall names an earlier record (record.rs).
+                if let Some(t) = record::peek_target(r.bytes) {
+                    assert!(
+                        t >= 1 && t < r.header.msg_id,
+                        "target {t} of {:?}",
+                        r.header
+                    );
+                }
                 assert_eq!(again, r.bytes, "a verified record does not re-encode");
                 pos += len;
                 assert_eq!(it.position(), pos);
@@ -551,6 +561,8 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             },
             damaged: None,
             small: None,
+            quiet: Vec::new(),
+            edits: Vec::new(),
         })),
         Item::MemberPut {
             group: 1,
@@ -569,6 +581,8 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             retention: crate::Retention::default(),
             damaged: Some("checkpointed data damaged".into()),
             small: None,
+            quiet: Vec::new(),
+            edits: Vec::new(),
         })),
     ];
     let mut out = Vec::new();
@@ -960,7 +974,8 @@ fn check_unread_rows(engine: &Engine, u: u64) {
     }
     for r in &rows {
         assert!(r.cursor <= r.head, "user {u}: cursor above head: {r:?}");
-        assert_eq!(r.unread, r.head - r.cursor, "user {u}: {r:?}");
+        // Edits, recalls and recalled messages are not unread.
+        assert!(r.unread <= r.head - r.cursor, "user {u}: {r:?}");
     }
 }
 
@@ -1160,7 +1175,26 @@ pub enum Op {
     PowerCut(u64),
     /// group, user, up_to: a history clear.
     ClearHistory(u64, u64, u64),
+    /// group, sender, client_msg_id, target, new payload length: an edit
+    /// (user 4 is the administrator).
+    Edit(u64, u64, u64, u64, u8),
+    /// group, sender, client_msg_id, target: a recall.
+    Recall(u64, u64, u64, u64),
+    /// group, user, before (0 = none), max_count: HISTORY_LATEST.
+    HistoryLatest(u64, u64, u64, u8),
+    /// group, by bytes: retention applied once (the policy set, a
+    /// checkpoint, the policy back to keep-everything): "below every
+    /// member's cursor", or by bytes (1 byte: everything it may drop,
+    /// read or not).
+    Retain(u64, bool),
 }
+
+/// The `engine_ops` administrator: may edit and recall anyone's message.
+const OPS_ADMIN: u64 = 4;
+/// Changes' `client_msg_id`s start here, apart from messages' (0..8), so
+/// that most of them are not retransmits of a message; a few collide on
+/// purpose in the seeds.
+pub const OPS_CHANGE_IDS: u64 = 100;
 
 /// Power cuts land within this many file-system operations of a
 /// checkpoint's start (a checkpoint of a few groups takes 10 to 40).
@@ -1196,7 +1230,7 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
     let mut b = Bytes(data);
     let mut ops = Vec::new();
     while !b.0.is_empty() && ops.len() < OPS_MAX {
-        let op = match b.next() % 18 {
+        let op = match b.next() % 22 {
             0 => Op::Create(b.group()),
             1 => Op::Delete(b.group()),
             2 => {
@@ -1230,7 +1264,22 @@ pub fn decode_ops(data: &[u8]) -> Vec<Op> {
             14 => Op::Reopen,
             15 => Op::Crash,
             16 => Op::PowerCut(1 + b.next() as u64 % OPS_CUT_AT_MAX),
-            _ => Op::ClearHistory(b.group(), b.user(), b.id()),
+            17 => Op::ClearHistory(b.group(), b.user(), b.id()),
+            18 => Op::Edit(
+                b.group(),
+                b.user(),
+                OPS_CHANGE_IDS + b.next() as u64 % 8,
+                b.id(),
+                b.next() % 48,
+            ),
+            19 => Op::Recall(
+                b.group(),
+                b.user(),
+                OPS_CHANGE_IDS + b.next() as u64 % 8,
+                b.id(),
+            ),
+            20 => Op::Retain(b.group(), b.next() % 2 == 1),
+            _ => Op::HistoryLatest(b.group(), b.user(), b.id(), 1 + b.next() % 4),
         };
         ops.push(op);
     }
@@ -1276,6 +1325,14 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
             Op::Crash => out.push(15),
             Op::PowerCut(n) => out.extend([16, (n - 1) as u8]),
             Op::ClearHistory(x, y, m) => out.extend([17, g(*x), u(*y), *m as u8]),
+            Op::Edit(x, s, c, t, l) => {
+                out.extend([18, g(*x), u(*s), (c - OPS_CHANGE_IDS) as u8, *t as u8, *l])
+            }
+            Op::Recall(x, s, c, t) => {
+                out.extend([19, g(*x), u(*s), (c - OPS_CHANGE_IDS) as u8, *t as u8])
+            }
+            Op::Retain(x, by_bytes) => out.extend([20, g(*x), u8::from(*by_bytes)]),
+            Op::HistoryLatest(x, y, b, n) => out.extend([21, g(*x), u(*y), *b as u8, n - 1]),
         }
     }
     out
@@ -1290,17 +1347,129 @@ struct MemberModel {
     join_point: u64,
 }
 
-/// The oracle's view of a group: `(sender, client_msg_id, payload length)`
-/// per message, ids being positions + 1.
-#[derive(Default, Debug)]
+/// One record of the oracle: `(sender, client_msg_id, payload length)`,
+/// its kind and, for an edit or a recall, its target.
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    s: u64,
+    c: u64,
+    len: u8,
+    kind: u8,
+    target: u64,
+}
+
+/// The oracle's view of a group: its records, ids being positions + 1,
+/// and the oldest id retention kept.
+#[derive(Debug)]
 struct GroupModel {
-    messages: Vec<(u64, u64, u8)>,
+    messages: Vec<Rec>,
     members: BTreeMap<u64, MemberModel>,
+    floor: u64,
+}
+
+impl Default for GroupModel {
+    fn default() -> Self {
+        GroupModel {
+            messages: Vec::new(),
+            members: BTreeMap::new(),
+            floor: 1,
+        }
+    }
 }
 
 impl GroupModel {
     fn head(&self) -> u64 {
         self.messages.len() as u64
+    }
+
+    fn recalled(&self, id: u64) -> bool {
+        self.messages
+            .iter()
+            .any(|r| r.kind == KIND_RECALL && r.target == id)
+    }
+
+    /// Unread of a member at `cursor`: the messages above it that are
+    /// neither an edit or a recall nor recalled.
+    fn unread(&self, cursor: u64) -> u64 {
+        (cursor + 1..=self.head())
+            .filter(|&id| self.messages[id as usize - 1].kind == KIND_MESSAGE && !self.recalled(id))
+            .count() as u64
+    }
+
+    /// The stored payload of record `id`.
+    fn payload_of(&self, g: u64, id: u64) -> Vec<u8> {
+        let r = self.messages[id as usize - 1];
+        let mut out = Vec::new();
+        if r.kind != KIND_MESSAGE {
+            out.extend_from_slice(&r.target.to_le_bytes());
+        }
+        if r.kind != KIND_RECALL {
+            out.extend(payload(g, r.s, r.c, r.len));
+        }
+        out
+    }
+
+    /// The id of the record with this idempotence key, if the engine must
+    /// know it: `Some(Ok(id))` when it must answer the original,
+    /// `Some(Err(id))` when retention dropped it (a window rebuilt since
+    /// cannot know it: either answer is right), `None` for a new one.
+    fn original(&self, s: u64, c: u64) -> Option<Result<u64, u64>> {
+        let i = self.messages.iter().rposition(|m| m.s == s && m.c == c)?;
+        let id = i as u64 + 1;
+        Some(if id < self.floor { Err(id) } else { Ok(id) })
+    }
+
+    /// Message `id` as HISTORY_LATEST shows it: `(flags, payload)`, or
+    /// `None` for an edit or a recall (left out).
+    fn latest(&self, g: u64, id: u64) -> Option<(u8, Vec<u8>)> {
+        let r = self.messages[id as usize - 1];
+        if r.kind != KIND_MESSAGE {
+            return None;
+        }
+        if self.recalled(id) {
+            return Some((crate::FLAG_RECALLED, Vec::new()));
+        }
+        let newest = self
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.kind == KIND_EDIT && m.target == id);
+        Some(match newest {
+            Some(m) => (crate::FLAG_EDITED, payload(g, m.s, m.c, m.len)),
+            None => (0, payload(g, r.s, r.c, r.len)),
+        })
+    }
+
+    /// Stores a new record: the next id; a sender who had read everything
+    /// has read its own record.
+    fn push(&mut self, rec: Rec) -> u64 {
+        self.messages.push(rec);
+        let id = self.head();
+        if let Some(mm) = self.members.get_mut(&rec.s) {
+            if mm.cursor == id - 1 {
+                mm.cursor = id;
+            }
+        }
+        id
+    }
+
+    /// What the rules answer an edit or a recall of `target` by `s`
+    /// (`edits.rs`; the window is a day, never passed here).
+    fn change_refusal(&self, s: u64, target: u64) -> Option<crate::ChangeRefusal> {
+        use crate::ChangeRefusal::*;
+        if target < self.floor.max(1) || target > self.head() {
+            return Some(NoSuchMessage);
+        }
+        let r = self.messages[target as usize - 1];
+        if r.kind != KIND_MESSAGE {
+            Some(NoSuchMessage)
+        } else if self.recalled(target) {
+            Some(Recalled)
+        } else if r.s != s && s != OPS_ADMIN {
+            Some(NotSender)
+        } else {
+            None
+        }
     }
 }
 
@@ -1376,13 +1545,14 @@ pub fn run_ops(ops: Vec<Op>) {
                     continue;
                 };
                 let head = gm.head();
+                let below = gm.floor - 1;
                 let expected = match gm.members.get(&u) {
                     Some(mm) => mm.cursor,
                     None => {
                         let c = match start {
                             JoinStart::Head => head,
-                            JoinStart::Earliest => 0,
-                            JoinStart::At(m) => m.saturating_sub(1).min(head),
+                            JoinStart::Earliest => below,
+                            JoinStart::At(m) => m.saturating_sub(1).clamp(below, head.max(below)),
                         };
                         gm.members.insert(
                             u,
@@ -1416,24 +1586,58 @@ pub fn run_ops(ops: Vec<Op>) {
                     continue;
                 };
                 let a = r.unwrap();
-                match gm.messages.iter().position(|m| m.0 == s && m.1 == c) {
-                    Some(i) => {
+                match gm.original(s, c) {
+                    Some(Ok(id)) => {
                         assert!(a.duplicate, "a retransmit was stored again");
-                        assert_eq!(a.msg_id, i as u64 + 1);
+                        assert_eq!(a.msg_id, id);
                     }
-                    None => {
+                    Some(Err(id)) if a.duplicate => assert_eq!(a.msg_id, id),
+                    _ => {
                         assert!(!a.duplicate, "a new message was taken for a retransmit");
-                        gm.messages.push((s, c, len));
-                        let id = gm.head();
-                        assert_eq!(a.msg_id, id, "ids not dense");
-                        // A sender who had read everything has read its own message.
-                        if let Some(mm) = gm.members.get_mut(&s) {
-                            if mm.cursor == id - 1 {
-                                mm.cursor = id;
-                            }
-                        }
+                        let rec = Rec {
+                            s,
+                            c,
+                            len,
+                            kind: KIND_MESSAGE,
+                            target: 0,
+                        };
+                        assert_eq!(a.msg_id, gm.push(rec), "ids not dense");
                     }
                 }
+            }
+            Op::Edit(g, s, c, t, len) => {
+                let p = payload(g, s, c, len);
+                let change = crate::Change::Edit(&p);
+                check_change(e, &mut model, g, s, c, t, change, len);
+            }
+            Op::Recall(g, s, c, t) => {
+                check_change(e, &mut model, g, s, c, t, crate::Change::Recall, 0);
+            }
+            Op::Retain(g, by_bytes) => {
+                let policy = crate::Retention {
+                    by_cursor: !by_bytes,
+                    max_age_ms: 0,
+                    max_bytes: u64::from(by_bytes),
+                };
+                let r = e.set_retention(g, policy);
+                let Some(gm) = model.get_mut(&g) else {
+                    assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+                    continue_checks(e, &model);
+                    continue;
+                };
+                r.unwrap();
+                e.checkpoint().unwrap();
+                e.set_retention(g, crate::Retention::default()).unwrap();
+                let floor = e.group_info(g).unwrap().floor;
+                assert!(floor >= gm.floor, "group {g}: floor {floor} went back");
+                if let Some(min) = gm.members.values().map(|m| m.cursor).min() {
+                    assert!(
+                        by_bytes || floor <= (min + 1).max(gm.floor),
+                        "group {g}: floor {floor} above a cursor {min}"
+                    );
+                }
+                gm.floor = floor;
+                persist_all(&mut model);
             }
             Op::Ack(g, u, m) => check_ack(&mut model, g, u, m, e.ack(g, u, m)),
             Op::ClearHistory(g, u, m) => {
@@ -1507,6 +1711,15 @@ pub fn run_ops(ops: Vec<Op>) {
                 if let Some(a) = ack {
                     mm.cursor = mm.cursor.max(a);
                 }
+                if mm.cursor + 1 < gm.floor {
+                    assert!(
+                        matches!(r, Err(Error::BelowRetentionFloor { earliest, .. }) if earliest == gm.floor),
+                        "pull below the floor: {:?}",
+                        r.as_ref().err()
+                    );
+                    continue_checks(e, &model);
+                    continue;
+                }
                 let p = r.unwrap();
                 assert_eq!((p.cursor, p.head), (mm.cursor, head));
                 let got: Vec<(u64, Vec<u8>)> = p
@@ -1514,15 +1727,13 @@ pub fn run_ops(ops: Vec<Op>) {
                     .records()
                     .map(|r| (r.header.msg_id, r.payload().to_vec()))
                     .collect();
-                let expected: Vec<(u64, Vec<u8>)> = (mm.cursor + 1..=head)
+                let cursor = mm.cursor;
+                let expected: Vec<(u64, Vec<u8>)> = (cursor + 1..=head)
                     .take(n as usize)
-                    .map(|id| {
-                        let (s, c, len) = gm.messages[id as usize - 1];
-                        (id, payload(g, s, c, len))
-                    })
+                    .map(|id| (id, gm.payload_of(g, id)))
                     .collect();
                 assert_eq!(got, expected, "pull {g} {u}");
-                let last = expected.last().map_or(mm.cursor, |r| r.0);
+                let last = expected.last().map_or(cursor, |r| r.0);
                 assert_eq!(p.batch.has_more, last < head);
             }
             Op::Unread(u) => check_unread(e, &model, u),
@@ -1533,20 +1744,28 @@ pub fn run_ops(ops: Vec<Op>) {
                     .groups
                     .iter()
                     .map(|g| {
-                        assert_eq!(g.unread.unread, g.unread.head - g.unread.cursor);
+                        let gm = &model[&g.unread.group_id];
+                        assert_eq!(g.unread.unread, gm.unread(g.unread.cursor));
                         (
                             g.unread.group_id,
                             g.batch.records().map(|r| r.header.msg_id).collect(),
                         )
                     })
                     .collect();
+                // Every group with records above the cursor, counted as
+                // unread or not (an edit of a read message is delivered).
                 let expected: Vec<(u64, Vec<u64>)> = model
                     .iter()
                     .filter_map(|(&g, gm)| {
                         let mm = gm.members.get(&u)?;
-                        let unread = gm.head() - mm.cursor;
-                        (unread > 0)
-                            .then(|| (g, (mm.cursor + 1..=mm.cursor + unread.min(2)).collect()))
+                        let above = gm.head() - mm.cursor;
+                        // Below the floor: listed without records.
+                        let ids = if mm.cursor + 1 < gm.floor {
+                            Vec::new()
+                        } else {
+                            (mm.cursor + 1..=mm.cursor + above.min(2)).collect()
+                        };
+                        (above > 0).then_some((g, ids))
                     })
                     .collect();
                 assert_eq!(got, expected, "sync {u}");
@@ -1561,10 +1780,45 @@ pub fn run_ops(ops: Vec<Op>) {
                     Some((gm, mm)) => {
                         let h = r.unwrap();
                         let end = before.unwrap_or(gm.head() + 1).min(gm.head() + 1);
-                        let start = mm.join_point.max(end.saturating_sub(n as u64)).max(1);
+                        let earliest = mm.join_point.max(gm.floor);
+                        let start = earliest.max(end.saturating_sub(n as u64)).max(1);
                         let got: Vec<u64> = h.batch.records().map(|r| r.header.msg_id).collect();
                         assert_eq!(got, (start..end).collect::<Vec<_>>(), "history {g} {u}");
-                        assert_eq!(h.complete, start <= mm.join_point.max(1));
+                        assert_eq!(h.complete, start <= earliest.max(1));
+                    }
+                    None => assert!(r.is_err()),
+                }
+            }
+            Op::HistoryLatest(g, u, before, n) => {
+                let before = (before != 0).then_some(before);
+                let r = e.history_latest(g, u, before, n as usize, usize::MAX);
+                match model
+                    .get(&g)
+                    .and_then(|gm| gm.members.get(&u).map(|mm| (gm, mm)))
+                {
+                    Some((gm, mm)) => {
+                        let p = r.unwrap();
+                        let end = before.unwrap_or(gm.head() + 1).min(gm.head() + 1);
+                        let earliest = mm.join_point.max(gm.floor);
+                        let start = earliest.max(end.saturating_sub(n as u64)).max(1);
+                        let mut got = Vec::new();
+                        for c in &p.history.batch.chunks {
+                            let mut b = c.bytes();
+                            while let Some(len) = record::peek_len(b) {
+                                let r = &b[..len];
+                                assert_eq!(crc32fast::hash(&r[8..]).to_le_bytes(), r[4..8]);
+                                got.push((record::peek_msg_id(r), r[41], r[44..].to_vec()));
+                                b = &b[len..];
+                            }
+                        }
+                        let expected: Vec<(u64, u8, Vec<u8>)> = (start..end)
+                            .filter_map(|id| gm.latest(g, id).map(|(f, p)| (id, f, p)))
+                            .collect();
+                        assert_eq!(got, expected, "history latest {g} {u}");
+                        if start < end {
+                            assert_eq!(p.next_before, start, "history latest {g} {u}");
+                        }
+                        assert_eq!(p.history.complete, start <= earliest.max(1));
                     }
                     None => assert!(r.is_err()),
                 }
@@ -1679,6 +1933,7 @@ fn continue_checks(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
     assert_eq!(ids, model.keys().copied().collect::<Vec<_>>(), "groups");
     for (&g, gm) in model {
         assert_eq!(e.head(g).unwrap(), gm.head(), "group {g}: head");
+        assert_eq!(e.group_info(g).unwrap().floor, gm.floor, "group {g}: floor");
     }
     for u in 1..=OPS_USERS {
         check_unread(e, model, u);
@@ -1690,10 +1945,9 @@ fn check_unread(e: &Engine, model: &BTreeMap<u64, GroupModel>, u: u64) {
         .unread(u)
         .iter()
         .map(|r| {
-            assert_eq!(
-                r.unread,
-                r.head - r.cursor,
-                "unread != head - cursor: {r:?}"
+            assert!(
+                r.unread <= r.head - r.cursor,
+                "unread above head - cursor: {r:?}"
             );
             (r.group_id, r.head, r.cursor, r.unread)
         })
@@ -1702,7 +1956,7 @@ fn check_unread(e: &Engine, model: &BTreeMap<u64, GroupModel>, u: u64) {
         .iter()
         .filter_map(|(&g, gm)| {
             let mm = gm.members.get(&u)?;
-            Some((g, gm.head(), mm.cursor, gm.head() - mm.cursor))
+            Some((g, gm.head(), mm.cursor, gm.unread(mm.cursor)))
         })
         .collect();
     assert_eq!(
@@ -1722,13 +1976,91 @@ fn check_contents(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
                 (h.msg_id, h.sender_id, h.client_msg_id, r.payload().to_vec())
             })
             .collect();
-        let expected: Vec<(u64, u64, u64, Vec<u8>)> = gm
-            .messages
-            .iter()
-            .enumerate()
-            .map(|(i, &(s, c, len))| (i as u64 + 1, s, c, payload(g, s, c, len)))
+        let expected: Vec<(u64, u64, u64, Vec<u8>)> = (gm.floor..=gm.head())
+            .map(|id| {
+                let r = gm.messages[id as usize - 1];
+                (id, r.s, r.c, gm.payload_of(g, id))
+            })
             .collect();
         assert_eq!(got, expected, "group {g}: stored messages");
+        // Every stored message in its latest state, as HISTORY_LATEST
+        // shows it to a member (the first one).
+        if let Some((&u, mm)) = gm.members.iter().next() {
+            let p = e
+                .history_latest(g, u, None, usize::MAX, usize::MAX)
+                .unwrap();
+            let mut got = Vec::new();
+            for c in &p.history.batch.chunks {
+                let mut b = c.bytes();
+                while let Some(len) = record::peek_len(b) {
+                    got.push((record::peek_msg_id(b), b[41], b[44..len].to_vec()));
+                    b = &b[len..];
+                }
+            }
+            let expected: Vec<(u64, u8, Vec<u8>)> = (mm.join_point.max(gm.floor)..=gm.head())
+                .filter_map(|id| gm.latest(g, id).map(|(f, p)| (id, f, p)))
+                .collect();
+            assert_eq!(got, expected, "group {g}: latest state");
+        }
+    }
+}
+
+/// An edit or a recall against the oracle: the rules, the retransmit,
+/// the new record.
+#[allow(clippy::too_many_arguments)]
+fn check_change(
+    e: &Engine,
+    model: &mut BTreeMap<u64, GroupModel>,
+    g: u64,
+    s: u64,
+    c: u64,
+    target: u64,
+    change: crate::Change<'_>,
+    len: u8,
+) {
+    let r = e.change(&crate::ChangeRequest {
+        group_id: g,
+        sender_id: s,
+        client_msg_id: c,
+        target,
+        change,
+        admin: s == OPS_ADMIN,
+    });
+    let Some(gm) = model.get_mut(&g) else {
+        assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
+        return;
+    };
+    match (gm.original(s, c), r) {
+        (Some(Ok(id)), r) => {
+            let a = r.unwrap();
+            assert!(a.duplicate, "a retransmitted change was stored again");
+            assert_eq!(a.msg_id, id);
+        }
+        (Some(Err(id)), Ok(a)) if a.duplicate => assert_eq!(a.msg_id, id),
+        (_, r) => match gm.change_refusal(s, target) {
+            Some(why) => match r {
+                Err(Error::ChangeRefused { why: got, .. }) => {
+                    assert_eq!(got, why, "change of {target} in {g} by {s}")
+                }
+                other => panic!("change of {target} in {g} by {s}: {other:?}, want {why:?}"),
+            },
+            None => {
+                let a = r.unwrap();
+                assert!(!a.duplicate);
+                let kind = match change {
+                    crate::Change::Edit(_) => KIND_EDIT,
+                    crate::Change::Recall => KIND_RECALL,
+                };
+                let rec = Rec {
+                    s,
+                    c,
+                    len,
+                    kind,
+                    target,
+                };
+                assert_eq!(a.msg_id, gm.push(rec), "ids not dense");
+            }
+        },
     }
 }
 
@@ -1860,7 +2192,38 @@ pub fn engine_ops_seeds() -> Vec<Vec<u8>> {
         ClearHistory(1, 4, 1),
         ClearHistory(3, 1, 1),
     ];
-    [basic, crash, membership, segments, cuts, clears]
+    // Edits and recalls (the rules, a retransmit, the administrator,
+    // unread exact) through a crash and a power cut, then retention by
+    // cursor and by bytes across the quiet ids.
+    let changes = vec![
+        Create(1),
+        Join(1, 1, JoinStart::Earliest),
+        Join(1, 2, JoinStart::Earliest),
+        Append(1, 3, 1, 10),
+        Append(1, 3, 2, 10),
+        Append(1, 1, 1, 10),
+        Edit(1, 3, 103, 1, 5),
+        Recall(1, 3, 104, 2),
+        Recall(1, 3, 104, 2),
+        Recall(1, 2, 105, 3),
+        Recall(1, OPS_ADMIN, 105, 3),
+        Edit(1, 3, 106, 2, 5),
+        Unread(1),
+        Crash,
+        Unread(2),
+        Ack(1, 1, 5),
+        Retain(1, false),
+        Edit(1, 1, 107, 3, 4),
+        PowerCut(5),
+        Sync(1),
+        Retain(1, true),
+        Pull(1, 2, 4, None),
+        History(1, 2, 0, 4),
+        HistoryLatest(1, 2, 0, 4),
+        HistoryLatest(1, 1, 6, 3),
+        Unread(2),
+    ];
+    [basic, crash, membership, segments, cuts, clears, changes]
         .iter()
         .map(|ops| encode_ops(ops))
         .collect()

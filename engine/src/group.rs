@@ -36,7 +36,9 @@
 //!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
 //!   and is loaded again on its next use ([`Group::unload_if_quiet`]).
 //!
-//! A retention policy other than "keep everything" is boxed too (rare).
+//! A retention policy other than "keep everything" and the quiet ids of a
+//! group with edits or recalls (`logs/changes.rs`) are boxed too, together
+//! ([`GroupExtras`], rare).
 //! Idle, a two-member group costs about 200 bytes in all (catalog entry
 //! included); the test `engine/tests/memory.rs` measures it.
 
@@ -45,6 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use crate::commit::dedup::DedupWindow;
+use crate::logs::changes::QuietIds;
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::logs::retention::Retention;
@@ -76,8 +79,9 @@ pub struct Group {
     /// lock is held; held across every cursor move that the read counts
     /// follow (see `membership.rs`).
     pub members: Mutex<GroupMembers>,
-    /// `None`: keep everything (the default, and nearly every group).
-    retention: Mutex<Option<Box<Retention>>>,
+    /// `None`: keep everything and no edit or recall (the default, and
+    /// nearly every group).
+    extras: Mutex<Option<Box<GroupExtras>>>,
     /// The send path's state, `None` until the first send since open or
     /// since the group went idle (module docs). A join reads only its
     /// `last_id`, or the log's head without one.
@@ -90,6 +94,14 @@ pub struct Group {
     /// Under `ckpt_lock`: the applied lsn and the dirty and captured-once
     /// flags (`dirty.rs`).
     pub(crate) ckpt_word: AtomicU64,
+}
+
+/// What few groups have, boxed so that the others pay one word
+/// (`Group::extras`): never both fields at their default.
+#[derive(Default)]
+struct GroupExtras {
+    retention: Retention,
+    quiet: QuietIds,
 }
 
 /// Where the group's log is.
@@ -152,7 +164,7 @@ impl Group {
             deleting: AtomicBool::new(false),
             visible_head: AtomicU64::new(head),
             members: Mutex::new(GroupMembers::new()),
-            retention: Mutex::new(None),
+            extras: Mutex::new(None),
             assign: Mutex::new(None),
             log: RwLock::new(log),
             ckpt_lock: Mutex::new(()),
@@ -183,17 +195,124 @@ impl Group {
 
     /// The group's retention policy.
     pub fn retention(&self) -> Retention {
-        self.retention
+        self.extras
             .lock()
             .as_deref()
-            .copied()
+            .map(|x| x.retention)
             .unwrap_or_default()
     }
 
     /// Only through [`crate::catalog::Catalog::set_retention`], which keeps
     /// the index of groups with a policy that retention planning walks.
     pub(crate) fn set_retention(&self, policy: Retention) {
-        *self.retention.lock() = (!policy.keeps_everything()).then(|| Box::new(policy));
+        self.with_extras(|x| x.retention = policy);
+    }
+
+    /// Changes the extras, boxing them on first use and dropping the box
+    /// when they are back at their defaults.
+    fn with_extras<R>(&self, f: impl FnOnce(&mut GroupExtras) -> R) -> R {
+        let mut slot = self.extras.lock();
+        let x = slot.get_or_insert_with(Box::default);
+        let r = f(x);
+        if x.retention.keeps_everything() && x.quiet.is_empty() {
+            *slot = None;
+        }
+        r
+    }
+
+    /// Quiet ids (`logs/changes.rs`) in `cursor + 1 ..= head`: what a
+    /// member at `cursor` does not count as unread. One uncontended lock
+    /// and, for a group with edits or recalls, two binary searches.
+    pub fn quiet_in(&self, cursor: u64, head: u64) -> u64 {
+        self.extras
+            .lock()
+            .as_deref()
+            .map_or(0, |x| x.quiet.count_in(cursor, head))
+    }
+
+    /// Unread of a member at `cursor` when the head is `head`: the ids
+    /// above the cursor that are not quiet.
+    pub fn unread_of(&self, cursor: u64, head: u64) -> u64 {
+        head.saturating_sub(cursor) - self.quiet_in(cursor, head)
+    }
+
+    /// Whether `id` is quiet: for a message (kind 0), whether it was
+    /// recalled.
+    pub fn is_quiet(&self, id: u64) -> bool {
+        self.extras
+            .lock()
+            .as_deref()
+            .is_some_and(|x| x.quiet.contains(id))
+    }
+
+    /// The quiet ids in `lo ..= hi` (a read's range: what its presentation
+    /// needs, `Engine::present`); empty for a group without any.
+    pub fn quiet_between(&self, lo: u64, hi: u64) -> Vec<u64> {
+        self.extras.lock().as_deref().map_or_else(Vec::new, |x| {
+            let ids = x.quiet.ids();
+            let a = ids.partition_point(|&q| q < lo);
+            let b = ids.partition_point(|&q| q <= hi);
+            ids[a..b.max(a)].to_vec()
+        })
+    }
+
+    /// `apply` only, under the checkpoint lock, before the run's records
+    /// become visible (so no reader sees the head past an edit whose id is
+    /// not quiet yet): the non-message records of a run of records
+    /// (`record::for_each_change`). `verify`: the run came from a file or
+    /// another node and is checked first when it holds such a record (an
+    /// invalid run damages the group, `apply` says so; its ids are not
+    /// taken).
+    pub(crate) fn changes_applied(&self, run: &[u8], verify: bool) {
+        let mut found = false;
+        crate::logs::record::for_each_change(run, |_, _, _| found = true);
+        if found && (!verify || crate::commit::journal::body::decode_records(run).is_some()) {
+            self.with_extras(|x| {
+                crate::logs::record::for_each_change(run, |id, kind, target| {
+                    x.quiet.applied(id, kind, target)
+                })
+            });
+        }
+    }
+
+    /// The quiet ids, as a checkpoint stores them (under the checkpoint
+    /// lock).
+    pub(crate) fn quiet_ids(&self) -> Vec<u64> {
+        self.extras
+            .lock()
+            .as_deref()
+            .map_or_else(Vec::new, |x| x.quiet.ids().to_vec())
+    }
+
+    /// The latest edits (`changes.rs`), as a checkpoint stores them.
+    pub(crate) fn latest_edits(&self) -> Vec<(u64, u64)> {
+        self.extras
+            .lock()
+            .as_deref()
+            .map_or_else(Vec::new, |x| x.quiet.edits().to_vec())
+    }
+
+    /// The newest Edit of message `id` (`None`: never edited, or recalled).
+    pub fn latest_edit(&self, id: u64) -> Option<u64> {
+        self.extras
+            .lock()
+            .as_deref()
+            .and_then(|x| x.quiet.latest_edit(id))
+    }
+
+    /// Recovery: the quiet ids and latest edits a checkpoint stored.
+    pub(crate) fn restore_quiet(&self, ids: Vec<u64>, edits: Vec<(u64, u64)>) {
+        self.with_extras(|x| x.quiet = QuietIds::from_sorted(ids, edits));
+    }
+
+    /// Retention, under the checkpoint lock: drops the quiet ids at or
+    /// below `up_to` and the latest edits of messages below `floor`
+    /// (`changes.rs` says which bounds are exact).
+    pub(crate) fn trim_quiet(&self, up_to: u64, floor: u64) -> usize {
+        if self.extras.lock().is_none() {
+            return 0;
+        }
+        self.with_extras(|x| x.quiet.trim(up_to, floor))
     }
 
     /// Takes the group's checkpoint lock (`dirty.rs`): what a capture reads
@@ -333,7 +452,7 @@ impl Group {
     /// `NotReady` and the worker loads it again (`ready.rs`). Does not wait
     /// for the lock.
     pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
-        if self.retention.lock().is_some() {
+        if !self.retention().keeps_everything() {
             return Unload::Never;
         }
         let Some(mut slot) = self.log.try_write() else {
@@ -440,7 +559,7 @@ mod tests {
         assert_eq!(size_of::<GroupMembers>(), 32, "version + 2 inline ids");
         assert_eq!(size_of::<Mutex<GroupMembers>>(), 40);
         assert_eq!(size_of::<Mutex<Option<Box<AssignState>>>>(), 16);
-        assert_eq!(size_of::<Mutex<Option<Box<Retention>>>>(), 16);
+        assert_eq!(size_of::<Mutex<Option<Box<GroupExtras>>>>(), 16);
         // A small group's extent list is held in place (design 3.3).
         assert_eq!(size_of::<ExtentList>(), 40);
         assert_eq!(

@@ -35,6 +35,9 @@
 mod catalog;
 mod commit;
 mod config;
+mod edits;
+#[cfg(test)]
+mod edits_tests;
 mod engine;
 mod error;
 #[cfg(any(test, feature = "testing"))]
@@ -71,10 +74,11 @@ pub use logs::record;
 pub use commit::journal::journal_dir;
 pub use commit::journal::rounds::RoundPayload;
 pub use config::{defaults, Config, FsyncPolicy};
+pub use edits::{Change, ChangeRequest, LatestPage, FLAG_EDITED, FLAG_RECALLED};
 pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };
-pub use error::{Error, Result, DAMAGED_GROUP_HINT};
+pub use error::{ChangeRefusal, Error, Result, DAMAGED_GROUP_HINT};
 pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use logs::group_log::{Chunk, ReadBatch};
 pub use logs::retention::Retention;

@@ -4,7 +4,9 @@
 //! target's ([`crate::fuzz_targets::run_ops`]), so the two never drift
 //! apart: groups, memberships, ACK, pull with `ack_up_to`, unread, sync,
 //! history, read counts, history clears (a member's join point and cursor
-//! raised, unread exact), cursor flushes, checkpoints, clean reopen, crash
+//! raised, unread exact), edits and recalls (the rules, retransmits, unread
+//! exact: neither counts, a recalled message stops counting), history in its latest state, retention
+//! below every cursor and by bytes (the floor, and unread exact across it), cursor flushes, checkpoints, clean reopen, crash
 //! and a power cut at an operation of a checkpoint (after which a cursor
 //! may lie anywhere between its last persisted and its last ACKed value,
 //! the documented allowance).
@@ -41,6 +43,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Crash),
         1 => (1..65u64).prop_map(Op::PowerCut),
         2 => (g.clone(), u.clone(), 0..15u64).prop_map(|(g, u, m)| Op::ClearHistory(g, u, m)),
+        3 => (g.clone(), u.clone(), 100..106u64, 0..12u64, 0..40u8).prop_map(|(g, s, c, t, l)| Op::Edit(g, s, c, t, l)),
+        3 => (g.clone(), u.clone(), 100..106u64, 0..12u64).prop_map(|(g, s, c, t)| Op::Recall(g, s, c, t)),
+        1 => (g.clone(), any::<bool>()).prop_map(|(g, b)| Op::Retain(g, b)),
+        3 => (g.clone(), u.clone(), 0..15u64, 1..5u8).prop_map(|(g, u, b, n)| Op::HistoryLatest(g, u, b, n)),
     ]
 }
 

@@ -167,14 +167,17 @@ fn record_invalid_values_get_the_documented_errors() {
         Err(RecordError::Truncated { need: 49, have: 48 })
     );
     // Unknown kind, flags, reserved: rejected before the CRC is looked at.
-    for (off, reason) in [
-        (40, "unknown kind"),
-        (41, "reserved bits set"),
-        (42, "reserved bits set"),
-        (43, "reserved bits set"),
+    for (off, byte, reason) in [
+        (40, 0xff, "unknown kind"),
+        // Kind 1 (an edit) whose payload ("hello") is shorter than a target id.
+        (40, 1, "an edit or recall without a target below its own id"),
+        (40, 2, "a recall's payload is not exactly its target id"),
+        (41, 1, "reserved bits set"),
+        (42, 1, "reserved bits set"),
+        (43, 1, "reserved bits set"),
     ] {
         assert_eq!(
-            record::decode_verified(&with(off, 1), RECORD_BYTES_MAX),
+            record::decode_verified(&with(off, byte), RECORD_BYTES_MAX),
             Err(RecordError::BadHeader { reason }),
             "byte {off}"
         );
@@ -939,5 +942,57 @@ fn directory_layout_matches_the_spec() {
             .join(format!("{shard:03x}"))
             .join(format!("{g:016x}"));
         assert_eq!(crate::logs::group_log::group_dir(data, g), expected);
+    }
+}
+
+/// Issue 13 item 2: the Edit and Recall records (storage.md section 3).
+mod change_records {
+    use super::*;
+    use crate::logs::record::{KIND_EDIT, KIND_RECALL};
+
+    #[test]
+    fn edit_and_recall_vectors_match_the_encoder_and_name_their_target() {
+        for (text, msg_id, cmid, kind, payload, target) in [
+            (
+                include_str!("../../format-spec/vectors/storage/record-edit.hex"),
+                2,
+                8,
+                KIND_EDIT,
+                &b"\x01\0\0\0\0\0\0\0hi!"[..],
+                1,
+            ),
+            (
+                include_str!("../../format-spec/vectors/storage/record-recall.hex"),
+                3,
+                9,
+                KIND_RECALL,
+                &b"\x01\0\0\0\0\0\0\0"[..],
+                1,
+            ),
+        ] {
+            let v = vector(text);
+            let mut out = Vec::new();
+            let rec = NewRecord {
+                msg_id,
+                timestamp_ms: TIMESTAMP_MS + msg_id - 1,
+                sender_id: 42,
+                client_msg_id: cmid,
+                payload,
+            };
+            record::encode_kind_into(&rec, kind, &mut out);
+            assert_eq!(out, v, "kind {kind}");
+            let h = record::decode_verified(&v, RECORD_BYTES_MAX).unwrap();
+            assert_eq!((h.msg_id, h.kind, h.flags), (msg_id, kind, 0));
+            assert_eq!(record::peek_target(&v), Some(target));
+            // A target at or above the record's own id is refused.
+            let mut bad = v.clone();
+            bad[44..52].copy_from_slice(&msg_id.to_le_bytes());
+            assert_eq!(
+                record::decode_header(&bad, RECORD_BYTES_MAX),
+                Err(RecordError::BadHeader {
+                    reason: "an edit or recall without a target below its own id"
+                })
+            );
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! The `tidemark` client subcommands: `create-group`, `join`, `send`,
 //! `pull`, `ack`, `unread`, `sync`, `history`, `members`, `group-info`,
 //! `stats` against a running node, and `demo`; `ping`, `leave`, `delete-group`
-//! and `tail` are in [`ops`], a send's payload input (text, stdin, file) in
-//! [`payload`]. Human-readable output by default, one JSON
+//! and `tail` are in [`ops`], `recall` and `edit` in [`changes`], a send's
+//! payload input (text, stdin, file) in [`payload`]. Human-readable output by default, one JSON
 //! object with `--json`. Every command goes through the reliable client
 //! ([`tidemark_client::reliable`]): it connects with retries for `--timeout-ms`, and
 //! `send` retransmits with the same `client_msg_id` when a connection fails.
@@ -23,12 +23,13 @@ use serde_json::{json, Value};
 
 use tidemark_client::protocol::JoinStart;
 use tidemark_client::reliable::{Error, ReliableClient, ReliableConfig};
-use tidemark_client::{ClientConfig, GroupState, Message};
+use tidemark_client::{ClientConfig, GroupState, Kind, Message};
 
 use crate::demo;
 use crate::token_file::read_token_file;
 
 pub mod backup;
+pub mod changes;
 pub mod ctl;
 pub mod observe;
 pub mod ops;
@@ -114,6 +115,8 @@ pub enum ClientCommand {
     Ops(ops::OpsCommand),
     #[command(flatten)]
     Retention(retention::RetentionCommand),
+    #[command(flatten)]
+    Changes(changes::ChangeCommand),
     /// Run a scripted session with offline members and cut connections;
     /// print what each member's application received.
     Demo(demo::DemoArgs),
@@ -269,6 +272,11 @@ pub struct HistoryArgs {
     /// Print at most this many messages (one HISTORY page).
     #[arg(long, default_value_t = 20)]
     max: u32,
+    /// Each message as it reads now (HISTORY_LATEST, protocol version 2):
+    /// recalled or with its newest edit's text, the edits and recalls
+    /// themselves left out.
+    #[arg(long)]
+    latest: bool,
 }
 
 #[derive(Args, Debug)]
@@ -388,6 +396,7 @@ impl ClientCommand {
             ClientCommand::Backup(a) => a.json(),
             ClientCommand::Ops(c) => c.json(),
             ClientCommand::Retention(c) => c.json(),
+            ClientCommand::Changes(c) => c.json(),
             ClientCommand::Demo(a) => a.json,
         }
     }
@@ -420,6 +429,7 @@ pub fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Backup(a) => backup::run(a),
         ClientCommand::Ops(c) => ops::run(c),
         ClientCommand::Retention(c) => retention::run(c),
+        ClientCommand::Changes(c) => changes::run(c),
         ClientCommand::Demo(a) => demo::run_cli(a).map_err(|m| CliError::new("demo", m)),
     }
 }
@@ -679,21 +689,27 @@ fn sync(a: SyncArgs) -> Result<(), CliError> {
 
 fn history(a: HistoryArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;
-    let (msgs, has_more) = c.history(a.group, a.user, a.before, a.max)?;
+    let (msgs, has_more, next_before) = if a.latest {
+        c.history_latest(a.group, a.user, a.before, a.max)?
+    } else {
+        let (msgs, has_more) = c.history(a.group, a.user, a.before, a.max)?;
+        let next = msgs.last().map_or(a.before, |m| m.msg_id);
+        (msgs, has_more, next)
+    };
     let mut human = String::new();
     for m in &msgs {
         human.push_str(&message_line(m));
     }
-    match (msgs.last(), has_more) {
-        (Some(oldest), true) => human.push_str(&format!(
-            "{} message(s), newest first; older ones: --before {}\n",
+    if has_more {
+        human.push_str(&format!(
+            "{} message(s), newest first; older ones: --before {next_before}\n",
             msgs.len(),
-            oldest.msg_id
-        )),
-        _ => human.push_str(&format!(
+        ));
+    } else {
+        human.push_str(&format!(
             "{} message(s), newest first; no older ones\n",
             msgs.len()
-        )),
+        ));
     }
     emit(
         a.conn.json,
@@ -810,15 +826,23 @@ fn group_info(a: GroupInfoArgs) -> Result<(), CliError> {
     )
 }
 
-/// One message as a line of text.
+/// One message as a line of text; an edit, a recall, a recalled or lost
+/// message says so.
 pub fn message_line(m: &Message) -> String {
+    let what = match m.kind {
+        Kind::Message => payload_text(&m.payload),
+        Kind::Edit { target } => format!("(edit of #{target}) {}", payload_text(&m.payload)),
+        Kind::Recall { target } => format!("(recall of #{target})"),
+        Kind::Recalled => "(recalled)".to_string(),
+        Kind::Edited => format!("(edited) {}", payload_text(&m.payload)),
+        Kind::Gap => "(lost to damage)".to_string(),
+    };
     format!(
-        "[group {} #{}] {} from {}: {}\n",
+        "[group {} #{}] {} from {}: {what}\n",
         m.group,
         m.msg_id,
         utc(m.timestamp_ms),
         m.sender_id,
-        payload_text(&m.payload)
     )
 }
 
@@ -845,6 +869,22 @@ pub fn message_json(m: &Message) -> Value {
         "sender": m.sender_id,
         "client_msg_id": m.client_msg_id,
     });
+    // Only what is not a plain message says its kind (the output of a
+    // version 1 session stays as it was).
+    match m.kind {
+        Kind::Message => {}
+        Kind::Edit { target } => {
+            v["kind"] = json!("edit");
+            v["target"] = json!(target);
+        }
+        Kind::Recall { target } => {
+            v["kind"] = json!("recall");
+            v["target"] = json!(target);
+        }
+        Kind::Recalled => v["kind"] = json!("recalled"),
+        Kind::Edited => v["kind"] = json!("edited"),
+        Kind::Gap => v["kind"] = json!("gap"),
+    }
     match std::str::from_utf8(&m.payload) {
         Ok(s) => v["payload"] = json!(s),
         Err(_) => v["payload_hex"] = json!(hex(&m.payload)),

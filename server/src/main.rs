@@ -176,6 +176,15 @@ struct ServeArgs {
         requires = "send_requires_membership"
     )]
     system_senders: Vec<u64>,
+    /// A user id that may EDIT and RECALL any member's message (a
+    /// moderator, the application's own service), within the change
+    /// window; repeat the flag for more. No default: none.
+    #[arg(long = "admin-sender", value_name = "USER_ID")]
+    admin_senders: Vec<u64>,
+    /// How long after a message was accepted its sender (or an admin
+    /// sender) may still edit or recall it, in milliseconds.
+    #[arg(long, default_value_t = tidemark_engine::defaults::CHANGE_WINDOW_MS)]
+    change_window_ms: u64,
     /// Serve the STATS figures in the Prometheus text format at
     /// http://ADDR/metrics (port 0 picks a free port; INFO names it). No
     /// default: no endpoint.
@@ -288,6 +297,8 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     if a.send_requires_membership {
         c.sends = tidemark_node::SendPolicy::members_only(a.system_senders);
     }
+    c.sends = c.sends.with_admins(a.admin_senders);
+    c.engine.change_window_ms = a.change_window_ms;
     if let Some(path) = a.token_file {
         c.token = Some(tidemark_server::token_file::read_token_file(&path)?);
     }

@@ -6,15 +6,14 @@
 //! `--yes` repairs; `ctl verify` is clean (status 0); the node serves the
 //! repaired groups again: every intact record before and after the damage
 //! at its id, the next sends after the old heads, the gaps visible in `ctl
-//! dump`. A running node's directory is refused (status 2).
-//!
-//! Over the wire the test reads only ranges without a gap record (a member
-//! ACKs past it, then PULLs what follows): how clients see gap records is
-//! protocol version 2's business.
+//! dump` and over the wire (kind Gap in protocol version 2, an empty
+//! message in version 1), and not unread. A running node's directory is
+//! refused (status 2).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use tidemark_client::{Client, ClientConfig, Kind};
 use tidemark_protocol::JoinStart;
 
 use crate::harness::{tidemark_bin, Node};
@@ -175,19 +174,40 @@ fn a_damaged_directory_is_verified_repaired_and_served_again() {
         vec![(1, "message"), (2, "message"), (3, "gap")]
     );
 
-    // Served again.
+    // Served again: a version 2 client sees the gaps as kind Gap, a
+    // version 1 client as empty messages (protocol.md section 7), both at
+    // dense ids with every other record intact; the gaps are not unread.
     let node = Node::start(&data, &FLAGS);
     let mut c = node.client();
-    let (first, last) = (gaps[0], *gaps.last().unwrap());
-    let page = c.pull(BIG, 100, 0, (first - 1) as u32, 0).unwrap();
-    let ids: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
-    assert_eq!(ids, (1..first).collect::<Vec<_>>());
-    assert!(page.messages.iter().all(|m| m.payload == payload(m.msg_id)));
-    assert_eq!(c.ack(BIG, 100, last).unwrap(), last);
-    let page = c.pull(BIG, 100, last, 1000, 0).unwrap();
-    let ids: Vec<u64> = page.messages.iter().map(|m| m.msg_id).collect();
-    assert_eq!(ids, (last + 1..=BIG_SENDS).collect::<Vec<_>>());
-    assert!(page.messages.iter().all(|m| m.payload == payload(m.msg_id)));
+    let mut v1 = {
+        let mut config = ClientConfig::new(node.addr.clone());
+        config.max_version = 1;
+        Client::connect(&config).expect("a version 1 client")
+    };
+    let unread = c.unread(100).unwrap();
+    assert_eq!(
+        unread.iter().find(|g| g.group == BIG).map(|g| g.unread),
+        Some(BIG_SENDS - gaps.len() as u64),
+        "gaps are not unread"
+    );
+    // Another member reads with the version 1 client (each read ACKs).
+    c.join(BIG, 101, JoinStart::Earliest).unwrap();
+    for (client, user, gap_kind) in [(&mut c, 100, Kind::Gap), (&mut v1, 101, Kind::Message)] {
+        let mut seen: Vec<tidemark_client::Message> = Vec::new();
+        while (seen.len() as u64) < BIG_SENDS {
+            let page = client.pull(BIG, user, seen.len() as u64, 1000, 0).unwrap();
+            assert!(!page.messages.is_empty());
+            seen.extend(page.messages);
+        }
+        for (i, m) in seen.iter().enumerate() {
+            assert_eq!(m.msg_id, i as u64 + 1, "dense ids");
+            if gaps.contains(&m.msg_id) {
+                assert_eq!((m.kind, m.payload.len()), (gap_kind, 0), "gap {}", m.msg_id);
+            } else {
+                assert_eq!((m.kind, &m.payload), (Kind::Message, &payload(m.msg_id)));
+            }
+        }
+    }
     assert_eq!(
         c.send(BIG, 7, BIG_SENDS + 1, b"after").unwrap().msg_id,
         BIG_SENDS + 1

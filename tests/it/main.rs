@@ -24,6 +24,7 @@ mod node;
 mod observe;
 mod ops_cli;
 mod proxy;
+mod recall;
 mod receipts;
 mod retention;
 mod segment_damage;

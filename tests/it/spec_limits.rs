@@ -107,6 +107,7 @@ fn storage_md_limits_are_the_engine_defaults() {
         ("groups_per_user_max", n(engine::GROUPS_PER_USER_MAX)),
         ("cursor_flush_ms", n(engine::CURSOR_FLUSH_MS)),
         ("retention_check_ms", n(engine::RETENTION_CHECK_MS)),
+        ("change_window_ms", n(engine::CHANGE_WINDOW_MS)),
         ("segment_tail_bytes", n(engine::SEGMENT_TAIL_BYTES)),
         ("disk_free_min_bytes", n(engine::DISK_FREE_MIN_BYTES)),
     ]);
@@ -158,6 +159,7 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
         ("commit_round_bytes_max", n(engine::COMMIT_ROUND_BYTES_MAX)),
         ("cursor_flush_ms", n(engine::CURSOR_FLUSH_MS)),
         ("retention_check_ms", n(engine::RETENTION_CHECK_MS)),
+        ("change_window_ms", n(engine::CHANGE_WINDOW_MS)),
         ("slowlog_threshold_us", n(node::SLOWLOG_THRESHOLD_US)),
         ("slowlog_entries_max", n(node::SLOWLOG_ENTRIES_MAX)),
         (

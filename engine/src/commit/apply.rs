@@ -278,6 +278,12 @@ pub(crate) fn records(
     // this holds too, and a load happens here or before (live, the send
     // path loaded the group).
     let before = group.log.read().stored_messages();
+    {
+        // Quiet ids first (edits, recalls: not unread), under the
+        // checkpoint lock a capture takes too (`changes.rs`).
+        let _ck = group.ckpt(&st.ctx.dirty);
+        group.changes_applied(run, mode != Mode::Live);
+    }
     let done = records_into_slot(st, group, run, at, mode, lsn);
     st.ctx
         .stored_changed(before, group.log.read().stored_messages());

@@ -334,6 +334,27 @@ impl Chunk {
         self.source.bytes(self.start, self.end)
     }
 
+    /// The part `[from, to)` of this chunk (offsets into [`Chunk::bytes`],
+    /// which the caller found at record boundaries).
+    pub(crate) fn sub(&self, from: usize, to: usize) -> Chunk {
+        debug_assert!(from <= to && self.start + to <= self.end);
+        Chunk {
+            source: self.source.clone(),
+            start: self.start + from,
+            end: self.start + to,
+        }
+    }
+
+    /// Whole records made for a reader (a presentation, `edits.rs`).
+    pub(crate) fn copied(bytes: Vec<u8>) -> Chunk {
+        let end = bytes.len();
+        Chunk {
+            source: ChunkSource::Copied(bytes.into()),
+            start: 0,
+            end,
+        }
+    }
+
     /// One chunk per record, in order (to send records in another order
     /// without copying them). The bytes were verified when read, but a
     /// mapping shows what is in the file now: if something outside the

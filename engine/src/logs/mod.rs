@@ -9,6 +9,7 @@
 //! that hold them); the commit thread (`commit`) decides what is appended,
 //! the checkpointer (`state`) when files may go.
 
+pub(crate) mod changes;
 pub(crate) mod cold;
 pub(crate) mod extents;
 pub(crate) mod group_log;

@@ -9,6 +9,13 @@
 //!    sender_id: u64 | client_msg_id: u64 | kind: u8 | flags: u8 |
 //!    reserved: u16 = 0 | payload: [u8; record_len - 44] }`
 //! `crc32` is CRC-32 (IEEE, as crc32fast computes it) of bytes `8..record_len`.
+//!
+//! Kinds (storage.md section 3): 0 a message; 1 an Edit and 2 a Recall of
+//! an earlier message of the group, whose payload starts with the target's
+//! `msg_id` (u64, little-endian; an Edit's new payload follows it, a
+//! Recall's payload is exactly the 8 bytes). Invariant of every verified
+//! record of kind 1 or 2: `1 <= target < msg_id`, so a reader may take the
+//! target without checking again.
 
 /// Bytes before the payload.
 pub const RECORD_HEADER_BYTES: usize = 44;
@@ -21,13 +28,19 @@ pub const RECORD_BYTES_STORED_MAX: usize = 1 << 30;
 
 /// `kind` of an ordinary chat message.
 pub const KIND_MESSAGE: u8 = 0;
+/// `kind` of an edit: payload `target: u64 | new payload`.
+pub const KIND_EDIT: u8 = 1;
+/// `kind` of a recall: payload `target: u64`, nothing else.
+pub const KIND_RECALL: u8 = 2;
+/// Bytes of the target id at the start of an edit's or a recall's payload.
+pub const TARGET_BYTES: usize = 8;
 
 /// `kind` of a gap record: `tidemark ctl repair` writes one in place of
 /// each msg_id whose record was lost to damage (format-spec/storage.md
 /// section 3, "Gap records"), so that ids stay dense and never go to a
 /// new message. Flags 0, sender and client_msg_id 0, empty payload: a
 /// reader refuses any other gap. Only repair writes them; the send path
-/// never does. Kinds 1 and 2 are reserved for edits and recalls.
+/// never does.
 pub const KIND_GAP: u8 = 3;
 
 const OFF_LEN: usize = 0;
@@ -107,8 +120,15 @@ pub const fn record_bytes(payload_len: usize) -> usize {
     RECORD_HEADER_BYTES + payload_len
 }
 
-/// Appends the encoded record to `out`.
+/// Appends the encoded record (a message, kind 0) to `out`.
+#[cfg(any(test, feature = "testing"))]
 pub fn encode_into(rec: &NewRecord<'_>, out: &mut Vec<u8>) {
+    encode_kind_into(rec, KIND_MESSAGE, out)
+}
+
+/// Appends the encoded record of `kind` to `out`; for an edit or a recall
+/// the caller puts the target id first in `rec.payload` (module docs).
+pub fn encode_kind_into(rec: &NewRecord<'_>, kind: u8, out: &mut Vec<u8>) {
     let total = record_bytes(rec.payload.len());
     let start = out.len();
     // Invariant: payloads are checked against payload_bytes_max (< u32::MAX) by the caller.
@@ -120,7 +140,7 @@ pub fn encode_into(rec: &NewRecord<'_>, out: &mut Vec<u8>) {
     out.extend_from_slice(&rec.timestamp_ms.to_le_bytes());
     out.extend_from_slice(&rec.sender_id.to_le_bytes());
     out.extend_from_slice(&rec.client_msg_id.to_le_bytes());
-    out.push(KIND_MESSAGE);
+    out.push(kind);
     out.push(0); // flags
     out.extend_from_slice(&[0u8; 2]); // reserved
     out.extend_from_slice(rec.payload);
@@ -132,8 +152,7 @@ pub fn encode_into(rec: &NewRecord<'_>, out: &mut Vec<u8>) {
 /// payload, sender and client_msg_id 0, `timestamp_ms` chosen by the
 /// caller so that timestamps never decrease within the group.
 pub fn encode_gap_into(msg_id: u64, timestamp_ms: u64, out: &mut Vec<u8>) {
-    let start = out.len();
-    encode_into(
+    encode_kind_into(
         &NewRecord {
             msg_id,
             timestamp_ms,
@@ -141,11 +160,9 @@ pub fn encode_gap_into(msg_id: u64, timestamp_ms: u64, out: &mut Vec<u8>) {
             client_msg_id: 0,
             payload: &[],
         },
+        KIND_GAP,
         out,
     );
-    out[start + OFF_KIND] = KIND_GAP;
-    let crc = crc32fast::hash(&out[start + OFF_MSG_ID..]);
-    out[start + OFF_CRC..start + OFF_MSG_ID].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Whether a verified record is a gap record.
@@ -174,6 +191,34 @@ pub fn peek_len(buf: &[u8]) -> Option<usize> {
 /// Reads just the `msg_id` of an already-verified record.
 pub fn peek_msg_id(buf: &[u8]) -> u64 {
     u64_at(buf, OFF_MSG_ID)
+}
+
+/// Reads just the `kind` of an already-verified record.
+pub fn peek_kind(buf: &[u8]) -> u8 {
+    buf[OFF_KIND]
+}
+
+/// The target id of an already-verified edit or recall (`None` for
+/// another kind).
+pub fn peek_target(buf: &[u8]) -> Option<u64> {
+    matches!(buf[OFF_KIND], KIND_EDIT | KIND_RECALL).then(|| u64_at(buf, RECORD_HEADER_BYTES))
+}
+
+/// Calls `f(msg_id, kind, target)` for every record of `buf` (verified
+/// records back to back) whose kind is not a message: what the applier
+/// counts as not unread (`changes.rs`). One header read per record.
+pub fn for_each_change(buf: &[u8], mut f: impl FnMut(u64, u8, Option<u64>)) {
+    let mut at = 0;
+    while let Some(len) = peek_len(&buf[at..]).filter(|&l| l >= RECORD_HEADER_BYTES) {
+        let rec = &buf[at..];
+        if rec.len() < len {
+            break;
+        }
+        if peek_kind(rec) != KIND_MESSAGE {
+            f(peek_msg_id(rec), peek_kind(rec), peek_target(rec));
+        }
+        at += len;
+    }
 }
 
 /// The tail of `buf` (already-verified records of one group, ids rising)
@@ -212,7 +257,7 @@ pub fn decode_header(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader
     }
     let kind = buf[OFF_KIND];
     let flags = buf[OFF_FLAGS];
-    if kind != KIND_MESSAGE && kind != KIND_GAP {
+    if kind > KIND_GAP {
         return Err(RecordError::BadHeader {
             reason: "unknown kind",
         });
@@ -226,6 +271,20 @@ pub fn decode_header(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader
         return Err(RecordError::BadHeader {
             reason: "reserved bits set",
         });
+    }
+    if kind == KIND_EDIT || kind == KIND_RECALL {
+        let payload_len = record_len as usize - RECORD_HEADER_BYTES;
+        let target = (payload_len >= TARGET_BYTES).then(|| u64_at(buf, RECORD_HEADER_BYTES));
+        if kind == KIND_RECALL && payload_len != TARGET_BYTES {
+            return Err(RecordError::BadHeader {
+                reason: "a recall's payload is not exactly its target id",
+            });
+        }
+        if !target.is_some_and(|t| t >= 1 && t < u64_at(buf, OFF_MSG_ID)) {
+            return Err(RecordError::BadHeader {
+                reason: "an edit or recall without a target below its own id",
+            });
+        }
     }
     Ok(RecordHeader {
         record_len,

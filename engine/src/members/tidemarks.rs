@@ -507,7 +507,9 @@ impl Engine {
                     group_id: g.id,
                     head,
                     cursor,
-                    unread: head.saturating_sub(cursor),
+                    // Edits and recalls, and recalled messages, are not
+                    // unread (`logs/changes.rs`).
+                    unread: g.unread_of(cursor, head),
                 });
             }
         });
@@ -552,7 +554,9 @@ impl Engine {
         let pending: Vec<Unread> = self
             .unread(user)
             .into_iter()
-            .filter(|u| u.unread > 0 && after_group.is_none_or(|a| u.group_id > a))
+            // Records above the cursor, counted or not: an edit or a
+            // recall of a read message is not unread but is delivered.
+            .filter(|u| u.head > u.cursor && after_group.is_none_or(|a| u.group_id > a))
             .collect();
         let mut not_ready = None;
         for u in &pending {
@@ -598,7 +602,9 @@ impl Engine {
             let unread = Unread {
                 cursor: pull.cursor,
                 head: pull.head,
-                unread: pull.head - pull.cursor,
+                unread: self.group(u.group_id).map_or(pull.head - pull.cursor, |g| {
+                    g.unread_of(pull.cursor, pull.head)
+                }),
                 ..u
             };
             groups.push(SyncGroup {

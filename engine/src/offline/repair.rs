@@ -177,6 +177,24 @@ impl Rebuild {
     }
 }
 
+/// Makes the group record agree with its gaps (`gaps`: id ranges): a gap
+/// is not unread (protocol.md 2.1), so its id joins the group's quiet ids
+/// (`logs/changes.rs`); and a latest edit that names a lost id (the message
+/// or its newest edit) is dropped, so the message reads as its stored
+/// original (or, lost, as a gap) rather than through a record that is no
+/// longer there.
+fn record_gaps(rec: &mut GroupRecord, gaps: &[(u64, u64)]) {
+    if gaps.is_empty() {
+        return;
+    }
+    let lost = |id: u64| gaps.iter().any(|&(a, b)| (a..=b).contains(&id));
+    rec.quiet.extend(gaps.iter().flat_map(|&(a, b)| a..=b));
+    rec.quiet.sort_unstable();
+    rec.quiet.dedup();
+    rec.edits
+        .retain(|&(message, edit)| !lost(message) && !lost(edit));
+}
+
 impl DataDir {
     /// Plans a repair: reads the group files, writes nothing.
     pub fn plan_repair(&self, target: RepairTarget) -> Result<RepairPlan> {
@@ -386,7 +404,8 @@ impl DataDir {
             .filter(|(_, &(base, _))| damaged.contains(&walk::segment_path(&self.path, id, base)))
             .map(|(i, &(base, _))| (i, Rebuild::new(id, base)))
             .collect();
-        if !rebuilds.is_empty() {
+        let rebuilds_none = rebuilds.is_empty();
+        if !rebuilds_none {
             let paths: Vec<PathBuf> = rebuilds
                 .iter()
                 .map(|(i, _)| walk::segment_path(&self.path, id, g.segments[*i].0))
@@ -423,6 +442,7 @@ impl DataDir {
             plan.actions
                 .push(format!("group {id}: {}", rb.describe(&path, old)));
             rec.segments[i].1 = rb.bytes.len() as u64;
+            record_gaps(rec, &rb.gaps);
             if i + 1 == g.segments.len() {
                 rec.head = rec.head.max(rb.last_id);
             }
@@ -448,6 +468,21 @@ impl DataDir {
                     rec.segments[i].1 = *found;
                 }
             }
+        }
+        if rebuilds_none {
+            // Only the state is recorded (a repair cut before its
+            // checkpoint wrote these files): the gap records already in
+            // them must be quiet too, as the cut repair would have made
+            // them.
+            let mut on_disk = Vec::new();
+            walk::walk_group(&self.path, rec, &mut |ev| {
+                if let Event::Record { header, .. } = ev {
+                    if record::is_gap(&header) {
+                        on_disk.push((header.msg_id, header.msg_id));
+                    }
+                }
+            })?;
+            record_gaps(rec, &on_disk);
         }
         plan.actions.push(format!(
             "group {id}: record it with head {}, {} segments, not damaged",
@@ -497,6 +532,7 @@ impl DataDir {
         ));
         rec.small = None;
         rec.segments = vec![(floor, rb.bytes.len() as u64)];
+        record_gaps(rec, &rb.gaps);
         plan.steps.push(Step::Segment {
             group: id,
             path,

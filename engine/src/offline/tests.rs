@@ -116,6 +116,14 @@ fn serves(dir: &Path, g: u64, n: u64, gaps: &[u64]) {
             assert_eq!((*kind, p), (0, &payload(g, *id)), "record {id} intact");
         }
     }
+    // A gap is not unread (protocol.md 2.1): the member that joined before
+    // the damage counts every other record.
+    let unread = e.unread(100 + g).into_iter().find(|u| u.group_id == g);
+    assert_eq!(
+        unread.map(|u| u.unread),
+        Some(n - gaps.len() as u64),
+        "unread leaves the gaps out"
+    );
     // A gap's key (sender 0, client_msg_id 0) answers no send: the next
     // sends get the ids after the head.
     assert_eq!(e.append(g, 0, 0, b"next").unwrap().msg_id, n + 1);

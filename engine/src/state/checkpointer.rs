@@ -550,6 +550,14 @@ impl Checkpointer {
                     // Promoted, deleted or damaged since the plan.
                     _ => continue,
                 }
+                // Quiet ids no member can count any more (`changes.rs`):
+                // at or below every cursor and below the new floor.
+                let floor = g.log.read().floor();
+                let below_floor = floor.saturating_sub(1);
+                let up_to = g
+                    .min_cursor(&self.shared.cursors)
+                    .map_or(below_floor, |c| c.min(below_floor));
+                g.trim_quiet(up_to, floor);
                 dropped_any = true;
                 ctx.dirty.mark(&g, &mut ck);
                 drop(ck);
@@ -686,6 +694,8 @@ impl Checkpointer {
             retention,
             damaged,
             small,
+            quiet: g.quiet_ids(),
+            edits: g.latest_edits(),
         })));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();

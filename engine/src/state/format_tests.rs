@@ -29,6 +29,8 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         retention: Retention::default(),
         damaged: None,
         small: None,
+        quiet: Vec::new(),
+        edits: Vec::new(),
     }))
 }
 
@@ -101,6 +103,8 @@ fn sample_items() -> Vec<Item> {
             },
             damaged: Some("bad crc at 12 ü".into()),
             small: None,
+            quiet: Vec::new(),
+            edits: Vec::new(),
         })),
         member(3, u64::MAX, 2),
         Item::MemberPut {
@@ -172,6 +176,8 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         retention: Retention::default(),
         damaged: None,
         small: None,
+        quiet: Vec::new(),
+        edits: Vec::new(),
     }));
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
@@ -271,6 +277,8 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         retention: Retention::default(),
         damaged: None,
         small: None,
+        quiet: Vec::new(),
+        edits: Vec::new(),
     };
     assert!(decode_raw(&good(base.clone()), 1, Key::group(1)).is_ok());
     for (what, bad) in [
@@ -427,6 +435,8 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         retention: Retention::default(),
         damaged: Some(reason.clone()),
         small: None,
+        quiet: Vec::new(),
+        edits: Vec::new(),
     }));
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
@@ -719,6 +729,8 @@ impl Model {
             retention: Retention::default(),
             damaged: None,
             small: None,
+            quiet: Vec::new(),
+            edits: Vec::new(),
         }))
     }
 
@@ -811,6 +823,84 @@ proptest! {
                 other => model.apply(other),
             }
             prop_assert_eq!(&merge(runs.clone(), true), &expected, "after {:?}", op);
+        }
+    }
+}
+
+/// Issue 13 item 2: a group record's quiet ids (GroupPut bit 4,
+/// format-spec/storage.md 6.1), exactly these bytes, and the values no
+/// writer makes.
+mod quiet_ids {
+    use super::*;
+
+    #[test]
+    fn quiet_ids_round_trip_as_documented_and_bad_lists_are_refused() {
+        let rec = GroupRecord {
+            group: 1,
+            fresh: false,
+            applied_lsn: 0,
+            head: 9,
+            segments: vec![(1, 64)],
+            retention: Retention::default(),
+            damaged: None,
+            small: None,
+            quiet: vec![3, 5, 9],
+            edits: Vec::new(),
+        };
+        let mut raw = Vec::new();
+        encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
+        // GroupPut, group 1, flags 0x10, applied_lsn 0, head 9, one
+        // segment (1, 64), three quiet ids 3, +2, +4.
+        let bytes = [1, 1, 0x10, 0, 9, 1, 1, 64, 3, 3, 2, 4];
+        assert_eq!(raw, bytes);
+        assert_eq!(
+            decode_raw(&bytes, 1, Key::group(1)).unwrap(),
+            [Item::GroupPut(Box::new(rec))]
+        );
+        for bad in [
+            &[1, 1, 0x10, 0, 9, 1, 1, 64, 0][..],     // no id
+            &[1, 1, 0x10, 0, 9, 1, 1, 64, 2, 3, 0],   // not rising
+            &[1, 1, 0x10, 0, 9, 1, 1, 64, 1, 0],      // id 0
+            &[1, 1, 0x10, 0, 9, 1, 1, 64, 1, 10],     // above the head
+            &[1, 1, 0x10, 0, 9, 1, 1, 64, 200, 1, 1], // count past the end
+            &[1, 1, 0x20, 0, 9, 1, 1, 64],            // reserved bit 5
+        ] {
+            assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn latest_edits_round_trip_as_documented_and_bad_lists_are_refused() {
+        let rec = GroupRecord {
+            group: 1,
+            fresh: false,
+            applied_lsn: 0,
+            head: 9,
+            segments: vec![(1, 64)],
+            retention: Retention::default(),
+            damaged: None,
+            small: None,
+            quiet: vec![4, 7],
+            edits: vec![(2, 4), (3, 7)],
+        };
+        let mut raw = Vec::new();
+        encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
+        // flags 0x30 (quiet, edits); quiet 4, +3; edits (2, +2), (+1, +4).
+        let bytes = [1, 1, 0x30, 0, 9, 1, 1, 64, 2, 4, 3, 2, 2, 2, 1, 4];
+        assert_eq!(raw, bytes);
+        assert_eq!(
+            decode_raw(&bytes, 1, Key::group(1)).unwrap(),
+            [Item::GroupPut(Box::new(rec))]
+        );
+        for bad in [
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 0][..],         // no entry
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 2, 0],       // edit not above
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 0, 2],       // message 0
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 5, 5],       // edit above the head
+            &[1, 1, 0x20, 0, 9, 1, 1, 64, 2, 1, 1, 0, 1], // not rising
+            &[1, 1, 0x40, 0, 9, 1, 1, 64],                // reserved bit 6
+        ] {
+            assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
         }
     }
 }

@@ -90,6 +90,13 @@ pub(crate) struct GroupRecord {
     /// S5): `segments` is then empty. `None` for a group with segments and
     /// for a small group without any record.
     pub small: Option<SmallRecord>,
+    /// The group's quiet ids (`logs/changes.rs`: edits, recalls, recalled
+    /// messages; not unread), ascending; empty for nearly every group.
+    pub quiet: Vec<u64>,
+    /// `(message, its newest Edit)` of the group's edited messages
+    /// (`logs/changes.rs`), ascending by message; empty for nearly every
+    /// group.
+    pub edits: Vec<(u64, u64)>,
 }
 
 /// Where a small group's records are, as a checkpoint records them: its

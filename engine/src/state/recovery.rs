@@ -650,6 +650,9 @@ fn restore_runs(
                     };
                     let g = catalog.insert(rec.group, slot);
                     catalog.set_retention(&g, rec.retention);
+                    if !rec.quiet.is_empty() || !rec.edits.is_empty() {
+                        g.restore_quiet(rec.quiet, rec.edits);
+                    }
                     let mut ck = g.ckpt(&ctx.dirty);
                     ck.set_applied_lsn(rec.applied_lsn);
                     ck.capture_once();

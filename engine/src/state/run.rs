@@ -69,6 +69,8 @@ const FLAG_FRESH: u8 = 1;
 const FLAG_DAMAGED: u8 = 2;
 const FLAG_RETENTION: u8 = 4;
 const FLAG_SMALL: u8 = 8;
+const FLAG_QUIET: u8 = 16;
+const FLAG_EDITS: u8 = 32;
 
 /// What a manifest records about a part, and what a reader checks it
 /// against.
@@ -134,7 +136,10 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 // small? { varint first_id | varint floor - first_id | varint n |
 //   n x { varint file (FileId::raw) | varint offset | varint bytes | varint count } } |
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
-// damaged? { varint n <= 4096 | n bytes UTF-8 } }; MemberPut value
+// damaged? { varint n <= 4096 | n bytes UTF-8 } |
+// quiet? { varint n | n x varint id (the first absolute, then the delta > 0) } |
+// edits? { varint n | n x { varint message (as quiet's) | varint edit - message > 0 } } };
+// MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
 fn encode_value(out: &mut Vec<u8>, item: &Item) {
     match item {
@@ -151,6 +156,12 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
             }
             if g.small.is_some() {
                 flags |= FLAG_SMALL;
+            }
+            if !g.quiet.is_empty() {
+                flags |= FLAG_QUIET;
+            }
+            if !g.edits.is_empty() {
+                flags |= FLAG_EDITS;
             }
             out.push(flags);
             put_varint(out, g.applied_lsn);
@@ -182,6 +193,23 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                 let reason = cut_at_char_boundary(reason, DAMAGE_REASON_BYTES_MAX);
                 put_varint(out, reason.len() as u64);
                 out.extend_from_slice(reason.as_bytes());
+            }
+            if !g.quiet.is_empty() {
+                put_varint(out, g.quiet.len() as u64);
+                let mut prev = 0;
+                for &id in &g.quiet {
+                    put_varint(out, id - prev);
+                    prev = id;
+                }
+            }
+            if !g.edits.is_empty() {
+                put_varint(out, g.edits.len() as u64);
+                let mut prev = 0;
+                for &(message, edit) in &g.edits {
+                    put_varint(out, message - prev);
+                    put_varint(out, edit - message);
+                    prev = message;
+                }
             }
         }
         Item::MemberPut {
@@ -277,7 +305,8 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
 fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     let bad = |what: &str| format!("group {group}: {what}");
     let flags = r.u8()?;
-    if flags & !(FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL) != 0 {
+    let known = FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL | FLAG_QUIET | FLAG_EDITS;
+    if flags & !known != 0 {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
     let applied_lsn = r.varint()?;
@@ -353,6 +382,16 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     } else {
         None
     };
+    let quiet = if flags & FLAG_QUIET != 0 {
+        decode_quiet(r, head).map_err(|why| bad(&why))?
+    } else {
+        Vec::new()
+    };
+    let edits = if flags & FLAG_EDITS != 0 {
+        decode_edits(r, head).map_err(|why| bad(&why))?
+    } else {
+        Vec::new()
+    };
     Ok(GroupRecord {
         group,
         fresh: flags & FLAG_FRESH != 0,
@@ -362,7 +401,62 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         retention,
         damaged,
         small,
+        quiet,
+        edits,
     })
+}
+
+/// A group's latest edits (the `edits` part of a GroupPut value): at least
+/// one, messages rising from at least 1, each edit above its message and
+/// at most `head`.
+fn decode_edits(r: &mut Reader<'_>, head: u64) -> Result<Vec<(u64, u64)>, String> {
+    let n = r.varint()?;
+    // Each entry takes at least two bytes: a hostile count fails here.
+    if n == 0 || n > (r.remaining() / 2) as u64 {
+        return Err(format!("{n} latest edits"));
+    }
+    let mut edits = Vec::with_capacity(n as usize);
+    let mut message = 0u64;
+    for _ in 0..n {
+        let delta = r.varint()?;
+        let above = r.varint()?;
+        if delta == 0 || above == 0 {
+            return Err("latest edits do not rise, or an edit is not above its message".into());
+        }
+        message = message
+            .checked_add(delta)
+            .ok_or("edited message overflows")?;
+        let edit = message.checked_add(above).ok_or("edit id overflows")?;
+        if edit > head {
+            return Err(format!("edit {edit} above head {head}"));
+        }
+        edits.push((message, edit));
+    }
+    Ok(edits)
+}
+
+/// A group's quiet ids (the `quiet` part of a GroupPut value): at least
+/// one, rising from at least 1 to at most `head`.
+fn decode_quiet(r: &mut Reader<'_>, head: u64) -> Result<Vec<u64>, String> {
+    let n = r.varint()?;
+    // Each id takes at least one byte: a hostile count fails here.
+    if n == 0 || n > r.remaining() as u64 {
+        return Err(format!("{n} quiet ids"));
+    }
+    let mut ids = Vec::with_capacity(n as usize);
+    let mut id = 0u64;
+    for _ in 0..n {
+        let delta = r.varint()?;
+        if delta == 0 {
+            return Err("quiet ids do not rise from 1".into());
+        }
+        id = id.checked_add(delta).ok_or("quiet id overflows")?;
+        ids.push(id);
+    }
+    if id > head {
+        return Err(format!("quiet id {id} above head {head}"));
+    }
+    Ok(ids)
 }
 
 /// A small group's extents (the `small` part of a GroupPut value): each a

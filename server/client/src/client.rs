@@ -13,10 +13,10 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
-    decode_response, encode_request, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
-    Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, ReceiptCount, Records, Request,
+    decode_response, encode_request_in, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
+    Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, Opcode, ReceiptCount, Records, Request,
     Response, ResyncScope, RetentionPolicy, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR,
-    PROTOCOL_VERSION,
+    HELLO_VERSION, KIND_EDIT, KIND_GAP, KIND_RECALL, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 
 /// A message as the client hands it to the application.
@@ -27,7 +27,31 @@ pub struct Message {
     pub timestamp_ms: u64,
     pub sender_id: u64,
     pub client_msg_id: u64,
+    /// A message's payload; an edit's new payload (its target id taken
+    /// off); empty for the other kinds.
     pub payload: Vec<u8>,
+    /// What the record is (protocol version 2; always
+    /// [`Kind::Message`] on a version 1 connection, where the node shows
+    /// edits, recalls and recalled messages as empty messages).
+    pub kind: Kind,
+}
+
+/// What a record is (format-spec/protocol.md 2.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A message.
+    Message,
+    /// A message recalled since (its payload withheld: empty).
+    Recalled,
+    /// A message shown in its latest state with its newest edit's payload
+    /// (HISTORY_LATEST only).
+    Edited,
+    /// An edit of message `target`: `payload` is its new payload.
+    Edit { target: u64 },
+    /// The recall of message `target`.
+    Recall { target: u64 },
+    /// A message lost to damage, cut by the repair tool (no payload).
+    Gap,
 }
 
 /// One request of the node's slow log (SLOWLOG, format-spec/protocol.md
@@ -174,6 +198,9 @@ pub struct ClientConfig {
     /// Longest wait for one response (a long poll adds its own wait).
     pub io_timeout: Duration,
     pub client_name: String,
+    /// The newest protocol version to offer at HELLO (default: the
+    /// newest this library speaks; 1 makes a version 1 client).
+    pub max_version: u8,
 }
 
 impl ClientConfig {
@@ -183,6 +210,7 @@ impl ClientConfig {
             token: None,
             io_timeout: Duration::from_secs(10),
             client_name: "tidemark-client".into(),
+            max_version: PROTOCOL_VERSION,
         }
     }
 }
@@ -270,13 +298,26 @@ pub fn messages(group: u64, records: &Records<'_>) -> Result<Vec<Message>> {
                 msg_id: r.msg_id(),
             });
         }
+        // The section was checked against its frame's version: a kind's
+        // target and payload rule hold (`Records::iter_in`).
+        let (kind, payload) = match (r.kind(), r.target()) {
+            (KIND_EDIT, Some(target)) => {
+                (Kind::Edit { target }, r.edit_payload().unwrap_or_default())
+            }
+            (KIND_RECALL, Some(target)) => (Kind::Recall { target }, &[][..]),
+            (KIND_GAP, _) => (Kind::Gap, &[][..]),
+            _ if r.is_recalled() => (Kind::Recalled, &[][..]),
+            _ if r.is_edited() => (Kind::Edited, r.payload()),
+            _ => (Kind::Message, r.payload()),
+        };
         out.push(Message {
             group,
             msg_id: r.msg_id(),
             timestamp_ms: r.timestamp_ms(),
             sender_id: r.sender_id(),
             client_msg_id: r.client_msg_id(),
-            payload: r.payload().to_vec(),
+            payload: payload.to_vec(),
+            kind,
         });
     }
     Ok(out)
@@ -309,6 +350,8 @@ pub struct Client {
     stashed: HashMap<u64, OwnedFrame>,
     limits: NodeLimits,
     out: Vec<u8>,
+    /// The protocol version HELLO chose (1 until then: HELLO's frames).
+    version: u8,
 }
 
 impl Client {
@@ -339,14 +382,22 @@ impl Client {
                 requests_in_flight_max: 1,
             },
             out: Vec::new(),
+            version: HELLO_VERSION,
         };
         let hello = c.call(&Request::Hello {
-            min_version: PROTOCOL_VERSION,
-            max_version: PROTOCOL_VERSION,
+            min_version: PROTOCOL_VERSION_MIN,
+            max_version: config.max_version,
             client_name: &config.client_name,
         })?;
         let auth_required = match hello.response()? {
             Response::Hello(h) => {
+                if !(PROTOCOL_VERSION_MIN..=config.max_version).contains(&h.version) {
+                    return Err(ClientError::Protocol(format!(
+                        "the node chose protocol version {}, not offered",
+                        h.version
+                    )));
+                }
+                c.version = h.version;
                 c.limits = NodeLimits {
                     frame_bytes_max: h.frame_bytes_max,
                     payload_bytes_max: h.payload_bytes_max,
@@ -402,7 +453,8 @@ impl Client {
         let id = self.next_id;
         self.next_id += 1;
         self.out.clear();
-        encode_request(id, req, &mut self.out).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        encode_request_in(self.version, id, req, &mut self.out)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.stream.write_all(&self.out)?;
         Ok(id)
     }
@@ -446,6 +498,14 @@ impl Client {
                 Err(e) => return Err(ClientError::Protocol(e.to_string())),
             };
             let owned = OwnedFrame(frame.to_vec());
+            // Every frame after HELLO's carries the negotiated version.
+            let hello = frame.header.opcode == Opcode::Hello.response_byte();
+            if frame.header.version != self.version && !hello {
+                return Err(ClientError::Protocol(format!(
+                    "a frame of version {} on a connection of version {}",
+                    frame.header.version, self.version
+                )));
+            }
             let event = match decode_response(&frame)? {
                 Response::Push { group, records } => {
                     Some(messages(group, &records).map(Event::Push))
@@ -592,6 +652,77 @@ impl Client {
             payload,
         })?;
         parse_sent(&f)
+    }
+
+    /// RECALL (protocol version 2): recalls message `target` of `group`
+    /// (its sender's, or any as an admin sender of the node). A retransmit
+    /// with the same `client_msg_id` gets the original's answer.
+    pub fn recall(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+    ) -> Result<Sent> {
+        let f = self.call(&Request::Recall {
+            group,
+            sender,
+            client_msg_id,
+            target,
+        })?;
+        parse_sent(&f)
+    }
+
+    /// EDIT (protocol version 2): replaces message `target`'s payload.
+    pub fn edit(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+        payload: &[u8],
+    ) -> Result<Sent> {
+        let f = self.call(&Request::Edit {
+            group,
+            sender,
+            client_msg_id,
+            target,
+            payload,
+        })?;
+        parse_sent(&f)
+    }
+
+    /// HISTORY_LATEST (protocol version 2): HISTORY's page with every
+    /// message in its latest state (recalled, or with its newest edit's
+    /// payload), the edits and recalls left out. Returns the messages
+    /// (newest first), whether older ones remain, and the `before_msg_id`
+    /// of the next page.
+    pub fn history_latest(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool, u64)> {
+        let f = self.call(&Request::HistoryLatest {
+            group,
+            user,
+            before_msg_id,
+            max_count,
+        })?;
+        match f.response()? {
+            Response::HistoryLatest {
+                has_more,
+                next_before,
+                records,
+            } => Ok((messages(group, &records)?, has_more, next_before)),
+            _ => unexpected("HISTORY_LATEST"),
+        }
+    }
+
+    /// The protocol version HELLO chose.
+    pub fn version(&self) -> u8 {
+        self.version
     }
 
     /// PULL: messages above the cursor, after acknowledging `ack_up_to`.
@@ -918,9 +1049,20 @@ impl Client {
 }
 
 /// Decodes a SEND response.
+/// The answer to a SEND, a RECALL or an EDIT (one layout).
 pub fn parse_sent(f: &OwnedFrame) -> Result<Sent> {
     match f.response()? {
         Response::Send {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        }
+        | Response::Recall {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        }
+        | Response::Edit {
             msg_id,
             timestamp_ms,
             duplicate,

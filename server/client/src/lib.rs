@@ -19,7 +19,7 @@ mod client;
 pub mod reliable;
 
 pub use client::{
-    messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Message,
+    messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Kind, Message,
     NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
 };
 pub use reliable::{Delivery, Inbox, Receipts, ReliableClient, ReliableConfig};

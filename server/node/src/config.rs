@@ -131,6 +131,10 @@ pub struct SendPolicy {
     members_only: bool,
     /// Sorted, no duplicates: one binary search per SEND.
     system_senders: Vec<u64>,
+    /// Senders who may EDIT and RECALL anyone's message (moderators, the
+    /// application's own service), within the change window
+    /// (format-spec/protocol.md 4.28). Sorted, no duplicates.
+    admin_senders: Vec<u64>,
 }
 
 impl SendPolicy {
@@ -139,6 +143,7 @@ impl SendPolicy {
         SendPolicy {
             members_only: false,
             system_senders: Vec::new(),
+            admin_senders: Vec::new(),
         }
     }
 
@@ -151,6 +156,7 @@ impl SendPolicy {
         SendPolicy {
             members_only: true,
             system_senders,
+            admin_senders: Vec::new(),
         }
     }
 
@@ -163,6 +169,26 @@ impl SendPolicy {
     /// The system senders, ascending.
     pub fn system_senders(&self) -> &[u64] {
         &self.system_senders
+    }
+
+    /// This policy with `admin_senders` as the administrators.
+    pub fn with_admins(mut self, admin_senders: impl IntoIterator<Item = u64>) -> SendPolicy {
+        let mut admins: Vec<u64> = admin_senders.into_iter().collect();
+        admins.sort_unstable();
+        admins.dedup();
+        self.admin_senders = admins;
+        self
+    }
+
+    /// True when `sender` may edit and recall anyone's message. O(log
+    /// administrators).
+    pub fn is_admin(&self, sender: u64) -> bool {
+        self.admin_senders.binary_search(&sender).is_ok()
+    }
+
+    /// The administrators, ascending.
+    pub fn admin_senders(&self) -> &[u64] {
+        &self.admin_senders
     }
 }
 

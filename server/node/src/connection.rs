@@ -36,7 +36,7 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::time::Instant;
 
-use tidemark_engine::{Chunk, Engine, Error as EngineError};
+use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
 
 use crate::handlers::{self, Action, Ctx, Outgoing, Report};
 use crate::receipts::Receipts;
@@ -44,6 +44,7 @@ use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
+    HELLO_VERSION, PROTOCOL_VERSION,
 };
 
 /// Identifies a connection across the reuse of its slot in the event loop
@@ -201,6 +202,10 @@ struct Session {
     sub_users: HashSet<u64>,
     /// Its receipt subscriptions (4.22): (group, sender).
     sub_receipts: HashSet<(u64, u64)>,
+    /// The protocol version HELLO chose (1 before): every frame after
+    /// HELLO's carries it, and it says how records are shown
+    /// (format-spec/protocol.md 7).
+    version: u8,
 }
 
 /// Which parked requests hold back the later requests of their connection
@@ -258,6 +263,7 @@ impl Connection {
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
                 sub_receipts: HashSet::new(),
+                version: HELLO_VERSION,
             },
             closing: false,
             fatal: false,
@@ -299,13 +305,23 @@ impl Connection {
         result
     }
 
-    /// Queues a response or a server-initiated frame. Returns false (and
-    /// drops it) after a fatal error: nothing follows the fatal ERROR.
+    /// The protocol version HELLO chose (1 before it).
+    pub fn version(&self) -> u8 {
+        self.session.version
+    }
+
+    /// Queues a response or a server-initiated frame, in the connection's
+    /// protocol version. Returns false (and drops it) after a fatal error:
+    /// nothing follows the fatal ERROR.
     pub fn queue(&mut self, out: Outgoing) -> bool {
         if self.fatal {
             return false;
         }
-        self.out.push(OutChunk::Bytes(out.head));
+        let mut head = out.head;
+        if self.session.version != HELLO_VERSION {
+            tidemark_protocol::set_version(&mut head, self.session.version);
+        }
+        self.out.push(OutChunk::Bytes(head));
         for c in out.chunks {
             self.out.push(OutChunk::Records(c));
         }
@@ -467,6 +483,21 @@ impl Connection {
                 );
                 (0, None, Err(Stop::Fatal(out)))
             }
+            // A frame of another version than the connection's (1 until
+            // HELLO chose one) is fatal (format-spec/protocol.md 7).
+            Ok(Some(frame)) if frame.header.version != self.session.version => {
+                let id = frame.header.request_id;
+                let out = handlers::error(
+                    id,
+                    ErrorCode::UnsupportedVersion,
+                    Some(u64::from(PROTOCOL_VERSION)),
+                    &format!(
+                        "a frame of version {} on a connection of version {}",
+                        frame.header.version, self.session.version
+                    ),
+                );
+                (id, None, Err(Stop::Fatal(out)))
+            }
             Ok(Some(frame)) => {
                 let id = frame.header.request_id;
                 match decode_request(&frame) {
@@ -568,6 +599,7 @@ impl Session {
     /// (format-spec/protocol.md 1.7), then its handler; the requests that
     /// may stay in flight go through the in-flight limit (1.5).
     fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
+        ctx.version = self.version;
         if ctx.shutting_down {
             return Ok(answer(handlers::error(
                 id,
@@ -599,8 +631,11 @@ impl Session {
                 max_version,
                 ..
             } => {
-                let out =
+                let (out, version) =
                     handlers::hello(ctx, id, min_version, max_version).map_err(Stop::Fatal)?;
+                // Every later frame, both ways, carries it (HELLO's
+                // response itself carries 1, `queue`).
+                self.version = version;
                 self.phase = if ctx.token.is_some() {
                     Phase::AwaitAuth
                 } else {
@@ -673,6 +708,40 @@ impl Session {
                 payload,
             } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
                 handlers::send(ctx, id, group, sender, client_msg_id, payload)
+            }),
+            Request::HistoryLatest {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => {
+                handlers::history_latest(ctx, id, group, user, before_msg_id, max_count).map(answer)
+            }
+            Request::Recall {
+                group,
+                sender,
+                client_msg_id,
+                target,
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                handlers::change(
+                    ctx,
+                    id,
+                    group,
+                    sender,
+                    client_msg_id,
+                    target,
+                    Change::Recall,
+                )
+            }),
+            Request::Edit {
+                group,
+                sender,
+                client_msg_id,
+                target,
+                payload,
+            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+                let change = Change::Edit(payload);
+                handlers::change(ctx, id, group, sender, client_msg_id, target, change)
             }),
             Request::Pull {
                 group,
@@ -953,6 +1022,36 @@ mod state_tests {
                     index: 0,
                     generation: 1,
                 },
+                version: 1,
+            };
+            conn.handle_next(&mut ctx)
+        }
+
+        /// [`Node::request`] as a frame of protocol `version`.
+        fn request_in(
+            &mut self,
+            conn: &mut Connection,
+            version: u8,
+            id: u64,
+            req: Request<'_>,
+        ) -> Next {
+            let mut frame = Vec::new();
+            tidemark_protocol::encode_request_in(version, id, &req, &mut frame).unwrap();
+            assert_eq!(conn.decoder.push(&frame), frame.len());
+            let sends = crate::config::SendPolicy::anyone();
+            let mut ctx = Ctx {
+                engine: &self.engine,
+                limits: &self.limits,
+                sends: &sends,
+                token: Some(TOKEN),
+                shutting_down: self.shutting_down,
+                subs: &mut self.subs,
+                receipts: &mut self.receipts,
+                conn: ConnId {
+                    index: 0,
+                    generation: 1,
+                },
+                version: 1,
             };
             conn.handle_next(&mut ctx)
         }
@@ -1186,5 +1285,47 @@ mod state_tests {
         assert_eq!(node.answered(&mut c, hello()), down);
         assert_eq!(node.answered(&mut c, send(1)), down);
         assert_eq!(c.session.phase, Phase::AwaitHello);
+    }
+
+    /// Protocol version 2 (format-spec/protocol.md 7): HELLO's response is
+    /// a version 1 frame, every later frame carries 2 both ways, and a
+    /// frame of another version than the connection's is fatal.
+    #[test]
+    fn a_version_2_connection_stamps_its_frames_and_refuses_other_versions() {
+        let mut node = Node::new(Limits::default());
+        let mut c = Connection::new(node.limits.frame_bytes_max);
+        let hello = Request::Hello {
+            min_version: 1,
+            max_version: 2,
+            client_name: "t",
+        };
+        let answer = |next: Next| match next {
+            Next::Handled {
+                action: Action::Answer(out),
+                ..
+            } => out,
+            _ => panic!("not answered at once"),
+        };
+        let out = answer(node.request(&mut c, 1, hello));
+        assert_eq!(out.head[4], 1, "HELLO's response carries 1");
+        assert!(c.queue(out));
+        assert_eq!(c.version(), 2);
+        let auth = answer(node.request_in(&mut c, 2, 2, Request::Auth { token: TOKEN }));
+        assert_eq!(auth.error, None);
+        // A version 2 PING: its response stamped 2 when queued.
+        let pong = answer(node.request_in(&mut c, 2, 3, Request::Ping));
+        assert!(c.queue(pong));
+        let mut sink = Vec::new();
+        c.write_to(&mut sink).unwrap();
+        let pong = &sink[sink.len() - 16..];
+        assert_eq!((pong[4], pong[5]), (2, Opcode::Ping.response_byte()));
+        // A version 1 frame on the version 2 connection: fatal.
+        assert!(matches!(
+            node.request(&mut c, 4, Request::Ping),
+            Next::Handled {
+                action: Action::Closed(ErrorCode::UnsupportedVersion),
+                ..
+            }
+        ));
     }
 }

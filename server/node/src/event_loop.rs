@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
-use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine};
+use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine, ReadBatch};
 
 use crate::backup;
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
@@ -779,6 +779,8 @@ impl EventLoop {
                 subs: &mut self.subs,
                 receipts: &mut self.receipts,
                 conn,
+                // The connection sets its own (`Session::handle`).
+                version: tidemark_protocol::HELLO_VERSION,
             };
             // The handler's own time counts (latency, slow log).
             let started = Instant::now();
@@ -1181,10 +1183,34 @@ impl EventLoop {
                 }
             };
             after = batch.last_id;
-            let bytes = batch.bytes;
-            let frame = handlers::push(group, batch);
-            for &conn in &targets {
-                if self.push_frame(conn, &frame, bytes) {
+            // Records are shown per protocol version (`Engine::present`):
+            // one frame for the version 1 subscribers, one for the others,
+            // each made only if someone gets it.
+            let versions: Vec<bool> = targets
+                .iter()
+                .map(|&c| self.slot_mut(c).is_some_and(|s| s.conn.version() >= 2))
+                .collect();
+            let mut frames: [Option<(Outgoing, usize)>; 2] = [None, None];
+            for kinds in [false, true] {
+                if versions.contains(&kinds) {
+                    let shown = self.engine.present(
+                        group,
+                        ReadBatch {
+                            chunks: batch.chunks.clone(),
+                            ..batch
+                        },
+                        kinds,
+                    );
+                    let bytes = shown.bytes;
+                    frames[usize::from(kinds)] = Some((handlers::push(group, shown), bytes));
+                }
+            }
+            for (&conn, &kinds) in targets.iter().zip(&versions) {
+                // Invariant: a frame was made for every version listed.
+                let (frame, bytes) = frames[usize::from(kinds)]
+                    .as_ref()
+                    .expect("invariant: a frame per version of the targets");
+                if self.push_frame(conn, frame, *bytes) {
                     self.stats.pushes += 1;
                 }
             }

@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use tidemark_engine::{
-    AppendRequest, Chunk, Engine, Error as EngineError, JoinStart as EngineJoinStart, OpTicket,
-    ReadBatch, Ticket, Unread,
+    AppendRequest, Change, ChangeRequest, Chunk, Engine, Error as EngineError,
+    JoinStart as EngineJoinStart, OpTicket, ReadBatch, Ticket, Unread,
 };
 
 use crate::config::{Limits, SendPolicy};
@@ -74,13 +74,18 @@ pub enum Parked {
         sender: u64,
     },
     Op(OpTicket, OpKind),
+    /// A RECALL (`recall`) or an EDIT: its Edit or Recall record's ticket.
+    Change {
+        ticket: Ticket,
+        recall: bool,
+    },
 }
 
 impl Parked {
     /// The commit round whose outcome answers it.
     pub fn round(&self) -> u64 {
         match self {
-            Parked::Send { ticket, .. } => ticket.round,
+            Parked::Send { ticket, .. } | Parked::Change { ticket, .. } => ticket.round,
             Parked::Op(ticket, _) => ticket.round(),
         }
     }
@@ -89,7 +94,9 @@ impl Parked {
     /// (format-spec/protocol.md 1.4).
     pub fn barrier(&self) -> Barrier {
         match self {
-            Parked::Send { .. } => Barrier::Send,
+            // A change is assigned its id like a SEND (its rules were
+            // checked when it started, after every earlier request).
+            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
             Parked::Op(..) => Barrier::Op,
         }
     }
@@ -109,6 +116,26 @@ impl Parked {
                     Vec::new(),
                     0,
                 ),
+                Err(e) => engine_error(request_id, &e),
+            },
+            Parked::Change { ticket, recall } => match engine.poll(ticket)? {
+                Ok(a) => {
+                    let (msg_id, timestamp_ms, duplicate) = (a.msg_id, a.timestamp_ms, a.duplicate);
+                    let resp: Response<'_, RecordsLen> = if *recall {
+                        Response::Recall {
+                            msg_id,
+                            timestamp_ms,
+                            duplicate,
+                        }
+                    } else {
+                        Response::Edit {
+                            msg_id,
+                            timestamp_ms,
+                            duplicate,
+                        }
+                    };
+                    reply(request_id, &resp, Vec::new(), 0)
+                }
                 Err(e) => engine_error(request_id, &e),
             },
             Parked::Op(ticket, kind) => match engine.poll_op(ticket)? {
@@ -162,6 +189,8 @@ pub struct LongPoll {
     pub max_count: u32,
     pub max_bytes: u32,
     pub wait: Duration,
+    /// The connection's protocol version: how its records are shown.
+    pub version: u8,
 }
 
 impl LongPoll {
@@ -193,7 +222,7 @@ impl LongPoll {
             return None;
         }
         Some(match pull {
-            Ok(p) => pull_reply(request_id, p),
+            Ok(p) => pull_reply(engine, self.version, request_id, self.group, p),
             Err(e) => engine_error(request_id, &e),
         })
     }
@@ -242,6 +271,9 @@ pub struct Ctx<'a> {
     /// they move in watched groups (4.22).
     pub receipts: &'a mut Receipts<ConnId>,
     pub conn: ConnId,
+    /// The connection's protocol version (1 until HELLO chose one): how
+    /// records are shown to it (`Engine::present`).
+    pub version: u8,
 }
 
 impl Ctx<'_> {
@@ -333,6 +365,7 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
             (ErrorCode::BelowRetentionFloor, Some(*earliest))
         }
         EngineError::LimitExceeded { max, .. } => (ErrorCode::LimitExceeded, Some(*max as u64)),
+        EngineError::ChangeRefused { why, .. } => (ErrorCode::ChangeRefused, Some(why.code())),
         EngineError::Io { .. }
         | EngineError::Locked { .. }
         | EngineError::InvalidConfig { .. }
@@ -386,13 +419,16 @@ pub fn records_budget(limits: &Limits) -> usize {
 
 /// HELLO (format-spec/protocol.md 4.1): the response, or the fatal
 /// UNSUPPORTED_VERSION when no version is common.
+/// With the response, the version chosen (section 7: the newest in both
+/// ranges).
 pub fn hello(
     ctx: &Ctx<'_>,
     request_id: u64,
     min_version: u8,
     max_version: u8,
-) -> Result<Outgoing, Outgoing> {
-    if min_version > PROTOCOL_VERSION || max_version < PROTOCOL_VERSION_MIN {
+) -> Result<(Outgoing, u8), Outgoing> {
+    let version = PROTOCOL_VERSION.min(max_version);
+    if version < min_version.max(PROTOCOL_VERSION_MIN) {
         return Err(error(
             request_id,
             ErrorCode::UnsupportedVersion,
@@ -401,7 +437,7 @@ pub fn hello(
         ));
     }
     let resp = Response::Hello(HelloResponse {
-        version: PROTOCOL_VERSION.min(max_version),
+        version,
         auth_required: ctx.token.is_some(),
         frame_bytes_max: ctx.limits.frame_bytes_max,
         // Invariant: NodeConfig::validate keeps payload_bytes_max below 4 GiB.
@@ -409,7 +445,7 @@ pub fn hello(
         requests_in_flight_max: ctx.limits.requests_in_flight_max,
         server_name: SERVER_NAME,
     });
-    Ok(reply(request_id, &resp, Vec::new(), 0))
+    Ok((reply(request_id, &resp, Vec::new(), 0), version))
 }
 
 /// AUTH (4.2): the response, or the fatal UNAUTHENTICATED for a wrong token
@@ -548,6 +584,51 @@ pub fn send(
     }))
 }
 
+/// RECALL (4.28) and EDIT (4.29): the rules run in the engine (CHANGE_REFUSED
+/// with the rule as detail); under a members-only send policy the changer
+/// must be a member or a system sender, as for SEND; the node's admin
+/// senders may change anyone's message. Parked until its round settles,
+/// like a SEND.
+// One argument per field of the request.
+#[allow(clippy::too_many_arguments)]
+pub fn change(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    sender: u64,
+    client_msg_id: u64,
+    target: u64,
+    change: Change<'_>,
+) -> Result<Action, EngineError> {
+    let e = ctx.engine;
+    if ctx.sends.needs_membership(sender) && !ctx.sends.is_admin(sender) {
+        match e.cursor(group, sender) {
+            Ok(_) => {}
+            Err(EngineError::NotMember { .. }) => {
+                return Ok(Action::Answer(error(
+                    request_id,
+                    ErrorCode::NotMember,
+                    None,
+                    &format!("refused: sender {sender} is not a member of group {group}"),
+                )));
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    let ticket = e.try_submit_change(&ChangeRequest {
+        group_id: group,
+        sender_id: sender,
+        client_msg_id,
+        target,
+        change,
+        admin: ctx.sends.is_admin(sender),
+    })?;
+    Ok(Action::Park(Parked::Change {
+        ticket,
+        recall: change == Change::Recall,
+    }))
+}
+
 /// PULL (4.10): answered at once, or a long poll when it found nothing and
 /// may wait.
 // One argument per field of the request.
@@ -585,9 +666,16 @@ pub fn pull(
             max_count,
             max_bytes: max_bytes as u32,
             wait,
+            version: ctx.version,
         }));
     }
-    Ok(Action::Answer(pull_reply(request_id, pull)))
+    Ok(Action::Answer(pull_reply(
+        ctx.engine,
+        ctx.version,
+        request_id,
+        group,
+        pull,
+    )))
 }
 
 /// ACK (4.11).
@@ -707,10 +795,54 @@ pub fn history(
     let before = (before_msg_id > 0).then_some(before_msg_id);
     // The engine stops reading at the frame's budget.
     let budget = records_budget(ctx.limits);
-    let h = ctx
+    let mut h = ctx
         .engine
         .try_history(group, user, before, max_count as usize, budget)?;
+    h.batch = ctx.engine.present(group, h.batch, ctx.version >= 2);
     history_reply(request_id, group, h, budget)
+}
+
+/// HISTORY_LATEST (4.30, version 2): HISTORY's page with each message in
+/// its latest state (`Engine::try_history_latest`), newest first, cut to
+/// the frame as HISTORY's; `next_before` is the oldest id the records sent
+/// cover (the page's start when all were sent).
+pub fn history_latest(
+    ctx: &Ctx<'_>,
+    request_id: u64,
+    group: u64,
+    user: u64,
+    before_msg_id: u64,
+    max_count: u32,
+) -> Result<Outgoing, EngineError> {
+    let before = (before_msg_id > 0).then_some(before_msg_id);
+    let budget = records_budget(ctx.limits);
+    let page = ctx
+        .engine
+        .try_history_latest(group, user, before, max_count as usize, budget)?;
+    let (records, bytes, truncated) = newest_first(group, &page.history.batch, budget)?;
+    let next_before = match records.last() {
+        Some(oldest) if truncated => peek_msg_id(oldest.bytes()),
+        _ => page.next_before,
+    };
+    let resp = Response::HistoryLatest {
+        has_more: truncated || !page.history.complete,
+        next_before,
+        // Invariant: bounded by the frame budget.
+        records: RecordsLen {
+            count: records.len() as u32,
+            bytes: bytes as u32,
+        },
+    };
+    let n = records.len() as u64;
+    Ok(reply(request_id, &resp, records, n))
+}
+
+/// The `msg_id` of a whole record (offset 8).
+fn peek_msg_id(record: &[u8]) -> u64 {
+    record
+        .get(8..16)
+        .and_then(|b| b.first_chunk::<8>())
+        .map_or(0, |b| u64::from_le_bytes(*b))
 }
 
 /// READ_COUNT (4.16).
@@ -901,7 +1033,8 @@ pub fn slowlog(
 }
 
 /// PUSH (format-spec/protocol.md 5.1) of a batch of `group`'s records, read
-/// within `records_budget`.
+/// within `records_budget` and shown for the subscribers' protocol version
+/// (`Engine::present`).
 pub fn push(group: u64, batch: ReadBatch) -> Outgoing {
     let resp = Response::Push {
         group,
@@ -991,7 +1124,15 @@ pub fn subscribe_receipts(
     ))
 }
 
-pub fn pull_reply(request_id: u64, pull: tidemark_engine::Pull) -> Outgoing {
+/// A PULL's response, its records shown for protocol `version`.
+pub fn pull_reply(
+    engine: &Engine,
+    version: u8,
+    request_id: u64,
+    group: u64,
+    mut pull: tidemark_engine::Pull,
+) -> Outgoing {
+    pull.batch = engine.present(group, pull.batch, version >= 2);
     let resp = Response::Pull {
         cursor: pull.cursor,
         head: pull.head,
@@ -1013,11 +1154,12 @@ pub fn sync(
 ) -> Result<Outgoing, EngineError> {
     // The group entries take SYNC_GROUP_BYTES each; the records get what is
     // left of the frame.
+    // The groups SYNC lists: records above the cursor (4.14).
     let groups = ctx
         .engine
         .unread(user)
         .iter()
-        .filter(|u| u.unread > 0)
+        .filter(|u| u.head > u.cursor)
         .count();
     let fixed = RECORDS_RESPONSE_OVERHEAD_BYTES as usize + SYNC_GROUP_BYTES * groups;
     let budget =
@@ -1032,9 +1174,12 @@ pub fn sync(
         .groups
         .into_iter()
         .map(|g| {
-            let section = records_len(&g.batch);
-            records += g.batch.count;
-            chunks.extend(g.batch.chunks);
+            let batch = ctx
+                .engine
+                .present(g.unread.group_id, g.batch, ctx.version >= 2);
+            let section = records_len(&batch);
+            records += batch.count;
+            chunks.extend(batch.chunks);
             SyncGroup {
                 entry: unread_entry(&g.unread),
                 records: section,
@@ -1061,8 +1206,29 @@ fn history_reply(
     h: tidemark_engine::History,
     budget: usize,
 ) -> Result<Outgoing, EngineError> {
+    let (records, bytes, truncated) = newest_first(group, &h.batch, budget)?;
+    let keep = records.len();
+    let resp = Response::History {
+        has_more: truncated || !h.complete,
+        // Invariant: bounded by the frame budget.
+        records: RecordsLen {
+            count: keep as u32,
+            bytes: bytes as u32,
+        },
+    };
+    Ok(reply(request_id, &resp, records, keep as u64))
+}
+
+/// A page's records newest first, one chunk each, dropping the oldest that
+/// do not fit `budget` (the newest always goes): the records, their bytes,
+/// and whether some were dropped.
+fn newest_first(
+    group: u64,
+    batch: &ReadBatch,
+    budget: usize,
+) -> Result<(Vec<Chunk>, usize, bool), EngineError> {
     let mut records: Vec<Chunk> = Vec::new();
-    for c in &h.batch.chunks {
+    for c in &batch.chunks {
         records.extend(c.split_records(group)?);
     }
     records.reverse();
@@ -1077,15 +1243,7 @@ fn history_reply(
     }
     let truncated = keep < records.len();
     records.truncate(keep);
-    let resp = Response::History {
-        has_more: truncated || !h.complete,
-        // Invariant: bounded by the frame budget.
-        records: RecordsLen {
-            count: keep as u32,
-            bytes: bytes as u32,
-        },
-    };
-    Ok(reply(request_id, &resp, records, keep as u64))
+    Ok((records, bytes, truncated))
 }
 
 /// Compares secrets without an early exit on the first difference.
@@ -1153,6 +1311,7 @@ mod tests {
                 index: 0,
                 generation: 0,
             },
+            version: 1,
         }
     }
 
@@ -1593,6 +1752,7 @@ mod member_tests {
                 index: 0,
                 generation: 0,
             },
+            version: 1,
         };
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {

@@ -458,6 +458,7 @@ mod tests {
                 index: 0,
                 generation: 0,
             },
+            version: 1,
         };
         let page = |after: u64, max: u32| -> (Vec<u64>, u64) {
             let out = readers(&ctx, 1, 1, id, after, max).unwrap();

@@ -97,6 +97,41 @@ impl Summary {
                 ("client_msg_id", *client_msg_id),
                 ("payload_bytes", payload.len() as u64),
             ]),
+            Request::HistoryLatest {
+                group,
+                user,
+                before_msg_id,
+                max_count,
+            } => Summary::of(&[
+                ("group", *group),
+                ("user", *user),
+                ("before_msg_id", *before_msg_id),
+                ("max_count", u64::from(*max_count)),
+            ]),
+            Request::Recall {
+                group,
+                sender,
+                client_msg_id,
+                target,
+            } => Summary::of(&[
+                ("group", *group),
+                ("sender", *sender),
+                ("client_msg_id", *client_msg_id),
+                ("target", *target),
+            ]),
+            Request::Edit {
+                group,
+                sender,
+                client_msg_id,
+                target,
+                payload,
+            } => Summary::of(&[
+                ("group", *group),
+                ("sender", *sender),
+                ("client_msg_id", *client_msg_id),
+                ("target", *target),
+                ("payload_bytes", payload.len() as u64),
+            ]),
             Request::Pull {
                 group,
                 user,

@@ -50,6 +50,10 @@ pub enum ErrorCode {
     /// Members per group, groups per user or subscriptions per connection
     /// reached. Detail: the limit.
     LimitExceeded,
+    /// An EDIT or RECALL the rules refuse (not the sender, the window
+    /// passed, no such message, recalled already). Detail: which rule
+    /// (format-spec/protocol.md 4.28).
+    ChangeRefused,
     /// The group's files failed verification; the group answers this until
     /// it is repaired. Other groups are unaffected.
     GroupDamaged,
@@ -65,7 +69,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every defined code, in wire order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::Unauthenticated,
@@ -80,6 +84,7 @@ impl ErrorCode {
         ErrorCode::CursorAboveHead,
         ErrorCode::BelowRetentionFloor,
         ErrorCode::LimitExceeded,
+        ErrorCode::ChangeRefused,
         ErrorCode::GroupDamaged,
         ErrorCode::WritesStopped,
         ErrorCode::Internal,
@@ -102,6 +107,7 @@ impl ErrorCode {
             ErrorCode::CursorAboveHead => 14,
             ErrorCode::BelowRetentionFloor => 15,
             ErrorCode::LimitExceeded => 16,
+            ErrorCode::ChangeRefused => 17,
             ErrorCode::GroupDamaged => 20,
             ErrorCode::WritesStopped => 21,
             ErrorCode::Internal => 22,
@@ -150,6 +156,7 @@ impl ErrorCode {
             ErrorCode::CursorAboveHead => "CURSOR_ABOVE_HEAD",
             ErrorCode::BelowRetentionFloor => "BELOW_RETENTION_FLOOR",
             ErrorCode::LimitExceeded => "LIMIT_EXCEEDED",
+            ErrorCode::ChangeRefused => "CHANGE_REFUSED",
             ErrorCode::GroupDamaged => "GROUP_DAMAGED",
             ErrorCode::WritesStopped => "WRITES_STOPPED",
             ErrorCode::Internal => "INTERNAL",

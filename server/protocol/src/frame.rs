@@ -100,11 +100,11 @@ impl<'a> Frame<'a> {
 
 /// Appends a frame header with a placeholder length; returns the frame's
 /// start in `out` for [`finish_frame`].
-pub(crate) fn begin_frame(out: &mut Vec<u8>, opcode: u8, request_id: u64) -> usize {
+pub(crate) fn begin_frame(out: &mut Vec<u8>, version: u8, opcode: u8, request_id: u64) -> usize {
     let start = out.len();
     FrameHeader {
         frame_len: 0, // set by finish_frame
-        version: super::PROTOCOL_VERSION,
+        version,
         opcode,
         flags: 0, // none defined in version 1
         request_id,
@@ -455,7 +455,7 @@ mod tests {
 
     fn frame(opcode: u8, request_id: u64, body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
-        let start = begin_frame(&mut out, opcode, request_id);
+        let start = begin_frame(&mut out, 1, opcode, request_id);
         out.extend_from_slice(body);
         finish_frame(&mut out, start, 0).unwrap();
         out

@@ -24,7 +24,7 @@ use tidemark_engine::record;
 
 use crate::frame::LENGTH_PREFIX_BYTES;
 use crate::{
-    decode_request, decode_response, encode_request, encode_response, Frame, FrameDecoder,
+    decode_request, decode_response, encode_request_in, encode_response_in, Frame, FrameDecoder,
     FrameError, FrameKind, Opcode, Records, RecordsError, FRAME_BYTES_MAX_DEFAULT,
     FRAME_HEADER_BYTES, PROTOCOL_VERSION,
 };
@@ -78,7 +78,7 @@ fn decode_and_check_canonical(bytes: &[u8]) -> bool {
                 return false;
             };
             assert_eq!(req.opcode(), op);
-            encode_request(id, &req, &mut out)
+            encode_request_in(frame.header.version, id, &req, &mut out)
                 .unwrap_or_else(|e| panic!("a decoded {op:?} request does not encode: {e}"));
         }
         _ => {
@@ -90,7 +90,7 @@ fn decode_and_check_canonical(bytes: &[u8]) -> bool {
                 return false;
             };
             assert_eq!(resp.kind().byte(), frame.header.opcode);
-            encode_response(id, &resp, &mut out)
+            encode_response_in(frame.header.version, id, &resp, &mut out)
                 .unwrap_or_else(|e| panic!("a decoded {:?} does not encode: {e}", resp.kind()));
             check_records_of(&resp);
         }
@@ -394,11 +394,24 @@ pub fn records_section(data: &[u8]) {
             lens = ok;
         }
     }
+    // Version 1 accepts a subset of what version 2 does (kind 0, flags 0),
+    // record for record.
+    let mut v2 = section.iter(false);
+    for r in section.iter_in(1, false) {
+        let Ok(r) = r else { break };
+        assert_eq!(
+            (r.kind(), r.flags()),
+            (0, 0),
+            "version 1 took a kind or flag"
+        );
+        match v2.next() {
+            Some(Ok(v)) => assert_eq!(v.bytes(), r.bytes()),
+            other => panic!("version 2 refuses what version 1 accepts: {other:?}"),
+        }
+    }
     // The engine's verifier is as strict (kind, flags, reserved bytes) or
     // stricter, never looser: what it accepts, the wire codec accepts, with
-    // the same fields. Except gap records (storage kind 3, written only by
-    // `ctl repair`), which protocol version 1 does not carry: the
-    // comparison stops at the first one.
+    // the same fields (version 2's codec: it carries every stored kind).
     let unchecked = Records {
         count: u32::MAX,
         bytes,
@@ -406,9 +419,6 @@ pub fn records_section(data: &[u8]) {
     let mut wire = unchecked.iter(true);
     for r in record::RecordIter::new(bytes, record::RECORD_BYTES_STORED_MAX) {
         let Ok(r) = r else { break };
-        if r.header.kind == record::KIND_GAP {
-            break;
-        }
         let v = match wire.next() {
             Some(Ok(v)) => v,
             other => panic!("the engine accepts a record the wire codec refuses: {other:?}"),

@@ -35,23 +35,35 @@ pub use frame::{
     FRAME_HEADER_BYTES,
 };
 pub use opcode::{FrameKind, Opcode};
-pub use records::{RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection};
-pub use request::{decode_request, encode_request, AckItem, JoinStart, Request, Subscription};
+pub use records::{
+    RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection, FLAG_EDITED,
+    FLAG_RECALLED, KIND_EDIT, KIND_GAP, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES,
+};
+pub use request::{
+    decode_request, encode_request, encode_request_in, AckItem, JoinStart, Request, Subscription,
+};
 pub use response::{
-    decode_response, encode_response, encode_response_head, BackupChunk, BackupEnd, BatchAckResult,
-    ErrorResponse, GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount, Response,
-    ResyncScope, RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry,
-    BACKUP_CHUNK_FIXED_BYTES, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
-    READERS_RESPONSE_FIXED_BYTES, RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES,
-    SLOW_LOG_ENTRY_BYTES_MIN, SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
+    decode_response, encode_response, encode_response_head, encode_response_head_in,
+    encode_response_in, set_version, BackupChunk, BackupEnd, BatchAckResult, ErrorResponse,
+    GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount, Response, ResyncScope,
+    RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry, BACKUP_CHUNK_FIXED_BYTES,
+    MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES, READERS_RESPONSE_FIXED_BYTES,
+    RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES, SLOW_LOG_ENTRY_BYTES_MIN,
+    SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
 };
 pub use wire::{DecodeError, EncodeError};
 
-/// The protocol version this codec speaks; the only one so far.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// The newest protocol version this codec speaks. Version 2
+/// (format-spec/protocol.md section 7) is version 1 plus record kinds on
+/// the wire (Edit, Recall, Gap, and a recalled message's `recalled` flag)
+/// and the requests that make them (RECALL, EDIT); every layout of version
+/// 1 is unchanged.
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Oldest version this codec speaks (a server answers HELLO with the newest
 /// version in both its and the client's range).
 pub const PROTOCOL_VERSION_MIN: u8 = 1;
+/// The version byte of HELLO frames, whatever is negotiated (section 7).
+pub const HELLO_VERSION: u8 = 1;
 
 /// Default of the node's requests-in-flight limit per connection.
 pub const REQUESTS_IN_FLIGHT_MAX_DEFAULT: u32 = 256;

@@ -36,6 +36,9 @@ pub enum Opcode {
     Readers = 0x2A,
     SetRetention = 0x2B,
     ClearHistory = 0x2C,
+    Recall = 0x2D,
+    Edit = 0x2E,
+    HistoryLatest = 0x2F,
     Subscribe = 0x30,
     Unsubscribe = 0x31,
     SubscribeReceipts = 0x32,
@@ -62,11 +65,13 @@ pub const OPCODE_ERROR: u8 = 0xFF;
 const REQUEST_OPCODE_MAX: u8 = 0x3F;
 
 impl Opcode {
-    /// Every request opcode of version 1 (MEMBERS, GROUP_INFO, READERS,
+    /// Every request opcode (MEMBERS, GROUP_INFO, READERS,
     /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
-    /// CLEAR_HISTORY are additions made after tidemark 0.1,
+    /// CLEAR_HISTORY are additions to version 1 made after tidemark 0.1;
+    /// RECALL, EDIT and HISTORY_LATEST exist from version 2 on,
+    /// [`Opcode::since`];
     /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 27] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -91,10 +96,22 @@ impl Opcode {
         Opcode::Readers,
         Opcode::SetRetention,
         Opcode::ClearHistory,
+        Opcode::Recall,
+        Opcode::Edit,
+        Opcode::HistoryLatest,
         Opcode::Subscribe,
         Opcode::Unsubscribe,
         Opcode::SubscribeReceipts,
     ];
+
+    /// The first protocol version with this request: in an older one its
+    /// byte is an unknown opcode (BAD_FRAME).
+    pub const fn since(self) -> u8 {
+        match self {
+            Opcode::Recall | Opcode::Edit | Opcode::HistoryLatest => 2,
+            _ => 1,
+        }
+    }
 
     /// The request's opcode byte.
     pub const fn request_byte(self) -> u8 {
@@ -127,6 +144,9 @@ impl Opcode {
             Opcode::Leave => "LEAVE",
             Opcode::SetRetention => "SET_RETENTION",
             Opcode::ClearHistory => "CLEAR_HISTORY",
+            Opcode::Recall => "RECALL",
+            Opcode::Edit => "EDIT",
+            Opcode::HistoryLatest => "HISTORY_LATEST",
             Opcode::Send => "SEND",
             Opcode::Pull => "PULL",
             Opcode::Ack => "ACK",

@@ -16,8 +16,59 @@ use std::fmt;
 
 /// Bytes of a record's fixed header; the smallest valid `record_len`.
 pub const RECORD_HEADER_BYTES: usize = 44;
-/// `kind: u8 | flags: u8 | reserved: u16` of a record, all 0 in version 1.
-const RECORD_RESERVED_FIELDS: std::ops::Range<usize> = 40..44;
+/// `kind` of a message (the only kind of version 1).
+pub const KIND_MESSAGE: u8 = 0;
+/// `kind` of an edit (version 2): payload `target: u64 | new payload`.
+pub const KIND_EDIT: u8 = 1;
+/// `kind` of a recall (version 2): payload `target: u64`.
+pub const KIND_RECALL: u8 = 2;
+/// `kind` of a gap (version 2): a message lost to damage and cut by the
+/// offline repair tool; no payload.
+pub const KIND_GAP: u8 = 3;
+/// `flags` bit of a recalled message (version 2): its payload is withheld
+/// (empty), whatever the node still stores.
+pub const FLAG_RECALLED: u8 = 1;
+/// `flags` bit of a message shown in its latest state with its newest
+/// edit's payload (version 2; HISTORY_LATEST only).
+pub const FLAG_EDITED: u8 = 2;
+/// Bytes of the target id that starts an edit's or a recall's payload.
+pub const TARGET_BYTES: usize = 8;
+
+/// Whether a record's `kind`, `flags` and reserved bytes (offsets 40..44)
+/// are valid in protocol `version` (format-spec/protocol.md 2.1): all 0 in
+/// version 1; in version 2 a known kind with its payload rule, and the
+/// `recalled` flag only on an empty message. `record` is a whole record.
+fn fields_valid(record: &[u8], version: u8) -> bool {
+    let (kind, flags) = (record[40], record[41]);
+    if record[42..44] != [0, 0] {
+        return false;
+    }
+    if version < 2 {
+        return kind == KIND_MESSAGE && flags == 0;
+    }
+    let payload = record.len() - RECORD_HEADER_BYTES;
+    let target_ok = || {
+        let (Some(t), Some(id)) = (
+            record
+                .get(RECORD_HEADER_BYTES..)
+                .and_then(|b| b.first_chunk::<8>()),
+            record.get(8..).and_then(|b| b.first_chunk::<8>()),
+        ) else {
+            return false;
+        };
+        let (t, id) = (u64::from_le_bytes(*t), u64::from_le_bytes(*id));
+        t >= 1 && t < id
+    };
+    match kind {
+        KIND_MESSAGE => {
+            flags == 0 || flags == FLAG_EDITED || (flags == FLAG_RECALLED && payload == 0)
+        }
+        KIND_EDIT => flags == 0 && payload >= TARGET_BYTES && target_ok(),
+        KIND_RECALL => flags == 0 && payload == TARGET_BYTES && target_ok(),
+        KIND_GAP => flags == 0 && payload == 0,
+        _ => false,
+    }
+}
 
 /// What the encoder needs to know of a records section.
 pub trait RecordsSection {
@@ -56,10 +107,19 @@ impl<'a> Records<'a> {
         Ok(Records { count, bytes })
     }
 
-    /// Iterates the records, checking each length and, if `verify_crc`, its
-    /// CRC; at the end checks that the number found matches `count`.
+    /// Iterates the records, checking each length, its kind and flags as
+    /// version 2 allows them (a decoded section was checked against its
+    /// frame's version already) and, if `verify_crc`, its CRC; at the end
+    /// checks that the number found matches `count`.
     pub fn iter(&self, verify_crc: bool) -> RecordIter<'a> {
-        RecordIter::new(self.bytes, Some(self.count), verify_crc)
+        self.iter_in(crate::PROTOCOL_VERSION, verify_crc)
+    }
+
+    /// [`Records::iter`] with the kinds and flags of protocol `version`.
+    pub fn iter_in(&self, version: u8, verify_crc: bool) -> RecordIter<'a> {
+        let mut it = RecordIter::new(self.bytes, Some(self.count), verify_crc);
+        it.version = version;
+        it
     }
 }
 
@@ -115,8 +175,9 @@ pub enum RecordsError {
     },
     /// The section holds a different number of records than declared.
     CountMismatch { declared: u32, found: u32 },
-    /// `kind`, `flags` or the reserved bytes (record offsets 40..44) are not
-    /// 0: version 1 defines no other value (format-spec/protocol.md 2.1).
+    /// `kind`, `flags` or the reserved bytes (record offsets 40..44) are
+    /// not valid in the version: all 0 in version 1; a known kind with its
+    /// payload rule in version 2 (format-spec/protocol.md 2.1).
     Reserved { offset: usize },
 }
 
@@ -147,7 +208,7 @@ impl fmt::Display for RecordsError {
             }
             RecordsError::Reserved { offset } => write!(
                 f,
-                "record at offset {offset}: kind, flags or reserved bytes not 0"
+                "record at offset {offset}: kind, flags or reserved bytes not valid in this version"
             ),
         }
     }
@@ -205,6 +266,22 @@ impl<'a> RecordView<'a> {
     pub fn payload(&self) -> &'a [u8] {
         self.bytes.get(RECORD_HEADER_BYTES..).unwrap_or(&[])
     }
+    /// The message an edit or a recall changes (`None` for other kinds).
+    pub fn target(&self) -> Option<u64> {
+        matches!(self.kind(), KIND_EDIT | KIND_RECALL).then(|| self.u64_at(RECORD_HEADER_BYTES))
+    }
+    /// An edit's new payload (the payload after its target id).
+    pub fn edit_payload(&self) -> Option<&'a [u8]> {
+        (self.kind() == KIND_EDIT).then(|| self.payload().get(TARGET_BYTES..).unwrap_or(&[]))
+    }
+    /// A message shown with its newest edit's payload (HISTORY_LATEST).
+    pub fn is_edited(&self) -> bool {
+        self.kind() == KIND_MESSAGE && self.flags() & FLAG_EDITED != 0
+    }
+    /// A message presented as recalled (version 2; its payload is empty).
+    pub fn is_recalled(&self) -> bool {
+        self.kind() == KIND_MESSAGE && self.flags() & FLAG_RECALLED != 0
+    }
 }
 
 /// Walks a records section by `record_len`. Yields an error once (then
@@ -220,6 +297,8 @@ pub struct RecordIter<'a> {
     declared: Option<u32>,
     found: u32,
     verify_crc: bool,
+    /// Whose kinds and flags are valid (`fields_valid`).
+    version: u8,
     done: bool,
 }
 
@@ -231,6 +310,7 @@ impl<'a> RecordIter<'a> {
             declared,
             found: 0,
             verify_crc,
+            version: crate::PROTOCOL_VERSION,
             done: false,
         }
     }
@@ -280,18 +360,20 @@ impl<'a> Iterator for RecordIter<'a> {
                 have: rest.len(),
             });
         };
-        // kind, flags and reserved must be 0 in version 1: a record with
-        // another value is not a message this reader understands, so it is
-        // refused like a malformed one rather than delivered.
-        // Checked before the count, so a count mismatch reported below always
-        // counts at least one whole, valid record beyond the declared ones.
-        if record[RECORD_RESERVED_FIELDS] != [0; 4] {
+        // kind, flags and reserved must be valid in the version (all 0 in
+        // version 1): a record with another value is not one this reader
+        // understands, so it is refused like a malformed one rather than
+        // delivered. Checked before the count, so a count mismatch reported
+        // below always counts at least one whole, valid record beyond the
+        // declared ones.
+        if !fields_valid(record, self.version) {
             return self.fail(RecordsError::Reserved { offset });
         }
         if let Some(declared) = self.declared.filter(|&d| d == self.found) {
             // More records than declared: count them all for the message.
             let mut found = self.found;
             let mut it = RecordIter::new(rest, None, false);
+            it.version = self.version;
             while let Some(Ok(_)) = it.next() {
                 found = found.saturating_add(1);
             }

@@ -7,7 +7,7 @@ use super::wire::{
     put_bool, put_bytes, put_count, put_str, put_u32, put_u64, put_u8, DecodeError, EncodeError,
     Reader,
 };
-use super::PROTOCOL_VERSION;
+use super::{HELLO_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
 /// Where a new member's cursor starts (JOIN).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +115,21 @@ pub enum Request<'a> {
         client_msg_id: u64,
         payload: &'a [u8],
     },
+    /// Version 2: recalls message `target` (4.28).
+    Recall {
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+    },
+    /// Version 2: replaces message `target`'s payload (4.29).
+    Edit {
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+        payload: &'a [u8],
+    },
     Pull {
         group: u64,
         user: u64,
@@ -150,6 +165,14 @@ pub enum Request<'a> {
         group: u64,
         user: u64,
         /// Records below this msg_id; 0 starts at the head (inclusive).
+        before_msg_id: u64,
+        max_count: u32,
+    },
+    /// Version 2: HISTORY's page with each message in its latest state
+    /// (4.30); HISTORY's fields.
+    HistoryLatest {
+        group: u64,
+        user: u64,
         before_msg_id: u64,
         max_count: u32,
     },
@@ -207,12 +230,15 @@ impl Request<'_> {
             Request::SetRetention { .. } => Opcode::SetRetention,
             Request::ClearHistory { .. } => Opcode::ClearHistory,
             Request::Send { .. } => Opcode::Send,
+            Request::Recall { .. } => Opcode::Recall,
+            Request::Edit { .. } => Opcode::Edit,
             Request::Pull { .. } => Opcode::Pull,
             Request::Ack { .. } => Opcode::Ack,
             Request::BatchAck { .. } => Opcode::BatchAck,
             Request::Unread { .. } => Opcode::Unread,
             Request::Sync { .. } => Opcode::Sync,
             Request::History { .. } => Opcode::History,
+            Request::HistoryLatest { .. } => Opcode::HistoryLatest,
             Request::ReadCount { .. } => Opcode::ReadCount,
             Request::Members { .. } => Opcode::Members,
             Request::GroupInfo { .. } => Opcode::GroupInfo,
@@ -224,19 +250,45 @@ impl Request<'_> {
     }
 }
 
-/// Appends the frame of `req` with `request_id` (nonzero) to `out`.
+/// Appends the frame of `req` with `request_id` (nonzero) to `out`, in the
+/// oldest version that has the request (1 but for RECALL and EDIT, 2).
 pub fn encode_request(
     request_id: u64,
     req: &Request<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
+    let version = req.opcode().since().max(PROTOCOL_VERSION_MIN);
+    encode_request_in(version, request_id, req, out)
+}
+
+/// [`encode_request`] in the negotiated `version` (its byte in the frame
+/// header; HELLO always carries 1). A request the version does not have
+/// is not encoded.
+pub fn encode_request_in(
+    version: u8,
+    request_id: u64,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    let op = req.opcode();
+    if version < op.since() {
+        return Err(EncodeError::NotInVersion {
+            what: op.name(),
+            version,
+        });
+    }
+    let version = if op == Opcode::Hello {
+        HELLO_VERSION
+    } else {
+        version
+    };
     if request_id == 0 {
         return Err(EncodeError::BadRequestId {
             request_id,
             reason: "requests need a nonzero request id",
         });
     }
-    let start = begin_frame(out, req.opcode().request_byte(), request_id);
+    let start = begin_frame(out, version, op.request_byte(), request_id);
     let result = encode_body(req, out).and_then(|()| finish_frame(out, start, 0));
     if result.is_err() {
         out.truncate(start);
@@ -321,6 +373,33 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_u64(out, *client_msg_id);
             put_bytes(out, payload, "payload")?;
         }
+        Request::Recall {
+            group,
+            sender,
+            client_msg_id,
+            target,
+        } => {
+            // Format: { group: u64 | sender: u64 | client_msg_id: u64 | target: u64 }
+            put_u64(out, *group);
+            put_u64(out, *sender);
+            put_u64(out, *client_msg_id);
+            put_u64(out, *target);
+        }
+        Request::Edit {
+            group,
+            sender,
+            client_msg_id,
+            target,
+            payload,
+        } => {
+            // Format: { group: u64 | sender: u64 | client_msg_id: u64 | target: u64 |
+            //           payload: bytes }
+            put_u64(out, *group);
+            put_u64(out, *sender);
+            put_u64(out, *client_msg_id);
+            put_u64(out, *target);
+            put_bytes(out, payload, "payload")?;
+        }
         Request::Pull {
             group,
             user,
@@ -375,6 +454,12 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_u64(out, *continuation);
         }
         Request::History {
+            group,
+            user,
+            before_msg_id,
+            max_count,
+        }
+        | Request::HistoryLatest {
             group,
             user,
             before_msg_id,
@@ -447,7 +532,7 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
 /// flags, nonzero request id), then the body, rejecting trailing bytes.
 pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, DecodeError> {
     let h = &frame.header;
-    if h.version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&h.version) {
         return Err(DecodeError::UnsupportedVersion { version: h.version });
     }
     let Some(FrameKind::Request(op)) = FrameKind::from_byte(h.opcode) else {
@@ -456,6 +541,14 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, DecodeError>
             expected: "request",
         });
     };
+    // A request of a later version is unknown in this frame's version;
+    // HELLO is a version 1 frame in every version.
+    if h.version < op.since() || (op == Opcode::Hello && h.version != HELLO_VERSION) {
+        return Err(DecodeError::UnknownOpcode {
+            opcode: h.opcode,
+            expected: "request of this version",
+        });
+    }
     if h.flags != 0 {
         return Err(DecodeError::UnknownFlags { flags: h.flags });
     }
@@ -557,6 +650,22 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
             client_msg_id: r.u64("client_msg_id")?,
             payload: r.bytes("payload")?,
         },
+        // Format: { group: u64 | sender: u64 | client_msg_id: u64 | target: u64 }
+        Opcode::Recall => Request::Recall {
+            group: r.id("group")?,
+            sender: r.u64("sender")?,
+            client_msg_id: r.u64("client_msg_id")?,
+            target: r.u64("target")?,
+        },
+        // Format: { group: u64 | sender: u64 | client_msg_id: u64 | target: u64 |
+        //           payload: bytes }
+        Opcode::Edit => Request::Edit {
+            group: r.id("group")?,
+            sender: r.u64("sender")?,
+            client_msg_id: r.u64("client_msg_id")?,
+            target: r.u64("target")?,
+            payload: r.bytes("payload")?,
+        },
         // Format: { group: u64 | user: u64 | ack_up_to: u64 | max_count: u32 |
         //           max_bytes: u32 | wait_ms: u32 }
         Opcode::Pull => Request::Pull {
@@ -600,6 +709,13 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         },
         // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
         Opcode::History => Request::History {
+            group: r.id("group")?,
+            user: r.id("user")?,
+            before_msg_id: r.u64("before_msg_id")?,
+            max_count: r.u32("max_count")?,
+        },
+        // Format: { group: u64 | user: u64 | before_msg_id: u64 | max_count: u32 }
+        Opcode::HistoryLatest => Request::HistoryLatest {
             group: r.id("group")?,
             user: r.id("user")?,
             before_msg_id: r.u64("before_msg_id")?,

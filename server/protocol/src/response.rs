@@ -15,7 +15,7 @@ use super::wire::{
     put_bool, put_bytes, put_count, put_str, put_u16, put_u32, put_u64, put_u8, DecodeError,
     EncodeError, Reader,
 };
-use super::PROTOCOL_VERSION;
+use super::{HELLO_VERSION, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
 /// The server's answer to HELLO: the chosen version and the limits it enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,6 +235,19 @@ pub enum Response<'a, R = Records<'a>> {
         /// True when this was a retransmit: nothing new was stored.
         duplicate: bool,
     },
+    /// Version 2: the Recall record stored (or, for a retransmit, the
+    /// original's); same layout as SEND's.
+    Recall {
+        msg_id: u64,
+        timestamp_ms: u64,
+        duplicate: bool,
+    },
+    /// Version 2: the Edit record stored; same layout as SEND's.
+    Edit {
+        msg_id: u64,
+        timestamp_ms: u64,
+        duplicate: bool,
+    },
     Pull {
         /// The member's cursor after the request's ack.
         cursor: u64,
@@ -257,6 +270,14 @@ pub enum Response<'a, R = Records<'a>> {
         /// Older records are still stored below the last one returned.
         has_more: bool,
         /// Newest first.
+        records: R,
+    },
+    /// Version 2 (4.30): messages in their latest state, newest first.
+    HistoryLatest {
+        /// Older messages may be stored below `next_before`.
+        has_more: bool,
+        /// The next page's `before_msg_id`: the oldest id this page covered.
+        next_before: u64,
         records: R,
     },
     ReadCount {
@@ -333,12 +354,15 @@ impl<R> Response<'_, R> {
             Response::SetRetention => Opcode::SetRetention,
             Response::ClearHistory { .. } => Opcode::ClearHistory,
             Response::Send { .. } => Opcode::Send,
+            Response::Recall { .. } => Opcode::Recall,
+            Response::Edit { .. } => Opcode::Edit,
             Response::Pull { .. } => Opcode::Pull,
             Response::Ack { .. } => Opcode::Ack,
             Response::BatchAck(_) => Opcode::BatchAck,
             Response::Unread(_) => Opcode::Unread,
             Response::Sync { .. } => Opcode::Sync,
             Response::History { .. } => Opcode::History,
+            Response::HistoryLatest { .. } => Opcode::HistoryLatest,
             Response::ReadCount { .. } => Opcode::ReadCount,
             Response::Members { .. } => Opcode::Members,
             Response::GroupInfo(_) => Opcode::GroupInfo,
@@ -395,29 +419,72 @@ fn request_id_error(kind: FrameKind, request_id: u64) -> Option<&'static str> {
     }
 }
 
-/// Appends the whole frame of `resp`, records included, to `out`.
+/// Appends the whole frame of `resp`, records included, to `out`, in the
+/// oldest version that has it (1 but for RECALL's and EDIT's, 2).
 pub fn encode_response(
     request_id: u64,
     resp: &Response<'_, Records<'_>>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    encode_frame(request_id, resp, out, true)
+    encode_frame(oldest_version(resp), request_id, resp, out, true)
+}
+
+/// The oldest protocol version with `resp`'s frame.
+fn oldest_version<R: RecordsSection>(resp: &Response<'_, R>) -> u8 {
+    match resp.kind() {
+        FrameKind::Response(op) => op.since().max(PROTOCOL_VERSION_MIN),
+        _ => PROTOCOL_VERSION_MIN,
+    }
+}
+
+/// [`encode_response`] in the negotiated `version` (HELLO's response
+/// always carries 1).
+pub fn encode_response_in(
+    version: u8,
+    request_id: u64,
+    resp: &Response<'_, Records<'_>>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    encode_frame(version, request_id, resp, out, true)
 }
 
 /// Encodes `resp` up to its records: the frame header (whose length counts
 /// the records) and every fixed field. The caller sends the returned bytes,
 /// then each records section's bytes in order (for SYNC: group after group),
 /// e.g. with writev straight from the stored segments.
+/// The head is a frame of the oldest version that has it (as
+/// [`encode_response`]); a node serving a session of another version sets
+/// its version byte with [`set_version`].
 pub fn encode_response_head<R: RecordsSection>(
     request_id: u64,
     resp: &Response<'_, R>,
 ) -> Result<Vec<u8>, EncodeError> {
+    encode_response_head_in(oldest_version(resp), request_id, resp)
+}
+
+/// [`encode_response_head`] in the negotiated `version`.
+pub fn encode_response_head_in<R: RecordsSection>(
+    version: u8,
+    request_id: u64,
+    resp: &Response<'_, R>,
+) -> Result<Vec<u8>, EncodeError> {
     let mut out = Vec::with_capacity(64);
-    encode_frame(request_id, resp, &mut out, false)?;
+    encode_frame(version, request_id, resp, &mut out, false)?;
     Ok(out)
 }
 
+/// Sets the version byte of an encoded frame's head to the session's
+/// `version`, except for HELLO's response, which carries 1 in every
+/// version (format-spec/protocol.md 7). A head shorter than the header
+/// is left alone.
+pub fn set_version(head: &mut [u8], version: u8) {
+    if head.len() >= FRAME_HEADER_BYTES && head[5] != Opcode::Hello.response_byte() {
+        head[4] = version;
+    }
+}
+
 fn encode_frame<R: RecordsSection>(
+    version: u8,
     request_id: u64,
     resp: &Response<'_, R>,
     out: &mut Vec<u8>,
@@ -427,7 +494,17 @@ fn encode_frame<R: RecordsSection>(
     if let Some(reason) = request_id_error(kind, request_id) {
         return Err(EncodeError::BadRequestId { request_id, reason });
     }
-    let start = begin_frame(out, kind.byte(), request_id);
+    let version = match kind {
+        FrameKind::Response(Opcode::Hello) => HELLO_VERSION,
+        FrameKind::Response(op) if op.since() > version => {
+            return Err(EncodeError::NotInVersion {
+                what: op.name(),
+                version,
+            })
+        }
+        _ => version,
+    };
+    let start = begin_frame(out, version, kind.byte(), request_id);
     let mut trailing = 0u64;
     let result = encode_body(resp, out, inline, &mut trailing)
         .and_then(|()| finish_frame(out, start, trailing));
@@ -584,6 +661,16 @@ fn encode_body<R: RecordsSection>(
             msg_id,
             timestamp_ms,
             duplicate,
+        }
+        | Response::Recall {
+            msg_id,
+            timestamp_ms,
+            duplicate,
+        }
+        | Response::Edit {
+            msg_id,
+            timestamp_ms,
+            duplicate,
         } => {
             // Format: { msg_id: u64 | timestamp_ms: u64 | duplicate: bool }
             put_u64(out, *msg_id);
@@ -644,6 +731,18 @@ fn encode_body<R: RecordsSection>(
         Response::History { has_more, records } => {
             // Format: { has_more: bool | record_count: u32 | records_bytes: u32 | records }
             put_bool(out, *has_more);
+            put_section_header(out, records)?;
+            put_section_bytes(out, records, inline, trailing);
+        }
+        Response::HistoryLatest {
+            has_more,
+            next_before,
+            records,
+        } => {
+            // Format: { has_more: bool | next_before: u64 | record_count: u32 |
+            //           records_bytes: u32 | records }
+            put_bool(out, *has_more);
+            put_u64(out, *next_before);
             put_section_header(out, records)?;
             put_section_bytes(out, records, inline, trailing);
         }
@@ -748,7 +847,7 @@ fn encode_body<R: RecordsSection>(
 /// bytes. Record CRCs are checked by [`Records::iter`] on request.
 pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, DecodeError> {
     let h = &frame.header;
-    if h.version != PROTOCOL_VERSION {
+    if !(PROTOCOL_VERSION_MIN..=PROTOCOL_VERSION).contains(&h.version) {
         return Err(DecodeError::UnsupportedVersion { version: h.version });
     }
     let kind = match FrameKind::from_byte(h.opcode) {
@@ -756,6 +855,16 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, DecodeErro
             return Err(DecodeError::UnknownOpcode {
                 opcode: h.opcode,
                 expected: "response",
+            })
+        }
+        // The response of a later version's request, or a HELLO response
+        // in another version than 1, is unknown in this frame's version.
+        Some(FrameKind::Response(op))
+            if h.version < op.since() || (op == Opcode::Hello && h.version != HELLO_VERSION) =>
+        {
+            return Err(DecodeError::UnknownOpcode {
+                opcode: h.opcode,
+                expected: "response of this version",
             })
         }
         Some(k) => k,
@@ -770,7 +879,7 @@ pub fn decode_response<'a>(frame: &Frame<'a>) -> Result<Response<'a>, DecodeErro
         });
     }
     let mut r = Reader::new(frame.body, FRAME_HEADER_BYTES);
-    let resp = decode_body(kind, &mut r)?;
+    let resp = decode_body(kind, h.version, &mut r)?;
     r.finish()?;
     Ok(resp)
 }
@@ -781,14 +890,16 @@ fn section_header(r: &mut Reader<'_>) -> Result<(u32, u32), DecodeError> {
 }
 
 /// Takes a section's bytes and checks that `count` whole records tile them.
+/// `version` says which kinds and flags a record may have (2.1).
 fn section_bytes<'a>(
     r: &mut Reader<'a>,
     (count, len): (u32, u32),
+    version: u8,
 ) -> Result<Records<'a>, DecodeError> {
     let offset = r.offset();
     let bytes = r.take(len as usize, "records")?;
     let records = Records { count, bytes };
-    for rec in records.iter(false) {
+    for rec in records.iter_in(version, false) {
         if let Err(e) = rec {
             use super::records::RecordsError as E;
             let (at, reason) = match e {
@@ -796,7 +907,10 @@ fn section_bytes<'a>(
                 E::BadLength { offset, .. } => (offset, "a record_len below 44"),
                 E::CountMismatch { .. } => (0, "record_count differs from the records present"),
                 E::BadCrc { offset, .. } => (offset, "checksum mismatch"),
-                E::Reserved { offset } => (offset, "kind, flags or reserved bytes not 0"),
+                E::Reserved { offset } => (
+                    offset,
+                    "kind, flags or reserved bytes not valid in this version",
+                ),
             };
             return Err(DecodeError::BadRecords {
                 offset: offset + at,
@@ -818,14 +932,18 @@ fn unread_entry(r: &mut Reader<'_>) -> Result<UnreadEntry, DecodeError> {
     })
 }
 
-fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, DecodeError> {
+fn decode_body<'a>(
+    kind: FrameKind,
+    version: u8,
+    r: &mut Reader<'a>,
+) -> Result<Response<'a>, DecodeError> {
     let op = match kind {
         FrameKind::Response(op) => op,
         FrameKind::Push => {
             // Format: { group: u64 | record_count: u32 | records_bytes: u32 | records }
             let group = r.u64("group")?;
             let section = section_header(r)?;
-            let records = section_bytes(r, section)?;
+            let records = section_bytes(r, section, version)?;
             return Ok(Response::Push { group, records });
         }
         FrameKind::Receipt => {
@@ -1031,6 +1149,18 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             timestamp_ms: r.u64("timestamp_ms")?,
             duplicate: r.bool("duplicate")?,
         },
+        // Format: { msg_id: u64 | timestamp_ms: u64 | duplicate: bool }
+        Opcode::Recall => Response::Recall {
+            msg_id: r.u64("msg_id")?,
+            timestamp_ms: r.u64("timestamp_ms")?,
+            duplicate: r.bool("duplicate")?,
+        },
+        // Format: { msg_id: u64 | timestamp_ms: u64 | duplicate: bool }
+        Opcode::Edit => Response::Edit {
+            msg_id: r.u64("msg_id")?,
+            timestamp_ms: r.u64("timestamp_ms")?,
+            duplicate: r.bool("duplicate")?,
+        },
         Opcode::Pull => {
             // Format: { cursor: u64 | head: u64 | has_more: bool | record_count: u32 |
             //           records_bytes: u32 | records }
@@ -1038,7 +1168,7 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             let head = r.u64("head")?;
             let has_more = r.bool("has_more")?;
             let section = section_header(r)?;
-            let records = section_bytes(r, section)?;
+            let records = section_bytes(r, section, version)?;
             Response::Pull {
                 cursor,
                 head,
@@ -1086,7 +1216,7 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             for (entry, section) in heads {
                 groups.push(SyncGroup {
                     entry,
-                    records: section_bytes(r, section)?,
+                    records: section_bytes(r, section, version)?,
                 });
             }
             Response::Sync {
@@ -1098,8 +1228,21 @@ fn decode_body<'a>(kind: FrameKind, r: &mut Reader<'a>) -> Result<Response<'a>, 
             // Format: { has_more: bool | record_count: u32 | records_bytes: u32 | records }
             let has_more = r.bool("has_more")?;
             let section = section_header(r)?;
-            let records = section_bytes(r, section)?;
+            let records = section_bytes(r, section, version)?;
             Response::History { has_more, records }
+        }
+        Opcode::HistoryLatest => {
+            // Format: { has_more: bool | next_before: u64 | record_count: u32 |
+            //           records_bytes: u32 | records }
+            let has_more = r.bool("has_more")?;
+            let next_before = r.u64("next_before")?;
+            let section = section_header(r)?;
+            let records = section_bytes(r, section, version)?;
+            Response::HistoryLatest {
+                has_more,
+                next_before,
+                records,
+            }
         }
         // Format: { count: u64 }
         Opcode::ReadCount => Response::ReadCount {

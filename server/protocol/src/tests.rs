@@ -108,6 +108,14 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("set_retention_response"),
     vector!("clear_history_request"),
     vector!("clear_history_response"),
+    vector!("recall_request"),
+    vector!("recall_response"),
+    vector!("edit_request"),
+    vector!("edit_response"),
+    vector!("pull_response_v2"),
+    vector!("pull_response_v1"),
+    vector!("history_latest_request"),
+    vector!("history_latest_response"),
 ];
 
 fn vector_bytes(name: &str) -> Vec<u8> {
@@ -492,6 +500,67 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 bytes: 20480,
             }),
         ),
+        "recall_request" => Expected::Req(
+            18,
+            Request::Recall {
+                group: 7,
+                sender: 42,
+                client_msg_id: 10,
+                target: 1001,
+            },
+        ),
+        "recall_response" => Expected::Resp(
+            18,
+            Response::Recall {
+                msg_id: 1004,
+                timestamp_ms: 1_700_000_000_999,
+                duplicate: false,
+            },
+        ),
+        "edit_request" => Expected::Req(
+            19,
+            Request::Edit {
+                group: 7,
+                sender: 43,
+                client_msg_id: 2,
+                target: 1002,
+                payload: b"world?",
+            },
+        ),
+        "edit_response" => Expected::Resp(
+            19,
+            Response::Edit {
+                msg_id: 1003,
+                timestamp_ms: 1_700_000_000_789,
+                duplicate: false,
+            },
+        ),
+        "pull_response_v2" | "pull_response_v1" => Expected::Resp(
+            20,
+            Response::Pull {
+                cursor: 1000,
+                head: 1004,
+                has_more: false,
+                records: records(&r[if name == "pull_response_v2" { 3 } else { 4 }]),
+            },
+        ),
+        "history_latest_request" => Expected::Req(
+            21,
+            Request::HistoryLatest {
+                group: 7,
+                user: 5,
+                before_msg_id: 0,
+                max_count: 10,
+            },
+        ),
+        "history_latest_response" => Expected::Resp(
+            21,
+            Response::HistoryLatest {
+                has_more: false,
+                next_before: 1001,
+                records: records(&r[5]),
+            },
+        ),
         other => panic!("vector {other} has no documented values"),
     };
     verify(e)
@@ -501,11 +570,68 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
 fn vector_records() -> Vec<Vec<u8>> {
     let mut pull = rec(1001, 1_700_000_000_123, 42, 9, b"hello");
     pull.extend(rec(1002, 1_700_000_000_456, 43, 1, b"world!"));
+    // pull_response.hex's group after an EDIT of 1002 and a RECALL of
+    // 1001: as a version 2 session sees it (1001 recalled, the changes as
+    // stored), and as a version 1 session does (placeholders, 7).
+    let edit = [&1002u64.to_le_bytes()[..], b"world?"].concat();
+    let recall = 1001u64.to_le_bytes();
+    let v2 = [
+        rec_kind(1001, 1_700_000_000_123, 42, 9, 0, FLAG_RECALLED, b""),
+        rec(1002, 1_700_000_000_456, 43, 1, b"world!"),
+        rec_kind(1003, 1_700_000_000_789, 43, 2, KIND_EDIT, 0, &edit),
+        rec_kind(1004, 1_700_000_000_999, 42, 10, KIND_RECALL, 0, &recall),
+    ]
+    .concat();
+    let v1 = [
+        rec(1001, 1_700_000_000_123, 42, 9, b""),
+        rec(1002, 1_700_000_000_456, 43, 1, b"world!"),
+        rec(1003, 1_700_000_000_789, 43, 2, b""),
+        rec(1004, 1_700_000_000_999, 42, 10, b""),
+    ]
+    .concat();
+    // The same group as it reads now, newest first (HISTORY_LATEST).
+    let latest = [
+        rec_kind(1002, 1_700_000_000_456, 43, 1, 0, FLAG_EDITED, b"world?"),
+        rec_kind(1001, 1_700_000_000_123, 42, 9, 0, FLAG_RECALLED, b""),
+    ]
+    .concat();
     vec![
         pull,
         rec(1003, 1_700_000_000_789, 42, 10, b"hi"),
         rec(41, 1_699_999_999_000, 77, 3, b"yo"),
+        v2,
+        v1,
+        latest,
     ]
+}
+
+/// A record of any kind and flags (the engine's encoder writes flags 0;
+/// a recalled message's presentation sets bit 0).
+fn rec_kind(
+    msg_id: u64,
+    timestamp_ms: u64,
+    sender_id: u64,
+    client_msg_id: u64,
+    kind: u8,
+    flags: u8,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    record::encode_kind_into(
+        &NewRecord {
+            msg_id,
+            timestamp_ms,
+            sender_id,
+            client_msg_id,
+            payload,
+        },
+        kind,
+        &mut out,
+    );
+    out[41] = flags;
+    let crc = crc32fast::hash(&out[8..]);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    out
 }
 
 #[test]
@@ -519,14 +645,14 @@ fn vectors_decode_to_documented_values_and_reencode_exactly() {
                 assert_eq!(frame.header.request_id, id, "{name}");
                 assert_eq!(decode_request(&frame).as_ref(), Ok(&req), "{name}");
                 let mut out = Vec::new();
-                encode_request(id, &req, &mut out).unwrap();
+                encode_request_in(frame.header.version, id, &req, &mut out).unwrap();
                 assert_eq!(out, bytes, "{name}: encoding differs from the vector");
             }
             Expected::Resp(id, resp) => {
                 assert_eq!(frame.header.request_id, id, "{name}");
                 assert_eq!(decode_response(&frame).as_ref(), Ok(&resp), "{name}");
                 let mut out = Vec::new();
-                encode_response(id, &resp, &mut out).unwrap();
+                encode_response_in(frame.header.version, id, &resp, &mut out).unwrap();
                 assert_eq!(out, bytes, "{name}: encoding differs from the vector");
             }
         });
@@ -634,13 +760,15 @@ fn decode_any_and_check_canonical(bytes: &[u8]) -> bool {
     match FrameKind::from_byte(frame.header.opcode) {
         Some(FrameKind::Request(_)) => match decode_request(&frame) {
             Ok(req) => {
-                encode_request(frame.header.request_id, &req, &mut out).unwrap();
+                let v = frame.header.version;
+                encode_request_in(v, frame.header.request_id, &req, &mut out).unwrap();
             }
             Err(_) => return false,
         },
         _ => match decode_response(&frame) {
             Ok(resp) => {
-                encode_response(frame.header.request_id, &resp, &mut out).unwrap();
+                let v = frame.header.version;
+                encode_response_in(v, frame.header.request_id, &resp, &mut out).unwrap();
             }
             Err(_) => return false,
         },
@@ -858,8 +986,8 @@ fn header_violations_get_typed_errors_and_wire_codes() {
         decode_request(&Frame::parse(v).unwrap())
     }
 
-    let e = decode(&with(&|v| v[4] = 2)).unwrap_err();
-    assert_eq!(e, DecodeError::UnsupportedVersion { version: 2 });
+    let e = decode(&with(&|v| v[4] = 3)).unwrap_err();
+    assert_eq!(e, DecodeError::UnsupportedVersion { version: 3 });
     assert_eq!(e.error_code(), ErrorCode::UnsupportedVersion);
     assert!(e.error_code().is_fatal());
 
@@ -1248,4 +1376,137 @@ fn a_backup_chunk_with_a_wrong_crc_or_past_its_file_is_refused() {
     bad[8] = 0;
     let err = decode_response(&Frame::parse(&bad).unwrap()).unwrap_err();
     assert!(matches!(err, DecodeError::BadRequestId { .. }), "{err:?}");
+}
+
+/// Protocol version 2 (issue 13 item 2): which frames and record kinds each
+/// version has.
+mod version_2 {
+    use super::*;
+
+    fn with_version(name: &str, version: u8) -> Vec<u8> {
+        let mut v = vector_bytes(name);
+        v[4] = version;
+        v
+    }
+
+    #[test]
+    fn recall_and_edit_exist_from_version_2_and_hello_stays_version_1() {
+        for name in ["recall_request", "edit_request"] {
+            let v1 = with_version(name, 1);
+            let e = decode_request(&Frame::parse(&v1).unwrap()).unwrap_err();
+            assert!(matches!(e, DecodeError::UnknownOpcode { .. }), "{name}");
+            assert_eq!(e.error_code(), ErrorCode::BadFrame);
+        }
+        let v1 = with_version("recall_response", 1);
+        assert!(matches!(
+            decode_response(&Frame::parse(&v1).unwrap()),
+            Err(DecodeError::UnknownOpcode { .. })
+        ));
+        let req = Request::Recall {
+            group: 7,
+            sender: 42,
+            client_msg_id: 10,
+            target: 1001,
+        };
+        let mut out = Vec::new();
+        assert!(matches!(
+            encode_request_in(1, 18, &req, &mut out),
+            Err(EncodeError::NotInVersion { .. })
+        ));
+        // HELLO is a version 1 frame whatever the session speaks.
+        let hello = with_version("hello_request", 2);
+        assert!(decode_request(&Frame::parse(&hello).unwrap()).is_err());
+        let hello = Request::Hello {
+            min_version: 1,
+            max_version: 2,
+            client_name: "x",
+        };
+        encode_request_in(2, 1, &hello, &mut out).unwrap();
+        assert_eq!(out[4], 1);
+        // Every other frame of version 1 decodes in version 2 unchanged.
+        for (name, _) in VECTORS {
+            if name.starts_with("hello") || name.ends_with("_v1") {
+                continue;
+            }
+            let mut v = with_version(name, 2);
+            assert!(decode_any_and_check_canonical(&v), "{name} in version 2");
+            // And back in version 1, unless it is new in version 2.
+            set_version(&mut v, 1);
+            let v2_only = ["recall_", "edit_", "pull_response_v2", "history_latest"];
+            if !v2_only.iter().any(|p| name.starts_with(p)) {
+                assert!(decode_any_and_check_canonical(&v), "{name} in version 1");
+            }
+        }
+    }
+
+    /// The records of pull_response_v2.hex are refused in a version 1
+    /// frame; a version 2 frame refuses what its kinds do not allow.
+    #[test]
+    fn record_kinds_are_checked_per_version() {
+        let v2 = vector_bytes("pull_response_v2");
+        let as_v1 = with_version("pull_response_v2", 1);
+        assert!(matches!(
+            decode_response(&Frame::parse(&as_v1).unwrap()),
+            Err(DecodeError::BadRecords { .. })
+        ));
+        let Response::Pull { records, .. } = decode_response(&Frame::parse(&v2).unwrap()).unwrap()
+        else {
+            panic!("a PULL response")
+        };
+        let got: Vec<_> = records.iter(true).collect::<Result<_, _>>().unwrap();
+        assert!(got[0].is_recalled() && got[0].payload().is_empty());
+        assert_eq!(
+            (got[2].target(), got[2].edit_payload()),
+            (Some(1002), Some(&b"world?"[..]))
+        );
+        assert_eq!((got[3].kind(), got[3].target()), (KIND_RECALL, Some(1001)));
+        let section = |r: Vec<u8>| {
+            let n = r.len() as u32;
+            let resp = Response::Push {
+                group: 7,
+                records: Records {
+                    count: 1,
+                    bytes: &r,
+                },
+            };
+            let mut out = Vec::new();
+            encode_response_in(2, 0, &resp, &mut out).unwrap();
+            assert_eq!(out.len() as u32, 16 + 16 + n);
+            decode_response(&Frame::parse(&out).unwrap()).map(|_| ())
+        };
+        let target = 5u64.to_le_bytes();
+        for (what, r) in [
+            (
+                "recalled with a payload",
+                rec_kind(9, 1, 2, 3, 0, FLAG_RECALLED, b"x"),
+            ),
+            ("flags 3", rec_kind(9, 1, 2, 3, 0, 3, b"")),
+            ("flag bit 2", rec_kind(9, 1, 2, 3, 0, 4, b"")),
+            (
+                "an edit with a flag",
+                rec_kind(9, 1, 2, 3, KIND_EDIT, 2, &target),
+            ),
+            (
+                "edit without a target",
+                rec_kind(9, 1, 2, 3, KIND_EDIT, 0, b"abc"),
+            ),
+            (
+                "edit of itself",
+                rec_kind(5, 1, 2, 3, KIND_EDIT, 0, &target),
+            ),
+            (
+                "recall with text",
+                rec_kind(9, 1, 2, 3, KIND_RECALL, 0, b"\x05\0\0\0\0\0\0\0x"),
+            ),
+            (
+                "gap with a payload",
+                rec_kind(9, 1, 2, 3, KIND_GAP, 0, b"x"),
+            ),
+            ("kind 4", rec_kind(9, 1, 2, 3, 4, 0, b"")),
+        ] {
+            assert!(section(r).is_err(), "{what}");
+        }
+        assert!(section(rec_kind(9, 1, 2, 3, KIND_GAP, 0, b"")).is_ok());
+        assert!(section(rec_kind(9, 1, 2, 3, KIND_RECALL, 0, &target)).is_ok());
+    }
 }

@@ -148,6 +148,8 @@ pub enum EncodeError {
         request_id: u64,
         reason: &'static str,
     },
+    /// A frame the protocol version does not have (RECALL in version 1).
+    NotInVersion { what: &'static str, version: u8 },
 }
 
 impl fmt::Display for EncodeError {
@@ -161,6 +163,9 @@ impl fmt::Display for EncodeError {
             }
             EncodeError::BadRequestId { request_id, reason } => {
                 write!(f, "request id {request_id}: {reason}")
+            }
+            EncodeError::NotInVersion { what, version } => {
+                write!(f, "{what} does not exist in protocol version {version}")
             }
         }
     }

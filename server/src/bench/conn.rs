@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
     decode_response, encode_request, FrameDecoder, Request, Response, FRAME_BYTES_MAX_FLOOR,
-    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 
 pub struct Conn {
@@ -54,8 +54,10 @@ impl Conn {
             requests_in_flight_max: 1,
         };
         let hello = c.queue(&Request::Hello {
-            min_version: PROTOCOL_VERSION,
-            max_version: PROTOCOL_VERSION,
+            // The load tool speaks version 1: its workloads send
+            // messages and read them, and version 2 adds nothing to that.
+            min_version: PROTOCOL_VERSION_MIN,
+            max_version: PROTOCOL_VERSION_MIN,
             client_name: "tidemark-bench",
         })?;
         c.flush()?;

@@ -92,8 +92,14 @@ pub(crate) mod body {
     // Format: { record (record.rs layout, CRC included) }; a Records body
     // is one or more of these back to back (one per submission, merged by
     // the frame builder)
+    #[cfg(test)]
     pub fn encode_record(out: &mut Vec<u8>, rec: &NewRecord<'_>) {
         record::encode_into(rec, out);
+    }
+
+    /// A record of `kind` (a message, an edit, a recall; record.rs).
+    pub fn encode_record_kind(out: &mut Vec<u8>, rec: &NewRecord<'_>, kind: u8) {
+        record::encode_kind_into(rec, kind, out);
     }
 
     /// `(first msg_id, count)` of a Records body: `None` unless it is

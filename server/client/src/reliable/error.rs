@@ -70,6 +70,10 @@ pub enum Error {
     /// `LIMIT_EXCEEDED` (16): members per group, groups per user, groups per
     /// node or subscriptions per connection.
     LimitExceeded { limit: Option<u64> },
+    /// `CHANGE_REFUSED` (17): an edit or a recall the rules refuse;
+    /// `rule` is the detail: 1 not the sender, 2 the window passed, 3 no
+    /// such message, 4 recalled already.
+    ChangeRefused { group: u64, rule: Option<u64> },
     /// `GROUP_DAMAGED` (20): the group's files failed verification.
     GroupDamaged { group: u64 },
     /// `WRITES_STOPPED` (21): the node refuses writes until restarted.
@@ -107,6 +111,7 @@ impl Error {
             Error::CursorAboveHead { .. } => ErrorCode::CursorAboveHead,
             Error::BelowRetentionFloor { .. } => ErrorCode::BelowRetentionFloor,
             Error::LimitExceeded { .. } => ErrorCode::LimitExceeded,
+            Error::ChangeRefused { .. } => ErrorCode::ChangeRefused,
             Error::GroupDamaged { .. } => ErrorCode::GroupDamaged,
             Error::WritesStopped => ErrorCode::WritesStopped,
             Error::Internal { .. } => ErrorCode::Internal,
@@ -165,6 +170,10 @@ impl Error {
                 earliest: detail,
             },
             ErrorCode::LimitExceeded => Error::LimitExceeded { limit: detail },
+            ErrorCode::ChangeRefused => Error::ChangeRefused {
+                group: ctx.group,
+                rule: detail,
+            },
             ErrorCode::GroupDamaged => Error::GroupDamaged { group: ctx.group },
             ErrorCode::WritesStopped => Error::WritesStopped,
             ErrorCode::Internal => Error::Internal { message },
@@ -268,6 +277,17 @@ impl fmt::Display for Error {
             Error::LimitExceeded { limit } => {
                 write!(f, "LIMIT_EXCEEDED: limit {}", opt(limit))
             }
+            Error::ChangeRefused { group, rule } => write!(
+                f,
+                "CHANGE_REFUSED: group {group}: {}",
+                match rule {
+                    Some(1) => "only its sender or an administrator may change it",
+                    Some(2) => "the change window has passed",
+                    Some(3) => "no such message is stored",
+                    Some(4) => "it was recalled",
+                    _ => "refused",
+                }
+            ),
             Error::GroupDamaged { group } => {
                 write!(f, "GROUP_DAMAGED: group {group} failed verification")
             }

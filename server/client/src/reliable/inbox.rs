@@ -17,8 +17,15 @@
 //! application is counted by the [`BatchAcker`], which acknowledges with
 //! BATCH_ACK after `ack_every_messages` messages or `ack_every_ms`, whichever
 //! comes first, and on [`Inbox::close`] (and, best effort, on drop).
+//!
+//! Edits and recalls (protocol version 2) are records with their own ids,
+//! delivered once and in order like messages (so deduplication holds for
+//! them as for messages); the inbox also keeps, for every message an edit
+//! or a recall it delivered names, the message's latest state
+//! ([`Inbox::latest`]): one entry per changed message, kept until
+//! [`Inbox::forget_changes`].
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::acker::BatchAcker;
@@ -26,7 +33,7 @@ use super::dedup::{DedupFilter, Verdict};
 use super::error::{classify, Class, Ctx, Error};
 use super::link::{Link, LinkStats};
 use super::ReliableConfig;
-use crate::client::{later, ClientError, Event, Message};
+use crate::client::{later, ClientError, Event, Kind, Message};
 use tidemark_protocol::{ResyncScope, Subscription};
 
 /// Counters of an [`Inbox`].
@@ -64,7 +71,22 @@ pub struct Pulled {
     pub has_more: bool,
 }
 
+/// A message's latest state, as the edits and recalls the inbox delivered
+/// say (format-spec/protocol.md 4.28).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Latest {
+    /// No edit or recall of it was delivered.
+    Unchanged,
+    /// Edited: its payload now (the newest edit's) and that edit's id.
+    Edited { payload: Vec<u8>, edit_id: u64 },
+    /// Recalled: deleted for everyone (final, whatever edits follow).
+    Recalled,
+}
+
 pub struct Inbox {
+    /// `(group, msg_id)` of every message a delivered edit or recall
+    /// named, or delivered as recalled: its latest state.
+    changes: HashMap<(u64, u64), Latest>,
     config: ReliableConfig,
     link: Link,
     user: u64,
@@ -108,6 +130,7 @@ impl Inbox {
             Duration::from_millis(config.ack_every_ms),
         );
         Inbox {
+            changes: HashMap::new(),
             config,
             link,
             user,
@@ -368,6 +391,42 @@ impl Inbox {
     fn delivered(&mut self, m: &Message) {
         self.acker.delivered(m.group, m.msg_id, Instant::now());
         self.stats.delivered += 1;
+        let (target, latest) = match m.kind {
+            Kind::Edit { target } => (
+                target,
+                Latest::Edited {
+                    payload: m.payload.clone(),
+                    edit_id: m.msg_id,
+                },
+            ),
+            Kind::Recall { target } => (target, Latest::Recalled),
+            Kind::Recalled => (m.msg_id, Latest::Recalled),
+            Kind::Message | Kind::Gap | Kind::Edited => return,
+        };
+        let entry = self
+            .changes
+            .entry((m.group, target))
+            .or_insert(Latest::Unchanged);
+        // A recall is final; edits come in id order, the newest wins.
+        if *entry != Latest::Recalled {
+            *entry = latest;
+        }
+    }
+
+    /// The latest state of message `msg_id` of `group` as the edits and
+    /// recalls this inbox delivered say: an application shows a message
+    /// it delivered earlier with this (a new device asks HISTORY).
+    pub fn latest(&self, group: u64, msg_id: u64) -> Latest {
+        self.changes
+            .get(&(group, msg_id))
+            .cloned()
+            .unwrap_or(Latest::Unchanged)
+    }
+
+    /// Forgets the latest states of `group`'s messages up to `msg_id`
+    /// (the application keeps them itself): the memory of the changes.
+    pub fn forget_changes(&mut self, group: u64, up_to: u64) {
+        self.changes.retain(|&(g, id), _| g != group || id > up_to);
     }
 
     fn on_push(&mut self, msgs: Vec<Message>) {

@@ -46,7 +46,7 @@ use std::time::Duration;
 pub use acker::BatchAcker;
 pub use dedup::{DedupFilter, Verdict};
 pub use error::{Ctx, Error};
-pub use inbox::{Inbox, InboxStats, Messages, Pulled};
+pub use inbox::{Inbox, InboxStats, Latest, Messages, Pulled};
 pub use link::LinkStats;
 pub use receipts::{Delivery, Receipts, ReceiptsStats, TRACKED_PER_GROUP_MAX};
 pub use sender::{ReliableClient, SendOutcome, SenderStats};

@@ -684,6 +684,72 @@ impl ReliableClient {
         })
     }
 
+    /// RECALL (protocol version 2) of message `target` of `group`, by its
+    /// sender (or an admin sender of the node), waiting for the answer.
+    /// Retried across reconnects with one `client_msg_id`, so the node
+    /// stores it once whatever the retries (a retry of an accepted recall
+    /// gets the original's answer, `duplicate` set). A refusal by the rules
+    /// is [`Error::ChangeRefused`], not retried.
+    pub fn recall(&mut self, group: u64, sender: u64, target: u64) -> Result<Sent, Error> {
+        let id = self.ids.next_id();
+        self.recall_with_id(group, sender, id, target)
+    }
+
+    /// [`recall`](Self::recall) with a caller-chosen `client_msg_id` (one
+    /// persisted before a crash, to retransmit across process restarts).
+    pub fn recall_with_id(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+    ) -> Result<Sent, Error> {
+        self.call(Ctx::member(group, sender), |c| {
+            c.recall(group, sender, client_msg_id, target)
+        })
+    }
+
+    /// EDIT (protocol version 2): message `target`'s new payload, as
+    /// [`recall`](Self::recall) (one `client_msg_id` for every retry).
+    pub fn edit(
+        &mut self,
+        group: u64,
+        sender: u64,
+        target: u64,
+        payload: &[u8],
+    ) -> Result<Sent, Error> {
+        let id = self.ids.next_id();
+        self.edit_with_id(group, sender, id, target, payload)
+    }
+
+    /// [`edit`](Self::edit) with a caller-chosen `client_msg_id`.
+    pub fn edit_with_id(
+        &mut self,
+        group: u64,
+        sender: u64,
+        client_msg_id: u64,
+        target: u64,
+        payload: &[u8],
+    ) -> Result<Sent, Error> {
+        self.call(Ctx::member(group, sender), |c| {
+            c.edit(group, sender, client_msg_id, target, payload)
+        })
+    }
+
+    /// HISTORY_LATEST (protocol version 2): a page of messages in their
+    /// latest state, newest first; see [`crate::Client::history_latest`].
+    pub fn history_latest(
+        &mut self,
+        group: u64,
+        user: u64,
+        before_msg_id: u64,
+        max_count: u32,
+    ) -> Result<(Vec<Message>, bool, u64), Error> {
+        self.call(Ctx::member(group, user), |c| {
+            c.history_latest(group, user, before_msg_id, max_count)
+        })
+    }
+
     /// The node's STATS.
     pub fn node_stats(&mut self) -> Result<Vec<(String, u64)>, Error> {
         self.call(Ctx::default(), |c| c.stats())

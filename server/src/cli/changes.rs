@@ -1,0 +1,144 @@
+//! The change commands: `recall` (RECALL) and `edit` (EDIT), a message
+//! recalled or edited by its sender or an admin sender of the node, within
+//! the node's change window (format-spec/protocol.md 4.28, 4.29; protocol
+//! version 2). One request each over the reliable client, retried with one
+//! `client_msg_id` like `send`; a refusal by the rules is the node's
+//! CHANGE_REFUSED with the rule it broke.
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use tidemark_client::reliable::ClientMsgIds;
+
+use super::{connect, emit, nonzero, payload, CliError, ConnArgs};
+
+#[derive(Subcommand, Debug)]
+pub enum ChangeCommand {
+    /// Recall a message (delete it for everyone): its sender, or an admin
+    /// sender of the node, within the node's change window. Members see a
+    /// recall record, the message shows as recalled, and its payload is
+    /// erased from the node's disk.
+    Recall(RecallArgs),
+    /// Edit a message (its sender, or an admin sender, within the change
+    /// window): members see an edit record with the new payload.
+    Edit(EditArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RecallArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The group's id.
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    /// Who recalls it (its sender, or an admin sender of the node).
+    #[arg(long, value_parser = nonzero)]
+    sender: u64,
+    /// The msg_id of the message to recall.
+    #[arg(long, value_parser = nonzero)]
+    msg_id: u64,
+    /// Idempotency key; a retransmit must reuse it (default: a fresh one).
+    #[arg(long)]
+    client_msg_id: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct EditArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    /// The group's id.
+    #[arg(long, value_parser = nonzero)]
+    group: u64,
+    /// Who edits it (its sender, or an admin sender of the node).
+    #[arg(long, value_parser = nonzero)]
+    sender: u64,
+    /// The msg_id of the message to edit.
+    #[arg(long, value_parser = nonzero)]
+    msg_id: u64,
+    /// Idempotency key; a retransmit must reuse it (default: a fresh one).
+    #[arg(long)]
+    client_msg_id: Option<u64>,
+    /// The new text. `-` reads it from standard input, as bytes.
+    #[arg(required_unless_present = "payload_file")]
+    message: Option<String>,
+    /// The new payload from this file, in place of MESSAGE.
+    #[arg(long, value_name = "PATH", conflicts_with = "message")]
+    payload_file: Option<std::path::PathBuf>,
+}
+
+impl ChangeCommand {
+    /// Whether `--json` was given.
+    pub fn json(&self) -> bool {
+        match self {
+            ChangeCommand::Recall(a) => a.conn.json,
+            ChangeCommand::Edit(a) => a.conn.json,
+        }
+    }
+}
+
+pub fn run(cmd: ChangeCommand) -> Result<(), CliError> {
+    match cmd {
+        ChangeCommand::Recall(a) => recall(a),
+        ChangeCommand::Edit(a) => edit(a),
+    }
+}
+
+fn recall(a: RecallArgs) -> Result<(), CliError> {
+    let mut c = connect(&a.conn)?;
+    let id = a
+        .client_msg_id
+        .unwrap_or_else(|| ClientMsgIds::new().next_id());
+    let sent = c.recall_with_id(a.group, a.sender, id, a.msg_id)?;
+    let dup = if sent.duplicate {
+        " (already stored: nothing new was stored)"
+    } else {
+        ""
+    };
+    emit(
+        a.conn.json,
+        format!(
+            "recalled message {} of group {}: recall msg_id {}{dup}\n",
+            a.msg_id, a.group, sent.msg_id
+        ),
+        json!({
+            "group": a.group,
+            "sender": a.sender,
+            "target": a.msg_id,
+            "client_msg_id": id,
+            "msg_id": sent.msg_id,
+            "timestamp_ms": sent.timestamp_ms,
+            "duplicate": sent.duplicate,
+        }),
+    )
+}
+
+fn edit(a: EditArgs) -> Result<(), CliError> {
+    let payload = payload::read(a.message.as_deref(), a.payload_file.as_deref())?;
+    let mut c = connect(&a.conn)?;
+    let id = a
+        .client_msg_id
+        .unwrap_or_else(|| ClientMsgIds::new().next_id());
+    let sent = c.edit_with_id(a.group, a.sender, id, a.msg_id, &payload)?;
+    let dup = if sent.duplicate {
+        " (already stored: nothing new was stored)"
+    } else {
+        ""
+    };
+    emit(
+        a.conn.json,
+        format!(
+            "edited message {} of group {}: edit msg_id {}{dup}\n",
+            a.msg_id, a.group, sent.msg_id
+        ),
+        json!({
+            "group": a.group,
+            "sender": a.sender,
+            "target": a.msg_id,
+            "client_msg_id": id,
+            "msg_id": sent.msg_id,
+            "timestamp_ms": sent.timestamp_ms,
+            "duplicate": sent.duplicate,
+            "payload_bytes": payload.len(),
+        }),
+    )
+}
