@@ -55,8 +55,8 @@ impl Gate {
     /// with another payload.
     pub fn pass(&mut self, journal: &Journal, frame: &mut FrameBuf) -> Result<()> {
         let (round, payload) = journal.seal_round_payload(frame)?;
-        let crc = crate::commit::journal::frame::payload_header(payload)
-            .map_or(0, |h| h.payload_crc);
+        let crc =
+            crate::commit::journal::frame::payload_header(payload).map_or(0, |h| h.payload_crc);
         match self.passed {
             Some((r, c)) if r == round && c == crc => return Ok(()),
             Some((r, _)) if r == round => {

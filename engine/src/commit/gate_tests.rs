@@ -18,11 +18,10 @@ struct TestGate {
     answers: Mutex<Receiver<Result<(), String>>>,
 }
 
-fn test_gate() -> (
-    Arc<TestGate>,
-    Receiver<Vec<u8>>,
-    Sender<Result<(), String>>,
-) {
+/// The gate, where its payloads arrive, where the test answers.
+type TestGateParts = (Arc<TestGate>, Receiver<Vec<u8>>, Sender<Result<(), String>>);
+
+fn test_gate() -> TestGateParts {
     let (ptx, prx) = channel();
     let (atx, arx) = channel();
     let gate = Arc::new(TestGate {
@@ -48,11 +47,16 @@ impl RoundGate for TestGate {
 /// Every record of the group, byte for byte as a read returns them.
 fn log_bytes(e: &Engine, g: u64) -> Vec<u8> {
     let batch = e.read(g, 0, usize::MAX, usize::MAX).unwrap();
-    batch.chunks.iter().flat_map(|c| c.bytes().to_vec()).collect()
+    batch
+        .chunks
+        .iter()
+        .flat_map(|c| c.bytes().to_vec())
+        .collect()
 }
 
 #[test]
-fn a_gated_round_is_written_only_after_the_gate_passes_it_and_its_payload_is_what_a_follower_needs() {
+fn a_gated_round_is_written_only_after_the_gate_passes_it_and_its_payload_is_what_a_follower_needs()
+{
     let da = tempfile::tempdir().unwrap();
     let db = tempfile::tempdir().unwrap();
     let (gate, payloads, answers) = test_gate();
