@@ -7,8 +7,8 @@
 //! rounds: a leader's rounds pass the engine's round gate (they are
 //! written only once committed), a follower's arrive through
 //! `Engine::append_replicated`. The transport is the caller's
-//! ([`Transport`], [`Mailbox`]): this crate opens no socket. No async
-//! runtime anywhere.
+//! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
+//! (cluster.md section 7). No async runtime anywhere.
 
 mod error;
 pub mod raft_log;
@@ -19,6 +19,9 @@ mod replica;
 mod sim;
 #[cfg(test)]
 mod sim_tests;
+pub mod tcp;
+#[cfg(test)]
+mod tcp_tests;
 
 pub use error::{ClusterError, Result};
 pub use raft::eraftpb::Message;

@@ -116,6 +116,10 @@ enum Input {
     Stop {
         crash: bool,
     },
+    /// Tests: the driver stops for a while, as a process under SIGSTOP
+    /// does (no tick, no message handled; its channel fills meanwhile).
+    #[cfg(test)]
+    Pause(Duration),
 }
 
 /// Hands Raft messages from the transport to a replica.
@@ -350,6 +354,12 @@ impl Replica {
         self.end(true);
     }
 
+    /// Pauses the driver for `d` (module docs of `Input::Pause`).
+    #[cfg(test)]
+    pub fn pause(&self, d: Duration) {
+        let _ = self.mailbox.0.send(Input::Pause(d));
+    }
+
     fn end(&self, crash: bool) {
         let _ = self.mailbox.0.send(Input::Stop { crash });
         if let Some(t) = self.thread.lock().take() {
@@ -471,6 +481,8 @@ impl Driver {
             Input::Propose { payload, reply } => self.propose(payload, reply),
             Input::Wake => {}
             Input::Stop { crash } => return Some(crash),
+            #[cfg(test)]
+            Input::Pause(d) => std::thread::sleep(d),
         }
         None
     }

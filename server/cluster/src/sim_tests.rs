@@ -206,9 +206,9 @@ impl Drop for Cluster {
 }
 
 /// A group as compared: id, head, record bytes, (member, cursor).
-type GroupState = (u64, u64, Vec<u8>, Vec<(u64, u64)>);
+pub(crate) type GroupState = (u64, u64, Vec<u8>, Vec<(u64, u64)>);
 
-fn state_of(e: &Engine) -> Vec<GroupState> {
+pub(crate) fn state_of(e: &Engine) -> Vec<GroupState> {
     let mut ids = e.group_ids();
     ids.sort_unstable();
     ids.into_iter()
@@ -238,7 +238,7 @@ fn state_of(e: &Engine) -> Vec<GroupState> {
 }
 
 /// (msg_id, sender, client_msg_id) of every record in `bytes`.
-fn records(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
+pub(crate) fn records(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     let mut rest = bytes;
     while !rest.is_empty() {
@@ -250,11 +250,11 @@ fn records(bytes: &[u8]) -> Vec<(u64, u64, u64)> {
 }
 
 /// Acknowledged sends: (group, sender, client_msg_id) to the msg_id given.
-type Acked = HashMap<(u64, u64, u64), u64>;
+pub(crate) type Acked = HashMap<(u64, u64, u64), u64>;
 
 /// Every acknowledged send is in its group's log once, at the id it was
 /// given; every (sender, client_msg_id) is there at most once; ids dense.
-fn check_acknowledged(state: &[GroupState], acked: &Acked) {
+pub(crate) fn check_acknowledged(state: &[GroupState], acked: &Acked) {
     let mut found: HashMap<(u64, u64, u64), u64> = HashMap::new();
     for (g, head, bytes, _) in state {
         let recs = records(bytes);
@@ -464,6 +464,46 @@ fn acknowledged_sends_survive_a_crash_of_every_replica_at_once() {
         }
     }
     std::thread::sleep(Duration::from_millis(250));
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let mut acked = HashMap::new();
+    for h in clients {
+        acked.extend(h.join().unwrap());
+    }
+    assert!(acked.len() > 20, "the clients got answers: {}", acked.len());
+    c.net.set_faults(0, 0, 0);
+    c.settle();
+    let state = c.identical_state();
+    check_acknowledged(&state, &acked);
+}
+
+#[test]
+fn a_leader_paused_past_the_election_timeout_steps_down_on_resume_and_nothing_acknowledged_is_lost()
+{
+    let c = Arc::new(Cluster::start(0x57091));
+    c.net.set_faults(2, 2, 3);
+    c.create_groups();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = run_clients(&c, 2, u64::MAX, &stop);
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(150));
+        let paused = c.leader();
+        // Three to six election timeouts: the others elect a leader.
+        paused.pause(Duration::from_millis(600));
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let other = c
+                .replicas
+                .lock()
+                .values()
+                .any(|r| r.id() != paused.id() && r.is_writable());
+            if other {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no leader while one is paused");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(700));
+    }
     stop.store(true, std::sync::atomic::Ordering::Release);
     let mut acked = HashMap::new();
     for h in clients {
