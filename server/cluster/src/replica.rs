@@ -203,6 +203,17 @@ impl Replica {
     /// both after a crash) and starts its driver, which sends through
     /// `transport`.
     pub fn start(cfg: ReplicaConfig, transport: impl Transport) -> Result<Replica> {
+        if cfg.engine.fsync != tidemark_engine::FsyncPolicy::Always {
+            // A round the engine loses after its commit would be a hole in
+            // its rounds (cluster.md section 4.2): not until the Raft log
+            // keeps entries back to the last checkpoint (section 10).
+            return Err(ClusterError::Stopped {
+                reason: format!(
+                    "a replica's engine needs fsync=always, not {:?}",
+                    cfg.engine.fsync
+                ),
+            });
+        }
         let mut engine_config = cfg.engine.clone();
         engine_config.data_dir = cfg.dir.join("engine");
         let log = RaftLog::open(&cfg.dir.join("raft"), &cfg.voters)?;

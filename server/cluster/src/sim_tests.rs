@@ -515,3 +515,15 @@ fn a_leader_paused_past_the_election_timeout_steps_down_on_resume_and_nothing_ac
     let state = c.identical_state();
     check_acknowledged(&state, &acked);
 }
+
+#[test]
+fn a_replica_refuses_an_engine_without_fsync_always() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::new(1);
+    let mut cfg = ReplicaConfig::new(1, &IDS, dir.path());
+    cfg.engine.fsync = tidemark_engine::FsyncPolicy::Never;
+    let r = Replica::start(cfg, net.transport(1));
+    assert!(matches!(r, Err(ClusterError::Stopped { .. })));
+    assert!(!dir.path().join("raft").exists(), "nothing written");
+    sim::stop(&net);
+}
