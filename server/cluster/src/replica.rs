@@ -516,8 +516,12 @@ impl Driver {
         // deposed it before the next `Ready` closes the gate. A follower's
         // raft-rs would forward the proposal to the leader, which could
         // commit it while this node took another entry at `last_index` for
-        // it: a proposal is this leader's own entry or none.
-        let open = self.gate.state.lock().open && self.raw.raft.state == StateRole::Leader;
+        // it: a proposal is this leader's own entry or none, in the term
+        // whose start it applied.
+        let term = self.raw.raft.term;
+        let open = self.gate.state.lock().open
+            && self.raw.raft.state == StateRole::Leader
+            && self.term_start.is_some_and(|(t, _)| t == term);
         if !open || self.pending.is_some() || self.awaiting.is_some() {
             let _ = reply.send(Err("not the leader".into()));
             return;
