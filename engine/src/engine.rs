@@ -162,7 +162,21 @@ impl Engine {
     /// Opens (or creates) the engine in `config.data_dir`, recovering from a
     /// crash if the last run did not shut down cleanly.
     pub fn open(config: Config) -> Result<Engine> {
-        Engine::open_on(config, Arc::new(OsVfs))
+        Engine::open_on(config, Arc::new(OsVfs), None)
+    }
+
+    /// Like [`Engine::open`], for a replica of a replica set: every Round
+    /// frame this node writes as its own passes `gate` first and is
+    /// written only once the gate says it is committed
+    /// (format-spec/cluster.md section 4.1, `commit/gate.rs`), so the
+    /// engine holds only committed rounds. Rounds taken with
+    /// [`Engine::append_replicated`] do not pass it.
+    pub fn open_gated(config: Config, gate: Arc<dyn crate::RoundGate>) -> Result<Engine> {
+        Engine::open_on(
+            config,
+            Arc::new(OsVfs),
+            Some(crate::commit::gate::Gate::new(gate)),
+        )
     }
 
     /// Like [`Engine::open`], over a custom file layer (fault injection:
@@ -170,10 +184,14 @@ impl Engine {
     /// feature: a release build opens the real file system only.
     #[cfg(any(test, feature = "testing"))]
     pub fn open_with_vfs(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
-        Engine::open_on(config, vfs)
+        Engine::open_on(config, vfs, None)
     }
 
-    fn open_on(config: Config, vfs: Arc<dyn Vfs>) -> Result<Engine> {
+    fn open_on(
+        config: Config,
+        vfs: Arc<dyn Vfs>,
+        gate: Option<crate::commit::gate::Gate>,
+    ) -> Result<Engine> {
         config.validate()?;
         // A directory of another storage format is refused before anything
         // (the lock file, a directory) is written to it; recovery checks
@@ -233,7 +251,7 @@ impl Engine {
         let thread_shared = shared.clone();
         let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
-            .spawn(move || crate::commit::thread::run(thread_shared, journal, flusher))
+            .spawn(move || crate::commit::thread::run(thread_shared, journal, flusher, gate))
         {
             Ok(t) => t,
             Err(e) => {

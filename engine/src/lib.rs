@@ -71,6 +71,7 @@ mod worker;
 #[cfg(any(test, feature = "testing"))]
 pub use logs::record;
 
+pub use commit::gate::RoundGate;
 pub use commit::journal::journal_dir;
 pub use commit::journal::rounds::RoundPayload;
 pub use config::{defaults, Config, FsyncPolicy};

@@ -1,12 +1,16 @@
 //! The write path (format-spec/storage.md sections 5 and 7): the commit
 //! journal and its frames and entries, the commit thread (rounds: journal
 //! write, sync, then `apply`), the one applier of entries shared with
-//! replay, the send path's dedup windows, replication of rounds, and the
-//! background write-back ahead of checkpoints.
+//! replay, the send path's dedup windows, replication of rounds (and the
+//! round gate a Raft layer holds a leader's rounds at), and the background
+//! write-back ahead of checkpoints.
 
 pub(crate) mod apply;
 pub(crate) mod dedup;
 pub(crate) mod flusher;
+pub(crate) mod gate;
+#[cfg(test)]
+mod gate_tests;
 pub(crate) mod journal;
 #[cfg(test)]
 pub(crate) mod journal_crash_tests;

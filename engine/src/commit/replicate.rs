@@ -69,6 +69,13 @@ impl Engine {
         self.shared.ctx.rounds.first_round()
     }
 
+    /// The round index a payload carries (storage.md section 5, its
+    /// header's `round_index`), `None` if it is shorter than a header. The
+    /// payload is not checked: [`Engine::append_replicated`] does that.
+    pub fn round_index_of(payload: &[u8]) -> Option<u64> {
+        frame::payload_header(payload).map(|h| h.round_index)
+    }
+
     /// The newest round written to the journal (0 before the first).
     pub fn last_round(&self) -> u64 {
         self.shared.ctx.rounds.last_round()

@@ -34,6 +34,7 @@ use crate::catalog::Catalog;
 use crate::commit::apply;
 use crate::commit::dedup::DedupBudget;
 use crate::commit::flusher::Flusher;
+use crate::commit::gate::Gate;
 use crate::commit::journal::{
     self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
 };
@@ -50,6 +51,9 @@ use crate::worker::Worker;
 struct Committer {
     shared: Arc<Shared>,
     journal: Journal,
+    /// With a Raft layer: every Round frame of this node's own passes it
+    /// before it is written (`gate.rs`).
+    gate: Option<Gate>,
     /// Journal bytes written but not yet synced (interval and never policies).
     unsynced_bytes: u64,
     last_sync: Instant,
@@ -356,11 +360,12 @@ enum Work {
     Shutdown,
 }
 
-pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher) {
+pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher, gate: Option<Gate>) {
     let now = Instant::now();
     let mut c = Committer {
         shared: shared.clone(),
         journal,
+        gate,
         unsynced_bytes: 0,
         last_sync: now,
         last_cursor_flush: now,
@@ -884,6 +889,9 @@ impl Committer {
     /// marks it written. Replay raises cursors with max(), so a frame
     /// written after newer ones is harmless.
     fn append_cursor_frame(&mut self) -> Result<()> {
+        if let Some(gate) = &mut self.gate {
+            gate.pass(&self.journal, &mut self.cursor_frame)?;
+        }
         let written = self
             .journal
             .append(&mut self.cursor_frame, FrameKind::Round)?;
@@ -1001,6 +1009,9 @@ impl Committer {
         let mut lsn = 0;
         self.frame_at = None;
         if self.frame.entry_count() > 0 {
+            if let Some(gate) = &mut self.gate {
+                gate.pass(&self.journal, &mut self.frame)?;
+            }
             let written = self.journal.append(&mut self.frame, FrameKind::Round)?;
             self.frame_at = Some((written.seq, written.offset));
             self.note_round_written(&written);

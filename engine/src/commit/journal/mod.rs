@@ -361,6 +361,25 @@ impl Journal {
         self.write_sealed(bytes, kind, round, roll_syncs)
     }
 
+    /// Seals `frame`'s payload as the next Round frame's (its round index
+    /// [`Journal::next_round`]) without writing it, for the round gate
+    /// (`commit/gate.rs`); returns the round index and the payload. The
+    /// payload does not depend on the envelope, so [`Journal::append`]
+    /// writes these same payload bytes.
+    pub fn seal_round_payload<'a>(&self, frame: &'a mut FrameBuf) -> Result<(u64, &'a [u8])> {
+        let round = self.next_round;
+        let bytes = frame
+            .seal(
+                FrameKind::Round,
+                self.next_lsn,
+                round,
+                self.synced,
+                self.mark_key,
+            )
+            .map_err(|reason| Error::WritesStopped { reason })?;
+        Ok((round, &bytes[frame::ENVELOPE_BYTES..]))
+    }
+
     /// Writes a Round frame whose payload another node wrote
     /// ([`FrameBuf::load_payload`]): its bytes unchanged, in this node's
     /// envelope (its lsn, its `synced_len`). Like [`Journal::append`] in

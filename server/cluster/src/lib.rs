@@ -1,0 +1,28 @@
+//! tidemark-cluster: replication of a tidemark node with Raft (issue 16;
+//! format-spec/cluster.md, ARCHITECTURE.md "Replication").
+//!
+//! A [`Replica`] drives raft-rs (`raft` 0.7, synchronous and tick-driven)
+//! from a thread of its own, keeps the Raft log durable in its own file
+//! ([`raft_log`]) and uses the engine as the state machine of committed
+//! rounds: a leader's rounds pass the engine's round gate (they are
+//! written only once committed), a follower's arrive through
+//! `Engine::append_replicated`. The transport is the caller's
+//! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
+//! (cluster.md section 7). No async runtime anywhere.
+
+mod error;
+pub mod raft_log;
+#[cfg(test)]
+mod raft_log_tests;
+mod replica;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod sim_tests;
+pub mod tcp;
+#[cfg(test)]
+mod tcp_tests;
+
+pub use error::{ClusterError, Result};
+pub use raft::eraftpb::Message;
+pub use replica::{Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN};

@@ -1,0 +1,787 @@
+//! A replica of a replica set (format-spec/cluster.md sections 1-6): a
+//! raft-rs `RawNode` over the durable [`RaftLog`], driven by one thread of
+//! its own (the *driver*), with the engine as the state machine of
+//! committed rounds.
+//!
+//! The driver's loop: take Raft messages and the gate's proposals from one
+//! channel, tick every `tick`, handle raft-rs's `Ready` (messages a leader
+//! may send at once; the entries and hard state persisted with one write
+//! and one fdatasync; then the messages that needed them durable), and
+//! apply committed entries in index order (cluster.md section 4): a round
+//! the engine has is skipped, the round this leader's commit thread waits
+//! for at the gate is answered "committed" (the commit thread writes it),
+//! any other goes through `Engine::append_replicated`.
+//!
+//! The gate ([`RoundGate`] of the engine) is *open* while this node is the
+//! leader and has applied its log up to its term's first entry (cluster.md
+//! section 5); only then do [`Replica::write`] and the gate's proposals go
+//! through. It is changed only by the driver, under its lock, and the gate
+//! hands a payload to the driver under the same lock, so that once the
+//! driver closed it and drained its channel, no proposal waits unanswered.
+//!
+//! Invariants: the engine holds only committed rounds; at most one round of
+//! this node's own is in flight (proposed, or committed and being written
+//! by the commit thread); a round the gate refused stops the engine's
+//! writes, and the driver reopens the engine before it applies anything
+//! more (a reopen rebuilds every send state from committed rounds).
+//!
+//! Threads: the driver; the engine's own; the callers of
+//! [`Replica::write`] and [`Replica::read`] (any thread; the event loop in
+//! a later step, which would park rather than wait). Locks: the engine slot
+//! (`RwLock`, written only by the driver to reopen or stop the engine, after
+//! the gate is closed so that no holder of a read lock waits for the
+//! driver), then the gate state (a leaf).
+//!
+//! Costs per round: one proposal, the Raft log's write and fdatasync on a
+//! majority, then the engine's journal write (and fdatasync under
+//! `fsync=always`) on every replica. Per loop turn: the inputs that came
+//! (at most [`INPUTS_PER_TURN`] before a `Ready`), one `Ready`, the entries
+//! newly committed.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use raft::eraftpb::Message;
+use raft::{RawNode, StateRole};
+use tidemark_engine::{Engine, RoundGate};
+
+use crate::error::{ClusterError, Result};
+use crate::raft_log::RaftLog;
+
+/// Inputs the driver takes in one turn before it handles a `Ready`.
+pub const INPUTS_PER_TURN: usize = 256;
+
+/// Where a replica's Raft messages go. Messages may be lost, duplicated or
+/// reordered (Raft tolerates all three); `send` never blocks for long.
+pub trait Transport: Send + 'static {
+    fn send(&self, msg: Message);
+}
+
+/// A replica's configuration.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This node's id in the replica set (non-zero).
+    pub id: u64,
+    /// Every voter of the replica set, this node included; the same list
+    /// on every replica.
+    pub voters: Vec<u64>,
+    /// The replica's directory: `engine/` and `raft/` (cluster.md section 2).
+    pub dir: PathBuf,
+    /// The engine's configuration; its `data_dir` is set to `dir/engine`.
+    /// Its limits must be equal on every replica, and its fsync policy
+    /// `always` (cluster.md section 4.2).
+    pub engine: tidemark_engine::Config,
+    /// One Raft tick.
+    pub tick: Duration,
+    /// Ticks without a leader's word before a follower campaigns (raft-rs
+    /// randomises it in `[election_ticks, 2 * election_ticks)`).
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats.
+    pub heartbeat_ticks: usize,
+}
+
+impl ReplicaConfig {
+    /// Defaults: 10 ms ticks, elections after 100-200 ms, heartbeats every
+    /// 20 ms.
+    pub fn new(id: u64, voters: &[u64], dir: impl Into<PathBuf>) -> ReplicaConfig {
+        let dir = dir.into();
+        ReplicaConfig {
+            id,
+            voters: voters.to_vec(),
+            engine: tidemark_engine::Config::new(dir.join("engine")),
+            dir,
+            tick: Duration::from_millis(10),
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+        }
+    }
+}
+
+/// What the driver's channel carries.
+enum Input {
+    Raft(Message),
+    /// The gate's payload and where its answer goes.
+    Propose {
+        payload: Vec<u8>,
+        reply: Sender<std::result::Result<(), String>>,
+    },
+    /// The engine completed a round (the driver may wait for one).
+    Wake,
+    Stop {
+        crash: bool,
+    },
+    /// Tests: the driver stops for a while, as a process under SIGSTOP
+    /// does (no tick, no message handled; its channel fills meanwhile).
+    #[cfg(test)]
+    Pause(Duration),
+}
+
+/// Hands Raft messages from the transport to a replica.
+#[derive(Clone)]
+pub struct Mailbox(Sender<Input>);
+
+impl Mailbox {
+    /// Delivers a message (dropped if the replica stopped).
+    pub fn deliver(&self, msg: Message) {
+        let _ = self.0.send(Input::Raft(msg));
+    }
+}
+
+/// The gate's state, a leaf lock (module docs).
+struct GateState {
+    open: bool,
+    leader: Option<u64>,
+    inbox: Sender<Input>,
+}
+
+/// The engine's round gate: the leader's payloads go to the driver.
+struct Gate {
+    state: Mutex<GateState>,
+    /// The gate refused a round since the driver last looked: the engine
+    /// stopped its writes and must be reopened.
+    refused: AtomicBool,
+}
+
+impl RoundGate for Gate {
+    fn replicate(&self, payload: &[u8]) -> std::result::Result<(), String> {
+        let result = self.ask_driver(payload);
+        if result.is_err() {
+            self.refused.store(true, Ordering::Release);
+        }
+        result
+    }
+}
+
+impl Gate {
+    fn ask_driver(&self, payload: &[u8]) -> std::result::Result<(), String> {
+        let (tx, rx) = channel();
+        {
+            let st = self.state.lock();
+            if !st.open {
+                return Err("not the leader".into());
+            }
+            st.inbox
+                .send(Input::Propose {
+                    payload: payload.to_vec(),
+                    reply: tx,
+                })
+                .map_err(|_| "replica stopped".to_string())?;
+        }
+        rx.recv()
+            .unwrap_or_else(|_| Err("replica stopped".to_string()))
+    }
+}
+
+/// What the driver and the callers share.
+struct Shared {
+    /// `None` only while the driver reopens the engine, and once stopped.
+    engine: RwLock<Option<Engine>>,
+    /// The driver waits for the commit thread to write a round: the commit
+    /// listener wakes it.
+    awaiting: AtomicBool,
+    /// Why the driver stopped, if it did.
+    stopped: Mutex<Option<String>>,
+}
+
+/// A running replica (module docs).
+pub struct Replica {
+    id: u64,
+    mailbox: Mailbox,
+    shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Replica {
+    /// Opens the replica's Raft log and engine in `cfg.dir` (recovering
+    /// both after a crash) and starts its driver, which sends through
+    /// `transport`.
+    pub fn start(cfg: ReplicaConfig, transport: impl Transport) -> Result<Replica> {
+        if cfg.engine.fsync != tidemark_engine::FsyncPolicy::Always {
+            // A round the engine loses after its commit would be a hole in
+            // its rounds (cluster.md section 4.2): not until the Raft log
+            // keeps entries back to the last checkpoint (section 10).
+            return Err(ClusterError::Stopped {
+                reason: format!(
+                    "a replica's engine needs fsync=always, not {:?}",
+                    cfg.engine.fsync
+                ),
+            });
+        }
+        let mut engine_config = cfg.engine.clone();
+        engine_config.data_dir = cfg.dir.join("engine");
+        let log = RaftLog::open(&cfg.dir.join("raft"), &cfg.voters)?;
+        let raft_config = raft::Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            // A leader cut from a majority steps down by itself, and a
+            // node back from a partition does not depose a working leader.
+            check_quorum: true,
+            pre_vote: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            // Applied progress is the driver's (`applied`), from 0: rounds
+            // the engine has are skipped by their round index.
+            applied: 0,
+            ..Default::default()
+        };
+        raft_config.validate().map_err(|e| ClusterError::Stopped {
+            reason: format!("raft configuration: {e}"),
+        })?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&raft_config, log, &logger).map_err(|e| ClusterError::Stopped {
+            reason: format!("raft: {e}"),
+        })?;
+        let (tx, rx) = channel();
+        let gate = Arc::new(Gate {
+            state: Mutex::new(GateState {
+                open: false,
+                leader: None,
+                inbox: tx.clone(),
+            }),
+            refused: AtomicBool::new(false),
+        });
+        let shared = Arc::new(Shared {
+            engine: RwLock::new(None),
+            awaiting: AtomicBool::new(false),
+            stopped: Mutex::new(None),
+        });
+        let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
+        *shared.engine.write() = Some(engine);
+        let mut driver = Driver {
+            raw,
+            inbox: rx,
+            deferred: VecDeque::new(),
+            wake: tx.clone(),
+            transport: Box::new(transport),
+            shared: shared.clone(),
+            gate: gate.clone(),
+            engine_config,
+            tick: cfg.tick,
+            applied: 0,
+            term_start: None,
+            pending: None,
+            awaiting: None,
+        };
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("tidemark-raft-{}", cfg.id))
+            .spawn(move || {
+                let (crash, result) = match driver.run() {
+                    Ok(crash) => (crash, Ok(())),
+                    Err(e) => (false, Err(e)),
+                };
+                driver.shut_down(crash);
+                if let Err(e) = result {
+                    log::error!("replica {}: {e}", cfg.id);
+                    *thread_shared.stopped.lock() = Some(e.to_string());
+                }
+            })
+            .map_err(|e| ClusterError::io("spawn the raft driver", e))?;
+        Ok(Replica {
+            id: cfg.id,
+            mailbox: Mailbox(tx),
+            shared,
+            gate,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Where the transport delivers this replica's messages.
+    pub fn mailbox(&self) -> Mailbox {
+        self.mailbox.clone()
+    }
+
+    /// Whether this node accepts writes now (leader, writes gate open).
+    pub fn is_writable(&self) -> bool {
+        self.gate.state.lock().open
+    }
+
+    /// The leader as this node last heard (itself included).
+    pub fn leader(&self) -> Option<u64> {
+        self.gate.state.lock().leader
+    }
+
+    /// Runs a write (send, group or member operation) on this node's engine
+    /// if it is the leader with its writes gate open, else `NotLeader`.
+    /// The engine answers once the round is committed, written and applied;
+    /// a round the gate refused is `Engine(WritesStopped)`: outcome
+    /// unknown, retry on the leader with the same client_msg_id.
+    pub fn write<T>(&self, f: impl FnOnce(&Engine) -> tidemark_engine::Result<T>) -> Result<T> {
+        {
+            let st = self.gate.state.lock();
+            if !st.open {
+                return Err(ClusterError::NotLeader { leader: st.leader });
+            }
+        }
+        let slot = self.shared.engine.read();
+        let engine = slot.as_ref().ok_or_else(|| self.stopped())?;
+        f(engine).map_err(ClusterError::Engine)
+    }
+
+    /// Runs a read on this node's engine, whatever its role: it sees
+    /// committed rounds only, but a follower's may be behind the leader's
+    /// (follower reads that never go back in time are a later step).
+    pub fn read<T>(&self, f: impl FnOnce(&Engine) -> T) -> Result<T> {
+        let slot = self.shared.engine.read();
+        let engine = slot.as_ref().ok_or_else(|| self.stopped())?;
+        Ok(f(engine))
+    }
+
+    /// Why the replica stopped, if its driver ended on an error.
+    pub fn stopped_reason(&self) -> Option<String> {
+        self.shared.stopped.lock().clone()
+    }
+
+    fn stopped(&self) -> ClusterError {
+        ClusterError::Stopped {
+            reason: self
+                .stopped_reason()
+                .unwrap_or_else(|| "the engine is being reopened or the replica stopped".into()),
+        }
+    }
+
+    /// Stops the driver and closes the engine (a clean shutdown).
+    pub fn stop(&self) {
+        self.end(false);
+    }
+
+    /// Stops the driver and drops the engine as a crash would
+    /// (`Engine::simulate_crash`): only what reached the files remains.
+    #[cfg(test)]
+    pub fn crash(&self) {
+        self.end(true);
+    }
+
+    /// Pauses the driver for `d` (module docs of `Input::Pause`).
+    #[cfg(test)]
+    pub fn pause(&self, d: Duration) {
+        let _ = self.mailbox.0.send(Input::Pause(d));
+    }
+
+    fn end(&self, crash: bool) {
+        let _ = self.mailbox.0.send(Input::Stop { crash });
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.end(false);
+    }
+}
+
+/// Opens the engine with the gate, its commit listener waking the driver
+/// while it waits for the commit thread.
+fn open_engine(
+    config: &tidemark_engine::Config,
+    gate: &Arc<Gate>,
+    shared: &Arc<Shared>,
+    wake: &Sender<Input>,
+) -> Result<Engine> {
+    let engine = Engine::open_gated(config.clone(), gate.clone())?;
+    let wake = Mutex::new(wake.clone());
+    let weak = Arc::downgrade(shared);
+    engine.add_commit_listener(Arc::new(move |_| {
+        if weak
+            .upgrade()
+            .is_some_and(|s| s.awaiting.load(Ordering::Acquire))
+        {
+            let _ = wake.lock().send(Input::Wake);
+        }
+    }));
+    Ok(engine)
+}
+
+/// This leader's round in flight: proposed at `index` in `term`.
+struct Pending {
+    index: u64,
+    term: u64,
+    reply: Sender<std::result::Result<(), String>>,
+}
+
+/// The driver thread's state (module docs).
+struct Driver {
+    raw: RawNode<RaftLog>,
+    inbox: Receiver<Input>,
+    /// Inputs taken from the channel while the gate closed (section in
+    /// `close_gate`), handled before new ones.
+    deferred: VecDeque<Input>,
+    wake: Sender<Input>,
+    transport: Box<dyn Transport>,
+    shared: Arc<Shared>,
+    gate: Arc<Gate>,
+    engine_config: tidemark_engine::Config,
+    tick: Duration,
+    /// Every committed entry up to this index is applied (or skipped).
+    applied: u64,
+    /// While leader: its term and the index of the term's first entry.
+    term_start: Option<(u64, u64)>,
+    pending: Option<Pending>,
+    /// A committed round of this leader's that its commit thread writes
+    /// now: (Raft index, round index).
+    awaiting: Option<(u64, u64)>,
+}
+
+impl Driver {
+    /// The loop (module docs); `Ok(crash)` when asked to stop.
+    fn run(&mut self) -> Result<bool> {
+        let mut next_tick = Instant::now() + self.tick;
+        loop {
+            let first = match self.deferred.pop_front() {
+                Some(input) => Some(input),
+                None => match self
+                    .inbox
+                    .recv_timeout(next_tick.saturating_duration_since(Instant::now()))
+                {
+                    Ok(input) => Some(input),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return Ok(false),
+                },
+            };
+            if let Some(input) = first {
+                if let Some(crash) = self.handle(input) {
+                    return Ok(crash);
+                }
+                for _ in 1..INPUTS_PER_TURN {
+                    let Some(input) = self
+                        .deferred
+                        .pop_front()
+                        .or_else(|| self.inbox.try_recv().ok())
+                    else {
+                        break;
+                    };
+                    if let Some(crash) = self.handle(input) {
+                        return Ok(crash);
+                    }
+                }
+            }
+            if Instant::now() >= next_tick {
+                self.raw.tick();
+                next_tick = Instant::now() + self.tick;
+            }
+            self.on_ready()?;
+            self.apply()?;
+        }
+    }
+
+    /// Handles one input; `Some(crash)` to stop.
+    fn handle(&mut self, input: Input) -> Option<bool> {
+        match input {
+            Input::Raft(m) => {
+                // Messages from unknown peers or stale terms are Raft's to
+                // ignore; an error here is never this node's fault.
+                if let Err(e) = self.raw.step(m) {
+                    log::debug!("raft step: {e}");
+                }
+            }
+            Input::Propose { payload, reply } => self.propose(payload, reply),
+            Input::Wake => {}
+            Input::Stop { crash } => return Some(crash),
+            #[cfg(test)]
+            Input::Pause(d) => std::thread::sleep(d),
+        }
+        None
+    }
+
+    /// Proposes a payload of this leader's commit thread (cluster.md
+    /// section 4.1, step 2).
+    fn propose(&mut self, payload: Vec<u8>, reply: Sender<std::result::Result<(), String>>) {
+        let expected = {
+            let slot = self.shared.engine.read();
+            slot.as_ref().map(|e| e.last_round() + 1)
+        };
+        // The commit thread proposes its next round only after it wrote
+        // the one awaited: that one is applied.
+        if let (Some((index, round)), Some(next)) = (self.awaiting, expected) {
+            if round < next {
+                self.awaited(index);
+            }
+        }
+        // Open, but maybe no longer leader: inputs of this turn may have
+        // deposed it before the next `Ready` closes the gate. A follower's
+        // raft-rs would forward the proposal to the leader, which could
+        // commit it while this node took another entry at `last_index` for
+        // it: a proposal is this leader's own entry or none, in the term
+        // whose start it applied.
+        let term = self.raw.raft.term;
+        let open = self.gate.state.lock().open
+            && self.raw.raft.state == StateRole::Leader
+            && self.term_start.is_some_and(|(t, _)| t == term);
+        if !open || self.pending.is_some() || self.awaiting.is_some() {
+            let _ = reply.send(Err("not the leader".into()));
+            return;
+        }
+        let round = Engine::round_index_of(&payload);
+        if expected.is_none() || round != expected {
+            let _ = reply.send(Err(format!(
+                "round {round:?} proposed, {expected:?} expected"
+            )));
+            return;
+        }
+        let before = self.raw.raft.raft_log.last_index();
+        match self.raw.propose(vec![], payload) {
+            Ok(()) => {
+                let index = self.raw.raft.raft_log.last_index();
+                let term = self.raw.raft.term;
+                // Invariant: a leader appends a proposal to its own log.
+                debug_assert_eq!(index, before + 1, "a leader's proposal is its next entry");
+                self.pending = Some(Pending { index, term, reply })
+            }
+            Err(e) => {
+                let _ = reply.send(Err(format!("raft refused the proposal: {e}")));
+            }
+        }
+    }
+
+    /// Handles one raft-rs `Ready` (module docs, cluster.md section 3.4).
+    fn on_ready(&mut self) -> Result<()> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        if let Some(ss) = rd.ss() {
+            let (role, leader) = (ss.raft_state, ss.leader_id);
+            self.role_changed(role, leader);
+        }
+        self.note_term_start();
+        self.send(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            return Err(ClusterError::Stopped {
+                reason: "a snapshot arrived: snapshot transfer is not supported yet".into(),
+            });
+        }
+        // Committed entries are applied from the Raft log (`apply`), which
+        // can go again from where it stopped.
+        drop(rd.take_committed_entries());
+        self.raw.mut_store().persist(rd.entries(), rd.hs())?;
+        self.send(rd.take_persisted_messages());
+        let mut light = self.raw.advance_append(rd);
+        self.send(light.take_messages());
+        drop(light.take_committed_entries());
+        Ok(())
+    }
+
+    fn send(&self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.transport.send(m);
+        }
+    }
+
+    /// A new role or leader (cluster.md section 5): any role but leader
+    /// closes the gate.
+    fn role_changed(&mut self, role: StateRole, leader: u64) {
+        self.gate.state.lock().leader = (leader != 0).then_some(leader);
+        if role != StateRole::Leader {
+            self.term_start = None;
+            self.close_gate("leadership lost");
+        }
+    }
+
+    /// A leader notes its term's first entry, once per term: raft-rs
+    /// appended that empty entry when the node became leader, and nothing
+    /// since, as no proposal is taken while the gate is closed. A leader of
+    /// a new term (two elections between two turns) starts closed.
+    fn note_term_start(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let term = self.raw.raft.term;
+        if self.term_start.is_some_and(|(t, _)| t == term) {
+            return;
+        }
+        if self.term_start.is_some() {
+            self.close_gate("a new term");
+        }
+        self.term_start = Some((term, self.raw.raft.raft_log.last_index()));
+    }
+
+    /// Closes the gate: no write or proposal goes through, the round in
+    /// flight (if not committed yet) is refused, and every proposal already
+    /// in the channel is refused; other inputs taken meanwhile are kept.
+    fn close_gate(&mut self, why: &str) {
+        self.gate.state.lock().open = false;
+        if let Some(p) = self.pending.take() {
+            let _ = p.reply.send(Err(why.to_string()));
+        }
+        while let Ok(input) = self.inbox.try_recv() {
+            match input {
+                Input::Propose { reply, .. } => {
+                    let _ = reply.send(Err(why.to_string()));
+                }
+                other => self.deferred.push_back(other),
+            }
+        }
+    }
+
+    /// Applies the committed entries not applied yet (cluster.md section 4),
+    /// reopening the engine if its writes stopped (once: an engine that
+    /// stops again at once stops the replica), then opens the gate if this
+    /// leader reached its term start.
+    fn apply(&mut self) -> Result<()> {
+        if self.apply_committed()? {
+            self.reopen_engine()?;
+            if self.apply_committed()? {
+                return Err(ClusterError::Stopped {
+                    reason: "the engine stopped its writes again right after its reopen".into(),
+                });
+            }
+        }
+        let open = self
+            .term_start
+            .is_some_and(|(_, index)| self.applied >= index);
+        let mut st = self.gate.state.lock();
+        if st.open != open {
+            st.open = open;
+            if open {
+                log::info!("node {} leads and accepts writes", self.raw.raft.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The body of [`Driver::apply`]; true if the engine must be reopened
+    /// first.
+    fn apply_committed(&mut self) -> Result<bool> {
+        let mut reopen = false;
+        {
+            let shared = self.shared.clone();
+            let slot = shared.engine.read();
+            let engine = slot.as_ref().ok_or_else(|| ClusterError::Stopped {
+                reason: "no engine".into(),
+            })?;
+            if self.gate.refused.swap(false, Ordering::AcqRel) {
+                reopen = true;
+            } else if let Some((index, round)) = self.awaiting {
+                if engine.last_round() >= round {
+                    self.awaited(index);
+                } else if matches!(
+                    engine.accepting_writes(),
+                    Err(tidemark_engine::Error::WritesStopped { .. })
+                ) {
+                    // The commit thread failed after the commit: the round
+                    // is applied again from the Raft log after a reopen.
+                    reopen = true;
+                } else {
+                    return Ok(false);
+                }
+            }
+            let store = self.raw.store();
+            let committed = self.raw.raft.raft_log.committed.min(store.last());
+            while !reopen && self.applied < committed {
+                let index = self.applied + 1;
+                // Invariant: index <= committed <= the log's last index.
+                let entry = store
+                    .entry(index)
+                    .expect("invariant: a committed entry is in the log");
+                if entry.data.is_empty() {
+                    self.applied = index;
+                    continue;
+                }
+                let round =
+                    Engine::round_index_of(&entry.data).ok_or_else(|| ClusterError::Stopped {
+                        reason: format!("committed entry {index} is not a round payload"),
+                    })?;
+                let last = engine.last_round();
+                if round <= last {
+                    self.applied = index;
+                    continue;
+                }
+                if round > last + 1 {
+                    return Err(ClusterError::Stopped {
+                        reason: format!(
+                            "committed entry {index} holds round {round}, the engine is at round {last}"
+                        ),
+                    });
+                }
+                if let Some(p) = self.pending.take() {
+                    if p.index != index {
+                        self.pending = Some(p);
+                    } else if p.term == entry.term {
+                        // This leader's round: its commit thread writes it.
+                        self.awaiting = Some((index, round));
+                        self.shared.awaiting.store(true, Ordering::Release);
+                        let _ = p.reply.send(Ok(()));
+                        break;
+                    } else {
+                        let _ = p.reply.send(Err(format!("entry {index} overwritten")));
+                    }
+                }
+                match engine.append_replicated(&entry.data) {
+                    Ok(_) => self.applied = index,
+                    Err(tidemark_engine::Error::WritesStopped { .. }) => reopen = true,
+                    Err(e) => {
+                        return Err(ClusterError::Stopped {
+                            reason: format!("committed entry {index} refused by the engine: {e}"),
+                        })
+                    }
+                }
+            }
+        }
+        self.raw.advance_apply_to(self.applied);
+        Ok(reopen)
+    }
+
+    /// The awaited round (at Raft `index`) is in the engine.
+    fn awaited(&mut self, index: u64) {
+        self.awaiting = None;
+        self.shared.awaiting.store(false, Ordering::Release);
+        self.applied = index;
+    }
+
+    /// Reopens an engine whose writes stopped (a refused round, or a
+    /// failure): closed gate first, so that nobody holding the engine
+    /// waits for this thread.
+    fn reopen_engine(&mut self) -> Result<()> {
+        self.close_gate("the engine is being reopened");
+        self.awaiting = None;
+        self.shared.awaiting.store(false, Ordering::Release);
+        let mut slot = self.shared.engine.write();
+        if let Some(old) = slot.take() {
+            if let Err(e) = old.close() {
+                log::info!("closing the stopped engine: {e}");
+            }
+        }
+        *slot = Some(open_engine(
+            &self.engine_config,
+            &self.gate,
+            &self.shared,
+            &self.wake,
+        )?);
+        log::info!("node {}: engine reopened", self.raw.raft.id);
+        Ok(())
+    }
+
+    /// Ends the replica: the gate closed, the engine closed (or, in tests,
+    /// dropped as in a crash: `Replica::crash`).
+    #[cfg_attr(not(test), allow(unused_variables))]
+    fn shut_down(&mut self, crash: bool) {
+        self.term_start = None;
+        self.close_gate("replica stopping");
+        let engine = self.shared.engine.write().take();
+        if let Some(engine) = engine {
+            #[cfg(test)]
+            if crash {
+                engine.simulate_crash();
+                return;
+            }
+            if let Err(e) = engine.close() {
+                log::warn!("closing the engine: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The TCP transport between the replicas of a set (format-spec/cluster.md
+//! section 7): Raft messages in CRC-checked frames, one outbound connection
+//! per peer, any number inbound.
+//!
+//! Representation: per peer a bounded queue of encoded frames and a sender
+//! thread that (re)connects and writes them; a listener thread that accepts
+//! connections and a reader thread per connection that decodes frames and
+//! hands each message addressed to this node to its [`Mailbox`]. Threads,
+//! not the client event loop: the event loop never waits for Raft.
+//!
+//! Invariants: a frame is delivered whole and checked (length bounded by
+//! `frame_bytes_max`, CRC, `to` is this node, `from` is a voter) or not at
+//! all; a connection that sends a bad frame is closed. Nothing is retried
+//! here: a frame the queue has no room for, or that a broken connection
+//! lost, is dropped, which Raft tolerates (it resends).
+//!
+//! Costs: one encode and one `write` per message on the sender thread; one
+//! decode per message on the reader thread; memory bounded by
+//! [`QUEUED_FRAMES_MAX`] frames per peer and one frame per connection.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+
+use crate::{Mailbox, Transport};
+
+/// Bytes of a frame before its message.
+pub const FRAME_HEADER_BYTES: usize = 24;
+/// Default bound of a frame's bytes (its `len` field plus 4): a Raft
+/// message carries at most `max_size_per_msg` (1 MiB) of entries beyond
+/// the first, and an entry is one round payload (`commit_round_bytes_max`,
+/// at most 64 MiB, storage.md section 13).
+pub const FRAME_BYTES_MAX_DEFAULT: usize = 80 << 20;
+/// Frames queued per peer before new ones are dropped.
+pub const QUEUED_FRAMES_MAX: usize = 4096;
+/// How long a connect may take before the frame is dropped.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// How often idle threads look at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Why a frame was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// `len` past the bound, or too small to hold the header.
+    Length { len: usize, max: usize },
+    /// The CRC does not match the bytes.
+    Crc { expected: u32, actual: u32 },
+    /// The message is not a valid `eraftpb.Message`.
+    Message(String),
+}
+
+/// Appends the frame of `msg` (from `msg.from` to `msg.to`) to `buf`.
+pub fn encode_frame(buf: &mut Vec<u8>, msg: &Message) {
+    // Format: { len: u32 (bytes after itself) | crc: u32 (of from..end) |
+    //   from: u64 | to: u64 } + eraftpb.Message (protobuf)
+    let start = buf.len();
+    buf.extend_from_slice(&[0; 8]);
+    buf.extend_from_slice(&msg.from.to_le_bytes());
+    buf.extend_from_slice(&msg.to.to_le_bytes());
+    // Invariant: a message built by raft-rs always encodes (rust-protobuf
+    // fails only on missing required fields, and eraftpb has none).
+    let body = msg
+        .write_to_bytes()
+        .expect("invariant: an eraftpb message encodes");
+    buf.extend_from_slice(&body);
+    let len = u32::try_from(buf.len() - start - 4).unwrap_or(u32::MAX);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32fast::hash(&buf[start + 8..]);
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The length a frame's first 4 bytes announce (the whole frame's bytes),
+/// checked against `max` before anything is buffered.
+pub fn frame_len(head: [u8; 4], max: usize) -> Result<usize, FrameError> {
+    let len = u32::from_le_bytes(head) as usize + 4;
+    if len < FRAME_HEADER_BYTES || len > max {
+        return Err(FrameError::Length { len, max });
+    }
+    Ok(len)
+}
+
+/// Decodes one whole frame (as long as [`frame_len`] said): its `from`,
+/// `to` and message. The message's own `from` and `to` are the frame's.
+pub fn decode_frame(frame: &[u8]) -> Result<Message, FrameError> {
+    let max = frame.len();
+    let head: [u8; 4] = frame
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(FrameError::Length { len: max, max })?;
+    if frame_len(head, max)? != max {
+        return Err(FrameError::Length { len: max, max });
+    }
+    let expected = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let actual = crc32fast::hash(&frame[8..]);
+    if expected != actual {
+        return Err(FrameError::Crc { expected, actual });
+    }
+    let from = u64::from_le_bytes(frame[8..16].try_into().unwrap_or([0; 8]));
+    let to = u64::from_le_bytes(frame[16..24].try_into().unwrap_or([0; 8]));
+    let mut msg = Message::default();
+    msg.merge_from_bytes(&frame[FRAME_HEADER_BYTES..])
+        .map_err(|e| FrameError::Message(e.to_string()))?;
+    msg.from = from;
+    msg.to = to;
+    Ok(msg)
+}
+
+/// The sending side: a queue and a thread per peer.
+pub struct TcpTransport {
+    peers: HashMap<u64, SyncSender<Vec<u8>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl TcpTransport {
+    /// Sends to `peers` (node id to cluster address).
+    pub fn new(peers: &HashMap<u64, SocketAddr>) -> io::Result<TcpTransport> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut out = TcpTransport {
+            peers: HashMap::new(),
+            stop: stop.clone(),
+            threads: Vec::new(),
+        };
+        for (&id, &addr) in peers {
+            let (tx, rx) = sync_channel(QUEUED_FRAMES_MAX);
+            let stop = stop.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("tidemark-raft-send-{id}"))
+                .spawn(move || send_loop(addr, rx, &stop))?;
+            out.peers.insert(id, tx);
+            out.threads.push(t);
+        }
+        Ok(out)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn send(&self, msg: Message) {
+        if let Some(q) = self.peers.get(&msg.to) {
+            let mut frame = Vec::new();
+            encode_frame(&mut frame, &msg);
+            // A full queue drops the frame: Raft resends.
+            let _ = q.try_send(frame);
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.peers.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A peer's sender thread: connects when it has a frame and no connection,
+/// writes, and forgets a connection that failed (the frame is lost).
+fn send_loop(addr: SocketAddr, rx: Receiver<Vec<u8>>, stop: &AtomicBool) {
+    let mut conn: Option<TcpStream> = None;
+    while !stop.load(Ordering::Acquire) {
+        let frame = match rx.recv_timeout(POLL) {
+            Ok(f) => f,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        if conn.is_none() {
+            conn = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                .and_then(|s| {
+                    s.set_nodelay(true)?;
+                    s.set_write_timeout(Some(Duration::from_secs(1)))?;
+                    Ok(s)
+                })
+                .ok();
+        }
+        if let Some(s) = conn.as_mut() {
+            if s.write_all(&frame).is_err() {
+                conn = None;
+            }
+        }
+    }
+}
+
+/// The receiving side: a listener thread and a reader per connection.
+pub struct TcpListenerHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A bound listening socket, before its node's mailbox exists (peers must
+/// know its address before the replicas start).
+pub struct BoundListener {
+    listener: TcpListener,
+}
+
+impl BoundListener {
+    /// Binds `addr` (port 0: any free port).
+    pub fn bind(addr: SocketAddr) -> io::Result<BoundListener> {
+        Ok(BoundListener {
+            listener: TcpListener::bind(addr)?,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts frames to node `id` from `voters`, delivered to `mailbox`;
+    /// a frame over `frame_bytes_max` closes its connection.
+    pub fn start(
+        self,
+        id: u64,
+        voters: &[u64],
+        mailbox: Mailbox,
+        frame_bytes_max: usize,
+    ) -> io::Result<TcpListenerHandle> {
+        let listener = self.listener;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let voters = voters.to_vec();
+        let thread = std::thread::Builder::new()
+            .name(format!("tidemark-raft-listen-{id}"))
+            .spawn(move || accept_loop(&listener, id, &voters, &mailbox, frame_bytes_max, &s))?;
+        Ok(TcpListenerHandle {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for TcpListenerHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: &TcpListener,
+    id: u64,
+    voters: &[u64],
+    mailbox: &Mailbox,
+    frame_bytes_max: usize,
+    stop: &Arc<AtomicBool>,
+) {
+    let mut readers: Vec<JoinHandle<()>> = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let (mailbox, voters, stop) = (mailbox.clone(), voters.to_vec(), stop.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("tidemark-raft-read-{id}"))
+                    .spawn(move || {
+                        if let Err(e) =
+                            read_loop(conn, id, &voters, &mailbox, frame_bytes_max, &stop)
+                        {
+                            log::debug!("raft connection to node {id} closed: {e}");
+                        }
+                    });
+                if let Ok(t) = spawned {
+                    readers.push(t);
+                }
+                readers.retain(|t| !t.is_finished());
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(POLL / 10),
+            Err(e) => {
+                log::warn!("raft listener of node {id}: {e}");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+    for t in readers {
+        let _ = t.join();
+    }
+}
+
+fn read_loop(
+    mut conn: TcpStream,
+    id: u64,
+    voters: &[u64],
+    mailbox: &Mailbox,
+    frame_bytes_max: usize,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let io = |e: io::Error| format!("read: {e}");
+    conn.set_nonblocking(false).map_err(io)?;
+    conn.set_read_timeout(Some(POLL)).map_err(io)?;
+    let mut frame = Vec::new();
+    loop {
+        let mut head = [0u8; 4];
+        if !read_full(&mut conn, &mut head, stop).map_err(io)? {
+            return Ok(());
+        }
+        let len = frame_len(head, frame_bytes_max).map_err(|e| format!("{e:?}"))?;
+        frame.clear();
+        frame.extend_from_slice(&head);
+        frame.resize(len, 0);
+        if !read_full(&mut conn, &mut frame[4..], stop).map_err(io)? {
+            return Ok(());
+        }
+        let msg = decode_frame(&frame).map_err(|e| format!("{e:?}"))?;
+        if msg.to != id || !voters.contains(&msg.from) {
+            return Err(format!(
+                "a frame from node {} to node {}: not a voter, or not for this node",
+                msg.from, msg.to
+            ));
+        }
+        mailbox.deliver(msg);
+    }
+}
+
+/// Fills `buf`; false at a clean end (EOF before its first byte, or the
+/// stop flag).
+fn read_full(conn: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result<bool> {
+    let mut at = 0;
+    while at < buf.len() {
+        if stop.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        match conn.read(&mut buf[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
