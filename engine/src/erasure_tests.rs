@@ -147,3 +147,102 @@ fn a_recalled_payload_of_a_small_group_leaves_every_file() {
         Vec::<std::path::PathBuf>::new()
     );
 }
+
+/// What a protocol version 2 reader sees of groups 1 and 2, and member
+/// 20's unread count in group 1.
+type Seen = (
+    Vec<(u64, u8, u8, Vec<u8>)>,
+    Vec<(u64, u8, u8, Vec<u8>)>,
+    u64,
+);
+
+fn seen(e: &Engine) -> Seen {
+    (shown(e, 1), shown(e, 2), unread(e, 20, 1))
+}
+
+/// A power cut at every file operation of the checkpoints that erase a
+/// small group's recalled payload (the evacuation's cold file write, its
+/// sync and directory sync, the manifests that record the erased copy,
+/// the deletion of the journal files): the next open serves everything
+/// acknowledged as before (the recalled message recalled, unread exact),
+/// and the erasure then completes: the payload is in no file.
+#[test]
+fn a_power_cut_at_every_file_operation_of_an_erasure_loses_nothing_and_erases_after() {
+    use crate::io::power_cut::{Cut, PowerCutVfs};
+    use std::sync::Arc;
+    let secret = marker();
+    let config = |dir: &Path| {
+        let mut c = crate::tests::small_config(dir);
+        c.small_group_bytes_max = 1500;
+        c.journal_file_bytes = 4096;
+        c.checkpoint_journal_bytes = 1 << 30;
+        c
+    };
+    let run = |cut_at: Option<u64>| -> u64 {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(config(&data), Arc::new(vfs.clone())).unwrap();
+        e.create_group(1).unwrap();
+        e.create_group(2).unwrap();
+        e.join(1, 20, JoinStart::Earliest).unwrap();
+        e.append(1, 10, 1, b"before").unwrap();
+        e.append(1, 10, 2, &secret).unwrap();
+        e.append(1, 10, 3, b"after").unwrap();
+        recall(&e, 1, 10, 2, 4);
+        for i in 0..40u64 {
+            e.append(2, 1, i + 10, &crate::tests::payload(2, i))
+                .unwrap();
+        }
+        e.checkpoint().unwrap();
+        let model = seen(&e);
+        let before = control.ops();
+        if let Some(n) = cut_at {
+            control.freeze_after(n);
+        }
+        // Under test: the checkpoints that evacuate the journal files
+        // (the recalled message copied erased) and delete them.
+        for _ in 0..4 {
+            e.checkpoint().unwrap();
+        }
+        let used = control.ops() - before;
+        if cut_at.is_none() {
+            assert!(
+                e.stats().reclaim_files > 0,
+                "the journal files were evacuated"
+            );
+            assert_eq!(
+                files_holding(&data, &secret),
+                Vec::<std::path::PathBuf>::new()
+            );
+        }
+        control.freeze();
+        e.simulate_crash();
+        control.cut(Cut::DropUnsynced).unwrap();
+        let e = Engine::open(config(&data)).unwrap();
+        assert_eq!(seen(&e), model, "cut at {cut_at:?} of {used}");
+        // The erasure goes on after the cut.
+        for i in 0..5 {
+            e.checkpoint().unwrap();
+            e.append(2, 1, 1000 + i, b"x").unwrap();
+        }
+        assert_eq!(
+            files_holding(&data, &secret),
+            Vec::<std::path::PathBuf>::new(),
+            "erased after a cut at {cut_at:?}"
+        );
+        let mut after = model.clone();
+        after
+            .1
+            .extend((0..5u64).map(|i| (41 + i, 0, 0, b"x".to_vec())));
+        assert_eq!(seen(&e), after, "after a cut at {cut_at:?}");
+        used
+    };
+    let ops = run(None);
+    assert!(ops >= 6, "the erasure is {ops} file operations");
+    for n in 1..=ops + 1 {
+        run(Some(n));
+    }
+}
