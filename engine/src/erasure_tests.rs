@@ -148,6 +148,57 @@ fn a_recalled_payload_of_a_small_group_leaves_every_file() {
     );
 }
 
+/// A small group promoted after a recall: its records go into its first
+/// segment with the recalled message erased, and the journal's copies go
+/// with the checkpoints as for a group that stays small.
+#[test]
+fn a_promotion_after_a_recall_writes_the_recalled_message_erased() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let mut c = crate::tests::small_config(path);
+    c.small_group_bytes_max = 1500;
+    c.journal_file_bytes = 4096;
+    c.checkpoint_journal_bytes = 1 << 30;
+    let e = Engine::open(c.clone()).unwrap();
+    let secret = marker();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.join(1, 20, JoinStart::Earliest).unwrap();
+    e.append(1, 10, 1, &secret).unwrap();
+    recall(&e, 1, 10, 1, 2);
+    let seg_dir = crate::logs::group_log::group_dir(path, 1);
+    assert!(!seg_dir.exists(), "small so far");
+    // Past the threshold: promoted.
+    for i in 0..4u64 {
+        e.append(1, 10, 10 + i, &[b'p'; 500]).unwrap();
+    }
+    assert!(seg_dir.exists(), "promoted");
+    assert_eq!(
+        files_holding(&seg_dir, &secret),
+        Vec::<std::path::PathBuf>::new()
+    );
+    for i in 0..40u64 {
+        e.append(2, 1, i + 10, &crate::tests::payload(2, i))
+            .unwrap();
+    }
+    for i in 0..5 {
+        e.checkpoint().unwrap();
+        e.append(2, 1, 1000 + i, b"x").unwrap();
+    }
+    assert_eq!(
+        files_holding(path, &secret),
+        Vec::<std::path::PathBuf>::new()
+    );
+    let got = shown(&e, 1);
+    assert_eq!(got.len(), 6, "ids dense");
+    assert_eq!(got[0], (1, 0, crate::FLAG_RECALLED, Vec::new()));
+    assert_eq!(unread(&e, 20, 1), 4);
+    e.simulate_crash();
+    let e = Engine::open(c).unwrap();
+    assert_eq!(shown(&e, 1), got);
+    assert_eq!(unread(&e, 20, 1), 4);
+}
+
 /// What a protocol version 2 reader sees of groups 1 and 2, and member
 /// 20's unread count in group 1.
 type Seen = (

@@ -242,7 +242,7 @@ impl Reclaimer {
             // `skip` < the piece's count (E1), so this fits u32.
             count += p.ext.count() - skip as u32;
         }
-        erase_recalled(group, first_id, &mut records);
+        erase_recalled(group, &mut records);
         let before = self.writer.current().map(|(seq, _)| seq);
         let appended = match self.writer.append(group.id, first_id, count, &records) {
             Ok(a) => a,
@@ -305,16 +305,19 @@ impl Reclaimer {
 }
 
 /// Puts the recalled messages among `records` (the copy of a run of
-/// `group`'s records, ids from `first_id`) in erased form
+/// `group`'s records, ids rising) in erased form
 /// (`record::erase_in_place`; storage.md section 3, "Erasure"), so the
 /// copy holds none of their payload bytes. A recalled message is a message
 /// (kind 0) whose id is quiet; the ids come from the group's quiet list
 /// once per run (one lock, a binary search per record of the run's range).
 /// A run whose lengths do not walk is left as it is: the cold writer
-/// refuses it whole.
-fn erase_recalled(group: &Group, first_id: u64, records: &mut [u8]) {
+/// refuses it whole. Also used by a small group's promotion, which copies
+/// its records into its first segment (`small_log::promote`).
+pub(crate) fn erase_recalled(group: &Group, records: &mut [u8]) {
     let walk = records_walk(records);
-    let last_id = walk.last().map_or(0, |&(id, _, _)| id);
+    let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+        return;
+    };
     let quiet = group.quiet_between(first_id, last_id);
     if quiet.is_empty() {
         return;
