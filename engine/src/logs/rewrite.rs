@@ -24,6 +24,12 @@
 //! `pins.rs`); a crash leaves at worst an unnamed cold file, deleted by a
 //! later checkpoint.
 //!
+//! Every copy writes the group's recalled messages in erased form
+//! (`erase_recalled`; storage.md section 3, "Erasure"), so a journal file
+//! that held a recalled payload leaves it behind when it is deleted; the
+//! checkpointer keeps checkpoints coming until it is (`erase_journal_seq`,
+//! storage.md section 16 item 16).
+//!
 //! Bounds (format-spec/storage.md section 9, "Reclaiming small groups'
 //! space"): a small group's byte is copied by evacuation at most once (a
 //! cold file is never evacuated), and compaction copies less than it frees
