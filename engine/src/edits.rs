@@ -190,8 +190,13 @@ impl Engine {
             {
                 let rec = &buf[pos..pos + len];
                 let kind = record::peek_kind(rec);
-                let recalled =
-                    kind == KIND_MESSAGE && quiet.binary_search(&record::peek_msg_id(rec)).is_ok();
+                // A stored erased record is a recalled message whose
+                // recall is in `quiet` (it is trimmed only below the
+                // floor, where no read goes); the flag is checked too so
+                // that its zeros are never served as a payload.
+                let recalled = kind == KIND_MESSAGE
+                    && (record::peek_erased(rec)
+                        || quiet.binary_search(&record::peek_msg_id(rec)).is_ok());
                 if recalled || (!kinds && kind != KIND_MESSAGE) {
                     if pos > kept_from {
                         chunks.push(chunk.sub(kept_from, pos));
@@ -295,7 +300,9 @@ impl Engine {
                 let (id, kind) = (record::peek_msg_id(rec), record::peek_kind(rec));
                 let shown = if kind == KIND_EDIT || kind == KIND_RECALL {
                     Some(None)
-                } else if kind == KIND_MESSAGE && quiet.binary_search(&id).is_ok() {
+                } else if kind == KIND_MESSAGE
+                    && (record::peek_erased(rec) || quiet.binary_search(&id).is_ok())
+                {
                     Some(Some(shown_empty(rec, FLAG_RECALLED)))
                 } else if let Some(e) = (kind == KIND_MESSAGE)
                     .then(|| group.latest_edit(id))

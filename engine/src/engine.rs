@@ -204,6 +204,14 @@ impl Engine {
         let recovered = recovery::recover(&ctx)?;
         let (mut journal, report, on_disk) =
             (recovered.journal, recovered.report, recovered.on_disk);
+        // A crash may have come between a recall and the deletion of the
+        // journal files holding its payload (the erasure bound, storage.md
+        // section 16 item 16): every file before the one this open writes
+        // goes within the bound again.
+        ctx.erase_journal_seq.store(
+            journal.seq.saturating_sub(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         journal.publish_to(ctx.holds.clone());
         let needs_checkpoint = recovered.needs_checkpoint;
         // Measured before the first send can arrive: starting from "plenty

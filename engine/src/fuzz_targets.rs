@@ -1397,6 +1397,28 @@ impl GroupModel {
     }
 
     /// The stored payload of record `id`.
+    /// The payload of a stored record `r` of group `g` as the model
+    /// knows it: a recalled message stored in erased form (storage.md
+    /// section 3, "Erasure": flags bit 0, zeros of the original's length)
+    /// stands for its original payload; any other record is as stored.
+    /// Only a recalled message may be erased.
+    fn stored_payload(&self, g: u64, r: &record::RecordRef<'_>) -> Vec<u8> {
+        let id = r.header.msg_id;
+        if r.header.flags & record::FLAG_ERASED == 0 {
+            return r.payload().to_vec();
+        }
+        assert!(
+            self.recalled(id),
+            "group {g}: message {id} erased but not recalled"
+        );
+        let original = self.payload_of(g, id);
+        if r.payload().len() == original.len() && r.payload().iter().all(|&b| b == 0) {
+            original
+        } else {
+            r.payload().to_vec()
+        }
+    }
+
     fn payload_of(&self, g: u64, id: u64) -> Vec<u8> {
         let r = self.messages[id as usize - 1];
         let mut out = Vec::new();
@@ -1722,12 +1744,12 @@ pub fn run_ops(ops: Vec<Op>) {
                 }
                 let p = r.unwrap();
                 assert_eq!((p.cursor, p.head), (mm.cursor, head));
+                let cursor = mm.cursor;
                 let got: Vec<(u64, Vec<u8>)> = p
                     .batch
                     .records()
-                    .map(|r| (r.header.msg_id, r.payload().to_vec()))
+                    .map(|r| (r.header.msg_id, gm.stored_payload(g, &r)))
                     .collect();
-                let cursor = mm.cursor;
                 let expected: Vec<(u64, Vec<u8>)> = (cursor + 1..=head)
                     .take(n as usize)
                     .map(|id| (id, gm.payload_of(g, id)))
@@ -1965,7 +1987,9 @@ fn check_unread(e: &Engine, model: &BTreeMap<u64, GroupModel>, u: u64) {
     );
 }
 
-/// Every stored message, byte for byte, with dense ids.
+/// Every stored message, byte for byte, with dense ids; a recalled
+/// message may be stored in erased form (storage.md section 3,
+/// "Erasure": the same length, zeros), any other never.
 fn check_contents(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
     for (&g, gm) in model {
         let batch = e.read(g, 0, usize::MAX, usize::MAX).unwrap();
@@ -1973,7 +1997,12 @@ fn check_contents(e: &Engine, model: &BTreeMap<u64, GroupModel>) {
             .records()
             .map(|r| {
                 let h = r.header;
-                (h.msg_id, h.sender_id, h.client_msg_id, r.payload().to_vec())
+                (
+                    h.msg_id,
+                    h.sender_id,
+                    h.client_msg_id,
+                    gm.stored_payload(g, &r),
+                )
             })
             .collect();
         let expected: Vec<(u64, u64, u64, Vec<u8>)> = (gm.floor..=gm.head())

@@ -263,16 +263,20 @@ impl Group {
     /// another node and is checked first when it holds such a record (an
     /// invalid run damages the group, `apply` says so; its ids are not
     /// taken).
-    pub(crate) fn changes_applied(&self, run: &[u8], verify: bool) {
+    /// Returns whether the run holds a Recall that was taken in.
+    pub(crate) fn changes_applied(&self, run: &[u8], verify: bool) -> bool {
         let mut found = false;
         crate::logs::record::for_each_change(run, |_, _, _| found = true);
+        let mut recalls = false;
         if found && (!verify || crate::commit::journal::body::decode_records(run).is_some()) {
             self.with_extras(|x| {
                 crate::logs::record::for_each_change(run, |id, kind, target| {
+                    recalls |= kind == crate::logs::record::KIND_RECALL;
                     x.quiet.applied(id, kind, target)
                 })
             });
         }
+        recalls
     }
 
     /// The quiet ids, as a checkpoint stores them (under the checkpoint

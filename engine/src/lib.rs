@@ -39,6 +39,8 @@ mod edits;
 #[cfg(test)]
 mod edits_tests;
 mod engine;
+#[cfg(test)]
+mod erasure_tests;
 mod error;
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]

@@ -172,7 +172,10 @@ fn record_invalid_values_get_the_documented_errors() {
         // Kind 1 (an edit) whose payload ("hello") is shorter than a target id.
         (40, 1, "an edit or recall without a target below its own id"),
         (40, 2, "a recall's payload is not exactly its target id"),
-        (41, 1, "reserved bits set"),
+        // Flag bits other than bit 0 (`erased`, which the CRC then
+        // catches: see `change_records::erased_vector_...`).
+        (41, 2, "reserved bits set"),
+        (41, 0x81, "reserved bits set"),
         (42, 1, "reserved bits set"),
         (43, 1, "reserved bits set"),
     ] {
@@ -182,6 +185,11 @@ fn record_invalid_values_get_the_documented_errors() {
             "byte {off}"
         );
     }
+    // The erased bit set on the stored record: its CRC no longer matches.
+    assert!(matches!(
+        record::decode_verified(&with(41, 1), RECORD_BYTES_MAX),
+        Err(RecordError::BadCrc { .. })
+    ));
     // A payload byte changed: checksum mismatch.
     assert!(matches!(
         record::decode_verified(&with(44, b'j'), RECORD_BYTES_MAX),
@@ -994,5 +1002,52 @@ mod change_records {
                 })
             );
         }
+    }
+
+    /// A recalled message in erased form (section 3, "Erasure"): the
+    /// vector is `record.hex` erased in place; it decodes with its fields
+    /// and the erased flag, and erased with a payload byte left is refused.
+    #[test]
+    fn erased_vector_is_the_record_vector_erased() {
+        let v = vector(include_str!(
+            "../../format-spec/vectors/storage/record-erased.hex"
+        ));
+        let mut erased = vector(RECORD);
+        record::erase_in_place(&mut erased);
+        assert_eq!(erased, v);
+        let h = record::decode_verified(&v, RECORD_BYTES_MAX).unwrap();
+        assert_eq!(
+            (
+                h.record_len,
+                h.msg_id,
+                h.sender_id,
+                h.client_msg_id,
+                h.kind,
+                h.flags
+            ),
+            (49, 1, 42, 7, KIND_MESSAGE, record::FLAG_ERASED)
+        );
+        assert!(record::peek_erased(&v));
+        let mut left = v.clone();
+        left[46] = b'l';
+        let crc = crc32fast::hash(&left[8..]);
+        left[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            record::decode_verified(&left, RECORD_BYTES_MAX),
+            Err(RecordError::BadHeader {
+                reason: "an erased record with payload bytes"
+            })
+        );
+        // The flag on any other kind is a reserved bit.
+        let mut recall = vector(include_str!(
+            "../../format-spec/vectors/storage/record-recall.hex"
+        ));
+        recall[41] = record::FLAG_ERASED;
+        assert_eq!(
+            record::decode_header(&recall, RECORD_BYTES_MAX),
+            Err(RecordError::BadHeader {
+                reason: "reserved bits set"
+            })
+        );
     }
 }

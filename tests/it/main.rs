@@ -12,6 +12,7 @@ mod cli;
 mod crash_kill;
 mod ctl;
 mod disk_full;
+mod erasure;
 mod event_loop;
 mod first_use;
 mod fuzz_corpus;

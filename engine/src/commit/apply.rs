@@ -282,7 +282,15 @@ pub(crate) fn records(
         // Quiet ids first (edits, recalls: not unread), under the
         // checkpoint lock a capture takes too (`changes.rs`).
         let _ck = group.ckpt(&st.ctx.dirty);
-        group.changes_applied(run, mode != Mode::Live);
+        if group.changes_applied(run, mode != Mode::Live) {
+            // The journal file holding the recall (and, in it or before
+            // it, the recalled payload) must go within the erasure bound.
+            if let Some(at) = at {
+                st.ctx
+                    .erase_journal_seq
+                    .fetch_max(at.seq, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
     let done = records_into_slot(st, group, run, at, mode, lsn);
     st.ctx

@@ -63,6 +63,16 @@ pub struct LogContext {
     /// Snapshot holds (`state/pins.rs`): the newest stored manifest, the
     /// journal end, and what deletions wait while a snapshot is copied.
     pub holds: Arc<crate::state::pins::Holds>,
+    /// Erasure of recalled payloads (format-spec/storage.md section 16,
+    /// item 16): the newest journal file that holds a Recall record or
+    /// may hold a recalled payload a crash kept from its erasure. While a
+    /// journal file at or below it exists, the checkpointer asks for a
+    /// checkpoint every `checkpoint_interval_ms`, so that on a quiet node
+    /// too the file leaves the replay window, is evacuated (recalled
+    /// messages copied erased) and deleted. Raised by `apply::records`
+    /// (a Recall applied from file N: N) and at open (every file before the
+    /// one the open writes); never lowered.
+    pub erase_journal_seq: std::sync::atomic::AtomicU64,
 }
 
 impl LogContext {
@@ -87,6 +97,7 @@ impl LogContext {
             damaged_groups: Default::default(),
             messages_stored: Default::default(),
             holds,
+            erase_journal_seq: Default::default(),
         }
     }
 

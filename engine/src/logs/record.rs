@@ -16,6 +16,11 @@
 //! Recall's payload is exactly the 8 bytes). Invariant of every verified
 //! record of kind 1 or 2: `1 <= target < msg_id`, so a reader may take the
 //! target without checking again.
+//!
+//! `flags` bit 0 ([`FLAG_ERASED`]) marks a recalled message in erased form
+//! (same length, payload zeros, CRC over them; storage.md section 3,
+//! "Erasure"); a verified record with it is a message whose payload bytes
+//! are all zero. No other flag bit is defined.
 
 /// Bytes before the payload.
 pub const RECORD_HEADER_BYTES: usize = 44;
@@ -34,6 +39,14 @@ pub const KIND_EDIT: u8 = 1;
 pub const KIND_RECALL: u8 = 2;
 /// Bytes of the target id at the start of an edit's or a recall's payload.
 pub const TARGET_BYTES: usize = 8;
+
+/// Storage `flags` bit 0, *erased* (format-spec/storage.md section 3,
+/// "Erasure"): a recalled message (kind 0 only) whose payload bytes were
+/// overwritten with zeros when a rewrite copied it. The record keeps its
+/// `record_len`, so offsets, the sparse index and extents' byte counts
+/// stay valid; its CRC covers the zeros. A reader presents it as the
+/// recalled message it is (`edits.rs`); no other flag bit is defined.
+pub const FLAG_ERASED: u8 = 1;
 
 /// `kind` of a gap record: `tidemark ctl repair` writes one in place of
 /// each msg_id whose record was lost to damage (format-spec/storage.md
@@ -267,7 +280,8 @@ pub fn decode_header(buf: &[u8], record_bytes_max: usize) -> Result<RecordHeader
             reason: "gap record with a payload",
         });
     }
-    if flags != 0 || buf[OFF_RESERVED] != 0 || buf[OFF_RESERVED + 1] != 0 {
+    let erased_message = kind == KIND_MESSAGE && flags == FLAG_ERASED;
+    if (flags != 0 && !erased_message) || buf[OFF_RESERVED] != 0 || buf[OFF_RESERVED + 1] != 0 {
         return Err(RecordError::BadHeader {
             reason: "reserved bits set",
         });
@@ -310,7 +324,35 @@ pub fn decode_verified(buf: &[u8], record_bytes_max: usize) -> Result<RecordHead
             computed,
         });
     }
+    if h.flags & FLAG_ERASED != 0
+        && buf[RECORD_HEADER_BYTES..h.record_len as usize]
+            .iter()
+            .any(|&b| b != 0)
+    {
+        return Err(RecordError::BadHeader {
+            reason: "an erased record with payload bytes",
+        });
+    }
     Ok(h)
+}
+
+/// Whether the (verified) record at `buf[0]` is in erased form.
+pub fn peek_erased(buf: &[u8]) -> bool {
+    buf[OFF_FLAGS] & FLAG_ERASED != 0
+}
+
+/// Turns the verified message record `rec` (exactly one record, kind 0)
+/// into its erased form in place: `flags` = [`FLAG_ERASED`], every payload
+/// byte 0, the CRC recomputed; `record_len` and the other fields stay.
+/// Erasing an erased record changes nothing. Only on a copy that a
+/// rewrite is about to write to a new file: an in-place overwrite of a
+/// stored record could be torn by a crash (storage.md section 1).
+pub fn erase_in_place(rec: &mut [u8]) {
+    debug_assert_eq!(peek_kind(rec), KIND_MESSAGE, "only a message is erased");
+    rec[OFF_FLAGS] = FLAG_ERASED;
+    rec[RECORD_HEADER_BYTES..].fill(0);
+    let crc = crc32fast::hash(&rec[OFF_MSG_ID..]);
+    rec[OFF_CRC..OFF_MSG_ID].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// A verified record borrowed from a buffer.

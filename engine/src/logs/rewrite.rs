@@ -24,6 +24,12 @@
 //! `pins.rs`); a crash leaves at worst an unnamed cold file, deleted by a
 //! later checkpoint.
 //!
+//! Every copy writes the group's recalled messages in erased form
+//! (`erase_recalled`; storage.md section 3, "Erasure"), so a journal file
+//! that held a recalled payload leaves it behind when it is deleted; the
+//! checkpointer keeps checkpoints coming until it is (`erase_journal_seq`,
+//! storage.md section 16 item 16).
+//!
 //! Bounds (format-spec/storage.md section 9, "Reclaiming small groups'
 //! space"): a small group's byte is copied by evacuation at most once (a
 //! cold file is never evacuated), and compaction copies less than it frees
@@ -242,6 +248,7 @@ impl Reclaimer {
             // `skip` < the piece's count (E1), so this fits u32.
             count += p.ext.count() - skip as u32;
         }
+        erase_recalled(group, &mut records);
         let before = self.writer.current().map(|(seq, _)| seq);
         let appended = match self.writer.append(group.id, first_id, count, &records) {
             Ok(a) => a,
@@ -301,6 +308,51 @@ impl Reclaimer {
         }
         Ok(())
     }
+}
+
+/// Puts the recalled messages among `records` (the copy of a run of
+/// `group`'s records, ids rising) in erased form
+/// (`record::erase_in_place`; storage.md section 3, "Erasure"), so the
+/// copy holds none of their payload bytes. A recalled message is a message
+/// (kind 0) whose id is quiet; the ids come from the group's quiet list
+/// once per run (one lock, a binary search per record of the run's range).
+/// A run whose lengths do not walk is left as it is: the cold writer
+/// refuses it whole. Also used by a small group's promotion, which copies
+/// its records into its first segment (`small_log::promote`).
+pub(crate) fn erase_recalled(group: &Group, records: &mut [u8]) {
+    let walk = records_walk(records);
+    let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+        return;
+    };
+    let quiet = group.quiet_between(first_id, last_id);
+    if quiet.is_empty() {
+        return;
+    }
+    for (id, at, len) in walk {
+        let rec = &mut records[at..at + len];
+        if record::peek_kind(rec) == record::KIND_MESSAGE
+            && !record::peek_erased(rec)
+            && quiet.binary_search(&id).is_ok()
+        {
+            record::erase_in_place(rec);
+        }
+    }
+}
+
+/// `(msg_id, offset, len)` of each record of `bytes` while the lengths
+/// walk inside it (the bytes are checked whole later, by the cold writer).
+fn records_walk(bytes: &[u8]) -> Vec<(u64, usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(len) = bytes.get(at..).and_then(record::peek_len) {
+        let end = match at.checked_add(len) {
+            Some(end) if len >= record::RECORD_HEADER_BYTES && end <= bytes.len() => end,
+            _ => break,
+        };
+        out.push((record::peek_msg_id(&bytes[at..]), at, len));
+        at = end;
+    }
+    out
 }
 
 /// `bytes` (a run of records) without its first `skip` records, or `None`

@@ -119,7 +119,7 @@ pub(crate) fn apply_records(
             LogSlot::Small(list) => list.clone(),
             _ => unreachable!("a small slot changed under its applier"),
         };
-        match promote(ctx, group.id, &list, above) {
+        match promote(ctx, group, &list, above) {
             Ok(log) => {
                 let mut slot = group.log.write();
                 let new_head = log.head();
@@ -167,22 +167,33 @@ fn extent_of(at: BodyAt, skip: usize, bytes: usize, count: u64) -> Option<Extent
 /// at its path first moves to the trash), its records so far read from the
 /// shared files (CRC checked) and appended, then `more`. Nothing of the
 /// group's state changes here.
-fn promote(ctx: &LogContext, group: u64, list: &ExtentList, more: &[u8]) -> Result<GroupLog> {
+fn promote(ctx: &LogContext, group: &Group, list: &ExtentList, more: &[u8]) -> Result<GroupLog> {
     let floor = list.floor();
     let old = small_read::read_above(
         &ctx.shared_files,
-        group,
+        group.id,
         list,
         floor - 1,
         u64::MAX,
         usize::MAX,
     )?;
-    GroupLog::create_files(ctx, group, floor)?;
-    let mut log = GroupLog::empty_at(ctx, group, floor);
-    for c in &old.batch.chunks {
-        log.append(ctx, c.bytes())?;
+    GroupLog::create_files(ctx, group.id, floor)?;
+    let mut log = GroupLog::empty_at(ctx, group.id, floor);
+    // Recalled messages go into the segment erased (storage.md section 3,
+    // "Erasure"): the segment is a new file, and the journal copies go
+    // within the erasure bound. The quiet ids of this entry's records were
+    // taken in before (`apply::records`), so a recall in `more` counts.
+    // A copy of the records only in a group with quiet ids.
+    let erase = !group.quiet_between(floor, u64::MAX).is_empty();
+    for bytes in old.batch.chunks.iter().map(|c| c.bytes()).chain([more]) {
+        if erase {
+            let mut copy = bytes.to_vec();
+            crate::logs::rewrite::erase_recalled(group, &mut copy);
+            log.append(ctx, &copy)?;
+        } else {
+            log.append(ctx, bytes)?;
+        }
     }
-    log.append(ctx, more)?;
     Ok(log)
 }
 

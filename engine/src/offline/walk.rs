@@ -364,7 +364,7 @@ fn resync(bytes: &[u8], from: usize, next: u64, last: Option<u64>) -> Option<(us
         if id < next || id - next > skipped_ids || last.is_some_and(|l| id > l) {
             continue;
         }
-        if h[40] > record::KIND_GAP || h[41] != 0 || h[42] != 0 || h[43] != 0 {
+        if h[40] > record::KIND_GAP || h[41] > record::FLAG_ERASED || h[42] != 0 || h[43] != 0 {
             continue;
         }
         if record::decode_verified(h, RECORD_BYTES_STORED_MAX).is_ok() {

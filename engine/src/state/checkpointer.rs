@@ -850,6 +850,7 @@ impl Checkpointer {
         self.release(ctx);
         // Then small groups' records out of files they alone keep.
         self.reclaim();
+        self.ask_while_erasing(ctx);
         let took = started.elapsed();
         let c = &self.shared.counters;
         c.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -868,6 +869,32 @@ impl Checkpointer {
             self.last.as_ref().map_or(0, |m| m.runs.len()),
         );
         Ok(())
+    }
+
+    /// Erasure's bound on a quiet node (storage.md section 16, item 16):
+    /// while a journal file at or below `erase_journal_seq` exists (it may
+    /// hold a recalled payload), asks for the next checkpoint one
+    /// `checkpoint_interval_ms` from now, so the file leaves the replay
+    /// window, is evacuated and goes with K7 without waiting for traffic.
+    /// One directory listing per stored checkpoint.
+    fn ask_while_erasing(&self, ctx: &LogContext) {
+        let up_to = ctx.erase_journal_seq.load(Ordering::Relaxed);
+        let jdir = journal::journal_dir(&ctx.config.data_dir);
+        let pending = journal::list(&*ctx.vfs, &jdir)
+            .unwrap_or_default()
+            .iter()
+            .any(|&(seq, _)| seq <= up_to);
+        if !pending {
+            return;
+        }
+        let at = Instant::now() + Duration::from_millis(ctx.config.checkpoint_interval_ms);
+        let mut st = self.shared.ckpt.status.lock();
+        if !st.wanted {
+            st.wanted = true;
+            st.wanted_at = Some(at);
+        }
+        drop(st);
+        self.shared.pending_cv.notify_all();
     }
 
     /// Evacuation and compaction (rewrite.rs) after a stored checkpoint: a
