@@ -90,8 +90,8 @@ pub use members::tidemarks::{
     MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 pub use offline::{
-    is_gap_kind, DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame,
-    ManifestInfo, Member, OfflineGroup, RepairPlan, RepairTarget, Verified,
+    DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame, ManifestInfo,
+    Member, OfflineGroup, RecordShape, RepairPlan, RepairTarget, Verified,
 };
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};

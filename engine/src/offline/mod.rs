@@ -130,11 +130,72 @@ pub struct DumpRecord {
     pub timestamp_ms: u64,
     pub sender_id: u64,
     pub client_msg_id: u64,
-    /// Storage record kind (0 message, 3 gap).
-    pub kind: u8,
+    pub shape: RecordShape,
+    /// What the record carries for a reader: a message's payload, an
+    /// edit's new payload (after its target id); empty for the others (an
+    /// erased message's zeros are not shown).
     pub payload: Vec<u8>,
     pub file: PathBuf,
     pub offset: u64,
+}
+
+/// What a stored record is (format-spec/storage.md section 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordShape {
+    Message,
+    /// A recalled message in erased form (payload zeros, `flags` bit 0).
+    Erased,
+    Edit {
+        target: u64,
+    },
+    Recall {
+        target: u64,
+    },
+    /// An id lost to damage, written by `ctl repair`.
+    Gap,
+}
+
+impl RecordShape {
+    /// The record's shape and what it carries for a reader (module docs of
+    /// [`DumpRecord::payload`]), from its verified bytes.
+    fn of(header: &record::RecordHeader, bytes: &[u8]) -> (RecordShape, Vec<u8>) {
+        let body = &bytes[RECORD_HEADER_BYTES..];
+        // A verified edit or recall starts with its 8-byte target id.
+        let target = || {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&body[..record::TARGET_BYTES]);
+            u64::from_le_bytes(id)
+        };
+        match header.kind {
+            record::KIND_EDIT => (
+                RecordShape::Edit { target: target() },
+                body[record::TARGET_BYTES..].to_vec(),
+            ),
+            record::KIND_RECALL => (RecordShape::Recall { target: target() }, Vec::new()),
+            record::KIND_GAP => (RecordShape::Gap, Vec::new()),
+            _ if record::peek_erased(bytes) => (RecordShape::Erased, Vec::new()),
+            _ => (RecordShape::Message, body.to_vec()),
+        }
+    }
+
+    /// The name `ctl dump` prints (text and JSON).
+    pub fn name(&self) -> &'static str {
+        match self {
+            RecordShape::Message => "message",
+            RecordShape::Erased => "erased",
+            RecordShape::Edit { .. } => "edit",
+            RecordShape::Recall { .. } => "recall",
+            RecordShape::Gap => "gap",
+        }
+    }
+
+    /// The message an edit or a recall names.
+    pub fn target(&self) -> Option<u64> {
+        match self {
+            RecordShape::Edit { target } | RecordShape::Recall { target } => Some(*target),
+            _ => None,
+        }
+    }
 }
 
 /// What `ctl dump` finds in a group's id range: its records, and the
@@ -367,13 +428,14 @@ impl DataDir {
                 file,
                 offset,
             } if header.msg_id >= floor.max(from) && header.msg_id <= to => {
+                let (shape, payload) = RecordShape::of(&header, bytes);
                 out.records.push(DumpRecord {
                     msg_id: header.msg_id,
                     timestamp_ms: header.timestamp_ms,
                     sender_id: header.sender_id,
                     client_msg_id: header.client_msg_id,
-                    kind: header.kind,
-                    payload: bytes[RECORD_HEADER_BYTES..].to_vec(),
+                    shape,
+                    payload,
                     file: file.to_owned(),
                     offset,
                 })
@@ -538,10 +600,4 @@ fn lock(data_dir: &Path) -> Result<Option<File>> {
         return Err(Error::Locked { path });
     }
     Ok(Some(file))
-}
-
-/// Whether a verified record is a gap record (for callers outside the
-/// engine, which do not see `record`).
-pub fn is_gap_kind(kind: u8) -> bool {
-    kind == record::KIND_GAP
 }

@@ -97,7 +97,7 @@ fn verify_plan_repair(dir: &Path, g: u64, file: &Path) -> Vec<u64> {
     assert!(dump.damage.is_empty(), "{:?}", dump.damage);
     dump.records
         .iter()
-        .filter(|r| r.kind == record::KIND_GAP)
+        .filter(|r| r.shape == super::RecordShape::Gap)
         .map(|r| r.msg_id)
         .collect()
 }
@@ -239,7 +239,7 @@ fn a_repair_cut_between_its_segment_and_its_checkpoint_is_finished_by_repair() {
         .unwrap()
         .records
         .iter()
-        .filter(|r| r.kind == record::KIND_GAP)
+        .filter(|r| r.shape == super::RecordShape::Gap)
         .map(|r| r.msg_id)
         .collect();
     assert!(!gaps.is_empty());
@@ -407,4 +407,60 @@ fn a_lost_journal_file_of_a_clean_directory_is_repaired() {
     drop(d);
     serves(dir.path(), SMALL, SMALL_RECORDS, &gaps);
     serves(dir.path(), BIG, BIG_RECORDS, &[]);
+}
+
+/// `ctl dump` names what each record is: an edit with its target and new
+/// payload, a recall with its target, a recalled message erased by the
+/// promotion that copied it (its zeros not shown), the others as messages.
+#[test]
+fn dump_names_edits_recalls_and_erased_messages() {
+    use super::RecordShape;
+    use crate::{Change, ChangeRequest};
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let e = Engine::open(config(dir.path())).unwrap();
+    let change = |client_msg_id, target, change| ChangeRequest {
+        group_id: SMALL,
+        sender_id: 7,
+        client_msg_id,
+        target,
+        change,
+        admin: false,
+    };
+    let n = SMALL_RECORDS;
+    e.change(&change(100, 2, Change::Edit(b"second, edited")))
+        .unwrap();
+    e.change(&change(101, 3, Change::Recall)).unwrap();
+    e.close().unwrap();
+
+    let d = DataDir::open(dir.path()).unwrap();
+    let dump = d.records(SMALL, 0, u64::MAX).unwrap();
+    let shapes: Vec<(u64, RecordShape, Vec<u8>)> = dump
+        .records
+        .iter()
+        .map(|r| (r.msg_id, r.shape, r.payload.clone()))
+        .collect();
+    assert_eq!(shapes.len() as u64, n + 2);
+    assert_eq!(
+        shapes[n as usize],
+        (
+            n + 1,
+            RecordShape::Edit { target: 2 },
+            b"second, edited".to_vec()
+        )
+    );
+    assert_eq!(
+        shapes[n as usize + 1],
+        (n + 2, RecordShape::Recall { target: 3 }, Vec::new())
+    );
+    // Message 3 is stored as sent until a rewrite erases it; either way
+    // the dump shows it as a message or as erased, never another shape.
+    assert!(matches!(
+        shapes[2].1,
+        RecordShape::Message | RecordShape::Erased
+    ));
+    assert_eq!(
+        (shapes[0].1, shapes[0].2.clone()),
+        (RecordShape::Message, payload(SMALL, 1))
+    );
 }

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use tidemark_engine::{DataDir, Error, RepairTarget};
+use tidemark_engine::{DataDir, Error, RecordShape, RepairTarget};
 
 /// Nothing damaged (verify), or the command did what was asked.
 pub const EXIT_CLEAN: u8 = 0;
@@ -387,26 +387,29 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
         .map_err(|e| e.to_string())?;
     let mut s = String::new();
     for r in &dump.records {
-        let gap = tidemark_engine::is_gap_kind(r.kind);
+        let shape = r.shape;
         if a.json {
             let mut v = json!({
                 "group": group,
                 "msg_id": r.msg_id,
-                "kind": if gap { "gap" } else { "message" },
+                "kind": shape.name(),
                 "timestamp_ms": r.timestamp_ms,
                 "sender": r.sender_id,
                 "client_msg_id": r.client_msg_id,
                 "file": r.file.display().to_string(),
                 "offset": r.offset,
             });
-            if !gap {
+            if let Some(target) = shape.target() {
+                v["target"] = Value::from(target);
+            }
+            if matches!(shape, RecordShape::Message | RecordShape::Edit { .. }) {
                 match std::str::from_utf8(&r.payload) {
                     Ok(t) => v["payload"] = Value::from(t),
                     Err(_) => v["payload_hex"] = Value::from(super::hex(&r.payload)),
                 }
             }
             s.push_str(&format!("{v}\n"));
-        } else if gap {
+        } else if shape == RecordShape::Gap {
             s.push_str(&format!(
                 "#{} gap (lost to damage, repaired) {}\n",
                 r.msg_id,
@@ -414,7 +417,7 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
             ));
         } else {
             // A long payload is cut for the terminal (--json has it whole).
-            let shown = if r.payload.len() > PAYLOAD_SHOWN_MAX {
+            let text = if r.payload.len() > PAYLOAD_SHOWN_MAX {
                 format!(
                     "{}... ({} bytes)",
                     super::payload_text(&r.payload[..PAYLOAD_SHOWN_MAX]),
@@ -422,6 +425,12 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
                 )
             } else {
                 super::payload_text(&r.payload)
+            };
+            let shown = match shape {
+                RecordShape::Edit { target } => format!("edit of #{target}: {text}"),
+                RecordShape::Recall { target } => format!("recall of #{target}"),
+                RecordShape::Erased => "(recalled; payload erased)".to_owned(),
+                _ => text,
             };
             s.push_str(&format!(
                 "#{} {} from {} (client_msg_id {}): {shown}\n",
