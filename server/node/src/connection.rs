@@ -625,6 +625,26 @@ impl Session {
             let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
+        // The leader gate of a replica set member (4.31): only the leader
+        // serves data requests, reads included (a follower may be behind:
+        // a client moving between nodes must not go back in time); the
+        // handshake and the node's own reports are served by every node.
+        if let Some(gate) = ctx.leadership {
+            let node_level = matches!(
+                req,
+                Request::Hello { .. }
+                    | Request::Auth { .. }
+                    | Request::Ping
+                    | Request::Stats
+                    | Request::Info
+                    | Request::SlowLog { .. }
+            );
+            if !node_level {
+                if let Some(refusal) = gate.refusal() {
+                    return Ok(answer(handlers::not_leader(id, &refusal)));
+                }
+            }
+        }
         let result = match req {
             Request::Hello {
                 min_version,
@@ -1023,6 +1043,7 @@ mod state_tests {
                     generation: 1,
                 },
                 version: 1,
+                leadership: None,
             };
             conn.handle_next(&mut ctx)
         }
@@ -1052,6 +1073,7 @@ mod state_tests {
                     generation: 1,
                 },
                 version: 1,
+                leadership: None,
             };
             conn.handle_next(&mut ctx)
         }

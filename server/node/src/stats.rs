@@ -218,6 +218,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::GroupDamaged => "group_damaged",
         ErrorCode::WritesStopped => "writes_stopped",
         ErrorCode::Internal => "internal",
+        ErrorCode::NotLeader => "not_leader",
         // The node sends only the codes it defines.
         ErrorCode::Unknown(_) => "unknown",
     }

@@ -91,6 +91,7 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("group_info_request"),
     vector!("group_info_response"),
     vector!("error_not_member"),
+    vector!("error_not_leader"),
     vector!("info_request"),
     vector!("info_response"),
     vector!("slowlog_request"),
@@ -372,6 +373,14 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 code: ErrorCode::NotMember,
                 detail: None,
                 message: "SEND refused: sender 42 is not a member of group 7",
+            }),
+        ),
+        "error_not_leader" => Expected::Resp(
+            4,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::NotLeader,
+                detail: Some(2),
+                message: "not the leader: node 2 leads, its clients' address is 127.0.0.1:7002",
             }),
         ),
         "info_request" => Expected::Req(14, Request::Info),
