@@ -23,14 +23,14 @@
 //! Costs: per data request one leaf-lock read of the gate state; a watcher
 //! thread that looks at the replica's state every [`WATCH_INTERVAL`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
-use tidemark_node::{LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown};
+use tidemark_node::{ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown};
 
 /// How often the watcher looks whether the replica stopped.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
@@ -124,8 +124,9 @@ impl ClusterArgs {
 struct ReplicaLeadership {
     /// Set once the replica started (the listener is bound before).
     replica: OnceLock<Arc<Replica>>,
+    node_id: u64,
     /// Every member's client address, this node's included.
-    clients: HashMap<u64, String>,
+    clients: BTreeMap<u64, String>,
 }
 
 impl Leadership for ReplicaLeadership {
@@ -147,6 +148,18 @@ impl Leadership for ReplicaLeadership {
             starting: leader == Some(replica.id()),
         })
     }
+
+    fn map(&self) -> ClusterView {
+        ClusterView {
+            node_id: self.node_id,
+            leader_id: self.replica.get().and_then(|r| r.leader()).unwrap_or(0),
+            members: self
+                .clients
+                .iter()
+                .map(|(&id, addr)| (id, addr.clone()))
+                .collect(),
+        }
+    }
 }
 
 /// Runs a replica set member until a signal or `on_ready`'s handle stops
@@ -159,7 +172,7 @@ pub fn serve(
     let voters: Vec<u64> = std::iter::once(cluster.node_id)
         .chain(cluster.peers.iter().map(|p| p.id))
         .collect();
-    let mut clients: HashMap<u64, String> = cluster
+    let mut clients: BTreeMap<u64, String> = cluster
         .peers
         .iter()
         .map(|p| (p.id, p.client_addr.to_string()))
@@ -169,6 +182,7 @@ pub fn serve(
         cluster.peers.iter().map(|p| (p.id, p.peer_addr)).collect();
     let leadership = Arc::new(ReplicaLeadership {
         replica: OnceLock::new(),
+        node_id: cluster.node_id,
         clients,
     });
     node.leadership = Some(LeaderGate(leadership.clone()));

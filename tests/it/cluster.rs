@@ -428,3 +428,99 @@ fn acknowledged_sends_survive_leader_kills_exactly_once_and_replicas_agree() {
         }
     }
 }
+
+/// CLUSTER (protocol.md 4.32) on every member names the same members and
+/// leader; a single node answers node id 0 and no members.
+#[test]
+fn every_member_answers_the_cluster_map() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ports = free_ports();
+    let _members: Vec<Member> = IDS
+        .iter()
+        .map(|&id| Member::start(id, root.path(), &ports))
+        .collect();
+    on_leader(&ports, |c| c.create_group(GROUP));
+    let lead = leader(&ports);
+    let expected: Vec<(u64, String)> = IDS
+        .iter()
+        .map(|&id| (id, format!("127.0.0.1:{}", ports[&id].client)))
+        .collect();
+    for &id in &IDS {
+        let map = connect(&ports, id)
+            .expect("connect")
+            .cluster()
+            .expect("CLUSTER");
+        assert_eq!(map.node_id, id);
+        assert_eq!(map.leader_id, Some(lead), "node {id}'s leader");
+        assert_eq!(map.members, expected);
+        assert_eq!(
+            map.leader_addr(),
+            Some(expected[lead as usize - 1].1.as_str())
+        );
+    }
+    let single = crate::harness::Node::start(&root.path().join("single"), &[]);
+    let map = single.client().cluster().expect("CLUSTER of a single node");
+    assert_eq!(
+        (map.node_id, map.leader_id, map.members.len()),
+        (0, None, 0)
+    );
+}
+
+/// The reliable client, pointed at one member (a follower) and told the
+/// others, follows NOT_LEADER to the leader and finds the next leader after
+/// the leader's SIGKILL: every send acknowledged, each stored once.
+#[test]
+fn the_reliable_client_follows_the_leader_across_kills() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ports = free_ports();
+    let mut members: HashMap<u64, Member> = IDS
+        .iter()
+        .map(|&id| (id, Member::start(id, root.path(), &ports)))
+        .collect();
+    let lead = leader(&ports);
+    let follower = IDS.into_iter().find(|&i| i != lead).expect("a follower");
+    let addr = |id: u64| format!("127.0.0.1:{}", ports[&id].client);
+    let mut config = tidemark_client::ReliableConfig::new(addr(follower));
+    config.members = IDS.iter().map(|&id| addr(id)).collect();
+    config.give_up_after_ms = 20_000;
+    let mut client = tidemark_client::ReliableClient::new(config);
+    client
+        .create_group(GROUP)
+        .expect("create through a follower");
+    client
+        .join(GROUP, SENDER, JoinStart::Head)
+        .expect("join through a follower");
+    let mut ids = Vec::new();
+    for round in 0..3u64 {
+        for i in 0..10u64 {
+            let payload = format!("r{round} m{i}");
+            ids.push(
+                client
+                    .send(GROUP, SENDER, payload.as_bytes())
+                    .expect("send")
+                    .msg_id,
+            );
+        }
+        let lead = leader(&ports);
+        let m = members.get_mut(&lead).expect("a member");
+        m.kill();
+        ids.push(
+            client
+                .send(GROUP, SENDER, b"after a kill")
+                .expect("send")
+                .msg_id,
+        );
+        m.spawn();
+    }
+    assert!(
+        client.stats().link.redirects > 0,
+        "no NOT_LEADER was followed"
+    );
+    let stored: Vec<u64> = read_all(&ports).iter().map(|r| r.msg_id).collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "acknowledged ids"
+    );
+    assert_eq!(stored, ids, "each send stored once");
+}

@@ -117,6 +117,21 @@ pub trait Leadership: Send + Sync {
     /// it refuses, for `NOT_LEADER`. Called once per data request on the
     /// event loop: it must not block (a leaf lock at most).
     fn refusal(&self) -> Option<NotLeader>;
+
+    /// This node's id, the leader as it knows it, and every member with
+    /// its client address by ascending id, for CLUSTER (4.32). Called on
+    /// the event loop: it must not block.
+    fn map(&self) -> ClusterView;
+}
+
+/// What CLUSTER answers (format-spec/protocol.md 4.32).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterView {
+    pub node_id: u64,
+    /// 0 when no leader is known.
+    pub leader_id: u64,
+    /// `(node id, client address)`, by ascending id.
+    pub members: Vec<(u64, String)>,
 }
 
 /// A refusal: the leader as this node knows it.

@@ -635,6 +635,7 @@ impl Session {
                 Request::Hello { .. }
                     | Request::Auth { .. }
                     | Request::Ping
+                    | Request::Cluster
                     | Request::Stats
                     | Request::Info
                     | Request::SlowLog { .. }
@@ -669,6 +670,7 @@ impl Session {
                 return Ok(answer(out));
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
+            Request::Cluster => return Ok(answer(handlers::cluster(ctx, id))),
             Request::Stats => return Ok(Action::Report(Report::Stats)),
             Request::Info => return Ok(Action::Report(Report::Info)),
             Request::SlowLog { reset, max_count } => {

@@ -485,6 +485,28 @@ pub fn ping(request_id: u64) -> Outgoing {
     reply(request_id, &Response::Pong, Vec::new(), 0)
 }
 
+/// CLUSTER (4.32): the replica set as this node knows it; a single node
+/// answers node id 0, no leader, no members. Served by every member.
+pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
+    let view = ctx.leadership.map(|l| l.map());
+    let (node_id, leader_id, members) = match &view {
+        Some(v) => (v.node_id, v.leader_id, &v.members[..]),
+        None => (0, 0, &[][..]),
+    };
+    let map = tidemark_protocol::ClusterMap {
+        node_id,
+        leader_id,
+        members: members
+            .iter()
+            .map(|(id, addr)| tidemark_protocol::ClusterMember {
+                node_id: *id,
+                client_addr: addr,
+            })
+            .collect(),
+    };
+    reply(request_id, &Response::Cluster(map), Vec::new(), 0)
+}
+
 /// CREATE_GROUP (4.5): parked until its round commits.
 pub fn create_group(ctx: &Ctx<'_>, group: u64) -> Result<Action, EngineError> {
     let ticket = ctx.engine.submit_create_group(group)?;

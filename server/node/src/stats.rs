@@ -319,6 +319,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Backup => "backup",
         Opcode::Info => "info",
         Opcode::SlowLog => "slowlog",
+        Opcode::Cluster => "cluster",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",

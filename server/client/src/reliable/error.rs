@@ -342,6 +342,9 @@ pub(crate) enum Class {
     Broken,
     /// The node is busy: keep the connection, back off, retry.
     Busy,
+    /// A replica set member that does not lead (NOT_LEADER): learn the
+    /// leader (`Link::redirect`), connect to it, retry idempotently.
+    Redirect,
     /// The node refused the request for a reason a retry cannot change; the
     /// connection is unusable (fatal codes) or fine (everything else).
     Permanent { drop_connection: bool },
@@ -362,6 +365,7 @@ pub(crate) fn classify(e: &ClientError) -> Class {
         ClientError::Server { code, .. } => match code {
             ErrorCode::Overloaded | ErrorCode::TooManyRequestsInFlight => Class::Busy,
             ErrorCode::ShuttingDown => Class::Broken,
+            ErrorCode::NotLeader => Class::Redirect,
             ErrorCode::BadFrame
             | ErrorCode::UnsupportedVersion
             | ErrorCode::FrameTooLarge
@@ -422,6 +426,7 @@ mod tests {
         assert_eq!(classify(&ClientError::Protocol("x".into())), Class::Broken);
         assert_eq!(classify(&server(ErrorCode::ShuttingDown)), Class::Broken);
         assert_eq!(classify(&server(ErrorCode::Overloaded)), Class::Busy);
+        assert_eq!(classify(&server(ErrorCode::NotLeader)), Class::Redirect);
         assert_eq!(
             classify(&server(ErrorCode::TooManyRequestsInFlight)),
             Class::Busy
