@@ -26,8 +26,9 @@
 //! more (a reopen rebuilds every send state from committed rounds).
 //!
 //! Threads: the driver; the engine's own; the callers of
-//! [`Replica::write`] and [`Replica::read`] (any thread; the event loop in
-//! a later step, which would park rather than wait). Locks: the engine slot
+//! [`Replica::write`] and [`Replica::read`] (any thread), and a node's
+//! event loop serving [`Replica::engine`] (which parks rather than waits,
+//! and checks [`Replica::is_writable`] before a write). Locks: the engine slot
 //! (`RwLock`, written only by the driver to reopen or stop the engine, after
 //! the gate is closed so that no holder of a read lock waits for the
 //! driver), then the gate state (a leaf).

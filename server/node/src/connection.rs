@@ -628,13 +628,15 @@ impl Session {
         // The leader gate of a replica set member (4.31): only the leader
         // serves data requests, reads included (a follower may be behind:
         // a client moving between nodes must not go back in time); the
-        // handshake and the node's own reports are served by every node.
+        // handshake, the node's own reports and UNSUBSCRIBE (the
+        // connection's own state) are served by every node.
         if let Some(gate) = ctx.leadership {
             let node_level = matches!(
                 req,
                 Request::Hello { .. }
                     | Request::Auth { .. }
                     | Request::Ping
+                    | Request::Unsubscribe
                     | Request::Cluster
                     | Request::Stats
                     | Request::Info
