@@ -12,9 +12,11 @@
 //! - [`token_file`]: the token file every command reads the same way.
 //! - [`config_file`]: `tidemark serve --config FILE`, the TOML file of
 //!   serve's flags.
+//! - [`cluster`]: `tidemark serve --cluster-*`, a replica set member.
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config_file;
 pub mod demo;
 pub mod token_file;

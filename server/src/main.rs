@@ -198,6 +198,22 @@ struct ServeArgs {
     /// keeps none.
     #[arg(long, default_value_t = tidemark_node::defaults::SLOWLOG_ENTRIES_MAX)]
     slowlog_entries_max: usize,
+    /// This node's id in its replica set (non-zero). With --cluster-listen
+    /// and --cluster-peer the node is a replica set member: only the leader
+    /// serves requests, the others answer NOT_LEADER (format-spec/cluster.md).
+    /// No default: a single node.
+    #[arg(long, value_name = "ID")]
+    cluster_node_id: Option<u64>,
+    /// Address this member listens on for the other members' Raft messages.
+    /// No default.
+    #[arg(long, value_name = "ADDR")]
+    cluster_listen: Option<SocketAddr>,
+    /// Another member of the replica set: its id, the address of its
+    /// --cluster-listen and its client address (--listen), as
+    /// ID=PEER_HOST:PORT,CLIENT_HOST:PORT; once per other member, the same
+    /// set on every member. No default.
+    #[arg(long = "cluster-peer", value_name = "PEER", value_parser = tidemark_server::cluster::parse_peer)]
+    cluster_peers: Vec<tidemark_server::cluster::Peer>,
 }
 
 /// Why the command line was refused.
@@ -249,6 +265,15 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseErro
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
     s.parse().map_err(|e: tidemark_engine::Error| e.to_string())
+}
+
+/// The replica set flags of `tidemark serve`, unchecked.
+fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
+    tidemark_server::cluster::ClusterArgs {
+        node_id: a.cluster_node_id,
+        listen: a.cluster_listen,
+        peers: a.cluster_peers.clone(),
+    }
 }
 
 /// The node's configuration from `tidemark serve`'s flags.
@@ -306,6 +331,7 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
 }
 
 fn serve(a: ServeArgs) -> Result<(), String> {
+    let cluster = cluster_args(&a).check()?;
     let c = node_config(a)?;
     // The engine would fail on a file here with a bare "mkdir: File exists".
     let data = &c.engine.data_dir;
@@ -322,7 +348,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         c.engine.data_dir.display(),
         c.engine.fsync
     );
-    tidemark_node::serve(c, |addr, shutdown| {
+    let on_ready = |addr: SocketAddr, shutdown: tidemark_node::Shutdown| {
         let signals = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
             signal_hook::consts::SIGTERM,
@@ -355,7 +381,11 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         if let Err(e) = writeln!(out, "tidemark listening on {addr}").and_then(|()| out.flush()) {
             log::warn!("listening on {addr} (standard output not writable: {e})");
         }
-    })
+    };
+    match cluster {
+        None => tidemark_node::serve(c, on_ready),
+        Some(cluster) => tidemark_server::cluster::serve(c, cluster, on_ready),
+    }
 }
 
 /// What a stop without the graceful shutdown leaves behind, per policy. A
@@ -461,6 +491,11 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("not serve");
         };
+        assert_eq!(
+            cluster_args(&args).check().expect("checks").map(|_| ()),
+            None,
+            "a single node"
+        );
         let from_flags = node_config(args).expect("config");
         let mut defaults = NodeConfig::new(tidemark_node::defaults::DATA_DIR);
         // What only the binary knows.
@@ -503,7 +538,8 @@ mod tests {
         let Command::Serve(serve) = cli.command else {
             panic!("not serve");
         };
-        format!("{:?}", node_config(serve).expect("config"))
+        let cluster = cluster_args(&serve);
+        format!("{:?} {cluster:?}", node_config(serve).expect("config"))
     }
 
     /// Built, as when parsing: switches then have their default, "false".
@@ -623,6 +659,11 @@ mod tests {
                 ("fsync", _) => ("never".to_string(), "interval:5".to_string()),
                 ("token_file", _) => (token_a.clone(), token_b.clone()),
                 ("metrics_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
+                ("cluster_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
+                ("cluster_peer", _) => (
+                    "2=127.0.0.1:1,127.0.0.1:3".to_string(),
+                    "3=127.0.0.1:2,127.0.0.1:4".to_string(),
+                ),
                 (_, Some(Ok(d))) => ((d + 1).to_string(), (d + 2).to_string()),
                 // A new flag without a default: ids and counts take these.
                 _ => ("1".to_string(), "2".to_string()),

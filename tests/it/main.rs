@@ -9,6 +9,7 @@
 mod backup;
 mod bench_tool;
 mod cli;
+mod cluster;
 mod crash_kill;
 mod ctl;
 mod disk_full;

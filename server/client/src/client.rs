@@ -231,6 +231,26 @@ pub struct Sent {
     pub duplicate: bool,
 }
 
+/// The answer to CLUSTER, owned: the answering node's id (0: no replica
+/// set member), the leader it knows, the members' `(id, client address)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterMap {
+    pub node_id: u64,
+    pub leader_id: Option<u64>,
+    pub members: Vec<(u64, String)>,
+}
+
+impl ClusterMap {
+    /// The leader's client address, when known.
+    pub fn leader_addr(&self) -> Option<&str> {
+        let leader = self.leader_id?;
+        self.members
+            .iter()
+            .find(|(id, _)| *id == leader)
+            .map(|(_, a)| a.as_str())
+    }
+}
+
 /// A page of PULL.
 #[derive(Clone, Debug)]
 pub struct Page {
@@ -1014,6 +1034,24 @@ impl Client {
                 .map(|i| (i.name.to_string(), i.value.to_string()))
                 .collect()),
             _ => unexpected("INFO"),
+        }
+    }
+
+    /// CLUSTER (format-spec/protocol.md 4.32): the replica set as the node
+    /// knows it. A node that is no replica set member answers node id 0,
+    /// no leader and no members. An addition, as INFO.
+    pub fn cluster(&mut self) -> Result<ClusterMap> {
+        match self.call(&Request::Cluster)?.response()? {
+            Response::Cluster(m) => Ok(ClusterMap {
+                node_id: m.node_id,
+                leader_id: (m.leader_id != 0).then_some(m.leader_id),
+                members: m
+                    .members
+                    .iter()
+                    .map(|e| (e.node_id, e.client_addr.to_string()))
+                    .collect(),
+            }),
+            _ => unexpected("CLUSTER"),
         }
     }
 

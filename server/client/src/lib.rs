@@ -19,8 +19,8 @@ mod client;
 pub mod reliable;
 
 pub use client::{
-    messages, parse_sent, Client, ClientConfig, ClientError, Event, GroupState, Kind, Message,
-    NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
+    messages, parse_sent, Client, ClientConfig, ClientError, ClusterMap, Event, GroupState, Kind,
+    Message, NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
 };
 pub use reliable::{Delivery, Inbox, Receipts, ReliableClient, ReliableConfig};
 /// The wire codec the client speaks, for the types its requests take

@@ -26,8 +26,9 @@
 //! more (a reopen rebuilds every send state from committed rounds).
 //!
 //! Threads: the driver; the engine's own; the callers of
-//! [`Replica::write`] and [`Replica::read`] (any thread; the event loop in
-//! a later step, which would park rather than wait). Locks: the engine slot
+//! [`Replica::write`] and [`Replica::read`] (any thread), and a node's
+//! event loop serving [`Replica::engine`] (which parks rather than waits,
+//! and checks [`Replica::is_writable`] before a write). Locks: the engine slot
 //! (`RwLock`, written only by the driver to reopen or stop the engine, after
 //! the gate is closed so that no holder of a read lock waits for the
 //! driver), then the gate state (a leaf).
@@ -181,7 +182,9 @@ impl Gate {
 /// What the driver and the callers share.
 struct Shared {
     /// `None` only while the driver reopens the engine, and once stopped.
-    engine: RwLock<Option<Engine>>,
+    /// Others may hold the engine too ([`Replica::engine`]: a node's event
+    /// loop); the driver reopens it only when it holds the last reference.
+    engine: RwLock<Option<Arc<Engine>>>,
     /// The driver waits for the commit thread to write a round: the commit
     /// listener wakes it.
     awaiting: AtomicBool,
@@ -254,7 +257,7 @@ impl Replica {
             stopped: Mutex::new(None),
         });
         let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
-        *shared.engine.write() = Some(engine);
+        *shared.engine.write() = Some(Arc::new(engine));
         let mut driver = Driver {
             raw,
             inbox: rx,
@@ -338,6 +341,17 @@ impl Replica {
         let slot = self.shared.engine.read();
         let engine = slot.as_ref().ok_or_else(|| self.stopped())?;
         Ok(f(engine))
+    }
+
+    /// The engine, for a caller that serves it (a node's event loop): its
+    /// reads see committed rounds only; its writes go through only on a
+    /// leader whose gate is open ([`Replica::is_writable`], checked first:
+    /// a write the gate refuses stops the engine's writes). While someone
+    /// holds it, the driver cannot reopen it: a round the gate refused
+    /// then stops the replica (`stopped_reason`), and the node must be
+    /// restarted (cluster.md section 5). `None` once stopped.
+    pub fn engine(&self) -> Option<Arc<Engine>> {
+        self.shared.engine.read().clone()
     }
 
     /// Why the replica stopped, if its driver ended on an error.
@@ -752,16 +766,30 @@ impl Driver {
         self.shared.awaiting.store(false, Ordering::Release);
         let mut slot = self.shared.engine.write();
         if let Some(old) = slot.take() {
-            if let Err(e) = old.close() {
-                log::info!("closing the stopped engine: {e}");
+            match Arc::try_unwrap(old) {
+                Ok(old) => {
+                    if let Err(e) = old.close() {
+                        log::info!("closing the stopped engine: {e}");
+                    }
+                }
+                Err(_) => {
+                    // A node serves it: its directory cannot be opened
+                    // twice, and the node's loop cannot switch engines.
+                    return Err(ClusterError::Stopped {
+                        reason: "the engine's writes stopped (a round refused when leadership \
+                                 was lost, or a failed write) while the node serves it: \
+                                 restart the node"
+                            .into(),
+                    });
+                }
             }
         }
-        *slot = Some(open_engine(
+        *slot = Some(Arc::new(open_engine(
             &self.engine_config,
             &self.gate,
             &self.shared,
             &self.wake,
-        )?);
+        )?));
         log::info!("node {}: engine reopened", self.raw.raft.id);
         Ok(())
     }
@@ -773,7 +801,9 @@ impl Driver {
         self.term_start = None;
         self.close_gate("replica stopping");
         let engine = self.shared.engine.write().take();
-        if let Some(engine) = engine {
+        // Held elsewhere (a node's loop that has not stopped yet): its last
+        // holder's drop shuts it down.
+        if let Some(Ok(engine)) = engine.map(Arc::try_unwrap) {
             #[cfg(test)]
             if crash {
                 engine.simulate_crash();

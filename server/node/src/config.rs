@@ -103,6 +103,59 @@ pub struct NodeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// What INFO says the node is.
     pub build: Build,
+    /// A member of a replica set (`serve --cluster`): who leads decides
+    /// which requests it serves (format-spec/protocol.md 4.31). `None`: a
+    /// single node, which serves everything.
+    pub leadership: Option<LeaderGate>,
+}
+
+/// A replica set's view of its leader, as the node's request gate needs
+/// it (format-spec/protocol.md 4.31). The node knows nothing of Raft: the
+/// binary implements this over its replica.
+pub trait Leadership: Send + Sync {
+    /// `None` when this node leads and accepts writes now; otherwise why
+    /// it refuses, for `NOT_LEADER`. Called once per data request on the
+    /// event loop: it must not block (a leaf lock at most).
+    fn refusal(&self) -> Option<NotLeader>;
+
+    /// This node's id, the leader as it knows it, and every member with
+    /// its client address by ascending id, for CLUSTER (4.32). Called on
+    /// the event loop: it must not block.
+    fn map(&self) -> ClusterView;
+}
+
+/// What CLUSTER answers (format-spec/protocol.md 4.32).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterView {
+    pub node_id: u64,
+    /// 0 when no leader is known.
+    pub leader_id: u64,
+    /// `(node id, client address)`, by ascending id.
+    pub members: Vec<(u64, String)>,
+}
+
+/// A refusal: the leader as this node knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotLeader {
+    /// The leader's node id; `None` when no leader is known (an election
+    /// is under way, or this node is cut off).
+    pub leader: Option<u64>,
+    /// The leader's client address (`host:port`), when known.
+    pub client_addr: Option<String>,
+    /// True when this node is the leader but does not accept writes yet
+    /// (it applies its log up to its term's start, cluster.md section 5).
+    pub starting: bool,
+}
+
+/// The node's handle on a [`Leadership`] (a newtype for `Clone` and
+/// `Debug` of [`NodeConfig`]).
+#[derive(Clone)]
+pub struct LeaderGate(pub std::sync::Arc<dyn Leadership>);
+
+impl std::fmt::Debug for LeaderGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaderGate")
+    }
 }
 
 /// The build a node runs, for INFO: the binary knows its commit (its
@@ -272,6 +325,7 @@ impl NodeConfig {
             sends: SendPolicy::anyone(),
             metrics_listen: None,
             build: Build::default(),
+            leadership: None,
         }
     }
 

@@ -625,6 +625,29 @@ impl Session {
             let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
+        // The leader gate of a replica set member (4.31): only the leader
+        // serves data requests, reads included (a follower may be behind:
+        // a client moving between nodes must not go back in time); the
+        // handshake, the node's own reports and UNSUBSCRIBE (the
+        // connection's own state) are served by every node.
+        if let Some(gate) = ctx.leadership {
+            let node_level = matches!(
+                req,
+                Request::Hello { .. }
+                    | Request::Auth { .. }
+                    | Request::Ping
+                    | Request::Unsubscribe
+                    | Request::Cluster
+                    | Request::Stats
+                    | Request::Info
+                    | Request::SlowLog { .. }
+            );
+            if !node_level {
+                if let Some(refusal) = gate.refusal() {
+                    return Ok(answer(handlers::not_leader(id, &refusal)));
+                }
+            }
+        }
         let result = match req {
             Request::Hello {
                 min_version,
@@ -649,6 +672,7 @@ impl Session {
                 return Ok(answer(out));
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
+            Request::Cluster => return Ok(answer(handlers::cluster(ctx, id))),
             Request::Stats => return Ok(Action::Report(Report::Stats)),
             Request::Info => return Ok(Action::Report(Report::Info)),
             Request::SlowLog { reset, max_count } => {
@@ -1023,6 +1047,7 @@ mod state_tests {
                     generation: 1,
                 },
                 version: 1,
+                leadership: None,
             };
             conn.handle_next(&mut ctx)
         }
@@ -1052,6 +1077,7 @@ mod state_tests {
                     generation: 1,
                 },
                 version: 1,
+                leadership: None,
             };
             conn.handle_next(&mut ctx)
         }

@@ -781,6 +781,7 @@ impl EventLoop {
                 conn,
                 // The connection sets its own (`Session::handle`).
                 version: tidemark_protocol::HELLO_VERSION,
+                leadership: self.config.leadership.as_ref().map(|g| &*g.0),
             };
             // The handler's own time counts (latency, slow log).
             let started = Instant::now();
@@ -1392,9 +1393,37 @@ fn slot_of(slots: &mut [Option<Slot>], id: ConnId) -> Option<&mut Slot> {
 /// checkpoint). `on_ready` gets the bound address once the node accepts
 /// connections.
 pub fn serve(
-    mut config: NodeConfig,
+    config: NodeConfig,
     on_ready: impl FnOnce(SocketAddr, Shutdown),
 ) -> Result<(), String> {
+    let open = |c: &NodeConfig| {
+        Engine::open(c.engine.clone())
+            .map(Arc::new)
+            .map_err(|e| format!("open engine: {e}"))
+    };
+    let engine = serve_engine(config, open, on_ready)?;
+    let stats = engine.stats();
+    match Arc::try_unwrap(engine) {
+        Ok(engine) => engine.close().map_err(|e| format!("close engine: {e}"))?,
+        Err(_) => return Err("engine still referenced at shutdown".into()),
+    }
+    log::info!(
+        "stopped: {} appends, {} commit rounds, {} fsyncs",
+        stats.appends,
+        stats.rounds,
+        stats.journal_syncs
+    );
+    Ok(())
+}
+
+/// [`serve`] over an engine that `open` provides once the listener is bound
+/// (a replica set member's, which its replica owns and closes); returns it
+/// once the event loop stopped, every reference of the node's dropped.
+pub fn serve_engine(
+    mut config: NodeConfig,
+    open: impl FnOnce(&NodeConfig) -> Result<Arc<Engine>, String>,
+    on_ready: impl FnOnce(SocketAddr, Shutdown),
+) -> Result<Arc<Engine>, String> {
     config.validate()?;
     // Segment files and connections share the descriptor limit: fit both
     // at start, so that a connection over the budget gets the documented
@@ -1410,8 +1439,7 @@ pub fn serve(
     let listener =
         TcpListener::bind(config.listen).map_err(|e| format!("listen {}: {e}", config.listen))?;
     let mut metrics = config.metrics_listen.map(MetricsServer::bind).transpose()?;
-    let engine =
-        Arc::new(Engine::open(config.engine.clone()).map_err(|e| format!("open engine: {e}"))?);
+    let engine = open(&config)?;
     let report = engine.recovery_report();
     log::info!("recovered: {}", report.summary());
     // The host refresher: disk and memory figures, off the event loop.
@@ -1444,19 +1472,8 @@ pub fn serve(
     }
     drop(stop_host);
     let _ = host_thread.join();
-    let stats = engine.stats();
     drop(event_loop);
-    match Arc::try_unwrap(engine) {
-        Ok(engine) => engine.close().map_err(|e| format!("close engine: {e}"))?,
-        Err(_) => return Err("engine still referenced at shutdown".into()),
-    }
-    log::info!(
-        "stopped: {} appends, {} commit rounds, {} fsyncs",
-        stats.appends,
-        stats.rounds,
-        stats.journal_syncs
-    );
-    Ok(())
+    Ok(engine)
 }
 
 #[cfg(test)]

@@ -274,6 +274,8 @@ pub struct Ctx<'a> {
     /// The connection's protocol version (1 until HELLO chose one): how
     /// records are shown to it (`Engine::present`).
     pub version: u8,
+    /// A replica set member's leader gate (4.31); `None` on a single node.
+    pub leadership: Option<&'a dyn crate::config::Leadership>,
 }
 
 impl Ctx<'_> {
@@ -341,6 +343,22 @@ pub fn error(request_id: u64, code: ErrorCode, detail: Option<u64>, message: &st
 }
 
 /// The wire error code (and detail) for an engine error.
+/// NOT_LEADER (format-spec/protocol.md 4.31): detail the leader's node id
+/// when known, the message naming its client address.
+pub fn not_leader(request_id: u64, refusal: &crate::config::NotLeader) -> Outgoing {
+    let message = match (refusal.leader, &refusal.client_addr) {
+        (Some(id), _) if refusal.starting => {
+            format!("not the leader yet: node {id} was elected and is catching up; retry")
+        }
+        (Some(id), Some(addr)) => {
+            format!("not the leader: node {id} leads, its clients' address is {addr}")
+        }
+        (Some(id), None) => format!("not the leader: node {id} leads"),
+        (None, _) => "not the leader: no leader is known (an election is under way)".into(),
+    };
+    error(request_id, ErrorCode::NotLeader, refusal.leader, &message)
+}
+
 pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
     match e {
         EngineError::PayloadTooLarge { max, .. } => (ErrorCode::PayloadTooLarge, Some(*max as u64)),
@@ -465,6 +483,28 @@ pub fn auth(ctx: &Ctx<'_>, request_id: u64, token: &[u8]) -> Result<Outgoing, Ou
 /// PING (4.3).
 pub fn ping(request_id: u64) -> Outgoing {
     reply(request_id, &Response::Pong, Vec::new(), 0)
+}
+
+/// CLUSTER (4.32): the replica set as this node knows it; a single node
+/// answers node id 0, no leader, no members. Served by every member.
+pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
+    let view = ctx.leadership.map(|l| l.map());
+    let (node_id, leader_id, members) = match &view {
+        Some(v) => (v.node_id, v.leader_id, &v.members[..]),
+        None => (0, 0, &[][..]),
+    };
+    let map = tidemark_protocol::ClusterMap {
+        node_id,
+        leader_id,
+        members: members
+            .iter()
+            .map(|(id, addr)| tidemark_protocol::ClusterMember {
+                node_id: *id,
+                client_addr: addr,
+            })
+            .collect(),
+    };
+    reply(request_id, &Response::Cluster(map), Vec::new(), 0)
 }
 
 /// CREATE_GROUP (4.5): parked until its round commits.
@@ -1312,6 +1352,7 @@ mod tests {
                 generation: 0,
             },
             version: 1,
+            leadership: None,
         }
     }
 
@@ -1753,6 +1794,7 @@ mod member_tests {
                 generation: 0,
             },
             version: 1,
+            leadership: None,
         };
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {

@@ -52,9 +52,9 @@ mod stats;
 mod subscriptions;
 
 pub use config::{
-    defaults, Build, Limits, NodeConfig, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
-    READ_BYTES_PER_PASS_MAX,
+    defaults, Build, ClusterView, LeaderGate, Leadership, Limits, NodeConfig, NotLeader,
+    SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
 };
-pub use event_loop::{serve, Shutdown};
+pub use event_loop::{serve, serve_engine, Shutdown};
 pub use metrics::{prometheus_series, stat_kind};
 pub use receipts::RECENT_SENDS_MAX;

@@ -459,6 +459,7 @@ mod tests {
                 generation: 0,
             },
             version: 1,
+            leadership: None,
         };
         let page = |after: u64, max: u32| -> (Vec<u64>, u64) {
             let out = readers(&ctx, 1, 1, id, after, max).unwrap();

@@ -58,6 +58,7 @@ impl Summary {
             ]),
             Request::Auth { token } => Summary::of(&[("token_bytes", token.len() as u64)]),
             Request::Ping
+            | Request::Cluster
             | Request::Stats
             | Request::Backup
             | Request::Info

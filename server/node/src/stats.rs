@@ -218,6 +218,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::GroupDamaged => "group_damaged",
         ErrorCode::WritesStopped => "writes_stopped",
         ErrorCode::Internal => "internal",
+        ErrorCode::NotLeader => "not_leader",
         // The node sends only the codes it defines.
         ErrorCode::Unknown(_) => "unknown",
     }
@@ -318,6 +319,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Backup => "backup",
         Opcode::Info => "info",
         Opcode::SlowLog => "slowlog",
+        Opcode::Cluster => "cluster",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",

@@ -62,6 +62,11 @@ pub enum ErrorCode {
     WritesStopped,
     /// A failure the node did not classify; the message says more.
     Internal,
+    /// A node of a replica set that is not its leader (or knows no leader
+    /// yet) refuses the request; nothing was done. Detail: the leader's
+    /// node id, when known; the message names its client address
+    /// (format-spec/protocol.md 4.31).
+    NotLeader,
     /// A code this version does not define (a newer server). Clients treat it
     /// as a non-fatal failure of the request.
     Unknown(u16),
@@ -69,7 +74,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every defined code, in wire order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::Unauthenticated,
@@ -88,6 +93,7 @@ impl ErrorCode {
         ErrorCode::GroupDamaged,
         ErrorCode::WritesStopped,
         ErrorCode::Internal,
+        ErrorCode::NotLeader,
     ];
 
     /// The u16 on the wire.
@@ -111,6 +117,7 @@ impl ErrorCode {
             ErrorCode::GroupDamaged => 20,
             ErrorCode::WritesStopped => 21,
             ErrorCode::Internal => 22,
+            ErrorCode::NotLeader => 23,
             ErrorCode::Unknown(c) => c,
         }
     }
@@ -160,6 +167,7 @@ impl ErrorCode {
             ErrorCode::GroupDamaged => "GROUP_DAMAGED",
             ErrorCode::WritesStopped => "WRITES_STOPPED",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::NotLeader => "NOT_LEADER",
             ErrorCode::Unknown(_) => "UNKNOWN",
         }
     }

@@ -44,12 +44,12 @@ pub use request::{
 };
 pub use response::{
     decode_response, encode_response, encode_response_head, encode_response_head_in,
-    encode_response_in, set_version, BackupChunk, BackupEnd, BatchAckResult, ErrorResponse,
-    GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount, Response, ResyncScope,
-    RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry, BACKUP_CHUNK_FIXED_BYTES,
-    MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES, READERS_RESPONSE_FIXED_BYTES,
-    RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES, SLOW_LOG_ENTRY_BYTES_MIN,
-    SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
+    encode_response_in, set_version, BackupChunk, BackupEnd, BatchAckResult, ClusterMap,
+    ClusterMember, ErrorResponse, GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount,
+    Response, ResyncScope, RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry,
+    BACKUP_CHUNK_FIXED_BYTES, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
+    READERS_RESPONSE_FIXED_BYTES, RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES,
+    SLOW_LOG_ENTRY_BYTES_MIN, SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
 };
 pub use wire::{DecodeError, EncodeError};
 

@@ -19,6 +19,7 @@ pub enum Opcode {
     Backup = 0x05,
     Info = 0x06,
     SlowLog = 0x07,
+    Cluster = 0x08,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -67,17 +68,18 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 impl Opcode {
     /// Every request opcode (MEMBERS, GROUP_INFO, READERS,
     /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
-    /// CLEAR_HISTORY are additions to version 1 made after tidemark 0.1;
+    /// CLEAR_HISTORY and CLUSTER are additions to version 1 made after tidemark 0.1;
     /// RECALL, EDIT and HISTORY_LATEST exist from version 2 on,
     /// [`Opcode::since`];
     /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 30] = [
+    pub const ALL: [Opcode; 31] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
         Opcode::Stats,
         Opcode::Backup,
         Opcode::Info,
+        Opcode::Cluster,
         Opcode::SlowLog,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
@@ -138,6 +140,7 @@ impl Opcode {
             Opcode::Backup => "BACKUP",
             Opcode::Info => "INFO",
             Opcode::SlowLog => "SLOWLOG",
+            Opcode::Cluster => "CLUSTER",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",

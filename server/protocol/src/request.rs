@@ -72,6 +72,9 @@ pub enum Request<'a> {
     /// The node's text figures (version, data directory, ...): an addition
     /// (format-spec/protocol.md 4.24).
     Info,
+    /// The replica set's members and leader as this node knows them
+    /// (format-spec/protocol.md 4.32; an addition).
+    Cluster,
     /// The slow log (4.25): up to `max_count` entries, newest first; with
     /// `reset`, the log is emptied after they are listed (an addition).
     SlowLog {
@@ -222,6 +225,7 @@ impl Request<'_> {
             Request::Stats => Opcode::Stats,
             Request::Backup => Opcode::Backup,
             Request::Info => Opcode::Info,
+            Request::Cluster => Opcode::Cluster,
             Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
@@ -313,8 +317,12 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             put_bytes(out, token, "token")?;
         }
         // Format: {} (empty body)
-        Request::Ping | Request::Stats | Request::Backup | Request::Info | Request::Unsubscribe => {
-        }
+        Request::Ping
+        | Request::Stats
+        | Request::Backup
+        | Request::Info
+        | Request::Cluster
+        | Request::Unsubscribe => {}
         Request::SlowLog { reset, max_count } => {
             // Format: { reset: bool | max_count: u32 }
             put_bool(out, *reset);
@@ -583,6 +591,7 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Stats => Request::Stats,
         Opcode::Backup => Request::Backup,
         Opcode::Info => Request::Info,
+        Opcode::Cluster => Request::Cluster,
         // Format: { reset: bool | max_count: u32 }
         Opcode::SlowLog => Request::SlowLog {
             reset: r.bool("reset")?,

@@ -47,6 +47,27 @@ pub struct InfoItem<'a> {
     pub value: &'a str,
 }
 
+/// One member of a replica set as CLUSTER reports it
+/// (format-spec/protocol.md 4.32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterMember<'a> {
+    pub node_id: u64,
+    /// Where its clients connect (`host:port`).
+    pub client_addr: &'a str,
+}
+
+/// The answer to CLUSTER (format-spec/protocol.md 4.32).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterMap<'a> {
+    /// The answering node's id; 0 on a node that is no replica set member
+    /// (then `leader_id` is 0 and `members` empty).
+    pub node_id: u64,
+    /// The leader as the answering node knows it; 0 when unknown.
+    pub leader_id: u64,
+    /// Every member, the answering node included, by ascending id.
+    pub members: Vec<ClusterMember<'a>>,
+}
+
 /// One request the slow log kept (format-spec/protocol.md 4.25).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlowLogEntry<'a> {
@@ -213,6 +234,7 @@ pub enum Response<'a, R = Records<'a>> {
     Pong,
     Stats(Vec<Stat<'a>>),
     Info(Vec<InfoItem<'a>>),
+    Cluster(ClusterMap<'a>),
     SlowLog(SlowLog<'a>),
     CreateGroup,
     DeleteGroup,
@@ -346,6 +368,7 @@ impl<R> Response<'_, R> {
             Response::Stats(_) => Opcode::Stats,
             Response::Backup(_) => Opcode::Backup,
             Response::Info(_) => Opcode::Info,
+            Response::Cluster(_) => Opcode::Cluster,
             Response::SlowLog(_) => Opcode::SlowLog,
             Response::CreateGroup => Opcode::CreateGroup,
             Response::DeleteGroup => Opcode::DeleteGroup,
@@ -378,6 +401,8 @@ impl<R> Response<'_, R> {
 const STAT_BYTES_MIN: usize = 12;
 /// Smallest INFO item: two empty strings.
 const INFO_ITEM_BYTES_MIN: usize = 8;
+/// Smallest CLUSTER member: its id and an empty address.
+const CLUSTER_MEMBER_BYTES_MIN: usize = 12;
 /// Smallest slow log entry: three u64, the opcode, two empty strings.
 pub const SLOW_LOG_ENTRY_BYTES_MIN: usize = 8 * 3 + 1 + 4 + 4;
 /// The fixed part of a SLOWLOG response, frame header included.
@@ -631,6 +656,17 @@ fn encode_body<R: RecordsSection>(
             for i in items {
                 put_str(out, i.name, "items.name")?;
                 put_str(out, i.value, "items.value")?;
+            }
+        }
+        Response::Cluster(m) => {
+            // Format: { node_id: u64 | leader_id: u64 |
+            //           members: list<{ node_id: u64 | client_addr: string }> }
+            put_u64(out, m.node_id);
+            put_u64(out, m.leader_id);
+            put_count(out, m.members.len(), "members")?;
+            for member in &m.members {
+                put_u64(out, member.node_id);
+                put_str(out, member.client_addr, "members.client_addr")?;
             }
         }
         Response::SlowLog(l) => {
@@ -1108,6 +1144,25 @@ fn decode_body<'a>(
                 });
             }
             Response::Info(items)
+        }
+        Opcode::Cluster => {
+            // Format: { node_id: u64 | leader_id: u64 |
+            //           members: list<{ node_id: u64 | client_addr: string }> }
+            let node_id = r.u64("node_id")?;
+            let leader_id = r.u64("leader_id")?;
+            let n = r.count("members", CLUSTER_MEMBER_BYTES_MIN)?;
+            let mut members = Vec::with_capacity(n);
+            for _ in 0..n {
+                members.push(ClusterMember {
+                    node_id: r.u64("members.node_id")?,
+                    client_addr: r.str("members.client_addr")?,
+                });
+            }
+            Response::Cluster(ClusterMap {
+                node_id,
+                leader_id,
+                members,
+            })
         }
         Opcode::SlowLog => {
             // Format: { threshold_us: u64 | entries_max: u32 | held: u32 |

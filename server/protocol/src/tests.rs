@@ -91,7 +91,10 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("group_info_request"),
     vector!("group_info_response"),
     vector!("error_not_member"),
+    vector!("error_not_leader"),
     vector!("info_request"),
+    vector!("cluster_request"),
+    vector!("cluster_response"),
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
@@ -372,6 +375,36 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 code: ErrorCode::NotMember,
                 detail: None,
                 message: "SEND refused: sender 42 is not a member of group 7",
+            }),
+        ),
+        "error_not_leader" => Expected::Resp(
+            4,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::NotLeader,
+                detail: Some(2),
+                message: "not the leader: node 2 leads, its clients' address is 127.0.0.1:7002",
+            }),
+        ),
+        "cluster_request" => Expected::Req(16, Request::Cluster),
+        "cluster_response" => Expected::Resp(
+            16,
+            Response::Cluster(ClusterMap {
+                node_id: 3,
+                leader_id: 2,
+                members: vec![
+                    ClusterMember {
+                        node_id: 1,
+                        client_addr: "127.0.0.1:7001",
+                    },
+                    ClusterMember {
+                        node_id: 2,
+                        client_addr: "127.0.0.1:7002",
+                    },
+                    ClusterMember {
+                        node_id: 3,
+                        client_addr: "127.0.0.1:7003",
+                    },
+                ],
             }),
         ),
         "info_request" => Expected::Req(14, Request::Info),

@@ -80,6 +80,14 @@ pub enum Error {
     WritesStopped,
     /// `INTERNAL` (22).
     Internal { message: String },
+    /// A node of a replica set that is not its leader refused the request
+    /// (nothing was done): `leader` is the leader's node id when the node
+    /// knows it, the message names its client address
+    /// (format-spec/protocol.md 4.31). Not retried on this node.
+    NotLeader {
+        leader: Option<u64>,
+        message: String,
+    },
     /// A code this client does not know (a newer node): a non-fatal failure
     /// of the request.
     UnknownCode { code: u16, message: String },
@@ -115,6 +123,7 @@ impl Error {
             Error::GroupDamaged { .. } => ErrorCode::GroupDamaged,
             Error::WritesStopped => ErrorCode::WritesStopped,
             Error::Internal { .. } => ErrorCode::Internal,
+            Error::NotLeader { .. } => ErrorCode::NotLeader,
             Error::UnknownCode { code, .. } => ErrorCode::Unknown(*code),
             Error::Crc { .. } | Error::Unavailable { .. } | Error::Address { .. } => return None,
         })
@@ -177,6 +186,10 @@ impl Error {
             ErrorCode::GroupDamaged => Error::GroupDamaged { group: ctx.group },
             ErrorCode::WritesStopped => Error::WritesStopped,
             ErrorCode::Internal => Error::Internal { message },
+            ErrorCode::NotLeader => Error::NotLeader {
+                leader: detail,
+                message,
+            },
             ErrorCode::Unknown(code) => Error::UnknownCode { code, message },
         }
     }
@@ -296,6 +309,7 @@ impl fmt::Display for Error {
                 "WRITES_STOPPED: a write or fsync failed; the node refuses writes until restarted"
             ),
             Error::Internal { message } => write!(f, "INTERNAL: {message}"),
+            Error::NotLeader { message, .. } => write!(f, "NOT_LEADER: {message}"),
             Error::UnknownCode { code, message } => write!(f, "error code {code}: {message}"),
             Error::Crc { group, msg_id } => write!(
                 f,
@@ -328,6 +342,9 @@ pub(crate) enum Class {
     Broken,
     /// The node is busy: keep the connection, back off, retry.
     Busy,
+    /// A replica set member that does not lead (NOT_LEADER): learn the
+    /// leader (`Link::redirect`), connect to it, retry idempotently.
+    Redirect,
     /// The node refused the request for a reason a retry cannot change; the
     /// connection is unusable (fatal codes) or fine (everything else).
     Permanent { drop_connection: bool },
@@ -348,6 +365,7 @@ pub(crate) fn classify(e: &ClientError) -> Class {
         ClientError::Server { code, .. } => match code {
             ErrorCode::Overloaded | ErrorCode::TooManyRequestsInFlight => Class::Busy,
             ErrorCode::ShuttingDown => Class::Broken,
+            ErrorCode::NotLeader => Class::Redirect,
             ErrorCode::BadFrame
             | ErrorCode::UnsupportedVersion
             | ErrorCode::FrameTooLarge
@@ -408,6 +426,7 @@ mod tests {
         assert_eq!(classify(&ClientError::Protocol("x".into())), Class::Broken);
         assert_eq!(classify(&server(ErrorCode::ShuttingDown)), Class::Broken);
         assert_eq!(classify(&server(ErrorCode::Overloaded)), Class::Busy);
+        assert_eq!(classify(&server(ErrorCode::NotLeader)), Class::Redirect);
         assert_eq!(
             classify(&server(ErrorCode::TooManyRequestsInFlight)),
             Class::Busy

@@ -124,7 +124,8 @@ impl Inbox {
             config.client.clone(),
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        );
+        )
+        .with_members(&config.members);
         let acker = BatchAcker::new(
             config.ack_every_messages,
             Duration::from_millis(config.ack_every_ms),
@@ -265,6 +266,7 @@ impl Inbox {
                     Class::Permanent {
                         drop_connection: false,
                     } => return Err(Error::from_client(e, Ctx::user(self.user), 1)),
+                    Class::Redirect => self.link.redirect(),
                     _ => self.link.broken(),
                 },
             }
@@ -537,6 +539,7 @@ impl Inbox {
                 }
                 Class::Broken => self.link.broken(),
                 Class::Busy => {}
+                Class::Redirect => self.link.redirect(),
             }
             if !self.link.pause(deadline) {
                 return Err(Error::from_client(e, Ctx::user(user), 1));

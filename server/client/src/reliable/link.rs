@@ -65,10 +65,18 @@ pub struct LinkStats {
     pub connect_failures: u64,
     /// Connections dropped because they failed (closed, timed out, garbage).
     pub broken: u64,
+    /// NOT_LEADER answers followed to the leader a CLUSTER request named
+    /// (format-spec/protocol.md 4.31, 4.32).
+    pub redirects: u64,
 }
 
 pub(crate) struct Link {
+    /// Its `addr` is the node connected to (or tried) now.
     config: ClientConfig,
+    /// The other members of the node's replica set, tried in turn when the
+    /// node cannot be reached: [`ReliableConfig::members`](super::ReliableConfig)
+    /// at first, then what CLUSTER answered. Empty for a single node.
+    others: Vec<String>,
     client: Option<Client>,
     backoff: Backoff,
     generation: u64,
@@ -79,10 +87,62 @@ impl Link {
     pub(crate) fn new(config: ClientConfig, backoff_base: Duration, backoff_max: Duration) -> Link {
         Link {
             config,
+            others: Vec::new(),
             client: None,
             backoff: Backoff::new(backoff_base, backoff_max),
             generation: 0,
             stats: LinkStats::default(),
+        }
+    }
+
+    /// The other members of a replica set to try (module docs of `others`).
+    pub(crate) fn with_members(mut self, members: &[String]) -> Link {
+        self.others = members
+            .iter()
+            .filter(|a| **a != self.config.addr)
+            .cloned()
+            .collect();
+        self
+    }
+
+    /// Tries the next member of the replica set (if any) from now on.
+    fn next_member(&mut self) {
+        if self.others.is_empty() {
+            return;
+        }
+        let next = self.others.remove(0);
+        let current = std::mem::replace(&mut self.config.addr, next);
+        self.others.push(current);
+    }
+
+    /// NOT_LEADER: asks the answering member (CLUSTER) who leads and where,
+    /// drops the connection, and connects to the leader from now on; to
+    /// the next member when no leader is known (the member may be cut off).
+    /// One request; never fails (a failure is a broken connection).
+    pub(crate) fn redirect(&mut self) {
+        let map = self.client.as_mut().and_then(|c| c.cluster().ok());
+        self.broken();
+        self.stats.redirects += 1;
+        let Some(map) = map else {
+            self.next_member();
+            return;
+        };
+        if !map.members.is_empty() {
+            self.others = map
+                .members
+                .iter()
+                .map(|(_, a)| a.clone())
+                .filter(|a| *a != self.config.addr)
+                .collect();
+        }
+        match map.leader_addr() {
+            Some(leader) if leader != self.config.addr => {
+                let leader = leader.to_string();
+                self.others.retain(|a| *a != leader);
+                let current = std::mem::replace(&mut self.config.addr, leader);
+                self.others.push(current);
+            }
+            _ => self.next_member(),
         }
     }
 
@@ -122,7 +182,10 @@ impl Link {
                         Class::Permanent { .. } => {
                             return Err(Error::from_client(e, Ctx::default(), attempts))
                         }
-                        Class::Broken | Class::Busy => {
+                        Class::Broken | Class::Busy | Class::Redirect => {
+                            // An unreachable node: maybe its replica set's
+                            // next member leads now.
+                            self.next_member();
                             if !self.pause(deadline) {
                                 return Err(Error::from_client(e, Ctx::default(), attempts));
                             }
@@ -213,6 +276,7 @@ impl Link {
                 }
                 Class::Broken => self.broken(),
                 Class::Busy => {}
+                Class::Redirect => self.redirect(),
             }
             if !self.pause(deadline) {
                 return Err(Error::from_client(e, ctx, attempts));

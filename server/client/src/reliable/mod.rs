@@ -83,6 +83,12 @@ pub struct ReliableConfig {
     /// An idle subscription pings the node this often to notice a dead
     /// connection. Default 5000.
     pub heartbeat_ms: u64,
+    /// The other members' client addresses when the node is a member of a
+    /// replica set: tried in turn when the node cannot be reached. A
+    /// NOT_LEADER answer is followed to the leader (CLUSTER names it,
+    /// format-spec/protocol.md 4.31-4.32) without this list, which then
+    /// becomes the members CLUSTER answered. Default empty.
+    pub members: Vec<String>,
 }
 
 impl ReliableConfig {
@@ -102,6 +108,7 @@ impl ReliableConfig {
             ack_every_ms: 1_000,
             page_messages_max: 200,
             heartbeat_ms: 5_000,
+            members: Vec::new(),
         }
     }
 

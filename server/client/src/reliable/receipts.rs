@@ -105,7 +105,8 @@ impl Receipts {
             config.client.clone(),
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        );
+        )
+        .with_members(&config.members);
         Receipts {
             config,
             link,
@@ -205,6 +206,7 @@ impl Receipts {
                     Class::Permanent {
                         drop_connection: false,
                     } => return Err(Error::from_client(e, Ctx::user(self.sender), 1)),
+                    Class::Redirect => self.link.redirect(),
                     _ => self.link.broken(),
                 },
             }

@@ -100,7 +100,8 @@ impl ReliableClient {
             config.client.clone(),
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        );
+        )
+        .with_members(&config.members);
         ReliableClient {
             config,
             link,
@@ -513,6 +514,12 @@ impl ReliableClient {
                 self.link.pause(deadline);
             }
             Class::Broken => {
+                self.connection_failed(&e.to_string());
+                self.link.pause(deadline);
+            }
+            Class::Redirect => {
+                // Before the connection goes: the redirect asks on it.
+                self.link.redirect();
                 self.connection_failed(&e.to_string());
                 self.link.pause(deadline);
             }

@@ -1,0 +1,345 @@
+//! `tidemark serve --cluster-*`: a node that is a member of a replica set
+//! (format-spec/cluster.md, protocol.md 4.31).
+//!
+//! Its job: from the cluster flags, start a [`Replica`] over the TCP
+//! transport (`tidemark_cluster::tcp`) and serve its engine with the
+//! ordinary event loop ([`tidemark_node::serve_engine`]), whose request
+//! gate ([`Leadership`]) answers `NOT_LEADER` on every node but the leader
+//! with its writes gate open. The event loop never waits for Raft: a write
+//! it lets through is parked as on a single node, and the engine's commit
+//! thread waits at the round gate for the round's commit.
+//!
+//! Representation: the data directory holds the replica's `engine/` and
+//! `raft/` (cluster.md section 2); the peers are `ID=PEER_ADDR,CLIENT_ADDR`
+//! (Raft messages to the first, clients redirected to the second).
+//!
+//! Invariants: the node's request gate lets a data request through only
+//! while `Replica::is_writable`; a replica whose engine must be reopened
+//! (a round refused because leadership was lost between the gate's check
+//! and the round, or a failed write) stops, and the node shuts down with
+//! an error: the engine the loop serves cannot be swapped under it, and a
+//! restart recovers both logs (cluster.md section 5).
+//!
+//! Costs: per data request one leaf-lock read of the gate state; a watcher
+//! thread that looks at the replica's state every [`WATCH_INTERVAL`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
+use tidemark_cluster::{Replica, ReplicaConfig};
+use tidemark_node::{ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown};
+
+/// How often the watcher looks whether the replica stopped.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One `--cluster-peer`: another voter of the replica set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub id: u64,
+    /// Where its Raft messages go (its `--cluster-listen`).
+    pub peer_addr: SocketAddr,
+    /// Where its clients connect (its `--listen`), named in `NOT_LEADER`.
+    pub client_addr: SocketAddr,
+}
+
+/// Parses `ID=PEER_ADDR,CLIENT_ADDR` (`2=127.0.0.1:7102,127.0.0.1:7002`).
+pub fn parse_peer(s: &str) -> Result<Peer, String> {
+    let usage = "expected ID=PEER_HOST:PORT,CLIENT_HOST:PORT, e.g. 2=127.0.0.1:7102,127.0.0.1:7002";
+    let (id, addrs) = s.split_once('=').ok_or_else(|| usage.to_string())?;
+    let id: u64 = id
+        .trim()
+        .parse()
+        .map_err(|e| format!("node id {id:?}: {e} ({usage})"))?;
+    if id == 0 {
+        return Err("node id 0 is reserved; ids start at 1".into());
+    }
+    let (peer, client) = addrs.split_once(',').ok_or_else(|| usage.to_string())?;
+    let addr = |a: &str| {
+        a.trim()
+            .parse::<SocketAddr>()
+            .map_err(|e| format!("address {a:?}: {e} ({usage})"))
+    };
+    Ok(Peer {
+        id,
+        peer_addr: addr(peer)?,
+        client_addr: addr(client)?,
+    })
+}
+
+/// The cluster flags as given (all absent on a single node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterArgs {
+    pub node_id: Option<u64>,
+    pub listen: Option<SocketAddr>,
+    pub peers: Vec<Peer>,
+}
+
+/// A replica set member's settings, checked.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub node_id: u64,
+    pub listen: SocketAddr,
+    pub peers: Vec<Peer>,
+}
+
+impl ClusterArgs {
+    /// `None` when no cluster flag is given (a single node); the flags
+    /// all together or an error.
+    pub fn check(self) -> Result<Option<ClusterConfig>, String> {
+        let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
+            (None, None, true) => return Ok(None),
+            (Some(id), Some(listen), false) => (id, listen),
+            _ => {
+                return Err(
+                    "a replica set member needs --cluster-node-id, --cluster-listen and one \
+                     --cluster-peer per other member"
+                        .into(),
+                )
+            }
+        };
+        if node_id == 0 {
+            return Err("--cluster-node-id 0 is reserved; ids start at 1".into());
+        }
+        let mut ids = BTreeSet::from([node_id]);
+        for p in &self.peers {
+            if !ids.insert(p.id) {
+                return Err(format!(
+                    "node id {} appears twice (this node's and the peers' ids must differ)",
+                    p.id
+                ));
+            }
+        }
+        Ok(Some(ClusterConfig {
+            node_id,
+            listen,
+            peers: self.peers,
+        }))
+    }
+}
+
+/// The node's request gate over its replica (module docs).
+struct ReplicaLeadership {
+    /// Set once the replica started (the listener is bound before).
+    replica: OnceLock<Arc<Replica>>,
+    node_id: u64,
+    /// Every member's client address, this node's included.
+    clients: BTreeMap<u64, String>,
+}
+
+impl Leadership for ReplicaLeadership {
+    fn refusal(&self) -> Option<NotLeader> {
+        let Some(replica) = self.replica.get() else {
+            return Some(NotLeader {
+                leader: None,
+                client_addr: None,
+                starting: false,
+            });
+        };
+        if replica.is_writable() {
+            return None;
+        }
+        let leader = replica.leader();
+        Some(NotLeader {
+            leader,
+            client_addr: leader.and_then(|l| self.clients.get(&l).cloned()),
+            starting: leader == Some(replica.id()),
+        })
+    }
+
+    fn map(&self) -> ClusterView {
+        ClusterView {
+            node_id: self.node_id,
+            leader_id: self.replica.get().and_then(|r| r.leader()).unwrap_or(0),
+            members: self
+                .clients
+                .iter()
+                .map(|(&id, addr)| (id, addr.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Runs a replica set member until a signal or `on_ready`'s handle stops
+/// it, or its replica stops on an error (then an error).
+pub fn serve(
+    mut node: NodeConfig,
+    cluster: ClusterConfig,
+    on_ready: impl FnOnce(SocketAddr, Shutdown),
+) -> Result<(), String> {
+    let voters: Vec<u64> = std::iter::once(cluster.node_id)
+        .chain(cluster.peers.iter().map(|p| p.id))
+        .collect();
+    let mut clients: BTreeMap<u64, String> = cluster
+        .peers
+        .iter()
+        .map(|p| (p.id, p.client_addr.to_string()))
+        .collect();
+    clients.insert(cluster.node_id, node.listen.to_string());
+    let peers: HashMap<u64, SocketAddr> =
+        cluster.peers.iter().map(|p| (p.id, p.peer_addr)).collect();
+    let leadership = Arc::new(ReplicaLeadership {
+        replica: OnceLock::new(),
+        node_id: cluster.node_id,
+        clients,
+    });
+    node.leadership = Some(LeaderGate(leadership.clone()));
+    // The replica's directory: `engine/` (the node's data) and `raft/`.
+    let dir = node.engine.data_dir.clone();
+    let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
+    replica_config.engine = node.engine.clone();
+    node.engine.data_dir = dir.join("engine");
+    let bound = BoundListener::bind(cluster.listen)
+        .map_err(|e| format!("cluster listen {}: {e}", cluster.listen))?;
+    let raft_listener = Mutex::new(None);
+    let open = |_: &NodeConfig| {
+        let transport =
+            TcpTransport::new(&peers).map_err(|e| format!("raft transport threads: {e}"))?;
+        let replica = Arc::new(
+            Replica::start(replica_config, transport).map_err(|e| format!("replica: {e}"))?,
+        );
+        let handle = bound
+            .start(
+                cluster.node_id,
+                &voters,
+                replica.mailbox(),
+                FRAME_BYTES_MAX_DEFAULT,
+            )
+            .map_err(|e| format!("cluster listener thread: {e}"))?;
+        *raft_listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        let engine = replica
+            .engine()
+            .ok_or_else(|| "the replica stopped at start".to_string())?;
+        let _ = leadership.replica.set(replica);
+        log::info!(
+            "replica set member {} of {voters:?}: raft messages on {}",
+            cluster.node_id,
+            cluster.listen
+        );
+        Ok(engine)
+    };
+    let watcher_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut watcher = None;
+    let watched = leadership.clone();
+    let stop_watching = watcher_stop.clone();
+    let engine = tidemark_node::serve_engine(node, open, |addr, shutdown| {
+        // A replica that stopped cannot serve: the node shuts down.
+        let spawned = std::thread::Builder::new()
+            .name("tidemark-replica-watch".into())
+            .spawn({
+                let shutdown = shutdown.clone();
+                move || watch(&watched, &shutdown, &stop_watching)
+            });
+        match spawned {
+            Ok(t) => watcher = Some(t),
+            Err(e) => {
+                log::error!("replica watcher thread: {e}");
+                shutdown.request();
+            }
+        }
+        on_ready(addr, shutdown);
+    });
+    watcher_stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(t) = watcher {
+        let _ = t.join();
+    }
+    let replica = leadership.replica.get().cloned();
+    // The loop's reference goes first: the replica closes the engine.
+    let engine = engine.map(drop);
+    let stopped = replica.and_then(|r| {
+        r.stop();
+        r.stopped_reason()
+    });
+    drop(raft_listener);
+    match stopped {
+        Some(reason) => Err(format!("replica stopped: {reason}")),
+        None => engine,
+    }
+}
+
+/// The watcher's loop: a replica that stopped on an error shuts the node
+/// down.
+fn watch(
+    leadership: &ReplicaLeadership,
+    shutdown: &Shutdown,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        if let Some(reason) = leadership.replica.get().and_then(|r| r.stopped_reason()) {
+            log::error!("replica stopped: {reason}; the node shuts down");
+            shutdown.request();
+            return;
+        }
+        std::thread::sleep(WATCH_INTERVAL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            parse_peer("2=127.0.0.1:7102,127.0.0.1:7002"),
+            Ok(Peer {
+                id: 2,
+                peer_addr: "127.0.0.1:7102".parse().unwrap(),
+                client_addr: "127.0.0.1:7002".parse().unwrap(),
+            })
+        );
+        for bad in [
+            "",
+            "2",
+            "2=127.0.0.1:7102",
+            "0=127.0.0.1:1,127.0.0.1:2",
+            "x=127.0.0.1:1,127.0.0.1:2",
+            "2=host,127.0.0.1:2",
+        ] {
+            assert!(parse_peer(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn the_cluster_flags_come_all_together_or_not_at_all() {
+        let peer = parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap();
+        let listen = Some("127.0.0.1:7101".parse().unwrap());
+        assert!(ClusterArgs::default().check().unwrap().is_none());
+        let full = ClusterArgs {
+            node_id: Some(1),
+            listen,
+            peers: vec![peer.clone()],
+        };
+        assert!(full.clone().check().unwrap().is_some());
+        for partial in [
+            ClusterArgs {
+                node_id: None,
+                ..full.clone()
+            },
+            ClusterArgs {
+                listen: None,
+                ..full.clone()
+            },
+            ClusterArgs {
+                peers: vec![],
+                ..full.clone()
+            },
+            ClusterArgs {
+                node_id: Some(0),
+                ..full.clone()
+            },
+            ClusterArgs {
+                node_id: Some(2),
+                ..full.clone()
+            },
+            ClusterArgs {
+                peers: vec![peer.clone(), peer],
+                ..full
+            },
+        ] {
+            assert!(partial.clone().check().is_err(), "{partial:?} accepted");
+        }
+    }
+}
