@@ -458,12 +458,37 @@ fn every_member_answers_the_cluster_map() {
             Some(expected[lead as usize - 1].1.as_str())
         );
     }
+    // `tidemark cluster status` on a follower says the same.
+    let follower = IDS
+        .iter()
+        .copied()
+        .find(|&id| id != lead)
+        .expect("a follower");
+    let out = cluster_status(&format!("127.0.0.1:{}", ports[&follower].client), true);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["node_id"], follower);
+    assert_eq!(v["leader_id"], lead);
+    assert_eq!(v["members"].as_array().map(Vec::len), Some(3));
     let single = crate::harness::Node::start(&root.path().join("single"), &[]);
     let map = single.client().cluster().expect("CLUSTER of a single node");
     assert_eq!(
         (map.node_id, map.leader_id, map.members.len()),
         (0, None, 0)
     );
+    assert!(cluster_status(&single.addr, false).contains("a single node"));
+}
+
+/// `tidemark cluster status --addr ADDR` (with `--json`): its stdout;
+/// the command must succeed.
+fn cluster_status(addr: &str, json: bool) -> String {
+    let mut cmd = Command::new(tidemark_bin());
+    cmd.args(["cluster", "status", "--addr", addr]);
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.output().expect("run tidemark cluster status");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).expect("UTF-8")
 }
 
 /// The reliable client, pointed at one member (a follower) and told the

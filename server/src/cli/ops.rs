@@ -1,7 +1,8 @@
-//! The operator's client commands: `ping`, `leave`, `delete-group`, and
-//! `tail` (follow a group live).
+//! The operator's client commands: `ping`, `leave`, `delete-group`,
+//! `cluster status`, and `tail` (follow a group live).
 //!
-//! `ping`, `leave` and `delete-group` are one request each over the reliable
+//! `ping`, `leave`, `delete-group` and `cluster status` are one request
+//! each over the reliable
 //! client, like the commands in `cli.rs`. `tail` holds one plain
 //! connection ([`tidemark_client::Client`]) with a SUBSCRIBE GROUPS of its
 //! group and prints each PUSH as it arrives (format-spec/protocol.md
@@ -51,6 +52,9 @@ pub enum OpsCommand {
     /// Delete a group with its messages, members and cursors; its id can
     /// then be created again, empty.
     DeleteGroup(DeleteGroupArgs),
+    /// The replica set a node belongs to (format-spec/cluster.md).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Follow a group: print each message as it is stored, until Ctrl-C.
     ///
     /// Prints the messages stored after it started, as `pull` does (with
@@ -63,6 +67,19 @@ pub enum OpsCommand {
 
 #[derive(Args, Debug)]
 pub struct PingArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// The node's id, its replica set's members (id and client address)
+    /// and the current leader (CLUSTER). A single node says so.
+    Status(ClusterStatusArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterStatusArgs {
     #[command(flatten)]
     conn: ConnArgs,
 }
@@ -104,6 +121,7 @@ impl OpsCommand {
             OpsCommand::Ping(a) => a.conn.json,
             OpsCommand::Leave(a) => a.conn.json,
             OpsCommand::DeleteGroup(a) => a.conn.json,
+            OpsCommand::Cluster(ClusterCommand::Status(a)) => a.conn.json,
             OpsCommand::Tail(a) => a.conn.json,
         }
     }
@@ -114,6 +132,7 @@ pub fn run(cmd: OpsCommand) -> Result<(), CliError> {
         OpsCommand::Ping(a) => ping(a),
         OpsCommand::Leave(a) => leave(a),
         OpsCommand::DeleteGroup(a) => delete_group(a),
+        OpsCommand::Cluster(ClusterCommand::Status(a)) => cluster_status(a),
         OpsCommand::Tail(a) => tail(a),
     }
 }
@@ -133,6 +152,44 @@ fn ping(a: PingArgs) -> Result<(), CliError> {
             us % 1000
         ),
         json!({ "addr": a.conn.addr, "pong": true, "round_trip_us": us }),
+    )
+}
+
+fn cluster_status(a: ClusterStatusArgs) -> Result<(), CliError> {
+    let mut c = connect(&a.conn)?;
+    let map = c.cluster()?;
+    let text = if map.members.is_empty() {
+        format!("node {}: a single node (no replica set)\n", a.conn.addr)
+    } else {
+        let mut t = format!(
+            "node {} ({}); leader: {}\n",
+            map.node_id,
+            a.conn.addr,
+            match (map.leader_id, map.leader_addr()) {
+                (Some(id), Some(addr)) => format!("node {id} at {addr}"),
+                (Some(id), None) => format!("node {id}"),
+                _ => "none known (an election may be under way)".to_owned(),
+            }
+        );
+        for (id, addr) in &map.members {
+            let role = if Some(*id) == map.leader_id {
+                " leader"
+            } else {
+                ""
+            };
+            t.push_str(&format!("  member {id} at {addr}{role}\n"));
+        }
+        t
+    };
+    let members: Vec<_> = map
+        .members
+        .iter()
+        .map(|(id, addr)| json!({ "node_id": id, "client_addr": addr }))
+        .collect();
+    emit(
+        a.conn.json,
+        text,
+        json!({ "node_id": map.node_id, "leader_id": map.leader_id, "members": members }),
     )
 }
 

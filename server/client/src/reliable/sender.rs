@@ -540,6 +540,12 @@ impl ReliableClient {
         self.call(Ctx::default(), |c| c.ping())
     }
 
+    /// CLUSTER: the replica set the node belongs to and its leader (every
+    /// member answers; a single node answers node id 0 and no members).
+    pub fn cluster(&mut self) -> Result<crate::client::ClusterMap, Error> {
+        self.call(Ctx::default(), |c| c.cluster())
+    }
+
     /// CREATE_GROUP. If the first attempt's answer was lost with its
     /// connection, the retry may report `GroupExists`; use
     /// [`ensure_group`](Self::ensure_group) when that does not matter.
