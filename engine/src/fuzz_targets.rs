@@ -563,6 +563,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             small: None,
             quiet: Vec::new(),
             edits: Vec::new(),
+            erase: Vec::new(),
         })),
         Item::MemberPut {
             group: 1,
@@ -583,6 +584,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             small: None,
             quiet: Vec::new(),
             edits: Vec::new(),
+            erase: Vec::new(),
         })),
     ];
     let mut out = Vec::new();

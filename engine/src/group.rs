@@ -102,6 +102,13 @@ pub struct Group {
 struct GroupExtras {
     retention: Retention,
     quiet: QuietIds,
+    /// Recalled messages whose payload may still be in one of the group's
+    /// segment files, ascending (storage.md section 3, "Erasure"; GroupPut
+    /// bit 6): set by `apply::records` under the checkpoint lock, cleared
+    /// by the checkpointer's erasure pass once the rewritten segments are
+    /// durable, trimmed by retention like the quiet ids. Each id is also
+    /// quiet.
+    erase: Vec<u64>,
 }
 
 /// Where the group's log is.
@@ -214,7 +221,7 @@ impl Group {
         let mut slot = self.extras.lock();
         let x = slot.get_or_insert_with(Box::default);
         let r = f(x);
-        if x.retention.keeps_everything() && x.quiet.is_empty() {
+        if x.retention.keeps_everything() && x.quiet.is_empty() && x.erase.is_empty() {
             *slot = None;
         }
         r
@@ -309,6 +316,37 @@ impl Group {
         self.with_extras(|x| x.quiet = QuietIds::from_sorted(ids, edits));
     }
 
+    /// The erase list (`GroupExtras::erase`), as a checkpoint stores it and
+    /// the erasure pass reads it (under the checkpoint lock).
+    pub(crate) fn erase_ids(&self) -> Vec<u64> {
+        self.extras
+            .lock()
+            .as_deref()
+            .map_or_else(Vec::new, |x| x.erase.clone())
+    }
+
+    /// Under the checkpoint lock: adds recalled messages to the erase list
+    /// (`apply::records`), or restores the list a checkpoint stored.
+    pub(crate) fn add_erase(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        self.with_extras(|x| {
+            x.erase.extend_from_slice(ids);
+            x.erase.sort_unstable();
+            x.erase.dedup();
+        });
+    }
+
+    /// Under the checkpoint lock, after the segments holding them were
+    /// rewritten durably: takes `ids` off the erase list.
+    pub(crate) fn clear_erase(&self, ids: &[u64]) {
+        if self.extras.lock().is_none() {
+            return;
+        }
+        self.with_extras(|x| x.erase.retain(|id| ids.binary_search(id).is_err()));
+    }
+
     /// Retention, under the checkpoint lock: drops the quiet ids at or
     /// below `up_to` and the latest edits of messages below `floor`
     /// (`changes.rs` says which bounds are exact).
@@ -316,7 +354,12 @@ impl Group {
         if self.extras.lock().is_none() {
             return 0;
         }
-        self.with_extras(|x| x.quiet.trim(up_to, floor))
+        self.with_extras(|x| {
+            // A message below the floor is in no segment left to rewrite
+            // (retention deletes the segments holding it).
+            x.erase.retain(|&id| id >= floor);
+            x.quiet.trim(up_to, floor)
+        })
     }
 
     /// Takes the group's checkpoint lock (`dirty.rs`): what a capture reads
@@ -405,6 +448,10 @@ impl Group {
         }
         let before = state.stored_messages();
         let installed = self.install_load(ctx, &mut slot, state, loaded);
+        if !self.erase_ids().is_empty() {
+            // Its active segment can be rolled now (`erase_segments.rs`).
+            ctx.erase_groups.lock().insert(self.id);
+        }
         ctx.stored_changed(before, slot.stored_messages());
         installed
     }
@@ -458,6 +505,11 @@ impl Group {
     pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
         if !self.retention().keeps_everything() {
             return Unload::Never;
+        }
+        // Recalled messages the erasure pass has yet to take out of the
+        // active segment: it rolls only a loaded log (`erase_segments.rs`).
+        if !self.erase_ids().is_empty() {
+            return Unload::Later;
         }
         let Some(mut slot) = self.log.try_write() else {
             return Unload::Later;

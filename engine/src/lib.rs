@@ -46,6 +46,8 @@ mod error;
 #[doc(hidden)]
 pub mod fuzz_targets;
 mod group;
+#[cfg(test)]
+mod segment_erasure_tests;
 // The file layer and the record layout are internals; tests, benches and
 // fuzz targets (the `testing` feature) reach into them to build fault
 // injection and raw images, so only they see them as public.

@@ -94,3 +94,59 @@ fn a_recalled_payload_is_gone_from_the_data_directory_within_the_bound() {
     assert_eq!(page.messages[1].kind, Kind::Recalled);
     assert!(files_holding(dir.path(), &secret).is_empty());
 }
+
+/// A large group (its records in segment files: `--small-group-bytes-max`
+/// below the payloads): the recalled payload leaves the segment files by
+/// the erasure pass of the first stored checkpoint after the recall
+/// (storage.md section 9 "Erasing segments", section 16 item 16), and the
+/// journal's copy as for a small group's.
+#[test]
+fn a_recalled_payload_of_a_large_group_is_gone_from_the_data_directory_within_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let interval_ms = 200;
+    let node = Node::start(
+        dir.path(),
+        &[
+            "--checkpoint-interval-ms",
+            &interval_ms.to_string(),
+            "--small-group-bytes-max",
+            "100",
+        ],
+    );
+    let mut c = node.client();
+    let mut secret = marker();
+    secret.resize(300, b'#');
+    c.create_group(1).unwrap();
+    c.join(1, 20, JoinStart::Earliest).unwrap();
+    c.send(1, 10, 1, &[b'k'; 200]).unwrap();
+    c.send(1, 10, 2, &secret).unwrap();
+    assert_eq!(c.recall(1, 10, 3, 2).unwrap().msg_id, 3);
+    let deadline =
+        Instant::now() + Duration::from_millis(interval_ms * 5) + Duration::from_secs(20);
+    let mut left = files_holding(dir.path(), &secret);
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(interval_ms));
+        left = files_holding(dir.path(), &secret);
+    }
+    assert_eq!(left, Vec::<PathBuf>::new(), "the payload is still on disk");
+    let groups = dir.path().join("groups");
+    assert!(groups.exists(), "the group has segment files");
+    let page = c.pull(1, 20, 0, 100, 0).unwrap();
+    let kinds: Vec<(u64, Kind)> = page.messages.iter().map(|m| (m.msg_id, m.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (1, Kind::Message),
+            (2, Kind::Recalled),
+            (3, Kind::Recall { target: 2 })
+        ]
+    );
+    assert!(page.messages[1].payload.is_empty());
+    drop(c);
+    let node = node.restart_after_kill();
+    let mut c = node.client();
+    let page = c.pull(1, 20, 0, 100, 0).unwrap();
+    assert_eq!(page.messages.len(), 3);
+    assert_eq!(page.messages[1].kind, Kind::Recalled);
+    assert!(files_holding(dir.path(), &secret).is_empty());
+}

@@ -290,6 +290,24 @@ pub(crate) fn records(
                     .erase_journal_seq
                     .fetch_max(at.seq, std::sync::atomic::Ordering::Relaxed);
             }
+            // A group with segment files: the recalled payloads are in
+            // them (or in the active segment's tail), so they go on the
+            // erase list the checkpointer's erasure pass works through
+            // (storage.md section 3, "Erasure"). A small group's are in
+            // the journal (above), and its promotion copies them erased.
+            if matches!(
+                &*group.log.read(),
+                LogSlot::Loaded(_) | LogSlot::Unloaded(_)
+            ) {
+                let mut targets = Vec::new();
+                crate::logs::record::for_each_change(run, |_, kind, target| {
+                    if kind == crate::logs::record::KIND_RECALL {
+                        targets.extend(target);
+                    }
+                });
+                group.add_erase(&targets);
+                st.ctx.erase_groups.lock().insert(group.id);
+            }
         }
     }
     let done = records_into_slot(st, group, run, at, mode, lsn);

@@ -102,11 +102,9 @@ pub trait Vfs: Send + Sync + 'static {
     fn free_bytes(&self, path: &Path) -> io::Result<u64> {
         OsVfs.free_bytes(path)
     }
-    /// rename(2). No engine path renames since checkpoints stopped
-    /// replacing one file (manifests are new files); kept, with its models
-    /// in the fault-injecting and power-cut layers (which model its
-    /// atomicity), for the format marker file of storage v2 step S2.
-    #[allow(dead_code)]
+    /// rename(2): the erasure pass renames an erased copy over a segment
+    /// (`logs/erase_segments.rs`); the fault-injecting and power-cut
+    /// layers model its atomicity.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     fn remove_dir_all(&self, path: &Path) -> io::Result<()>;

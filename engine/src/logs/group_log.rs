@@ -73,6 +73,13 @@ pub struct LogContext {
     /// (a Recall applied from file N: N) and at open (every file before the
     /// one the open writes); never lowered.
     pub erase_journal_seq: std::sync::atomic::AtomicU64,
+    /// Groups with a non-empty erase list (recalled messages whose
+    /// payload a segment may still hold; `Group::erase_ids`): the
+    /// checkpointer's erasure pass (`logs/erase_segments.rs`) visits them
+    /// after each stored checkpoint, and asks for checkpoints while any is
+    /// here. Added by `apply::records` and recovery; removed by the pass
+    /// once the group's list is empty (or the group is gone).
+    pub erase_groups: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
 }
 
 impl LogContext {
@@ -98,6 +105,7 @@ impl LogContext {
             messages_stored: Default::default(),
             holds,
             erase_journal_seq: Default::default(),
+            erase_groups: Default::default(),
         }
     }
 
@@ -1011,6 +1019,25 @@ impl GroupLog {
             self.unsynced.push(base);
         }
         Ok(())
+    }
+
+    /// Seals the active segment (its tail written) and starts a new one at
+    /// `head + 1`, as `append` does when a record does not fit: the
+    /// erasure pass (`erase_segments.rs`) does it so that a recalled
+    /// message in the active segment is in a sealed one it may rewrite.
+    /// Returns whether it rolled (not for an active segment without
+    /// records). The new segment is synced by the next checkpoint.
+    pub fn roll(&mut self, ctx: &LogContext) -> Result<bool> {
+        let active = self
+            .segments
+            .last()
+            .expect("invariant: a log has a segment");
+        if active.len == SEGMENT_HEADER_BYTES as u64 {
+            return Ok(false);
+        }
+        self.flush_tail(ctx)?;
+        self.start_segment(ctx, self.head + 1)?;
+        Ok(true)
     }
 
     /// Takes what must be synced before a checkpoint may name the log's

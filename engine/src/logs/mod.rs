@@ -11,6 +11,7 @@
 
 pub(crate) mod changes;
 pub(crate) mod cold;
+pub(crate) mod erase_segments;
 pub(crate) mod extents;
 pub(crate) mod group_log;
 mod index;

@@ -696,6 +696,7 @@ impl Checkpointer {
             small,
             quiet: g.quiet_ids(),
             edits: g.latest_edits(),
+            erase: g.erase_ids(),
         })));
         self.duties.extend(duties);
         let mut changed = ck.take_members_changed();
@@ -850,6 +851,15 @@ impl Checkpointer {
         self.release(ctx);
         // Then small groups' records out of files they alone keep.
         self.reclaim();
+        // Then recalled messages out of large groups' segments.
+        let erased = crate::logs::erase_segments::run(ctx, &self.shared.catalog);
+        if erased.segments_rewritten > 0 {
+            log::info!(
+                "erasure: {} segments rewritten ({} bytes)",
+                erased.segments_rewritten,
+                erased.bytes_written
+            );
+        }
         self.ask_while_erasing(ctx);
         let took = started.elapsed();
         let c = &self.shared.counters;
@@ -880,10 +890,13 @@ impl Checkpointer {
     fn ask_while_erasing(&self, ctx: &LogContext) {
         let up_to = ctx.erase_journal_seq.load(Ordering::Relaxed);
         let jdir = journal::journal_dir(&ctx.config.data_dir);
-        let pending = journal::list(&*ctx.vfs, &jdir)
-            .unwrap_or_default()
-            .iter()
-            .any(|&(seq, _)| seq <= up_to);
+        // Also while a group's erase list waits for the segment pass
+        // (`erase_segments.rs`): its next stored checkpoint runs it again.
+        let pending = !ctx.erase_groups.lock().is_empty()
+            || journal::list(&*ctx.vfs, &jdir)
+                .unwrap_or_default()
+                .iter()
+                .any(|&(seq, _)| seq <= up_to);
         if !pending {
             return;
         }

@@ -31,6 +31,7 @@ fn group(group: u64, fresh: bool, head: u64) -> Item {
         small: None,
         quiet: Vec::new(),
         edits: Vec::new(),
+        erase: Vec::new(),
     }))
 }
 
@@ -105,6 +106,7 @@ fn sample_items() -> Vec<Item> {
             small: None,
             quiet: Vec::new(),
             edits: Vec::new(),
+            erase: Vec::new(),
         })),
         member(3, u64::MAX, 2),
         Item::MemberPut {
@@ -178,6 +180,7 @@ fn the_reader_refuses_a_part_over_its_limit_and_the_writer_never_writes_one() {
         small: None,
         quiet: Vec::new(),
         edits: Vec::new(),
+        erase: Vec::new(),
     }));
     let mut w = RunWriter::new(1, RUN_FILE_BYTES_MIN, 0, |_| Ok(Vec::new()));
     assert!(matches!(
@@ -279,6 +282,7 @@ fn raw_blocks_pass_and_values_no_writer_makes_are_refused_behind_valid_checksums
         small: None,
         quiet: Vec::new(),
         edits: Vec::new(),
+        erase: Vec::new(),
     };
     assert!(decode_raw(&good(base.clone()), 1, Key::group(1)).is_ok());
     for (what, bad) in [
@@ -437,6 +441,7 @@ fn long_damage_reasons_are_cut_at_a_char_boundary() {
         small: None,
         quiet: Vec::new(),
         edits: Vec::new(),
+        erase: Vec::new(),
     }));
     let got = read_run(&write_run(&[item], 1 << 20)).unwrap();
     let Item::GroupPut(g) = &got[0] else { panic!() };
@@ -731,6 +736,7 @@ impl Model {
             small: None,
             quiet: Vec::new(),
             edits: Vec::new(),
+            erase: Vec::new(),
         }))
     }
 
@@ -846,6 +852,7 @@ mod quiet_ids {
             small: None,
             quiet: vec![3, 5, 9],
             edits: Vec::new(),
+            erase: Vec::new(),
         };
         let mut raw = Vec::new();
         encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
@@ -882,6 +889,7 @@ mod quiet_ids {
             small: None,
             quiet: vec![4, 7],
             edits: vec![(2, 4), (3, 7)],
+            erase: Vec::new(),
         };
         let mut raw = Vec::new();
         encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
@@ -898,7 +906,49 @@ mod quiet_ids {
             &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 0, 2],       // message 0
             &[1, 1, 0x20, 0, 9, 1, 1, 64, 1, 5, 5],       // edit above the head
             &[1, 1, 0x20, 0, 9, 1, 1, 64, 2, 1, 1, 0, 1], // not rising
-            &[1, 1, 0x40, 0, 9, 1, 1, 64],                // reserved bit 6
+            &[1, 1, 0x80, 0, 9, 1, 1, 64],                // reserved bit 7
+        ] {
+            assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
+        }
+    }
+}
+
+/// Erasure of recalled messages in segments (GroupPut bit 6,
+/// format-spec/storage.md 6.1): the erase list, exactly these bytes, and
+/// the values no writer makes.
+mod erase_list {
+    use super::*;
+
+    #[test]
+    fn erase_list_round_trips_as_documented_and_bad_lists_are_refused() {
+        let rec = GroupRecord {
+            group: 1,
+            fresh: false,
+            applied_lsn: 0,
+            head: 9,
+            segments: vec![(1, 64)],
+            retention: Retention::default(),
+            damaged: None,
+            small: None,
+            quiet: vec![3, 9],
+            edits: Vec::new(),
+            erase: vec![3],
+        };
+        let mut raw = Vec::new();
+        encode_item(&mut raw, &Item::GroupPut(Box::new(rec.clone())), None);
+        // flags 0x50 (quiet, erase); quiet 3, +6; erase 3.
+        let bytes = [1, 1, 0x50, 0, 9, 1, 1, 64, 2, 3, 6, 1, 3];
+        assert_eq!(raw, bytes);
+        assert_eq!(
+            decode_raw(&bytes, 1, Key::group(1)).unwrap(),
+            [Item::GroupPut(Box::new(rec))]
+        );
+        for bad in [
+            &[1, 1, 0x40, 0, 9, 1, 1, 64, 0][..],   // no id
+            &[1, 1, 0x40, 0, 9, 1, 1, 64, 2, 3, 0], // not rising
+            &[1, 1, 0x40, 0, 9, 1, 1, 64, 1, 10],   // above the head
+            &[1, 1, 0x40, 0, 9, 1, 1, 64, 9, 1],    // count past the end
+            &[1, 1, 0x80, 0, 9, 1, 1, 64],          // reserved bit 7
         ] {
             assert!(decode_raw(bad, 1, Key::group(1)).is_err(), "{bad:?}");
         }

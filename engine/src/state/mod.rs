@@ -97,6 +97,11 @@ pub(crate) struct GroupRecord {
     /// (`logs/changes.rs`), ascending by message; empty for nearly every
     /// group.
     pub edits: Vec<(u64, u64)>,
+    /// Recalled messages whose payload may still be in a segment file
+    /// (storage.md section 3, "Erasure"), ascending: the checkpointer's
+    /// erasure pass rewrites those segments and clears them. Empty for
+    /// nearly every group.
+    pub erase: Vec<u64>,
 }
 
 /// Where a small group's records are, as a checkpoint records them: its

@@ -653,6 +653,12 @@ fn restore_runs(
                     if !rec.quiet.is_empty() || !rec.edits.is_empty() {
                         g.restore_quiet(rec.quiet, rec.edits);
                     }
+                    if !rec.erase.is_empty() {
+                        // Recalled payloads a segment may still hold: the
+                        // erasure pass goes on with them.
+                        g.add_erase(&rec.erase);
+                        ctx.erase_groups.lock().insert(rec.group);
+                    }
                     let mut ck = g.ckpt(&ctx.dirty);
                     ck.set_applied_lsn(rec.applied_lsn);
                     ck.capture_once();

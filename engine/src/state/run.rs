@@ -71,6 +71,8 @@ const FLAG_RETENTION: u8 = 4;
 const FLAG_SMALL: u8 = 8;
 const FLAG_QUIET: u8 = 16;
 const FLAG_EDITS: u8 = 32;
+/// Recalled messages not yet erased from a segment (storage.md 6.1 bit 6).
+const FLAG_ERASE: u8 = 64;
 
 /// What a manifest records about a part, and what a reader checks it
 /// against.
@@ -130,7 +132,7 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 }
 
 // Format: GroupPut value { flags u8 (1 fresh, 2 damaged, 4 retention,
-// 8 small) | varint applied_lsn | varint head | varint m (0 with head 0: no
+// 8 small, 16 quiet, 32 edits, 64 erase) | varint applied_lsn | varint head | varint m (0 with head 0: no
 // file; 0 for a small or damaged group) |
 // m x { varint base (the first absolute, then the delta > 0) | varint len } |
 // small? { varint first_id | varint floor - first_id | varint n |
@@ -138,7 +140,8 @@ pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
 // retention? { by_cursor u8 | varint max_age_ms | varint max_bytes } |
 // damaged? { varint n <= 4096 | n bytes UTF-8 } |
 // quiet? { varint n | n x varint id (the first absolute, then the delta > 0) } |
-// edits? { varint n | n x { varint message (as quiet's) | varint edit - message > 0 } } };
+// edits? { varint n | n x { varint message (as quiet's) | varint edit - message > 0 } } |
+// erase? { as quiet's: recalled messages not yet erased from a segment } };
 // MemberPut value
 // { varint cursor | varint zigzag(cursor + 1 - join_point) }; deletes none.
 fn encode_value(out: &mut Vec<u8>, item: &Item) {
@@ -162,6 +165,9 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
             }
             if !g.edits.is_empty() {
                 flags |= FLAG_EDITS;
+            }
+            if !g.erase.is_empty() {
+                flags |= FLAG_ERASE;
             }
             out.push(flags);
             put_varint(out, g.applied_lsn);
@@ -209,6 +215,14 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                     put_varint(out, message - prev);
                     put_varint(out, edit - message);
                     prev = message;
+                }
+            }
+            if !g.erase.is_empty() {
+                put_varint(out, g.erase.len() as u64);
+                let mut prev = 0;
+                for &id in &g.erase {
+                    put_varint(out, id - prev);
+                    prev = id;
                 }
             }
         }
@@ -305,7 +319,13 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
 fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     let bad = |what: &str| format!("group {group}: {what}");
     let flags = r.u8()?;
-    let known = FLAG_FRESH | FLAG_DAMAGED | FLAG_RETENTION | FLAG_SMALL | FLAG_QUIET | FLAG_EDITS;
+    let known = FLAG_FRESH
+        | FLAG_DAMAGED
+        | FLAG_RETENTION
+        | FLAG_SMALL
+        | FLAG_QUIET
+        | FLAG_EDITS
+        | FLAG_ERASE;
     if flags & !known != 0 {
         return Err(bad(&format!("reserved flag bits set ({flags:#x})")));
     }
@@ -392,6 +412,12 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
     } else {
         Vec::new()
     };
+    // Laid out and checked like the quiet ids.
+    let erase = if flags & FLAG_ERASE != 0 {
+        decode_quiet(r, head).map_err(|why| bad(&format!("erase list: {why}")))?
+    } else {
+        Vec::new()
+    };
     Ok(GroupRecord {
         group,
         fresh: flags & FLAG_FRESH != 0,
@@ -403,6 +429,7 @@ fn decode_group(r: &mut Reader<'_>, group: u64) -> Result<GroupRecord, String> {
         small,
         quiet,
         edits,
+        erase,
     })
 }
 
