@@ -33,6 +33,8 @@
 // recovery), `io` (the file layer) and `offline` (a stopped node's
 // directory: inspect, verify, repair, for `tidemark ctl`).
 mod catalog;
+#[cfg(test)]
+mod cold_erasure_tests;
 mod commit;
 mod config;
 mod edits;

@@ -294,17 +294,27 @@ pub(crate) fn records(
             // them (or in the active segment's tail), so they go on the
             // erase list the checkpointer's erasure pass works through
             // (storage.md section 3, "Erasure"). A small group's are in
-            // the journal (above), and its promotion copies them erased.
-            if matches!(
-                &*group.log.read(),
-                LogSlot::Loaded(_) | LogSlot::Unloaded(_)
-            ) {
-                let mut targets = Vec::new();
-                crate::logs::record::for_each_change(run, |_, kind, target| {
-                    if kind == crate::logs::record::KIND_RECALL {
-                        targets.extend(target);
-                    }
-                });
+            // the journal (above; its evacuation and its promotion copy
+            // them erased) or in a cold file: those go on the list too,
+            // and the reclaimer compacts the file (`rewrite.rs`).
+            let mut targets = Vec::new();
+            crate::logs::record::for_each_change(run, |_, kind, target| {
+                if kind == crate::logs::record::KIND_RECALL {
+                    targets.extend(target);
+                }
+            });
+            match &*group.log.read() {
+                LogSlot::Loaded(_) | LogSlot::Unloaded(_) => {}
+                LogSlot::Small(list) => targets.retain(|&id| {
+                    list.pieces().any(|p| {
+                        p.first_id <= id
+                            && id < p.end_id()
+                            && p.ext.file().kind() == crate::logs::extents::FileKind::Cold
+                    })
+                }),
+                _ => targets.clear(),
+            }
+            if !targets.is_empty() {
                 group.add_erase(&targets);
                 st.ctx.erase_groups.lock().insert(group.id);
             }

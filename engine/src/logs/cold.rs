@@ -460,6 +460,15 @@ impl ColdWriter {
         })
     }
 
+    /// Ends the current file (after a [`ColdWriter::sync`]): the next
+    /// append starts a new one. Returns `(seq, len)` of the file ended, so
+    /// the caller accounts it sealed; a sealed file can be compacted, which
+    /// is how an erasure gets a recalled payload out of the file being
+    /// written (`rewrite.rs`).
+    pub fn seal(&mut self) -> Option<(u64, u64)> {
+        self.current.take().map(|c| (c.seq, c.len))
+    }
+
     /// fdatasync of the current file; returns `(seq, len)` now durable.
     pub fn sync(&self) -> Result<Option<(u64, u64)>> {
         let Some(c) = &self.current else {

@@ -6,8 +6,9 @@
 //! Representation: each such group has an *erase list* (`Group::erase_ids`,
 //! GroupPut bit 6): the recalled messages whose payload a segment file may
 //! still hold. `apply::records` adds a Recall's target for a group with
-//! segments; recovery restores the list a checkpoint stored; this pass
-//! takes ids off it.
+//! segments (and for a small group whose record lies in a cold file: a
+//! small group's list is `rewrite.rs`'s, this pass skips it); recovery
+//! restores the list a checkpoint stored; this pass takes ids off it.
 //!
 //! The pass, per group:
 //! 1. A listed id in the *active* segment of a loaded log: the segment is
@@ -108,7 +109,10 @@ fn erase_group(ctx: &LogContext, g: &Arc<Group>, stats: &mut EraseStats) -> Resu
                 Some(log.state())
             }
             LogSlot::Unloaded(state) => Some(state.clone()),
-            // Small (promotion copies erased), damaged (kept for repair)
+            // Small: its listed ids lie in cold files, which the
+            // reclaimer compacts (`rewrite.rs`); it takes the group off.
+            LogSlot::Small(_) => return Ok(()),
+            // Damaged (kept for repair)
             // or deleted: nothing this pass can rewrite.
             _ => None,
         };

@@ -28,7 +28,11 @@
 //! (`erase_recalled`; storage.md section 3, "Erasure"), so a journal file
 //! that held a recalled payload leaves it behind when it is deleted; the
 //! checkpointer keeps checkpoints coming until it is (`erase_journal_seq`,
-//! storage.md section 16 item 16).
+//! storage.md section 16 item 16). A small group's message recalled once
+//! its record is in a cold file is on the group's erase list (GroupPut bit
+//! 6, `apply::records`); every cold file holding a listed id is compacted
+//! in full ahead of the plan, and the ids cleared after the install
+//! (`erase_cold`).
 //!
 //! Bounds (format-spec/storage.md section 9, "Reclaiming small groups'
 //! space"): a small group's byte is copied by evacuation at most once (a
@@ -83,6 +87,9 @@ pub(crate) struct Reclaimer {
     dir: PathBuf,
     /// The current cold file's directory entry is not synced yet.
     dir_unsynced: bool,
+    /// Cold files compacted to erase a recalled payload, until K7 deletes
+    /// them (`erasing`).
+    erased: BTreeSet<FileId>,
 }
 
 impl Reclaimer {
@@ -112,7 +119,16 @@ impl Reclaimer {
             writer: ColdWriter::new(ctx.vfs.clone(), &dir, next, ctx.config.journal_file_bytes),
             dir,
             dir_unsynced: false,
+            erased: BTreeSet::new(),
         }
+    }
+
+    /// Whether a cold file compacted for an erasure still exists (K7 has
+    /// not deleted it yet): the checkpointer keeps checkpoints coming
+    /// until it has (storage.md section 16, item 16).
+    pub fn erasing(&self, ctx: &LogContext) -> bool {
+        let live = ctx.live.lock();
+        self.erased.iter().any(|&f| live.usage(f).is_some())
     }
 
     /// The cold file being written (never deleted).
@@ -144,6 +160,7 @@ impl Reclaimer {
             self.install(ctx, copies, &mut stats)?;
             stats.journal_files_evacuated += 1;
         }
+        self.erase_cold(ctx, catalog, &mut stats)?;
         let plan = crate::logs::reclaim::plan(
             &ctx.live.lock().cold_files(),
             ctx.config.journal_file_bytes,
@@ -161,6 +178,92 @@ impl Reclaimer {
             stats.cold_files_compacted += 1;
         }
         Ok(stats)
+    }
+
+    /// Erasure in cold files (storage.md section 16, item 16): every cold
+    /// file holding a small group's listed recalled message (its erase
+    /// list, `apply::records`) is compacted in full, ahead of the planner,
+    /// whatever its usage; the copies write the recalled payloads erased.
+    /// The file being written is sealed first (its bytes synced). Then
+    /// each listed id no longer in one of those files (moved, or in no
+    /// cold file: a journal file's evacuation erases it, retention dropped
+    /// it) leaves the list, under the checkpoint lock, and the group is
+    /// marked dirty: the next capture stores the new extents and the
+    /// shorter list together, and K7 deletes the old file once no kept
+    /// manifest names it. A copy not installed (the group changed) leaves
+    /// its ids listed for the next pass. Cost: the listed groups' extent
+    /// lists walked, and the victims' live bytes copied.
+    fn erase_cold(
+        &mut self,
+        ctx: &LogContext,
+        catalog: &RwLock<Catalog>,
+        stats: &mut ReclaimStats,
+    ) -> Result<()> {
+        let pending: Vec<u64> = ctx.erase_groups.lock().iter().copied().collect();
+        let mut victims = BTreeSet::new();
+        let mut groups = Vec::new();
+        for id in pending {
+            let Some(g) = catalog.read().get(id).cloned() else {
+                continue;
+            };
+            let ids = g.erase_ids();
+            if let LogSlot::Small(list) = &*g.log.read() {
+                victims.extend(ids.iter().filter_map(|&id| cold_file_of(list, id)));
+            } else {
+                continue;
+            }
+            groups.push(g);
+        }
+        let live = ctx.live.lock();
+        self.erased.retain(|&f| live.usage(f).is_some());
+        drop(live);
+        if groups.is_empty() {
+            return Ok(());
+        }
+        if self.writing().is_some_and(|w| victims.contains(&w)) {
+            let durable = self.writer.sync()?;
+            if self.dir_unsynced {
+                ctx.vfs.sync_dir(&self.dir).map_err(|e| {
+                    crate::Error::io(format!("fsync dir {}", self.dir.display()), e)
+                })?;
+                self.dir_unsynced = false;
+            }
+            if let Some((seq, len)) = durable.and(self.writer.seal()) {
+                if let Some(f) = FileId::cold(seq) {
+                    let mut live = ctx.live.lock();
+                    live.set_len(f, len);
+                    live.seal(f);
+                }
+            }
+        }
+        for &file in &victims {
+            let in_file = groups_in_cold_file(ctx, file);
+            let copies = self.copy_out(ctx, catalog, file, in_file, stats)?;
+            self.install(ctx, copies, stats)?;
+            stats.cold_files_compacted += 1;
+            self.erased.insert(file);
+        }
+        for g in groups {
+            let mut ck = g.ckpt(&ctx.dirty);
+            let ids = g.erase_ids();
+            let done: Vec<u64> = match &*g.log.read() {
+                LogSlot::Small(list) => ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| !cold_file_of(list, id).is_some_and(|f| victims.contains(&f)))
+                    .collect(),
+                // Promoted meanwhile: the segment pass has it.
+                _ => continue,
+            };
+            if !done.is_empty() {
+                g.clear_erase(&done);
+                ctx.dirty.mark(&g, &mut ck);
+            }
+            if g.erase_ids().is_empty() {
+                ctx.erase_groups.lock().remove(&g.id);
+            }
+        }
+        Ok(())
     }
 
     /// Copies, for each group of `groups`, every run of its extents that
@@ -308,6 +411,14 @@ impl Reclaimer {
         }
         Ok(())
     }
+}
+
+/// The cold file holding message `id` of a small group's `list`, if any.
+fn cold_file_of(list: &crate::logs::extents::ExtentList, id: u64) -> Option<FileId> {
+    list.pieces()
+        .find(|p| p.first_id <= id && id < p.end_id())
+        .map(|p| p.ext.file())
+        .filter(|f| f.kind() == FileKind::Cold)
 }
 
 /// Puts the recalled messages among `records` (the copy of a run of

@@ -893,6 +893,7 @@ impl Checkpointer {
         // Also while a group's erase list waits for the segment pass
         // (`erase_segments.rs`): its next stored checkpoint runs it again.
         let pending = !ctx.erase_groups.lock().is_empty()
+            || self.reclaimer.as_ref().is_some_and(|r| r.erasing(ctx))
             || journal::list(&*ctx.vfs, &jdir)
                 .unwrap_or_default()
                 .iter()
