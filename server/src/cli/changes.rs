@@ -6,9 +6,10 @@
 //! CHANGE_REFUSED with the rule it broke.
 
 use clap::{Args, Subcommand};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use tidemark_client::reliable::ClientMsgIds;
+use tidemark_client::Sent;
 
 use super::{connect, emit, nonzero, payload, CliError, ConnArgs};
 
@@ -89,27 +90,15 @@ fn recall(a: RecallArgs) -> Result<(), CliError> {
         .client_msg_id
         .unwrap_or_else(|| ClientMsgIds::new().next_id());
     let sent = c.recall_with_id(a.group, a.sender, id, a.msg_id)?;
-    let dup = if sent.duplicate {
-        " (already stored: nothing new was stored)"
-    } else {
-        ""
+    let change = Change {
+        verb: "recalled",
+        record: "recall",
+        group: a.group,
+        sender: a.sender,
+        target: a.msg_id,
+        client_msg_id: id,
     };
-    emit(
-        a.conn.json,
-        format!(
-            "recalled message {} of group {}: recall msg_id {}{dup}\n",
-            a.msg_id, a.group, sent.msg_id
-        ),
-        json!({
-            "group": a.group,
-            "sender": a.sender,
-            "target": a.msg_id,
-            "client_msg_id": id,
-            "msg_id": sent.msg_id,
-            "timestamp_ms": sent.timestamp_ms,
-            "duplicate": sent.duplicate,
-        }),
-    )
+    change.report(a.conn.json, &sent, json!({}))
 }
 
 fn edit(a: EditArgs) -> Result<(), CliError> {
@@ -119,26 +108,60 @@ fn edit(a: EditArgs) -> Result<(), CliError> {
         .client_msg_id
         .unwrap_or_else(|| ClientMsgIds::new().next_id());
     let sent = c.edit_with_id(a.group, a.sender, id, a.msg_id, &payload)?;
-    let dup = if sent.duplicate {
-        " (already stored: nothing new was stored)"
-    } else {
-        ""
+    let change = Change {
+        verb: "edited",
+        record: "edit",
+        group: a.group,
+        sender: a.sender,
+        target: a.msg_id,
+        client_msg_id: id,
     };
-    emit(
+    change.report(
         a.conn.json,
-        format!(
-            "edited message {} of group {}: edit msg_id {}{dup}\n",
-            a.msg_id, a.group, sent.msg_id
-        ),
-        json!({
-            "group": a.group,
-            "sender": a.sender,
-            "target": a.msg_id,
-            "client_msg_id": id,
+        &sent,
+        json!({ "payload_bytes": payload.len() }),
+    )
+}
+
+/// A recall or an edit the node answered, as both commands print it.
+struct Change {
+    /// "recalled" or "edited".
+    verb: &'static str,
+    /// The new record's name: "recall" or "edit".
+    record: &'static str,
+    group: u64,
+    sender: u64,
+    target: u64,
+    client_msg_id: u64,
+}
+
+impl Change {
+    /// One line of text, or one JSON object with `extra`'s fields added.
+    fn report(&self, json_out: bool, sent: &Sent, extra: Value) -> Result<(), CliError> {
+        let dup = if sent.duplicate {
+            " (already stored: nothing new was stored)"
+        } else {
+            ""
+        };
+        let mut v = json!({
+            "group": self.group,
+            "sender": self.sender,
+            "target": self.target,
+            "client_msg_id": self.client_msg_id,
             "msg_id": sent.msg_id,
             "timestamp_ms": sent.timestamp_ms,
             "duplicate": sent.duplicate,
-            "payload_bytes": payload.len(),
-        }),
-    )
+        });
+        if let (Some(v), Value::Object(extra)) = (v.as_object_mut(), extra) {
+            v.extend(extra);
+        }
+        emit(
+            json_out,
+            format!(
+                "{} message {} of group {}: {} msg_id {}{dup}\n",
+                self.verb, self.target, self.group, self.record, sent.msg_id
+            ),
+            v,
+        )
+    }
 }
