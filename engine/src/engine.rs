@@ -213,7 +213,11 @@ impl Engine {
             std::sync::atomic::Ordering::Relaxed,
         );
         journal.publish_to(ctx.holds.clone());
-        let needs_checkpoint = recovered.needs_checkpoint;
+        // A group with recalled payloads still in its segments (its stored
+        // erase list) gets the erasure pass, which runs after a stored
+        // checkpoint, soon after open even on a quiet node: the bound of
+        // storage.md section 16 item 16 counts from here.
+        let needs_checkpoint = recovered.needs_checkpoint || !ctx.erase_groups.lock().is_empty();
         // Measured before the first send can arrive: starting from "plenty
         // free" would accept sends on a nearly full disk until the commit
         // thread's first measurement (a race seen as a flaky refusal test).

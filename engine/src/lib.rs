@@ -42,6 +42,8 @@ mod edits;
 mod edits_tests;
 mod engine;
 #[cfg(test)]
+mod erasure_edge_tests;
+#[cfg(test)]
 mod erasure_tests;
 mod error;
 #[cfg(any(test, feature = "testing"))]

@@ -240,6 +240,20 @@ pub(crate) fn keep_latest(acc: &mut Option<Error>, e: Error) {
     }
 }
 
+/// Queues the load of `group`'s log with no request waiting for it: the
+/// segment erasure pass's, for an unloaded group whose active segment
+/// holds a recalled payload (`erase_segments.rs`). The same job (and key)
+/// a request's first use queues, so either coalesces with the other;
+/// dropped if the worker stopped (the next open's pass queues it again).
+pub(crate) fn queue_load(shared: &Shared, group: &Arc<Group>) {
+    let g = group.clone();
+    let _ticket = shared
+        .worker
+        .request((group.id, Need::Log), move |_, shared| {
+            run(shared, &g, Need::Log)
+        });
+}
+
 /// A worker job: makes `group` meet `need`.
 fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
     match need {

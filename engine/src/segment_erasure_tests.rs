@@ -23,7 +23,7 @@ fn recall(e: &Engine, group: u64, target: u64, cmid: u64) {
     .unwrap();
 }
 
-fn config(dir: &Path) -> Config {
+pub(crate) fn config(dir: &Path) -> Config {
     let mut c = crate::tests::small_config(dir);
     c.journal_file_bytes = 4096;
     c.checkpoint_journal_bytes = 1 << 30;
@@ -32,9 +32,9 @@ fn config(dir: &Path) -> Config {
 
 /// What a protocol version 2 reader sees of group 1 (`(id, kind, flags,
 /// payload)`) and member 20's unread count there.
-type Seen = (Vec<(u64, u8, u8, Vec<u8>)>, u64);
+pub(crate) type Seen = (Vec<(u64, u8, u8, Vec<u8>)>, u64);
 
-fn seen(e: &Engine) -> Seen {
+pub(crate) fn seen(e: &Engine) -> Seen {
     let b = e.read(1, 0, 1000, 1 << 20).unwrap();
     let b = e.present(1, b, true);
     let recs = b
@@ -59,7 +59,7 @@ fn seen(e: &Engine) -> Seen {
 
 /// Group 1 (segments): secret `a` in a sealed segment (id 1), secret `b`
 /// in the active one (id 13), both recalled (ids 14, 15); group 2 traffic.
-fn fill(e: &Engine, a: &[u8], b: &[u8]) {
+pub(crate) fn fill(e: &Engine, a: &[u8], b: &[u8]) {
     e.create_group(1).unwrap();
     e.create_group(2).unwrap();
     e.join(1, 20, JoinStart::Earliest).unwrap();

@@ -39,16 +39,27 @@
 //! mapping (`Chunk::Mapped`) and a new one agree; a backup copying `len`
 //! bytes gets either.
 //!
-//! Not covered here: the active segment of an *unloaded* group (possible
-//! only after a restart; `unload_if_quiet` keeps a group with a list
-//! loaded): the group leaves `erase_groups` until its next load puts it
-//! back (`Group::install_load`); damaged groups (their files are kept for
-//! repair as they are); cold files and journal files (`rewrite.rs`).
+//! An *unloaded* group with a listed id in its active segment (possible
+//! only after a restart: `unload_if_quiet` keeps a group with a list
+//! loaded) cannot be rolled: its sealed segments are rewritten as above,
+//! and the pass has the maintenance worker load it (`load`, the job a
+//! request's first use queues; the verifying scan stays off the
+//! checkpointer and the event loop) and keeps it in `erase_groups`, so the
+//! next pass rolls and rewrites it. A node with a pending group takes a
+//! checkpoint at open and one `checkpoint_interval_ms` after each stored
+//! one, so this holds with no client touching the group: the segments no
+//! longer hold the payload after the second stored checkpoint after open
+//! (storage.md section 16, item 16).
 //!
-//! Costs: per pass, work proportional to the pending groups and the bytes
-//! of the segments holding listed ids (each segment copied once per
-//! recall that lands in it before a pass; at most `segment_bytes_max`
-//! read and written per segment); no sync under a lock.
+//! Not covered here: damaged groups (their files are kept for repair as
+//! they are); cold files and journal files (`rewrite.rs`).
+//!
+//! Costs: per pass, work proportional to the pending groups (never to all
+//! groups: `erase_groups` holds only the groups with a non-empty list) and
+//! the bytes of the segments holding listed ids (each segment copied once
+//! per recall that lands in it before a pass; at most `segment_bytes_max`
+//! read and written per segment); no sync under a lock; one queued worker
+//! job per unloaded pending group.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,7 +88,13 @@ pub(crate) fn erasing_path(dir: &Path, base: u64) -> PathBuf {
 
 /// One pass over the groups with an erase list (module docs). A failure
 /// ends the pass for that group; its list stays and the next pass retries.
-pub(crate) fn run(ctx: &LogContext, catalog: &RwLock<Catalog>) -> EraseStats {
+/// `load` queues the load of an unloaded group's log on the maintenance
+/// worker (it must not wait for it).
+pub(crate) fn run(
+    ctx: &LogContext,
+    catalog: &RwLock<Catalog>,
+    load: &dyn Fn(&Arc<Group>),
+) -> EraseStats {
     let mut stats = EraseStats::default();
     let pending: Vec<u64> = ctx.erase_groups.lock().iter().copied().collect();
     for id in pending {
@@ -85,7 +102,7 @@ pub(crate) fn run(ctx: &LogContext, catalog: &RwLock<Catalog>) -> EraseStats {
             ctx.erase_groups.lock().remove(&id);
             continue;
         };
-        match erase_group(ctx, &g, &mut stats) {
+        match erase_group(ctx, &g, load, &mut stats) {
             Ok(()) => {}
             Err(e) => log::warn!("erasing recalled messages of group {id} put off: {e}"),
         }
@@ -93,7 +110,12 @@ pub(crate) fn run(ctx: &LogContext, catalog: &RwLock<Catalog>) -> EraseStats {
     stats
 }
 
-fn erase_group(ctx: &LogContext, g: &Arc<Group>, stats: &mut EraseStats) -> Result<()> {
+fn erase_group(
+    ctx: &LogContext,
+    g: &Arc<Group>,
+    load: &dyn Fn(&Arc<Group>),
+    stats: &mut EraseStats,
+) -> Result<()> {
     // Step 1, and the segments to copy, under the checkpoint lock.
     let (ids, sealed) = {
         let mut ck = g.ckpt(&ctx.dirty);
@@ -159,13 +181,17 @@ fn erase_group(ctx: &LogContext, g: &Arc<Group>, stats: &mut EraseStats) -> Resu
         LogSlot::Unloaded(state) => state.segments.last().map(|s| s.0),
         _ => None,
     };
-    // Nothing left, or only ids in an unloaded group's active segment,
-    // which its next load brings back here (module docs).
     let unloaded = matches!(&*g.log.read(), LogSlot::Unloaded(_));
-    if left.is_empty() || (unloaded && active_base.is_some_and(|b| left[0] >= b)) {
+    if left.is_empty() {
         ctx.erase_groups.lock().remove(&g.id);
     }
     drop(ck);
+    // Ids in an unloaded group's active segment: the worker loads it, the
+    // next pass rolls it (module docs). The group stays pending, so
+    // checkpoints keep coming.
+    if unloaded && active_base.is_some_and(|b| left.last().is_some_and(|&l| l >= b)) {
+        load(g);
+    }
     Ok(())
 }
 

@@ -852,7 +852,9 @@ impl Checkpointer {
         // Then small groups' records out of files they alone keep.
         self.reclaim();
         // Then recalled messages out of large groups' segments.
-        let erased = crate::logs::erase_segments::run(ctx, &self.shared.catalog);
+        let shared = &self.shared;
+        let load = |g: &Arc<Group>| crate::ready::queue_load(shared, g);
+        let erased = crate::logs::erase_segments::run(ctx, &shared.catalog, &load);
         if erased.segments_rewritten > 0 {
             log::info!(
                 "erasure: {} segments rewritten ({} bytes)",
