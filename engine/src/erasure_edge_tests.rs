@@ -126,3 +126,150 @@ fn after_a_clean_stop_a_quiet_node_erases_an_unloaded_groups_active_segment_by_i
     }
     e.close().unwrap();
 }
+
+/// Small groups whose records sit in cold files (`cold_erasure_tests`'s
+/// setting): group 1's messages 1..=3, the secret at 2.
+fn cold_config(dir: &std::path::Path) -> crate::Config {
+    let mut c = crate::tests::small_config(dir);
+    c.small_group_bytes_max = 1500;
+    c.journal_file_bytes = 4096;
+    c.checkpoint_journal_bytes = 1 << 30;
+    c
+}
+
+/// Traffic in group 2 rolls the journal; checkpoints move the replay
+/// position past the files, evacuate them, compact and delete.
+fn churn(e: &Engine, from: u64) {
+    for i in 0..40u64 {
+        e.append(2, 1, from + i, &crate::tests::payload(2, i))
+            .unwrap();
+    }
+    for i in 0..5 {
+        e.checkpoint().unwrap();
+        e.append(2, 1, from + 1000 + i, b"x").unwrap();
+    }
+}
+
+/// Every record of `group` as a version 2 reader sees it.
+fn shown(e: &Engine, group: u64) -> Vec<(u64, u8, u8, Vec<u8>)> {
+    let b = e.read(group, 0, 1000, 1 << 20).unwrap();
+    let b = e.present(group, b, true);
+    b.records()
+        .map(|r| {
+            (
+                r.header.msg_id,
+                r.header.kind,
+                r.header.flags,
+                r.payload().to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// The file group 1's extent list names for message `id`, if the group is
+/// small.
+fn file_of(e: &Engine, id: u64) -> Option<PathBuf> {
+    let g = e.shared.catalog.read().get(1).cloned().expect("group 1");
+    let slot = g.log.read();
+    let LogSlot::Small(list) = &*slot else {
+        return None;
+    };
+    let piece = list
+        .pieces()
+        .find(|p| p.first_id <= id && id < p.end_id())?;
+    Some(e.shared.ctx.shared_files.path(piece.ext.file()))
+}
+
+fn recall(e: &Engine, group: u64, target: u64, cmid: u64) {
+    e.change(&crate::ChangeRequest {
+        group_id: group,
+        sender_id: 10,
+        client_msg_id: cmid,
+        target,
+        change: crate::Change::Recall,
+        admin: false,
+    })
+    .unwrap();
+}
+
+/// A power cut at every file operation of the checkpoint whose pass
+/// erases a small group's recalled message from the cold file holding it
+/// (the stored erase list, the sealing of the cold file being written, the
+/// compaction's copy, its sync, the directory sync, the install) and of
+/// the next one (which stores the moved extent and the shorter list):
+/// the next open serves every record of both groups as before (the
+/// recalled one shown recalled), the erase list still names the message
+/// unless the file its extent points to no longer holds the payload (the
+/// list is never shortened before the erased copy is durable and
+/// installed), and the erasure completes within the cold-file bound.
+#[test]
+fn a_power_cut_at_every_file_operation_of_a_cold_file_erasure_loses_nothing_and_erases_after() {
+    let secret = marker();
+    let run = |cut_at: Option<u64>| -> u64 {
+        let root = tempfile::tempdir().unwrap();
+        let data = root.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(cold_config(&data), Arc::new(vfs.clone())).unwrap();
+        e.create_group(1).unwrap();
+        e.create_group(2).unwrap();
+        e.join(1, 20, crate::JoinStart::Earliest).unwrap();
+        e.append(1, 10, 1, b"before").unwrap();
+        e.append(1, 10, 2, &secret).unwrap();
+        e.append(1, 10, 3, b"after").unwrap();
+        churn(&e, 10);
+        let cold = file_of(&e, 2).expect("small");
+        assert!(cold.extension().is_some_and(|x| x == "tmc"), "{cold:?}");
+        // The only cold file: the one being written, which the pass seals.
+        let tmc = std::fs::read_dir(cold.parent().unwrap())
+            .unwrap()
+            .filter(|d| {
+                d.as_ref()
+                    .is_ok_and(|d| d.path().extension().is_some_and(|x| x == "tmc"))
+            })
+            .count();
+        assert_eq!(tmc, 1, "one cold file");
+        recall(&e, 1, 2, 4);
+        let model = (shown(&e, 1), shown(&e, 2));
+        assert_eq!(model.0[1], (2, 0, crate::FLAG_RECALLED, Vec::new()));
+        let before = control.ops();
+        if let Some(n) = cut_at {
+            control.freeze_after(n);
+        }
+        e.checkpoint().unwrap();
+        if cut_at.is_none() {
+            // The pass compacted the file: the extent points elsewhere.
+            let now = file_of(&e, 2).expect("small");
+            assert_ne!(now, cold, "compacted");
+            assert!(!files_holding(&data, &secret).contains(&now));
+        }
+        // The checkpoint that stores the moved extent and the shorter list.
+        e.checkpoint().unwrap();
+        let used = control.ops() - before;
+        control.freeze();
+        e.simulate_crash();
+        control.cut(Cut::DropUnsynced).unwrap();
+        let e = Engine::open(cold_config(&data)).unwrap();
+        let at = format!("cut at {cut_at:?} of {used}");
+        assert_eq!((shown(&e, 1), shown(&e, 2)), model, "{at}");
+        let g = e.shared.catalog.read().get(1).cloned().expect("group 1");
+        if !g.erase_ids().contains(&2) {
+            let named = file_of(&e, 2).expect("small");
+            assert!(
+                !files_holding(&data, &secret).contains(&named),
+                "{at}: the list was cleared but {named:?} holds the payload"
+            );
+        }
+        churn(&e, 5000);
+        assert_eq!(files_holding(&data, &secret), none(), "{at}");
+        assert_eq!(shown(&e, 1), model.0, "{at}");
+        assert_eq!(shown(&e, 2)[..model.1.len()], model.1[..], "{at}");
+        used
+    };
+    let ops = run(None);
+    assert!(ops >= 6, "the erasure is {ops} file operations");
+    for n in 1..=ops + 1 {
+        run(Some(n));
+    }
+}
