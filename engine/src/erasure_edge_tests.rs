@@ -273,3 +273,84 @@ fn a_power_cut_at_every_file_operation_of_a_cold_file_erasure_loses_nothing_and_
         run(Some(n));
     }
 }
+
+/// A listed cold record that fails its check during the cold-file erasure
+/// (here message 2, recalled, with a bit of its `msg_id` flipped in the
+/// cold file: its CRC fails and no copy can erase it): the group is
+/// damaged the node's way, once (STATS `groups_damaged`, reads answer
+/// `GroupDamaged` with the reason, the next checkpoint records it and
+/// `ctl verify` reports it), and the group leaves the erasure's pending
+/// set, also after a restart (no retry at every checkpoint). The other
+/// group keeps every record.
+#[test]
+fn a_listed_cold_record_that_fails_its_check_damages_its_group_once_and_is_reported() {
+    use std::os::unix::fs::FileExt;
+    let secret = marker();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let mut c = cold_config(data);
+    // Only the checkpoints this test asks for.
+    c.checkpoint_interval_ms = 3_600_000;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.join(1, 20, crate::JoinStart::Earliest).unwrap();
+    e.append(1, 10, 1, b"before").unwrap();
+    e.append(1, 10, 2, &secret).unwrap();
+    e.append(1, 10, 3, b"after").unwrap();
+    churn(&e, 10);
+    let cold = file_of(&e, 2).expect("small");
+    assert!(cold.extension().is_some_and(|x| x == "tmc"), "{cold:?}");
+    recall(&e, 1, 2, 4);
+    let other = shown(&e, 2);
+    let bytes = std::fs::read(&cold).unwrap();
+    let payload_at = bytes
+        .windows(secret.len())
+        .position(|w| w == &secret[..])
+        .expect("the cold file holds the payload");
+    // Byte 15 of the record: the top byte of its `msg_id`.
+    let at = (payload_at - crate::logs::record::RECORD_HEADER_BYTES + 15) as u64;
+    let f = std::fs::OpenOptions::new().write(true).open(&cold).unwrap();
+    f.write_all_at(&[bytes[at as usize] ^ 0x40], at).unwrap();
+    drop(f);
+    assert_eq!(e.stats().groups_damaged, 0);
+    e.checkpoint().unwrap();
+    assert_eq!(e.stats().groups_damaged, 1, "counted once");
+    match e.read(1, 0, 10, 1 << 20) {
+        Err(crate::Error::GroupDamaged { group: 1, reason }) => {
+            assert!(reason.contains("cannot be erased"), "{reason}")
+        }
+        Err(other) => panic!("group 1 should be damaged: {other}"),
+        Ok(_) => panic!("group 1 should be damaged"),
+    }
+    assert!(!e.shared.ctx.erase_groups.lock().contains(&1), "no retry");
+    for _ in 0..3 {
+        e.checkpoint().unwrap();
+        assert!(!e.shared.ctx.erase_groups.lock().contains(&1), "no retry");
+    }
+    assert_eq!(e.stats().groups_damaged, 1);
+    assert_eq!(shown(&e, 2), other);
+    e.close().unwrap();
+    // `ctl verify` reports it, from what the checkpoint recorded.
+    let v = crate::offline::DataDir::open(data)
+        .unwrap()
+        .verify()
+        .unwrap();
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.damage && f.group == Some(1) && f.what.contains("cannot be erased")),
+        "{:?}",
+        v.findings
+    );
+    // And the node after a restart: still damaged, counted, not retried.
+    let e = Engine::open(c).unwrap();
+    assert_eq!(e.stats().groups_damaged, 1);
+    assert!(matches!(
+        e.read(1, 0, 10, 1 << 20),
+        Err(crate::Error::GroupDamaged { group: 1, .. })
+    ));
+    e.checkpoint().unwrap();
+    assert!(!e.shared.ctx.erase_groups.lock().contains(&1), "no retry");
+    assert_eq!(shown(&e, 2), other);
+}

@@ -32,7 +32,12 @@
 //! its record is in a cold file is on the group's erase list (GroupPut bit
 //! 6, `apply::records`); every cold file holding a listed id is compacted
 //! in full ahead of the plan, and the ids cleared after the install
-//! (`erase_cold`).
+//! (`erase_cold`). A run holding a listed id whose records do not check
+//! out cannot be copied erased, ever: its group is marked damaged
+//! (`small_log::damage`) rather than retried at every checkpoint; this
+//! is the one place a small slot changes kind off the applier's thread,
+//! under the group's checkpoint lock, which the applier holds while it
+//! uses the slot.
 //!
 //! Bounds (format-spec/storage.md section 9, "Reclaiming small groups'
 //! space"): a small group's byte is copied by evacuation at most once (a
@@ -78,6 +83,14 @@ struct Copy {
     old: Vec<Extent>,
     first_id: u64,
     new: Extent,
+}
+
+/// A run of a group's records a copy left where it was: its records do
+/// not check out (`copy_run`).
+struct LeftInPlace {
+    group: Arc<Group>,
+    ids: std::ops::Range<u64>,
+    why: String,
 }
 
 /// The writer of cold files and the jobs that fill them (module docs).
@@ -154,9 +167,12 @@ impl Reclaimer {
             .filter(|(f, u)| f.kind() == FileKind::Journal && f.seq() < replay_floor && u.live > 0)
             .map(|(f, _)| f)
             .collect();
+        // Runs left in place here stay so (their group's reads report
+        // them; the file stays).
+        let mut left = Vec::new();
         for file in victims {
             let groups = groups_in_journal_file(ctx, file);
-            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats)?;
+            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats, &mut left)?;
             self.install(ctx, copies, &mut stats)?;
             stats.journal_files_evacuated += 1;
         }
@@ -173,7 +189,7 @@ impl Reclaimer {
                 continue;
             }
             let groups = groups_in_cold_file(ctx, file);
-            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats)?;
+            let copies = self.copy_out(ctx, catalog, file, groups, &mut stats, &mut left)?;
             self.install(ctx, copies, &mut stats)?;
             stats.cold_files_compacted += 1;
         }
@@ -236,12 +252,41 @@ impl Reclaimer {
                 }
             }
         }
+        let mut left = Vec::new();
         for &file in &victims {
             let in_file = groups_in_cold_file(ctx, file);
-            let copies = self.copy_out(ctx, catalog, file, in_file, stats)?;
+            let before = left.len();
+            let copies = self.copy_out(ctx, catalog, file, in_file, stats, &mut left)?;
             self.install(ctx, copies, stats)?;
             stats.cold_files_compacted += 1;
-            self.erased.insert(file);
+            // Checkpoints keep coming until K7 deletes it, unless a run
+            // stays in it (it is not deleted then: no point asking).
+            if left.len() == before {
+                self.erased.insert(file);
+            }
+        }
+        // A run holding a listed id whose records do not check out: no
+        // copy can erase the payload, and every retry would fail the same
+        // way. The group is damaged (the node's way: its reads answer
+        // `GroupDamaged`, the next checkpoint records it with the reason,
+        // STATS counts it, `ctl verify` reports it), which ends the retries;
+        // its list stays stored (the payload is still there), for the
+        // operator's repair or deletion.
+        for l in left {
+            let listed = l.group.erase_ids().iter().any(|id| l.ids.contains(id));
+            if !listed {
+                continue;
+            }
+            let reason = format!(
+                "a recalled message's payload cannot be erased: its records {}..{} do not check out: {}",
+                l.ids.start, l.ids.end, l.why
+            );
+            log::error!("group {} is damaged: {reason}", l.group.id);
+            // Under the checkpoint lock the applier holds while it uses
+            // the small slot (`small_log::apply_records`).
+            let _ck = l.group.ckpt(&ctx.dirty);
+            crate::logs::small_log::damage(ctx, &l.group, reason);
+            ctx.erase_groups.lock().remove(&l.group.id);
         }
         for g in groups {
             let mut ck = g.ckpt(&ctx.dirty);
@@ -268,7 +313,8 @@ impl Reclaimer {
 
     /// Copies, for each group of `groups`, every run of its extents that
     /// lies in `file` into the current cold file, then makes the cold file
-    /// durable. No install yet.
+    /// durable. No install yet. A run whose records do not check out stays
+    /// where it is and goes to `left` (the erasure pass acts on it).
     fn copy_out(
         &mut self,
         ctx: &LogContext,
@@ -276,6 +322,7 @@ impl Reclaimer {
         file: FileId,
         groups: BTreeSet<u64>,
         stats: &mut ReclaimStats,
+        left: &mut Vec<LeftInPlace>,
     ) -> Result<Vec<Copy>> {
         let mut copies = Vec::new();
         for id in groups {
@@ -287,8 +334,16 @@ impl Reclaimer {
                 _ => continue,
             };
             for run in runs_in(list.pieces().collect(), file) {
-                let Some(copy) = self.copy_run(ctx, &group, &run, list.floor())? else {
-                    continue;
+                let copy = match self.copy_run(ctx, &group, &run, list.floor())? {
+                    Ok(copy) => copy,
+                    Err(why) => {
+                        left.push(LeftInPlace {
+                            group: group.clone(),
+                            ids: run[0].first_id..run[run.len() - 1].end_id(),
+                            why,
+                        });
+                        continue;
+                    }
                 };
                 stats.bytes_copied += u64::from(copy.new.bytes());
                 copies.push(copy);
@@ -312,16 +367,16 @@ impl Reclaimer {
 
     /// Copies one run of a group's extents (all in one file) into one cold
     /// extent, leaving out the records below the group's retention `floor`
-    /// (only the list's first extent can hold some). `None` if the records
-    /// do not check out (the group's reads report the damage; its extents
-    /// stay where they are).
+    /// (only the list's first extent can hold some). `Err(why)` if the
+    /// records do not check out (the group's reads report the damage; its
+    /// extents stay where they are).
     fn copy_run(
         &mut self,
         ctx: &LogContext,
         group: &Arc<Group>,
         run: &[Piece],
         floor: u64,
-    ) -> Result<Option<Copy>> {
+    ) -> Result<std::result::Result<Copy, String>> {
         let mut records = Vec::new();
         let mut count = 0u32;
         let first_id = run[0].first_id.max(floor);
@@ -330,7 +385,7 @@ impl Reclaimer {
                 Ok(m) => m,
                 Err(e) => {
                     log::warn!("group {}: records left in place: {e}", group.id);
-                    return Ok(None);
+                    return Ok(Err(e.to_string()));
                 }
             };
             let at = p.ext.offset() as usize;
@@ -339,13 +394,14 @@ impl Reclaimer {
             // run's first piece can start below it, and keeps a record.
             let skip = first_id.saturating_sub(p.first_id);
             let Some(kept) = records_from(bytes, skip) else {
-                log::warn!(
-                    "group {}: records left in place: the lengths of extent {}..{} do not walk to id {first_id}",
-                    group.id,
+                let why = format!(
+                    "{}: the lengths of extent {}..{} do not walk to id {first_id}",
+                    ctx.shared_files.path(p.ext.file()).display(),
                     p.first_id,
                     p.end_id()
                 );
-                return Ok(None);
+                log::warn!("group {}: records left in place: {why}", group.id);
+                return Ok(Err(why));
             };
             records.extend_from_slice(kept);
             // `skip` < the piece's count (E1), so this fits u32.
@@ -357,7 +413,12 @@ impl Reclaimer {
             Ok(a) => a,
             Err(crate::Error::GroupDamaged { reason, .. }) => {
                 log::warn!("group {}: records left in place: {reason}", group.id);
-                return Ok(None);
+                let file = run[0].ext.file();
+                return Ok(Err(format!(
+                    "{} (copied from {})",
+                    reason,
+                    ctx.shared_files.path(file).display()
+                )));
             }
             Err(e) => return Err(e),
         };
@@ -374,7 +435,7 @@ impl Reclaimer {
             }
             self.dir_unsynced |= before != Some(seq);
         }
-        Ok(Some(Copy {
+        Ok(Ok(Copy {
             group: group.clone(),
             old: run.iter().map(|p| p.ext).collect(),
             first_id,

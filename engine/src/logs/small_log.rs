@@ -78,7 +78,7 @@ pub(crate) fn apply_records(
     let mut done = RecordsApplied::default();
     if mode != Mode::Live && body::decode_records(run).is_none() {
         let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
-        damage(st, group, reason);
+        damage(st.ctx, group, reason);
         return Ok(Some(done));
     }
     let first = record::peek_msg_id(run);
@@ -93,7 +93,7 @@ pub(crate) fn apply_records(
         debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
         let reason =
             format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
-        damage(st, group, reason);
+        damage(st.ctx, group, reason);
         return Ok(Some(done));
     }
     let count = apply::count_records(above);
@@ -104,7 +104,9 @@ pub(crate) fn apply_records(
     if let Some(ext) = extent {
         let mut slot = group.log.write();
         // Invariant: only this thread turns a small slot into another kind
-        // (a rewrite only moves its extents; module docs).
+        // (a rewrite only moves its extents; module docs), but for the
+        // cold-file erasure's damage, which holds the `ckpt` lock this
+        // caller holds (`rewrite.rs`).
         let LogSlot::Small(list) = &mut *slot else {
             unreachable!("a small slot changed under its applier");
         };
@@ -139,7 +141,7 @@ pub(crate) fn apply_records(
             // to the trash first).
             Err(e) if mode != Mode::Replay => return Err(e),
             Err(e) => {
-                damage(st, group, format!("its promotion failed: {e}"));
+                damage(st.ctx, group, format!("its promotion failed: {e}"));
                 return Ok(Some(done));
             }
         }
@@ -206,15 +208,21 @@ pub(crate) fn forget_extents(ctx: &LogContext, list: &ExtentList) {
     }
 }
 
-/// A small group found damaged while applying: its slot says why. Its
-/// extents leave the accounting (no journal file is deleted while a group
-/// is damaged, checkpointer K7, and deleting it then names no extent).
-fn damage(st: &apply::State<'_>, group: &Group, reason: String) {
-    st.ctx.dirty.damaged(group.id);
+/// A small group found damaged (while applying, or by the cold-file
+/// erasure, `rewrite.rs`): its slot says why, the next capture records it
+/// damaged and STATS counts it (`groups_damaged`). Its extents leave the
+/// accounting (no journal or cold file is deleted while a group is
+/// damaged, checkpointer K7, and deleting it then names no extent). A
+/// slot that is not small any more is left as it is.
+pub(crate) fn damage(ctx: &LogContext, group: &Group, reason: String) {
     let mut slot = group.log.write();
-    if let LogSlot::Small(list) = &*slot {
-        forget_extents(st.ctx, list);
-    }
+    let LogSlot::Small(list) = &*slot else {
+        return;
+    };
+    forget_extents(ctx, list);
+    ctx.dirty.damaged(group.id);
+    ctx.damaged_groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let head = slot.head();
     *slot = LogSlot::Damaged {
         state: LogState {

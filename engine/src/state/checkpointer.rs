@@ -894,12 +894,16 @@ impl Checkpointer {
         let jdir = journal::journal_dir(&ctx.config.data_dir);
         // Also while a group's erase list waits for the segment pass
         // (`erase_segments.rs`): its next stored checkpoint runs it again.
+        // The files wait for K7, which deletes none while a group is
+        // damaged: then asking would only repeat checkpoints until a
+        // repair, so the wait is for the files only with no damage.
         let pending = !ctx.erase_groups.lock().is_empty()
-            || self.reclaimer.as_ref().is_some_and(|r| r.erasing(ctx))
-            || journal::list(&*ctx.vfs, &jdir)
-                .unwrap_or_default()
-                .iter()
-                .any(|&(seq, _)| seq <= up_to);
+            || (self.damaged.is_empty()
+                && (self.reclaimer.as_ref().is_some_and(|r| r.erasing(ctx))
+                    || journal::list(&*ctx.vfs, &jdir)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|&(seq, _)| seq <= up_to)));
         if !pending {
             return;
         }
