@@ -275,15 +275,14 @@ fn a_power_cut_at_every_file_operation_of_a_cold_file_erasure_loses_nothing_and_
 }
 
 /// A listed cold record that fails its check during the cold-file erasure
-/// (here message 2, recalled, with a bit of its `msg_id` flipped in the
-/// cold file: its CRC fails and no copy can erase it): the group is
+/// (message 2, recalled, with a bit flipped in the cold file at `offset`
+/// of its record: its CRC fails and no copy can erase it): the group is
 /// damaged the node's way, once (STATS `groups_damaged`, reads answer
 /// `GroupDamaged` with the reason, the next checkpoint records it and
 /// `ctl verify` reports it), and the group leaves the erasure's pending
 /// set, also after a restart (no retry at every checkpoint). The other
 /// group keeps every record.
-#[test]
-fn a_listed_cold_record_that_fails_its_check_damages_its_group_once_and_is_reported() {
+fn damaged_listed_cold_record(offset: usize) {
     use std::os::unix::fs::FileExt;
     let secret = marker();
     let dir = tempfile::tempdir().unwrap();
@@ -308,8 +307,7 @@ fn a_listed_cold_record_that_fails_its_check_damages_its_group_once_and_is_repor
         .windows(secret.len())
         .position(|w| w == &secret[..])
         .expect("the cold file holds the payload");
-    // Byte 15 of the record: the top byte of its `msg_id`.
-    let at = (payload_at - crate::logs::record::RECORD_HEADER_BYTES + 15) as u64;
+    let at = (payload_at - crate::logs::record::RECORD_HEADER_BYTES + offset) as u64;
     let f = std::fs::OpenOptions::new().write(true).open(&cold).unwrap();
     f.write_all_at(&[bytes[at as usize] ^ 0x40], at).unwrap();
     drop(f);
@@ -353,4 +351,14 @@ fn a_listed_cold_record_that_fails_its_check_damages_its_group_once_and_is_repor
     e.checkpoint().unwrap();
     assert!(!e.shared.ctx.erase_groups.lock().contains(&1), "no retry");
     assert_eq!(shown(&e, 2), other);
+}
+
+#[test]
+fn a_listed_cold_record_that_fails_its_check_damages_its_group_once_and_is_reported() {
+    // Byte 15: the top byte of its `msg_id` (the cold writer refuses the
+    // run); byte 30: one of its `sender_id` (erasing would have written a
+    // valid CRC over it).
+    for offset in [15, 30] {
+        damaged_listed_cold_record(offset);
+    }
 }

@@ -407,6 +407,14 @@ impl Reclaimer {
             // `skip` < the piece's count (E1), so this fits u32.
             count += p.ext.count() - skip as u32;
         }
+        if let Some((id, e)) = damaged_recalled(group, &records) {
+            let why = format!(
+                "{}: recalled message {id} does not check out: {e}",
+                ctx.shared_files.path(run[0].ext.file()).display()
+            );
+            log::warn!("group {}: records left in place: {why}", group.id);
+            return Ok(Err(why));
+        }
         erase_recalled(group, &mut records);
         let before = self.writer.current().map(|(seq, _)| seq);
         let appended = match self.writer.append(group.id, first_id, count, &records) {
@@ -509,6 +517,27 @@ pub(crate) fn erase_recalled(group: &Group, records: &mut [u8]) {
             record::erase_in_place(rec);
         }
     }
+}
+
+/// The first quiet record of `records` (a run of `group`'s records, ids
+/// rising: recalled messages among them) that does not check out, with
+/// why. Erasing a recalled message writes a new CRC over its header, which
+/// would make damage there look valid; so a copy leaves a run holding one
+/// where it is (`copy_run`), as the cold writer does a run with any
+/// record that fails.
+fn damaged_recalled(group: &Group, records: &[u8]) -> Option<(u64, record::RecordError)> {
+    let walk = records_walk(records);
+    let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+        return None;
+    };
+    let quiet = group.quiet_between(first_id, last_id);
+    walk.into_iter()
+        .filter(|(id, _, _)| quiet.binary_search(id).is_ok())
+        .find_map(|(id, at, len)| {
+            record::decode_verified(&records[at..at + len], record::RECORD_BYTES_STORED_MAX)
+                .err()
+                .map(|e| (id, e))
+        })
 }
 
 /// `(msg_id, offset, len)` of each record of `bytes` while the lengths
