@@ -32,7 +32,7 @@ fn unread(e: &Engine, user: u64, group: u64) -> u64 {
 
 /// Traffic in group 2 rolls the journal; checkpoints move the replay
 /// position past the files, evacuate them, compact and delete.
-fn churn(e: &Engine, from: u64) {
+pub(crate) fn churn(e: &Engine, from: u64) {
     for i in 0..40u64 {
         e.append(2, 1, from + i, &crate::tests::payload(2, i))
             .unwrap();

@@ -4,17 +4,42 @@
 //! a power cut during the cold-file erasure, and a listed cold record that
 //! fails its CRC.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::erasure_tests::{files_holding, marker};
+use crate::cold_erasure_tests::churn;
+use crate::erasure_tests::{files_holding, marker, shown};
 use crate::group::LogSlot;
-use crate::io::power_cut::{Cut, PowerCutVfs};
-use crate::segment_erasure_tests::{config, fill, seen};
-use crate::Engine;
+use crate::io::power_cut::{Cut, PowerControl, PowerCutVfs};
+use crate::segment_erasure_tests::{config, fill, recall, seen};
+use crate::{Config, Engine};
 
 fn none() -> Vec<PathBuf> {
     Vec::new()
+}
+
+/// An engine over `<root>/data` through a [`PowerCutVfs`] of `root`.
+fn open_cuttable(root: &Path, config: fn(&Path) -> Config) -> (PathBuf, Arc<PowerControl>, Engine) {
+    let data = root.join("data");
+    std::fs::create_dir(&data).unwrap();
+    let vfs = PowerCutVfs::new(root);
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(config(&data), Arc::new(vfs)).unwrap();
+    (data, control, e)
+}
+
+/// A power cut now (every unsynced change dropped), then the engine
+/// opened again on the real files.
+fn cut_and_reopen(
+    control: &PowerControl,
+    e: Engine,
+    data: &Path,
+    config: fn(&Path) -> Config,
+) -> Engine {
+    control.freeze();
+    e.simulate_crash();
+    control.cut(Cut::DropUnsynced).unwrap();
+    Engine::open(config(data)).unwrap()
 }
 
 /// Whether group 1 is unloaded and lists `id` for erasure.
@@ -39,11 +64,7 @@ fn an_unloaded_group_nobody_touches_after_a_restart_still_has_its_active_segment
     let (a, b) = (marker(), marker());
     let run = |cut_at: Option<u64>| -> (u64, bool) {
         let root = tempfile::tempdir().unwrap();
-        let data = root.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        let vfs = PowerCutVfs::new(root.path());
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(config(&data), Arc::new(vfs.clone())).unwrap();
+        let (data, control, e) = open_cuttable(root.path(), config);
         fill(&e, &a, &b);
         let model = seen(&e);
         let before = control.ops();
@@ -52,10 +73,7 @@ fn an_unloaded_group_nobody_touches_after_a_restart_still_has_its_active_segment
         }
         e.checkpoint().unwrap();
         let used = control.ops() - before;
-        control.freeze();
-        e.simulate_crash();
-        control.cut(Cut::DropUnsynced).unwrap();
-        let e = Engine::open(config(&data)).unwrap();
+        let e = cut_and_reopen(&control, e, &data, config);
         // Message 13 (payload `b`) is in the active segment.
         let pending = unloaded_and_listed(&e, 13);
         let seg_dir = crate::logs::group_log::group_dir(&data, 1);
@@ -129,41 +147,12 @@ fn after_a_clean_stop_a_quiet_node_erases_an_unloaded_groups_active_segment_by_i
 
 /// Small groups whose records sit in cold files (`cold_erasure_tests`'s
 /// setting): group 1's messages 1..=3, the secret at 2.
-fn cold_config(dir: &std::path::Path) -> crate::Config {
+fn cold_config(dir: &Path) -> Config {
     let mut c = crate::tests::small_config(dir);
     c.small_group_bytes_max = 1500;
     c.journal_file_bytes = 4096;
     c.checkpoint_journal_bytes = 1 << 30;
     c
-}
-
-/// Traffic in group 2 rolls the journal; checkpoints move the replay
-/// position past the files, evacuate them, compact and delete.
-fn churn(e: &Engine, from: u64) {
-    for i in 0..40u64 {
-        e.append(2, 1, from + i, &crate::tests::payload(2, i))
-            .unwrap();
-    }
-    for i in 0..5 {
-        e.checkpoint().unwrap();
-        e.append(2, 1, from + 1000 + i, b"x").unwrap();
-    }
-}
-
-/// Every record of `group` as a version 2 reader sees it.
-fn shown(e: &Engine, group: u64) -> Vec<(u64, u8, u8, Vec<u8>)> {
-    let b = e.read(group, 0, 1000, 1 << 20).unwrap();
-    let b = e.present(group, b, true);
-    b.records()
-        .map(|r| {
-            (
-                r.header.msg_id,
-                r.header.kind,
-                r.header.flags,
-                r.payload().to_vec(),
-            )
-        })
-        .collect()
 }
 
 /// The file group 1's extent list names for message `id`, if the group is
@@ -180,16 +169,20 @@ fn file_of(e: &Engine, id: u64) -> Option<PathBuf> {
     Some(e.shared.ctx.shared_files.path(piece.ext.file()))
 }
 
-fn recall(e: &Engine, group: u64, target: u64, cmid: u64) {
-    e.change(&crate::ChangeRequest {
-        group_id: group,
-        sender_id: 10,
-        client_msg_id: cmid,
-        target,
-        change: crate::Change::Recall,
-        admin: false,
-    })
-    .unwrap();
+/// Small group 1 (messages 1..=3, `secret` at 2, member 20) and group
+/// 2's traffic, until group 1's records are in a cold file only: that
+/// file.
+fn secret_in_cold_file(e: &Engine, secret: &[u8]) -> PathBuf {
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    e.join(1, 20, crate::JoinStart::Earliest).unwrap();
+    e.append(1, 10, 1, b"before").unwrap();
+    e.append(1, 10, 2, secret).unwrap();
+    e.append(1, 10, 3, b"after").unwrap();
+    churn(e, 10);
+    let cold = file_of(e, 2).expect("small");
+    assert!(cold.extension().is_some_and(|x| x == "tmc"), "{cold:?}");
+    cold
 }
 
 /// A power cut at every file operation of the checkpoint whose pass
@@ -207,20 +200,8 @@ fn a_power_cut_at_every_file_operation_of_a_cold_file_erasure_loses_nothing_and_
     let secret = marker();
     let run = |cut_at: Option<u64>| -> u64 {
         let root = tempfile::tempdir().unwrap();
-        let data = root.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        let vfs = PowerCutVfs::new(root.path());
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(cold_config(&data), Arc::new(vfs.clone())).unwrap();
-        e.create_group(1).unwrap();
-        e.create_group(2).unwrap();
-        e.join(1, 20, crate::JoinStart::Earliest).unwrap();
-        e.append(1, 10, 1, b"before").unwrap();
-        e.append(1, 10, 2, &secret).unwrap();
-        e.append(1, 10, 3, b"after").unwrap();
-        churn(&e, 10);
-        let cold = file_of(&e, 2).expect("small");
-        assert!(cold.extension().is_some_and(|x| x == "tmc"), "{cold:?}");
+        let (data, control, e) = open_cuttable(root.path(), cold_config);
+        let cold = secret_in_cold_file(&e, &secret);
         // The only cold file: the one being written, which the pass seals.
         let tmc = std::fs::read_dir(cold.parent().unwrap())
             .unwrap()
@@ -247,10 +228,7 @@ fn a_power_cut_at_every_file_operation_of_a_cold_file_erasure_loses_nothing_and_
         // The checkpoint that stores the moved extent and the shorter list.
         e.checkpoint().unwrap();
         let used = control.ops() - before;
-        control.freeze();
-        e.simulate_crash();
-        control.cut(Cut::DropUnsynced).unwrap();
-        let e = Engine::open(cold_config(&data)).unwrap();
+        let e = cut_and_reopen(&control, e, &data, cold_config);
         let at = format!("cut at {cut_at:?} of {used}");
         assert_eq!((shown(&e, 1), shown(&e, 2)), model, "{at}");
         let g = e.shared.catalog.read().get(1).cloned().expect("group 1");
@@ -291,15 +269,7 @@ fn damaged_listed_cold_record(offset: usize) {
     // Only the checkpoints this test asks for.
     c.checkpoint_interval_ms = 3_600_000;
     let e = Engine::open(c.clone()).unwrap();
-    e.create_group(1).unwrap();
-    e.create_group(2).unwrap();
-    e.join(1, 20, crate::JoinStart::Earliest).unwrap();
-    e.append(1, 10, 1, b"before").unwrap();
-    e.append(1, 10, 2, &secret).unwrap();
-    e.append(1, 10, 3, b"after").unwrap();
-    churn(&e, 10);
-    let cold = file_of(&e, 2).expect("small");
-    assert!(cold.extension().is_some_and(|x| x == "tmc"), "{cold:?}");
+    let cold = secret_in_cold_file(&e, &secret);
     recall(&e, 1, 2, 4);
     let other = shown(&e, 2);
     let bytes = std::fs::read(&cold).unwrap();

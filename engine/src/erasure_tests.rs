@@ -63,7 +63,7 @@ fn unread(e: &Engine, user: u64, group: u64) -> u64 {
 
 /// `(msg_id, kind, presented flags, payload)` of every record of `group`
 /// as a protocol version 2 reader sees it.
-fn shown(e: &Engine, group: u64) -> Vec<(u64, u8, u8, Vec<u8>)> {
+pub(crate) fn shown(e: &Engine, group: u64) -> Vec<(u64, u8, u8, Vec<u8>)> {
     let b = e.read(group, 0, 1000, 1 << 20).unwrap();
     let b = e.present(group, b, true);
     b.records()

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use crate::erasure_tests::{files_holding, marker};
 use crate::{Change, ChangeRequest, Config, Engine, JoinStart};
 
-fn recall(e: &Engine, group: u64, target: u64, cmid: u64) {
+pub(crate) fn recall(e: &Engine, group: u64, target: u64, cmid: u64) {
     e.change(&ChangeRequest {
         group_id: group,
         sender_id: 10,
