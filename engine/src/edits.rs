@@ -181,38 +181,22 @@ impl Engine {
         if kinds && quiet.is_empty() {
             return batch;
         }
-        let mut chunks = Vec::with_capacity(batch.chunks.len());
-        for chunk in batch.chunks {
-            let buf = chunk.bytes();
-            let (mut pos, mut kept_from) = (0, 0);
-            while let Some(len) = record::peek_len(&buf[pos..])
-                .filter(|&l| l >= RECORD_HEADER_BYTES && pos + l <= buf.len())
-            {
-                let rec = &buf[pos..pos + len];
-                let kind = record::peek_kind(rec);
-                // A stored erased record is a recalled message whose
-                // recall is in `quiet` (it is trimmed only below the
-                // floor, where no read goes); the flag is checked too so
-                // that its zeros are never served as a payload.
-                let recalled = kind == KIND_MESSAGE
-                    && (record::peek_erased(rec)
-                        || quiet.binary_search(&record::peek_msg_id(rec)).is_ok());
-                if recalled || (!kinds && kind != KIND_MESSAGE) {
-                    if pos > kept_from {
-                        chunks.push(chunk.sub(kept_from, pos));
-                    }
-                    let flags = if recalled && kinds { FLAG_RECALLED } else { 0 };
-                    chunks.push(Chunk::copied(shown_empty(rec, flags)));
-                    kept_from = pos + len;
-                }
-                pos += len;
-            }
-            if kept_from == 0 {
-                chunks.push(chunk);
-            } else if kept_from < buf.len() {
-                chunks.push(chunk.sub(kept_from, buf.len()));
-            }
-        }
+        let Ok((chunks, _)) = substitute::<std::convert::Infallible>(batch.chunks, |rec| {
+            let kind = record::peek_kind(rec);
+            // A stored erased record is a recalled message whose recall is
+            // in `quiet` (it is trimmed only below the floor, where no read
+            // goes); the flag is checked too so that its zeros are never
+            // served as a payload.
+            let recalled = kind == KIND_MESSAGE
+                && (record::peek_erased(rec)
+                    || quiet.binary_search(&record::peek_msg_id(rec)).is_ok());
+            Ok(if recalled || (!kinds && kind != KIND_MESSAGE) {
+                let flags = if recalled && kinds { FLAG_RECALLED } else { 0 };
+                Shown::As(shown_empty(rec, flags))
+            } else {
+                Shown::Stored
+            })
+        });
         let bytes = chunks.iter().map(|c| c.bytes().len()).sum();
         ReadBatch {
             chunks,
@@ -220,6 +204,58 @@ impl Engine {
             ..batch
         }
     }
+}
+
+/// What a read shows of one stored record ([`substitute`]).
+enum Shown {
+    /// The stored bytes.
+    Stored,
+    /// These bytes instead.
+    As(Vec<u8>),
+    /// Nothing.
+    Left,
+}
+
+/// The chunks of a read with each record shown as `show` says: the
+/// stored records kept stay slices of their chunks (no copy; a run of
+/// them is one slice), each substitute is a chunk of its own. Returns the
+/// chunks and the number of records shown (stored or substituted). The
+/// one walk of `present` and `try_history_latest`; `show` sees every
+/// whole record in order, and its error ends the walk.
+fn substitute<E>(
+    chunks: Vec<Chunk>,
+    mut show: impl FnMut(&[u8]) -> std::result::Result<Shown, E>,
+) -> std::result::Result<(Vec<Chunk>, u64), E> {
+    let mut out = Vec::with_capacity(chunks.len());
+    let mut count = 0;
+    for chunk in chunks {
+        let buf = chunk.bytes();
+        let (mut pos, mut kept_from) = (0, 0);
+        while let Some(len) = record::peek_len(&buf[pos..])
+            .filter(|&l| l >= RECORD_HEADER_BYTES && pos + l <= buf.len())
+        {
+            let shown = show(&buf[pos..pos + len])?;
+            if !matches!(shown, Shown::Left) {
+                count += 1;
+            }
+            if !matches!(shown, Shown::Stored) {
+                if pos > kept_from {
+                    out.push(chunk.sub(kept_from, pos));
+                }
+                if let Shown::As(bytes) = shown {
+                    out.push(Chunk::copied(bytes));
+                }
+                kept_from = pos + len;
+            }
+            pos += len;
+        }
+        if kept_from == 0 {
+            out.push(chunk);
+        } else if kept_from < buf.len() {
+            out.push(chunk.sub(kept_from, buf.len()));
+        }
+    }
+    Ok((out, count))
 }
 
 /// A record shown as a message (kind 0) with `flags` and an empty
@@ -288,59 +324,31 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let mut chunks = Vec::with_capacity(batch.chunks.len());
-        let mut count = 0;
-        for chunk in batch.chunks {
-            let buf = chunk.bytes();
-            let (mut pos, mut kept_from) = (0, 0);
-            while let Some(len) = record::peek_len(&buf[pos..])
-                .filter(|&l| l >= RECORD_HEADER_BYTES && pos + l <= buf.len())
-            {
-                let rec = &buf[pos..pos + len];
-                let (id, kind) = (record::peek_msg_id(rec), record::peek_kind(rec));
-                let shown = if kind == KIND_EDIT || kind == KIND_RECALL {
-                    Some(None)
-                } else if kind == KIND_MESSAGE
-                    && (record::peek_erased(rec) || quiet.binary_search(&id).is_ok())
-                {
-                    Some(Some(shown_empty(rec, FLAG_RECALLED)))
-                } else if let Some(e) = (kind == KIND_MESSAGE)
-                    .then(|| group.latest_edit(id))
-                    .flatten()
-                {
-                    let edit = self.try_read(group_id, e - 1, 1, 1)?;
-                    let bytes = edit.chunks.first().map(|c| c.bytes()).unwrap_or(&[]);
-                    let new = (record::peek_msg_id(bytes) == e)
-                        .then(|| bytes.get(RECORD_HEADER_BYTES + TARGET_BYTES..))
-                        .flatten()
-                        .ok_or_else(|| Error::GroupDamaged {
-                            group: group_id,
-                            reason: format!("the edit {e} of message {id} is not readable"),
-                        })?;
-                    Some(Some(shown_with(rec, FLAG_EDITED, new)))
-                } else {
-                    None
-                };
-                if let Some(replacement) = shown {
-                    if pos > kept_from {
-                        chunks.push(chunk.sub(kept_from, pos));
-                    }
-                    if let Some(r) = replacement {
-                        chunks.push(Chunk::copied(r));
-                        count += 1;
-                    }
-                    kept_from = pos + len;
-                } else {
-                    count += 1;
-                }
-                pos += len;
+        let (chunks, count) = substitute(batch.chunks, |rec| {
+            let (id, kind) = (record::peek_msg_id(rec), record::peek_kind(rec));
+            if kind == KIND_EDIT || kind == KIND_RECALL {
+                return Ok(Shown::Left);
             }
-            if kept_from == 0 {
-                chunks.push(chunk);
-            } else if kept_from < buf.len() {
-                chunks.push(chunk.sub(kept_from, buf.len()));
+            if kind != KIND_MESSAGE {
+                return Ok(Shown::Stored);
             }
-        }
+            if record::peek_erased(rec) || quiet.binary_search(&id).is_ok() {
+                return Ok(Shown::As(shown_empty(rec, FLAG_RECALLED)));
+            }
+            let Some(e) = group.latest_edit(id) else {
+                return Ok(Shown::Stored);
+            };
+            let edit = self.try_read(group_id, e - 1, 1, 1)?;
+            let bytes = edit.chunks.first().map(|c| c.bytes()).unwrap_or(&[]);
+            let new = (record::peek_msg_id(bytes) == e)
+                .then(|| bytes.get(RECORD_HEADER_BYTES + TARGET_BYTES..))
+                .flatten()
+                .ok_or_else(|| Error::GroupDamaged {
+                    group: group_id,
+                    reason: format!("the edit {e} of message {id} is not readable"),
+                })?;
+            Ok(Shown::As(shown_with(rec, FLAG_EDITED, new)))
+        })?;
         let bytes = chunks.iter().map(|c| c.bytes().len()).sum();
         h.batch = ReadBatch {
             chunks,
