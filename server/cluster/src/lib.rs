@@ -13,12 +13,17 @@
 mod error;
 pub mod raft_log;
 #[cfg(test)]
+mod raft_log_compaction_tests;
+#[cfg(test)]
 mod raft_log_tests;
 mod replica;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod sim_tests;
+pub mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 pub mod tcp;
 #[cfg(test)]
 mod tcp_tests;
