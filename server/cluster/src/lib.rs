@@ -30,4 +30,6 @@ mod tcp_tests;
 
 pub use error::{ClusterError, Result};
 pub use raft::eraftpb::Message;
-pub use replica::{Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN};
+pub use replica::{
+    Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN, RAFT_LOG_MAX_BYTES_DEFAULT,
+};

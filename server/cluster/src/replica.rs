@@ -351,7 +351,11 @@ impl Replica {
                 };
                 driver.shut_down(crash);
                 if let Err(e) = result {
-                    log::error!("replica {}: {e}", cfg.id);
+                    if thread_shared.restart_to_install.load(Ordering::Acquire) {
+                        log::warn!("replica {}: {e}", cfg.id);
+                    } else {
+                        log::error!("replica {}: {e}", cfg.id);
+                    }
                     *thread_shared.stopped.lock() = Some(e.to_string());
                 }
             })
