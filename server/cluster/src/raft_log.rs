@@ -292,9 +292,10 @@ impl RaftLog {
         Ok(())
     }
 
-    /// Drops the entries up to `index` (at most the last index; the caller's
-    /// engine holds them durably), rewriting the file (module docs). Does
-    /// nothing if `index` is at or before the start.
+    /// Drops the entries up to `index` (at most the last index, committed
+    /// and applied: the caller's engine holds them durably), rewriting the
+    /// file (module docs). Does nothing if `index` is at or before the
+    /// start.
     pub fn compact(&mut self, index: u64) -> Result<()> {
         if index <= self.start.0 {
             return Ok(());
@@ -307,6 +308,10 @@ impl RaftLog {
         let keep = self.entries.split_off((index - self.start.0) as usize);
         self.entries = keep;
         self.start = (index, term);
+        // The caller applied `index`, so it is committed; the stored commit
+        // may lag (Raft relearns it), but never below the start, which
+        // raft-rs requires at load.
+        self.hard_state.commit = self.hard_state.commit.max(index);
         self.rewrite()
     }
 

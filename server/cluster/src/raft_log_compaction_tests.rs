@@ -192,3 +192,22 @@ fn a_start_record_anywhere_but_first_or_in_a_version_1_file_is_damage() {
         Err(ClusterError::RaftLogDamaged { .. })
     ));
 }
+
+#[test]
+fn a_compaction_past_the_stored_commit_raises_it_to_the_start() {
+    // The stored commit may lag the applied index (Raft relearns it), but
+    // raft-rs refuses a log whose stored commit is below its start.
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = five(dir.path());
+    log.persist(&[], Some(&hs(1, 1, 2))).unwrap();
+    log.compact(4).unwrap();
+    drop(log);
+    let log = RaftLog::open(dir.path(), &[1, 2, 3]).unwrap();
+    assert_eq!(*log.hard_state(), hs(1, 1, 4));
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let config = raft::Config {
+        id: 1,
+        ..Default::default()
+    };
+    assert!(raft::RawNode::new(&config, log, &logger).is_ok());
+}

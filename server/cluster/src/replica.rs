@@ -64,6 +64,9 @@ use crate::raft_log::RaftLog;
 
 /// Inputs the driver takes in one turn before it handles a `Ready`.
 pub const INPUTS_PER_TURN: usize = 256;
+/// An offered snapshot Raft did not send within this long is dropped (a
+/// new one is taken when Raft asks again).
+const OFFER_UNUSED_MAX: Duration = Duration::from_secs(10);
 
 /// Where a replica's Raft messages go. Messages may be lost, duplicated or
 /// reordered (Raft tolerates all three); `send` never blocks for long.
@@ -337,6 +340,7 @@ impl Replica {
             applied,
             want_snapshot: false,
             offer: None,
+            compact_check_at: 0,
             term_start: None,
             pending: None,
             awaiting: None,
@@ -543,8 +547,12 @@ struct Driver {
     /// raft-rs asked for a snapshot and none is offered yet.
     want_snapshot: bool,
     /// The engine snapshot the Raft log offers (`RaftLog::offer`), by its
-    /// Raft index; handed to the transport with the `MsgSnapshot`s.
-    offer: Option<(u64, Arc<tidemark_engine::Snapshot>)>,
+    /// Raft index, and when it was taken; handed to the transport with the
+    /// `MsgSnapshot`s.
+    offer: Option<(u64, Arc<tidemark_engine::Snapshot>, Instant)>,
+    /// The Raft log file's length at which compaction is looked at again
+    /// after a look that found nothing worth doing.
+    compact_check_at: u64,
     /// Every committed entry up to this index is applied (or skipped).
     applied: u64,
     /// While leader: its term and the index of the term's first entry.
@@ -717,7 +725,7 @@ impl Driver {
                 let _ = wake.lock().send(Input::SnapshotSent { to, ok });
             });
             match &self.offer {
-                Some((i, snap)) if *i == index => {
+                Some((i, snap, _)) if *i == index => {
                     offered = true;
                     self.transport.send_snapshot(m, snap.clone(), done);
                 }
@@ -741,6 +749,16 @@ impl Driver {
     /// this leader's is being written (the engine's last round is then the
     /// one of the last data entry applied).
     fn make_offer(&mut self) -> Result<()> {
+        if self
+            .offer
+            .as_ref()
+            .is_some_and(|o| o.2.elapsed() > OFFER_UNUSED_MAX)
+        {
+            // The follower it was for went away before Raft sent it: its
+            // hold would keep the engine's deletions waiting.
+            self.offer = None;
+            self.raw.mut_store().set_offer(None);
+        }
         self.want_snapshot |= self.raw.store().take_snapshot_wanted();
         if !self.want_snapshot || self.awaiting.is_some() {
             return Ok(());
@@ -771,7 +789,7 @@ impl Driver {
             self.raw.raft.id
         );
         self.raw.mut_store().set_offer(Some(offer));
-        self.offer = Some((index, Arc::new(snap)));
+        self.offer = Some((index, Arc::new(snap), Instant::now()));
         Ok(())
     }
 
@@ -784,9 +802,12 @@ impl Driver {
     fn compact(&mut self) -> Result<()> {
         let store = self.raw.store();
         let max = self.raft_log_max_bytes;
-        if store.file_bytes() <= max {
+        if store.file_bytes() <= max.max(self.compact_check_at) {
             return Ok(());
         }
+        // Looked at again only after another quarter of the bound was
+        // appended: each look walks the entries kept.
+        self.compact_check_at = store.file_bytes() + max / 4;
         let mut to = self.applied;
         if self.raw.raft.state == StateRole::Leader {
             let me = self.raw.raft.id;
@@ -808,6 +829,7 @@ impl Driver {
             return Ok(());
         }
         self.raw.mut_store().compact(to)?;
+        self.compact_check_at = 0;
         self.shared.log_first_index.store(to + 1, Ordering::Release);
         Ok(())
     }
