@@ -8,7 +8,10 @@
 //! written only once committed), a follower's arrive through
 //! `Engine::append_replicated`. The transport is the caller's
 //! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
-//! (cluster.md section 7). No async runtime anywhere.
+//! (cluster.md section 7). The Raft log is bounded by compaction, and a
+//! follower that needs compacted entries gets a [`snapshot`] of the
+//! leader's engine (cluster.md sections 3.5 and 8). No async runtime
+//! anywhere.
 
 mod error;
 pub mod raft_log;

@@ -6,7 +6,10 @@
 //! thread that (re)connects and writes them; a listener thread that accepts
 //! connections and a reader thread per connection that decodes frames and
 //! hands each message addressed to this node to its [`Mailbox`]. Threads,
-//! not the client event loop: the event loop never waits for Raft.
+//! not the client event loop: the event loop never waits for Raft. A
+//! snapshot (cluster.md section 8.2) goes on a connection and a thread of
+//! its own, opened with the stream's preamble; the reader that finds the
+//! preamble hands the whole stream to [`Mailbox::receive_snapshot`].
 //!
 //! Invariants: a frame is delivered whole and checked (length bounded by
 //! `frame_bytes_max`, CRC, `to` is this node, `from` is a voter) or not at
