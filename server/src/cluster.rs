@@ -18,7 +18,10 @@
 //! (a round refused because leadership was lost between the gate's check
 //! and the round, or a failed write) stops, and the node shuts down with
 //! an error: the engine the loop serves cannot be swapped under it, and a
-//! restart recovers both logs (cluster.md section 5).
+//! restart recovers both logs (cluster.md section 5). A replica that
+//! stops to install a snapshot (its Raft log already reset to it) makes
+//! the node shut down and re-execute itself, whose start finishes the
+//! install (cluster.md section 8.4).
 //!
 //! Costs: per data request one leaf-lock read of the gate state; a watcher
 //! thread that looks at the replica's state every [`WATCH_INTERVAL`].
@@ -75,6 +78,9 @@ pub struct ClusterArgs {
     pub node_id: Option<u64>,
     pub listen: Option<SocketAddr>,
     pub peers: Vec<Peer>,
+    /// `--raft-log-max-bytes` (cluster.md section 3.5); 0 is taken as the
+    /// default.
+    pub raft_log_max_bytes: u64,
 }
 
 /// A replica set member's settings, checked.
@@ -83,6 +89,7 @@ pub struct ClusterConfig {
     pub node_id: u64,
     pub listen: SocketAddr,
     pub peers: Vec<Peer>,
+    pub raft_log_max_bytes: u64,
 }
 
 impl ClusterArgs {
@@ -116,6 +123,10 @@ impl ClusterArgs {
             node_id,
             listen,
             peers: self.peers,
+            raft_log_max_bytes: match self.raft_log_max_bytes {
+                0 => tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT,
+                n => n,
+            },
         }))
     }
 }
@@ -190,6 +201,7 @@ pub fn serve(
     let dir = node.engine.data_dir.clone();
     let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
     replica_config.engine = node.engine.clone();
+    replica_config.raft_log_max_bytes = cluster.raft_log_max_bytes;
     node.engine.data_dir = dir.join("engine");
     let bound = BoundListener::bind(cluster.listen)
         .map_err(|e| format!("cluster listen {}: {e}", cluster.listen))?;
@@ -248,15 +260,40 @@ pub fn serve(
     let replica = leadership.replica.get().cloned();
     // The loop's reference goes first: the replica closes the engine.
     let engine = engine.map(drop);
-    let stopped = replica.and_then(|r| {
+    let (stopped, reinstall) = replica.map_or((None, false), |r| {
         r.stop();
-        r.stopped_reason()
+        (r.stopped_reason(), r.restart_to_install())
     });
     drop(raft_listener);
+    if reinstall {
+        // Everything this process held is closed (the engine by the loop's
+        // drop, the listeners, the transport): the new image finishes the
+        // install before it opens the engine (cluster.md section 8.4).
+        return restart_in_place();
+    }
     match stopped {
         Some(reason) => Err(format!("replica stopped: {reason}")),
         None => engine,
     }
+}
+
+/// Replaces this process by a new run of the same command line (same pid,
+/// same arguments and environment): how a node finishes a snapshot's
+/// install (cluster.md section 8.4). Returns only if the exec failed.
+fn restart_in_place() -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().map_err(|e| format!("restart to install: {e}"))?;
+    log::warn!(
+        "restarting ({}) to finish a snapshot's install",
+        exe.display()
+    );
+    let e = std::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(format!(
+        "restart to install a snapshot: exec {}: {e}; start the node again",
+        exe.display()
+    ))
 }
 
 /// The watcher's loop: a replica that stopped on an error shuts the node
@@ -268,7 +305,15 @@ fn watch(
 ) {
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
         if let Some(reason) = leadership.replica.get().and_then(|r| r.stopped_reason()) {
-            log::error!("replica stopped: {reason}; the node shuts down");
+            if leadership
+                .replica
+                .get()
+                .is_some_and(|r| r.restart_to_install())
+            {
+                log::warn!("{reason}: the node stops serving and starts again");
+            } else {
+                log::error!("replica stopped: {reason}; the node shuts down");
+            }
             shutdown.request();
             return;
         }
@@ -311,8 +356,19 @@ mod tests {
             node_id: Some(1),
             listen,
             peers: vec![peer.clone()],
+            raft_log_max_bytes: 0,
         };
-        assert!(full.clone().check().unwrap().is_some());
+        // 0 (unset) is the default bound; a value given is kept.
+        let checked = full.clone().check().unwrap().unwrap();
+        assert_eq!(
+            checked.raft_log_max_bytes,
+            tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT
+        );
+        let small = ClusterArgs {
+            raft_log_max_bytes: 4096,
+            ..full.clone()
+        };
+        assert_eq!(small.check().unwrap().unwrap().raft_log_max_bytes, 4096);
         for partial in [
             ClusterArgs {
                 node_id: None,

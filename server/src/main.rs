@@ -214,6 +214,12 @@ struct ServeArgs {
     /// set on every member. No default.
     #[arg(long = "cluster-peer", value_name = "PEER", value_parser = tidemark_server::cluster::parse_peer)]
     cluster_peers: Vec<tidemark_server::cluster::Peer>,
+    /// A replica set member's Raft log bound in bytes: past it the log drops
+    /// what the engine holds durably, keeping at most half of it for a
+    /// lagging follower, which beyond that is sent a snapshot
+    /// (format-spec/cluster.md sections 3.5 and 8).
+    #[arg(long, value_name = "BYTES", default_value_t = tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT)]
+    raft_log_max_bytes: u64,
 }
 
 /// Why the command line was refused.
@@ -273,6 +279,7 @@ fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
         node_id: a.cluster_node_id,
         listen: a.cluster_listen,
         peers: a.cluster_peers.clone(),
+        raft_log_max_bytes: a.raft_log_max_bytes,
     }
 }
 

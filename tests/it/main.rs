@@ -10,6 +10,7 @@ mod backup;
 mod bench_tool;
 mod cli;
 mod cluster;
+mod cluster_snapshot;
 mod crash_kill;
 mod ctl;
 mod disk_full;

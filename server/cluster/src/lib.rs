@@ -8,10 +8,15 @@
 //! written only once committed), a follower's arrive through
 //! `Engine::append_replicated`. The transport is the caller's
 //! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
-//! (cluster.md section 7). No async runtime anywhere.
+//! (cluster.md section 7). The Raft log is bounded by compaction, and a
+//! follower that needs compacted entries gets a [`snapshot`] of the
+//! leader's engine (cluster.md sections 3.5 and 8). No async runtime
+//! anywhere.
 
 mod error;
 pub mod raft_log;
+#[cfg(test)]
+mod raft_log_compaction_tests;
 #[cfg(test)]
 mod raft_log_tests;
 mod replica;
@@ -19,10 +24,15 @@ mod replica;
 mod sim;
 #[cfg(test)]
 mod sim_tests;
+pub mod snapshot;
+#[cfg(test)]
+mod snapshot_tests;
 pub mod tcp;
 #[cfg(test)]
 mod tcp_tests;
 
 pub use error::{ClusterError, Result};
 pub use raft::eraftpb::Message;
-pub use replica::{Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN};
+pub use replica::{
+    Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN, RAFT_LOG_MAX_BYTES_DEFAULT,
+};

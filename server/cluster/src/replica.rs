@@ -10,7 +10,14 @@
 //! apply committed entries in index order (cluster.md section 4): a round
 //! the engine has is skipped, the round this leader's commit thread waits
 //! for at the gate is answered "committed" (the commit thread writes it),
-//! any other goes through `Engine::append_replicated`.
+//! any other goes through `Engine::append_replicated`. After each turn it
+//! compacts the Raft log past its bound (cluster.md section 3.5) and, if
+//! raft-rs asked for a snapshot, takes one of the engine for the log to
+//! offer (section 8.1); a `MsgSnapshot` goes to the transport with the
+//! engine snapshot, and a snapshot in a `Ready` is installed (section
+//! 8.3: staged, the log reset, the engine swapped and reopened; if a
+//! node's loop holds the engine, the replica stops so that the node's
+//! restart finishes the swap).
 //!
 //! The gate ([`RoundGate`] of the engine) is *open* while this node is the
 //! leader and has applied its log up to its term's first entry (cluster.md
@@ -57,11 +64,26 @@ use crate::raft_log::RaftLog;
 
 /// Inputs the driver takes in one turn before it handles a `Ready`.
 pub const INPUTS_PER_TURN: usize = 256;
+/// An offered snapshot Raft did not send within this long is dropped (a
+/// new one is taken when Raft asks again).
+const OFFER_UNUSED_MAX: Duration = Duration::from_secs(10);
 
 /// Where a replica's Raft messages go. Messages may be lost, duplicated or
 /// reordered (Raft tolerates all three); `send` never blocks for long.
 pub trait Transport: Send + 'static {
     fn send(&self, msg: Message);
+
+    /// Sends a `MsgSnapshot` with the files of `snapshot` (cluster.md
+    /// section 8.2), off the caller's thread: `done(true)` once the whole
+    /// stream was written, `done(false)` if it could not be. The receiver
+    /// hands the message to its replica only once the files are durable
+    /// there ([`Mailbox::receive_snapshot`]).
+    fn send_snapshot(
+        &self,
+        msg: Message,
+        snapshot: Arc<tidemark_engine::Snapshot>,
+        done: Box<dyn FnOnce(bool) + Send>,
+    );
 }
 
 /// A replica's configuration.
@@ -85,7 +107,14 @@ pub struct ReplicaConfig {
     pub election_ticks: usize,
     /// Ticks between a leader's heartbeats.
     pub heartbeat_ticks: usize,
+    /// The Raft log file's bound in bytes (cluster.md section 3.5): past
+    /// it the log drops what the engine holds durably, keeping for a
+    /// lagging follower at most half of it (beyond, it gets a snapshot).
+    pub raft_log_max_bytes: u64,
 }
+
+/// Default of [`ReplicaConfig::raft_log_max_bytes`]: 64 MiB.
+pub const RAFT_LOG_MAX_BYTES_DEFAULT: u64 = 64 << 20;
 
 impl ReplicaConfig {
     /// Defaults: 10 ms ticks, elections after 100-200 ms, heartbeats every
@@ -100,6 +129,7 @@ impl ReplicaConfig {
             tick: Duration::from_millis(10),
             election_ticks: 10,
             heartbeat_ticks: 2,
+            raft_log_max_bytes: RAFT_LOG_MAX_BYTES_DEFAULT,
         }
     }
 }
@@ -114,6 +144,11 @@ enum Input {
     },
     /// The engine completed a round (the driver may wait for one).
     Wake,
+    /// A snapshot stream to `to` ended: written whole (`ok`) or not.
+    SnapshotSent {
+        to: u64,
+        ok: bool,
+    },
     Stop {
         crash: bool,
     },
@@ -125,12 +160,28 @@ enum Input {
 
 /// Hands Raft messages from the transport to a replica.
 #[derive(Clone)]
-pub struct Mailbox(Sender<Input>);
+pub struct Mailbox {
+    tx: Sender<Input>,
+    /// The replica's id, voters and directory, for snapshot streams.
+    id: u64,
+    voters: Arc<[u64]>,
+    dir: Arc<PathBuf>,
+}
 
 impl Mailbox {
     /// Delivers a message (dropped if the replica stopped).
     pub fn deliver(&self, msg: Message) {
-        let _ = self.0.send(Input::Raft(msg));
+        let _ = self.tx.send(Input::Raft(msg));
+    }
+
+    /// Reads a snapshot stream (after its preamble) into the replica's
+    /// directory, then delivers its `MsgSnapshot` (cluster.md section 8.2).
+    /// Costs: the snapshot's bytes written and fsynced on the caller's
+    /// thread (a transport's reader, never the driver).
+    pub fn receive_snapshot(&self, r: &mut impl std::io::Read) -> Result<()> {
+        let msg = crate::snapshot::receive(r, &self.dir, self.id, &self.voters)?;
+        self.deliver(msg);
+        Ok(())
     }
 }
 
@@ -190,6 +241,14 @@ struct Shared {
     awaiting: AtomicBool,
     /// Why the driver stopped, if it did.
     stopped: Mutex<Option<String>>,
+    /// The driver stopped to finish a snapshot's install (cluster.md
+    /// section 8.3): the Raft log starts at the snapshot, and the engine
+    /// directory is swapped at the next start ([`Replica::start`]).
+    restart_to_install: AtomicBool,
+    /// Snapshots this replica installed since it started.
+    snapshots_installed: std::sync::atomic::AtomicU64,
+    /// The Raft log's first index (its start + 1), as the driver last set it.
+    log_first_index: std::sync::atomic::AtomicU64,
 }
 
 /// A running replica (module docs).
@@ -218,8 +277,13 @@ impl Replica {
             });
         }
         let mut engine_config = cfg.engine.clone();
-        engine_config.data_dir = cfg.dir.join("engine");
+        engine_config.data_dir = cfg.dir.join(crate::snapshot::ENGINE_DIR);
         let log = RaftLog::open(&cfg.dir.join("raft"), &cfg.voters)?;
+        // An install a crash (or the node's restart, section 8.3) left
+        // half done is finished if the Raft log committed it, else dropped.
+        crate::snapshot::recover(&cfg.dir, log.start())?;
+        // Every entry up to the log's start is in the engine, durably.
+        let applied = log.start().0;
         let raft_config = raft::Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
@@ -255,6 +319,9 @@ impl Replica {
             engine: RwLock::new(None),
             awaiting: AtomicBool::new(false),
             stopped: Mutex::new(None),
+            restart_to_install: AtomicBool::new(false),
+            snapshots_installed: std::sync::atomic::AtomicU64::new(0),
+            log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
         });
         let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
         *shared.engine.write() = Some(Arc::new(engine));
@@ -267,8 +334,13 @@ impl Replica {
             shared: shared.clone(),
             gate: gate.clone(),
             engine_config,
+            dir: cfg.dir.clone(),
+            raft_log_max_bytes: cfg.raft_log_max_bytes,
             tick: cfg.tick,
-            applied: 0,
+            applied,
+            want_snapshot: false,
+            offer: None,
+            compact_check_at: 0,
             term_start: None,
             pending: None,
             awaiting: None,
@@ -283,14 +355,23 @@ impl Replica {
                 };
                 driver.shut_down(crash);
                 if let Err(e) = result {
-                    log::error!("replica {}: {e}", cfg.id);
+                    if thread_shared.restart_to_install.load(Ordering::Acquire) {
+                        log::warn!("replica {}: {e}", cfg.id);
+                    } else {
+                        log::error!("replica {}: {e}", cfg.id);
+                    }
                     *thread_shared.stopped.lock() = Some(e.to_string());
                 }
             })
             .map_err(|e| ClusterError::io("spawn the raft driver", e))?;
         Ok(Replica {
             id: cfg.id,
-            mailbox: Mailbox(tx),
+            mailbox: Mailbox {
+                tx,
+                id: cfg.id,
+                voters: cfg.voters.clone().into(),
+                dir: Arc::new(cfg.dir.clone()),
+            },
             shared,
             gate,
             thread: Mutex::new(Some(thread)),
@@ -359,6 +440,25 @@ impl Replica {
         self.shared.stopped.lock().clone()
     }
 
+    /// Whether the replica stopped to finish a snapshot's install: the
+    /// engine it served is stale, and the install completes when the
+    /// replica starts again (cluster.md section 8.3; a node restarts
+    /// itself).
+    pub fn restart_to_install(&self) -> bool {
+        self.shared.restart_to_install.load(Ordering::Acquire)
+    }
+
+    /// Snapshots this replica installed since it started.
+    pub fn snapshots_installed(&self) -> u64 {
+        self.shared.snapshots_installed.load(Ordering::Acquire)
+    }
+
+    /// The Raft log's first index: entries before it were compacted (or
+    /// came in a snapshot).
+    pub fn log_first_index(&self) -> u64 {
+        self.shared.log_first_index.load(Ordering::Acquire)
+    }
+
     fn stopped(&self) -> ClusterError {
         ClusterError::Stopped {
             reason: self
@@ -382,11 +482,11 @@ impl Replica {
     /// Pauses the driver for `d` (module docs of `Input::Pause`).
     #[cfg(test)]
     pub fn pause(&self, d: Duration) {
-        let _ = self.mailbox.0.send(Input::Pause(d));
+        let _ = self.mailbox.tx.send(Input::Pause(d));
     }
 
     fn end(&self, crash: bool) {
-        let _ = self.mailbox.0.send(Input::Stop { crash });
+        let _ = self.mailbox.tx.send(Input::Stop { crash });
         if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
@@ -440,7 +540,19 @@ struct Driver {
     shared: Arc<Shared>,
     gate: Arc<Gate>,
     engine_config: tidemark_engine::Config,
+    /// The replica's directory (cluster.md section 2).
+    dir: PathBuf,
+    raft_log_max_bytes: u64,
     tick: Duration,
+    /// raft-rs asked for a snapshot and none is offered yet.
+    want_snapshot: bool,
+    /// The engine snapshot the Raft log offers (`RaftLog::offer`), by its
+    /// Raft index, and when it was taken; handed to the transport with the
+    /// `MsgSnapshot`s.
+    offer: Option<(u64, Arc<tidemark_engine::Snapshot>, Instant)>,
+    /// The Raft log file's length at which compaction is looked at again
+    /// after a look that found nothing worth doing.
+    compact_check_at: u64,
     /// Every committed entry up to this index is applied (or skipped).
     applied: u64,
     /// While leader: its term and the index of the term's first entry.
@@ -490,6 +602,8 @@ impl Driver {
             }
             self.on_ready()?;
             self.apply()?;
+            self.compact()?;
+            self.make_offer()?;
         }
     }
 
@@ -505,6 +619,14 @@ impl Driver {
             }
             Input::Propose { payload, reply } => self.propose(payload, reply),
             Input::Wake => {}
+            Input::SnapshotSent { to, ok } => {
+                let status = if ok {
+                    raft::SnapshotStatus::Finish
+                } else {
+                    raft::SnapshotStatus::Failure
+                };
+                self.raw.report_snapshot(to, status);
+            }
             Input::Stop { crash } => return Some(crash),
             #[cfg(test)]
             Input::Pause(d) => std::thread::sleep(d),
@@ -575,9 +697,9 @@ impl Driver {
         self.note_term_start();
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
-            return Err(ClusterError::Stopped {
-                reason: "a snapshot arrived: snapshot transfer is not supported yet".into(),
-            });
+            let snap = rd.snapshot().clone();
+            let hs = rd.hs().unwrap_or(self.raw.store().hard_state()).clone();
+            self.install(&snap, hs)?;
         }
         // Committed entries are applied from the Raft log (`apply`), which
         // can go again from where it stopped.
@@ -590,10 +712,193 @@ impl Driver {
         Ok(())
     }
 
-    fn send(&self, msgs: Vec<Message>) {
+    fn send(&mut self, msgs: Vec<Message>) {
+        let mut offered = false;
         for m in msgs {
-            self.transport.send(m);
+            if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
+                self.transport.send(m);
+                continue;
+            }
+            let (to, index) = (m.to, m.get_snapshot().get_metadata().index);
+            let wake = Mutex::new(self.wake.clone());
+            let done = Box::new(move |ok| {
+                let _ = wake.lock().send(Input::SnapshotSent { to, ok });
+            });
+            match &self.offer {
+                Some((i, snap, _)) if *i == index => {
+                    offered = true;
+                    self.transport.send_snapshot(m, snap.clone(), done);
+                }
+                // Invariant: raft-rs sends only the snapshot the log
+                // offers, and the offer changes only here and in
+                // `make_offer`, after the messages of its turn went out.
+                _ => done(false),
+            }
         }
+        if offered {
+            // The streams hold the engine snapshot as long as they need
+            // it; the next follower that needs one gets a newer one, and
+            // the engine's deletions wait no longer than the streams.
+            self.offer = None;
+            self.raw.mut_store().set_offer(None);
+        }
+    }
+
+    /// Takes an engine snapshot for the Raft log to offer if raft-rs asked
+    /// for one (cluster.md section 8.1): at `applied`, while no round of
+    /// this leader's is being written (the engine's last round is then the
+    /// one of the last data entry applied).
+    fn make_offer(&mut self) -> Result<()> {
+        if self
+            .offer
+            .as_ref()
+            .is_some_and(|o| o.2.elapsed() > OFFER_UNUSED_MAX)
+        {
+            // The follower it was for went away before Raft sent it: its
+            // hold would keep the engine's deletions waiting.
+            self.offer = None;
+            self.raw.mut_store().set_offer(None);
+        }
+        self.want_snapshot |= self.raw.store().take_snapshot_wanted();
+        if !self.want_snapshot || self.awaiting.is_some() {
+            return Ok(());
+        }
+        self.want_snapshot = false;
+        let index = self.applied;
+        let term =
+            raft::Storage::term(self.raw.store(), index).map_err(|e| ClusterError::Stopped {
+                reason: format!("the term of applied entry {index}: {e}"),
+            })?;
+        let (last_round, snap) = {
+            let slot = self.shared.engine.read();
+            let engine = slot.as_ref().ok_or_else(|| ClusterError::Stopped {
+                reason: "no engine".into(),
+            })?;
+            (engine.last_round(), engine.snapshot()?)
+        };
+        let mut offer = raft::eraftpb::Snapshot {
+            data: crate::snapshot::descriptor(last_round).into(),
+            ..Default::default()
+        };
+        let meta = offer.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.raw.store().conf_state().clone());
+        log::info!(
+            "node {}: snapshot at entry {index} (term {term}, round {last_round}) offered",
+            self.raw.raft.id
+        );
+        self.raw.mut_store().set_offer(Some(offer));
+        self.offer = Some((index, Arc::new(snap), Instant::now()));
+        Ok(())
+    }
+
+    /// Compacts the Raft log once its file passed its bound (cluster.md
+    /// section 3.5): up to `applied` (the engine holds it durably under
+    /// `fsync=always`), or on a leader up to the slowest follower's match
+    /// if what it still needs takes at most half the bound; only if that
+    /// halves the file, so that each compaction's rewrite is paid for by
+    /// as many bytes of appends.
+    fn compact(&mut self) -> Result<()> {
+        let store = self.raw.store();
+        let max = self.raft_log_max_bytes;
+        if store.file_bytes() <= max.max(self.compact_check_at) {
+            return Ok(());
+        }
+        // Looked at again only after another quarter of the bound was
+        // appended: each look walks the entries kept.
+        self.compact_check_at = store.file_bytes() + max / 4;
+        let mut to = self.applied;
+        if self.raw.raft.state == StateRole::Leader {
+            let me = self.raw.raft.id;
+            let slowest = self
+                .raw
+                .raft
+                .prs()
+                .iter()
+                .filter(|(id, _)| **id != me)
+                .map(|(_, pr)| pr.matched)
+                .min();
+            if let Some(m) = slowest {
+                if m < to && store.entry_bytes_from(m + 1) <= max / 2 {
+                    to = m;
+                }
+            }
+        }
+        if to <= store.start().0 || store.entry_bytes_from(to + 1) > store.file_bytes() / 2 {
+            return Ok(());
+        }
+        self.raw.mut_store().compact(to)?;
+        self.compact_check_at = 0;
+        self.shared.log_first_index.store(to + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Installs the snapshot raft-rs's `Ready` holds (cluster.md section
+    /// 8.3): its files (received before Raft saw the message) staged, the
+    /// Raft log reset to it (the commit point), then the engine swapped
+    /// and reopened; if a node's loop holds the engine, the replica stops
+    /// to finish the swap at its restart.
+    fn install(
+        &mut self,
+        snap: &raft::eraftpb::Snapshot,
+        mut hs: raft::eraftpb::HardState,
+    ) -> Result<()> {
+        let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
+        let last_round = crate::snapshot::descriptor_last_round(snap.get_data())
+            .map_err(|reason| ClusterError::Stopped { reason })?;
+        crate::snapshot::stage(&self.dir, index, term)?;
+        hs.commit = hs.commit.max(index);
+        self.raw.mut_store().reset_to_snapshot(index, term, &hs)?;
+        self.shared
+            .log_first_index
+            .store(index + 1, Ordering::Release);
+        self.close_gate("a snapshot is being installed");
+        self.awaiting = None;
+        self.shared.awaiting.store(false, Ordering::Release);
+        let mut slot = self.shared.engine.write();
+        if let Some(old) = slot.take() {
+            match Arc::try_unwrap(old) {
+                Ok(old) => {
+                    if let Err(e) = old.close() {
+                        log::info!("closing the engine a snapshot replaces: {e}");
+                    }
+                }
+                Err(held) => {
+                    // A node's loop serves it: the node restarts, and the
+                    // start finishes the install (`snapshot::recover`).
+                    *slot = Some(held);
+                    self.shared
+                        .restart_to_install
+                        .store(true, Ordering::Release);
+                    return Err(ClusterError::Stopped {
+                        reason: format!(
+                            "a snapshot at entry {index} is to be installed: the node restarts"
+                        ),
+                    });
+                }
+            }
+        }
+        crate::snapshot::finish(&self.dir, index, term)?;
+        let engine = open_engine(&self.engine_config, &self.gate, &self.shared, &self.wake)?;
+        if engine.last_round() != last_round {
+            return Err(ClusterError::Stopped {
+                reason: format!(
+                    "the snapshot at entry {index} opened at round {}, not {last_round}",
+                    engine.last_round()
+                ),
+            });
+        }
+        *slot = Some(Arc::new(engine));
+        self.applied = index;
+        self.shared
+            .snapshots_installed
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        log::info!(
+            "node {}: snapshot at entry {index} (round {last_round}) installed",
+            self.raw.raft.id
+        );
+        Ok(())
     }
 
     /// A new role or leader (cluster.md section 5): any role but leader

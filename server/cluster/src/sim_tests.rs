@@ -30,6 +30,8 @@ struct Cluster {
     dirs: HashMap<u64, PathBuf>,
     net: Arc<Net>,
     replicas: Mutex<HashMap<u64, Arc<Replica>>>,
+    /// Every replica's `raft_log_max_bytes`.
+    raft_log_max_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl Cluster {
@@ -44,6 +46,7 @@ impl Cluster {
             dirs,
             net: Net::new(seed),
             replicas: Mutex::new(HashMap::new()),
+            raft_log_max_bytes: crate::replica::RAFT_LOG_MAX_BYTES_DEFAULT.into(),
         };
         for id in IDS {
             c.start_node(id);
@@ -61,6 +64,9 @@ impl Cluster {
         cfg.engine.commit_round_bytes_max = 256 << 10;
         cfg.engine.journal_file_bytes = 4096;
         cfg.engine.checkpoint_journal_bytes = 64 << 10;
+        cfg.raft_log_max_bytes = self
+            .raft_log_max_bytes
+            .load(std::sync::atomic::Ordering::Acquire);
         cfg
     }
 
@@ -526,4 +532,63 @@ fn a_replica_refuses_an_engine_without_fsync_always() {
     assert!(matches!(r, Err(ClusterError::Stopped { .. })));
     assert!(!dir.path().join("raft").exists(), "nothing written");
     sim::stop(&net);
+}
+
+/// cluster.md section 8: a follower down while the others write past the
+/// Raft log's bound comes back, finds the entries it lacks compacted on
+/// the leader, and catches up by a snapshot; after a crash right after the
+/// install it comes back from the installed engine and its Raft log.
+#[test]
+fn a_follower_back_after_the_log_was_compacted_catches_up_by_a_snapshot() {
+    let c = Arc::new(Cluster::start(0x5a9));
+    c.raft_log_max_bytes
+        .store(16 << 10, std::sync::atomic::Ordering::Release);
+    for id in IDS {
+        // Restarted with the small bound.
+        c.stop_node(id);
+        c.start_node(id);
+    }
+    c.create_groups();
+    c.settle();
+    let down = *IDS.iter().find(|&&id| id != c.leader().id()).unwrap();
+    c.crash_node(down);
+    let behind = RaftLog::open(&c.dirs[&down].join("raft"), &IDS)
+        .unwrap()
+        .last();
+    let mut acked = HashMap::new();
+    // Until the leader compacted past what the follower has (the leader
+    // keeps at most half its bound for a lagging follower).
+    let deadline = Instant::now() + WAIT;
+    let mut i = 0;
+    while c.leader().log_first_index() <= behind + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the leader's log was never compacted"
+        );
+        i += 1;
+        let g = GROUPS[(i % GROUPS.len() as u64) as usize];
+        acked.insert((g, 4000, i), c.send(g, 4000, i));
+    }
+    let streams = c.net.snapshots.load(std::sync::atomic::Ordering::Acquire);
+    c.start_node(down);
+    c.settle();
+    let state = c.identical_state();
+    check_acknowledged(&state, &acked);
+    let follower = c.replicas.lock()[&down].clone();
+    assert!(
+        follower.snapshots_installed() >= 1,
+        "the follower caught up without a snapshot"
+    );
+    assert!(c.net.snapshots.load(std::sync::atomic::Ordering::Acquire) > streams);
+    assert!(follower.log_first_index() > behind + 1);
+    // A crash right after: the installed engine and the reset log reopen,
+    // and the follower goes on from them.
+    c.crash_node(down);
+    c.start_node(down);
+    for j in 1..=20 {
+        let g = GROUPS[(j % GROUPS.len() as u64) as usize];
+        acked.insert((g, 4001, j), c.send(g, 4001, j));
+    }
+    c.settle();
+    check_acknowledged(&c.identical_state(), &acked);
 }

@@ -6,7 +6,10 @@
 //! thread that (re)connects and writes them; a listener thread that accepts
 //! connections and a reader thread per connection that decodes frames and
 //! hands each message addressed to this node to its [`Mailbox`]. Threads,
-//! not the client event loop: the event loop never waits for Raft.
+//! not the client event loop: the event loop never waits for Raft. A
+//! snapshot (cluster.md section 8.2) goes on a connection and a thread of
+//! its own, opened with the stream's preamble; the reader that finds the
+//! preamble hands the whole stream to [`Mailbox::receive_snapshot`].
 //!
 //! Invariants: a frame is delivered whole and checked (length bounded by
 //! `frame_bytes_max`, CRC, `to` is this node, `from` is a voter) or not at
@@ -43,6 +46,9 @@ pub const FRAME_BYTES_MAX_DEFAULT: usize = 80 << 20;
 pub const QUEUED_FRAMES_MAX: usize = 4096;
 /// How long a connect may take before the frame is dropped.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long one write of a snapshot stream may block before the stream is
+/// given up (the leader sends a snapshot again later).
+const SNAPSHOT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often idle threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -116,6 +122,8 @@ pub fn decode_frame(frame: &[u8]) -> Result<Message, FrameError> {
 /// The sending side: a queue and a thread per peer.
 pub struct TcpTransport {
     peers: HashMap<u64, SyncSender<Vec<u8>>>,
+    /// Where snapshot streams go: a connection of their own each.
+    addrs: HashMap<u64, SocketAddr>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -126,6 +134,7 @@ impl TcpTransport {
         let stop = Arc::new(AtomicBool::new(false));
         let mut out = TcpTransport {
             peers: HashMap::new(),
+            addrs: peers.clone(),
             stop: stop.clone(),
             threads: Vec::new(),
         };
@@ -149,6 +158,49 @@ impl Transport for TcpTransport {
             encode_frame(&mut frame, &msg);
             // A full queue drops the frame: Raft resends.
             let _ = q.try_send(frame);
+        }
+    }
+
+    /// A connection of its own to the peer and a thread that writes the
+    /// stream (cluster.md section 8.2), so that a snapshot never holds up
+    /// the peer's Raft frames; the thread ends with the stream.
+    fn send_snapshot(
+        &self,
+        msg: Message,
+        snapshot: Arc<tidemark_engine::Snapshot>,
+        done: Box<dyn FnOnce(bool) + Send>,
+    ) {
+        let Some(&addr) = self.addrs.get(&msg.to) else {
+            done(false);
+            return;
+        };
+        let to = msg.to;
+        let spawned = std::thread::Builder::new()
+            .name(format!("tidemark-raft-snap-{to}"))
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let sent = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+                    .and_then(|s| {
+                        s.set_write_timeout(Some(SNAPSHOT_WRITE_TIMEOUT))?;
+                        Ok(s)
+                    })
+                    .map_err(|e| format!("connect: {e}"))
+                    .and_then(|s| {
+                        let mut w = io::BufWriter::with_capacity(256 << 10, s);
+                        crate::snapshot::write_stream(&mut w, &msg, &snapshot)
+                    });
+                match &sent {
+                    Ok(bytes) => log::info!(
+                        "snapshot to node {to}: {bytes} bytes in {:?}",
+                        started.elapsed()
+                    ),
+                    Err(e) => log::warn!("snapshot to node {to}: {e}"),
+                }
+                drop(snapshot);
+                done(sent.is_ok());
+            });
+        if let Err(e) = spawned {
+            log::warn!("snapshot sender thread: {e}");
         }
     }
 }
@@ -304,6 +356,22 @@ fn read_loop(
         if !read_full(&mut conn, &mut head, stop).map_err(io)? {
             return Ok(());
         }
+        if head == crate::snapshot::PREAMBLE[..4] {
+            // A snapshot stream (cluster.md section 8.2): its connection
+            // carries nothing else.
+            let mut rest = [0u8; 4];
+            if !read_full(&mut conn, &mut rest, stop).map_err(io)?
+                || rest != crate::snapshot::PREAMBLE[4..]
+            {
+                return Err("a connection that is neither frames nor a snapshot".into());
+            }
+            return mailbox
+                .receive_snapshot(&mut StopRead {
+                    conn: &mut conn,
+                    stop,
+                })
+                .map_err(|e| e.to_string());
+        }
         let len = frame_len(head, frame_bytes_max).map_err(|e| format!("{e:?}"))?;
         frame.clear();
         frame.extend_from_slice(&head);
@@ -319,6 +387,33 @@ fn read_loop(
             ));
         }
         mailbox.deliver(msg);
+    }
+}
+
+/// A connection read to the end, whatever its read timeout, until the
+/// stop flag.
+struct StopRead<'a> {
+    conn: &'a mut TcpStream,
+    stop: &'a AtomicBool,
+}
+
+impl Read for StopRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                return Err(io::Error::other("the node stops"));
+            }
+            match self.conn.read(buf) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                other => return other,
+            }
+        }
     }
 }
 

@@ -83,7 +83,18 @@ fn start(
     addrs: &HashMap<u64, SocketAddr>,
     bound: BoundListener,
 ) -> Node {
+    start_bounded(id, dir, addrs, bound, crate::RAFT_LOG_MAX_BYTES_DEFAULT)
+}
+
+fn start_bounded(
+    id: u64,
+    dir: &std::path::Path,
+    addrs: &HashMap<u64, SocketAddr>,
+    bound: BoundListener,
+    raft_log_max_bytes: u64,
+) -> Node {
     let mut cfg = ReplicaConfig::new(id, &IDS, dir.join(format!("node{id}")));
+    cfg.raft_log_max_bytes = raft_log_max_bytes;
     cfg.engine.payload_bytes_max = 1024;
     cfg.engine.commit_round_bytes_max = 256 << 10;
     let peers: HashMap<u64, SocketAddr> = addrs
@@ -184,6 +195,79 @@ fn three_replicas_over_loopback_tcp_hold_identical_logs_across_a_follower_restar
     };
     check_acknowledged(&state, &acked);
     assert_eq!(state[0].1, 60);
+    for n in nodes.values() {
+        n.replica.stop();
+    }
+}
+
+/// cluster.md sections 7 and 8.2 over real sockets: a follower stopped
+/// while the others write past an 8 KiB Raft log bound catches up by a
+/// snapshot streamed on a connection of its own.
+#[test]
+fn a_follower_catches_up_by_a_snapshot_streamed_over_loopback_tcp() {
+    const BOUND: u64 = 8 << 10;
+    let root = tempfile::tempdir().unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut bound: HashMap<u64, BoundListener> = IDS
+        .iter()
+        .map(|&id| (id, BoundListener::bind(any).unwrap()))
+        .collect();
+    let addrs: HashMap<u64, SocketAddr> = bound
+        .iter()
+        .map(|(&id, b)| (id, b.local_addr().unwrap()))
+        .collect();
+    let mut nodes: HashMap<u64, Node> = IDS
+        .iter()
+        .map(|&id| {
+            let b = bound.remove(&id).unwrap();
+            (id, start_bounded(id, root.path(), &addrs, b, BOUND))
+        })
+        .collect();
+    write(&nodes, |e| e.create_group(7));
+    write(&nodes, |e| e.join(7, 1, JoinStart::Head));
+    let follower = *IDS
+        .iter()
+        .find(|&&id| !nodes[&id].replica.is_writable())
+        .unwrap();
+    let gone = nodes.remove(&follower).unwrap();
+    gone.replica.stop();
+    drop(gone);
+    let mut acked = Acked::new();
+    let mut i = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leader(&nodes).log_first_index() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the leader's log was never compacted"
+        );
+        i += 1;
+        let payload = format!("m{i} {}", "y".repeat(100));
+        let id = write(&nodes, |e| e.append(7, 500, i, payload.as_bytes())).msg_id;
+        acked.insert((7, 500, i), id);
+    }
+    let rebound = BoundListener::bind(addrs[&follower]).unwrap();
+    nodes.insert(
+        follower,
+        start_bounded(follower, root.path(), &addrs, rebound, BOUND),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let state = loop {
+        let states: Vec<_> = nodes
+            .values()
+            .map(|n| n.replica.read(state_of).unwrap())
+            .collect();
+        if states.iter().all(|s| *s == states[0]) {
+            break states[0].clone();
+        }
+        assert!(Instant::now() < deadline, "the replicas did not converge");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    check_acknowledged(&state, &acked);
+    assert_eq!(state[0].1, i);
+    assert!(
+        nodes[&follower].replica.snapshots_installed() >= 1,
+        "the follower caught up without a snapshot"
+    );
     for n in nodes.values() {
         n.replica.stop();
     }
