@@ -25,12 +25,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
-use tidemark_node::{ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown};
+use tidemark_node::{
+    ClusterShards, ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown,
+};
+
+use crate::cluster_map;
 
 /// How often the watcher looks whether the replica stopped.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
@@ -75,6 +80,8 @@ pub struct ClusterArgs {
     pub node_id: Option<u64>,
     pub listen: Option<SocketAddr>,
     pub peers: Vec<Peer>,
+    /// `--cluster-map FILE` (format-spec/cluster.md section 9.1).
+    pub map: Option<PathBuf>,
 }
 
 /// A replica set member's settings, checked.
@@ -82,20 +89,57 @@ pub struct ClusterArgs {
 pub struct ClusterConfig {
     pub node_id: u64,
     pub listen: SocketAddr,
+    /// The other members of its set; empty for a set of one.
     pub peers: Vec<Peer>,
+    /// The cluster map, when the node was started with one: requests for
+    /// other sets' groups get WRONG_SET. `None`: the set owns every shard.
+    pub shards: Option<ClusterShards>,
 }
 
 impl ClusterArgs {
-    /// `None` when no cluster flag is given (a single node); the flags
-    /// all together or an error.
+    /// `None` when no cluster flag is given (a single node). Without a map:
+    /// the id, the listen address and the peers all together (one set
+    /// owning every shard). With `--cluster-map`: the id, and the node's
+    /// set and peers from the map (`--cluster-listen` defaults to the
+    /// map's cluster address; `--cluster-peer` is refused: the map says).
     pub fn check(self) -> Result<Option<ClusterConfig>, String> {
+        if let Some(path) = &self.map {
+            let Some(node_id) = self.node_id else {
+                return Err("--cluster-map needs --cluster-node-id".into());
+            };
+            if !self.peers.is_empty() {
+                return Err(
+                    "--cluster-peer and --cluster-map exclude each other: the map names the \
+                     node's peers"
+                        .into(),
+                );
+            }
+            let view = cluster_map::load(path)
+                .and_then(|m| m.for_node(node_id))
+                .map_err(|e| e.to_string())?;
+            let peers = view
+                .peers
+                .iter()
+                .map(|m| Peer {
+                    id: m.node_id,
+                    peer_addr: m.cluster_addr,
+                    client_addr: m.client_addr,
+                })
+                .collect();
+            return Ok(Some(ClusterConfig {
+                node_id,
+                listen: self.listen.unwrap_or(view.own.cluster_addr),
+                peers,
+                shards: Some(view.shards),
+            }));
+        }
         let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
             (None, None, true) => return Ok(None),
             (Some(id), Some(listen), false) => (id, listen),
             _ => {
                 return Err(
                     "a replica set member needs --cluster-node-id, --cluster-listen and one \
-                     --cluster-peer per other member"
+                     --cluster-peer per other member (or --cluster-node-id and --cluster-map)"
                         .into(),
                 )
             }
@@ -116,6 +160,7 @@ impl ClusterArgs {
             node_id,
             listen,
             peers: self.peers,
+            shards: None,
         }))
     }
 }
@@ -186,6 +231,24 @@ pub fn serve(
         clients,
     });
     node.leadership = Some(LeaderGate(leadership.clone()));
+    if let Some(shards) = cluster.shards.clone() {
+        // The map's own client address is what other nodes and clients
+        // are told; a node listening elsewhere is reachable only by luck.
+        let own = shards
+            .members(shards.own_set)
+            .iter()
+            .find(|(id, _)| *id == cluster.node_id)
+            .map(|(_, a)| a.clone());
+        if let Some(advertised) = own.filter(|a| *a != node.listen.to_string()) {
+            log::warn!(
+                "--listen {} is not the client address {advertised} the cluster map gives \
+                 node {}: clients are sent there",
+                node.listen,
+                cluster.node_id
+            );
+        }
+        node.shards = Some(Arc::new(shards));
+    }
     // The replica's directory: `engine/` (the node's data) and `raft/`.
     let dir = node.engine.data_dir.clone();
     let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
@@ -311,6 +374,7 @@ mod tests {
             node_id: Some(1),
             listen,
             peers: vec![peer.clone()],
+            map: None,
         };
         assert!(full.clone().check().unwrap().is_some());
         for partial in [

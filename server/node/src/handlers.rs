@@ -276,6 +276,8 @@ pub struct Ctx<'a> {
     pub version: u8,
     /// A replica set member's leader gate (4.31); `None` on a single node.
     pub leadership: Option<&'a dyn crate::config::Leadership>,
+    /// The cluster map (4.33); `None` when the node owns every shard.
+    pub shards: Option<&'a crate::shards::ClusterShards>,
 }
 
 impl Ctx<'_> {
@@ -505,6 +507,80 @@ pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
             .collect(),
     };
     reply(request_id, &Response::Cluster(map), Vec::new(), 0)
+}
+
+/// CLUSTER_MAP (4.33): the cluster's sets and shard table as this node
+/// knows them, its own set's leader from its replica. Without a map file:
+/// one set (id 0, epoch 0) owning every shard, whose members are the
+/// replica set's (none on a single node: the node asked is the set).
+/// Served by every member. Cost: the map copied (1024 shards walked into
+/// ranges); a rare request.
+pub fn cluster_map(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
+    use tidemark_protocol::{ClusterMember, ReplicaSetEntry, ShardMap, ShardTable, SHARD_COUNT};
+    let view = ctx.leadership.map(|l| l.map());
+    let (node_id, own_leader) = view.as_ref().map_or((0, 0), |v| (v.node_id, v.leader_id));
+    fn members(list: &[(u64, String)]) -> Vec<ClusterMember<'_>> {
+        list.iter()
+            .map(|(id, addr)| ClusterMember {
+                node_id: *id,
+                client_addr: addr,
+            })
+            .collect()
+    }
+    let single;
+    let (epoch, own_set, table, sets) = match ctx.shards {
+        Some(map) => (
+            map.epoch,
+            map.own_set,
+            &map.table,
+            map.sets
+                .iter()
+                .map(|s| ReplicaSetEntry {
+                    set_id: s.set_id,
+                    // Other sets' leaders: not learned in this version.
+                    leader_id: if s.set_id == map.own_set {
+                        own_leader
+                    } else {
+                        0
+                    },
+                    members: members(&s.members),
+                })
+                .collect(),
+        ),
+        None => {
+            single = ShardTable::single(0);
+            let set = ReplicaSetEntry {
+                set_id: 0,
+                leader_id: own_leader,
+                members: view.as_ref().map_or_else(Vec::new, |v| members(&v.members)),
+            };
+            (0, 0, &single, vec![set])
+        }
+    };
+    let map = ShardMap {
+        epoch,
+        node_id,
+        set_id: own_set,
+        shard_count: SHARD_COUNT,
+        sets,
+        ranges: table.ranges(),
+    };
+    reply(request_id, &Response::ClusterMap(map), Vec::new(), 0)
+}
+
+/// WRONG_SET (4.33): the request names a group of another set; detail the
+/// set's id, the message its members' client addresses.
+pub fn wrong_set(
+    request_id: u64,
+    map: &crate::shards::ClusterShards,
+    wrong: &crate::shards::WrongSet,
+) -> Outgoing {
+    error(
+        request_id,
+        ErrorCode::WrongSet,
+        Some(u64::from(wrong.set_id)),
+        &map.message(wrong),
+    )
 }
 
 /// CREATE_GROUP (4.5): parked until its round commits.
@@ -1353,6 +1429,7 @@ mod tests {
             },
             version: 1,
             leadership: None,
+            shards: None,
         }
     }
 
@@ -1795,6 +1872,7 @@ mod member_tests {
             },
             version: 1,
             leadership: None,
+            shards: None,
         };
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {

@@ -219,6 +219,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::WritesStopped => "writes_stopped",
         ErrorCode::Internal => "internal",
         ErrorCode::NotLeader => "not_leader",
+        ErrorCode::WrongSet => "wrong_set",
         // The node sends only the codes it defines.
         ErrorCode::Unknown(_) => "unknown",
     }
@@ -320,6 +321,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Info => "info",
         Opcode::SlowLog => "slowlog",
         Opcode::Cluster => "cluster",
+        Opcode::ClusterMap => "cluster_map",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",

@@ -37,6 +37,7 @@ mod error;
 mod inbox;
 mod link;
 mod receipts;
+mod router;
 mod sender;
 
 use std::collections::hash_map::RandomState;
