@@ -154,7 +154,8 @@ impl Router {
 
     /// Runs a request about `group` on its set's link, following WRONG_SET
     /// (the map learned again from the refusing node) up to
-    /// [`WRONG_SET_HOPS_MAX`] times.
+    /// [`WRONG_SET_HOPS_MAX`] times; then, or when the map cannot be
+    /// learned, the WRONG_SET is the answer.
     pub(crate) fn call<T>(
         &mut self,
         group: u64,
@@ -166,9 +167,13 @@ impl Router {
         loop {
             let key = self.route(group);
             match self.link(key).call(budget, ctx, &mut op) {
-                Err(Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
+                Err(refused @ Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
                     hops += 1;
-                    self.learn(key, budget)?;
+                    // A map that cannot be learned leaves the refusal as
+                    // the answer (nothing was done).
+                    if self.learn(key, budget).is_err() {
+                        return Err(refused);
+                    }
                 }
                 r => return r,
             }

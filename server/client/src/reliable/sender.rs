@@ -740,9 +740,11 @@ impl ReliableClient {
                         }));
                     }
                 }
-                Err(Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
+                Err(refused @ Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
                     hops += 1;
-                    self.router.learn(key, budget)?;
+                    if self.router.learn(key, budget).is_err() {
+                        return Err(refused);
+                    }
                 }
                 Err(e) => return Err(e),
             }
