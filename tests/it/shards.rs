@@ -14,13 +14,17 @@
 //!   equal the truth; then it keeps sending to a group of each set while
 //!   set 1's leader is SIGKILLed and restarted: every acknowledged send is
 //!   stored exactly once, at its acknowledged id, ids dense, in both sets.
+//! - An `Inbox` given only node 4's address catches up on and then gets
+//!   pushes of a group of each set, each message once and in order, and
+//!   its close acknowledges on both sets.
 //! - A single node answers a map of one set (id 0) owning every shard.
 //!
 //! Checked by breaking the code: a client that routes every group to its
 //! configured node fails the second test (WRONG_SET after its hops), one
 //! that fans UNREAD out to one set fails it on the merged counts, and one
 //! that does not re-transmit a set's sends after that set's reconnection
-//! fails it after the first kill.
+//! fails it after the first kill. An inbox that subscribes on one set
+//! only, or sends one BATCH_ACK for all sets, fails the inbox test.
 //!
 //! Environment: `TIDEMARK_SHARDS_KILLS=N` leader kills (default 2).
 
@@ -540,5 +544,67 @@ fn a_single_node_answers_a_map_of_one_set_owning_every_shard() {
     // No check: every group is the node's.
     for g in [1, 2, 3, 7, 1000] {
         c.create_group(g).expect("a single node takes every group");
+    }
+}
+
+#[test]
+fn an_inbox_at_one_node_receives_and_acknowledges_groups_of_both_sets() {
+    let cluster = Cluster::start();
+    cluster.leader(1);
+    cluster.leader(2);
+    let groups = [groups_of(1, 1)[0], groups_of(2, 1)[0]];
+    let mut c = reliable(cluster.addr(4));
+    for &g in &groups {
+        c.create_group(g).expect("CREATE_GROUP");
+        c.join(g, USER, JoinStart::Head).expect("JOIN");
+    }
+    let send_round = |c: &mut ReliableClient, round: u32| {
+        for &g in &groups {
+            for k in 0..3 {
+                c.send(g, SENDER, format!("r{round}-{k}").as_bytes())
+                    .expect("SEND");
+            }
+        }
+    };
+    // Stored before the inbox exists: caught up by pulls.
+    send_round(&mut c, 0);
+    let mut config = ReliableConfig::new(cluster.addr(4));
+    config.give_up_after_ms = 30_000;
+    config.client.io_timeout = Duration::from_secs(3);
+    let mut inbox = tidemark_client::Inbox::new(config, USER);
+    let mut got: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut take = |inbox: &mut tidemark_client::Inbox, n: usize| {
+        let deadline = Instant::now() + LEADER_WAIT;
+        let mut taken = 0;
+        while taken < n {
+            assert!(
+                Instant::now() < deadline,
+                "{taken} of {n} messages: {got:?}"
+            );
+            if let Some(m) = inbox.next(Duration::from_millis(200)).expect("next") {
+                got.entry(m.group).or_default().push(m.msg_id);
+                taken += 1;
+            }
+        }
+    };
+    take(&mut inbox, 6);
+    // Stored after it subscribed: pushed by both sets.
+    send_round(&mut c, 1);
+    take(&mut inbox, 6);
+    for &g in &groups {
+        assert_eq!(
+            got.get(&g),
+            Some(&(1..=6).collect()),
+            "group {g}, in order, once"
+        );
+    }
+    inbox.close().expect("close acknowledges on both sets");
+    for u in c.unread(USER).expect("UNREAD") {
+        assert_eq!(
+            (u.cursor, u.unread),
+            (6, 0),
+            "group {}: acknowledged",
+            u.group
+        );
     }
 }

@@ -49,6 +49,9 @@ pub(crate) struct Router {
     links: BTreeMap<u32, Link>,
     /// Map refreshes (CLUSTER_MAP asked after a WRONG_SET).
     refreshes: u64,
+    /// The configured node does not know CLUSTER_MAP (BAD_FRAME): one set,
+    /// never asked again.
+    single: bool,
 }
 
 impl Router {
@@ -66,6 +69,7 @@ impl Router {
             map: None,
             links: BTreeMap::from([(UNMAPPED, first)]),
             refreshes: 0,
+            single: false,
         }
     }
 
@@ -101,10 +105,12 @@ impl Router {
     }
 
     /// Every set's key, for a request a client fans out (UNREAD, SYNC):
-    /// the map's sets once learned.
+    /// once the map is learned, the sets that own shards (never empty: a
+    /// learned table assigns all 1024), whether or not the node listed
+    /// their members.
     pub(crate) fn sets(&self) -> Vec<u32> {
         match &self.map {
-            Some(m) => m.sets.iter().map(|s| s.set_id).collect(),
+            Some(m) => m.table.sets(),
             None => vec![UNMAPPED],
         }
     }
@@ -122,7 +128,10 @@ impl Router {
                 self.adopt(key, map);
                 Ok(())
             }
-            Err(Error::BadFrame { .. }) => Ok(()),
+            Err(Error::BadFrame { .. }) => {
+                self.single = true;
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }
@@ -146,7 +155,7 @@ impl Router {
 
     /// Learns the map unless known: before a fan-out.
     pub(crate) fn ensure_map(&mut self, budget: Duration) -> Result<(), Error> {
-        if self.map.is_some() {
+        if self.map.is_some() || self.single {
             return Ok(());
         }
         self.learn(UNMAPPED, budget)
@@ -194,6 +203,19 @@ impl Router {
         }
         sum.redirects += self.refreshes;
         sum
+    }
+
+    /// Sleeps a link's next backoff delay (`Link::pause`): false when that
+    /// would pass `deadline`.
+    pub(crate) fn pause(&mut self, deadline: std::time::Instant) -> bool {
+        self.link(UNMAPPED).pause(deadline)
+    }
+
+    /// Closes every connection quietly.
+    pub(crate) fn close_all(&mut self) {
+        for l in self.links.values_mut() {
+            l.close();
+        }
     }
 
     /// Cuts every connection (fault injection).
