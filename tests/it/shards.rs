@@ -17,6 +17,8 @@
 //! - An `Inbox` given only node 4's address catches up on and then gets
 //!   pushes of a group of each set, each message once and in order, and
 //!   its close acknowledges on both sets.
+//! - `Receipts` given only node 4's address follow a message of each set
+//!   to its reader's ACK.
 //! - A single node answers a map of one set (id 0) owning every shard.
 //!
 //! Checked by breaking the code: a client that routes every group to its
@@ -24,7 +26,8 @@
 //! that fans UNREAD out to one set fails it on the merged counts, and one
 //! that does not re-transmit a set's sends after that set's reconnection
 //! fails it after the first kill. An inbox that subscribes on one set
-//! only, or sends one BATCH_ACK for all sets, fails the inbox test.
+//! only, or sends one BATCH_ACK for all sets, fails the inbox test;
+//! receipts that wait on one set's connection only fail theirs.
 //!
 //! Environment: `TIDEMARK_SHARDS_KILLS=N` leader kills (default 2).
 
@@ -606,5 +609,48 @@ fn an_inbox_at_one_node_receives_and_acknowledges_groups_of_both_sets() {
             "group {}: acknowledged",
             u.group
         );
+    }
+}
+
+#[test]
+fn receipts_at_one_node_follow_messages_of_both_sets() {
+    let cluster = Cluster::start();
+    cluster.leader(1);
+    cluster.leader(2);
+    let groups = [groups_of(1, 1)[0], groups_of(2, 1)[0]];
+    let mut c = reliable(cluster.addr(4));
+    let mut sent = Vec::new();
+    for &g in &groups {
+        c.create_group(g).expect("CREATE_GROUP");
+        c.join(g, USER, JoinStart::Head).expect("JOIN");
+        sent.push((g, c.send(g, SENDER, b"read me").expect("SEND").msg_id));
+    }
+    let mut config = ReliableConfig::new(cluster.addr(4));
+    config.give_up_after_ms = 30_000;
+    config.client.io_timeout = Duration::from_secs(3);
+    let mut receipts = tidemark_client::Receipts::new(config, SENDER);
+    for &(g, id) in &sent {
+        receipts.track(g, id);
+    }
+    // Subscribed on both sets (nothing delivered yet), then the reader
+    // acknowledges in both.
+    assert_eq!(
+        receipts.next(Duration::from_millis(100)).expect("next"),
+        None
+    );
+    for &(g, id) in &sent {
+        c.ack(g, USER, id).expect("ACK");
+    }
+    let deadline = Instant::now() + LEADER_WAIT;
+    let mut seen = BTreeMap::new();
+    while seen.len() < sent.len() {
+        assert!(Instant::now() < deadline, "receipts of {seen:?} only");
+        if let Some(d) = receipts.next(Duration::from_millis(200)).expect("next") {
+            seen.insert(d.group, (d.msg_id, d.delivered));
+        }
+    }
+    for &(g, id) in &sent {
+        assert_eq!(seen.get(&g), Some(&(id, 1)), "group {g}");
+        assert_eq!(receipts.delivered(g, id), Some(1));
     }
 }
