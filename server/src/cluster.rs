@@ -366,6 +366,45 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_a_map_finds_its_set_and_peers_there() {
+        let example = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/cluster-map.example.toml"
+        ));
+        let with_map = |node_id, peers: Vec<Peer>| ClusterArgs {
+            node_id,
+            listen: None,
+            peers,
+            map: Some(example.clone()),
+        };
+        let c = with_map(Some(2), vec![])
+            .check()
+            .expect("node 2 of the example")
+            .expect("a replica set member");
+        assert_eq!(
+            c.listen,
+            "127.0.0.1:7102".parse().unwrap(),
+            "its map address"
+        );
+        assert_eq!(c.peers.iter().map(|p| p.id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(c.shards.as_ref().map(|s| s.own_set), Some(1));
+        let alone = with_map(Some(4), vec![]).check().unwrap().unwrap();
+        assert!(alone.peers.is_empty(), "a set of one");
+        let peer = parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap();
+        for bad in [
+            with_map(None, vec![]),
+            with_map(Some(9), vec![]),
+            with_map(Some(1), vec![peer]),
+            ClusterArgs {
+                map: Some("/nonexistent/map.toml".into()),
+                ..with_map(Some(1), vec![])
+            },
+        ] {
+            assert!(bad.clone().check().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn the_cluster_flags_come_all_together_or_not_at_all() {
         let peer = parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap();
         let listen = Some("127.0.0.1:7101".parse().unwrap());
