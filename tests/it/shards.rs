@@ -322,6 +322,12 @@ fn every_node_answers_the_map_and_refuses_other_sets_groups_with_wrong_set() {
         assert_eq!(set, 2);
     }
     let mut at4 = cluster.client(4).expect("connect node 4");
+    let stats: HashMap<String, u64> = at4.stats().expect("STATS").into_iter().collect();
+    assert_eq!(
+        stats.get("server.cluster_map_epoch"),
+        Some(&7),
+        "what a client checks before CLUSTER_MAP"
+    );
     for (what, r) in [
         ("GROUP_INFO", at4.group_info(g1).map(drop)),
         ("PULL", at4.pull(g1, USER, 0, 10, 0).map(drop)),

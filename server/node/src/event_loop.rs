@@ -1293,6 +1293,7 @@ impl EventLoop {
             started: self.started,
             started_unix_ms: self.started_unix_ms,
             now: Instant::now(),
+            cluster_map_epoch: self.config.shards.as_ref().map_or(0, |m| m.epoch),
         })
     }
 

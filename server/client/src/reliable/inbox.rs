@@ -15,8 +15,9 @@
 //!
 //! In a cluster of several replica sets (format-spec/protocol.md 4.33)
 //! the inbox routes like [`ReliableClient`](super::ReliableClient): it
-//! learns the cluster map before it subscribes (one CLUSTER_MAP per inbox;
-//! a node that does not know it is one set), subscribes to the user on
+//! learns the cluster map before it subscribes (a STATS and a CLUSTER_MAP
+//! per inbox; a node whose STATS lack `server.cluster_map_epoch` is one set),
+//! subscribes to the user on
 //! every set, pulls each group from its shard's set, asks every set for
 //! the user's groups behind, and splits its BATCH_ACKs by set. Pushes of
 //! several sets are waited for in turn, [`PUSH_POLL_SLICE`] on each

@@ -3,13 +3,14 @@
 //!
 //! Representation: one [`Link`] per replica set, keyed by set id, and the
 //! cluster map ([`ShardMap`]) once learned. Until then every request goes
-//! to the link of key [`UNMAPPED`] (0), to the configured address: a single
-//! node, or a replica set without a map file, is never asked for a map
-//! and costs nothing. The map is learned (CLUSTER_MAP) when a node answers
-//! WRONG_SET, and before a request about a user (UNREAD, SYNC) that the
-//! client must fan out over every set; a node too old to know CLUSTER_MAP
-//! answers BAD_FRAME, which means "one set" (it cannot be part of a
-//! sharded cluster, whose nodes all know it).
+//! to the link of key [`UNMAPPED`] (0), to the configured address: group
+//! requests to a single node, or a replica set without a map file, never
+//! ask for a map. The map is learned (CLUSTER_MAP) when a node answers
+//! WRONG_SET, and before a request about a user (UNREAD, SYNC, an inbox's
+//! subscription) that the client must fan out over every set: then only
+//! if the node's STATS report `server.cluster_map_epoch` (CLUSTER_MAP is an
+//! addition a client must not probe for, protocol.md section 7); a node
+//! without it (too old to be part of a sharded cluster) is one set.
 //!
 //! When the map arrives, the link that asked (connected to a node of the
 //! answering set) becomes that set's link; other sets' links are made on
@@ -34,6 +35,9 @@ use crate::client::{ClientConfig, ShardMap};
 /// The link key of requests sent before a map is known, and of the one
 /// set of a node without a map (its CLUSTER_MAP names set 0).
 pub(crate) const UNMAPPED: u32 = 0;
+
+/// The STATS name of nodes that answer CLUSTER_MAP (protocol.md 4.4.1).
+const CLUSTER_MAP_STAT: &str = "server.cluster_map_epoch";
 
 /// WRONG_SET answers one request follows before it gives up: the maps of
 /// two nodes that disagree would otherwise bounce it for ever.
@@ -116,7 +120,9 @@ impl Router {
     }
 
     /// Asks set `key`'s node for the map and routes by it from now on.
-    /// A node too old to know CLUSTER_MAP (BAD_FRAME) is one set: the map
+    /// Called only after a WRONG_SET or a STATS naming the map's epoch, so
+    /// the node knows CLUSTER_MAP; should one still answer BAD_FRAME (a
+    /// node replaced by an older one), it is taken for one set: the map
     /// stays unknown and everything goes on to `UNMAPPED`.
     pub(crate) fn learn(&mut self, key: u32, budget: Duration) -> Result<(), Error> {
         self.refreshes += 1;
@@ -153,9 +159,18 @@ impl Router {
         self.map = Some(map);
     }
 
-    /// Learns the map unless known: before a fan-out.
+    /// Learns the map unless known: before a fan-out. CLUSTER_MAP is an
+    /// addition (protocol.md section 7): the node is asked only when its
+    /// STATS report `server.cluster_map_epoch`; a node without it is one set.
     pub(crate) fn ensure_map(&mut self, budget: Duration) -> Result<(), Error> {
         if self.map.is_some() || self.single {
+            return Ok(());
+        }
+        let stats = self
+            .link(UNMAPPED)
+            .call(budget, Ctx::default(), |c| c.stats())?;
+        if !stats.iter().any(|(name, _)| name == CLUSTER_MAP_STAT) {
+            self.single = true;
             return Ok(());
         }
         self.learn(UNMAPPED, budget)
