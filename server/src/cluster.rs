@@ -28,12 +28,17 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
-use tidemark_node::{ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown};
+use tidemark_node::{
+    ClusterShards, ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown,
+};
+
+use crate::cluster_map;
 
 /// How often the watcher looks whether the replica stopped.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
@@ -81,6 +86,8 @@ pub struct ClusterArgs {
     /// `--raft-log-max-bytes` (cluster.md section 3.5); 0 is taken as the
     /// default.
     pub raft_log_max_bytes: u64,
+    /// `--cluster-map FILE` (format-spec/cluster.md section 9.1).
+    pub map: Option<PathBuf>,
 }
 
 /// A replica set member's settings, checked.
@@ -88,21 +95,63 @@ pub struct ClusterArgs {
 pub struct ClusterConfig {
     pub node_id: u64,
     pub listen: SocketAddr,
+    /// The other members of its set; empty for a set of one.
     pub peers: Vec<Peer>,
     pub raft_log_max_bytes: u64,
+    /// The cluster map, when the node was started with one: requests for
+    /// other sets' groups get WRONG_SET. `None`: the set owns every shard.
+    pub shards: Option<ClusterShards>,
 }
 
 impl ClusterArgs {
-    /// `None` when no cluster flag is given (a single node); the flags
-    /// all together or an error.
+    /// `None` when no cluster flag is given (a single node). Without a map:
+    /// the id, the listen address and the peers all together (one set
+    /// owning every shard). With `--cluster-map`: the id, and the node's
+    /// set and peers from the map (`--cluster-listen` defaults to the
+    /// map's cluster address; `--cluster-peer` is refused: the map says).
     pub fn check(self) -> Result<Option<ClusterConfig>, String> {
+        let raft_log_max_bytes = match self.raft_log_max_bytes {
+            0 => tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT,
+            n => n,
+        };
+        if let Some(path) = &self.map {
+            let Some(node_id) = self.node_id else {
+                return Err("--cluster-map needs --cluster-node-id".into());
+            };
+            if !self.peers.is_empty() {
+                return Err(
+                    "--cluster-peer and --cluster-map exclude each other: the map names the \
+                     node's peers"
+                        .into(),
+                );
+            }
+            let view = cluster_map::load(path)
+                .and_then(|m| m.for_node(node_id))
+                .map_err(|e| e.to_string())?;
+            let peers = view
+                .peers
+                .iter()
+                .map(|m| Peer {
+                    id: m.node_id,
+                    peer_addr: m.cluster_addr,
+                    client_addr: m.client_addr,
+                })
+                .collect();
+            return Ok(Some(ClusterConfig {
+                node_id,
+                listen: self.listen.unwrap_or(view.own.cluster_addr),
+                peers,
+                raft_log_max_bytes,
+                shards: Some(view.shards),
+            }));
+        }
         let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
             (None, None, true) => return Ok(None),
             (Some(id), Some(listen), false) => (id, listen),
             _ => {
                 return Err(
                     "a replica set member needs --cluster-node-id, --cluster-listen and one \
-                     --cluster-peer per other member"
+                     --cluster-peer per other member (or --cluster-node-id and --cluster-map)"
                         .into(),
                 )
             }
@@ -123,10 +172,8 @@ impl ClusterArgs {
             node_id,
             listen,
             peers: self.peers,
-            raft_log_max_bytes: match self.raft_log_max_bytes {
-                0 => tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT,
-                n => n,
-            },
+            raft_log_max_bytes,
+            shards: None,
         }))
     }
 }
@@ -197,6 +244,24 @@ pub fn serve(
         clients,
     });
     node.leadership = Some(LeaderGate(leadership.clone()));
+    if let Some(shards) = cluster.shards.clone() {
+        // The map's own client address is what other nodes and clients
+        // are told; a node listening elsewhere is reachable only by luck.
+        let own = shards
+            .members(shards.own_set)
+            .iter()
+            .find(|(id, _)| *id == cluster.node_id)
+            .map(|(_, a)| a.clone());
+        if let Some(advertised) = own.filter(|a| *a != node.listen.to_string()) {
+            log::warn!(
+                "--listen {} is not the client address {advertised} the cluster map gives \
+                 node {}: clients are sent there",
+                node.listen,
+                cluster.node_id
+            );
+        }
+        node.shards = Some(Arc::new(shards));
+    }
     // The replica's directory: `engine/` (the node's data) and `raft/`.
     let dir = node.engine.data_dir.clone();
     let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
@@ -348,6 +413,46 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_a_map_finds_its_set_and_peers_there() {
+        let example = std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/cluster-map.example.toml"
+        ));
+        let with_map = |node_id, peers: Vec<Peer>| ClusterArgs {
+            node_id,
+            listen: None,
+            peers,
+            raft_log_max_bytes: 0,
+            map: Some(example.clone()),
+        };
+        let c = with_map(Some(2), vec![])
+            .check()
+            .expect("node 2 of the example")
+            .expect("a replica set member");
+        assert_eq!(
+            c.listen,
+            "127.0.0.1:7102".parse().unwrap(),
+            "its map address"
+        );
+        assert_eq!(c.peers.iter().map(|p| p.id).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(c.shards.as_ref().map(|s| s.own_set), Some(1));
+        let alone = with_map(Some(4), vec![]).check().unwrap().unwrap();
+        assert!(alone.peers.is_empty(), "a set of one");
+        let peer = parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap();
+        for bad in [
+            with_map(None, vec![]),
+            with_map(Some(9), vec![]),
+            with_map(Some(1), vec![peer]),
+            ClusterArgs {
+                map: Some("/nonexistent/map.toml".into()),
+                ..with_map(Some(1), vec![])
+            },
+        ] {
+            assert!(bad.clone().check().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn the_cluster_flags_come_all_together_or_not_at_all() {
         let peer = parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap();
         let listen = Some("127.0.0.1:7101".parse().unwrap());
@@ -357,6 +462,7 @@ mod tests {
             listen,
             peers: vec![peer.clone()],
             raft_log_max_bytes: 0,
+            map: None,
         };
         // 0 (unset) is the default bound; a value given is kept.
         let checked = full.clone().check().unwrap().unwrap();

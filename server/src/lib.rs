@@ -17,6 +17,7 @@
 pub mod bench;
 pub mod cli;
 pub mod cluster;
+pub mod cluster_map;
 pub mod config_file;
 pub mod demo;
 pub mod token_file;

@@ -220,6 +220,14 @@ struct ServeArgs {
     /// (format-spec/cluster.md sections 3.5 and 8).
     #[arg(long, value_name = "BYTES", default_value_t = tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT)]
     raft_log_max_bytes: u64,
+    /// The cluster map file (format-spec/cluster.md section 9.1,
+    /// server/cluster-map.example.toml): the replica sets, their members'
+    /// addresses and which set owns each of the 1024 shards. With
+    /// --cluster-node-id the node finds its set and peers there (no
+    /// --cluster-peer; --cluster-listen defaults to its map address) and
+    /// answers WRONG_SET to requests for other sets' groups. No default.
+    #[arg(long, value_name = "FILE")]
+    cluster_map: Option<PathBuf>,
 }
 
 /// Why the command line was refused.
@@ -280,6 +288,7 @@ fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
         listen: a.cluster_listen,
         peers: a.cluster_peers.clone(),
         raft_log_max_bytes: a.raft_log_max_bytes,
+        map: a.cluster_map.clone(),
     }
 }
 
@@ -667,6 +676,9 @@ mod tests {
                 ("token_file", _) => (token_a.clone(), token_b.clone()),
                 ("metrics_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("cluster_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
+                ("cluster_map", _) => {
+                    ("/tmp/map-a.toml".to_string(), "/tmp/map-b.toml".to_string())
+                }
                 ("cluster_peer", _) => (
                     "2=127.0.0.1:1,127.0.0.1:3".to_string(),
                     "3=127.0.0.1:2,127.0.0.1:4".to_string(),

@@ -31,6 +31,7 @@ mod recall;
 mod receipts;
 mod retention;
 mod segment_damage;
+mod shards;
 mod spec_limits;
 mod storage_format;
 mod torture;

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use tidemark_protocol::{
     decode_response, encode_request_in, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
     Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, Opcode, ReceiptCount, Records, Request,
-    Response, ResyncScope, RetentionPolicy, Subscription, UnreadEntry, FRAME_BYTES_MAX_FLOOR,
-    HELLO_VERSION, KIND_EDIT, KIND_GAP, KIND_RECALL, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Response, ResyncScope, RetentionPolicy, ShardTable, Subscription, UnreadEntry,
+    FRAME_BYTES_MAX_FLOOR, HELLO_VERSION, KIND_EDIT, KIND_GAP, KIND_RECALL, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN, SHARD_COUNT,
 };
 
 /// A message as the client hands it to the application.
@@ -131,6 +132,21 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The owning set's id when the node answered WRONG_SET: the request
+    /// named a group another replica set of the cluster holds; nothing was
+    /// done (format-spec/protocol.md 4.33). [`Client::cluster_map`] says
+    /// where that set's nodes are.
+    pub fn wrong_set(&self) -> Option<u32> {
+        match self {
+            ClientError::Server {
+                code: ErrorCode::WrongSet,
+                detail,
+                ..
+            } => Some(detail.and_then(|d| u32::try_from(d).ok()).unwrap_or(0)),
+            _ => None,
+        }
+    }
+
     /// The server's error code, if this is a server error.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
@@ -248,6 +264,52 @@ impl ClusterMap {
             .iter()
             .find(|(id, _)| *id == leader)
             .map(|(_, a)| a.as_str())
+    }
+}
+
+/// One replica set of a [`ShardMap`]: its id, its leader as the answering
+/// node knows it, its members' `(node id, client address)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetInfo {
+    pub set_id: u32,
+    pub leader_id: Option<u64>,
+    /// Empty on a single node: the node asked is the set.
+    pub members: Vec<(u64, String)>,
+}
+
+impl SetInfo {
+    /// The leader's client address, when known.
+    pub fn leader_addr(&self) -> Option<&str> {
+        let leader = self.leader_id?;
+        self.members
+            .iter()
+            .find(|(id, _)| *id == leader)
+            .map(|(_, a)| a.as_str())
+    }
+}
+
+/// The answer to CLUSTER_MAP, owned and checked (format-spec/protocol.md
+/// 4.33): the cluster's sets and the set of every shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardMap {
+    pub epoch: u64,
+    /// The answering node's id (0 on a single node) and set.
+    pub node_id: u64,
+    pub set_id: u32,
+    /// Every set, by ascending id.
+    pub sets: Vec<SetInfo>,
+    pub table: ShardTable,
+}
+
+impl ShardMap {
+    /// The set holding `group`.
+    pub fn set_of(&self, group: u64) -> u32 {
+        self.table.set_of(group)
+    }
+
+    /// Set `set_id`, if the map has it.
+    pub fn set(&self, set_id: u32) -> Option<&SetInfo> {
+        self.sets.iter().find(|s| s.set_id == set_id)
     }
 }
 
@@ -1052,6 +1114,48 @@ impl Client {
                     .collect(),
             }),
             _ => unexpected("CLUSTER"),
+        }
+    }
+
+    /// CLUSTER_MAP (format-spec/protocol.md 4.33): the cluster's replica
+    /// sets and which owns each shard, as the node knows them; a single
+    /// node answers one set (id 0) owning every shard. Every node answers
+    /// it (a follower too). An addition, as CLUSTER: a node older than it
+    /// answers BAD_FRAME and closes the connection. A map whose shard
+    /// table is not whole, or not of [`SHARD_COUNT`] shards, is a
+    /// [`ClientError::Protocol`].
+    pub fn cluster_map(&mut self) -> Result<ShardMap> {
+        match self.call(&Request::ClusterMap)?.response()? {
+            Response::ClusterMap(m) => {
+                if m.shard_count != SHARD_COUNT {
+                    return Err(ClientError::Protocol(format!(
+                        "CLUSTER_MAP of {} shards; this client knows {SHARD_COUNT}",
+                        m.shard_count
+                    )));
+                }
+                let table = ShardTable::from_ranges(&m.ranges)
+                    .map_err(|e| ClientError::Protocol(format!("CLUSTER_MAP: {e}")))?;
+                Ok(ShardMap {
+                    epoch: m.epoch,
+                    node_id: m.node_id,
+                    set_id: m.set_id,
+                    sets: m
+                        .sets
+                        .iter()
+                        .map(|s| SetInfo {
+                            set_id: s.set_id,
+                            leader_id: (s.leader_id != 0).then_some(s.leader_id),
+                            members: s
+                                .members
+                                .iter()
+                                .map(|e| (e.node_id, e.client_addr.to_string()))
+                                .collect(),
+                        })
+                        .collect(),
+                    table,
+                })
+            }
+            _ => unexpected("CLUSTER_MAP"),
         }
     }
 

@@ -20,7 +20,8 @@ pub mod reliable;
 
 pub use client::{
     messages, parse_sent, Client, ClientConfig, ClientError, ClusterMap, Event, GroupState, Kind,
-    Message, NodeLimits, OwnedFrame, Page, Result, Sent, SlowLogReport, SlowRequest,
+    Message, NodeLimits, OwnedFrame, Page, Result, Sent, SetInfo, ShardMap, SlowLogReport,
+    SlowRequest,
 };
 pub use reliable::{Delivery, Inbox, Receipts, ReliableClient, ReliableConfig};
 /// The wire codec the client speaks, for the types its requests take

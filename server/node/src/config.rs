@@ -107,6 +107,11 @@ pub struct NodeConfig {
     /// which requests it serves (format-spec/protocol.md 4.31). `None`: a
     /// single node, which serves everything.
     pub leadership: Option<LeaderGate>,
+    /// The cluster map of a node started with one (`serve --cluster-map`):
+    /// requests for another set's groups are refused with WRONG_SET
+    /// (format-spec/protocol.md 4.33). `None`: the node (or its replica
+    /// set) owns every shard, and nothing is checked.
+    pub shards: Option<std::sync::Arc<crate::shards::ClusterShards>>,
 }
 
 /// A replica set's view of its leader, as the node's request gate needs
@@ -326,6 +331,7 @@ impl NodeConfig {
             metrics_listen: None,
             build: Build::default(),
             leadership: None,
+            shards: None,
         }
     }
 

@@ -625,6 +625,14 @@ impl Session {
             let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
+        // The shard gate of a cluster node (4.33), before the leader gate: a
+        // group of another set is refused on every member of this one, so
+        // a client goes straight to the right set (a follower knows the
+        // map as well as its leader does). Nothing of the request is done.
+        if let Some(wrong) = ctx.shards.and_then(|m| m.foreign(&req).map(|w| (m, w))) {
+            let (map, wrong) = wrong;
+            return Ok(answer(handlers::wrong_set(id, map, &wrong)));
+        }
         // The leader gate of a replica set member (4.31): only the leader
         // serves data requests, reads included (a follower may be behind:
         // a client moving between nodes must not go back in time); the
@@ -638,6 +646,7 @@ impl Session {
                     | Request::Ping
                     | Request::Unsubscribe
                     | Request::Cluster
+                    | Request::ClusterMap
                     | Request::Stats
                     | Request::Info
                     | Request::SlowLog { .. }
@@ -673,6 +682,7 @@ impl Session {
             }
             Request::Ping => return Ok(answer(handlers::ping(id))),
             Request::Cluster => return Ok(answer(handlers::cluster(ctx, id))),
+            Request::ClusterMap => return Ok(answer(handlers::cluster_map(ctx, id))),
             Request::Stats => return Ok(Action::Report(Report::Stats)),
             Request::Info => return Ok(Action::Report(Report::Info)),
             Request::SlowLog { reset, max_count } => {
@@ -1048,6 +1058,7 @@ mod state_tests {
                 },
                 version: 1,
                 leadership: None,
+                shards: None,
             };
             conn.handle_next(&mut ctx)
         }
@@ -1078,6 +1089,7 @@ mod state_tests {
                 },
                 version: 1,
                 leadership: None,
+                shards: None,
             };
             conn.handle_next(&mut ctx)
         }

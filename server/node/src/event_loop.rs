@@ -782,6 +782,7 @@ impl EventLoop {
                 // The connection sets its own (`Session::handle`).
                 version: tidemark_protocol::HELLO_VERSION,
                 leadership: self.config.leadership.as_ref().map(|g| &*g.0),
+                shards: self.config.shards.as_deref(),
             };
             // The handler's own time counts (latency, slow log).
             let started = Instant::now();
@@ -1292,6 +1293,7 @@ impl EventLoop {
             started: self.started,
             started_unix_ms: self.started_unix_ms,
             now: Instant::now(),
+            cluster_map_epoch: self.config.shards.as_ref().map_or(0, |m| m.epoch),
         })
     }
 

@@ -276,6 +276,8 @@ pub struct Ctx<'a> {
     pub version: u8,
     /// A replica set member's leader gate (4.31); `None` on a single node.
     pub leadership: Option<&'a dyn crate::config::Leadership>,
+    /// The cluster map (4.33); `None` when the node owns every shard.
+    pub shards: Option<&'a crate::shards::ClusterShards>,
 }
 
 impl Ctx<'_> {
@@ -505,6 +507,80 @@ pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
             .collect(),
     };
     reply(request_id, &Response::Cluster(map), Vec::new(), 0)
+}
+
+/// CLUSTER_MAP (4.33): the cluster's sets and shard table as this node
+/// knows them, its own set's leader from its replica. Without a map file:
+/// one set (id 0, epoch 0) owning every shard, whose members are the
+/// replica set's (none on a single node: the node asked is the set).
+/// Served by every member. Cost: the map copied (1024 shards walked into
+/// ranges); a rare request.
+pub fn cluster_map(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
+    use tidemark_protocol::{ClusterMember, ReplicaSetEntry, ShardMap, ShardTable, SHARD_COUNT};
+    let view = ctx.leadership.map(|l| l.map());
+    let (node_id, own_leader) = view.as_ref().map_or((0, 0), |v| (v.node_id, v.leader_id));
+    fn members(list: &[(u64, String)]) -> Vec<ClusterMember<'_>> {
+        list.iter()
+            .map(|(id, addr)| ClusterMember {
+                node_id: *id,
+                client_addr: addr,
+            })
+            .collect()
+    }
+    let single;
+    let (epoch, own_set, table, sets) = match ctx.shards {
+        Some(map) => (
+            map.epoch,
+            map.own_set,
+            &map.table,
+            map.sets
+                .iter()
+                .map(|s| ReplicaSetEntry {
+                    set_id: s.set_id,
+                    // Other sets' leaders: not learned in this version.
+                    leader_id: if s.set_id == map.own_set {
+                        own_leader
+                    } else {
+                        0
+                    },
+                    members: members(&s.members),
+                })
+                .collect(),
+        ),
+        None => {
+            single = ShardTable::single(0);
+            let set = ReplicaSetEntry {
+                set_id: 0,
+                leader_id: own_leader,
+                members: view.as_ref().map_or_else(Vec::new, |v| members(&v.members)),
+            };
+            (0, 0, &single, vec![set])
+        }
+    };
+    let map = ShardMap {
+        epoch,
+        node_id,
+        set_id: own_set,
+        shard_count: SHARD_COUNT,
+        sets,
+        ranges: table.ranges(),
+    };
+    reply(request_id, &Response::ClusterMap(map), Vec::new(), 0)
+}
+
+/// WRONG_SET (4.33): the request names a group of another set; detail the
+/// set's id, the message its members' client addresses.
+pub fn wrong_set(
+    request_id: u64,
+    map: &crate::shards::ClusterShards,
+    wrong: &crate::shards::WrongSet,
+) -> Outgoing {
+    error(
+        request_id,
+        ErrorCode::WrongSet,
+        Some(u64::from(wrong.set_id)),
+        &map.message(wrong),
+    )
 }
 
 /// CREATE_GROUP (4.5): parked until its round commits.
@@ -1353,6 +1429,7 @@ mod tests {
             },
             version: 1,
             leadership: None,
+            shards: None,
         }
     }
 
@@ -1795,6 +1872,7 @@ mod member_tests {
             },
             version: 1,
             leadership: None,
+            shards: None,
         };
         let mut conn = Connection::ready(limits.frame_bytes_max);
         match conn.handle_request(&mut ctx, 9, req) {
@@ -1896,5 +1974,159 @@ mod member_tests {
         let anyone = SendPolicy::anyone();
         assert!(call(&e, &limits, &anyone, send(6, b"v1", 1)).is_none());
         assert_eq!(e.head(1).unwrap(), 3);
+    }
+}
+
+#[cfg(test)]
+mod cluster_map_tests {
+    use super::*;
+    use crate::config::{ClusterView, Leadership, NotLeader};
+    use crate::connection::Connection;
+    use crate::shards::{ClusterShards, SetMembers};
+    use tidemark_engine::Config;
+    use tidemark_protocol::{decode_response, Frame, Request, ShardRange, ShardTable};
+
+    /// Node 2 of a replica set led by node 1, refusing data requests.
+    struct Follower;
+
+    impl Leadership for Follower {
+        fn refusal(&self) -> Option<NotLeader> {
+            Some(NotLeader {
+                leader: Some(1),
+                client_addr: Some("127.0.0.1:7001".into()),
+                starting: false,
+            })
+        }
+        fn map(&self) -> ClusterView {
+            ClusterView {
+                node_id: 2,
+                leader_id: 1,
+                members: vec![(1, "127.0.0.1:7001".into()), (2, "127.0.0.1:7002".into())],
+            }
+        }
+    }
+
+    fn two_sets() -> ClusterShards {
+        let range = |first, last, set_id| ShardRange {
+            first,
+            last,
+            set_id,
+        };
+        ClusterShards {
+            epoch: 3,
+            own_set: 1,
+            table: ShardTable::from_ranges(&[range(0, 511, 1), range(512, 1023, 2)]).unwrap(),
+            sets: vec![
+                SetMembers {
+                    set_id: 1,
+                    members: vec![(1, "127.0.0.1:7001".into()), (2, "127.0.0.1:7002".into())],
+                },
+                SetMembers {
+                    set_id: 2,
+                    members: vec![(4, "127.0.0.1:7004".into())],
+                },
+            ],
+        }
+    }
+
+    /// The answer of a READY connection to `req`, with the given gates.
+    fn answer(
+        e: &Engine,
+        leadership: Option<&dyn Leadership>,
+        shards: Option<&ClusterShards>,
+        req: Request<'_>,
+    ) -> Vec<u8> {
+        let limits = Limits::default();
+        let anyone = SendPolicy::anyone();
+        let mut subs = Subscriptions::default();
+        let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, limits.frame_bytes_max);
+        let mut ctx = Ctx {
+            engine: e,
+            limits: &limits,
+            sends: &anyone,
+            token: None,
+            shutting_down: false,
+            subs: &mut subs,
+            receipts: &mut receipts,
+            conn: ConnId {
+                index: 0,
+                generation: 0,
+            },
+            version: 1,
+            leadership,
+            shards,
+        };
+        let mut conn = Connection::ready(limits.frame_bytes_max);
+        match conn.handle_request(&mut ctx, 9, req) {
+            Ok(Action::Answer(out)) => out.head,
+            _ => panic!("not answered at once"),
+        }
+    }
+
+    /// A CLUSTER_MAP answer in short: epoch, node, set, (set, leader,
+    /// members) per set, and the number of shard ranges.
+    type MapSummary = (u64, u64, u32, Vec<(u32, u64, usize)>, usize);
+
+    fn map_of(frame: &[u8]) -> MapSummary {
+        match decode_response(&Frame::parse(frame).unwrap()).unwrap() {
+            Response::ClusterMap(m) => (
+                m.epoch,
+                m.node_id,
+                m.set_id,
+                m.sets
+                    .iter()
+                    .map(|s| (s.set_id, s.leader_id, s.members.len()))
+                    .collect(),
+                m.ranges.len(),
+            ),
+            other => panic!("not a CLUSTER_MAP: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_kind_of_node_answers_cluster_map_and_a_follower_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        // A single node: one set, no members, every shard.
+        let single = answer(&e, None, None, Request::ClusterMap);
+        assert_eq!(map_of(&single), (0, 0, 0, vec![(0, 0, 0)], 1));
+        // A replica set without a map, asked at a follower: set 0 with
+        // its members and leader.
+        let set = answer(&e, Some(&Follower), None, Request::ClusterMap);
+        assert_eq!(map_of(&set), (0, 2, 0, vec![(0, 1, 2)], 1));
+        // With a map: its sets, the own set's leader, the others' unknown.
+        let map = two_sets();
+        let sharded = answer(&e, Some(&Follower), Some(&map), Request::ClusterMap);
+        assert_eq!(map_of(&sharded), (3, 2, 1, vec![(1, 1, 2), (2, 0, 1)], 2));
+    }
+
+    #[test]
+    fn wrong_set_comes_before_not_leader_and_own_groups_meet_the_leader_gate() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        let map = two_sets();
+        let code = |frame: &[u8]| match decode_response(&Frame::parse(frame).unwrap()).unwrap() {
+            Response::Error(err) => (err.code, err.detail),
+            other => panic!("not an ERROR: {other:?}"),
+        };
+        // shard(1) = 632 (set 2), shard(2) = 241 (set 1).
+        let foreign = answer(
+            &e,
+            Some(&Follower),
+            Some(&map),
+            Request::GroupInfo { group: 1 },
+        );
+        assert_eq!(code(&foreign), (ErrorCode::WrongSet, Some(2)));
+        let own = answer(
+            &e,
+            Some(&Follower),
+            Some(&map),
+            Request::GroupInfo { group: 2 },
+        );
+        assert_eq!(code(&own), (ErrorCode::NotLeader, Some(1)));
+        // Refused before anything is done: the group was not created.
+        let create = answer(&e, None, Some(&map), Request::CreateGroup { group: 1 });
+        assert_eq!(code(&create), (ErrorCode::WrongSet, Some(2)));
+        assert!(e.head(1).is_err(), "nothing of a refused request is done");
     }
 }

@@ -47,6 +47,7 @@ mod log_limit;
 mod long_poll;
 mod metrics;
 mod receipts;
+mod shards;
 mod slowlog;
 mod stats;
 mod subscriptions;
@@ -58,3 +59,4 @@ pub use config::{
 pub use event_loop::{serve, serve_engine, Shutdown};
 pub use metrics::{prometheus_series, stat_kind};
 pub use receipts::RECENT_SENDS_MAX;
+pub use shards::{ClusterShards, SetMembers, WrongSet};

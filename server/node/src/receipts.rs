@@ -460,6 +460,7 @@ mod tests {
             },
             version: 1,
             leadership: None,
+            shards: None,
         };
         let page = |after: u64, max: u32| -> (Vec<u64>, u64) {
             let out = readers(&ctx, 1, 1, id, after, max).unwrap();

@@ -59,6 +59,7 @@ impl Summary {
             Request::Auth { token } => Summary::of(&[("token_bytes", token.len() as u64)]),
             Request::Ping
             | Request::Cluster
+            | Request::ClusterMap
             | Request::Stats
             | Request::Backup
             | Request::Info

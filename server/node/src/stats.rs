@@ -155,6 +155,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("log.events_suppressed", Counter, "events"),
     stat("limits.slowlog_threshold_us", Gauge, "us"),
     stat("limits.slowlog_entries_max", Gauge, "entries"),
+    stat("server.cluster_map_epoch", Gauge, "epoch"),
     stat("latency.{op}.{q}_ns", Gauge, "ns"),
 ];
 
@@ -219,6 +220,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::WritesStopped => "writes_stopped",
         ErrorCode::Internal => "internal",
         ErrorCode::NotLeader => "not_leader",
+        ErrorCode::WrongSet => "wrong_set",
         // The node sends only the codes it defines.
         ErrorCode::Unknown(_) => "unknown",
     }
@@ -308,6 +310,8 @@ pub struct Sources<'a> {
     pub started: Instant,
     pub started_unix_ms: u64,
     pub now: Instant,
+    /// The epoch of the node's cluster map; 0 without one.
+    pub cluster_map_epoch: u64,
 }
 
 pub fn op_name(op: Opcode) -> &'static str {
@@ -320,6 +324,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::Info => "info",
         Opcode::SlowLog => "slowlog",
         Opcode::Cluster => "cluster",
+        Opcode::ClusterMap => "cluster_map",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",
@@ -540,6 +545,7 @@ impl Stats {
                 "limits.slowlog_entries_max".into(),
                 n(src.slowlog.entries_max()),
             ),
+            ("server.cluster_map_epoch".into(), src.cluster_map_epoch),
         ]);
         for (code, count) in ErrorCode::ALL.iter().zip(self.errors_by_code) {
             out.push((format!("errors.{}", code_name(*code)), count));
@@ -654,6 +660,7 @@ mod tests {
             started,
             started_unix_ms: 1_700_000_000_000,
             now: started + Duration::from_secs(2),
+            cluster_map_epoch: 0,
         };
         let report = stats.report(&src);
         let mut emitted: Vec<String> = report.iter().map(|(n, _)| n.clone()).collect();

@@ -67,6 +67,10 @@ pub enum ErrorCode {
     /// node id, when known; the message names its client address
     /// (format-spec/protocol.md 4.31).
     NotLeader,
+    /// The request names a group whose shard another replica set of the
+    /// cluster owns; nothing was done. Detail: that set's id; the message
+    /// names its members' client addresses (format-spec/protocol.md 4.33).
+    WrongSet,
     /// A code this version does not define (a newer server). Clients treat it
     /// as a non-fatal failure of the request.
     Unknown(u16),
@@ -74,7 +78,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every defined code, in wire order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::Unauthenticated,
@@ -94,6 +98,7 @@ impl ErrorCode {
         ErrorCode::WritesStopped,
         ErrorCode::Internal,
         ErrorCode::NotLeader,
+        ErrorCode::WrongSet,
     ];
 
     /// The u16 on the wire.
@@ -118,6 +123,7 @@ impl ErrorCode {
             ErrorCode::WritesStopped => 21,
             ErrorCode::Internal => 22,
             ErrorCode::NotLeader => 23,
+            ErrorCode::WrongSet => 24,
             ErrorCode::Unknown(c) => c,
         }
     }
@@ -168,6 +174,7 @@ impl ErrorCode {
             ErrorCode::WritesStopped => "WRITES_STOPPED",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NotLeader => "NOT_LEADER",
+            ErrorCode::WrongSet => "WRONG_SET",
             ErrorCode::Unknown(_) => "UNKNOWN",
         }
     }

@@ -9,6 +9,8 @@
 //! - [`request`] / [`response`]: body layouts; `encode_*` / `decode_*`.
 //! - [`records`]: records sections (storage records carried verbatim).
 //! - [`error_code`]: the wire error codes and which are fatal.
+//! - [`shards`]: the shard of a group and the table of which replica set
+//!   owns each shard (CLUSTER_MAP, WRONG_SET).
 //! - `wire`: primitive types and the typed decode/encode errors.
 //!
 //! Every frame: `{ frame_len: u32 | version: u8 | opcode: u8 | flags: u16 |
@@ -20,6 +22,7 @@ pub mod opcode;
 pub mod records;
 pub mod request;
 pub mod response;
+pub mod shards;
 mod wire;
 
 #[cfg(test)]
@@ -46,11 +49,12 @@ pub use response::{
     decode_response, encode_response, encode_response_head, encode_response_head_in,
     encode_response_in, set_version, BackupChunk, BackupEnd, BatchAckResult, ClusterMap,
     ClusterMember, ErrorResponse, GroupInfo, HelloResponse, InfoItem, MemberEntry, ReceiptCount,
-    Response, ResyncScope, RetentionPolicy, SlowLog, SlowLogEntry, Stat, SyncGroup, UnreadEntry,
-    BACKUP_CHUNK_FIXED_BYTES, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
-    READERS_RESPONSE_FIXED_BYTES, RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES,
+    ReplicaSetEntry, Response, ResyncScope, RetentionPolicy, ShardMap, SlowLog, SlowLogEntry, Stat,
+    SyncGroup, UnreadEntry, BACKUP_CHUNK_FIXED_BYTES, MEMBERS_RESPONSE_FIXED_BYTES,
+    MEMBER_ENTRY_BYTES, READERS_RESPONSE_FIXED_BYTES, RECEIPT_COUNT_BYTES, RECEIPT_FIXED_BYTES,
     SLOW_LOG_ENTRY_BYTES_MIN, SLOW_LOG_RESPONSE_FIXED_BYTES, SYNC_GROUP_BYTES,
 };
+pub use shards::{shard, ShardRange, ShardTable, ShardTableError, SHARD_COUNT};
 pub use wire::{DecodeError, EncodeError};
 
 /// The newest protocol version this codec speaks. Version 2

@@ -20,6 +20,7 @@ pub enum Opcode {
     Info = 0x06,
     SlowLog = 0x07,
     Cluster = 0x08,
+    ClusterMap = 0x09,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -68,11 +69,11 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 impl Opcode {
     /// Every request opcode (MEMBERS, GROUP_INFO, READERS,
     /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
-    /// CLEAR_HISTORY and CLUSTER are additions to version 1 made after tidemark 0.1;
+    /// CLEAR_HISTORY, CLUSTER and CLUSTER_MAP are additions to version 1 made after tidemark 0.1;
     /// RECALL, EDIT and HISTORY_LATEST exist from version 2 on,
     /// [`Opcode::since`];
     /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 31] = [
+    pub const ALL: [Opcode; 32] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -80,6 +81,7 @@ impl Opcode {
         Opcode::Backup,
         Opcode::Info,
         Opcode::Cluster,
+        Opcode::ClusterMap,
         Opcode::SlowLog,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
@@ -141,6 +143,7 @@ impl Opcode {
             Opcode::Info => "INFO",
             Opcode::SlowLog => "SLOWLOG",
             Opcode::Cluster => "CLUSTER",
+            Opcode::ClusterMap => "CLUSTER_MAP",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",

@@ -75,6 +75,9 @@ pub enum Request<'a> {
     /// The replica set's members and leader as this node knows them
     /// (format-spec/protocol.md 4.32; an addition).
     Cluster,
+    /// The cluster's replica sets and which owns each shard, as this node
+    /// knows them (format-spec/protocol.md 4.33; an addition).
+    ClusterMap,
     /// The slow log (4.25): up to `max_count` entries, newest first; with
     /// `reset`, the log is emptied after they are listed (an addition).
     SlowLog {
@@ -226,6 +229,7 @@ impl Request<'_> {
             Request::Backup => Opcode::Backup,
             Request::Info => Opcode::Info,
             Request::Cluster => Opcode::Cluster,
+            Request::ClusterMap => Opcode::ClusterMap,
             Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
@@ -322,6 +326,7 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
         | Request::Backup
         | Request::Info
         | Request::Cluster
+        | Request::ClusterMap
         | Request::Unsubscribe => {}
         Request::SlowLog { reset, max_count } => {
             // Format: { reset: bool | max_count: u32 }
@@ -592,6 +597,7 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Backup => Request::Backup,
         Opcode::Info => Request::Info,
         Opcode::Cluster => Request::Cluster,
+        Opcode::ClusterMap => Request::ClusterMap,
         // Format: { reset: bool | max_count: u32 }
         Opcode::SlowLog => Request::SlowLog {
             reset: r.bool("reset")?,

@@ -68,6 +68,38 @@ pub struct ClusterMap<'a> {
     pub members: Vec<ClusterMember<'a>>,
 }
 
+/// One replica set of a cluster as CLUSTER_MAP reports it
+/// (format-spec/protocol.md 4.33).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSetEntry<'a> {
+    pub set_id: u32,
+    /// Its leader as the answering node knows it; 0 when unknown (always
+    /// for another set than the answering node's, in this version).
+    pub leader_id: u64,
+    /// Its members by ascending id; empty on a single node (the node the
+    /// client connected to is the set).
+    pub members: Vec<ClusterMember<'a>>,
+}
+
+/// The answer to CLUSTER_MAP (format-spec/protocol.md 4.33): the cluster's
+/// replica sets and which owns each shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardMap<'a> {
+    /// The map's epoch (0: a single node, or one replica set started
+    /// without a map file).
+    pub epoch: u64,
+    /// The answering node's id (0 on a single node).
+    pub node_id: u64,
+    /// The answering node's set.
+    pub set_id: u32,
+    /// Shards of the cluster: [`SHARD_COUNT`](crate::shards::SHARD_COUNT).
+    pub shard_count: u32,
+    /// Every set, by ascending id.
+    pub sets: Vec<ReplicaSetEntry<'a>>,
+    /// The shard table as ascending ranges (`ShardTable::ranges`).
+    pub ranges: Vec<crate::shards::ShardRange>,
+}
+
 /// One request the slow log kept (format-spec/protocol.md 4.25).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlowLogEntry<'a> {
@@ -235,6 +267,7 @@ pub enum Response<'a, R = Records<'a>> {
     Stats(Vec<Stat<'a>>),
     Info(Vec<InfoItem<'a>>),
     Cluster(ClusterMap<'a>),
+    ClusterMap(ShardMap<'a>),
     SlowLog(SlowLog<'a>),
     CreateGroup,
     DeleteGroup,
@@ -369,6 +402,7 @@ impl<R> Response<'_, R> {
             Response::Backup(_) => Opcode::Backup,
             Response::Info(_) => Opcode::Info,
             Response::Cluster(_) => Opcode::Cluster,
+            Response::ClusterMap(_) => Opcode::ClusterMap,
             Response::SlowLog(_) => Opcode::SlowLog,
             Response::CreateGroup => Opcode::CreateGroup,
             Response::DeleteGroup => Opcode::DeleteGroup,
@@ -403,6 +437,10 @@ const STAT_BYTES_MIN: usize = 12;
 const INFO_ITEM_BYTES_MIN: usize = 8;
 /// Smallest CLUSTER member: its id and an empty address.
 const CLUSTER_MEMBER_BYTES_MIN: usize = 12;
+/// Smallest CLUSTER_MAP set: its id, its leader, no members.
+const REPLICA_SET_BYTES_MIN: usize = 4 + 8 + 4;
+/// A CLUSTER_MAP shard range: first, last, set id.
+const SHARD_RANGE_BYTES: usize = 2 + 2 + 4;
 /// Smallest slow log entry: three u64, the opcode, two empty strings.
 pub const SLOW_LOG_ENTRY_BYTES_MIN: usize = 8 * 3 + 1 + 4 + 4;
 /// The fixed part of a SLOWLOG response, frame header included.
@@ -667,6 +705,32 @@ fn encode_body<R: RecordsSection>(
             for member in &m.members {
                 put_u64(out, member.node_id);
                 put_str(out, member.client_addr, "members.client_addr")?;
+            }
+        }
+        Response::ClusterMap(m) => {
+            // Format: { epoch: u64 | node_id: u64 | set_id: u32 | shard_count: u32 |
+            //           sets: list<{ set_id: u32 | leader_id: u64 |
+            //             members: list<{ node_id: u64 | client_addr: string }> }> |
+            //           ranges: list<{ first_shard: u16 | last_shard: u16 | set_id: u32 }> }
+            put_u64(out, m.epoch);
+            put_u64(out, m.node_id);
+            put_u32(out, m.set_id);
+            put_u32(out, m.shard_count);
+            put_count(out, m.sets.len(), "sets")?;
+            for set in &m.sets {
+                put_u32(out, set.set_id);
+                put_u64(out, set.leader_id);
+                put_count(out, set.members.len(), "sets.members")?;
+                for member in &set.members {
+                    put_u64(out, member.node_id);
+                    put_str(out, member.client_addr, "sets.members.client_addr")?;
+                }
+            }
+            put_count(out, m.ranges.len(), "ranges")?;
+            for range in &m.ranges {
+                put_u16(out, range.first);
+                put_u16(out, range.last);
+                put_u32(out, range.set_id);
             }
         }
         Response::SlowLog(l) => {
@@ -1162,6 +1226,52 @@ fn decode_body<'a>(
                 node_id,
                 leader_id,
                 members,
+            })
+        }
+        Opcode::ClusterMap => {
+            // Format: { epoch: u64 | node_id: u64 | set_id: u32 | shard_count: u32 |
+            //           sets: list<{ set_id: u32 | leader_id: u64 |
+            //             members: list<{ node_id: u64 | client_addr: string }> }> |
+            //           ranges: list<{ first_shard: u16 | last_shard: u16 | set_id: u32 }> }
+            let epoch = r.u64("epoch")?;
+            let node_id = r.u64("node_id")?;
+            let set_id = r.u32("set_id")?;
+            let shard_count = r.u32("shard_count")?;
+            let n = r.count("sets", REPLICA_SET_BYTES_MIN)?;
+            let mut sets = Vec::with_capacity(n);
+            for _ in 0..n {
+                let set_id = r.u32("sets.set_id")?;
+                let leader_id = r.u64("sets.leader_id")?;
+                let k = r.count("sets.members", CLUSTER_MEMBER_BYTES_MIN)?;
+                let mut members = Vec::with_capacity(k);
+                for _ in 0..k {
+                    members.push(ClusterMember {
+                        node_id: r.u64("sets.members.node_id")?,
+                        client_addr: r.str("sets.members.client_addr")?,
+                    });
+                }
+                sets.push(ReplicaSetEntry {
+                    set_id,
+                    leader_id,
+                    members,
+                });
+            }
+            let n = r.count("ranges", SHARD_RANGE_BYTES)?;
+            let mut ranges = Vec::with_capacity(n);
+            for _ in 0..n {
+                ranges.push(crate::shards::ShardRange {
+                    first: r.u16("ranges.first_shard")?,
+                    last: r.u16("ranges.last_shard")?,
+                    set_id: r.u32("ranges.set_id")?,
+                });
+            }
+            Response::ClusterMap(ShardMap {
+                epoch,
+                node_id,
+                set_id,
+                shard_count,
+                sets,
+                ranges,
             })
         }
         Opcode::SlowLog => {

@@ -95,6 +95,9 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("info_request"),
     vector!("cluster_request"),
     vector!("cluster_response"),
+    vector!("cluster_map_request"),
+    vector!("cluster_map_response"),
+    vector!("error_wrong_set"),
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
@@ -405,6 +408,59 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                         client_addr: "127.0.0.1:7003",
                     },
                 ],
+            }),
+        ),
+        "cluster_map_request" => Expected::Req(22, Request::ClusterMap),
+        "cluster_map_response" => {
+            let member = |node_id, client_addr| ClusterMember {
+                node_id,
+                client_addr,
+            };
+            Expected::Resp(
+                22,
+                Response::ClusterMap(ShardMap {
+                    epoch: 3,
+                    node_id: 4,
+                    set_id: 2,
+                    shard_count: SHARD_COUNT,
+                    sets: vec![
+                        ReplicaSetEntry {
+                            set_id: 1,
+                            leader_id: 0,
+                            members: vec![
+                                member(1, "127.0.0.1:7001"),
+                                member(2, "127.0.0.1:7002"),
+                                member(3, "127.0.0.1:7003"),
+                            ],
+                        },
+                        ReplicaSetEntry {
+                            set_id: 2,
+                            leader_id: 4,
+                            members: vec![member(4, "127.0.0.1:7004")],
+                        },
+                    ],
+                    ranges: vec![
+                        ShardRange {
+                            first: 0,
+                            last: 511,
+                            set_id: 1,
+                        },
+                        ShardRange {
+                            first: 512,
+                            last: 1023,
+                            set_id: 2,
+                        },
+                    ],
+                }),
+            )
+        }
+        "error_wrong_set" => Expected::Resp(
+            23,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::WrongSet,
+                detail: Some(2),
+                message: "wrong set: group 1 (shard 632) is held by set 2; its members' client \
+                          addresses are 127.0.0.1:7004",
             }),
         ),
         "info_request" => Expected::Req(14, Request::Info),

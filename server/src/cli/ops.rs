@@ -1,7 +1,8 @@
 //! The operator's client commands: `ping`, `leave`, `delete-group`,
-//! `cluster status`, and `tail` (follow a group live).
+//! `cluster status`, `cluster map`, and `tail` (follow a group live).
 //!
-//! `ping`, `leave`, `delete-group` and `cluster status` are one request
+//! `ping`, `leave`, `delete-group`, `cluster status` and `cluster map`
+//! are one request
 //! each over the reliable
 //! client, like the commands in `cli.rs`. `tail` holds one plain
 //! connection ([`tidemark_client::Client`]) with a SUBSCRIBE GROUPS of its
@@ -76,6 +77,11 @@ pub enum ClusterCommand {
     /// The node's id, its replica set's members (id and client address)
     /// and the current leader (CLUSTER). A single node says so.
     Status(ClusterStatusArgs),
+    /// The cluster map as the node knows it (CLUSTER_MAP): its epoch, each
+    /// replica set with its members and leader, and which set owns each
+    /// range of the 1024 shards. Any node answers it, a follower too; a
+    /// single node answers one set owning every shard.
+    Map(ClusterStatusArgs),
 }
 
 #[derive(Args, Debug)]
@@ -121,7 +127,7 @@ impl OpsCommand {
             OpsCommand::Ping(a) => a.conn.json,
             OpsCommand::Leave(a) => a.conn.json,
             OpsCommand::DeleteGroup(a) => a.conn.json,
-            OpsCommand::Cluster(ClusterCommand::Status(a)) => a.conn.json,
+            OpsCommand::Cluster(ClusterCommand::Status(a) | ClusterCommand::Map(a)) => a.conn.json,
             OpsCommand::Tail(a) => a.conn.json,
         }
     }
@@ -133,6 +139,7 @@ pub fn run(cmd: OpsCommand) -> Result<(), CliError> {
         OpsCommand::Leave(a) => leave(a),
         OpsCommand::DeleteGroup(a) => delete_group(a),
         OpsCommand::Cluster(ClusterCommand::Status(a)) => cluster_status(a),
+        OpsCommand::Cluster(ClusterCommand::Map(a)) => cluster_map(a),
         OpsCommand::Tail(a) => tail(a),
     }
 }
@@ -190,6 +197,75 @@ fn cluster_status(a: ClusterStatusArgs) -> Result<(), CliError> {
         a.conn.json,
         text,
         json!({ "node_id": map.node_id, "leader_id": map.leader_id, "members": members }),
+    )
+}
+
+fn cluster_map(a: ClusterStatusArgs) -> Result<(), CliError> {
+    let mut c = connect(&a.conn)?;
+    let map = c.cluster_map()?;
+    let ranges = map.table.ranges();
+    let mut t = if map.node_id == 0 {
+        format!(
+            "node {}: a single node (no cluster map); it owns all {} shards\n",
+            a.conn.addr,
+            tidemark_client::protocol::SHARD_COUNT
+        )
+    } else {
+        format!(
+            "cluster map epoch {}, as node {} of set {} ({}) knows it\n",
+            map.epoch, map.node_id, map.set_id, a.conn.addr
+        )
+    };
+    if map.node_id != 0 {
+        for set in &map.sets {
+            let leader = match set.leader_id {
+                Some(id) => format!("leader node {id}"),
+                None if set.set_id == map.set_id => "no leader known".to_owned(),
+                None => "leader not known here".to_owned(),
+            };
+            t.push_str(&format!("set {}: {leader}\n", set.set_id));
+            for (id, addr) in &set.members {
+                let role = if Some(*id) == set.leader_id {
+                    " (leader)"
+                } else {
+                    ""
+                };
+                t.push_str(&format!("  node {id} at {addr}{role}\n"));
+            }
+        }
+        for r in &ranges {
+            t.push_str(&format!(
+                "shards {}-{}: set {}\n",
+                r.first, r.last, r.set_id
+            ));
+        }
+    }
+    let sets: Vec<_> = map
+        .sets
+        .iter()
+        .map(|s| {
+            let members: Vec<_> = s
+                .members
+                .iter()
+                .map(|(id, addr)| json!({ "node_id": id, "client_addr": addr }))
+                .collect();
+            json!({ "set_id": s.set_id, "leader_id": s.leader_id, "members": members })
+        })
+        .collect();
+    let shards: Vec<_> = ranges
+        .iter()
+        .map(|r| json!({ "first": r.first, "last": r.last, "set_id": r.set_id }))
+        .collect();
+    emit(
+        a.conn.json,
+        t,
+        json!({
+            "epoch": map.epoch,
+            "node_id": map.node_id,
+            "set_id": map.set_id,
+            "sets": sets,
+            "shards": shards,
+        }),
     )
 }
 

@@ -88,6 +88,16 @@ pub enum Error {
         leader: Option<u64>,
         message: String,
     },
+    /// The group is held by another replica set of the cluster (nothing was
+    /// done): `set` is its id, the message names its members' client
+    /// addresses (format-spec/protocol.md 4.33). The reliable client
+    /// follows it itself (it learns the map and routes the request to that
+    /// set); it surfaces only when the nodes' maps keep disagreeing.
+    WrongSet {
+        group: u64,
+        set: Option<u64>,
+        message: String,
+    },
     /// A code this client does not know (a newer node): a non-fatal failure
     /// of the request.
     UnknownCode { code: u16, message: String },
@@ -124,6 +134,7 @@ impl Error {
             Error::WritesStopped => ErrorCode::WritesStopped,
             Error::Internal { .. } => ErrorCode::Internal,
             Error::NotLeader { .. } => ErrorCode::NotLeader,
+            Error::WrongSet { .. } => ErrorCode::WrongSet,
             Error::UnknownCode { code, .. } => ErrorCode::Unknown(*code),
             Error::Crc { .. } | Error::Unavailable { .. } | Error::Address { .. } => return None,
         })
@@ -188,6 +199,11 @@ impl Error {
             ErrorCode::Internal => Error::Internal { message },
             ErrorCode::NotLeader => Error::NotLeader {
                 leader: detail,
+                message,
+            },
+            ErrorCode::WrongSet => Error::WrongSet {
+                group: ctx.group,
+                set: detail,
                 message,
             },
             ErrorCode::Unknown(code) => Error::UnknownCode { code, message },
@@ -310,6 +326,7 @@ impl fmt::Display for Error {
             ),
             Error::Internal { message } => write!(f, "INTERNAL: {message}"),
             Error::NotLeader { message, .. } => write!(f, "NOT_LEADER: {message}"),
+            Error::WrongSet { message, .. } => write!(f, "WRONG_SET: {message}"),
             Error::UnknownCode { code, message } => write!(f, "error code {code}: {message}"),
             Error::Crc { group, msg_id } => write!(
                 f,

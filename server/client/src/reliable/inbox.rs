@@ -13,6 +13,17 @@
 //!   group above the cursor; each PULL request carries, as `ack_up_to`, the
 //!   newest id of that group already handed to the application.
 //!
+//! In a cluster of several replica sets (format-spec/protocol.md 4.33)
+//! the inbox routes like [`ReliableClient`](super::ReliableClient): it
+//! learns the cluster map before it subscribes (a STATS and a CLUSTER_MAP
+//! per inbox; a node whose STATS lack `server.cluster_map_epoch` is one set),
+//! subscribes to the user on
+//! every set, pulls each group from its shard's set, asks every set for
+//! the user's groups behind, and splits its BATCH_ACKs by set. Pushes of
+//! several sets are waited for in turn, [`PUSH_POLL_SLICE`] on each
+//! connection: a push of one set may wait that long while another set's
+//! connection is watched.
+//!
 //! Either way every message passes the [`DedupFilter`]; what reaches the
 //! application is counted by the [`BatchAcker`], which acknowledges with
 //! BATCH_ACK after `ack_every_messages` messages or `ack_every_ms`, whichever
@@ -31,10 +42,15 @@ use std::time::{Duration, Instant};
 use super::acker::BatchAcker;
 use super::dedup::{DedupFilter, Verdict};
 use super::error::{classify, Class, Ctx, Error};
-use super::link::{Link, LinkStats};
+use super::link::LinkStats;
+use super::router::{Router, WRONG_SET_HOPS_MAX};
 use super::ReliableConfig;
 use crate::client::{later, ClientError, Event, Kind, Message};
 use tidemark_protocol::{ResyncScope, Subscription};
+
+/// With connections to several replica sets, how long the inbox waits on
+/// one for a push before it looks at the next.
+pub const PUSH_POLL_SLICE: Duration = Duration::from_millis(20);
 
 /// Counters of an [`Inbox`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -88,7 +104,8 @@ pub struct Inbox {
     /// named, or delivered as recalled: its latest state.
     changes: HashMap<(u64, u64), Latest>,
     config: ReliableConfig,
-    link: Link,
+    /// One link per replica set (`router.rs`).
+    router: Router,
     user: u64,
     filter: DedupFilter,
     acker: BatchAcker,
@@ -100,8 +117,10 @@ pub struct Inbox {
     catch_up: bool,
     /// The application asked for pushes.
     want_pushes: bool,
-    /// The connection generation on which SUBSCRIBE succeeded (0: none).
-    subscribed_gen: u64,
+    /// Per set, the connection generation on which SUBSCRIBE succeeded.
+    subscribed: BTreeMap<u32, u64>,
+    /// Which set's connection is waited on next.
+    poll_turn: usize,
     last_traffic: Instant,
     stats: InboxStats,
     closed: bool,
@@ -120,12 +139,12 @@ impl Inbox {
     /// An inbox that has already delivered, per group, every id up to the
     /// mark (what an earlier run persisted from [`Inbox::marks`]).
     pub fn with_marks(config: ReliableConfig, user: u64, marks: BTreeMap<u64, u64>) -> Inbox {
-        let link = Link::new(
+        let router = Router::new(
             config.client.clone(),
+            &config.members,
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        )
-        .with_members(&config.members);
+        );
         let acker = BatchAcker::new(
             config.ack_every_messages,
             Duration::from_millis(config.ack_every_ms),
@@ -133,7 +152,7 @@ impl Inbox {
         Inbox {
             changes: HashMap::new(),
             config,
-            link,
+            router,
             user,
             filter: DedupFilter::with_marks(marks),
             acker,
@@ -141,7 +160,8 @@ impl Inbox {
             to_pull: BTreeSet::new(),
             catch_up: false,
             want_pushes: false,
-            subscribed_gen: 0,
+            subscribed: BTreeMap::new(),
+            poll_turn: 0,
             last_traffic: Instant::now(),
             stats: InboxStats::default(),
             closed: false,
@@ -154,7 +174,7 @@ impl Inbox {
 
     pub fn stats(&self) -> InboxStats {
         InboxStats {
-            link: self.link.stats(),
+            link: self.router.stats(),
             ..self.stats
         }
     }
@@ -175,7 +195,7 @@ impl Inbox {
     /// Cuts the connection as a network failure would (for tests and the
     /// demo). The inbox reconnects, resubscribes and catches up by itself.
     pub fn cut_connection(&mut self) {
-        self.link.cut();
+        self.router.cut_all();
     }
 
     /// Subscribes now (connecting if needed) and schedules a catch-up of
@@ -219,10 +239,18 @@ impl Inbox {
                 // taking what has arrived.
                 wake = now;
             }
-            let Some(client) = self.link.connected() else {
+            // One set's connection this turn; with several, a slice each.
+            let keys = self.router.sets();
+            let key = keys[self.poll_turn % keys.len()];
+            self.poll_turn = self.poll_turn.wrapping_add(1);
+            let mut wait = wake.saturating_duration_since(now);
+            if keys.len() > 1 {
+                wait = wait.min(PUSH_POLL_SLICE);
+            }
+            let Some(client) = self.router.link(key).connected() else {
                 continue;
             };
-            match client.next_event(wake.saturating_duration_since(now)) {
+            match client.next_event(wait) {
                 Ok(Some(Event::Push(msgs))) => {
                     self.last_traffic = Instant::now();
                     log::debug!(
@@ -240,7 +268,9 @@ impl Inbox {
                         ResyncScope::Group(g) => {
                             self.to_pull.insert(g);
                         }
-                        ResyncScope::All => self.subscribed_gen = 0,
+                        ResyncScope::All => {
+                            self.subscribed.remove(&key);
+                        }
                     }
                 }
                 // An inbox's connection never sends SUBSCRIBE_RECEIPTS, so
@@ -254,7 +284,7 @@ impl Inbox {
                         // Quiet for a while: make sure the connection lives.
                         match client.ping() {
                             Ok(()) => self.last_traffic = Instant::now(),
-                            Err(_) => self.link.broken(),
+                            Err(_) => self.router.link(key).broken(),
                         }
                     }
                 }
@@ -266,8 +296,8 @@ impl Inbox {
                     Class::Permanent {
                         drop_connection: false,
                     } => return Err(Error::from_client(e, Ctx::user(self.user), 1)),
-                    Class::Redirect => self.link.redirect(),
-                    _ => self.link.broken(),
+                    Class::Redirect => self.router.link(key).redirect(),
+                    _ => self.router.link(key).broken(),
                 },
             }
         }
@@ -347,7 +377,7 @@ impl Inbox {
                 Ok(()) => {}
                 Err(e @ Error::Unavailable { .. }) if Instant::now() >= deadline => return Err(e),
                 Err(Error::Unavailable { .. }) => {
-                    self.link.pause(deadline);
+                    self.router.pause(deadline);
                 }
                 Err(e) => return Err(e),
             }
@@ -359,7 +389,7 @@ impl Inbox {
     pub fn close(mut self) -> Result<InboxStats, Error> {
         self.closed = true;
         let result = self.flush_acks();
-        self.link.close();
+        self.router.close_all();
         result.map(|()| self.stats())
     }
 
@@ -368,8 +398,8 @@ impl Inbox {
     /// inbox of the user (which drops it if given [`marks`](Self::marks)).
     pub fn abandon(mut self) -> InboxStats {
         self.closed = true;
-        self.link.cut();
-        self.link.close();
+        self.router.cut_all();
+        self.router.close_all();
         self.stats()
     }
 
@@ -505,27 +535,35 @@ impl Inbox {
         Ok(())
     }
 
+    /// Subscribed to the user on every set (the map learned first).
     fn ensure_subscribed(&mut self) -> Result<(), Error> {
         let deadline = later(Instant::now(), self.config.give_up_after());
+        self.router.ensure_map(self.config.give_up_after())?;
+        for key in self.router.sets() {
+            self.ensure_subscribed_to(key, deadline)?;
+        }
+        Ok(())
+    }
+
+    fn ensure_subscribed_to(&mut self, key: u32, deadline: Instant) -> Result<(), Error> {
         loop {
-            let connected = self.link.connected().is_some();
-            if connected && self.subscribed_gen == self.link.generation() {
+            let link = self.router.link(key);
+            let connected = link.connected().is_some();
+            if connected && self.subscribed.get(&key) == Some(&link.generation()) {
                 return Ok(());
             }
             let user = self.user;
-            let client = self.link.get(deadline)?;
+            let client = link.get(deadline)?;
             let e = match client.subscribe(Subscription::User(user)) {
                 Ok(()) => {
-                    log::debug!(
-                        "user {user}: subscribed on connection {}",
-                        self.link.generation()
-                    );
-                    self.subscribed_gen = self.link.generation();
+                    let generation = link.generation();
+                    log::debug!("user {user}: subscribed at set {key} on connection {generation}");
+                    link.succeeded();
+                    self.subscribed.insert(key, generation);
                     self.last_traffic = Instant::now();
                     // Subscribe first, then pull: anything that became
                     // durable before the SUBSCRIBE is pulled.
                     self.catch_up = true;
-                    self.link.succeeded();
                     return Ok(());
                 }
                 Err(e) => e,
@@ -533,15 +571,15 @@ impl Inbox {
             match classify(&e) {
                 Class::Permanent { drop_connection } => {
                     if drop_connection {
-                        self.link.broken();
+                        link.broken();
                     }
                     return Err(Error::from_client(e, Ctx::user(user), 1));
                 }
-                Class::Broken => self.link.broken(),
+                Class::Broken => link.broken(),
                 Class::Busy => {}
-                Class::Redirect => self.link.redirect(),
+                Class::Redirect => link.redirect(),
             }
-            if !self.link.pause(deadline) {
+            if !link.pause(deadline) {
                 return Err(Error::from_client(e, Ctx::user(user), 1));
             }
         }
@@ -551,9 +589,16 @@ impl Inbox {
     fn groups_behind(&mut self) -> Result<Vec<u64>, Error> {
         let user = self.user;
         let budget = self.config.give_up_after();
-        let list = self
-            .link
-            .call(budget, Ctx::user(user), |c| c.unread(user))?;
+        // Every set's groups of the user (the map learned first).
+        self.router.ensure_map(budget)?;
+        let mut list = Vec::new();
+        for key in self.router.sets() {
+            list.extend(
+                self.router
+                    .link(key)
+                    .call(budget, Ctx::user(user), |c| c.unread(user))?,
+            );
+        }
         self.last_traffic = Instant::now();
         let mut behind = Vec::new();
         for g in list {
@@ -574,9 +619,11 @@ impl Inbox {
             .config
             .give_up_after()
             .saturating_add(Duration::from_millis(u64::from(wait_ms)));
-        let result = self.link.call(budget, Ctx::member(group, user), |c| {
-            c.pull(group, user, ack, max_count, wait_ms)
-        });
+        let result = self
+            .router
+            .call(group, budget, Ctx::member(group, user), |c| {
+                c.pull(group, user, ack, max_count, wait_ms)
+            });
         let page = match result {
             Ok(p) => p,
             Err(e) => {
@@ -629,35 +676,47 @@ impl Inbox {
         }
     }
 
-    /// One BATCH_ACK of everything pending (retried across reconnects
-    /// within the budget). Items the node refuses (the user left the group,
-    /// it was deleted) are dropped: there is nothing left to acknowledge.
+    /// One BATCH_ACK of everything pending per replica set (retried across
+    /// reconnects within the budget; a WRONG_SET learns the map again).
+    /// Items the node refuses (the user left the group, it was deleted)
+    /// are dropped: there is nothing left to acknowledge.
     fn send_acks(&mut self) -> Result<(), Error> {
-        let items = self.acker.take();
-        if items.is_empty() {
-            return Ok(());
-        }
+        let mut pending = self.acker.take();
         let user = self.user;
         let budget = self.config.give_up_after();
-        match self
-            .link
-            .call(budget, Ctx::user(user), |c| c.batch_ack(user, &items))
-        {
-            Ok(results) => {
-                self.stats.batch_acks += 1;
-                self.last_traffic = Instant::now();
-                for (r, (group, _)) in results.iter().zip(&items) {
-                    if r.is_err() {
-                        self.filter.forget(*group);
+        let mut hops = 0;
+        while !pending.is_empty() {
+            let key = self.router.route(pending[0].0);
+            let (batch, rest): (Vec<_>, Vec<_>) = pending
+                .iter()
+                .partition(|&&(group, _)| self.router.route(group) == key);
+            match self
+                .router
+                .link(key)
+                .call(budget, Ctx::user(user), |c| c.batch_ack(user, &batch))
+            {
+                Ok(results) => {
+                    self.stats.batch_acks += 1;
+                    self.last_traffic = Instant::now();
+                    for (r, (group, _)) in results.iter().zip(&batch) {
+                        if r.is_err() {
+                            self.filter.forget(*group);
+                        }
                     }
+                    pending = rest;
                 }
-                Ok(())
-            }
-            Err(e) => {
-                self.acker.restore(&items, Instant::now());
-                Err(e)
+                Err(Error::WrongSet { .. })
+                    if hops < WRONG_SET_HOPS_MAX && self.router.learn(key, budget).is_ok() =>
+                {
+                    hops += 1;
+                }
+                Err(e) => {
+                    self.acker.restore(&pending, Instant::now());
+                    return Err(e);
+                }
             }
         }
+        Ok(())
     }
 }
 
@@ -671,8 +730,17 @@ impl Drop for Inbox {
         }
         let items = self.acker.take();
         let user = self.user;
-        if let Some(c) = self.link.connected() {
-            let _ = c.batch_ack(user, &items);
+        let mut by_set: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+        for item in items {
+            by_set
+                .entry(self.router.route(item.0))
+                .or_default()
+                .push(item);
+        }
+        for (key, batch) in by_set {
+            if let Some(c) = self.router.link(key).connected() {
+                let _ = c.batch_ack(user, &batch);
+            }
         }
     }
 }

@@ -105,6 +105,18 @@ impl Link {
         self
     }
 
+    /// The members of the replica set this link's node is in, learned from
+    /// a cluster map: the others are tried when the node cannot be reached.
+    pub(crate) fn set_members(&mut self, members: &[String]) {
+        if !members.is_empty() {
+            self.others = members
+                .iter()
+                .filter(|a| **a != self.config.addr)
+                .cloned()
+                .collect();
+        }
+    }
+
     /// Tries the next member of the replica set (if any) from now on.
     fn next_member(&mut self) {
         if self.others.is_empty() {

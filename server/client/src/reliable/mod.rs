@@ -37,6 +37,7 @@ mod error;
 mod inbox;
 mod link;
 mod receipts;
+mod router;
 mod sender;
 
 use std::collections::hash_map::RandomState;
@@ -46,7 +47,7 @@ use std::time::Duration;
 pub use acker::BatchAcker;
 pub use dedup::{DedupFilter, Verdict};
 pub use error::{Ctx, Error};
-pub use inbox::{Inbox, InboxStats, Latest, Messages, Pulled};
+pub use inbox::{Inbox, InboxStats, Latest, Messages, Pulled, PUSH_POLL_SLICE};
 pub use link::LinkStats;
 pub use receipts::{Delivery, Receipts, ReceiptsStats, TRACKED_PER_GROUP_MAX};
 pub use sender::{ReliableClient, SendOutcome, SenderStats};

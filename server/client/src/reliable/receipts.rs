@@ -27,6 +27,13 @@
 //! dedup filter of their own, and an [`Inbox`](super::Inbox) on another
 //! connection never sees them: its dedup of messages is untouched).
 //!
+//! In a cluster of several replica sets (format-spec/protocol.md 4.33)
+//! each tracked group's receipts are subscribed to on the set that holds
+//! it (the map learned from the first `WRONG_SET`, as
+//! [`ReliableClient`](super::ReliableClient) does), its counts pulled
+//! there, and the sets' connections are waited on in turn
+//! ([`PUSH_POLL_SLICE`](super::PUSH_POLL_SLICE) each).
+//!
 //! Bounds: at most [`TRACKED_PER_GROUP_MAX`] messages per group are
 //! followed (the oldest is dropped); a list-mode map holds at most the
 //! members at or above the oldest tracked id of a group below the node's
@@ -36,7 +43,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::error::{classify, Class, Ctx, Error};
-use super::link::{Link, LinkStats};
+use super::inbox::PUSH_POLL_SLICE;
+use super::link::LinkStats;
+use super::router::{Router, UNMAPPED, WRONG_SET_HOPS_MAX};
 use super::ReliableConfig;
 use crate::client::{later, Event};
 use tidemark_protocol::{MemberEntry, ReceiptCount, ResyncScope};
@@ -86,12 +95,15 @@ struct GroupState {
 /// Follows the delivery of one sender's messages over its own connection.
 pub struct Receipts {
     config: ReliableConfig,
-    link: Link,
+    /// One link per replica set (`router.rs`).
+    router: Router,
     sender: u64,
     groups: BTreeMap<u64, GroupState>,
-    /// Groups the node has a receipt subscription for on this connection.
-    subscribed: BTreeSet<u64>,
-    subscribed_gen: u64,
+    /// Per set: the connection generation and the groups the node has a
+    /// receipt subscription for on it.
+    subscribed: BTreeMap<u32, (u64, BTreeSet<u64>)>,
+    /// Which set's connection is waited on next.
+    poll_turn: usize,
     /// Groups whose counts must be pulled (new subscription, RESYNC).
     to_refresh: BTreeSet<u64>,
     updates: VecDeque<Delivery>,
@@ -101,19 +113,19 @@ pub struct Receipts {
 impl Receipts {
     /// Receipts of `sender`'s messages; connects on first use.
     pub fn new(config: ReliableConfig, sender: u64) -> Receipts {
-        let link = Link::new(
+        let router = Router::new(
             config.client.clone(),
+            &config.members,
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        )
-        .with_members(&config.members);
+        );
         Receipts {
             config,
-            link,
+            router,
             sender,
             groups: BTreeMap::new(),
-            subscribed: BTreeSet::new(),
-            subscribed_gen: 0,
+            subscribed: BTreeMap::new(),
+            poll_turn: 0,
             to_refresh: BTreeSet::new(),
             updates: VecDeque::new(),
             stats: ReceiptsStats::default(),
@@ -122,7 +134,7 @@ impl Receipts {
 
     pub fn stats(&self) -> ReceiptsStats {
         ReceiptsStats {
-            link: self.link.stats(),
+            link: self.router.stats(),
             ..self.stats
         }
     }
@@ -160,7 +172,17 @@ impl Receipts {
     /// Cuts the connection as a network failure would (tests, the demo):
     /// the next call reconnects, subscribes again and pulls the counts.
     pub fn cut_connection(&mut self) {
-        self.link.cut();
+        self.router.cut_all();
+    }
+
+    /// The sets of the tracked groups (the configured node's before any).
+    fn sets(&self) -> Vec<u32> {
+        let sets: BTreeSet<u32> = self.groups.keys().map(|&g| self.router.route(g)).collect();
+        if sets.is_empty() {
+            vec![UNMAPPED]
+        } else {
+            sets.into_iter().collect()
+        }
     }
 
     /// The next change of a tracked message's delivery, waiting up to
@@ -180,10 +202,18 @@ impl Receipts {
             if now >= deadline {
                 return Ok(None);
             }
-            let Some(client) = self.link.connected() else {
+            // One set's connection this turn; with several, a slice each.
+            let keys = self.sets();
+            let key = keys[self.poll_turn % keys.len()];
+            self.poll_turn = self.poll_turn.wrapping_add(1);
+            let mut wait = deadline.saturating_duration_since(now);
+            if keys.len() > 1 {
+                wait = wait.min(PUSH_POLL_SLICE);
+            }
+            let Some(client) = self.router.link(key).connected() else {
                 continue;
             };
-            match client.next_event(deadline.saturating_duration_since(now)) {
+            match client.next_event(wait) {
                 Ok(Some(Event::Receipt { group, receipts })) => {
                     self.stats.receipts += 1;
                     self.on_receipt(group, &receipts)?;
@@ -197,7 +227,7 @@ impl Receipts {
                     if let ResyncScope::All = scope {
                         // The node cancelled the subscription: subscribe
                         // again and pull.
-                        self.subscribed_gen = 0;
+                        self.subscribed.remove(&key);
                     }
                 }
                 // This connection subscribes to no messages.
@@ -206,52 +236,84 @@ impl Receipts {
                     Class::Permanent {
                         drop_connection: false,
                     } => return Err(Error::from_client(e, Ctx::user(self.sender), 1)),
-                    Class::Redirect => self.link.redirect(),
-                    _ => self.link.broken(),
+                    Class::Redirect => self.router.link(key).redirect(),
+                    _ => self.router.link(key).broken(),
                 },
             }
         }
     }
 
-    /// Subscription on this connection, then the pulls due. A new
+    /// Subscriptions on each tracked group's set, then the pulls due. A new
     /// connection knows nothing of the old one's subscription: every group
-    /// is subscribed again and pulled (subscribe first, then pull, so that
-    /// a cursor that moves after the pull is pushed).
+    /// of its set is subscribed again and pulled (subscribe first, then
+    /// pull, so that a cursor that moves after the pull is pushed). A
+    /// WRONG_SET (a group of another set, before the map was known) learns
+    /// the map and starts over.
     fn maintain(&mut self) -> Result<(), Error> {
-        loop {
+        let mut hops = 0;
+        'again: loop {
             let deadline = later(Instant::now(), self.config.give_up_after());
-            self.link.get(deadline)?;
-            let generation = self.link.generation();
-            if self.subscribed_gen != generation {
-                self.subscribed.clear();
-                for g in self.groups.values_mut() {
-                    g.seeded_from = None;
-                    g.cursors.clear();
+            let mut generations = Vec::new();
+            for key in self.sets() {
+                let link = self.router.link(key);
+                link.get(deadline)?;
+                let generation = link.generation();
+                generations.push((key, generation));
+                let known = self.subscribed.get(&key).map(|(g, _)| *g);
+                if known != Some(generation) {
+                    self.subscribed.insert(key, (generation, BTreeSet::new()));
+                    for (&group, g) in self.groups.iter_mut() {
+                        if self.router.route(group) == key {
+                            g.seeded_from = None;
+                            g.cursors.clear();
+                            self.to_refresh.insert(group);
+                        }
+                    }
                 }
-                self.to_refresh.extend(self.groups.keys().copied());
-                self.subscribed_gen = generation;
-            }
-            let missing: Vec<u64> = self
-                .groups
-                .keys()
-                .filter(|g| !self.subscribed.contains(g))
-                .copied()
-                .collect();
-            if !missing.is_empty() {
+                let missing: Vec<u64> = self
+                    .groups
+                    .keys()
+                    .filter(|&&g| self.router.route(g) == key)
+                    .filter(|g| {
+                        !self
+                            .subscribed
+                            .get(&key)
+                            .is_some_and(|(_, s)| s.contains(g))
+                    })
+                    .copied()
+                    .collect();
+                if missing.is_empty() {
+                    continue;
+                }
                 let sender = self.sender;
-                self.link
-                    .call(self.config.give_up_after(), Ctx::user(sender), |c| {
-                        c.subscribe_receipts(sender, &missing)
-                    })?;
-                if self.link.generation() != generation {
-                    continue; // reconnected meanwhile: start over
+                let budget = self.config.give_up_after();
+                match self.router.link(key).call(budget, Ctx::user(sender), |c| {
+                    c.subscribe_receipts(sender, &missing)
+                }) {
+                    Ok(()) => {}
+                    Err(refused @ Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
+                        hops += 1;
+                        if self.router.learn(key, budget).is_err() {
+                            return Err(refused);
+                        }
+                        continue 'again;
+                    }
+                    Err(e) => return Err(e),
                 }
-                self.subscribed.extend(missing);
+                if self.router.link(key).generation() != generation {
+                    continue 'again; // reconnected meanwhile: start over
+                }
+                if let Some((_, s)) = self.subscribed.get_mut(&key) {
+                    s.extend(missing);
+                }
             }
             for group in std::mem::take(&mut self.to_refresh) {
                 self.pull_counts(group)?;
             }
-            if self.link.generation() == generation {
+            let unchanged = generations
+                .iter()
+                .all(|&(key, generation)| self.router.link(key).generation() == generation);
+            if unchanged {
                 return Ok(());
             }
         }
@@ -264,11 +326,11 @@ impl Receipts {
             None => return Ok(()),
         };
         for msg_id in ids {
-            let count = self
-                .link
-                .call(self.config.give_up_after(), Ctx::group(group), |c| {
-                    c.read_count(group, msg_id)
-                })?;
+            let count =
+                self.router
+                    .call(group, self.config.give_up_after(), Ctx::group(group), |c| {
+                        c.read_count(group, msg_id)
+                    })?;
             self.stats.pulls += 1;
             self.raise(group, msg_id, count);
         }
@@ -323,8 +385,8 @@ impl Receipts {
         let mut after = 0;
         loop {
             let (page, next) =
-                self.link
-                    .call(self.config.give_up_after(), Ctx::group(group), |c| {
+                self.router
+                    .call(group, self.config.give_up_after(), Ctx::group(group), |c| {
                         c.readers(group, msg_id, after, READERS_PAGE)
                     })?;
             self.stats.pulls += 1;

@@ -29,7 +29,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::error::{classify, Class, Ctx, Error};
-use super::link::{Link, LinkStats};
+use super::link::LinkStats;
+use super::router::{Router, UNMAPPED, WRONG_SET_HOPS_MAX};
 use super::{ClientMsgIds, ReliableConfig};
 use crate::client::{later, parse_sent, ClientError, GroupState, Message, Page, Sent};
 use tidemark_protocol::{GroupInfo, JoinStart, MemberEntry, Request, RetentionPolicy};
@@ -77,18 +78,24 @@ struct PendingSend {
     last_refusal: Option<Error>,
     /// Connection attempts that failed while it was pending.
     connect_attempts: u32,
+    /// The set whose link `request` was transmitted on.
+    route: u32,
+    /// WRONG_SET answers followed for it.
+    wrong_set_hops: u32,
 }
 
 pub struct ReliableClient {
     config: ReliableConfig,
-    link: Link,
+    /// One link per replica set, and the cluster map (`router.rs`).
+    router: Router,
     ids: ClientMsgIds,
     /// Pending sends by enqueue sequence number.
     pending: BTreeMap<u64, PendingSend>,
     next_seq: u64,
-    /// Request id -> sequence number, for the connection `in_flight_gen`.
-    in_flight: HashMap<u64, u64>,
-    in_flight_gen: u64,
+    /// (set, request id) -> sequence number, for each set's connection of
+    /// generation `in_flight_gen[set]`.
+    in_flight: HashMap<(u32, u64), u64>,
+    in_flight_gen: HashMap<u32, u64>,
     done: BTreeMap<u64, SendOutcome>,
     stats: SenderStats,
 }
@@ -96,20 +103,20 @@ pub struct ReliableClient {
 impl ReliableClient {
     /// A client that connects on first use.
     pub fn new(config: ReliableConfig) -> ReliableClient {
-        let link = Link::new(
+        let router = Router::new(
             config.client.clone(),
+            &config.members,
             Duration::from_millis(config.backoff_base_ms),
             Duration::from_millis(config.backoff_max_ms),
-        )
-        .with_members(&config.members);
+        );
         ReliableClient {
             config,
-            link,
+            router,
             ids: ClientMsgIds::new(),
             pending: BTreeMap::new(),
             next_seq: 0,
             in_flight: HashMap::new(),
-            in_flight_gen: 0,
+            in_flight_gen: HashMap::new(),
             done: BTreeMap::new(),
             stats: SenderStats::default(),
         }
@@ -120,7 +127,7 @@ impl ReliableClient {
     pub fn connect(config: ReliableConfig) -> Result<ReliableClient, Error> {
         let mut c = ReliableClient::new(config);
         let budget = c.config.give_up_after();
-        c.link.get(later(Instant::now(), budget))?;
+        c.router.link(UNMAPPED).get(later(Instant::now(), budget))?;
         Ok(c)
     }
 
@@ -130,7 +137,7 @@ impl ReliableClient {
 
     pub fn stats(&self) -> SenderStats {
         SenderStats {
-            link: self.link.stats(),
+            link: self.router.stats(),
             ..self.stats
         }
     }
@@ -144,7 +151,14 @@ impl ReliableClient {
     /// sends get no response on it and are retransmitted. For tests and
     /// `tidemark demo`.
     pub fn cut_connection(&mut self) {
-        self.link.cut();
+        self.router.cut_all();
+    }
+
+    /// The cluster map the client routes by, once learned (after a
+    /// WRONG_SET, or before a fan-out of UNREAD or SYNC); `None` while
+    /// every request goes to the configured node.
+    pub fn shard_map(&self) -> Option<&crate::client::ShardMap> {
+        self.router.map()
     }
 
     /// Sends one message and waits for the node's answer, retransmitting
@@ -196,23 +210,37 @@ impl ReliableClient {
         payload: Vec<u8>,
     ) {
         self.push_pending(group, sender, client_msg_id, payload);
-        if self.link.connected().is_some() {
-            self.sync_generation();
-            if !self.transmit() {
-                self.connection_failed("connection lost while sending");
+        let key = self.router.route(group);
+        if self.router.link(key).connected().is_some() {
+            self.sync_generation(key);
+            if !self.transmit(key) {
+                self.connection_failed(key, "connection lost while sending");
             }
         }
     }
 
-    /// A new connection has nothing in flight: every pending send is to be
-    /// transmitted on it.
-    fn sync_generation(&mut self) {
-        if self.in_flight_gen != self.link.generation() {
-            self.in_flight.clear();
-            self.in_flight_gen = self.link.generation();
+    /// A new connection of set `key` has nothing in flight: every pending
+    /// send transmitted on its old one is to be transmitted again.
+    fn sync_generation(&mut self, key: u32) {
+        let generation = self.router.link(key).generation();
+        if self.in_flight_gen.get(&key) != Some(&generation) {
+            self.in_flight.retain(|(k, _), _| *k != key);
+            self.in_flight_gen.insert(key, generation);
             for p in self.pending.values_mut() {
-                p.request = None;
+                if p.route == key {
+                    p.request = None;
+                }
             }
+        }
+    }
+
+    /// The set a pending send is waited for on: the one it was transmitted
+    /// to, else the one its group routes to now.
+    fn key_of(&self, p: &PendingSend) -> u32 {
+        if p.request.is_some() {
+            p.route
+        } else {
+            self.router.route(p.group)
         }
     }
 
@@ -257,6 +285,8 @@ impl ReliableClient {
                 last_failure: None,
                 last_refusal: None,
                 connect_attempts: 0,
+                route: UNMAPPED,
+                wrong_set_hops: 0,
             },
         );
         seq
@@ -265,7 +295,7 @@ impl ReliableClient {
     fn complete(&mut self, seq: u64, result: Result<Sent, Error>) {
         if let Some(p) = self.pending.remove(&seq) {
             if let Some(rid) = p.request {
-                self.in_flight.remove(&rid);
+                self.in_flight.remove(&(p.route, rid));
             }
             match &result {
                 Ok(s) => {
@@ -314,19 +344,19 @@ impl ReliableClient {
         }
     }
 
-    fn note_failure(&mut self, why: &str) {
+    fn note_failure(&mut self, key: u32, why: &str) {
         for p in self.pending.values_mut() {
-            if p.request.is_some() {
+            if p.request.is_some() && p.route == key {
                 p.last_failure = Some(why.to_string());
                 p.last_refusal = None;
             }
         }
     }
 
-    /// A connection failed: everything on it has unknown outcome.
-    fn connection_failed(&mut self, why: &str) {
-        self.note_failure(why);
-        self.link.broken();
+    /// Set `key`'s connection failed: everything on it has unknown outcome.
+    fn connection_failed(&mut self, key: u32, why: &str) {
+        self.note_failure(key, why);
+        self.router.link(key).broken();
     }
 
     /// The sending state machine; returns when `stop` holds or nothing is
@@ -337,28 +367,50 @@ impl ReliableClient {
         while !stop(self) && !self.pending.is_empty() {
             let now = Instant::now();
             self.expire(now);
-            let Some(oldest) = self.pending.values().map(|p| p.enqueued).min() else {
+            // The set of the oldest send is served first: its link is the
+            // one transmitted on and waited on this turn (sends of other
+            // sets wait; a response of theirs that comes late costs at most
+            // a retransmit, which the node's dedup answers).
+            let Some((oldest, key)) = self
+                .pending
+                .values()
+                .min_by_key(|p| p.enqueued)
+                .map(|p| (p.enqueued, self.key_of(p)))
+            else {
                 break;
             };
             let deadline = later(oldest, self.config.give_up_after());
 
             // A connection (new ones start with nothing in flight).
-            if let Err(e) = self.link.get(deadline) {
+            if let Err(e) = self.router.link(key).get(deadline) {
                 match e {
                     Error::Unavailable { attempts, cause } => {
                         // The oldest sends ran out of budget while the node
                         // was unreachable; `expire` fails them next round
                         // (with this cause, not this error wrapped in a
                         // second "node unavailable").
+                        let router = &self.router;
                         for p in self.pending.values_mut() {
-                            p.last_failure = Some(cause.clone());
-                            p.last_refusal = None;
-                            p.connect_attempts = p.connect_attempts.saturating_add(attempts);
+                            let mine = if p.request.is_some() {
+                                p.route == key
+                            } else {
+                                router.route(p.group) == key
+                            };
+                            if mine {
+                                p.last_failure = Some(cause.clone());
+                                p.last_refusal = None;
+                                p.connect_attempts = p.connect_attempts.saturating_add(attempts);
+                            }
                         }
                         std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
                     }
                     refused => {
-                        let seqs: Vec<u64> = self.pending.keys().copied().collect();
+                        let seqs: Vec<u64> = self
+                            .pending
+                            .iter()
+                            .filter(|(_, p)| self.key_of(p) == key)
+                            .map(|(&seq, _)| seq)
+                            .collect();
                         for seq in seqs {
                             self.complete(seq, Err(refused.clone()));
                         }
@@ -366,14 +418,14 @@ impl ReliableClient {
                 }
                 continue;
             }
-            self.sync_generation();
-            if !self.transmit() {
-                self.connection_failed("connection lost while sending");
-                self.link.pause(deadline);
+            self.sync_generation(key);
+            if !self.transmit(key) {
+                self.connection_failed(key, "connection lost while sending");
+                self.router.link(key).pause(deadline);
                 continue;
             }
-            if self.in_flight.is_empty() {
-                continue; // everything pending failed locally
+            if !self.in_flight.keys().any(|(k, _)| *k == key) {
+                continue; // everything pending failed locally, or was re-routed
             }
 
             // Wait for one response, at most until the oldest in-flight send
@@ -381,14 +433,14 @@ impl ReliableClient {
             let oldest_sent = self
                 .pending
                 .values()
-                .filter(|p| p.request.is_some())
+                .filter(|p| p.request.is_some() && p.route == key)
                 .map(|p| p.sent_at)
                 .min()
                 .unwrap_or(now);
             let wait = later(oldest_sent, send_timeout)
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(1));
-            let Some(client) = self.link.connected() else {
+            let Some(client) = self.router.link(key).connected() else {
                 continue;
             };
             client.set_io_timeout(wait);
@@ -400,38 +452,45 @@ impl ReliableClient {
                     if rid == 0 {
                         // An ERROR about the connection (shutdown, overload).
                         if let Err(e) = frame.response() {
-                            self.connection_failed(&e.to_string());
-                            self.link.pause(deadline);
+                            self.connection_failed(key, &e.to_string());
+                            self.router.link(key).pause(deadline);
                         }
                         continue;
                     }
-                    let Some(seq) = self.in_flight.remove(&rid) else {
+                    let Some(seq) = self.in_flight.remove(&(key, rid)) else {
                         continue; // not a send of ours: ignore
                     };
                     match parse_sent(&frame) {
                         Ok(sent) => {
-                            self.link.succeeded();
+                            self.router.link(key).succeeded();
                             self.complete(seq, Ok(sent));
                         }
-                        Err(e) => self.send_failed(seq, e, deadline),
+                        Err(e) => self.send_failed(seq, e, deadline, key),
                     }
                 }
                 Err(ClientError::Timeout) => {
                     self.stats.timeouts += 1;
-                    self.connection_failed("no answer within send_timeout_ms");
+                    self.connection_failed(key, "no answer within send_timeout_ms");
                 }
                 Err(e) => {
-                    self.connection_failed(&e.to_string());
-                    self.link.pause(deadline);
+                    self.connection_failed(key, &e.to_string());
+                    self.router.link(key).pause(deadline);
                 }
             }
         }
     }
 
-    /// Transmits pending sends not yet sent on this connection, oldest
-    /// first, up to the window. False when the connection failed.
-    fn transmit(&mut self) -> bool {
-        let Some(client) = self.link.connected() else {
+    /// Transmits set `key`'s pending sends not yet sent on its connection,
+    /// oldest first, up to the window. False when the connection failed.
+    fn transmit(&mut self, key: u32) -> bool {
+        let todo: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.request.is_none() && self.router.route(p.group) == key)
+            .map(|(&seq, _)| seq)
+            .collect();
+        let mut in_flight = self.in_flight.keys().filter(|(k, _)| *k == key).count();
+        let Some(client) = self.router.link(key).connected() else {
             return false;
         };
         let limits = client.limits();
@@ -442,13 +501,13 @@ impl ReliableClient {
             .max(1);
         let mut too_large = Vec::new();
         let mut ok = true;
-        for (&seq, p) in self.pending.iter_mut() {
-            if self.in_flight.len() >= window {
+        for seq in todo {
+            if in_flight >= window {
                 break;
             }
-            if p.request.is_some() {
+            let Some(p) = self.pending.get_mut(&seq) else {
                 continue;
-            }
+            };
             if p.payload.len() > limits.payload_bytes_max as usize {
                 too_large.push((seq, p.payload.len(), limits.payload_bytes_max));
                 continue;
@@ -465,8 +524,10 @@ impl ReliableClient {
                     }
                     p.transmissions += 1;
                     p.request = Some(rid);
+                    p.route = key;
                     p.sent_at = Instant::now();
-                    self.in_flight.insert(rid, seq);
+                    self.in_flight.insert((key, rid), seq);
+                    in_flight += 1;
                 }
                 Err(e) => {
                     p.last_failure = Some(e.to_string());
@@ -488,18 +549,40 @@ impl ReliableClient {
         ok
     }
 
-    fn send_failed(&mut self, seq: u64, e: ClientError, deadline: Instant) {
+    fn send_failed(&mut self, seq: u64, e: ClientError, deadline: Instant, key: u32) {
         // The sender is the user a NOT_MEMBER names.
         let (group, sender) = self
             .pending
             .get(&seq)
             .map_or((0, 0), |p| (p.group, p.sender));
         let ctx = Ctx::member(group, sender);
+        if e.wrong_set().is_some() {
+            // Another set holds the group: learn the map from the refusing
+            // node and transmit it again there (nothing was done here).
+            let hops = self.pending.get_mut(&seq).map_or(u32::MAX, |p| {
+                p.request = None;
+                p.wrong_set_hops += 1;
+                p.wrong_set_hops
+            });
+            if hops <= WRONG_SET_HOPS_MAX {
+                let budget = deadline.saturating_duration_since(Instant::now());
+                match self.router.learn(key, budget) {
+                    Ok(()) => return,
+                    Err(learned) => {
+                        if let Some(p) = self.pending.get_mut(&seq) {
+                            p.last_failure = Some(learned.to_string());
+                        }
+                        self.router.link(key).pause(deadline);
+                        return;
+                    }
+                }
+            }
+        }
         match classify(&e) {
             Class::Permanent { drop_connection } => {
                 let attempts = self.pending.get(&seq).map_or(0, |p| p.transmissions);
                 if drop_connection {
-                    self.connection_failed(&e.to_string());
+                    self.connection_failed(key, &e.to_string());
                 }
                 self.complete(seq, Err(Error::from_client(e, ctx, attempts)));
             }
@@ -511,28 +594,53 @@ impl ReliableClient {
                 }
                 // Backs off (with jitter) before the next transmission; at
                 // the deadline `expire` reports the refusal.
-                self.link.pause(deadline);
+                self.router.link(key).pause(deadline);
             }
             Class::Broken => {
-                self.connection_failed(&e.to_string());
-                self.link.pause(deadline);
+                self.connection_failed(key, &e.to_string());
+                self.router.link(key).pause(deadline);
             }
             Class::Redirect => {
                 // Before the connection goes: the redirect asks on it.
-                self.link.redirect();
-                self.connection_failed(&e.to_string());
-                self.link.pause(deadline);
+                self.router.link(key).redirect();
+                self.connection_failed(key, &e.to_string());
+                self.router.link(key).pause(deadline);
             }
         }
     }
 
+    /// A request about the node itself (PING, STATS, ...): to the
+    /// configured node.
     fn call<T>(
         &mut self,
         ctx: Ctx,
         op: impl FnMut(&mut crate::client::Client) -> Result<T, ClientError>,
     ) -> Result<T, Error> {
         let budget = self.config.give_up_after();
-        self.link.call(budget, ctx, op)
+        self.router.link(UNMAPPED).call(budget, ctx, op)
+    }
+
+    /// A request about `ctx.group`: to the set that holds it, following
+    /// WRONG_SET (`Router::call`).
+    fn call_group<T>(
+        &mut self,
+        ctx: Ctx,
+        op: impl FnMut(&mut crate::client::Client) -> Result<T, ClientError>,
+    ) -> Result<T, Error> {
+        let budget = self.config.give_up_after();
+        self.router.call(ctx.group, budget, ctx, op)
+    }
+
+    /// CLUSTER_MAP of the configured node (format-spec/protocol.md 4.33),
+    /// and the client routes by it from now on.
+    pub fn cluster_map(&mut self) -> Result<crate::client::ShardMap, Error> {
+        let budget = self.config.give_up_after();
+        let map = self
+            .router
+            .link(UNMAPPED)
+            .call(budget, Ctx::default(), |c| c.cluster_map())?;
+        self.router.adopt(UNMAPPED, map.clone());
+        Ok(map)
     }
 
     /// PING, reconnecting as needed.
@@ -550,7 +658,7 @@ impl ReliableClient {
     /// connection, the retry may report `GroupExists`; use
     /// [`ensure_group`](Self::ensure_group) when that does not matter.
     pub fn create_group(&mut self, group: u64) -> Result<(), Error> {
-        self.call(Ctx::group(group), |c| c.create_group(group))
+        self.call_group(Ctx::group(group), |c| c.create_group(group))
     }
 
     /// Creates the group unless it exists; true if this call created it.
@@ -563,16 +671,16 @@ impl ReliableClient {
     }
 
     pub fn delete_group(&mut self, group: u64) -> Result<(), Error> {
-        self.call(Ctx::group(group), |c| c.delete_group(group))
+        self.call_group(Ctx::group(group), |c| c.delete_group(group))
     }
 
     /// JOIN (idempotent); returns the member's cursor.
     pub fn join(&mut self, group: u64, user: u64, start: JoinStart) -> Result<u64, Error> {
-        self.call(Ctx::member(group, user), |c| c.join(group, user, start))
+        self.call_group(Ctx::member(group, user), |c| c.join(group, user, start))
     }
 
     pub fn leave(&mut self, group: u64, user: u64) -> Result<(), Error> {
-        self.call(Ctx::member(group, user), |c| c.leave(group, user))
+        self.call_group(Ctx::member(group, user), |c| c.leave(group, user))
     }
 
     /// One PULL page, without dedup (for tools; receivers use an
@@ -585,59 +693,122 @@ impl ReliableClient {
         max_count: u32,
         wait_ms: u32,
     ) -> Result<Page, Error> {
-        self.call(Ctx::member(group, user), |c| {
+        self.call_group(Ctx::member(group, user), |c| {
             c.pull(group, user, ack_up_to, max_count, wait_ms)
         })
     }
 
     /// ACK; returns the cursor.
     pub fn ack(&mut self, group: u64, user: u64, msg_id: u64) -> Result<u64, Error> {
-        self.call(Ctx::member(group, user), |c| c.ack(group, user, msg_id))
+        self.call_group(Ctx::member(group, user), |c| c.ack(group, user, msg_id))
     }
 
-    /// BATCH_ACK: per item, the cursor or the typed error.
+    /// BATCH_ACK: per item, the cursor or the typed error. Items of groups
+    /// of several replica sets are split into one BATCH_ACK per set (a
+    /// node refuses a batch naming another set's group whole,
+    /// format-spec/protocol.md 4.33); the results come back in item order.
     pub fn batch_ack(
         &mut self,
         user: u64,
         items: &[(u64, u64)],
     ) -> Result<Vec<Result<u64, Error>>, Error> {
-        let results = self.call(Ctx::user(user), |c| c.batch_ack(user, items))?;
+        let budget = self.config.give_up_after();
+        let mut results: Vec<Option<Result<u64, Error>>> = vec![None; items.len()];
+        let mut hops = 0;
+        loop {
+            // The items still unanswered, by the set their group routes to.
+            let mut by_set: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+            for (i, &(group, _)) in items.iter().enumerate() {
+                if results[i].is_none() {
+                    by_set.entry(self.router.route(group)).or_default().push(i);
+                }
+            }
+            let Some((key, indices)) = by_set.into_iter().next() else {
+                break;
+            };
+            let batch: Vec<(u64, u64)> = indices.iter().map(|&i| items[i]).collect();
+            match self
+                .router
+                .link(key)
+                .call(budget, Ctx::user(user), |c| c.batch_ack(user, &batch))
+            {
+                Ok(answers) => {
+                    for (&i, r) in indices.iter().zip(answers) {
+                        let group = items[i].0;
+                        results[i] = Some(r.map_err(|code| {
+                            Error::from_code(code, None, String::new(), Ctx::member(group, user))
+                        }));
+                    }
+                }
+                Err(refused @ Error::WrongSet { .. }) if hops < WRONG_SET_HOPS_MAX => {
+                    hops += 1;
+                    if self.router.learn(key, budget).is_err() {
+                        return Err(refused);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
         Ok(results
             .into_iter()
-            .zip(items)
-            .map(|(r, &(group, _))| {
-                r.map_err(|code| {
-                    Error::from_code(code, None, String::new(), Ctx::member(group, user))
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::Unavailable {
+                        attempts: 0,
+                        cause: "item not answered".into(),
+                    })
                 })
             })
             .collect())
     }
 
+    /// UNREAD: every group of the user, ascending. In a cluster the
+    /// client asks every replica set (each answers for the groups it
+    /// holds) and merges the lists (format-spec/protocol.md 4.33).
     pub fn unread(&mut self, user: u64) -> Result<Vec<GroupState>, Error> {
-        self.call(Ctx::user(user), |c| c.unread(user))
+        let budget = self.config.give_up_after();
+        self.router.ensure_map(budget)?;
+        let mut out = Vec::new();
+        for key in self.router.sets() {
+            out.extend(
+                self.router
+                    .link(key)
+                    .call(budget, Ctx::user(user), |c| c.unread(user))?,
+            );
+        }
+        out.sort_by_key(|g| g.group);
+        Ok(out)
     }
 
     /// SYNC, continued until done: every group with unread messages and up
-    /// to `per_group_max` of its records (0: counts only).
+    /// to `per_group_max` of its records (0: counts only), ascending by
+    /// group. In a cluster, each replica set's SYNC (continued until done)
+    /// merged, as UNREAD.
     pub fn sync_all(
         &mut self,
         user: u64,
         per_group_max: u32,
         total_max_bytes: u32,
     ) -> Result<Vec<GroupState>, Error> {
+        let budget = self.config.give_up_after();
+        self.router.ensure_map(budget)?;
         let mut out = Vec::new();
-        let mut continuation = 0;
-        loop {
-            let (groups, next) = self.call(Ctx::user(user), |c| {
-                c.sync(user, per_group_max, total_max_bytes, continuation)
-            })?;
-            out.extend(groups);
-            // A node that repeats a continuation would loop forever.
-            if next == 0 || next <= continuation {
-                return Ok(out);
+        for key in self.router.sets() {
+            let mut continuation = 0;
+            loop {
+                let (groups, next) = self.router.link(key).call(budget, Ctx::user(user), |c| {
+                    c.sync(user, per_group_max, total_max_bytes, continuation)
+                })?;
+                out.extend(groups);
+                // A node that repeats a continuation would loop forever.
+                if next == 0 || next <= continuation {
+                    break;
+                }
+                continuation = next;
             }
-            continuation = next;
         }
+        out.sort_by_key(|g| g.group);
+        Ok(out)
     }
 
     /// HISTORY page: newest first, and whether older messages exist.
@@ -648,7 +819,7 @@ impl ReliableClient {
         before_msg_id: u64,
         max_count: u32,
     ) -> Result<(Vec<Message>, bool), Error> {
-        self.call(Ctx::member(group, user), |c| {
+        self.call_group(Ctx::member(group, user), |c| {
             c.history(group, user, before_msg_id, max_count)
         })
     }
@@ -656,7 +827,7 @@ impl ReliableClient {
     /// READ_COUNT: members whose cursor is at or above `msg_id` (with 0:
     /// every member).
     pub fn read_count(&mut self, group: u64, msg_id: u64) -> Result<u64, Error> {
-        self.call(Ctx::group(group), |c| c.read_count(group, msg_id))
+        self.call_group(Ctx::group(group), |c| c.read_count(group, msg_id))
     }
 
     /// MEMBERS page: at most `max_count` members above `after_user` (0:
@@ -668,20 +839,20 @@ impl ReliableClient {
         after_user: u64,
         max_count: u32,
     ) -> Result<(Vec<MemberEntry>, bool), Error> {
-        self.call(Ctx::group(group), |c| {
+        self.call_group(Ctx::group(group), |c| {
             c.members(group, after_user, max_count)
         })
     }
 
     /// GROUP_INFO: head, retention floor, member count, retention policy.
     pub fn group_info(&mut self, group: u64) -> Result<GroupInfo, Error> {
-        self.call(Ctx::group(group), |c| c.group_info(group))
+        self.call_group(Ctx::group(group), |c| c.group_info(group))
     }
 
     /// SET_RETENTION: the group's retention policy (retried: setting the
     /// same policy again is harmless).
     pub fn set_retention(&mut self, group: u64, policy: RetentionPolicy) -> Result<(), Error> {
-        self.call(Ctx::group(group), |c| c.set_retention(group, policy))
+        self.call_group(Ctx::group(group), |c| c.set_retention(group, policy))
     }
 
     /// CLEAR_HISTORY: `(join_point, cursor)` of the member afterwards
@@ -692,7 +863,7 @@ impl ReliableClient {
         user: u64,
         up_to: u64,
     ) -> Result<(u64, u64), Error> {
-        self.call(Ctx::member(group, user), |c| {
+        self.call_group(Ctx::member(group, user), |c| {
             c.clear_history(group, user, up_to)
         })
     }
@@ -717,7 +888,7 @@ impl ReliableClient {
         client_msg_id: u64,
         target: u64,
     ) -> Result<Sent, Error> {
-        self.call(Ctx::member(group, sender), |c| {
+        self.call_group(Ctx::member(group, sender), |c| {
             c.recall(group, sender, client_msg_id, target)
         })
     }
@@ -744,7 +915,7 @@ impl ReliableClient {
         target: u64,
         payload: &[u8],
     ) -> Result<Sent, Error> {
-        self.call(Ctx::member(group, sender), |c| {
+        self.call_group(Ctx::member(group, sender), |c| {
             c.edit(group, sender, client_msg_id, target, payload)
         })
     }
@@ -758,7 +929,7 @@ impl ReliableClient {
         before_msg_id: u64,
         max_count: u32,
     ) -> Result<(Vec<Message>, bool, u64), Error> {
-        self.call(Ctx::member(group, user), |c| {
+        self.call_group(Ctx::member(group, user), |c| {
             c.history_latest(group, user, before_msg_id, max_count)
         })
     }
