@@ -20,6 +20,7 @@ mod faulty_set;
 mod first_use;
 mod fuzz_corpus;
 mod harness;
+mod history_check;
 mod hostile;
 mod idle;
 mod members;
