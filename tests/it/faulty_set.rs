@@ -197,14 +197,13 @@ impl Member {
             .spawn()
             .expect("spawn tidemark");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(
-            line.starts_with("tidemark listening on "),
-            "node {}: {line:?}",
-            self.id
-        );
+        let read = BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line);
+        if read.is_err() || !line.starts_with("tidemark listening on ") {
+            // Not left running when the test fails.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("node {} did not start: {read:?} {line:?}", self.id);
+        }
         self.child = Some(child);
     }
 
