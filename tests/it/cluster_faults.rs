@@ -294,12 +294,12 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
     let cut_at = Instant::now();
     // A new leader is elected and serves ANY's sends.
     writer.wait_more(&mut set, 30, Some(old));
-    let new_leader_at = writer
+    let first_new = *writer
         .acks()
         .iter()
         .find(|a| a.at > cut_at && a.node != old)
-        .expect("an acknowledgement by the new leader")
-        .at;
+        .expect("an acknowledgement by the new leader");
+    let new_leader_at = first_new.at;
     // The old leader keeps its clients a while longer: nothing it takes
     // now can commit.
     std::thread::sleep(Duration::from_millis(700));
@@ -335,6 +335,18 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
         !taken_after_cut.is_empty(),
         "the old leader's client sent during the partition"
     );
+    // The order of acknowledgements as the clients saw them: whatever the
+    // old leader acknowledged after the new leader's first acknowledgement
+    // was committed in the old term, so its id is below every id the new
+    // leader gave (one group, one log).
+    for a in direct_acked.iter().filter(|a| a.at > new_leader_at) {
+        assert!(
+            a.msg_id < first_new.msg_id,
+            "the isolated leader acknowledged id {} after the new leader acknowledged id {}",
+            a.msg_id,
+            first_new.msg_id
+        );
+    }
     let mut all: Vec<(u64, Ack)> = any_acked.iter().map(|&a| (ANY, a)).collect();
     all.extend(direct_acked.iter().map(|&a| (DIRECT, a)));
     let records = check_log(&set, &all);
