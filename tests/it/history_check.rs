@@ -361,7 +361,7 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
 
     // The one order: each group's log read through the leader; after a
     // clean stop every replica must hold exactly it.
-    let logs: HashMap<u64, Vec<(u64, u64, Vec<u8>)>> = GROUPS
+    let logs: Logs = GROUPS
         .iter()
         .map(|&g| {
             let records = read_all(&addrs, g, USER_BASE);
@@ -424,6 +424,10 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
     }
 }
 
+/// Per group, its final log: `(sender, client_msg_id, payload)` at
+/// msg_id `index + 1`.
+type Logs = HashMap<u64, Vec<(u64, u64, Vec<u8>)>>;
+
 #[derive(Debug, Default)]
 struct Report {
     operations: usize,
@@ -439,12 +443,7 @@ struct Report {
 }
 
 /// The checker (module docs); panics naming the first violation.
-fn check(
-    users: &[u64],
-    histories: &[Vec<Event>],
-    logs: &HashMap<u64, Vec<(u64, u64, Vec<u8>)>>,
-    faults: &[Fault],
-) -> Report {
+fn check(users: &[u64], histories: &[Vec<Event>], logs: &Logs, faults: &[Fault]) -> Report {
     let mut report = Report::default();
     // Where each (sender, client_msg_id) is stored: (group, msg_id).
     let mut stored: HashMap<(u64, u64), (u64, u64)> = HashMap::new();
@@ -569,7 +568,7 @@ fn check_read<'a>(
     r: &Read,
     e: &'a Event,
     last: &mut HashMap<u64, (u64, u64, &'a Event)>,
-    logs: &HashMap<u64, Vec<(u64, u64, Vec<u8>)>>,
+    logs: &Logs,
     faults: &[Fault],
     report: &mut Report,
 ) {
