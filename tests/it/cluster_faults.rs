@@ -193,9 +193,8 @@ fn check_log(set: &FaultySet, acks: &[(u64, Ack)]) -> Vec<Message> {
     records
 }
 
-/// One more acknowledged send, a second for the followers to apply it
-/// (heartbeats carry the commit index every 20 ms), a clean stop, and the
-/// replicas' logs compared.
+/// One more acknowledged send, then a clean stop and the replicas' logs
+/// compared (`FaultySet::stop_and_compare`).
 fn settle_and_compare(set: &mut FaultySet, records: usize) {
     let addrs = set.addrs();
     let last = on_leader(&addrs, |c| {
@@ -208,9 +207,7 @@ fn settle_and_compare(set: &mut FaultySet, records: usize) {
         records as u64 + 1,
         "the settling send follows the log"
     );
-    std::thread::sleep(Duration::from_secs(1));
-    set.terminate_all();
-    let counts = set.assert_identical(&[GROUP]);
+    let counts = set.stop_and_compare(&[GROUP]);
     assert_eq!(counts, vec![last as usize], "every record in the dumps");
 }
 

@@ -408,13 +408,7 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
         set.members.values().map(|m| m.exits).collect::<Vec<_>>()
     );
     assert!(report.acked > 0 && report.pulled_records > 0, "{report:?}");
-    // Followers apply the last commit index with the leader's next
-    // heartbeats (every 20 ms); then a clean stop and the replicas'
-    // logs compared.
-    std::thread::sleep(Duration::from_millis(1500));
-    set.supervise();
-    set.terminate_all();
-    let counts = set.assert_identical(&GROUPS);
+    let counts = set.stop_and_compare(&GROUPS);
     for (i, &g) in GROUPS.iter().enumerate() {
         assert_eq!(
             counts[i],
