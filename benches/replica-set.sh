@@ -1,22 +1,32 @@
 #!/bin/bash
-# W1 against a single node and against the leader of a 3-node replica set
-# on this machine (format-spec/cluster.md), alternated ROUNDS times; every
-# node with the default fsync=always. Prints one line per run: the setup
-# and the load tool's JSON summary (ops_per_sec, latency_us).
+# W1 and W3 (IM-bench v1, /work/shared/design-brief.md section 5) against a
+# single node and against the leader of a 3-node replica set on this
+# machine (format-spec/cluster.md), alternated ROUNDS times; every node
+# with the default fsync=always. Prints one line per run: the workload,
+# the setup and the load tool's JSON summary (ops_per_sec, latency_us).
 #   cargo build --release -p tidemark-server
-#   bash benches/replica-set.sh target/release/tidemark [ROUNDS] [MESSAGES]
+#   bash benches/replica-set.sh target/release/tidemark [ROUNDS] [MESSAGES] [ACKS] [WORKLOADS]
+# MESSAGES: W1 sends (default 200,000); ACKS: W3 ACKs (default 1,000,000,
+# 100,000 members); WORKLOADS: "w1 w3" (default).
 # The three nodes share the machine's cores with each other and with the
 # load tool: compare the ratio, not the absolute figures.
+# Failover time (SIGKILL of the leader to the first send a new leader
+# acknowledged, 20 kills): benches/failover.sh.
 set -euo pipefail
 BIN=$1
 ROUNDS=${2:-2}
 MESSAGES=${3:-200000}
+ACKS=${4:-1000000}
+WORKLOADS=${5:-w1 w3}
 WORK=$(mktemp -d)
 pids=""
 trap 'kill $pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-w1() {
-    "$BIN" bench -w w1 --addr "$1" --messages "$MESSAGES" --duration 20 --json --quiet
+load() {
+    case $1 in
+    w1) "$BIN" bench -w w1 --addr "$2" --messages "$MESSAGES" --duration 20 --json --quiet ;;
+    w3) "$BIN" bench -w w3 --addr "$2" --ops "$ACKS" --json --quiet ;;
+    esac
 }
 
 single() {
@@ -24,7 +34,7 @@ single() {
     "$BIN" serve --data "$WORK/s" --listen 127.0.0.1:7201 >"$WORK/s.log" 2>&1 &
     pids=$!
     sleep 1
-    w1 127.0.0.1:7201
+    load "$1" 127.0.0.1:7201
     kill $pids; wait $pids 2>/dev/null || true; pids=""
 }
 
@@ -43,11 +53,14 @@ replica_set() {
     sleep 2
     leader=$("$BIN" cluster status --addr 127.0.0.1:7301 --json |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["leader_id"])')
-    w1 "127.0.0.1:730$leader"
+    load "$1" "127.0.0.1:730$leader"
+    # shellcheck disable=SC2086
     kill $pids; wait 2>/dev/null || true; pids=""
 }
 
 for round in $(seq "$ROUNDS"); do
-    echo "single node, round $round: $(single)"
-    echo "replica set of 3, round $round: $(replica_set)"
+    for w in $WORKLOADS; do
+        echo "$w single node, round $round: $(single "$w")"
+        echo "$w replica set of 3, round $round: $(replica_set "$w")"
+    done
 done

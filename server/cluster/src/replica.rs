@@ -44,7 +44,8 @@
 //! majority, then the engine's journal write (and fdatasync under
 //! `fsync=always`) on every replica. Per loop turn: the inputs that came
 //! (at most [`INPUTS_PER_TURN`] before a `Ready`), one `Ready`, the entries
-//! newly committed.
+//! newly committed, at most one tick's worth of applying (a backlog goes
+//! on in the next turns, which then do not wait for inputs).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -568,12 +569,16 @@ impl Driver {
     fn run(&mut self) -> Result<bool> {
         let mut next_tick = Instant::now() + self.tick;
         loop {
+            // Committed entries left over by the last turn's apply budget
+            // (`apply_committed`): no waiting for inputs then.
+            let wait = if self.apply_behind() {
+                Duration::ZERO
+            } else {
+                next_tick.saturating_duration_since(Instant::now())
+            };
             let first = match self.deferred.pop_front() {
                 Some(input) => Some(input),
-                None => match self
-                    .inbox
-                    .recv_timeout(next_tick.saturating_duration_since(Instant::now()))
-                {
+                None => match self.inbox.recv_timeout(wait) {
                     Ok(input) => Some(input),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return Ok(false),
@@ -1001,7 +1006,14 @@ impl Driver {
             }
             let store = self.raw.store();
             let committed = self.raw.raft.raft_log.committed.min(store.last());
-            while !reopen && self.applied < committed {
+            // A follower's engine writes and syncs each round it applies:
+            // a backlog of them is applied over several turns, at most one
+            // tick's worth per turn, so that the driver goes on answering
+            // the leader and ticking (a driver busy for longer than the
+            // leader's quorum check lets a leader step down with nothing
+            // wrong, and a follower stop campaigning when it should).
+            let budget = Instant::now() + self.tick;
+            while !reopen && self.applied < committed && Instant::now() < budget {
                 let index = self.applied + 1;
                 // Invariant: index <= committed <= the log's last index.
                 let entry = store
@@ -1053,6 +1065,19 @@ impl Driver {
         }
         self.raw.advance_apply_to(self.applied);
         Ok(reopen)
+    }
+
+    /// Committed entries wait to be applied (and no round of this
+    /// leader's is being written by its commit thread).
+    fn apply_behind(&self) -> bool {
+        self.awaiting.is_none()
+            && self.applied
+                < self
+                    .raw
+                    .raft
+                    .raft_log
+                    .committed
+                    .min(self.raw.store().last())
     }
 
     /// The awaited round (at Raft `index`) is in the engine.

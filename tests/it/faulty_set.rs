@@ -1,0 +1,586 @@
+//! A replica set of three real `tidemark serve --cluster-*` processes whose
+//! links to each other can be cut, and whose processes can be killed,
+//! paused and restarted: the fixture of `cluster_faults.rs` and
+//! `history_check.rs` (format-spec/cluster.md section 6.1).
+//!
+//! **Links.** Every ordered pair of members `(from, to)` has a [`Link`]: a
+//! TCP forwarder on a loopback port of its own. Member `from` is started
+//! with `--cluster-peer to=LINK_ADDR,CLIENT_ADDR`, so every Raft frame it
+//! sends to `to` goes through the link (the transport only writes on the
+//! connections it opens, cluster.md section 7, so the link from `from` to
+//! `to` carries exactly `from`'s messages to `to`). Clients connect to the
+//! members' own `--listen` addresses, never through a link: cutting links
+//! isolates a member from the others and not from its clients.
+//!
+//! Why a proxy and not network namespaces: namespaces need root (CI runs
+//! the tests as an ordinary user) and a veth pair per member; a member's
+//! only view of its peers is TCP connections it opens or accepts, and a
+//! cut link is what a partition looks like from there (connections broken,
+//! new ones refused, bytes in flight lost). Packets held without a reset
+//! (a silent drop) are the one thing a proxy does not model; Raft sees
+//! those as lost messages, which the simulated network of `tidemark-cluster`
+//! `sim_tests` covers.
+//!
+//! A cut link shuts down both sockets of every connection it carries (what
+//! the pumps hold is dropped, not forwarded) and closes each new
+//! connection at once until healed.
+//!
+//! Invariants: a member's data directory, client port and cluster port
+//! stay the same across restarts; [`FaultySet::supervise`] restarts a
+//! member whose process ended by itself (a replica that lost leadership
+//! with a round at its gate stops its node: cluster.md section 5.1), as a
+//! supervisor would.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tidemark_client::{Client, ClientConfig, ClientError, Message};
+use tidemark_protocol::ErrorCode;
+
+use crate::harness::tidemark_bin;
+
+pub const IDS: [u64; 3] = [1, 2, 3];
+/// Longest a step may wait for a leader (an election takes 100-200 ms; a
+/// restarted member replays its logs first).
+pub const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+struct LinkShared {
+    cut: AtomicBool,
+    /// Both sockets of every connection, to shut them at a cut.
+    open: Mutex<Vec<(TcpStream, TcpStream)>>,
+    stop: AtomicBool,
+    connections: AtomicU64,
+}
+
+/// A forwarder from one member to another's `--cluster-listen` (module
+/// docs).
+pub struct Link {
+    pub addr: String,
+    shared: Arc<LinkShared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Link {
+    fn start(upstream: String) -> Link {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a link");
+        let addr = listener.local_addr().expect("link addr").to_string();
+        listener.set_nonblocking(true).expect("nonblocking accept");
+        let shared = Arc::new(LinkShared {
+            cut: AtomicBool::new(false),
+            open: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+        });
+        let accept = {
+            let shared = shared.clone();
+            std::thread::spawn(move || accept_loop(&listener, &upstream, &shared))
+        };
+        Link {
+            addr,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    /// Cuts the link: every connection broken, bytes in flight dropped,
+    /// new connections closed at once.
+    pub fn cut(&self) {
+        self.shared.cut.store(true, Ordering::Release);
+        for (a, b) in self.shared.open.lock().expect("open").drain(..) {
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+        }
+    }
+
+    pub fn heal(&self) {
+        self.shared.cut.store(false, Ordering::Release);
+    }
+
+    /// Connections the link accepted (a member that sends through it).
+    pub fn connections(&self) -> u64 {
+        self.shared.connections.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.cut();
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, upstream: &str, shared: &Arc<LinkShared>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        let (down, _) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if shared.cut.load(Ordering::Acquire) {
+            drop(down);
+            continue;
+        }
+        let _ = down.set_nonblocking(false);
+        let Ok(up) = TcpStream::connect(upstream) else {
+            continue;
+        };
+        shared.connections.fetch_add(1, Ordering::AcqRel);
+        let _ = down.set_nodelay(true);
+        let _ = up.set_nodelay(true);
+        let (Ok(d2), Ok(u2), Ok(d3), Ok(u3)) = (
+            down.try_clone(),
+            up.try_clone(),
+            down.try_clone(),
+            up.try_clone(),
+        ) else {
+            continue;
+        };
+        shared.open.lock().expect("open").push((d3, u3));
+        for (from, to) in [(down, up), (u2, d2)] {
+            let shared = shared.clone();
+            std::thread::spawn(move || pump(from, to, &shared));
+        }
+    }
+}
+
+/// Copies `from` to `to` until either end closes or the link is cut;
+/// a chunk read after the cut is dropped, not written.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &LinkShared) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if shared.cut.load(Ordering::Acquire) || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// One member's process and settings.
+pub struct Member {
+    pub id: u64,
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub client_port: u16,
+    args: Vec<String>,
+    /// Times [`FaultySet::supervise`] found the process ended by itself.
+    pub exits: u64,
+}
+
+impl Member {
+    fn spawn(&mut self) {
+        let mut child = Command::new(tidemark_bin())
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("TIDEMARK_NODE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn tidemark");
+        let mut line = String::new();
+        let read = BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line);
+        if read.is_err() || !line.starts_with("tidemark listening on ") {
+            // Not left running when the test fails.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("node {} did not start: {read:?} {line:?}", self.id);
+        }
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) on our own child's pid (not yet reaped).
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; the exit status must be success.
+    fn terminate(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        // A stopped process does not handle SIGTERM.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGCONT);
+            libc::kill(c.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                assert!(status.success(), "node {} exited with {status}", self.id);
+                return;
+            }
+            assert!(Instant::now() < deadline, "node {} did not stop", self.id);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.kill();
+    }
+}
+
+/// Three members, their links, and a temp directory (module docs).
+pub struct FaultySet {
+    pub members: BTreeMap<u64, Member>,
+    /// `(from, to)` → the link carrying `from`'s Raft frames to `to`.
+    pub links: HashMap<(u64, u64), Link>,
+    _root: tempfile::TempDir,
+}
+
+impl FaultySet {
+    /// Starts three members, each group in files of its own
+    /// (`--small-group-bytes-max 0`), to compare them after a clean stop.
+    pub fn start() -> FaultySet {
+        let root = tempfile::tempdir().expect("temp dir");
+        // Client and cluster ports: bound together, then released.
+        let listeners: Vec<TcpListener> = (0..IDS.len() * 2)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let port = |i: usize| listeners[i].local_addr().expect("addr").port();
+        let client: HashMap<u64, u16> = IDS
+            .iter()
+            .map(|&id| (id, port(2 * id as usize - 2)))
+            .collect();
+        let raft: HashMap<u64, u16> = IDS
+            .iter()
+            .map(|&id| (id, port(2 * id as usize - 1)))
+            .collect();
+        drop(listeners);
+        let mut links = HashMap::new();
+        for &from in &IDS {
+            for &to in IDS.iter().filter(|&&to| to != from) {
+                links.insert((from, to), Link::start(format!("127.0.0.1:{}", raft[&to])));
+            }
+        }
+        let mut members = BTreeMap::new();
+        for &id in &IDS {
+            let dir = root.path().join(format!("n{id}"));
+            let mut args: Vec<String> = vec![
+                "serve".into(),
+                "--data".into(),
+                dir.to_string_lossy().into_owned(),
+                "--listen".into(),
+                format!("127.0.0.1:{}", client[&id]),
+                "--small-group-bytes-max".into(),
+                "0".into(),
+                "--cluster-node-id".into(),
+                id.to_string(),
+                "--cluster-listen".into(),
+                format!("127.0.0.1:{}", raft[&id]),
+            ];
+            for &p in IDS.iter().filter(|&&p| p != id) {
+                args.push("--cluster-peer".into());
+                args.push(format!(
+                    "{p}={},127.0.0.1:{}",
+                    links[&(id, p)].addr,
+                    client[&p]
+                ));
+            }
+            let mut m = Member {
+                id,
+                child: None,
+                dir,
+                client_port: client[&id],
+                args,
+                exits: 0,
+            };
+            m.spawn();
+            members.insert(id, m);
+        }
+        FaultySet {
+            members,
+            links,
+            _root: root,
+        }
+    }
+
+    pub fn addr(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.members[&id].client_port)
+    }
+
+    /// Every member's client address, by id.
+    pub fn addrs(&self) -> BTreeMap<u64, String> {
+        IDS.iter().map(|&id| (id, self.addr(id))).collect()
+    }
+
+    /// Cuts every link between `id` and the other members, both ways.
+    pub fn isolate(&self, id: u64) {
+        for (&(from, to), link) in &self.links {
+            if from == id || to == id {
+                link.cut();
+            }
+        }
+    }
+
+    pub fn heal_all(&self) {
+        for link in self.links.values() {
+            link.heal();
+        }
+    }
+
+    pub fn kill(&mut self, id: u64) {
+        self.member(id).kill();
+    }
+
+    pub fn restart(&mut self, id: u64) {
+        let m = self.member(id);
+        m.kill();
+        m.spawn();
+    }
+
+    /// SIGSTOP: the process stops between any two instructions.
+    pub fn pause(&self, id: u64) {
+        self.members[&id].signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, id: u64) {
+        self.members[&id].signal(libc::SIGCONT);
+    }
+
+    fn member(&mut self, id: u64) -> &mut Member {
+        self.members.get_mut(&id).expect("a member")
+    }
+
+    /// Restarts every member whose process ended by itself (module docs);
+    /// returns their ids.
+    pub fn supervise(&mut self) -> Vec<u64> {
+        let mut restarted = Vec::new();
+        for m in self.members.values_mut() {
+            let ended = match m.child.as_mut() {
+                Some(c) => c.try_wait().expect("try_wait").is_some(),
+                None => false,
+            };
+            if ended {
+                m.child = None;
+                m.exits += 1;
+                m.spawn();
+                restarted.push(m.id);
+            }
+        }
+        restarted
+    }
+
+    /// Clean stop of every member (each must exit with success).
+    fn terminate_all(&mut self) {
+        for m in self.members.values_mut() {
+            m.terminate();
+        }
+    }
+
+    /// `ctl dump --json --group G` of a stopped member's engine, its own
+    /// directory replaced by `DIR`.
+    pub fn dump(&self, id: u64, group: u64) -> String {
+        let m = &self.members[&id];
+        let out = Command::new(tidemark_bin())
+            .args([
+                "ctl",
+                "dump",
+                "--json",
+                "--group",
+                &group.to_string(),
+                "--data",
+            ])
+            .arg(m.dir.join("engine"))
+            .output()
+            .expect("run ctl dump");
+        assert!(out.status.success(), "ctl dump of node {id}: {out:?}");
+        String::from_utf8(out.stdout)
+            .expect("JSON is UTF-8")
+            .replace(&*m.dir.to_string_lossy(), "DIR")
+    }
+
+    /// Stops every member cleanly and compares their logs: every
+    /// member's dump of each group the same, and its files past their
+    /// 64-byte headers (whose `created_ms` is each replica's clock) too.
+    /// A member that stopped behind (its dump a prefix of another's: it
+    /// had not applied everything committed yet, which a member catching
+    /// up on a loaded machine may need seconds for) gets more time: all
+    /// are started again (a new leader's first entry commits everything
+    /// before it) and stopped again, up to 5 times. A dump that is not a
+    /// prefix of the longest fails at once. Returns each group's number
+    /// of records.
+    pub fn stop_and_compare(&mut self, groups: &[u64]) -> Vec<usize> {
+        for attempt in 1..=5 {
+            // Followers learn the last commit index from the leader's
+            // next heartbeats (every 20 ms) and apply it.
+            std::thread::sleep(Duration::from_millis(1500));
+            self.supervise();
+            self.terminate_all();
+            let mut behind = Vec::new();
+            let mut counts = Vec::new();
+            for &g in groups {
+                let dumps: Vec<String> = IDS.iter().map(|&id| self.dump(id, g)).collect();
+                let longest = dumps.iter().max_by_key(|d| d.len()).expect("three dumps");
+                for (id, d) in IDS.iter().zip(&dumps) {
+                    if d == longest {
+                        continue;
+                    }
+                    if !longest.starts_with(d.as_str()) {
+                        let diff = longest.lines().zip(d.lines()).find(|(x, y)| x != y);
+                        panic!(
+                            "group {g}: node {id}'s records differ from the longest log: {} and {} lines, first difference {diff:?}",
+                            d.lines().count(),
+                            longest.lines().count()
+                        );
+                    }
+                    behind.push((*id, g, d.lines().count(), longest.lines().count()));
+                }
+                counts.push(longest.lines().count());
+            }
+            if behind.is_empty() {
+                self.assert_files_identical();
+                return counts;
+            }
+            eprintln!("stop {attempt}: members stopped behind (id, group, records, of): {behind:?}; starting them all again");
+            for m in self.members.values_mut() {
+                m.spawn();
+            }
+            let reader = groups[0];
+            on_leader(&self.addrs(), |c| match c.history(reader, 1, 0, 1) {
+                Err(ClientError::Server {
+                    code: ErrorCode::NotMember | ErrorCode::GroupNotFound,
+                    ..
+                }) => Ok(()),
+                r => r.map(drop),
+            });
+        }
+        panic!("the members' logs did not converge after 5 stops");
+    }
+
+    /// The members' group files are identical past their 64-byte headers.
+    fn assert_files_identical(&self) {
+        let files = |id: u64| tree(&self.members[&id].dir.join("engine").join("groups"));
+        let mine = files(IDS[0]);
+        for &id in &IDS[1..] {
+            let theirs = files(id);
+            assert_eq!(
+                theirs.keys().collect::<Vec<_>>(),
+                mine.keys().collect::<Vec<_>>(),
+                "node {id}'s group files"
+            );
+            for (path, bytes) in &mine {
+                assert!(
+                    theirs[path].len() == bytes.len() && theirs[path][64..] == bytes[64..],
+                    "node {id}: {} differs",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The files under `dir`, by relative path.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).expect("under dir").to_path_buf();
+                out.insert(rel, std::fs::read(&path).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+pub fn connect(addr: &str, timeout: Duration) -> Option<Client> {
+    let mut config = ClientConfig::new(addr.to_string());
+    config.io_timeout = timeout;
+    Client::connect(&config).ok()
+}
+
+/// Runs `op` against whichever member serves it: follows NOT_LEADER's
+/// detail, tries the next member on any other failure, until `op`
+/// succeeds (idempotent requests only) or [`LEADER_WAIT`] passes.
+/// Returns the answer and the member that gave it.
+pub fn on_leader<T>(
+    addrs: &BTreeMap<u64, String>,
+    mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
+) -> (T, u64) {
+    let deadline = Instant::now() + LEADER_WAIT;
+    let mut next = IDS[0];
+    loop {
+        let mut last = None;
+        if let Some(mut c) = connect(&addrs[&next], Duration::from_secs(2)) {
+            match op(&mut c) {
+                Ok(v) => return (v, next),
+                Err(ClientError::Server {
+                    code: ErrorCode::NotLeader,
+                    detail: Some(l),
+                    ..
+                }) if l != next && addrs.contains_key(&l) => {
+                    next = l;
+                    continue;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no member served within {LEADER_WAIT:?}: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        next = IDS[(IDS.iter().position(|&i| i == next).unwrap_or(0) + 1) % IDS.len()];
+    }
+}
+
+/// Every record of `group` (oldest first), read through the leader as
+/// `reader` (a member).
+pub fn read_all(addrs: &BTreeMap<u64, String>, group: u64, reader: u64) -> Vec<Message> {
+    on_leader(addrs, |c| {
+        let mut out = Vec::new();
+        let mut before = 0;
+        loop {
+            let (page, more) = c.history(group, reader, before, 1000)?;
+            before = page.last().map_or(0, |m| m.msg_id);
+            out.extend(page);
+            if !more || before <= 1 {
+                break;
+            }
+        }
+        out.reverse();
+        Ok(out)
+    })
+    .0
+}

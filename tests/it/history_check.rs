@@ -1,0 +1,603 @@
+//! A history check in the spirit of Jepsen (issue 16, "How it is
+//! tested"; format-spec/cluster.md section 6.1) against a replica set of
+//! three real nodes (`faulty_set.rs`).
+//!
+//! Several client threads, each a user of two groups, send, pull (each
+//! pull ACKing what the client saw before) and ask UNREAD against
+//! whichever member leads, while a seeded nemesis, round after round,
+//! SIGKILLs and restarts a member, cuts a member's links and heals them,
+//! or SIGSTOPs a member and resumes it (the leader or a random member).
+//! Every operation is recorded: when it was invoked and completed, which
+//! member answered, and its outcome: ok (with the msg_id, cursor, head,
+//! records), fail (NOT_LEADER: refused before anything happened) or
+//! unknown (no answer, a broken connection, any other error). A send
+//! whose outcome was unknown is retransmitted with the same
+//! `client_msg_id` half of the time.
+//!
+//! The checker, after the last round, a heal and a clean stop:
+//!
+//! - the replicas' group logs are byte-identical (`ctl dump` and segment
+//!   files): one order;
+//! - in that order ids are dense, and each `(sender, client_msg_id)` is
+//!   stored at most once, with the payload its sender invoked it with: no
+//!   id holds a send that was never invoked;
+//! - every acknowledged send is stored, at the msg_id it was acknowledged
+//!   with (every acknowledgement of one `client_msg_id` names the same
+//!   id); sends that were only ever unknown or refused appear at most once;
+//! - every pulled page is the final log's records `cursor + 1 ..` in
+//!   order: what each client read is a prefix of the one order;
+//! - per client and group, the cursor and head it read (PULL, UNREAD)
+//!   never go back, except across a nemesis event, which the checker
+//!   counts and prints: a failover loses ACKs not yet in a committed
+//!   Cursors round (cluster.md section 5, storage.md 15.5: a cursor may
+//!   be older than its last ACK, never older than its last persisted
+//!   value), and a leader cut from its peers serves reads until it steps
+//!   down (no read index yet, cluster.md section 10), so its head may be
+//!   behind the new leader's. Cursors are never above the head.
+//!
+//! Environment: `TIDEMARK_HISTORY_ROUNDS=N` nemesis rounds (default 6),
+//! `TIDEMARK_HISTORY_SEED=S` (default: from the clock, printed),
+//! `TIDEMARK_HISTORY_CLIENTS=N` client threads (default 4).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_client::{Client, ClientError};
+use tidemark_protocol::{ErrorCode, JoinStart};
+
+use crate::faulty_set::{connect, on_leader, read_all, FaultySet, IDS, LEADER_WAIT};
+use crate::proxy::Rng;
+
+const GROUPS: [u64; 2] = [11, 12];
+/// Client `i` is user `USER_BASE + i`.
+const USER_BASE: u64 = 100;
+
+#[derive(Clone, Debug)]
+enum Outcome<T> {
+    Ok(T),
+    /// Refused before anything happened (NOT_LEADER).
+    Fail,
+    /// No answer, a broken connection, or another error.
+    Unknown,
+}
+
+/// A pulled page or an UNREAD entry: what a client read of one group.
+#[derive(Clone, Debug)]
+struct Read {
+    cursor: u64,
+    head: u64,
+    /// `(msg_id, sender, client_msg_id)` of a pulled page's records.
+    records: Vec<(u64, u64, u64)>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Send {
+        group: u64,
+        cmid: u64,
+        outcome: Outcome<u64>,
+    },
+    Pull {
+        group: u64,
+        ack_up_to: u64,
+        outcome: Outcome<Read>,
+    },
+    Unread {
+        outcome: Outcome<Vec<(u64, Read)>>,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Event {
+    invoked: Instant,
+    completed: Instant,
+    node: u64,
+    op: Op,
+}
+
+fn payload(user: u64, cmid: u64) -> Vec<u8> {
+    format!("u{user} c{cmid}").into_bytes()
+}
+
+fn classify<T>(r: Result<T, ClientError>) -> (Outcome<T>, Option<ClientError>) {
+    match r {
+        Ok(v) => (Outcome::Ok(v), None),
+        Err(
+            e @ ClientError::Server {
+                code: ErrorCode::NotLeader,
+                ..
+            },
+        ) => (Outcome::Fail, Some(e)),
+        Err(e) => (Outcome::Unknown, Some(e)),
+    }
+}
+
+/// One client thread's loop: 60% sends, 25% pulls, 15% UNREAD, until
+/// `stop`. Returns its history.
+fn client(
+    user: u64,
+    seed: u64,
+    addrs: BTreeMap<u64, String>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicU64>,
+) -> Vec<Event> {
+    let mut rng = Rng::new(seed);
+    let mut history = Vec::new();
+    let mut node = IDS[(user as usize) % IDS.len()];
+    let mut conn: Option<Client> = None;
+    let mut next_cmid = 1;
+    // A send to retransmit (its outcome was unknown): (group, cmid).
+    let mut retry: Option<(u64, u64)> = None;
+    // Per group, the highest msg_id this client pulled.
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    while !stop.load(Ordering::Acquire) {
+        if conn.is_none() {
+            conn = connect(&addrs[&node], Duration::from_secs(1));
+        }
+        let invoked = Instant::now();
+        let dice = rng.range((0, 99));
+        let (op, err) = match conn.as_mut() {
+            None => (None, Some(ClientError::Closed)),
+            Some(c) if dice < 60 => {
+                let (group, cmid) = retry.take().unwrap_or_else(|| {
+                    next_cmid += 1;
+                    (GROUPS[rng.range((0, 1)) as usize], next_cmid - 1)
+                });
+                let (outcome, err) = classify(
+                    c.send(group, user, cmid, &payload(user, cmid))
+                        .map(|s| s.msg_id),
+                );
+                match outcome {
+                    Outcome::Ok(_) => {
+                        acked.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Outcome::Fail => retry = Some((group, cmid)),
+                    Outcome::Unknown if rng.percent(50) => retry = Some((group, cmid)),
+                    Outcome::Unknown => {}
+                }
+                (
+                    Some(Op::Send {
+                        group,
+                        cmid,
+                        outcome,
+                    }),
+                    err,
+                )
+            }
+            Some(c) if dice < 85 => {
+                let group = GROUPS[rng.range((0, 1)) as usize];
+                let ack_up_to = seen.get(&group).copied().unwrap_or(0);
+                let (outcome, err) = classify(c.pull(group, user, ack_up_to, 20, 0).map(|p| {
+                    Read {
+                        cursor: p.cursor,
+                        head: p.head,
+                        records: p
+                            .messages
+                            .iter()
+                            .map(|m| (m.msg_id, m.sender_id, m.client_msg_id))
+                            .collect(),
+                    }
+                }));
+                if let Outcome::Ok(r) = &outcome {
+                    if let Some(&(last, ..)) = r.records.last() {
+                        seen.insert(group, last);
+                    }
+                }
+                (
+                    Some(Op::Pull {
+                        group,
+                        ack_up_to,
+                        outcome,
+                    }),
+                    err,
+                )
+            }
+            Some(c) => {
+                let (outcome, err) = classify(c.unread(user).map(|list| {
+                    list.iter()
+                        .map(|g| {
+                            (
+                                g.group,
+                                Read {
+                                    cursor: g.cursor,
+                                    head: g.head,
+                                    records: Vec::new(),
+                                },
+                            )
+                        })
+                        .collect()
+                }));
+                (Some(Op::Unread { outcome }), err)
+            }
+        };
+        if let Some(op) = op {
+            history.push(Event {
+                invoked,
+                completed: Instant::now(),
+                node,
+                op,
+            });
+        }
+        match err {
+            None => {}
+            Some(ClientError::Server {
+                code: ErrorCode::NotLeader,
+                detail: Some(l),
+                ..
+            }) if l != node && addrs.contains_key(&l) => {
+                node = l;
+                conn = None;
+            }
+            Some(_) => {
+                conn = None;
+                node = IDS[(IDS.iter().position(|&i| i == node).unwrap_or(0) + 1) % IDS.len()];
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    history
+}
+
+/// What the nemesis did in one round, and when (the window in which a
+/// cursor or head may go back: module docs).
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    what: &'static str,
+    node: u64,
+    start: Instant,
+    end: Instant,
+}
+
+fn leader(set: &FaultySet) -> u64 {
+    on_leader(&set.addrs(), |c| c.ping().and_then(|_| c.unread(USER_BASE))).1
+}
+
+/// Waits until the clients had `n` more sends acknowledged, restarting
+/// members whose process ended (cluster.md section 5.1).
+fn wait_progress(set: &mut FaultySet, acked: &AtomicU64, n: u64) {
+    let start = acked.load(Ordering::Acquire);
+    let deadline = Instant::now() + LEADER_WAIT;
+    while acked.load(Ordering::Acquire) < start + n {
+        assert!(
+            Instant::now() < deadline,
+            "no progress within {LEADER_WAIT:?}"
+        );
+        set.supervise();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_history_under_kills_partitions_and_pauses_is_consistent() {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let rounds = env("TIDEMARK_HISTORY_ROUNDS").unwrap_or(6);
+    let clients = env("TIDEMARK_HISTORY_CLIENTS").unwrap_or(4);
+    let seed = env("TIDEMARK_HISTORY_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!(
+        "history check: seed {seed} (TIDEMARK_HISTORY_SEED), {rounds} rounds, {clients} clients"
+    );
+    let began = Instant::now();
+    let mut rng = Rng::new(seed);
+    let mut set = FaultySet::start();
+    let addrs = set.addrs();
+    let users: Vec<u64> = (0..clients).map(|i| USER_BASE + i).collect();
+    for &g in &GROUPS {
+        on_leader(&addrs, |c| match c.create_group(g) {
+            Err(ClientError::Server {
+                code: ErrorCode::GroupExists,
+                ..
+            }) => Ok(()),
+            r => r,
+        });
+        for &u in &users {
+            on_leader(&addrs, |c| c.join(g, u, JoinStart::Head));
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = users
+        .iter()
+        .map(|&u| {
+            let (addrs, stop, acked) = (addrs.clone(), stop.clone(), acked.clone());
+            let seed = seed ^ u.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            std::thread::spawn(move || client(u, seed, addrs, stop, acked))
+        })
+        .collect();
+
+    let mut faults = Vec::new();
+    wait_progress(&mut set, &acked, 20);
+    for round in 0..rounds {
+        // The kinds take turns; the first of each hits the leader (the
+        // fault that matters most, also in the short CI run), later ones
+        // the leader or a random member.
+        let lead = leader(&set);
+        let node = if round < 3 || rng.percent(50) {
+            lead
+        } else {
+            IDS[rng.range((0, 2)) as usize]
+        };
+        let hold = Duration::from_millis(rng.range((200, 1200)));
+        let start = Instant::now();
+        let what = match round % 3 {
+            1 => {
+                set.kill(node);
+                std::thread::sleep(hold);
+                set.restart(node);
+                "kill"
+            }
+            0 => {
+                set.isolate(node);
+                std::thread::sleep(hold);
+                set.heal_all();
+                "partition"
+            }
+            _ => {
+                set.pause(node);
+                std::thread::sleep(hold);
+                set.resume(node);
+                "pause"
+            }
+        };
+        wait_progress(&mut set, &acked, 20);
+        faults.push(Fault {
+            what,
+            node,
+            start,
+            end: Instant::now(),
+        });
+    }
+    stop.store(true, Ordering::Release);
+    let histories: Vec<Vec<Event>> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    set.supervise();
+
+    // The one order: each group's log read through the leader; after a
+    // clean stop every replica must hold exactly it.
+    let logs: Logs = GROUPS
+        .iter()
+        .map(|&g| {
+            let records = read_all(&addrs, g, USER_BASE);
+            (
+                g,
+                records
+                    .into_iter()
+                    .map(|r| {
+                        assert_eq!(r.group, g);
+                        (r.sender_id, r.client_msg_id, r.payload)
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let report = check(&users, &histories, &logs, &faults);
+    let kinds = |w: &str| faults.iter().filter(|f| f.what == w).count();
+    let schedule: Vec<String> = faults
+        .iter()
+        .map(|f| format!("{} {}", f.what, f.node))
+        .collect();
+    eprintln!("history check: nemesis {}", schedule.join(", "));
+    eprintln!(
+        "history check: seed {seed}, {rounds} rounds ({} kills, {} partitions, {} pauses), {:.1} s; \
+         {} operations; sends: {} acknowledged, {} refused, {} unknown, {} retransmits; \
+         records stored {}; unknown sends stored {}; pulls {} ({} records checked); \
+         cursor regressions across faults {}, head regressions across faults {}; \
+         processes that ended by themselves {:?}",
+        kinds("kill"),
+        kinds("partition"),
+        kinds("pause"),
+        began.elapsed().as_secs_f64(),
+        report.operations,
+        report.acked,
+        report.refused,
+        report.unknown,
+        report.retransmits,
+        logs.values().map(Vec::len).sum::<usize>(),
+        report.unknown_stored,
+        report.pulls,
+        report.pulled_records,
+        report.cursor_regressions,
+        report.head_regressions,
+        set.members.values().map(|m| m.exits).collect::<Vec<_>>()
+    );
+    assert!(report.acked > 0 && report.pulled_records > 0, "{report:?}");
+    let counts = set.stop_and_compare(&GROUPS);
+    for (i, &g) in GROUPS.iter().enumerate() {
+        assert_eq!(
+            counts[i],
+            logs[&g].len(),
+            "group {g}: the dump holds the log read"
+        );
+    }
+}
+
+/// Per group, its final log: `(sender, client_msg_id, payload)` at
+/// msg_id `index + 1`.
+type Logs = HashMap<u64, Vec<(u64, u64, Vec<u8>)>>;
+
+#[derive(Debug, Default)]
+struct Report {
+    operations: usize,
+    acked: usize,
+    refused: usize,
+    unknown: usize,
+    retransmits: usize,
+    unknown_stored: usize,
+    pulls: usize,
+    pulled_records: usize,
+    cursor_regressions: usize,
+    head_regressions: usize,
+}
+
+/// The checker (module docs); panics naming the first violation.
+fn check(users: &[u64], histories: &[Vec<Event>], logs: &Logs, faults: &[Fault]) -> Report {
+    let mut report = Report::default();
+    // Where each (sender, client_msg_id) is stored: (group, msg_id).
+    let mut stored: HashMap<(u64, u64), (u64, u64)> = HashMap::new();
+    for (&g, log) in logs {
+        for (i, (sender, cmid, body)) in log.iter().enumerate() {
+            let id = i as u64 + 1;
+            assert!(
+                stored.insert((*sender, *cmid), (g, id)).is_none(),
+                "sender {sender} client_msg_id {cmid} stored twice (again at group {g} id {id})"
+            );
+            assert_eq!(body, &payload(*sender, *cmid), "group {g} id {id}: payload");
+        }
+    }
+    // Every stored send was invoked (by its sender, to that group).
+    let mut invoked: HashMap<(u64, u64), u64> = HashMap::new();
+    for (&user, history) in users.iter().zip(histories) {
+        for e in history {
+            if let Op::Send { group, cmid, .. } = e.op {
+                if let Some(g) = invoked.insert((user, cmid), group) {
+                    assert_eq!(g, group, "a client_msg_id sent to two groups");
+                    report.retransmits += 1;
+                }
+            }
+        }
+    }
+    for (&(sender, cmid), &(g, id)) in &stored {
+        assert_eq!(
+            invoked.get(&(sender, cmid)),
+            Some(&g),
+            "group {g} id {id} holds sender {sender} client_msg_id {cmid}, never sent there"
+        );
+    }
+    for (&user, history) in users.iter().zip(histories) {
+        report.operations += history.len();
+        // The acknowledged id of each client_msg_id (all the same).
+        let mut acked: HashMap<u64, u64> = HashMap::new();
+        let mut ever_ok: HashMap<u64, bool> = HashMap::new();
+        // Per group, the last read and the event it came from.
+        let mut last: HashMap<u64, (u64, u64, &Event)> = HashMap::new();
+        for e in history {
+            match &e.op {
+                Op::Send { cmid, outcome, .. } => {
+                    match outcome {
+                        Outcome::Ok(id) => {
+                            report.acked += 1;
+                            ever_ok.insert(*cmid, true);
+                            if let Some(prev) = acked.insert(*cmid, *id) {
+                                assert_eq!(prev, *id, "user {user} client_msg_id {cmid} acknowledged as {prev} and {id}");
+                            }
+                        }
+                        Outcome::Fail => report.refused += 1,
+                        Outcome::Unknown => {
+                            report.unknown += 1;
+                            ever_ok.entry(*cmid).or_insert(false);
+                        }
+                    }
+                }
+                Op::Pull {
+                    group,
+                    ack_up_to,
+                    outcome: Outcome::Ok(r),
+                } => {
+                    report.pulls += 1;
+                    assert!(
+                        r.cursor >= *ack_up_to,
+                        "user {user} group {group}: cursor {} below the ACK {ack_up_to} of the same PULL",
+                        r.cursor
+                    );
+                    for (k, &(id, sender, cmid)) in r.records.iter().enumerate() {
+                        assert_eq!(
+                            id,
+                            r.cursor + 1 + k as u64,
+                            "user {user} group {group}: a page is the records after the cursor"
+                        );
+                        let (s, c, _) = logs[group].get(id as usize - 1).unwrap_or_else(|| {
+                            panic!(
+                                "user {user} group {group}: pulled id {id} is not in the final log"
+                            )
+                        });
+                        assert_eq!(
+                            (*s, *c),
+                            (sender, cmid),
+                            "user {user} group {group} id {id}: pulled one send, the final log holds another"
+                        );
+                        report.pulled_records += 1;
+                    }
+                    check_read(user, *group, r, e, &mut last, logs, faults, &mut report);
+                }
+                Op::Unread {
+                    outcome: Outcome::Ok(list),
+                } => {
+                    for (g, r) in list {
+                        check_read(user, *g, r, e, &mut last, logs, faults, &mut report);
+                    }
+                }
+                Op::Pull { .. } | Op::Unread { .. } => {}
+            }
+        }
+        for (&cmid, &id) in &acked {
+            let group = invoked[&(user, cmid)];
+            assert_eq!(
+                stored.get(&(user, cmid)),
+                Some(&(group, id)),
+                "user {user} client_msg_id {cmid} acknowledged as group {group} id {id}"
+            );
+        }
+        report.unknown_stored += ever_ok
+            .iter()
+            .filter(|&(cmid, &ok)| !ok && stored.contains_key(&(user, *cmid)))
+            .count();
+    }
+    report
+}
+
+/// One read of a group by `user`: cursor at most head, head at most the
+/// final log's, and neither below the user's previous read of the group
+/// unless a fault's window lies between the two (module docs).
+#[allow(clippy::too_many_arguments)]
+fn check_read<'a>(
+    user: u64,
+    group: u64,
+    r: &Read,
+    e: &'a Event,
+    last: &mut HashMap<u64, (u64, u64, &'a Event)>,
+    logs: &Logs,
+    faults: &[Fault],
+    report: &mut Report,
+) {
+    assert!(
+        r.cursor <= r.head,
+        "user {user} group {group}: cursor {} above head {}",
+        r.cursor,
+        r.head
+    );
+    assert!(
+        r.head <= logs[&group].len() as u64,
+        "user {user} group {group}: head {} above the final log's {}",
+        r.head,
+        logs[&group].len()
+    );
+    if let Some(&(cursor, head, prev)) = last.get(&group) {
+        let across = faults
+            .iter()
+            .any(|f| f.start < e.completed && f.end > prev.invoked);
+        if r.cursor < cursor {
+            assert!(
+                across,
+                "user {user} group {group}: cursor went back from {cursor} to {} with no fault between (node {} then {})",
+                r.cursor, prev.node, e.node
+            );
+            report.cursor_regressions += 1;
+        }
+        if r.head < head {
+            assert!(
+                across,
+                "user {user} group {group}: head went back from {head} to {} with no fault between (node {} then {})",
+                r.head, prev.node, e.node
+            );
+            report.head_regressions += 1;
+        }
+    }
+    last.insert(group, (r.cursor, r.head, e));
+}
