@@ -129,6 +129,11 @@ pub fn record_scan(data: &[u8]) {
                     r.header.kind,
                     &mut again,
                 );
+                // An erased message (flags bit 0, payload zeros) is what
+                // erasing such an encoding writes (storage.md section 3).
+                if r.header.flags & record::FLAG_ERASED != 0 {
+                    record::erase_in_place(&mut again);
+                }
                 // An edit or a recall names an earlier record (record.rs).
                 if let Some(t) = record::peek_target(r.bytes) {
                     assert!(

@@ -3,7 +3,8 @@
 //! every input it ever found interesting.
 //!
 //! The target bodies are library functions
-//! (`tidemark_engine::fuzz_targets`, `tidemark_protocol::fuzz_targets`);
+//! (`tidemark_engine::fuzz_targets`, `tidemark_protocol::fuzz_targets`,
+//! `tidemark_cluster::fuzz_targets`);
 //! `fuzz/fuzz_targets/<name>.rs` are three-line cargo-fuzz wrappers around
 //! them. Every file of `fuzz/corpus/<name>/` (seeds),
 //! and `fuzz/regressions/<name>/` (inputs of fixed findings) is run
@@ -24,6 +25,7 @@ type Target = fn(&[u8]);
 fn targets() -> Vec<(&'static str, Target)> {
     let mut t: Vec<(&'static str, Target)> = tidemark_engine::fuzz_targets::TARGETS.to_vec();
     t.extend_from_slice(tidemark_protocol::fuzz_targets::TARGETS);
+    t.extend_from_slice(tidemark_cluster::fuzz_targets::TARGETS);
     t
 }
 
@@ -174,6 +176,7 @@ fn write_seed_corpus() {
     }
     let mut seeds = tidemark_engine::fuzz_targets::seeds(&vectors("storage"));
     seeds.extend(tidemark_protocol::fuzz_targets::seeds(&vectors("protocol")));
+    seeds.extend(tidemark_cluster::fuzz_targets::seeds());
     let corpus = fuzz_dir().join("corpus");
     for (target, name, bytes) in seeds {
         let dir = corpus.join(target);

@@ -14,6 +14,8 @@
 //! anywhere.
 
 mod error;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz_targets;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;

@@ -1,0 +1,358 @@
+//! Bodies of the replication fuzz targets: the three places where bytes
+//! from another node or from the disk enter a replica (format-spec/cluster.md
+//! sections 3, 7 and 8.2).
+//!
+//! Like `tidemark_engine::fuzz_targets`, they live in the library so that
+//! the cargo-fuzz wrappers in `fuzz/` and the corpus replay test
+//! (`tests/it/fuzz_corpus.rs`, run by `cargo test`) call the same
+//! functions. Each takes arbitrary bytes, must never panic on them, and
+//! asserts what its input lets it check. Compiled only with the `testing`
+//! feature.
+//!
+//! | target | what it drives | what it checks |
+//! |---|---|---|
+//! | `raft_frame` | [`tcp::frame_len`], [`tcp::decode_frame`] | a decoded message re-encodes to a frame that decodes to the same message |
+//! | `raft_log_open` | [`RaftLog::open`] on a file of arbitrary bytes | an opened log is contiguous from its start, and opens again to the same state |
+//! | `snapshot_stream` | [`snapshot::receive`] | nothing is written outside the staging directory; a refused stream leaves nothing staged; an accepted one is the `MsgSnapshot` to this node at its Begin's (index, term) |
+//!
+//! Every record of these formats carries a CRC, which random bytes almost
+//! never match. So each target reads its input's first byte as a mode: bit
+//! 0 clear, the rest is used as it is (the seeds: real frames, logs and
+//! streams); bit 0 set, the rest is a list of `{ kind: u8 | n: u8 | n
+//! bytes }` pieces, each encoded as a record (or frame) with a correct
+//! length and CRC, so the fuzzer reaches the decoders behind the checks.
+
+use std::path::Path;
+
+use protobuf::Message as _;
+use raft::eraftpb::{Entry, HardState, Message, MessageType};
+use tidemark_engine::fuzz_targets::ScratchDir;
+
+use crate::raft_log::{self, encode_record, RaftLog};
+use crate::snapshot;
+use crate::tcp;
+
+/// A fuzz target body: arbitrary bytes in, a panic on a finding.
+pub type Target = fn(&[u8]);
+
+/// Every replication target by name (its `fuzz/fuzz_targets/*.rs` wrapper
+/// and its `fuzz/corpus/` directory).
+pub const TARGETS: &[(&str, Target)] = &[
+    ("raft_frame", raft_frame),
+    ("raft_log_open", raft_log_open),
+    ("snapshot_stream", snapshot_stream),
+];
+
+/// The node a fuzzed stream is received by, and the replica set.
+const ME: u64 = 2;
+const VOTERS: [u64; 3] = [1, 2, 3];
+
+/// The input's mode byte and the rest (module docs).
+fn split(data: &[u8]) -> Option<(bool, &[u8])> {
+    let (&mode, rest) = data.split_first()?;
+    Some((mode & 1 == 1, rest))
+}
+
+/// `{ kind | n | n bytes }` pieces of `rest`; the last one takes what is
+/// left when fewer than `n` bytes remain.
+fn pieces(mut rest: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut out = Vec::new();
+    while let [kind, n, tail @ ..] = rest {
+        let n = (*n as usize).min(tail.len());
+        out.push((*kind, &tail[..n]));
+        rest = &tail[n..];
+    }
+    out
+}
+
+/// Records with correct lengths and CRCs, one per piece (kinds as given).
+fn records_of(rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, body) in pieces(rest) {
+        encode_record(&mut out, kind, |b| b.extend_from_slice(body));
+    }
+    out
+}
+
+/// [`tcp::decode_frame`] on one frame: raw, or built from `{ from: u8 |
+/// to: u8 | protobuf bytes }` with a correct length and CRC.
+pub fn raft_frame(data: &[u8]) {
+    let Some((built, rest)) = split(data) else {
+        return;
+    };
+    let frame = if built {
+        let [from, to, body @ ..] = rest else {
+            return;
+        };
+        let mut f = vec![0u8; 8];
+        f.extend_from_slice(&u64::from(*from).to_le_bytes());
+        f.extend_from_slice(&u64::from(*to).to_le_bytes());
+        f.extend_from_slice(body);
+        let len = u32::try_from(f.len() - 4).unwrap_or(u32::MAX);
+        f[..4].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32fast::hash(&f[8..]);
+        f[4..8].copy_from_slice(&crc.to_le_bytes());
+        f
+    } else {
+        rest.to_vec()
+    };
+    if let Some(head) = frame.get(..4).and_then(|h| <[u8; 4]>::try_from(h).ok()) {
+        let _ = tcp::frame_len(head, tcp::FRAME_BYTES_MAX_DEFAULT);
+    }
+    let Ok(msg) = tcp::decode_frame(&frame) else {
+        return;
+    };
+    let mut again = Vec::new();
+    tcp::encode_frame(&mut again, &msg);
+    let back = tcp::decode_frame(&again).expect("a frame this code encoded decodes");
+    assert_eq!(back, msg, "a decoded message changed across re-encoding");
+}
+
+/// [`RaftLog::open`] on a `raft/log` of the input's bytes: raw, or a
+/// version 2 header and records built from pieces (kinds as given, so
+/// unknown ones too).
+pub fn raft_log_open(data: &[u8]) {
+    let Some((built, rest)) = split(data) else {
+        return;
+    };
+    let bytes = if built {
+        let mut b = raft_log::MAGIC.to_vec();
+        b.extend_from_slice(&raft_log::VERSION.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&records_of(rest));
+        b
+    } else {
+        rest.to_vec()
+    };
+    let scratch = ScratchDir::new("raft-log");
+    let dir = scratch.path().join("raft");
+    std::fs::create_dir_all(&dir).expect("create the raft directory");
+    std::fs::write(dir.join(raft_log::FILE_NAME), &bytes).expect("write the log file");
+    let Ok(log) = RaftLog::open(&dir, &VOTERS) else {
+        return;
+    };
+    let (start, last) = (log.start(), log.last());
+    assert!(last >= start.0, "last {last} below the start {start:?}");
+    for i in start.0 + 1..=last {
+        let e = log
+            .entry(i)
+            .unwrap_or_else(|| panic!("entry {i} missing in {start:?}..={last}"));
+        assert_eq!(e.index, i, "entry {i} holds index {}", e.index);
+    }
+    let state = (start, last, log.hard_state().clone(), log.file_bytes());
+    drop(log);
+    // What open kept (a torn tail cut) opens again to the same log.
+    let again = RaftLog::open(&dir, &VOTERS).expect("a log this code opened opens again");
+    assert_eq!(
+        (
+            again.start(),
+            again.last(),
+            again.hard_state().clone(),
+            again.file_bytes()
+        ),
+        state,
+        "a reopened log differs"
+    );
+}
+
+/// [`snapshot::receive`] by node 2 of {1, 2, 3}: raw stream bytes (after
+/// the preamble), or records built from pieces.
+pub fn snapshot_stream(data: &[u8]) {
+    let Some((built, rest)) = split(data) else {
+        return;
+    };
+    let bytes = if built {
+        records_of(rest)
+    } else {
+        rest.to_vec()
+    };
+    let scratch = ScratchDir::new("snapshot-stream");
+    let dir = scratch.path();
+    let result = snapshot::receive(&mut &bytes[..], dir, ME, &VOTERS);
+    let inbox = dir.join(snapshot::INBOX_DIR);
+    let mut staged = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list the replica directory") {
+        let name = entry.expect("an entry").file_name();
+        assert_eq!(
+            name.to_str(),
+            Some(snapshot::INBOX_DIR),
+            "a stream wrote {name:?} outside {}",
+            snapshot::INBOX_DIR
+        );
+    }
+    if let Ok(list) = std::fs::read_dir(&inbox) {
+        for entry in list {
+            staged.push(
+                entry
+                    .expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    match result {
+        Err(_) => assert!(
+            staged.is_empty(),
+            "a refused stream left {staged:?} in {}",
+            snapshot::INBOX_DIR
+        ),
+        Ok(msg) => {
+            assert_eq!(msg.get_msg_type(), MessageType::MsgSnapshot);
+            assert_eq!(msg.to, ME, "accepted a snapshot for another node");
+            assert!(VOTERS.contains(&msg.from), "accepted one from a non-voter");
+            let meta = msg.get_snapshot().get_metadata();
+            let name = format!("{}-{}", meta.index, meta.term);
+            assert_eq!(staged, [name], "an accepted stream's staging");
+        }
+    }
+}
+
+/// Seeds for the three targets (raw mode): real frames, a real Raft log
+/// with a compaction start, entries and a hard state, and a whole
+/// snapshot stream of two files.
+pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let raw = |b: &[u8]| [&[0u8][..], b].concat();
+    for (name, msg) in seed_messages() {
+        let mut frame = Vec::new();
+        tcp::encode_frame(&mut frame, &msg);
+        out.push(("raft_frame", format!("frame-{name}"), raw(&frame)));
+    }
+    out.push(("raft_log_open", "log-compacted".into(), raw(&seed_log())));
+    out.push((
+        "snapshot_stream",
+        "stream-two-files".into(),
+        raw(&seed_stream()),
+    ));
+    out
+}
+
+fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
+    Entry {
+        index,
+        term,
+        data: data.to_vec().into(),
+        ..Default::default()
+    }
+}
+
+fn seed_messages() -> Vec<(&'static str, Message)> {
+    let append = Message {
+        msg_type: MessageType::MsgAppend,
+        from: 1,
+        to: 2,
+        term: 3,
+        log_term: 3,
+        index: 7,
+        commit: 7,
+        entries: vec![entry(8, 3, b"round"), entry(9, 3, b"")].into(),
+        ..Default::default()
+    };
+    let heartbeat = Message {
+        msg_type: MessageType::MsgHeartbeat,
+        from: 1,
+        to: 3,
+        term: 3,
+        commit: 9,
+        ..Default::default()
+    };
+    vec![("append", append), ("heartbeat", heartbeat)]
+}
+
+fn seed_log() -> Vec<u8> {
+    let mut b = raft_log::MAGIC.to_vec();
+    b.extend_from_slice(&raft_log::VERSION.to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
+    raft_log::encode_start(&mut b, 4, 2);
+    raft_log::encode_entry(&mut b, &entry(5, 2, b"a round"));
+    raft_log::encode_entry(&mut b, &entry(6, 3, b""));
+    let hs = HardState {
+        term: 3,
+        vote: 1,
+        commit: 6,
+        ..Default::default()
+    };
+    raft_log::encode_hard_state(&mut b, &hs);
+    b
+}
+
+fn seed_stream() -> Vec<u8> {
+    let (index, term, last_round) = (40, 3, 7);
+    let mut b = Vec::new();
+    snapshot::encode_begin(&mut b, [1, ME, index, term, last_round]);
+    for (name, data) in [
+        ("FORMAT", &b"hello"[..]),
+        ("groups/1/00000001.seg", b"segment"),
+    ] {
+        snapshot::encode_file(&mut b, name, data.len() as u64).expect("a short name");
+        encode_record(&mut b, snapshot::KIND_CHUNK, |r| r.extend_from_slice(data));
+    }
+    let mut msg = Message {
+        msg_type: MessageType::MsgSnapshot,
+        from: 1,
+        to: ME,
+        term,
+        ..Default::default()
+    };
+    let meta = msg.mut_snapshot().mut_metadata();
+    meta.index = index;
+    meta.term = term;
+    msg.mut_snapshot().data = snapshot::descriptor(last_round).into();
+    let body = msg.write_to_bytes().expect("a message encodes");
+    encode_record(&mut b, snapshot::KIND_END, |r| {
+        r.extend_from_slice(&2u32.to_le_bytes());
+        r.extend_from_slice(&[0; 4]);
+        r.extend_from_slice(&12u64.to_le_bytes());
+        r.extend_from_slice(&body);
+    });
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds reach the end of each decoder: accepted, not refused.
+    #[test]
+    fn the_seeds_are_accepted_whole() {
+        for (name, msg) in seed_messages() {
+            let mut frame = Vec::new();
+            tcp::encode_frame(&mut frame, &msg);
+            assert_eq!(tcp::decode_frame(&frame).expect(name), msg);
+        }
+        let scratch = ScratchDir::new("seed-log");
+        let dir: &Path = scratch.path();
+        std::fs::write(dir.join(raft_log::FILE_NAME), seed_log()).unwrap();
+        let log = RaftLog::open(dir, &VOTERS).expect("the seed log opens");
+        assert_eq!((log.start(), log.last()), ((4, 2), 6));
+        assert_eq!(log.hard_state().commit, 6);
+        let scratch = ScratchDir::new("seed-stream");
+        let msg = snapshot::receive(&mut &seed_stream()[..], scratch.path(), ME, &VOTERS)
+            .expect("the seed stream is accepted");
+        assert_eq!(msg.get_snapshot().get_metadata().index, 40);
+        let staged = scratch.path().join(snapshot::INBOX_DIR).join("40-3");
+        assert_eq!(
+            std::fs::read(staged.join("groups/1/00000001.seg")).unwrap(),
+            b"segment"
+        );
+        for (_, _, seed) in seeds() {
+            for (_, target) in TARGETS {
+                target(&seed);
+            }
+        }
+    }
+
+    /// Built mode reaches past the CRCs: a stream built from pieces is
+    /// decoded as far as its records go.
+    #[test]
+    fn built_mode_makes_records_with_valid_crcs() {
+        let recs = records_of(&[3, 2, 0xAA, 0xBB, 9, 0]);
+        let log_mode = [&[1u8][..], &[2, 24], &[0; 24]].concat();
+        raft_log_open(&log_mode);
+        assert_eq!(recs.len(), 2 * raft_log::RECORD_HEADER_BYTES + 2);
+        assert_eq!(recs[8], 3);
+        let crc = u32::from_le_bytes([recs[4], recs[5], recs[6], recs[7]]);
+        assert_eq!(crc, crc32fast::hash(&recs[8..18]));
+    }
+}
