@@ -155,6 +155,14 @@ pub fn record_scan(data: &[u8]) {
                     (RecordError::BadCrc { .. }, Err(h)) => {
                         panic!("CRC failure but the header does not decode: {h:?}")
                     }
+                    // The one check past the CRC: an erased record's
+                    // payload must be zeros (the header alone is valid).
+                    (
+                        RecordError::BadHeader {
+                            reason: "an erased record with payload bytes",
+                        },
+                        Ok(h),
+                    ) => assert_eq!(h.flags, record::FLAG_ERASED),
                     (_, h) => assert_eq!(h, Err(e.clone())),
                 }
                 assert_eq!(it.position(), buf.len(), "an error must fuse the iterator");

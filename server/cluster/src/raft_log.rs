@@ -55,6 +55,8 @@ pub const ENTRY_FIXED_BYTES: usize = 24;
 pub const HARD_STATE_BYTES: usize = 24;
 /// Bytes of a Start body.
 pub const START_BYTES: usize = 16;
+/// The largest index a Start record may name (cluster.md section 3.2).
+pub const START_INDEX_MAX: u64 = 1 << 62;
 /// Record kinds.
 pub const KIND_ENTRY: u8 = 1;
 pub const KIND_HARD_STATE: u8 = 2;
@@ -217,7 +219,10 @@ impl RaftLog {
                     return Err(self.damaged(offset, format!("a start of {} bytes", body.len())));
                 }
                 let (index, term) = (u64_at(body, 0), u64_at(body, 8));
-                if index == 0 || term == 0 {
+                // An index past 2^62 is no log's (a set appending a
+                // million entries a second takes 146,000 years to get
+                // there): refused, so that index arithmetic never wraps.
+                if index == 0 || term == 0 || index > START_INDEX_MAX {
                     return Err(self.damaged(offset, format!("start {index} term {term}")));
                 }
                 self.start = (index, term);

@@ -193,6 +193,28 @@ fn a_start_record_anywhere_but_first_or_in_a_version_1_file_is_damage() {
     ));
 }
 
+/// Found by fuzzing (`raft_log_open`): a Start at u64::MAX made the
+/// reader's `start + 1` wrap.
+#[test]
+fn a_start_beyond_any_log_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = crate::raft_log::MAGIC.to_vec();
+    bytes.extend_from_slice(&crate::raft_log::VERSION.to_le_bytes());
+    bytes.extend_from_slice(&[0; 4]);
+    let good = bytes.clone();
+    crate::raft_log::encode_start(&mut bytes, u64::MAX, 1);
+    std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
+    assert!(matches!(
+        RaftLog::open(dir.path(), &[1]),
+        Err(ClusterError::RaftLogDamaged { offset: 16, .. })
+    ));
+    let mut at_bound = good;
+    crate::raft_log::encode_start(&mut at_bound, crate::raft_log::START_INDEX_MAX, 1);
+    std::fs::write(dir.path().join(FILE_NAME), &at_bound).unwrap();
+    let log = RaftLog::open(dir.path(), &[1]).expect("the largest start opens");
+    assert_eq!(log.last(), crate::raft_log::START_INDEX_MAX);
+}
+
 #[test]
 fn a_compaction_past_the_stored_commit_raises_it_to_the_start() {
     // The stored commit may lag the applied index (Raft relearns it), but
