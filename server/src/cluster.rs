@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use tidemark_cluster::members::{Member, Role};
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
 use tidemark_node::{
@@ -88,6 +89,9 @@ pub struct ClusterArgs {
     pub raft_log_max_bytes: u64,
     /// `--cluster-map FILE` (format-spec/cluster.md section 9.1).
     pub map: Option<PathBuf>,
+    /// `--cluster-join`: an empty directory waits to be added to the set
+    /// of `peers` (cluster.md section 11.2) instead of starting one.
+    pub join: bool,
 }
 
 /// A replica set member's settings, checked.
@@ -101,6 +105,9 @@ pub struct ClusterConfig {
     /// The cluster map, when the node was started with one: requests for
     /// other sets' groups get WRONG_SET. `None`: the set owns every shard.
     pub shards: Option<ClusterShards>,
+    /// Waits to be added (`--cluster-join`): `peers` are the set's members
+    /// it answers, not its voters.
+    pub join: bool,
 }
 
 impl ClusterArgs {
@@ -118,10 +125,10 @@ impl ClusterArgs {
             let Some(node_id) = self.node_id else {
                 return Err("--cluster-map needs --cluster-node-id".into());
             };
-            if !self.peers.is_empty() {
+            if !self.peers.is_empty() || self.join {
                 return Err(
-                    "--cluster-peer and --cluster-map exclude each other: the map names the \
-                     node's peers"
+                    "--cluster-peer (or --cluster-join) and --cluster-map exclude each other: \
+                     the map names the node's peers"
                         .into(),
                 );
             }
@@ -143,15 +150,17 @@ impl ClusterArgs {
                 peers,
                 raft_log_max_bytes,
                 shards: Some(view.shards),
+                join: false,
             }));
         }
         let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
-            (None, None, true) => return Ok(None),
+            (None, None, true) if !self.join => return Ok(None),
             (Some(id), Some(listen), false) => (id, listen),
             _ => {
                 return Err(
                     "a replica set member needs --cluster-node-id, --cluster-listen and one \
-                     --cluster-peer per other member (or --cluster-node-id and --cluster-map)"
+                     --cluster-peer per other member (or --cluster-node-id and --cluster-map); \
+                     --cluster-join needs them too (the set's members it waits to be added by)"
                         .into(),
                 )
             }
@@ -174,6 +183,7 @@ impl ClusterArgs {
             peers: self.peers,
             raft_log_max_bytes,
             shards: None,
+            join: self.join,
         }))
     }
 }
@@ -183,8 +193,33 @@ struct ReplicaLeadership {
     /// Set once the replica started (the listener is bound before).
     replica: OnceLock<Arc<Replica>>,
     node_id: u64,
-    /// Every member's client address, this node's included.
+    /// Every member's client address, this node's included, as
+    /// configured: used until the replica runs, and for members whose
+    /// address the durable membership does not have (a set made before
+    /// membership was recorded).
     clients: BTreeMap<u64, String>,
+}
+
+impl ReplicaLeadership {
+    /// The members' client addresses: the replica's membership (which
+    /// membership changes update, cluster.md section 11), else the
+    /// configured ones. Cost: a copy of a few members.
+    fn clients(&self) -> BTreeMap<u64, String> {
+        let Some(r) = self.replica.get() else {
+            return self.clients.clone();
+        };
+        r.members()
+            .list
+            .into_iter()
+            .map(|m| {
+                let addr = match m.client_addr.is_empty() {
+                    true => self.clients.get(&m.id).cloned().unwrap_or_default(),
+                    false => m.client_addr,
+                };
+                (m.id, addr)
+            })
+            .collect()
+    }
 }
 
 impl Leadership for ReplicaLeadership {
@@ -202,7 +237,7 @@ impl Leadership for ReplicaLeadership {
         let leader = replica.leader();
         Some(NotLeader {
             leader,
-            client_addr: leader.and_then(|l| self.clients.get(&l).cloned()),
+            client_addr: leader.and_then(|l| self.clients().remove(&l)),
             starting: leader == Some(replica.id()),
         })
     }
@@ -211,11 +246,7 @@ impl Leadership for ReplicaLeadership {
         ClusterView {
             node_id: self.node_id,
             leader_id: self.replica.get().and_then(|r| r.leader()).unwrap_or(0),
-            members: self
-                .clients
-                .iter()
-                .map(|(&id, addr)| (id, addr.clone()))
-                .collect(),
+            members: self.clients().into_iter().collect(),
         }
     }
 }
@@ -265,6 +296,12 @@ pub fn serve(
     // The replica's directory: `engine/` (the node's data) and `raft/`.
     let dir = node.engine.data_dir.clone();
     let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
+    // What a brand-new directory starts the set with (cluster.md section
+    // 11.2); a node that joins starts with none and waits to be added.
+    replica_config.members = match cluster.join {
+        true => Vec::new(),
+        false => replica_members(&cluster, node.listen),
+    };
     replica_config.engine = node.engine.clone();
     replica_config.raft_log_max_bytes = cluster.raft_log_max_bytes;
     node.engine.data_dir = dir.join("engine");
@@ -278,12 +315,7 @@ pub fn serve(
             Replica::start(replica_config, transport).map_err(|e| format!("replica: {e}"))?,
         );
         let handle = bound
-            .start(
-                cluster.node_id,
-                &voters,
-                replica.mailbox(),
-                FRAME_BYTES_MAX_DEFAULT,
-            )
+            .start(cluster.node_id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
             .map_err(|e| format!("cluster listener thread: {e}"))?;
         *raft_listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         let engine = replica
@@ -340,6 +372,24 @@ pub fn serve(
         Some(reason) => Err(format!("replica stopped: {reason}")),
         None => engine,
     }
+}
+
+/// The set's members with their addresses, from the flags or the map.
+fn replica_members(cluster: &ClusterConfig, listen: SocketAddr) -> Vec<Member> {
+    let member = |id, cluster_addr: SocketAddr, client_addr: SocketAddr| Member {
+        id,
+        role: Role::Voter,
+        cluster_addr: cluster_addr.to_string(),
+        client_addr: client_addr.to_string(),
+    };
+    std::iter::once(member(cluster.node_id, cluster.listen, listen))
+        .chain(
+            cluster
+                .peers
+                .iter()
+                .map(|p| member(p.id, p.peer_addr, p.client_addr)),
+        )
+        .collect()
 }
 
 /// Replaces this process by a new run of the same command line (same pid,
@@ -424,6 +474,7 @@ mod tests {
             peers,
             raft_log_max_bytes: 0,
             map: Some(example.clone()),
+            join: false,
         };
         let c = with_map(Some(2), vec![])
             .check()
@@ -463,6 +514,7 @@ mod tests {
             peers: vec![peer.clone()],
             raft_log_max_bytes: 0,
             map: None,
+            join: false,
         };
         // 0 (unset) is the default bound; a value given is kept.
         let checked = full.clone().check().unwrap().unwrap();

@@ -14,6 +14,9 @@
 //! anywhere.
 
 mod error;
+pub mod members;
+#[cfg(test)]
+mod members_tests;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;

@@ -104,7 +104,7 @@ fn start_bounded(
         .collect();
     let replica = Replica::start(cfg, TcpTransport::new(&peers).unwrap()).unwrap();
     let listener = bound
-        .start(id, &IDS, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
+        .start(id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
         .unwrap();
     Node {
         replica: Arc::new(replica),
