@@ -352,7 +352,11 @@ impl Replica {
             members: Mutex::new(raw.store().members().clone()),
         });
         let peers = KnownPeers::new(raw.store().members().ids());
-        transport.set_peers(&peer_addrs(raw.store().members(), cfg.id));
+        if !raw.store().members().list.is_empty() {
+            // A node waiting to be added keeps the addresses its transport
+            // was made with: the set's members, which it must answer.
+            transport.set_peers(&peer_addrs(raw.store().members(), cfg.id));
+        }
         let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
         *shared.engine.write() = Some(Arc::new(engine));
         let mut driver = Driver {

@@ -70,6 +70,8 @@ fn a_frame_is_the_spec_vector_and_bad_frames_are_refused() {
     assert!(matches!(decode_frame(&junk), Err(FrameError::Message(_))));
 }
 
+mod membership;
+
 const IDS: [u64; 3] = [1, 2, 3];
 
 struct Node {
