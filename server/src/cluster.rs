@@ -32,11 +32,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tidemark_cluster::members::{Member, Role};
+use tidemark_cluster::members::{Change, ChangeRefused, Member, Members, Role};
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
 use tidemark_node::{
-    ClusterShards, ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown,
+    ChangeDone, ChangeOutcome, ChangeRequest, ClusterShards, ClusterView, LeaderGate, Leadership,
+    NodeConfig, NotLeader, Shutdown,
 };
 
 use crate::cluster_map;
@@ -205,21 +206,27 @@ impl ReplicaLeadership {
     /// membership changes update, cluster.md section 11), else the
     /// configured ones. Cost: a copy of a few members.
     fn clients(&self) -> BTreeMap<u64, String> {
-        let Some(r) = self.replica.get() else {
-            return self.clients.clone();
-        };
-        r.members()
-            .list
-            .into_iter()
-            .map(|m| {
-                let addr = match m.client_addr.is_empty() {
-                    true => self.clients.get(&m.id).cloned().unwrap_or_default(),
-                    false => m.client_addr,
-                };
-                (m.id, addr)
-            })
-            .collect()
+        match self.replica.get() {
+            Some(r) => client_addrs(&r.members(), &self.clients),
+            None => self.clients.clone(),
+        }
     }
+}
+
+/// Every member's client address: the membership's, else the configured
+/// one (a membership recorded without addresses).
+fn client_addrs(members: &Members, configured: &BTreeMap<u64, String>) -> BTreeMap<u64, String> {
+    members
+        .list
+        .iter()
+        .map(|m| {
+            let addr = match m.client_addr.is_empty() {
+                true => configured.get(&m.id).cloned().unwrap_or_default(),
+                false => m.client_addr.clone(),
+            };
+            (m.id, addr)
+        })
+        .collect()
 }
 
 impl Leadership for ReplicaLeadership {
@@ -240,6 +247,73 @@ impl Leadership for ReplicaLeadership {
             client_addr: leader.and_then(|l| self.clients().remove(&l)),
             starting: leader == Some(replica.id()),
         })
+    }
+
+    /// Hands the change to the replica's driver (never waits for it): the
+    /// driver's answer is mapped to the protocol's outcome on its thread.
+    fn change(&self, change: ChangeRequest, done: ChangeDone) {
+        let Some(replica) = self.replica.get().cloned() else {
+            return done(ChangeOutcome::NotLeader(NotLeader {
+                leader: None,
+                client_addr: None,
+                starting: false,
+            }));
+        };
+        let change = match change {
+            ChangeRequest::Add {
+                node_id,
+                cluster_addr,
+                client_addr,
+            } => {
+                let bad = [&cluster_addr, &client_addr]
+                    .into_iter()
+                    .find(|a| a.parse::<SocketAddr>().is_err());
+                if let Some(a) = bad {
+                    return done(ChangeOutcome::Refused {
+                        detail: 4,
+                        message: format!("address {a:?} is not HOST:PORT with a numeric host"),
+                    });
+                }
+                Change::Add {
+                    id: node_id,
+                    cluster_addr,
+                    client_addr,
+                }
+            }
+            ChangeRequest::Remove { node_id } => Change::Remove { id: node_id },
+        };
+        let (configured, node_id) = (self.clients.clone(), self.node_id);
+        let r = replica.clone();
+        replica.change_members(
+            change,
+            Box::new(move |result| {
+                let refused = |detail, e: ChangeRefused| ChangeOutcome::Refused {
+                    detail,
+                    message: e.to_string(),
+                };
+                done(match result {
+                    Ok(members) => ChangeOutcome::Done(ClusterView {
+                        node_id,
+                        leader_id: r.leader().unwrap_or(0),
+                        members: client_addrs(&members, &configured).into_iter().collect(),
+                    }),
+                    Err(ChangeRefused::NotLeader { leader }) => {
+                        let members = r.members();
+                        ChangeOutcome::NotLeader(NotLeader {
+                            leader,
+                            client_addr: leader
+                                .and_then(|l| client_addrs(&members, &configured).remove(&l)),
+                            starting: false,
+                        })
+                    }
+                    Err(e @ ChangeRefused::InProgress) => refused(1, e),
+                    Err(e @ ChangeRefused::AlreadyMember { .. }) => refused(2, e),
+                    Err(e @ ChangeRefused::UnknownMember { .. }) => refused(3, e),
+                    Err(e @ ChangeRefused::Refused { .. }) => refused(4, e),
+                    Err(e @ ChangeRefused::Interrupted { .. }) => refused(5, e),
+                });
+            }),
+        );
     }
 
     fn map(&self) -> ClusterView {

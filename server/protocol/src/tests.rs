@@ -98,6 +98,9 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("cluster_map_request"),
     vector!("cluster_map_response"),
     vector!("error_wrong_set"),
+    vector!("cluster_change_request"),
+    vector!("cluster_change_response"),
+    vector!("error_membership_refused"),
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
@@ -408,6 +411,47 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                         client_addr: "127.0.0.1:7003",
                     },
                 ],
+            }),
+        ),
+        "cluster_change_request" => Expected::Req(
+            30,
+            Request::ClusterChange(crate::MemberChange::Add {
+                node_id: 4,
+                cluster_addr: "127.0.0.1:7104",
+                client_addr: "127.0.0.1:7004",
+            }),
+        ),
+        "cluster_change_response" => Expected::Resp(
+            30,
+            Response::ClusterChange(ClusterMap {
+                node_id: 1,
+                leader_id: 1,
+                members: vec![
+                    ClusterMember {
+                        node_id: 1,
+                        client_addr: "127.0.0.1:7001",
+                    },
+                    ClusterMember {
+                        node_id: 2,
+                        client_addr: "127.0.0.1:7002",
+                    },
+                    ClusterMember {
+                        node_id: 3,
+                        client_addr: "127.0.0.1:7003",
+                    },
+                    ClusterMember {
+                        node_id: 4,
+                        client_addr: "127.0.0.1:7004",
+                    },
+                ],
+            }),
+        ),
+        "error_membership_refused" => Expected::Resp(
+            31,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::MembershipRefused,
+                detail: Some(3),
+                message: "node 9 is not a member",
             }),
         ),
         "cluster_map_request" => Expected::Req(22, Request::ClusterMap),
