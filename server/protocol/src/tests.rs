@@ -1643,3 +1643,45 @@ mod version_2 {
         assert!(section(rec_kind(9, 1, 2, 3, KIND_RECALL, 0, &target)).is_ok());
     }
 }
+
+/// CLUSTER_CHANGE (4.34): an action other than 1 or 2, a remove that
+/// carries addresses, and node id 0 are refused.
+#[test]
+fn a_cluster_change_with_a_bad_action_or_a_remove_with_addresses_is_refused() {
+    let good = vector_bytes("cluster_change_request");
+    assert!(decode_request(&Frame::parse(&good).unwrap()).is_ok());
+    // Byte 16 is the action.
+    for action in [0u8, 3, 255] {
+        let mut bad = good.clone();
+        bad[16] = action;
+        let err = decode_request(&Frame::parse(&bad).unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecodeError::InvalidValue {
+                    field: "action",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // A remove (2) with the add's addresses.
+    let mut bad = good.clone();
+    bad[16] = 2;
+    let err = decode_request(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::InvalidValue {
+                field: "cluster_addr",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Node id 0.
+    let mut bad = good;
+    bad[17] = 0;
+    assert!(decode_request(&Frame::parse(&bad).unwrap()).is_err());
+}
