@@ -31,6 +31,7 @@ use crate::token_file::read_token_file;
 pub mod backup;
 pub mod changes;
 pub mod ctl;
+pub mod membership;
 pub mod observe;
 pub mod ops;
 pub mod payload;

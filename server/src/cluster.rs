@@ -32,10 +32,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use tidemark_cluster::members::{Change, ChangeRefused, Member, Members, Role};
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
 use tidemark_cluster::{Replica, ReplicaConfig};
 use tidemark_node::{
-    ClusterShards, ClusterView, LeaderGate, Leadership, NodeConfig, NotLeader, Shutdown,
+    ChangeDone, ChangeOutcome, ChangeRequest, ClusterShards, ClusterView, LeaderGate, Leadership,
+    NodeConfig, NotLeader, Shutdown,
 };
 
 use crate::cluster_map;
@@ -88,6 +90,9 @@ pub struct ClusterArgs {
     pub raft_log_max_bytes: u64,
     /// `--cluster-map FILE` (format-spec/cluster.md section 9.1).
     pub map: Option<PathBuf>,
+    /// `--cluster-join`: an empty directory waits to be added to the set
+    /// of `peers` (cluster.md section 11.2) instead of starting one.
+    pub join: bool,
 }
 
 /// A replica set member's settings, checked.
@@ -101,6 +106,9 @@ pub struct ClusterConfig {
     /// The cluster map, when the node was started with one: requests for
     /// other sets' groups get WRONG_SET. `None`: the set owns every shard.
     pub shards: Option<ClusterShards>,
+    /// Waits to be added (`--cluster-join`): `peers` are the set's members
+    /// it answers, not its voters.
+    pub join: bool,
 }
 
 impl ClusterArgs {
@@ -118,10 +126,10 @@ impl ClusterArgs {
             let Some(node_id) = self.node_id else {
                 return Err("--cluster-map needs --cluster-node-id".into());
             };
-            if !self.peers.is_empty() {
+            if !self.peers.is_empty() || self.join {
                 return Err(
-                    "--cluster-peer and --cluster-map exclude each other: the map names the \
-                     node's peers"
+                    "--cluster-peer (or --cluster-join) and --cluster-map exclude each other: \
+                     the map names the node's peers"
                         .into(),
                 );
             }
@@ -143,15 +151,17 @@ impl ClusterArgs {
                 peers,
                 raft_log_max_bytes,
                 shards: Some(view.shards),
+                join: false,
             }));
         }
         let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
-            (None, None, true) => return Ok(None),
+            (None, None, true) if !self.join => return Ok(None),
             (Some(id), Some(listen), false) => (id, listen),
             _ => {
                 return Err(
                     "a replica set member needs --cluster-node-id, --cluster-listen and one \
-                     --cluster-peer per other member (or --cluster-node-id and --cluster-map)"
+                     --cluster-peer per other member (or --cluster-node-id and --cluster-map); \
+                     --cluster-join needs them too (the set's members it waits to be added by)"
                         .into(),
                 )
             }
@@ -174,6 +184,7 @@ impl ClusterArgs {
             peers: self.peers,
             raft_log_max_bytes,
             shards: None,
+            join: self.join,
         }))
     }
 }
@@ -183,8 +194,39 @@ struct ReplicaLeadership {
     /// Set once the replica started (the listener is bound before).
     replica: OnceLock<Arc<Replica>>,
     node_id: u64,
-    /// Every member's client address, this node's included.
+    /// Every member's client address, this node's included, as
+    /// configured: used until the replica runs, and for members whose
+    /// address the durable membership does not have (a set made before
+    /// membership was recorded).
     clients: BTreeMap<u64, String>,
+}
+
+impl ReplicaLeadership {
+    /// The members' client addresses: the replica's membership (which
+    /// membership changes update, cluster.md section 11), else the
+    /// configured ones. Cost: a copy of a few members.
+    fn clients(&self) -> BTreeMap<u64, String> {
+        match self.replica.get() {
+            Some(r) => client_addrs(&r.members(), &self.clients),
+            None => self.clients.clone(),
+        }
+    }
+}
+
+/// Every member's client address: the membership's, else the configured
+/// one (a membership recorded without addresses).
+fn client_addrs(members: &Members, configured: &BTreeMap<u64, String>) -> BTreeMap<u64, String> {
+    members
+        .list
+        .iter()
+        .map(|m| {
+            let addr = match m.client_addr.is_empty() {
+                true => configured.get(&m.id).cloned().unwrap_or_default(),
+                false => m.client_addr.clone(),
+            };
+            (m.id, addr)
+        })
+        .collect()
 }
 
 impl Leadership for ReplicaLeadership {
@@ -202,20 +244,83 @@ impl Leadership for ReplicaLeadership {
         let leader = replica.leader();
         Some(NotLeader {
             leader,
-            client_addr: leader.and_then(|l| self.clients.get(&l).cloned()),
+            client_addr: leader.and_then(|l| self.clients().remove(&l)),
             starting: leader == Some(replica.id()),
         })
+    }
+
+    /// Hands the change to the replica's driver (never waits for it): the
+    /// driver's answer is mapped to the protocol's outcome on its thread.
+    fn change(&self, change: ChangeRequest, done: ChangeDone) {
+        let Some(replica) = self.replica.get().cloned() else {
+            return done(ChangeOutcome::NotLeader(NotLeader {
+                leader: None,
+                client_addr: None,
+                starting: false,
+            }));
+        };
+        let change = match change {
+            ChangeRequest::Add {
+                node_id,
+                cluster_addr,
+                client_addr,
+            } => {
+                let bad = [&cluster_addr, &client_addr]
+                    .into_iter()
+                    .find(|a| a.parse::<SocketAddr>().is_err());
+                if let Some(a) = bad {
+                    return done(ChangeOutcome::Refused {
+                        detail: 4,
+                        message: format!("address {a:?} is not HOST:PORT with a numeric host"),
+                    });
+                }
+                Change::Add {
+                    id: node_id,
+                    cluster_addr,
+                    client_addr,
+                }
+            }
+            ChangeRequest::Remove { node_id } => Change::Remove { id: node_id },
+        };
+        let (configured, node_id) = (self.clients.clone(), self.node_id);
+        let r = replica.clone();
+        replica.change_members(
+            change,
+            Box::new(move |result| {
+                let refused = |detail, e: ChangeRefused| ChangeOutcome::Refused {
+                    detail,
+                    message: e.to_string(),
+                };
+                done(match result {
+                    Ok(members) => ChangeOutcome::Done(ClusterView {
+                        node_id,
+                        leader_id: r.leader().unwrap_or(0),
+                        members: client_addrs(&members, &configured).into_iter().collect(),
+                    }),
+                    Err(ChangeRefused::NotLeader { leader }) => {
+                        let members = r.members();
+                        ChangeOutcome::NotLeader(NotLeader {
+                            leader,
+                            client_addr: leader
+                                .and_then(|l| client_addrs(&members, &configured).remove(&l)),
+                            starting: false,
+                        })
+                    }
+                    Err(e @ ChangeRefused::InProgress) => refused(1, e),
+                    Err(e @ ChangeRefused::AlreadyMember { .. }) => refused(2, e),
+                    Err(e @ ChangeRefused::UnknownMember { .. }) => refused(3, e),
+                    Err(e @ ChangeRefused::Refused { .. }) => refused(4, e),
+                    Err(e @ ChangeRefused::Interrupted { .. }) => refused(5, e),
+                });
+            }),
+        );
     }
 
     fn map(&self) -> ClusterView {
         ClusterView {
             node_id: self.node_id,
             leader_id: self.replica.get().and_then(|r| r.leader()).unwrap_or(0),
-            members: self
-                .clients
-                .iter()
-                .map(|(&id, addr)| (id, addr.clone()))
-                .collect(),
+            members: self.clients().into_iter().collect(),
         }
     }
 }
@@ -265,6 +370,12 @@ pub fn serve(
     // The replica's directory: `engine/` (the node's data) and `raft/`.
     let dir = node.engine.data_dir.clone();
     let mut replica_config = ReplicaConfig::new(cluster.node_id, &voters, &dir);
+    // What a brand-new directory starts the set with (cluster.md section
+    // 11.2); a node that joins starts with none and waits to be added.
+    replica_config.members = match cluster.join {
+        true => Vec::new(),
+        false => replica_members(&cluster, node.listen),
+    };
     replica_config.engine = node.engine.clone();
     replica_config.raft_log_max_bytes = cluster.raft_log_max_bytes;
     node.engine.data_dir = dir.join("engine");
@@ -278,12 +389,7 @@ pub fn serve(
             Replica::start(replica_config, transport).map_err(|e| format!("replica: {e}"))?,
         );
         let handle = bound
-            .start(
-                cluster.node_id,
-                &voters,
-                replica.mailbox(),
-                FRAME_BYTES_MAX_DEFAULT,
-            )
+            .start(cluster.node_id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
             .map_err(|e| format!("cluster listener thread: {e}"))?;
         *raft_listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         let engine = replica
@@ -340,6 +446,24 @@ pub fn serve(
         Some(reason) => Err(format!("replica stopped: {reason}")),
         None => engine,
     }
+}
+
+/// The set's members with their addresses, from the flags or the map.
+fn replica_members(cluster: &ClusterConfig, listen: SocketAddr) -> Vec<Member> {
+    let member = |id, cluster_addr: SocketAddr, client_addr: SocketAddr| Member {
+        id,
+        role: Role::Voter,
+        cluster_addr: cluster_addr.to_string(),
+        client_addr: client_addr.to_string(),
+    };
+    std::iter::once(member(cluster.node_id, cluster.listen, listen))
+        .chain(
+            cluster
+                .peers
+                .iter()
+                .map(|p| member(p.id, p.peer_addr, p.client_addr)),
+        )
+        .collect()
 }
 
 /// Replaces this process by a new run of the same command line (same pid,
@@ -424,6 +548,7 @@ mod tests {
             peers,
             raft_log_max_bytes: 0,
             map: Some(example.clone()),
+            join: false,
         };
         let c = with_map(Some(2), vec![])
             .check()
@@ -463,6 +588,7 @@ mod tests {
             peers: vec![peer.clone()],
             raft_log_max_bytes: 0,
             map: None,
+            join: false,
         };
         // 0 (unset) is the default bound; a value given is kept.
         let checked = full.clone().check().unwrap().unwrap();

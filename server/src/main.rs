@@ -228,6 +228,13 @@ struct ServeArgs {
     /// answers WRONG_SET to requests for other sets' groups. No default.
     #[arg(long, value_name = "FILE")]
     cluster_map: Option<PathBuf>,
+    /// With --cluster-node-id, --cluster-listen and --cluster-peer (the
+    /// set's members): an empty data directory waits to be added to that
+    /// set (`tidemark cluster add`) instead of starting one; it catches up
+    /// by a snapshot (format-spec/cluster.md section 11.2). Ignored once
+    /// the directory holds a membership.
+    #[arg(long)]
+    cluster_join: bool,
 }
 
 /// Why the command line was refused.
@@ -289,6 +296,7 @@ fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
         peers: a.cluster_peers.clone(),
         raft_log_max_bytes: a.raft_log_max_bytes,
         map: a.cluster_map.clone(),
+        join: a.cluster_join,
     }
 }
 

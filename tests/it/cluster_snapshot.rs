@@ -28,10 +28,11 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The Raft log bound of every member: a few hundred sends pass it.
 const LOG_MAX_BYTES: u64 = 32 << 10;
 
-struct Member {
+/// A `tidemark serve` process (also used by `cluster_membership.rs`).
+pub(crate) struct Member {
     id: u64,
     child: Option<Child>,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
 }
@@ -58,10 +59,16 @@ impl Member {
             args.push("--cluster-peer".into());
             args.push(format!("{p}=127.0.0.1:{peer},127.0.0.1:{client}"));
         }
+        Member::start(id, dir, root.join(format!("n{id}.log")), args)
+    }
+
+    /// Node `id` run with the command line `args`, its data in `dir`, its
+    /// log appended to `log`.
+    pub(crate) fn start(id: u64, dir: PathBuf, log: PathBuf, args: Vec<String>) -> Member {
         let mut m = Member {
             id,
             child: None,
-            log: root.join(format!("n{id}.log")),
+            log,
             dir,
             args,
         };
@@ -70,7 +77,7 @@ impl Member {
     }
 
     /// Starts the process; its log (stderr, info level) appends to `log`.
-    fn spawn(&mut self) {
+    pub(crate) fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -95,7 +102,7 @@ impl Member {
         self.child = Some(child);
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -103,7 +110,7 @@ impl Member {
     }
 
     /// SIGTERM; the exit status must be success.
-    fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         let Some(mut c) = self.child.take() else {
             return;
         };
@@ -120,7 +127,7 @@ impl Member {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use tidemark_protocol::{
     decode_response, encode_request_in, AckItem, BackupChunk, BackupEnd, DecodeError, ErrorCode,
-    Frame, FrameDecoder, GroupInfo, JoinStart, MemberEntry, Opcode, ReceiptCount, Records, Request,
-    Response, ResyncScope, RetentionPolicy, ShardTable, Subscription, UnreadEntry,
-    FRAME_BYTES_MAX_FLOOR, HELLO_VERSION, KIND_EDIT, KIND_GAP, KIND_RECALL, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, SHARD_COUNT,
+    Frame, FrameDecoder, GroupInfo, JoinStart, MemberChange, MemberEntry, Opcode, ReceiptCount,
+    Records, Request, Response, ResyncScope, RetentionPolicy, ShardTable, Subscription,
+    UnreadEntry, FRAME_BYTES_MAX_FLOOR, HELLO_VERSION, KIND_EDIT, KIND_GAP, KIND_RECALL,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, SHARD_COUNT,
 };
 
 /// A message as the client hands it to the application.
@@ -1114,6 +1114,28 @@ impl Client {
                     .collect(),
             }),
             _ => unexpected("CLUSTER"),
+        }
+    }
+
+    /// CLUSTER_CHANGE (format-spec/protocol.md 4.34): asks the replica
+    /// set's leader to add or remove a member; answered with the set once
+    /// the change applied (an add: once the new node caught up and was
+    /// promoted to voter, which takes its snapshot's transfer). A follower
+    /// answers `NOT_LEADER` (ask the leader), a refusal is
+    /// `MEMBERSHIP_REFUSED` with its reason in `detail`. An addition: a
+    /// node older than it answers BAD_FRAME and closes the connection.
+    pub fn cluster_change(&mut self, change: MemberChange<'_>) -> Result<ClusterMap> {
+        match self.call(&Request::ClusterChange(change))?.response()? {
+            Response::ClusterChange(m) => Ok(ClusterMap {
+                node_id: m.node_id,
+                leader_id: (m.leader_id != 0).then_some(m.leader_id),
+                members: m
+                    .members
+                    .iter()
+                    .map(|e| (e.node_id, e.client_addr.to_string()))
+                    .collect(),
+            }),
+            _ => unexpected("CLUSTER_CHANGE"),
         }
     }
 

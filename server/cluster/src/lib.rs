@@ -16,6 +16,9 @@
 mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz_targets;
+pub mod members;
+#[cfg(test)]
+mod members_tests;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;

@@ -35,6 +35,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use raft::eraftpb::{ConfState, Entry, EntryType, HardState, Snapshot};
+
+use crate::members::{self, Members};
 use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 
 use crate::error::{ClusterError, Result};
@@ -61,6 +63,8 @@ pub const START_INDEX_MAX: u64 = 1 << 62;
 pub const KIND_ENTRY: u8 = 1;
 pub const KIND_HARD_STATE: u8 = 2;
 pub const KIND_START: u8 = 3;
+/// The membership (cluster.md section 11.1; body: `members::encode_body`).
+pub const KIND_MEMBERS: u8 = 4;
 
 /// The file's name inside the replica's `raft/` directory.
 pub const FILE_NAME: &str = "log";
@@ -78,8 +82,12 @@ pub struct RaftLog {
     start: (u64, u64),
     entries: Vec<Entry>,
     hard_state: HardState,
-    /// The voters: configuration in this version (cluster.md section 2).
-    conf_state: ConfState,
+    /// The membership: the last Members record's, or, in a log without
+    /// one, the configured voters (cluster.md section 11.1).
+    members: Members,
+    /// A Members record is in the file: the membership is durable, and a
+    /// rewrite keeps it.
+    members_recorded: bool,
     /// The snapshot the driver offers to followers that need compacted
     /// entries ([`Storage::snapshot`]), if one is ready.
     offer: Option<Snapshot>,
@@ -91,8 +99,10 @@ pub struct RaftLog {
 
 impl RaftLog {
     /// Opens (or creates) the log in `dir` (the replica's `raft/`), with
-    /// `voters` as the replica set. A torn tail is cut; damage is refused;
-    /// a rewrite a crash left unfinished (`log.new`) is removed.
+    /// `voters` as the replica set unless the log holds a Members record
+    /// (cluster.md section 11.1: the durable membership wins). A torn tail
+    /// is cut; damage is refused; a rewrite a crash left unfinished
+    /// (`log.new`) is removed.
     pub fn open(dir: &Path, voters: &[u64]) -> Result<RaftLog> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ClusterError::io("create the raft directory", e))?;
@@ -114,10 +124,6 @@ impl RaftLog {
         (&file)
             .read_to_end(&mut bytes)
             .map_err(|e| ClusterError::io(format!("read {}", path.display()), e))?;
-        let conf_state = ConfState {
-            voters: voters.to_vec(),
-            ..Default::default()
-        };
         let mut log = RaftLog {
             dir: dir.to_path_buf(),
             path,
@@ -126,7 +132,8 @@ impl RaftLog {
             start: (0, 0),
             entries: Vec::new(),
             hard_state: HardState::default(),
-            conf_state,
+            members: Members::voters(0, voters),
+            members_recorded: false,
             offer: None,
             snapshot_wanted: Cell::new(false),
             buf: Vec::new(),
@@ -233,6 +240,11 @@ impl RaftLog {
                     "a start record that is not a version 2 file's first".into(),
                 ))
             }
+            KIND_MEMBERS => {
+                self.members = members::decode_body(body)
+                    .map_err(|why| self.damaged(offset, format!("members: {why}")))?;
+                self.members_recorded = true;
+            }
             k => return Err(self.damaged(offset, format!("unknown record kind {k}"))),
         }
         Ok(())
@@ -249,8 +261,8 @@ impl RaftLog {
     /// Makes `entries` (which may start at or below the last index: a
     /// conflict) and `hard_state` durable: one write of their records, one
     /// fdatasync. Refuses entries that would leave a gap, that lie at or
-    /// before the start, or that are not Normal (membership changes are the
-    /// next step).
+    /// before the start, or that are ConfChangeV2 (tidemark proposes only
+    /// single-step changes, cluster.md section 11).
     pub fn persist(&mut self, entries: &[Entry], hard_state: Option<&HardState>) -> Result<()> {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
@@ -266,10 +278,10 @@ impl RaftLog {
                     ),
                 });
             }
-            if e.get_entry_type() != EntryType::EntryNormal {
+            if e.get_entry_type() == EntryType::EntryConfChangeV2 {
                 return Err(ClusterError::Stopped {
                     reason: format!(
-                        "entry {} of type {:?}: membership changes are not supported yet",
+                        "entry {} of type {:?}: only single-step changes are written",
                         e.index,
                         e.get_entry_type()
                     ),
@@ -324,11 +336,14 @@ impl RaftLog {
     /// start there, `hard_state` (whose commit is at least `index`) as the
     /// hard state; the file rewritten (module docs). This rewrite is the
     /// install's commit point (cluster.md section 8.3).
+    /// `members` (the snapshot's, cluster.md section 11.3) become the
+    /// durable membership if given.
     pub fn reset_to_snapshot(
         &mut self,
         index: u64,
         term: u64,
         hard_state: &HardState,
+        members: Option<Members>,
     ) -> Result<()> {
         if index == 0 || term == 0 || hard_state.commit < index {
             return Err(ClusterError::Stopped {
@@ -342,7 +357,65 @@ impl RaftLog {
         self.start = (index, term);
         self.hard_state = hard_state.clone();
         self.offer = None;
+        if let Some(m) = members {
+            self.members = m;
+            self.members_recorded = true;
+        }
         self.rewrite()
+    }
+
+    /// Makes a brand-new log the start of a replica set whose membership is
+    /// `members` (cluster.md section 11.2): Start at (1, 1), the Members
+    /// record at index 1, the hard state (1, 0, 1). Entry 1 is never held
+    /// by any log, so a node added later, whose log is empty, is always
+    /// sent a snapshot (which carries the membership) and never replays
+    /// the log from its first entry without it. Refused on a log that is
+    /// not empty.
+    pub fn bootstrap(&mut self, members: &[members::Member]) -> Result<()> {
+        if self.last() > 0 || self.members_recorded || self.hard_state != HardState::default() {
+            return Err(ClusterError::Stopped {
+                reason: "bootstrap of a Raft log that is not empty".into(),
+            });
+        }
+        self.start = (1, 1);
+        self.members = Members {
+            index: 1,
+            list: members.to_vec(),
+        };
+        self.members_recorded = true;
+        self.hard_state = HardState {
+            term: 1,
+            vote: 0,
+            commit: 1,
+            ..Default::default()
+        };
+        self.rewrite()
+    }
+
+    /// Makes `members` the durable membership: one Members record appended
+    /// and fdatasynced (called when a ConfChange entry is applied).
+    pub fn set_members(&mut self, m: Members) -> Result<()> {
+        self.buf.clear();
+        encode_record(&mut self.buf, KIND_MEMBERS, |b| members::encode_body(b, &m));
+        let buf = std::mem::take(&mut self.buf);
+        let written = self.write_synced(self.len, &buf, true);
+        self.buf = buf;
+        written?;
+        self.len += self.buf.len() as u64;
+        self.members = m;
+        self.members_recorded = true;
+        Ok(())
+    }
+
+    /// The membership (the durable one if `members_recorded`).
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// Whether the membership is durable in the log (a Members record);
+    /// else it is the configuration the log was opened with.
+    pub fn members_recorded(&self) -> bool {
+        self.members_recorded
     }
 
     /// Writes the whole log to `log.new`, fdatasyncs it, renames it over
@@ -373,6 +446,11 @@ impl RaftLog {
         let mut bytes = file_header().to_vec();
         if self.start.0 > 0 {
             encode_start(&mut bytes, self.start.0, self.start.1);
+        }
+        if self.members_recorded {
+            encode_record(&mut bytes, KIND_MEMBERS, |b| {
+                members::encode_body(b, &self.members)
+            });
         }
         for e in &self.entries {
             encode_entry(&mut bytes, e);
@@ -461,9 +539,9 @@ impl RaftLog {
         self.offer.as_ref()
     }
 
-    /// The voters.
-    pub fn conf_state(&self) -> &ConfState {
-        &self.conf_state
+    /// The voters and learners, as raft-rs sees them.
+    pub fn conf_state(&self) -> ConfState {
+        self.members.conf_state()
     }
 }
 
@@ -471,7 +549,7 @@ impl Storage for RaftLog {
     fn initial_state(&self) -> raft::Result<RaftState> {
         Ok(RaftState::new(
             self.hard_state.clone(),
-            self.conf_state.clone(),
+            self.members.conf_state(),
         ))
     }
 
@@ -613,7 +691,9 @@ fn decode_entry(body: &[u8]) -> std::result::Result<Entry, String> {
     if e.index == 0 || e.term == 0 {
         return Err(format!("entry index {} term {}", e.index, e.term));
     }
-    if body[16] != EntryType::EntryNormal as u8 {
+    if body[16] == EntryType::EntryConfChange as u8 {
+        e.set_entry_type(EntryType::EntryConfChange);
+    } else if body[16] != EntryType::EntryNormal as u8 {
         return Err(format!("entry {} of type {}", e.index, body[16]));
     }
     if body[17..24] != [0; 7] {

@@ -142,8 +142,8 @@ fn a_crash_during_a_compaction_leaves_the_old_log_or_the_new_one() {
 fn a_reset_to_a_snapshot_drops_every_entry_and_reopens_at_the_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = five(dir.path());
-    assert!(log.reset_to_snapshot(9, 2, &hs(2, 0, 8)).is_err());
-    log.reset_to_snapshot(9, 2, &hs(2, 0, 9)).unwrap();
+    assert!(log.reset_to_snapshot(9, 2, &hs(2, 0, 8), None).is_err());
+    log.reset_to_snapshot(9, 2, &hs(2, 0, 9), None).unwrap();
     assert_eq!((log.start(), log.last()), ((9, 2), 9));
     log.persist(&[entry(10, 2, b"u")], None).unwrap();
     drop(log);

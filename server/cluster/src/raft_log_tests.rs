@@ -139,12 +139,12 @@ fn damage_is_refused_with_a_typed_error() {
 }
 
 #[test]
-fn entries_that_leave_a_gap_or_change_membership_are_not_written() {
+fn entries_that_leave_a_gap_or_are_joint_changes_are_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = RaftLog::open(dir.path(), &[1]).unwrap();
     assert!(log.persist(&[entry(2, 1, b"")], None).is_err());
     let mut cc = entry(1, 1, b"");
-    cc.set_entry_type(raft::eraftpb::EntryType::EntryConfChange);
+    cc.set_entry_type(raft::eraftpb::EntryType::EntryConfChangeV2);
     assert!(log.persist(&[cc], None).is_err());
     assert_eq!(log.last(), 0);
     drop(log);

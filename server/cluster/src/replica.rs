@@ -61,6 +61,7 @@ use raft::{RawNode, StateRole};
 use tidemark_engine::{Engine, RoundGate};
 
 use crate::error::{ClusterError, Result};
+use crate::members::{Change, ChangeRefused, ChangeReply, KnownPeers, Member, Members, Role};
 use crate::raft_log::RaftLog;
 
 /// Inputs the driver takes in one turn before it handles a `Ready`.
@@ -73,6 +74,12 @@ const OFFER_UNUSED_MAX: Duration = Duration::from_secs(10);
 /// reordered (Raft tolerates all three); `send` never blocks for long.
 pub trait Transport: Send + 'static {
     fn send(&self, msg: Message);
+
+    /// The other members and their cluster addresses, after a membership
+    /// change applied or at start (cluster.md section 11): messages to a
+    /// member not named are dropped from now on. An empty address means
+    /// "not known": whatever the transport had for that member is kept.
+    fn set_peers(&self, peers: &[(u64, String)]);
 
     /// Sends a `MsgSnapshot` with the files of `snapshot` (cluster.md
     /// section 8.2), off the caller's thread: `done(true)` once the whole
@@ -92,9 +99,12 @@ pub trait Transport: Send + 'static {
 pub struct ReplicaConfig {
     /// This node's id in the replica set (non-zero).
     pub id: u64,
-    /// Every voter of the replica set, this node included; the same list
-    /// on every replica.
-    pub voters: Vec<u64>,
+    /// Every voter of the replica set, this node included, with their
+    /// addresses: the membership a brand-new directory starts with
+    /// (cluster.md section 11.2); afterwards the durable membership in the
+    /// Raft log wins. Empty: a node that waits to be added
+    /// (`serve --cluster-join`).
+    pub members: Vec<Member>,
     /// The replica's directory: `engine/` and `raft/` (cluster.md section 2).
     pub dir: PathBuf,
     /// The engine's configuration; its `data_dir` is set to `dir/engine`.
@@ -124,7 +134,7 @@ impl ReplicaConfig {
         let dir = dir.into();
         ReplicaConfig {
             id,
-            voters: voters.to_vec(),
+            members: Members::voters(0, voters).list,
             engine: tidemark_engine::Config::new(dir.join("engine")),
             dir,
             tick: Duration::from_millis(10),
@@ -150,6 +160,11 @@ enum Input {
         to: u64,
         ok: bool,
     },
+    /// A membership change a client asked for.
+    Change {
+        change: Change,
+        reply: ChangeReply,
+    },
     Stop {
         crash: bool,
     },
@@ -163,9 +178,10 @@ enum Input {
 #[derive(Clone)]
 pub struct Mailbox {
     tx: Sender<Input>,
-    /// The replica's id, voters and directory, for snapshot streams.
+    /// The replica's id, the members it admits messages from and its
+    /// directory, for snapshot streams and the transport's receivers.
     id: u64,
-    voters: Arc<[u64]>,
+    peers: KnownPeers,
     dir: Arc<PathBuf>,
 }
 
@@ -180,9 +196,15 @@ impl Mailbox {
     /// Costs: the snapshot's bytes written and fsynced on the caller's
     /// thread (a transport's reader, never the driver).
     pub fn receive_snapshot(&self, r: &mut impl std::io::Read) -> Result<()> {
-        let msg = crate::snapshot::receive(r, &self.dir, self.id, &self.voters)?;
+        let msg = crate::snapshot::receive(r, &self.dir, self.id, &self.peers)?;
         self.deliver(msg);
         Ok(())
+    }
+
+    /// Whether messages from node `from` are taken: a member's, or any
+    /// while this node waits to be added (it knows no member yet).
+    pub fn admits(&self, from: u64) -> bool {
+        self.peers.admits(from)
     }
 }
 
@@ -250,6 +272,8 @@ struct Shared {
     snapshots_installed: std::sync::atomic::AtomicU64,
     /// The Raft log's first index (its start + 1), as the driver last set it.
     log_first_index: std::sync::atomic::AtomicU64,
+    /// The membership as last applied (a copy of the Raft log's).
+    members: Mutex<Members>,
 }
 
 /// A running replica (module docs).
@@ -279,7 +303,9 @@ impl Replica {
         }
         let mut engine_config = cfg.engine.clone();
         engine_config.data_dir = cfg.dir.join(crate::snapshot::ENGINE_DIR);
-        let log = RaftLog::open(&cfg.dir.join("raft"), &cfg.voters)?;
+        let configured: Vec<u64> = cfg.members.iter().map(|m| m.id).collect();
+        let mut log = RaftLog::open(&cfg.dir.join("raft"), &configured)?;
+        settle_membership(&mut log, &cfg)?;
         // An install a crash (or the node's restart, section 8.3) left
         // half done is finished if the Raft log committed it, else dropped.
         crate::snapshot::recover(&cfg.dir, log.start())?;
@@ -323,7 +349,14 @@ impl Replica {
             restart_to_install: AtomicBool::new(false),
             snapshots_installed: std::sync::atomic::AtomicU64::new(0),
             log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
+            members: Mutex::new(raw.store().members().clone()),
         });
+        let peers = KnownPeers::new(raw.store().members().ids());
+        if !raw.store().members().list.is_empty() {
+            // A node waiting to be added keeps the addresses its transport
+            // was made with: the set's members, which it must answer.
+            transport.set_peers(&peer_addrs(raw.store().members(), cfg.id));
+        }
         let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
         *shared.engine.write() = Some(Arc::new(engine));
         let mut driver = Driver {
@@ -345,6 +378,8 @@ impl Replica {
             term_start: None,
             pending: None,
             awaiting: None,
+            peers: peers.clone(),
+            change: None,
         };
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -370,7 +405,7 @@ impl Replica {
             mailbox: Mailbox {
                 tx,
                 id: cfg.id,
-                voters: cfg.voters.clone().into(),
+                peers,
                 dir: Arc::new(cfg.dir.clone()),
             },
             shared,
@@ -449,6 +484,25 @@ impl Replica {
         self.shared.restart_to_install.load(Ordering::Acquire)
     }
 
+    /// The membership as this replica last applied it.
+    pub fn members(&self) -> Members {
+        self.shared.members.lock().clone()
+    }
+
+    /// Asks for a membership change (cluster.md section 11.4): answered
+    /// through `reply`, on the driver's thread, once the change is
+    /// committed and applied (an add: once the new node is a voter), or
+    /// refused.
+    pub fn change_members(&self, change: Change, reply: ChangeReply) {
+        if let Err(e) = self.mailbox.tx.send(Input::Change { change, reply }) {
+            if let Input::Change { reply, .. } = e.0 {
+                reply(Err(ChangeRefused::Interrupted {
+                    reason: "the replica stopped".into(),
+                }));
+            }
+        }
+    }
+
     /// Snapshots this replica installed since it started.
     pub fn snapshots_installed(&self) -> u64 {
         self.shared.snapshots_installed.load(Ordering::Acquire)
@@ -522,6 +576,62 @@ fn open_engine(
     Ok(engine)
 }
 
+/// Makes the Raft log's membership the one to use (cluster.md section
+/// 11.2): a brand-new log is bootstrapped with the configured members (none:
+/// a node waiting to be added, which writes nothing); a log written before
+/// membership was recorded records the configured voters; a recorded one
+/// wins over the configuration, with a warning if they differ.
+fn settle_membership(log: &mut RaftLog, cfg: &ReplicaConfig) -> Result<()> {
+    let brand_new = log.last() == 0 && *log.hard_state() == raft::eraftpb::HardState::default();
+    if log.members_recorded() {
+        let durable = log.members().ids();
+        let mut configured: Vec<u64> = cfg.members.iter().map(|m| m.id).collect();
+        configured.sort_unstable();
+        if !cfg.members.is_empty() && durable != configured {
+            log::warn!(
+                "node {}: the replica set's members are {durable:?} (its Raft log), not the \
+                 configured {configured:?}: the Raft log's are used",
+                cfg.id
+            );
+        }
+        return Ok(());
+    }
+    if cfg.members.is_empty() {
+        return Ok(());
+    }
+    let mut members = cfg.members.clone();
+    members.sort_by_key(|m| m.id);
+    if brand_new {
+        return log.bootstrap(&members);
+    }
+    let index = log.start().0;
+    log.set_members(Members {
+        index,
+        list: members,
+    })
+}
+
+/// The members other than `me` with their cluster addresses.
+fn peer_addrs(members: &Members, me: u64) -> Vec<(u64, String)> {
+    members
+        .list
+        .iter()
+        .filter(|m| m.id != me)
+        .map(|m| (m.id, m.cluster_addr.clone()))
+        .collect()
+}
+
+/// A membership change under way on this leader (cluster.md section 11.4).
+struct ChangeInFlight {
+    change: Change,
+    reply: ChangeReply,
+    /// The ConfChange entry proposed for it and not applied yet.
+    proposed: Option<u64>,
+    /// An add whose learner entry applied at this index: the node is
+    /// promoted once it holds the log up to there.
+    admitted: Option<u64>,
+}
+
 /// This leader's round in flight: proposed at `index` in `term`.
 struct Pending {
     index: u64,
@@ -562,6 +672,10 @@ struct Driver {
     /// A committed round of this leader's that its commit thread writes
     /// now: (Raft index, round index).
     awaiting: Option<(u64, u64)>,
+    /// The members the transport's receivers admit messages from.
+    peers: KnownPeers,
+    /// The membership change under way, on a leader.
+    change: Option<ChangeInFlight>,
 }
 
 impl Driver {
@@ -607,6 +721,7 @@ impl Driver {
             }
             self.on_ready()?;
             self.apply()?;
+            self.promote();
             self.compact()?;
             self.make_offer()?;
         }
@@ -632,6 +747,7 @@ impl Driver {
                 };
                 self.raw.report_snapshot(to, status);
             }
+            Input::Change { change, reply } => self.start_change(change, reply),
             Input::Stop { crash } => return Some(crash),
             #[cfg(test)]
             Input::Pause(d) => std::thread::sleep(d),
@@ -705,6 +821,16 @@ impl Driver {
             let snap = rd.snapshot().clone();
             let hs = rd.hs().unwrap_or(self.raw.store().hard_state()).clone();
             self.install(&snap, hs)?;
+        }
+        if !self.raw.store().members_recorded() && !rd.entries().is_empty() {
+            // A node waiting to be added has no membership until a
+            // snapshot brings one (cluster.md section 11.2); entries from
+            // index 1 would be applied without the set's members.
+            return Err(ClusterError::Stopped {
+                reason: "a node waiting to be added was sent entries instead of a snapshot \
+                         (the leader's Raft log starts at entry 0: made by an older version)"
+                    .into(),
+            });
         }
         // Committed entries are applied from the Raft log (`apply`), which
         // can go again from where it stopped.
@@ -782,13 +908,14 @@ impl Driver {
             (engine.last_round(), engine.snapshot()?)
         };
         let mut offer = raft::eraftpb::Snapshot {
-            data: crate::snapshot::descriptor(last_round).into(),
+            data: crate::snapshot::descriptor_with_members(last_round, self.raw.store().members())
+                .into(),
             ..Default::default()
         };
         let meta = offer.mut_metadata();
         meta.index = index;
         meta.term = term;
-        meta.set_conf_state(self.raw.store().conf_state().clone());
+        meta.set_conf_state(self.raw.store().conf_state());
         log::info!(
             "node {}: snapshot at entry {index} (term {term}, round {last_round}) offered",
             self.raw.raft.id
@@ -852,9 +979,14 @@ impl Driver {
         let (index, term) = (snap.get_metadata().index, snap.get_metadata().term);
         let last_round = crate::snapshot::descriptor_last_round(snap.get_data())
             .map_err(|reason| ClusterError::Stopped { reason })?;
+        let members = crate::snapshot::descriptor_members(snap.get_data())
+            .map_err(|reason| ClusterError::Stopped { reason })?;
         crate::snapshot::stage(&self.dir, index, term)?;
         hs.commit = hs.commit.max(index);
-        self.raw.mut_store().reset_to_snapshot(index, term, &hs)?;
+        self.raw
+            .mut_store()
+            .reset_to_snapshot(index, term, &hs, members)?;
+        self.members_applied();
         self.shared
             .log_first_index
             .store(index + 1, Ordering::Release);
@@ -913,6 +1045,7 @@ impl Driver {
         if role != StateRole::Leader {
             self.term_start = None;
             self.close_gate("leadership lost");
+            self.interrupt_change("leadership lost before the change was applied");
         }
     }
 
@@ -982,6 +1115,7 @@ impl Driver {
     /// first.
     fn apply_committed(&mut self) -> Result<bool> {
         let mut reopen = false;
+        let mut conf = None;
         {
             let shared = self.shared.clone();
             let slot = shared.engine.read();
@@ -1019,6 +1153,12 @@ impl Driver {
                 let entry = store
                     .entry(index)
                     .expect("invariant: a committed entry is in the log");
+                if entry.get_entry_type() == raft::eraftpb::EntryType::EntryConfChange {
+                    // Applied with the engine and the log let go of
+                    // (`apply_conf`); the next entries in the next turn.
+                    conf = Some(index);
+                    break;
+                }
                 if entry.data.is_empty() {
                     self.applied = index;
                     continue;
@@ -1063,8 +1203,214 @@ impl Driver {
                 }
             }
         }
+        if let Some(index) = conf {
+            self.apply_conf(index)?;
+        }
         self.raw.advance_apply_to(self.applied);
         Ok(reopen)
+    }
+
+    /// Applies the committed ConfChange entry at `index` (cluster.md
+    /// section 11.1): raft-rs's configuration changed, the membership
+    /// written to the Raft log (one record, one fdatasync), the transport
+    /// and the receivers told. An entry at or below the durable
+    /// membership's index is in it already (applied before a restart).
+    fn apply_conf(&mut self, index: u64) -> Result<()> {
+        let store = self.raw.store();
+        if index <= store.members().index {
+            self.applied = index;
+            return Ok(());
+        }
+        let stop = |reason: String| ClusterError::Stopped { reason };
+        // Invariant: `apply_committed` found the entry at `index`.
+        let entry = store
+            .entry(index)
+            .expect("invariant: a committed entry is in the log");
+        let cc = <raft::eraftpb::ConfChange as protobuf::Message>::parse_from_bytes(&entry.data)
+            .map_err(|e| stop(format!("committed entry {index}: not a ConfChange: {e}")))?;
+        let next = store
+            .members()
+            .apply(index, &cc)
+            .map_err(|e| stop(format!("committed entry {index}: {e}")))?;
+        self.raw
+            .apply_conf_change(&cc)
+            .map_err(|e| stop(format!("committed entry {index}: raft refused it: {e}")))?;
+        self.raw.mut_store().set_members(next)?;
+        self.applied = index;
+        self.members_applied();
+        log::info!(
+            "node {}: membership at entry {index}: {:?}",
+            self.raw.raft.id,
+            self.raw.store().conf_state()
+        );
+        if let Some(mut c) = self.change.take() {
+            if c.proposed != Some(index) {
+                self.change = Some(c);
+            } else if matches!(c.change, Change::Add { .. }) && c.admitted.is_none() {
+                // The learner is in: promoted once it caught up (`promote`).
+                c.proposed = None;
+                c.admitted = Some(index);
+                self.change = Some(c);
+            } else {
+                (c.reply)(Ok(self.raw.store().members().clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The Raft log's membership changed (a change applied, a snapshot
+    /// installed): the copy readers see, the receivers and the transport.
+    fn members_applied(&mut self) {
+        let members = self.raw.store().members().clone();
+        self.peers.set(members.ids());
+        self.transport
+            .set_peers(&peer_addrs(&members, self.raw.raft.id));
+        *self.shared.members.lock() = members;
+    }
+
+    /// Takes a client's membership change (cluster.md section 11.4): on
+    /// the leader with its writes gate open, one at a time, checked
+    /// against the membership; proposed as a ConfChange entry.
+    fn start_change(&mut self, change: Change, reply: ChangeReply) {
+        let leader = self.gate.state.lock().leader;
+        if !self.gate.state.lock().open || self.raw.raft.state != StateRole::Leader {
+            return reply(Err(ChangeRefused::NotLeader { leader }));
+        }
+        if self.change.is_some() || self.raw.raft.pending_conf_index > self.applied {
+            return reply(Err(ChangeRefused::InProgress));
+        }
+        let members = self.raw.store().members().clone();
+        let me = self.raw.raft.id;
+        let (cc, admitted) = match &change {
+            Change::Add {
+                id,
+                cluster_addr,
+                client_addr,
+            } => {
+                let same =
+                    |m: &Member| m.cluster_addr == *cluster_addr && m.client_addr == *client_addr;
+                match members.get(*id) {
+                    _ if *id == 0 => return reply(Err(ChangeRefused::AlreadyMember { id: 0 })),
+                    Some(m) if !same(m) => {
+                        return reply(Err(ChangeRefused::AlreadyMember { id: *id }))
+                    }
+                    // Asked again after an interruption: done already, or
+                    // a learner still to be promoted.
+                    Some(m) if m.role == Role::Voter => return reply(Ok(members)),
+                    Some(_) => (None, Some(members.index)),
+                    None => {
+                        let context =
+                            match crate::members::encode_context(cluster_addr, client_addr) {
+                                Ok(c) => c,
+                                Err(reason) => {
+                                    return reply(Err(ChangeRefused::Refused { reason }))
+                                }
+                            };
+                        let mut cc = raft::eraftpb::ConfChange {
+                            node_id: *id,
+                            context: context.into(),
+                            ..Default::default()
+                        };
+                        cc.set_change_type(raft::eraftpb::ConfChangeType::AddLearnerNode);
+                        (Some(cc), None)
+                    }
+                }
+            }
+            Change::Remove { id } => {
+                let Some(m) = members.get(*id) else {
+                    return reply(Err(ChangeRefused::UnknownMember { id: *id }));
+                };
+                if *id == me {
+                    return reply(Err(ChangeRefused::Refused {
+                        reason: format!("node {id} leads: another node must lead to remove it"),
+                    }));
+                }
+                let voters = members.conf_state().voters.len();
+                if m.role == Role::Voter && voters <= 1 {
+                    return reply(Err(ChangeRefused::Refused {
+                        reason: format!("node {id} is the last voter"),
+                    }));
+                }
+                let mut cc = raft::eraftpb::ConfChange {
+                    node_id: *id,
+                    ..Default::default()
+                };
+                cc.set_change_type(raft::eraftpb::ConfChangeType::RemoveNode);
+                (Some(cc), None)
+            }
+        };
+        let mut c = ChangeInFlight {
+            change,
+            reply,
+            proposed: None,
+            admitted,
+        };
+        if let Some(cc) = cc {
+            match self.propose_conf(cc) {
+                Ok(index) => c.proposed = Some(index),
+                Err(reason) => return (c.reply)(Err(ChangeRefused::Interrupted { reason })),
+            }
+        }
+        self.change = Some(c);
+    }
+
+    /// Proposes a ConfChange as this leader's next entry; its index.
+    fn propose_conf(&mut self, cc: raft::eraftpb::ConfChange) -> std::result::Result<u64, String> {
+        let before = self.raw.raft.raft_log.last_index();
+        self.raw
+            .propose_conf_change(vec![], cc)
+            .map_err(|e| format!("raft refused the change: {e}"))?;
+        let index = self.raw.raft.raft_log.last_index();
+        if index != before + 1 {
+            return Err("raft dropped the change (another one is pending)".into());
+        }
+        Ok(index)
+    }
+
+    /// Promotes the learner of an add under way once it holds the log up
+    /// to its admission (it installed its snapshot, or was sent the
+    /// entries): a voter that cannot take part yet would only weaken the
+    /// quorum (cluster.md section 11.4).
+    fn promote(&mut self) {
+        let Some(c) = self.change.as_ref() else {
+            return;
+        };
+        let (Change::Add { id, .. }, None, Some(admitted)) = (&c.change, c.proposed, c.admitted)
+        else {
+            return;
+        };
+        let id = *id;
+        let caught_up = self
+            .raw
+            .raft
+            .prs()
+            .get(id)
+            .is_some_and(|pr| pr.matched >= admitted);
+        if !caught_up || self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        let mut cc = raft::eraftpb::ConfChange {
+            node_id: id,
+            ..Default::default()
+        };
+        cc.set_change_type(raft::eraftpb::ConfChangeType::AddNode);
+        match self.propose_conf(cc) {
+            Ok(index) => {
+                if let Some(c) = self.change.as_mut() {
+                    c.proposed = Some(index);
+                }
+            }
+            Err(reason) => self.interrupt_change(&reason),
+        }
+    }
+
+    /// Answers the change under way, if any, as interrupted.
+    fn interrupt_change(&mut self, why: &str) {
+        if let Some(c) = self.change.take() {
+            (c.reply)(Err(ChangeRefused::Interrupted {
+                reason: why.to_string(),
+            }));
+        }
     }
 
     /// Committed entries wait to be applied (and no round of this
@@ -1130,6 +1476,7 @@ impl Driver {
     fn shut_down(&mut self, crash: bool) {
         self.term_start = None;
         self.close_gate("replica stopping");
+        self.interrupt_change("the replica stopped before the change was applied");
         let engine = self.shared.engine.write().take();
         // Held elsewhere (a node's loop that has not stopped yet): its last
         // holder's drop shuts it down.

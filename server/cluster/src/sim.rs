@@ -193,6 +193,10 @@ impl Transport for SimTransport {
         self.net.push(self.from, msg);
     }
 
+    /// The simulated network routes by node id to whoever is attached:
+    /// addresses mean nothing here.
+    fn set_peers(&self, _peers: &[(u64, String)]) {}
+
     /// The stream encoded in memory and read into the receiver's directory
     /// by its mailbox, on a thread of its own, as over TCP; nothing goes
     /// over a cut link or to a node that is down.

@@ -18,6 +18,8 @@ use crate::raft_log::RaftLog;
 use crate::sim::{self, Net, Rng};
 use crate::{ClusterError, Replica, ReplicaConfig};
 
+mod membership;
+
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUPS: [u64; 3] = [11, 12, 13];
 /// Members join at the head and never send or ACK: their cursors stay at

@@ -64,8 +64,11 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 pub const RECORD_BYTES_MAX: usize = CHUNK_BYTES + RECORD_HEADER_BYTES;
 /// Bytes of the snapshot descriptor (raft-rs `Snapshot.data`).
 pub const DESCRIPTOR_BYTES: usize = 16;
-/// The descriptor's version.
+/// The descriptor's version without a membership.
 pub const DESCRIPTOR_VERSION: u32 = 1;
+/// The descriptor's version with the membership after its 16 bytes
+/// (cluster.md section 11.3).
+pub const DESCRIPTOR_VERSION_MEMBERS: u32 = 2;
 
 /// Where received snapshots are staged, in the replica's directory.
 pub const INBOX_DIR: &str = "snap-in";
@@ -84,18 +87,50 @@ pub fn descriptor(last_round: u64) -> Vec<u8> {
     d
 }
 
+/// A version 2 descriptor: version 1's fields, then the membership at the
+/// snapshot's index (a Members record's body, cluster.md section 11.3), so
+/// that a node added to the set learns every member's addresses with the
+/// snapshot.
+pub fn descriptor_with_members(last_round: u64, members: &crate::members::Members) -> Vec<u8> {
+    // Format: { version: u32 = 2 | reserved: u32 = 0 | last_round: u64 }
+    //   + members body
+    let mut d = descriptor(last_round);
+    d[..4].copy_from_slice(&DESCRIPTOR_VERSION_MEMBERS.to_le_bytes());
+    crate::members::encode_body(&mut d, members);
+    d
+}
+
 /// The `last_round` of a descriptor, or why it is not one.
 pub fn descriptor_last_round(d: &[u8]) -> std::result::Result<u64, String> {
-    if d.len() != DESCRIPTOR_BYTES
-        || d[..4] != DESCRIPTOR_VERSION.to_le_bytes()
-        || d[4..8] != [0; 4]
-    {
-        return Err(format!(
+    Ok(decode_descriptor(d)?.0)
+}
+
+/// The membership of a descriptor (version 2), if it has one.
+pub fn descriptor_members(
+    d: &[u8],
+) -> std::result::Result<Option<crate::members::Members>, String> {
+    Ok(decode_descriptor(d)?.1)
+}
+
+fn decode_descriptor(
+    d: &[u8],
+) -> std::result::Result<(u64, Option<crate::members::Members>), String> {
+    let bad = || {
+        format!(
             "a snapshot descriptor of {} bytes or another version",
             d.len()
-        ));
+        )
+    };
+    if d.len() < DESCRIPTOR_BYTES || d[4..8] != [0; 4] {
+        return Err(bad());
     }
-    Ok(u64_at(d, 8))
+    let version = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+    let members = match version {
+        DESCRIPTOR_VERSION if d.len() == DESCRIPTOR_BYTES => None,
+        DESCRIPTOR_VERSION_MEMBERS => Some(crate::members::decode_body(&d[DESCRIPTOR_BYTES..])?),
+        _ => return Err(bad()),
+    };
+    Ok((u64_at(d, 8), members))
 }
 
 /// Writes the stream of `snap` for `msg` (a `MsgSnapshot` whose metadata
@@ -185,9 +220,14 @@ static STREAMS: AtomicU64 = AtomicU64::new(0);
 /// Reads one stream after its preamble from `r` into the replica directory
 /// `dir` (module docs) and returns its `MsgSnapshot`, to be handed to
 /// Raft: its files are durable under `snap-in/<index>-<term>/`. `me` and
-/// `voters` check the stream's `to` and `from`. Anything malformed is an
+/// `peers` check the stream's `to` and `from`. Anything malformed is an
 /// error and leaves nothing but a staging directory the next start removes.
-pub fn receive(r: &mut impl Read, dir: &Path, me: u64, voters: &[u64]) -> Result<Message> {
+pub fn receive(
+    r: &mut impl Read,
+    dir: &Path,
+    me: u64,
+    peers: &crate::members::KnownPeers,
+) -> Result<Message> {
     let mut rec = Vec::with_capacity(RECORD_BYTES_MAX);
     let bad = |why: String| ClusterError::Stopped {
         reason: format!("a snapshot stream refused: {why}"),
@@ -206,7 +246,7 @@ pub fn receive(r: &mut impl Read, dir: &Path, me: u64, voters: &[u64]) -> Result
         u64_at(body, 16),
         u64_at(body, 24),
     );
-    if to != me || !voters.contains(&from) || index == 0 || term == 0 {
+    if to != me || !peers.admits(from) || index == 0 || term == 0 {
         return Err(bad(format!("from {from} to {to} at {index} term {term}")));
     }
     let inbox = dir.join(INBOX_DIR);

@@ -71,7 +71,13 @@ fn a_streamed_snapshot_opens_to_the_engine_it_was_taken_from() {
     let m = msg(40, 3, e.last_round());
     let stream = stream_of(&e, &m);
     let replica = tempfile::tempdir().unwrap();
-    let got = snapshot::receive(&mut &stream[..], replica.path(), 2, &[1, 2, 3]).unwrap();
+    let got = snapshot::receive(
+        &mut &stream[..],
+        replica.path(),
+        2,
+        &crate::members::KnownPeers::new(vec![1, 2, 3]),
+    )
+    .unwrap();
     assert_eq!(got, m);
     // The install's steps, as the driver takes them (no engine before).
     snapshot::stage(replica.path(), 40, 3).unwrap();
@@ -91,7 +97,12 @@ fn malformed_streams_are_refused_and_leave_nothing_to_install() {
     let good = stream_of(&e, &m);
     let replica = tempfile::tempdir().unwrap();
     let refused = |bytes: &[u8], me: u64| {
-        let r = snapshot::receive(&mut &bytes[..], replica.path(), me, &[1, 2, 3]);
+        let r = snapshot::receive(
+            &mut &bytes[..],
+            replica.path(),
+            me,
+            &crate::members::KnownPeers::new(vec![1, 2, 3]),
+        );
         assert!(r.is_err(), "a bad stream was taken");
         assert!(!replica.path().join("snap-in/40-3").exists());
     };
@@ -123,7 +134,13 @@ fn malformed_streams_are_refused_and_leave_nothing_to_install() {
     // Nothing was staged, so there is nothing to install.
     assert!(snapshot::stage(replica.path(), 40, 3).is_err());
     // The good one is taken after all that.
-    snapshot::receive(&mut &good[..], replica.path(), 2, &[1, 2, 3]).unwrap();
+    snapshot::receive(
+        &mut &good[..],
+        replica.path(),
+        2,
+        &crate::members::KnownPeers::new(vec![1, 2, 3]),
+    )
+    .unwrap();
     snapshot::stage(replica.path(), 40, 3).unwrap();
 }
 

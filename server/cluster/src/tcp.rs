@@ -12,7 +12,7 @@
 //! preamble hands the whole stream to [`Mailbox::receive_snapshot`].
 //!
 //! Invariants: a frame is delivered whole and checked (length bounded by
-//! `frame_bytes_max`, CRC, `to` is this node, `from` is a voter) or not at
+//! `frame_bytes_max`, CRC, `to` is this node, `from` is a member) or not at
 //! all; a connection that sends a bad frame is closed. Nothing is retried
 //! here: a frame the queue has no room for, or that a broken connection
 //! lost, is dropped, which Raft tolerates (it resends).
@@ -26,7 +26,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -119,41 +119,81 @@ pub fn decode_frame(frame: &[u8]) -> Result<Message, FrameError> {
     Ok(msg)
 }
 
+/// A peer's cluster address and its sender thread's queue.
+type PeerQueue = (SocketAddr, SyncSender<Vec<u8>>);
+
 /// The sending side: a queue and a thread per peer.
 pub struct TcpTransport {
-    peers: HashMap<u64, SyncSender<Vec<u8>>>,
-    /// Where snapshot streams go: a connection of their own each.
-    addrs: HashMap<u64, SocketAddr>,
+    /// Per peer its cluster address (snapshot streams connect there, on a
+    /// connection of their own each) and its sender thread's queue. Changed
+    /// when a membership change applies ([`Transport::set_peers`]).
+    peers: Mutex<HashMap<u64, PeerQueue>>,
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl TcpTransport {
     /// Sends to `peers` (node id to cluster address).
     pub fn new(peers: &HashMap<u64, SocketAddr>) -> io::Result<TcpTransport> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut out = TcpTransport {
-            peers: HashMap::new(),
-            addrs: peers.clone(),
-            stop: stop.clone(),
-            threads: Vec::new(),
+        let out = TcpTransport {
+            peers: Mutex::new(HashMap::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Mutex::new(Vec::new()),
         };
         for (&id, &addr) in peers {
-            let (tx, rx) = sync_channel(QUEUED_FRAMES_MAX);
-            let stop = stop.clone();
-            let t = std::thread::Builder::new()
-                .name(format!("tidemark-raft-send-{id}"))
-                .spawn(move || send_loop(addr, rx, &stop))?;
-            out.peers.insert(id, tx);
-            out.threads.push(t);
+            out.add_peer(id, addr)?;
         }
         Ok(out)
     }
+
+    fn add_peer(&self, id: u64, addr: SocketAddr) -> io::Result<()> {
+        let (tx, rx) = sync_channel(QUEUED_FRAMES_MAX);
+        let stop = self.stop.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("tidemark-raft-send-{id}"))
+            .spawn(move || send_loop(addr, rx, &stop))?;
+        lock(&self.peers).insert(id, (addr, tx));
+        let mut threads = lock(&self.threads);
+        threads.retain(|t| !t.is_finished());
+        threads.push(t);
+        Ok(())
+    }
+}
+
+/// A lock that a panicked holder left is still good here: the maps hold
+/// no invariant a half-done change could break.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Transport for TcpTransport {
+    /// A peer whose address is new or changed gets a sender thread (an
+    /// address that does not parse is logged and left out, an empty one
+    /// changes nothing); a peer no longer named loses its queue, and its
+    /// thread ends.
+    fn set_peers(&self, peers: &[(u64, String)]) {
+        lock(&self.peers).retain(|id, _| peers.iter().any(|(p, _)| p == id));
+        for (id, addr) in peers {
+            if addr.is_empty() {
+                // Not known (a membership from configuration without
+                // addresses): the queue it has, if any, is kept.
+                continue;
+            }
+            let Ok(addr) = addr.parse::<SocketAddr>() else {
+                log::warn!("node {id}: cluster address {addr:?} is not host:port; not sent to");
+                continue;
+            };
+            if lock(&self.peers).get(id).is_some_and(|(a, _)| *a == addr) {
+                continue;
+            }
+            if let Err(e) = self.add_peer(*id, addr) {
+                log::warn!("node {id}: sender thread: {e}");
+            }
+        }
+    }
+
     fn send(&self, msg: Message) {
-        if let Some(q) = self.peers.get(&msg.to) {
+        if let Some((_, q)) = lock(&self.peers).get(&msg.to) {
             let mut frame = Vec::new();
             encode_frame(&mut frame, &msg);
             // A full queue drops the frame: Raft resends.
@@ -170,7 +210,7 @@ impl Transport for TcpTransport {
         snapshot: Arc<tidemark_engine::Snapshot>,
         done: Box<dyn FnOnce(bool) + Send>,
     ) {
-        let Some(&addr) = self.addrs.get(&msg.to) else {
+        let Some(addr) = lock(&self.peers).get(&msg.to).map(|(a, _)| *a) else {
             done(false);
             return;
         };
@@ -208,8 +248,8 @@ impl Transport for TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.peers.clear();
-        for t in self.threads.drain(..) {
+        lock(&self.peers).clear();
+        for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
     }
@@ -267,12 +307,12 @@ impl BoundListener {
         self.listener.local_addr()
     }
 
-    /// Accepts frames to node `id` from `voters`, delivered to `mailbox`;
-    /// a frame over `frame_bytes_max` closes its connection.
+    /// Accepts frames to node `id` from the members `mailbox` admits
+    /// (`Mailbox::admits`, which follows membership changes), delivered
+    /// to `mailbox`; a frame over `frame_bytes_max` closes its connection.
     pub fn start(
         self,
         id: u64,
-        voters: &[u64],
         mailbox: Mailbox,
         frame_bytes_max: usize,
     ) -> io::Result<TcpListenerHandle> {
@@ -280,10 +320,9 @@ impl BoundListener {
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let voters = voters.to_vec();
         let thread = std::thread::Builder::new()
             .name(format!("tidemark-raft-listen-{id}"))
-            .spawn(move || accept_loop(&listener, id, &voters, &mailbox, frame_bytes_max, &s))?;
+            .spawn(move || accept_loop(&listener, id, &mailbox, frame_bytes_max, &s))?;
         Ok(TcpListenerHandle {
             stop,
             thread: Some(thread),
@@ -303,7 +342,6 @@ impl Drop for TcpListenerHandle {
 fn accept_loop(
     listener: &TcpListener,
     id: u64,
-    voters: &[u64],
     mailbox: &Mailbox,
     frame_bytes_max: usize,
     stop: &Arc<AtomicBool>,
@@ -312,13 +350,11 @@ fn accept_loop(
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((conn, _)) => {
-                let (mailbox, voters, stop) = (mailbox.clone(), voters.to_vec(), stop.clone());
+                let (mailbox, stop) = (mailbox.clone(), stop.clone());
                 let spawned = std::thread::Builder::new()
                     .name(format!("tidemark-raft-read-{id}"))
                     .spawn(move || {
-                        if let Err(e) =
-                            read_loop(conn, id, &voters, &mailbox, frame_bytes_max, &stop)
-                        {
+                        if let Err(e) = read_loop(conn, id, &mailbox, frame_bytes_max, &stop) {
                             log::debug!("raft connection to node {id} closed: {e}");
                         }
                     });
@@ -342,7 +378,6 @@ fn accept_loop(
 fn read_loop(
     mut conn: TcpStream,
     id: u64,
-    voters: &[u64],
     mailbox: &Mailbox,
     frame_bytes_max: usize,
     stop: &AtomicBool,
@@ -380,9 +415,9 @@ fn read_loop(
             return Ok(());
         }
         let msg = decode_frame(&frame).map_err(|e| format!("{e:?}"))?;
-        if msg.to != id || !voters.contains(&msg.from) {
+        if msg.to != id || !mailbox.admits(msg.from) {
             return Err(format!(
-                "a frame from node {} to node {}: not a voter, or not for this node",
+                "a frame from node {} to node {}: not a member, or not for this node",
                 msg.from, msg.to
             ));
         }

@@ -70,6 +70,8 @@ fn a_frame_is_the_spec_vector_and_bad_frames_are_refused() {
     assert!(matches!(decode_frame(&junk), Err(FrameError::Message(_))));
 }
 
+mod membership;
+
 const IDS: [u64; 3] = [1, 2, 3];
 
 struct Node {
@@ -104,7 +106,7 @@ fn start_bounded(
         .collect();
     let replica = Replica::start(cfg, TcpTransport::new(&peers).unwrap()).unwrap();
     let listener = bound
-        .start(id, &IDS, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
+        .start(id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
         .unwrap();
     Node {
         replica: Arc::new(replica),

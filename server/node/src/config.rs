@@ -127,7 +127,39 @@ pub trait Leadership: Send + Sync {
     /// its client address by ascending id, for CLUSTER (4.32). Called on
     /// the event loop: it must not block.
     fn map(&self) -> ClusterView;
+
+    /// Asks for a membership change (CLUSTER_CHANGE, 4.34). `done` is
+    /// called once, from any thread, when the change applied or was
+    /// refused. Called on the event loop: it must not block.
+    fn change(&self, change: ChangeRequest, done: ChangeDone);
 }
+
+/// A membership change a client asked for (CLUSTER_CHANGE, 4.34).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeRequest {
+    Add {
+        node_id: u64,
+        cluster_addr: String,
+        client_addr: String,
+    },
+    Remove {
+        node_id: u64,
+    },
+}
+
+/// How a membership change ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeOutcome {
+    /// Applied: the replica set now.
+    Done(ClusterView),
+    /// This node does not lead (NOT_LEADER).
+    NotLeader(NotLeader),
+    /// MEMBERSHIP_REFUSED with this detail (protocol.md 4.34).
+    Refused { detail: u64, message: String },
+}
+
+/// Where a change's outcome goes.
+pub type ChangeDone = Box<dyn FnOnce(ChangeOutcome) + Send>;
 
 /// What CLUSTER answers (format-spec/protocol.md 4.32).
 #[derive(Clone, Debug, PartialEq, Eq)]

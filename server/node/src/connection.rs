@@ -683,6 +683,30 @@ impl Session {
             Request::Ping => return Ok(answer(handlers::ping(id))),
             Request::Cluster => return Ok(answer(handlers::cluster(ctx, id))),
             Request::ClusterMap => return Ok(answer(handlers::cluster_map(ctx, id))),
+            Request::ClusterChange(change) => {
+                if ctx.leadership.is_none() {
+                    return Ok(answer(handlers::error(
+                        id,
+                        ErrorCode::MembershipRefused,
+                        Some(4),
+                        "not a replica set member: a single node has no membership to change",
+                    )));
+                }
+                return Ok(Action::ClusterChange(match change {
+                    tidemark_protocol::MemberChange::Add {
+                        node_id,
+                        cluster_addr,
+                        client_addr,
+                    } => crate::config::ChangeRequest::Add {
+                        node_id,
+                        cluster_addr: cluster_addr.to_string(),
+                        client_addr: client_addr.to_string(),
+                    },
+                    tidemark_protocol::MemberChange::Remove { node_id } => {
+                        crate::config::ChangeRequest::Remove { node_id }
+                    }
+                }));
+            }
             Request::Stats => return Ok(Action::Report(Report::Stats)),
             Request::Info => return Ok(Action::Report(Report::Info)),
             Request::SlowLog { reset, max_count } => {
@@ -856,7 +880,11 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
-            Action::Answer(_) | Action::Report(_) | Action::Backup | Action::Closed(_) => {}
+            Action::Answer(_)
+            | Action::Report(_)
+            | Action::Backup
+            | Action::Closed(_)
+            | Action::ClusterChange(_) => {}
         }
         Ok(action)
     }

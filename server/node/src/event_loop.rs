@@ -92,6 +92,9 @@ struct Waiting<W> {
     work: W,
 }
 
+/// A CLUSTER_CHANGE and how it ended, queued by the leadership's callback.
+type AnsweredChange = (Waiting<()>, crate::config::ChangeOutcome);
+
 /// Handle to stop a running node from another thread (signal handler, tests).
 #[derive(Clone)]
 pub struct Shutdown {
@@ -175,6 +178,9 @@ pub struct EventLoop {
     /// BACKUPs under way (at most `backup::BACKUPS_MAX`): their frames
     /// move to their connections as those drain (`pump_backups`).
     backups: Vec<backup::Stream>,
+    /// Membership changes answered by the replica set's leadership (from
+    /// its thread), to be sent on the loop (`answer_changes`).
+    changes: Arc<Mutex<Vec<AnsweredChange>>>,
 }
 
 /// Holds one descriptor number for `EventLoop::spare_fd`.
@@ -256,6 +262,7 @@ impl EventLoop {
                 .map_or(0, |d| d.as_millis() as u64),
             config,
             backups: Vec::new(),
+            changes: Arc::default(),
         })
     }
 
@@ -319,6 +326,7 @@ impl EventLoop {
             // wake-up, whatever woke the loop.
             self.on_commits();
             self.pump_backups();
+            self.answer_changes();
             let now = Instant::now();
             self.expire_polls(now);
             self.expire_frames(now);
@@ -857,6 +865,29 @@ impl EventLoop {
                     self.respond(conn, op, args, started, out);
                 }
                 Action::Backup => self.start_backup(conn, request_id, op, args, started),
+                Action::ClusterChange(change) => {
+                    let Some(gate) = self.config.leadership.clone() else {
+                        // Invariant: `Connection` answers CLUSTER_CHANGE
+                        // itself on a node without a leadership.
+                        continue;
+                    };
+                    let w = Waiting {
+                        conn,
+                        request_id,
+                        op,
+                        args,
+                        started,
+                        work: (),
+                    };
+                    let (done, waker) = (self.changes.clone(), self.waker.clone());
+                    gate.0.change(
+                        change,
+                        Box::new(move |outcome| {
+                            done.lock().push((w, outcome));
+                            let _ = waker.wake();
+                        }),
+                    );
+                }
             }
         }
         handled
@@ -987,6 +1018,17 @@ impl EventLoop {
             } else {
                 i += 1;
             }
+        }
+    }
+
+    /// Answers the membership changes whose outcome came back (4.34).
+    fn answer_changes(&mut self) {
+        let done = std::mem::take(&mut *self.changes.lock());
+        for (w, outcome) in done {
+            let out = handlers::cluster_change(w.request_id, &outcome);
+            self.respond(w.conn, w.op, w.args, w.started, out);
+            // Written out with this pass's dirty connections.
+            self.dirty.push(w.conn.index);
         }
     }
 
@@ -1294,6 +1336,11 @@ impl EventLoop {
             started_unix_ms: self.started_unix_ms,
             now: Instant::now(),
             cluster_map_epoch: self.config.shards.as_ref().map_or(0, |m| m.epoch),
+            cluster_node_id: self
+                .config
+                .leadership
+                .as_ref()
+                .map_or(0, |l| l.0.map().node_id),
         })
     }
 

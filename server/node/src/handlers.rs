@@ -244,6 +244,9 @@ pub enum Action {
     Closed(ErrorCode),
     /// BACKUP: the loop begins a snapshot and streams it (`backup.rs`).
     Backup,
+    /// CLUSTER_CHANGE: the loop hands it to the replica set's leadership
+    /// and answers when that calls back (4.34).
+    ClusterChange(crate::config::ChangeRequest),
 }
 
 /// What a request the loop answers itself asks for.
@@ -507,6 +510,36 @@ pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
             .collect(),
     };
     reply(request_id, &Response::Cluster(map), Vec::new(), 0)
+}
+
+/// CLUSTER_CHANGE's answer (4.34): the membership once the change
+/// applied, NOT_LEADER, or MEMBERSHIP_REFUSED.
+pub fn cluster_change(request_id: u64, outcome: &crate::config::ChangeOutcome) -> Outgoing {
+    use crate::config::ChangeOutcome;
+    match outcome {
+        ChangeOutcome::Done(v) => {
+            let map = tidemark_protocol::ClusterMap {
+                node_id: v.node_id,
+                leader_id: v.leader_id,
+                members: v
+                    .members
+                    .iter()
+                    .map(|(id, addr)| tidemark_protocol::ClusterMember {
+                        node_id: *id,
+                        client_addr: addr,
+                    })
+                    .collect(),
+            };
+            reply(request_id, &Response::ClusterChange(map), Vec::new(), 0)
+        }
+        ChangeOutcome::NotLeader(n) => not_leader(request_id, n),
+        ChangeOutcome::Refused { detail, message } => error(
+            request_id,
+            ErrorCode::MembershipRefused,
+            Some(*detail),
+            message,
+        ),
+    }
 }
 
 /// CLUSTER_MAP (4.33): the cluster's sets and shard table as this node
@@ -2004,6 +2037,13 @@ mod cluster_map_tests {
                 members: vec![(1, "127.0.0.1:7001".into()), (2, "127.0.0.1:7002".into())],
             }
         }
+        fn change(&self, _: crate::config::ChangeRequest, done: crate::config::ChangeDone) {
+            done(crate::config::ChangeOutcome::NotLeader(NotLeader {
+                leader: Some(1),
+                client_addr: Some("127.0.0.1:7001".into()),
+                starting: false,
+            }))
+        }
     }
 
     fn two_sets() -> ClusterShards {
@@ -2081,6 +2121,28 @@ mod cluster_map_tests {
             ),
             other => panic!("not a CLUSTER_MAP: {other:?}"),
         }
+    }
+
+    /// CLUSTER_CHANGE (4.34): a follower refuses it with NOT_LEADER at its
+    /// gate; a single node with MEMBERSHIP_REFUSED, detail 4.
+    #[test]
+    fn cluster_change_is_refused_at_a_follower_and_on_a_single_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        let change =
+            || Request::ClusterChange(tidemark_protocol::MemberChange::Remove { node_id: 3 });
+        let code_of = |frame: Vec<u8>| match decode_response(&Frame::parse(&frame).unwrap()) {
+            Ok(Response::Error(err)) => (err.code, err.detail),
+            other => panic!("not an ERROR: {other:?}"),
+        };
+        assert_eq!(
+            code_of(answer(&e, Some(&Follower), None, change())),
+            (ErrorCode::NotLeader, Some(1))
+        );
+        assert_eq!(
+            code_of(answer(&e, None, None, change())),
+            (ErrorCode::MembershipRefused, Some(4))
+        );
     }
 
     #[test]

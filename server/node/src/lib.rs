@@ -53,8 +53,9 @@ mod stats;
 mod subscriptions;
 
 pub use config::{
-    defaults, Build, ClusterView, LeaderGate, Leadership, Limits, NodeConfig, NotLeader,
-    SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
+    defaults, Build, ChangeDone, ChangeOutcome, ChangeRequest, ClusterView, LeaderGate, Leadership,
+    Limits, NodeConfig, NotLeader, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
+    READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, serve_engine, Shutdown};
 pub use metrics::{prometheus_series, stat_kind};

@@ -99,6 +99,7 @@ impl ClusterShards {
             | Request::Info
             | Request::Cluster
             | Request::ClusterMap
+            | Request::ClusterChange(_)
             | Request::SlowLog { .. }
             | Request::Unsubscribe => None,
         }

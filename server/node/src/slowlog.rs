@@ -68,6 +68,13 @@ impl Summary {
                 ("reset", u64::from(*reset)),
                 ("max_count", u64::from(*max_count)),
             ]),
+            Request::ClusterChange(c) => Summary::of(&[(
+                "node_id",
+                match c {
+                    tidemark_protocol::MemberChange::Add { node_id, .. }
+                    | tidemark_protocol::MemberChange::Remove { node_id } => *node_id,
+                },
+            )]),
             Request::CreateGroup { group }
             | Request::DeleteGroup { group }
             | Request::GroupInfo { group } => Summary::of(&[("group", *group)]),

@@ -156,6 +156,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.slowlog_threshold_us", Gauge, "us"),
     stat("limits.slowlog_entries_max", Gauge, "entries"),
     stat("server.cluster_map_epoch", Gauge, "epoch"),
+    stat("server.cluster_node_id", Gauge, "id"),
     stat("latency.{op}.{q}_ns", Gauge, "ns"),
 ];
 
@@ -221,6 +222,7 @@ pub fn code_name(code: ErrorCode) -> &'static str {
         ErrorCode::Internal => "internal",
         ErrorCode::NotLeader => "not_leader",
         ErrorCode::WrongSet => "wrong_set",
+        ErrorCode::MembershipRefused => "membership_refused",
         // The node sends only the codes it defines.
         ErrorCode::Unknown(_) => "unknown",
     }
@@ -312,6 +314,8 @@ pub struct Sources<'a> {
     pub now: Instant,
     /// The epoch of the node's cluster map; 0 without one.
     pub cluster_map_epoch: u64,
+    /// The node's id in its replica set; 0 for a single node.
+    pub cluster_node_id: u64,
 }
 
 pub fn op_name(op: Opcode) -> &'static str {
@@ -325,6 +329,7 @@ pub fn op_name(op: Opcode) -> &'static str {
         Opcode::SlowLog => "slowlog",
         Opcode::Cluster => "cluster",
         Opcode::ClusterMap => "cluster_map",
+        Opcode::ClusterChange => "cluster_change",
         Opcode::CreateGroup => "create_group",
         Opcode::DeleteGroup => "delete_group",
         Opcode::Join => "join",
@@ -546,6 +551,7 @@ impl Stats {
                 n(src.slowlog.entries_max()),
             ),
             ("server.cluster_map_epoch".into(), src.cluster_map_epoch),
+            ("server.cluster_node_id".into(), src.cluster_node_id),
         ]);
         for (code, count) in ErrorCode::ALL.iter().zip(self.errors_by_code) {
             out.push((format!("errors.{}", code_name(*code)), count));
@@ -661,6 +667,7 @@ mod tests {
             started_unix_ms: 1_700_000_000_000,
             now: started + Duration::from_secs(2),
             cluster_map_epoch: 0,
+            cluster_node_id: 0,
         };
         let report = stats.report(&src);
         let mut emitted: Vec<String> = report.iter().map(|(n, _)| n.clone()).collect();

@@ -71,6 +71,14 @@ pub enum ErrorCode {
     /// cluster owns; nothing was done. Detail: that set's id; the message
     /// names its members' client addresses (format-spec/protocol.md 4.33).
     WrongSet,
+    /// A replica set's leader refused a membership change (CLUSTER_CHANGE);
+    /// nothing was changed, except for detail 5. Detail: 1 another change
+    /// is under way, 2 the node id is already a member (with other
+    /// addresses) or 0, 3 the node id is not a member, 4 refused (the last
+    /// voter, the leader itself, a bad address, not a replica set), 5
+    /// interrupted (leadership lost before it applied: it may happen; ask
+    /// again) (format-spec/protocol.md 4.34).
+    MembershipRefused,
     /// A code this version does not define (a newer server). Clients treat it
     /// as a non-fatal failure of the request.
     Unknown(u16),
@@ -78,7 +86,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every defined code, in wire order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::Unauthenticated,
@@ -99,6 +107,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NotLeader,
         ErrorCode::WrongSet,
+        ErrorCode::MembershipRefused,
     ];
 
     /// The u16 on the wire.
@@ -124,6 +133,7 @@ impl ErrorCode {
             ErrorCode::Internal => 22,
             ErrorCode::NotLeader => 23,
             ErrorCode::WrongSet => 24,
+            ErrorCode::MembershipRefused => 25,
             ErrorCode::Unknown(c) => c,
         }
     }
@@ -175,6 +185,7 @@ impl ErrorCode {
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::NotLeader => "NOT_LEADER",
             ErrorCode::WrongSet => "WRONG_SET",
+            ErrorCode::MembershipRefused => "MEMBERSHIP_REFUSED",
             ErrorCode::Unknown(_) => "UNKNOWN",
         }
     }

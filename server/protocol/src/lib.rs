@@ -43,7 +43,8 @@ pub use records::{
     FLAG_RECALLED, KIND_EDIT, KIND_GAP, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES,
 };
 pub use request::{
-    decode_request, encode_request, encode_request_in, AckItem, JoinStart, Request, Subscription,
+    decode_request, encode_request, encode_request_in, AckItem, JoinStart, MemberChange, Request,
+    Subscription,
 };
 pub use response::{
     decode_response, encode_response, encode_response_head, encode_response_head_in,

@@ -21,6 +21,7 @@ pub enum Opcode {
     SlowLog = 0x07,
     Cluster = 0x08,
     ClusterMap = 0x09,
+    ClusterChange = 0x0A,
     CreateGroup = 0x10,
     DeleteGroup = 0x11,
     Join = 0x12,
@@ -69,11 +70,12 @@ const REQUEST_OPCODE_MAX: u8 = 0x3F;
 impl Opcode {
     /// Every request opcode (MEMBERS, GROUP_INFO, READERS,
     /// SUBSCRIBE_RECEIPTS, BACKUP, INFO, SLOWLOG, SET_RETENTION and
-    /// CLEAR_HISTORY, CLUSTER and CLUSTER_MAP are additions to version 1 made after tidemark 0.1;
+    /// CLEAR_HISTORY, CLUSTER, CLUSTER_MAP and CLUSTER_CHANGE are additions to version 1 made
+    /// after tidemark 0.1;
     /// RECALL, EDIT and HISTORY_LATEST exist from version 2 on,
     /// [`Opcode::since`];
     /// format-spec/protocol.md section 7).
-    pub const ALL: [Opcode; 32] = [
+    pub const ALL: [Opcode; 33] = [
         Opcode::Hello,
         Opcode::Auth,
         Opcode::Ping,
@@ -82,6 +84,7 @@ impl Opcode {
         Opcode::Info,
         Opcode::Cluster,
         Opcode::ClusterMap,
+        Opcode::ClusterChange,
         Opcode::SlowLog,
         Opcode::CreateGroup,
         Opcode::DeleteGroup,
@@ -144,6 +147,7 @@ impl Opcode {
             Opcode::SlowLog => "SLOWLOG",
             Opcode::Cluster => "CLUSTER",
             Opcode::ClusterMap => "CLUSTER_MAP",
+            Opcode::ClusterChange => "CLUSTER_CHANGE",
             Opcode::CreateGroup => "CREATE_GROUP",
             Opcode::DeleteGroup => "DELETE_GROUP",
             Opcode::Join => "JOIN",

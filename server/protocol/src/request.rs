@@ -26,6 +26,26 @@ impl JoinStart {
     const AT: u8 = 2;
 }
 
+/// A membership change CLUSTER_CHANGE asks for (format-spec/protocol.md
+/// 4.34).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberChange<'a> {
+    /// Add node `node_id` (its Raft address and its client address,
+    /// `host:port`): as a learner, promoted to voter once it caught up.
+    Add {
+        node_id: u64,
+        cluster_addr: &'a str,
+        client_addr: &'a str,
+    },
+    /// Remove node `node_id`.
+    Remove { node_id: u64 },
+}
+
+impl MemberChange<'_> {
+    const ADD: u8 = 1;
+    const REMOVE: u8 = 2;
+}
+
 /// What a SUBSCRIBE adds to the connection's push subscription.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Subscription {
@@ -78,6 +98,9 @@ pub enum Request<'a> {
     /// The cluster's replica sets and which owns each shard, as this node
     /// knows them (format-spec/protocol.md 4.33; an addition).
     ClusterMap,
+    /// A membership change of the replica set, served by its leader and
+    /// answered once applied (format-spec/protocol.md 4.34; an addition).
+    ClusterChange(MemberChange<'a>),
     /// The slow log (4.25): up to `max_count` entries, newest first; with
     /// `reset`, the log is emptied after they are listed (an addition).
     SlowLog {
@@ -230,6 +253,7 @@ impl Request<'_> {
             Request::Info => Opcode::Info,
             Request::Cluster => Opcode::Cluster,
             Request::ClusterMap => Opcode::ClusterMap,
+            Request::ClusterChange(_) => Opcode::ClusterChange,
             Request::SlowLog { .. } => Opcode::SlowLog,
             Request::CreateGroup { .. } => Opcode::CreateGroup,
             Request::DeleteGroup { .. } => Opcode::DeleteGroup,
@@ -332,6 +356,22 @@ fn encode_body(req: &Request<'_>, out: &mut Vec<u8>) -> Result<(), EncodeError> 
             // Format: { reset: bool | max_count: u32 }
             put_bool(out, *reset);
             put_u32(out, *max_count);
+        }
+        Request::ClusterChange(change) => {
+            // Format: { action: u8 (1 add, 2 remove) | node_id: u64 |
+            //           cluster_addr: string | client_addr: string }
+            let (action, node_id, cluster_addr, client_addr) = match change {
+                MemberChange::Add {
+                    node_id,
+                    cluster_addr,
+                    client_addr,
+                } => (MemberChange::ADD, *node_id, *cluster_addr, *client_addr),
+                MemberChange::Remove { node_id } => (MemberChange::REMOVE, *node_id, "", ""),
+            };
+            put_u8(out, action);
+            put_u64(out, node_id);
+            put_str(out, cluster_addr, "cluster_addr")?;
+            put_str(out, client_addr, "client_addr")?;
         }
         Request::CreateGroup { group }
         | Request::DeleteGroup { group }
@@ -598,6 +638,40 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
         Opcode::Info => Request::Info,
         Opcode::Cluster => Request::Cluster,
         Opcode::ClusterMap => Request::ClusterMap,
+        Opcode::ClusterChange => {
+            // Format: { action: u8 (1 add, 2 remove) | node_id: u64 |
+            //           cluster_addr: string | client_addr: string }
+            let action_offset = r.offset();
+            let action = r.u8("action")?;
+            let node_id = r.id("node_id")?;
+            let addr_offset = r.offset();
+            let cluster_addr = r.str("cluster_addr")?;
+            let client_addr = r.str("client_addr")?;
+            match action {
+                MemberChange::ADD => Request::ClusterChange(MemberChange::Add {
+                    node_id,
+                    cluster_addr,
+                    client_addr,
+                }),
+                MemberChange::REMOVE if cluster_addr.is_empty() && client_addr.is_empty() => {
+                    Request::ClusterChange(MemberChange::Remove { node_id })
+                }
+                MemberChange::REMOVE => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "cluster_addr",
+                        offset: addr_offset,
+                        value: (cluster_addr.len() + client_addr.len()) as u64,
+                    })
+                }
+                v => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "action",
+                        offset: action_offset,
+                        value: u64::from(v),
+                    })
+                }
+            }
+        }
         // Format: { reset: bool | max_count: u32 }
         Opcode::SlowLog => Request::SlowLog {
             reset: r.bool("reset")?,

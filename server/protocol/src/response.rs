@@ -267,6 +267,9 @@ pub enum Response<'a, R = Records<'a>> {
     Stats(Vec<Stat<'a>>),
     Info(Vec<InfoItem<'a>>),
     Cluster(ClusterMap<'a>),
+    /// CLUSTER_CHANGE's answer (4.34): the membership once the change
+    /// applied, in CLUSTER's layout.
+    ClusterChange(ClusterMap<'a>),
     ClusterMap(ShardMap<'a>),
     SlowLog(SlowLog<'a>),
     CreateGroup,
@@ -402,6 +405,7 @@ impl<R> Response<'_, R> {
             Response::Backup(_) => Opcode::Backup,
             Response::Info(_) => Opcode::Info,
             Response::Cluster(_) => Opcode::Cluster,
+            Response::ClusterChange(_) => Opcode::ClusterChange,
             Response::ClusterMap(_) => Opcode::ClusterMap,
             Response::SlowLog(_) => Opcode::SlowLog,
             Response::CreateGroup => Opcode::CreateGroup,
@@ -696,7 +700,7 @@ fn encode_body<R: RecordsSection>(
                 put_str(out, i.value, "items.value")?;
             }
         }
-        Response::Cluster(m) => {
+        Response::Cluster(m) | Response::ClusterChange(m) => {
             // Format: { node_id: u64 | leader_id: u64 |
             //           members: list<{ node_id: u64 | client_addr: string }> }
             put_u64(out, m.node_id);
@@ -1209,7 +1213,7 @@ fn decode_body<'a>(
             }
             Response::Info(items)
         }
-        Opcode::Cluster => {
+        Opcode::Cluster | Opcode::ClusterChange => {
             // Format: { node_id: u64 | leader_id: u64 |
             //           members: list<{ node_id: u64 | client_addr: string }> }
             let node_id = r.u64("node_id")?;
@@ -1222,11 +1226,15 @@ fn decode_body<'a>(
                     client_addr: r.str("members.client_addr")?,
                 });
             }
-            Response::Cluster(ClusterMap {
+            let m = ClusterMap {
                 node_id,
                 leader_id,
                 members,
-            })
+            };
+            match op {
+                Opcode::Cluster => Response::Cluster(m),
+                _ => Response::ClusterChange(m),
+            }
         }
         Opcode::ClusterMap => {
             // Format: { epoch: u64 | node_id: u64 | set_id: u32 | shard_count: u32 |

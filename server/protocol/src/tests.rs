@@ -98,6 +98,9 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("cluster_map_request"),
     vector!("cluster_map_response"),
     vector!("error_wrong_set"),
+    vector!("cluster_change_request"),
+    vector!("cluster_change_response"),
+    vector!("error_membership_refused"),
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
@@ -408,6 +411,47 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                         client_addr: "127.0.0.1:7003",
                     },
                 ],
+            }),
+        ),
+        "cluster_change_request" => Expected::Req(
+            30,
+            Request::ClusterChange(crate::MemberChange::Add {
+                node_id: 4,
+                cluster_addr: "127.0.0.1:7104",
+                client_addr: "127.0.0.1:7004",
+            }),
+        ),
+        "cluster_change_response" => Expected::Resp(
+            30,
+            Response::ClusterChange(ClusterMap {
+                node_id: 1,
+                leader_id: 1,
+                members: vec![
+                    ClusterMember {
+                        node_id: 1,
+                        client_addr: "127.0.0.1:7001",
+                    },
+                    ClusterMember {
+                        node_id: 2,
+                        client_addr: "127.0.0.1:7002",
+                    },
+                    ClusterMember {
+                        node_id: 3,
+                        client_addr: "127.0.0.1:7003",
+                    },
+                    ClusterMember {
+                        node_id: 4,
+                        client_addr: "127.0.0.1:7004",
+                    },
+                ],
+            }),
+        ),
+        "error_membership_refused" => Expected::Resp(
+            31,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::MembershipRefused,
+                detail: Some(3),
+                message: "node 9 is not a member",
             }),
         ),
         "cluster_map_request" => Expected::Req(22, Request::ClusterMap),
@@ -1598,4 +1642,46 @@ mod version_2 {
         assert!(section(rec_kind(9, 1, 2, 3, KIND_GAP, 0, b"")).is_ok());
         assert!(section(rec_kind(9, 1, 2, 3, KIND_RECALL, 0, &target)).is_ok());
     }
+}
+
+/// CLUSTER_CHANGE (4.34): an action other than 1 or 2, a remove that
+/// carries addresses, and node id 0 are refused.
+#[test]
+fn a_cluster_change_with_a_bad_action_or_a_remove_with_addresses_is_refused() {
+    let good = vector_bytes("cluster_change_request");
+    assert!(decode_request(&Frame::parse(&good).unwrap()).is_ok());
+    // Byte 16 is the action.
+    for action in [0u8, 3, 255] {
+        let mut bad = good.clone();
+        bad[16] = action;
+        let err = decode_request(&Frame::parse(&bad).unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecodeError::InvalidValue {
+                    field: "action",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // A remove (2) with the add's addresses.
+    let mut bad = good.clone();
+    bad[16] = 2;
+    let err = decode_request(&Frame::parse(&bad).unwrap()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::InvalidValue {
+                field: "cluster_addr",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Node id 0.
+    let mut bad = good;
+    bad[17] = 0;
+    assert!(decode_request(&Frame::parse(&bad).unwrap()).is_err());
 }

@@ -82,6 +82,14 @@ pub enum ClusterCommand {
     /// range of the 1024 shards. Any node answers it, a follower too; a
     /// single node answers one set owning every shard.
     Map(ClusterStatusArgs),
+    /// Add a node to the replica set (CLUSTER_CHANGE): start it first with
+    /// `serve --cluster-join` on an empty directory; it catches up by a
+    /// snapshot, and the answer comes once it is a voter. --addr may be
+    /// any member: a follower's NOT_LEADER is followed to the leader.
+    Add(super::membership::ClusterAddArgs),
+    /// Remove a member of the replica set (CLUSTER_CHANGE), e.g. a dead
+    /// one; --addr may be any member.
+    Remove(super::membership::ClusterRemoveArgs),
 }
 
 #[derive(Args, Debug)]
@@ -128,6 +136,8 @@ impl OpsCommand {
             OpsCommand::Leave(a) => a.conn.json,
             OpsCommand::DeleteGroup(a) => a.conn.json,
             OpsCommand::Cluster(ClusterCommand::Status(a) | ClusterCommand::Map(a)) => a.conn.json,
+            OpsCommand::Cluster(ClusterCommand::Add(a)) => a.conn.json,
+            OpsCommand::Cluster(ClusterCommand::Remove(a)) => a.conn.json,
             OpsCommand::Tail(a) => a.conn.json,
         }
     }
@@ -140,6 +150,8 @@ pub fn run(cmd: OpsCommand) -> Result<(), CliError> {
         OpsCommand::DeleteGroup(a) => delete_group(a),
         OpsCommand::Cluster(ClusterCommand::Status(a)) => cluster_status(a),
         OpsCommand::Cluster(ClusterCommand::Map(a)) => cluster_map(a),
+        OpsCommand::Cluster(ClusterCommand::Add(a)) => super::membership::add(a),
+        OpsCommand::Cluster(ClusterCommand::Remove(a)) => super::membership::remove(a),
         OpsCommand::Tail(a) => tail(a),
     }
 }

@@ -98,6 +98,13 @@ pub enum Error {
         set: Option<u64>,
         message: String,
     },
+    /// A replica set's leader refused a membership change (CLUSTER_CHANGE,
+    /// format-spec/protocol.md 4.34; `reason` is its detail). Only that
+    /// request gets it, which the reliable client never sends.
+    MembershipRefused {
+        reason: Option<u64>,
+        message: String,
+    },
     /// A code this client does not know (a newer node): a non-fatal failure
     /// of the request.
     UnknownCode { code: u16, message: String },
@@ -135,6 +142,7 @@ impl Error {
             Error::Internal { .. } => ErrorCode::Internal,
             Error::NotLeader { .. } => ErrorCode::NotLeader,
             Error::WrongSet { .. } => ErrorCode::WrongSet,
+            Error::MembershipRefused { .. } => ErrorCode::MembershipRefused,
             Error::UnknownCode { code, .. } => ErrorCode::Unknown(*code),
             Error::Crc { .. } | Error::Unavailable { .. } | Error::Address { .. } => return None,
         })
@@ -204,6 +212,10 @@ impl Error {
             ErrorCode::WrongSet => Error::WrongSet {
                 group: ctx.group,
                 set: detail,
+                message,
+            },
+            ErrorCode::MembershipRefused => Error::MembershipRefused {
+                reason: detail,
                 message,
             },
             ErrorCode::Unknown(code) => Error::UnknownCode { code, message },
@@ -327,6 +339,7 @@ impl fmt::Display for Error {
             Error::Internal { message } => write!(f, "INTERNAL: {message}"),
             Error::NotLeader { message, .. } => write!(f, "NOT_LEADER: {message}"),
             Error::WrongSet { message, .. } => write!(f, "WRONG_SET: {message}"),
+            Error::MembershipRefused { message, .. } => write!(f, "MEMBERSHIP_REFUSED: {message}"),
             Error::UnknownCode { code, message } => write!(f, "error code {code}: {message}"),
             Error::Crc { group, msg_id } => write!(
                 f,

@@ -1,0 +1,167 @@
+//! `tidemark cluster add` and `tidemark cluster remove`: a membership
+//! change of a replica set (format-spec/cluster.md section 11, protocol.md
+//! 4.34).
+//!
+//! One CLUSTER_CHANGE on a plain connection ([`tidemark_client::Client`]:
+//! the reliable client has no reason to send it), to the node given; a
+//! `NOT_LEADER` is followed to the leader that CLUSTER names there (at most
+//! [`HOPS_MAX`] times; a leader that cannot be reached sends it back to the
+//! node given), and an interrupted change (leadership lost before
+//! it applied, detail 5) is asked again of the new leader until
+//! `--timeout-ms`: asking again is safe (cluster.md section 11.4). The
+//! answer waits for the change to apply; an add waits for the new node's
+//! snapshot and promotion, hence `--wait-ms`.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use tidemark_client::protocol::{ErrorCode, MemberChange};
+use tidemark_client::{Client, ClientConfig, ClientError, ClusterMap};
+
+use super::{emit, nonzero, read_token_file, CliError, ConnArgs};
+
+/// Leaders followed before giving up.
+const HOPS_MAX: u32 = 5;
+/// Pause before asking again after an interruption or an election.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+#[derive(Args, Debug)]
+pub struct ClusterAddArgs {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// The new node's id (not a member yet).
+    #[arg(long, value_parser = nonzero)]
+    node_id: u64,
+    /// The new node's Raft address (its --cluster-listen), HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    raft: String,
+    /// The new node's client address (its --listen), HOST:PORT.
+    #[arg(long, value_name = "ADDR")]
+    client: String,
+    /// How long the answer may take (the new node's snapshot transfer and
+    /// catch-up come first), in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    wait_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterRemoveArgs {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// The member to remove (not the leader: another node must lead).
+    #[arg(long, value_parser = nonzero)]
+    node_id: u64,
+    /// How long the answer may take, in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    wait_ms: u64,
+}
+
+pub fn add(a: ClusterAddArgs) -> Result<(), CliError> {
+    let change = MemberChange::Add {
+        node_id: a.node_id,
+        cluster_addr: &a.raft,
+        client_addr: &a.client,
+    };
+    let map = change_at_leader(&a.conn, a.wait_ms, change)?;
+    report(&a.conn, &format!("node {} added", a.node_id), &map)
+}
+
+pub fn remove(a: ClusterRemoveArgs) -> Result<(), CliError> {
+    let change = MemberChange::Remove { node_id: a.node_id };
+    let map = change_at_leader(&a.conn, a.wait_ms, change)?;
+    report(&a.conn, &format!("node {} removed", a.node_id), &map)
+}
+
+fn report(conn: &ConnArgs, what: &str, map: &ClusterMap) -> Result<(), CliError> {
+    let mut t = format!(
+        "{what}; leader: node {}\n",
+        map.leader_id.map_or("unknown".into(), |l| l.to_string())
+    );
+    for (id, addr) in &map.members {
+        t.push_str(&format!("  member {id} at {addr}\n"));
+    }
+    let members: Vec<_> = map
+        .members
+        .iter()
+        .map(|(id, addr)| json!({ "node_id": id, "client_addr": addr }))
+        .collect();
+    emit(
+        conn.json,
+        t,
+        json!({ "leader_id": map.leader_id, "members": members }),
+    )
+}
+
+/// Sends `change` to the leader (module docs).
+fn change_at_leader(
+    conn: &ConnArgs,
+    wait_ms: u64,
+    change: MemberChange<'_>,
+) -> Result<ClusterMap, CliError> {
+    let deadline = Instant::now() + Duration::from_millis(conn.timeout_ms.max(wait_ms));
+    let mut addr = conn.addr.clone();
+    let mut hops = 0;
+    loop {
+        let fail = |e: ClientError, at: &str| match e {
+            ClientError::Server { code, message, .. } => {
+                CliError::new(code.name(), format!("{at}: {message}"))
+            }
+            ClientError::Address { .. } => CliError::new("invalid_address", e.to_string()),
+            e => CliError::new("unavailable", format!("{at}: {e}")),
+        };
+        let mut config = ClientConfig::new(addr.clone());
+        config.client_name = "tidemark-cluster".into();
+        if let Some(path) = &conn.token_file {
+            config.token = Some(read_token_file(path).map_err(|m| CliError::new("token_file", m))?);
+        }
+        config.io_timeout = Duration::from_millis(wait_ms.max(1000));
+        let mut c = match Client::connect(&config) {
+            Ok(c) => c,
+            // A leader named a moment ago may be gone (killed, or an
+            // election since): start again from the node given.
+            Err(e @ (ClientError::Io(_) | ClientError::Timeout)) => {
+                if Instant::now() >= deadline {
+                    return Err(fail(e, &addr));
+                }
+                addr = conn.addr.clone();
+                std::thread::sleep(RETRY_PAUSE);
+                continue;
+            }
+            Err(e) => return Err(fail(e, &addr)),
+        };
+        let e = match c.cluster_change(change) {
+            Ok(map) => return Ok(map),
+            Err(e) => e,
+        };
+        let again = match &e {
+            ClientError::Server {
+                code: ErrorCode::NotLeader,
+                ..
+            } => {
+                // Where the leader is, as this node knows it (none during
+                // an election: ask the same node again).
+                let leader = c
+                    .cluster()
+                    .ok()
+                    .and_then(|m| m.leader_addr().map(String::from));
+                hops += 1;
+                if let Some(l) = leader {
+                    addr = l;
+                }
+                hops <= HOPS_MAX
+            }
+            ClientError::Server {
+                code: ErrorCode::MembershipRefused,
+                detail: Some(5),
+                ..
+            } => true,
+            _ => false,
+        };
+        if !again || Instant::now() >= deadline {
+            return Err(fail(e, &addr));
+        }
+        std::thread::sleep(RETRY_PAUSE);
+    }
+}
