@@ -26,6 +26,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use tidemark_engine::fuzz_targets::ScratchDir;
 
+use crate::members::KnownPeers;
 use crate::raft_log::{self, encode_record, RaftLog};
 use crate::snapshot;
 use crate::tcp;
@@ -210,7 +211,7 @@ pub fn snapshot_stream(data: &[u8]) {
     };
     let scratch = ScratchDir::new("snapshot-stream");
     let dir = scratch.path();
-    let result = snapshot::receive(&mut &bytes[..], dir, ME, &VOTERS);
+    let result = snapshot::receive(&mut &bytes[..], dir, ME, &KnownPeers::new(VOTERS.to_vec()));
     let inbox = dir.join(snapshot::INBOX_DIR);
     let mut staged = Vec::new();
     for entry in std::fs::read_dir(dir).expect("list the replica directory") {
@@ -372,8 +373,13 @@ mod tests {
         assert_eq!((log.start(), log.last()), ((4, 2), 6));
         assert_eq!(log.hard_state().commit, 6);
         let scratch = ScratchDir::new("seed-stream");
-        let msg = snapshot::receive(&mut &seed_stream()[..], scratch.path(), ME, &VOTERS)
-            .expect("the seed stream is accepted");
+        let msg = snapshot::receive(
+            &mut &seed_stream()[..],
+            scratch.path(),
+            ME,
+            &KnownPeers::new(VOTERS.to_vec()),
+        )
+        .expect("the seed stream is accepted");
         assert_eq!(msg.get_snapshot().get_metadata().index, 40);
         let staged = scratch.path().join(snapshot::INBOX_DIR).join("40-3");
         assert_eq!(
