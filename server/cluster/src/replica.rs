@@ -246,6 +246,10 @@ struct Shared {
     /// section 8.3): the Raft log starts at the snapshot, and the engine
     /// directory is swapped at the next start ([`Replica::start`]).
     restart_to_install: AtomicBool,
+    /// The driver stopped because the gate refused a round (leadership
+    /// lost) while a node serves the engine (cluster.md section 5.1): a
+    /// restart recovers both logs; not set for a failed write.
+    restart_after_refusal: AtomicBool,
     /// Snapshots this replica installed since it started.
     snapshots_installed: std::sync::atomic::AtomicU64,
     /// The Raft log's first index (its start + 1), as the driver last set it.
@@ -321,6 +325,7 @@ impl Replica {
             awaiting: AtomicBool::new(false),
             stopped: Mutex::new(None),
             restart_to_install: AtomicBool::new(false),
+            restart_after_refusal: AtomicBool::new(false),
             snapshots_installed: std::sync::atomic::AtomicU64::new(0),
             log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
         });
@@ -447,6 +452,14 @@ impl Replica {
     /// itself).
     pub fn restart_to_install(&self) -> bool {
         self.shared.restart_to_install.load(Ordering::Acquire)
+    }
+
+    /// Whether the replica stopped because a round was refused at the
+    /// gate when leadership was lost, while a node held the engine: the
+    /// node restarts itself (cluster.md section 5.1). False for a failed
+    /// write, which a restart would not cure.
+    pub fn restart_after_refusal(&self) -> bool {
+        self.shared.restart_after_refusal.load(Ordering::Acquire)
     }
 
     /// Snapshots this replica installed since it started.
@@ -990,6 +1003,11 @@ impl Driver {
             })?;
             if self.gate.refused.swap(false, Ordering::AcqRel) {
                 reopen = true;
+                // The cause, if the reopen cannot happen (a node holds the
+                // engine); cleared by a reopen that does.
+                self.shared
+                    .restart_after_refusal
+                    .store(true, Ordering::Release);
             } else if let Some((index, round)) = self.awaiting {
                 if engine.last_round() >= round {
                     self.awaited(index);
@@ -1105,6 +1123,8 @@ impl Driver {
                 Err(_) => {
                     // A node serves it: its directory cannot be opened
                     // twice, and the node's loop cannot switch engines.
+                    // After a refusal the node restarts itself
+                    // (`restart_after_refusal`, set by the caller).
                     return Err(ClusterError::Stopped {
                         reason: "the engine's writes stopped (a round refused when leadership \
                                  was lost, or a failed write) while the node serves it: \
@@ -1120,6 +1140,9 @@ impl Driver {
             &self.shared,
             &self.wake,
         )?));
+        self.shared
+            .restart_after_refusal
+            .store(false, Ordering::Release);
         log::info!("node {}: engine reopened", self.raw.raft.id);
         Ok(())
     }

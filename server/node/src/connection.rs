@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing, Report};
+use crate::handlers::{self, Action, Ctx, Outgoing, Parked, Report};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
@@ -657,6 +657,11 @@ impl Session {
                 }
             }
         }
+        // Whether the request moves a cursor (ACK, BATCH_ACK, a PULL's
+        // `ack_up_to`): on a replica set its answer waits for a Cursors
+        // round (`hold_for_cursors`).
+        let moves_cursor = matches!(req, Request::Ack { .. } | Request::BatchAck { .. })
+            || matches!(req, Request::Pull { ack_up_to, .. } if ack_up_to > 0);
         let result = match req {
             Request::Hello {
                 min_version,
@@ -828,9 +833,61 @@ impl Session {
             } => handlers::readers(ctx, id, group, msg_id, after_user, max_count).map(answer),
         };
         match result {
+            Ok(action) if ctx.leadership.is_some() => {
+                Ok(self.hold_for_cursors(ctx, id, action, moves_cursor))
+            }
             Ok(action) => Ok(action),
             Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
             Err(e) => Ok(answer(handlers::engine_error(id, &e))),
+        }
+    }
+
+    /// On a replica set member (format-spec/cluster.md section 5): a request
+    /// that moved a cursor asks for a Cursors round now, and an answer that
+    /// may show a cursor not yet in a committed Cursors round is held
+    /// ([`Parked::Cursors`]) until that round is committed, so that no
+    /// failover takes back a cursor a client was shown. Every cursor moved
+    /// in memory asked for a round when it moved, so the newest round asked
+    /// for and not yet completed covers all of them: an answer parks only
+    /// while one is in flight, and parks on it alone. Rounds asked for
+    /// while one is being written share the next: one Cursors frame
+    /// carries every cursor moved meanwhile. Counted in flight (but never
+    /// refused by the in-flight limit: a single node answers these at
+    /// once). A long poll is held the same way when it is answered
+    /// (`EventLoop::answer_poll`).
+    fn hold_for_cursors(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u64,
+        action: Action,
+        moves_cursor: bool,
+    ) -> Action {
+        let mut own = None;
+        if moves_cursor {
+            match ctx.engine.cursor_round() {
+                Ok(round) => own = Some(round),
+                // Writes stopped: the cursor moved in memory can not be
+                // made durable; the answer says so instead of the cursor.
+                Err(e) => {
+                    return match action {
+                        Action::Answer(_) => answer(handlers::engine_error(id, &e)),
+                        other => other,
+                    }
+                }
+            }
+        }
+        match action {
+            // Its own round even if it already failed (then the answer is
+            // the failure), else the newest in flight.
+            Action::Answer(out) => match own.max(ctx.engine.cursor_round_unsettled()) {
+                Some(round) => {
+                    let parked = Parked::Cursors { round, out };
+                    self.park(parked.barrier());
+                    Action::Park(parked)
+                }
+                None => Action::Answer(out),
+            },
+            other => other,
         }
     }
 

@@ -1151,6 +1151,23 @@ impl EventLoop {
         if let Some(slot) = self.slot_mut(w.conn) {
             slot.polls.remove(&key);
         }
+        // On a replica set, the cursor it shows may wait for its Cursors
+        // round, as every answer that shows cursors does
+        // (`Connection::hold_for_cursors`); a parked answer holds nothing
+        // back on its connection, as the poll did not.
+        if self.config.leadership.is_some() {
+            if let Some(round) = self.engine.cursor_round_unsettled() {
+                self.park(Waiting {
+                    conn: w.conn,
+                    request_id: w.request_id,
+                    op: w.op,
+                    args: w.args,
+                    started: w.started,
+                    work: Parked::Cursors { round, out },
+                });
+                return;
+            }
+        }
         self.finish(w.conn, w.op, w.args, w.started, Barrier::None, out);
     }
 
