@@ -207,6 +207,25 @@ impl Leadership for ReplicaLeadership {
         })
     }
 
+    fn read_ticket(&self) -> u64 {
+        // No replica yet: `refusal` refused the request before this; 0
+        // is failed by `read_outcome`.
+        self.replica.get().map_or(0, |r| r.read_ticket())
+    }
+
+    fn read_outcome(&self, ticket: u64) -> Option<bool> {
+        match self.replica.get() {
+            Some(r) => r.reads_settled().outcome(ticket),
+            None => Some(false),
+        }
+    }
+
+    fn on_reads(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        if let Some(r) = self.replica.get() {
+            r.on_reads(wake);
+        }
+    }
+
     fn map(&self) -> ClusterView {
         ClusterView {
             node_id: self.node_id,

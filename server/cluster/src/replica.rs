@@ -145,6 +145,8 @@ enum Input {
     },
     /// The engine completed a round (the driver may wait for one).
     Wake,
+    /// Read tickets wait for a leadership confirmation (`reads.rs`).
+    Read,
     /// A snapshot stream to `to` ended: written whole (`ok`) or not.
     SnapshotSent {
         to: u64,
@@ -254,6 +256,8 @@ struct Shared {
     snapshots_installed: std::sync::atomic::AtomicU64,
     /// The Raft log's first index (its start + 1), as the driver last set it.
     log_first_index: std::sync::atomic::AtomicU64,
+    /// Read tickets and their confirmations (`reads.rs`).
+    reads: crate::reads::Reads,
 }
 
 /// A running replica (module docs).
@@ -297,6 +301,9 @@ impl Replica {
             // node back from a partition does not depose a working leader.
             check_quorum: true,
             pre_vote: true,
+            // Reads are confirmed by a heartbeat round, not a lease
+            // (`reads.rs`, cluster.md section 5.2).
+            read_only_option: raft::ReadOnlyOption::Safe,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             // Applied progress is the driver's (`applied`), from 0: rounds
@@ -328,6 +335,7 @@ impl Replica {
             restart_after_refusal: AtomicBool::new(false),
             snapshots_installed: std::sync::atomic::AtomicU64::new(0),
             log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
+            reads: Default::default(),
         });
         let engine = open_engine(&engine_config, &gate, &shared, &tx)?;
         *shared.engine.write() = Some(Arc::new(engine));
@@ -460,6 +468,29 @@ impl Replica {
     /// write, which a restart would not cure.
     pub fn restart_after_refusal(&self) -> bool {
         self.shared.restart_after_refusal.load(Ordering::Acquire)
+    }
+
+    /// A read ticket (`reads.rs`): the read's answer may be given once
+    /// [`Replica::reads_settled`] confirms it; the driver is told at once
+    /// and confirms every ticket taken meanwhile with one heartbeat round.
+    /// Non-blocking.
+    pub fn read_ticket(&self) -> u64 {
+        let (ticket, poke) = self.shared.reads.ticket();
+        if poke {
+            let _ = self.mailbox.tx.send(Input::Read);
+        }
+        ticket
+    }
+
+    /// Which read tickets are confirmed or failed. One leaf lock.
+    pub fn reads_settled(&self) -> crate::reads::ReadsSettled {
+        self.shared.reads.settled()
+    }
+
+    /// Called on the driver's thread whenever read tickets were confirmed
+    /// or failed (a node's event loop wakes itself with it).
+    pub fn on_reads(&self, f: crate::reads::ReadsListener) {
+        self.shared.reads.set_listener(f);
     }
 
     /// Snapshots this replica installed since it started.
@@ -618,6 +649,7 @@ impl Driver {
                 self.raw.tick();
                 next_tick = Instant::now() + self.tick;
             }
+            self.issue_reads();
             self.on_ready()?;
             self.apply()?;
             self.compact()?;
@@ -636,7 +668,7 @@ impl Driver {
                 }
             }
             Input::Propose { payload, reply } => self.propose(payload, reply),
-            Input::Wake => {}
+            Input::Wake | Input::Read => {}
             Input::SnapshotSent { to, ok } => {
                 let status = if ok {
                     raft::SnapshotStatus::Finish
@@ -702,6 +734,26 @@ impl Driver {
         }
     }
 
+    /// Asks raft-rs for a read index covering every read ticket taken
+    /// since the last one (`reads.rs`), if this node is the leader with
+    /// its writes gate open (raft-rs drops a read index of a leader that
+    /// has not committed an entry of its term; the gate opens only after
+    /// that); otherwise the tickets fail.
+    fn issue_reads(&mut self) {
+        let Some(ctx) = self.shared.reads.to_issue() else {
+            return;
+        };
+        let term = self.raw.raft.term;
+        let leads = self.gate.state.lock().open
+            && self.raw.raft.state == StateRole::Leader
+            && self.term_start.is_some_and(|(t, _)| t == term);
+        if leads {
+            self.raw.read_index(ctx);
+        } else {
+            self.shared.reads.fail_all();
+        }
+    }
+
     /// Handles one raft-rs `Ready` (module docs, cluster.md section 3.4).
     fn on_ready(&mut self) -> Result<()> {
         if !self.raw.has_ready() {
@@ -713,6 +765,11 @@ impl Driver {
             self.role_changed(role, leader);
         }
         self.note_term_start();
+        // After a role change above failed every ticket: a read state of
+        // the same `Ready` confirms nothing then.
+        for rs in rd.take_read_states() {
+            self.shared.reads.confirm(&rs.request_ctx);
+        }
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
             let snap = rd.snapshot().clone();
@@ -952,6 +1009,7 @@ impl Driver {
     /// in the channel is refused; other inputs taken meanwhile are kept.
     fn close_gate(&mut self, why: &str) {
         self.gate.state.lock().open = false;
+        self.shared.reads.fail_all();
         if let Some(p) = self.pending.take() {
             let _ = p.reply.send(Err(why.to_string()));
         }

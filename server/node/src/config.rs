@@ -127,6 +127,21 @@ pub trait Leadership: Send + Sync {
     /// its client address by ascending id, for CLUSTER (4.32). Called on
     /// the event loop: it must not block.
     fn map(&self) -> ClusterView;
+
+    /// A read ticket (format-spec/cluster.md section 5.2): an answer
+    /// computed now may be sent once [`Leadership::read_outcome`] confirms
+    /// the ticket (this node still led after it was taken). Tickets taken
+    /// meanwhile share one confirmation. Must not block.
+    fn read_ticket(&self) -> u64;
+
+    /// `Some(true)` once `ticket` is confirmed, `Some(false)` once it
+    /// failed (leadership lost: the read is refused `NOT_LEADER`), `None`
+    /// while it waits. Tickets settle in order. Must not block.
+    fn read_outcome(&self, ticket: u64) -> Option<bool>;
+
+    /// Registers `wake`, called (on another thread) whenever tickets were
+    /// confirmed or failed.
+    fn on_reads(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>);
 }
 
 /// What CLUSTER answers (format-spec/protocol.md 4.32).

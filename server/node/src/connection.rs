@@ -834,7 +834,8 @@ impl Session {
         };
         match result {
             Ok(action) if ctx.leadership.is_some() => {
-                Ok(self.hold_for_cursors(ctx, id, action, moves_cursor))
+                let action = self.hold_for_cursors(ctx, id, action, moves_cursor);
+                Ok(self.confirm_read(ctx, action))
             }
             Ok(action) => Ok(action),
             Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
@@ -891,6 +892,30 @@ impl Session {
         }
     }
 
+    /// On a replica set member (format-spec/cluster.md section 5.2): an
+    /// answer computed from the engine is sent only once the leader's read
+    /// ticket, taken now, is confirmed (a deposed leader that does not know
+    /// it yet must not answer reads a new leader may have made stale).
+    /// Writes are confirmed by their commit and are not held.
+    fn confirm_read(&mut self, ctx: &mut Ctx<'_>, action: Action) -> Action {
+        let Some(gate) = ctx.leadership else {
+            return action;
+        };
+        let work = match action {
+            Action::Answer(out) => {
+                self.park(Barrier::None);
+                Parked::Cursors { round: 0, out }
+            }
+            // Counted in flight already.
+            Action::Park(work @ Parked::Cursors { .. }) => work,
+            other => return other,
+        };
+        Action::Confirm {
+            ticket: gate.read_ticket(),
+            work,
+        }
+    }
+
     /// Runs a request that may stay in flight (format-spec/protocol.md
     /// 1.5): refused at once, not run, while `requests_in_flight_max` are in
     /// flight (even a PULL that would not wait); counted in flight when it
@@ -913,6 +938,8 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
+            // Counted where it is made (`confirm_read`).
+            Action::Confirm { .. } => {}
             Action::Answer(_) | Action::Report(_) | Action::Backup | Action::Closed(_) => {}
         }
         Ok(action)

@@ -120,6 +120,11 @@ pub struct EventLoop {
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     /// Parked sends and operations by the commit round they wait for.
     pending: BTreeMap<u64, Vec<Waiting<Parked>>>,
+    /// A replica set member's reads by the read ticket they wait for
+    /// (format-spec/cluster.md section 5.2), and whether the replica said
+    /// tickets settled since the loop last looked.
+    reads: BTreeMap<u64, Vec<Waiting<Parked>>>,
+    reads_settled: Arc<AtomicBool>,
     /// Parked long polls, by group and by deadline.
     polls: LongPolls<Waiting<LongPoll>>,
     /// Connections whose front request waits for the engine's maintenance
@@ -210,6 +215,15 @@ impl EventLoop {
             // A failed wake means the loop is gone; nothing to do.
             let _ = w.wake();
         }));
+        let reads_settled = Arc::new(AtomicBool::new(false));
+        if let Some(gate) = &config.leadership {
+            let (r, w) = (reads_settled.clone(), waker.clone());
+            gate.0.on_reads(Arc::new(move || {
+                r.store(true, Ordering::Release);
+                // A failed wake means the loop is gone; nothing to do.
+                let _ = w.wake();
+            }));
+        }
         let receipts = Receipts::new(
             Duration::from_millis(config.limits.receipt_interval_ms),
             config.limits.receipt_members_max,
@@ -228,6 +242,8 @@ impl EventLoop {
             next_generation: 0,
             notices,
             pending: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            reads_settled,
             polls: LongPolls::default(),
             loads: BTreeMap::new(),
             dirty: Vec::new(),
@@ -318,6 +334,7 @@ impl EventLoop {
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
+            self.complete_reads();
             self.pump_backups();
             let now = Instant::now();
             self.expire_polls(now);
@@ -828,6 +845,16 @@ impl EventLoop {
                     started,
                     work,
                 }),
+                Action::Confirm { ticket, work } => {
+                    self.reads.entry(ticket).or_default().push(Waiting {
+                        conn,
+                        request_id,
+                        op,
+                        args,
+                        started,
+                        work,
+                    })
+                }
                 Action::Wait(poll) => {
                     let w = Waiting {
                         conn,
@@ -1155,20 +1182,54 @@ impl EventLoop {
         // round, as every answer that shows cursors does
         // (`Connection::hold_for_cursors`); a parked answer holds nothing
         // back on its connection, as the poll did not.
-        if self.config.leadership.is_some() {
-            if let Some(round) = self.engine.cursor_round_unsettled() {
-                self.park(Waiting {
-                    conn: w.conn,
-                    request_id: w.request_id,
-                    op: w.op,
-                    args: w.args,
-                    started: w.started,
-                    work: Parked::Cursors { round, out },
-                });
-                return;
-            }
+        // It is a read too: sent once a read ticket taken now is
+        // confirmed (format-spec/cluster.md section 5.2).
+        if let Some(gate) = &self.config.leadership {
+            let round = self.engine.cursor_round_unsettled().unwrap_or(0);
+            let ticket = gate.0.read_ticket();
+            self.reads.entry(ticket).or_default().push(Waiting {
+                conn: w.conn,
+                request_id: w.request_id,
+                op: w.op,
+                args: w.args,
+                started: w.started,
+                work: Parked::Cursors { round, out },
+            });
+            return;
         }
         self.finish(w.conn, w.op, w.args, w.started, Barrier::None, out);
+    }
+
+    /// Parks the reads whose ticket was confirmed (answered then, or when
+    /// their Cursors round completes) and refuses those whose ticket failed
+    /// with `NOT_LEADER`; tickets settle in order, so this costs the reads
+    /// settled and one look at the first waiting.
+    fn complete_reads(&mut self) {
+        if !self.reads_settled.swap(false, Ordering::AcqRel) && self.reads.is_empty() {
+            return;
+        }
+        let Some(gate) = self.config.leadership.as_ref().map(|g| g.0.clone()) else {
+            return;
+        };
+        while let Some(entry) = self.reads.first_entry() {
+            let Some(confirmed) = gate.read_outcome(*entry.key()) else {
+                break;
+            };
+            for w in entry.remove() {
+                if confirmed {
+                    self.park(w);
+                    continue;
+                }
+                let refusal = gate.refusal().unwrap_or(crate::config::NotLeader {
+                    leader: None,
+                    client_addr: None,
+                    starting: false,
+                });
+                let out = handlers::not_leader(w.request_id, &refusal);
+                let barrier = w.work.barrier();
+                self.finish(w.conn, w.op, w.args, w.started, barrier, out);
+            }
+        }
     }
 
     /// Pushes records `first..=last` of `group` to every subscriber. A

@@ -255,6 +255,10 @@ pub enum Action {
     Park(Parked),
     /// Answer when the group grows or the wait ends (in flight).
     Wait(LongPoll),
+    /// A replica set member's read (format-spec/cluster.md section 5.2):
+    /// `work` (its answer, computed already) is parked once the read
+    /// ticket is confirmed; refused `NOT_LEADER` if it fails (in flight).
+    Confirm { ticket: u64, work: Parked },
     /// STATS, INFO, SLOWLOG: answer with what the loop holds (its
     /// counters, which count this request; the slow log).
     Report(Report),
@@ -2009,6 +2013,14 @@ mod cluster_map_tests {
     struct Follower;
 
     impl Leadership for Follower {
+        // Never asked: a follower refuses every data request first.
+        fn read_ticket(&self) -> u64 {
+            0
+        }
+        fn read_outcome(&self, _ticket: u64) -> Option<bool> {
+            Some(false)
+        }
+        fn on_reads(&self, _wake: std::sync::Arc<dyn Fn() + Send + Sync>) {}
         fn refusal(&self) -> Option<NotLeader> {
             Some(NotLeader {
                 leader: Some(1),
