@@ -22,6 +22,12 @@
 //! input buffer, nothing behind it starts, and it runs again when the
 //! engine's maintenance worker has read them (the worker calls the same
 //! listener).
+//!
+//! On a replica set member, a read's answer (computed at once) waits for
+//! its read ticket (format-spec/cluster.md section 5.2: the replica's
+//! driver confirms a batch of tickets with one heartbeat round and wakes
+//! the loop), then, if it shows cursors, for the Cursors round in flight
+//! (section 5), as a parked write does: `reads` by ticket, then `pending`.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
