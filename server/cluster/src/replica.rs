@@ -369,7 +369,9 @@ impl Replica {
                 };
                 driver.shut_down(crash);
                 if let Err(e) = result {
-                    if thread_shared.restart_to_install.load(Ordering::Acquire) {
+                    if thread_shared.restart_to_install.load(Ordering::Acquire)
+                        || thread_shared.restart_after_refusal.load(Ordering::Acquire)
+                    {
                         log::warn!("replica {}: {e}", cfg.id);
                     } else {
                         log::error!("replica {}: {e}", cfg.id);
@@ -1186,7 +1188,7 @@ impl Driver {
                     return Err(ClusterError::Stopped {
                         reason: "the engine's writes stopped (a round refused when leadership \
                                  was lost, or a failed write) while the node serves it: \
-                                 restart the node"
+                                 the node restarts after a refusal, else restart the node"
                             .into(),
                     });
                 }
