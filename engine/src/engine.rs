@@ -837,7 +837,37 @@ impl Engine {
     /// Asks the commit thread to persist moved cursors with the next round;
     /// returns that round.
     pub(crate) fn request_cursor_flush(&self) -> Result<u64> {
-        self.request_round(|p| p.flush_cursors = true)
+        self.request_round(|p| {
+            p.flush_cursors = true;
+            p.cursor_round = p.round;
+        })
+    }
+
+    /// Asks the commit thread to persist every moved cursor with the next
+    /// round, now (not after `cursor_flush_ms`), and returns that round:
+    /// once it completed ([`Self::poll_round`]), every cursor moved before
+    /// this call is in a Cursors frame of the journal, which on a replica
+    /// set means a committed Raft entry (format-spec/cluster.md section 5).
+    /// Callers that ask while a round is being written share the next
+    /// one: one frame carries every cursor moved meanwhile. Non-blocking
+    /// (one leaf lock).
+    pub fn cursor_round(&self) -> Result<u64> {
+        self.request_cursor_flush()
+    }
+
+    /// The newest round asked for by [`Self::cursor_round`] while it has
+    /// not completed yet, else `None`: a cursor a reader finds in memory
+    /// now may be one that round persists. `None` too once writes failed
+    /// (no round completes then; the caller's own rounds say so).
+    /// Non-blocking (two leaf locks).
+    pub fn cursor_round_unsettled(&self) -> Option<u64> {
+        let wanted = self.shared.pending.lock().cursor_round;
+        (wanted > self.settled_round()).then_some(wanted)
+    }
+
+    /// Non-blocking: `Some` once `round` completed (`Ok`) or failed.
+    pub fn poll_round(&self, round: u64) -> Option<Result<()>> {
+        round_outcome(&self.shared.progress.lock(), round)
     }
 
     /// Begins a consistent snapshot of the node (`snapshot.rs`,

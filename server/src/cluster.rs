@@ -316,6 +316,25 @@ impl Leadership for ReplicaLeadership {
         );
     }
 
+    fn read_ticket(&self) -> u64 {
+        // No replica yet: `refusal` refused the request before this; 0
+        // is failed by `read_outcome`.
+        self.replica.get().map_or(0, |r| r.read_ticket())
+    }
+
+    fn read_outcome(&self, ticket: u64) -> Option<bool> {
+        match self.replica.get() {
+            Some(r) => r.reads_settled().outcome(ticket),
+            None => Some(false),
+        }
+    }
+
+    fn on_reads(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        if let Some(r) = self.replica.get() {
+            r.on_reads(wake);
+        }
+    }
+
     fn map(&self) -> ClusterView {
         ClusterView {
             node_id: self.node_id,
@@ -431,16 +450,27 @@ pub fn serve(
     let replica = leadership.replica.get().cloned();
     // The loop's reference goes first: the replica closes the engine.
     let engine = engine.map(drop);
-    let (stopped, reinstall) = replica.map_or((None, false), |r| {
+    let (stopped, reinstall, refused) = replica.map_or((None, false, false), |r| {
         r.stop();
-        (r.stopped_reason(), r.restart_to_install())
+        (
+            r.stopped_reason(),
+            r.restart_to_install(),
+            r.restart_after_refusal(),
+        )
     });
     drop(raft_listener);
     if reinstall {
         // Everything this process held is closed (the engine by the loop's
         // drop, the listeners, the transport): the new image finishes the
         // install before it opens the engine (cluster.md section 8.4).
-        return restart_in_place();
+        return restart_in_place("to finish a snapshot's install");
+    }
+    if refused && stopped.is_some() {
+        // A round refused at the gate when leadership was lost: the new
+        // image recovers both logs and follows the new leader (cluster.md
+        // section 5.1). Not after a failed write: a broken disk would
+        // only fail again, so that one still ends the process.
+        return restart_in_place("after a round refused when leadership was lost");
     }
     match stopped {
         Some(reason) => Err(format!("replica stopped: {reason}")),
@@ -468,19 +498,18 @@ fn replica_members(cluster: &ClusterConfig, listen: SocketAddr) -> Vec<Member> {
 
 /// Replaces this process by a new run of the same command line (same pid,
 /// same arguments and environment): how a node finishes a snapshot's
-/// install (cluster.md section 8.4). Returns only if the exec failed.
-fn restart_in_place() -> Result<(), String> {
+/// install (cluster.md section 8.4) and gets a fresh engine after a round
+/// refused at the gate (section 5.1); `why` says which, for the log.
+/// Returns only if the exec failed.
+fn restart_in_place(why: &str) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().map_err(|e| format!("restart to install: {e}"))?;
-    log::warn!(
-        "restarting ({}) to finish a snapshot's install",
-        exe.display()
-    );
+    let exe = std::env::current_exe().map_err(|e| format!("restart {why}: {e}"))?;
+    log::warn!("restarting ({}) {why}", exe.display());
     let e = std::process::Command::new(&exe)
         .args(std::env::args_os().skip(1))
         .exec();
     Err(format!(
-        "restart to install a snapshot: exec {}: {e}; start the node again",
+        "restart {why}: exec {}: {e}; start the node again",
         exe.display()
     ))
 }
@@ -497,7 +526,7 @@ fn watch(
             if leadership
                 .replica
                 .get()
-                .is_some_and(|r| r.restart_to_install())
+                .is_some_and(|r| r.restart_to_install() || r.restart_after_refusal())
             {
                 log::warn!("{reason}: the node stops serving and starts again");
             } else {

@@ -27,9 +27,10 @@
 //!
 //! Invariants: a member's data directory, client port and cluster port
 //! stay the same across restarts; [`FaultySet::supervise`] restarts a
-//! member whose process ended by itself (a replica that lost leadership
-//! with a round at its gate stops its node: cluster.md section 5.1), as a
-//! supervisor would.
+//! member whose process ended by itself, as a supervisor would, and
+//! counts it (a replica that lost leadership with a round at its gate
+//! restarts in place, same pid, cluster.md section 5.1: only a failed
+//! write ends the process).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};

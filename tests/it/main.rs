@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod cluster_faults;
 mod cluster_membership;
+mod cluster_reads;
 mod cluster_snapshot;
 mod crash_kill;
 mod ctl;

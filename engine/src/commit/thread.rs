@@ -194,6 +194,10 @@ pub(crate) struct Pending {
     pub shutdown: bool,
     /// A caller waits for moved cursors to be persisted with this round.
     pub flush_cursors: bool,
+    /// The newest round a caller asked to persist moved cursors with
+    /// (`Engine::cursor_round`): a cursor a reader sees in memory is in a
+    /// Cursors frame once this round completed (0: none asked).
+    pub cursor_round: u64,
     /// A caller waits for a checkpoint after this round.
     pub checkpoint: bool,
     /// Shut down like a crash: no final checkpoint. Only

@@ -24,6 +24,7 @@ pub mod raft_log;
 mod raft_log_compaction_tests;
 #[cfg(test)]
 mod raft_log_tests;
+pub mod reads;
 mod replica;
 #[cfg(test)]
 mod sim;

@@ -155,6 +155,8 @@ enum Input {
     },
     /// The engine completed a round (the driver may wait for one).
     Wake,
+    /// Read tickets wait for a leadership confirmation (`reads.rs`).
+    Read,
     /// A snapshot stream to `to` ended: written whole (`ok`) or not.
     SnapshotSent {
         to: u64,
@@ -268,12 +270,18 @@ struct Shared {
     /// section 8.3): the Raft log starts at the snapshot, and the engine
     /// directory is swapped at the next start ([`Replica::start`]).
     restart_to_install: AtomicBool,
+    /// The driver stopped because the gate refused a round (leadership
+    /// lost) while a node serves the engine (cluster.md section 5.1): a
+    /// restart recovers both logs; not set for a failed write.
+    restart_after_refusal: AtomicBool,
     /// Snapshots this replica installed since it started.
     snapshots_installed: std::sync::atomic::AtomicU64,
     /// The Raft log's first index (its start + 1), as the driver last set it.
     log_first_index: std::sync::atomic::AtomicU64,
     /// The membership as last applied (a copy of the Raft log's).
     members: Mutex<Members>,
+    /// Read tickets and their confirmations (`reads.rs`).
+    reads: crate::reads::Reads,
 }
 
 /// A running replica (module docs).
@@ -319,6 +327,9 @@ impl Replica {
             // node back from a partition does not depose a working leader.
             check_quorum: true,
             pre_vote: true,
+            // Reads are confirmed by a heartbeat round, not a lease
+            // (`reads.rs`, cluster.md section 5.2).
+            read_only_option: raft::ReadOnlyOption::Safe,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             // Applied progress is the driver's (`applied`), from 0: rounds
@@ -347,9 +358,11 @@ impl Replica {
             awaiting: AtomicBool::new(false),
             stopped: Mutex::new(None),
             restart_to_install: AtomicBool::new(false),
+            restart_after_refusal: AtomicBool::new(false),
             snapshots_installed: std::sync::atomic::AtomicU64::new(0),
             log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
             members: Mutex::new(raw.store().members().clone()),
+            reads: Default::default(),
         });
         let peers = KnownPeers::new(raw.store().members().ids());
         if !raw.store().members().list.is_empty() {
@@ -391,7 +404,9 @@ impl Replica {
                 };
                 driver.shut_down(crash);
                 if let Err(e) = result {
-                    if thread_shared.restart_to_install.load(Ordering::Acquire) {
+                    if thread_shared.restart_to_install.load(Ordering::Acquire)
+                        || thread_shared.restart_after_refusal.load(Ordering::Acquire)
+                    {
                         log::warn!("replica {}: {e}", cfg.id);
                     } else {
                         log::error!("replica {}: {e}", cfg.id);
@@ -501,6 +516,37 @@ impl Replica {
                 }));
             }
         }
+    }
+
+    /// Whether the replica stopped because a round was refused at the
+    /// gate when leadership was lost, while a node held the engine: the
+    /// node restarts itself (cluster.md section 5.1). False for a failed
+    /// write, which a restart would not cure.
+    pub fn restart_after_refusal(&self) -> bool {
+        self.shared.restart_after_refusal.load(Ordering::Acquire)
+    }
+
+    /// A read ticket (`reads.rs`): the read's answer may be given once
+    /// [`Replica::reads_settled`] confirms it; the driver is told at once
+    /// and confirms every ticket taken meanwhile with one heartbeat round.
+    /// Non-blocking.
+    pub fn read_ticket(&self) -> u64 {
+        let (ticket, poke) = self.shared.reads.ticket();
+        if poke {
+            let _ = self.mailbox.tx.send(Input::Read);
+        }
+        ticket
+    }
+
+    /// Which read tickets are confirmed or failed. One leaf lock.
+    pub fn reads_settled(&self) -> crate::reads::ReadsSettled {
+        self.shared.reads.settled()
+    }
+
+    /// Called on the driver's thread whenever read tickets were confirmed
+    /// or failed (a node's event loop wakes itself with it).
+    pub fn on_reads(&self, f: crate::reads::ReadsListener) {
+        self.shared.reads.set_listener(f);
     }
 
     /// Snapshots this replica installed since it started.
@@ -719,6 +765,7 @@ impl Driver {
                 self.raw.tick();
                 next_tick = Instant::now() + self.tick;
             }
+            self.issue_reads();
             self.on_ready()?;
             self.apply()?;
             self.promote();
@@ -738,7 +785,7 @@ impl Driver {
                 }
             }
             Input::Propose { payload, reply } => self.propose(payload, reply),
-            Input::Wake => {}
+            Input::Wake | Input::Read => {}
             Input::SnapshotSent { to, ok } => {
                 let status = if ok {
                     raft::SnapshotStatus::Finish
@@ -805,6 +852,26 @@ impl Driver {
         }
     }
 
+    /// Asks raft-rs for a read index covering every read ticket taken
+    /// since the last one (`reads.rs`), if this node is the leader with
+    /// its writes gate open (raft-rs drops a read index of a leader that
+    /// has not committed an entry of its term; the gate opens only after
+    /// that); otherwise the tickets fail.
+    fn issue_reads(&mut self) {
+        let Some(ctx) = self.shared.reads.to_issue() else {
+            return;
+        };
+        let term = self.raw.raft.term;
+        let leads = self.gate.state.lock().open
+            && self.raw.raft.state == StateRole::Leader
+            && self.term_start.is_some_and(|(t, _)| t == term);
+        if leads {
+            self.raw.read_index(ctx);
+        } else {
+            self.shared.reads.fail_all();
+        }
+    }
+
     /// Handles one raft-rs `Ready` (module docs, cluster.md section 3.4).
     fn on_ready(&mut self) -> Result<()> {
         if !self.raw.has_ready() {
@@ -816,6 +883,11 @@ impl Driver {
             self.role_changed(role, leader);
         }
         self.note_term_start();
+        // After a role change above failed every ticket: a read state of
+        // the same `Ready` confirms nothing then.
+        for rs in rd.take_read_states() {
+            self.shared.reads.confirm(&rs.request_ctx);
+        }
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
             let snap = rd.snapshot().clone();
@@ -1072,6 +1144,7 @@ impl Driver {
     /// in the channel is refused; other inputs taken meanwhile are kept.
     fn close_gate(&mut self, why: &str) {
         self.gate.state.lock().open = false;
+        self.shared.reads.fail_all();
         if let Some(p) = self.pending.take() {
             let _ = p.reply.send(Err(why.to_string()));
         }
@@ -1124,6 +1197,11 @@ impl Driver {
             })?;
             if self.gate.refused.swap(false, Ordering::AcqRel) {
                 reopen = true;
+                // The cause, if the reopen cannot happen (a node holds the
+                // engine); cleared by a reopen that does.
+                self.shared
+                    .restart_after_refusal
+                    .store(true, Ordering::Release);
             } else if let Some((index, round)) = self.awaiting {
                 if engine.last_round() >= round {
                     self.awaited(index);
@@ -1451,10 +1529,12 @@ impl Driver {
                 Err(_) => {
                     // A node serves it: its directory cannot be opened
                     // twice, and the node's loop cannot switch engines.
+                    // After a refusal the node restarts itself
+                    // (`restart_after_refusal`, set by the caller).
                     return Err(ClusterError::Stopped {
                         reason: "the engine's writes stopped (a round refused when leadership \
                                  was lost, or a failed write) while the node serves it: \
-                                 restart the node"
+                                 the node restarts after a refusal, else restart the node"
                             .into(),
                     });
                 }
@@ -1466,6 +1546,9 @@ impl Driver {
             &self.shared,
             &self.wake,
         )?));
+        self.shared
+            .restart_after_refusal
+            .store(false, Ordering::Release);
         log::info!("node {}: engine reopened", self.raw.raft.id);
         Ok(())
     }

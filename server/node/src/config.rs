@@ -132,6 +132,21 @@ pub trait Leadership: Send + Sync {
     /// called once, from any thread, when the change applied or was
     /// refused. Called on the event loop: it must not block.
     fn change(&self, change: ChangeRequest, done: ChangeDone);
+
+    /// A read ticket (format-spec/cluster.md section 5.2): an answer
+    /// computed now may be sent once [`Leadership::read_outcome`] confirms
+    /// the ticket (this node still led after it was taken). Tickets taken
+    /// meanwhile share one confirmation. Must not block.
+    fn read_ticket(&self) -> u64;
+
+    /// `Some(true)` once `ticket` is confirmed, `Some(false)` once it
+    /// failed (leadership lost: the read is refused `NOT_LEADER`), `None`
+    /// while it waits. Tickets settle in order. Must not block.
+    fn read_outcome(&self, ticket: u64) -> Option<bool>;
+
+    /// Registers `wake`, called (on another thread) whenever tickets were
+    /// confirmed or failed.
+    fn on_reads(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>);
 }
 
 /// A membership change a client asked for (CLUSTER_CHANGE, 4.34).

@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing, Report};
+use crate::handlers::{self, Action, Ctx, Outgoing, Parked, Report};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
@@ -657,6 +657,11 @@ impl Session {
                 }
             }
         }
+        // Whether the request moves a cursor (ACK, BATCH_ACK, a PULL's
+        // `ack_up_to`): on a replica set its answer waits for a Cursors
+        // round (`hold_for_cursors`).
+        let moves_cursor = matches!(req, Request::Ack { .. } | Request::BatchAck { .. })
+            || matches!(req, Request::Pull { ack_up_to, .. } if ack_up_to > 0);
         let result = match req {
             Request::Hello {
                 min_version,
@@ -852,9 +857,86 @@ impl Session {
             } => handlers::readers(ctx, id, group, msg_id, after_user, max_count).map(answer),
         };
         match result {
+            Ok(action) if ctx.leadership.is_some() => {
+                let action = self.hold_for_cursors(ctx, id, action, moves_cursor);
+                Ok(self.confirm_read(ctx, action))
+            }
             Ok(action) => Ok(action),
             Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
             Err(e) => Ok(answer(handlers::engine_error(id, &e))),
+        }
+    }
+
+    /// On a replica set member (format-spec/cluster.md section 5): a request
+    /// that moved a cursor asks for a Cursors round now, and an answer that
+    /// may show a cursor not yet in a committed Cursors round is held
+    /// ([`Parked::Cursors`]) until that round is committed, so that no
+    /// failover takes back a cursor a client was shown. Every cursor moved
+    /// in memory asked for a round when it moved, so the newest round asked
+    /// for and not yet completed covers all of them: an answer parks only
+    /// while one is in flight, and parks on it alone. Rounds asked for
+    /// while one is being written share the next: one Cursors frame
+    /// carries every cursor moved meanwhile. Counted in flight (but never
+    /// refused by the in-flight limit: a single node answers these at
+    /// once). A long poll is held the same way when it is answered
+    /// (`EventLoop::answer_poll`).
+    fn hold_for_cursors(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u64,
+        action: Action,
+        moves_cursor: bool,
+    ) -> Action {
+        let mut own = None;
+        if moves_cursor {
+            match ctx.engine.cursor_round() {
+                Ok(round) => own = Some(round),
+                // Writes stopped: the cursor moved in memory can not be
+                // made durable; the answer says so instead of the cursor.
+                Err(e) => {
+                    return match action {
+                        Action::Answer(_) => answer(handlers::engine_error(id, &e)),
+                        other => other,
+                    }
+                }
+            }
+        }
+        match action {
+            // Its own round even if it already failed (then the answer is
+            // the failure), else the newest in flight.
+            Action::Answer(out) => match own.max(ctx.engine.cursor_round_unsettled()) {
+                Some(round) => {
+                    let parked = Parked::Cursors { round, out };
+                    self.park(parked.barrier());
+                    Action::Park(parked)
+                }
+                None => Action::Answer(out),
+            },
+            other => other,
+        }
+    }
+
+    /// On a replica set member (format-spec/cluster.md section 5.2): an
+    /// answer computed from the engine is sent only once the leader's read
+    /// ticket, taken now, is confirmed (a deposed leader that does not know
+    /// it yet must not answer reads a new leader may have made stale).
+    /// Writes are confirmed by their commit and are not held.
+    fn confirm_read(&mut self, ctx: &mut Ctx<'_>, action: Action) -> Action {
+        let Some(gate) = ctx.leadership else {
+            return action;
+        };
+        let work = match action {
+            Action::Answer(out) => {
+                self.park(Barrier::None);
+                Parked::Cursors { round: 0, out }
+            }
+            // Counted in flight already.
+            Action::Park(work @ Parked::Cursors { .. }) => work,
+            other => return other,
+        };
+        Action::Confirm {
+            ticket: gate.read_ticket(),
+            work,
         }
     }
 
@@ -880,6 +962,8 @@ impl Session {
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
             Action::Wait(_) => self.park(Barrier::None),
+            // Counted where it is made (`confirm_read`).
+            Action::Confirm { .. } => {}
             Action::Answer(_)
             | Action::Report(_)
             | Action::Backup

@@ -22,6 +22,12 @@
 //! input buffer, nothing behind it starts, and it runs again when the
 //! engine's maintenance worker has read them (the worker calls the same
 //! listener).
+//!
+//! On a replica set member, a read's answer (computed at once) waits for
+//! its read ticket (format-spec/cluster.md section 5.2: the replica's
+//! driver confirms a batch of tickets with one heartbeat round and wakes
+//! the loop), then, if it shows cursors, for the Cursors round in flight
+//! (section 5), as a parked write does: `reads` by ticket, then `pending`.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
@@ -123,6 +129,11 @@ pub struct EventLoop {
     notices: Arc<Mutex<Vec<CommitNotice>>>,
     /// Parked sends and operations by the commit round they wait for.
     pending: BTreeMap<u64, Vec<Waiting<Parked>>>,
+    /// A replica set member's reads by the read ticket they wait for
+    /// (format-spec/cluster.md section 5.2), and whether the replica said
+    /// tickets settled since the loop last looked.
+    reads: BTreeMap<u64, Vec<Waiting<Parked>>>,
+    reads_settled: Arc<AtomicBool>,
     /// Parked long polls, by group and by deadline.
     polls: LongPolls<Waiting<LongPoll>>,
     /// Connections whose front request waits for the engine's maintenance
@@ -216,6 +227,15 @@ impl EventLoop {
             // A failed wake means the loop is gone; nothing to do.
             let _ = w.wake();
         }));
+        let reads_settled = Arc::new(AtomicBool::new(false));
+        if let Some(gate) = &config.leadership {
+            let (r, w) = (reads_settled.clone(), waker.clone());
+            gate.0.on_reads(Arc::new(move || {
+                r.store(true, Ordering::Release);
+                // A failed wake means the loop is gone; nothing to do.
+                let _ = w.wake();
+            }));
+        }
         let receipts = Receipts::new(
             Duration::from_millis(config.limits.receipt_interval_ms),
             config.limits.receipt_members_max,
@@ -234,6 +254,8 @@ impl EventLoop {
             next_generation: 0,
             notices,
             pending: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            reads_settled,
             polls: LongPolls::default(),
             loads: BTreeMap::new(),
             dirty: Vec::new(),
@@ -325,6 +347,7 @@ impl EventLoop {
             // Commit notices, timers and shutdown are checked on every
             // wake-up, whatever woke the loop.
             self.on_commits();
+            self.complete_reads();
             self.pump_backups();
             self.answer_changes();
             let now = Instant::now();
@@ -836,6 +859,16 @@ impl EventLoop {
                     started,
                     work,
                 }),
+                Action::Confirm { ticket, work } => {
+                    self.reads.entry(ticket).or_default().push(Waiting {
+                        conn,
+                        request_id,
+                        op,
+                        args,
+                        started,
+                        work,
+                    })
+                }
                 Action::Wait(poll) => {
                     let w = Waiting {
                         conn,
@@ -1193,7 +1226,58 @@ impl EventLoop {
         if let Some(slot) = self.slot_mut(w.conn) {
             slot.polls.remove(&key);
         }
+        // On a replica set, the cursor it shows may wait for its Cursors
+        // round, as every answer that shows cursors does
+        // (`Connection::hold_for_cursors`); a parked answer holds nothing
+        // back on its connection, as the poll did not.
+        // It is a read too: sent once a read ticket taken now is
+        // confirmed (format-spec/cluster.md section 5.2).
+        if let Some(gate) = &self.config.leadership {
+            let round = self.engine.cursor_round_unsettled().unwrap_or(0);
+            let ticket = gate.0.read_ticket();
+            self.reads.entry(ticket).or_default().push(Waiting {
+                conn: w.conn,
+                request_id: w.request_id,
+                op: w.op,
+                args: w.args,
+                started: w.started,
+                work: Parked::Cursors { round, out },
+            });
+            return;
+        }
         self.finish(w.conn, w.op, w.args, w.started, Barrier::None, out);
+    }
+
+    /// Parks the reads whose ticket was confirmed (answered then, or when
+    /// their Cursors round completes) and refuses those whose ticket failed
+    /// with `NOT_LEADER`; tickets settle in order, so this costs the reads
+    /// settled and one look at the first waiting.
+    fn complete_reads(&mut self) {
+        if !self.reads_settled.swap(false, Ordering::AcqRel) && self.reads.is_empty() {
+            return;
+        }
+        let Some(gate) = self.config.leadership.as_ref().map(|g| g.0.clone()) else {
+            return;
+        };
+        while let Some(entry) = self.reads.first_entry() {
+            let Some(confirmed) = gate.read_outcome(*entry.key()) else {
+                break;
+            };
+            for w in entry.remove() {
+                if confirmed {
+                    self.park(w);
+                    continue;
+                }
+                let refusal = gate.refusal().unwrap_or(crate::config::NotLeader {
+                    leader: None,
+                    client_addr: None,
+                    starting: false,
+                });
+                let out = handlers::not_leader(w.request_id, &refusal);
+                let barrier = w.work.barrier();
+                self.finish(w.conn, w.op, w.args, w.started, barrier, out);
+            }
+        }
     }
 
     /// Pushes records `first..=last` of `group` to every subscriber. A

@@ -79,6 +79,16 @@ pub enum Parked {
         ticket: Ticket,
         recall: bool,
     },
+    /// On a replica set, an answer that reports cursors (an ACK's, a
+    /// BATCH_ACK's, a PULL's, an UNREAD's...), computed at once and held
+    /// until the Cursors round `round` is committed: the cursors it shows
+    /// are then in the replicated state, so no failover takes them back
+    /// (format-spec/cluster.md section 5). If the round fails, the answer
+    /// is the round's error instead (the ACK's outcome is unknown).
+    Cursors {
+        round: u64,
+        out: Outgoing,
+    },
 }
 
 impl Parked {
@@ -87,6 +97,7 @@ impl Parked {
         match self {
             Parked::Send { ticket, .. } | Parked::Change { ticket, .. } => ticket.round,
             Parked::Op(ticket, _) => ticket.round(),
+            Parked::Cursors { round, .. } => *round,
         }
     }
 
@@ -98,6 +109,10 @@ impl Parked {
             // checked when it started, after every earlier request).
             Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
             Parked::Op(..) => Barrier::Op,
+            // Every later answer of the connection that shows cursors waits
+            // for this round or a later one (`Connection`'s cursor hold),
+            // so nothing needs to wait behind it.
+            Parked::Cursors { .. } => Barrier::None,
         }
     }
 
@@ -160,6 +175,10 @@ impl Parked {
                     };
                     reply(request_id, &resp, Vec::new(), 0)
                 }
+                Err(e) => engine_error(request_id, &e),
+            },
+            Parked::Cursors { round, out } => match engine.poll_round(*round)? {
+                Ok(()) => out.clone(),
                 Err(e) => engine_error(request_id, &e),
             },
         };
@@ -236,6 +255,10 @@ pub enum Action {
     Park(Parked),
     /// Answer when the group grows or the wait ends (in flight).
     Wait(LongPoll),
+    /// A replica set member's read (format-spec/cluster.md section 5.2):
+    /// `work` (its answer, computed already) is parked once the read
+    /// ticket is confirmed; refused `NOT_LEADER` if it fails (in flight).
+    Confirm { ticket: u64, work: Parked },
     /// STATS, INFO, SLOWLOG: answer with what the loop holds (its
     /// counters, which count this request; the slow log).
     Report(Report),
@@ -2023,6 +2046,14 @@ mod cluster_map_tests {
     struct Follower;
 
     impl Leadership for Follower {
+        // Never asked: a follower refuses every data request first.
+        fn read_ticket(&self) -> u64 {
+            0
+        }
+        fn read_outcome(&self, _ticket: u64) -> Option<bool> {
+            Some(false)
+        }
+        fn on_reads(&self, _wake: std::sync::Arc<dyn Fn() + Send + Sync>) {}
         fn refusal(&self) -> Option<NotLeader> {
             Some(NotLeader {
                 leader: Some(1),

@@ -40,6 +40,8 @@
 mod backup;
 mod config;
 mod connection;
+#[cfg(test)]
+mod cursor_hold_tests;
 mod event_loop;
 mod handlers;
 mod host;
