@@ -31,6 +31,13 @@ impl Leadership for Leader {
         Some(true)
     }
     fn on_reads(&self, _wake: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+    // No membership change in these tests.
+    fn change(&self, _: crate::config::ChangeRequest, done: crate::config::ChangeDone) {
+        done(crate::config::ChangeOutcome::Refused {
+            detail: 4,
+            message: "not in these tests".into(),
+        })
+    }
     fn map(&self) -> ClusterView {
         ClusterView {
             node_id: 1,
