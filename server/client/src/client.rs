@@ -247,6 +247,15 @@ pub struct Sent {
     pub duplicate: bool,
 }
 
+/// The client address of `leader` among `members`, when both are known.
+fn leader_addr(leader: Option<u64>, members: &[(u64, String)]) -> Option<&str> {
+    let leader = leader?;
+    members
+        .iter()
+        .find(|(id, _)| *id == leader)
+        .map(|(_, a)| a.as_str())
+}
+
 /// The answer to CLUSTER, owned: the answering node's id (0: no replica
 /// set member), the leader it knows, the members' `(id, client address)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,11 +268,7 @@ pub struct ClusterMap {
 impl ClusterMap {
     /// The leader's client address, when known.
     pub fn leader_addr(&self) -> Option<&str> {
-        let leader = self.leader_id?;
-        self.members
-            .iter()
-            .find(|(id, _)| *id == leader)
-            .map(|(_, a)| a.as_str())
+        leader_addr(self.leader_id, &self.members)
     }
 }
 
@@ -280,11 +285,7 @@ pub struct SetInfo {
 impl SetInfo {
     /// The leader's client address, when known.
     pub fn leader_addr(&self) -> Option<&str> {
-        let leader = self.leader_id?;
-        self.members
-            .iter()
-            .find(|(id, _)| *id == leader)
-            .map(|(_, a)| a.as_str())
+        leader_addr(self.leader_id, &self.members)
     }
 }
 
