@@ -9,11 +9,10 @@
 //!
 //! Environment: `TIDEMARK_CLUSTER_KILLS=N` leader kills (default 3).
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
+use std::collections::HashMap;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +20,7 @@ use std::time::{Duration, Instant};
 use tidemark_client::{Client, ClientConfig, ClientError};
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::harness::tidemark_bin;
+use crate::harness::{file_tree, replica_dump, tidemark_bin, ReplicaMember};
 
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUP: u64 = 7;
@@ -36,100 +35,31 @@ struct Ports {
     peer: u16,
 }
 
-struct Member {
-    id: u64,
-    child: Option<Child>,
-    dir: PathBuf,
-    args: Vec<String>,
-}
-
-impl Member {
-    fn start(id: u64, root: &Path, ports: &HashMap<u64, Ports>) -> Member {
-        let dir = root.join(format!("n{id}"));
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--data".into(),
-            dir.to_string_lossy().into_owned(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", ports[&id].client),
-            // Every group in files of its own, to compare them.
-            "--small-group-bytes-max".into(),
-            "0".into(),
-            "--cluster-node-id".into(),
-            id.to_string(),
-            "--cluster-listen".into(),
-            format!("127.0.0.1:{}", ports[&id].peer),
-        ];
-        for (&p, ports) in ports.iter().filter(|(&p, _)| p != id) {
-            args.push("--cluster-peer".into());
-            args.push(format!(
-                "{p}=127.0.0.1:{},127.0.0.1:{}",
-                ports.peer, ports.client
-            ));
-        }
-        let mut m = Member {
-            id,
-            child: None,
-            dir,
-            args,
-        };
-        m.spawn();
-        m
+/// Member `id` of the set on `ports`, its data and log under `root`.
+fn start_member(id: u64, root: &Path, ports: &HashMap<u64, Ports>) -> ReplicaMember {
+    let dir = root.join(format!("n{id}"));
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--data".into(),
+        dir.to_string_lossy().into_owned(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", ports[&id].client),
+        // Every group in files of its own, to compare them.
+        "--small-group-bytes-max".into(),
+        "0".into(),
+        "--cluster-node-id".into(),
+        id.to_string(),
+        "--cluster-listen".into(),
+        format!("127.0.0.1:{}", ports[&id].peer),
+    ];
+    for (&p, ports) in ports.iter().filter(|(&p, _)| p != id) {
+        args.push("--cluster-peer".into());
+        args.push(format!(
+            "{p}=127.0.0.1:{},127.0.0.1:{}",
+            ports.peer, ports.client
+        ));
     }
-
-    fn spawn(&mut self) {
-        let mut child = Command::new(tidemark_bin())
-            .args(&self.args)
-            .env(
-                "RUST_LOG",
-                std::env::var("TIDEMARK_NODE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn tidemark");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(
-            line.starts_with("tidemark listening on "),
-            "node {}: {line:?}",
-            self.id
-        );
-        self.child = Some(child);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM; the exit status must be success.
-    fn terminate(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = c.try_wait().expect("wait") {
-                assert!(status.success(), "node {} exited with {status}", self.id);
-                return;
-            }
-            assert!(Instant::now() < deadline, "node {} did not stop", self.id);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    ReplicaMember::start(id, dir, root.join(format!("n{id}.log")), args)
 }
 
 /// Six free loopback ports (bound together, then released).
@@ -227,31 +157,13 @@ fn read_all(ports: &HashMap<u64, Ports>) -> Vec<tidemark_client::Message> {
     })
 }
 
-/// The files under `dir`, by relative path.
-fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let path = e.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path.strip_prefix(dir).expect("under dir").to_path_buf();
-                out.insert(rel, std::fs::read(&path).expect("read"));
-            }
-        }
-    }
-    out
-}
-
 #[test]
 fn followers_refuse_with_not_leader_naming_the_leader() {
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
-    let _members: Vec<Member> = IDS
+    let _members: Vec<ReplicaMember> = IDS
         .iter()
-        .map(|&id| Member::start(id, root.path(), &ports))
+        .map(|&id| start_member(id, root.path(), &ports))
         .collect();
     on_leader(&ports, |c| c.create_group(GROUP));
     let lead = leader(&ports);
@@ -289,9 +201,9 @@ fn acknowledged_sends_survive_leader_kills_exactly_once_and_replicas_agree() {
         .unwrap_or(3);
     let root = tempfile::tempdir().expect("temp dir");
     let ports = Arc::new(free_ports());
-    let mut members: HashMap<u64, Member> = IDS
+    let mut members: HashMap<u64, ReplicaMember> = IDS
         .iter()
-        .map(|&id| (id, Member::start(id, root.path(), &ports)))
+        .map(|&id| (id, start_member(id, root.path(), &ports)))
         .collect();
     on_leader(&ports, |c| c.create_group(GROUP));
     on_leader(&ports, |c| c.join(GROUP, SENDER, JoinStart::Head));
@@ -364,25 +276,7 @@ fn acknowledged_sends_survive_leader_kills_exactly_once_and_replicas_agree() {
     for m in members.values_mut() {
         m.terminate();
     }
-    let dump = |id: u64| {
-        let out = Command::new(tidemark_bin())
-            .args([
-                "ctl",
-                "dump",
-                "--json",
-                "--group",
-                &GROUP.to_string(),
-                "--data",
-            ])
-            .arg(members[&id].dir.join("engine"))
-            .output()
-            .expect("run ctl dump");
-        assert!(out.status.success(), "ctl dump of node {id}: {out:?}");
-        // Records name their file, under the node's own directory.
-        String::from_utf8(out.stdout)
-            .expect("JSON is UTF-8")
-            .replace(&*members[&id].dir.to_string_lossy(), "DIR")
-    };
+    let dump = |id: u64| replica_dump(&members[&id].dir, GROUP, &format!("node {id}"));
     let first = dump(IDS[0]);
     assert_eq!(
         first.lines().count() as u64,
@@ -390,7 +284,7 @@ fn acknowledged_sends_survive_leader_kills_exactly_once_and_replicas_agree() {
         "every record in node {}'s dump",
         IDS[0]
     );
-    let groups = |id: u64| tree(&members[&id].dir.join("engine").join("groups"));
+    let groups = |id: u64| file_tree(&members[&id].dir.join("engine").join("groups"));
     let files = groups(IDS[0]);
     assert!(!files.is_empty(), "the group has files of its own");
     for &id in &IDS[1..] {
@@ -435,9 +329,9 @@ fn acknowledged_sends_survive_leader_kills_exactly_once_and_replicas_agree() {
 fn every_member_answers_the_cluster_map() {
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
-    let _members: Vec<Member> = IDS
+    let _members: Vec<ReplicaMember> = IDS
         .iter()
-        .map(|&id| Member::start(id, root.path(), &ports))
+        .map(|&id| start_member(id, root.path(), &ports))
         .collect();
     on_leader(&ports, |c| c.create_group(GROUP));
     let lead = leader(&ports);
@@ -498,9 +392,9 @@ fn cluster_status(addr: &str, json: bool) -> String {
 fn the_reliable_client_follows_the_leader_across_kills() {
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
-    let mut members: HashMap<u64, Member> = IDS
+    let mut members: HashMap<u64, ReplicaMember> = IDS
         .iter()
-        .map(|&id| (id, Member::start(id, root.path(), &ports)))
+        .map(|&id| (id, start_member(id, root.path(), &ports)))
         .collect();
     let lead = leader(&ports);
     let follower = IDS.into_iter().find(|&i| i != lead).expect("a follower");

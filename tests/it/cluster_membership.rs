@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 use tidemark_client::{Client, ClientConfig, ClientError};
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::cluster_snapshot::Member;
-use crate::harness::tidemark_bin;
+use crate::harness::{replica_dump, tidemark_bin, ReplicaMember};
 
 const GROUP: u64 = 9;
 const SENDER: u64 = 77;
@@ -35,7 +34,7 @@ type Ports = BTreeMap<u64, (u16, u16)>;
 
 /// Node `id` with `peers` as its `--cluster-peer`s (and `--cluster-join`
 /// if `join`).
-fn member(id: u64, root: &Path, ports: &Ports, peers: &[u64], join: bool) -> Member {
+fn member(id: u64, root: &Path, ports: &Ports, peers: &[u64], join: bool) -> ReplicaMember {
     let dir = root.join(format!("n{id}"));
     let mut args: Vec<String> = vec![
         "serve".into(),
@@ -58,7 +57,7 @@ fn member(id: u64, root: &Path, ports: &Ports, peers: &[u64], join: bool) -> Mem
     if join {
         args.push("--cluster-join".into());
     }
-    Member::start(id, dir, root.join(format!("n{id}.log")), args)
+    ReplicaMember::start(id, dir, root.join(format!("n{id}.log")), args)
 }
 
 fn free_ports() -> Ports {
@@ -134,7 +133,7 @@ fn cluster_cli(args: &[String]) -> String {
 fn a_dead_member_is_replaced_under_load_and_the_new_set_elects_and_serves() {
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
-    let mut members: HashMap<u64, Member> = [1, 2, 3]
+    let mut members: HashMap<u64, ReplicaMember> = [1, 2, 3]
         .iter()
         .map(|&id| {
             let peers: Vec<u64> = [1, 2, 3].into_iter().filter(|&p| p != id).collect();
@@ -272,24 +271,7 @@ fn a_dead_member_is_replaced_under_load_and_the_new_set_elects_and_serves() {
     for id in survivors {
         members.get_mut(&id).expect("member").terminate();
     }
-    let dump = |id: u64| {
-        let out = Command::new(tidemark_bin())
-            .args([
-                "ctl",
-                "dump",
-                "--json",
-                "--group",
-                &GROUP.to_string(),
-                "--data",
-            ])
-            .arg(members[&id].dir.join("engine"))
-            .output()
-            .expect("run ctl dump");
-        assert!(out.status.success(), "ctl dump of node {id}: {out:?}");
-        String::from_utf8(out.stdout)
-            .expect("JSON is UTF-8")
-            .replace(&*members[&id].dir.to_string_lossy(), "DIR")
-    };
+    let dump = |id: u64| replica_dump(&members[&id].dir, GROUP, &format!("node {id}"));
     let first = dump(1);
     assert_eq!(
         first.lines().count() as u64,

@@ -10,16 +10,14 @@
 //! says it installed the snapshot, and its Raft log starts past what it had.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tidemark_client::{Client, ClientConfig, ClientError};
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::harness::tidemark_bin;
+use crate::harness::{replica_dump, ReplicaMember};
 
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUP: u64 = 9;
@@ -28,114 +26,29 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The Raft log bound of every member: a few hundred sends pass it.
 const LOG_MAX_BYTES: u64 = 32 << 10;
 
-/// A `tidemark serve` process (also used by `cluster_membership.rs`).
-pub(crate) struct Member {
-    id: u64,
-    child: Option<Child>,
-    pub(crate) dir: PathBuf,
-    log: PathBuf,
-    args: Vec<String>,
-}
-
-impl Member {
-    fn new(id: u64, root: &Path, ports: &HashMap<u64, (u16, u16)>) -> Member {
-        let dir = root.join(format!("n{id}"));
-        let mut args: Vec<String> = vec![
-            "serve".into(),
-            "--data".into(),
-            dir.to_string_lossy().into_owned(),
-            "--listen".into(),
-            format!("127.0.0.1:{}", ports[&id].0),
-            "--small-group-bytes-max".into(),
-            "0".into(),
-            "--raft-log-max-bytes".into(),
-            LOG_MAX_BYTES.to_string(),
-            "--cluster-node-id".into(),
-            id.to_string(),
-            "--cluster-listen".into(),
-            format!("127.0.0.1:{}", ports[&id].1),
-        ];
-        for (&p, &(client, peer)) in ports.iter().filter(|(&p, _)| p != id) {
-            args.push("--cluster-peer".into());
-            args.push(format!("{p}=127.0.0.1:{peer},127.0.0.1:{client}"));
-        }
-        Member::start(id, dir, root.join(format!("n{id}.log")), args)
+/// Member `id` of the set on `ports`, its data and log under `root`.
+fn new_member(id: u64, root: &Path, ports: &HashMap<u64, (u16, u16)>) -> ReplicaMember {
+    let dir = root.join(format!("n{id}"));
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--data".into(),
+        dir.to_string_lossy().into_owned(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", ports[&id].0),
+        "--small-group-bytes-max".into(),
+        "0".into(),
+        "--raft-log-max-bytes".into(),
+        LOG_MAX_BYTES.to_string(),
+        "--cluster-node-id".into(),
+        id.to_string(),
+        "--cluster-listen".into(),
+        format!("127.0.0.1:{}", ports[&id].1),
+    ];
+    for (&p, &(client, peer)) in ports.iter().filter(|(&p, _)| p != id) {
+        args.push("--cluster-peer".into());
+        args.push(format!("{p}=127.0.0.1:{peer},127.0.0.1:{client}"));
     }
-
-    /// Node `id` run with the command line `args`, its data in `dir`, its
-    /// log appended to `log`.
-    pub(crate) fn start(id: u64, dir: PathBuf, log: PathBuf, args: Vec<String>) -> Member {
-        let mut m = Member {
-            id,
-            child: None,
-            log,
-            dir,
-            args,
-        };
-        m.spawn();
-        m
-    }
-
-    /// Starts the process; its log (stderr, info level) appends to `log`.
-    pub(crate) fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("open the node's log");
-        let mut child = Command::new(tidemark_bin())
-            .args(&self.args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn tidemark");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped stdout"))
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(
-            line.starts_with("tidemark listening on "),
-            "node {}: {line:?}",
-            self.id
-        );
-        self.child = Some(child);
-    }
-
-    pub(crate) fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM; the exit status must be success.
-    pub(crate) fn terminate(&mut self) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = c.try_wait().expect("wait") {
-                assert!(status.success(), "node {} exited with {status}", self.id);
-                return;
-            }
-            assert!(Instant::now() < deadline, "node {} did not stop", self.id);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub(crate) fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    ReplicaMember::start(id, dir, root.join(format!("n{id}.log")), args)
 }
 
 /// (client, peer) ports per member.
@@ -225,9 +138,9 @@ fn raft_log_span(member_dir: &Path) -> (u64, u64) {
 fn a_follower_killed_while_the_log_moves_on_catches_up_by_a_snapshot() {
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
-    let mut members: HashMap<u64, Member> = IDS
+    let mut members: HashMap<u64, ReplicaMember> = IDS
         .iter()
-        .map(|&id| (id, Member::new(id, root.path(), &ports)))
+        .map(|&id| (id, new_member(id, root.path(), &ports)))
         .collect();
     on_leader(&ports, |c| c.create_group(GROUP));
     on_leader(&ports, |c| c.join(GROUP, SENDER, JoinStart::Head));
@@ -331,24 +244,7 @@ fn a_follower_killed_while_the_log_moves_on_catches_up_by_a_snapshot() {
         start > had,
         "the follower's Raft log starts at {start}, after its {had}"
     );
-    let dump = |id: u64| {
-        let out = Command::new(tidemark_bin())
-            .args([
-                "ctl",
-                "dump",
-                "--json",
-                "--group",
-                &GROUP.to_string(),
-                "--data",
-            ])
-            .arg(members[&id].dir.join("engine"))
-            .output()
-            .expect("run ctl dump");
-        assert!(out.status.success(), "ctl dump of node {id}: {out:?}");
-        String::from_utf8(out.stdout)
-            .expect("JSON is UTF-8")
-            .replace(&*members[&id].dir.to_string_lossy(), "DIR")
-    };
+    let dump = |id: u64| replica_dump(&members[&id].dir, GROUP, &format!("node {id}"));
     let first = dump(lead);
     assert_eq!(
         first.lines().count() as u64,

@@ -35,7 +35,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use tidemark_client::{Client, ClientConfig, ClientError, Message};
 use tidemark_protocol::ErrorCode;
 
-use crate::harness::tidemark_bin;
+use crate::harness::{file_tree, replica_dump, tidemark_bin};
 
 pub const IDS: [u64; 3] = [1, 2, 3];
 /// Longest a step may wait for a leader (an election takes 100-200 ms; a
@@ -408,23 +408,7 @@ impl FaultySet {
     /// `ctl dump --json --group G` of a stopped member's engine, its own
     /// directory replaced by `DIR`.
     pub fn dump(&self, id: u64, group: u64) -> String {
-        let m = &self.members[&id];
-        let out = Command::new(tidemark_bin())
-            .args([
-                "ctl",
-                "dump",
-                "--json",
-                "--group",
-                &group.to_string(),
-                "--data",
-            ])
-            .arg(m.dir.join("engine"))
-            .output()
-            .expect("run ctl dump");
-        assert!(out.status.success(), "ctl dump of node {id}: {out:?}");
-        String::from_utf8(out.stdout)
-            .expect("JSON is UTF-8")
-            .replace(&*m.dir.to_string_lossy(), "DIR")
+        replica_dump(&self.members[&id].dir, group, &format!("node {id}"))
     }
 
     /// Stops every member cleanly and compares their logs: every
@@ -487,7 +471,7 @@ impl FaultySet {
 
     /// The members' group files are identical past their 64-byte headers.
     fn assert_files_identical(&self) {
-        let files = |id: u64| tree(&self.members[&id].dir.join("engine").join("groups"));
+        let files = |id: u64| file_tree(&self.members[&id].dir.join("engine").join("groups"));
         let mine = files(IDS[0]);
         for &id in &IDS[1..] {
             let theirs = files(id);
@@ -505,24 +489,6 @@ impl FaultySet {
             }
         }
     }
-}
-
-/// The files under `dir`, by relative path.
-fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let path = e.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else {
-                let rel = path.strip_prefix(dir).expect("under dir").to_path_buf();
-                out.insert(rel, std::fs::read(&path).expect("read"));
-            }
-        }
-    }
-    out
 }
 
 pub fn connect(addr: &str, timeout: Duration) -> Option<Client> {

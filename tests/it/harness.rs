@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tidemark_client::{Client, ClientConfig};
 
@@ -141,4 +141,131 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
         std::thread::sleep(Duration::from_millis(20));
     }
     None
+}
+
+/// `tidemark ctl dump --json --group GROUP` of a replica set member's
+/// engine (`member_dir/engine`, the node stopped), with the member's
+/// directory replaced by `DIR` so that replicas' dumps compare equal.
+pub fn replica_dump(member_dir: &Path, group: u64, what: &str) -> String {
+    let out = Command::new(tidemark_bin())
+        .args([
+            "ctl",
+            "dump",
+            "--json",
+            "--group",
+            &group.to_string(),
+            "--data",
+        ])
+        .arg(member_dir.join("engine"))
+        .output()
+        .expect("run ctl dump");
+    assert!(out.status.success(), "ctl dump of {what}: {out:?}");
+    String::from_utf8(out.stdout)
+        .expect("JSON is UTF-8")
+        .replace(&*member_dir.to_string_lossy(), "DIR")
+}
+
+/// Every file under `dir` with its bytes, by relative path.
+pub fn file_tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let rel = path.strip_prefix(dir).expect("under dir").to_path_buf();
+                out.insert(rel, std::fs::read(&path).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+/// A replica set member's `tidemark serve` process, its log (stderr, info
+/// level) appended to a file; killed when dropped.
+pub struct ReplicaMember {
+    id: u64,
+    child: Option<Child>,
+    pub dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+}
+
+impl ReplicaMember {
+    /// Node `id` run with the command line `args`, its data in `dir`, its
+    /// log appended to `log`.
+    pub fn start(id: u64, dir: PathBuf, log: PathBuf, args: Vec<String>) -> ReplicaMember {
+        let mut m = ReplicaMember {
+            id,
+            child: None,
+            log,
+            dir,
+            args,
+        };
+        m.spawn();
+        m
+    }
+
+    /// Starts the process; its log (stderr, info level) appends to `log`.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the node's log");
+        let mut child = Command::new(tidemark_bin())
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tidemark");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the listening line");
+        assert!(
+            line.starts_with("tidemark listening on "),
+            "node {}: {line:?}",
+            self.id
+        );
+        self.child = Some(child);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM; the exit status must be success.
+    pub fn terminate(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                assert!(status.success(), "node {} exited with {status}", self.id);
+                return;
+            }
+            assert!(Instant::now() < deadline, "node {} did not stop", self.id);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ReplicaMember {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
