@@ -23,21 +23,23 @@ use std::time::{Duration, Instant};
 use tidemark_client::{Client, ClientError, Message};
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::faulty_set::{connect, on_leader, read_all, FaultySet, IDS, LEADER_WAIT};
+use crate::faulty_set::{
+    connect, on_leader, read_all, stop_and_compare, FaultySet, SetUnderFaults, IDS, LEADER_WAIT,
+};
 
 const GROUP: u64 = 7;
 /// The sender that retries each send through whichever member leads.
-const ANY: u64 = 1;
+pub const ANY: u64 = 1;
 /// The sender that talks to the first leader only (partition test).
 const DIRECT: u64 = 2;
 
 /// One acknowledged send.
 #[derive(Clone, Copy, Debug)]
-struct Ack {
-    cmid: u64,
-    msg_id: u64,
-    node: u64,
-    at: Instant,
+pub struct Ack {
+    pub cmid: u64,
+    pub msg_id: u64,
+    pub node: u64,
+    pub at: Instant,
 }
 
 /// A send that got no acknowledgement from the member it was sent to.
@@ -47,7 +49,7 @@ struct Unacked {
     invoked: Instant,
 }
 
-fn payload(sender: u64, cmid: u64) -> Vec<u8> {
+pub fn payload(sender: u64, cmid: u64) -> Vec<u8> {
     format!("s{sender} m{cmid}").into_bytes()
 }
 
@@ -55,14 +57,20 @@ fn payload(sender: u64, cmid: u64) -> Vec<u8> {
 /// retried (same id) through whichever member leads until acknowledged:
 /// NOT_LEADER's detail is followed, any other failure turns to the next
 /// member after 5 ms.
-struct Writer {
+pub struct Writer {
     stop: Arc<AtomicBool>,
     acks: Arc<Mutex<Vec<Ack>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Writer {
-    fn start(addrs: BTreeMap<u64, String>) -> Writer {
+    pub fn start(addrs: BTreeMap<u64, String>) -> Writer {
+        Writer::start_paced(addrs, Duration::ZERO)
+    }
+
+    /// Like [`Writer::start`], waiting `pause` after each acknowledged
+    /// send.
+    pub fn start_paced(addrs: BTreeMap<u64, String>, pause: Duration) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
         let thread = {
@@ -88,6 +96,7 @@ impl Writer {
                                 at: Instant::now(),
                             });
                             cmid += 1;
+                            std::thread::sleep(pause);
                         }
                         Err(ClientError::Server {
                             code: ErrorCode::NotLeader,
@@ -114,14 +123,14 @@ impl Writer {
         }
     }
 
-    fn acks(&self) -> Vec<Ack> {
+    pub fn acks(&self) -> Vec<Ack> {
         self.acks.lock().expect("acks").clone()
     }
 
     /// Waits until `n` more sends were acknowledged (by any member, or by
     /// one other than `not_by`), restarting members whose process ended
-    /// meanwhile (`FaultySet::supervise`).
-    fn wait_more(&self, set: &mut FaultySet, n: usize, not_by: Option<u64>) {
+    /// meanwhile (`SetUnderFaults::supervise`).
+    pub fn wait_more(&self, set: &mut impl SetUnderFaults, n: usize, not_by: Option<u64>) {
         let deadline = Instant::now() + LEADER_WAIT;
         let counted = |acks: &[Ack]| acks.iter().filter(|a| Some(a.node) != not_by).count();
         let start = counted(&self.acks());
@@ -135,7 +144,7 @@ impl Writer {
         }
     }
 
-    fn finish(mut self) -> Vec<Ack> {
+    pub fn finish(mut self) -> Vec<Ack> {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.join().expect("writer thread");
@@ -145,11 +154,11 @@ impl Writer {
 }
 
 /// The member serving requests now.
-fn leader(set: &FaultySet) -> u64 {
+pub fn leader(set: &impl SetUnderFaults) -> u64 {
     on_leader(&set.addrs(), |c| c.history(GROUP, ANY, 0, 1)).1
 }
 
-fn setup(set: &FaultySet, senders: &[u64]) {
+pub fn setup(set: &impl SetUnderFaults, senders: &[u64]) {
     let addrs = set.addrs();
     on_leader(&addrs, |c| match c.create_group(GROUP) {
         Err(ClientError::Server {
@@ -166,7 +175,7 @@ fn setup(set: &FaultySet, senders: &[u64]) {
 /// Every acknowledged send stored once at its id, ids dense, each
 /// `(sender, client_msg_id)` at most once with its own payload. Returns
 /// the group's records.
-fn check_log(set: &FaultySet, acks: &[(u64, Ack)]) -> Vec<Message> {
+pub fn check_log(set: &impl SetUnderFaults, acks: &[(u64, Ack)]) -> Vec<Message> {
     let records = read_all(&set.addrs(), GROUP, ANY);
     let mut at: HashMap<(u64, u64), u64> = HashMap::new();
     for (i, r) in records.iter().enumerate() {
@@ -194,8 +203,8 @@ fn check_log(set: &FaultySet, acks: &[(u64, Ack)]) -> Vec<Message> {
 }
 
 /// One more acknowledged send, then a clean stop and the replicas' logs
-/// compared (`FaultySet::stop_and_compare`).
-fn settle_and_compare(set: &mut FaultySet, records: usize) {
+/// compared (`faulty_set::stop_and_compare`).
+pub fn settle_and_compare(set: &mut impl SetUnderFaults, records: usize) {
     let addrs = set.addrs();
     let last = on_leader(&addrs, |c| {
         c.send(GROUP, ANY, u64::MAX, &payload(ANY, u64::MAX))
@@ -207,13 +216,13 @@ fn settle_and_compare(set: &mut FaultySet, records: usize) {
         records as u64 + 1,
         "the settling send follows the log"
     );
-    let counts = set.stop_and_compare(&[GROUP]);
+    let counts = stop_and_compare(set, &[GROUP]);
     assert_eq!(counts, vec![last as usize], "every record in the dumps");
 }
 
 /// Waits until member `id` answers CLUSTER naming a leader other than
 /// itself (it follows), restarting members whose process ended.
-fn wait_follows(set: &mut FaultySet, id: u64) -> u64 {
+pub fn wait_follows(set: &mut impl SetUnderFaults, id: u64) -> u64 {
     let deadline = Instant::now() + LEADER_WAIT;
     loop {
         set.supervise();
@@ -239,10 +248,20 @@ fn wait_follows(set: &mut FaultySet, id: u64) -> u64 {
 #[test]
 fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower() {
     let mut set = FaultySet::start();
-    setup(&set, &[ANY, DIRECT]);
-    let old = leader(&set);
+    let old = leader_cut_from_its_peers(&mut set);
+    // The leader's Raft frames did go through the links.
+    for &p in IDS.iter().filter(|&&p| p != old) {
+        assert!(set.links[&(old, p)].connections() > 0, "link {old} to {p}");
+    }
+}
+
+/// The body of the test above, for any set (`netns_faults.rs` runs it
+/// with packet-dropping rules); returns the old leader.
+pub fn leader_cut_from_its_peers(set: &mut impl SetUnderFaults) -> u64 {
+    setup(set, &[ANY, DIRECT]);
+    let old = leader(set);
     let writer = Writer::start(set.addrs());
-    writer.wait_more(&mut set, 20, None);
+    writer.wait_more(set, 20, None);
 
     // DIRECT: one new client_msg_id per attempt, to the old leader only.
     let stop = Arc::new(AtomicBool::new(false));
@@ -282,15 +301,10 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
         })
     };
     std::thread::sleep(Duration::from_millis(300));
-
-    // The leader's Raft frames do go through the links.
-    for &p in IDS.iter().filter(|&&p| p != old) {
-        assert!(set.links[&(old, p)].connections() > 0, "link {old} to {p}");
-    }
     set.isolate(old);
     let cut_at = Instant::now();
     // A new leader is elected and serves ANY's sends.
-    writer.wait_more(&mut set, 30, Some(old));
+    writer.wait_more(set, 30, Some(old));
     let first_new = *writer
         .acks()
         .iter()
@@ -301,8 +315,8 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
     // now can commit.
     std::thread::sleep(Duration::from_millis(700));
     set.heal_all();
-    let new = wait_follows(&mut set, old);
-    writer.wait_more(&mut set, 20, None);
+    let new = wait_follows(set, old);
+    writer.wait_more(set, 20, None);
     stop.store(true, Ordering::Release);
     let (direct_acked, direct_unacked) = direct.join().expect("direct writer");
     let any_acked = writer.finish();
@@ -316,13 +330,13 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
         .map(|u| u.cmid)
         .collect();
     eprintln!(
-        "partition: old leader {old}, new leader {new}; ANY acked {}, DIRECT acked {} ({} after the cut, {} after the new leader's first ack), {} DIRECT sends unacknowledged after the cut; old leader's process ended by itself {} times",
+        "partition: old leader {old}, new leader {new}; ANY acked {}, DIRECT acked {} ({} after the cut, {} after the new leader's first ack), {} DIRECT sends unacknowledged after the cut; processes that ended by themselves (per member) {:?}",
         any_acked.len(),
         direct_acked.len(),
         after_cut,
         after_election,
         taken_after_cut.len(),
-        set.members[&old].exits
+        set.exits()
     );
     assert!(
         !direct_acked.is_empty(),
@@ -346,7 +360,7 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
     }
     let mut all: Vec<(u64, Ack)> = any_acked.iter().map(|&a| (ANY, a)).collect();
     all.extend(direct_acked.iter().map(|&a| (DIRECT, a)));
-    let records = check_log(&set, &all);
+    let records = check_log(set, &all);
     // Discarded: no send the isolated leader took after the cut.
     for r in records.iter().filter(|r| r.sender_id == DIRECT) {
         assert!(
@@ -356,7 +370,8 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
             r.msg_id
         );
     }
-    settle_and_compare(&mut set, records.len());
+    settle_and_compare(set, records.len());
+    old
 }
 
 /// SIGSTOP of the leader for 1.5 s (elections take 100-200 ms): a new

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tidemark_client::ClientError;
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::faulty_set::{connect, on_leader, FaultySet, IDS};
+use crate::faulty_set::{connect, on_leader, FaultySet, SetUnderFaults, IDS};
 
 const GROUP: u64 = 21;
 const USER: u64 = 7;

@@ -12,18 +12,23 @@
 //! members' own `--listen` addresses, never through a link: cutting links
 //! isolates a member from the others and not from its clients.
 //!
-//! Why a proxy and not network namespaces: namespaces need root (CI runs
-//! the tests as an ordinary user) and a veth pair per member; a member's
-//! only view of its peers is TCP connections it opens or accepts, and a
-//! cut link is what a partition looks like from there (connections broken,
-//! new ones refused, bytes in flight lost). Packets held without a reset
-//! (a silent drop) are the one thing a proxy does not model; Raft sees
-//! those as lost messages, which the simulated network of `tidemark-cluster`
-//! `sim_tests` covers.
+//! Why a proxy as well as network namespaces (`netns.rs`): it needs no
+//! root, so these tests run for anyone; a member's only view of its peers
+//! is TCP connections it opens or accepts, and a cut link is what a
+//! partition looks like from there once TCP gives up (connections broken,
+//! new ones refused, bytes in flight lost). Packets that vanish without a
+//! reset (a silent drop) are what a proxy does not model; `netns.rs` drops
+//! them with iptables rules, and the simulated network of
+//! `tidemark-cluster` `sim_tests` loses messages.
 //!
 //! A cut link shuts down both sockets of every connection it carries (what
 //! the pumps hold is dropped, not forwarded) and closes each new
 //! connection at once until healed.
+//!
+//! [`SetUnderFaults`] is what a test's nemesis asks of a set: this one, or
+//! `netns::NetnsSet`, whose members run in network namespaces of their own
+//! and whose links are cut by packet-dropping rules. The checks after a
+//! run ([`stop_and_compare`]) are written once, for both.
 //!
 //! Invariants: a member's data directory, client port and cluster port
 //! stay the same across restarts; [`FaultySet::supervise`] restarts a
@@ -35,7 +40,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -51,6 +56,45 @@ pub const IDS: [u64; 3] = [1, 2, 3];
 /// Longest a step may wait for a leader (an election takes 100-200 ms; a
 /// restarted member replays its logs first).
 pub const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+/// A replica set of three members ([`IDS`]) whose processes and links a
+/// test controls (module docs). A cut or a pause holds until healed or
+/// resumed.
+pub trait SetUnderFaults {
+    /// Member `id`'s client address.
+    fn addr(&self, id: u64) -> String;
+    /// Every member's client address, by id.
+    fn addrs(&self) -> BTreeMap<u64, String> {
+        IDS.iter().map(|&id| (id, self.addr(id))).collect()
+    }
+    /// Member `id`'s data directory.
+    fn dir(&self, id: u64) -> &Path;
+    /// SIGKILL and reap.
+    fn kill(&mut self, id: u64);
+    /// Kills member `id` if it runs, and starts it again on the same
+    /// directory and flags.
+    fn restart(&mut self, id: u64);
+    /// SIGSTOP: the process stops between any two instructions.
+    fn pause(&self, id: u64);
+    fn resume(&self, id: u64);
+    /// Cuts everything between `id` and the other members, both ways;
+    /// its clients still reach it.
+    fn isolate(&self, id: u64);
+    /// Cuts what `from` sends to `to`; what `to` sends to `from` passes.
+    fn cut_one_way(&self, from: u64, to: u64);
+    /// Every cut healed.
+    fn heal_all(&self);
+    /// Restarts every member whose process ended by itself, as a
+    /// supervisor would, and counts it; returns their ids.
+    fn supervise(&mut self) -> Vec<u64>;
+    /// Per member (in [`IDS`] order), the times its process ended by itself.
+    fn exits(&self) -> Vec<u64>;
+    /// Clean stop of every member (resumed first; each must exit with
+    /// success).
+    fn terminate_all(&mut self);
+    /// Starts every member again after [`SetUnderFaults::terminate_all`].
+    fn start_all(&mut self);
+}
 
 struct LinkShared {
     cut: AtomicBool,
@@ -332,17 +376,26 @@ impl FaultySet {
         }
     }
 
-    pub fn addr(&self, id: u64) -> String {
+    fn member(&mut self, id: u64) -> &mut Member {
+        self.members.get_mut(&id).expect("a member")
+    }
+
+    /// See [`stop_and_compare`].
+    pub fn stop_and_compare(&mut self, groups: &[u64]) -> Vec<usize> {
+        stop_and_compare(self, groups)
+    }
+}
+
+impl SetUnderFaults for FaultySet {
+    fn addr(&self, id: u64) -> String {
         format!("127.0.0.1:{}", self.members[&id].client_port)
     }
 
-    /// Every member's client address, by id.
-    pub fn addrs(&self) -> BTreeMap<u64, String> {
-        IDS.iter().map(|&id| (id, self.addr(id))).collect()
+    fn dir(&self, id: u64) -> &Path {
+        &self.members[&id].dir
     }
 
-    /// Cuts every link between `id` and the other members, both ways.
-    pub fn isolate(&self, id: u64) {
+    fn isolate(&self, id: u64) {
         for (&(from, to), link) in &self.links {
             if from == id || to == id {
                 link.cut();
@@ -350,38 +403,37 @@ impl FaultySet {
         }
     }
 
-    pub fn heal_all(&self) {
+    /// The link `(from, to)` carries exactly `from`'s messages to `to`
+    /// (module docs).
+    fn cut_one_way(&self, from: u64, to: u64) {
+        self.links[&(from, to)].cut();
+    }
+
+    fn heal_all(&self) {
         for link in self.links.values() {
             link.heal();
         }
     }
 
-    pub fn kill(&mut self, id: u64) {
+    fn kill(&mut self, id: u64) {
         self.member(id).kill();
     }
 
-    pub fn restart(&mut self, id: u64) {
+    fn restart(&mut self, id: u64) {
         let m = self.member(id);
         m.kill();
         m.spawn();
     }
 
-    /// SIGSTOP: the process stops between any two instructions.
-    pub fn pause(&self, id: u64) {
+    fn pause(&self, id: u64) {
         self.members[&id].signal(libc::SIGSTOP);
     }
 
-    pub fn resume(&self, id: u64) {
+    fn resume(&self, id: u64) {
         self.members[&id].signal(libc::SIGCONT);
     }
 
-    fn member(&mut self, id: u64) -> &mut Member {
-        self.members.get_mut(&id).expect("a member")
-    }
-
-    /// Restarts every member whose process ended by itself (module docs);
-    /// returns their ids.
-    pub fn supervise(&mut self) -> Vec<u64> {
+    fn supervise(&mut self) -> Vec<u64> {
         let mut restarted = Vec::new();
         for m in self.members.values_mut() {
             let ended = match m.child.as_mut() {
@@ -398,95 +450,101 @@ impl FaultySet {
         restarted
     }
 
-    /// Clean stop of every member (each must exit with success).
+    fn exits(&self) -> Vec<u64> {
+        self.members.values().map(|m| m.exits).collect()
+    }
+
     fn terminate_all(&mut self) {
         for m in self.members.values_mut() {
             m.terminate();
         }
     }
 
-    /// `ctl dump --json --group G` of a stopped member's engine, its own
-    /// directory replaced by `DIR`.
-    pub fn dump(&self, id: u64, group: u64) -> String {
-        replica_dump(&self.members[&id].dir, group, &format!("node {id}"))
-    }
-
-    /// Stops every member cleanly and compares their logs: every
-    /// member's dump of each group the same, and its files past their
-    /// 64-byte headers (whose `created_ms` is each replica's clock) too.
-    /// A member that stopped behind (its dump a prefix of another's: it
-    /// had not applied everything committed yet, which a member catching
-    /// up on a loaded machine may need seconds for) gets more time: all
-    /// are started again (a new leader's first entry commits everything
-    /// before it) and stopped again, up to 5 times. A dump that is not a
-    /// prefix of the longest fails at once. Returns each group's number
-    /// of records.
-    pub fn stop_and_compare(&mut self, groups: &[u64]) -> Vec<usize> {
-        for attempt in 1..=5 {
-            // Followers learn the last commit index from the leader's
-            // next heartbeats (every 20 ms) and apply it.
-            std::thread::sleep(Duration::from_millis(1500));
-            self.supervise();
-            self.terminate_all();
-            let mut behind = Vec::new();
-            let mut counts = Vec::new();
-            for &g in groups {
-                let dumps: Vec<String> = IDS.iter().map(|&id| self.dump(id, g)).collect();
-                let longest = dumps.iter().max_by_key(|d| d.len()).expect("three dumps");
-                for (id, d) in IDS.iter().zip(&dumps) {
-                    if d == longest {
-                        continue;
-                    }
-                    if !longest.starts_with(d.as_str()) {
-                        let diff = longest.lines().zip(d.lines()).find(|(x, y)| x != y);
-                        panic!(
-                            "group {g}: node {id}'s records differ from the longest log: {} and {} lines, first difference {diff:?}",
-                            d.lines().count(),
-                            longest.lines().count()
-                        );
-                    }
-                    behind.push((*id, g, d.lines().count(), longest.lines().count()));
-                }
-                counts.push(longest.lines().count());
-            }
-            if behind.is_empty() {
-                self.assert_files_identical();
-                return counts;
-            }
-            eprintln!("stop {attempt}: members stopped behind (id, group, records, of): {behind:?}; starting them all again");
-            for m in self.members.values_mut() {
-                m.spawn();
-            }
-            let reader = groups[0];
-            on_leader(&self.addrs(), |c| match c.history(reader, 1, 0, 1) {
-                Err(ClientError::Server {
-                    code: ErrorCode::NotMember | ErrorCode::GroupNotFound,
-                    ..
-                }) => Ok(()),
-                r => r.map(drop),
-            });
+    fn start_all(&mut self) {
+        for m in self.members.values_mut() {
+            m.spawn();
         }
-        panic!("the members' logs did not converge after 5 stops");
     }
+}
 
-    /// The members' group files are identical past their 64-byte headers.
-    fn assert_files_identical(&self) {
-        let files = |id: u64| file_tree(&self.members[&id].dir.join("engine").join("groups"));
-        let mine = files(IDS[0]);
-        for &id in &IDS[1..] {
-            let theirs = files(id);
-            assert_eq!(
-                theirs.keys().collect::<Vec<_>>(),
-                mine.keys().collect::<Vec<_>>(),
-                "node {id}'s group files"
-            );
-            for (path, bytes) in &mine {
-                assert!(
-                    theirs[path].len() == bytes.len() && theirs[path][64..] == bytes[64..],
-                    "node {id}: {} differs",
-                    path.display()
-                );
+/// `ctl dump --json --group G` of a stopped member's engine, its own
+/// directory replaced by `DIR`.
+pub fn dump(set: &impl SetUnderFaults, id: u64, group: u64) -> String {
+    replica_dump(set.dir(id), group, &format!("node {id}"))
+}
+
+/// Stops every member cleanly and compares their logs: every member's
+/// dump of each group the same, and its files past their 64-byte headers
+/// (whose `created_ms` is each replica's clock) too. A member that
+/// stopped behind (its dump a prefix of another's: it had not applied
+/// everything committed yet, which a member catching up on a loaded
+/// machine may need seconds for) gets more time: all are started again (a
+/// new leader's first entry commits everything before it) and stopped
+/// again, up to 5 times. A dump that is not a prefix of the longest fails
+/// at once. Returns each group's number of records.
+pub fn stop_and_compare(set: &mut impl SetUnderFaults, groups: &[u64]) -> Vec<usize> {
+    for attempt in 1..=5 {
+        // Followers learn the last commit index from the leader's
+        // next heartbeats (every 20 ms) and apply it.
+        std::thread::sleep(Duration::from_millis(1500));
+        set.supervise();
+        set.terminate_all();
+        let mut behind = Vec::new();
+        let mut counts = Vec::new();
+        for &g in groups {
+            let dumps: Vec<String> = IDS.iter().map(|&id| dump(set, id, g)).collect();
+            let longest = dumps.iter().max_by_key(|d| d.len()).expect("three dumps");
+            for (id, d) in IDS.iter().zip(&dumps) {
+                if d == longest {
+                    continue;
+                }
+                if !longest.starts_with(d.as_str()) {
+                    let diff = longest.lines().zip(d.lines()).find(|(x, y)| x != y);
+                    panic!(
+                        "group {g}: node {id}'s records differ from the longest log: {} and {} lines, first difference {diff:?}",
+                        d.lines().count(),
+                        longest.lines().count()
+                    );
+                }
+                behind.push((*id, g, d.lines().count(), longest.lines().count()));
             }
+            counts.push(longest.lines().count());
+        }
+        if behind.is_empty() {
+            assert_files_identical(set);
+            return counts;
+        }
+        eprintln!("stop {attempt}: members stopped behind (id, group, records, of): {behind:?}; starting them all again");
+        set.start_all();
+        let reader = groups[0];
+        on_leader(&set.addrs(), |c| match c.history(reader, 1, 0, 1) {
+            Err(ClientError::Server {
+                code: ErrorCode::NotMember | ErrorCode::GroupNotFound,
+                ..
+            }) => Ok(()),
+            r => r.map(drop),
+        });
+    }
+    panic!("the members' logs did not converge after 5 stops");
+}
+
+/// The members' group files are identical past their 64-byte headers.
+fn assert_files_identical(set: &impl SetUnderFaults) {
+    let files = |id: u64| file_tree(&set.dir(id).join("engine").join("groups"));
+    let mine = files(IDS[0]);
+    for &id in &IDS[1..] {
+        let theirs = files(id);
+        assert_eq!(
+            theirs.keys().collect::<Vec<_>>(),
+            mine.keys().collect::<Vec<_>>(),
+            "node {id}'s group files"
+        );
+        for (path, bytes) in &mine {
+            assert!(
+                theirs[path].len() == bytes.len() && theirs[path][64..] == bytes[64..],
+                "node {id}: {} differs",
+                path.display()
+            );
         }
     }
 }

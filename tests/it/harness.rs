@@ -191,18 +191,34 @@ pub struct ReplicaMember {
     pub dir: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    /// A command the binary runs under (`ip netns exec NS`), or empty.
+    prefix: Vec<String>,
 }
 
 impl ReplicaMember {
     /// Node `id` run with the command line `args`, its data in `dir`, its
     /// log appended to `log`.
     pub fn start(id: u64, dir: PathBuf, log: PathBuf, args: Vec<String>) -> ReplicaMember {
+        ReplicaMember::start_under(Vec::new(), id, dir, log, args)
+    }
+
+    /// Like [`ReplicaMember::start`], the binary run by the command
+    /// `prefix` (`["ip", "netns", "exec", NS]`), which must exec it in
+    /// place: the child's pid is the node's, for signals.
+    pub fn start_under(
+        prefix: Vec<String>,
+        id: u64,
+        dir: PathBuf,
+        log: PathBuf,
+        args: Vec<String>,
+    ) -> ReplicaMember {
         let mut m = ReplicaMember {
             id,
             child: None,
             log,
             dir,
             args,
+            prefix,
         };
         m.spawn();
         m
@@ -215,7 +231,15 @@ impl ReplicaMember {
             .append(true)
             .open(&self.log)
             .expect("open the node's log");
-        let mut child = Command::new(tidemark_bin())
+        let mut command = match self.prefix.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(tidemark_bin());
+                c
+            }
+            None => Command::new(tidemark_bin()),
+        };
+        let mut child = command
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -226,11 +250,18 @@ impl ReplicaMember {
         BufReader::new(child.stdout.take().expect("piped stdout"))
             .read_line(&mut line)
             .expect("read the listening line");
-        assert!(
-            line.starts_with("tidemark listening on "),
-            "node {}: {line:?}",
-            self.id
-        );
+        if !line.starts_with("tidemark listening on ") {
+            // Not left running; the log says why it did not start.
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(6).collect();
+            panic!(
+                "node {} did not start ({line:?}); its log ends:\n{}",
+                self.id,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         self.child = Some(child);
     }
 
@@ -239,6 +270,22 @@ impl ReplicaMember {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Sends `sig` (SIGSTOP, SIGCONT) to the running process, if any.
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on our own child's pid (not yet reaped).
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// The exit status if the process was started and has ended since
+    /// (reaped; a later [`ReplicaMember::spawn`] starts it again).
+    pub fn ended(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().expect("try_wait")?;
+        self.child = None;
+        Some(status)
     }
 
     /// SIGTERM; the exit status must be success.

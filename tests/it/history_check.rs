@@ -1,12 +1,16 @@
-//! A history check in the spirit of Jepsen (issue 16, "How it is
-//! tested"; format-spec/cluster.md section 6.1) against a replica set of
-//! three real nodes (`faulty_set.rs`).
+//! A history check in the spirit of Jepsen (format-spec/cluster.md
+//! section 6.1) against a replica set of three real nodes: [`run`] takes
+//! any [`SetUnderFaults`], the proxy links of `faulty_set.rs` (this
+//! module's test) or the network namespaces and packet-dropping rules of
+//! `netns.rs` (`netns_faults.rs`).
 //!
 //! Several client threads, each a user of two groups, send, pull (each
 //! pull ACKing what the client saw before) and ask UNREAD against
 //! whichever member leads, while a seeded nemesis, round after round,
-//! SIGKILLs and restarts a member, cuts a member's links and heals them,
-//! or SIGSTOPs a member and resumes it (the leader or a random member).
+//! takes turns at the faults of its [`Plan`]: SIGKILL and restart a
+//! member, cut a member's links both ways, cut one direction between two
+//! members, or SIGSTOP a member and resume it (the leader or a random
+//! member), then heals.
 //! Every operation is recorded, in each client's order: which
 //! member answered, and its outcome: ok (with the msg_id, cursor, head,
 //! records), fail (NOT_LEADER: refused before anything happened) or
@@ -34,7 +38,8 @@
 //! - no member's process ended by itself: a member that lost leadership
 //!   with a round at its gate restarts in place (cluster.md section 5.1).
 //!
-//! Environment: `TIDEMARK_HISTORY_ROUNDS=N` nemesis rounds (default 6),
+//! Environment: `TIDEMARK_HISTORY_ROUNDS=N` nemesis rounds of this
+//! module's test (default 6; `netns_faults.rs` has its own),
 //! `TIDEMARK_HISTORY_SEED=S` (default: from the clock, printed),
 //! `TIDEMARK_HISTORY_CLIENTS=N` client threads (default 4).
 
@@ -46,7 +51,9 @@ use std::time::{Duration, Instant};
 use tidemark_client::{Client, ClientError};
 use tidemark_protocol::{ErrorCode, JoinStart};
 
-use crate::faulty_set::{connect, on_leader, read_all, FaultySet, IDS, LEADER_WAIT};
+use crate::faulty_set::{
+    connect, on_leader, read_all, stop_and_compare, FaultySet, SetUnderFaults, IDS, LEADER_WAIT,
+};
 use crate::proxy::Rng;
 
 const GROUPS: [u64; 2] = [11, 12];
@@ -231,20 +238,80 @@ fn client(
     history
 }
 
-/// What the nemesis did in one round, and when.
-#[derive(Clone, Copy, Debug)]
-struct Fault {
-    what: &'static str,
-    node: u64,
+/// A fault the nemesis holds for one round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// SIGKILL, then a restart.
+    Kill,
+    /// Every link between the member and its peers cut, both ways.
+    Partition,
+    /// What the member sends to one other member cut, not the reverse.
+    OneWay,
+    /// SIGSTOP, then SIGCONT.
+    Pause,
 }
 
-fn leader(set: &FaultySet) -> u64 {
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Kill => "kill",
+            Kind::Partition => "partition",
+            Kind::OneWay => "one-way",
+            Kind::Pause => "pause",
+        }
+    }
+}
+
+/// What the nemesis does: `rounds` rounds taking turns at `kinds` (the
+/// first of each kind hits the leader, the fault that matters most, also
+/// in a short CI run; later ones the leader or a random member, half and
+/// half), each held 0.2-1.2 s.
+pub struct Plan {
+    pub rounds: u64,
+    pub clients: u64,
+    pub seed: u64,
+    pub kinds: &'static [Kind],
+}
+
+impl Plan {
+    /// Rounds from the variable `rounds_var` (else `default_rounds`),
+    /// clients and seed from the module's variables; prints them.
+    pub fn from_env(rounds_var: &str, default_rounds: u64, kinds: &'static [Kind]) -> Plan {
+        let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let plan = Plan {
+            rounds: env(rounds_var).unwrap_or(default_rounds),
+            clients: env("TIDEMARK_HISTORY_CLIENTS").unwrap_or(4),
+            seed: env("TIDEMARK_HISTORY_SEED").unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            }),
+            kinds,
+        };
+        eprintln!(
+            "history check: seed {} (TIDEMARK_HISTORY_SEED), {} rounds ({rounds_var}), {} clients, faults {:?}",
+            plan.seed, plan.rounds, plan.clients, plan.kinds
+        );
+        plan
+    }
+}
+
+/// What the nemesis did in one round: the fault, its member, and for a
+/// one-way cut the member that stopped hearing from it.
+#[derive(Clone, Copy, Debug)]
+struct Fault {
+    kind: Kind,
+    node: u64,
+    to: Option<u64>,
+}
+
+fn leader(set: &impl SetUnderFaults) -> u64 {
     on_leader(&set.addrs(), |c| c.ping().and_then(|_| c.unread(USER_BASE))).1
 }
 
 /// Waits until the clients had `n` more sends acknowledged, restarting
 /// members whose process ended (cluster.md section 5.1).
-fn wait_progress(set: &mut FaultySet, acked: &AtomicU64, n: u64) {
+fn wait_progress(set: &mut impl SetUnderFaults, acked: &AtomicU64, n: u64) {
     let start = acked.load(Ordering::Acquire);
     let deadline = Instant::now() + LEADER_WAIT;
     while acked.load(Ordering::Acquire) < start + n {
@@ -259,22 +326,22 @@ fn wait_progress(set: &mut FaultySet, acked: &AtomicU64, n: u64) {
 
 #[test]
 fn a_history_under_kills_partitions_and_pauses_is_consistent() {
-    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-    let rounds = env("TIDEMARK_HISTORY_ROUNDS").unwrap_or(6);
-    let clients = env("TIDEMARK_HISTORY_CLIENTS").unwrap_or(4);
-    let seed = env("TIDEMARK_HISTORY_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
-    eprintln!(
-        "history check: seed {seed} (TIDEMARK_HISTORY_SEED), {rounds} rounds, {clients} clients"
+    let plan = Plan::from_env(
+        "TIDEMARK_HISTORY_ROUNDS",
+        6,
+        &[Kind::Partition, Kind::Kill, Kind::Pause],
     );
+    run(&mut FaultySet::start(), &plan);
+}
+
+/// One history under `plan`'s nemesis against `set`, then the checker
+/// (module docs); panics naming the first violation.
+pub fn run(set: &mut impl SetUnderFaults, plan: &Plan) {
     let began = Instant::now();
+    let seed = plan.seed;
     let mut rng = Rng::new(seed);
-    let mut set = FaultySet::start();
     let addrs = set.addrs();
-    let users: Vec<u64> = (0..clients).map(|i| USER_BASE + i).collect();
+    let users: Vec<u64> = (0..plan.clients).map(|i| USER_BASE + i).collect();
     for &g in &GROUPS {
         on_leader(&addrs, |c| match c.create_group(g) {
             Err(ClientError::Server {
@@ -299,40 +366,44 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
         .collect();
 
     let mut faults = Vec::new();
-    wait_progress(&mut set, &acked, 20);
-    for round in 0..rounds {
-        // The kinds take turns; the first of each hits the leader (the
-        // fault that matters most, also in the short CI run), later ones
-        // the leader or a random member.
-        let lead = leader(&set);
-        let node = if round < 3 || rng.percent(50) {
+    wait_progress(set, &acked, 20);
+    for round in 0..plan.rounds {
+        let kind = plan.kinds[round as usize % plan.kinds.len()];
+        let lead = leader(set);
+        let node = if round < plan.kinds.len() as u64 || rng.percent(50) {
             lead
         } else {
             IDS[rng.range((0, 2)) as usize]
         };
         let hold = Duration::from_millis(rng.range((200, 1200)));
-        let what = match round % 3 {
-            1 => {
+        let mut to = None;
+        match kind {
+            Kind::Kill => {
                 set.kill(node);
                 std::thread::sleep(hold);
                 set.restart(node);
-                "kill"
             }
-            0 => {
+            Kind::Partition => {
                 set.isolate(node);
                 std::thread::sleep(hold);
                 set.heal_all();
-                "partition"
             }
-            _ => {
+            Kind::OneWay => {
+                let others: Vec<u64> = IDS.into_iter().filter(|&i| i != node).collect();
+                let peer = others[rng.range((0, 1)) as usize];
+                to = Some(peer);
+                set.cut_one_way(node, peer);
+                std::thread::sleep(hold);
+                set.heal_all();
+            }
+            Kind::Pause => {
                 set.pause(node);
                 std::thread::sleep(hold);
                 set.resume(node);
-                "pause"
             }
-        };
-        wait_progress(&mut set, &acked, 20);
-        faults.push(Fault { what, node });
+        }
+        wait_progress(set, &acked, 20);
+        faults.push(Fault { kind, node, to });
     }
     stop.store(true, Ordering::Release);
     let histories: Vec<Vec<Event>> = threads
@@ -360,20 +431,30 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
         })
         .collect();
     let report = check(&users, &histories, &logs);
-    let kinds = |w: &str| faults.iter().filter(|f| f.what == w).count();
+    let kinds: Vec<String> = plan
+        .kinds
+        .iter()
+        .map(|&k| {
+            let n = faults.iter().filter(|f| f.kind == k).count();
+            format!("{n} {}", k.name())
+        })
+        .collect();
     let schedule: Vec<String> = faults
         .iter()
-        .map(|f| format!("{} {}", f.what, f.node))
+        .map(|f| match f.to {
+            Some(to) => format!("{} {}>{to}", f.kind.name(), f.node),
+            None => format!("{} {}", f.kind.name(), f.node),
+        })
         .collect();
     eprintln!("history check: nemesis {}", schedule.join(", "));
+    let exits = set.exits();
     eprintln!(
-        "history check: seed {seed}, {rounds} rounds ({} kills, {} partitions, {} pauses), {:.1} s; \
+        "history check: seed {seed}, {} rounds ({}), {:.1} s; \
          {} operations; sends: {} acknowledged, {} refused, {} unknown, {} retransmits; \
          records stored {}; unknown sends stored {}; pulls {} ({} records checked); \
-         processes that ended by themselves {:?}",
-        kinds("kill"),
-        kinds("partition"),
-        kinds("pause"),
+         processes that ended by themselves {exits:?}",
+        plan.rounds,
+        kinds.join(", "),
         began.elapsed().as_secs_f64(),
         report.operations,
         report.acked,
@@ -384,15 +465,13 @@ fn a_history_under_kills_partitions_and_pauses_is_consistent() {
         report.unknown_stored,
         report.pulls,
         report.pulled_records,
-        set.members.values().map(|m| m.exits).collect::<Vec<_>>()
     );
     assert!(report.acked > 0 && report.pulled_records > 0, "{report:?}");
-    let exits: Vec<u64> = set.members.values().map(|m| m.exits).collect();
     assert!(
         exits.iter().all(|&n| n == 0),
         "a member's process ended by itself (times per member: {exits:?}); a refused round restarts it in place"
     );
-    let counts = set.stop_and_compare(&GROUPS);
+    let counts = stop_and_compare(set, &GROUPS);
     for (i, &g) in GROUPS.iter().enumerate() {
         assert_eq!(
             counts[i],

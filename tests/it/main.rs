@@ -28,6 +28,8 @@ mod hostile;
 mod idle;
 mod members;
 mod net_faults;
+mod netns;
+mod netns_faults;
 mod node;
 mod observe;
 mod ops_cli;
