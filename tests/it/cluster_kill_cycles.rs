@@ -19,6 +19,14 @@
 //! the time a killed leader stays down (default 300 ms); RELIABILITY.md
 //! has the figures of a long run.
 //!
+//! `a_follower_killed_at_each_step_of_its_install_starts_and_catches_up`:
+//! a follower made to need a snapshot is SIGKILLed at each step of its
+//! install in turn (while the stream is received, once it is received,
+//! after the install's commit point, while the new run finishes the
+//! swap: each kill lands at or just after its step, as the follower's log
+//! and directory show it), restarted each time: it starts every time, and
+//! at the end its engine matches the others'.
+//!
 //! `a_sigterm_during_a_restart_in_place_stops_the_member`: a follower
 //! restarting itself to install a snapshot is sent SIGTERM while the old
 //! run shuts down for the exec; it exits with status 0 within a bounded
@@ -336,6 +344,75 @@ fn write_past(ports: &Ports, lead_dir: &Path, had: u64, cmid: &mut u64) {
             });
         }
     }
+}
+
+/// Waits until `ready` says the follower reached its kill point (polled
+/// every millisecond); false if it never did within `WAIT`.
+fn reached(ready: &mut dyn FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
+#[test]
+fn a_follower_killed_at_each_step_of_its_install_starts_and_catches_up() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ports = free_ports();
+    let mut members: HashMap<u64, ReplicaMember> = IDS
+        .iter()
+        .map(|&id| (id, new_member(id, root.path(), &ports)))
+        .collect();
+    on_leader(&ports, |c| c.create_group(GROUP));
+    on_leader(&ports, |c| c.join(GROUP, SENDER_BASE, JoinStart::Head));
+    let mut cmid = 0;
+    let lead = leader(&ports);
+    let down = *IDS.iter().find(|&&id| id != lead).expect("a follower");
+    let steps: [(&str, &str); 4] = [
+        ("receiving the stream", "snap-in/tmp-"),
+        ("stream received", "bytes received and synced"),
+        ("install committed", "is to be installed: the node restarts"),
+        (
+            "new run finishing the swap",
+            "finishing the install of the snapshot",
+        ),
+    ];
+    let mut hit = Vec::new();
+    for (step, mark) in steps {
+        let m = members.get_mut(&down).expect("member");
+        m.kill();
+        let (_, had) = raft_log_span(&m.dir);
+        write_past(&ports, &members[&lead].dir, had, &mut cmid);
+        let m = members.get_mut(&down).expect("member");
+        let seen = m.log_text().matches(mark).count();
+        m.spawn();
+        let dir = m.dir.clone();
+        let landed = reached(&mut || match mark.strip_prefix("snap-in/") {
+            Some(prefix) => std::fs::read_dir(dir.join("snap-in")).is_ok_and(|d| {
+                d.filter_map(|e| e.ok())
+                    .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+            }),
+            None => m.log_text().matches(mark).count() > seen,
+        });
+        m.kill();
+        hit.push((step, landed));
+        // Starts again (a crash loop fails here) and catches up.
+        m.spawn();
+    }
+    eprintln!("kill points reached (step, reached before the kill): {hit:?}");
+    cmid += 1;
+    let c = cmid;
+    on_leader(&ports, |cl| cl.send(GROUP, SENDER_BASE, c, b"last"));
+    let dump = stop_and_compare(&mut members, &ports);
+    assert_eq!(
+        dump.lines().count() as u64,
+        cmid,
+        "every send in every replica"
+    );
 }
 
 #[test]
