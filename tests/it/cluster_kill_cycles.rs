@@ -428,40 +428,52 @@ fn a_sigterm_during_a_restart_in_place_stops_the_member() {
     let mut cmid = 0;
     let lead = leader(&ports);
     let down = *IDS.iter().find(|&&id| id != lead).expect("a follower");
-    members.get_mut(&down).expect("member").kill();
-    let (_, had) = raft_log_span(&members[&down].dir);
-    write_past(&ports, &members[&lead].dir, had, &mut cmid);
-    // Back, it is sent a snapshot and restarts itself to install it: the
-    // SIGTERM lands while its old run shuts down for the exec.
-    let m = members.get_mut(&down).expect("member");
-    m.spawn();
-    let deadline = Instant::now() + WAIT;
-    while !m
-        .log_text()
-        .contains("is to be installed: the node restarts")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the follower never installed a snapshot"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    m.signal(libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = m.exited() {
-            break status;
+    // The SIGTERM lands while the old run shuts down for the exec (the
+    // replica stopped for the install), then right at the exec (the old
+    // run's last line): the signal pending across it.
+    for mark in [
+        "is to be installed: the node restarts",
+        "restarting in place",
+    ] {
+        members.get_mut(&down).expect("member").kill();
+        let (_, had) = raft_log_span(&members[&down].dir);
+        write_past(&ports, &members[&lead].dir, had, &mut cmid);
+        // Back, it is sent a snapshot and restarts itself to install it.
+        let m = members.get_mut(&down).expect("member");
+        let seen = m.log_text().matches(mark).count();
+        m.spawn();
+        let deadline = Instant::now() + WAIT;
+        while m.log_text().matches(mark).count() == seen {
+            assert!(
+                Instant::now() < deadline,
+                "the follower never installed a snapshot"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(
-            Instant::now() < deadline,
-            "the member ignored a SIGTERM during its restart in place; its log ends:\n{}",
-            tail(&m.log_text())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "exit status {status}");
-    // Started again, it finishes the install and catches up.
-    m.spawn();
+        m.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = m.exited() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the member ignored a SIGTERM during its restart in place ({mark:?}); its log \
+                 ends:\n{}",
+                tail(&m.log_text())
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "exit status {status} ({mark:?})");
+        // Started again, it finishes the install and catches up.
+        m.spawn();
+    }
+    // Where each signal was taken: by the old run (no exec) or the new one.
+    for line in members[&down].log_text().lines() {
+        if line.contains("signal 15") || line.contains("restarting") {
+            eprintln!("node {down}: {line}");
+        }
+    }
     cmid += 1;
     let c = cmid;
     on_leader(&ports, |cl| cl.send(GROUP, SENDER_BASE, c, b"last"));
