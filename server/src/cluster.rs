@@ -15,13 +15,15 @@
 //!
 //! Invariants: the node's request gate lets a data request through only
 //! while `Replica::is_writable`; a replica whose engine must be reopened
-//! (a round refused because leadership was lost between the gate's check
-//! and the round, or a failed write) stops, and the node shuts down with
-//! an error: the engine the loop serves cannot be swapped under it, and a
-//! restart recovers both logs (cluster.md section 5). A replica that
-//! stops to install a snapshot (its Raft log already reset to it) makes
-//! the node shut down and re-execute itself, whose start finishes the
-//! install (cluster.md section 8.4).
+//! stops, since the engine the loop serves cannot be swapped under it:
+//! after leadership was lost with a round of its own not committed, the
+//! node shuts down and [`serve`] returns [`Served::Restart`] (the binary
+//! re-executes itself, unless a signal asked it to stop meanwhile:
+//! `signals.rs`), and the new run recovers both logs (cluster.md section
+//! 5.1); after a failed write, an error (exit status 1). A replica that
+//! stops to install a snapshot (its Raft log already reset to it) ends
+//! the same way as a restart, whose start finishes the install
+//! (cluster.md section 8.4).
 //!
 //! Costs: per data request one leaf-lock read of the gate state; a watcher
 //! thread that looks at the replica's state every [`WATCH_INTERVAL`].
@@ -344,13 +346,27 @@ impl Leadership for ReplicaLeadership {
     }
 }
 
+/// How a member's run ended, when not on an error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Stopped (a signal, or `on_ready`'s handle).
+    Stopped,
+    /// Everything closed, the node must run again in place (same command
+    /// line, same pid): to finish a snapshot's install (cluster.md
+    /// section 8.4), or for a fresh engine after leadership was lost with
+    /// a round of its own not committed (section 5.1). Says which.
+    Restart(&'static str),
+}
+
 /// Runs a replica set member until a signal or `on_ready`'s handle stops
-/// it, or its replica stops on an error (then an error).
+/// it, or its replica stops: on an error (then an error), or to be run
+/// again in place ([`Served::Restart`]: the caller re-executes the
+/// process, unless it was asked to stop meanwhile).
 pub fn serve(
     mut node: NodeConfig,
     cluster: ClusterConfig,
     on_ready: impl FnOnce(SocketAddr, Shutdown),
-) -> Result<(), String> {
+) -> Result<Served, String> {
     let voters: Vec<u64> = std::iter::once(cluster.node_id)
         .chain(cluster.peers.iter().map(|p| p.id))
         .collect();
@@ -463,18 +479,22 @@ pub fn serve(
         // Everything this process held is closed (the engine by the loop's
         // drop, the listeners, the transport): the new image finishes the
         // install before it opens the engine (cluster.md section 8.4).
-        return restart_in_place("to finish a snapshot's install");
+        return Ok(Served::Restart("to finish a snapshot's install"));
     }
     if refused && stopped.is_some() {
-        // A round refused at the gate when leadership was lost: the new
-        // image recovers both logs and follows the new leader (cluster.md
-        // section 5.1). Not after a failed write: a broken disk would
-        // only fail again, so that one still ends the process.
-        return restart_in_place("after a round refused when leadership was lost");
+        // A round refused at the gate when leadership was lost, or a
+        // committed round its engine refused while it may still count
+        // one of its own: the new image recovers both logs and follows
+        // the new leader (cluster.md section 5.1). Not after a failed
+        // write: a broken disk would only fail again, so that one still
+        // ends the process.
+        return Ok(Served::Restart(
+            "after a round refused when leadership was lost",
+        ));
     }
     match stopped {
         Some(reason) => Err(format!("replica stopped: {reason}")),
-        None => engine,
+        None => engine.map(|()| Served::Stopped),
     }
 }
 
@@ -494,24 +514,6 @@ fn replica_members(cluster: &ClusterConfig, listen: SocketAddr) -> Vec<Member> {
                 .map(|p| member(p.id, p.peer_addr, p.client_addr)),
         )
         .collect()
-}
-
-/// Replaces this process by a new run of the same command line (same pid,
-/// same arguments and environment): how a node finishes a snapshot's
-/// install (cluster.md section 8.4) and gets a fresh engine after a round
-/// refused at the gate (section 5.1); `why` says which, for the log.
-/// Returns only if the exec failed.
-fn restart_in_place(why: &str) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().map_err(|e| format!("restart {why}: {e}"))?;
-    log::warn!("restarting ({}) {why}", exe.display());
-    let e = std::process::Command::new(&exe)
-        .args(std::env::args_os().skip(1))
-        .exec();
-    Err(format!(
-        "restart {why}: exec {}: {e}; start the node again",
-        exe.display()
-    ))
 }
 
 /// The watcher's loop: a replica that stopped on an error shuts the node

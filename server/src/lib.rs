@@ -13,6 +13,8 @@
 //! - [`config_file`]: `tidemark serve --config FILE`, the TOML file of
 //!   serve's flags.
 //! - [`cluster`]: `tidemark serve --cluster-*`, a replica set member.
+//! - [`signals`]: SIGINT and SIGTERM for `tidemark serve`, none lost
+//!   across a member's restart in place.
 
 pub mod bench;
 pub mod cli;
@@ -20,6 +22,7 @@ pub mod cluster;
 pub mod cluster_map;
 pub mod config_file;
 pub mod demo;
+pub mod signals;
 pub mod token_file;
 
 /// The git commit the binary was built from (`unknown` outside a git

@@ -12,6 +12,8 @@ use clap::parser::ValueSource;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use tidemark_engine::FsyncPolicy;
 use tidemark_node::NodeConfig;
+use tidemark_server::cluster::Served;
+use tidemark_server::signals::Signals;
 
 #[derive(Parser)]
 #[command(
@@ -355,6 +357,9 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
 }
 
 fn serve(a: ServeArgs) -> Result<(), String> {
+    // First, before any thread starts: every thread inherits the block of
+    // SIGINT and SIGTERM, which only the signal thread takes (signals.rs).
+    let signals = Signals::start(abrupt_exit_note(a.fsync))?;
     let cluster = cluster_args(&a).check()?;
     let c = node_config(a)?;
     // The engine would fail on a file here with a bare "mkdir: File exists".
@@ -365,7 +370,6 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             data.display()
         ));
     }
-    let fsync = c.engine.fsync;
     log::info!(
         "starting tidemark {}: data {}, fsync {:?}",
         tidemark_server::VERSION,
@@ -373,29 +377,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         c.engine.fsync
     );
     let on_ready = |addr: SocketAddr, shutdown: tidemark_node::Shutdown| {
-        let signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-        ]);
-        match signals {
-            Ok(mut signals) => {
-                std::thread::spawn(move || {
-                    let mut signals = signals.forever();
-                    if let Some(sig) = signals.next() {
-                        log::info!("signal {sig}: shutting down (a second signal stops at once)");
-                        shutdown.request();
-                    }
-                    // A graceful shutdown waits for held work (a full disk
-                    // holds a round until space returns); an operator who
-                    // signals again wants out now.
-                    if let Some(sig) = signals.next() {
-                        log::error!("signal {sig} again: {}", abrupt_exit_note(fsync));
-                        std::process::exit(128 + sig);
-                    }
-                });
-            }
-            Err(e) => log::warn!("cannot handle signals: {e}"),
-        }
+        // A signal that came while the node started shuts it down now.
+        signals.serving(shutdown);
         // Scripts wait for this line: the node accepts connections now. A
         // closed standard output (`tidemark serve | true`, a log collector
         // that went away) must not stop a node that is serving: the line is
@@ -406,10 +389,24 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             log::warn!("listening on {addr} (standard output not writable: {e})");
         }
     };
-    match cluster {
-        None => tidemark_node::serve(c, on_ready),
-        Some(cluster) => tidemark_server::cluster::serve(c, cluster, on_ready),
+    let why = match cluster {
+        None => return tidemark_node::serve(c, on_ready),
+        Some(cluster) => match tidemark_server::cluster::serve(c, cluster, on_ready)? {
+            Served::Stopped => return Ok(()),
+            Served::Restart(why) => why,
+        },
+    };
+    // Everything the run held is closed. A signal taken since it started
+    // asked the node to stop: it does (the next start finishes what the
+    // restart was for); one that comes from now on stays pending across
+    // the exec, and the new run shuts down at once (cluster.md 5.1).
+    if let Some(sig) = signals.stop() {
+        log::info!("not restarting ({why}): signal {sig} asked the node to stop");
+        return Ok(());
     }
+    log::warn!("restarting in place {why}");
+    let e = tidemark_server::signals::exec_self();
+    Err(format!("restart {why}: exec: {e}; start the node again"))
 }
 
 /// What a stop without the graceful shutdown leaves behind, per policy. A

@@ -19,15 +19,15 @@ use tidemark_protocol::{ErrorCode, JoinStart};
 
 use crate::harness::{replica_dump, ReplicaMember};
 
-const IDS: [u64; 3] = [1, 2, 3];
-const GROUP: u64 = 9;
+pub(crate) const IDS: [u64; 3] = [1, 2, 3];
+pub(crate) const GROUP: u64 = 9;
 const SENDER: u64 = 77;
-const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 /// The Raft log bound of every member: a few hundred sends pass it.
 const LOG_MAX_BYTES: u64 = 32 << 10;
 
 /// Member `id` of the set on `ports`, its data and log under `root`.
-fn new_member(id: u64, root: &Path, ports: &HashMap<u64, (u16, u16)>) -> ReplicaMember {
+pub(crate) fn new_member(id: u64, root: &Path, ports: &HashMap<u64, (u16, u16)>) -> ReplicaMember {
     let dir = root.join(format!("n{id}"));
     let mut args: Vec<String> = vec![
         "serve".into(),
@@ -52,7 +52,7 @@ fn new_member(id: u64, root: &Path, ports: &HashMap<u64, (u16, u16)>) -> Replica
 }
 
 /// (client, peer) ports per member.
-fn free_ports() -> HashMap<u64, (u16, u16)> {
+pub(crate) fn free_ports() -> HashMap<u64, (u16, u16)> {
     let ls: Vec<TcpListener> = (0..IDS.len() * 2)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
         .collect();
@@ -63,14 +63,14 @@ fn free_ports() -> HashMap<u64, (u16, u16)> {
         .collect()
 }
 
-fn connect(ports: &HashMap<u64, (u16, u16)>, id: u64) -> Option<Client> {
+pub(crate) fn connect(ports: &HashMap<u64, (u16, u16)>, id: u64) -> Option<Client> {
     let mut config = ClientConfig::new(format!("127.0.0.1:{}", ports[&id].0));
     config.io_timeout = Duration::from_secs(3);
     Client::connect(&config).ok()
 }
 
 /// The member whose reads are answered (the leader).
-fn leader(ports: &HashMap<u64, (u16, u16)>) -> u64 {
+pub(crate) fn leader(ports: &HashMap<u64, (u16, u16)>) -> u64 {
     let deadline = Instant::now() + WAIT;
     loop {
         for id in IDS {
@@ -90,7 +90,7 @@ fn leader(ports: &HashMap<u64, (u16, u16)>) -> u64 {
     }
 }
 
-fn on_leader<T>(
+pub(crate) fn on_leader<T>(
     ports: &HashMap<u64, (u16, u16)>,
     mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
 ) -> T {
@@ -110,7 +110,7 @@ fn on_leader<T>(
 /// (cluster.md sections 3.1-3.3): the Start record's index if the file
 /// has one, and the index of the last entry after the conflicts; a torn
 /// tail (a file being written) ends the walk.
-fn raft_log_span(member_dir: &Path) -> (u64, u64) {
+pub(crate) fn raft_log_span(member_dir: &Path) -> (u64, u64) {
     let bytes = std::fs::read(member_dir.join("raft").join("log")).expect("read the raft log");
     assert_eq!(&bytes[..8], b"TMRAFTL\0");
     let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));

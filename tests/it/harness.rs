@@ -309,6 +309,23 @@ impl ReplicaMember {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The exit status if the process ended (by itself, or on a signal
+    /// sent with [`ReplicaMember::signal`]); a restart in place keeps the
+    /// process (same pid), so it is not an end.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().expect("try_wait")?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Sends `sig` to the running process.
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill(2) on our own child's pid (not yet reaped).
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
 }
 
 impl Drop for ReplicaMember {

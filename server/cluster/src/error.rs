@@ -29,6 +29,11 @@ pub enum ClusterError {
         context: String,
         source: std::io::Error,
     },
+    /// A snapshot stream was refused (cluster.md section 8.2): malformed,
+    /// beyond what it announced or the free space, or not taken now (one
+    /// at a time, only newer ones). Nothing of it stays staged; the leader
+    /// sends one again.
+    SnapshotRefused { reason: String },
     /// The replica stopped (a failed Raft log write, a committed entry its
     /// engine cannot take, an engine that cannot be reopened, or it was
     /// stopped); it must be restarted.
@@ -60,6 +65,9 @@ impl fmt::Display for ClusterError {
                 path.display()
             ),
             ClusterError::Io { context, source } => write!(f, "{context}: {source}"),
+            ClusterError::SnapshotRefused { reason } => {
+                write!(f, "a snapshot stream refused: {reason}")
+            }
             ClusterError::Stopped { reason } => write!(f, "replica stopped: {reason}"),
         }
     }

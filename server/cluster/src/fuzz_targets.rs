@@ -211,7 +211,13 @@ pub fn snapshot_stream(data: &[u8]) {
     };
     let scratch = ScratchDir::new("snapshot-stream");
     let dir = scratch.path();
-    let result = snapshot::receive(&mut &bytes[..], dir, ME, &KnownPeers::new(VOTERS.to_vec()));
+    let inbox = snapshot::Inbox::new(dir, 0, 0);
+    let result = snapshot::receive(
+        &mut &bytes[..],
+        &inbox,
+        ME,
+        &KnownPeers::new(VOTERS.to_vec()),
+    );
     let inbox = dir.join(snapshot::INBOX_DIR);
     let mut staged = Vec::new();
     for entry in std::fs::read_dir(dir).expect("list the replica directory") {
@@ -323,7 +329,7 @@ fn seed_log() -> Vec<u8> {
 fn seed_stream() -> Vec<u8> {
     let (index, term, last_round) = (40, 3, 7);
     let mut b = Vec::new();
-    snapshot::encode_begin(&mut b, [1, ME, index, term, last_round]);
+    snapshot::encode_begin(&mut b, [1, ME, index, term, last_round, 12]);
     for (name, data) in [
         ("FORMAT", &b"hello"[..]),
         ("groups/1/00000001.seg", b"segment"),
@@ -375,7 +381,7 @@ mod tests {
         let scratch = ScratchDir::new("seed-stream");
         let msg = snapshot::receive(
             &mut &seed_stream()[..],
-            scratch.path(),
+            &snapshot::Inbox::new(scratch.path(), 0, 0),
             ME,
             &KnownPeers::new(VOTERS.to_vec()),
         )

@@ -173,7 +173,29 @@ impl RaftLog {
                 .map_err(|e| ClusterError::io(format!("cut {}", log.path.display()), e))?;
         }
         log.len = at as u64;
+        log.clamp_commit_to_last();
         Ok(log)
+    }
+
+    /// Repairs a hard state whose commit index names an entry the log does
+    /// not hold (cluster.md section 8.3: an install by an older version
+    /// wrote the commit of the entries that came with the snapshot, then
+    /// ended before those entries were persisted): raft-rs would refuse
+    /// to start from it. The commit is lowered to the last index held,
+    /// with a warning naming the file. Safe: the commit index is a lower
+    /// bound the leader tells again, and nothing past the last index held
+    /// was applied (a replica applies only entries its log holds).
+    fn clamp_commit_to_last(&mut self) {
+        let last = self.last();
+        if self.hard_state.commit > last {
+            log::warn!(
+                "{}: the hard state's commit index {} is past the last entry held, {last}: \
+                 lowered to {last} (the leader sends the rest again)",
+                self.path.display(),
+                self.hard_state.commit
+            );
+            self.hard_state.commit = last;
+        }
     }
 
     /// Applies one record read from the file at `offset` to the list and

@@ -30,7 +30,11 @@
 //! this node's own is in flight (proposed, or committed and being written
 //! by the commit thread); a round the gate refused stops the engine's
 //! writes, and the driver reopens the engine before it applies anything
-//! more (a reopen rebuilds every send state from committed rounds).
+//! more (a reopen rebuilds every send state from committed rounds): the
+//! driver marks a refusal before it answers one, so that no committed
+//! entry reaches that engine in between, and a committed entry an engine
+//! that led refuses as not continuing its send states is taken for such
+//! a refusal (its round had ids but had not reached the gate yet).
 //!
 //! Threads: the driver; the engine's own; the callers of
 //! [`Replica::write`] and [`Replica::read`] (any thread), and a node's
@@ -181,10 +185,10 @@ enum Input {
 pub struct Mailbox {
     tx: Sender<Input>,
     /// The replica's id, the members it admits messages from and its
-    /// directory, for snapshot streams and the transport's receivers.
+    /// snapshot inbox, for snapshot streams and the transport's receivers.
     id: u64,
     peers: KnownPeers,
-    dir: Arc<PathBuf>,
+    inbox: Arc<crate::snapshot::Inbox>,
 }
 
 impl Mailbox {
@@ -195,10 +199,12 @@ impl Mailbox {
 
     /// Reads a snapshot stream (after its preamble) into the replica's
     /// directory, then delivers its `MsgSnapshot` (cluster.md section 8.2).
+    /// One stream at a time, and only a snapshot newer than any staged or
+    /// installed (`snapshot::Inbox`): another is refused.
     /// Costs: the snapshot's bytes written and fsynced on the caller's
     /// thread (a transport's reader, never the driver).
     pub fn receive_snapshot(&self, r: &mut impl std::io::Read) -> Result<()> {
-        let msg = crate::snapshot::receive(r, &self.dir, self.id, &self.peers)?;
+        let msg = crate::snapshot::receive(r, &self.inbox, self.id, &self.peers)?;
         self.deliver(msg);
         Ok(())
     }
@@ -223,12 +229,18 @@ struct Gate {
     /// The gate refused a round since the driver last looked: the engine
     /// stopped its writes and must be reopened.
     refused: AtomicBool,
+    /// Tests: how long the commit thread takes, after a refusal reached
+    /// it, to mark it (a thread descheduled at that moment).
+    #[cfg(test)]
+    refusal_delay: Mutex<Duration>,
 }
 
 impl RoundGate for Gate {
     fn replicate(&self, payload: &[u8]) -> std::result::Result<(), String> {
         let result = self.ask_driver(payload);
         if result.is_err() {
+            #[cfg(test)]
+            std::thread::sleep(*self.refusal_delay.lock());
             self.refused.store(true, Ordering::Release);
         }
         result
@@ -319,6 +331,11 @@ impl Replica {
         crate::snapshot::recover(&cfg.dir, log.start())?;
         // Every entry up to the log's start is in the engine, durably.
         let applied = log.start().0;
+        let inbox = Arc::new(crate::snapshot::Inbox::new(
+            &cfg.dir,
+            applied,
+            cfg.engine.disk_free_min_bytes,
+        ));
         let raft_config = raft::Config {
             id: cfg.id,
             election_tick: cfg.election_ticks,
@@ -352,6 +369,8 @@ impl Replica {
                 inbox: tx.clone(),
             }),
             refused: AtomicBool::new(false),
+            #[cfg(test)]
+            refusal_delay: Mutex::new(Duration::ZERO),
         });
         let shared = Arc::new(Shared {
             engine: RwLock::new(None),
@@ -381,7 +400,7 @@ impl Replica {
             shared: shared.clone(),
             gate: gate.clone(),
             engine_config,
-            dir: cfg.dir.clone(),
+            snapshots: inbox.clone(),
             raft_log_max_bytes: cfg.raft_log_max_bytes,
             tick: cfg.tick,
             applied,
@@ -393,6 +412,7 @@ impl Replica {
             awaiting: None,
             peers: peers.clone(),
             change: None,
+            own_rounds: false,
         };
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -421,7 +441,7 @@ impl Replica {
                 tx,
                 id: cfg.id,
                 peers,
-                dir: Arc::new(cfg.dir.clone()),
+                inbox,
             },
             shared,
             gate,
@@ -580,6 +600,13 @@ impl Replica {
         self.end(true);
     }
 
+    /// Delays the commit thread's own mark of a refused round by `d`
+    /// (`Gate::refusal_delay`).
+    #[cfg(test)]
+    pub fn delay_refusals(&self, d: Duration) {
+        *self.gate.refusal_delay.lock() = d;
+    }
+
     /// Pauses the driver for `d` (module docs of `Input::Pause`).
     #[cfg(test)]
     pub fn pause(&self, d: Duration) {
@@ -697,8 +724,9 @@ struct Driver {
     shared: Arc<Shared>,
     gate: Arc<Gate>,
     engine_config: tidemark_engine::Config,
-    /// The replica's directory (cluster.md section 2).
-    dir: PathBuf,
+    /// Received snapshots (cluster.md section 8.2), shared with the
+    /// transport's readers.
+    snapshots: Arc<crate::snapshot::Inbox>,
     raft_log_max_bytes: u64,
     tick: Duration,
     /// raft-rs asked for a snapshot and none is offered yet.
@@ -722,6 +750,11 @@ struct Driver {
     peers: KnownPeers,
     /// The membership change under way, on a leader.
     change: Option<ChangeInFlight>,
+    /// The gate opened since the engine was (re)opened: the engine may
+    /// have given msg_ids to a round of its own not committed (ids are
+    /// assigned at submit, before the round reaches the gate), which a
+    /// refusal will stop but which its send states count until a reopen.
+    own_rounds: bool,
 }
 
 impl Driver {
@@ -768,6 +801,8 @@ impl Driver {
             self.issue_reads();
             self.on_ready()?;
             self.apply()?;
+            self.snapshots
+                .forget_below(self.raw.raft.raft_log.committed.min(self.applied))?;
             self.promote();
             self.compact()?;
             self.make_offer()?;
@@ -827,15 +862,14 @@ impl Driver {
             && self.raw.raft.state == StateRole::Leader
             && self.term_start.is_some_and(|(t, _)| t == term);
         if !open || self.pending.is_some() || self.awaiting.is_some() {
-            let _ = reply.send(Err("not the leader".into()));
-            return;
+            return self.refuse_round(&reply, "not the leader".into());
         }
         let round = Engine::round_index_of(&payload);
         if expected.is_none() || round != expected {
-            let _ = reply.send(Err(format!(
-                "round {round:?} proposed, {expected:?} expected"
-            )));
-            return;
+            return self.refuse_round(
+                &reply,
+                format!("round {round:?} proposed, {expected:?} expected"),
+            );
         }
         let before = self.raw.raft.raft_log.last_index();
         match self.raw.propose(vec![], payload) {
@@ -846,10 +880,18 @@ impl Driver {
                 debug_assert_eq!(index, before + 1, "a leader's proposal is its next entry");
                 self.pending = Some(Pending { index, term, reply })
             }
-            Err(e) => {
-                let _ = reply.send(Err(format!("raft refused the proposal: {e}")));
-            }
+            Err(e) => self.refuse_round(&reply, format!("raft refused the proposal: {e}")),
         }
+    }
+
+    /// Answers a round of this leader's commit thread "not replicated":
+    /// the engine stops its writes on it, and its send states count the
+    /// round's ids until a reopen. Marked first, so that the driver never
+    /// applies another leader's round to that engine in between
+    /// (`apply_committed` reopens it first).
+    fn refuse_round(&self, reply: &Sender<std::result::Result<(), String>>, why: String) {
+        self.gate.refused.store(true, Ordering::Release);
+        let _ = reply.send(Err(why));
     }
 
     /// Asks raft-rs for a read index covering every read ticket taken
@@ -1053,8 +1095,14 @@ impl Driver {
             .map_err(|reason| ClusterError::Stopped { reason })?;
         let members = crate::snapshot::descriptor_members(snap.get_data())
             .map_err(|reason| ClusterError::Stopped { reason })?;
-        crate::snapshot::stage(&self.dir, index, term)?;
-        hs.commit = hs.commit.max(index);
+        self.snapshots.stage(index, term)?;
+        // The log holds nothing after the snapshot yet: a commit index
+        // above it (the same `Ready` may carry the entries after it, and
+        // their commit) would name entries this log does not have if the
+        // install ends here (a crash, or the node's restart before those
+        // entries are persisted), and raft-rs refuses to start from such
+        // a log. The entries and the commit follow in `persist`.
+        hs.commit = index;
         self.raw
             .mut_store()
             .reset_to_snapshot(index, term, &hs, members)?;
@@ -1072,6 +1120,7 @@ impl Driver {
                     if let Err(e) = old.close() {
                         log::info!("closing the engine a snapshot replaces: {e}");
                     }
+                    self.gate.refused.store(false, Ordering::Release);
                 }
                 Err(held) => {
                     // A node's loop serves it: the node restarts, and the
@@ -1088,7 +1137,7 @@ impl Driver {
                 }
             }
         }
-        crate::snapshot::finish(&self.dir, index, term)?;
+        crate::snapshot::finish(self.snapshots.dir(), index, term)?;
         let engine = open_engine(&self.engine_config, &self.gate, &self.shared, &self.wake)?;
         if engine.last_round() != last_round {
             return Err(ClusterError::Stopped {
@@ -1099,6 +1148,7 @@ impl Driver {
             });
         }
         *slot = Some(Arc::new(engine));
+        self.own_rounds = false;
         self.applied = index;
         self.shared
             .snapshots_installed
@@ -1146,13 +1196,11 @@ impl Driver {
         self.gate.state.lock().open = false;
         self.shared.reads.fail_all();
         if let Some(p) = self.pending.take() {
-            let _ = p.reply.send(Err(why.to_string()));
+            self.refuse_round(&p.reply, why.to_string());
         }
         while let Ok(input) = self.inbox.try_recv() {
             match input {
-                Input::Propose { reply, .. } => {
-                    let _ = reply.send(Err(why.to_string()));
-                }
+                Input::Propose { reply, .. } => self.refuse_round(&reply, why.to_string()),
                 other => self.deferred.push_back(other),
             }
         }
@@ -1177,6 +1225,7 @@ impl Driver {
         let mut st = self.gate.state.lock();
         if st.open != open {
             st.open = open;
+            self.own_rounds |= open;
             if open {
                 log::info!("node {} leads and accepts writes", self.raw.raft.id);
             }
@@ -1273,6 +1322,23 @@ impl Driver {
                 match engine.append_replicated(&entry.data) {
                     Ok(_) => self.applied = index,
                     Err(tidemark_engine::Error::WritesStopped { .. }) => reopen = true,
+                    Err(e @ tidemark_engine::Error::InvalidRound { .. }) if self.own_rounds => {
+                        // Its send states may count a round of this node's
+                        // own that was never committed (ids assigned at
+                        // submit, the round not refused yet): a reopen
+                        // rebuilds them from committed rounds, and the
+                        // entry is applied after it (cluster.md section
+                        // 5.1). Once only: `own_rounds` is cleared by it.
+                        log::warn!(
+                            "node {}: committed entry {index} refused by an engine that led: \
+                             {e}; reopening it",
+                            self.raw.raft.id
+                        );
+                        self.shared
+                            .restart_after_refusal
+                            .store(true, Ordering::Release);
+                        reopen = true;
+                    }
                     Err(e) => {
                         return Err(ClusterError::Stopped {
                             reason: format!("committed entry {index} refused by the engine: {e}"),
@@ -1525,6 +1591,9 @@ impl Driver {
                     if let Err(e) = old.close() {
                         log::info!("closing the stopped engine: {e}");
                     }
+                    // Its commit thread ended: a refusal it met was of a
+                    // round of the engine just closed.
+                    self.gate.refused.store(false, Ordering::Release);
                 }
                 Err(_) => {
                     // A node serves it: its directory cannot be opened
@@ -1546,6 +1615,7 @@ impl Driver {
             &self.shared,
             &self.wake,
         )?));
+        self.own_rounds = false;
         self.shared
             .restart_after_refusal
             .store(false, Ordering::Release);

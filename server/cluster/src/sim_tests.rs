@@ -524,6 +524,84 @@ fn a_leader_paused_past_the_election_timeout_steps_down_on_resume_and_nothing_ac
     check_acknowledged(&state, &acked);
 }
 
+/// cluster.md section 5.1: a leader paused (as by SIGSTOP) with a send's
+/// round at its gate while the others elect a leader that commits a send
+/// to the same group. On resume the deposed leader takes in one turn its
+/// round's proposal, the new leader's entries and their commit: it steps
+/// down, refuses its round, and must reopen its engine before it applies
+/// the new leader's round (its send states still count the refused
+/// round's msg_ids, which that round uses too). It goes on as a follower.
+/// Its commit thread is slow to mark the refusal itself (descheduled), so
+/// that the driver meets the new leader's round before that mark.
+#[test]
+fn a_deposed_leader_reopens_its_engine_before_it_applies_the_new_leaders_round() {
+    let c = Arc::new(Cluster::start(0xde905ed));
+    c.create_groups();
+    c.settle();
+    let g = GROUPS[0];
+    let mut acked = HashMap::new();
+    for round in 1..=3u64 {
+        let old = c.leader();
+        old.delay_refusals(Duration::from_millis(500));
+        old.pause(Duration::from_millis(800));
+        let refused = {
+            let old = old.clone();
+            std::thread::spawn(move || {
+                let payload = format!("to the paused leader {round}").into_bytes();
+                old.write(|e| e.append(g, 5000, round, &payload))
+            })
+        };
+        let deadline = Instant::now() + WAIT;
+        let new = loop {
+            let found = c
+                .replicas
+                .lock()
+                .values()
+                .find(|r| r.id() != old.id() && r.is_writable())
+                .cloned();
+            if let Some(r) = found {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "no leader while one is paused");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let payload = format!("to the new leader {round}").into_bytes();
+        let id = loop {
+            match new.write(|e| e.append(g, 5001, round, &payload)) {
+                Ok(a) => break a.msg_id,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "the new leader: {e}");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        acked.insert((g, 5001, round), id);
+        // Its outcome is unknown to its client (refused, or committed by
+        // the new leader): either way it is stored at most once.
+        let _ = refused.join().unwrap();
+        // The deposed leader applies the new leader's round.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(why) = old.stopped_reason() {
+                panic!("the deposed leader stopped: {why}");
+            }
+            let theirs = new.read(|e| e.last_round()).unwrap_or(0);
+            if old.read(|e| e.last_round()).is_ok_and(|r| r >= theirs) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the deposed leader never caught up"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        old.delay_refusals(Duration::ZERO);
+    }
+    c.settle();
+    let state = c.identical_state();
+    check_acknowledged(&state, &acked);
+}
+
 #[test]
 fn a_replica_refuses_an_engine_without_fsync_always() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,23 +5,29 @@
 //!
 //! Representation: a *stream* is the 8-byte preamble `"TMSNAPS\0"` then
 //! records of the Raft log's shape (`{len | crc | kind | reserved | body}`,
-//! cluster.md section 8.2): Begin (who, which snapshot), then per file a
-//! File record and its bytes in Chunk records, then End (the counts and
-//! the raft-rs `MsgSnapshot` itself). The receiver writes the files into
+//! cluster.md section 8.2): Begin (who, which snapshot, how many bytes),
+//! then per file a File record and its bytes in Chunk records, then End
+//! (the counts and the raft-rs `MsgSnapshot` itself). The receiver's
+//! [`Inbox`] takes one stream at a time, and only a snapshot newer than
+//! any staged or installed; it writes the files into the stream's own
 //! `snap-in/tmp-<from>-<index>-<term>-<n>/` of the replica's directory,
 //! fsyncs them and their directories, and renames the whole to
 //! `snap-in/<index>-<term>/` before it hands the message to Raft: Raft
 //! sees a snapshot only once its files are durable. The install (the
 //! driver, when raft-rs's `Ready` holds the snapshot) renames that to
-//! `install-<index>-<term>/` ([`stage`]), rewrites the Raft log to start at
-//! the snapshot (the commit point, `RaftLog::reset_to_snapshot`), then,
-//! with the engine closed, swaps the directories ([`finish`]): `engine` to
-//! `engine.old`, `install-<index>-<term>` to `engine`, `engine.old`
-//! removed. [`recover`] runs before every engine open and finishes an
-//! install the Raft log committed or discards one it did not.
+//! `install-<index>-<term>/` ([`Inbox::stage`]), rewrites the Raft log to
+//! start at the snapshot (the commit point, `RaftLog::reset_to_snapshot`,
+//! with the commit index at the snapshot's), then, with the engine closed,
+//! swaps the directories ([`finish`]): `engine` to `engine.old`,
+//! `install-<index>-<term>` to `engine`, `engine.old` removed. [`recover`]
+//! runs before every engine open and finishes an install the Raft log
+//! committed or discards one it did not.
 //!
-//! Invariants: a file is written only below the staging directory and only
-//! under a checked relative name (no `..`, no absolute path); an install
+//! Invariants: a file is written only below its stream's staging
+//! directory and only under a checked relative name (no `..`, no absolute
+//! path), never beyond the bytes its Begin announced nor the free space
+//! above the node's disk reserve; a staging directory is removed only by
+//! its own stream (or the next start), never under a writer; an install
 //! directory becomes `engine` only if the Raft log starts at its
 //! (index, term); `engine` is never removed before its replacement is in
 //! place under `install-*` and committed.
@@ -34,7 +40,6 @@
 use std::fs::OpenOptions;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use protobuf::Message as _;
 use raft::eraftpb::Message;
@@ -51,8 +56,11 @@ pub const KIND_BEGIN: u8 = 1;
 pub const KIND_FILE: u8 = 2;
 pub const KIND_CHUNK: u8 = 3;
 pub const KIND_END: u8 = 4;
-/// Bytes of a Begin body.
-pub const BEGIN_BYTES: usize = 40;
+/// Bytes of a Begin body: with the total of the file bytes that follow.
+pub const BEGIN_BYTES: usize = 48;
+/// Bytes of an older leader's Begin body, without the total (still
+/// taken: its files are bounded by the free space alone).
+pub const BEGIN_V1_BYTES: usize = 40;
 /// Bytes of a File body before the name.
 pub const FILE_FIXED_BYTES: usize = 16;
 /// Bytes of an End body before the message.
@@ -146,12 +154,17 @@ pub fn write_stream(
     let io = |e: io::Error| format!("write: {e}");
     let mut rec = Vec::with_capacity(RECORD_BYTES_MAX);
     w.write_all(&PREAMBLE).map_err(io)?;
+    let files = snap.files().map_err(|e| e.to_string())?;
+    // The total announced: every file listed (one a deletion drops
+    // meanwhile is left out below, so the stream may carry less).
+    let announced: u64 = files.iter().map(|f| f.len).sum();
     encode_begin(
         &mut rec,
-        [msg.from, msg.to, meta.index, meta.term, last_round],
+        [
+            msg.from, msg.to, meta.index, meta.term, last_round, announced,
+        ],
     );
     w.write_all(&rec).map_err(io)?;
-    let files = snap.files().map_err(|e| e.to_string())?;
     let (mut count, mut bytes) = (0u32, 0u64);
     let mut buf = vec![0u8; CHUNK_BYTES];
     for f in &files {
@@ -191,10 +204,12 @@ pub fn write_stream(
     Ok(bytes)
 }
 
-/// Appends a Begin record: `[from, to, index, term, last_round]`.
-pub fn encode_begin(buf: &mut Vec<u8>, fields: [u64; 5]) {
+/// Appends a Begin record: `[from, to, index, term, last_round, bytes]`
+/// (`bytes`: the total of the files' lengths that follow, at most).
+pub fn encode_begin(buf: &mut Vec<u8>, fields: [u64; 6]) {
     encode_record(buf, KIND_BEGIN, |b| {
-        // Format: { from: u64 | to: u64 | index: u64 | term: u64 | last_round: u64 }
+        // Format: { from: u64 | to: u64 | index: u64 | term: u64 |
+        //   last_round: u64 | bytes: u64 }
         for x in fields {
             b.extend_from_slice(&x.to_le_bytes());
         }
@@ -214,28 +229,256 @@ pub fn encode_file(buf: &mut Vec<u8>, name: &str, len: u64) -> std::result::Resu
     Ok(())
 }
 
-/// Distinguishes the staging directories of streams received at once.
-static STREAMS: AtomicU64 = AtomicU64::new(0);
+/// A stream that made no progress (no record) for this long no longer
+/// holds the inbox: the next offer takes its place (its reader may be
+/// stuck on a connection whose peer vanished without a reset).
+pub const STREAM_STALL_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Reads one stream after its preamble from `r` into the replica directory
-/// `dir` (module docs) and returns its `MsgSnapshot`, to be handed to
-/// Raft: its files are durable under `snap-in/<index>-<term>/`. `me` and
-/// `peers` check the stream's `to` and `from`. Anything malformed is an
-/// error and leaves nothing but a staging directory the next start removes.
+/// The receiving side of a replica (cluster.md section 8.2): its
+/// `snap-in/` directory, the stream being received there, and the
+/// snapshots staged and not installed yet. Shared by every connection's
+/// reader (each stream is read on its connection's thread) and the
+/// driver, which takes a staged snapshot for its install ([`Inbox::stage`]).
+///
+/// Invariants: at most one stream is received at a time; a stream is
+/// taken only if its snapshot is newer than every one staged or
+/// installed; each staging directory `tmp-*` has one writer, its stream,
+/// and only that stream removes it (or the next start); a staged
+/// directory `<index>-<term>` is removed only under the lock, by a newer
+/// install, never while Raft may still install it. `snap-in/` itself is
+/// removed only at start ([`recover`]), before any stream is read.
+pub struct Inbox {
+    dir: PathBuf,
+    /// The node's disk reserve (the engine's `disk_free_min_bytes`): a
+    /// stream whose files would leave less free is refused.
+    reserve_bytes: u64,
+    state: parking_lot::Mutex<InboxState>,
+}
+
+struct InboxState {
+    receiving: Option<Receiving>,
+    /// Received whole, handed to Raft, not installed: (index, term).
+    staged: Vec<(u64, u64)>,
+    /// The newest snapshot index installed (or the Raft log's start at
+    /// open): nothing at or below it is taken.
+    floor: u64,
+    next_stream: u64,
+}
+
+/// The stream being received.
+struct Receiving {
+    stream: u64,
+    index: u64,
+    term: u64,
+    /// Its last record.
+    progress_at: std::time::Instant,
+}
+
+impl Inbox {
+    /// The inbox of the replica directory `dir`, whose Raft log starts
+    /// at `floor`.
+    pub fn new(dir: &Path, floor: u64, reserve_bytes: u64) -> Inbox {
+        Inbox {
+            dir: dir.to_path_buf(),
+            reserve_bytes,
+            state: parking_lot::Mutex::new(InboxState {
+                receiving: None,
+                staged: Vec::new(),
+                floor,
+                next_stream: 0,
+            }),
+        }
+    }
+
+    /// The replica's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Takes the stream of the snapshot at (`index`, `term`) from `from`,
+    /// if no other is being received and nothing as new is staged or
+    /// installed; its private staging directory.
+    fn begin(&self, from: u64, index: u64, term: u64) -> Result<(u64, PathBuf)> {
+        let mut st = self.state.lock();
+        if let Some(r) = &st.receiving {
+            if r.progress_at.elapsed() < STREAM_STALL_MAX {
+                return Err(refused(format!(
+                    "the snapshot at {index} term {term}: the one at {} term {} is being \
+                     received (one at a time)",
+                    r.index, r.term
+                )));
+            }
+            log::warn!(
+                "the snapshot stream at {} term {} made no progress for {STREAM_STALL_MAX:?}: \
+                 given up for the one at {index} term {term}",
+                r.index,
+                r.term
+            );
+            st.receiving = None;
+        }
+        let newest = st.staged.iter().map(|s| s.0).fold(st.floor, u64::max);
+        if index <= newest {
+            return Err(refused(format!(
+                "the snapshot at {index} term {term}: one at {newest} is staged or installed"
+            )));
+        }
+        let inbox = self.dir.join(INBOX_DIR);
+        std::fs::create_dir_all(&inbox).map_err(|e| ClusterError::io("create snap-in", e))?;
+        let stream = st.next_stream;
+        st.next_stream += 1;
+        st.receiving = Some(Receiving {
+            stream,
+            index,
+            term,
+            progress_at: std::time::Instant::now(),
+        });
+        Ok((
+            stream,
+            inbox.join(format!("tmp-{from}-{index}-{term}-{stream}")),
+        ))
+    }
+
+    /// A record of `stream` arrived: it still holds the inbox, or is told
+    /// to stop (another took its place after it stalled).
+    fn progress(&self, stream: u64) -> Result<()> {
+        let mut st = self.state.lock();
+        match st.receiving.as_mut() {
+            Some(r) if r.stream == stream => {
+                r.progress_at = std::time::Instant::now();
+                Ok(())
+            }
+            _ => Err(refused(
+                "given up after it stalled: another stream took its place".into(),
+            )),
+        }
+    }
+
+    /// `stream` ended: its directory `tmp` (durable, whole) becomes the
+    /// staged `<index>-<term>` if it still holds the inbox; else it is
+    /// removed. Either way the inbox is free again.
+    fn end(&self, stream: u64, tmp: &Path, received: Option<(u64, u64)>) -> Result<()> {
+        let mut st = self.state.lock();
+        let current = st.receiving.as_ref().is_some_and(|r| r.stream == stream);
+        if current {
+            st.receiving = None;
+        }
+        let Some((index, term)) = received.filter(|_| current) else {
+            drop(st);
+            // Its own directory: no other writer, nobody else removes it.
+            let _ = std::fs::remove_dir_all(tmp);
+            return match received {
+                Some(_) => Err(refused(
+                    "given up after it stalled: another stream took its place".into(),
+                )),
+                None => Ok(()),
+            };
+        };
+        let inbox = self.dir.join(INBOX_DIR);
+        std::fs::rename(tmp, inbox.join(format!("{index}-{term}")))
+            .map_err(|e| ClusterError::io("rename a snapshot", e))?;
+        sync_dir(&inbox)?;
+        st.staged.push((index, term));
+        Ok(())
+    }
+
+    /// Step 1 of an install (cluster.md section 8.3): the received
+    /// snapshot at (`index`, `term`) moves to `install-<index>-<term>/`;
+    /// staged ones older than it are removed (Raft never installs a
+    /// snapshot at or below its commit index, which is `index` from now
+    /// on). A stream being received is left alone: it writes only under
+    /// its own directory. An error if it was never received.
+    pub fn stage(&self, index: u64, term: u64) -> Result<()> {
+        let mut st = self.state.lock();
+        let inbox = self.dir.join(INBOX_DIR);
+        let received = inbox.join(format!("{index}-{term}"));
+        if !st.staged.contains(&(index, term)) || !received.is_dir() {
+            return Err(ClusterError::Stopped {
+                reason: format!("the snapshot at {index} term {term} was never received"),
+            });
+        }
+        let target = install_dir(&self.dir, index, term);
+        remove_dir_if_present(&target)?;
+        std::fs::rename(&received, &target)
+            .map_err(|e| ClusterError::io(format!("rename {}", received.display()), e))?;
+        sync_dir(&self.dir)?;
+        st.floor = st.floor.max(index);
+        st.staged.retain(|s| *s != (index, term));
+        self.forget_locked(&mut st, index)
+    }
+
+    /// Removes the staged snapshots at or below `committed` (cluster.md
+    /// section 8.2): Raft ignores a snapshot at or below its commit index,
+    /// so they will never be installed. The driver calls it after each
+    /// turn; cost: one lock, and a removal per snapshot dropped.
+    pub fn forget_below(&self, committed: u64) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.staged.iter().all(|s| s.0 >= committed) {
+            return Ok(());
+        }
+        self.forget_locked(&mut st, committed)
+    }
+
+    fn forget_locked(&self, st: &mut InboxState, below: u64) -> Result<()> {
+        let inbox = self.dir.join(INBOX_DIR);
+        let mut kept = Vec::with_capacity(st.staged.len());
+        for (index, term) in std::mem::take(&mut st.staged) {
+            if index < below {
+                log::info!("the snapshot at {index} term {term} was not installed: removed");
+                remove_dir_if_present(&inbox.join(format!("{index}-{term}")))?;
+            } else {
+                kept.push((index, term));
+            }
+        }
+        st.staged = kept;
+        Ok(())
+    }
+
+    /// The bytes a stream may write here: what the file system has free
+    /// above the reserve.
+    fn room(&self) -> Result<u64> {
+        let free = free_bytes(&self.dir)
+            .map_err(|e| ClusterError::io(format!("free space of {}", self.dir.display()), e))?;
+        Ok(free.saturating_sub(self.reserve_bytes))
+    }
+}
+
+/// The bytes an unprivileged writer may still use on the file system
+/// holding `path` (statvfs `f_bavail * f_frsize`), as the engine measures
+/// its own.
+pub fn free_bytes(path: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
+    // SAFETY: statvfs with a valid C string and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+fn refused(reason: String) -> ClusterError {
+    ClusterError::SnapshotRefused { reason }
+}
+
+/// Reads one stream after its preamble from `r` into the replica's inbox
+/// (module docs) and returns its `MsgSnapshot`, to be handed to Raft: its
+/// files are durable under `snap-in/<index>-<term>/`. `me` and `peers`
+/// check the stream's `to` and `from`. Anything malformed, a stream
+/// beyond what its Begin announced or the free space, or a snapshot the
+/// inbox does not take (one at a time, only newer ones) is an error and
+/// leaves nothing staged.
 pub fn receive(
     r: &mut impl Read,
-    dir: &Path,
+    inbox: &Inbox,
     me: u64,
     peers: &crate::members::KnownPeers,
 ) -> Result<Message> {
     let mut rec = Vec::with_capacity(RECORD_BYTES_MAX);
-    let bad = |why: String| ClusterError::Stopped {
-        reason: format!("a snapshot stream refused: {why}"),
-    };
     let kind = read_record(r, &mut rec)?;
     let body = &rec[RECORD_HEADER_BYTES..];
-    if kind != KIND_BEGIN || body.len() != BEGIN_BYTES {
-        return Err(bad(format!(
+    if kind != KIND_BEGIN || !(body.len() == BEGIN_BYTES || body.len() == BEGIN_V1_BYTES) {
+        return Err(refused(format!(
             "record kind {kind} of {} bytes first",
             body.len()
         )));
@@ -246,41 +489,54 @@ pub fn receive(
         u64_at(body, 16),
         u64_at(body, 24),
     );
+    // A Begin of 40 bytes (an older leader's) announces no total: its
+    // files are bounded by the free space alone.
+    let announced = (body.len() == BEGIN_BYTES).then(|| u64_at(body, 40));
     if to != me || !peers.admits(from) || index == 0 || term == 0 {
-        return Err(bad(format!("from {from} to {to} at {index} term {term}")));
+        return Err(refused(format!(
+            "from {from} to {to} at {index} term {term}"
+        )));
     }
-    let inbox = dir.join(INBOX_DIR);
-    std::fs::create_dir_all(&inbox).map_err(|e| ClusterError::io("create snap-in", e))?;
-    let n = STREAMS.fetch_add(1, Ordering::Relaxed);
-    let tmp = inbox.join(format!("tmp-{from}-{index}-{term}-{n}"));
+    let room = inbox.room()?;
+    if let Some(total) = announced.filter(|&t| t > room) {
+        log::warn!(
+            "the snapshot at {index} term {term} from node {from} refused: its {total} bytes \
+             exceed the free space above the disk reserve ({room} bytes); free space, or \
+             lower --disk-free-min-bytes"
+        );
+        return Err(refused(format!(
+            "{total} bytes announced, {room} free above the reserve"
+        )));
+    }
+    let (stream, tmp) = inbox.begin(from, index, term)?;
     let started = std::time::Instant::now();
-    let result = receive_files(r, &mut rec, &tmp, &bad);
+    let limit = Limit {
+        bytes: announced.unwrap_or(room).min(room),
+        announced: announced.is_some(),
+    };
+    let result = receive_files(r, &mut rec, &tmp, limit, &|| inbox.progress(stream)).and_then(
+        |(msg, files, bytes)| {
+            let meta = msg.get_snapshot().get_metadata();
+            if msg.from != from
+                || msg.to != to
+                || msg.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot
+                || (meta.index, meta.term) != (index, term)
+            {
+                return Err(refused(
+                    "its message is not the MsgSnapshot its Begin names".into(),
+                ));
+            }
+            Ok((msg, files, bytes))
+        },
+    );
     let (msg, files, bytes) = match result {
         Ok(got) => got,
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            inbox.end(stream, &tmp, None)?;
             return Err(e);
         }
     };
-    let meta = msg.get_snapshot().get_metadata();
-    if msg.from != from
-        || msg.to != to
-        || msg.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot
-        || (meta.index, meta.term) != (index, term)
-    {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(bad(
-            "its message is not the MsgSnapshot its Begin names".into()
-        ));
-    }
-    let done = inbox.join(format!("{index}-{term}"));
-    if done.exists() {
-        // The same snapshot again (a leader's retry): the first copy serves.
-        let _ = std::fs::remove_dir_all(&tmp);
-    } else {
-        std::fs::rename(&tmp, &done).map_err(|e| ClusterError::io("rename a snapshot", e))?;
-        sync_dir(&inbox)?;
-    }
+    inbox.end(stream, &tmp, Some((index, term)))?;
     // The transfer rate benches/snapshot-transfer.sh reports: from Begin
     // to the files durable here.
     let secs = started.elapsed().as_secs_f64();
@@ -293,20 +549,31 @@ pub fn receive(
     Ok(msg)
 }
 
+/// What a stream may write: the bytes its Begin announced (`announced`),
+/// else the free space above the reserve.
+#[derive(Clone, Copy)]
+struct Limit {
+    bytes: u64,
+    announced: bool,
+}
+
 /// The files and End of a stream, into `tmp`; the message, and the counts
 /// of files and bytes.
 fn receive_files(
     r: &mut impl Read,
     rec: &mut Vec<u8>,
     tmp: &Path,
-    bad: &dyn Fn(String) -> ClusterError,
+    limit: Limit,
+    progress: &dyn Fn() -> Result<()>,
 ) -> Result<(Message, u32, u64)> {
+    let bad = refused;
     let io = |what: &str, e| ClusterError::io(format!("{what} {}", tmp.display()), e);
     std::fs::create_dir_all(tmp).map_err(|e| io("create", e))?;
     let mut dirs = vec![tmp.to_path_buf()];
     let (mut count, mut bytes) = (0u32, 0u64);
     loop {
         let kind = read_record(r, rec)?;
+        progress()?;
         let body = &rec[RECORD_HEADER_BYTES..];
         match kind {
             KIND_FILE => {
@@ -320,6 +587,18 @@ fn receive_files(
                     .filter(|n| n.len() == name_len && safe_name(n))
                     .ok_or_else(|| bad("a file name that is not a safe relative path".into()))?
                     .to_string();
+                if len > limit.bytes - bytes {
+                    return Err(bad(match limit.announced {
+                        true => format!(
+                            "{name}: {len} bytes beyond the {} bytes its Begin announced",
+                            limit.bytes
+                        ),
+                        false => format!(
+                            "{name}: {len} bytes beyond the free space above the reserve ({} bytes)",
+                            limit.bytes
+                        ),
+                    }));
+                }
                 let path = tmp.join(&name);
                 let parent = path.parent().unwrap_or(tmp).to_path_buf();
                 if !dirs.contains(&parent) {
@@ -341,6 +620,7 @@ fn receive_files(
                     if read_record(r, rec)? != KIND_CHUNK {
                         return Err(bad(format!("{name}: {left} bytes missing")));
                     }
+                    progress()?;
                     let data = &rec[RECORD_HEADER_BYTES..];
                     if data.is_empty() || data.len() as u64 > left {
                         return Err(bad(format!("{name}: a chunk of {} bytes", data.len())));
@@ -383,9 +663,7 @@ fn receive_files(
 /// Reads one whole record into `rec` (header included), checking its
 /// length bound, CRC and reserved bytes; its kind.
 fn read_record(r: &mut impl Read, rec: &mut Vec<u8>) -> Result<u8> {
-    let bad = |why: String| ClusterError::Stopped {
-        reason: format!("a snapshot stream refused: {why}"),
-    };
+    let bad = refused;
     rec.clear();
     rec.resize(RECORD_HEADER_BYTES, 0);
     r.read_exact(rec)
@@ -421,25 +699,6 @@ fn safe_name(name: &str) -> bool {
 
 fn install_dir(dir: &Path, index: u64, term: u64) -> PathBuf {
     dir.join(format!("install-{index}-{term}"))
-}
-
-/// Step 1 of an install: the received snapshot at (`index`, `term`) moves
-/// to `install-<index>-<term>/` (other received ones are dropped). An
-/// error if it was never received.
-pub fn stage(dir: &Path, index: u64, term: u64) -> Result<()> {
-    let inbox = dir.join(INBOX_DIR);
-    let received = inbox.join(format!("{index}-{term}"));
-    if !received.is_dir() {
-        return Err(ClusterError::Stopped {
-            reason: format!("the snapshot at {index} term {term} was never received"),
-        });
-    }
-    let target = install_dir(dir, index, term);
-    remove_dir_if_present(&target)?;
-    std::fs::rename(&received, &target)
-        .map_err(|e| ClusterError::io(format!("rename {}", received.display()), e))?;
-    sync_dir(dir)?;
-    remove_dir_if_present(&inbox)
 }
 
 /// Step 3 of an install, with the engine closed and the Raft log starting
