@@ -245,7 +245,7 @@ fn the_leader_killed_and_restarted_under_load_again_and_again_loses_nothing() {
         // Starts (its listening line), or the test fails: no crash loop.
         members.get_mut(&lead).expect("member").spawn();
         for (id, m) in members.iter_mut() {
-            if let Some(status) = m.exited() {
+            if let Some(status) = m.ended() {
                 panic!(
                     "cycle {cycle}: node {id} exited by itself with {status}; its log ends:\n{}",
                     tail(&m.log_text())
@@ -261,7 +261,7 @@ fn the_leader_killed_and_restarted_under_load_again_and_again_loses_nothing() {
     }
     let elapsed = began.elapsed();
     for (id, m) in members.iter_mut() {
-        if let Some(status) = m.exited() {
+        if let Some(status) = m.ended() {
             panic!("node {id} exited by itself with {status}");
         }
         snapshots_seen += m
@@ -453,7 +453,7 @@ fn a_sigterm_during_a_restart_in_place_stops_the_member() {
         m.signal(libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
-            if let Some(status) = m.exited() {
+            if let Some(status) = m.ended() {
                 break status;
             }
             assert!(

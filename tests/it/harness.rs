@@ -272,7 +272,7 @@ impl ReplicaMember {
         }
     }
 
-    /// Sends `sig` (SIGSTOP, SIGCONT) to the running process, if any.
+    /// Sends `sig` (SIGSTOP, SIGCONT, SIGTERM) to the running process, if any.
     pub fn signal(&self, sig: i32) {
         if let Some(c) = &self.child {
             // SAFETY: kill(2) on our own child's pid (not yet reaped).
@@ -280,8 +280,10 @@ impl ReplicaMember {
         }
     }
 
-    /// The exit status if the process was started and has ended since
-    /// (reaped; a later [`ReplicaMember::spawn`] starts it again).
+    /// The exit status if the process was started and has ended since, by
+    /// itself or on a signal (reaped; a later [`ReplicaMember::spawn`]
+    /// starts it again). A restart in place keeps the process (same pid),
+    /// so it is not an end.
     pub fn ended(&mut self) -> Option<ExitStatus> {
         let status = self.child.as_mut()?.try_wait().expect("try_wait")?;
         self.child = None;
@@ -310,22 +312,6 @@ impl ReplicaMember {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The exit status if the process ended (by itself, or on a signal
-    /// sent with [`ReplicaMember::signal`]); a restart in place keeps the
-    /// process (same pid), so it is not an end.
-    pub fn exited(&mut self) -> Option<ExitStatus> {
-        let status = self.child.as_mut()?.try_wait().expect("try_wait")?;
-        self.child = None;
-        Some(status)
-    }
-
-    /// Sends `sig` to the running process.
-    pub fn signal(&self, sig: i32) {
-        if let Some(c) = &self.child {
-            // SAFETY: kill(2) on our own child's pid (not yet reaped).
-            unsafe { libc::kill(c.id() as i32, sig) };
-        }
-    }
 }
 
 impl Drop for ReplicaMember {
