@@ -30,6 +30,7 @@ use crate::token_file::read_token_file;
 
 pub mod backup;
 pub mod changes;
+pub mod cluster_status;
 pub mod ctl;
 pub mod membership;
 pub mod observe;

@@ -32,14 +32,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tidemark_cluster::members::{Change, ChangeRefused, Member, Members, Role};
 use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
-use tidemark_cluster::{Replica, ReplicaConfig};
+use tidemark_cluster::{Health, Replica, ReplicaConfig};
 use tidemark_node::{
     ChangeDone, ChangeOutcome, ChangeRequest, ClusterShards, ClusterView, LeaderGate, Leadership,
-    NodeConfig, NotLeader, Shutdown,
+    NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, Shutdown,
 };
 
 use crate::cluster_map;
@@ -206,12 +206,58 @@ struct ReplicaLeadership {
 impl ReplicaLeadership {
     /// The members' client addresses: the replica's membership (which
     /// membership changes update, cluster.md section 11), else the
-    /// configured ones. Cost: a copy of a few members.
+    /// configured ones. A node waiting to be added (`--cluster-join`: no
+    /// membership yet) answers the set it waits for, the members it was
+    /// started with, itself not among them (protocol.md 4.32). Cost: a
+    /// copy of a few members.
     fn clients(&self) -> BTreeMap<u64, String> {
-        match self.replica.get() {
-            Some(r) => client_addrs(&r.members(), &self.clients),
-            None => self.clients.clone(),
+        let Some(r) = self.replica.get() else {
+            return self.clients.clone();
+        };
+        let members = r.members();
+        if members.list.is_empty() {
+            let mut set = self.clients.clone();
+            set.remove(&self.node_id);
+            return set;
         }
+        client_addrs(&members, &self.clients)
+    }
+}
+
+/// The node's `raft.*` figures from the replica's health, with each
+/// follower's time since its last contact as of `now`.
+fn raft_figures(h: &Health, now: Instant) -> RaftFigures {
+    let c = &h.counters;
+    RaftFigures {
+        role: h.role.name(),
+        term: h.term,
+        leader_id: h.leader.unwrap_or(0),
+        commit_index: h.commit_index,
+        applied_index: h.applied_index,
+        last_index: h.last_index,
+        elections_started: c.elections_started,
+        elections_won: c.elections_won,
+        leader_changes: c.leader_changes,
+        proposals_refused: c.proposals_refused,
+        snapshot_sends_started: c.snapshot_sends_started,
+        snapshot_sends_finished: c.snapshot_sends_finished,
+        snapshot_sends_failed: c.snapshot_sends_failed,
+        snapshots_installed: c.snapshots_installed,
+        peers: h
+            .peers
+            .iter()
+            .map(|p| RaftPeerFigures {
+                node_id: p.id,
+                voter: p.voter,
+                match_index: p.match_index,
+                next_index: p.next_index,
+                lag_entries: p.lag_entries,
+                lag_bytes: p.lag_bytes,
+                last_contact_ms: now.saturating_duration_since(p.last_contact).as_millis() as u64,
+                snapshot_sending: p.snapshot_sending,
+                progress: p.progress.name(),
+            })
+            .collect(),
     }
 }
 
@@ -335,6 +381,11 @@ impl Leadership for ReplicaLeadership {
         if let Some(r) = self.replica.get() {
             r.on_reads(wake);
         }
+    }
+
+    fn raft_figures(&self) -> Option<RaftFigures> {
+        let health = self.replica.get()?.health();
+        Some(raft_figures(&health, Instant::now()))
     }
 
     fn map(&self) -> ClusterView {
@@ -544,6 +595,17 @@ fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every role and progress state the replica reports is one STATS
+    /// names (`raft.role.{role}`, `raft.peer_{peer}.progress.{state}`).
+    #[test]
+    fn the_replicas_roles_and_states_are_the_stats_names() {
+        use tidemark_cluster::{NodeRole, Progress};
+        let roles: Vec<&str> = NodeRole::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(roles, tidemark_node::RAFT_ROLES);
+        let states: Vec<&str> = Progress::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(states, tidemark_node::RAFT_PROGRESS_STATES);
+    }
 
     #[test]
     fn peers_parse_and_bad_ones_are_refused() {

@@ -188,9 +188,11 @@ struct ServeArgs {
     #[arg(long, default_value_t = tidemark_engine::defaults::CHANGE_WINDOW_MS)]
     change_window_ms: u64,
     /// Serve the STATS figures in the Prometheus text format at
-    /// http://ADDR/metrics (port 0 picks a free port; INFO names it). No
-    /// default: no endpoint.
-    #[arg(long, value_name = "ADDR")]
+    /// http://ADDR/metrics (port 0 picks a free port; INFO names it). A
+    /// port alone (`9070` or `:9070`) binds loopback, 127.0.0.1: the
+    /// endpoint has no authentication, so keep it on loopback or behind a
+    /// proxy that has. No default: no endpoint.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_listen)]
     metrics_listen: Option<SocketAddr>,
     /// Requests that take at least this many microseconds (from handling
     /// to queueing the response) go to the slow log; 0: every request.
@@ -284,6 +286,17 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseErro
     with_file.extend(argv[split..].iter().cloned());
     let cli = Cli::try_parse_from(with_file).map_err(ParseError::Usage)?;
     Ok((cli, Some((path, file))))
+}
+
+/// `--metrics-listen`: `HOST:PORT`, or a port alone (`PORT`, `:PORT`) on
+/// loopback.
+fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
+    let port = s.strip_prefix(':').unwrap_or(s);
+    if let Ok(port) = port.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse()
+        .map_err(|e| format!("{s:?}: {e} (expected HOST:PORT, or a port alone for 127.0.0.1)"))
 }
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {
@@ -502,6 +515,20 @@ fn usage_error(e: clap::Error) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_metrics_port_alone_binds_loopback() {
+        use super::parse_metrics_listen as p;
+        let loopback = |port: u16| Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        assert_eq!(p("9070"), loopback(9070));
+        assert_eq!(p(":9070"), loopback(9070));
+        assert_eq!(p("0"), loopback(0));
+        assert_eq!(p("0.0.0.0:9070"), Ok("0.0.0.0:9070".parse().unwrap()));
+        assert_eq!(p("[::1]:9070"), Ok("[::1]:9070".parse().unwrap()));
+        for bad in ["", "x", "70000", "host:9070", ":"] {
+            assert!(p(bad).is_err(), "{bad:?}");
+        }
+    }
+
     use super::*;
 
     /// `tidemark serve` without flags runs with exactly the defaults of

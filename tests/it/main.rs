@@ -11,6 +11,7 @@ mod bench_tool;
 mod cli;
 mod cluster;
 mod cluster_faults;
+mod cluster_health;
 mod cluster_kill_cycles;
 mod cluster_membership;
 mod cluster_reads;

@@ -10,12 +10,14 @@
 //! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
 //! (cluster.md section 7). The Raft log is bounded by compaction, and a
 //! follower that needs compacted entries gets a [`snapshot`] of the
-//! leader's engine (cluster.md sections 3.5 and 8). No async runtime
-//! anywhere.
+//! leader's engine (cluster.md sections 3.5 and 8). Its [`health`]
+//! (role, term, indexes, each follower's progress, counters) is published
+//! by the driver once per turn for operators. No async runtime anywhere.
 
 mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz_targets;
+pub mod health;
 pub mod members;
 #[cfg(test)]
 mod members_tests;
@@ -38,6 +40,7 @@ pub mod tcp;
 mod tcp_tests;
 
 pub use error::{ClusterError, Result};
+pub use health::{Counters, Health, NodeRole, PeerHealth, Progress};
 pub use raft::eraftpb::Message;
 pub use replica::{
     Mailbox, Replica, ReplicaConfig, Transport, INPUTS_PER_TURN, RAFT_LOG_MAX_BYTES_DEFAULT,

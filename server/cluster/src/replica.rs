@@ -18,6 +18,8 @@
 //! 8.3: staged, the log reset, the engine swapped and reopened; if a
 //! node's loop holds the engine, the replica stops so that the node's
 //! restart finishes the swap).
+//! Last in each turn it publishes the replica's health (`health.rs`:
+//! role, indexes, followers' progress, counters) for [`Replica::health`].
 //!
 //! The gate ([`RoundGate`] of the engine) is *open* while this node is the
 //! leader and has applied its log up to its term's first entry (cluster.md
@@ -42,7 +44,8 @@
 //! and checks [`Replica::is_writable`] before a write). Locks: the engine slot
 //! (`RwLock`, written only by the driver to reopen or stop the engine, after
 //! the gate is closed so that no holder of a read lock waits for the
-//! driver), then the gate state (a leaf).
+//! driver), then the gate state (a leaf); the published health is a leaf
+//! too, which the driver only try-locks.
 //!
 //! Costs per round: one proposal, the Raft log's write and fdatasync on a
 //! majority, then the engine's journal write (and fdatasync under
@@ -65,6 +68,7 @@ use raft::{RawNode, StateRole};
 use tidemark_engine::{Engine, RoundGate};
 
 use crate::error::{ClusterError, Result};
+use crate::health::{Health, Tracker};
 use crate::members::{Change, ChangeRefused, ChangeReply, KnownPeers, Member, Members, Role};
 use crate::raft_log::RaftLog;
 
@@ -294,6 +298,8 @@ struct Shared {
     members: Mutex<Members>,
     /// Read tickets and their confirmations (`reads.rs`).
     reads: crate::reads::Reads,
+    /// The health the driver publishes once per turn (`health.rs`).
+    health: Arc<Mutex<Health>>,
 }
 
 /// A running replica (module docs).
@@ -361,6 +367,7 @@ impl Replica {
         let raw = RawNode::new(&raft_config, log, &logger).map_err(|e| ClusterError::Stopped {
             reason: format!("raft: {e}"),
         })?;
+        let health = Tracker::new(&raw, applied);
         let (tx, rx) = channel();
         let gate = Arc::new(Gate {
             state: Mutex::new(GateState {
@@ -382,6 +389,7 @@ impl Replica {
             log_first_index: std::sync::atomic::AtomicU64::new(applied + 1),
             members: Mutex::new(raw.store().members().clone()),
             reads: Default::default(),
+            health: health.published(),
         });
         let peers = KnownPeers::new(raw.store().members().ids());
         if !raw.store().members().list.is_empty() {
@@ -413,6 +421,7 @@ impl Replica {
             peers: peers.clone(),
             change: None,
             own_rounds: false,
+            health,
         };
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -567,6 +576,14 @@ impl Replica {
     /// or failed (a node's event loop wakes itself with it).
     pub fn on_reads(&self, f: crate::reads::ReadsListener) {
         self.shared.reads.set_listener(f);
+    }
+
+    /// This replica's role, term, indexes, followers and counters as its
+    /// driver last published them (at most a turn old: a tick, 10 ms by
+    /// default). One leaf lock and a copy of a few members; never waits
+    /// for the driver.
+    pub fn health(&self) -> Health {
+        self.shared.health.lock().clone()
     }
 
     /// Snapshots this replica installed since it started.
@@ -755,6 +772,8 @@ struct Driver {
     /// assigned at submit, before the round reaches the gate), which a
     /// refusal will stop but which its send states count until a reopen.
     own_rounds: bool,
+    /// What the health figures count and publish (`health.rs`).
+    health: Tracker,
 }
 
 impl Driver {
@@ -806,6 +825,8 @@ impl Driver {
             self.promote();
             self.compact()?;
             self.make_offer()?;
+            let installed = self.shared.snapshots_installed.load(Ordering::Acquire);
+            self.health.turn(&self.raw, self.applied, installed);
         }
     }
 
@@ -813,6 +834,7 @@ impl Driver {
     fn handle(&mut self, input: Input) -> Option<bool> {
         match input {
             Input::Raft(m) => {
+                self.health.heard_from(&self.raw, m.from);
                 // Messages from unknown peers or stale terms are Raft's to
                 // ignore; an error here is never this node's fault.
                 if let Err(e) = self.raw.step(m) {
@@ -822,6 +844,7 @@ impl Driver {
             Input::Propose { payload, reply } => self.propose(payload, reply),
             Input::Wake | Input::Read => {}
             Input::SnapshotSent { to, ok } => {
+                self.health.snapshot_send_ended(to, ok);
                 let status = if ok {
                     raft::SnapshotStatus::Finish
                 } else {
@@ -889,7 +912,8 @@ impl Driver {
     /// round's ids until a reopen. Marked first, so that the driver never
     /// applies another leader's round to that engine in between
     /// (`apply_committed` reopens it first).
-    fn refuse_round(&self, reply: &Sender<std::result::Result<(), String>>, why: String) {
+    fn refuse_round(&mut self, reply: &Sender<std::result::Result<(), String>>, why: String) {
+        self.health.proposal_refused();
         self.gate.refused.store(true, Ordering::Release);
         let _ = reply.send(Err(why));
     }
@@ -949,7 +973,12 @@ impl Driver {
         // Committed entries are applied from the Raft log (`apply`), which
         // can go again from where it stopped.
         drop(rd.take_committed_entries());
+        let appended = (rd.entries().first().map(|e| e.index), rd.entries().len());
         self.raw.mut_store().persist(rd.entries(), rd.hs())?;
+        if let (Some(first), count) = appended {
+            let bytes = self.raw.store().entry_bytes_from(first);
+            self.health.appended(count as u64, bytes);
+        }
         self.send(rd.take_persisted_messages());
         let mut light = self.raw.advance_append(rd);
         self.send(light.take_messages());
@@ -965,6 +994,9 @@ impl Driver {
                 continue;
             }
             let (to, index) = (m.to, m.get_snapshot().get_metadata().index);
+            // Its end (a failure at once if it is not offered) comes back
+            // as `Input::SnapshotSent`.
+            self.health.snapshot_send_started(to);
             let wake = Mutex::new(self.wake.clone());
             let done = Box::new(move |ok| {
                 let _ = wake.lock().send(Input::SnapshotSent { to, ok });
@@ -1501,11 +1533,13 @@ impl Driver {
     /// Proposes a ConfChange as this leader's next entry; its index.
     fn propose_conf(&mut self, cc: raft::eraftpb::ConfChange) -> std::result::Result<u64, String> {
         let before = self.raw.raft.raft_log.last_index();
-        self.raw
-            .propose_conf_change(vec![], cc)
-            .map_err(|e| format!("raft refused the change: {e}"))?;
+        if let Err(e) = self.raw.propose_conf_change(vec![], cc) {
+            self.health.proposal_refused();
+            return Err(format!("raft refused the change: {e}"));
+        }
         let index = self.raw.raft.raft_log.last_index();
         if index != before + 1 {
+            self.health.proposal_refused();
             return Err("raft dropped the change (another one is pending)".into());
         }
         Ok(index)

@@ -18,6 +18,7 @@ use crate::raft_log::RaftLog;
 use crate::sim::{self, Net, Rng};
 use crate::{ClusterError, Replica, ReplicaConfig};
 
+mod health;
 mod membership;
 
 const IDS: [u64; 3] = [1, 2, 3];

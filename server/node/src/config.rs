@@ -147,6 +147,68 @@ pub trait Leadership: Send + Sync {
     /// Registers `wake`, called (on another thread) whenever tickets were
     /// confirmed or failed.
     fn on_reads(&self, wake: std::sync::Arc<dyn Fn() + Send + Sync>);
+
+    /// The replica's figures for STATS' `raft.*` names (protocol.md
+    /// 4.4.1), as its driver last published them; `None` before the
+    /// replica runs. Called on the event loop per STATS or scrape: it
+    /// must not block (a leaf lock and a copy of a few members at most).
+    fn raft_figures(&self) -> Option<RaftFigures>;
+}
+
+/// The values `raft.role.{role}` takes, one of which is 1 (protocol.md
+/// 4.4.1).
+pub const RAFT_ROLES: [&str; 6] = [
+    "leader",
+    "candidate",
+    "pre_candidate",
+    "follower",
+    "learner",
+    "joining",
+];
+
+/// The values `raft.peer_{peer}.progress.{state}` takes, one of which is
+/// 1 per peer: how the leader sends it the log.
+pub const RAFT_PROGRESS_STATES: [&str; 3] = ["probe", "replicate", "snapshot"];
+
+/// A replica set member's Raft figures (STATS `raft.*`, protocol.md
+/// 4.4.1). The node knows nothing of Raft: the binary fills this from its
+/// replica.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaftFigures {
+    /// One of [`RAFT_ROLES`].
+    pub role: &'static str,
+    pub term: u64,
+    /// 0 when no leader is known.
+    pub leader_id: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub last_index: u64,
+    pub elections_started: u64,
+    pub elections_won: u64,
+    pub leader_changes: u64,
+    pub proposals_refused: u64,
+    pub snapshot_sends_started: u64,
+    pub snapshot_sends_finished: u64,
+    pub snapshot_sends_failed: u64,
+    pub snapshots_installed: u64,
+    /// On the leader, every other member; empty on any other node.
+    pub peers: Vec<RaftPeerFigures>,
+}
+
+/// A follower as the leader reports it (`raft.peer_{peer}.*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RaftPeerFigures {
+    pub node_id: u64,
+    pub voter: bool,
+    pub match_index: u64,
+    pub next_index: u64,
+    pub lag_entries: u64,
+    /// An estimate (protocol.md 4.4.1).
+    pub lag_bytes: u64,
+    pub last_contact_ms: u64,
+    pub snapshot_sending: bool,
+    /// One of [`RAFT_PROGRESS_STATES`].
+    pub progress: &'static str,
 }
 
 /// A membership change a client asked for (CLUSTER_CHANGE, 4.34).

@@ -31,6 +31,9 @@ impl Leadership for Leader {
         Some(true)
     }
     fn on_reads(&self, _wake: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+    fn raft_figures(&self) -> Option<crate::config::RaftFigures> {
+        None
+    }
     // No membership change in these tests.
     fn change(&self, _: crate::config::ChangeRequest, done: crate::config::ChangeDone) {
         done(crate::config::ChangeOutcome::Refused {

@@ -1405,6 +1405,11 @@ impl EventLoop {
 
     /// The STATS figures now (also what a metrics scrape gets).
     fn figures(&self) -> Vec<(String, u64)> {
+        let raft = self
+            .config
+            .leadership
+            .as_ref()
+            .and_then(|l| l.0.raft_figures());
         self.stats.report(&Sources {
             connections: self.connections,
             buffers: Buffers {
@@ -1425,6 +1430,7 @@ impl EventLoop {
                 .leadership
                 .as_ref()
                 .map_or(0, |l| l.0.map().node_id),
+            raft: raft.as_ref(),
         })
     }
 

@@ -2054,6 +2054,9 @@ mod cluster_map_tests {
             Some(false)
         }
         fn on_reads(&self, _wake: std::sync::Arc<dyn Fn() + Send + Sync>) {}
+        fn raft_figures(&self) -> Option<crate::config::RaftFigures> {
+            None
+        }
         fn refusal(&self) -> Option<NotLeader> {
             Some(NotLeader {
                 leader: Some(1),

@@ -56,10 +56,11 @@ mod subscriptions;
 
 pub use config::{
     defaults, Build, ChangeDone, ChangeOutcome, ChangeRequest, ClusterView, LeaderGate, Leadership,
-    Limits, NodeConfig, NotLeader, SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE,
-    READ_BYTES_PER_PASS_MAX,
+    Limits, NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, SendPolicy, FRAMES_PER_PASS_MAX,
+    INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES, READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, serve_engine, Shutdown};
 pub use metrics::{prometheus_series, stat_kind};
 pub use receipts::RECENT_SENDS_MAX;
 pub use shards::{ClusterShards, SetMembers, WrongSet};
+pub use stats::parse_raft_figures;

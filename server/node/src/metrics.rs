@@ -17,7 +17,11 @@
 //! `errors.{code}`) is one family whose placeholders become labels, each
 //! removed from the name with one adjacent separator: `latency.send.p99_ns`
 //! is `tidemark_latency_ns{op="send",q="p99"}` (format-spec/protocol.md
-//! 4.4.2). Kind and unit come from `stats::STAT_NAMES`. INFO's text
+//! 4.4.2). The `raft.*` names follow Prometheus's conventions besides
+//! (`stats::Naming::Conventional`): a counter's family ends `_total`, a
+//! figure in ms is served in `_seconds` (`raft.peer_2.last_contact_ms` is
+//! `tidemark_raft_peer_last_contact_seconds{peer="2"}`), and a node id is
+//! a `peer` label. Kind and unit come from `stats::STAT_NAMES`. INFO's text
 //! figures are the labels of one `tidemark_info` gauge of value 1, the
 //! usual form of build information.
 
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 use parking_lot::{Condvar, Mutex};
 
-use crate::stats::{template_values, StatKind, StatName, STAT_NAMES};
+use crate::stats::{placeholder_admits, Naming, StatKind, StatName, STAT_NAMES};
 
 /// How long a scrape waits for the event loop's fresh report.
 pub const FRESH_WAIT: Duration = Duration::from_secs(1);
@@ -98,8 +102,15 @@ pub struct MetricsServer {
 
 impl MetricsServer {
     /// Binds `addr` (a taken address is an error at start, as for the
-    /// node's own listener).
+    /// node's own listener). The endpoint has no authentication: an
+    /// address other than loopback gets a warning in the log.
     pub fn bind(addr: SocketAddr) -> Result<MetricsServer, String> {
+        if !addr.ip().is_loopback() {
+            log::warn!(
+                "metrics listen {addr}: GET /metrics has no authentication and this address \
+                 is not loopback; keep it on a trusted network or behind a proxy"
+            );
+        }
         let server =
             tiny_http::Server::http(addr).map_err(|e| format!("metrics listen {addr}: {e}"))?;
         let addr = server
@@ -203,7 +214,7 @@ fn instance<'n>(template: &str, name: &'n str) -> Option<Vec<(String, &'n str)>>
                     _ => name.len(),
                 };
                 let value = &name[at..end];
-                if !template_values(placeholder).contains(&value) {
+                if !placeholder_admits(placeholder, value) {
                     return None;
                 }
                 labels.push((placeholder.to_string(), value));
@@ -214,9 +225,35 @@ fn instance<'n>(template: &str, name: &'n str) -> Option<Vec<(String, &'n str)>>
     (at == name.len()).then_some(labels)
 }
 
-/// The family name of a template: placeholders removed with one adjacent
-/// separator, `.` made `_`, prefixed `tidemark_`.
-fn family(template: &str) -> String {
+/// The family name of a documented name: its template's placeholders
+/// removed with one adjacent separator, `.` made `_`, prefixed
+/// `tidemark_`; under [`Naming::Conventional`], `_ms` made `_seconds` and
+/// a counter's name ending `_total`.
+fn family(stat: &StatName) -> String {
+    let base = family_as_stats(stat.name);
+    if stat.naming == Naming::AsStats {
+        return base;
+    }
+    let base = match base.strip_suffix("_ms") {
+        Some(stem) => format!("{stem}_seconds"),
+        None => base,
+    };
+    match stat.kind {
+        StatKind::Counter => format!("{base}_total"),
+        StatKind::Gauge => base,
+    }
+}
+
+/// A figure's value as its series writes it: as is, or for a figure in ms
+/// under [`Naming::Conventional`], in seconds (exact: three decimals).
+fn sample_value(stat: &StatName, value: u64) -> String {
+    match (stat.naming, stat.unit) {
+        (Naming::Conventional, "ms") => format!("{}.{:03}", value / 1000, value % 1000),
+        _ => value.to_string(),
+    }
+}
+
+fn family_as_stats(template: &str) -> String {
     let mut name = template.to_string();
     while let Some(open) = name.find('{') {
         let Some(close) = name[open..].find('}').map(|c| open + c) else {
@@ -270,7 +307,7 @@ fn series(name: &str) -> Option<Series> {
             .into_iter()
             .map(|(k, v)| (k, v.to_string()))
             .collect();
-        Some((family(s.name), labels, s))
+        Some((family(s), labels, s))
     })
 }
 
@@ -302,7 +339,7 @@ fn labels_text(labels: &[(String, String)]) -> String {
 /// `# TYPE` per family, then its series. Names `STAT_NAMES` does not list
 /// are left out (none are reported: a test checks it).
 pub fn render(figures: &[(String, u64)], info: &[(String, String)]) -> String {
-    type Family = (&'static StatName, Vec<(String, u64)>);
+    type Family = (&'static StatName, Vec<(String, String)>);
     let mut families: BTreeMap<String, Family> = BTreeMap::new();
     for (name, value) in figures {
         if let Some((family, labels, stat)) = series(name) {
@@ -310,7 +347,7 @@ pub fn render(figures: &[(String, u64)], info: &[(String, String)]) -> String {
                 .entry(family)
                 .or_insert_with(|| (stat, Vec::new()))
                 .1
-                .push((labels_text(&labels), *value));
+                .push((labels_text(&labels), sample_value(stat, *value)));
         }
     }
     let mut out = String::new();
@@ -319,9 +356,13 @@ pub fn render(figures: &[(String, u64)], info: &[(String, String)]) -> String {
             StatKind::Counter => "counter",
             StatKind::Gauge => "gauge",
         };
+        let unit = match (stat.naming, stat.unit) {
+            (Naming::Conventional, "ms") => "ms, served in seconds",
+            (_, unit) => unit,
+        };
         let help = format!(
-            "STATS {} ({kind}, {}; format-spec/protocol.md 4.4.1)",
-            stat.name, stat.unit
+            "STATS {} ({kind}, {unit}; format-spec/protocol.md 4.4.1)",
+            stat.name
         );
         let _ = writeln!(out, "# HELP {family} {}", escape_help(&help));
         let _ = writeln!(out, "# TYPE {family} {kind}");
@@ -383,6 +424,52 @@ mod tests {
                 vec![("code".into(), "not_member".into())]
             )
         );
+        assert_eq!(
+            s("raft.elections_won"),
+            ("tidemark_raft_elections_won_total".into(), vec![])
+        );
+        assert_eq!(s("raft.term"), ("tidemark_raft_term".into(), vec![]));
+        assert_eq!(
+            s("raft.role.pre_candidate"),
+            (
+                "tidemark_raft_role".into(),
+                vec![("role".into(), "pre_candidate".into())]
+            )
+        );
+        assert_eq!(
+            s("raft.peer_12.last_contact_ms"),
+            (
+                "tidemark_raft_peer_last_contact_seconds".into(),
+                vec![("peer".into(), "12".into())]
+            )
+        );
+        assert_eq!(
+            s("raft.peer_2.progress.replicate"),
+            (
+                "tidemark_raft_peer_progress".into(),
+                vec![
+                    ("peer".into(), "2".into()),
+                    ("state".into(), "replicate".into())
+                ]
+            )
+        );
+        assert_eq!(
+            s("raft.peer_2.lag_bytes"),
+            (
+                "tidemark_raft_peer_lag_bytes".into(),
+                vec![("peer".into(), "2".into())]
+            )
+        );
+        for bad in [
+            "raft.peer_0.lag_bytes",
+            "raft.peer_02.lag_bytes",
+            "raft.peer_x.lag_bytes",
+            "raft.peer_.lag_bytes",
+            "raft.role.king",
+            "raft.peer_2.progress.lost",
+        ] {
+            assert_eq!(prometheus_series(bad), None, "{bad}");
+        }
         assert_eq!(prometheus_series("requests.nope"), None);
         assert_eq!(prometheus_series("engine.appends_x"), None);
     }
@@ -445,6 +532,30 @@ tidemark_requests{op=\"ping\"} 1
 tidemark_info{version=\"0.1.0\",data_dir=\"/data/\\\"x\\\"\\n\"} 1
 ";
         assert_eq!(text, expected);
+    }
+
+    #[test]
+    fn raft_figures_follow_the_prometheus_conventions() {
+        let figures = vec![
+            ("raft.elections_started".to_string(), 3),
+            ("raft.peer_3.last_contact_ms".to_string(), 2_504),
+            ("raft.peer_2.last_contact_ms".to_string(), 7),
+            ("raft.peer_3.lag_bytes".to_string(), 12_000),
+        ];
+        let text = render(&figures, &[]);
+        let expected = "\
+# HELP tidemark_raft_elections_started_total STATS raft.elections_started (counter, elections; format-spec/protocol.md 4.4.1)
+# TYPE tidemark_raft_elections_started_total counter
+tidemark_raft_elections_started_total 3
+# HELP tidemark_raft_peer_lag_bytes STATS raft.peer_{peer}.lag_bytes (gauge, bytes; format-spec/protocol.md 4.4.1)
+# TYPE tidemark_raft_peer_lag_bytes gauge
+tidemark_raft_peer_lag_bytes{peer=\"3\"} 12000
+# HELP tidemark_raft_peer_last_contact_seconds STATS raft.peer_{peer}.last_contact_ms (gauge, ms, served in seconds; format-spec/protocol.md 4.4.1)
+# TYPE tidemark_raft_peer_last_contact_seconds gauge
+tidemark_raft_peer_last_contact_seconds{peer=\"3\"} 2.504
+tidemark_raft_peer_last_contact_seconds{peer=\"2\"} 0.007
+";
+        assert!(text.starts_with(expected), "{text}");
     }
 
     #[test]

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use tidemark_engine::{Engine, FsyncPolicy};
 
-use crate::config::{Limits, NodeConfig};
+use crate::config::{
+    Limits, NodeConfig, RaftFigures, RaftPeerFigures, RAFT_PROGRESS_STATES, RAFT_ROLES,
+};
 use crate::host::HostFigures;
 use crate::slowlog::SlowLog;
 use tidemark_protocol::{ErrorCode, Opcode};
@@ -33,15 +35,30 @@ pub enum StatKind {
     Gauge,
 }
 
+/// How a figure's Prometheus series is named (`metrics.rs`,
+/// format-spec/protocol.md 4.4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// `tidemark_` and the STATS name with `.` made `_`, the value as is
+    /// (the names from before the `raft.*` ones).
+    AsStats,
+    /// As [`Naming::AsStats`], then Prometheus's conventions: a counter's
+    /// name ends `_total`; a figure in `_ms` is served in `_seconds`.
+    Conventional,
+}
+
 /// One documented STATS name. In `name`, `{op}` stands for every request
 /// opcode's [`op_name`], `{q}` for every latency figure of
-/// [`LATENCY_FIGURES`] and `{code}` for every error code's [`code_name`]
-/// (see [`template_values`]).
+/// [`LATENCY_FIGURES`], `{code}` for every error code's [`code_name`],
+/// `{role}` for every [`RAFT_ROLES`], `{state}` for every
+/// [`RAFT_PROGRESS_STATES`] (see [`template_values`]) and `{peer}` for a
+/// member's node id.
 #[derive(Clone, Copy, Debug)]
 pub struct StatName {
     pub name: &'static str,
     pub kind: StatKind,
     pub unit: &'static str,
+    pub naming: Naming,
 }
 
 #[cfg(test)]
@@ -59,7 +76,22 @@ pub const LATENCY_FIGURES: [(&str, Option<f64>); 5] = [
 ];
 
 const fn stat(name: &'static str, kind: StatKind, unit: &'static str) -> StatName {
-    StatName { name, kind, unit }
+    StatName {
+        name,
+        kind,
+        unit,
+        naming: Naming::AsStats,
+    }
+}
+
+/// A name whose metric follows Prometheus's conventions ([`Naming`]).
+const fn conventional(name: &'static str, kind: StatKind, unit: &'static str) -> StatName {
+    StatName {
+        name,
+        kind,
+        unit,
+        naming: Naming::Conventional,
+    }
 }
 
 use StatKind::{Counter, Gauge};
@@ -158,7 +190,33 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("server.cluster_map_epoch", Gauge, "epoch"),
     stat("server.cluster_node_id", Gauge, "id"),
     stat("latency.{op}.{q}_ns", Gauge, "ns"),
+    conventional("raft.role.{role}", Gauge, "flag"),
+    conventional("raft.term", Gauge, "term"),
+    conventional("raft.leader_id", Gauge, "id"),
+    conventional("raft.commit_index", Gauge, "index"),
+    conventional("raft.applied_index", Gauge, "index"),
+    conventional("raft.last_index", Gauge, "index"),
+    conventional("raft.elections_started", Counter, "elections"),
+    conventional("raft.elections_won", Counter, "elections"),
+    conventional("raft.leader_changes", Counter, "leaders"),
+    conventional("raft.proposals_refused", Counter, "proposals"),
+    conventional("raft.snapshot_sends_started", Counter, "snapshots"),
+    conventional("raft.snapshot_sends_finished", Counter, "snapshots"),
+    conventional("raft.snapshot_sends_failed", Counter, "snapshots"),
+    conventional("raft.snapshots_installed", Counter, "snapshots"),
+    conventional("raft.peer_{peer}.voter", Gauge, "flag"),
+    conventional("raft.peer_{peer}.match_index", Gauge, "index"),
+    conventional("raft.peer_{peer}.next_index", Gauge, "index"),
+    conventional("raft.peer_{peer}.lag_entries", Gauge, "entries"),
+    conventional("raft.peer_{peer}.lag_bytes", Gauge, "bytes"),
+    conventional("raft.peer_{peer}.last_contact_ms", Gauge, "ms"),
+    conventional("raft.peer_{peer}.snapshot_sending", Gauge, "flag"),
+    conventional("raft.peer_{peer}.progress.{state}", Gauge, "flag"),
 ];
+
+#[cfg(test)]
+/// The placeholders of [`STAT_NAMES`]' templates.
+pub const PLACEHOLDERS: [&str; 6] = ["op", "q", "code", "role", "state", "peer"];
 
 /// Every name INFO reports (format-spec/protocol.md 4.24, same order).
 pub const INFO_NAMES: [&str; 6] = [
@@ -170,27 +228,53 @@ pub const INFO_NAMES: [&str; 6] = [
     "server.metrics_listen",
 ];
 
-/// The values a template placeholder (`op`, `q`, `code`) stands for.
+/// The values a template placeholder of a fixed set (`op`, `q`, `code`,
+/// `role`, `state`) stands for; none for `peer` (any node id).
 pub fn template_values(placeholder: &str) -> Vec<&'static str> {
     match placeholder {
         "op" => Opcode::ALL.iter().map(|&op| op_name(op)).collect(),
         "q" => LATENCY_FIGURES.iter().map(|(q, _)| *q).collect(),
         "code" => ErrorCode::ALL.iter().map(|&c| code_name(c)).collect(),
+        "role" => RAFT_ROLES.to_vec(),
+        "state" => RAFT_PROGRESS_STATES.to_vec(),
         _ => Vec::new(),
     }
 }
 
+/// Whether `value` is one a placeholder stands for: a node id (decimal,
+/// non-zero, no leading zero) for `peer`, one of [`template_values`] for
+/// the others.
+pub fn placeholder_admits(placeholder: &str, value: &str) -> bool {
+    match placeholder {
+        "peer" => {
+            !value.starts_with('0')
+                && !value.is_empty()
+                && value.bytes().all(|b| b.is_ascii_digit())
+                && value.parse::<u64>().is_ok()
+        }
+        _ => template_values(placeholder).contains(&value),
+    }
+}
+
+#[cfg(test)]
+/// The node ids the tests expand `{peer}` with.
+pub const EXAMPLE_PEERS: [&str; 2] = ["2", "3"];
+
 #[cfg(test)]
 /// A name of [`STAT_NAMES`] with each placeholder replaced by each of its
-/// values: every concrete name the template stands for.
+/// values (`{peer}` by [`EXAMPLE_PEERS`]): every concrete name the
+/// template stands for.
 pub fn expand(template: &str) -> Vec<String> {
     let mut names = vec![template.to_string()];
-    for placeholder in ["op", "q", "code"] {
+    for placeholder in PLACEHOLDERS {
         let token = format!("{{{placeholder}}}");
         if !template.contains(&token) {
             continue;
         }
-        let values = template_values(placeholder);
+        let values = match placeholder {
+            "peer" => EXAMPLE_PEERS.to_vec(),
+            _ => template_values(placeholder),
+        };
         names = names
             .iter()
             .flat_map(|n| values.iter().map(|v| n.replace(&token, v)))
@@ -316,6 +400,9 @@ pub struct Sources<'a> {
     pub cluster_map_epoch: u64,
     /// The node's id in its replica set; 0 for a single node.
     pub cluster_node_id: u64,
+    /// A replica set member's Raft figures (`raft.*`); `None` for a
+    /// single node (and a member whose replica is not running yet).
+    pub raft: Option<&'a RaftFigures>,
 }
 
 pub fn op_name(op: Opcode) -> &'static str {
@@ -568,7 +655,131 @@ impl Stats {
                 out.push((format!("latency.{op}.{label}_ns"), ns));
             }
         }
+        if let Some(raft) = src.raft {
+            raft_report(raft, &mut out);
+        }
         out
+    }
+}
+
+/// The `raft.*` figures of a STATS report (what [`raft_report`] writes),
+/// for a client such as `tidemark cluster status`; `None` if it has none
+/// (a single node, or a node older than these names). Names it does not
+/// know (a newer node's) are passed over.
+pub fn parse_raft_figures(stats: &[(String, u64)]) -> Option<RaftFigures> {
+    let mut r = RaftFigures::default();
+    let mut peers: BTreeMap<u64, RaftPeerFigures> = BTreeMap::new();
+    let mut any = false;
+    let known = |list: &[&'static str], name: &str| list.iter().copied().find(|n| *n == name);
+    for (name, value) in stats {
+        let Some(rest) = name.strip_prefix("raft.") else {
+            continue;
+        };
+        any = true;
+        let v = *value;
+        if let Some(role) = rest.strip_prefix("role.") {
+            if v == 1 {
+                r.role = known(&RAFT_ROLES, role).unwrap_or(r.role);
+            }
+            continue;
+        }
+        if let Some(peer) = rest.strip_prefix("peer_") {
+            let Some((id, figure)) = peer.split_once('.') else {
+                continue;
+            };
+            let Some(id) = placeholder_admits("peer", id)
+                .then(|| id.parse::<u64>().ok())
+                .flatten()
+            else {
+                continue;
+            };
+            let p = peers.entry(id).or_insert_with(|| RaftPeerFigures {
+                node_id: id,
+                ..Default::default()
+            });
+            match figure {
+                "voter" => p.voter = v == 1,
+                "match_index" => p.match_index = v,
+                "next_index" => p.next_index = v,
+                "lag_entries" => p.lag_entries = v,
+                "lag_bytes" => p.lag_bytes = v,
+                "last_contact_ms" => p.last_contact_ms = v,
+                "snapshot_sending" => p.snapshot_sending = v == 1,
+                other => {
+                    if let Some(state) = other.strip_prefix("progress.").filter(|_| v == 1) {
+                        p.progress = known(&RAFT_PROGRESS_STATES, state).unwrap_or(p.progress);
+                    }
+                }
+            }
+            continue;
+        }
+        let field = match rest {
+            "term" => &mut r.term,
+            "leader_id" => &mut r.leader_id,
+            "commit_index" => &mut r.commit_index,
+            "applied_index" => &mut r.applied_index,
+            "last_index" => &mut r.last_index,
+            "elections_started" => &mut r.elections_started,
+            "elections_won" => &mut r.elections_won,
+            "leader_changes" => &mut r.leader_changes,
+            "proposals_refused" => &mut r.proposals_refused,
+            "snapshot_sends_started" => &mut r.snapshot_sends_started,
+            "snapshot_sends_finished" => &mut r.snapshot_sends_finished,
+            "snapshot_sends_failed" => &mut r.snapshot_sends_failed,
+            "snapshots_installed" => &mut r.snapshots_installed,
+            _ => continue,
+        };
+        *field = v;
+    }
+    any.then(|| {
+        r.peers = peers.into_values().collect();
+        r
+    })
+}
+
+/// The `raft.*` figures of a replica set member: O(members).
+fn raft_report(r: &RaftFigures, out: &mut Vec<(String, u64)>) {
+    for role in RAFT_ROLES {
+        out.push((format!("raft.role.{role}"), u64::from(r.role == role)));
+    }
+    out.extend([
+        ("raft.term".into(), r.term),
+        ("raft.leader_id".into(), r.leader_id),
+        ("raft.commit_index".into(), r.commit_index),
+        ("raft.applied_index".into(), r.applied_index),
+        ("raft.last_index".into(), r.last_index),
+        ("raft.elections_started".into(), r.elections_started),
+        ("raft.elections_won".into(), r.elections_won),
+        ("raft.leader_changes".into(), r.leader_changes),
+        ("raft.proposals_refused".into(), r.proposals_refused),
+        (
+            "raft.snapshot_sends_started".into(),
+            r.snapshot_sends_started,
+        ),
+        (
+            "raft.snapshot_sends_finished".into(),
+            r.snapshot_sends_finished,
+        ),
+        ("raft.snapshot_sends_failed".into(), r.snapshot_sends_failed),
+        ("raft.snapshots_installed".into(), r.snapshots_installed),
+    ]);
+    for p in &r.peers {
+        let name = |figure: &str| format!("raft.peer_{}.{figure}", p.node_id);
+        out.extend([
+            (name("voter"), u64::from(p.voter)),
+            (name("match_index"), p.match_index),
+            (name("next_index"), p.next_index),
+            (name("lag_entries"), p.lag_entries),
+            (name("lag_bytes"), p.lag_bytes),
+            (name("last_contact_ms"), p.last_contact_ms),
+            (name("snapshot_sending"), u64::from(p.snapshot_sending)),
+        ]);
+        for state in RAFT_PROGRESS_STATES {
+            out.push((
+                name(&format!("progress.{state}")),
+                u64::from(p.progress == state),
+            ));
+        }
     }
 }
 
@@ -668,6 +879,17 @@ mod tests {
             now: started + Duration::from_secs(2),
             cluster_map_epoch: 0,
             cluster_node_id: 0,
+            raft: None,
+        };
+        // A single node: no `raft.*` name.
+        let single = stats.report(&src);
+        assert!(single.iter().all(|(n, _)| !n.starts_with("raft.")));
+        // A leader of a set of three reports every name.
+        let raft = leader_figures();
+        let src = Sources {
+            raft: Some(&raft),
+            cluster_node_id: 1,
+            ..src
         };
         let report = stats.report(&src);
         let mut emitted: Vec<String> = report.iter().map(|(n, _)| n.clone()).collect();
@@ -693,6 +915,117 @@ mod tests {
         assert_eq!(get("log.events_suppressed"), Some(7));
         assert_eq!(get("storage.writes_stopped"), Some(0));
         assert_eq!(get("storage.disk_scan_age_ms"), Some(0), "no walk yet");
+        assert_eq!(get("raft.role.leader"), Some(1));
+        assert_eq!(get("raft.role.follower"), Some(0));
+        assert_eq!(get("raft.term"), Some(7));
+        assert_eq!(get("raft.leader_id"), Some(1));
+        assert_eq!(get("raft.commit_index"), Some(120));
+        assert_eq!(get("raft.applied_index"), Some(119));
+        assert_eq!(get("raft.elections_won"), Some(2));
+        assert_eq!(get("raft.peer_3.lag_entries"), Some(40));
+        assert_eq!(get("raft.peer_3.last_contact_ms"), Some(2_500));
+        assert_eq!(get("raft.peer_3.progress.probe"), Some(1));
+        assert_eq!(get("raft.peer_3.progress.replicate"), Some(0));
+        assert_eq!(get("raft.peer_2.progress.replicate"), Some(1));
+        assert_eq!(get("raft.peer_3.snapshot_sending"), Some(1));
+        assert_eq!(get("raft.peer_2.voter"), Some(1));
+        assert_eq!(get("raft.peer_3.voter"), Some(0));
+    }
+
+    #[test]
+    fn the_raft_figures_read_back_from_a_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(tidemark_engine::Config::new(dir.path())).unwrap();
+        let (limits, slowlog) = (Limits::default(), SlowLog::new(0, 4));
+        let started = Instant::now();
+        let host = HostFigures::new(started);
+        let mut src = Sources {
+            connections: 0,
+            buffers: Buffers::default(),
+            engine: &engine,
+            limits: &limits,
+            host: &host,
+            slowlog: &slowlog,
+            log_suppressed: 0,
+            started,
+            started_unix_ms: 0,
+            now: started,
+            cluster_map_epoch: 0,
+            cluster_node_id: 1,
+            raft: None,
+        };
+        let stats = Stats::default();
+        assert_eq!(parse_raft_figures(&stats.report(&src)), None, "single");
+        let leader = leader_figures();
+        src.raft = Some(&leader);
+        assert_eq!(
+            parse_raft_figures(&stats.report(&src)),
+            Some(leader_figures())
+        );
+        let joining = RaftFigures {
+            role: "joining",
+            ..Default::default()
+        };
+        src.raft = Some(&joining);
+        assert_eq!(
+            parse_raft_figures(&stats.report(&src)),
+            Some(joining.clone())
+        );
+        // A newer node's names are passed over; bad peer ids too.
+        let mut report = stats.report(&src);
+        report.push(("raft.future_figure".into(), 9));
+        report.push(("raft.peer_0x.lag_bytes".into(), 9));
+        report.push(("raft.peer_2.future".into(), 9));
+        let parsed = parse_raft_figures(&report).unwrap();
+        assert_eq!(parsed.role, "joining");
+        assert_eq!(parsed.peers.len(), 1);
+        assert_eq!(parsed.peers[0].node_id, 2);
+        assert_eq!(parsed.peers[0].lag_bytes, 0);
+    }
+
+    /// Node 1 leading nodes 2 (caught up) and 3 (a learner behind, being
+    /// sent a snapshot).
+    pub(crate) fn leader_figures() -> RaftFigures {
+        RaftFigures {
+            role: "leader",
+            term: 7,
+            leader_id: 1,
+            commit_index: 120,
+            applied_index: 119,
+            last_index: 120,
+            elections_started: 3,
+            elections_won: 2,
+            leader_changes: 4,
+            proposals_refused: 1,
+            snapshot_sends_started: 2,
+            snapshot_sends_finished: 1,
+            snapshot_sends_failed: 0,
+            snapshots_installed: 0,
+            peers: vec![
+                crate::config::RaftPeerFigures {
+                    node_id: 2,
+                    voter: true,
+                    match_index: 120,
+                    next_index: 121,
+                    lag_entries: 0,
+                    lag_bytes: 0,
+                    last_contact_ms: 12,
+                    snapshot_sending: false,
+                    progress: "replicate",
+                },
+                crate::config::RaftPeerFigures {
+                    node_id: 3,
+                    voter: false,
+                    match_index: 80,
+                    next_index: 81,
+                    lag_entries: 40,
+                    lag_bytes: 12_000,
+                    last_contact_ms: 2_500,
+                    snapshot_sending: true,
+                    progress: "probe",
+                },
+            ],
+        }
     }
 
     /// The rows of format-spec/protocol.md 4.24: the INFO names.

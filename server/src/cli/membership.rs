@@ -11,6 +11,16 @@
 //! `--timeout-ms`: asking again is safe (cluster.md section 11.4). The
 //! answer waits for the change to apply; an add waits for the new node's
 //! snapshot and promotion, hence `--wait-ms`.
+//!
+//! A change already in place succeeds (exit 0) and says it was already
+//! applied: a retry of a change whose answer was lost (an interruption, a
+//! lost connection, a command run again) must not look like a failure.
+//! A remove of a node that is not a member (`MEMBERSHIP_REFUSED` detail 3)
+//! is one; an add of a node the leader's STATS report as a voter already
+//! (`raft.peer_{id}.voter`, asked on the connection the change goes on)
+//! is the other, the leader answering the set as for any add of a member
+//! with the same addresses (protocol.md 4.34; other addresses are still
+//! refused, detail 2).
 
 use std::time::{Duration, Instant};
 
@@ -58,23 +68,55 @@ pub struct ClusterRemoveArgs {
     wait_ms: u64,
 }
 
+/// How a change ended well.
+enum Done {
+    /// Applied by this request.
+    Applied(ClusterMap),
+    /// In place already (module docs).
+    AlreadyApplied(ClusterMap),
+}
+
 pub fn add(a: ClusterAddArgs) -> Result<(), CliError> {
     let change = MemberChange::Add {
         node_id: a.node_id,
         cluster_addr: &a.raft,
         client_addr: &a.client,
     };
-    let map = change_at_leader(&a.conn, a.wait_ms, change)?;
-    report(&a.conn, &format!("node {} added", a.node_id), &map)
+    let what = match change_at_leader(&a.conn, a.wait_ms, change)? {
+        Done::Applied(map) => (format!("node {} added", a.node_id), false, map),
+        Done::AlreadyApplied(map) => (
+            format!(
+                "node {} is a member already, with these addresses: already applied, \
+                 nothing changed",
+                a.node_id
+            ),
+            true,
+            map,
+        ),
+    };
+    report(&a.conn, what)
 }
 
 pub fn remove(a: ClusterRemoveArgs) -> Result<(), CliError> {
     let change = MemberChange::Remove { node_id: a.node_id };
-    let map = change_at_leader(&a.conn, a.wait_ms, change)?;
-    report(&a.conn, &format!("node {} removed", a.node_id), &map)
+    let what = match change_at_leader(&a.conn, a.wait_ms, change)? {
+        Done::Applied(map) => (format!("node {} removed", a.node_id), false, map),
+        Done::AlreadyApplied(map) => (
+            format!(
+                "node {} is not a member: already applied (removed before), nothing changed",
+                a.node_id
+            ),
+            true,
+            map,
+        ),
+    };
+    report(&a.conn, what)
 }
 
-fn report(conn: &ConnArgs, what: &str, map: &ClusterMap) -> Result<(), CliError> {
+fn report(
+    conn: &ConnArgs,
+    (what, already, map): (String, bool, ClusterMap),
+) -> Result<(), CliError> {
     let mut t = format!(
         "{what}; leader: node {}\n",
         map.leader_id.map_or("unknown".into(), |l| l.to_string())
@@ -90,8 +132,23 @@ fn report(conn: &ConnArgs, what: &str, map: &ClusterMap) -> Result<(), CliError>
     emit(
         conn.json,
         t,
-        json!({ "leader_id": map.leader_id, "members": members }),
+        json!({ "leader_id": map.leader_id, "members": members, "already_applied": already }),
     )
+}
+
+/// Whether the node `c` is connected to leads a set in which `node_id` is
+/// a voter already (its STATS' `raft.*` figures; false for a node without
+/// them).
+fn voter_already(c: &mut Client, node_id: u64) -> bool {
+    let Some(r) = c
+        .stats()
+        .ok()
+        .and_then(|s| tidemark_node::parse_raft_figures(&s))
+    else {
+        return false;
+    };
+    r.role == "leader"
+        && (r.leader_id == node_id || r.peers.iter().any(|p| p.node_id == node_id && p.voter))
 }
 
 /// Sends `change` to the leader (module docs).
@@ -99,7 +156,7 @@ fn change_at_leader(
     conn: &ConnArgs,
     wait_ms: u64,
     change: MemberChange<'_>,
-) -> Result<ClusterMap, CliError> {
+) -> Result<Done, CliError> {
     let deadline = Instant::now() + Duration::from_millis(conn.timeout_ms.max(wait_ms));
     let mut addr = conn.addr.clone();
     let mut hops = 0;
@@ -131,10 +188,29 @@ fn change_at_leader(
             }
             Err(e) => return Err(fail(e, &addr)),
         };
+        let already = match change {
+            MemberChange::Add { node_id, .. } => voter_already(&mut c, node_id),
+            MemberChange::Remove { .. } => false,
+        };
         let e = match c.cluster_change(change) {
-            Ok(map) => return Ok(map),
+            Ok(map) if already => return Ok(Done::AlreadyApplied(map)),
+            Ok(map) => return Ok(Done::Applied(map)),
             Err(e) => e,
         };
+        if let (
+            MemberChange::Remove { .. },
+            ClientError::Server {
+                code: ErrorCode::MembershipRefused,
+                detail: Some(3),
+                ..
+            },
+        ) = (change, &e)
+        {
+            // Not a member: removed already. The set as this node knows it.
+            if let Ok(map) = c.cluster() {
+                return Ok(Done::AlreadyApplied(map));
+            }
+        }
         let again = match &e {
             ClientError::Server {
                 code: ErrorCode::NotLeader,

@@ -1,10 +1,9 @@
 //! The operator's client commands: `ping`, `leave`, `delete-group`,
-//! `cluster status`, `cluster map`, and `tail` (follow a group live).
+//! `cluster map`, and `tail` (follow a group live); `cluster status` is in
+//! `cluster_status.rs`, `cluster add` and `remove` in `membership.rs`.
 //!
-//! `ping`, `leave`, `delete-group`, `cluster status` and `cluster map`
-//! are one request
-//! each over the reliable
-//! client, like the commands in `cli.rs`. `tail` holds one plain
+//! `ping`, `leave`, `delete-group` and `cluster map` are one request each
+//! over the reliable client, like the commands in `cli.rs`. `tail` holds one plain
 //! connection ([`tidemark_client::Client`]) with a SUBSCRIBE GROUPS of its
 //! group and prints each PUSH as it arrives (format-spec/protocol.md
 //! sections 4.17 and 5): messages that become durable after it subscribed,
@@ -74,8 +73,15 @@ pub struct PingArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ClusterCommand {
-    /// The node's id, its replica set's members (id and client address)
-    /// and the current leader (CLUSTER). A single node says so.
+    /// The replica set's health as the node sees it (CLUSTER and STATS'
+    /// `raft.*` figures): its id, role (leader, candidate, pre-candidate,
+    /// follower, learner, or joining: waiting to be added), term, commit
+    /// and applied index, the members (id and client address) and the
+    /// leader; on the leader, per follower: match index, lag in entries
+    /// and in bytes (an estimate), time since its last message, progress
+    /// state (probe, replicate, snapshot) and a snapshot being sent; its
+    /// counters (elections, leaders seen, refused proposals, snapshots).
+    /// A single node says so. --json: one object with the same figures.
     Status(ClusterStatusArgs),
     /// The cluster map as the node knows it (CLUSTER_MAP): its epoch, each
     /// replica set with its members and leader, and which set owns each
@@ -95,7 +101,7 @@ pub enum ClusterCommand {
 #[derive(Args, Debug)]
 pub struct ClusterStatusArgs {
     #[command(flatten)]
-    conn: ConnArgs,
+    pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]
@@ -148,7 +154,7 @@ pub fn run(cmd: OpsCommand) -> Result<(), CliError> {
         OpsCommand::Ping(a) => ping(a),
         OpsCommand::Leave(a) => leave(a),
         OpsCommand::DeleteGroup(a) => delete_group(a),
-        OpsCommand::Cluster(ClusterCommand::Status(a)) => cluster_status(a),
+        OpsCommand::Cluster(ClusterCommand::Status(a)) => super::cluster_status::status(a),
         OpsCommand::Cluster(ClusterCommand::Map(a)) => cluster_map(a),
         OpsCommand::Cluster(ClusterCommand::Add(a)) => super::membership::add(a),
         OpsCommand::Cluster(ClusterCommand::Remove(a)) => super::membership::remove(a),
@@ -171,44 +177,6 @@ fn ping(a: PingArgs) -> Result<(), CliError> {
             us % 1000
         ),
         json!({ "addr": a.conn.addr, "pong": true, "round_trip_us": us }),
-    )
-}
-
-fn cluster_status(a: ClusterStatusArgs) -> Result<(), CliError> {
-    let mut c = connect(&a.conn)?;
-    let map = c.cluster()?;
-    let text = if map.members.is_empty() {
-        format!("node {}: a single node (no replica set)\n", a.conn.addr)
-    } else {
-        let mut t = format!(
-            "node {} ({}); leader: {}\n",
-            map.node_id,
-            a.conn.addr,
-            match (map.leader_id, map.leader_addr()) {
-                (Some(id), Some(addr)) => format!("node {id} at {addr}"),
-                (Some(id), None) => format!("node {id}"),
-                _ => "none known (an election may be under way)".to_owned(),
-            }
-        );
-        for (id, addr) in &map.members {
-            let role = if Some(*id) == map.leader_id {
-                " leader"
-            } else {
-                ""
-            };
-            t.push_str(&format!("  member {id} at {addr}{role}\n"));
-        }
-        t
-    };
-    let members: Vec<_> = map
-        .members
-        .iter()
-        .map(|(id, addr)| json!({ "node_id": id, "client_addr": addr }))
-        .collect();
-    emit(
-        a.conn.json,
-        text,
-        json!({ "node_id": map.node_id, "leader_id": map.leader_id, "members": members }),
     )
 }
 
