@@ -39,6 +39,9 @@ single() {
 }
 
 replica_set() {
+    # The set's shared secret (format-spec/cluster.md section 7.1).
+    head -c 32 /dev/urandom | base64 >"$WORK/cluster-token"
+    chmod 600 "$WORK/cluster-token"
     for i in 1 2 3; do
         peers=""
         for j in 1 2 3; do
@@ -47,7 +50,8 @@ replica_set() {
         rm -rf "$WORK/c$i"
         # shellcheck disable=SC2086
         "$BIN" serve --data "$WORK/c$i" --listen "127.0.0.1:730$i" --cluster-node-id "$i" \
-            --cluster-listen "127.0.0.1:731$i" $peers >"$WORK/c$i.log" 2>&1 &
+            --cluster-listen "127.0.0.1:731$i" --cluster-token-file "$WORK/cluster-token" \
+            $peers >"$WORK/c$i.log" 2>&1 &
         pids="$pids $!"
     done
     sleep 2

@@ -21,6 +21,10 @@ WORK=$(mktemp -d)
 pids=""
 trap 'kill $pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
+# The set's shared secret (format-spec/cluster.md section 7.1).
+head -c 32 /dev/urandom | base64 >"$WORK/cluster-token"
+chmod 600 "$WORK/cluster-token"
+
 declare -A pid
 start() { # id
     local i=$1 peers=""
@@ -30,7 +34,7 @@ start() { # id
     # shellcheck disable=SC2086
     RUST_LOG=info "$BIN" serve --data "$WORK/n$i" --listen "127.0.0.1:740$i" \
         --cluster-node-id "$i" --cluster-listen "127.0.0.1:741$i" \
-        --raft-log-max-bytes 4194304 $peers >/dev/null 2>>"$WORK/n$i.log" &
+        --cluster-token-file "$WORK/cluster-token" --raft-log-max-bytes 4194304 $peers >/dev/null 2>>"$WORK/n$i.log" &
     pid[$i]=$!
     pids="$pids $!"
 }

@@ -35,7 +35,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tidemark_cluster::members::{Change, ChangeRefused, Member, Members, Role};
-use tidemark_cluster::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
+use tidemark_cluster::peer_auth::ClusterSecret;
+use tidemark_cluster::tcp::{BoundListener, ListenerLimits, TcpTransport};
 use tidemark_cluster::{Health, Replica, ReplicaConfig};
 use tidemark_node::{
     ChangeDone, ChangeOutcome, ChangeRequest, ClusterShards, ClusterView, LeaderGate, Leadership,
@@ -43,6 +44,7 @@ use tidemark_node::{
 };
 
 use crate::cluster_map;
+use crate::token_file::read_token_file;
 
 /// How often the watcher looks whether the replica stopped.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(100);
@@ -95,6 +97,11 @@ pub struct ClusterArgs {
     /// `--cluster-join`: an empty directory waits to be added to the set
     /// of `peers` (cluster.md section 11.2) instead of starting one.
     pub join: bool,
+    /// `--cluster-token-file FILE`: the set's shared secret (cluster.md
+    /// section 7.1).
+    pub token_file: Option<PathBuf>,
+    /// `--cluster-insecure`: a member without a secret.
+    pub insecure: bool,
 }
 
 /// A replica set member's settings, checked.
@@ -111,6 +118,9 @@ pub struct ClusterConfig {
     /// Waits to be added (`--cluster-join`): `peers` are the set's members
     /// it answers, not its voters.
     pub join: bool,
+    /// What the connections between members prove (cluster.md section
+    /// 7.1); the insecure one under `--cluster-insecure`.
+    pub secret: ClusterSecret,
 }
 
 impl ClusterArgs {
@@ -124,6 +134,19 @@ impl ClusterArgs {
             0 => tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT,
             n => n,
         };
+        let single = self.map.is_none()
+            && (self.node_id, self.listen, self.peers.is_empty(), self.join)
+                == (None, None, true, false);
+        if single {
+            if self.token_file.is_some() || self.insecure {
+                return Err(
+                    "--cluster-token-file and --cluster-insecure are for a replica set member \
+                     (--cluster-node-id ...); a single node has no Raft port"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        }
         if let Some(path) = &self.map {
             let Some(node_id) = self.node_id else {
                 return Err("--cluster-map needs --cluster-node-id".into());
@@ -147,6 +170,7 @@ impl ClusterArgs {
                     client_addr: m.client_addr,
                 })
                 .collect();
+            let secret = self.secret()?;
             return Ok(Some(ClusterConfig {
                 node_id,
                 listen: self.listen.unwrap_or(view.own.cluster_addr),
@@ -154,10 +178,10 @@ impl ClusterArgs {
                 raft_log_max_bytes,
                 shards: Some(view.shards),
                 join: false,
+                secret,
             }));
         }
         let (node_id, listen) = match (self.node_id, self.listen, self.peers.is_empty()) {
-            (None, None, true) if !self.join => return Ok(None),
             (Some(id), Some(listen), false) => (id, listen),
             _ => {
                 return Err(
@@ -180,6 +204,7 @@ impl ClusterArgs {
                 ));
             }
         }
+        let secret = self.secret()?;
         Ok(Some(ClusterConfig {
             node_id,
             listen,
@@ -187,7 +212,49 @@ impl ClusterArgs {
             raft_log_max_bytes,
             shards: None,
             join: self.join,
+            secret,
         }))
+    }
+
+    /// The secret of `--cluster-token-file`, or the insecure one of
+    /// `--cluster-insecure`; neither (or both) is an error naming the flag
+    /// (cluster.md section 7.1).
+    fn secret(&self) -> Result<ClusterSecret, String> {
+        match (&self.token_file, self.insecure) {
+            (Some(_), true) => {
+                Err("--cluster-token-file and --cluster-insecure exclude each other".into())
+            }
+            (Some(path), false) => {
+                warn_if_others_may_read(path);
+                ClusterSecret::new(read_token_file(path)?)
+                    .map_err(|e| format!("--cluster-token-file {}: {e}", path.display()))
+            }
+            (None, true) => Ok(ClusterSecret::insecure()),
+            (None, false) => Err(
+                "a replica set member needs --cluster-token-file FILE: the set's shared secret, \
+                 the same file on every member (format-spec/cluster.md section 7.1); without it \
+                 anyone who reaches --cluster-listen could change the set. --cluster-insecure \
+                 runs without one (tests on a closed machine only)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// A secret others can read is no secret: said at start, not refused (a
+/// file on a volume without permissions, a container's mounted secret).
+fn warn_if_others_may_read(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            log::warn!(
+                "--cluster-token-file {}: mode {:o} lets other users read the cluster secret \
+                 (chmod 600)",
+                path.display(),
+                mode & 0o777
+            );
+        }
     }
 }
 
@@ -468,14 +535,28 @@ pub fn serve(
     let bound = BoundListener::bind(cluster.listen)
         .map_err(|e| format!("cluster listen {}: {e}", cluster.listen))?;
     let raft_listener = Mutex::new(None);
+    let secret = cluster.secret.clone();
+    if secret.is_insecure() {
+        log::warn!(
+            "--cluster-insecure: the Raft port {} accepts ANY peer: anyone who reaches it can \
+             elect a leader, rewrite this replica set's log and replace its data. Give every \
+             member --cluster-token-file (format-spec/cluster.md section 7.1)",
+            cluster.listen
+        );
+    }
     let open = |_: &NodeConfig| {
-        let transport =
-            TcpTransport::new(&peers).map_err(|e| format!("raft transport threads: {e}"))?;
+        let transport = TcpTransport::new(cluster.node_id, &peers, secret.clone())
+            .map_err(|e| format!("raft transport threads: {e}"))?;
         let replica = Arc::new(
             Replica::start(replica_config, transport).map_err(|e| format!("replica: {e}"))?,
         );
         let handle = bound
-            .start(cluster.node_id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
+            .start(
+                cluster.node_id,
+                replica.mailbox(),
+                secret.clone(),
+                ListenerLimits::default(),
+            )
             .map_err(|e| format!("cluster listener thread: {e}"))?;
         *raft_listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         let engine = replica
@@ -642,6 +723,8 @@ mod tests {
             raft_log_max_bytes: 0,
             map: Some(example.clone()),
             join: false,
+            token_file: None,
+            insecure: true,
         };
         let c = with_map(Some(2), vec![])
             .check()
@@ -682,6 +765,8 @@ mod tests {
             raft_log_max_bytes: 0,
             map: None,
             join: false,
+            token_file: None,
+            insecure: true,
         };
         // 0 (unset) is the default bound; a value given is kept.
         let checked = full.clone().check().unwrap().unwrap();
@@ -721,6 +806,62 @@ mod tests {
             },
         ] {
             assert!(partial.clone().check().is_err(), "{partial:?} accepted");
+        }
+    }
+
+    /// A member needs the set's secret (or says it runs without one);
+    /// the file's bytes are the secret, never shown.
+    #[test]
+    fn a_member_without_a_cluster_secret_refuses_to_start() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).expect("write");
+            Some(path)
+        };
+        let member = ClusterArgs {
+            node_id: Some(1),
+            listen: Some("127.0.0.1:7101".parse().unwrap()),
+            peers: vec![parse_peer("2=127.0.0.1:7102,127.0.0.1:7002").unwrap()],
+            ..ClusterArgs::default()
+        };
+        let e = member.clone().check().expect_err("no secret");
+        assert!(e.contains("--cluster-token-file"), "{e}");
+        let good = ClusterArgs {
+            token_file: file("token", "a secret of at least sixteen bytes\n"),
+            ..member.clone()
+        };
+        let checked = good.check().unwrap().unwrap();
+        assert!(!checked.secret.is_insecure());
+        assert!(
+            !format!("{checked:?}").contains("sixteen"),
+            "the secret shown"
+        );
+        let insecure = ClusterArgs {
+            insecure: true,
+            ..member.clone()
+        };
+        assert!(insecure.check().unwrap().unwrap().secret.is_insecure());
+        for bad in [
+            ClusterArgs {
+                token_file: file("short", "short\n"),
+                ..member.clone()
+            },
+            ClusterArgs {
+                token_file: file("both", "a secret of at least sixteen bytes"),
+                insecure: true,
+                ..member.clone()
+            },
+            ClusterArgs {
+                token_file: Some(dir.path().join("missing")),
+                ..member.clone()
+            },
+            ClusterArgs {
+                insecure: true,
+                ..ClusterArgs::default()
+            },
+        ] {
+            assert!(bad.clone().check().is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -239,6 +239,19 @@ struct ServeArgs {
     /// the directory holds a membership.
     #[arg(long)]
     cluster_join: bool,
+    /// File holding the replica set's shared secret (at least 16 bytes; a
+    /// trailing newline is ignored), the same file on every member: each
+    /// connection between members proves it before any Raft message is
+    /// read (format-spec/cluster.md section 7.1). A member refuses to
+    /// start without it unless --cluster-insecure is given. No default.
+    #[arg(long, value_name = "FILE")]
+    cluster_token_file: Option<PathBuf>,
+    /// Run a replica set member without --cluster-token-file: anyone who
+    /// reaches --cluster-listen can then change the set (elect a leader,
+    /// replace its data). For tests on a closed machine only; the node
+    /// says so in its log at start.
+    #[arg(long)]
+    cluster_insecure: bool,
 }
 
 /// Why the command line was refused.
@@ -312,6 +325,8 @@ fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
         raft_log_max_bytes: a.raft_log_max_bytes,
         map: a.cluster_map.clone(),
         join: a.cluster_join,
+        token_file: a.cluster_token_file.clone(),
+        insecure: a.cluster_insecure,
     }
 }
 
@@ -705,7 +720,7 @@ mod tests {
                 ("data", _) => ("/tmp/tidemark-a".to_string(), "/tmp/tidemark-b".to_string()),
                 ("listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("fsync", _) => ("never".to_string(), "interval:5".to_string()),
-                ("token_file", _) => (token_a.clone(), token_b.clone()),
+                ("token_file" | "cluster_token_file", _) => (token_a.clone(), token_b.clone()),
                 ("metrics_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("cluster_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("cluster_map", _) => {

@@ -350,6 +350,7 @@ impl FaultySet {
                 "--cluster-listen".into(),
                 format!("127.0.0.1:{}", raft[&id]),
             ];
+            args.extend(crate::harness::cluster_token_args(&dir));
             for &p in IDS.iter().filter(|&&p| p != id) {
                 args.push("--cluster-peer".into());
                 args.push(format!(

@@ -183,8 +183,32 @@ pub fn file_tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
     out
 }
 
+/// The replica set secret of every set these tests start (cluster.md
+/// section 7.1): one set's members must share it; sets of different
+/// tests never meet (their ports differ).
+pub const CLUSTER_SECRET: &str = "tidemark tests' cluster secret";
+
+/// `--cluster-token-file FILE` for a member whose data directory is
+/// `dir`: the file, beside the directory, holds [`CLUSTER_SECRET`] and
+/// only its owner may read it.
+pub fn cluster_token_args(dir: &Path) -> [String; 2] {
+    use std::os::unix::fs::PermissionsExt;
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".cluster-token");
+    let path = dir.with_file_name(name);
+    std::fs::write(&path, format!("{CLUSTER_SECRET}\n")).expect("write the cluster token file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod the cluster token file");
+    [
+        "--cluster-token-file".into(),
+        path.to_string_lossy().into_owned(),
+    ]
+}
+
 /// A replica set member's `tidemark serve` process, its log (stderr, info
-/// level) appended to a file; killed when dropped.
+/// level) appended to a file; killed when dropped. Its command line gets
+/// [`cluster_token_args`] unless it names its own secret (or
+/// `--cluster-insecure`).
 pub struct ReplicaMember {
     id: u64,
     child: Option<Child>,
@@ -210,8 +234,12 @@ impl ReplicaMember {
         id: u64,
         dir: PathBuf,
         log: PathBuf,
-        args: Vec<String>,
+        mut args: Vec<String>,
     ) -> ReplicaMember {
+        let own = ["--cluster-token-file", "--cluster-insecure", "--config"];
+        if !args.iter().any(|a| own.contains(&a.as_str())) {
+            args.extend(cluster_token_args(&dir));
+        }
         let mut m = ReplicaMember {
             id,
             child: None,
@@ -308,10 +336,14 @@ impl ReplicaMember {
         }
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-
 }
 
 impl Drop for ReplicaMember {

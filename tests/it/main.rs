@@ -27,6 +27,7 @@ mod fuzz_corpus;
 mod harness;
 mod history_check;
 mod hostile;
+mod hostile_peer;
 mod idle;
 mod members;
 mod net_faults;

@@ -161,10 +161,11 @@ impl Cluster {
         let nodes = NODES
             .iter()
             .map(|&(id, _)| {
-                let args = vec![
+                let dir = root.path().join(format!("n{id}"));
+                let mut args = vec![
                     "serve".into(),
                     "--data".into(),
-                    root.path().join(format!("n{id}")).display().to_string(),
+                    dir.display().to_string(),
                     "--listen".into(),
                     format!("127.0.0.1:{}", ports[&id].client),
                     "--cluster-node-id".into(),
@@ -172,6 +173,7 @@ impl Cluster {
                     "--cluster-map".into(),
                     map_path.display().to_string(),
                 ];
+                args.extend(crate::harness::cluster_token_args(&dir));
                 let mut node = Node {
                     id,
                     child: None,

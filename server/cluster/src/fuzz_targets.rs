@@ -1,6 +1,6 @@
-//! Bodies of the replication fuzz targets: the three places where bytes
-//! from another node or from the disk enter a replica (format-spec/cluster.md
-//! sections 3, 7 and 8.2).
+//! Bodies of the replication fuzz targets: the places where bytes from
+//! another node or from the disk enter a replica (format-spec/cluster.md
+//! sections 3, 7, 7.1 and 8.2).
 //!
 //! Like `tidemark_engine::fuzz_targets`, they live in the library so that
 //! the cargo-fuzz wrappers in `fuzz/` and the corpus replay test
@@ -11,7 +11,8 @@
 //!
 //! | target | what it drives | what it checks |
 //! |---|---|---|
-//! | `raft_frame` | [`tcp::frame_len`], [`tcp::decode_frame`] | a decoded message re-encodes to a frame that decodes to the same Raft content (type, ids, terms, indexes, entries, snapshot metadata, reject) |
+//! | `raft_frame` | [`tcp::FrameReader`] (the bytes arriving one at a time), [`tcp::decode_frame`] | the reader's buffer never holds more than what arrived (plus one read); a decoded message re-encodes to a frame that decodes to the same Raft content (type, ids, terms, indexes, entries, snapshot metadata, reject) |
+//! | `peer_handshake` | [`peer_auth`]'s decoders, [`peer_auth::verify`] | a message that decodes re-encodes to its bytes; a refused one names its first wrong header byte; a proof verifies only if it is the one [`peer_auth::prove`] makes |
 //! | `raft_log_open` | [`RaftLog::open`] on a file of arbitrary bytes | an opened log is contiguous from its start, and opens again to the same state |
 //! | `snapshot_stream` | [`snapshot::receive`] | nothing is written outside the staging directory; a refused stream leaves nothing staged; an accepted one is the `MsgSnapshot` to this node at its Begin's (index, term) |
 //!
@@ -27,6 +28,7 @@ use raft::eraftpb::{Entry, HardState, Message, MessageType};
 use tidemark_engine::fuzz_targets::ScratchDir;
 
 use crate::members::KnownPeers;
+use crate::peer_auth;
 use crate::raft_log::{self, encode_record, RaftLog};
 use crate::snapshot;
 use crate::tcp;
@@ -38,6 +40,7 @@ pub type Target = fn(&[u8]);
 /// and its `fuzz/corpus/` directory).
 pub const TARGETS: &[(&str, Target)] = &[
     ("raft_frame", raft_frame),
+    ("peer_handshake", peer_handshake),
     ("raft_log_open", raft_log_open),
     ("snapshot_stream", snapshot_stream),
 ];
@@ -98,6 +101,22 @@ pub fn raft_frame(data: &[u8]) {
     if let Some(head) = frame.get(..4).and_then(|h| <[u8; 4]>::try_from(h).ok()) {
         let _ = tcp::frame_len(head, tcp::FRAME_BYTES_MAX_DEFAULT);
     }
+    // The reader, fed one byte per read: what it buffers follows what
+    // arrived, whatever the length claims.
+    let mut reader = tcp::FrameReader::new(tcp::FRAME_BYTES_MAX_DEFAULT);
+    let mut bytes = OneByte(&frame);
+    let mut arrived = 0;
+    while let Ok(tcp::Step::Pending | tcp::Step::Frame) = reader.read_from(&mut bytes) {
+        arrived += 1;
+        assert!(
+            reader.buffer_capacity() <= 2 * arrived + tcp::READ_CHUNK_BYTES,
+            "{} bytes buffered for {arrived} arrived",
+            reader.buffer_capacity()
+        );
+        if !reader.frame().is_empty() {
+            assert_eq!(reader.frame(), &frame[..reader.frame().len()]);
+        }
+    }
     let Ok(msg) = tcp::decode_frame(&frame) else {
         return;
     };
@@ -114,6 +133,91 @@ pub fn raft_frame(data: &[u8]) {
         raft_content(&msg),
         "a re-encoding changed the message"
     );
+}
+
+/// Hands out one byte per read.
+struct OneByte<'a>(&'a [u8]);
+
+impl std::io::Read for OneByte<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match (self.0.split_first(), buf.first_mut()) {
+            (Some((&b, rest)), Some(out)) => {
+                *out = b;
+                self.0 = rest;
+                Ok(1)
+            }
+            _ => Ok(0),
+        }
+    }
+}
+
+/// The secret the handshake target proves with.
+const FUZZ_SECRET: &[u8] = b"an example cluster secret";
+
+/// [`peer_auth`]'s three messages on the input: raw, or (built mode) the
+/// input's second byte picks the kind and a correct header is put before
+/// the rest, so that the fuzzer reaches the fields.
+pub fn peer_handshake(data: &[u8]) {
+    let Some((built, rest)) = split(data) else {
+        return;
+    };
+    let bytes = match (built, rest.split_first()) {
+        (true, Some((kind, tail))) => {
+            let mut b = peer_auth::MAGIC.to_vec();
+            b.push(peer_auth::VERSION);
+            b.push(1 + kind % 3);
+            b.extend_from_slice(tail);
+            b
+        }
+        (true, None) => return,
+        (false, _) => rest.to_vec(),
+    };
+    // Any prefix: refused exactly at its first wrong header byte.
+    for kind in [
+        peer_auth::KIND_HELLO,
+        peer_auth::KIND_CHALLENGE,
+        peer_auth::KIND_PROOF,
+    ] {
+        let prefix = &bytes[..bytes.len().min(peer_auth::HEADER_BYTES)];
+        if let Err(peer_auth::HandshakeError::Header { offset, .. }) =
+            peer_auth::check_header(kind, prefix)
+        {
+            assert!(peer_auth::check_header(kind, &prefix[..offset]).is_ok());
+        }
+    }
+    let secret = peer_auth::ClusterSecret::new(FUZZ_SECRET.to_vec()).expect("a long secret");
+    let hello = bytes
+        .get(..peer_auth::HELLO_BYTES)
+        .and_then(|b| <[u8; peer_auth::HELLO_BYTES]>::try_from(b).ok())
+        .and_then(|b| Some((b, peer_auth::decode_hello(&b).ok()?)));
+    if let Some((b, hello)) = &hello {
+        assert_eq!(&peer_auth::encode_hello(hello), b);
+        // The rest, read as the listener's nonce and the dialer's proof.
+        let tail = &bytes[peer_auth::HELLO_BYTES..];
+        let nonce = tail.get(..32).and_then(|n| <[u8; 32]>::try_from(n).ok());
+        let mac = tail.get(32..64).and_then(|m| <[u8; 32]>::try_from(m).ok());
+        if let (Some(nonce), Some(mac)) = (nonce, mac) {
+            let ok = peer_auth::verify(&secret, peer_auth::KIND_PROOF, hello, &nonce, &mac);
+            let made = peer_auth::prove(&secret, peer_auth::KIND_PROOF, hello, &nonce);
+            assert_eq!(ok.is_ok(), made == mac, "verify and prove disagree");
+        }
+    }
+    if let Some(b) = bytes
+        .get(..peer_auth::CHALLENGE_BYTES)
+        .and_then(|b| <[u8; peer_auth::CHALLENGE_BYTES]>::try_from(b).ok())
+    {
+        if let Ok(c) = peer_auth::decode_challenge(&b) {
+            assert_eq!(peer_auth::encode_challenge(&c), b);
+        }
+    }
+    if let Some(b) = bytes
+        .get(..peer_auth::PROOF_BYTES)
+        .and_then(|b| <[u8; peer_auth::PROOF_BYTES]>::try_from(b).ok())
+    {
+        if let Ok(mac) = peer_auth::decode_proof(&b) {
+            assert_eq!(peer_auth::encode_proof(&mac), b);
+        }
+    }
 }
 
 /// What raft-rs reads of a message: every field it acts on.
@@ -268,6 +372,9 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         tcp::encode_frame(&mut frame, &msg);
         out.push(("raft_frame", format!("frame-{name}"), raw(&frame)));
     }
+    for (name, bytes) in seed_handshakes() {
+        out.push(("peer_handshake", name.into(), raw(&bytes)));
+    }
     out.push(("raft_log_open", "log-compacted".into(), raw(&seed_log())));
     out.push((
         "snapshot_stream",
@@ -275,6 +382,34 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         raw(&seed_stream()),
     ));
     out
+}
+
+/// cluster.md section 7.1's vectors: a Hello followed by the listener's
+/// nonce and the dialer's valid proof, the Challenge, the Proof.
+fn seed_handshakes() -> Vec<(&'static str, Vec<u8>)> {
+    let secret = peer_auth::ClusterSecret::new(FUZZ_SECRET.to_vec()).expect("a long secret");
+    let hello = peer_auth::Hello {
+        dialer: 1,
+        listener: 2,
+        nonce: [0x11; 32],
+    };
+    let nonce = [0x22; 32];
+    let challenge = peer_auth::Challenge {
+        nonce,
+        mac: peer_auth::prove(&secret, peer_auth::KIND_CHALLENGE, &hello, &nonce),
+    };
+    let proof = peer_auth::prove(&secret, peer_auth::KIND_PROOF, &hello, &nonce);
+    vec![
+        (
+            "hello-and-proof",
+            [&peer_auth::encode_hello(&hello)[..], &nonce, &proof].concat(),
+        ),
+        (
+            "challenge",
+            peer_auth::encode_challenge(&challenge).to_vec(),
+        ),
+        ("proof", peer_auth::encode_proof(&proof).to_vec()),
+    ]
 }
 
 fn entry(index: u64, term: u64, data: &[u8]) -> Entry {

@@ -8,11 +8,13 @@
 //! written only once committed), a follower's arrive through
 //! `Engine::append_replicated`. The transport is the caller's
 //! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
-//! (cluster.md section 7). The Raft log is bounded by compaction, and a
-//! follower that needs compacted entries gets a [`snapshot`] of the
-//! leader's engine (cluster.md sections 3.5 and 8). Its [`health`]
-//! (role, term, indexes, each follower's progress, counters) is published
-//! by the driver once per turn for operators. No async runtime anywhere.
+//! (cluster.md section 7), each of whose connections opens with the
+//! [`peer_auth`] handshake over the members' shared secret. The Raft log
+//! is bounded by compaction, and a follower that needs compacted entries
+//! gets a [`snapshot`] of the leader's engine (cluster.md sections 3.5
+//! and 8). Its [`health`] (role, term, indexes, each follower's
+//! progress, counters) is published by the driver once per turn for
+//! operators. No async runtime anywhere.
 
 mod error;
 #[cfg(any(test, feature = "testing"))]
@@ -21,6 +23,9 @@ pub mod health;
 pub mod members;
 #[cfg(test)]
 mod members_tests;
+pub mod peer_auth;
+#[cfg(test)]
+mod peer_auth_tests;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;

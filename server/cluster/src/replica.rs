@@ -201,14 +201,24 @@ impl Mailbox {
         let _ = self.tx.send(Input::Raft(msg));
     }
 
-    /// Reads a snapshot stream (after its preamble) into the replica's
-    /// directory, then delivers its `MsgSnapshot` (cluster.md section 8.2).
-    /// One stream at a time, and only a snapshot newer than any staged or
-    /// installed (`snapshot::Inbox`): another is refused.
+    /// Reads a snapshot stream (after its preamble) from node `from` (the
+    /// connection's authenticated peer, cluster.md section 7.1) into the
+    /// replica's directory, then delivers its `MsgSnapshot` (section 8.2).
+    /// A stream whose Begin names another sender, or from a node this
+    /// replica does not admit, is refused before anything is staged; so
+    /// is a second stream, or one of a snapshot not newer than any staged
+    /// or installed (`snapshot::Inbox`: one stream at a time).
     /// Costs: the snapshot's bytes written and fsynced on the caller's
     /// thread (a transport's reader, never the driver).
-    pub fn receive_snapshot(&self, r: &mut impl std::io::Read) -> Result<()> {
-        let msg = crate::snapshot::receive(r, &self.inbox, self.id, &self.peers)?;
+    pub fn receive_snapshot(&self, r: &mut impl std::io::Read, from: u64) -> Result<()> {
+        if !self.peers.admits(from) {
+            return Err(ClusterError::Stopped {
+                reason: format!("a snapshot stream from node {from}, not a member, refused"),
+            });
+        }
+        // The stream's Begin must name the sender itself.
+        let sender = KnownPeers::new(vec![from]);
+        let msg = crate::snapshot::receive(r, &self.inbox, self.id, &sender)?;
         self.deliver(msg);
         Ok(())
     }
@@ -217,6 +227,42 @@ impl Mailbox {
     /// while this node waits to be added (it knows no member yet).
     pub fn admits(&self, from: u64) -> bool {
         self.peers.admits(from)
+    }
+}
+
+/// Tests of transports: a mailbox of no replica, and what it was handed.
+#[cfg(test)]
+pub(crate) struct DetachedInbox(Receiver<Input>);
+
+#[cfg(test)]
+impl Mailbox {
+    /// The mailbox of a node `id` admitting `peers` (empty: any), with
+    /// directory `dir`, whose messages arrive in the inbox returned.
+    pub(crate) fn detached(id: u64, peers: Vec<u64>, dir: PathBuf) -> (Mailbox, DetachedInbox) {
+        let (tx, rx) = channel();
+        let mailbox = Mailbox {
+            tx,
+            id,
+            peers: KnownPeers::new(peers),
+            inbox: Arc::new(crate::snapshot::Inbox::new(&dir, 0, 0)),
+        };
+        (mailbox, DetachedInbox(rx))
+    }
+}
+
+#[cfg(test)]
+impl DetachedInbox {
+    /// The messages delivered so far, waiting up to `wait` for the first.
+    pub(crate) fn messages(&self, wait: Duration) -> Vec<Message> {
+        let mut out = Vec::new();
+        let mut next = self.0.recv_timeout(wait).ok();
+        while let Some(input) = next {
+            if let Input::Raft(m) = input {
+                out.push(m);
+            }
+            next = self.0.try_recv().ok();
+        }
+        out
     }
 }
 

@@ -222,7 +222,7 @@ impl Transport for SimTransport {
             let ok = match (sent, mailbox) {
                 (Ok(_), Some(mb)) => {
                     let mut r = &stream[crate::snapshot::PREAMBLE.len()..];
-                    mb.receive_snapshot(&mut r).is_ok()
+                    mb.receive_snapshot(&mut r, from).is_ok()
                 }
                 _ => false,
             };

@@ -544,7 +544,7 @@ fn a_snapshot_and_the_entries_after_it_in_one_turn_install_through_a_restart() {
     let held = r.engine().unwrap();
     // Both arrive while the driver is busy, and are taken in one turn.
     r.pause(std::time::Duration::from_millis(300));
-    r.mailbox().receive_snapshot(&mut &stream[..]).unwrap();
+    r.mailbox().receive_snapshot(&mut &stream[..], 1).unwrap();
     r.mailbox().deliver(append(41, 43, 3));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while r.stopped_reason().is_none() {

@@ -1,6 +1,10 @@
 //! Tests of the TCP transport (`tcp.rs`, cluster.md section 7): the frame
-//! against the spec's vector and bad frames refused; a 3-replica set over
-//! loopback TCP, a follower stopped and restarted on its address.
+//! against the spec's vector and bad frames refused; the frame reader's
+//! buffer bounded by the bytes that arrived; the listener's bounds (a
+//! forged `from` dropped and counted, idle and silent connections closed,
+//! the caps), a snapshot stream from a stranger or under another's name
+//! refused; a 3-replica set over loopback TCP, authenticated, a follower
+//! stopped and restarted on its address.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -10,10 +14,11 @@ use std::time::{Duration, Instant};
 use raft::eraftpb::{Message, MessageType};
 use tidemark_engine::JoinStart;
 
+use crate::peer_auth::ClusterSecret;
 use crate::sim_tests::{check_acknowledged, state_of, Acked};
 use crate::tcp::{
-    decode_frame, encode_frame, frame_len, BoundListener, FrameError, TcpListenerHandle,
-    TcpTransport, FRAME_BYTES_MAX_DEFAULT,
+    decode_frame, encode_frame, frame_len, BoundListener, FrameError, ListenerLimits,
+    TcpListenerHandle, TcpTransport, FRAME_BYTES_MAX_DEFAULT,
 };
 use crate::{Replica, ReplicaConfig};
 
@@ -70,7 +75,13 @@ fn a_frame_is_the_spec_vector_and_bad_frames_are_refused() {
     assert!(matches!(decode_frame(&junk), Err(FrameError::Message(_))));
 }
 
+mod limits;
 mod membership;
+
+/// The secret of the sets these tests run.
+pub(crate) fn secret() -> ClusterSecret {
+    ClusterSecret::new(b"tcp_tests cluster secret".to_vec()).unwrap()
+}
 
 const IDS: [u64; 3] = [1, 2, 3];
 
@@ -104,9 +115,10 @@ fn start_bounded(
         .filter(|(&p, _)| p != id)
         .map(|(&p, &a)| (p, a))
         .collect();
-    let replica = Replica::start(cfg, TcpTransport::new(&peers).unwrap()).unwrap();
+    let transport = TcpTransport::new(id, &peers, secret()).unwrap();
+    let replica = Replica::start(cfg, transport).unwrap();
     let listener = bound
-        .start(id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
+        .start(id, replica.mailbox(), secret(), ListenerLimits::default())
         .unwrap();
     Node {
         replica: Arc::new(replica),

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use tidemark_engine::JoinStart;
 
-use super::{leader, write, Node};
+use super::{leader, secret, write, Node};
 use crate::members::{Change, ChangeRefused, Member, Members, Role};
 use crate::sim_tests::{check_acknowledged, state_of, Acked};
-use crate::tcp::{BoundListener, TcpTransport, FRAME_BYTES_MAX_DEFAULT};
+use crate::tcp::{BoundListener, ListenerLimits, TcpTransport};
 use crate::{Replica, ReplicaConfig};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -48,9 +48,10 @@ fn start_member(
         .filter(|(&p, _)| p != id)
         .map(|(&p, &a)| (p, a))
         .collect();
-    let replica = Replica::start(cfg, TcpTransport::new(&peers).unwrap()).unwrap();
+    let transport = TcpTransport::new(id, &peers, secret()).unwrap();
+    let replica = Replica::start(cfg, transport).unwrap();
     let listener = bound
-        .start(id, replica.mailbox(), FRAME_BYTES_MAX_DEFAULT)
+        .start(id, replica.mailbox(), secret(), ListenerLimits::default())
         .unwrap();
     Node {
         replica: Arc::new(replica),
