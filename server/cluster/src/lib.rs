@@ -22,6 +22,7 @@ mod members_tests;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;
+pub mod raft_log_format;
 #[cfg(test)]
 mod raft_log_tests;
 pub mod reads;
