@@ -25,7 +25,7 @@ use crate::harness::{file_tree, replica_dump, tidemark_bin, ReplicaMember};
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUP: u64 = 7;
 const SENDER: u64 = 42;
-/// Longest a step may wait for a leader (an election takes 100-200 ms).
+/// Longest a step may wait for a leader (an election takes 1-2 s).
 const LEADER_WAIT: Duration = Duration::from_secs(20);
 
 /// One member's addresses.

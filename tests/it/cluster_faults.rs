@@ -359,7 +359,7 @@ fn a_leader_cut_from_its_peers_acknowledges_nothing_more_and_rejoins_as_follower
     settle_and_compare(&mut set, records.len());
 }
 
-/// SIGSTOP of the leader for 1.5 s (elections take 100-200 ms): a new
+/// SIGSTOP of the leader for 1.5 s (elections take 1-2 s): a new
 /// leader serves meanwhile; after SIGCONT the old leader follows. Then a
 /// follower is stopped: the leader keeps acknowledging with the other.
 /// Every acknowledged send stored once at its id; the replicas agree.
