@@ -395,7 +395,9 @@ impl Replica {
             dir: cfg.dir.clone(),
             raft_log_max_bytes: cfg.raft_log_max_bytes,
             tick: cfg.tick,
-            election_after: cfg.tick * cfg.election_ticks as u32,
+            election_after: cfg
+                .tick
+                .saturating_mul(u32::try_from(cfg.election_ticks).unwrap_or(u32::MAX)),
             applied,
             want_snapshot: false,
             offer: None,
