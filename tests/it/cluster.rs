@@ -25,18 +25,18 @@ use crate::harness::{file_tree, replica_dump, tidemark_bin, ReplicaMember};
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUP: u64 = 7;
 const SENDER: u64 = 42;
-/// Longest a step may wait for a leader (an election takes 100-200 ms).
+/// Longest a step may wait for a leader (an election takes 1-2 s).
 const LEADER_WAIT: Duration = Duration::from_secs(20);
 
 /// One member's addresses.
 #[derive(Clone, Copy)]
-struct Ports {
+pub(crate) struct Ports {
     client: u16,
     peer: u16,
 }
 
 /// Member `id` of the set on `ports`, its data and log under `root`.
-fn start_member(id: u64, root: &Path, ports: &HashMap<u64, Ports>) -> ReplicaMember {
+pub(crate) fn start_member(id: u64, root: &Path, ports: &HashMap<u64, Ports>) -> ReplicaMember {
     let dir = root.join(format!("n{id}"));
     let mut args: Vec<String> = vec![
         "serve".into(),
@@ -63,7 +63,7 @@ fn start_member(id: u64, root: &Path, ports: &HashMap<u64, Ports>) -> ReplicaMem
 }
 
 /// Six free loopback ports (bound together, then released).
-fn free_ports() -> HashMap<u64, Ports> {
+pub(crate) fn free_ports() -> HashMap<u64, Ports> {
     let listeners: Vec<TcpListener> = (0..IDS.len() * 2)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
         .collect();
@@ -123,7 +123,7 @@ fn leader(ports: &HashMap<u64, Ports>) -> u64 {
 
 /// Runs `op` on the leader until it answers (any failure: find the leader
 /// again and retry, as a client with an idempotent request does).
-fn on_leader<T>(
+pub(crate) fn on_leader<T>(
     ports: &HashMap<u64, Ports>,
     mut op: impl FnMut(&mut Client) -> Result<T, ClientError>,
 ) -> T {

@@ -374,7 +374,7 @@ pub fn leader_cut_from_its_peers(set: &mut impl SetUnderFaults) -> u64 {
     old
 }
 
-/// SIGSTOP of the leader for 1.5 s (elections take 100-200 ms): a new
+/// SIGSTOP of the leader for 1.5 s (elections take 1-2 s): a new
 /// leader serves meanwhile; after SIGCONT the old leader follows. Then a
 /// follower is stopped: the leader keeps acknowledging with the other.
 /// Every acknowledged send stored once at its id; the replicas agree.

@@ -106,32 +106,13 @@ pub(crate) fn on_leader<T>(
     }
 }
 
-/// (start index, last index) of a Raft log file, read by the spec
-/// (cluster.md sections 3.1-3.3): the Start record's index if the file
-/// has one, and the index of the last entry after the conflicts; a torn
-/// tail (a file being written) ends the walk.
+/// (start index, last index) of a Raft log file, as the reader an open
+/// uses reads it (cluster.md section 3.3); a torn tail (a file being
+/// written) ends the walk.
 pub(crate) fn raft_log_span(member_dir: &Path) -> (u64, u64) {
     let bytes = std::fs::read(member_dir.join("raft").join("log")).expect("read the raft log");
-    assert_eq!(&bytes[..8], b"TMRAFTL\0");
-    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let (mut start, mut last) = (0, 0);
-    let mut at = 16;
-    while at + 16 <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        if len < 16 || at + len > bytes.len() {
-            break;
-        }
-        match bytes[at + 8] {
-            1 => last = u64_at(at + 16),
-            3 => {
-                start = u64_at(at + 16);
-                last = start;
-            }
-            _ => {}
-        }
-        at += len;
-    }
-    (start, last)
+    let r = tidemark_cluster::raft_log_format::read(&bytes);
+    (r.state.start.0, r.state.last())
 }
 
 #[test]

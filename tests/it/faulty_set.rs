@@ -53,7 +53,7 @@ use tidemark_protocol::ErrorCode;
 use crate::harness::{file_tree, replica_dump, tidemark_bin};
 
 pub const IDS: [u64; 3] = [1, 2, 3];
-/// Longest a step may wait for a leader (an election takes 100-200 ms; a
+/// Longest a step may wait for a leader (an election takes 1-2 s; a
 /// restarted member replays its logs first).
 pub const LEADER_WAIT: Duration = Duration::from_secs(30);
 

@@ -48,7 +48,7 @@ use crate::harness::tidemark_bin;
 const NODES: [(u64, u32); 4] = [(1, 1), (2, 1), (3, 1), (4, 2)];
 const USER: u64 = 5;
 const SENDER: u64 = 42;
-/// Longest a step may wait for a leader (an election takes 100-200 ms).
+/// Longest a step may wait for a leader (an election takes 1-2 s).
 const LEADER_WAIT: Duration = Duration::from_secs(20);
 
 /// The set a group is in, by the map this test writes.

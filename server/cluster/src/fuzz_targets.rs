@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | `raft_frame` | [`tcp::FrameReader`] (the bytes arriving one at a time), [`tcp::decode_frame`] | the reader's buffer never holds more than what arrived (plus one read); a decoded message re-encodes to a frame that decodes to the same Raft content (type, ids, terms, indexes, entries, snapshot metadata, reject) |
 //! | `peer_handshake` | [`peer_auth`]'s decoders, [`peer_auth::verify`] | a message that decodes re-encodes to its bytes; a refused one names its first wrong header byte; a proof verifies only if it is the one [`peer_auth::prove`] makes |
-//! | `raft_log_open` | [`RaftLog::open`] on a file of arbitrary bytes | an opened log is contiguous from its start, and opens again to the same state |
+//! | `raft_log_open` | [`RaftLog::open`] on a file of arbitrary bytes | a refused file is left byte for byte; an opened log is contiguous from its start, a version 3 file is only cut and never below a synced length its header or a valid record names, and the log opens again to the same state |
 //! | `snapshot_stream` | [`snapshot::receive`] | nothing is written outside the staging directory; a refused stream leaves nothing staged; an accepted one is the `MsgSnapshot` to this node at its Begin's (index, term) |
 //!
 //! Every record of these formats carries a CRC, which random bytes almost
@@ -30,6 +30,7 @@ use tidemark_engine::fuzz_targets::ScratchDir;
 use crate::members::KnownPeers;
 use crate::peer_auth;
 use crate::raft_log::{self, encode_record, RaftLog};
+use crate::raft_log_format;
 use crate::snapshot;
 use crate::tcp;
 
@@ -255,18 +256,27 @@ fn raft_content(m: &Message) -> RaftContent {
     )
 }
 
+/// The key of a built log file (`raft_log_open`, bit 0 of the mode).
+const BUILT_KEY: u32 = 0x0403_0201;
+
 /// [`RaftLog::open`] on a `raft/log` of the input's bytes: raw, or a
-/// version 2 header and records built from pieces (kinds as given, so
-/// unknown ones too).
+/// version 3 header (key [`BUILT_KEY`], `durable_len` 32) and records built
+/// from pieces (kinds as given, so unknown ones too), each naming its own
+/// offset as its synced length (mode bit 1 clear: every byte before it
+/// synced) or 32 (set: none).
 pub fn raft_log_open(data: &[u8]) {
     let Some((built, rest)) = split(data) else {
         return;
     };
     let bytes = if built {
-        let mut b = raft_log::MAGIC.to_vec();
-        b.extend_from_slice(&raft_log::VERSION.to_le_bytes());
-        b.extend_from_slice(&[0; 4]);
-        b.extend_from_slice(&records_of(rest));
+        let vouch = data[0] & 2 == 0;
+        let mut b = raft_log_format::encode_header(BUILT_KEY, 32).to_vec();
+        for (kind, body) in pieces(rest) {
+            let synced = if vouch { b.len() as u64 } else { 32 };
+            raft_log_format::encode_record_v3(&mut b, BUILT_KEY, synced, kind, |r| {
+                r.extend_from_slice(body)
+            });
+        }
         b
     } else {
         rest.to_vec()
@@ -274,9 +284,17 @@ pub fn raft_log_open(data: &[u8]) {
     let scratch = ScratchDir::new("raft-log");
     let dir = scratch.path().join("raft");
     std::fs::create_dir_all(&dir).expect("create the raft directory");
-    std::fs::write(dir.join(raft_log::FILE_NAME), &bytes).expect("write the log file");
-    let Ok(log) = RaftLog::open(&dir, &VOTERS) else {
-        return;
+    let path = dir.join(raft_log::FILE_NAME);
+    std::fs::write(&path, &bytes).expect("write the log file");
+    let log = match RaftLog::open(&dir, &VOTERS) {
+        Ok(log) => log,
+        Err(_) => {
+            // A refused file is left as it was: nothing cut, nothing
+            // rewritten.
+            let after = std::fs::read(&path).expect("read the log file");
+            assert!(after == bytes, "a refused open changed the file");
+            return;
+        }
     };
     let (start, last) = (log.start(), log.last());
     assert!(last >= start.0, "last {last} below the start {start:?}");
@@ -286,9 +304,31 @@ pub fn raft_log_open(data: &[u8]) {
             .unwrap_or_else(|| panic!("entry {i} missing in {start:?}..={last}"));
         assert_eq!(e.index, i, "entry {i} holds index {}", e.index);
     }
+    let reading = raft_log_format::read(&bytes);
+    if let Some(h) = reading
+        .header
+        .filter(|h| h.version == raft_log_format::VERSION)
+    {
+        // A version 3 file is only cut, and never below a length that its
+        // header or any valid record header in it says was synced.
+        let after = std::fs::read(&path).expect("read the log file");
+        assert!(
+            bytes.starts_with(&after),
+            "an open rewrote a version 3 file"
+        );
+        let proof = raft_log_format::furthest_proof(&bytes, h.bytes, h.mark_key)
+            .map_or(0, |(synced, _)| synced)
+            .max(h.durable_len);
+        assert!(
+            after.len() as u64 >= proof,
+            "cut to {} bytes, but {proof} were synced",
+            after.len()
+        );
+    }
     let state = (start, last, log.hard_state().clone(), log.file_bytes());
     drop(log);
-    // What open kept (a torn tail cut) opens again to the same log.
+    // What open kept (a torn tail cut, an older version rewritten) opens
+    // again to the same log.
     let again = RaftLog::open(&dir, &VOTERS).expect("a log this code opened opens again");
     assert_eq!(
         (
@@ -377,6 +417,11 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     }
     out.push(("raft_log_open", "log-compacted".into(), raw(&seed_log())));
     out.push((
+        "raft_log_open",
+        "log-three-writes".into(),
+        raw(&seed_log_v3()),
+    ));
+    out.push((
         "snapshot_stream",
         "stream-two-files".into(),
         raw(&seed_stream()),
@@ -444,20 +489,72 @@ fn seed_messages() -> Vec<(&'static str, Message)> {
     vec![("append", append), ("heartbeat", heartbeat)]
 }
 
+/// A version 2 log (read, then rewritten as version 3) with a
+/// compaction start, entries and a hard state.
 fn seed_log() -> Vec<u8> {
     let mut b = raft_log::MAGIC.to_vec();
-    b.extend_from_slice(&raft_log::VERSION.to_le_bytes());
+    b.extend_from_slice(&raft_log::VERSION_2.to_le_bytes());
     b.extend_from_slice(&[0; 4]);
-    raft_log::encode_start(&mut b, 4, 2);
-    raft_log::encode_entry(&mut b, &entry(5, 2, b"a round"));
-    raft_log::encode_entry(&mut b, &entry(6, 3, b""));
+    encode_record(&mut b, raft_log::KIND_START, |r| {
+        raft_log_format::start_body(r, 4, 2)
+    });
+    for e in [entry(5, 2, b"a round"), entry(6, 3, b"")] {
+        encode_record(&mut b, raft_log::KIND_ENTRY, |r| {
+            raft_log_format::entry_body(r, &e)
+        });
+    }
     let hs = HardState {
         term: 3,
         vote: 1,
         commit: 6,
         ..Default::default()
     };
-    raft_log::encode_hard_state(&mut b, &hs);
+    encode_record(&mut b, raft_log::KIND_HARD_STATE, |r| {
+        raft_log_format::hard_state_body(r, &hs)
+    });
+    b
+}
+
+/// A version 3 log as a compaction and two writes leave it (key
+/// [`BUILT_KEY`]): start (4, 2), entries 5 and 6, then entry 7 and a hard
+/// state, each write naming the synced length before it.
+fn seed_log_v3() -> Vec<u8> {
+    let hs = |term, vote, commit| HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    };
+    let mut b = raft_log_format::encode_whole(
+        BUILT_KEY,
+        (4, 2),
+        None,
+        &[entry(5, 2, b"a round"), entry(6, 3, b"")],
+        &hs(3, 1, 5),
+    );
+    let writes: [(Option<Entry>, HardState); 2] = [
+        (Some(entry(7, 3, b"next")), hs(3, 1, 6)),
+        (None, hs(4, 2, 7)),
+    ];
+    for (e, hs) in writes {
+        let synced = b.len() as u64;
+        if let Some(e) = e {
+            raft_log_format::encode_record_v3(
+                &mut b,
+                BUILT_KEY,
+                synced,
+                raft_log::KIND_ENTRY,
+                |r| raft_log_format::entry_body(r, &e),
+            );
+        }
+        raft_log_format::encode_record_v3(
+            &mut b,
+            BUILT_KEY,
+            synced,
+            raft_log::KIND_HARD_STATE,
+            |r| raft_log_format::hard_state_body(r, &hs),
+        );
+    }
     b
 }
 
@@ -513,6 +610,12 @@ mod tests {
         let log = RaftLog::open(dir, &VOTERS).expect("the seed log opens");
         assert_eq!((log.start(), log.last()), ((4, 2), 6));
         assert_eq!(log.hard_state().commit, 6);
+        drop(log);
+        std::fs::write(dir.join(raft_log::FILE_NAME), seed_log_v3()).unwrap();
+        let log = RaftLog::open(dir, &VOTERS).expect("the version 3 seed log opens");
+        assert_eq!((log.start(), log.last()), ((4, 2), 7));
+        assert_eq!(log.hard_state().commit, 7);
+        assert_eq!(log.file_bytes(), seed_log_v3().len() as u64);
         let scratch = ScratchDir::new("seed-stream");
         let msg = snapshot::receive(
             &mut &seed_stream()[..],
@@ -535,12 +638,27 @@ mod tests {
     }
 
     /// Built mode reaches past the CRCs: a stream built from pieces is
-    /// decoded as far as its records go.
+    /// decoded as far as its records go; a built log's records are valid.
     #[test]
     fn built_mode_makes_records_with_valid_crcs() {
         let recs = records_of(&[3, 2, 0xAA, 0xBB, 9, 0]);
-        let log_mode = [&[1u8][..], &[2, 24], &[0; 24]].concat();
+        // A hard state of zeros, then entry 1 of term 1 (no data).
+        let entry_1 = [&1u64.to_le_bytes()[..], &1u64.to_le_bytes(), &[0; 8]].concat();
+        let log_mode = [&[1u8][..], &[2, 24], &[0; 24], &[1, 24], &entry_1].concat();
         raft_log_open(&log_mode);
+        let scratch = ScratchDir::new("built-log");
+        let dir: &Path = scratch.path();
+        let mut b = raft_log_format::encode_header(BUILT_KEY, 32).to_vec();
+        for (kind, body) in pieces(&log_mode[1..]) {
+            let synced = b.len() as u64;
+            raft_log_format::encode_record_v3(&mut b, BUILT_KEY, synced, kind, |r| {
+                r.extend_from_slice(body)
+            });
+        }
+        std::fs::write(dir.join(raft_log::FILE_NAME), &b).unwrap();
+        let log = RaftLog::open(dir, &VOTERS).expect("the built log opens");
+        assert_eq!(log.last(), 1);
+        assert_eq!(log.hard_state().term, 0);
         assert_eq!(recs.len(), 2 * raft_log::RECORD_HEADER_BYTES + 2);
         assert_eq!(recs[8], 3);
         let crc = u32::from_le_bytes([recs[4], recs[5], recs[6], recs[7]]);

@@ -29,6 +29,7 @@ mod peer_auth_tests;
 pub mod raft_log;
 #[cfg(test)]
 mod raft_log_compaction_tests;
+pub mod raft_log_format;
 #[cfg(test)]
 mod raft_log_tests;
 pub mod reads;

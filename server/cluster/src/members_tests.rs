@@ -43,29 +43,36 @@ fn add_learner_4() -> (ConfChange, Entry) {
     (cc, e)
 }
 
+/// Written with the file key `0x04030201` (a real file's is random).
 const BOOTSTRAPPED: &str = concat!(
-    "544d524146544c000200000000000000", // header, version 2
-    "2000000007f21d990300000000000000", // Start, 32 bytes
+    "544d524146544c000300000001020304", // header, version 3, key
+    "e2000000000000000000000068db97f6", //   durable_len 226, reserved, header_crc
+    "b687bf6d300000000300000000000000", // Start, 48 bytes
+    "20000000000000005ada798e00000000", //   synced_len 32, body_crc
     "01000000000000000100000000000000", //   index 1, term 1
-    "4a000000c0f1d3ea0400000000000000", // Members, 74 bytes
+    "4d67280c5a0000000400000000000000", // Members, 90 bytes
+    "200000000000000004e7a4cc00000000", //   synced_len 32, body_crc
     "01000000000000000100000000000000", //   index 1, 1 member
     "010000000000000001000d000d000000", //   node 1, voter, 13 + 13 bytes
     "31302e302e302e313a37313031",       //   "10.0.0.1:7101"
     "31302e302e302e313a37303031",       //   "10.0.0.1:7001"
-    "28000000013d406c0200000000000000", // HardState, 40 bytes
+    "79f5012b380000000200000000000000", // HardState, 56 bytes
+    "200000000000000099af4eee00000000", //   synced_len 32, body_crc
     "01000000000000000000000000000000", //   term 1, vote 0,
     "0100000000000000",                 //   commit 1
 );
 
 const CHANGE: &str = concat!(
-    "4c0000001ed0c8690100000000000000", // Entry, 76 bytes
+    "e4bb772d5c0000000100000000000000", // Entry, 92 bytes
+    "e20000000000000099af301800000000", //   synced_len 226, body_crc
     "02000000000000000200000000000000", //   index 2, term 2
     "0100000000000000",                 //   ConfChange
     "10021804221e",                     //   change_type 2 (learner), node_id 4, context:
     "0d000d00",                         //     13 + 13 bytes
     "31302e302e302e343a37313034",       //     "10.0.0.4:7104"
     "31302e302e302e343a37303034",       //     "10.0.0.4:7004"
-    "74000000960d8bf30400000000000000", // Members, 116 bytes
+    "a6f3872e840000000400000000000000", // Members, 132 bytes
+    "3e01000000000000cd38b6ca00000000", //   synced_len 318, body_crc
     "02000000000000000200000000000000", //   index 2, 2 members
     "010000000000000001000d000d000000", //   node 1, voter
     "31302e302e302e313a37313031",
@@ -81,7 +88,9 @@ fn a_bootstrapped_log_and_an_applied_change_are_the_spec_vectors_and_reopen() {
     let path = dir.path().join(FILE_NAME);
     let mut log = RaftLog::open(dir.path(), &[]).unwrap();
     assert!(!log.members_recorded());
+    crate::raft_log::TEST_MARK_KEY.with(|k| k.set(Some(0x0403_0201)));
     log.bootstrap(&[node1()]).unwrap();
+    crate::raft_log::TEST_MARK_KEY.with(|k| k.set(None));
     let boot = std::fs::read(&path).unwrap();
     assert_eq!(hex(&boot), BOOTSTRAPPED);
     assert_eq!(log.start(), (1, 1));
@@ -192,18 +201,26 @@ fn damaged_members_records_and_contexts_are_refused() {
     assert!(members::decode_context(&[1, 0, 0, 0]).is_err());
     assert!(members::encode_context(&"x".repeat(256), "").is_err());
 
-    // In a log: a damaged Members record refuses the open.
+    // In a log: a damaged Members record (valid checksums, a role of 9)
+    // refuses the open.
     let dir = tempfile::tempdir().unwrap();
     let mut log = RaftLog::open(dir.path(), &[]).unwrap();
     log.bootstrap(&[node1()]).unwrap();
+    let mut body = Vec::new();
+    members::encode_body(&mut body, log.members());
     drop(log);
-    let path = dir.path().join(FILE_NAME);
-    let mut bytes = std::fs::read(&path).unwrap();
-    // The member's role (file header 16, Start 32, record header 16, body 16).
-    bytes[16 + 32 + 16 + 16 + 8] = 9;
-    let crc = crc32fast::hash(&bytes[16 + 32 + 8..16 + 32 + 0x4a]);
-    bytes[16 + 32 + 4..16 + 32 + 8].copy_from_slice(&crc.to_le_bytes());
-    std::fs::write(&path, &bytes).unwrap();
+    // The member's role (body 16, then the member's id).
+    body[16 + 8] = 9;
+    let mut bytes = crate::raft_log_format::encode_whole(7, (1, 1), None, &[], &Default::default());
+    let synced = bytes.len() as u64;
+    crate::raft_log_format::encode_record_v3(
+        &mut bytes,
+        7,
+        synced,
+        crate::raft_log_format::KIND_MEMBERS,
+        |b| b.extend_from_slice(&body),
+    );
+    std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
     assert!(matches!(
         RaftLog::open(dir.path(), &[]),
         Err(ClusterError::RaftLogDamaged { .. })

@@ -7,6 +7,7 @@ use raft::eraftpb::{Entry, HardState};
 use raft::{Storage, StorageError};
 
 use crate::raft_log::{RaftLog, FILE_NAME, NEW_FILE_NAME};
+use crate::raft_log_format as format;
 use crate::ClusterError;
 
 fn entry(index: u64, term: u64, data: &[u8]) -> Entry {
@@ -55,7 +56,10 @@ fn five(dir: &std::path::Path) -> RaftLog {
 fn a_compacted_log_is_the_spec_vector_and_reopens_to_the_entries_kept() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = five(dir.path());
+    // The rewrite's key, fixed for the vector (a new file's is random).
+    crate::raft_log::TEST_MARK_KEY.with(|k| k.set(Some(0x0403_0201)));
     log.compact(4).unwrap();
+    crate::raft_log::TEST_MARK_KEY.with(|k| k.set(None));
     assert_eq!(log.start(), (4, 1));
     assert_eq!(held(&log), vec![(5, 1, b"r".to_vec())]);
     // cluster.md section 3.5: the file after `compact(4)`, byte for byte.
@@ -63,12 +67,13 @@ fn a_compacted_log_is_the_spec_vector_and_reopens_to_the_entries_kept() {
     assert_eq!(
         hex(&bytes),
         concat!(
-            "544d5241 46544c00 02000000 00000000",
-            "20000000 112f44e3 03000000 00000000 0400000000000000 0100000000000000",
-            "29000000 d8ab152b 01000000 00000000 0500000000000000 0100000000000000",
-            "00000000 00000000 72",
-            "28000000 6aa26246 02000000 00000000 0100000000000000 0100000000000000",
-            "0500000000000000",
+            "544d5241 46544c00 03000000 01020304 c1000000 00000000 00000000 60d23899",
+            "ce7c9c85 30000000 03 00000000000000 2000000000000000 4c0720f4 00000000",
+            "0400000000000000 0100000000000000",
+            "35f288d8 39000000 01 00000000000000 2000000000000000 290f548e 00000000",
+            "0500000000000000 0100000000000000 00 00000000000000 72",
+            "d9dc157e 38000000 02 00000000000000 2000000000000000 f2306cc4 00000000",
+            "0100000000000000 0100000000000000 0500000000000000",
         )
         .replace(' ', "")
     );
@@ -161,35 +166,42 @@ fn a_start_record_anywhere_but_first_or_in_a_version_1_file_is_damage() {
     drop(log);
     let path = dir.path().join(FILE_NAME);
     let bytes = std::fs::read(&path).unwrap();
-    // The Start record (bytes 16..48) appended again after the others.
+    // The Start record (bytes 32..80) appended again after the others.
+    let start = format::FILE_HEADER_BYTES..format::FILE_HEADER_BYTES + 48;
+    assert_eq!(bytes[start.start + 8], format::KIND_START);
     let mut twice = bytes.clone();
-    twice.extend_from_slice(&bytes[16..48]);
+    twice.extend_from_slice(&bytes[start]);
     std::fs::write(&path, &twice).unwrap();
     assert!(matches!(
         RaftLog::open(dir.path(), &[1]),
-        Err(ClusterError::RaftLogDamaged { .. })
+        Err(ClusterError::RaftLogDamaged { offset, .. }) if offset == bytes.len() as u64
     ));
-    // The same file claiming version 1.
-    let mut v1 = bytes.clone();
-    v1[8] = 1;
+    // A Start in a version 1 file.
+    let mut v1 = format::MAGIC.to_vec();
+    v1.extend_from_slice(&format::VERSION_1.to_le_bytes());
+    v1.extend_from_slice(&[0; 4]);
+    format::encode_record(&mut v1, format::KIND_START, |b| format::start_body(b, 2, 1));
     std::fs::write(&path, &v1).unwrap();
     assert!(matches!(
         RaftLog::open(dir.path(), &[1]),
         Err(ClusterError::RaftLogDamaged { offset: 16, .. })
     ));
-    // An entry at or before the start.
+    // An entry at or before the start (this file's key, a true synced
+    // length: a valid record that makes no sense).
     let other = tempfile::tempdir().unwrap();
     let mut log = five(other.path());
     log.compact(4).unwrap();
     drop(log);
     let mut early = std::fs::read(other.path().join(FILE_NAME)).unwrap();
-    let mut rec = Vec::new();
-    crate::raft_log::encode_entry(&mut rec, &entry(4, 1, b""));
-    early.extend_from_slice(&rec);
+    let key = format::read(&early).header.unwrap().mark_key;
+    let at = early.len() as u64;
+    format::encode_record_v3(&mut early, key, at, format::KIND_ENTRY, |b| {
+        format::entry_body(b, &entry(4, 1, b""))
+    });
     std::fs::write(other.path().join(FILE_NAME), &early).unwrap();
     assert!(matches!(
         RaftLog::open(other.path(), &[1]),
-        Err(ClusterError::RaftLogDamaged { .. })
+        Err(ClusterError::RaftLogDamaged { offset, .. }) if offset == at
     ));
 }
 
@@ -198,21 +210,28 @@ fn a_start_record_anywhere_but_first_or_in_a_version_1_file_is_damage() {
 #[test]
 fn a_start_beyond_any_log_is_damage() {
     let dir = tempfile::tempdir().unwrap();
-    let mut bytes = crate::raft_log::MAGIC.to_vec();
-    bytes.extend_from_slice(&crate::raft_log::VERSION.to_le_bytes());
-    bytes.extend_from_slice(&[0; 4]);
-    let good = bytes.clone();
-    crate::raft_log::encode_start(&mut bytes, u64::MAX, 1);
-    std::fs::write(dir.path().join(FILE_NAME), &bytes).unwrap();
+    let path = dir.path().join(FILE_NAME);
+    let whole = |index| format::encode_whole(7, (index, 1), None, &[], &hs(1, 0, index));
+    std::fs::write(&path, whole(u64::MAX)).unwrap();
+    assert!(matches!(
+        RaftLog::open(dir.path(), &[1]),
+        Err(ClusterError::RaftLogDamaged { offset: 32, .. })
+    ));
+    // In a version 2 file too.
+    let mut v2 = format::MAGIC.to_vec();
+    v2.extend_from_slice(&format::VERSION_2.to_le_bytes());
+    v2.extend_from_slice(&[0; 4]);
+    format::encode_record(&mut v2, format::KIND_START, |b| {
+        format::start_body(b, u64::MAX, 1)
+    });
+    std::fs::write(&path, &v2).unwrap();
     assert!(matches!(
         RaftLog::open(dir.path(), &[1]),
         Err(ClusterError::RaftLogDamaged { offset: 16, .. })
     ));
-    let mut at_bound = good;
-    crate::raft_log::encode_start(&mut at_bound, crate::raft_log::START_INDEX_MAX, 1);
-    std::fs::write(dir.path().join(FILE_NAME), &at_bound).unwrap();
+    std::fs::write(&path, whole(format::START_INDEX_MAX)).unwrap();
     let log = RaftLog::open(dir.path(), &[1]).expect("the largest start opens");
-    assert_eq!(log.last(), crate::raft_log::START_INDEX_MAX);
+    assert_eq!(log.last(), format::START_INDEX_MAX);
 }
 
 #[test]

@@ -135,9 +135,20 @@ pub struct ReplicaConfig {
 /// Default of [`ReplicaConfig::raft_log_max_bytes`]: 64 MiB.
 pub const RAFT_LOG_MAX_BYTES_DEFAULT: u64 = 64 << 20;
 
+/// Default of [`ReplicaConfig::election_ticks`]: 100 ticks of 10 ms, so a
+/// follower campaigns after 1-2 s without a leader's word (cluster.md
+/// section 5.3). A driver thread writes and fdatasyncs (the Raft log; on
+/// a follower, each applied round's engine journal too) between the
+/// messages it answers; on a loaded machine whose replicas share a disk,
+/// one such fdatasync behind an engine checkpoint's writes was seen to
+/// take hundreds of milliseconds on every replica at once, and at 100-200
+/// ms that deposed working leaders: the timeout must be well above the
+/// longest write a healthy node makes, at the cost of a slower failover.
+pub const ELECTION_TICKS_DEFAULT: usize = 100;
+
 impl ReplicaConfig {
-    /// Defaults: 10 ms ticks, elections after 100-200 ms, heartbeats every
-    /// 20 ms.
+    /// Defaults: 10 ms ticks, elections after 1-2 s
+    /// ([`ELECTION_TICKS_DEFAULT`]), heartbeats every 20 ms.
     pub fn new(id: u64, voters: &[u64], dir: impl Into<PathBuf>) -> ReplicaConfig {
         let dir = dir.into();
         ReplicaConfig {
@@ -146,7 +157,7 @@ impl ReplicaConfig {
             engine: tidemark_engine::Config::new(dir.join("engine")),
             dir,
             tick: Duration::from_millis(10),
-            election_ticks: 10,
+            election_ticks: ELECTION_TICKS_DEFAULT,
             heartbeat_ticks: 2,
             raft_log_max_bytes: RAFT_LOG_MAX_BYTES_DEFAULT,
         }
@@ -457,6 +468,9 @@ impl Replica {
             snapshots: inbox.clone(),
             raft_log_max_bytes: cfg.raft_log_max_bytes,
             tick: cfg.tick,
+            election_after: cfg
+                .tick
+                .saturating_mul(u32::try_from(cfg.election_ticks).unwrap_or(u32::MAX)),
             applied,
             want_snapshot: false,
             offer: None,
@@ -792,6 +806,10 @@ struct Driver {
     snapshots: Arc<crate::snapshot::Inbox>,
     raft_log_max_bytes: u64,
     tick: Duration,
+    /// The shortest silence after which a follower campaigns (and a leader
+    /// that heard from no quorum steps down): a turn's disk work that
+    /// takes half of it is logged.
+    election_after: Duration,
     /// raft-rs asked for a snapshot and none is offered yet.
     want_snapshot: bool,
     /// The engine snapshot the Raft log offers (`RaftLog::offer`), by its
@@ -864,15 +882,34 @@ impl Driver {
                 next_tick = Instant::now() + self.tick;
             }
             self.issue_reads();
+            let began = Instant::now();
             self.on_ready()?;
             self.apply()?;
             self.snapshots
                 .forget_below(self.raw.raft.raft_log.committed.min(self.applied))?;
+            self.note_slow_turn(began.elapsed());
             self.promote();
             self.compact()?;
             self.make_offer()?;
             let installed = self.shared.snapshots_installed.load(Ordering::Acquire);
             self.health.turn(&self.raw, self.applied, installed);
+        }
+    }
+
+    /// Logs a turn whose `Ready` and applying (writes and fdatasyncs)
+    /// took half the election timeout or more: meanwhile this node
+    /// answered no message and, as leader, sent no heartbeat; as long
+    /// again, and a working leader may be deposed (cluster.md section 5.3).
+    fn note_slow_turn(&self, took: Duration) {
+        if took >= self.election_after / 2 {
+            log::warn!(
+                "node {}: a turn of writes and fdatasyncs took {} ms (term {}; elections \
+                 start after {} ms without a leader's word)",
+                self.raw.raft.id,
+                took.as_millis(),
+                self.raw.raft.term,
+                self.election_after.as_millis()
+            );
         }
     }
 
@@ -1242,6 +1279,18 @@ impl Driver {
     /// closes the gate.
     fn role_changed(&mut self, role: StateRole, leader: u64) {
         self.gate.state.lock().leader = (leader != 0).then_some(leader);
+        if role != StateRole::Leader && self.term_start.is_some() {
+            log::warn!(
+                "node {} lost leadership in term {}: now {role:?}, leader {}",
+                self.raw.raft.id,
+                self.raw.raft.term,
+                if leader == 0 {
+                    "unknown".to_string()
+                } else {
+                    leader.to_string()
+                }
+            );
+        }
         if role != StateRole::Leader {
             self.term_start = None;
             self.close_gate("leadership lost");
@@ -1264,6 +1313,7 @@ impl Driver {
         if self.term_start.is_some() {
             self.close_gate("a new term");
         }
+        log::info!("node {} leads in term {term}", self.raw.raft.id);
         self.term_start = Some((term, self.raw.raft.raft_log.last_index()));
     }
 
@@ -1305,7 +1355,11 @@ impl Driver {
             st.open = open;
             self.own_rounds |= open;
             if open {
-                log::info!("node {} leads and accepts writes", self.raw.raft.id);
+                log::info!(
+                    "node {} leads and accepts writes (term {})",
+                    self.raw.raft.id,
+                    self.raw.raft.term
+                );
             }
         }
         Ok(())

@@ -59,6 +59,8 @@ impl Cluster {
 
     fn config(&self, id: u64) -> ReplicaConfig {
         let mut cfg = ReplicaConfig::new(id, &IDS, self.dirs[&id].clone());
+        // Elections after 100-200 ms: the tests pause and cut leaders.
+        cfg.election_ticks = 10;
         // Small limits and files (as the engine's replication tests use):
         // rounds cross journal files, checkpoints run, segments roll.
         cfg.engine.payload_bytes_max = 1024;

@@ -107,6 +107,8 @@ fn start_bounded(
     raft_log_max_bytes: u64,
 ) -> Node {
     let mut cfg = ReplicaConfig::new(id, &IDS, dir.join(format!("node{id}")));
+    // Elections after 100-200 ms: the tests kill and cut leaders.
+    cfg.election_ticks = 10;
     cfg.raft_log_max_bytes = raft_log_max_bytes;
     cfg.engine.payload_bytes_max = 1024;
     cfg.engine.commit_round_bytes_max = 256 << 10;

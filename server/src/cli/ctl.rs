@@ -1,6 +1,7 @@
 //! `tidemark ctl`: the offline tool for a stopped node's data directory
 //! (format-spec/storage.md section 19): `inspect`, `dump`, `verify`,
-//! `repair`. The reading, checking and repairing is the engine's
+//! `repair`, and `raft-log` for a replica set member's Raft log
+//! (`cli/raft_log.rs`). The reading, checking and repairing is the engine's
 //! (`tidemark_engine::DataDir`, `engine/src/offline/`); this module parses
 //! the command line and prints, as text or (`--json`, for `inspect` and
 //! `dump`) JSON.
@@ -62,6 +63,11 @@ pub enum CtlCommand {
     /// Prints what it would do; does it only with --yes. Needs a directory
     /// a clean shutdown left.
     Repair(RepairArgs),
+    /// A replica set member's Raft log: header, start, members, hard
+    /// state, entries (index range and terms), and how the file ends
+    /// (clean, a torn tail, or damage with its file and offset). Exit
+    /// status 0: clean or torn; 1: damage; 2: no log could be read.
+    RaftLog(super::raft_log::RaftLogArgs),
 }
 
 #[derive(Args, Debug)]
@@ -128,6 +134,7 @@ pub fn run(args: CtlArgs) -> ExitCode {
         CtlCommand::Dump(a) => dump(a),
         CtlCommand::Verify(a) => verify(a),
         CtlCommand::Repair(a) => repair(a),
+        CtlCommand::RaftLog(a) => super::raft_log::run(a),
     };
     match status {
         Ok(code) => ExitCode::from(code),
@@ -148,7 +155,7 @@ fn open(dir: &Path) -> Result<DataDir, String> {
     })
 }
 
-fn out(text: &str) {
+pub(super) fn out(text: &str) {
     // A closed pipe (`| head`) ends the output; nothing to report.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
