@@ -13,6 +13,8 @@
 //! - [`config_file`]: `tidemark serve --config FILE`, the TOML file of
 //!   serve's flags.
 //! - [`cluster`]: `tidemark serve --cluster-*`, a replica set member.
+//! - [`units`]: the one parser of sizes, durations and listen addresses
+//!   of every command line.
 
 pub mod bench;
 pub mod cli;
@@ -21,6 +23,7 @@ pub mod cluster_map;
 pub mod config_file;
 pub mod demo;
 pub mod token_file;
+pub mod units;
 
 /// The git commit the binary was built from (`unknown` outside a git
 /// checkout; see `build.rs`), which INFO reports.

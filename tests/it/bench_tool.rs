@@ -300,3 +300,13 @@ fn receipts_workload_reports_both_runs_in_both_modes() {
         assert_eq!(n("node_receipt_frames"), lists + counts, "{r:#}");
     }
 }
+
+/// `--ops` sizes only the workloads that measure operations (w3, w4,
+/// receipts): with w1 alone it is refused, naming what sizes w1, rather
+/// than silently running a million sends.
+#[test]
+fn ops_is_refused_where_no_workload_measures_operations() {
+    let args = BenchArgs::parse_flags(vec!["-w", "w1", "--ops", "2000"]).expect("flags parse");
+    let e = run_workloads(&args).expect_err("refused");
+    assert!(e.contains("--ops") && e.contains("--messages"), "{e}");
+}

@@ -30,6 +30,13 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// Whether `--ops` sets how many operations it measures (W3's and
+    /// receipts' ACKs, W4's queries); the others measure messages
+    /// (`--messages`) or a population.
+    pub fn takes_ops(self) -> bool {
+        matches!(self, Workload::W3 | Workload::W4 | Workload::Receipts)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "w1",
@@ -99,7 +106,9 @@ pub struct BenchArgs {
     /// measured phase (W2: 100,000; W3: 1,000; W4: 1,000,000).
     #[arg(long)]
     pub messages: Option<u64>,
-    /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000).
+    /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000),
+    /// receipts ACKs (200,000). Refused unless one of those runs: W1 and
+    /// mixed are sized by --messages.
     #[arg(long)]
     pub ops: Option<u64>,
     /// W4: groups per user.
