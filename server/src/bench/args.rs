@@ -76,8 +76,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "always")]
     pub fsync: String,
     /// Directory in which spawned nodes get their data directories
-    /// (default: the system's temporary directory).
-    #[arg(long)]
+    /// (default: the system's temporary directory). `--data-dir` is a
+    /// deprecated spelling, still accepted.
+    #[arg(long = "data", alias = "data-dir", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep a spawned node's data directory after the run (its path is
     /// printed on stderr), to inspect it or time restarts of it.
