@@ -3,7 +3,9 @@
 //! group's log, of kind Edit (payload: the target's id, then the new
 //! payload) or Recall (payload: the target's id), appended through the
 //! send path, so it gets the next id, is deduplicated by `(sender,
-//! client_msg_id)` like a SEND, and reaches every member in order through
+//! client_msg_id)` like a SEND (one key space with the messages: a key
+//! that names an earlier request of another kind or target is
+//! `KeyReused`), and reaches every member in order through
 //! pull, sync, history and push. The log stays append-only.
 //!
 //! The rules, checked when the change is submitted, under the group's
@@ -26,6 +28,7 @@
 //! Costs: one read of the target record (a page of one record: the sparse
 //! index's seek) besides a SEND's.
 
+use crate::commit::dedup::Keyed;
 use crate::engine::{AppendRequest, Appended, Engine, Ticket};
 use crate::error::{ChangeRefusal, Error, Result};
 use crate::logs::group_log::{Chunk, ReadBatch};
@@ -78,9 +81,9 @@ impl Engine {
     }
 
     fn submit_change(&self, req: &ChangeRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
-        let (kind, extra) = match req.change {
-            Change::Edit(p) => (KIND_EDIT, p),
-            Change::Recall => (KIND_RECALL, &[][..]),
+        let (keyed, extra) = match req.change {
+            Change::Edit(p) => (Keyed::Edit { target: req.target }, p),
+            Change::Recall => (Keyed::Recall { target: req.target }, &[][..]),
         };
         let max = self.shared.ctx.config.payload_bytes_max;
         if extra.len() + TARGET_BYTES > max {
@@ -102,12 +105,12 @@ impl Engine {
         let group = self.group(req.group_id)?;
         let mut slot = group.assign.lock();
         let assign = self.ready_to_assign(&group, &mut slot)?;
-        if let Some(dup) = self.duplicate_of(assign, &append) {
+        if let Some(dup) = self.duplicate_of(assign, &append, keyed)? {
             return Ok(dup);
         }
         self.check_change(req)?;
         let mut p = self.lock_pending(wait_for_room, true)?;
-        let ticket = self.assign_one(&group, assign, &append, kind, &mut p);
+        let ticket = self.assign_one(&group, assign, &append, keyed, &mut p);
         drop(p);
         drop(slot);
         self.shared.pending_cv.notify_all();
@@ -268,6 +271,11 @@ fn shown_empty(rec: &[u8], flags: u8) -> Vec<u8> {
 /// edit's payload (HISTORY_LATEST, protocol.md 4.30). Never stored.
 pub const FLAG_EDITED: u8 = 2;
 
+/// The most reads of a group's log one HISTORY_LATEST page makes
+/// (`Engine::try_history_latest`): the bound on its cost when the Edit and
+/// Recall records it leaves out are many and large.
+pub const LATEST_READS_MAX: usize = 16;
+
 /// A page of [`Engine::try_history_latest`].
 pub struct LatestPage {
     /// The page's messages in their latest state, oldest first (Edit and
@@ -298,10 +306,19 @@ impl Engine {
     /// `recalled` flag and no payload, an edited one with the `edited` flag
     /// and its newest edit's payload (same id, timestamp, sender and
     /// `client_msg_id`), the Edit and Recall records themselves left out,
-    /// so a new device needs no replay of the changes. Costs HISTORY's
-    /// page plus one read of the newest edit of each edited message of the
-    /// page (a binary search in the group's latest edits, then the index's
-    /// seek); `NotReady` if that read needs a sealed segment's index.
+    /// so a new device needs no replay of the changes.
+    ///
+    /// `max_bytes` bounds the bytes **shown**: the Edit and Recall records
+    /// left out do not use it. A read cut by the bytes that left some out
+    /// is followed by a read of the older ids with what is left of the
+    /// budget and of `max_count`, at most [`LATEST_READS_MAX`] reads in
+    /// all (so a page of a group with many large edits costs a bounded
+    /// amount, and may be shorter than the budget: `next_before` goes on).
+    ///
+    /// Costs: those reads, plus one read of the newest edit of each edited
+    /// message of the page (a binary search in the group's latest edits,
+    /// then the index's seek); `NotReady` if a read needs a sealed
+    /// segment's index.
     pub fn try_history_latest(
         &self,
         group_id: u64,
@@ -310,20 +327,78 @@ impl Engine {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<LatestPage> {
-        let mut h = self.try_history(group_id, user, before_msg_id, max_count, max_bytes)?;
         let group = self.group(group_id)?;
-        let batch = std::mem::take(&mut h.batch);
+        let mut before = before_msg_id;
+        let (mut ids_left, mut shown_bytes) = (max_count, 0usize);
+        // Oldest page first: each read's chunks go before the newer ones.
+        let mut pages: Vec<(Vec<Chunk>, u64)> = Vec::new();
+        let mut next_before = before_msg_id.unwrap_or(group.head() + 1);
+        let mut last_read = None;
+        // The newest read's `last_id` and `has_more`: the page's.
+        let mut newest = None;
+        for _ in 0..LATEST_READS_MAX {
+            let left = max_bytes.saturating_sub(shown_bytes).max(1);
+            let mut h = self.try_history(group_id, user, before, ids_left, left)?;
+            let batch = std::mem::take(&mut h.batch);
+            let covered = batch.count;
+            let (last_id, has_more) = (batch.last_id, batch.has_more);
+            let (chunks, count, bytes) = self.latest_state(&group, batch)?;
+            // A read after the first that would pass the budget (a read
+            // returns at least one record, and an edited message may show
+            // more bytes than it stores) is not taken: the page ends
+            // before it, and the next page starts there.
+            if last_read.is_some() && shown_bytes + bytes > max_bytes {
+                break;
+            }
+            newest.get_or_insert((last_id, has_more));
+            if covered > 0 {
+                // The oldest id this read covered (ids are dense).
+                next_before = last_id + 1 - covered.min(last_id);
+            }
+            shown_bytes += bytes;
+            ids_left = ids_left.saturating_sub(usize::try_from(covered).unwrap_or(usize::MAX));
+            pages.push((chunks, count));
+            let more = covered > 0 && !h.complete && ids_left > 0 && shown_bytes < max_bytes;
+            before = Some(next_before);
+            last_read = Some(h);
+            if !more {
+                break;
+            }
+        }
+        // Invariant: the loop runs at least once.
+        let mut h = last_read.expect("invariant: one read at least");
+        let (last_id, has_more) = newest.unwrap_or((0, false));
+        let mut chunks = Vec::new();
+        let mut count = 0;
+        for (c, n) in pages.into_iter().rev() {
+            chunks.extend(c);
+            count += n;
+        }
+        h.batch = ReadBatch {
+            chunks,
+            count,
+            bytes: shown_bytes,
+            last_id,
+            has_more,
+        };
+        Ok(LatestPage {
+            history: h,
+            next_before,
+        })
+    }
+
+    /// The records of one read of a group (ascending ids) in their latest
+    /// state: the shown chunks, how many records they hold, their bytes.
+    fn latest_state(
+        &self,
+        group: &crate::group::Group,
+        batch: ReadBatch,
+    ) -> Result<(Vec<Chunk>, u64, usize)> {
+        if batch.count == 0 {
+            return Ok((Vec::new(), 0, 0));
+        }
         let first = batch.last_id + 1 - batch.count.min(batch.last_id);
-        let next_before = if batch.count > 0 {
-            first
-        } else {
-            before_msg_id.unwrap_or(group.head() + 1)
-        };
-        let quiet = if batch.count > 0 {
-            group.quiet_between(first, batch.last_id)
-        } else {
-            Vec::new()
-        };
+        let quiet = group.quiet_between(first, batch.last_id);
         let (chunks, count) = substitute(batch.chunks, |rec| {
             let (id, kind) = (record::peek_msg_id(rec), record::peek_kind(rec));
             if kind == KIND_EDIT || kind == KIND_RECALL {
@@ -338,28 +413,19 @@ impl Engine {
             let Some(e) = group.latest_edit(id) else {
                 return Ok(Shown::Stored);
             };
-            let edit = self.try_read(group_id, e - 1, 1, 1)?;
+            let edit = self.try_read(group.id, e - 1, 1, 1)?;
             let bytes = edit.chunks.first().map(|c| c.bytes()).unwrap_or(&[]);
             let new = (record::peek_msg_id(bytes) == e)
                 .then(|| bytes.get(RECORD_HEADER_BYTES + TARGET_BYTES..))
                 .flatten()
                 .ok_or_else(|| Error::GroupDamaged {
-                    group: group_id,
+                    group: group.id,
                     reason: format!("the edit {e} of message {id} is not readable"),
                 })?;
             Ok(Shown::As(shown_with(rec, FLAG_EDITED, new)))
         })?;
         let bytes = chunks.iter().map(|c| c.bytes().len()).sum();
-        h.batch = ReadBatch {
-            chunks,
-            count,
-            bytes,
-            ..batch
-        };
-        Ok(LatestPage {
-            history: h,
-            next_before,
-        })
+        Ok((chunks, count, bytes))
     }
 }
 

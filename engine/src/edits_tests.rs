@@ -317,3 +317,106 @@ fn history_latest_shows_each_message_as_it_reads_now() {
     check(&e);
     e.close().unwrap();
 }
+
+fn reused(r: crate::Result<crate::Appended>) -> u64 {
+    match r {
+        Err(Error::KeyReused { msg_id, .. }) => msg_id,
+        other => panic!("not KeyReused: {other:?}"),
+    }
+}
+
+/// Messages, edits and recalls share one key space (storage.md section
+/// 12, "One key space"): a key is a retransmit only of the request it
+/// named (same kind, same target); reused for another request it is
+/// refused with `KeyReused` naming the earlier one, and nothing is
+/// stored. Before, a RECALL with the key of an earlier SEND answered
+/// that SEND (`duplicate`) and recalled nothing. The same after a
+/// restart (the window rebuilt from the log).
+#[test]
+fn a_key_reused_for_another_request_is_refused_and_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |e: &Engine| {
+        // The key of SEND 2 on a recall of message 1.
+        assert_eq!(reused(e.change(&req(1, 42, 2, Change::Recall))), 2);
+        // The key of the recall of 1 on an edit of 1, on a recall of 2, on
+        // a send.
+        assert_eq!(reused(e.change(&req(1, 42, 3, Change::Edit(b"e")))), 3);
+        assert_eq!(reused(e.change(&req(2, 42, 3, Change::Recall))), 3);
+        assert_eq!(reused(e.append(1, 42, 3, b"m")), 3);
+        // The key of the edit of 2 on an edit of 1.
+        assert_eq!(reused(e.change(&req(1, 42, 4, Change::Edit(b"e")))), 4);
+        // True retransmits are answered as such.
+        let again = e.change(&req(1, 42, 3, Change::Recall)).unwrap();
+        assert_eq!((again.msg_id, again.duplicate), (3, true));
+        let again = e
+            .change(&req(2, 42, 4, Change::Edit(b"other bytes")))
+            .unwrap();
+        assert_eq!((again.msg_id, again.duplicate), (4, true));
+        assert!(e.append(1, 42, 2, b"m").unwrap().duplicate);
+        assert_eq!(e.head(1).unwrap(), 4, "nothing stored");
+    };
+    {
+        let e = Engine::open(Config::new(dir.path())).unwrap();
+        e.create_group(1).unwrap();
+        assert_eq!(e.append(1, 42, 1, b"one").unwrap().msg_id, 1);
+        assert_eq!(e.append(1, 42, 2, b"two").unwrap().msg_id, 2);
+        let r = e.change(&req(1, 42, 3, Change::Recall)).unwrap();
+        assert_eq!((r.msg_id, r.duplicate), (3, false));
+        let ed = e.change(&req(2, 42, 4, Change::Edit(b"2!"))).unwrap();
+        assert_eq!((ed.msg_id, ed.duplicate), (4, false));
+        check(&e);
+        // A batch with a reused key is refused whole.
+        let batch = [
+            crate::AppendRequest {
+                group_id: 1,
+                sender_id: 42,
+                client_msg_id: 50,
+                payload: b"fine",
+            },
+            crate::AppendRequest {
+                group_id: 1,
+                sender_id: 42,
+                client_msg_id: 4,
+                payload: b"reused",
+            },
+        ];
+        assert!(matches!(
+            e.append_batch(&batch),
+            Err(Error::KeyReused { msg_id: 4, .. })
+        ));
+        assert_eq!(e.head(1).unwrap(), 4);
+    }
+    let e = Engine::open(Config::new(dir.path())).unwrap();
+    check(&e);
+}
+
+/// HISTORY_LATEST's byte budget is for what is shown: the Edit and
+/// Recall records it leaves out do not use it (protocol.md 4.30). Five
+/// messages of 988 stored bytes, the newest edited with as large a
+/// payload: a budget of 4028 (a 4096-byte frame's) shows four messages.
+/// Before, the left-out edit took its share and three were shown.
+#[test]
+fn history_latest_spends_its_byte_budget_on_what_it_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(Config::new(dir.path())).unwrap();
+    e.create_group(1).unwrap();
+    e.join(1, 20, JoinStart::Earliest).unwrap();
+    let big = vec![7u8; 944];
+    for i in 1..=5 {
+        e.append(1, 10, i, &big).unwrap();
+    }
+    e.change(&req(5, 10, 6, Change::Edit(&big))).unwrap(); // 6
+    let p = e.try_history_latest(1, 20, None, 100, 4028).unwrap();
+    let b = &p.history.batch;
+    assert_eq!(b.count, 4, "4 × 988 = 3952 bytes fit 4028");
+    assert_eq!(b.bytes, 4 * 988);
+    assert_eq!(p.next_before, 2, "ids 2..=6 covered");
+    assert!(!p.history.complete);
+    // The rest on the next page.
+    let next = e.try_history_latest(1, 20, Some(2), 100, 4028).unwrap();
+    assert_eq!((next.history.batch.count, next.next_before), (1, 1));
+    assert!(next.history.complete);
+    // `max_count` still counts the ids covered, changes included.
+    let p = e.try_history_latest(1, 20, None, 3, 4028).unwrap();
+    assert_eq!((p.history.batch.count, p.next_before), (2, 4));
+}

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::commit::dedup::{DedupBudget, WindowLimits};
+use crate::commit::dedup::{DedupBudget, Keyed, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::thread::{Counters, Op, Pending, Progress, Reply, Shared};
@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
 use crate::io::{OsVfs, Vfs};
 use crate::logs::group_log::{LogContext, ReadBatch, Scan};
-use crate::logs::record::{self, NewRecord};
+use crate::logs::record::NewRecord;
 use crate::now_ms;
 use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
@@ -584,14 +584,14 @@ impl Engine {
         let group = self.group(req.group_id)?;
         let mut slot = group.assign.lock();
         let assign = self.ready_to_assign(&group, &mut slot)?;
-        if let Some(dup) = self.duplicate_of(assign, req) {
+        if let Some(dup) = self.duplicate_of(assign, req, Keyed::Message)? {
             drop(slot);
             // The window may just have been rebuilt.
             self.fit_dedup_budget(req.group_id);
             return Ok(dup);
         }
         let mut p = self.lock_pending(wait_for_room, true)?;
-        let ticket = self.assign_one(&group, assign, req, record::KIND_MESSAGE, &mut p);
+        let ticket = self.assign_one(&group, assign, req, Keyed::Message, &mut p);
         drop(p);
         drop(slot);
         self.shared.pending_cv.notify_all();
@@ -634,6 +634,18 @@ impl Engine {
         if let Some(e) = not_ready {
             return Err(e);
         }
+        // A key of the batch that names an earlier change refuses the
+        // whole batch before anything is assigned (the batch assigns only
+        // messages, so no key can come to name a change on the way).
+        for req in requests {
+            let i = ids
+                .binary_search(&req.group_id)
+                .expect("invariant: group of the batch");
+            let assign = assigns[i]
+                .as_deref()
+                .expect("invariant: send state built above");
+            self.duplicate_of(assign, req, Keyed::Message)?;
+        }
         let mut p = self.lock_pending(true, true)?;
         let mut tickets = Vec::with_capacity(requests.len());
         for req in requests {
@@ -645,9 +657,14 @@ impl Engine {
             let assign = assigns[i]
                 .as_deref_mut()
                 .expect("invariant: send state built above");
-            let ticket = match self.duplicate_of(assign, req) {
+            // Checked above: a key names at most an earlier message here.
+            let ticket = match self
+                .duplicate_of(assign, req, Keyed::Message)
+                .ok()
+                .flatten()
+            {
                 Some(dup) => dup,
-                None => self.assign_one(&groups[i], assign, req, record::KIND_MESSAGE, &mut p),
+                None => self.assign_one(&groups[i], assign, req, Keyed::Message, &mut p),
             };
             tickets.push(ticket);
         }
@@ -739,18 +756,34 @@ impl Engine {
         }
     }
 
-    /// The original of a retransmit, if the window remembers it.
+    /// The original of a retransmit, if the window remembers it; `keyed`
+    /// is what `req` asks for. A key the window remembers for another
+    /// request (a message's key on a recall, a recall of another target)
+    /// is `KeyReused` (storage.md section 12, "One key space"): answering
+    /// the earlier request would report a success that did not happen.
     pub(crate) fn duplicate_of(
         &self,
         assign: &AssignState,
         req: &AppendRequest<'_>,
-    ) -> Option<Ticket> {
-        let (msg_id, timestamp_ms) = assign.dedup.lookup(req.sender_id, req.client_msg_id)?;
+        keyed: Keyed,
+    ) -> Result<Option<Ticket>> {
+        let Some(original) = assign.dedup.lookup(req.sender_id, req.client_msg_id) else {
+            return Ok(None);
+        };
+        if original.keyed != keyed {
+            return Err(Error::KeyReused {
+                group: req.group_id,
+                sender_id: req.sender_id,
+                client_msg_id: req.client_msg_id,
+                msg_id: original.msg_id,
+            });
+        }
+        let (msg_id, timestamp_ms) = (original.msg_id, original.timestamp_ms);
         self.shared
             .counters
             .duplicates
             .fetch_add(1, Ordering::Relaxed);
-        Some(Ticket {
+        Ok(Some(Ticket {
             appended: Appended {
                 msg_id,
                 timestamp_ms,
@@ -758,21 +791,22 @@ impl Engine {
             },
             // The round that holds the original is at most this one.
             round: assign.last_round,
-        })
+        }))
     }
 
     /// Gives `req` the group's next id and queues its record in the pending
     /// round. The caller holds the group's assign lock and the pending lock,
-    /// so per-group journal order is id order. `kind`: a message, or an
+    /// so per-group journal order is id order. `keyed`: a message, or an
     /// edit or a recall whose payload starts with its target (`edits.rs`).
     pub(crate) fn assign_one(
         &self,
         group: &Arc<Group>,
         assign: &mut AssignState,
         req: &AppendRequest<'_>,
-        kind: u8,
+        keyed: Keyed,
         p: &mut Pending,
     ) -> Ticket {
+        let kind = keyed.kind();
         // Stages of the head (group.rs): visible <= assigned.
         debug_assert!(
             group.head() <= assign.last_id,
@@ -810,6 +844,7 @@ impl Engine {
             req.sender_id,
             req.client_msg_id,
             timestamp_ms,
+            keyed,
             limits,
             over,
         );

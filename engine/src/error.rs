@@ -57,10 +57,21 @@ pub enum Error {
     /// it again once space returns. (A *sync* that fails is `Io`, whatever
     /// its errno, and never retried.)
     NoSpace { context: String },
-    /// The data directory is held by another engine instance.
-    Locked { path: PathBuf },
+    /// The data directory is held by another engine instance (or a `ctl`
+    /// command); `holder` is the process id its `LOCK` file names, when it
+    /// names one (storage.md section 2, "LOCK").
+    Locked { path: PathBuf, holder: Option<u32> },
     /// A configuration value out of its allowed range.
     InvalidConfig { reason: String },
+    /// The offline tools (`DataDir::open`) were given a directory that
+    /// holds no tidemark data (no `FORMAT`, no file of format 1): nothing
+    /// is damaged, it is the wrong directory. `member_engine`: the
+    /// directory is a replica set member's (storage.md section 19, "A
+    /// replica set member's directory"), whose engine is there.
+    NotADataDir {
+        path: PathBuf,
+        member_engine: Option<PathBuf>,
+    },
     /// The user is not a member of the group.
     NotMember { group: u64, user: u64 },
     /// An ACK for an id above the group's head.
@@ -80,6 +91,18 @@ pub enum Error {
         group: u64,
         target: u64,
         why: ChangeRefusal,
+    },
+    /// The idempotence key `(sender_id, client_msg_id)` of a send, an
+    /// edit or a recall names an earlier request of another kind (or a
+    /// change of another target) still in the group's dedup window,
+    /// `msg_id` (storage.md section 12, "One key space"): nothing was
+    /// written. A retransmit repeats its request; a new request takes a
+    /// new key.
+    KeyReused {
+        group: u64,
+        sender_id: u64,
+        client_msg_id: u64,
+        msg_id: u64,
     },
     /// The request needs the group's files read first (its first use
     /// after open: the verifying load of its log, the index of a sealed
@@ -223,12 +246,40 @@ impl fmt::Display for Error {
                 f,
                 "{context}: no space left on device; retry once space returns"
             ),
-            Error::Locked { path } => write!(
-                f,
-                "data directory {} is locked by another process",
-                path.display()
-            ),
+            Error::Locked { path, holder } => {
+                // `path` is the directory's LOCK file.
+                let dir = path.parent().unwrap_or(path);
+                write!(f, "data directory {} is locked by ", dir.display())?;
+                match holder {
+                    Some(pid) => write!(f, "process {pid} (its LOCK file names it)")?,
+                    None => write!(f, "another process")?,
+                }
+                write!(
+                    f,
+                    ": a running node (`tidemark serve`) or a `tidemark ctl` command uses \
+                     it. Stop that process first, or give this one another data directory"
+                )
+            }
             Error::InvalidConfig { reason } => write!(f, "invalid configuration: {reason}"),
+            Error::NotADataDir {
+                path,
+                member_engine,
+            } => {
+                write!(
+                    f,
+                    "{} is not a tidemark data directory: it holds no FORMAT file and no data",
+                    path.display()
+                )?;
+                if let Some(engine) = member_engine {
+                    write!(
+                        f,
+                        "; it is a replica set member's directory, whose engine's data \
+                         directory is {}",
+                        engine.display()
+                    )?;
+                }
+                Ok(())
+            }
             Error::NotMember { group, user } => {
                 write!(f, "user {user} is not a member of group {group}")
             }
@@ -252,6 +303,17 @@ impl fmt::Display for Error {
                     "message {target} of group {group} cannot be changed: {why}"
                 )
             }
+            Error::KeyReused {
+                group,
+                sender_id,
+                client_msg_id,
+                msg_id,
+            } => write!(
+                f,
+                "the key (sender {sender_id}, client_msg_id {client_msg_id}) names message \
+                 {msg_id} of group {group}, a request of another kind or target; a new \
+                 request needs a new client_msg_id"
+            ),
             Error::NotReady { group, ticket } => write!(
                 f,
                 "group {group} is being read from disk (background job {ticket}); run the \

@@ -96,8 +96,8 @@ pub use members::tidemarks::{
     MembersVersion, Pull, Sync, SyncGroup, Unread,
 };
 pub use offline::{
-    DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame, ManifestInfo,
-    Member, OfflineGroup, RecordShape, RepairPlan, RepairTarget, Verified,
+    member_engine, DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame,
+    ManifestInfo, Member, OfflineGroup, RecordShape, RepairPlan, RepairTarget, Verified,
 };
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};

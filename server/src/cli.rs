@@ -182,16 +182,8 @@ pub struct SendArgs {
     /// Sending again with the same id stores nothing new.
     #[arg(long)]
     client_msg_id: Option<u64>,
-    /// The message text. `-` reads the payload from standard input
-    /// instead, as bytes (a trailing newline is part of it); to send a
-    /// literal `-`, pipe it (`printf -- - | tidemark send ... -`) or use
-    /// --payload-file.
-    #[arg(required_unless_present = "payload_file")]
-    message: Option<String>,
-    /// Send this file's bytes as the payload, in place of MESSAGE (up to the
-    /// node's --payload-bytes-max).
-    #[arg(long, value_name = "PATH", conflicts_with = "message")]
-    payload_file: Option<PathBuf>,
+    #[command(flatten)]
+    payload: payload::PayloadArgs,
 }
 
 #[derive(Args, Debug)]
@@ -461,7 +453,7 @@ fn join(a: JoinArgs) -> Result<(), CliError> {
 }
 
 fn send(a: SendArgs) -> Result<(), CliError> {
-    let payload = payload::read(a.message.as_deref(), a.payload_file.as_deref())?;
+    let payload = a.payload.read()?;
     let payload = payload.as_slice();
     let mut c = connect(&a.conn)?;
     let (client_msg_id, sent) = match a.client_msg_id {

@@ -9,7 +9,7 @@
 //! epoch = 1
 //! [[set]]
 //! id = 1
-//! members = [{ node = 1, cluster = "127.0.0.1:7101", client = "127.0.0.1:7001" }]
+//! members = [{ node = 1, cluster_listen = "127.0.0.1:7101", client = "127.0.0.1:7001" }]
 //! [[shards]]
 //! first = 0
 //! last = 1023
@@ -192,6 +192,24 @@ fn addr(table: &toml::Table, at: &str, key: &str) -> Result<SocketAddr, MapError
     }
 }
 
+/// A member's Raft address: `cluster_listen`, the name `serve
+/// --cluster-listen` and `cluster add --cluster-listen` give it too, or
+/// `cluster`, its deprecated spelling (still read; both at once is
+/// refused).
+fn cluster_listen(member: &toml::Table, at: &str) -> Result<SocketAddr, MapError> {
+    match (
+        member.contains_key("cluster_listen"),
+        member.contains_key("cluster"),
+    ) {
+        (true, true) => Err(field(
+            format!("{at}cluster"),
+            "give cluster_listen only (cluster is its deprecated spelling)",
+        )),
+        (false, true) => addr(member, at, "cluster"),
+        _ => addr(member, at, "cluster_listen"),
+    }
+}
+
 /// The array of tables under `key` (`[[key]]`).
 fn tables<'a>(root: &'a toml::Table, key: &str) -> Result<Vec<&'a toml::Table>, MapError> {
     match root.get(key) {
@@ -233,10 +251,10 @@ pub fn parse(text: &str) -> Result<ClusterMapFile, MapError> {
             .enumerate()
         {
             let at = format!("{at}members[{j}].");
-            only_keys(m, &at, &["node", "cluster", "client"])?;
+            only_keys(m, &at, &["node", "cluster_listen", "cluster", "client"])?;
             members.push(MapMember {
                 node_id: int(m, &at, "node")?,
-                cluster_addr: addr(m, &at, "cluster")?,
+                cluster_addr: cluster_listen(m, &at)?,
                 client_addr: addr(m, &at, "client")?,
             });
         }
@@ -448,12 +466,24 @@ mod tests {
             Err(MapError::UnknownSet { set_id: 3 })
         ));
         let empty = with(
-            "members = [\n  { node = 4, cluster = \"127.0.0.1:7104\", client = \"127.0.0.1:7004\" },\n]",
+            "members = [\n  { node = 4, cluster_listen = \"127.0.0.1:7104\", client = \"127.0.0.1:7004\" },\n]",
             "members = []",
         );
         assert!(matches!(
             checked(&empty),
             Err(MapError::EmptySet { set_id: 2 })
+        ));
+        // The deprecated key still reads; both keys at once are refused.
+        let old = with("{ node = 4, cluster_listen =", "{ node = 4, cluster =");
+        let map = parse(&old).expect("the deprecated key reads");
+        assert!(map.check().is_ok());
+        let both = with(
+            "{ node = 4, cluster_listen =",
+            "{ node = 4, cluster = \"127.0.0.1:7199\", cluster_listen =",
+        );
+        assert!(matches!(
+            checked(&both),
+            Err(MapError::Field { at, .. }) if at == "set[1].members[0].cluster"
         ));
     }
 }

@@ -15,6 +15,8 @@
 //! - [`cluster`]: `tidemark serve --cluster-*`, a replica set member.
 //! - [`signals`]: SIGINT and SIGTERM for `tidemark serve`, none lost
 //!   across a member's restart in place.
+//! - [`units`]: the one parser of sizes, durations and listen addresses
+//!   of every command line.
 
 pub mod bench;
 pub mod cli;
@@ -24,6 +26,7 @@ pub mod config_file;
 pub mod demo;
 pub mod signals;
 pub mod token_file;
+pub mod units;
 
 /// The git commit the binary was built from (`unknown` outside a git
 /// checkout; see `build.rs`), which INFO reports.

@@ -51,8 +51,9 @@ struct ServeArgs {
     /// Data directory (created if missing).
     #[arg(long, default_value = tidemark_node::defaults::DATA_DIR)]
     data: PathBuf,
-    /// Address to listen on; port 0 picks a free port (printed at start).
-    #[arg(long, default_value = tidemark_node::defaults::LISTEN)]
+    /// Address to listen on, HOST:PORT (a name such as localhost is
+    /// resolved at start); port 0 picks a free port (printed at start).
+    #[arg(long, value_parser = tidemark_server::units::parse_listen, default_value = tidemark_node::defaults::LISTEN)]
     listen: SocketAddr,
     /// When a send is acknowledged: always (after fsync), interval:MS, never.
     #[arg(long, default_value = "always", value_parser = parse_fsync)]
@@ -61,29 +62,29 @@ struct ServeArgs {
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Largest frame (bytes after the length prefix).
-    #[arg(long, default_value_t = tidemark_node::defaults::FRAME_BYTES_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes_u32, default_value_t = tidemark_node::defaults::FRAME_BYTES_MAX)]
     frame_bytes_max: u32,
     /// Largest message payload.
-    #[arg(long, default_value_t = tidemark_engine::defaults::PAYLOAD_BYTES_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes_usize, default_value_t = tidemark_engine::defaults::PAYLOAD_BYTES_MAX)]
     payload_bytes_max: usize,
     /// Connections at once.
     #[arg(long, default_value_t = tidemark_node::defaults::CONNECTIONS_MAX)]
     connections_max: usize,
     /// Output buffered per connection before reads stop and pushes are dropped.
-    #[arg(long, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes_usize, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_MAX)]
     output_bytes_max: usize,
     /// Requests answered later (sends, joins, long polls) per connection.
     #[arg(long, default_value_t = tidemark_node::defaults::REQUESTS_IN_FLIGHT_MAX)]
     requests_in_flight_max: u32,
     /// Longest PULL wait honoured, in milliseconds.
-    #[arg(long, default_value_t = tidemark_node::defaults::LONG_POLL_MS_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms_u32, default_value_t = tidemark_node::defaults::LONG_POLL_MS_MAX)]
     long_poll_ms_max: u32,
     /// Subscriptions (users + groups) per connection.
     #[arg(long, default_value_t = tidemark_node::defaults::SUBSCRIPTIONS_MAX)]
     subscriptions_max: usize,
     /// A frame must arrive whole within this many milliseconds of its first
     /// byte, or the connection is closed (BAD_FRAME).
-    #[arg(long, default_value_t = tidemark_node::defaults::FRAME_TIMEOUT_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_node::defaults::FRAME_TIMEOUT_MS)]
     frame_timeout_ms: u64,
     /// Groups with more members than this get counts-only receipts
     /// (RECEIPT_COUNTS of each subscribed sender's recent messages) instead
@@ -93,15 +94,15 @@ struct ServeArgs {
     /// Receipts are coalesced over this many milliseconds: at most one per
     /// member (or per subscribed sender) per interval, latest cursor wins;
     /// 0 sends them at the end of every pass of the event loop.
-    #[arg(long, default_value_t = tidemark_node::defaults::RECEIPT_INTERVAL_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_node::defaults::RECEIPT_INTERVAL_MS)]
     receipt_interval_ms: u64,
     /// Output queued by all connections together; above it the connections
     /// with the most output queued are closed.
-    #[arg(long, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_TOTAL_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes_usize, default_value_t = tidemark_node::defaults::OUTPUT_BYTES_TOTAL_MAX)]
     output_bytes_total_max: usize,
     /// Input buffered by all connections together; a frame that would pass
     /// it gets OVERLOADED and a close.
-    #[arg(long, default_value_t = tidemark_node::defaults::INPUT_BYTES_TOTAL_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes_usize, default_value_t = tidemark_node::defaults::INPUT_BYTES_TOTAL_MAX)]
     input_bytes_total_max: usize,
     /// Dedup entries remembered by all groups together (see the spec's
     /// dedup window): past it, idle groups' windows leave memory.
@@ -109,7 +110,7 @@ struct ServeArgs {
     dedup_entries_total_max: usize,
     /// A group unused this long (ms) gives back its send state and dedup
     /// window (rebuilt from its log on its next SEND) and its small log.
-    #[arg(long, default_value_t = tidemark_engine::defaults::IDLE_EVICT_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::IDLE_EVICT_MS)]
     idle_evict_ms: u64,
     /// Members per group.
     #[arg(long, default_value_t = tidemark_engine::defaults::MEMBERS_PER_GROUP_MAX)]
@@ -121,31 +122,31 @@ struct ServeArgs {
     #[arg(long, default_value_t = tidemark_engine::defaults::OPEN_SEGMENTS_MAX)]
     open_segments_max: usize,
     /// Segment size before a new segment starts.
-    #[arg(long, default_value_t = tidemark_engine::defaults::SEGMENT_BYTES_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, default_value_t = tidemark_engine::defaults::SEGMENT_BYTES_MAX)]
     segment_bytes_max: u64,
     /// A group whose records take at most this many bytes keeps them in the
     /// shared journal, without files of its own; past it the group gets
     /// its own segment files (0: every group with a record has them).
     /// Journal files stay while small groups' records are in them.
-    #[arg(long, default_value_t = tidemark_engine::defaults::SMALL_GROUP_BYTES_MAX)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, default_value_t = tidemark_engine::defaults::SMALL_GROUP_BYTES_MAX)]
     small_group_bytes_max: u64,
     /// Below this much free space in the data directory's file system, sends
     /// are refused (OVERLOADED, detail = free bytes) until space returns.
     /// 0 turns the reserve off (a write that finds the disk full is then
     /// held until space returns, and sends are refused meanwhile).
-    #[arg(long, default_value_t = tidemark_engine::defaults::DISK_FREE_MIN_BYTES)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, default_value_t = tidemark_engine::defaults::DISK_FREE_MIN_BYTES)]
     disk_free_min_bytes: u64,
     /// Moved cursors (ACKs) are persisted at least this often, in
     /// milliseconds; a crash forgets at most the ACKs of the last interval.
-    #[arg(long, default_value_t = tidemark_engine::defaults::CURSOR_FLUSH_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::CURSOR_FLUSH_MS)]
     cursor_flush_ms: u64,
     /// A checkpoint is taken once this many journal bytes were written
     /// since the last one (checkpoints write what changed, beside the
     /// commit rounds).
-    #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_JOURNAL_BYTES)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, default_value_t = tidemark_engine::defaults::CHECKPOINT_JOURNAL_BYTES)]
     checkpoint_journal_bytes: u64,
     /// ...and at least this often, in milliseconds, when anything changed.
-    #[arg(long, default_value_t = tidemark_engine::defaults::CHECKPOINT_INTERVAL_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::CHECKPOINT_INTERVAL_MS)]
     checkpoint_interval_ms: u64,
     /// Retention policy of every group created from now on (stored with
     /// the group at its creation: changing it later changes no existing
@@ -154,15 +155,15 @@ struct ServeArgs {
     #[arg(long)]
     retention_by_cursor: bool,
     /// ...and messages older than this many milliseconds (0: no age limit).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = 0)]
     retention_max_age_ms: u64,
     /// ...and the oldest messages while a group's stored messages take more
     /// than this many bytes (0: no size limit).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, default_value_t = 0)]
     retention_max_bytes: u64,
     /// Retention policies are applied at least this often, in milliseconds
     /// (the files of dropped messages go with the second checkpoint after).
-    #[arg(long, default_value_t = tidemark_engine::defaults::RETENTION_CHECK_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::RETENTION_CHECK_MS)]
     retention_check_ms: u64,
     /// Refuse SENDs whose sender is not a member of the group (NOT_MEMBER),
     /// except from system senders. Off by default: protocol version 1
@@ -185,7 +186,7 @@ struct ServeArgs {
     admin_senders: Vec<u64>,
     /// How long after a message was accepted its sender (or an admin
     /// sender) may still edit or recall it, in milliseconds.
-    #[arg(long, default_value_t = tidemark_engine::defaults::CHANGE_WINDOW_MS)]
+    #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::CHANGE_WINDOW_MS)]
     change_window_ms: u64,
     /// Serve the STATS figures in the Prometheus text format at
     /// http://ADDR/metrics (port 0 picks a free port; INFO names it). A
@@ -210,7 +211,7 @@ struct ServeArgs {
     cluster_node_id: Option<u64>,
     /// Address this member listens on for the other members' Raft messages.
     /// No default.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = tidemark_server::units::parse_listen)]
     cluster_listen: Option<SocketAddr>,
     /// Another member of the replica set: its id, the address of its
     /// --cluster-listen and its client address (--listen), as
@@ -222,7 +223,7 @@ struct ServeArgs {
     /// what the engine holds durably, keeping at most half of it for a
     /// lagging follower, which beyond that is sent a snapshot
     /// (format-spec/cluster.md sections 3.5 and 8).
-    #[arg(long, value_name = "BYTES", default_value_t = tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT)]
+    #[arg(long, value_parser = tidemark_server::units::parse_bytes, value_name = "BYTES", default_value_t = tidemark_cluster::RAFT_LOG_MAX_BYTES_DEFAULT)]
     raft_log_max_bytes: u64,
     /// The cluster map file (format-spec/cluster.md section 9.1,
     /// server/cluster-map.example.toml): the replica sets, their members'
@@ -308,8 +309,8 @@ fn parse_metrics_listen(s: &str) -> Result<SocketAddr, String> {
     if let Ok(port) = port.parse::<u16>() {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    s.parse()
-        .map_err(|e| format!("{s:?}: {e} (expected HOST:PORT, or a port alone for 127.0.0.1)"))
+    tidemark_server::units::parse_listen(s)
+        .map_err(|e| format!("{e} (or a port alone for 127.0.0.1)"))
 }
 
 fn parse_fsync(s: &str) -> Result<FsyncPolicy, String> {

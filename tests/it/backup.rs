@@ -194,3 +194,82 @@ fn a_backup_into_a_directory_that_is_not_empty_is_refused() {
     assert!(err.contains("not empty"), "{err}");
     assert_eq!(std::fs::read(target.join("keep")).unwrap(), b"x");
 }
+
+fn ctl_on(args: &[&str], data: &std::path::Path) -> std::process::Output {
+    Command::new(tidemark_bin())
+        .arg("ctl")
+        .args(args)
+        .arg("--data")
+        .arg(data)
+        .output()
+        .expect("run tidemark ctl")
+}
+
+/// A fresh backup is a clean shutdown's directory (the backup command
+/// opens the copy once and closes it cleanly): `ctl verify` (text and
+/// `--json`) finds it clean and `ctl repair` finds nothing to do, with no
+/// node started on it first. Before, repair refused it ("start the node
+/// once and stop it"): the copy's checkpoint was a running node's.
+#[test]
+fn a_fresh_backup_is_verified_and_repairable_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("node"), &[]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 2, JoinStart::Earliest).unwrap();
+    for i in 1..=5 {
+        c.send(1, 2, i, b"kept in the backup").unwrap();
+    }
+    let target = dir.path().join("copy");
+    let out = Command::new(tidemark_bin())
+        .args(["backup", "--addr", &node.addr])
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o = ctl_on(&["verify"], &target);
+    let said = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    assert!(said.starts_with("ok: "), "{said}");
+    let o = ctl_on(&["verify", "--json"], &target);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+    assert_eq!(
+        (v["clean"].as_bool(), v["records"].as_u64()),
+        (Some(true), Some(5))
+    );
+    let o = ctl_on(&["repair"], &target);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(0), "{said}");
+    assert!(said.contains("nothing to repair"), "{said}");
+
+    // A replica set member's layout (`engine/` beside `raft/`): the
+    // reading commands find the engine and say so; repair names it.
+    // Before, verify called the member's directory "corrupt".
+    let member = dir.path().join("member");
+    std::fs::create_dir_all(member.join("raft")).unwrap();
+    std::fs::rename(&target, member.join("engine")).unwrap();
+    let o = ctl_on(&["verify"], &member);
+    let (said, note) = (
+        String::from_utf8_lossy(&o.stdout).to_string(),
+        String::from_utf8_lossy(&o.stderr).to_string(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{said}{note}");
+    assert!(note.contains("replica set member's directory"), "{note}");
+    let o = ctl_on(&["repair"], &member);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("not a tidemark data directory")
+            && said.contains(&member.join("engine").display().to_string())
+            && !said.contains("corrupt"),
+        "{said}"
+    );
+}

@@ -16,7 +16,7 @@ fn run(flags: &[&str]) -> Vec<Value> {
         "--spawn",
         "--node-bin",
         &bin,
-        "--data-dir",
+        "--data",
         &data,
         "--json",
         "--quiet",
@@ -298,5 +298,29 @@ fn receipts_workload_reports_both_runs_in_both_modes() {
             assert!(counts > 0 && lists == 0, "{r:#}");
         }
         assert_eq!(n("node_receipt_frames"), lists + counts, "{r:#}");
+    }
+}
+
+/// `--ops` sizes only the workloads that measure operations (w3, w4,
+/// receipts): with w1 alone it is refused, naming what sizes w1, rather
+/// than silently running a million sends.
+#[test]
+fn ops_is_refused_where_no_workload_measures_operations() {
+    let args = BenchArgs::parse_flags(vec!["-w", "w1", "--ops", "2000"]).expect("flags parse");
+    let e = run_workloads(&args).expect_err("refused");
+    assert!(e.contains("--ops") && e.contains("--messages"), "{e}");
+}
+
+/// `bench --data DIR` is the spelling every command uses for a data
+/// directory; `--data-dir` is its deprecated spelling, still accepted.
+#[test]
+fn bench_takes_data_and_still_data_dir() {
+    for flag in ["--data", "--data-dir"] {
+        let args = BenchArgs::parse_flags(vec!["--spawn", flag, "/tmp/x"]).expect("flags parse");
+        assert_eq!(
+            args.data_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/x")),
+            "{flag}"
+        );
     }
 }

@@ -584,6 +584,17 @@ fn start_up_errors_name_what_is_wrong() {
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
     let node = Node::start(&data, &["--token-file", token.to_str().unwrap()]);
+
+    // A data directory another node holds: the refusal names the process
+    // that holds it (its id is in the LOCK file) and what to do; before,
+    // it said only "locked by another process".
+    let err = serve_fails(&["--listen", "127.0.0.1:0", "--data", data_s]);
+    let pid = node.child.id();
+    assert!(
+        err.contains(&format!("is locked by process {pid}"))
+            && err.contains("Stop that process first"),
+        "{err}"
+    );
     let out = tidemark(&["stats", "--addr", &node.addr, "--token-file", missing_s]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -862,4 +873,78 @@ impl Parser<'_> {
             None => Err("unexpected end".into()),
         }
     }
+}
+
+/// `send` and `edit` take every trailing word as the message (joined by
+/// single spaces), as a user types it; before, `edit ... see you at 6`
+/// failed with "unexpected argument 'you'".
+#[test]
+fn send_and_edit_take_the_trailing_words_as_the_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let a = node.addr.as_str();
+    ok(&["create-group", "--addr", a, "--group", "1"]);
+    ok(&[
+        "join", "--addr", a, "--group", "1", "--user", "3", "--start", "earliest",
+    ]);
+    assert_eq!(
+        ok(&["send", "--addr", a, "--group", "1", "--sender", "2", "see", "you", "at", "5"]),
+        "sent to group 1: msg_id 1\n"
+    );
+    assert_eq!(
+        ok(&[
+            "edit", "--addr", a, "--group", "1", "--sender", "2", "--msg-id", "1", "see", "you",
+            "at", "6",
+        ]),
+        "edited message 1 of group 1: edit msg_id 2\n"
+    );
+    let pulled = ok(&["pull", "--addr", a, "--group", "1", "--user", "3"]);
+    assert!(pulled.contains(": see you at 5"), "{pulled}");
+    assert!(pulled.contains("(edit of #1) see you at 6"), "{pulled}");
+}
+
+/// `serve` takes the addresses and sizes every other command takes: a
+/// name in `--listen` (`localhost:PORT`, as clients' `--addr`), units in
+/// sizes (`--payload-bytes-max 4MiB`, as `retention --max-bytes 256KiB`)
+/// and durations (`--receipt-interval-ms 1s`). Before, both were refused.
+#[test]
+fn serve_takes_names_in_addresses_and_units_in_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("localhost:{port}");
+    let mut child = Command::new(tidemark_bin())
+        .args([
+            "serve",
+            "--data",
+            dir.path().to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--payload-bytes-max",
+            "2MiB",
+            "--frame-bytes-max",
+            "4MiB",
+            "--receipt-interval-ms",
+            "1s",
+            "--fsync",
+            "never",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start serve");
+    let addr = listen.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let stats = loop {
+        if let Ok(mut c) = Client::connect(&ClientConfig::new(addr.clone())) {
+            break c.stats().unwrap();
+        }
+        assert!(Instant::now() < deadline, "serve did not start on {listen}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let get = |n: &str| stats.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    assert_eq!(get("limits.payload_bytes_max"), Some(2 << 20));
+    assert_eq!(get("limits.frame_bytes_max"), Some(4 << 20));
+    assert_eq!(get("limits.receipt_interval_ms"), Some(1000));
 }

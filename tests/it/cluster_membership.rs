@@ -177,7 +177,7 @@ fn a_dead_member_is_replaced_under_load_and_the_new_set_elects_and_serves() {
     add.extend([
         "--node-id".into(),
         "4".into(),
-        "--raft".into(),
+        "--cluster-listen".into(),
         format!("127.0.0.1:{}", ports[&4].1),
         "--client".into(),
         format!("127.0.0.1:{}", ports[&4].0),

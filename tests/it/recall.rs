@@ -290,3 +290,47 @@ fn the_inbox_keeps_the_latest_state_and_the_commands_recall_and_edit() {
         "{latest}"
     );
 }
+
+/// One key space for SEND, RECALL and EDIT (format-spec/protocol.md
+/// 4.28, storage.md section 12): a RECALL whose key is an earlier SEND's
+/// is refused with KEY_REUSED (detail: the message the key names) and
+/// recalls nothing; before, it was answered as that SEND's duplicate
+/// (`msg_id 2, duplicate 1`) and message 1 stayed readable. A true
+/// retransmit of a recall is still a duplicate; a SEND with a recall's
+/// key is refused too.
+#[test]
+fn a_key_reused_for_another_request_is_refused_with_key_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 20, JoinStart::Earliest).unwrap();
+    assert_eq!(c.send(1, 42, 1, b"one").unwrap().msg_id, 1);
+    assert_eq!(c.send(1, 42, 2, b"two").unwrap().msg_id, 2);
+    let key_reused = |r: Result<tidemark_client::Sent, ClientError>| match r {
+        Err(ClientError::Server {
+            code: ErrorCode::KeyReused,
+            detail,
+            ..
+        }) => detail,
+        other => panic!(
+            "not KEY_REUSED: {:?}",
+            other.map(|s| (s.msg_id, s.duplicate))
+        ),
+    };
+    assert_eq!(key_reused(c.recall(1, 42, 2, 1)), Some(2));
+    let page = c.pull(1, 20, 0, 10, 0).unwrap();
+    assert_eq!(
+        shown(&page.messages),
+        [m(1, Kind::Message, b"one"), m(2, Kind::Message, b"two")],
+        "message 1 is not recalled, nothing was stored"
+    );
+    let r = c.recall(1, 42, 3, 1).unwrap();
+    assert_eq!((r.msg_id, r.duplicate), (3, false));
+    let again = c.recall(1, 42, 3, 1).unwrap();
+    assert_eq!((again.msg_id, again.duplicate), (3, true));
+    assert_eq!(key_reused(c.recall(1, 42, 3, 2)), Some(3));
+    assert_eq!(key_reused(c.send(1, 42, 3, b"three")), Some(3));
+    assert_eq!(key_reused(c.edit(1, 42, 1, 2, b"2!")), Some(1));
+    assert_eq!(c.group_info(1).unwrap().head, 3);
+}

@@ -330,3 +330,86 @@ fn the_client_follows_its_messages_delivery_across_a_reconnect() {
     }
     assert!(receipts.stats().link.reconnects >= 1);
 }
+
+/// The next receipt frame of `group` `sub` gets (within 20 s), and
+/// nothing else of that group for `drain` after it.
+fn next_receipt(sub: &mut Client, group: u64, drain: Duration) -> Event {
+    let is_receipt = |e: &Event| matches!(e, Event::Receipt { group: g, .. } | Event::ReceiptCounts { group: g, .. } if *g == group);
+    let got = events_until(sub, |e| e.iter().any(is_receipt), drain);
+    let receipts: Vec<Event> = got.into_iter().filter(is_receipt).collect();
+    assert_eq!(receipts.len(), 1, "one receipt per interval: {receipts:?}");
+    receipts.into_iter().next().expect("one receipt")
+}
+
+fn counts_of(e: &Event) -> Vec<(u64, u64)> {
+    match e {
+        Event::ReceiptCounts { counts, .. } => counts.iter().map(|c| (c.msg_id, c.count)).collect(),
+        other => panic!("RECEIPT_COUNTS expected, got {other:?}"),
+    }
+}
+
+fn listed(e: &Event) -> Vec<(u64, u64)> {
+    match e {
+        Event::Receipt { receipts, .. } => receipts.iter().map(|m| (m.user, m.cursor)).collect(),
+        other => panic!("RECEIPT expected, got {other:?}"),
+    }
+}
+
+/// A group that crosses `--receipt-members-max` gets the mode of its
+/// member count when an interval begins (its first cursor move after the
+/// previous flush; format-spec/protocol.md 4.22, "Changing mode"), both
+/// ways, and in counts mode every interval in which a cursor moved gets a
+/// RECEIPT_COUNTS of the sender's recent messages, those sent while the
+/// group was small included. Members who join at the head are at the
+/// head: their ACK of an older message moves nothing and is no receipt.
+/// Before, the mode decided at the previous flush stayed until the next
+/// one: two members joined while nothing moved, and the group of four
+/// then got a list-mode RECEIPT for the next ACK.
+#[test]
+fn receipts_follow_a_group_across_the_threshold_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        dir.path(),
+        &["--receipt-members-max", "3", "--receipt-interval-ms", "300"],
+    );
+    let drain = Duration::from_millis(600);
+    let mut admin = node.client();
+    admin.create_group(7).unwrap();
+    for u in [10, 20] {
+        admin.join(7, u, JoinStart::Earliest).unwrap();
+    }
+    let mut sub = node.client();
+    sub.subscribe_receipts(42, &[7]).unwrap();
+    let m1 = admin.send(7, 42, 1, b"hello").unwrap().msg_id;
+    admin.ack(7, 10, m1).unwrap();
+    assert_eq!(listed(&next_receipt(&mut sub, 7, drain)), [(10, m1)]);
+
+    // Two members join at the head: 4 members, above the threshold.
+    // Their ACK of m1 moves no cursor: nothing is pushed.
+    for u in [11, 12] {
+        admin.join(7, u, JoinStart::Head).unwrap();
+    }
+    admin.ack(7, 11, m1).unwrap();
+    let quiet = events_until(&mut sub, |_| true, drain);
+    assert!(quiet.is_empty(), "no cursor moved: {quiet:?}");
+    // The next move begins an interval of a group of 4: counts, m1 (sent
+    // while the group was small) among the sender's recent messages.
+    let m2 = admin.send(7, 42, 2, b"again").unwrap().msg_id;
+    admin.ack(7, 11, m2).unwrap();
+    assert_eq!(
+        counts_of(&next_receipt(&mut sub, 7, drain)),
+        [(m1, 3), (m2, 1)]
+    );
+    admin.ack(7, 20, m1).unwrap();
+    assert_eq!(
+        counts_of(&next_receipt(&mut sub, 7, drain)),
+        [(m1, 4), (m2, 1)]
+    );
+
+    // Two members leave: 2 members, lists again from the next move.
+    for u in [11, 12] {
+        admin.leave(7, u).unwrap();
+    }
+    admin.ack(7, 20, m2).unwrap();
+    assert_eq!(listed(&next_receipt(&mut sub, 7, drain)), [(20, m2)]);
+}

@@ -198,3 +198,44 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
     assert!(text.contains(&format!("default\n`{}`", node::DATA_DIR)));
     assert!(text.contains(&format!("default `{}`", node::LISTEN)));
 }
+
+/// At the smallest legal `frame_bytes_max` STATS still answers, with every
+/// `limits.*` gauge a client reads after the handshake (protocol.md 1.8,
+/// 4.4): the names that do not fit are left out and counted in
+/// `server.stats_omitted`. Before, once a few opcodes had been used the
+/// answer passed 4096 bytes and was refused with LIMIT_EXCEEDED.
+#[test]
+fn stats_fits_the_smallest_frame_and_keeps_every_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = crate::harness::Node::start(
+        dir.path(),
+        &["--frame-bytes-max", "4096", "--payload-bytes-max", "1024"],
+    );
+    let mut c = node.client();
+    c.create_group(1).unwrap();
+    c.join(1, 2, tidemark_client::protocol::JoinStart::Earliest)
+        .unwrap();
+    c.send(1, 2, 1, b"x").unwrap();
+    c.pull(1, 2, 0, 10, 0).unwrap();
+    c.ack(1, 2, 1).unwrap();
+    c.unread(2).unwrap();
+    c.history(1, 2, 0, 10).unwrap();
+    c.read_count(1, 1).unwrap();
+    c.group_info(1).unwrap();
+    c.ping().unwrap();
+    let stats: BTreeMap<String, u64> = c.stats().expect("STATS answers").into_iter().collect();
+    let limits: Vec<&String> = stats.keys().filter(|n| n.starts_with("limits.")).collect();
+    assert!(limits.len() >= 20, "{limits:?}");
+    assert_eq!(stats.get("limits.frame_bytes_max"), Some(&4096));
+    assert!(
+        stats.get("server.stats_omitted").is_some_and(|&n| n > 0),
+        "names were left out and counted: {stats:?}"
+    );
+    // With the default frame, every name: nothing omitted.
+    let dir = tempfile::tempdir().unwrap();
+    let node = crate::harness::Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    c.ping().unwrap();
+    let stats: BTreeMap<String, u64> = c.stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get("server.stats_omitted"), Some(&0));
+}

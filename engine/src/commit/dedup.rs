@@ -11,6 +11,15 @@
 //! Keys come from clients, so the map keeps std's randomly keyed SipHash:
 //! a client must not be able to choose colliding keys.
 //!
+//! Messages, edits and recalls share one key space (storage.md section 12,
+//! "One key space"): the window also remembers what each key was used for
+//! ([`Keyed`]), so that a key reused for another request (a RECALL with
+//! the key of an earlier SEND, an EDIT of another target) is refused by
+//! the caller instead of being answered as a retransmit of a request it
+//! is not. Only changes carry that note ([`DedupWindow`]'s `changes`, one
+//! entry per edit or recall in the window), so a window of messages costs
+//! what it did.
+//!
 //! Node-wide, [`DedupBudget`] bounds the entries of all windows together
 //! (`dedup_entries_total_max`): past it, a window being sent to keeps only
 //! its last `dedup_window_sends` sends (the age extension goes first), and
@@ -35,6 +44,51 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
 use crate::logs::record;
+
+/// What an idempotence key was used for: a retransmit is the same request
+/// only if it repeats this (storage.md section 12, "One key space"). The
+/// payload of a message or an edit is not compared, as it never was: a
+/// key names one request, and its retransmit carries the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keyed {
+    /// A SEND's message.
+    Message,
+    /// An EDIT of message `target`.
+    Edit { target: u64 },
+    /// A RECALL of message `target`.
+    Recall { target: u64 },
+}
+
+impl Keyed {
+    /// The kind of the record the request stores.
+    pub fn kind(self) -> u8 {
+        match self {
+            Keyed::Message => record::KIND_MESSAGE,
+            Keyed::Edit { .. } => record::KIND_EDIT,
+            Keyed::Recall { .. } => record::KIND_RECALL,
+        }
+    }
+
+    /// What the verified record `rec` was stored for; `None` for a gap,
+    /// which no request made.
+    pub fn of_record(rec: &[u8]) -> Option<Keyed> {
+        let target = record::peek_target(rec).unwrap_or(0);
+        match record::peek_kind(rec) {
+            record::KIND_MESSAGE => Some(Keyed::Message),
+            record::KIND_EDIT => Some(Keyed::Edit { target }),
+            record::KIND_RECALL => Some(Keyed::Recall { target }),
+            _ => None,
+        }
+    }
+}
+
+/// The request an idempotence key names in the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Original {
+    pub msg_id: u64,
+    pub timestamp_ms: u64,
+    pub keyed: Keyed,
+}
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -67,27 +121,73 @@ pub struct DedupWindow {
     /// Entries of msg_ids `first_id .. first_id + recent.len()`, oldest first.
     recent: VecDeque<Entry>,
     first_id: u64,
+    /// The entries in `recent` that are edits or recalls, by msg_id, with
+    /// what they changed; an entry in `recent` without one is a message.
+    /// Allocated by the first change: a window of messages pays one
+    /// pointer for it (boxed on purpose: an empty `HashMap` in place
+    /// would cost every busy group's send state 48 bytes).
+    #[allow(clippy::box_collection)]
+    changes: Option<Box<HashMap<u64, Keyed>>>,
 }
 
 impl DedupWindow {
-    /// The `(msg_id, timestamp_ms)` of an earlier send with this key, if it
-    /// is still in the window.
-    pub fn lookup(&self, sender_id: u64, client_msg_id: u64) -> Option<(u64, u64)> {
+    /// The earlier request with this key, if it is still in the window.
+    pub fn lookup(&self, sender_id: u64, client_msg_id: u64) -> Option<Original> {
         let id = *self.by_key.get(&(sender_id, client_msg_id))?;
         let e = self.recent.get(usize::try_from(id - self.first_id).ok()?)?;
-        Some((id, e.timestamp_ms))
+        Some(Original {
+            msg_id: id,
+            timestamp_ms: e.timestamp_ms,
+            keyed: self
+                .changes
+                .as_ref()
+                .and_then(|c| c.get(&id).copied())
+                .unwrap_or(Keyed::Message),
+        })
     }
 
-    /// Remembers send `msg_id`, which must be the next id after the newest
-    /// one remembered, and evicts what left the window. With `over_budget`
-    /// (the node holds more entries than its budget) the window keeps only
-    /// its last `limits.sends` sends, whatever their age.
+    /// Remembers the verified record `rec` with header `h` (a message's,
+    /// a change's or a gap's), which must be the next id after the newest
+    /// one remembered: the one rule of the paths that fill a window from
+    /// records (a replicated round, a rebuild from the log; a send
+    /// inserts what it assigned, [`Self::insert`]).
+    pub fn remember(
+        &mut self,
+        h: &record::RecordHeader,
+        rec: &[u8],
+        limits: WindowLimits,
+        over_budget: bool,
+    ) {
+        match Keyed::of_record(rec) {
+            Some(keyed) => self.insert(
+                h.msg_id,
+                h.sender_id,
+                h.client_msg_id,
+                h.timestamp_ms,
+                keyed,
+                limits,
+                over_budget,
+            ),
+            // A gap record (repair's stand-in for a lost message) was
+            // never sent: it holds its id's place, but its (0, 0) key must
+            // not answer a real send.
+            None => self.insert_unkeyed(h.msg_id, h.timestamp_ms, limits),
+        }
+    }
+
+    /// Remembers request `msg_id` with its key and what it was for; it
+    /// must be the next id after the newest one remembered. Evicts what
+    /// left the window. With `over_budget` (the node holds more entries
+    /// than its budget) the window keeps only its last `limits.sends`
+    /// sends, whatever their age.
+    #[allow(clippy::too_many_arguments)]
     pub fn insert(
         &mut self,
         msg_id: u64,
         sender_id: u64,
         client_msg_id: u64,
         timestamp_ms: u64,
+        keyed: Keyed,
         limits: WindowLimits,
         over_budget: bool,
     ) {
@@ -105,6 +205,9 @@ impl DedupWindow {
             timestamp_ms,
         });
         self.by_key.insert((sender_id, client_msg_id), msg_id);
+        if keyed != Keyed::Message {
+            self.changes.get_or_insert_default().insert(msg_id, keyed);
+        }
         self.evict(timestamp_ms, limits, over_budget);
     }
 
@@ -135,6 +238,12 @@ impl DedupWindow {
             if self.by_key.get(&key) == Some(&self.first_id) {
                 self.by_key.remove(&key);
             }
+            if let Some(changes) = &mut self.changes {
+                changes.remove(&self.first_id);
+                if changes.is_empty() {
+                    self.changes = None;
+                }
+            }
             self.recent.pop_front();
             self.first_id += 1;
         }
@@ -154,24 +263,8 @@ impl DedupWindow {
     ) -> Option<u64> {
         let mut last = None;
         for r in batch.records() {
-            let h = r.header;
-            // A gap record (repair's stand-in for a lost message) was
-            // never sent: it holds its id's place, but its (0, 0) key must
-            // not answer a real send.
-            if record::is_gap(&h) {
-                self.insert_unkeyed(h.msg_id, h.timestamp_ms, limits);
-                last = Some(h.timestamp_ms);
-                continue;
-            }
-            self.insert(
-                h.msg_id,
-                h.sender_id,
-                h.client_msg_id,
-                h.timestamp_ms,
-                limits,
-                false,
-            );
-            last = Some(h.timestamp_ms);
+            self.remember(&r.header, r.bytes, limits, false);
+            last = Some(r.header.timestamp_ms);
         }
         last
     }
@@ -430,44 +523,76 @@ mod tests {
         entries_max: 5,
     };
 
+    fn at(msg_id: u64, timestamp_ms: u64) -> Option<Original> {
+        Some(Original {
+            msg_id,
+            timestamp_ms,
+            keyed: Keyed::Message,
+        })
+    }
+
+    /// A change's key remembers what it changed, for as long as the key is
+    /// in the window, and leaves with it.
+    #[test]
+    fn a_change_is_remembered_with_its_target() {
+        let mut w = DedupWindow::default();
+        w.insert(1, 1, 1, 10, Keyed::Message, LIMITS, false);
+        w.insert(2, 1, 2, 10, Keyed::Recall { target: 1 }, LIMITS, false);
+        w.insert(3, 1, 3, 10, Keyed::Edit { target: 1 }, LIMITS, false);
+        assert_eq!(w.lookup(1, 1).map(|o| o.keyed), Some(Keyed::Message));
+        assert_eq!(
+            w.lookup(1, 2).map(|o| o.keyed),
+            Some(Keyed::Recall { target: 1 })
+        );
+        assert_eq!(
+            w.lookup(1, 3).map(|o| o.keyed),
+            Some(Keyed::Edit { target: 1 })
+        );
+        for id in 4..=9 {
+            w.insert(id, 1, id, 5000, Keyed::Message, LIMITS, false);
+        }
+        assert_eq!(w.lookup(1, 2), None);
+        assert!(w.changes.is_none(), "evicted with their entries");
+    }
+
     #[test]
     fn keeps_the_last_sends_and_the_young_ones() {
         let mut w = DedupWindow::default();
         for id in 1..=5 {
-            w.insert(id, 1, 100 + id, 10, LIMITS, false);
+            w.insert(id, 1, 100 + id, 10, Keyed::Message, LIMITS, false);
         }
         // all young: kept up to the cap of 5
         assert_eq!(w.len(), 5);
-        assert_eq!(w.lookup(1, 101), Some((1, 10)));
+        assert_eq!(w.lookup(1, 101), at(1, 10));
         // time passes: only the last 3 sends stay
-        w.insert(6, 1, 106, 5000, LIMITS, false);
+        w.insert(6, 1, 106, 5000, Keyed::Message, LIMITS, false);
         assert_eq!(w.len(), 3);
         assert_eq!(w.lookup(1, 103), None);
-        assert_eq!(w.lookup(1, 104), Some((4, 10)));
-        assert_eq!(w.lookup(1, 106), Some((6, 5000)));
+        assert_eq!(w.lookup(1, 104), at(4, 10));
+        assert_eq!(w.lookup(1, 106), at(6, 5000));
     }
 
     #[test]
     fn cap_bounds_memory_even_for_young_sends() {
         let mut w = DedupWindow::default();
         for id in 1..=100 {
-            w.insert(id, 2, id, 10, LIMITS, false);
+            w.insert(id, 2, id, 10, Keyed::Message, LIMITS, false);
         }
         assert_eq!(w.len(), 5);
         assert_eq!(w.lookup(2, 95), None);
-        assert_eq!(w.lookup(2, 96), Some((96, 10)));
+        assert_eq!(w.lookup(2, 96), at(96, 10));
     }
 
     #[test]
     fn over_the_node_budget_a_window_keeps_only_its_minimum() {
         let mut w = DedupWindow::default();
         for id in 1..=5 {
-            w.insert(id, 1, id, 10, LIMITS, false);
+            w.insert(id, 1, id, 10, Keyed::Message, LIMITS, false);
         }
         assert_eq!(w.len(), 5, "young sends are kept up to the cap");
-        w.insert(6, 1, 6, 10, LIMITS, true);
+        w.insert(6, 1, 6, 10, Keyed::Message, LIMITS, true);
         assert_eq!(w.len(), 3, "the last `sends` sends, however young");
-        assert_eq!(w.lookup(1, 4), Some((4, 10)));
+        assert_eq!(w.lookup(1, 4), at(4, 10));
         assert_eq!(w.lookup(1, 3), None);
     }
 

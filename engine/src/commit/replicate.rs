@@ -179,14 +179,11 @@ impl Engine {
                         .expect("invariant: verified records");
                     let over = budget.entries() >= self.shared.ctx.config.dedup_entries_total_max;
                     let before = assign.dedup.len();
-                    assign.dedup.insert(
-                        h.msg_id,
-                        h.sender_id,
-                        h.client_msg_id,
-                        h.timestamp_ms,
-                        limits,
-                        over,
-                    );
+                    // As the leader's send path remembered it: its kind
+                    // and target too (a gap without a key).
+                    assign
+                        .dedup
+                        .remember(&h, &rest[..h.record_len as usize], limits, over);
                     budget.resized(before, assign.dedup.len());
                     assign.last_id = h.msg_id;
                     assign.last_timestamp_ms = assign.last_timestamp_ms.max(h.timestamp_ms);

@@ -412,3 +412,42 @@ fn read_rounds_bounds_bytes_and_reports_compacted_and_unwritten_rounds() {
     a.create_group(7).unwrap();
     assert_eq!(a.read_rounds(5, 5, usize::MAX).unwrap()[0].round_index, 5);
 }
+
+/// The dedup window a follower builds from replicated rounds remembers
+/// what each key was used for, as the leader's send path did: after a
+/// failover the new leader refuses a key reused for another request
+/// (`KeyReused`) exactly as the old one would, and answers a true
+/// retransmit of a replicated recall as a duplicate.
+#[test]
+fn a_follower_remembers_what_each_replicated_key_was_for() {
+    use crate::{Change, ChangeRequest};
+    let da = tempfile::tempdir().unwrap();
+    let db = tempfile::tempdir().unwrap();
+    let a = Engine::open(config(da.path())).unwrap();
+    a.create_group(5).unwrap();
+    a.append(5, 42, 1, b"one").unwrap();
+    a.append(5, 42, 2, b"two").unwrap();
+    let recall = |client_msg_id, target| ChangeRequest {
+        group_id: 5,
+        sender_id: 42,
+        client_msg_id,
+        target,
+        change: Change::Recall,
+        admin: false,
+    };
+    assert_eq!(a.change(&recall(3, 1)).unwrap().msg_id, 3);
+    let b = Engine::open(config(db.path())).unwrap();
+    catch_up(&a, &b);
+    let reused = |r: crate::Result<crate::Appended>| match r {
+        Err(Error::KeyReused { msg_id, .. }) => msg_id,
+        other => panic!("not KeyReused: {other:?}"),
+    };
+    for e in [&a, &b] {
+        assert_eq!(reused(e.change(&recall(2, 1))), 2, "a send's key");
+        assert_eq!(reused(e.append(5, 42, 3, b"m")), 3, "a recall's key");
+        assert_eq!(reused(e.change(&recall(3, 2))), 3, "another target");
+        let dup = e.change(&recall(3, 1)).unwrap();
+        assert_eq!((dup.msg_id, dup.duplicate), (3, true));
+    }
+    assert_eq!(b.head(5).unwrap(), 3);
+}

@@ -228,6 +228,14 @@ pub struct JournalDump {
     pub stop: Option<(u64, String)>,
 }
 
+/// The engine's data directory inside a replica set member's directory
+/// (`serve --cluster-*`: `engine/` beside `raft/`, cluster.md section 2),
+/// if `path` is one.
+pub fn member_engine(path: &Path) -> Option<PathBuf> {
+    let engine = path.join("engine");
+    (path.join("raft").is_dir() && crate::state::format::path(&engine).is_file()).then_some(engine)
+}
+
 impl DataDir {
     /// Opens `path` read-only: refuses a directory that is not a tidemark
     /// data directory of this format, and one a running node holds (its
@@ -241,11 +249,9 @@ impl DataDir {
             ));
         }
         if crate::state::format::check(&*vfs, path)? == crate::state::format::Found::Empty {
-            return Err(Error::Corrupt {
-                path: crate::state::format::path(path),
-                group: None,
-                offset: 0,
-                reason: "not a tidemark data directory (no FORMAT and no data)".into(),
+            return Err(Error::NotADataDir {
+                path: path.to_owned(),
+                member_engine: member_engine(path),
             });
         }
         let lock = lock(path)?;
@@ -597,7 +603,8 @@ fn lock(data_dir: &Path) -> Result<Option<File>> {
     // SAFETY: flock on a valid open descriptor; no memory is shared.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {
-        return Err(Error::Locked { path });
+        let holder = crate::state::recovery::lock_holder(&path);
+        return Err(Error::Locked { path, holder });
     }
     Ok(Some(file))
 }

@@ -123,8 +123,10 @@ pub(crate) fn check(vfs: &dyn Vfs, data_dir: &Path) -> Result<Found> {
         detail: format!(
             "{}: this directory was written by tidemark 0.1 (storage format 1), which this \
              build does not convert. The directory was not opened and nothing was written to \
-             it: open it with tidemark 0.1, or start this build on an empty directory",
-            seen.join(", ")
+             it: open it with a tidemark 0.1.x release (the only releases that read storage \
+             format 1; this build is tidemark {}), or start this build on an empty directory",
+            seen.join(", "),
+            env!("CARGO_PKG_VERSION")
         ),
     })
 }

@@ -158,13 +158,31 @@ pub(crate) fn lock_data_dir(vfs: &dyn Vfs, data_dir: &Path) -> Result<File> {
         // SAFETY: flock on a valid open descriptor; no memory is shared.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc == 0 {
+            name_holder(&file);
             return Ok(file);
         }
         if std::time::Instant::now() >= deadline {
-            return Err(Error::Locked { path });
+            let holder = lock_holder(&path);
+            return Err(Error::Locked { path, holder });
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+}
+
+/// Writes this process's id into the `LOCK` file it holds, so that a
+/// process refused the lock can say who holds it (storage.md section 2,
+/// "LOCK"). Best effort: the id only informs; the lock is the `flock`.
+fn name_holder(mut file: &File) {
+    use std::io::{Seek, Write};
+    let _ = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()));
+}
+
+/// The process id a `LOCK` file names, if it names one.
+pub(crate) fn lock_holder(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// How long a held data-directory lock is waited for.

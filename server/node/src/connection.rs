@@ -639,19 +639,7 @@ impl Session {
         // handshake, the node's own reports and UNSUBSCRIBE (the
         // connection's own state) are served by every node.
         if let Some(gate) = ctx.leadership {
-            let node_level = matches!(
-                req,
-                Request::Hello { .. }
-                    | Request::Auth { .. }
-                    | Request::Ping
-                    | Request::Unsubscribe
-                    | Request::Cluster
-                    | Request::ClusterMap
-                    | Request::Stats
-                    | Request::Info
-                    | Request::SlowLog { .. }
-            );
-            if !node_level {
+            if !req.opcode().served_by_every_member() {
                 if let Some(refusal) = gate.refusal() {
                     return Ok(answer(handlers::not_leader(id, &refusal)));
                 }
@@ -662,6 +650,18 @@ impl Session {
         // round (`hold_for_cursors`).
         let moves_cursor = matches!(req, Request::Ack { .. } | Request::BatchAck { .. })
             || matches!(req, Request::Pull { ack_up_to, .. } if ack_up_to > 0);
+        // Refused at once, not run, while `requests_in_flight_max` are in
+        // flight: every request that may stay in flight (even a PULL that
+        // would not wait), and only those (format-spec/protocol.md 1.5).
+        let max = ctx.limits.requests_in_flight_max;
+        if req.opcode().in_flight().is_limited() && self.in_flight >= max {
+            return Ok(answer(handlers::error(
+                id,
+                ErrorCode::TooManyRequestsInFlight,
+                Some(u64::from(max)),
+                "too many requests in flight",
+            )));
+        }
         let result = match req {
             Request::Hello {
                 min_version,
@@ -727,31 +727,23 @@ impl Session {
                 return Ok(answer(handlers::unsubscribed(id)));
             }
             Request::CreateGroup { group } => {
-                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
-                    handlers::create_group(ctx, group)
-                })
+                self.counted_in_flight(|| handlers::create_group(ctx, group))
             }
             Request::DeleteGroup { group } => {
-                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
-                    handlers::delete_group(ctx, group)
-                })
+                self.counted_in_flight(|| handlers::delete_group(ctx, group))
             }
             Request::Join { group, user, start } => {
-                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
-                    handlers::join(ctx, group, user, start)
-                })
+                self.counted_in_flight(|| handlers::join(ctx, group, user, start))
             }
             Request::Leave { group, user } => {
-                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
-                    handlers::leave(ctx, group, user)
-                })
+                self.counted_in_flight(|| handlers::leave(ctx, group, user))
             }
             Request::SetRetention {
                 group,
                 by_cursor,
                 max_age_ms,
                 max_bytes,
-            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+            } => self.counted_in_flight(|| {
                 let policy = RetentionPolicy {
                     by_cursor,
                     max_age_ms,
@@ -760,16 +752,14 @@ impl Session {
                 handlers::set_retention(ctx, group, policy)
             }),
             Request::ClearHistory { group, user, up_to } => {
-                self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
-                    handlers::clear_history(ctx, group, user, up_to)
-                })
+                self.counted_in_flight(|| handlers::clear_history(ctx, group, user, up_to))
             }
             Request::Send {
                 group,
                 sender,
                 client_msg_id,
                 payload,
-            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+            } => self.counted_in_flight(|| {
                 handlers::send(ctx, id, group, sender, client_msg_id, payload)
             }),
             Request::HistoryLatest {
@@ -785,7 +775,7 @@ impl Session {
                 sender,
                 client_msg_id,
                 target,
-            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+            } => self.counted_in_flight(|| {
                 handlers::change(
                     ctx,
                     id,
@@ -802,7 +792,7 @@ impl Session {
                 client_msg_id,
                 target,
                 payload,
-            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+            } => self.counted_in_flight(|| {
                 let change = Change::Edit(payload);
                 handlers::change(ctx, id, group, sender, client_msg_id, target, change)
             }),
@@ -813,7 +803,7 @@ impl Session {
                 max_count,
                 max_bytes,
                 wait_ms,
-            } => self.in_flight_limited(ctx.limits.requests_in_flight_max, id, || {
+            } => self.counted_in_flight(|| {
                 handlers::pull(
                     ctx, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
                 )
@@ -941,23 +931,12 @@ impl Session {
     }
 
     /// Runs a request that may stay in flight (format-spec/protocol.md
-    /// 1.5): refused at once, not run, while `requests_in_flight_max` are in
-    /// flight (even a PULL that would not wait); counted in flight when it
-    /// parks or waits.
-    fn in_flight_limited(
+    /// 1.5; the limit was checked before, `Opcode::in_flight`): counted in
+    /// flight when it parks or waits.
+    fn counted_in_flight(
         &mut self,
-        max: u32,
-        id: u64,
         run: impl FnOnce() -> Result<Action, EngineError>,
     ) -> Result<Action, EngineError> {
-        if self.in_flight >= max {
-            return Ok(answer(handlers::error(
-                id,
-                ErrorCode::TooManyRequestsInFlight,
-                Some(max as u64),
-                "too many requests in flight",
-            )));
-        }
         let action = run()?;
         match &action {
             Action::Park(parked) => self.park(parked.barrier()),
@@ -1016,7 +995,7 @@ impl Session {
             Ok(out) => {
                 for &g in groups {
                     if self.sub_receipts.insert((g, sender)) {
-                        ctx.receipts.add(ctx.engine, ctx.conn, sender, g);
+                        ctx.receipts.add(ctx.conn, sender, g);
                     }
                 }
                 out

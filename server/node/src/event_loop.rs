@@ -1435,7 +1435,11 @@ impl EventLoop {
     }
 
     fn stats_reply(&self, request_id: u64) -> Outgoing {
-        handlers::stats(request_id, &self.figures())
+        handlers::stats(
+            request_id,
+            &self.figures(),
+            self.config.limits.frame_bytes_max,
+        )
     }
 
     /// Re-registers the connection for what it wants, or closes it.

@@ -21,8 +21,8 @@ use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
     encode_response_head, AckItem, BatchAckResult, ErrorCode, ErrorResponse, GroupInfo,
     HelloResponse, JoinStart, MemberEntry, RecordsLen, Response, ResyncScope, RetentionPolicy,
-    Stat, Subscription, SyncGroup, UnreadEntry, MEMBERS_RESPONSE_FIXED_BYTES, MEMBER_ENTRY_BYTES,
-    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, READERS_RESPONSE_FIXED_BYTES,
+    Stat, Subscription, SyncGroup, UnreadEntry, FRAME_HEADER_BYTES, MEMBERS_RESPONSE_FIXED_BYTES,
+    MEMBER_ENTRY_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, READERS_RESPONSE_FIXED_BYTES,
     RECORDS_RESPONSE_OVERHEAD_BYTES, SYNC_GROUP_BYTES,
 };
 
@@ -319,7 +319,7 @@ impl Ctx<'_> {
     /// Reports the cursor an ACK left if it moved from `before`.
     fn report_move(&mut self, group: u64, user: u64, before: Option<u64>, after: u64) {
         if before.is_some_and(|b| after > b) {
-            self.receipts.moved(group, user, after);
+            self.receipts.moved(self.engine, group, user, after);
         }
     }
 }
@@ -412,9 +412,11 @@ pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
         }
         EngineError::LimitExceeded { max, .. } => (ErrorCode::LimitExceeded, Some(*max as u64)),
         EngineError::ChangeRefused { why, .. } => (ErrorCode::ChangeRefused, Some(why.code())),
+        EngineError::KeyReused { msg_id, .. } => (ErrorCode::KeyReused, Some(*msg_id)),
         EngineError::Io { .. }
         | EngineError::Locked { .. }
         | EngineError::InvalidConfig { .. }
+        | EngineError::NotADataDir { .. }
         | EngineError::UnsupportedFormat { .. }
         // Replication errors: no request of the client protocol reaches them.
         | EngineError::RoundCompacted { .. }
@@ -861,7 +863,7 @@ pub fn ack(
     let ack = ctx.engine.ack_move(group, user, msg_id)?;
     if ack.moved {
         // One hash lookup when nobody watches the group.
-        ctx.receipts.moved(group, user, ack.cursor);
+        ctx.receipts.moved(ctx.engine, group, user, ack.cursor);
     }
     let cursor = ack.cursor;
     Ok(reply(request_id, &Response::Ack { cursor }, Vec::new(), 0))
@@ -1136,14 +1138,39 @@ pub fn group_info(ctx: &Ctx<'_>, request_id: u64, group: u64) -> Result<Outgoing
 }
 
 /// STATS (4.4): the node's figures, as `Stats::report` lists them.
-pub fn stats(request_id: u64, figures: &[(String, u64)]) -> Outgoing {
-    let list: Vec<Stat<'_>> = figures
+///
+/// The answer always fits `frame_bytes_max` (format-spec/protocol.md
+/// 4.4): the `limits.*` and `server.*` names come first (they fit the
+/// smallest legal frame, `FRAME_BYTES_MAX_FLOOR`: a client can always
+/// read the limits it runs under), then the others in report order while
+/// they fit; `server.stats_omitted` says how many were left out.
+pub fn stats(request_id: u64, figures: &[(String, u64)], frame_bytes_max: u32) -> Outgoing {
+    let first = |name: &str| name.starts_with("limits.") || name.starts_with("server.");
+    let ordered = figures
         .iter()
-        .map(|(name, value)| Stat {
+        .filter(|(name, _)| first(name))
+        .chain(figures.iter().filter(|(name, _)| !first(name)));
+    // The length prefix, the header and the list's count, then per name
+    // its string and its value.
+    let entry_bytes = |name: &str| 4 + name.len() + 8;
+    let room = (frame_bytes_max as usize + 4).saturating_sub(FRAME_HEADER_BYTES + 4);
+    let mut used = 0;
+    let mut omitted = 0u64;
+    let mut list: Vec<Stat<'_>> = Vec::with_capacity(figures.len());
+    for (name, value) in ordered {
+        if used + entry_bytes(name) > room && !first(name) {
+            omitted += 1;
+            continue;
+        }
+        used += entry_bytes(name);
+        list.push(Stat {
             name,
             value: *value,
-        })
-        .collect();
+        });
+    }
+    if let Some(s) = list.iter_mut().find(|s| s.name == "server.stats_omitted") {
+        s.value = omitted;
+    }
     reply(request_id, &Response::Stats(list), Vec::new(), 0)
 }
 
@@ -1691,7 +1718,7 @@ mod tests {
             .map(|b| u8::from_str_radix(b, 16).unwrap())
             .collect();
         assert_eq!(out.head, vector);
-        assert_eq!(SERVER_NAME, "tidemark/0.1");
+        assert_eq!(SERVER_NAME, "tidemark/0.2");
     }
 
     /// Issue 11 item 17: HISTORY with `max_count` 0 returns no records and

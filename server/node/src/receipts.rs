@@ -23,8 +23,10 @@
 //! `RECENT_SENDS_MAX` read counts (the engine's tree: O(log) each) per
 //! distinct sender. Never a walk over a group's members, nor over groups
 //! nothing happened in. The mode is decided per interval from the member
-//! count (O(1)), at the first subscription and after each flush, so an ACK
-//! never looks at the member count.
+//! count (O(1)) when the interval begins, by the first cursor move after
+//! the previous flush: one look per interval, never one per ACK. (Deciding
+//! it at the previous flush instead kept a mode the group had left: a group
+//! that grew while nothing moved got a list of members for its next moves.)
 //!
 //! Invariants: a group has an entry iff some connection holds a receipt
 //! subscription to it; `recent` has a `(group, sender)` entry iff some
@@ -52,7 +54,7 @@ struct Watched<C> {
     /// Connection → the senders it subscribed with to this group.
     subs: HashMap<C, BTreeSet<u64>>,
     /// This interval's mode: the group had more than `receipt_members_max`
-    /// members when it began.
+    /// members when it began (its first move). Meaningless while not due.
     counts_only: bool,
     /// List mode: members whose cursor moved this interval, latest cursor.
     moved: BTreeMap<u64, u64>,
@@ -108,11 +110,10 @@ impl<C: Copy + Eq + Hash + Ord> Receipts<C> {
 
     /// Adds `conn`'s subscription to the receipts of `group` with `sender`.
     /// True if it is new.
-    pub fn add(&mut self, engine: &Engine, conn: C, sender: u64, group: u64) -> bool {
-        let members_max = self.members_max;
+    pub fn add(&mut self, conn: C, sender: u64, group: u64) -> bool {
         let w = self.groups.entry(group).or_insert_with(|| Watched {
             subs: HashMap::new(),
-            counts_only: counts_only(engine, group, members_max),
+            counts_only: false,
             moved: BTreeMap::new(),
             due: false,
         });
@@ -145,21 +146,23 @@ impl<C: Copy + Eq + Hash + Ord> Receipts<C> {
     }
 
     /// A member's cursor in `group` moved to `cursor` (an ACK, a BATCH_ACK
-    /// item or a PULL's `ack_up_to` that moved it).
-    pub fn moved(&mut self, group: u64, user: u64, cursor: u64) {
+    /// item or a PULL's `ack_up_to` that moved it). The first move after a
+    /// flush begins the group's interval and decides its mode.
+    pub fn moved(&mut self, engine: &Engine, group: u64, user: u64, cursor: u64) {
         let Some(w) = self.groups.get_mut(&group) else {
             return;
         };
-        if !w.counts_only {
-            let c = w.moved.entry(user).or_insert(cursor);
-            *c = (*c).max(cursor);
-        }
         if !w.due {
             w.due = true;
+            w.counts_only = counts_only(engine, group, self.members_max);
             self.due.push(group);
             if self.deadline.is_none() {
                 self.deadline = Some(Instant::now() + self.interval);
             }
+        }
+        if !w.counts_only {
+            let c = w.moved.entry(user).or_insert(cursor);
+            *c = (*c).max(cursor);
         }
     }
 
@@ -179,8 +182,8 @@ impl<C: Copy + Eq + Hash + Ord> Receipts<C> {
     }
 
     /// The receipts due by `now`: the frames to send, or nothing if the
-    /// interval has not ended. Then each flushed group's mode for the next
-    /// interval is decided from its member count.
+    /// interval has not ended. Each group's frames are in the mode its
+    /// interval began with.
     pub fn flush(&mut self, engine: &Engine, now: Instant) -> Vec<ReceiptFrame<C>> {
         if self.deadline.is_none_or(|d| d > now) {
             return Vec::new();
@@ -249,7 +252,6 @@ impl<C: Copy + Eq + Hash + Ord> Receipts<C> {
                     });
                 }
             }
-            w.counts_only = counts_only(engine, group, self.members_max);
         }
         out
     }
@@ -288,13 +290,13 @@ mod tests {
             e.join(1, u, JoinStart::Head).unwrap();
         }
         let mut r: Receipts<u32> = Receipts::new(Duration::ZERO, 5, 1 << 20);
-        assert!(r.add(&e, 7, 10, 1));
-        assert!(r.add(&e, 8, 10, 1));
-        assert!(!r.add(&e, 8, 10, 1));
-        r.moved(1, 11, 3);
-        r.moved(1, 11, 5);
-        r.moved(1, 12, 2);
-        r.moved(2, 12, 2); // not watched
+        assert!(r.add(7, 10, 1));
+        assert!(r.add(8, 10, 1));
+        assert!(!r.add(8, 10, 1));
+        r.moved(&e, 1, 11, 3);
+        r.moved(&e, 1, 11, 5);
+        r.moved(&e, 1, 12, 2);
+        r.moved(&e, 2, 12, 2); // not watched
         let frames = r.flush(&e, Instant::now());
         assert_eq!(frames.len(), 1);
         assert_eq!(frames[0].to, [7, 8]);
@@ -321,7 +323,7 @@ mod tests {
         assert!(r.watches(1));
         r.remove(8, [(1, 10)]);
         assert!(!r.watches(1));
-        r.moved(1, 11, 6);
+        r.moved(&e, 1, 11, 6);
         assert!(r.flush(&e, Instant::now()).is_empty());
     }
 
@@ -334,7 +336,7 @@ mod tests {
             e.join(1, u, JoinStart::Head).unwrap();
         }
         let mut r: Receipts<u32> = Receipts::new(Duration::ZERO, 3, 1 << 20);
-        r.add(&e, 7, 1, 1);
+        r.add(7, 1, 1);
         let mut ids = Vec::new();
         for i in 0..(RECENT_SENDS_MAX as u64 + 2) {
             let id = e.append(1, 9, i + 1, b"x").unwrap().msg_id;
@@ -344,7 +346,7 @@ mod tests {
         r.sent(1, 2, ids[0]); // no subscription names sender 2
         r.sent(1, 1, ids[3]); // a retransmit's answer: already listed
         e.ack(1, 2, ids[5]).unwrap();
-        r.moved(1, 2, ids[5]);
+        r.moved(&e, 1, 2, ids[5]);
         let frames = r.flush(&e, Instant::now());
         assert_eq!(frames.len(), 1);
         let Response::ReceiptCounts {
@@ -367,29 +369,48 @@ mod tests {
         assert_eq!(counts, want);
     }
 
+    /// Each interval's mode is the member count's when the interval
+    /// begins (its first move), both ways; members who joined or left
+    /// while nothing moved count at once. Before, the mode decided at the
+    /// previous flush stayed: a group that grew while nothing moved got a
+    /// RECEIPT for its next move.
     #[test]
-    fn the_mode_follows_the_member_count_from_one_interval_to_the_next() {
+    fn the_mode_is_the_member_count_when_the_interval_begins() {
         let dir = tempfile::tempdir().unwrap();
         let e = engine(dir.path());
         e.create_group(1).unwrap();
-        e.join(1, 1, JoinStart::Head).unwrap();
-        let id = e.append(1, 1, 1, b"x").unwrap().msg_id;
+        e.join(1, 1, JoinStart::Earliest).unwrap();
+        let id = e.append(1, 9, 1, b"x").unwrap().msg_id;
         let mut r: Receipts<u32> = Receipts::new(Duration::ZERO, 1, 1 << 20);
-        r.add(&e, 7, 1, 1);
-        r.sent(1, 1, id);
-        e.join(1, 2, JoinStart::Head).unwrap(); // now above the threshold
-        r.moved(1, 1, id);
-        let frames = r.flush(&e, Instant::now());
-        assert!(matches!(
-            decoded(&frames[0].frame),
-            Response::Receipt { .. }
-        ));
-        r.moved(1, 2, id);
-        let frames = r.flush(&e, Instant::now());
-        assert!(matches!(
-            decoded(&frames[0].frame),
-            Response::ReceiptCounts { .. }
-        ));
+        r.add(7, 9, 1);
+        r.sent(1, 9, id);
+        let is_list = |f: &[ReceiptFrame<u32>]| match decoded(&f[0].frame) {
+            Response::Receipt { .. } => true,
+            Response::ReceiptCounts { .. } => false,
+            other => panic!("{other:?}"),
+        };
+        e.ack(1, 1, id).unwrap();
+        r.moved(&e, 1, 1, id);
+        assert!(is_list(&r.flush(&e, Instant::now())), "1 member: list");
+        // A member joins while nothing moves: the next interval counts.
+        e.join(1, 2, JoinStart::Earliest).unwrap();
+        e.ack(1, 2, id).unwrap();
+        r.moved(&e, 1, 2, id);
+        assert!(!is_list(&r.flush(&e, Instant::now())), "2 members: counts");
+        // A member leaves while nothing moves: the next interval lists.
+        e.leave(1, 1).unwrap();
+        let id2 = e.append(1, 9, 2, b"y").unwrap().msg_id;
+        e.ack(1, 2, id2).unwrap();
+        r.moved(&e, 1, 2, id2);
+        assert!(is_list(&r.flush(&e, Instant::now())), "1 member: list");
+        // A join inside an interval does not change it.
+        let id3 = e.append(1, 9, 3, b"z").unwrap().msg_id;
+        e.ack(1, 2, id3).unwrap();
+        r.moved(&e, 1, 2, id3);
+        e.join(1, 3, JoinStart::Earliest).unwrap();
+        e.ack(1, 3, id).unwrap();
+        r.moved(&e, 1, 3, id);
+        assert!(is_list(&r.flush(&e, Instant::now())), "began with 1");
     }
 
     #[test]
@@ -399,9 +420,9 @@ mod tests {
         e.create_group(1).unwrap();
         let per_frame = (4096 - RECEIPT_FIXED_BYTES) / MEMBER_ENTRY_BYTES;
         let mut r: Receipts<u32> = Receipts::new(Duration::from_secs(3600), 1 << 20, 4096);
-        r.add(&e, 7, 1, 1);
+        r.add(7, 1, 1);
         for u in 0..(per_frame as u64 + 1) {
-            r.moved(1, u + 1, 1);
+            r.moved(&e, 1, u + 1, 1);
         }
         assert!(r.flush(&e, Instant::now()).is_empty());
         let deadline = r.deadline().unwrap();

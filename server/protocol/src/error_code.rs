@@ -54,6 +54,11 @@ pub enum ErrorCode {
     /// passed, no such message, recalled already). Detail: which rule
     /// (format-spec/protocol.md 4.28).
     ChangeRefused,
+    /// The idempotence key `(sender, client_msg_id)` of a SEND, RECALL or
+    /// EDIT names an earlier request of another kind (or a change of
+    /// another target) in the group's dedup window; nothing was stored.
+    /// Detail: that request's msg_id (format-spec/protocol.md 4.9, 4.28).
+    KeyReused,
     /// The group's files failed verification; the group answers this until
     /// it is repaired. Other groups are unaffected.
     GroupDamaged,
@@ -74,7 +79,8 @@ pub enum ErrorCode {
     /// A replica set's leader refused a membership change (CLUSTER_CHANGE);
     /// nothing was changed, except for detail 5. Detail: 1 another change
     /// is under way, 2 the node id is already a member (with other
-    /// addresses) or 0, 3 the node id is not a member, 4 refused (the last
+    /// addresses; an id of 0 is a malformed frame, never this), 3 the node
+    /// id is not a member, 4 refused (the last
     /// voter, the leader itself, a bad address, not a replica set), 5
     /// interrupted (leadership lost before it applied: it may happen; ask
     /// again) (format-spec/protocol.md 4.34).
@@ -86,7 +92,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every defined code, in wire order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::BadFrame,
         ErrorCode::UnsupportedVersion,
         ErrorCode::Unauthenticated,
@@ -102,6 +108,7 @@ impl ErrorCode {
         ErrorCode::BelowRetentionFloor,
         ErrorCode::LimitExceeded,
         ErrorCode::ChangeRefused,
+        ErrorCode::KeyReused,
         ErrorCode::GroupDamaged,
         ErrorCode::WritesStopped,
         ErrorCode::Internal,
@@ -128,6 +135,7 @@ impl ErrorCode {
             ErrorCode::BelowRetentionFloor => 15,
             ErrorCode::LimitExceeded => 16,
             ErrorCode::ChangeRefused => 17,
+            ErrorCode::KeyReused => 18,
             ErrorCode::GroupDamaged => 20,
             ErrorCode::WritesStopped => 21,
             ErrorCode::Internal => 22,
@@ -180,6 +188,7 @@ impl ErrorCode {
             ErrorCode::BelowRetentionFloor => "BELOW_RETENTION_FLOOR",
             ErrorCode::LimitExceeded => "LIMIT_EXCEEDED",
             ErrorCode::ChangeRefused => "CHANGE_REFUSED",
+            ErrorCode::KeyReused => "KEY_REUSED",
             ErrorCode::GroupDamaged => "GROUP_DAMAGED",
             ErrorCode::WritesStopped => "WRITES_STOPPED",
             ErrorCode::Internal => "INTERNAL",

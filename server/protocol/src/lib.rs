@@ -37,7 +37,7 @@ pub use frame::{
     Frame, FrameDecoder, FrameError, FrameHeader, FRAME_BYTES_MAX_DEFAULT, FRAME_BYTES_MAX_FLOOR,
     FRAME_HEADER_BYTES,
 };
-pub use opcode::{FrameKind, Opcode};
+pub use opcode::{FrameKind, InFlight, Opcode};
 pub use records::{
     RecordIter, RecordView, Records, RecordsError, RecordsLen, RecordsSection, FLAG_EDITED,
     FLAG_RECALLED, KIND_EDIT, KIND_GAP, KIND_MESSAGE, KIND_RECALL, TARGET_BYTES,

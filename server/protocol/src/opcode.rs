@@ -120,6 +120,44 @@ impl Opcode {
         }
     }
 
+    /// Whether and how the request may stay **in flight**, held
+    /// unanswered after it was handled (format-spec/protocol.md 1.4 and
+    /// 1.5, one table): the requests that may are the ones
+    /// `requests_in_flight_max` refuses when that many are in flight.
+    pub const fn in_flight(self) -> InFlight {
+        match self {
+            Opcode::Send | Opcode::Recall | Opcode::Edit => InFlight::ParksAsSend,
+            Opcode::CreateGroup
+            | Opcode::DeleteGroup
+            | Opcode::Join
+            | Opcode::Leave
+            | Opcode::SetRetention
+            | Opcode::ClearHistory => InFlight::ParksAsOperation,
+            Opcode::Pull => InFlight::LongPoll,
+            _ => InFlight::Never,
+        }
+    }
+
+    /// Served by every member of a replica set, a follower too: the
+    /// connection's handshake, the node's own reports and the connection's
+    /// own state (format-spec/protocol.md 4.31, cluster.md section 5.1).
+    /// Every other request is refused with NOT_LEADER by a member that is
+    /// not the leader with its writes gate open.
+    pub const fn served_by_every_member(self) -> bool {
+        matches!(
+            self,
+            Opcode::Hello
+                | Opcode::Auth
+                | Opcode::Ping
+                | Opcode::Stats
+                | Opcode::Info
+                | Opcode::SlowLog
+                | Opcode::Cluster
+                | Opcode::ClusterMap
+                | Opcode::Unsubscribe
+        )
+    }
+
     /// The request's opcode byte.
     pub const fn request_byte(self) -> u8 {
         self as u8
@@ -171,6 +209,41 @@ impl Opcode {
             Opcode::Subscribe => "SUBSCRIBE",
             Opcode::Unsubscribe => "UNSUBSCRIBE",
             Opcode::SubscribeReceipts => "SUBSCRIBE_RECEIPTS",
+        }
+    }
+}
+
+/// How a request may stay in flight (format-spec/protocol.md 1.4, 1.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InFlight {
+    /// Answered while it is handled: never in flight on a single node, and
+    /// never refused by `requests_in_flight_max`.
+    Never,
+    /// In flight until its commit round is durable; while parked, only
+    /// SEND-like requests and PING start behind it.
+    ParksAsSend,
+    /// In flight until its commit round completes; while parked, only PING
+    /// starts behind it.
+    ParksAsOperation,
+    /// In flight while it waits for a message (a long poll); holds nothing
+    /// back.
+    LongPoll,
+}
+
+impl InFlight {
+    /// Refused at once with TOO_MANY_REQUESTS_IN_FLIGHT when the
+    /// connection has `requests_in_flight_max` in flight.
+    pub const fn is_limited(self) -> bool {
+        !matches!(self, InFlight::Never)
+    }
+
+    /// The name of this kind in protocol.md's table of section 1.5.
+    pub const fn spec_name(self) -> &'static str {
+        match self {
+            InFlight::Never => "never",
+            InFlight::ParksAsSend => "parks as a SEND",
+            InFlight::ParksAsOperation => "parks as an operation",
+            InFlight::LongPoll => "long poll",
         }
     }
 }

@@ -101,6 +101,7 @@ const VECTORS: &[(&str, &str)] = &[
     vector!("cluster_change_request"),
     vector!("cluster_change_response"),
     vector!("error_membership_refused"),
+    vector!("error_key_reused"),
     vector!("info_response"),
     vector!("slowlog_request"),
     vector!("slowlog_response"),
@@ -154,7 +155,7 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 frame_bytes_max: 4_194_304,
                 payload_bytes_max: 1_048_576,
                 requests_in_flight_max: 256,
-                server_name: "tidemark/0.1",
+                server_name: "tidemark/0.2",
             }),
         ),
         "auth_request" => Expected::Req(2, Request::Auth { token: b"s3cret" }),
@@ -452,6 +453,16 @@ fn check_vector(name: &str, r: &[Vec<u8>], verify: impl FnOnce(Expected<'_>)) {
                 code: ErrorCode::MembershipRefused,
                 detail: Some(3),
                 message: "node 9 is not a member",
+            }),
+        ),
+        "error_key_reused" => Expected::Resp(
+            19,
+            Response::Error(ErrorResponse {
+                code: ErrorCode::KeyReused,
+                detail: Some(1001),
+                message: "the key (sender 42, client_msg_id 9) names message 1001 of group 7, \
+                          a request of another kind or target; a new request needs a new \
+                          client_msg_id",
             }),
         ),
         "cluster_map_request" => Expected::Req(22, Request::ClusterMap),
@@ -1684,4 +1695,109 @@ fn a_cluster_change_with_a_bad_action_or_a_remove_with_addresses_is_refused() {
     let mut bad = good;
     bad[17] = 0;
     assert!(decode_request(&Frame::parse(&bad).unwrap()).is_err());
+}
+
+/// A section of a format-spec document: from the heading that starts
+/// with `heading` to the next heading of any level.
+fn spec_section(doc: &str, heading: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../format-spec")
+        .join(doc);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let start = text
+        .find(heading)
+        .unwrap_or_else(|| panic!("{doc}: {heading} not found"));
+    let rest = &text[start + heading.len()..];
+    rest[..rest.find("\n#").unwrap_or(rest.len())].to_string()
+}
+
+/// The request opcode of a name as the spec writes it (`SEND`).
+fn opcode_named(name: &str) -> Opcode {
+    Opcode::ALL
+        .iter()
+        .copied()
+        .find(|op| op.name() == name)
+        .unwrap_or_else(|| panic!("{name} is no request"))
+}
+
+/// protocol.md 1.5's one table of requests in flight is the code's
+/// (`Opcode::in_flight`): every request in exactly one row, with the way
+/// it holds back later requests and whether the in-flight limit refuses
+/// it.
+#[test]
+fn the_in_flight_table_of_the_spec_is_the_codes() {
+    let section = spec_section("protocol.md", "### 1.5 Requests in flight");
+    let mut seen = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| ")).skip(1) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (names, holds, refused) = (cells[1], cells[3], cells[4]);
+        for name in names.split(", ") {
+            let op = opcode_named(name);
+            let kind = op.in_flight();
+            assert!(
+                holds.starts_with(kind.spec_name()),
+                "{name}: the spec says {holds:?}, the code {:?}",
+                kind.spec_name()
+            );
+            assert_eq!(
+                refused.starts_with("yes"),
+                kind.is_limited(),
+                "{name}: refused by the limit per the spec: {refused:?}"
+            );
+            seen.push(op);
+        }
+    }
+    for op in Opcode::ALL {
+        assert_eq!(
+            seen.iter().filter(|&&s| s == op).count(),
+            1,
+            "{} in exactly one row",
+            op.name()
+        );
+    }
+}
+
+/// The requests every member of a replica set serves, a follower too, are
+/// the same list in protocol.md 4.31, cluster.md section 5.1 and the code
+/// (`Opcode::served_by_every_member`).
+#[test]
+fn the_requests_a_follower_serves_are_one_list() {
+    let want: Vec<&str> = Opcode::ALL
+        .iter()
+        .filter(|op| op.served_by_every_member())
+        .map(|op| op.name())
+        .collect();
+    for (doc, heading) in [
+        ("protocol.md", "### 4.31 A replica set member"),
+        ("cluster.md", "## 5.1 A node of a replica set"),
+    ] {
+        let section = spec_section(doc, heading);
+        let marker = "Served by every member:";
+        let at = section
+            .find(marker)
+            .unwrap_or_else(|| panic!("{doc}: no {marker:?} list"));
+        let list = &section[at + marker.len()..];
+        let list = &list[..list.find('.').expect("the list ends with a period")];
+        let mut got: Vec<&str> = list
+            .split(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+            .filter(|w| w.len() > 1)
+            .collect();
+        got.sort_unstable();
+        let mut want = want.clone();
+        want.sort_unstable();
+        assert_eq!(got, want, "{doc} {heading}");
+    }
+}
+
+/// CLUSTER_CHANGE's node id 0 is a malformed frame (protocol.md 4.34 and
+/// 1.6, as a group or user id of 0): the decoder refuses it, so
+/// MEMBERSHIP_REFUSED never answers it.
+#[test]
+fn a_cluster_change_of_node_0_is_a_malformed_frame() {
+    let mut bytes = vector_bytes("cluster_change_request");
+    // [16] action u8, [17] node_id u64.
+    bytes[17..25].copy_from_slice(&0u64.to_le_bytes());
+    let frame = Frame::parse(&bytes).unwrap();
+    let e = decode_request(&frame).unwrap_err();
+    assert!(e.to_string().contains("node_id"), "{e}");
 }

@@ -30,6 +30,13 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// Whether `--ops` sets how many operations it measures (W3's and
+    /// receipts' ACKs, W4's queries); the others measure messages
+    /// (`--messages`) or a population.
+    pub fn takes_ops(self) -> bool {
+        matches!(self, Workload::W3 | Workload::W4 | Workload::Receipts)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Workload::W1 => "w1",
@@ -69,8 +76,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "always")]
     pub fsync: String,
     /// Directory in which spawned nodes get their data directories
-    /// (default: the system's temporary directory).
-    #[arg(long)]
+    /// (default: the system's temporary directory). `--data-dir` is a
+    /// deprecated spelling, still accepted.
+    #[arg(long = "data", alias = "data-dir", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Keep a spawned node's data directory after the run (its path is
     /// printed on stderr), to inspect it or time restarts of it.
@@ -99,7 +107,9 @@ pub struct BenchArgs {
     /// measured phase (W2: 100,000; W3: 1,000; W4: 1,000,000).
     #[arg(long)]
     pub messages: Option<u64>,
-    /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000).
+    /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000),
+    /// receipts ACKs (200,000). Refused unless one of those runs: W1 and
+    /// mixed are sized by --messages.
     #[arg(long)]
     pub ops: Option<u64>,
     /// W4: groups per user.

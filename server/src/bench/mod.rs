@@ -97,6 +97,14 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
         }
         None => None,
     };
+    if args.ops.is_some() && !args.workloads().iter().any(|w| w.takes_ops()) {
+        let names: Vec<&str> = args.workloads().iter().map(|w| w.name()).collect();
+        return Err(format!(
+            "--ops sets the measured operations of w3, w4 and receipts, none of which runs \
+             here ({}); size w1, mixed and population with --messages",
+            names.join(", ")
+        ));
+    }
     if args.workloads().contains(&Workload::Population) && !args.spawn {
         return Err(
             "the population workload needs --spawn: it reads the node's memory and data directory, and stops, kills and restarts it"

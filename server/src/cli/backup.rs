@@ -2,9 +2,12 @@
 //! (format-spec/storage.md section 18) written into a new directory `DIR`,
 //! from the node's BACKUP stream (format-spec/protocol.md, BACKUP).
 //!
-//! The copy is a data directory: `tidemark serve --data DIR` restores it
-//! (recovery replays the copied journal prefix). There is no separate
-//! restore command: what it could check before the move, the open checks.
+//! The copy is a data directory: `tidemark serve --data DIR` restores it.
+//! Once every file arrived, the command opens the copy with the engine
+//! (recovery replays the copied journal prefix) and closes it cleanly, so
+//! that the copy is a clean shutdown's directory like a stopped node's:
+//! the offline tools (`ctl verify`, `ctl repair`) take it as it is. There
+//! is no separate restore command: what it could check, that open checks.
 //!
 //! Checks: `DIR` must not exist or be empty; every file name is a relative
 //! path of at most four plain components (no `..`, no absolute path), each
@@ -173,7 +176,7 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::new("output", format!("mkdir {}: {e}", dir.display())))?;
     let started = Instant::now();
     let result = copy(&a, dir);
-    let (end, w) = match result {
+    let (end, w) = match result.and_then(|x| settle(dir).map(|()| x)) {
         Ok(x) => x,
         Err(e) => {
             // Never leave a partial copy that could be served.
@@ -188,6 +191,7 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
         format!(
             "backup of {addr} in {dir}: {files} files, {bytes} bytes in {secs:.2} s ({mib_s:.1} MiB/s)\n\
              checkpoint {ckpt}, journal up to file {jseq} byte {jlen}; writes held for {pause} us\n\
+             the copy was opened once and closed cleanly: ctl verify and ctl repair take it as is\n\
              restore: tidemark serve --data {dir}\n",
             addr = a.conn.addr,
             dir = dir.display(),
@@ -209,8 +213,28 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
             "journal_seq": end.journal_seq,
             "journal_len": end.journal_len,
             "pause_us": end.pause_us,
+            "clean_shutdown": true,
         }),
     )
+}
+
+/// Opens the copy once and closes it cleanly: recovery replays the
+/// copied journal prefix (storage.md section 18), then the engine's clean
+/// shutdown stores a checkpoint with nothing after it. The copy is then a
+/// clean shutdown's directory, as a stopped node leaves one: `ctl verify`
+/// and `ctl repair` take it as it is, and a restore opens it without a
+/// replay. Costs one recovery of the copy (its journal prefix is at most
+/// about `checkpoint_journal_bytes`). A copy that does not open is not a
+/// backup: the caller removes it.
+fn settle(dir: &Path) -> Result<(), CliError> {
+    let fail = |e: tidemark_engine::Error| {
+        CliError::new(
+            "backup",
+            format!("the copy in {} does not open: {e}", dir.display()),
+        )
+    };
+    let engine = tidemark_engine::Engine::open(tidemark_engine::Config::new(dir)).map_err(fail)?;
+    engine.close().map_err(fail)
 }
 
 fn copy(

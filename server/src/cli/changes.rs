@@ -17,8 +17,11 @@ use super::{connect, emit, nonzero, payload, CliError, ConnArgs};
 pub enum ChangeCommand {
     /// Recall a message (delete it for everyone): its sender, or an admin
     /// sender of the node, within the node's change window. Members see a
-    /// recall record, the message shows as recalled, and its payload is
-    /// erased from the node's disk.
+    /// recall record and the message shows as recalled: its payload is
+    /// never served again, at once. The node's checkpoints then erase it
+    /// from every file on its disk, by the fourth checkpoint after the
+    /// recall (about 4 x --checkpoint-interval-ms on a quiet node, sooner
+    /// under load; format-spec/storage.md section 16, item 16).
     Recall(RecallArgs),
     /// Edit a message (its sender, or an admin sender, within the change
     /// window): members see an edit record with the new payload.
@@ -59,12 +62,9 @@ pub struct EditArgs {
     /// Idempotency key; a retransmit must reuse it (default: a fresh one).
     #[arg(long)]
     client_msg_id: Option<u64>,
-    /// The new text. `-` reads it from standard input, as bytes.
-    #[arg(required_unless_present = "payload_file")]
-    message: Option<String>,
-    /// The new payload from this file, in place of MESSAGE.
-    #[arg(long, value_name = "PATH", conflicts_with = "message")]
-    payload_file: Option<std::path::PathBuf>,
+    /// The new payload, as `send` takes it.
+    #[command(flatten)]
+    payload: payload::PayloadArgs,
 }
 
 impl ChangeCommand {
@@ -102,7 +102,7 @@ fn recall(a: RecallArgs) -> Result<(), CliError> {
 }
 
 fn edit(a: EditArgs) -> Result<(), CliError> {
-    let payload = payload::read(a.message.as_deref(), a.payload_file.as_deref())?;
+    let payload = a.payload.read()?;
     let mut c = connect(&a.conn)?;
     let id = a
         .client_msg_id

@@ -3,8 +3,8 @@
 //! `repair`, and `raft-log` for a replica set member's Raft log
 //! (`cli/raft_log.rs`). The reading, checking and repairing is the engine's
 //! (`tidemark_engine::DataDir`, `engine/src/offline/`); this module parses
-//! the command line and prints, as text or (`--json`, for `inspect` and
-//! `dump`) JSON.
+//! the command line and prints, as text or (`--json`, for `inspect`,
+//! `dump` and `verify`) JSON.
 //!
 //! Nothing is written unless `repair` is given `--yes`; without it, repair
 //! prints what it would do. A directory a running node holds (its `LOCK`)
@@ -55,7 +55,7 @@ pub enum CtlCommand {
     /// Check every CRC, every checked invariant of the storage format and
     /// every file the checkpoint names. Exit status 0: clean; 1: damage
     /// (each finding printed with its file and offset); 2: could not check.
-    Verify(DirArgs),
+    Verify(VerifyArgs),
     /// Repair damaged groups: keep every intact record before and after
     /// the damage at its id, write a gap record for each lost id, record
     /// the group again in a new checkpoint; and a lost or damaged journal
@@ -85,6 +85,15 @@ pub struct InspectArgs {
     #[arg(long)]
     pub group: Option<u64>,
     /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub dir: DirArgs,
+    /// Print one JSON object: the findings and the totals.
     #[arg(long)]
     pub json: bool,
 }
@@ -145,12 +154,28 @@ pub fn run(args: CtlArgs) -> ExitCode {
     }
 }
 
+/// Opens `dir` for a command that only reads it; a replica set member's
+/// directory (`engine/` beside `raft/`) is read at its engine's directory,
+/// said on stderr.
+fn open_to_read(dir: &Path) -> Result<DataDir, String> {
+    match tidemark_engine::member_engine(dir) {
+        Some(engine) if !dir.join("FORMAT").exists() => {
+            eprintln!(
+                "tidemark ctl: {} is a replica set member's directory: reading its engine, {}",
+                dir.display(),
+                engine.display()
+            );
+            open(&engine)
+        }
+        _ => open(dir),
+    }
+}
+
+/// Opens `dir` as given (`repair` writes: a member's engine is named
+/// explicitly, never found for it).
 fn open(dir: &Path) -> Result<DataDir, String> {
     DataDir::open(dir).map_err(|e| match e {
-        Error::Locked { .. } => format!(
-            "{e}: a running node holds it (its LOCK file); stop the node first, ctl works on \
-             stopped nodes only"
-        ),
+        Error::Locked { .. } => format!("{e}; ctl works on stopped nodes only"),
         other => other.to_string(),
     })
 }
@@ -161,7 +186,7 @@ pub(super) fn out(text: &str) {
 }
 
 fn inspect(a: InspectArgs) -> Result<u8, String> {
-    let d = open(&a.dir.data)?;
+    let d = open_to_read(&a.dir.data)?;
     let mut i = d.inspect().map_err(|e| e.to_string())?;
     if let Some(g) = a.group {
         i.groups.retain(|x| x.id == g);
@@ -327,7 +352,7 @@ fn distinct_files(extents: &[(u32, u32, u32, u32)]) -> Vec<String> {
 }
 
 fn dump(a: DumpArgs) -> Result<u8, String> {
-    let d = open(&a.dir.data)?;
+    let d = open_to_read(&a.dir.data)?;
     if let Some(which) = &a.journal {
         let seq = match which.as_str() {
             "all" => None,
@@ -459,9 +484,28 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
     })
 }
 
-fn verify(a: DirArgs) -> Result<u8, String> {
-    let d = open(&a.data)?;
+fn verify(a: VerifyArgs) -> Result<u8, String> {
+    let d = open_to_read(&a.dir.data)?;
     let v = d.verify().map_err(|e| e.to_string())?;
+    let status = if v.clean() { EXIT_CLEAN } else { EXIT_DAMAGE };
+    if a.json {
+        let j = json!({
+            "data_dir": a.dir.data.display().to_string(),
+            "clean": v.clean(),
+            "groups": v.groups,
+            "records": v.records,
+            "journal_frames": v.journal_frames,
+            "findings": v.findings.iter().map(|f| json!({
+                "damage": f.damage,
+                "group": f.group,
+                "file": f.file.as_ref().map(|p| p.display().to_string()),
+                "offset": f.offset,
+                "what": f.what,
+            })).collect::<Vec<_>>(),
+        });
+        out(&format!("{j}\n"));
+        return Ok(status);
+    }
     let mut s = String::new();
     for f in &v.findings {
         s.push_str(&format!("{f}\n"));

@@ -44,9 +44,12 @@ pub struct ClusterAddArgs {
     /// The new node's id (not a member yet).
     #[arg(long, value_parser = nonzero)]
     node_id: u64,
-    /// The new node's Raft address (its --cluster-listen), HOST:PORT.
-    #[arg(long, value_name = "ADDR")]
-    raft: String,
+    /// The new node's Raft address, HOST:PORT: what it gives as its own
+    /// `serve --cluster-listen` (the same name everywhere: the cluster
+    /// map's `cluster_listen` key too). `--raft` is a deprecated spelling,
+    /// still accepted.
+    #[arg(long, value_name = "ADDR", alias = "raft")]
+    cluster_listen: String,
     /// The new node's client address (its --listen), HOST:PORT.
     #[arg(long, value_name = "ADDR")]
     client: String,
@@ -79,7 +82,7 @@ enum Done {
 pub fn add(a: ClusterAddArgs) -> Result<(), CliError> {
     let change = MemberChange::Add {
         node_id: a.node_id,
-        cluster_addr: &a.raft,
+        cluster_addr: &a.cluster_listen,
         client_addr: &a.client,
     };
     let what = match change_at_leader(&a.conn, a.wait_ms, change)? {

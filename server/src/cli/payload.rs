@@ -11,9 +11,39 @@
 //! anything is sent.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
 
 use super::CliError;
+
+/// The payload arguments of `send` and `edit`, one definition for both.
+#[derive(Args, Debug)]
+pub struct PayloadArgs {
+    /// The message text: every word after the options, joined by single
+    /// spaces (`see you at 6`; quote it to keep other spacing). `-` alone
+    /// reads the payload from standard input instead, as bytes (a
+    /// trailing newline is part of it); to send a literal `-`, pipe it
+    /// (`printf -- - | tidemark send ... -`) or use --payload-file.
+    #[arg(
+        value_name = "MESSAGE",
+        num_args = 1..,
+        required_unless_present = "payload_file"
+    )]
+    message: Vec<String>,
+    /// This file's bytes as the payload, in place of MESSAGE (up to the
+    /// node's --payload-bytes-max).
+    #[arg(long, value_name = "PATH", conflicts_with = "message")]
+    payload_file: Option<PathBuf>,
+}
+
+impl PayloadArgs {
+    /// The payload the arguments name.
+    pub fn read(&self) -> Result<Vec<u8>, CliError> {
+        let text = (!self.message.is_empty()).then(|| self.message.join(" "));
+        read(text.as_deref(), self.payload_file.as_deref())
+    }
+}
 
 /// The largest payload any node accepts: `payload_bytes_max` is at most
 /// 1 GiB less the 44-byte record header (format-spec/storage.md, the

@@ -42,12 +42,12 @@ pub struct RetentionArgs {
     by_cursor: bool,
     /// Drop messages older than this: a number with a unit, ms, s, m, h or
     /// d (`7d`); a bare number is milliseconds.
-    #[arg(long, value_parser = parse_age_ms, value_name = "AGE")]
+    #[arg(long, value_parser = crate::units::parse_ms, value_name = "AGE")]
     max_age: Option<u64>,
     /// Drop the oldest messages while the group's stored messages take
     /// more than this: a number with a unit, B, KiB, MiB or GiB (`1GiB`);
     /// a bare number is bytes.
-    #[arg(long, value_parser = parse_bytes, value_name = "SIZE")]
+    #[arg(long, value_parser = crate::units::parse_bytes, value_name = "SIZE")]
     max_bytes: Option<u64>,
 }
 
@@ -133,71 +133,4 @@ fn clear_history(a: ClearHistoryArgs) -> Result<(), CliError> {
             "cursor": cursor,
         }),
     )
-}
-
-/// `7d`, `12h`, `30m`, `10s`, `250ms` or a bare number of milliseconds.
-fn parse_age_ms(s: &str) -> Result<u64, String> {
-    with_unit(
-        s,
-        &[
-            ("ms", 1),
-            ("s", 1_000),
-            ("m", 60_000),
-            ("h", 3_600_000),
-            ("d", 86_400_000),
-        ],
-    )
-}
-
-/// `1GiB`, `512MiB`, `64KiB`, `100B` or a bare number of bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    with_unit(
-        s,
-        &[
-            ("B", 1),
-            ("KiB", 1 << 10),
-            ("MiB", 1 << 20),
-            ("GiB", 1 << 30),
-        ],
-    )
-}
-
-fn with_unit(s: &str, units: &[(&str, u64)]) -> Result<u64, String> {
-    let digits = s.trim().trim_end_matches(|c: char| !c.is_ascii_digit());
-    let unit = &s.trim()[digits.len()..];
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number with an optional unit"))?;
-    let scale = if unit.is_empty() {
-        1
-    } else {
-        let names: Vec<&str> = units.iter().map(|u| u.0).collect();
-        units
-            .iter()
-            .find(|u| u.0 == unit)
-            .map(|u| u.1)
-            .ok_or_else(|| format!("{s:?}: unknown unit {unit:?} (one of {names:?})"))?
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("{s:?}: too large"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ages_and_sizes_take_units() {
-        assert_eq!(parse_age_ms("7d"), Ok(604_800_000));
-        assert_eq!(parse_age_ms("250ms"), Ok(250));
-        assert_eq!(parse_age_ms("90"), Ok(90));
-        assert_eq!(parse_age_ms("2m"), Ok(120_000));
-        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64KiB"), Ok(65_536));
-        assert_eq!(parse_bytes("100"), Ok(100));
-        assert!(parse_bytes("1GB").is_err());
-        assert!(parse_age_ms("d").is_err());
-        assert!(parse_age_ms("-1d").is_err());
-        assert!(parse_bytes(&format!("{}GiB", u64::MAX)).is_err());
-    }
 }

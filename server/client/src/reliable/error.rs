@@ -74,6 +74,11 @@ pub enum Error {
     /// `rule` is the detail: 1 not the sender, 2 the window passed, 3 no
     /// such message, 4 recalled already.
     ChangeRefused { group: u64, rule: Option<u64> },
+    /// `KEY_REUSED` (18): the request's `client_msg_id` names an earlier
+    /// request of another kind (or a change of another target) of the same
+    /// sender, `msg_id` (the detail); nothing was stored. A new request
+    /// needs a new `client_msg_id`.
+    KeyReused { group: u64, msg_id: Option<u64> },
     /// `GROUP_DAMAGED` (20): the group's files failed verification.
     GroupDamaged { group: u64 },
     /// `WRITES_STOPPED` (21): the node refuses writes until restarted.
@@ -137,6 +142,7 @@ impl Error {
             Error::BelowRetentionFloor { .. } => ErrorCode::BelowRetentionFloor,
             Error::LimitExceeded { .. } => ErrorCode::LimitExceeded,
             Error::ChangeRefused { .. } => ErrorCode::ChangeRefused,
+            Error::KeyReused { .. } => ErrorCode::KeyReused,
             Error::GroupDamaged { .. } => ErrorCode::GroupDamaged,
             Error::WritesStopped => ErrorCode::WritesStopped,
             Error::Internal { .. } => ErrorCode::Internal,
@@ -201,6 +207,10 @@ impl Error {
             ErrorCode::ChangeRefused => Error::ChangeRefused {
                 group: ctx.group,
                 rule: detail,
+            },
+            ErrorCode::KeyReused => Error::KeyReused {
+                group: ctx.group,
+                msg_id: detail,
             },
             ErrorCode::GroupDamaged => Error::GroupDamaged { group: ctx.group },
             ErrorCode::WritesStopped => Error::WritesStopped,
@@ -328,6 +338,11 @@ impl fmt::Display for Error {
                     Some(4) => "it was recalled",
                     _ => "refused",
                 }
+            ),
+            Error::KeyReused { group, msg_id } => write!(
+                f,
+                "KEY_REUSED: group {group}: the client_msg_id names message {} of another request",
+                opt(msg_id)
             ),
             Error::GroupDamaged { group } => {
                 write!(f, "GROUP_DAMAGED: group {group} failed verification")
