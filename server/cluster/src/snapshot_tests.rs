@@ -505,20 +505,11 @@ fn acknowledged(out: &std::sync::mpsc::Receiver<Message>, index: u64) {
     }
 }
 
-/// The commit index of the last HardState record of a Raft log file, read
-/// by cluster.md section 3.2.
+/// The commit index of the hard state a Raft log file holds, as the
+/// reader an open uses reads it (cluster.md section 3.3).
 fn file_commit(path: &Path) -> u64 {
     let b = std::fs::read(path).unwrap();
-    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let (mut at, mut commit) = (16, None);
-    while at + RECORD_HEADER_BYTES <= b.len() {
-        let len = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
-        if b[at + 8] == crate::raft_log::KIND_HARD_STATE {
-            commit = Some(u64_at(at + RECORD_HEADER_BYTES + 16));
-        }
-        at += len;
-    }
-    commit.expect("a hard state record")
+    crate::raft_log_format::read(&b).state.hard_state.commit
 }
 
 /// cluster.md section 8.3: a snapshot and the entries after it, with
