@@ -9,8 +9,9 @@ use std::path::PathBuf;
 /// `GroupDamaged` message (and of the wire's GROUP_DAMAGED text).
 pub const DAMAGED_GROUP_HINT: &str = "what an operator can do: delete the group \
      (DELETE_GROUP; it can then be created again, empty, and the journal files kept for it \
-     are released), or restore the data directory from a backup; the node keeps serving \
-     every other group (tidemark 0.1 has no repair tool)";
+     are released), or stop the node and run `tidemark ctl repair --data DIR --yes` (lost \
+     ids become gap records), or restore the data directory from a backup; the node keeps \
+     serving every other group";
 
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -551,9 +551,9 @@ impl LogSlot {
 }
 
 impl LogSlot {
-    /// A group whose files could not be created or found: damaged, with a
-    /// placeholder state (head 0, an empty segment 1) so a checkpoint
-    /// still lists it.
+    /// A damaged group with a placeholder state (head 0, an empty segment
+    /// 1), for tests.
+    #[cfg(test)]
     pub fn damaged(reason: String) -> LogSlot {
         LogSlot::Damaged {
             state: LogState {

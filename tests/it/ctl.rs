@@ -350,3 +350,208 @@ fn ctl_raft_log_prints_a_members_log_and_names_damage() {
     );
     assert_eq!(std::fs::read(&path).unwrap(), bytes, "ctl only reads");
 }
+
+/// Small groups besides `SMALL` (three records each, member `300 + g`).
+const MORE_SMALL: [u64; 3] = [3, 4, 5];
+
+/// A node fills the directory (a segmented group, four small ones) and
+/// stops cleanly; a restarted node takes two more sends in every group,
+/// the small group first, and is killed (`crash`) or stopped. Returns the
+/// last acknowledged id of each group.
+fn fill_restart_and_stop(data: &Path, crash: bool) -> Vec<(u64, u64)> {
+    let mut node = start_and_fill(data, 30);
+    let mut c = node.client();
+    for g in MORE_SMALL {
+        c.create_group(g).unwrap();
+        c.join(g, 300 + g, JoinStart::Earliest).unwrap();
+        for i in 1..=3 {
+            c.send(g, 8, i, format!("small {g}/{i}").as_bytes())
+                .unwrap();
+        }
+    }
+    drop(c);
+    assert!(node.terminate().success());
+    let mut node = Node::start(data, &FLAGS);
+    let mut c = node.client();
+    let mut acked = Vec::new();
+    for g in [SMALL, BIG].into_iter().chain(MORE_SMALL) {
+        let mut last = 0;
+        for i in 0..2 {
+            last = c.send(g, 9, 100 + i, b"after restart").unwrap().msg_id;
+        }
+        acked.push((g, last));
+    }
+    drop(c);
+    if crash {
+        node.kill();
+    } else {
+        assert!(node.terminate().success());
+    }
+    acked
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let p = entry.unwrap().path();
+        let dest = to.join(p.file_name().unwrap());
+        if p.is_dir() {
+            copy_dir(&p, &dest);
+        } else {
+            std::fs::copy(&p, &dest).unwrap();
+        }
+    }
+}
+
+fn flip(path: &Path, at: usize) {
+    let mut b = std::fs::read(path).unwrap();
+    b[at] ^= 0x10;
+    std::fs::write(path, b).unwrap();
+}
+
+/// `(path, bytes)` of the files of `dir` with `suffix`, by name.
+fn files(dir: &Path, suffix: &str) -> Vec<(PathBuf, u64)> {
+    let mut v: Vec<(PathBuf, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .map(|p| {
+            let len = std::fs::metadata(&p).unwrap().len();
+            (p, len)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// One damage to a copy of a filled directory, then `ctl verify` (status 1,
+/// naming the file and the offset), `ctl repair --yes`, and `serve`. Each
+/// acknowledged record's fate is one of: the node refuses the directory
+/// naming the damaged file, or it serves every group (none has vanished)
+/// and the next send to each gets an id above every acknowledged one (an
+/// id is never handed out twice). Returns whether the node served.
+fn damage_verify_repair_serve(
+    base: &Path,
+    acked: &[(u64, u64)],
+    what: &str,
+    damage: impl FnOnce(&Path) -> (PathBuf, Option<u64>),
+) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    copy_dir(base, &data);
+    let (file, offset) = damage(&data);
+    let o = ctl(&["verify"], &data);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{what}: verify finds damage: {t}");
+    assert!(
+        t.contains(&*file.to_string_lossy()),
+        "{what}: names {}: {t}",
+        file.display()
+    );
+    if let Some(offset) = offset {
+        assert!(
+            t.contains(&format!("offset {offset}")),
+            "{what}: offset {offset}: {t}"
+        );
+    }
+    let repair = ctl(&["repair", "--yes"], &data);
+    match Node::try_start(&data, &FLAGS) {
+        Err(err) => {
+            assert!(
+                err.contains(&*file.to_string_lossy()),
+                "{what}: the node refuses naming {}: {err}",
+                file.display()
+            );
+            assert_ne!(repair.status.code(), Some(0), "{what}: {}", text(&repair));
+            false
+        }
+        Ok(node) => {
+            let mut c = node.client();
+            for &(g, last) in acked {
+                let id = c
+                    .send(g, 77, 1, b"after repair")
+                    .unwrap_or_else(|e| panic!("{what}: group {g}: {e}"))
+                    .msg_id;
+                assert!(
+                    id > last,
+                    "{what}: group {g} gave id {id}, {last} was acknowledged ({})",
+                    text(&repair)
+                );
+            }
+            true
+        }
+    }
+}
+
+/// Damage to every kind of checkpoint file and journal header, after a
+/// crash and after a clean stop (format-spec/storage.md sections 10, 11
+/// and 19): the node, `verify` and `repair` agree that it is damage,
+/// name the file, and never let a group vanish or an id be given twice.
+#[test]
+fn checkpoint_and_journal_header_damage_is_named_and_never_reissues_an_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = dir.path().join("crashed");
+    let acked_crashed = fill_restart_and_stop(&crashed, true);
+    let stopped = dir.path().join("stopped");
+    let acked_stopped = fill_restart_and_stop(&stopped, false);
+
+    for (base, acked, when) in [
+        (&crashed, &acked_crashed, "after a crash"),
+        (&stopped, &acked_stopped, "after a clean stop"),
+    ] {
+        // The oldest run part, which both kept manifests name: no
+        // checkpoint is usable, so the node refuses (never opens without
+        // its small groups).
+        let served = damage_verify_repair_serve(base, acked, &format!("run part {when}"), |d| {
+            let (part, _) = files(&d.join("state"), ".tmr").remove(0);
+            flip(&part, 64 + 20);
+            (part, Some(64))
+        });
+        let _ = served;
+        // Both manifests lost while the data stays.
+        let served = damage_verify_repair_serve(base, acked, &format!("manifests {when}"), |d| {
+            for (m, _) in files(&d.join("manifest"), ".tmm") {
+                std::fs::remove_file(m).unwrap();
+            }
+            (d.join("manifest"), None)
+        });
+        assert!(!served, "no checkpoint {when}: refused");
+        // The newest manifest: the previous one is complete.
+        let served = damage_verify_repair_serve(base, acked, &format!("manifest {when}"), |d| {
+            let (m, len) = files(&d.join("manifest"), ".tmm").pop().unwrap();
+            flip(&m, len as usize - 3);
+            (m, Some(0))
+        });
+        assert!(served, "the fallback manifest serves {when}");
+    }
+
+    // After the crash, the clean checkpoint's journal file holds no frame
+    // and the next one holds the restarted node's: its header damaged is
+    // damage (the node refuses), and repair writes it anew, losing
+    // nothing.
+    let served =
+        damage_verify_repair_serve(&crashed, &acked_crashed, "empty journal header", |d| {
+            let journals = files(&d.join("journal"), ".tmj");
+            let i = journals
+                .iter()
+                .position(|(_, len)| *len == 48)
+                .expect("an empty journal file");
+            assert!(journals[i + 1..].iter().any(|(_, len)| *len > 48));
+            let path = journals[i].0.clone();
+            flip(&path, 20);
+            (path, Some(0))
+        });
+    assert!(served, "the repaired header serves");
+    // After the crash, a flipped bit in the small group's first record
+    // since the restart (in the journal only): the checkpoint in force
+    // still says "clean", but frames follow it. The node refuses; repair
+    // must not drop the frames (and give their ids again): it refuses.
+    let served = damage_verify_repair_serve(&crashed, &acked_crashed, "journal frame", |d| {
+        let (path, _) = files(&d.join("journal"), ".tmj").pop().unwrap();
+        // Header 48, envelope 32, payload header 32, entry header 16, the
+        // record's header 44: a byte of its payload.
+        flip(&path, 48 + 32 + 32 + 16 + 44 + 2);
+        (path, None)
+    });
+    assert!(!served, "refused");
+}

@@ -95,6 +95,45 @@ impl Node {
         }
     }
 
+    /// Starts a node on `dir`, or returns what it wrote to standard error
+    /// when it exits without listening (a directory it refuses).
+    pub fn try_start(dir: &Path, extra: &[&str]) -> Result<Node, String> {
+        use std::io::Read;
+        let mut child = Command::new(tidemark_bin())
+            .arg("serve")
+            .arg("--data")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tidemark");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let mut stderr = child.stderr.take().expect("piped stderr");
+        match line.trim().strip_prefix("tidemark listening on ") {
+            Some(addr) => {
+                // Drained, so a node that logs much never blocks on the pipe.
+                std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+                Ok(Node {
+                    child,
+                    addr: addr.to_string(),
+                    dir: dir.to_owned(),
+                    args: extra.iter().map(|s| s.to_string()).collect(),
+                })
+            }
+            None => {
+                let _ = child.wait();
+                let mut err = String::new();
+                let _ = stderr.read_to_string(&mut err);
+                Err(err)
+            }
+        }
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&ClientConfig::new(self.addr.clone())).expect("connect")
     }

@@ -11,7 +11,8 @@
 //! What differs between the two is real, and is [`Mode`]:
 //! - a failed group-log write stops every write live (there is no way to
 //!   stop one group's writes, and a full disk holds the round for a retry),
-//!   while replay marks that group damaged and opens the rest;
+//!   while replay marks that group damaged and opens the rest (a full
+//!   disk fails the open instead: it is a reason to wait, not damage);
 //! - record bytes are verified during replay (they come from a file) and
 //!   trusted live (the commit thread encoded them this run);
 //! - a sender's cursor follows its own message only live (see
@@ -384,7 +385,9 @@ fn records_into_slot(
     done.appended = log.head() - head;
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
-        Err(e) if mode != Mode::Replay => return Err(e),
+        // A full disk is a reason to wait, not damage: replay fails the
+        // open (nothing is lost; the next open replays the same frames).
+        Err(e) if mode != Mode::Replay || e.is_disk_full() => return Err(e),
         Err(e) => {
             done.appended = 0;
             *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));

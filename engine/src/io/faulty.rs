@@ -39,6 +39,10 @@ pub struct FaultControl {
     pub writes_before_full: AtomicU64,
     /// Writes that failed with ENOSPC.
     pub writes_refused: AtomicU64,
+    /// While set, writes to files and directory creations whose path
+    /// contains this text fail with ENOSPC: one full file system (say
+    /// `groups/` on its own) beside others with space.
+    pub full_paths_containing: parking_lot::Mutex<Option<String>>,
     /// When set, every sync fails with EIO.
     pub fail_syncs: AtomicBool,
     /// Syncs that failed because of `fail_syncs`.
@@ -157,6 +161,18 @@ struct FaultyFile {
 }
 
 impl FaultControl {
+    fn check_full_path(&self, path: &Path) -> io::Result<()> {
+        let full = self.full_paths_containing.lock();
+        if full
+            .as_deref()
+            .is_some_and(|f| path.to_string_lossy().contains(f))
+        {
+            self.writes_refused.fetch_add(1, Ordering::SeqCst);
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
+    }
+
     fn check_write(&self, len: usize) -> io::Result<()> {
         let left = self.writes_before_full.load(Ordering::SeqCst);
         if self.disk_full.load(Ordering::SeqCst) || left == 0 {
@@ -205,6 +221,7 @@ impl FaultControl {
 impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.control.count_op(&self.path);
+        self.control.check_full_path(&self.path)?;
         self.control.check_write(buf.len())?;
         self.inner.write_all_at(buf, offset)?;
         self.control
@@ -254,6 +271,7 @@ impl Vfs for FaultyVfs {
         if self.control.disk_full.load(Ordering::SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
+        self.control.check_full_path(path)?;
         OsVfs.create_dir_all(path)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {

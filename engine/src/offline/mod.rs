@@ -43,6 +43,7 @@ use crate::error::{Error, Result};
 use crate::io::OsVfs;
 use crate::logs::group_log::LogContext;
 use crate::logs::record::{self, RECORD_HEADER_BYTES};
+use crate::state::damage::{self, Located};
 use crate::state::manifest::{self, Manifest};
 use crate::state::{checkpointer, GroupRecord, Item};
 
@@ -59,8 +60,13 @@ pub struct DataDir {
     ctx: LogContext,
     /// The manifest in force and its file, if one was usable.
     manifest: Option<(PathBuf, Manifest)>,
-    /// Manifests newer than the one in force that failed their checks.
-    rejected: Vec<(PathBuf, String)>,
+    /// The valid manifest before the one in force: the fallback recovery
+    /// uses if the newest is lost, whose runs must be intact too.
+    fallback: Option<(PathBuf, Manifest)>,
+    /// Manifests newer than the one in force that were rejected, each
+    /// with where its damage is (the manifest itself, or the run part
+    /// and offset that kept its runs from merging: `damage.rs`).
+    rejected: Vec<(PathBuf, Located)>,
     groups: BTreeMap<u64, GroupRecord>,
     members: BTreeMap<u64, Vec<Member>>,
 }
@@ -261,6 +267,7 @@ impl DataDir {
             _lock: lock,
             ctx,
             manifest: None,
+            fallback: None,
             rejected: Vec::new(),
             groups: BTreeMap::new(),
             members: BTreeMap::new(),
@@ -282,25 +289,53 @@ impl DataDir {
         } else {
             Vec::new()
         };
-        for (seq, path) in list.iter().rev() {
-            let reason = match manifest::load(&*self.ctx.vfs, path)? {
-                Err(reason) => reason,
-                Ok(m) if m.ckpt_seq != *seq => format!("names checkpoint {}", m.ckpt_seq),
+        let mut newest_first = list.iter().rev();
+        for (seq, path) in newest_first.by_ref() {
+            let (reason, located) = match manifest::load(&*self.ctx.vfs, path)? {
+                Err(reason) => (reason, None),
+                Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
                 Ok(m) => match self.merge(&m) {
                     Ok(()) => {
                         self.manifest = Some((path.clone(), m));
+                        // The one before it is the kept fallback (as the
+                        // node's checkpointer keeps it, section 9 K7).
+                        for (seq, path) in newest_first {
+                            if let Ok(Ok(m)) = manifest::load(&*self.ctx.vfs, path) {
+                                if m.ckpt_seq == *seq {
+                                    self.fallback = Some((path.clone(), m));
+                                    break;
+                                }
+                            }
+                        }
                         return Ok(());
                     }
                     Err(reason) => {
                         self.groups.clear();
                         self.members.clear();
-                        reason
+                        let at = damage::locate_run_damage(&*self.ctx.vfs, &self.path, &m.runs);
+                        (reason, at)
                     }
                 },
             };
-            self.rejected.push((path.clone(), reason));
+            let located = located.unwrap_or(Located {
+                path: path.clone(),
+                offset: 0,
+                why: reason,
+            });
+            self.rejected.push((path.clone(), located));
         }
         Ok(())
+    }
+
+    /// The first journal file from the checkpoint's replay position on
+    /// that holds frames, with its length: something was written after the
+    /// checkpoint in force, whatever its `clean` flag says
+    /// (`damage::frames_after_checkpoint`).
+    pub(crate) fn frames_after_checkpoint(&self) -> Result<Option<(PathBuf, u64)>> {
+        let Some((_, m)) = &self.manifest else {
+            return Ok(None);
+        };
+        damage::frames_after_checkpoint(&*self.ctx.vfs, &self.path, m.replay_journal_seq)
     }
 
     fn merge(&mut self, m: &Manifest) -> std::result::Result<(), String> {
@@ -374,7 +409,11 @@ impl DataDir {
         Ok(Inspection {
             path: self.path.clone(),
             manifest,
-            rejected_manifests: self.rejected.clone(),
+            rejected_manifests: self
+                .rejected
+                .iter()
+                .map(|(p, at)| (p.clone(), at.describe()))
+                .collect(),
             journal_files,
             cold_files,
             groups,

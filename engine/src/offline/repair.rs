@@ -51,19 +51,37 @@
 //! directory (a crash before (4) leaves a directory of no group, which the
 //! node moves to the trash if the id is created again).
 //!
-//! Repair requires a directory a clean shutdown left (its manifest's
-//! `clean` set): then no journal frame follows the checkpoint, and a new
-//! checkpoint with the same replay position cannot be contradicted by
-//! replay. Any other directory: start the node once and stop it (a damaged
-//! group does not keep it from opening).
+//! - **Ids the journal shows were given out** (a group found damaged by
+//!   replay skipped its later Records entries): the highest id every
+//!   journal file present names for the group, frames past damage
+//!   included, becomes its head, with gap records up to it
+//!   ([`DataDir::journal_heads`]): a repair never lowers a head below an
+//!   id that was given out.
+//! - **A journal file that holds no frame with a damaged header**, which
+//!   the node refuses: its header is written anew (nothing is lost), in
+//!   any directory.
+//!
+//! Repair otherwise requires a checkpoint after which nothing was written:
+//! its manifest's `clean` set *and* no journal file from its replay
+//! position on holding frames (`damage::frames_after_checkpoint`; the flag
+//! alone says only that nothing was written when it was stored, and a node
+//! started again writes to a new file). Then a new checkpoint with the same
+//! replay position cannot be contradicted by replay. Any other directory:
+//! start the node once and stop it (a damaged group does not keep it from
+//! opening). Without a usable checkpoint it refuses, naming the damaged
+//! file and offset: it never rebuilds one (small groups, memberships and
+//! the ids given out are known only to it).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::walk::{self, Event};
 use super::DataDir;
+use crate::commit::journal::{self, frame, EntryIter, EntryKind, JOURNAL_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::logs::record;
-use crate::logs::segment::{SegmentHeader, SEGMENT_HEADER_BYTES};
+use crate::logs::segment::SegmentHeader;
+use crate::state::damage::{self, HeaderVerdict};
 use crate::state::manifest::{self, Manifest};
 use crate::state::{checkpointer, GroupRecord, Item};
 
@@ -117,6 +135,16 @@ enum Step {
     /// The new checkpoint replays from journal file `seq` (after every
     /// file present) and pins `pinned` (the old pins that still exist).
     Journal { seq: u64, pinned: Vec<u64> },
+    /// The checkpoint in force stored again (a new manifest, no new run),
+    /// so that the fallback becomes that intact checkpoint instead of one
+    /// that names a damaged run part.
+    Restore,
+    /// A journal file that holds no frame gets a valid header (`header`)
+    /// in place of its damaged one.
+    JournalHeader {
+        path: PathBuf,
+        header: [u8; JOURNAL_HEADER_BYTES],
+    },
 }
 
 /// A segment being rebuilt from the walk's events.
@@ -199,25 +227,64 @@ impl DataDir {
     /// Plans a repair: reads the group files, writes nothing.
     pub fn plan_repair(&self, target: RepairTarget) -> Result<RepairPlan> {
         let mut plan = RepairPlan::default();
-        match &self.manifest {
+        let m = match &self.manifest {
             None => {
-                plan.refused = Some(
-                    "no checkpoint is stored in this directory: start the node on it once and \
-                     stop it (SIGTERM), then repair"
+                plan.refused = Some(match self.rejected.first() {
+                    Some((manifest, at)) => format!(
+                        "no usable checkpoint: {} is damaged at offset {} ({}), so checkpoint \
+                         {} was rejected, and no older one is usable. Without a checkpoint \
+                         this tool cannot know the small groups (their records are in journal \
+                         files only a checkpoint names), the memberships or the ids given \
+                         out, and it does not guess them: restore the checkpoint files \
+                         (manifest/ and state/) or the data directory from a backup",
+                        at.path.display(),
+                        at.offset,
+                        at.why,
+                        manifest.display()
+                    ),
+                    None => "no checkpoint is stored in this directory: if it holds data, its \
+                             checkpoint state was lost (restore manifest/ and state/ from a \
+                             backup); a new directory needs no repair"
                         .into(),
-                );
+                });
                 return Ok(plan);
             }
-            Some((_, m)) if !m.clean => {
-                plan.refused = Some(
-                    "the node did not shut down cleanly (journal frames may follow the \
-                     checkpoint): start the node on this directory once and stop it with \
-                     SIGTERM (a damaged group does not keep it from opening), then repair"
-                        .into(),
-                );
-                return Ok(plan);
+            Some((_, m)) => m,
+        };
+        let written_after = self.frames_after_checkpoint()?;
+        if !m.clean || written_after.is_some() {
+            let why = match &written_after {
+                Some((path, len)) if m.clean => format!(
+                    "journal frames were written after the checkpoint in force ({} holds {len} \
+                     bytes), although it records a clean shutdown: the node was started again \
+                     after it. A repair from that checkpoint would drop those frames and give \
+                     their acknowledged ids to new messages",
+                    path.display()
+                ),
+                _ => "the node did not shut down cleanly (journal frames may follow the \
+                      checkpoint)"
+                    .into(),
+            };
+            // A damaged header of a journal file that holds no frame loses
+            // nothing and is fixed whatever the checkpoint: the node refuses
+            // the directory until it is.
+            if target == RepairTarget::AllDamaged {
+                self.plan_journal_headers(&mut plan)?;
             }
-            Some(_) => {}
+            if plan.steps.is_empty() {
+                plan.refused = Some(format!(
+                    "{why}: start the node on this directory once and stop it with SIGTERM (a \
+                     damaged group does not keep it from opening), then repair. If the node \
+                     refuses the directory (a damaged or missing journal file), restore it \
+                     from a backup, or follow the node's error text"
+                ));
+            } else {
+                plan.actions.push(format!(
+                    "then start the node once and stop it with SIGTERM, and repair again if \
+                     `verify` still finds damage ({why})"
+                ));
+            }
+            return Ok(plan);
         }
         let groups: Vec<u64> = match target {
             RepairTarget::DeleteGroup(g) => {
@@ -243,11 +310,13 @@ impl DataDir {
             }
             RepairTarget::AllDamaged => {
                 self.plan_journal(&mut plan)?;
+                self.plan_fallback(&mut plan);
                 self.groups.keys().copied().collect()
             }
         };
+        let mut evidence = None;
         for g in groups {
-            self.plan_group(g, &mut plan)?;
+            self.plan_group(g, &mut evidence, &mut plan)?;
         }
         if !plan.steps.is_empty() {
             self.plan_checkpoint(&mut plan);
@@ -331,6 +400,137 @@ impl DataDir {
         Ok(())
     }
 
+    /// Journal files from the replay position on whose header is damaged
+    /// (as the node judges it, `damage::judge_journal_header`) and that
+    /// hold no frame (at most a header's length): each gets a valid header
+    /// numbered as the next file that has one (a file without frames
+    /// starts where the next one does), or as the checkpoint's replay
+    /// position for the file it names. Nothing is lost: the file held no
+    /// frame. A file no later frame follows is a torn tail the node cuts,
+    /// not damage, and is left alone.
+    fn plan_journal_headers(&self, plan: &mut RepairPlan) -> Result<()> {
+        let Some((_, m)) = &self.manifest else {
+            return Ok(());
+        };
+        let jdir = journal::journal_dir(&self.path);
+        if !jdir.exists() {
+            return Ok(());
+        }
+        let checkpoint = Some((m.replay_journal_seq, m.clean));
+        let mut files = Vec::new();
+        for (seq, path) in journal::list(&*self.ctx.vfs, &jdir)? {
+            if seq < m.replay_journal_seq {
+                continue;
+            }
+            let bytes = walk::read_file(&path)?.unwrap_or_default();
+            let durable = damage::journal_header_durable(checkpoint, seq);
+            let verdict = damage::judge_journal_header(&bytes, bytes.len() as u64, durable);
+            files.push((seq, path, bytes.len(), verdict));
+        }
+        for (i, (seq, path, len, verdict)) in files.iter().enumerate() {
+            let later = &files[i + 1..];
+            let frames_follow = later.iter().any(|f| f.2 > JOURNAL_HEADER_BYTES);
+            let damaged = match verdict {
+                HeaderVerdict::DamagedNamed(why) => why,
+                HeaderVerdict::Torn(why) if frames_follow => why,
+                _ => continue,
+            };
+            if *len > JOURNAL_HEADER_BYTES {
+                continue;
+            }
+            let next = later.iter().find_map(|f| match &f.3 {
+                HeaderVerdict::Valid(h) => Some((h.first_lsn, h.first_round, h.flags)),
+                _ => None,
+            });
+            let Some((first_lsn, first_round, flags)) = next.or_else(|| {
+                (*seq == m.replay_journal_seq).then_some((m.replay_lsn, m.replay_round, 0))
+            }) else {
+                continue;
+            };
+            let header = journal::encode_header_of(&journal::JournalHeader {
+                flags,
+                seq: *seq,
+                first_lsn: first_lsn.max(1),
+                first_round: first_round.max(1),
+                mark_key: journal::new_mark_key(*seq),
+            });
+            plan.actions.push(format!(
+                "journal: {} ({len} bytes, no frame) has a damaged header ({damaged}): write its \
+                 header anew (seq {seq}, first lsn {first_lsn}, first round {first_round}); \
+                 nothing is lost",
+                path.display()
+            ));
+            plan.steps.push(Step::JournalHeader {
+                path: path.clone(),
+                header,
+            });
+        }
+        Ok(())
+    }
+
+    /// The highest msg_id that the Records entries of every journal file
+    /// present name for each group (after the group's last DeleteGroup
+    /// there): ids that were given out, whatever the checkpoint says. A
+    /// damaged frame does not hide the frames after it: past invalid bytes
+    /// every later offset is tried for a frame whose envelope and payload
+    /// checksums hold (the envelope's mixes in the file's key, so record
+    /// bytes do not pass for one). Linear in the journal's bytes.
+    fn journal_heads(&self) -> Result<BTreeMap<u64, u64>> {
+        let mut heads = BTreeMap::new();
+        let jdir = journal::journal_dir(&self.path);
+        if !jdir.exists() {
+            return Ok(heads);
+        }
+        for (_, path) in journal::list(&*self.ctx.vfs, &jdir)? {
+            let bytes = walk::read_file(&path)?.unwrap_or_default();
+            let Ok(h) = journal::decode_header_of(&bytes) else {
+                continue;
+            };
+            let mut at = JOURNAL_HEADER_BYTES;
+            while at + frame::ENVELOPE_BYTES <= bytes.len() {
+                let Some((kind, payload, end)) = frame_at(&bytes, at, h.mark_key) else {
+                    at += 1;
+                    continue;
+                };
+                for e in EntryIter::new(&payload[frame::PAYLOAD_HEADER_BYTES..], kind) {
+                    match e.kind {
+                        EntryKind::Records => {
+                            if let Some((first, n)) = journal::body::decode_records(e.body) {
+                                let last = first.saturating_add(n).saturating_sub(1);
+                                let head = heads.entry(e.group_id).or_insert(0);
+                                *head = last.max(*head);
+                            }
+                        }
+                        EntryKind::DeleteGroup => {
+                            heads.remove(&e.group_id);
+                        }
+                        _ => {}
+                    }
+                }
+                at = end;
+            }
+        }
+        Ok(heads)
+    }
+
+    /// The fallback checkpoint names a damaged run part: the checkpoint in
+    /// force, intact, is stored again, which makes it the fallback (the
+    /// node's next checkpoint deletes the damaged one, section 9 K7).
+    fn plan_fallback(&self, plan: &mut RepairPlan) {
+        let Some((manifest, m)) = &self.fallback else {
+            return;
+        };
+        if let Some(at) = damage::locate_run_damage(&*self.ctx.vfs, &self.path, &m.runs) {
+            plan.actions.push(format!(
+                "the fallback checkpoint {} names a damaged run part ({}): store the checkpoint \
+                 in force again, so that the fallback is intact",
+                manifest.display(),
+                at.describe()
+            ));
+            plan.steps.push(Step::Restore);
+        }
+    }
+
     fn next_ckpt_seq(&self, m: &Manifest) -> u64 {
         // Above every manifest on disk, valid or not (recovery tries the
         // newest name first).
@@ -344,7 +544,12 @@ impl DataDir {
     }
 
     /// What repairing group `id` takes, if it needs anything.
-    fn plan_group(&self, id: u64, plan: &mut RepairPlan) -> Result<()> {
+    fn plan_group(
+        &self,
+        id: u64,
+        evidence: &mut Option<BTreeMap<u64, u64>>,
+        plan: &mut RepairPlan,
+    ) -> Result<()> {
         let g = self.group(id)?;
         // First walk: which files are damaged, which lengths differ.
         let mut damaged: Vec<PathBuf> = Vec::new();
@@ -370,19 +575,31 @@ impl DataDir {
         if damaged.is_empty() && lengths.is_empty() && g.damaged.is_none() {
             return Ok(());
         }
+        // Ids the journal shows were given out: a group found damaged by
+        // replay did not apply its later Records entries, so its head in
+        // the checkpoint may be below them. They become gaps, never ids
+        // given again.
+        if evidence.is_none() {
+            *evidence = Some(self.journal_heads()?);
+        }
+        let given = evidence
+            .as_ref()
+            .and_then(|heads| heads.get(&id))
+            .copied()
+            .unwrap_or(0);
         let mut rec = g.clone();
         rec.damaged = None;
         rec.fresh = false;
         if let Some(small) = &g.small {
-            if !damaged.is_empty() {
-                self.plan_small(g, small.floor, &mut rec, plan)?;
+            if !damaged.is_empty() || given > g.head {
+                self.plan_small(g, small.floor, given, &mut rec, plan)?;
             } else if g.damaged.is_some() {
                 plan.actions.push(format!(
                     "group {id}: its records verify: record it as not damaged"
                 ));
             }
         } else {
-            self.plan_segments(g, &damaged, &lengths, &mut rec, plan)?;
+            self.plan_segments(g, &damaged, &lengths, given, &mut rec, plan)?;
         }
         plan.steps.push(Step::Record(Box::new(rec)));
         Ok(())
@@ -393,24 +610,30 @@ impl DataDir {
         g: &GroupRecord,
         damaged: &[PathBuf],
         lengths: &[(PathBuf, u64)],
+        given: u64,
         rec: &mut GroupRecord,
         plan: &mut RepairPlan,
     ) -> Result<()> {
         let id = g.group;
+        let active = g.segments.len().saturating_sub(1);
+        // Damaged segments are written anew; so is the active one when ids
+        // above the head were given out (their gaps go at its end).
         let mut rebuilds: Vec<(usize, Rebuild)> = g
             .segments
             .iter()
             .enumerate()
-            .filter(|(_, &(base, _))| damaged.contains(&walk::segment_path(&self.path, id, base)))
+            .filter(|(i, &(base, _))| {
+                damaged.contains(&walk::segment_path(&self.path, id, base))
+                    || (*i == active && given > g.head)
+            })
             .map(|(i, &(base, _))| (i, Rebuild::new(id, base)))
             .collect();
-        let rebuilds_none = rebuilds.is_empty();
-        if !rebuilds_none {
-            let paths: Vec<PathBuf> = rebuilds
-                .iter()
-                .map(|(i, _)| walk::segment_path(&self.path, id, g.segments[*i].0))
-                .collect();
-            let mut last_ts = 0u64;
+        let paths: Vec<PathBuf> = rebuilds
+            .iter()
+            .map(|(i, _)| walk::segment_path(&self.path, id, g.segments[*i].0))
+            .collect();
+        let mut last_ts = 0u64;
+        if !rebuilds.is_empty() {
             walk::walk_group(&self.path, g, &mut |ev| {
                 let (file, r) = match &ev {
                     Event::Record { header, file, .. } => {
@@ -434,6 +657,16 @@ impl DataDir {
                     _ => {}
                 }
             })?;
+        }
+        if let Some((_, rb)) = rebuilds.iter_mut().find(|(i, _)| *i == active) {
+            if given > rb.last_id {
+                plan.actions.push(format!(
+                    "group {id}: the journal shows msg_ids up to {given} were given out, the \
+                     checkpoint's head is {}: gap records up to {given}",
+                    g.head
+                ));
+                rb.gap(rb.last_id + 1, given, last_ts);
+            }
         }
         for (i, rb) in rebuilds {
             let (base, _) = g.segments[i];
@@ -469,21 +702,18 @@ impl DataDir {
                 }
             }
         }
-        if rebuilds_none {
-            // Only the state is recorded (a repair cut before its
-            // checkpoint wrote these files): the gap records already in
-            // them must be quiet too, as the cut repair would have made
-            // them.
-            let mut on_disk = Vec::new();
-            walk::walk_group(&self.path, rec, &mut |ev| {
-                if let Event::Record { header, .. } = ev {
-                    if record::is_gap(&header) {
-                        on_disk.push((header.msg_id, header.msg_id));
-                    }
+        // The segments not written anew may hold gap records an earlier,
+        // interrupted repair wrote (before its checkpoint): they must be
+        // quiet too, as that repair would have made them.
+        let mut on_disk = Vec::new();
+        walk::walk_group(&self.path, g, &mut |ev| {
+            if let Event::Record { header, file, .. } = ev {
+                if record::is_gap(&header) && !paths.iter().any(|p| p == file) {
+                    on_disk.push((header.msg_id, header.msg_id));
                 }
-            })?;
-            record_gaps(rec, &on_disk);
-        }
+            }
+        })?;
+        record_gaps(rec, &on_disk);
         plan.actions.push(format!(
             "group {id}: record it with head {}, {} segments, not damaged",
             rec.head,
@@ -496,6 +726,7 @@ impl DataDir {
         &self,
         g: &GroupRecord,
         floor: u64,
+        given: u64,
         rec: &mut GroupRecord,
         plan: &mut RepairPlan,
     ) -> Result<()> {
@@ -513,6 +744,15 @@ impl DataDir {
             } if to >= floor => rb.gap(from.max(floor), to, last_ts),
             _ => {}
         })?;
+        let head = g.head.max(given);
+        if head > rb.last_id {
+            plan.actions.push(format!(
+                "group {id}: the journal shows msg_ids up to {given} were given out, the \
+                 checkpoint's head is {}: gap records up to {given}",
+                g.head
+            ));
+            rb.gap(rb.last_id + 1, head, last_ts);
+        }
         let dir = crate::logs::group_log::group_dir(&self.path, id);
         let path = dir.join(crate::logs::segment::file_name(floor));
         let trash_dir_first = dir.exists();
@@ -527,9 +767,9 @@ impl DataDir {
             rb.describe(&path, None)
         ));
         plan.actions.push(format!(
-            "group {id}: record it with head {}, 1 segment (no longer small), not damaged",
-            g.head
+            "group {id}: record it with head {head}, 1 segment (no longer small), not damaged"
         ));
+        rec.head = head;
         rec.small = None;
         rec.segments = vec![(floor, rb.bytes.len() as u64)];
         record_gaps(rec, &rb.gaps);
@@ -560,6 +800,7 @@ impl DataDir {
         let mut items = Vec::new();
         let mut deletes = Vec::new();
         let mut journal = None;
+        let mut restore = false;
         for step in plan.steps {
             match step {
                 Step::Segment {
@@ -584,12 +825,20 @@ impl DataDir {
                     deletes.push(group);
                 }
                 Step::Journal { seq, pinned } => journal = Some((seq, pinned)),
+                Step::Restore => restore = true,
+                Step::JournalHeader { path, header } => {
+                    write_replacing(&path, &header)?;
+                    let jdir = crate::commit::journal::journal_dir(&self.path);
+                    vfs.sync_dir(&jdir)
+                        .map_err(|e| Error::io(format!("fsync dir {}", jdir.display()), e))?;
+                }
             }
         }
         Ok(Written {
             items,
             deletes,
             journal,
+            restore,
         })
     }
 
@@ -600,11 +849,12 @@ impl DataDir {
             mut items,
             deletes,
             journal,
+            restore,
         } = w;
         let Some((_, m)) = self.manifest.clone() else {
             return Ok(());
         };
-        if items.is_empty() && journal.is_none() {
+        if items.is_empty() && journal.is_none() && !restore {
             return Ok(());
         }
         let vfs = &*self.ctx.vfs;
@@ -627,6 +877,7 @@ impl DataDir {
             self.ctx.trash.put(vfs, group, &dir)?;
         }
         self.manifest = None;
+        self.fallback = None;
         self.rejected.clear();
         self.groups.clear();
         self.members.clear();
@@ -640,6 +891,23 @@ pub(super) struct Written {
     items: Vec<Item>,
     deletes: Vec<u64>,
     journal: Option<(u64, Vec<u64>)>,
+    /// Store the checkpoint in force again (`Step::Restore`).
+    restore: bool,
+}
+
+/// The frame at `at` of a journal file whose key is `mark_key`, if its
+/// envelope and its payload pass their checks: its kind, payload and end.
+fn frame_at(file: &[u8], at: usize, mark_key: u32) -> Option<(frame::FrameKind, &[u8], usize)> {
+    // Cheap filters first (kind, reserved bytes), as the replay's search.
+    if !matches!(file.get(at + 8)?, 1 | 2) || file.get(at + 9..at + 16)? != [0; 7] {
+        return None;
+    }
+    let env = frame::envelope_at(file, at, mark_key).ok()?;
+    let start = at + frame::ENVELOPE_BYTES;
+    let end = start.checked_add(env.payload_len as usize)?;
+    let payload = file.get(start..end)?;
+    frame::check_payload(payload, env.kind).ok()?;
+    Some((env.kind, payload, end))
 }
 
 /// `path` replaced by `bytes`: written to `<path>.repair`, fdatasynced,
@@ -657,6 +925,5 @@ fn write_replacing(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io(format!("fdatasync {}", tmp.display()), e))?;
     std::fs::rename(&tmp, path)
         .map_err(|e| Error::io(format!("rename {} to {}", tmp.display(), path.display()), e))?;
-    debug_assert!(bytes.len() >= SEGMENT_HEADER_BYTES);
     Ok(())
 }

@@ -464,3 +464,341 @@ fn dump_names_edits_recalls_and_erased_messages() {
         (RecordShape::Message, payload(SMALL, 1))
     );
 }
+
+/// The newest journal file (`.tmj`) of `dir`.
+fn newest_journal(dir: &Path) -> PathBuf {
+    let jdir = crate::commit::journal::journal_dir(dir);
+    crate::commit::journal::list(&crate::io::OsVfs, &jdir)
+        .unwrap()
+        .pop()
+        .unwrap()
+        .1
+}
+
+/// Where the payload of the first record of `g`'s first Records entry in
+/// the journal file at `path` lies (inside the record: its CRC fails).
+fn first_record_payload_of(path: &Path, g: u64) -> u64 {
+    let bytes = std::fs::read(path).unwrap();
+    let frames = crate::commit::journal::frames_of_file(&bytes);
+    let (at, ..) = frames
+        .iter()
+        .flat_map(|f| f.entries.iter())
+        .find(|e| e.2 == crate::commit::journal::EntryKind::Records && e.3 == g)
+        .copied()
+        .unwrap();
+    (at + crate::commit::journal::ENTRY_HEADER_BYTES + record::RECORD_HEADER_BYTES + 2) as u64
+}
+
+/// A clean shutdown, a restart, acknowledged sends and a crash before any
+/// checkpoint: the manifest in force still records a clean shutdown, but
+/// journal frames follow it. One flipped bit in the first of them (a small
+/// group's record, held nowhere else) makes the node refuse the directory;
+/// repair must not take it for a clean one (and drop every frame since the
+/// restart, whose ids the next sends would get again): it refuses, saying
+/// why, and writes nothing.
+#[test]
+fn a_clean_flag_followed_by_journal_frames_is_not_trusted_by_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let e = Engine::open(config(dir.path())).unwrap();
+    for i in 1..=5 {
+        let id = e
+            .append(SMALL, 7, 100 + i, &payload(SMALL, 100 + i))
+            .unwrap();
+        assert_eq!(id.msg_id, SMALL_RECORDS + i);
+    }
+    e.simulate_crash();
+    let d = DataDir::open(dir.path()).unwrap();
+    assert!(
+        d.inspect().unwrap().manifest.unwrap().clean,
+        "the flag is stale"
+    );
+    drop(d);
+    let newest = newest_journal(dir.path());
+    flip(&newest, first_record_payload_of(&newest, SMALL));
+    assert!(
+        Engine::open(config(dir.path())).is_err(),
+        "the node refuses"
+    );
+
+    let mut d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.damage && f.file.as_deref() == Some(&*newest)),
+        "{:?}",
+        v.findings
+    );
+    let before = tree(dir.path());
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    let why = plan.refused.clone().unwrap_or_default();
+    assert!(
+        why.contains("frames"),
+        "refused, naming the frames: {plan:?}"
+    );
+    assert!(d.repair(plan).is_err());
+    assert_eq!(tree(dir.path()), before, "nothing written");
+}
+
+/// A group found damaged during crash recovery: replay skips its Records
+/// entries, so its last acknowledged ids exist only in the journal files
+/// the node keeps for it. Repair must not lower its head below them: the
+/// next send after the repair gets an id above every acknowledged one.
+#[test]
+fn repair_never_lowers_a_head_below_ids_only_the_journal_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path())).unwrap();
+    e.create_group(BIG).unwrap();
+    for i in 1..=BIG_RECORDS {
+        e.append(BIG, 7, i, &payload(BIG, i)).unwrap();
+    }
+    e.checkpoint().unwrap();
+    let acked = BIG_RECORDS + 3;
+    for i in BIG_RECORDS + 1..=acked {
+        assert_eq!(e.append(BIG, 7, i, &payload(BIG, i)).unwrap().msg_id, i);
+    }
+    e.simulate_crash();
+    let (_, path) = segments(dir.path(), BIG).pop().unwrap();
+    // The first record of the active segment, inside its checkpointed part.
+    flip(&path, 64 + 50);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(
+        e.recovery_report()
+            .damaged_groups
+            .iter()
+            .any(|(g, _)| *g == BIG),
+        "found damaged by replay"
+    );
+    e.close().unwrap();
+
+    let mut d = DataDir::open(dir.path()).unwrap();
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    assert!(plan.refused.is_none(), "{plan:?}");
+    d.repair(plan).unwrap();
+    assert!(d.verify().unwrap().clean());
+    drop(d);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(
+        e.head(BIG).unwrap() >= acked,
+        "head {}",
+        e.head(BIG).unwrap()
+    );
+    let next = e.append(BIG, 9, 1, b"after").unwrap().msg_id;
+    assert!(
+        next > acked,
+        "send after repair got {next}, {acked} was acknowledged"
+    );
+    let got = read_all(&e, BIG);
+    assert!(got
+        .iter()
+        .filter(|r| r.0 <= acked)
+        .all(|(id, kind, p)| *kind == record::KIND_GAP || *p == payload(BIG, *id)));
+    e.close().unwrap();
+}
+
+/// An empty (48-byte) journal file older than one holding frames, its
+/// header damaged: the node refuses the directory (its header was durable
+/// before the later file was made), so verify must call it damage, naming
+/// the file, and repair must fix it: the file held no frame, so a new
+/// header loses nothing.
+#[test]
+fn a_damaged_header_of_an_empty_journal_file_is_damage_to_node_verify_and_repair() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let e = Engine::open(config(dir.path())).unwrap();
+    for i in 1..=3 {
+        e.append(SMALL, 7, 100 + i, &payload(SMALL, 100 + i))
+            .unwrap();
+    }
+    e.simulate_crash();
+    let d = DataDir::open(dir.path()).unwrap();
+    let m = d.inspect().unwrap().manifest.unwrap();
+    drop(d);
+    let jdir = crate::commit::journal::journal_dir(dir.path());
+    let empty = crate::commit::journal::journal_path(&jdir, m.replay_journal_seq);
+    assert_eq!(std::fs::metadata(&empty).unwrap().len(), 48);
+    assert_ne!(newest_journal(dir.path()), empty);
+    flip(&empty, 20);
+    assert!(
+        Engine::open(config(dir.path())).is_err(),
+        "the node refuses"
+    );
+
+    let mut d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.damage && f.file.as_deref() == Some(&*empty) && f.offset == 0),
+        "{:?}",
+        v.findings
+    );
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    assert!(plan.refused.is_none() && !plan.is_empty(), "{plan:?}");
+    d.repair(plan).unwrap();
+    assert!(
+        d.verify().unwrap().clean(),
+        "{:?}",
+        d.verify().unwrap().findings
+    );
+    drop(d);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert_eq!(read_all(&e, SMALL).len() as u64, SMALL_RECORDS + 3);
+    assert_eq!(
+        e.append(SMALL, 9, 1, b"x").unwrap().msg_id,
+        SMALL_RECORDS + 4
+    );
+    e.close().unwrap();
+}
+
+/// A repair cut after the first of two damaged segments was replaced: the
+/// second run rebuilds the other one and records both, and the gap records
+/// the first run wrote stay quiet (not unread), like the ones it writes.
+#[test]
+fn a_repair_cut_between_two_of_its_segments_keeps_every_gap_quiet() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let segs = segments(dir.path(), BIG);
+    assert!(segs.len() >= 3, "{segs:?}");
+    // Two sealed segments.
+    for (_, path) in &segs[..2] {
+        let len = std::fs::metadata(path).unwrap().len();
+        flip(path, len / 2);
+    }
+    let second = std::fs::read(&segs[1].1).unwrap();
+    let mut d = DataDir::open(dir.path()).unwrap();
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    d.write_segments(plan).unwrap();
+    drop(d);
+    // The crash came before the second segment's rename.
+    std::fs::write(&segs[1].1, second).unwrap();
+    let gaps = verify_plan_repair(dir.path(), BIG, &segs[1].1);
+    assert!(gaps.iter().any(|&g| g < segs[1].0), "{gaps:?}");
+    assert!(gaps.iter().any(|&g| g >= segs[1].0), "{gaps:?}");
+    serves(dir.path(), BIG, BIG_RECORDS, &gaps);
+}
+
+/// The run part both kept manifests name: one flipped bit. No checkpoint
+/// is usable; a directory scan cannot see small groups (their records are
+/// in journal files), so the node must refuse the directory rather than
+/// open without them, naming the part and the offset, and verify must
+/// name them too.
+#[test]
+fn a_damaged_run_part_both_manifests_name_refuses_the_open_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let e = Engine::open(config(dir.path())).unwrap();
+    e.append(BIG, 7, 1000, b"one more").unwrap();
+    e.close().unwrap();
+    let mdir = crate::state::manifest::manifest_dir(dir.path());
+    let manifests: Vec<_> = crate::state::manifest::list(&crate::io::OsVfs, &mdir)
+        .unwrap()
+        .into_iter()
+        .filter_map(|(_, p)| {
+            crate::state::manifest::load(&crate::io::OsVfs, &p)
+                .unwrap()
+                .ok()
+        })
+        .collect();
+    assert_eq!(manifests.len(), 2, "two kept manifests");
+    let shared = manifests[0]
+        .runs
+        .iter()
+        .find(|r| manifests[1].runs.iter().any(|s| s.run_seq == r.run_seq))
+        .expect("a run both name")
+        .parts[0]
+        .clone();
+    let part = dir
+        .path()
+        .join("state")
+        .join(crate::state::run::part_file_name(
+            shared.run_seq,
+            shared.part,
+        ));
+    flip(&part, 64 + 20);
+    match Engine::open(config(dir.path())) {
+        Err(Error::Corrupt { path, offset, .. }) => {
+            assert_eq!((path, offset), (part.clone(), 64));
+        }
+        Err(other) => panic!("refused, but not naming the part: {other}"),
+        Ok(e) => panic!(
+            "opened without a checkpoint: {:?} groups",
+            e.recovery_report().groups
+        ),
+    }
+    let d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(
+        v.findings
+            .iter()
+            .any(|f| f.damage && f.file.as_deref() == Some(&*part) && f.offset == 64),
+        "{:?}",
+        v.findings
+    );
+    let plan = d.plan_repair(RepairTarget::AllDamaged).unwrap();
+    assert!(
+        plan.refused
+            .as_deref()
+            .is_some_and(|r| r.contains(&*part.to_string_lossy())),
+        "{plan:?}"
+    );
+}
+
+/// Every manifest deleted while run parts, journal files and group
+/// directories remain: not a new directory. The node refuses it and
+/// verify reports it.
+#[test]
+fn lost_manifests_beside_data_files_refuse_the_open_and_fail_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let mdir = crate::state::manifest::manifest_dir(dir.path());
+    for (_, p) in crate::state::manifest::list(&crate::io::OsVfs, &mdir).unwrap() {
+        std::fs::remove_file(p).unwrap();
+    }
+    assert!(
+        Engine::open(config(dir.path())).is_err(),
+        "the node refuses"
+    );
+    let d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(!v.clean(), "{:?}", v.findings);
+}
+
+/// Files no checkpoint names and no journal frame explains: an empty
+/// segment file just above a group's head, and the directory of a group
+/// that does not exist. verify names them as stray (a note, not damage);
+/// the node removes them at open and serves the group as before.
+#[test]
+fn stray_files_are_noted_by_verify_and_swept_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let gdir = crate::logs::group_log::group_dir(dir.path(), BIG);
+    let stray = gdir.join(crate::logs::segment::file_name(BIG_RECORDS + 1));
+    std::fs::write(&stray, b"").unwrap();
+    let stray_dir = crate::logs::group_log::group_dir(dir.path(), 77);
+    std::fs::create_dir_all(&stray_dir).unwrap();
+    std::fs::write(stray_dir.join(crate::logs::segment::file_name(1)), b"").unwrap();
+    let d = DataDir::open(dir.path()).unwrap();
+    let v = d.verify().unwrap();
+    assert!(v.clean(), "{:?}", v.findings);
+    for p in [&stray, &stray_dir] {
+        assert!(
+            v.findings
+                .iter()
+                .any(|f| !f.damage && f.file.as_deref() == Some(&**p) && f.what.contains("stray")),
+            "{} noted: {:?}",
+            p.display(),
+            v.findings
+        );
+    }
+    drop(d);
+    let e = Engine::open(config(dir.path())).unwrap();
+    assert!(!stray.exists(), "the empty segment is removed");
+    assert!(
+        !stray_dir.exists(),
+        "the directory of no group is moved out"
+    );
+    e.close().unwrap();
+    serves(dir.path(), BIG, BIG_RECORDS, &[]);
+}

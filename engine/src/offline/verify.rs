@@ -4,11 +4,15 @@
 //! invariants marked *checked*, and every file the checkpoint names):
 //!
 //! - `FORMAT` (at open) and the manifest in force: a newer manifest that
-//!   fails its checks, or none usable while manifests exist, is a finding;
-//!   the merge of its runs checks every run part's header, trailer, block
-//!   CRCs and key order (invariants 11, 12);
+//!   fails its checks, or none usable while manifests exist, is a finding
+//!   at the place of the damage (the run part and offset when its runs do
+//!   not merge, `damage::locate_run_damage`), and so is a directory with
+//!   no manifest that holds data (the node refuses both); the merge of its
+//!   runs checks every run part's header, trailer, block CRCs and key
+//!   order (invariants 11, 12);
 //! - the journal files replay would read (from the manifest's replay file
-//!   on): none missing, each header, every frame's envelope and payload
+//!   on): none missing, each header (judged as the node judges it,
+//!   `damage::judge_journal_header`), every frame's envelope and payload
 //!   checksums and numbering (invariant 9); an invalid frame is a torn
 //!   tail (a note, the node cuts it) only in the newest file holding frames
 //!   and only when no later envelope shows it durable (the replay's own
@@ -18,7 +22,9 @@
 //!   dense ids from floor to head across segments and the lengths the
 //!   checkpoint records (invariants 1, 2, 4), timestamps that never
 //!   decrease (8), a small group's extents in journal and cold files; a
-//!   group the checkpoint records damaged is a finding.
+//!   group the checkpoint records damaged is a finding;
+//! - files the node's open sweeps (`damage::find_strays`), as notes, when
+//!   nothing was written after the checkpoint.
 //!
 //! Costs: one read of every file named, linear in the directory's bytes.
 
@@ -28,6 +34,7 @@ use super::walk::{self, Event};
 use super::DataDir;
 use crate::commit::journal::{self, frame, JOURNAL_HEADER_BYTES};
 use crate::error::Result;
+use crate::state::damage::{self, GroupFiles, HeaderVerdict};
 
 /// One thing `verify` found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,14 +110,47 @@ impl DataDir {
     /// errors: an `Err` means the check itself could not run (I/O).
     pub fn verify(&self) -> Result<Verified> {
         let mut v = Verified::default();
-        for (path, why) in &self.rejected {
+        for (manifest, at) in &self.rejected {
             v.findings.push(Finding {
                 group: None,
-                file: Some(path.clone()),
-                offset: 0,
-                what: format!("manifest rejected: {why}"),
+                file: Some(at.path.clone()),
+                offset: at.offset,
+                what: format!("checkpoint {} rejected: {}", manifest.display(), at.why),
                 damage: true,
             });
+        }
+        if let Some((manifest, m)) = &self.fallback {
+            // The fallback's runs: every part checked alone, as a failed
+            // merge is located (`damage::locate_run_damage`).
+            if let Some(at) = damage::locate_run_damage(&*self.ctx.vfs, &self.path, &m.runs) {
+                v.findings.push(Finding {
+                    group: None,
+                    file: Some(at.path.clone()),
+                    offset: at.offset,
+                    what: format!(
+                        "the fallback checkpoint {} (used if the newest is lost) names a \
+                         damaged run part: {}",
+                        manifest.display(),
+                        at.why
+                    ),
+                    damage: true,
+                });
+            }
+        }
+        if self.manifest.is_none() && self.rejected.is_empty() {
+            if let Some(data) = damage::data_without_checkpoint(&*self.ctx.vfs, &self.path)? {
+                v.findings.push(Finding {
+                    group: None,
+                    file: Some(crate::state::manifest::manifest_dir(&self.path)),
+                    offset: 0,
+                    what: format!(
+                        "no checkpoint (no manifest), but the directory holds data ({}): the \
+                         checkpoint state was lost (the node refuses the directory)",
+                        data.display()
+                    ),
+                    damage: true,
+                });
+            }
         }
         self.verify_journal(&mut v)?;
         for g in self.groups.values() {
@@ -176,7 +216,47 @@ impl DataDir {
             v.records += records;
             v.findings.extend(findings);
         }
+        self.verify_strays(&mut v)?;
         Ok(v)
+    }
+
+    /// Files under `groups/` that no group of a checkpoint explains, as
+    /// notes (the node sweeps them at open, `damage::find_strays`). Only
+    /// when nothing was written after the checkpoint: a group created
+    /// after it, whose directory is not stray, is known only to the
+    /// journal.
+    fn verify_strays(&self, v: &mut Verified) -> Result<()> {
+        if self.manifest.is_none() || self.frames_after_checkpoint()?.is_some() {
+            return Ok(());
+        }
+        let files = |id: u64| match self.groups.get(&id) {
+            None => GroupFiles::None,
+            Some(g) if g.damaged.is_some() || g.small.is_some() || g.segments.is_empty() => {
+                GroupFiles::NoSegments
+            }
+            Some(g) => GroupFiles::Segments {
+                head: g.head,
+                names_next: g
+                    .segments
+                    .iter()
+                    .any(|&(base, _)| Some(base) == g.head.checked_add(1)),
+            },
+        };
+        for stray in damage::find_strays(&*self.ctx.vfs, &self.path, &files)? {
+            let group = match &stray {
+                damage::Stray::Directory { group, .. } | damage::Stray::Segment { group, .. } => {
+                    *group
+                }
+            };
+            v.findings.push(Finding {
+                group: Some(group),
+                file: Some(stray.path().to_owned()),
+                offset: 0,
+                what: stray.describe(),
+                damage: false,
+            });
+        }
+        Ok(())
     }
 
     pub(super) fn verify_journal(&self, v: &mut Verified) -> Result<()> {
@@ -199,6 +279,7 @@ impl DataDir {
             Some((_, m)) => (m.replay_journal_seq, m.clean, m.pinned.clone()),
             None => (0, false, Vec::new()),
         };
+        let checkpoint = self.manifest.is_some().then_some((replay_from, clean));
         for raw in pinned {
             let Ok(raw32) = u32::try_from(raw) else {
                 continue;
@@ -244,19 +325,36 @@ impl DataDir {
             }
             expect = Some(seq + 1);
             let bytes = walk::read_file(path)?.unwrap_or_default();
-            if bytes.is_empty() {
-                continue;
-            }
-            let h = match journal::decode_header_of(&bytes) {
-                Ok(h) => h,
-                Err(why) => {
-                    let damage = bytes.len() > JOURNAL_HEADER_BYTES
-                        || (*seq == replay_from && !clean && self.manifest.is_some());
+            // The node's own judgement of the header (`damage.rs`).
+            let durable = damage::journal_header_durable(checkpoint, *seq);
+            let h = match damage::judge_journal_header(&bytes, bytes.len() as u64, durable) {
+                HeaderVerdict::Valid(h) => h,
+                HeaderVerdict::Empty => continue,
+                // No valid part: damage if a later file holds frames.
+                HeaderVerdict::Torn(why) => {
+                    walked.push((
+                        path.clone(),
+                        false,
+                        Some((0, format!("journal header: {why}"))),
+                        false,
+                    ));
+                    continue;
+                }
+                HeaderVerdict::Unsupported(version) => {
+                    finding(
+                        Some(path.clone()),
+                        8,
+                        format!("journal version {version} is not supported by this build"),
+                        true,
+                    );
+                    continue;
+                }
+                HeaderVerdict::DamagedNamed(why) | HeaderVerdict::DamagedWithFrames(why) => {
                     finding(
                         Some(path.clone()),
                         0,
                         format!("journal header: {why}"),
-                        damage,
+                        true,
                     );
                     continue;
                 }

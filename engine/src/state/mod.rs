@@ -32,6 +32,7 @@ pub(crate) mod checkpoint_stats_tests;
 #[cfg(test)]
 pub(crate) mod checkpoint_tests;
 pub(crate) mod checkpointer;
+pub(crate) mod damage;
 pub(crate) mod dirty;
 pub(crate) mod format;
 pub(crate) mod manifest;

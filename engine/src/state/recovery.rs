@@ -4,9 +4,13 @@
 //! `apply.rs`, as the commit thread applies it, skipping the frames a
 //! group's checkpointed record already reflects), and the repair of torn
 //! tails. Groups that recovery did not need to touch are loaded on first
-//! use (`Group::load_if_unloaded`). Recovery deletes nothing and takes no
-//! checkpoint itself: it cuts torn journal tails and starts a new journal
-//! file, so it can be repeated after a crash during it.
+//! use (`Group::load_if_unloaded`). Without a usable checkpoint while data
+//! exists it refuses to open (a directory scan cannot find small groups
+//! or memberships). Recovery takes no checkpoint itself: it cuts torn
+//! journal tails, sweeps stray files no group explains (`damage.rs`:
+//! empty segment files above a head, directories of no group, which go to
+//! the trash) and starts a new journal file, so it can be repeated after a
+//! crash during it.
 //!
 //! The algorithm, step by step, is in format-spec/storage.md "Recovery".
 
@@ -28,11 +32,12 @@ use crate::commit::journal::{
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::io::Vfs;
-use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
+use crate::logs::group_log::{LoadReport, LogContext, LogState};
 use crate::logs::record;
 use crate::members::cursors::CursorTable;
 use crate::members::membership::GroupMembers;
 use crate::state::checkpointer::{self, OnDisk};
+use crate::state::damage::{self, HeaderVerdict};
 use crate::state::manifest::{self, Manifest};
 use crate::state::{run, Item};
 
@@ -41,10 +46,12 @@ use crate::state::{run, Item};
 pub struct RecoveryReport {
     /// The checkpoint was written by a clean shutdown and no journal followed it.
     pub clean_shutdown: bool,
-    /// A valid checkpoint (manifest and runs) was used (otherwise every
-    /// group was rescanned).
+    /// A valid checkpoint (manifest and runs) was used (otherwise the
+    /// directory held no data: without a usable checkpoint and with data,
+    /// recovery refuses to open).
     pub checkpoint_used: bool,
-    /// Why the newest manifest was not used, if one existed and was not.
+    /// Why the newest manifest was not used, if one existed and was not
+    /// (the file and offset of its damage: the manifest, or a run part).
     pub checkpoint_rejected: Option<String>,
     /// Journal entries of frames a group's checkpointed record already
     /// reflected (at or below its `applied_lsn`), skipped.
@@ -198,7 +205,7 @@ pub(crate) struct Recovered {
     pub on_disk: OnDisk,
     /// A checkpoint should come first (the journal was replayed).
     pub needs_checkpoint: bool,
-    /// The groups whose log recovery loaded (replay, discovery, segments
+    /// The groups whose log recovery loaded (replay, segments
     /// that may lead the journal, creations replayed): the engine lists
     /// them for the idle sweep, as it lists every log loaded later.
     pub loaded: Vec<u64>,
@@ -234,12 +241,15 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     on_disk.next_ckpt_seq = manifests.last().map_or(1, |(seq, _)| seq.saturating_add(1));
     let mut replay_from = 0;
     let mut loaded = false;
+    // Where the newest rejected checkpoint is damaged (the run part and
+    // offset when its runs did not merge, else the manifest itself).
+    let mut first_damage: Option<damage::Located> = None;
     // Newest first: the first that passes its checks and whose runs load.
     let mut older = manifests.iter().rev();
     for (seq, path) in older.by_ref() {
-        let reason = match manifest::load(vfs, path)? {
-            Err(reason) => reason,
-            Ok(m) if m.ckpt_seq != *seq => format!("names checkpoint {}", m.ckpt_seq),
+        let (reason, located) = match manifest::load(vfs, path)? {
+            Err(reason) => (reason, None),
+            Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
             Ok(m) => match restore_runs(ctx, &mut catalog, &cursors, &m) {
                 Ok(()) => {
                     replay_from = m.replay_journal_seq;
@@ -254,14 +264,30 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
                     catalog = Catalog::default();
                     cursors = CursorTable::new();
                     *ctx.live.lock() = Default::default();
-                    reason
+                    let located = damage::locate_run_damage(vfs, data_dir, &m.runs);
+                    (reason, located)
                 }
             },
         };
-        log::warn!("checkpoint {} rejected: {reason}", path.display());
-        report
-            .checkpoint_rejected
-            .get_or_insert(format!("{}: {reason}", path.display()));
+        let located = located.unwrap_or_else(|| damage::Located {
+            path: path.clone(),
+            offset: 0,
+            why: reason.clone(),
+        });
+        log::warn!(
+            "checkpoint {} rejected: {}",
+            path.display(),
+            located.describe()
+        );
+        report.checkpoint_rejected.get_or_insert(format!(
+            "{}: {}",
+            path.display(),
+            located.describe()
+        ));
+        first_damage.get_or_insert(located);
+    }
+    if !loaded {
+        refuse_without_checkpoint(vfs, data_dir, first_damage)?;
     }
     // The one before it stays the fallback: the checkpointer keeps what it
     // needs until the next checkpoint is stored.
@@ -287,13 +313,6 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .as_ref()
         .map_or(1, |m| m.next_run_seq)
         .max(max_run.map_or(1, |s| s.saturating_add(1)));
-    let discovered = !loaded && report.checkpoint_rejected.is_some();
-    if discovered {
-        log::warn!(
-            "no usable checkpoint; rescanning every group (memberships come from the journal only)"
-        );
-        discover_groups(ctx, &mut catalog, &mut report)?;
-    }
 
     let files: Vec<_> = journal::list(vfs, &jdir)?
         .into_iter()
@@ -328,7 +347,8 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // missing or damaged header there is damage, not a crash while it was
     // being created. After a clean shutdown that file held no entry, so
     // damage to it loses nothing and stays tolerated, like its absence.
-    let header_durable = |seq: u64| loaded && !report_clean && seq == replay_from;
+    let checkpoint = loaded.then_some((replay_from, report_clean));
+    let header_durable = |seq: u64| damage::journal_header_durable(checkpoint, seq);
     // Replay applies entries the way the commit thread does, to the
     // registry behind the lock the commit thread uses (uncontended here).
     let shared_catalog = RwLock::new(catalog);
@@ -400,6 +420,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         load_groups_whose_segments_lead(ctx, &catalog, &mut report);
     }
     clamp_cursors_to_heads(&catalog, &cursors);
+    sweep_strays(ctx, &catalog)?;
     let mut loaded_groups = Vec::new();
     let mut stored = 0;
     for g in catalog.groups() {
@@ -426,14 +447,6 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     ctx.messages_stored
         .store(stored, std::sync::atomic::Ordering::Relaxed);
 
-    if discovered {
-        // No run holds these groups: the first checkpoint records each
-        // whole (and `fresh`), whatever replay touched.
-        for g in catalog.groups() {
-            let mut ck = g.ckpt(&ctx.dirty);
-            ctx.dirty.mark(g, &mut ck);
-        }
-    }
     on_disk.damaged = report.damaged_groups.iter().map(|(g, _)| *g).collect();
     // A new journal file after every existing one, numbered on; the
     // replayed files stay until a checkpoint no longer needs them.
@@ -487,6 +500,48 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         needs_checkpoint,
         loaded: loaded_groups,
     })
+}
+
+/// Without a usable checkpoint the node does not open: a directory scan
+/// cannot see small groups (their records are in journal files only the
+/// checkpoint names) nor memberships, so opening would silently lose them.
+/// A directory with no manifest at all is new only if it holds no data
+/// (`damage::data_without_checkpoint`). `damage` names where the newest
+/// rejected checkpoint is damaged.
+fn refuse_without_checkpoint(
+    vfs: &dyn Vfs,
+    data_dir: &Path,
+    damage: Option<damage::Located>,
+) -> Result<()> {
+    const HINT: &str = "The data directory was not opened, so nothing was dropped: restore \
+        the checkpoint files (manifest/ and state/) or the data directory from a backup; \
+        `tidemark ctl verify` names every damaged file";
+    if let Some(d) = damage {
+        return Err(Error::Corrupt {
+            path: d.path,
+            group: None,
+            offset: d.offset,
+            reason: format!(
+                "no usable checkpoint: every kept manifest was rejected, the newest because \
+                 of this damage ({}). Without a checkpoint, small groups (whose records are \
+                 in journal files) and memberships cannot be found. {HINT}",
+                d.why
+            ),
+        });
+    }
+    if let Some(path) = damage::data_without_checkpoint(vfs, data_dir)? {
+        return Err(Error::Corrupt {
+            path: manifest::manifest_dir(data_dir),
+            group: None,
+            offset: 0,
+            reason: format!(
+                "no checkpoint (no manifest), but the directory holds data ({}): the \
+                 checkpoint state was lost, this is not a new directory. {HINT}",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The files of `files` after the one at `path`.
@@ -712,6 +767,54 @@ fn restore_runs(
     Ok(())
 }
 
+/// After replay, before anything is served: what no group explains under
+/// `groups/` (`damage::find_strays`) goes. The directory of a group that
+/// does not exist (a deletion whose move to the trash was not durable, a
+/// promotion of a group deleted since) is moved to the trash, which the
+/// worker empties after the open; a segment file above a group's head that
+/// its state does not name and that holds no record (left by a roll or a
+/// rewrite a stop cut short) is removed. Each is logged. A damaged group's
+/// files are evidence for `ctl repair` and are left alone, and so is a
+/// stray segment that holds records (loading the group adopts them).
+fn sweep_strays(ctx: &LogContext, catalog: &Catalog) -> Result<()> {
+    let vfs = &*ctx.vfs;
+    let files = |id: u64| {
+        let Some(g) = catalog.get(id) else {
+            return damage::GroupFiles::None;
+        };
+        let state = match &*g.log.read() {
+            LogSlot::Unloaded(state) => state.clone(),
+            LogSlot::Loaded(log) => log.state(),
+            LogSlot::Small(_) | LogSlot::Damaged { .. } | LogSlot::Deleted => {
+                return damage::GroupFiles::NoSegments
+            }
+        };
+        if state.segments.is_empty() {
+            return damage::GroupFiles::NoSegments;
+        }
+        let next = state.head.saturating_add(1);
+        damage::GroupFiles::Segments {
+            head: state.head,
+            names_next: state.segments.iter().any(|&(base, _)| base == next),
+        }
+    };
+    for stray in damage::find_strays(vfs, &ctx.config.data_dir, &files)? {
+        match &stray {
+            damage::Stray::Directory { group, path } => {
+                log::warn!("{}: {}", path.display(), stray.describe());
+                ctx.trash.put(vfs, *group, path)?;
+            }
+            damage::Stray::Segment { path, .. } if stray.is_empty_segment() => {
+                log::warn!("{}: {}", path.display(), stray.describe());
+                vfs.remove_file(path)
+                    .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            }
+            damage::Stray::Segment { .. } => {}
+        }
+    }
+    Ok(())
+}
+
 /// After replay: no cursor beyond its group's head.
 fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
     let mut moved = Vec::new();
@@ -725,53 +828,6 @@ fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
             g.members.lock().advance(old, new);
         }
     }
-}
-
-/// Without a usable checkpoint: every group directory is opened and its
-/// active segment scanned.
-fn discover_groups(
-    ctx: &LogContext,
-    catalog: &mut Catalog,
-    report: &mut RecoveryReport,
-) -> Result<()> {
-    let vfs = &*ctx.vfs;
-    let root = ctx.config.data_dir.join("groups");
-    for shard in vfs
-        .read_dir(&root)
-        .map_err(|e| Error::io(format!("list {}", root.display()), e))?
-    {
-        let Ok(dirs) = vfs.read_dir(&shard) else {
-            continue;
-        };
-        for dir in dirs {
-            let Some(id) = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| u64::from_str_radix(n, 16).ok())
-            else {
-                continue;
-            };
-            if ctx.group_dir(id) != dir {
-                continue; // not a directory this engine would have made
-            }
-            match GroupLog::discover(ctx, id) {
-                Ok((log, load)) => {
-                    if load.bytes_cut > 0 {
-                        report.cuts.push((
-                            format!("group {id} active segment"),
-                            load.bytes_cut,
-                            "torn or unsynced tail".into(),
-                        ));
-                    }
-                    catalog.insert(id, LogSlot::Loaded(Box::new(log)));
-                }
-                Err(e) => {
-                    catalog.insert(id, LogSlot::damaged(e.to_string()));
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The end of a journal file's valid part, when it ends early.
@@ -857,49 +913,52 @@ impl Replay<'_> {
                  from a backup"
             ),
         };
-        let Some(map) = journal::map_file(&*self.st.ctx.vfs, path)? else {
-            if header_durable {
-                return Err(damaged_header("journal file is empty (0 bytes)"));
-            }
-            return Ok(FileOutcome::default());
-        };
-        if let Some(version) = journal::unsupported_version(&map) {
-            let what = if version < JOURNAL_VERSION {
-                " (it was written by tidemark 0.1, storage format 1)"
-            } else {
-                ""
-            };
-            return Err(Error::Corrupt {
-                path: path.to_owned(),
-                group: None,
-                offset: 8,
-                reason: format!("journal version {version} is not supported by this build{what}"),
-            });
-        }
+        let map = journal::map_file(&*self.st.ctx.vfs, path)?;
+        let bytes: &[u8] = map.as_deref().unwrap_or_default();
         let torn = |valid: usize, reason: String| TornTail {
             path: path.to_owned(),
             valid: valid as u64,
-            len: map.len() as u64,
+            len: bytes.len() as u64,
             reason,
         };
-        let header = match journal::decode_header_of(&map) {
-            Ok(h) => h,
-            Err(reason) if header_durable => return Err(damaged_header(&reason)),
+        // The one judgement of a header that `ctl verify` and `ctl repair`
+        // make too (`damage.rs`).
+        let header = match damage::judge_journal_header(bytes, bytes.len() as u64, header_durable) {
+            HeaderVerdict::Valid(h) => h,
+            HeaderVerdict::Empty => return Ok(FileOutcome::default()),
+            HeaderVerdict::Unsupported(version) => {
+                let what = if version < JOURNAL_VERSION {
+                    " (it was written by tidemark 0.1, storage format 1)"
+                } else {
+                    ""
+                };
+                return Err(Error::Corrupt {
+                    path: path.to_owned(),
+                    group: None,
+                    offset: 8,
+                    reason: format!(
+                        "journal version {version} is not supported by this build{what}"
+                    ),
+                });
+            }
+            HeaderVerdict::DamagedNamed(reason) => return Err(damaged_header(&reason)),
             // A file longer than its header holds frames, and the writer
             // writes the first frame only after the header and the file's
             // directory entry are synced (`Journal::create`): the header
             // was durable, so this is damage, whichever file it is.
-            Err(reason) if map.len() > JOURNAL_HEADER_BYTES => {
+            HeaderVerdict::DamagedWithFrames(reason) => {
                 return Err(damaged_header_with_frames(path, &reason))
             }
-            // A crash while creating the file: nothing in it was acknowledged.
-            Err(reason) => {
+            // A crash while creating the file: nothing in it was
+            // acknowledged (damage if a later file holds frames: `recover`).
+            HeaderVerdict::Torn(reason) => {
                 return Ok(FileOutcome {
                     torn: Some(torn(0, reason)),
                     ..FileOutcome::default()
                 })
             }
         };
+        let map = bytes;
         self.report.journal_files_replayed += 1;
         let mut outcome = FileOutcome {
             segments_may_lead: header.segments_may_lead(),
@@ -911,7 +970,7 @@ impl Replay<'_> {
         // bad frame, kept while it still lies after the next one.
         let mut proof: Option<(u64, usize)> = None;
         loop {
-            let mut it = FrameIter::new(&map, pos, header.mark_key, lsn, round);
+            let mut it = FrameIter::new(map, pos, header.mark_key, lsn, round);
             for f in it.by_ref() {
                 outcome.frames += 1;
                 if f.envelope.kind == FrameKind::Round {
@@ -922,7 +981,7 @@ impl Replay<'_> {
                     outcome.replayed += 1;
                     let at = Located {
                         seq,
-                        buf: &map,
+                        buf: map,
                         start: 0,
                     };
                     self.frame_entries(f.entries(), f.envelope.lsn, at)?;
@@ -935,13 +994,13 @@ impl Replay<'_> {
             };
             let bad = pos;
             if proof.is_none_or(|(_, at)| at <= bad) {
-                proof = frame::furthest_proof_from(&map, bad + 1, header.mark_key);
+                proof = frame::furthest_proof_from(map, bad + 1, header.mark_key);
             }
             let Some((synced, proof_at)) = proof.filter(|&(synced, _)| synced > bad as u64) else {
                 outcome.torn = Some(torn(bad, reason));
                 break;
             };
-            match self.restore_frame(&map, bad, header.mark_key, lsn, round) {
+            match self.restore_frame(map, bad, header.mark_key, lsn, round) {
                 Ok(r) => {
                     log::warn!(
                         "journal {} offset {bad}: {reason}; the frame (lsn {lsn}) was durable and \

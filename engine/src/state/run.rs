@@ -823,6 +823,8 @@ pub(crate) struct PartReader<'a> {
     pending: Option<Item>,
     seen: u64,
     failed: bool,
+    /// Where the block being read starts (where a block error lies).
+    block_at: u64,
 }
 
 impl<'a> PartReader<'a> {
@@ -913,6 +915,7 @@ impl<'a> PartReader<'a> {
             pending: None,
             seen: 0,
             failed: false,
+            block_at: RUN_HEADER_BYTES as u64,
         })
     }
 
@@ -933,6 +936,7 @@ impl<'a> PartReader<'a> {
         let off = ir.u64()? as usize;
         let blen = ir.u32()? as usize;
         let first = read_key(&mut ir)?;
+        self.block_at = off as u64;
         let b = &self.bytes[off..off + blen];
         let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let len_field = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
@@ -1013,6 +1017,56 @@ impl Iterator for PartReader<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         self.next_or_first_error()
     }
+}
+
+/// Checks one part alone, every byte of it, against what its manifest
+/// entry says (`meta`), as a merge would read it: `Err((offset, why))`
+/// names where the first damage lies (0 for the header, the trailer's
+/// offset for the trailer and the index, a block's own offset for a
+/// block). Recovery, `ctl verify` and `ctl repair` name a damaged
+/// checkpoint's file and offset with it.
+pub(crate) fn check_part(bytes: &[u8], meta: &PartMeta) -> Result<(), (u64, String)> {
+    let trailer_at = bytes.len().saturating_sub(RUN_TRAILER_BYTES) as u64;
+    let header_ok = || {
+        bytes.len() >= RUN_HEADER_BYTES
+            && check_header(
+                &bytes[..RUN_HEADER_BYTES],
+                "run part",
+                &RUN_MAGIC,
+                RUN_VERSION,
+                bytes[32..60].iter().all(|&b| b == 0),
+            )
+            .is_ok()
+    };
+    let mut r = PartReader::open(bytes, RUN_FILE_BYTES_READ_MAX)
+        .map_err(|why| (if header_ok() { trailer_at } else { 0 }, why))?;
+    if (r.run_seq, r.part) != (meta.run_seq, meta.part) {
+        return Err((
+            12,
+            format!(
+                "the header names run {} part {}, the manifest run {} part {}",
+                r.run_seq, r.part, meta.run_seq, meta.part
+            ),
+        ));
+    }
+    if (r.item_count, r.trailer_crc) != (meta.item_count, meta.trailer_crc)
+        || bytes.len() as u64 != meta.file_len
+        || r.first_key().ok() != Some(meta.first_key)
+    {
+        return Err((
+            trailer_at,
+            "the part's trailer is not the one the manifest names".into(),
+        ));
+    }
+    while let Some(item) = r.next() {
+        if let Err(why) = item {
+            return Err((r.block_at, why));
+        }
+    }
+    if r.last_key() != Some(meta.last_key) {
+        return Err((trailer_at, "last key differs from the manifest".into()));
+    }
+    Ok(())
 }
 
 /// The items of a whole run, part after part, each part checked against

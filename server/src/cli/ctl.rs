@@ -13,8 +13,9 @@
 //! Exit status ([`EXIT_CLEAN`], [`EXIT_DAMAGE`], [`EXIT_ERROR`]), like
 //! `PRAGMA integrity_check` answers "ok" or the problems: 0 when the
 //! command did what it was asked and, for `verify`, found no damage; 1 when
-//! `verify` found damage, or `repair` refused, left a group unrepaired, or
-//! was not given `--yes` while there was something to do; 2 when the
+//! `verify` found damage, or `repair` refused, left a group unrepaired,
+//! found nothing it can do while `verify` finds damage, or was not given
+//! `--yes` while there was something to do; 2 when the
 //! command could not run (usage, a locked, missing or unreadable directory,
 //! a group that does not exist).
 
@@ -540,9 +541,23 @@ fn repair(a: RepairArgs) -> Result<u8, String> {
         s.push_str(&format!("group {g} cannot be repaired: {why}\n"));
     }
     if plan.is_empty() {
-        s.push_str("nothing to repair\n");
+        // Repair and verify agree on what is damage: damage this tool
+        // does not repair is said, not hidden behind "nothing to repair".
+        let v = match target {
+            RepairTarget::AllDamaged => d.verify().map_err(|e| e.to_string())?,
+            _ => Default::default(),
+        };
+        let left: Vec<_> = v.findings.iter().filter(|f| f.damage).collect();
+        if left.is_empty() {
+            s.push_str("nothing to repair\n");
+        } else {
+            s.push_str("nothing this tool can repair, but verify finds damage:\n");
+            for f in &left {
+                s.push_str(&format!("  {f}\n"));
+            }
+        }
         out(&s);
-        return Ok(if plan.unrepairable.is_empty() {
+        return Ok(if plan.unrepairable.is_empty() && left.is_empty() {
             EXIT_CLEAN
         } else {
             EXIT_DAMAGE

@@ -132,7 +132,7 @@ pub(crate) fn encode_header(start: JournalStart, mark_key: u32) -> [u8; JOURNAL_
 /// client cannot predict (SipHash under the process's random keys, over
 /// the time), not one that is secret in any stronger sense: it only keeps
 /// record payloads, which clients choose, from passing for envelopes.
-fn new_mark_key(seq: u64) -> u32 {
+pub(crate) fn new_mark_key(seq: u64) -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(seq);
