@@ -15,6 +15,9 @@ BP=${2:-7400}
 WORK=$(mktemp -d)
 pids=""
 trap 'kill $pids 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+# The members' shared secret (format-spec/cluster.md section 7.1).
+head -c 32 /dev/urandom | base64 >"$WORK/cluster-token"
+chmod 600 "$WORK/cluster-token"
 for i in 1 2 3; do
     peers=""
     for j in 1 2 3; do
@@ -22,7 +25,8 @@ for i in 1 2 3; do
     done
     # shellcheck disable=SC2086
     RUST_LOG=info "$BIN" serve --data "$WORK/c$i" --listen "127.0.0.1:$((BP + i))" \
-        --cluster-node-id "$i" --cluster-listen "127.0.0.1:$((BP + 10 + i))" $peers \
+        --cluster-node-id "$i" --cluster-listen "127.0.0.1:$((BP + 10 + i))" \
+        --cluster-token-file "$WORK/cluster-token" $peers \
         >"$WORK/c$i.out" 2>"$WORK/c$i.log" &
     pids="$pids $!"
 done
