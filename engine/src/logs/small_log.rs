@@ -369,6 +369,6 @@ pub(crate) fn cut_past_journal_ends(
     }
     drop(live);
     let new_head = list.next_id() - 1;
-    group.publish_head(new_head);
+    group.recover_head(new_head);
     Some(new_head + 1..=head)
 }
