@@ -403,6 +403,14 @@ impl Group {
         );
     }
 
+    /// Recovery only, before any reader or sender can see the group: sets
+    /// the visible head also below the one restored, when the records
+    /// above it were lost with journal bytes a power cut took back
+    /// (`small_log::cut_past_journal_ends`).
+    pub(crate) fn recover_head(&self, head: u64) {
+        self.visible_head.store(head, Ordering::Release);
+    }
+
     /// Checks (debug builds) that the visible head is the slot's head. The
     /// caller holds `log` (for reading or writing), so no publish is under
     /// way.

@@ -70,6 +70,10 @@ mod ready;
 #[cfg(test)]
 mod ready_tests;
 #[cfg(test)]
+mod retention_race_tests;
+#[cfg(test)]
+mod shared_file_tests;
+#[cfg(test)]
 mod spec_vectors;
 mod state;
 #[cfg(test)]

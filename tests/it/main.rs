@@ -42,6 +42,7 @@ mod receipts;
 mod retention;
 mod segment_damage;
 mod shards;
+mod shared_file_damage;
 mod spec_limits;
 mod storage_format;
 mod torture;

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
 use crate::logs::record;
 
@@ -302,6 +302,13 @@ impl DedupWindow {
     /// record is younger than `age_ms`. With `Scan::Refused`, a sealed
     /// segment whose index is not built stops it with `NeedsIndex` (the
     /// caller builds that index without the log's lock and tries again).
+    ///
+    /// A sealed segment that fails its check (`GroupDamaged`) is left out:
+    /// storage.md section 4 says such a group still takes sends, and its
+    /// other records are served; the window then lacks that segment's
+    /// sends (a retransmit of one of them would be stored again, as a new
+    /// message: its original cannot be read anyway). Damage in the active
+    /// segment fails the rebuild.
     pub fn rebuild(
         log: &GroupLog,
         ctx: &LogContext,
@@ -325,9 +332,14 @@ impl DedupWindow {
         let mut seg = log.segment_of(by_count);
         let mut start = log.segment_base(seg);
         while seg > 0 {
-            let first_ts = scanned!(log.first_header_from(ctx, scan, seg))
-                .map(|h| h.timestamp_ms)
-                .unwrap_or(0);
+            let first_ts = match log.first_header_from(ctx, scan, seg) {
+                Ok(read) => scanned!(Ok::<_, Error>(read))
+                    .map(|h| h.timestamp_ms)
+                    .unwrap_or(0),
+                // Nothing to read back there: the window starts after it.
+                Err(Error::GroupDamaged { .. }) if log.is_sealed(seg) => break,
+                Err(e) => return Err(e),
+            };
             if first_ts.saturating_add(limits.age_ms) < now_ms {
                 break;
             }
@@ -337,7 +349,18 @@ impl DedupWindow {
         let start = start.max(cap);
         let mut after = start - 1;
         while after < head {
-            let batch = scanned!(log.read_with(ctx, scan, after, 4096, usize::MAX));
+            // One segment at a time, so a damaged one is skipped whole.
+            let seg = log.segment_of(after + 1);
+            let count = (log.segment_last_id(seg) - after).min(4096) as usize;
+            let batch = match log.read_with(ctx, scan, after, count, usize::MAX) {
+                Ok(read) => scanned!(Ok::<_, Error>(read)),
+                Err(Error::GroupDamaged { reason, .. }) if log.is_sealed(seg) => {
+                    log::warn!("the dedup window leaves out a damaged segment: {reason}");
+                    after = log.segment_last_id(seg);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             window.insert_batch(&batch, limits);
             after = batch.last_id;
         }

@@ -32,6 +32,34 @@ pub trait VfsFile: Send + Sync {
     fn map(&self, len: usize) -> io::Result<memmap2::Mmap>;
 }
 
+/// The guard every read through a mapping of a segment or shared file
+/// makes before it touches the mapping (format-spec/storage.md section 4,
+/// "Reads"): a mapping trusts the file, and touching a mapped page the
+/// file no longer holds raises SIGBUS. So a file at `path` holding fewer
+/// than `needed` bytes (cut, or lost data, under the engine) fails the
+/// read with `GroupDamaged` of `group`, naming the file. One fstat.
+pub(crate) fn check_mapped_len(
+    file: &dyn VfsFile,
+    path: &Path,
+    group: u64,
+    needed: u64,
+) -> crate::error::Result<()> {
+    let len = file
+        .file_len()
+        .map_err(|e| crate::error::Error::io(format!("stat {}", path.display()), e))?;
+    if len < needed {
+        return Err(crate::error::Error::GroupDamaged {
+            group,
+            reason: format!(
+                "{}: file is {len} bytes but the log holds {needed} bytes in it \
+                 (cut or damaged outside the node)",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// How a file is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs, VfsFile};
-use crate::logs::extents::{Extent, FileId, EXTENT_COUNT_MAX};
+use crate::logs::extents::{Extent, FileId, Piece, EXTENT_COUNT_MAX};
 use crate::logs::record::{self, RECORD_BYTES_STORED_MAX, RECORD_HEADER_BYTES};
 
 pub const COLD_HEADER_BYTES: usize = 32;
@@ -300,6 +300,57 @@ fn check_records(
                 "{count} records end {} bytes before the extent's end",
                 records.len() - pos
             ),
+        ));
+    }
+    Ok(())
+}
+
+/// Proves that the extent `piece` of `group`, read through `map` (the
+/// whole cold file, at least up to the extent's end), is that group's:
+/// the file header names the file's own seq, and the extent header just
+/// before the records (they start 32 bytes after it, module docs) checks
+/// out and names `group`, the piece's first id, count and bytes. A record
+/// carries no group id, so this is what keeps a reader from serving
+/// another group's valid records at the place a list names (a file
+/// restored from elsewhere, a number given twice). Costs two header CRCs
+/// (60 bytes) per extent read. `Err` says what does not match, with the
+/// file offset.
+pub fn check_owner(map: &[u8], group: u64, piece: &Piece) -> Result<(), String> {
+    let ext = &piece.ext;
+    let file = ColdHeader::decode(map).map_err(|e| e.to_string())?;
+    if file.seq != ext.file().seq() {
+        return Err(format!(
+            "offset 16: the file's header names cold file {}, not {}",
+            file.seq,
+            ext.file().seq()
+        ));
+    }
+    let at = u64::from(ext.offset())
+        .checked_sub(EXTENT_HEADER_BYTES as u64)
+        .filter(|&at| at >= COLD_HEADER_BYTES as u64)
+        .ok_or_else(|| {
+            format!(
+                "offset {}: an extent cannot start there (no extent header before it)",
+                ext.offset()
+            )
+        })?;
+    // Invariant: the caller mapped at least up to the extent's end, past `at + 32`.
+    let h = ExtentHeader::decode(&map[at as usize..], at).map_err(|e| e.to_string())?;
+    let (want, found) = (
+        (group, piece.first_id, ext.count(), ext.bytes()),
+        (h.group_id, h.first_msg_id, h.count, h.bytes),
+    );
+    if want != found {
+        return Err(format!(
+            "offset {at}: the extent there holds {} records of group {} from msg_id {} in {} \
+             bytes, where {} records of group {group} from msg_id {} in {} bytes were expected",
+            h.count,
+            h.group_id,
+            h.first_msg_id,
+            h.bytes,
+            ext.count(),
+            piece.first_id,
+            ext.bytes()
         ));
     }
     Ok(())

@@ -469,6 +469,28 @@ impl ExtentList {
         Ok(())
     }
 
+    /// Keeps the first `n` extents only (recovery: the records of the
+    /// others were lost with a journal's unsynced tail) and hands each
+    /// dropped extent to `dropped`. Refused (`false`, nothing changes) when
+    /// that would drop the extent holding the floor above the list's first
+    /// id: its ids below the floor were given out, and a list that starts
+    /// over at `first_id` would give them again.
+    pub fn truncate(&mut self, n: usize, mut dropped: impl FnMut(&Extent)) -> bool {
+        let len = self.extents().len();
+        if n >= len {
+            return true;
+        }
+        if n == 0 && self.floor != self.first_id {
+            return false;
+        }
+        for e in &self.extents()[n..] {
+            dropped(e);
+        }
+        self.slots.splice(n..len, None);
+        self.check();
+        true
+    }
+
     /// Invariant E1, its in-memory half (see the module docs). Debug builds
     /// only: it walks the list.
     fn check(&self) {
@@ -843,6 +865,32 @@ mod tests {
         assert!(e.verified().is_verified());
         assert_eq!(e.verified().count(), 2);
         assert!(e.same_place(&e.verified()));
+    }
+
+    #[test]
+    fn a_truncate_keeps_the_first_extents_and_never_the_ids_below_the_floor() {
+        let j = FileId::journal(1).unwrap();
+        let mut list = ExtentList::new(1);
+        list.append(1, Extent::new(j, 100, 88, 2).unwrap());
+        list.append(3, Extent::new(j, 300, 44, 1).unwrap());
+        list.append(4, Extent::new(j, 400, 88, 2).unwrap());
+        let mut gone = Vec::new();
+        assert!(list.truncate(1, |e| gone.push(e.offset())));
+        assert_eq!(gone, [300, 400]);
+        assert_eq!((list.first_id(), list.floor(), list.next_id()), (1, 1, 3));
+        assert!(list.truncate(5, |_| panic!("nothing past the end")));
+        // Below a floor inside the first extent: its ids were given out,
+        // so dropping it (the list would start over at them) is refused.
+        list.trim(2, |_| {});
+        assert!(!list.truncate(0, |_| panic!("refused")));
+        assert_eq!(list.next_id(), 3);
+        let mut whole = ExtentList::new(1);
+        whole.append(1, Extent::new(j, 100, 88, 2).unwrap());
+        assert!(whole.truncate(0, |_| {}));
+        assert_eq!(
+            (whole.first_id(), whole.floor(), whole.next_id()),
+            (1, 1, 1)
+        );
     }
 
     #[test]

@@ -1217,6 +1217,19 @@ impl GroupLog {
         Ok(Ok(batch))
     }
 
+    /// Id of the last record of segment `i`: the next one's base − 1, or
+    /// the head for the active segment.
+    pub fn segment_last_id(&self, i: usize) -> u64 {
+        self.segments
+            .get(i + 1)
+            .map_or(self.head, |next| next.base_id - 1)
+    }
+
+    /// Whether segment `i` is sealed (not the active one).
+    pub fn is_sealed(&self, i: usize) -> bool {
+        i + 1 < self.segments.len()
+    }
+
     /// Header of the first record of segment `segment_i`, for dedup rebuilds.
     pub fn first_header_from(
         &self,

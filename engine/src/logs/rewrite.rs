@@ -77,12 +77,15 @@ pub struct ReclaimStats {
 }
 
 /// One copy waiting for its install: the extents it replaces (a run of
-/// the group's list), the id of their first record, and the new extent.
+/// the group's list), the id of their first record, the new extent, and
+/// the group's quiet ids among the copied records before the copy (the
+/// recalled messages it wrote erased are among them).
 struct Copy {
     group: Arc<Group>,
     old: Vec<Extent>,
     first_id: u64,
     new: Extent,
+    quiet: Vec<u64>,
 }
 
 /// A run of a group's records a copy left where it was: its records do
@@ -106,13 +109,30 @@ pub(crate) struct Reclaimer {
 }
 
 impl Reclaimer {
-    /// A reclaimer whose first cold file comes after every one in the
-    /// journal directory (a cold file is never appended to after a
-    /// restart); the existing ones are accounted with their lengths, sealed.
-    pub fn new(ctx: &LogContext) -> Reclaimer {
+    /// A reclaimer whose first cold file is numbered above every cold
+    /// file that exists or that a checkpoint may still name: those in the
+    /// journal directory, those the restored state's extents name (the
+    /// live accounting holds them, present or not) and those either kept
+    /// manifest pins (`pinned`, raw file ids). A cold file number is never
+    /// given twice while anything names the old file of that number: a
+    /// lost newest cold file would otherwise get its number again, and the
+    /// extents naming it would point into other groups' records (a cold
+    /// file is never appended to after a restart either). The existing
+    /// ones are accounted with their lengths, sealed.
+    pub fn new(ctx: &LogContext, pinned: impl IntoIterator<Item = u64>) -> Reclaimer {
         let dir = journal::journal_dir(&ctx.config.data_dir);
-        let mut next = 1;
         let mut live = ctx.live.lock();
+        let named = live
+            .files()
+            .map(|(f, _)| f)
+            .chain(
+                pinned
+                    .into_iter()
+                    .filter_map(|raw| u32::try_from(raw).ok().map(FileId::from_raw)),
+            )
+            .filter(|f| f.kind() == FileKind::Cold)
+            .map(|f| f.seq());
+        let mut next = named.max().map_or(1, |seq| seq + 1);
         for p in ctx.vfs.read_dir(&dir).unwrap_or_default() {
             let Some(seq) = cold::parse_file_name(&p) else {
                 continue;
@@ -217,6 +237,9 @@ impl Reclaimer {
     ) -> Result<()> {
         let pending: Vec<u64> = ctx.erase_groups.lock().iter().copied().collect();
         let mut victims = BTreeSet::new();
+        // Each group with its list as this pass starts: only those ids
+        // leave it below (one listed meanwhile, by a recall applied or
+        // found at an install, waits for the next pass).
         let mut groups = Vec::new();
         for id in pending {
             let Some(g) = catalog.read().get(id).cloned() else {
@@ -228,7 +251,7 @@ impl Reclaimer {
             } else {
                 continue;
             }
-            groups.push(g);
+            groups.push((g, ids));
         }
         let live = ctx.live.lock();
         self.erased.retain(|&f| live.usage(f).is_some());
@@ -288,9 +311,8 @@ impl Reclaimer {
             crate::logs::small_log::damage(ctx, &l.group, reason);
             ctx.erase_groups.lock().remove(&l.group.id);
         }
-        for g in groups {
+        for (g, ids) in groups {
             let mut ck = g.ckpt(&ctx.dirty);
-            let ids = g.erase_ids();
             let done: Vec<u64> = match &*g.log.read() {
                 LogSlot::Small(list) => ids
                     .iter()
@@ -381,7 +403,7 @@ impl Reclaimer {
         let mut count = 0u32;
         let first_id = run[0].first_id.max(floor);
         for p in run {
-            let map = match ctx.shared_files.map(group.id, p.ext.file(), p.ext.end()) {
+            let map = match ctx.shared_files.map_piece(group.id, p) {
                 Ok(m) => m,
                 Err(e) => {
                     log::warn!("group {}: records left in place: {e}", group.id);
@@ -407,6 +429,8 @@ impl Reclaimer {
             // `skip` < the piece's count (E1), so this fits u32.
             count += p.ext.count() - skip as u32;
         }
+        // Before the copy erases them: an install compares (`install`).
+        let quiet = group.quiet_between(first_id, (first_id + u64::from(count)).saturating_sub(1));
         if let Some((id, e)) = damaged_recalled(group, &records) {
             let why = format!(
                 "{}: recalled message {id} does not check out: {e}",
@@ -448,12 +472,21 @@ impl Reclaimer {
             old: run.iter().map(|p| p.ext).collect(),
             first_id,
             new: appended.extent,
+            quiet,
         }))
     }
 
     /// Installs each copy if the group still holds exactly the extents it
     /// replaces; the moved bytes change files in the accounting and the
     /// group is recorded by the next checkpoint.
+    ///
+    /// A recall applied between the copy and the install (under the
+    /// checkpoint lock held here, apply takes it to add quiet ids) found
+    /// its target in the old place and listed nothing, or listed it for
+    /// the old cold file; the copy holds its payload unerased. So the
+    /// recalled messages quiet now and not at the copy go on the group's
+    /// erase list, with the install: the cold-file erasure (`erase_cold`,
+    /// this pass or the next) compacts the new file.
     fn install(
         &mut self,
         ctx: &LogContext,
@@ -469,6 +502,17 @@ impl Reclaimer {
             if !installed {
                 stats.stale_copies += 1;
                 continue;
+            }
+            let last = (c.first_id + u64::from(c.new.count())).saturating_sub(1);
+            let recalled_meanwhile: Vec<u64> = c
+                .group
+                .quiet_between(c.first_id, last)
+                .into_iter()
+                .filter(|id| c.quiet.binary_search(id).is_err())
+                .collect();
+            if !recalled_meanwhile.is_empty() {
+                c.group.add_erase(&recalled_meanwhile);
+                ctx.erase_groups.lock().insert(c.group.id);
             }
             let mut live = ctx.live.lock();
             for e in &c.old {

@@ -222,18 +222,7 @@ impl SegmentFile {
     /// mapping must not be touched there (SIGBUS). One fstat, made before
     /// every read of the mapping.
     pub fn check_len(&self, group: u64, needed: u64) -> Result<()> {
-        let len = self.file_len()?;
-        if len < needed {
-            return Err(Error::GroupDamaged {
-                group,
-                reason: format!(
-                    "{}: file is {len} bytes but the log holds {needed} bytes in it \
-                     (cut or damaged outside the node)",
-                    self.path.display()
-                ),
-            });
-        }
-        Ok(())
+        crate::io::check_mapped_len(&*self.file, &self.path, group, needed)
     }
 
     /// Reads exactly `buf.len()` bytes at `offset` with `pread` (not through

@@ -334,3 +334,42 @@ pub(crate) fn restore_live(ctx: &LogContext, list: &ExtentList) {
         live.add(ext);
     }
 }
+
+/// Recovery, after the journal's torn tails were cut: the extents a
+/// checkpoint recorded for a small group may reach past the valid end of
+/// a journal file written under `never` or `interval` (`ends`: each such
+/// file's seq and valid length), when the power went before the file's
+/// bytes were synced (a checkpoint stored by this build syncs them first,
+/// checkpointer K3; an older one did not). Those records were never
+/// durable under that policy, and the group's later records are lost with
+/// them (the journal keeps order). The list is cut before the first such
+/// extent and the head lowered to the records that remain, instead of
+/// damaging the group; their ids will be given again, as for any append
+/// such a power cut loses (storage.md section 1). Returns the ids lost,
+/// `None` if nothing was cut. The caller holds the group's checkpoint lock
+/// and marks it dirty.
+pub(crate) fn cut_past_journal_ends(
+    ctx: &LogContext,
+    group: &Group,
+    ends: &[(u64, u64)],
+) -> Option<std::ops::RangeInclusive<u64>> {
+    let mut slot = group.log.write();
+    let LogSlot::Small(list) = &mut *slot else {
+        return None;
+    };
+    let lost_from = list.extents().iter().position(|e| {
+        e.file().kind() == crate::logs::extents::FileKind::Journal
+            && ends
+                .iter()
+                .any(|&(seq, valid)| e.file().seq() == seq && e.end() > valid)
+    })?;
+    let head = list.next_id() - 1;
+    let mut live = ctx.live.lock();
+    if !list.truncate(lost_from, |e| live.remove(e)) {
+        return None;
+    }
+    drop(live);
+    let new_head = list.next_id() - 1;
+    group.recover_head(new_head);
+    Some(new_head + 1..=head)
+}

@@ -11,12 +11,17 @@
 //! a read needs bytes past its end.
 //!
 //! Invariants:
-//! - a mapping is used only below the length the file had when it was
-//!   mapped (checked with one `fstat` first), so a read never touches a
-//!   page past the end of the file (no SIGBUS, storage.md section 4
-//!   "Reads"). Journal files are never cut while the engine runs (only
-//!   recovery cuts a torn tail) and deleting one keeps its mapping valid,
-//!   so a reader never races with deletion;
+//! - a mapping is touched only below the length the file has now: every
+//!   use measures the file first (one `fstat`, `io::check_mapped_len`, the
+//!   guard segments use), also when a mapping made earlier is long enough,
+//!   so a file cut under the engine (by another program: the engine cuts
+//!   none while it runs) is `GroupDamaged`, not SIGBUS (storage.md section
+//!   4 "Reads", with the windows it lists). Deleting a file keeps its
+//!   mapping valid, so a reader never races with deletion;
+//! - an extent is served only from a file that says it holds the group's
+//!   records there ([`SharedFiles::map_piece`]: a cold file's extent
+//!   header, a journal file's own seq), so another group's valid records
+//!   at the place a list names are never served;
 //! - every record served was walked by [`extents::read_run`]: its id is the
 //!   one the list says and, until its extent is `verified`, its CRC holds;
 //!   anything else (a damaged record, a missing or short file) is
@@ -40,14 +45,16 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::io::{OpenMode, Vfs};
-use crate::logs::extents::{self, Extent, ExtentList, FileId, FileKind};
+use crate::io::{OpenMode, Vfs, VfsFile};
+use crate::logs::extents::{self, Extent, ExtentList, FileId, FileKind, Piece};
 use crate::logs::group_log::{Chunk, ReadBatch};
 
 /// A read-only mapping of a whole shared file, as long as the file was
-/// when it was mapped.
+/// when it was mapped, with the open file: every use measures it first
+/// ([`SharedFiles::map`]).
 pub struct SharedMap {
     path: PathBuf,
+    file: Box<dyn VfsFile>,
     map: memmap2::Mmap,
 }
 
@@ -107,20 +114,27 @@ impl SharedFiles {
 
     /// A mapping of `file` holding at least `end` bytes. The file is
     /// opened, measured and mapped only if no cached mapping is that long
-    /// (the active journal file grows). A missing file, or one shorter
-    /// than `end`, is damage of `group` (its extent names bytes the file
-    /// does not hold).
+    /// (the active journal file grows); a cached one is used only after
+    /// the file is measured again (one fstat: a file cut under the engine
+    /// since it was mapped must not be touched there, storage.md section
+    /// 4 "Reads"). A missing file, or one shorter than `end`, is damage
+    /// of `group` (its extent names bytes the file does not hold).
     pub fn map(&self, group: u64, file: FileId, end: u64) -> Result<Arc<SharedMap>> {
-        {
+        let cached = {
             let mut maps = self.maps.lock();
-            if let Some(i) = maps.iter().position(|(f, _)| *f == file) {
-                if maps[i].1.bytes().len() as u64 >= end {
+            match maps.iter().position(|(f, _)| *f == file) {
+                Some(i) if maps[i].1.bytes().len() as u64 >= end => {
                     let hit = maps.remove(i).expect("invariant: index found above");
                     let map = hit.1.clone();
                     maps.push_back(hit);
-                    return Ok(map);
+                    Some(map)
                 }
+                _ => None,
             }
+        };
+        if let Some(map) = cached {
+            crate::io::check_mapped_len(&*map.file, &map.path, group, end)?;
+            return Ok(map);
         }
         let path = self.path(file);
         let damaged = |reason: String| Error::GroupDamaged {
@@ -145,7 +159,7 @@ impl SharedFiles {
         let map = f
             .map(len)
             .map_err(|e| damaged(format!("cannot map the file: {e}")))?;
-        let map = Arc::new(SharedMap { path, map });
+        let map = Arc::new(SharedMap { path, file: f, map });
         let mut maps = self.maps.lock();
         maps.retain(|(f, _)| *f != file);
         maps.push_back((file, map.clone()));
@@ -154,6 +168,49 @@ impl SharedFiles {
         }
         Ok(map)
     }
+
+    /// The mapping of the file holding `piece`, an extent of `group`,
+    /// once [`Self::map`] found the file long enough and the file proves
+    /// to hold `group`'s records there (storage.md section 9, "Small
+    /// groups"): a cold file by the extent header before the records
+    /// (`cold::check_owner`: group, first id, count, bytes, under its
+    /// CRC), a journal file by its header naming the file's own seq (file
+    /// numbers are never given twice, so it is the file the extent was
+    /// made in). Anything else is `GroupDamaged` naming the file; nothing
+    /// of it is served.
+    pub fn map_piece(&self, group: u64, piece: &Piece) -> Result<Arc<SharedMap>> {
+        let map = self.map(group, piece.ext.file(), piece.ext.end())?;
+        check_owner(map.bytes(), group, piece).map_err(|why| Error::GroupDamaged {
+            group,
+            reason: format!("{}: {why}", map.path().display()),
+        })?;
+        Ok(map)
+    }
+}
+
+/// Whether `file` (the bytes of the shared file holding `piece`, at
+/// least up to its end) holds `group`'s records there, by what the file
+/// itself says ([`SharedFiles::map_piece`]); also what `ctl verify` and
+/// `ctl repair` check before they take an extent's records. `Err` says
+/// what does not match, with the offset.
+pub(crate) fn check_owner(file: &[u8], group: u64, piece: &Piece) -> Result<(), String> {
+    match piece.ext.file().kind() {
+        FileKind::Cold => crate::logs::cold::check_owner(file, group, piece),
+        FileKind::Journal => journal_file_is(file, piece.ext.file().seq()),
+    }
+}
+
+/// Whether the journal file mapped as `map` is file `seq` by its own
+/// header (checked under its CRC).
+fn journal_file_is(map: &[u8], seq: u64) -> Result<(), String> {
+    let h = crate::commit::journal::decode_header_of(map).map_err(|e| format!("offset 0: {e}"))?;
+    if h.seq != seq {
+        return Err(format!(
+            "offset 16: the file's header names journal file {}, not {seq}",
+            h.seq
+        ));
+    }
+    Ok(())
 }
 
 /// The records of `group` above `after`, at most `count_max` of them and
@@ -181,7 +238,7 @@ pub fn read_above(
     }
     let mut from = after.saturating_add(1).max(list.floor());
     for p in list.covering(after, count_max, max_bytes) {
-        let map = files.map(group, p.ext.file(), p.ext.end())?;
+        let map = files.map_piece(group, &p)?;
         let r = extents::read_run(
             map.bytes(),
             map.path(),

@@ -99,7 +99,7 @@ pub(crate) fn walk_group(
     sink: &mut dyn FnMut(Event<'_>),
 ) -> Result<bool> {
     if let Some(small) = &g.small {
-        walk_small(data_dir, small, sink)?;
+        walk_small(data_dir, g.group, small, sink)?;
         return Ok(true);
     }
     if g.segments.is_empty() {
@@ -198,6 +198,7 @@ pub(crate) fn walk_group(
 
 fn walk_small(
     data_dir: &Path,
+    group: u64,
     small: &crate::state::SmallRecord,
     sink: &mut dyn FnMut(Event<'_>),
 ) -> Result<()> {
@@ -212,7 +213,22 @@ fn walk_small(
         let window = files[&file]
             .as_deref()
             .and_then(|b| b.get(offset as usize..(offset as usize).checked_add(bytes as usize)?));
+        // The file must say the extent is this group's (the node's read
+        // check, `small_read::check_owner`): another group's valid records
+        // at that place are damage, never this group's records.
+        let not_owned = files[&file].as_deref().zip(window).and_then(|(all, _)| {
+            let ext =
+                crate::logs::extents::Extent::new(FileId::from_raw(file), offset, bytes, count)?;
+            let piece = crate::logs::extents::Piece { first_id: id, ext };
+            crate::logs::small_read::check_owner(all, group, &piece).err()
+        });
         match window {
+            Some(_) if not_owned.is_some() => sink(Event::Damage {
+                reason: not_owned.unwrap_or_default(),
+                file: path,
+                offset: u64::from(offset),
+                lost: Some((id, last)),
+            }),
             None => sink(Event::Damage {
                 reason: if files[&file].is_none() {
                     "file missing".into()

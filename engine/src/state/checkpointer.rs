@@ -158,7 +158,13 @@ pub(crate) fn start(
         last_retention: Instant::now(),
         reclaimer: None,
     };
-    c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx));
+    // Cold files are numbered above every one a kept manifest pins.
+    let pinned: Vec<u64> = [&c.last, &c.prev]
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m.pinned.iter().copied())
+        .collect();
+    c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx, pinned));
     if let Some(m) = &c.last {
         c.shared.ctx.holds.set_newest(m);
     }
@@ -440,6 +446,9 @@ impl Checkpointer {
                         break Some(job);
                     }
                     if self.retention_due() {
+                        // Busy while it runs, so no capture is taken
+                        // meanwhile (see `timed_retention`).
+                        st.busy = true;
                         break None;
                     }
                     let wake = self.last_retention
@@ -473,13 +482,25 @@ impl Checkpointer {
                     // The commit thread may wait to capture again.
                     self.shared.pending_cv.notify_all();
                 }
-                None => {
-                    if self.retention_due() {
-                        self.retention();
-                    }
-                }
+                None => self.timed_retention(),
             }
         }
+    }
+
+    /// Retention by the timer, outside a checkpoint, with the checkpointer
+    /// marked busy (the caller set it) so that the commit thread takes no
+    /// capture while it runs. A drop is tagged with the next checkpoint's
+    /// number (its files go at K7 of the one after it), which is right
+    /// only if that checkpoint's capture comes after the drop marked the
+    /// group dirty: a capture taken in between would store a manifest
+    /// still naming the dropped segments, and K7 of the checkpoint after
+    /// it would delete them while that manifest is kept (the fallback).
+    fn timed_retention(&mut self) {
+        self.retention();
+        let co = &self.shared.ckpt;
+        co.status.lock().busy = false;
+        co.cv.notify_all();
+        self.shared.pending_cv.notify_all();
     }
 
     fn retention_due(&self) -> bool {
@@ -764,6 +785,38 @@ impl Checkpointer {
         Ok(syncs)
     }
 
+    /// K3, the journal's part: every frame a captured record reflects (up
+    /// to its `applied_lsn`; a small group's extents point into frames)
+    /// must be durable before a manifest names it. Otherwise a power cut
+    /// under `never` or `interval` right after the checkpoint leaves a
+    /// manifest naming records the journal lost: a small group's extents
+    /// past its file's end, frame numbers the next frames would be given
+    /// again. K2 copies records fuzzily, also of frames written after the
+    /// capture: those are in the files from P's (`seq`) on. The capture's
+    /// roll synced the files before P, and each roll since synced the file
+    /// it left, so only the newest holds unsynced bytes; each is synced
+    /// (one `fdatasync`, little to write for all but the newest). Under
+    /// `always` every applied frame was synced before it was applied.
+    fn sync_journal_since(&self, seq: u64) -> Result<u64> {
+        let ctx = &self.shared.ctx;
+        if ctx.config.fsync == crate::FsyncPolicy::Always {
+            return Ok(0);
+        }
+        let jdir = journal::journal_dir(&ctx.config.data_dir);
+        let mut syncs = 0;
+        for (s, path) in journal::list(&*ctx.vfs, &jdir)? {
+            if s < seq {
+                continue;
+            }
+            ctx.vfs
+                .open(&path, OpenMode::ReadWrite)
+                .and_then(|f| f.sync_data())
+                .map_err(|e| Error::io(format!("fdatasync {}", path.display()), e))?;
+            syncs += 1;
+        }
+        Ok(syncs)
+    }
+
     /// K2-K7 for one capture.
     fn checkpoint(&mut self, job: Capture) -> Result<()> {
         let started = Instant::now();
@@ -780,6 +833,7 @@ impl Checkpointer {
             st.wanted_at = None;
         }
         let mut syncs = self.make_durable()?;
+        syncs += self.sync_journal_since(job.replay.seq)?;
         let shared = self.shared.clone();
         let ctx = &shared.ctx;
         // K4: the delta run.

@@ -318,11 +318,20 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         .into_iter()
         .filter(|(seq, _)| *seq >= replay_from)
         .collect();
+    // The newest journal file the restored small groups' extents name.
+    let named_newest = ctx
+        .live
+        .lock()
+        .files()
+        .filter(|(f, _)| f.kind() == crate::logs::extents::FileKind::Journal)
+        .map(|(f, _)| f.seq())
+        .max();
     check_journal_sequence(
         &jdir,
         &files,
         loaded.then_some(replay_from),
         report.clean_shutdown,
+        named_newest,
     )?;
     let report_clean = report.clean_shutdown;
     let mut next_seq = replay_from.max(1);
@@ -342,6 +351,9 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
     // `Replay::file`.)
     let mut torn: Vec<TornTail> = Vec::new();
     let mut segments_may_lead = false;
+    // `(seq, valid length)` of each replayed file written under `never`
+    // or `interval`: small groups' extents past it lost their records.
+    let mut unsynced_ends: Vec<(u64, u64)> = Vec::new();
     // The file a checkpoint names had its header synced (and its directory
     // entry) before the checkpoint was stored (`Journal::create`), so a
     // missing or damaged header there is damage, not a crash while it was
@@ -388,6 +400,16 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
         if outcome.replayed > 0 {
             report.clean_shutdown = false;
         }
+        if outcome.segments_may_lead {
+            let valid = match &outcome.torn {
+                Some(t) => Some(t.valid),
+                None => vfs
+                    .open(path, crate::io::OpenMode::Read)
+                    .and_then(|f| f.file_len())
+                    .ok(),
+            };
+            unsynced_ends.extend(valid.map(|v| (*seq, v)));
+        }
         torn.extend(outcome.torn);
         next_seq = seq.checked_add(1).ok_or_else(|| Error::Corrupt {
             path: path.clone(),
@@ -412,6 +434,8 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
+    cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
+    lower_applied_lsns(ctx, &catalog, next_numbers.0);
     if segments_may_lead {
         // The journal may have lost records that group segments hold. Their
         // msg_ids were given out, so every such group is loaded now: its
@@ -559,11 +583,60 @@ fn later_than<'a>(
 /// (`first`, when a checkpoint is used): a missing file held acknowledged
 /// entries nothing else may hold. The one exception is the file a clean
 /// shutdown's checkpoint names, which holds no entry.
+/// Small groups whose recorded extents reach past the valid end of a
+/// journal file written under `never` or `interval` lost those records
+/// with its unsynced bytes (`small_log::cut_past_journal_ends`): cut, and
+/// reported as a cut; the next checkpoint records the shorter list.
+fn cut_small_groups_past_journal_ends(
+    ctx: &LogContext,
+    catalog: &Catalog,
+    ends: &[(u64, u64)],
+    report: &mut RecoveryReport,
+) {
+    if ends.is_empty() {
+        return;
+    }
+    for g in catalog.groups() {
+        let mut ck = g.ckpt(&ctx.dirty);
+        if let Some(lost) = crate::logs::small_log::cut_past_journal_ends(ctx, g, ends) {
+            report.cuts.push((
+                format!("small group {}", g.id),
+                0,
+                format!(
+                    "records {}..={} were in journal bytes a power cut lost (fsync policy \
+                     never or interval)",
+                    lost.start(),
+                    lost.end()
+                ),
+            ));
+            ctx.dirty.mark(g, &mut ck);
+        }
+    }
+}
+
+/// A group's `applied_lsn` at or above `next_lsn` (the number the next
+/// frame gets) names frames the journal no longer holds: a checkpoint
+/// captured them, and a power cut under `never` or `interval` lost them
+/// before they were synced (a checkpoint stored by this build syncs them
+/// first, checkpointer K3). Lowered, so that replay after the next crash
+/// applies the new frames of those numbers to the group instead of taking
+/// them for reflected.
+fn lower_applied_lsns(ctx: &LogContext, catalog: &Catalog, next_lsn: u64) {
+    for g in catalog.groups() {
+        let mut ck = g.ckpt(&ctx.dirty);
+        if ck.applied_lsn() >= next_lsn {
+            ck.set_applied_lsn(next_lsn.saturating_sub(1));
+            ctx.dirty.mark(g, &mut ck);
+        }
+    }
+}
+
 fn check_journal_sequence(
     jdir: &Path,
     files: &[(u64, std::path::PathBuf)],
     first: Option<u64>,
     clean_shutdown: bool,
+    named_newest: Option<u64>,
 ) -> Result<()> {
     let missing = |seq: u64, why: String| Error::Corrupt {
         path: journal::journal_path(jdir, seq),
@@ -595,6 +668,19 @@ fn check_journal_sequence(
             _ => {}
         }
         expected = seq.checked_add(1);
+    }
+    // A file the restored state's extents name must be there too, also
+    // the newest (whose loss the sequence alone does not show): its
+    // records were acknowledged, and the next file would otherwise get
+    // its number, into which those extents would then point.
+    let after_last = files.last().map_or(first, |(seq, _)| seq.checked_add(1));
+    if let (Some(named), Some(e)) = (named_newest, after_last) {
+        if named >= e {
+            return Err(missing(
+                e,
+                format!("the checkpoint names records of small groups in file {named}"),
+            ));
+        }
     }
     if let (Some(e), true) = (first, files.is_empty()) {
         if !clean_shutdown {
