@@ -37,6 +37,8 @@ mod catalog;
 mod cold_erasure_tests;
 mod commit;
 mod config;
+#[cfg(test)]
+mod disk_full_tests;
 mod edits;
 #[cfg(test)]
 mod edits_tests;
@@ -69,6 +71,7 @@ mod ops_stats_tests;
 mod ready;
 #[cfg(test)]
 mod ready_tests;
+mod space;
 #[cfg(test)]
 mod spec_vectors;
 mod state;

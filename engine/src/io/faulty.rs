@@ -39,6 +39,10 @@ pub struct FaultControl {
     pub writes_before_full: AtomicU64,
     /// Writes that failed with ENOSPC.
     pub writes_refused: AtomicU64,
+    /// While a fragment is here, every write to a file whose path contains
+    /// it fails with ENOSPC: one directory (`groups/`) on a file system of
+    /// its own that is full ([`FaultControl::fill_paths_containing`]).
+    full_paths: Mutex<Vec<String>>,
     /// When set, every sync fails with EIO.
     pub fail_syncs: AtomicBool,
     /// Syncs that failed because of `fail_syncs`.
@@ -90,6 +94,17 @@ impl FaultControl {
     /// that contains `fragment` waits until [`FaultControl::release_paths`].
     pub fn hold_paths_containing(&self, fragment: &str) {
         self.held_paths.lock().push(fragment.to_owned());
+    }
+
+    /// From now on, every write to a file whose path contains `fragment`
+    /// fails with ENOSPC, until [`FaultControl::free_paths`].
+    pub fn fill_paths_containing(&self, fragment: &str) {
+        self.full_paths.lock().push(fragment.to_owned());
+    }
+
+    /// Space returns: writes to every path go through again.
+    pub fn free_paths(&self) {
+        self.full_paths.lock().clear();
     }
 
     /// Lets every held operation go on, and holds nothing more.
@@ -157,9 +172,16 @@ struct FaultyFile {
 }
 
 impl FaultControl {
-    fn check_write(&self, len: usize) -> io::Result<()> {
+    fn check_write(&self, path: &Path, len: usize) -> io::Result<()> {
         let left = self.writes_before_full.load(Ordering::SeqCst);
-        if self.disk_full.load(Ordering::SeqCst) || left == 0 {
+        let text = path.to_string_lossy();
+        let full_here = || {
+            self.full_paths
+                .lock()
+                .iter()
+                .any(|f| text.contains(f.as_str()))
+        };
+        if self.disk_full.load(Ordering::SeqCst) || left == 0 || full_here() {
             self.writes_refused.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
@@ -205,7 +227,7 @@ impl FaultControl {
 impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.control.count_op(&self.path);
-        self.control.check_write(buf.len())?;
+        self.control.check_write(&self.path, buf.len())?;
         self.inner.write_all_at(buf, offset)?;
         self.control
             .bytes_written
