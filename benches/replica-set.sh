@@ -3,7 +3,8 @@
 # single node and against the leader of a 3-node replica set on this
 # machine (format-spec/cluster.md), alternated ROUNDS times; every node
 # with the default fsync=always. Prints one line per run: the workload,
-# the setup and the load tool's JSON summary (ops_per_sec, latency_us).
+# the setup and the load tool's JSON summary (ops_per_sec, latency_us),
+# and for the set the elections its members started during the run.
 #   cargo build --release -p tidemark-server
 #   bash benches/replica-set.sh target/release/tidemark [ROUNDS] [MESSAGES] [ACKS] [WORKLOADS]
 # MESSAGES: W1 sends (default 200,000); ACKS: W3 ACKs (default 1,000,000,
@@ -54,12 +55,31 @@ replica_set() {
             $peers >"$WORK/c$i.log" 2>&1 &
         pids="$pids $!"
     done
-    sleep 2
-    leader=$("$BIN" cluster status --addr 127.0.0.1:7301 --json |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["leader_id"])')
+    # Elections start after 1-2 s without a leader (cluster.md 5.3).
+    leader=None
+    for _ in $(seq 50); do
+        sleep 0.2
+        leader=$("$BIN" cluster status --addr 127.0.0.1:7301 --json 2>/dev/null |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["leader_id"])' 2>/dev/null) || true
+        [ -n "$leader" ] && [ "$leader" != None ] && break
+    done
+    before=$(elections)
     load "$1" "127.0.0.1:730$leader"
+    echo " elections started during the run (all members): $(( $(elections) - before ))"
     # shellcheck disable=SC2086
     kill $pids; wait 2>/dev/null || true; pids=""
+}
+
+# The elections the set's members have started since they started (STATS
+# raft.elections_started, summed over the three).
+elections() {
+    local n=0 e
+    for i in 1 2 3; do
+        e=$("$BIN" cluster status --addr "127.0.0.1:730$i" --json 2>/dev/null |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["counters"]["elections_started"])' 2>/dev/null) || e=0
+        n=$((n + ${e:-0}))
+    done
+    echo "$n"
 }
 
 for round in $(seq "$ROUNDS"); do

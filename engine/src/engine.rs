@@ -108,6 +108,10 @@ pub struct EngineStats {
     pub reclaim_bytes_copied: u64,
     /// Journal files evacuated and cold files compacted.
     pub reclaim_files: u64,
+    /// Background writes (evacuation, compaction, a run merge, a segment's
+    /// erasure rewrite) put off because they would have taken the free
+    /// space below `disk_free_min_bytes` (storage.md section 9).
+    pub reserve_backoffs: u64,
     /// Bytes written to the journal (frames, and the header of each file a
     /// frame rolled to).
     pub journal_bytes: u64,
@@ -201,7 +205,7 @@ impl Engine {
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
         let ctx = LogContext::new(vfs, config);
-        let recovered = recovery::recover(&ctx)?;
+        let recovered = recovery::recover(&ctx).map_err(|e| no_space_at_open(&ctx, e))?;
         let (mut journal, report, on_disk) =
             (recovered.journal, recovered.report, recovered.on_disk);
         // A crash may have come between a recall and the deletion of the
@@ -1040,6 +1044,7 @@ impl Engine {
             checkpoint_ms_max: c.checkpoint_ms_max.load(Ordering::Relaxed),
             reclaim_bytes_copied: c.reclaim_bytes_copied.load(Ordering::Relaxed),
             reclaim_files: c.reclaim_files.load(Ordering::Relaxed),
+            reserve_backoffs: self.shared.ctx.reserve.backoffs(),
             journal_bytes: c.journal_bytes.load(Ordering::Relaxed),
             bytes_appended: c.bytes_appended.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
@@ -1116,6 +1121,33 @@ impl Engine {
 
 /// Tells the checkpointer thread to end (after the checkpoint it is
 /// writing, if any) and joins it.
+/// An open whose write (a promotion in replay, above all) found the disk
+/// full: the typed error says how much is free under the data directory
+/// and to retry. Nothing was marked damaged, and recovery changes files
+/// only in ways the next recovery repeats or tolerates (storage.md
+/// section 10, item 7), so the same open succeeds once space returns.
+fn no_space_at_open(ctx: &LogContext, e: Error) -> Error {
+    if !e.found_no_space() {
+        return e;
+    }
+    let dir = &ctx.config.data_dir;
+    let free = match ctx.vfs.free_bytes(dir) {
+        Ok(n) => n.to_string(),
+        Err(_) => "an unknown number of".into(),
+    };
+    let what = match e {
+        Error::NoSpace { context } => context,
+        other => other.to_string(),
+    };
+    Error::NoSpace {
+        context: format!(
+            "opening {}: {what}; {free} bytes free under {}, nothing marked damaged",
+            dir.display(),
+            dir.display()
+        ),
+    }
+}
+
 fn stop_checkpointer(shared: &Shared, thread: JoinHandle<()>) {
     shared.ckpt.status.lock().shutdown = true;
     shared.ckpt.cv.notify_all();

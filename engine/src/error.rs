@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 /// What an operator can do about a damaged group: part of every
 /// `GroupDamaged` message (and of the wire's GROUP_DAMAGED text).
-pub const DAMAGED_GROUP_HINT: &str = "what an operator can do: delete the group \
+pub const DAMAGED_GROUP_HINT: &str = "what an operator can do: stop the node and run \
+     `tidemark ctl verify` then `tidemark ctl repair --yes` on its data directory (it keeps \
+     every intact record and marks each lost one with a gap record), delete the group \
      (DELETE_GROUP; it can then be created again, empty, and the journal files kept for it \
      are released), or stop the node and run `tidemark ctl repair --data DIR --yes` (lost \
      ids become gap records), or restore the data directory from a backup; the node keeps \
@@ -204,6 +206,16 @@ impl Error {
     /// (`DiskFull`) or a write that found no space (`NoSpace`).
     pub fn is_disk_full(&self) -> bool {
         matches!(self, Error::DiskFull { .. } | Error::NoSpace { .. })
+    }
+
+    /// True when the error says the disk is full, also an `Io` error whose
+    /// errno is ENOSPC or EDQUOT (a rename, a directory made): for callers
+    /// that give up and retry later (the open), never for those that would
+    /// retry a failed sync.
+    pub(crate) fn found_no_space(&self) -> bool {
+        self.is_disk_full()
+            || matches!(self, Error::Io { source, .. }
+                if matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
     }
 }
 

@@ -37,6 +37,8 @@ mod catalog;
 mod cold_erasure_tests;
 mod commit;
 mod config;
+#[cfg(test)]
+mod disk_full_tests;
 mod edits;
 #[cfg(test)]
 mod edits_tests;
@@ -73,6 +75,7 @@ mod ready_tests;
 mod retention_race_tests;
 #[cfg(test)]
 mod shared_file_tests;
+mod space;
 #[cfg(test)]
 mod spec_vectors;
 mod state;

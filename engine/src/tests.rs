@@ -853,42 +853,6 @@ fn a_checkpoint_that_finds_the_disk_full_changes_nothing_and_is_tried_again() {
     assert_eq!(e.head(1).unwrap(), 201);
 }
 
-/// `groups/` on a file system of its own, full while the journal's has
-/// space: the promotion that replay repeats meets ENOSPC. A full disk is a
-/// reason to wait, not damage: the open fails saying so, and once space
-/// returns the group opens undamaged with every record.
-#[test]
-fn a_full_groups_file_system_during_replay_fails_the_open_and_damages_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut c = small_config(dir.path());
-    c.small_group_bytes_max = 1500;
-    c.disk_free_min_bytes = 0;
-    let e = Engine::open(c.clone()).unwrap();
-    fill(&e, &[1], 3);
-    e.checkpoint().unwrap();
-    // Past 1,500 bytes: promoted after the checkpoint, which records it
-    // small, so replay promotes it again.
-    for i in 4..=20 {
-        let a = e.append(1, 7, 1_000_000 + i, &payload(1, i)).unwrap();
-        assert_eq!(a.msg_id, i);
-    }
-    e.simulate_crash();
-    let vfs = FaultyVfs::new();
-    *vfs.control.full_paths_containing.lock() = Some("/groups/".into());
-    let err = Engine::open_with_vfs(c.clone(), Arc::new(vfs))
-        .err()
-        .expect("a full disk fails the open");
-    assert!(err.is_disk_full(), "{err}");
-    let e = Engine::open(c).unwrap();
-    assert!(
-        e.recovery_report().damaged_groups.is_empty(),
-        "{:?}",
-        e.recovery_report().damaged_groups
-    );
-    assert_dense_and_exact(&e, 1, 20);
-    e.close().unwrap();
-}
-
 #[test]
 fn a_crash_while_a_round_is_held_by_a_full_disk_loses_nothing_it_journaled() {
     let dir = tempfile::tempdir().unwrap();

@@ -385,9 +385,9 @@ fn records_into_slot(
     done.appended = log.head() - head;
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
-        // A full disk is a reason to wait, not damage: replay fails the
-        // open (nothing is lost; the next open replays the same frames).
-        Err(e) if mode != Mode::Replay || e.is_disk_full() => return Err(e),
+        // Replay: a full disk fails the open with nothing marked (the next
+        // open replays the frame again), as in a promotion (small_log.rs).
+        Err(e) if mode != Mode::Replay || e.found_no_space() => return Err(e),
         Err(e) => {
             done.appended = 0;
             *slot = damage(ctx, log, format!("replay of frame lsn {lsn} failed: {e}"));

@@ -39,10 +39,10 @@ pub struct FaultControl {
     pub writes_before_full: AtomicU64,
     /// Writes that failed with ENOSPC.
     pub writes_refused: AtomicU64,
-    /// While set, writes to files and directory creations whose path
-    /// contains this text fail with ENOSPC: one full file system (say
-    /// `groups/` on its own) beside others with space.
-    pub full_paths_containing: parking_lot::Mutex<Option<String>>,
+    /// While a fragment is here, every write to a file whose path contains
+    /// it fails with ENOSPC: one directory (`groups/`) on a file system of
+    /// its own that is full ([`FaultControl::fill_paths_containing`]).
+    full_paths: Mutex<Vec<String>>,
     /// When set, every sync fails with EIO.
     pub fail_syncs: AtomicBool,
     /// Syncs that failed because of `fail_syncs`.
@@ -94,6 +94,17 @@ impl FaultControl {
     /// that contains `fragment` waits until [`FaultControl::release_paths`].
     pub fn hold_paths_containing(&self, fragment: &str) {
         self.held_paths.lock().push(fragment.to_owned());
+    }
+
+    /// From now on, every write to a file whose path contains `fragment`
+    /// fails with ENOSPC, until [`FaultControl::free_paths`].
+    pub fn fill_paths_containing(&self, fragment: &str) {
+        self.full_paths.lock().push(fragment.to_owned());
+    }
+
+    /// Space returns: writes to every path go through again.
+    pub fn free_paths(&self) {
+        self.full_paths.lock().clear();
     }
 
     /// Lets every held operation go on, and holds nothing more.
@@ -161,11 +172,15 @@ struct FaultyFile {
 }
 
 impl FaultControl {
+    /// ENOSPC for a write or a directory made under a path a
+    /// [`FaultControl::fill_paths_containing`] fragment names.
     fn check_full_path(&self, path: &Path) -> io::Result<()> {
-        let full = self.full_paths_containing.lock();
-        if full
-            .as_deref()
-            .is_some_and(|f| path.to_string_lossy().contains(f))
+        let text = path.to_string_lossy();
+        if self
+            .full_paths
+            .lock()
+            .iter()
+            .any(|f| text.contains(f.as_str()))
         {
             self.writes_refused.fetch_add(1, Ordering::SeqCst);
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
@@ -173,7 +188,8 @@ impl FaultControl {
         Ok(())
     }
 
-    fn check_write(&self, len: usize) -> io::Result<()> {
+    fn check_write(&self, path: &Path, len: usize) -> io::Result<()> {
+        self.check_full_path(path)?;
         let left = self.writes_before_full.load(Ordering::SeqCst);
         if self.disk_full.load(Ordering::SeqCst) || left == 0 {
             self.writes_refused.fetch_add(1, Ordering::SeqCst);
@@ -221,8 +237,7 @@ impl FaultControl {
 impl VfsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.control.count_op(&self.path);
-        self.control.check_full_path(&self.path)?;
-        self.control.check_write(buf.len())?;
+        self.control.check_write(&self.path, buf.len())?;
         self.inner.write_all_at(buf, offset)?;
         self.control
             .bytes_written

@@ -104,6 +104,8 @@ pub(crate) fn run(
         };
         match erase_group(ctx, &g, load, &mut stats) {
             Ok(()) => {}
+            // Logged (once a spell) and counted by the reserve.
+            Err(Error::DiskFull { .. }) => {}
             Err(e) => log::warn!("erasing recalled messages of group {id} put off: {e}"),
         }
     }
@@ -224,6 +226,10 @@ fn rewrite_segment(
         // Already erased (a rerun after a crash).
         return Ok(true);
     }
+    // The copy must leave the free-space reserve whole (`space.rs`); else
+    // the id stays listed for the next pass.
+    ctx.reserve
+        .allows(&*ctx.vfs, &ctx.config, "erasing a segment", len)?;
     let tmp = erasing_path(dir, base);
     if ctx.vfs.exists(&tmp) {
         ctx.vfs

@@ -80,6 +80,8 @@ pub struct LogContext {
     /// here. Added by `apply::records` and recovery; removed by the pass
     /// once the group's list is empty (or the group is gone).
     pub erase_groups: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    /// The free-space reserve as background writers ask it (`space.rs`).
+    pub reserve: crate::space::Reserve,
 }
 
 impl LogContext {
@@ -106,6 +108,7 @@ impl LogContext {
             holds,
             erase_journal_seq: Default::default(),
             erase_groups: Default::default(),
+            reserve: Default::default(),
         }
     }
 

@@ -47,6 +47,11 @@
 //! second checkpoint. Cost: the live bytes copied plus one walk of each
 //! victim file; the group's locks are held only to clone its list and to
 //! install, in memory.
+//!
+//! The free-space reserve (`space.rs`): a file is started only if its live
+//! bytes fit above `disk_free_min_bytes`, and each copy is checked again
+//! before it is written; a pass that finds no room ends (counted, logged
+//! once a spell) and the next checkpoint's pass tries again.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -191,6 +196,7 @@ impl Reclaimer {
         // them; the file stays).
         let mut left = Vec::new();
         for file in victims {
+            room_for_file(ctx, file)?;
             let groups = groups_in_journal_file(ctx, file);
             let copies = self.copy_out(ctx, catalog, file, groups, &mut stats, &mut left)?;
             self.install(ctx, copies, &mut stats)?;
@@ -208,6 +214,7 @@ impl Reclaimer {
             if Some(file) == self.writing() {
                 continue;
             }
+            room_for_file(ctx, file)?;
             let groups = groups_in_cold_file(ctx, file);
             let copies = self.copy_out(ctx, catalog, file, groups, &mut stats, &mut left)?;
             self.install(ctx, copies, &mut stats)?;
@@ -440,6 +447,16 @@ impl Reclaimer {
             return Ok(Err(why));
         }
         erase_recalled(group, &mut records);
+        // The copy (and a new cold file's header) must leave the
+        // free-space reserve whole; else the pass ends and the next
+        // checkpoint's tries again (`space.rs`).
+        let header_bytes = 2 * cold::EXTENT_HEADER_BYTES as u64;
+        ctx.reserve.allows(
+            &*ctx.vfs,
+            &ctx.config,
+            "reclaiming small groups' space",
+            records.len() as u64 + header_bytes,
+        )?;
         let before = self.writer.current().map(|(seq, _)| seq);
         let appended = match self.writer.append(group.id, first_id, count, &records) {
             Ok(a) => a,
@@ -613,6 +630,20 @@ fn records_from(bytes: &[u8], skip: u64) -> Option<&[u8]> {
         at = at.checked_add(len).filter(|&end| end <= bytes.len())?;
     }
     bytes.get(at..)
+}
+
+/// The reserve check (`space.rs`) for copying the live bytes of `file`
+/// whole: a pass that has no room for a file does not start on it, so no
+/// copy is left uninstalled (dead bytes) for lack of room. Each copy is
+/// checked again (`copy_run`): other writers take space meanwhile.
+fn room_for_file(ctx: &LogContext, file: FileId) -> Result<()> {
+    let live = ctx.live.lock().usage(file).map_or(0, |u| u.live);
+    ctx.reserve.allows(
+        &*ctx.vfs,
+        &ctx.config,
+        "reclaiming small groups' space",
+        live + 2 * cold::EXTENT_HEADER_BYTES as u64,
+    )
 }
 
 /// The maximal runs of consecutive pieces that lie in `file`.

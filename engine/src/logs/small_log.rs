@@ -138,9 +138,11 @@ pub(crate) fn apply_records(
             }
             // Live: writes stop, or a full disk holds the round and this
             // runs again from the same list (the half-made directory goes
-            // to the trash first). In replay a full disk is a reason to
-            // wait, not damage: the open fails and is tried again.
-            Err(e) if mode != Mode::Replay || e.is_disk_full() => return Err(e),
+            // to the trash first). Replay: a full disk is a reason to
+            // wait, never damage: the open fails with it, nothing marked,
+            // and the next open replays the same frames and promotes
+            // again (the half-made directory goes to the trash then).
+            Err(e) if mode != Mode::Replay || e.found_no_space() => return Err(e),
             Err(e) => {
                 damage(st.ctx, group, format!("its promotion failed: {e}"));
                 return Ok(Some(done));

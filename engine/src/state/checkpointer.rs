@@ -847,10 +847,18 @@ impl Checkpointer {
             syncs += run.parts.len() as u64 + 1;
             runs.insert(0, run);
         }
-        // K5: merge the newest runs if the policy says so. A full disk
-        // skips the merge (the delta alone is a valid checkpoint).
+        // K5: merge the newest runs if the policy says so. A full disk, or
+        // a merge (at most the bytes of its inputs) that would use the
+        // free-space reserve, skips the merge (the delta alone is a valid
+        // checkpoint).
         let n = merge::plan(&runs.iter().map(RunMeta::bytes).collect::<Vec<_>>());
-        if n >= 2 {
+        let merge_bytes: u64 = runs.iter().take(n).map(RunMeta::bytes).sum();
+        if n >= 2
+            && ctx
+                .reserve
+                .allows(&*ctx.vfs, &ctx.config, "a run merge", merge_bytes)
+                .is_ok()
+        {
             let seq = self.next_run_seq;
             let includes_oldest = n == runs.len();
             let merged = with_merge(ctx, &runs[..n], includes_oldest, |items| {
@@ -992,6 +1000,8 @@ impl Checkpointer {
                     Ordering::Relaxed,
                 );
             }
+            // Logged (once a spell) and counted by the reserve.
+            Err(Error::DiskFull { .. }) => {}
             Err(e) => log::warn!("reclaiming small groups' space put off: {e}"),
         }
     }
