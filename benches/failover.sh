@@ -1,5 +1,5 @@
 #!/bin/bash
-# Failover time of a 3-node replica set (issue 16): the leader is SIGKILLed
+# Failover time of a 3-node replica set: the leader is SIGKILLed
 # KILLS times (restarted after each) while a client sends, each send
 # retried through whichever member leads; the time from the SIGKILL to the
 # first send another member acknowledged, as the client sees it, p50 and

@@ -1,4 +1,4 @@
-//! Edits and recalls (issue 13 item 2; format-spec/storage.md section 3,
+//! Edits and recalls (format-spec/storage.md section 3,
 //! protocol.md 4.28): a change to an earlier message is a new record of the
 //! group's log, of kind Edit (payload: the target's id, then the new
 //! payload) or Recall (payload: the target's id), appended through the

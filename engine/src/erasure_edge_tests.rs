@@ -1,5 +1,4 @@
-//! The edge cases of physical erasure (issue 13 item 2;
-//! format-spec/storage.md section 16, item 16): a group whose active
+//! The edge cases of physical erasure (format-spec/storage.md section 16, item 16): a group whose active
 //! segment holds a recalled payload and that nobody loads after a restart,
 //! a power cut during the cold-file erasure, and a listed cold record that
 //! fails its CRC.

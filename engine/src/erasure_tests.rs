@@ -1,5 +1,4 @@
-//! Physical erasure of recalled payloads (issue 13 item 2;
-//! format-spec/storage.md section 3, "Erasure"): a recalled message's
+//! Physical erasure of recalled payloads (format-spec/storage.md section 3, "Erasure"): a recalled message's
 //! payload is found in no file of the data directory once the rewrites
 //! the bound names have run, while reads stay dense and unread exact.
 

@@ -1,5 +1,5 @@
 //! The figures `EngineStats` gives an operator in O(1), kept where they
-//! change (issue 14, observability): memberships (the cursor table's
+//! change: memberships (the cursor table's
 //! count), damaged groups (in at recovery, a load's verification or an
 //! apply's damage, out at deletion), messages stored (checked against a
 //! walk of GROUP_INFO through sends, promotions, retention, deletions and

@@ -1,5 +1,5 @@
-//! Nothing a request needs waits for the disk (issue 12, item 4; storage
-//! v2 design step S7 and section 9): a group's first use after open is
+//! Nothing a request needs waits for the disk (ARCHITECTURE.md, "Nothing
+//! waits for a disk"): a group's first use after open is
 //! read by the maintenance worker while requests to other groups go on,
 //! creating a group makes no file-system call on the caller's thread,
 //! deleting one holds no lock while its files are removed, and a crash

@@ -953,7 +953,7 @@ fn directory_layout_matches_the_spec() {
     }
 }
 
-/// Issue 13 item 2: the Edit and Recall records (storage.md section 3).
+/// The Edit and Recall records (storage.md section 3).
 mod change_records {
     use super::*;
     use crate::logs::record::{KIND_EDIT, KIND_RECALL};

@@ -665,7 +665,7 @@ fn cursors_held_by_a_full_disk_and_moved_since_go_in_frames_sorted_by_group() {
 
 #[test]
 fn cursors_a_checkpoint_put_off_by_a_full_disk_stay_dirty_for_the_next_flush() {
-    // Issue 11 item 2: the checkpoint's membership snapshot cleared every
+    // The checkpoint's membership snapshot cleared every
     // dirty bit before its files were written; when the disk was full the
     // checkpoint was put off and `flush_cursors` then found nothing to write.
     let dir = tempfile::tempdir().unwrap();
@@ -1564,7 +1564,7 @@ fn check_after_power_cut(
 
 #[test]
 fn a_data_directory_the_engine_created_survives_a_power_cut() {
-    // Issue 11 item 9: the data directory's own entry (and those of any
+    // The data directory's own entry (and those of any
     // parents the engine created) was never synced in its parent, so a
     // power cut could take the directory with every synced byte inside it.
     use crate::io::power_cut::{Cut, PowerCutVfs};

@@ -1,5 +1,5 @@
 //! Memory per idle group and per membership, counted by the allocator
-//! (design 3.3; issue 12's goals: at most 256 bytes per idle group and 32
+//! (design 3.3; the goals: at most 256 bytes per idle group and 32
 //! per membership).
 //!
 //! A test binary of its own because its global allocator counts every

@@ -1,4 +1,4 @@
-//! Online backup and restore (issue 14 item 2) with the real binary: a node
+//! Online backup and restore with the real binary: a node
 //! under load from several clients is copied by `tidemark backup`, the copy
 //! is served by `tidemark serve --data`, and every send acknowledged before
 //! the backup began is there once, at its id, ids dense from 1; members and

@@ -131,7 +131,7 @@ fn duration_cuts_the_measured_phase_and_still_verifies() {
         .is_some_and(|n| n > 0 && n < 100_000_000));
 }
 
-/// The population workload (issue 12) at a tiny scale: every figure of its
+/// The population workload at a tiny scale: every figure of its
 /// JSON is there (names documented in BENCHMARKS.md) and its validation
 /// passed after the clean and the crash restart. No timing is asserted.
 #[test]
@@ -259,7 +259,7 @@ fn population_reports_every_figure_and_validates() {
     );
 }
 
-/// The receipts workload (issue 13) at a tiny scale, in both modes: above
+/// The receipts workload at a tiny scale, in both modes: above
 /// the node's threshold (counts: RECEIPT_COUNTS only) and, with the
 /// spawned node's threshold raised above the group, list receipts (RECEIPT
 /// only). Both runs verify, and the ratio of their throughputs is reported.

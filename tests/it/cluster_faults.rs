@@ -1,5 +1,5 @@
-//! Process-level faults of a replica set of three real nodes (issue 16,
-//! "How it is tested"; format-spec/cluster.md section 6.1): the leader cut
+//! Process-level faults of a replica set of three real nodes
+//! (format-spec/cluster.md section 6.1): the leader cut
 //! from the other two but not from its clients, a member paused with
 //! SIGSTOP past the election timeout (the leader, then a follower), and
 //! the leader SIGKILLed repeatedly while the time until a new leader

@@ -1,5 +1,4 @@
-//! Physical erasure of a recalled payload (issue 13 item 2;
-//! format-spec/storage.md section 3 "Erasure", section 16 item 16) through
+//! Physical erasure of a recalled payload (format-spec/storage.md section 3 "Erasure", section 16 item 16) through
 //! the real binary: a small group's message with a random marker payload is
 //! recalled; within the documented bound (a few checkpoint intervals on a
 //! quiet node) the marker is found in no file of the data directory, and

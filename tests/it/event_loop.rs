@@ -67,7 +67,7 @@ fn pull(group: u64, user: u64) -> Request<'static> {
     }
 }
 
-/// Issue 11 item 13: execution order is request order (protocol.md 1.4),
+/// Execution order is request order (protocol.md 1.4),
 /// also for requests pipelined behind one that waits for its commit round.
 #[test]
 fn pipelined_requests_observe_every_earlier_request() {
@@ -170,7 +170,7 @@ fn stats(c: &mut tidemark_client::Client) -> HashMap<String, u64> {
     c.stats().unwrap().into_iter().collect()
 }
 
-/// Issue 11 item 10: a client that sends part of a frame and stalls (or
+/// A client that sends part of a frame and stalls (or
 /// trickles) is closed after `frame_timeout_ms`, with BAD_FRAME.
 #[test]
 fn a_stalled_partial_frame_is_closed_after_the_frame_timeout() {
@@ -210,7 +210,7 @@ fn a_stalled_partial_frame_is_closed_after_the_frame_timeout() {
     assert_eq!(stats(&mut idle)["net.frames_timed_out"], 1);
 }
 
-/// Issue 11 item 10: connections that pipeline PINGs without pause (and
+/// Connections that pipeline PINGs without pause (and
 /// read their PONGs, so their output never stops them) do not keep the node
 /// from serving another client: each connection gets a bounded turn.
 #[test]
@@ -286,7 +286,7 @@ fn wait_for_stats(
     panic!("{what}: never happened ({:?})", stats(c));
 }
 
-/// Issue 11 item 7: the output queued by all connections together is
+/// The output queued by all connections together is
 /// bounded. Many connections pipeline big PULLs and never read; past
 /// `output_bytes_total_max` the node closes the ones holding the most, and a
 /// client that reads its responses keeps being served, big pages included.
@@ -368,7 +368,7 @@ fn slow_readers_cannot_take_the_node_past_its_output_budget() {
     drop(slow);
 }
 
-/// Issue 11 item 7: the input buffered by all connections together is
+/// The input buffered by all connections together is
 /// bounded. Connections that announce big frames and stall hold the budget
 /// until it is full; the next big frame is refused with OVERLOADED (request
 /// id 0, detail = the budget) and a close, and small frames are still served.
@@ -504,7 +504,7 @@ fn connect_outcome(addr: &str) -> bool {
     }
 }
 
-/// Issue 11 item 11: segment files and connections share the descriptor
+/// Segment files and connections share the descriptor
 /// limit. Under a limit that cannot hold the configured maxima, the node
 /// lowers both at start, so connections beyond what fits get OVERLOADED
 /// instead of hanging in the accept queue.
@@ -556,7 +556,7 @@ fn open_fds(pid: u32) -> Vec<u64> {
         .collect()
 }
 
-/// Issue 11 item 11: when accept fails for want of descriptors anyway
+/// When accept fails for want of descriptors anyway
 /// (EMFILE), the waiting connection gets the documented OVERLOADED frame
 /// (the node's spare descriptor makes room for it), the node keeps serving
 /// its connections, and accepts again once a descriptor is free.

@@ -1,4 +1,4 @@
-//! Members and groups (issue 13 item 3) through the real binary: MEMBERS
+//! Members and groups through the real binary: MEMBERS
 //! pages (dense, no member twice, cursors as the ACKs left them, stable
 //! while members join and leave), GROUP_INFO after sends and ACKs, SEND's
 //! membership check (`serve --send-requires-membership`, NOT_MEMBER, the

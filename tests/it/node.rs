@@ -502,7 +502,7 @@ fn graceful_shutdown_persists_cursors_and_exits_zero() {
     );
 }
 
-/// Issue 11 item 17 (format-spec/protocol.md 1.7): before HELLO, framing
+/// Per format-spec/protocol.md 1.7: before HELLO, framing
 /// and decoding errors win over the AWAIT_HELLO rule: a malformed frame is
 /// fatal in every state, while a well-formed request before HELLO gets
 /// UNAUTHENTICATED and the connection stays open.
@@ -555,7 +555,7 @@ fn before_hello_a_malformed_frame_is_fatal_and_a_well_formed_request_is_not() {
     assert_closed(&mut s);
 }
 
-/// Issue 11 item 17 (format-spec/protocol.md 1.8, 4.4.1): every limit a
+/// Per format-spec/protocol.md 1.8, 4.4.1: every limit a
 /// client cannot learn from HELLO is in STATS as `limits.*`, with the value
 /// the node runs with; `--cursor-flush-ms` sets how often ACKs are
 /// persisted (with an hour, an ACK is not persisted before a SIGKILL).
@@ -624,7 +624,7 @@ fn stats_report_the_limits_and_cursor_flush_ms_is_a_serve_flag() {
     assert!(err.contains("cursor_flush_ms"), "{err}");
 }
 
-/// Issue 11 item 17 (format-spec/protocol.md 4.9): under `--fsync never` an
+/// Per format-spec/protocol.md 4.9: under `--fsync never` an
 /// answered SEND is in the operating system's page cache: it survives the
 /// node's process being killed (not a power loss, which storage.md
 /// section 1 covers).

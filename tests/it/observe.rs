@@ -1,4 +1,4 @@
-//! Observing a running node (issue 14, item 3), with the real binary: the
+//! Observing a running node, with the real binary: the
 //! Prometheus endpoint scraped over HTTP and parsed (every STATS name is a
 //! series, with values that follow what was done), INFO's text figures,
 //! the slow log through the CLI, and a flood of bad connections that leaves

@@ -1,4 +1,4 @@
-//! Operating a node from the command line (issue 14, items 4 and 5), with
+//! Operating a node from the command line, with
 //! the real binary: `serve --config FILE` (values reach the node, flags
 //! override the file, bad keys are refused by name), `--version`, payloads
 //! from standard input and files, `ping`, `leave`, `delete-group`, and

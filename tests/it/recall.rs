@@ -1,4 +1,4 @@
-//! Recall and edit (issue 13 item 2) through the real binary: RECALL and
+//! Recall and edit through the real binary: RECALL and
 //! EDIT by the sender and by an admin sender, refused for others and after
 //! the window with CHANGE_REFUSED and its rule; retransmits deduplicated;
 //! unread exact (changes do not count, a recalled unread message stops

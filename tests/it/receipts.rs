@@ -1,4 +1,4 @@
-//! Receipts (issue 13 item 1, the seeds' `ack:N`) through the real binary:
+//! Receipts (the seeds' `ack:N`) through the real binary:
 //! SUBSCRIBE_RECEIPTS, RECEIPT coalesced per interval (each member once,
 //! its latest cursor, only members whose cursor moved), READERS as the
 //! pull side, RECEIPT_COUNTS above `--receipt-members-max`, nothing new

@@ -1,5 +1,4 @@
-//! Retention you can set and a member's history clear (issue 13 items 4
-//! and 5) through the real binary: SET_RETENTION (and `tidemark
+//! Retention you can set and a member's history clear through the real binary: SET_RETENTION (and `tidemark
 //! retention`) raises GROUP_INFO's floor and gives disk space back; the
 //! node's default policy (`serve --retention-*`) is stored with the groups
 //! created under it; CLEAR_HISTORY (and `tidemark clear-history`) hides a

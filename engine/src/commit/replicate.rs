@@ -1,6 +1,6 @@
-//! Replication hooks (issue 12 item 5; format-spec/storage.md section 17):
-//! what a later Raft layer (issue 16) needs from the engine, with no
-//! networking here. A leader's rounds are read back as their journal
+//! Replication hooks (format-spec/storage.md section 17): what the Raft
+//! layer (`server/cluster`) needs from the engine, with no networking
+//! here. A leader's rounds are read back as their journal
 //! payloads ([`Engine::read_rounds`], by positioned reads where the round
 //! index, `journal/rounds.rs`, says they lie); a follower takes them with
 //! [`Engine::append_replicated`], which writes each payload unchanged in
@@ -25,9 +25,10 @@
 //! the dedup window, so a retransmit to a node that later leads is
 //! recognised). A local send on a follower therefore gets the id after the
 //! replicated ones, never one of them. Refusing local writes while a node
-//! follows is left to issue 16's roles; until then a local frame that takes
-//! the round number a queued payload was checked against stops writes
-//! rather than let two rounds share a number (commit.rs).
+//! follows is the replica layer's job (a follower answers NOT_LEADER); the
+//! engine's own guard is that a local frame that takes the round number a
+//! queued payload was checked against stops writes rather than let two
+//! rounds share a number (`commit/thread.rs`).
 //!
 //! Determinism: applying a round depends on the node's state and on the
 //! membership limits (`members_per_group_max`, `groups_per_user_max`: a

@@ -1113,8 +1113,8 @@ impl Committer {
     /// round, then applied through `apply` (`Mode::Replicated`). A full
     /// disk holds the round and retries, as for a local round. Any other
     /// failure stops writes, also a payload whose round a frame of this
-    /// node took meanwhile (local writes while following, which issue 16's
-    /// roles refuse): its records are counted in the send states, so
+    /// node took meanwhile (local writes while following, which the replica
+    /// layer refuses): its records are counted in the send states, so
     /// going on would give their ids out twice.
     fn commit_replicated(&mut self, rounds: &[ReplicatedRound]) -> Result<()> {
         for r in rounds {

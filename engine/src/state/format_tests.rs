@@ -833,7 +833,7 @@ proptest! {
     }
 }
 
-/// Issue 13 item 2: a group record's quiet ids (GroupPut bit 4,
+/// A group record's quiet ids (GroupPut bit 4,
 /// format-spec/storage.md 6.1), exactly these bytes, and the values no
 /// writer makes.
 mod quiet_ids {

@@ -1,6 +1,5 @@
 //! A consistent snapshot of a running engine: what an online backup copies
-//! (and what a Raft leader will ship to a follower that needs a snapshot,
-//! issue 16). Format and argument: format-spec/storage.md section 18.
+//! (and what a Raft leader ships to a follower that needs a snapshot). Format and argument: format-spec/storage.md section 18.
 //!
 //! Representation: a snapshot is a *hold* (`pins::Holds`) on the newest
 //! stored manifest M and the journal end J at the moment it began. Its

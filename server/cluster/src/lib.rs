@@ -1,5 +1,5 @@
-//! tidemark-cluster: replication of a tidemark node with Raft (issue 16;
-//! format-spec/cluster.md, ARCHITECTURE.md "Replication").
+//! tidemark-cluster: replication of a tidemark node with Raft
+//! (format-spec/cluster.md, ARCHITECTURE.md "Replication").
 //!
 //! A [`Replica`] drives raft-rs (`raft` 0.7, synchronous and tick-driven)
 //! from a thread of its own, keeps the Raft log durable in its own file

@@ -430,7 +430,7 @@ mod tests {
         assert_eq!(got[1].payload(), b"");
     }
 
-    /// Issue 11 item 17: a record whose kind, flags or reserved bytes are
+    /// A record whose kind, flags or reserved bytes are
     /// not 0 is refused (even with a matching CRC), and so is a response
     /// carrying it; it is never delivered as a message.
     #[test]

@@ -1522,7 +1522,7 @@ fn a_backup_chunk_with_a_wrong_crc_or_past_its_file_is_refused() {
     assert!(matches!(err, DecodeError::BadRequestId { .. }), "{err:?}");
 }
 
-/// Protocol version 2 (issue 13 item 2): which frames and record kinds each
+/// Protocol version 2: which frames and record kinds each
 /// version has.
 mod version_2 {
     use super::*;

@@ -19,10 +19,10 @@ pub enum Workload {
     W4,
     /// Zipf group sizes, online members pushed, offline members syncing.
     Mixed,
-    /// Issue 12: many groups of an IM node's size mix, Zipf sends, clean
+    /// Population: many groups of an IM node's size mix, Zipf sends, clean
     /// and crash restarts; disk, memory and restart figures (needs --spawn).
     Population,
-    /// Issue 13: the W3 ACK storm in one large group without, then with,
+    /// Receipts: the W3 ACK storm in one large group without, then with,
     /// receipt subscribers (SUBSCRIBE_RECEIPTS): what a receipt costs.
     Receipts,
     /// W1, W2, W3, W4 and mixed (not population, not receipts).

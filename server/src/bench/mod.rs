@@ -12,9 +12,9 @@
 //! - `conn`: a pipelining connection on the protocol codec.
 //! - `driver`: one thread per connection, requests in flight, latency.
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
-//!   population workload of issue 12 (groups held, restarts); `receipts`:
+//!   population workload (groups held, restarts); `receipts`:
 //!   the ACK storm of one large group without and with receipt
-//!   subscribers (issue 13).
+//!   subscribers.
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
 //! - `node`: `--spawn` (and the population's stops, kills, restarts,
 //!   memory and disk readings).

@@ -1,5 +1,4 @@
-//! The population workload (issue 12; engine/docs/storage-v2-design.md
-//! section 16): what a node costs for the groups it *holds*, and what
+//! The population workload (BENCHMARKS.md, "Population"): what a node costs for the groups it *holds*, and what
 //! holding them does to sends and restarts.
 //!
 //! 1. Creates `--groups` groups (1,000,000) over the wire with an IM node's
@@ -25,7 +24,7 @@
 //! group after creation, per membership after the joins; deltas from the
 //! empty node), and the engine's checkpoint counters from STATS.
 //!
-//! Memory is that of *idle* groups (issue 12's goal is bytes per idle
+//! Memory is that of *idle* groups (the goal is bytes per idle
 //! group): the node runs with a short `--idle-evict-ms`
 //! (`--node-idle-evict-ms`, 5 s; the node's default is 10 minutes), and
 //! after creation and after the joins the workload waits for the groups to

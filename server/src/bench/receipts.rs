@@ -1,4 +1,4 @@
-//! The receipts workload (issue 13, the seeds' `ack:N`): what receipts
+//! The receipts workload (the seeds' `ack:N`): what receipts
 //! cost in one large group. One group of `--members` members (100,000 by
 //! default) and the W3 ACK storm run twice on the same node, with the same
 //! plan and the same shape of work:
