@@ -48,6 +48,7 @@ mod host;
 mod log_limit;
 mod long_poll;
 mod metrics;
+mod outgoing;
 mod receipts;
 mod shards;
 mod slowlog;
