@@ -38,7 +38,9 @@ use std::time::Instant;
 
 use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing, Parked, Report};
+use crate::conn_id::ConnId;
+use crate::handlers::{self, Action, Ctx, Parked, Report};
+use crate::outgoing::{self, Outgoing};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
@@ -46,14 +48,6 @@ use tidemark_protocol::{
     decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
     HELLO_VERSION, PROTOCOL_VERSION,
 };
-
-/// Identifies a connection across the reuse of its slot in the event loop
-/// (the slot's index and the generation of its occupant).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConnId {
-    pub index: usize,
-    pub generation: u64,
-}
 
 /// Where the connection is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +214,23 @@ pub enum Barrier {
     Send,
     /// A group or membership operation: everything but PING waits.
     Op,
+}
+
+impl Barrier {
+    /// What a parked request holds back on its connection while parked
+    /// (format-spec/protocol.md 1.4).
+    pub fn of(parked: &Parked) -> Barrier {
+        match parked {
+            // A change is assigned its id like a SEND (its rules were
+            // checked when it started, after every earlier request).
+            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
+            Parked::Op(..) => Barrier::Op,
+            // Every later answer of the connection that shows cursors waits
+            // for this round or a later one (`Connection`'s cursor hold),
+            // so nothing needs to wait behind it.
+            Parked::Cursors { .. } => Barrier::None,
+        }
+    }
 }
 
 /// What [`Connection::handle_next`] did.
@@ -475,7 +486,7 @@ impl Connection {
         let (request_id, op, result) = match self.decoder.front_frame() {
             Ok(None) => return Next::Idle,
             Err(fe) => {
-                let out = handlers::error(
+                let out = outgoing::error(
                     0,
                     fe.error_code(),
                     Some(frame_bytes_max as u64),
@@ -487,7 +498,7 @@ impl Connection {
             // HELLO chose one) is fatal (format-spec/protocol.md 7).
             Ok(Some(frame)) if frame.header.version != self.session.version => {
                 let id = frame.header.request_id;
-                let out = handlers::error(
+                let out = outgoing::error(
                     id,
                     ErrorCode::UnsupportedVersion,
                     Some(u64::from(PROTOCOL_VERSION)),
@@ -504,7 +515,7 @@ impl Connection {
                     Err(de) => {
                         let detail =
                             (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
-                        let out = handlers::error(id, de.error_code(), detail, &de.to_string());
+                        let out = outgoing::error(id, de.error_code(), detail, &de.to_string());
                         (id, None, Err(Stop::Fatal(out)))
                     }
                     Ok(req) => {
@@ -601,7 +612,7 @@ impl Session {
     fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
         ctx.version = self.version;
         if ctx.shutting_down {
-            return Ok(answer(handlers::error(
+            return Ok(answer(outgoing::error(
                 id,
                 ErrorCode::ShuttingDown,
                 None,
@@ -613,7 +624,7 @@ impl Session {
         let refused = match (&req, self.phase) {
             (Request::Hello { .. }, Phase::AwaitHello) => None,
             (Request::Hello { .. }, _) => {
-                let out = handlers::error(id, ErrorCode::BadFrame, None, "a second HELLO");
+                let out = outgoing::error(id, ErrorCode::BadFrame, None, "a second HELLO");
                 return Err(Stop::Fatal(out));
             }
             (Request::Auth { .. }, Phase::AwaitAuth | Phase::Ready) => None,
@@ -622,7 +633,7 @@ impl Session {
             (_, Phase::Ready) => None,
         };
         if let Some(message) = refused {
-            let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
+            let out = outgoing::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
         // The shard gate of a cluster node (4.33), before the leader gate: a
@@ -655,7 +666,7 @@ impl Session {
         // would not wait), and only those (format-spec/protocol.md 1.5).
         let max = ctx.limits.requests_in_flight_max;
         if req.opcode().in_flight().is_limited() && self.in_flight >= max {
-            return Ok(answer(handlers::error(
+            return Ok(answer(outgoing::error(
                 id,
                 ErrorCode::TooManyRequestsInFlight,
                 Some(u64::from(max)),
@@ -690,7 +701,7 @@ impl Session {
             Request::ClusterMap => return Ok(answer(handlers::cluster_map(ctx, id))),
             Request::ClusterChange(change) => {
                 if ctx.leadership.is_none() {
-                    return Ok(answer(handlers::error(
+                    return Ok(answer(outgoing::error(
                         id,
                         ErrorCode::MembershipRefused,
                         Some(4),
@@ -853,7 +864,7 @@ impl Session {
             }
             Ok(action) => Ok(action),
             Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
-            Err(e) => Ok(answer(handlers::engine_error(id, &e))),
+            Err(e) => Ok(answer(outgoing::engine_error(id, &e))),
         }
     }
 
@@ -885,7 +896,7 @@ impl Session {
                 // made durable; the answer says so instead of the cursor.
                 Err(e) => {
                     return match action {
-                        Action::Answer(_) => answer(handlers::engine_error(id, &e)),
+                        Action::Answer(_) => answer(outgoing::engine_error(id, &e)),
                         other => other,
                     }
                 }
@@ -897,7 +908,7 @@ impl Session {
             Action::Answer(out) => match own.max(ctx.engine.cursor_round_unsettled()) {
                 Some(round) => {
                     let parked = Parked::Cursors { round, out };
-                    self.park(parked.barrier());
+                    self.park(Barrier::of(&parked));
                     Action::Park(parked)
                 }
                 None => Action::Answer(out),
@@ -939,7 +950,7 @@ impl Session {
     ) -> Result<Action, EngineError> {
         let action = run()?;
         match &action {
-            Action::Park(parked) => self.park(parked.barrier()),
+            Action::Park(parked) => self.park(Barrier::of(&parked)),
             Action::Wait(_) => self.park(Barrier::None),
             // Counted where it is made (`confirm_read`).
             Action::Confirm { .. } => {}

@@ -39,6 +39,7 @@
 
 mod backup;
 mod config;
+mod conn_id;
 mod connection;
 #[cfg(test)]
 mod cursor_hold_tests;

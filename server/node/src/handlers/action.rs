@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tidemark_engine::{Engine, OpTicket, Ticket};
 
-use crate::connection::Barrier;
 use crate::outgoing::{engine_error, reply, Outgoing};
 use tidemark_protocol::{ErrorCode, RecordsLen, Response};
 
@@ -57,21 +56,6 @@ impl Parked {
             Parked::Send { ticket, .. } | Parked::Change { ticket, .. } => ticket.round,
             Parked::Op(ticket, _) => ticket.round(),
             Parked::Cursors { round, .. } => *round,
-        }
-    }
-
-    /// What it holds back on its connection while parked
-    /// (format-spec/protocol.md 1.4).
-    pub fn barrier(&self) -> Barrier {
-        match self {
-            // A change is assigned its id like a SEND (its rules were
-            // checked when it started, after every earlier request).
-            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
-            Parked::Op(..) => Barrier::Op,
-            // Every later answer of the connection that shows cursors waits
-            // for this round or a later one (`Connection`'s cursor hold),
-            // so nothing needs to wait behind it.
-            Parked::Cursors { .. } => Barrier::None,
         }
     }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tidemark_engine::{Config, Engine};
 
 use crate::config::{ClusterView, Leadership, Limits, NotLeader, SendPolicy};
-use crate::connection::{ConnId, Connection};
+use crate::conn_id::ConnId;
+use crate::connection::Connection;
 use crate::handlers::action::Action;
 use crate::handlers::context::Ctx;
 use crate::receipts::Receipts;

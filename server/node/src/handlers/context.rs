@@ -5,7 +5,7 @@
 use tidemark_engine::Engine;
 
 use crate::config::{Limits, SendPolicy};
-use crate::connection::ConnId;
+use crate::conn_id::ConnId;
 use crate::receipts::Receipts;
 use crate::subscriptions::Subscriptions;
 

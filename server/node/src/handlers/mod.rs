@@ -37,7 +37,6 @@ mod member_tests;
 #[cfg(test)]
 mod tests;
 
-pub use crate::outgoing::{engine_error, error, records_budget, reply, Outgoing};
 pub use action::{Action, LongPoll, Parked, Report};
 pub use admin::{
     clear_history, cluster, cluster_change, cluster_map, info, not_leader, set_retention, slowlog,

@@ -9,7 +9,8 @@ use tidemark_engine::io::FaultyVfs;
 use tidemark_engine::{AppendRequest, Config, Engine, JoinStart as EngineJoinStart, Ticket};
 
 use crate::config::{Limits, SendPolicy};
-use crate::connection::{ConnId, Connection, Stop};
+use crate::conn_id::ConnId;
+use crate::connection::{Connection, Stop};
 use crate::handlers::action::{Action, Parked};
 use crate::handlers::context::Ctx;
 use crate::handlers::handshake::SERVER_NAME;
