@@ -75,6 +75,7 @@ pub fn error(request_id: u64, code: ErrorCode, detail: Option<u64>, message: &st
     }
 }
 
+/// The wire error code (and detail) for an engine error.
 pub fn error_code_of(e: &EngineError) -> (ErrorCode, Option<u64>) {
     match e {
         EngineError::PayloadTooLarge { max, .. } => (ErrorCode::PayloadTooLarge, Some(*max as u64)),

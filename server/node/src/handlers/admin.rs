@@ -9,7 +9,9 @@ use crate::handlers::action::{Action, OpKind, Parked};
 use crate::handlers::context::Ctx;
 use crate::outgoing::{error, reply, Outgoing};
 use crate::slowlog::SlowLog;
-use tidemark_protocol::{ErrorCode, Response, RetentionPolicy, Stat, FRAME_HEADER_BYTES};
+use tidemark_protocol::{
+    ErrorCode, MemberChange, Response, RetentionPolicy, Stat, FRAME_HEADER_BYTES,
+};
 
 /// CLUSTER (4.32): the replica set as this node knows it; a single node
 /// answers node id 0, no leader, no members. Served by every member.
@@ -31,6 +33,32 @@ pub fn cluster(ctx: &Ctx<'_>, request_id: u64) -> Outgoing {
             .collect(),
     };
     reply(request_id, &Response::Cluster(map), Vec::new(), 0)
+}
+
+/// CLUSTER_CHANGE (4.34): the change for the replica set's leadership,
+/// which the loop hands it; a single node has no membership to change and
+/// refuses it MEMBERSHIP_REFUSED.
+pub fn begin_cluster_change(ctx: &Ctx<'_>, request_id: u64, change: MemberChange<'_>) -> Action {
+    if ctx.leadership.is_none() {
+        return Action::Answer(error(
+            request_id,
+            ErrorCode::MembershipRefused,
+            Some(4),
+            "not a replica set member: a single node has no membership to change",
+        ));
+    }
+    Action::ClusterChange(match change {
+        MemberChange::Add {
+            node_id,
+            cluster_addr,
+            client_addr,
+        } => crate::config::ChangeRequest::Add {
+            node_id,
+            cluster_addr: cluster_addr.to_string(),
+            client_addr: client_addr.to_string(),
+        },
+        MemberChange::Remove { node_id } => crate::config::ChangeRequest::Remove { node_id },
+    })
 }
 
 /// CLUSTER_CHANGE's answer (4.34): the membership once the change
@@ -137,7 +165,6 @@ pub fn wrong_set(
     )
 }
 
-/// The wire error code (and detail) for an engine error.
 /// NOT_LEADER (format-spec/protocol.md 4.31): detail the leader's node id
 /// when known, the message naming its client address.
 pub fn not_leader(request_id: u64, refusal: &crate::config::NotLeader) -> Outgoing {
