@@ -28,8 +28,8 @@ use tidemark_protocol::{
     encode_response, BackupChunk, BackupEnd, ErrorCode, Response, BACKUP_CHUNK_FIXED_BYTES,
 };
 
-use crate::connection::ConnId;
-use crate::handlers::{self, Outgoing};
+use crate::conn_id::ConnId;
+use crate::outgoing::{engine_error, error, Outgoing};
 
 /// Backups running at once; another is refused with OVERLOADED.
 pub const BACKUPS_MAX: usize = 2;
@@ -131,14 +131,14 @@ pub fn start(
 ) -> Result<Stream, Outgoing> {
     let snapshot = engine
         .snapshot()
-        .map_err(|e| handlers::engine_error(request_id, &e))?;
+        .map_err(|e| engine_error(request_id, &e))?;
     let (tx, rx) = mpsc::sync_channel(CHANNEL_FRAMES);
     let chunk_bytes = CHUNK_BYTES_MAX.min(frame_bytes_max as usize);
     std::thread::Builder::new()
         .name("tidemark-backup".into())
         .spawn(move || run(snapshot, request_id, chunk_bytes, tx, waker))
         .map_err(|e| {
-            handlers::error(
+            error(
                 request_id,
                 ErrorCode::Internal,
                 None,
@@ -214,7 +214,7 @@ fn run(
 }
 
 fn error_end(request_id: u64, message: &str) -> Msg {
-    let out = handlers::error(request_id, ErrorCode::Internal, None, message);
+    let out = error(request_id, ErrorCode::Internal, None, message);
     Msg::End {
         frame: out.head,
         error: out.error,

@@ -36,24 +36,18 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, IoSlice, Read, Write};
 use std::time::Instant;
 
-use tidemark_engine::{Change, Chunk, Engine, Error as EngineError};
+use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
-use crate::handlers::{self, Action, Ctx, Outgoing, Parked, Report};
+use crate::conn_id::ConnId;
+use crate::handlers::{self, Action, Ctx, OwnRequest, Parked, Route};
+use crate::outgoing::{self, Outgoing};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
 use crate::subscriptions::Subscriptions;
 use tidemark_protocol::{
-    decode_request, ErrorCode, FrameDecoder, Opcode, Request, RetentionPolicy, Subscription,
-    HELLO_VERSION, PROTOCOL_VERSION,
+    decode_request, ErrorCode, FrameDecoder, Opcode, Request, Subscription, HELLO_VERSION,
+    PROTOCOL_VERSION,
 };
-
-/// Identifies a connection across the reuse of its slot in the event loop
-/// (the slot's index and the generation of its occupant).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConnId {
-    pub index: usize,
-    pub generation: u64,
-}
 
 /// Where the connection is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +214,23 @@ pub enum Barrier {
     Send,
     /// A group or membership operation: everything but PING waits.
     Op,
+}
+
+impl Barrier {
+    /// What a parked request holds back on its connection while parked
+    /// (format-spec/protocol.md 1.4).
+    pub fn of(parked: &Parked) -> Barrier {
+        match parked {
+            // A change is assigned its id like a SEND (its rules were
+            // checked when it started, after every earlier request).
+            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
+            Parked::Op(..) => Barrier::Op,
+            // Every later answer of the connection that shows cursors waits
+            // for this round or a later one (`Connection`'s cursor hold),
+            // so nothing needs to wait behind it.
+            Parked::Cursors { .. } => Barrier::None,
+        }
+    }
 }
 
 /// What [`Connection::handle_next`] did.
@@ -475,7 +486,7 @@ impl Connection {
         let (request_id, op, result) = match self.decoder.front_frame() {
             Ok(None) => return Next::Idle,
             Err(fe) => {
-                let out = handlers::error(
+                let out = outgoing::error(
                     0,
                     fe.error_code(),
                     Some(frame_bytes_max as u64),
@@ -487,7 +498,7 @@ impl Connection {
             // HELLO chose one) is fatal (format-spec/protocol.md 7).
             Ok(Some(frame)) if frame.header.version != self.session.version => {
                 let id = frame.header.request_id;
-                let out = handlers::error(
+                let out = outgoing::error(
                     id,
                     ErrorCode::UnsupportedVersion,
                     Some(u64::from(PROTOCOL_VERSION)),
@@ -504,7 +515,7 @@ impl Connection {
                     Err(de) => {
                         let detail =
                             (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
-                        let out = handlers::error(id, de.error_code(), detail, &de.to_string());
+                        let out = outgoing::error(id, de.error_code(), detail, &de.to_string());
                         (id, None, Err(Stop::Fatal(out)))
                     }
                     Ok(req) => {
@@ -596,12 +607,15 @@ impl Session {
     }
 
     /// One decoded request: the shutdown check, the handshake gate
-    /// (format-spec/protocol.md 1.7), then its handler; the requests that
-    /// may stay in flight go through the in-flight limit (1.5).
+    /// (format-spec/protocol.md 1.7), then its handler, which
+    /// `handlers::dispatch` picks (or hands back when the request changes
+    /// this connection's own state); the requests that may stay in flight
+    /// go through the in-flight limit (1.5) first and are counted when
+    /// they park.
     fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
         ctx.version = self.version;
         if ctx.shutting_down {
-            return Ok(answer(handlers::error(
+            return Ok(answer(outgoing::error(
                 id,
                 ErrorCode::ShuttingDown,
                 None,
@@ -613,7 +627,7 @@ impl Session {
         let refused = match (&req, self.phase) {
             (Request::Hello { .. }, Phase::AwaitHello) => None,
             (Request::Hello { .. }, _) => {
-                let out = handlers::error(id, ErrorCode::BadFrame, None, "a second HELLO");
+                let out = outgoing::error(id, ErrorCode::BadFrame, None, "a second HELLO");
                 return Err(Stop::Fatal(out));
             }
             (Request::Auth { .. }, Phase::AwaitAuth | Phase::Ready) => None,
@@ -622,7 +636,7 @@ impl Session {
             (_, Phase::Ready) => None,
         };
         if let Some(message) = refused {
-            let out = handlers::error(id, ErrorCode::Unauthenticated, None, message);
+            let out = outgoing::error(id, ErrorCode::Unauthenticated, None, message);
             return Ok(answer(out));
         }
         // The shard gate of a cluster node (4.33), before the leader gate: a
@@ -655,18 +669,47 @@ impl Session {
         // would not wait), and only those (format-spec/protocol.md 1.5).
         let max = ctx.limits.requests_in_flight_max;
         if req.opcode().in_flight().is_limited() && self.in_flight >= max {
-            return Ok(answer(handlers::error(
+            return Ok(answer(outgoing::error(
                 id,
                 ErrorCode::TooManyRequestsInFlight,
                 Some(u64::from(max)),
                 "too many requests in flight",
             )));
         }
-        let result = match req {
-            Request::Hello {
+        let result = match handlers::dispatch(ctx, id, req) {
+            Route::Connection(own) => return self.handle_own(ctx, id, own),
+            Route::Node(action) => return Ok(action),
+            Route::Engine(result) => result,
+        };
+        match result {
+            Ok(action) => {
+                self.count_in_flight(&action);
+                if ctx.leadership.is_some() {
+                    let action = self.hold_for_cursors(ctx, id, action, moves_cursor);
+                    Ok(self.confirm_read(ctx, action))
+                } else {
+                    Ok(action)
+                }
+            }
+            Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
+            Err(e) => Ok(answer(outgoing::engine_error(id, &e))),
+        }
+    }
+
+    /// A request that changes the connection's own state: HELLO and AUTH
+    /// move it through the handshake, SUBSCRIBE, SUBSCRIBE_RECEIPTS and
+    /// UNSUBSCRIBE change its subscriptions and the node's indexes with
+    /// them.
+    fn handle_own(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u64,
+        own: OwnRequest<'_>,
+    ) -> Result<Action, Stop> {
+        match own {
+            OwnRequest::Hello {
                 min_version,
                 max_version,
-                ..
             } => {
                 let (out, version) =
                     handlers::hello(ctx, id, min_version, max_version).map_err(Stop::Fatal)?;
@@ -678,182 +721,21 @@ impl Session {
                 } else {
                     Phase::Ready
                 };
-                return Ok(answer(out));
+                Ok(answer(out))
             }
-            Request::Auth { token } => {
+            OwnRequest::Auth { token } => {
                 let out = handlers::auth(ctx, id, token).map_err(Stop::Fatal)?;
                 self.phase = Phase::Ready;
-                return Ok(answer(out));
+                Ok(answer(out))
             }
-            Request::Ping => return Ok(answer(handlers::ping(id))),
-            Request::Cluster => return Ok(answer(handlers::cluster(ctx, id))),
-            Request::ClusterMap => return Ok(answer(handlers::cluster_map(ctx, id))),
-            Request::ClusterChange(change) => {
-                if ctx.leadership.is_none() {
-                    return Ok(answer(handlers::error(
-                        id,
-                        ErrorCode::MembershipRefused,
-                        Some(4),
-                        "not a replica set member: a single node has no membership to change",
-                    )));
-                }
-                return Ok(Action::ClusterChange(match change {
-                    tidemark_protocol::MemberChange::Add {
-                        node_id,
-                        cluster_addr,
-                        client_addr,
-                    } => crate::config::ChangeRequest::Add {
-                        node_id,
-                        cluster_addr: cluster_addr.to_string(),
-                        client_addr: client_addr.to_string(),
-                    },
-                    tidemark_protocol::MemberChange::Remove { node_id } => {
-                        crate::config::ChangeRequest::Remove { node_id }
-                    }
-                }));
+            OwnRequest::Subscribe(sub) => Ok(answer(self.subscribe(ctx, id, sub))),
+            OwnRequest::SubscribeReceipts { sender, groups } => {
+                Ok(answer(self.subscribe_receipts(ctx, id, sender, &groups)))
             }
-            Request::Stats => return Ok(Action::Report(Report::Stats)),
-            Request::Info => return Ok(Action::Report(Report::Info)),
-            Request::SlowLog { reset, max_count } => {
-                return Ok(Action::Report(Report::SlowLog { reset, max_count }))
-            }
-            Request::Backup => return Ok(Action::Backup),
-            Request::Subscribe(sub) => return Ok(answer(self.subscribe(ctx, id, sub))),
-            Request::SubscribeReceipts { sender, groups } => {
-                return Ok(answer(self.subscribe_receipts(ctx, id, sender, &groups)))
-            }
-            Request::Unsubscribe => {
+            OwnRequest::Unsubscribe => {
                 self.unsubscribe_all(ctx.engine, ctx.subs, ctx.receipts, ctx.conn);
-                return Ok(answer(handlers::unsubscribed(id)));
+                Ok(answer(handlers::unsubscribed(id)))
             }
-            Request::CreateGroup { group } => {
-                self.counted_in_flight(|| handlers::create_group(ctx, group))
-            }
-            Request::DeleteGroup { group } => {
-                self.counted_in_flight(|| handlers::delete_group(ctx, group))
-            }
-            Request::Join { group, user, start } => {
-                self.counted_in_flight(|| handlers::join(ctx, group, user, start))
-            }
-            Request::Leave { group, user } => {
-                self.counted_in_flight(|| handlers::leave(ctx, group, user))
-            }
-            Request::SetRetention {
-                group,
-                by_cursor,
-                max_age_ms,
-                max_bytes,
-            } => self.counted_in_flight(|| {
-                let policy = RetentionPolicy {
-                    by_cursor,
-                    max_age_ms,
-                    max_bytes,
-                };
-                handlers::set_retention(ctx, group, policy)
-            }),
-            Request::ClearHistory { group, user, up_to } => {
-                self.counted_in_flight(|| handlers::clear_history(ctx, group, user, up_to))
-            }
-            Request::Send {
-                group,
-                sender,
-                client_msg_id,
-                payload,
-            } => self.counted_in_flight(|| {
-                handlers::send(ctx, id, group, sender, client_msg_id, payload)
-            }),
-            Request::HistoryLatest {
-                group,
-                user,
-                before_msg_id,
-                max_count,
-            } => {
-                handlers::history_latest(ctx, id, group, user, before_msg_id, max_count).map(answer)
-            }
-            Request::Recall {
-                group,
-                sender,
-                client_msg_id,
-                target,
-            } => self.counted_in_flight(|| {
-                handlers::change(
-                    ctx,
-                    id,
-                    group,
-                    sender,
-                    client_msg_id,
-                    target,
-                    Change::Recall,
-                )
-            }),
-            Request::Edit {
-                group,
-                sender,
-                client_msg_id,
-                target,
-                payload,
-            } => self.counted_in_flight(|| {
-                let change = Change::Edit(payload);
-                handlers::change(ctx, id, group, sender, client_msg_id, target, change)
-            }),
-            Request::Pull {
-                group,
-                user,
-                ack_up_to,
-                max_count,
-                max_bytes,
-                wait_ms,
-            } => self.counted_in_flight(|| {
-                handlers::pull(
-                    ctx, id, group, user, ack_up_to, max_count, max_bytes, wait_ms,
-                )
-            }),
-            Request::Ack {
-                group,
-                user,
-                msg_id,
-            } => handlers::ack(ctx, id, group, user, msg_id).map(answer),
-            Request::BatchAck { user, items } => {
-                handlers::batch_ack(ctx, id, user, &items).map(answer)
-            }
-            Request::Unread { user } => handlers::unread(ctx, id, user).map(answer),
-            Request::Sync {
-                user,
-                per_group_max,
-                total_max_bytes,
-                continuation,
-            } => handlers::sync(ctx, id, user, per_group_max, total_max_bytes, continuation)
-                .map(answer),
-            Request::History {
-                group,
-                user,
-                before_msg_id,
-                max_count,
-            } => handlers::history(ctx, id, group, user, before_msg_id, max_count).map(answer),
-            Request::ReadCount { group, msg_id } => {
-                handlers::read_count(ctx, id, group, msg_id).map(answer)
-            }
-            Request::Members {
-                group,
-                after_user,
-                max_count,
-            } => handlers::members(ctx, id, group, after_user, max_count).map(answer),
-            Request::GroupInfo { group } => handlers::group_info(ctx, id, group).map(answer),
-            Request::Readers {
-                group,
-                msg_id,
-                after_user,
-                max_count,
-            } => handlers::readers(ctx, id, group, msg_id, after_user, max_count).map(answer),
-        };
-        match result {
-            Ok(action) if ctx.leadership.is_some() => {
-                let action = self.hold_for_cursors(ctx, id, action, moves_cursor);
-                Ok(self.confirm_read(ctx, action))
-            }
-            Ok(action) => Ok(action),
-            Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
-            Err(e) => Ok(answer(handlers::engine_error(id, &e))),
         }
     }
 
@@ -885,7 +767,7 @@ impl Session {
                 // made durable; the answer says so instead of the cursor.
                 Err(e) => {
                     return match action {
-                        Action::Answer(_) => answer(handlers::engine_error(id, &e)),
+                        Action::Answer(_) => answer(outgoing::engine_error(id, &e)),
                         other => other,
                     }
                 }
@@ -897,7 +779,7 @@ impl Session {
             Action::Answer(out) => match own.max(ctx.engine.cursor_round_unsettled()) {
                 Some(round) => {
                     let parked = Parked::Cursors { round, out };
-                    self.park(parked.barrier());
+                    self.park(Barrier::of(&parked));
                     Action::Park(parked)
                 }
                 None => Action::Answer(out),
@@ -930,16 +812,12 @@ impl Session {
         }
     }
 
-    /// Runs a request that may stay in flight (format-spec/protocol.md
-    /// 1.5; the limit was checked before, `Opcode::in_flight`): counted in
-    /// flight when it parks or waits.
-    fn counted_in_flight(
-        &mut self,
-        run: impl FnOnce() -> Result<Action, EngineError>,
-    ) -> Result<Action, EngineError> {
-        let action = run()?;
-        match &action {
-            Action::Park(parked) => self.park(parked.barrier()),
+    /// Counts a request in flight when it parked or waits
+    /// (format-spec/protocol.md 1.5; the limit was checked before,
+    /// `Opcode::in_flight`): only the requests the limit applies to do.
+    fn count_in_flight(&mut self, action: &Action) {
+        match action {
+            Action::Park(parked) => self.park(Barrier::of(parked)),
             Action::Wait(_) => self.park(Barrier::None),
             // Counted where it is made (`confirm_read`).
             Action::Confirm { .. } => {}
@@ -949,7 +827,6 @@ impl Session {
             | Action::Closed(_)
             | Action::ClusterChange(_) => {}
         }
-        Ok(action)
     }
 
     /// SUBSCRIBE: checked by its handler, then added to this connection's
@@ -1291,7 +1168,10 @@ mod state_tests {
         assert!(c.is_closing() && c.wants_write());
         assert!(!c.wants_read(usize::MAX));
         let queued = c.output_bytes();
-        assert!(!c.queue(handlers::ping(3)), "nothing follows a fatal ERROR");
+        assert!(
+            !c.queue(handlers::handshake::ping(3)),
+            "nothing follows a fatal ERROR"
+        );
         assert_eq!(c.output_bytes(), queued);
         assert!(matches!(node.request(&mut c, 4, Request::Ping), Next::Idle));
         assert!(!c.finished(), "its output is not written yet");

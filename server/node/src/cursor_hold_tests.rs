@@ -11,7 +11,8 @@ use tidemark_engine::{Config, Engine, JoinStart, RoundGate};
 use tidemark_protocol::{decode_response, Frame, Request, Response};
 
 use crate::config::{ClusterView, Leadership, Limits, NotLeader, SendPolicy};
-use crate::connection::{ConnId, Connection};
+use crate::conn_id::ConnId;
+use crate::connection::Connection;
 use crate::handlers::{Action, Ctx, Parked};
 use crate::receipts::Receipts;
 use crate::subscriptions::Subscriptions;

@@ -44,12 +44,14 @@ use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine, ReadBatch};
 
 use crate::backup;
 use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
-use crate::connection::{Barrier, ConnId, Connection, Next};
-use crate::handlers::{self, Action, Ctx, LongPoll, Outgoing, Parked, Report};
+use crate::conn_id::ConnId;
+use crate::connection::{Barrier, Connection, Next};
+use crate::handlers::{self, Action, Ctx, LongPoll, Parked, Report};
 use crate::host::HostFigures;
 use crate::log_limit::{EventKind, LogLimiter};
 use crate::long_poll::{LongPolls, PollKey};
 use crate::metrics::{MetricsServer, Published};
+use crate::outgoing::{self, Outgoing};
 use crate::receipts::Receipts;
 use crate::slowlog::{SlowLog, Summary};
 use crate::stats::{Buffers, Sources, Stats};
@@ -521,7 +523,7 @@ impl EventLoop {
     /// closed when the caller drops it.
     fn refuse_connection(&mut self, stream: &mut TcpStream, message: &str) {
         self.stats.connections_refused += 1;
-        let out = handlers::error(
+        let out = outgoing::error(
             0,
             ErrorCode::Overloaded,
             Some(self.config.limits.connections_max as u64),
@@ -668,7 +670,7 @@ impl EventLoop {
         self.stats.input_refused += 1;
         self.stats.error(ErrorCode::Overloaded);
         let max = self.config.limits.input_bytes_total_max;
-        let out = handlers::error(
+        let out = outgoing::error(
             0,
             ErrorCode::Overloaded,
             Some(max as u64),
@@ -768,7 +770,7 @@ impl EventLoop {
                 continue;
             }
             let ms = self.config.limits.frame_timeout_ms;
-            let out = handlers::error(
+            let out = outgoing::error(
                 0,
                 ErrorCode::BadFrame,
                 None,
@@ -958,7 +960,7 @@ impl EventLoop {
         started: Instant,
     ) {
         if self.backups.len() >= backup::BACKUPS_MAX {
-            let out = handlers::error(
+            let out = outgoing::error(
                 request_id,
                 ErrorCode::Overloaded,
                 Some(backup::BACKUPS_MAX as u64),
@@ -1030,7 +1032,7 @@ impl EventLoop {
                     }
                     backup::Next::Nothing => break,
                     backup::Next::Gone => {
-                        let out = handlers::error(
+                        let out = outgoing::error(
                             request_id,
                             ErrorCode::Internal,
                             None,
@@ -1078,7 +1080,7 @@ impl EventLoop {
         // Record-carrying responses are sized to fit; a list answer (UNREAD,
         // BATCH_ACK, STATS) of an extreme size is refused, not sent oversized.
         let out = if len > frame_max {
-            handlers::error(
+            outgoing::error(
                 out.request_id,
                 ErrorCode::LimitExceeded,
                 Some(frame_max as u64 - 4),
@@ -1128,7 +1130,7 @@ impl EventLoop {
                 if let Some((group, sender, msg_id)) = w.work.accepted(&out) {
                     self.receipts.sent(group, sender, msg_id);
                 }
-                self.finish(w.conn, w.op, w.args, w.started, w.work.barrier(), out)
+                self.finish(w.conn, w.op, w.args, w.started, Barrier::of(&w.work), out)
             }
             None => self.pending.entry(w.work.round()).or_default().push(w),
         }
@@ -1274,7 +1276,7 @@ impl EventLoop {
                     starting: false,
                 });
                 let out = handlers::not_leader(w.request_id, &refusal);
-                let barrier = w.work.barrier();
+                let barrier = Barrier::of(&w.work);
                 self.finish(w.conn, w.op, w.args, w.started, barrier, out);
             }
         }
@@ -1288,7 +1290,7 @@ impl EventLoop {
         if targets.is_empty() {
             return;
         }
-        let budget = handlers::records_budget(&self.config.limits);
+        let budget = outgoing::records_budget(&self.config.limits);
         let mut after = first - 1;
         while after < last {
             // Records just appended: their segment is indexed, so this

@@ -20,8 +20,13 @@
 //! - `connection`: one connection as a state machine, sans IO: decoder,
 //!   output, handshake gate, in-flight limit, ordering, closing and fatal,
 //!   its subscriptions;
-//! - `handlers`: one function per opcode, request -> engine call ->
-//!   response, never waiting;
+//! - `handlers`: one function per opcode, a file per request family,
+//!   request -> engine call -> response, never waiting; the dispatch of a
+//!   request to its handler;
+//! - `outgoing`: a frame as the loop sends it and the builders of
+//!   responses and ERROR frames that every module shares;
+//! - `conn_id`: a connection's name, shared by the loop, the connections,
+//!   the handlers and the indexes;
 //! - `long_poll`: parked long polls by group and by deadline;
 //! - `subscriptions`: who gets pushes;
 //! - `stats`: the counters and latency histograms of STATS, the names of
@@ -39,6 +44,7 @@
 
 mod backup;
 mod config;
+mod conn_id;
 mod connection;
 #[cfg(test)]
 mod cursor_hold_tests;
@@ -48,6 +54,7 @@ mod host;
 mod log_limit;
 mod long_poll;
 mod metrics;
+mod outgoing;
 mod receipts;
 mod shards;
 mod slowlog;

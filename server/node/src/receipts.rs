@@ -43,7 +43,7 @@ use tidemark_protocol::{
     MemberEntry, ReceiptCount, RecordsLen, Response, MEMBER_ENTRY_BYTES, RECEIPT_FIXED_BYTES,
 };
 
-use crate::handlers::{reply, Outgoing};
+use crate::outgoing::{reply, Outgoing};
 
 /// Recent messages of one sender in one group whose read counts a
 /// RECEIPT_COUNTS reports (format-spec/protocol.md 5.4): bounded so that
@@ -437,72 +437,5 @@ mod tests {
             .collect();
         assert_eq!(lens, [per_frame, 1]);
         assert!(frames.iter().all(|f| f.frame.head.len() <= 4096 + 4));
-    }
-
-    /// READERS examines at most `members_page_max` members per request,
-    /// however few of them have read the message: a page may list none
-    /// and still name where the next one starts; the pages together list
-    /// every reader once, and `max_count` cuts a page before a reader.
-    #[test]
-    fn readers_examine_a_bounded_page_and_continue_where_they_stopped() {
-        use crate::config::{Limits, SendPolicy};
-        use crate::connection::ConnId;
-        use crate::handlers::{readers, Ctx};
-        use crate::subscriptions::Subscriptions;
-
-        let dir = tempfile::tempdir().unwrap();
-        let e = engine(dir.path());
-        e.create_group(1).unwrap();
-        for u in 1..=10 {
-            e.join(1, u, JoinStart::Head).unwrap();
-        }
-        let id = e.append(1, 99, 1, b"x").unwrap().msg_id;
-        for u in [2, 8, 9] {
-            e.ack(1, u, id).unwrap();
-        }
-        let limits = Limits {
-            members_page_max: 3,
-            ..Limits::default()
-        };
-        let sends = SendPolicy::anyone();
-        let mut subs = Subscriptions::default();
-        let mut receipts: Receipts<ConnId> = Receipts::new(Duration::ZERO, 5, 1 << 20);
-        let ctx = Ctx {
-            engine: &e,
-            limits: &limits,
-            sends: &sends,
-            token: None,
-            shutting_down: false,
-            subs: &mut subs,
-            receipts: &mut receipts,
-            conn: ConnId {
-                index: 0,
-                generation: 0,
-            },
-            version: 1,
-            leadership: None,
-            shards: None,
-        };
-        let page = |after: u64, max: u32| -> (Vec<u64>, u64) {
-            let out = readers(&ctx, 1, 1, id, after, max).unwrap();
-            match decode_response(&Frame::parse(&out.head).unwrap()).unwrap() {
-                Response::Readers {
-                    next_after_user,
-                    readers,
-                } => (readers.iter().map(|m| m.user).collect(), next_after_user),
-                other => panic!("{other:?}"),
-            }
-        };
-        // Pages of 3 examined: 1-3 (2 read), 4-6 (none), 7-9 (8, 9), 10.
-        assert_eq!(page(0, 100), (vec![2], 3));
-        assert_eq!(page(3, 100), (vec![], 6));
-        assert_eq!(page(6, 100), (vec![8, 9], 9));
-        assert_eq!(page(9, 100), (vec![], 0));
-        // max_count 1 stops before the second reader: the next page
-        // starts at it.
-        assert_eq!(page(6, 1), (vec![8], 8));
-        assert_eq!(page(8, 1), (vec![9], 0));
-        // 0 is taken as 1.
-        assert_eq!(page(6, 0), (vec![8], 8));
     }
 }
