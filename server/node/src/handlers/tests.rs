@@ -124,7 +124,7 @@ fn hold_a_round(
     (held, release)
 }
 
-/// Issue 11 item 17 (format-spec/protocol.md 2, "head"): PULL, ACK,
+/// Per format-spec/protocol.md 2, "head": PULL, ACK,
 /// BATCH_ACK, UNREAD and JOIN AT see the committed head, never a message
 /// that was accepted but whose commit round has not completed; JOIN
 /// HEAD's cursor counts it (it is not unread for the new member).
@@ -193,7 +193,7 @@ fn batch_ack(e: &Engine, limits: &Limits, user: u64, pairs: &[(u64, u64)]) -> Ve
     call(e, limits, Request::BatchAck { user, items }).unwrap()
 }
 
-/// Issue 11 items 3 and 15: a refused item reports the cursor as it
+/// A refused item reports the cursor as it
 /// stands right after that item (4.12), found without walking the
 /// user's groups: the work of a BATCH_ACK is bounded by its items.
 #[test]
@@ -245,7 +245,7 @@ fn batch_ack_refused_items_report_the_cursor_after_the_item_without_walking_the_
         .all(|r| r.error == Some(ErrorCode::CursorAboveHead) && r.cursor == 0));
 }
 
-/// Issue 11 item 17: the node's HELLO response is byte for byte the
+/// The node's HELLO response is byte for byte the
 /// spec's vector (format-spec/vectors/protocol/hello_response.hex):
 /// the `server_name` of 4.1 and of the vector is the one sent.
 #[test]
@@ -276,7 +276,7 @@ fn the_hello_response_is_the_vector() {
     assert_eq!(SERVER_NAME, "tidemark/0.2");
 }
 
-/// Issue 11 item 17: HISTORY with `max_count` 0 returns no records and
+/// HISTORY with `max_count` 0 returns no records and
 /// `has_more` says whether visible records lie below `before_msg_id`,
 /// as PULL's `max_count` 0 reports `has_more` above the cursor.
 #[test]
@@ -308,7 +308,7 @@ fn history_with_max_count_0_is_a_probe() {
     assert_eq!(history(1), (false, 0), "nothing is below message 1");
 }
 
-/// Issue 11 item 5: a BATCH_ACK whose response could not be sent is
+/// A BATCH_ACK whose response could not be sent is
 /// refused before any of its items is applied.
 #[test]
 fn an_oversized_batch_ack_is_refused_before_any_item_is_applied() {
@@ -345,7 +345,7 @@ fn an_oversized_batch_ack_is_refused_before_any_item_is_applied() {
     assert_eq!(e.cursor(1, 5).unwrap(), 8);
 }
 
-/// Issue 11 item 14 (format-spec/protocol.md 4.6): while a DELETE_GROUP
+/// Per format-spec/protocol.md 4.6: while a DELETE_GROUP
 /// waits for its commit round, every request treats the group as not
 /// found, and the per-user lists leave it out.
 #[test]
