@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::clock::now_ms;
 use crate::commit::dedup::{DedupBudget, Keyed, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
@@ -19,7 +20,6 @@ use crate::group::{AssignState, Group, LogSlot};
 use crate::io::{OsVfs, Vfs};
 use crate::logs::group_log::{LogContext, ReadBatch, Scan};
 use crate::logs::record::NewRecord;
-use crate::now_ms;
 use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
 

@@ -661,7 +661,7 @@ mod tests {
     /// Runs the commit thread's idle sweep to the end, as if every group
     /// had been idle for [`IDLE_MS`].
     fn sweep(e: &Engine) {
-        while evict_idle(&e.shared, crate::now_ms() + IDLE_MS, usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms() + IDLE_MS, usize::MAX) {}
     }
 
     fn group(e: &Engine, id: u64) -> Arc<Group> {
@@ -726,7 +726,7 @@ mod tests {
         let (_dir, e) = idle_engine();
         e.create_group(1).unwrap();
         e.append(1, 7, 1, b"a").unwrap();
-        let later = crate::now_ms() + IDLE_MS;
+        let later = crate::clock::now_ms() + IDLE_MS;
         assert!(
             !evict_idle(&e.shared, later, 8),
             "the sweep ended with its list, not at its bound"
@@ -775,11 +775,11 @@ mod tests {
         e.create_group(1).unwrap();
         e.append(1, 7, 1, b"a").unwrap();
         e.checkpoint().unwrap();
-        while evict_idle(&e.shared, crate::now_ms(), usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms(), usize::MAX) {}
         let g = group(&e, 1);
         assert!(g.assign.lock().is_some());
         assert!(matches!(&*g.log.read(), LogSlot::Loaded(_)));
-        while evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms() + 60_000, usize::MAX) {}
         assert!(g.assign.lock().is_none(), "idle a minute later: evicted");
         assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
     }

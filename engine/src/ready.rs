@@ -36,6 +36,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::clock::now_ms;
 use crate::commit::dedup::{DedupWindow, WindowLimits};
 use crate::commit::thread::Shared;
 use crate::engine::Engine;
@@ -44,7 +45,6 @@ use crate::group::{AssignState, Group, LogSlot};
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
 use crate::logs::small_log;
-use crate::now_ms;
 use crate::worker::{Need, Worker};
 
 impl Engine {

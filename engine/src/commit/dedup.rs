@@ -457,7 +457,7 @@ impl DedupBudget {
     /// `group`'s window was just used (a send): it leaves memory
     /// last, and the group is not idle.
     pub fn touch(&self, group: u64) {
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         let mut lists = self.lists.lock();
         lists.windows.put(group, ());
         lists.used.put(group, now);
@@ -468,7 +468,7 @@ impl DedupBudget {
     /// `group` was just used without its window (its log was loaded or
     /// created): it is not idle.
     pub fn touch_used(&self, group: u64) {
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         let mut lists = self.lists.lock();
         lists.used.put(group, now);
         lists.used_peak = lists.used_peak.max(lists.used.len());

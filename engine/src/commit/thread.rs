@@ -818,7 +818,11 @@ impl Committer {
     /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
     /// sets when the sweep runs next: soon if it stopped at its bound.
     fn idle_sweep(&mut self) {
-        let more = evict_idle(&self.shared, crate::now_ms(), IDLE_EVICTIONS_PER_SWEEP);
+        let more = evict_idle(
+            &self.shared,
+            crate::clock::now_ms(),
+            IDLE_EVICTIONS_PER_SWEEP,
+        );
         let wait = if more {
             Duration::from_millis(1)
         } else {

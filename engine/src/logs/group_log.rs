@@ -604,7 +604,7 @@ impl GroupLog {
         let header = SegmentHeader {
             group_id,
             base_msg_id: base,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         ctx.cache
             .create(&*ctx.vfs, &dir.join(segment::file_name(base)), &header)?;
@@ -801,7 +801,7 @@ impl GroupLog {
         let header = SegmentHeader {
             group_id: self.group_id,
             base_msg_id: base_id,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         ctx.cache.create(&*ctx.vfs, &path, &header)?;
         self.segments.push(SegmentMeta {

@@ -486,7 +486,7 @@ impl DataDir {
                 })
             }
             walk::Event::Record { .. } => {}
-            other => out.damage.push(verify::describe(&other)),
+            other => out.damage.push(walk::describe(&other)),
         })?;
         if !walked {
             out.damage.push(format!(

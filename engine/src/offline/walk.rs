@@ -389,3 +389,31 @@ fn resync(bytes: &[u8], from: usize, next: u64, last: Option<u64>) -> Option<(us
     }
     None
 }
+
+/// An event of the walk as one line of text, naming its file and offset.
+pub(crate) fn describe(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage { file, offset, .. } | Event::TornTail { file, offset } => {
+            format!("{} offset {offset}: {}", file.display(), what(ev))
+        }
+        Event::LengthMismatch { file, .. } => format!("{}: {}", file.display(), what(ev)),
+    }
+}
+
+/// What an event says, without its file and offset.
+pub(crate) fn what(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage { reason, lost, .. } => {
+            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
+            format!("{reason}{lost}")
+        }
+        Event::TornTail { .. } => {
+            "torn tail after the last record (cut by the node at its next open)".into()
+        }
+        Event::LengthMismatch {
+            recorded, found, ..
+        } => format!("its records end at offset {found}, the checkpoint records {recorded} bytes"),
+    }
+}

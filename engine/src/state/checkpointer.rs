@@ -256,7 +256,7 @@ fn plan_retention(
                 &sealed,
                 log.total_bytes(),
                 min_cursor,
-                crate::now_ms(),
+                crate::clock::now_ms(),
             );
             Ok((n > 0).then_some(RetentionCut::Segments(n)))
         }
@@ -276,7 +276,7 @@ fn plan_retention(
                 list.floor(),
                 head,
                 min_cursor,
-                crate::now_ms(),
+                crate::clock::now_ms(),
             )
             .map(RetentionCut::SmallFloor))
         }
@@ -323,7 +323,7 @@ pub(crate) fn write_run<T: std::borrow::Borrow<Item>>(
         let mut w = RunWriter::new(
             run_seq,
             ctx.config.run_file_bytes_max,
-            crate::now_ms(),
+            crate::clock::now_ms(),
             |part| {
                 let path = dir.join(run::part_file_name(run_seq, part));
                 created.lock().push(path.clone());
@@ -890,7 +890,7 @@ impl Checkpointer {
             replay_journal_seq: job.replay.seq,
             replay_lsn: job.replay.lsn,
             replay_round: job.replay.round,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
             next_run_seq: self.next_run_seq,
             clean: job.clean,
             runs,

@@ -63,16 +63,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::commit::journal::{EndWatcher, JournalEnd};
 use crate::logs::extents::{FileId, FileKind};
 use crate::logs::reclaim::LiveBytes;
+use crate::logs::trash::Holding;
 use crate::state::manifest::Manifest;
-
-/// The end of the journal's written frames: file `seq`, `len` bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JournalEnd {
-    pub seq: u64,
-    pub len: u64,
-}
 
 /// What a hold captured: the manifest, the journal end, how long the
 /// capture held the lock.
@@ -103,6 +98,28 @@ struct HoldsInner {
     renaming: u32,
 }
 
+impl EndWatcher for Holds {
+    /// The journal writer after each frame write and roll.
+    fn journal_at(&self, end: JournalEnd) {
+        self.inner.lock().journal_end = end;
+    }
+}
+
+impl Holding for Holds {
+    fn active(&self) -> bool {
+        Holds::active(self)
+    }
+
+    fn moving(
+        &self,
+        group: u64,
+        to: &Path,
+        rename: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        Holds::moving(self, group, to, rename)
+    }
+}
+
 /// The snapshot holds of an engine (module doc).
 #[derive(Default)]
 pub struct Holds {
@@ -113,11 +130,6 @@ impl Holds {
     /// After K6 (and at open): `m` is the newest stored manifest.
     pub(crate) fn set_newest(&self, m: &Manifest) {
         self.inner.lock().newest = Some(Arc::new(m.clone()));
-    }
-
-    /// The journal writer after each frame write and roll.
-    pub(crate) fn journal_at(&self, end: JournalEnd) {
-        self.inner.lock().journal_end = end;
     }
 
     /// Begins a hold: the newest stored manifest and the journal end now,

@@ -496,7 +496,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             replay_journal_seq: next.seq,
             replay_lsn: next.lsn,
             replay_round: next.round,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
             next_run_seq: on_disk.next_run_seq,
             clean: false,
             runs: Vec::new(),
