@@ -275,7 +275,7 @@ impl Engine {
                 return Err(Error::io("spawn commit thread", e));
             }
         };
-        let worker_thread = match crate::ready::start_worker(&shared) {
+        let worker_thread = match crate::commit::worker_jobs::start_worker(&shared) {
             Ok(handle) => handle,
             Err(e) => {
                 shared.pending.lock().shutdown = true;
@@ -631,7 +631,9 @@ impl Engine {
         for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
             match self.ready_to_assign(group, slot) {
                 Ok(_) => {}
-                Err(e @ Error::NotReady { .. }) => crate::ready::keep_latest(&mut not_ready, e),
+                Err(e @ Error::NotReady { .. }) => {
+                    crate::commit::worker_jobs::keep_latest(&mut not_ready, e)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -708,7 +710,7 @@ impl Engine {
         }
         let assign = match slot {
             Some(a) => a,
-            None => match crate::ready::empty_send_state(group) {
+            None => match crate::commit::worker_jobs::empty_send_state(group) {
                 Some(state) => slot.insert(Box::new(state)),
                 None => return Err(self.assign_not_ready(group)),
             },

@@ -43,17 +43,18 @@
 //! included); the test `engine/tests/memory.rs` measures it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::commit::dedup::DedupWindow;
+use crate::commit::dirty::{CkptGuard, DirtyList};
 use crate::logs::changes::QuietIds;
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
 use crate::logs::retention::Retention;
 use crate::members::cursors::CursorTable;
 use crate::members::membership::GroupMembers;
-use crate::state::dirty::{CkptGuard, DirtyList};
 
 /// A log whose only segment is at most this long is unloaded when its group
 /// goes idle: loading it again verifies (CRC-scans) at most this much. The
@@ -364,12 +365,16 @@ impl Group {
 
     /// Takes the group's checkpoint lock (`dirty.rs`): what a capture reads
     /// and an applied entry changes, atomically with each other.
-    pub fn ckpt<'a>(&'a self, dirty: &'a DirtyList) -> CkptGuard<'a> {
-        CkptGuard {
-            group: self,
-            dirty,
-            _lock: self.ckpt_lock.lock(),
-        }
+    pub fn ckpt<'a>(&'a self, dirty: &'a DirtyList<Group>) -> CkptGuard<'a> {
+        dirty.guard(self, &self.ckpt_word, self.slot, self.ckpt_lock.lock())
+    }
+
+    /// A queued cursor move of `user` (its checkpoint bit went up): takes
+    /// the group's `ckpt` lock and puts it on the dirty list.
+    pub fn cursor_moved(self: &Arc<Self>, dirty: &DirtyList<Group>, user: u64) {
+        let mut st = self.ckpt(dirty);
+        st.cursor_moved(user);
+        dirty.mark(self, &mut st);
     }
 
     /// True once the group's deletion was accepted: every request treats the

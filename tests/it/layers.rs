@@ -72,47 +72,32 @@ const ENGINE_LAYERS: &[(&str, &[&str])] = &[
 ///   capture (K1) itself, the checkpointer and snapshots reach back into
 ///   the commit thread's `Shared`, and the checkpointer queues loads on
 ///   the facade's worker (`ready.rs`).
-const ENGINE_CIRCLES_ALLOWED: &[&[&str]] = &[
-    &[
-        "catalog.rs",
-        "commit/apply.rs",
-        "commit/dedup.rs",
-        "group.rs",
-        "logs/group_log.rs",
-        "logs/rewrite.rs",
-        "logs/small_log.rs",
-        "logs/small_read.rs",
-        "state/dirty.rs",
-    ],
-    &[
-        "commit/thread.rs",
-        "engine.rs",
-        "ready.rs",
-        "state/checkpointer.rs",
-        "state/recovery.rs",
-        "state/snapshot.rs",
-    ],
-];
+const ENGINE_CIRCLES_ALLOWED: &[&[&str]] = &[&[
+    "catalog.rs",
+    "commit/apply.rs",
+    "commit/dedup.rs",
+    "group.rs",
+    "logs/group_log.rs",
+    "logs/rewrite.rs",
+    "logs/small_log.rs",
+    "logs/small_read.rs",
+]];
 
-/// Upward imports allowed for now (importer, imported): those of the two
-/// circles above. An entry that is no longer an upward import fails the
+/// Upward imports allowed for now (importer, imported): those of the
+/// circle above. An entry that is no longer an upward import fails the
 /// check, so the list only shrinks.
 const ENGINE_UPWARD_ALLOWED: &[(&str, &str)] = &[
-    ("commit/apply.rs", "state/dirty.rs"),
-    ("commit/thread.rs", "state/checkpointer.rs"),
-    ("commit/thread.rs", "state/pins.rs"),
-    ("group.rs", "state/dirty.rs"),
     ("logs/erase_segments.rs", "catalog.rs"),
     ("logs/erase_segments.rs", "group.rs"),
-    ("logs/group_log.rs", "state/dirty.rs"),
+    ("logs/group_log.rs", "commit/dirty.rs"),
+    ("logs/group_log.rs", "group.rs"),
     ("logs/group_log.rs", "state/pins.rs"),
     ("logs/rewrite.rs", "catalog.rs"),
     ("logs/rewrite.rs", "group.rs"),
     ("logs/small_log.rs", "commit/apply.rs"),
+    ("logs/small_log.rs", "commit/dirty.rs"),
     ("logs/small_log.rs", "group.rs"),
-    ("logs/small_log.rs", "state/dirty.rs"),
     ("logs/small_log.rs", "state/mod.rs"),
-    ("state/checkpointer.rs", "ready.rs"),
 ];
 
 /// The node's circles allowed for now. `handlers.rs` holds the request

@@ -51,6 +51,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
+use crate::commit::dirty::CkptGuard;
 use crate::commit::journal::{body, Entry, EntryKind};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -58,7 +59,6 @@ use crate::group::{Group, LogSlot};
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext};
 use crate::logs::record;
 use crate::members::cursors::{CursorTable, InsertError};
-use crate::state::dirty::CkptGuard;
 
 /// Where a Records entry's body lies in the journal: file `seq`, at byte
 /// `offset` (a small group's extent points there, small_log.rs).

@@ -6,7 +6,9 @@
 //! write-back ahead of checkpoints.
 
 pub(crate) mod apply;
+pub(crate) mod capture;
 pub(crate) mod dedup;
+pub(crate) mod dirty;
 pub(crate) mod flusher;
 pub(crate) mod gate;
 #[cfg(test)]
@@ -19,3 +21,4 @@ mod replicate;
 pub(crate) mod replicate_tests;
 pub(crate) mod thread;
 mod warn_limit;
+pub(crate) mod worker_jobs;

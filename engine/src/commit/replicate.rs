@@ -141,7 +141,7 @@ impl Engine {
             let assign = match self.ready_to_assign(&g.group, slot) {
                 Ok(assign) => assign,
                 Err(e @ Error::NotReady { .. }) => {
-                    crate::ready::keep_latest(&mut not_ready, e);
+                    crate::commit::worker_jobs::keep_latest(&mut not_ready, e);
                     continue;
                 }
                 Err(e) => return Err(e),

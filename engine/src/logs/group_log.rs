@@ -25,7 +25,7 @@ pub struct LogContext {
     pub config: Config,
     pub cache: SegmentCache,
     /// What changed since the last checkpoint capture.
-    pub dirty: crate::state::dirty::DirtyList,
+    pub dirty: crate::commit::dirty::DirtyList<crate::group::Group>,
     /// Where directories of deleted groups go before they are removed.
     pub trash: Trash,
     /// Where the retained journal's rounds lie (replication): kept here

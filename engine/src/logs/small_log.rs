@@ -42,6 +42,7 @@
 use std::sync::Arc;
 
 use crate::commit::apply::{self, BodyAt, Mode, RecordsApplied};
+use crate::commit::dirty::CkptGuard;
 use crate::commit::journal::body;
 use crate::error::Result;
 use crate::group::{Group, LogSlot};
@@ -49,7 +50,6 @@ use crate::logs::extents::{Extent, ExtentList, FileId};
 use crate::logs::group_log::{GroupLog, LogContext, LogState, ReadBatch};
 use crate::logs::record;
 use crate::logs::small_read;
-use crate::state::dirty::CkptGuard;
 use crate::state::SmallRecord;
 
 /// Applies a Records body (`run`, whose bytes lie at `at` in the journal,

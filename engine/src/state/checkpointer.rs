@@ -33,10 +33,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
+use crate::commit::capture::Capture;
+use crate::commit::dirty::Taken;
 use crate::commit::flusher::FlushCheck;
-use crate::commit::journal::{self, JournalStart};
+use crate::commit::journal;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -45,7 +47,6 @@ use crate::logs::extents::FileId;
 use crate::logs::group_log::{LogContext, LogState, SyncDuties};
 use crate::logs::retention;
 use crate::members::cursors::CursorTable;
-use crate::state::dirty::Taken;
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::merge::{self, Merge};
 use crate::state::pins;
@@ -61,49 +62,6 @@ const CURSORS_PER_LOCK: usize = 4096;
 
 /// How long a checkpoint that found the disk full is put off.
 const RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
-
-/// One capture (K1), handed from the commit thread.
-pub(crate) struct Capture {
-    pub taken: Taken,
-    /// Replay starts with the frame numbered `replay.lsn` (the next one at
-    /// the capture), in journal file `replay.seq`; `replay.round` is the
-    /// round index it will carry.
-    pub replay: JournalStart,
-    /// The last round applied before the capture.
-    pub round: u64,
-    /// The last capture of a clean shutdown.
-    pub clean: bool,
-    /// Apply the retention policies first (`Engine::checkpoint`).
-    pub retention: bool,
-    /// The journal files with small groups' records at the capture
-    /// (`pins::pinned`), which the manifest keeps.
-    pub pinned: Vec<u64>,
-}
-
-/// What the commit thread, the facade and the checkpointer share.
-#[derive(Default)]
-pub(crate) struct Status {
-    /// A capture waiting for this thread.
-    pub job: Option<Capture>,
-    /// This thread is working on a capture.
-    pub busy: bool,
-    /// The round of the last capture whose checkpoint was stored or put
-    /// off (`Engine::checkpoint` waits for it).
-    pub attempted_through: u64,
-    /// This thread asks for a capture (retention dropped segments, or a
-    /// put-off checkpoint is due again), not before `wanted_at`.
-    pub wanted: bool,
-    pub wanted_at: Option<Instant>,
-    pub shutdown: bool,
-    pub exited: bool,
-}
-
-/// The checkpointer's half of the shared state.
-#[derive(Default)]
-pub(crate) struct Coordination {
-    pub status: Mutex<Status>,
-    pub cv: Condvar,
-}
 
 /// What recovery found on disk for the checkpointer to go on from.
 #[derive(Default)]
@@ -633,7 +591,7 @@ impl Checkpointer {
 
     /// K2: copies what changed into the delta buffer. On an error, the
     /// groups not yet copied go back on the dirty list.
-    fn capture(&mut self, taken: Taken) -> Result<()> {
+    fn capture(&mut self, taken: Taken<Group>) -> Result<()> {
         for &group in &taken.deleted {
             self.put(Item::GroupDelete { group });
             self.damaged.remove(&group);
@@ -915,7 +873,7 @@ impl Checkpointer {
         self.reclaim();
         // Then recalled messages out of large groups' segments.
         let shared = &self.shared;
-        let load = |g: &Arc<Group>| crate::ready::queue_load(shared, g);
+        let load = |g: &Arc<Group>| crate::commit::worker_jobs::queue_load(shared, g);
         let erased = crate::logs::erase_segments::run(ctx, &shared.catalog, &load);
         if erased.segments_rewritten > 0 {
             log::info!(

@@ -33,7 +33,6 @@ pub(crate) mod checkpoint_stats_tests;
 pub(crate) mod checkpoint_tests;
 pub(crate) mod checkpointer;
 pub(crate) mod damage;
-pub(crate) mod dirty;
 pub(crate) mod format;
 pub(crate) mod manifest;
 mod merge;

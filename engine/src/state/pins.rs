@@ -30,7 +30,8 @@
 //! Cost: `pinned(k)` is O(journal files) at K1 (memory only); the deletion
 //! rule O(log pins) per file.
 //!
-//! Wired in: `commit.rs` takes `pinned` at K1 into the capture, the
+//! Wired in: the commit thread takes `pinned` (`logs/reclaim.rs`, beside
+//! the accounting it reads) at K1 into the capture, the
 //! manifest stores it (format-spec/storage.md section 6.3), and
 //! `checkpointer.rs` K7 asks `journal_file_deletable`.
 //!
@@ -202,18 +203,6 @@ impl Holds {
     }
 }
 
-/// `pinned(k)`: the shared files with live bytes at K1 (`at_k1` is the
-/// accounting as it was then) that the replay window does not keep anyway
-/// (journal files before `replay_seq`, and every cold file), as
-/// [`FileId::raw`] values, sorted (journal files first).
-pub fn pinned(at_k1: &LiveBytes, replay_seq: u64) -> Vec<u64> {
-    at_k1
-        .files()
-        .filter(|(f, u)| u.live > 0 && (f.kind() == FileKind::Cold || f.seq() < replay_seq))
-        .map(|(f, _)| u64::from(f.raw()))
-        .collect()
-}
-
 /// K7 of checkpoint k: may shared file `file` go? `replay_floor` is the
 /// lower of the two kept manifests' replay files (a journal file at or
 /// after it stays); `pins` and `pins_prev` their pinned lists (sorted raw
@@ -241,6 +230,7 @@ mod tests {
 
     use super::*;
     use crate::logs::extents::Extent;
+    use crate::logs::reclaim::pinned;
 
     fn ext(seq: u64, offset: u32) -> Extent {
         Extent::new(FileId::journal(seq).unwrap(), offset, 100, 1).unwrap()
