@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::now_ms;
+use crate::commit::context::Context;
 use crate::commit::dedup::{DedupBudget, Keyed, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
@@ -20,6 +21,7 @@ use crate::group::{AssignState, Group, LogSlot};
 use crate::io::{OsVfs, Vfs};
 use crate::logs::group_log::{LogContext, ReadBatch, Scan};
 use crate::logs::record::NewRecord;
+use crate::state::pins::Holds;
 use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
 
@@ -159,6 +161,9 @@ pub struct Engine {
     /// The maintenance worker (`worker.rs`, `ready.rs`).
     worker_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
+    /// The snapshot holds (`state/pins.rs`): the checkpointer sets the
+    /// newest stored manifest, the journal writer its end, snapshots hold.
+    holds: Arc<Holds>,
     _lock: File,
 }
 
@@ -204,7 +209,8 @@ impl Engine {
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
-        let ctx = LogContext::new(vfs, config);
+        let holds: Arc<Holds> = Arc::default();
+        let ctx = Context::new(LogContext::new(vfs, config, holds.clone()));
         let recovered = recovery::recover(&ctx).map_err(|e| no_space_at_open(&ctx, e))?;
         let (mut journal, report, on_disk) =
             (recovered.journal, recovered.report, recovered.on_disk);
@@ -216,7 +222,7 @@ impl Engine {
             journal.seq.saturating_sub(1),
             std::sync::atomic::Ordering::Relaxed,
         );
-        journal.publish_to(ctx.holds.clone());
+        journal.publish_to(holds.clone());
         // A group with recalled payloads still in its segments (its stored
         // erase list) gets the erasure pass, which runs after a stored
         // checkpoint, soon after open even on a quiet node: the bound of
@@ -262,8 +268,12 @@ impl Engine {
             shared.ctx.config.data_dir.clone(),
             shared.ctx.config.checkpoint_journal_bytes,
         );
-        let checkpointer_thread =
-            crate::state::checkpointer::start(shared.clone(), flusher.checker(), on_disk)?;
+        let checkpointer_thread = crate::state::checkpointer::start(
+            shared.clone(),
+            holds.clone(),
+            flusher.checker(),
+            on_disk,
+        )?;
         let thread_shared = shared.clone();
         let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
@@ -302,6 +312,7 @@ impl Engine {
             checkpointer_thread: Some(checkpointer_thread),
             worker_thread: Some(worker_thread),
             recovery: report,
+            holds,
             _lock: lock,
         })
     }
@@ -919,7 +930,7 @@ impl Engine {
     /// runs on the caller's thread while rounds go on, and deletions wait
     /// until the snapshot is dropped.
     pub fn snapshot(&self) -> Result<crate::Snapshot> {
-        crate::state::snapshot::Snapshot::begin(self.shared.clone())
+        crate::state::snapshot::Snapshot::begin(self.shared.clone(), self.holds.clone())
     }
 
     /// Takes a checkpoint of everything committed so far and returns when

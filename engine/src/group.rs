@@ -52,6 +52,7 @@ use crate::commit::dirty::{CkptGuard, DirtyList};
 use crate::logs::changes::QuietIds;
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
+use crate::logs::record;
 use crate::logs::retention::Retention;
 use crate::members::cursors::CursorTable;
 use crate::members::membership::GroupMembers;
@@ -253,6 +254,56 @@ impl Group {
             .is_some_and(|x| x.quiet.contains(id))
     }
 
+    /// Puts the recalled messages among `records` (the copy of a run of
+    /// this group's records, ids rising) in erased form
+    /// (`record::erase_in_place`; storage.md section 3, "Erasure"), so the
+    /// copy holds none of their payload bytes. A recalled message is a message
+    /// (kind 0) whose id is quiet; the ids come from the group's quiet list
+    /// once per run (one lock, a binary search per record of the run's range).
+    /// A run whose lengths do not walk is left as it is: the cold writer
+    /// refuses it whole. Also used by a small group's promotion, which copies
+    /// its records into its first segment (`small_log::promote`).
+    pub(crate) fn erase_recalled(&self, records: &mut [u8]) {
+        let walk = record::records_walk(records);
+        let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+            return;
+        };
+        let quiet = self.quiet_between(first_id, last_id);
+        if quiet.is_empty() {
+            return;
+        }
+        for (id, at, len) in walk {
+            let rec = &mut records[at..at + len];
+            if record::peek_kind(rec) == record::KIND_MESSAGE
+                && !record::peek_erased(rec)
+                && quiet.binary_search(&id).is_ok()
+            {
+                record::erase_in_place(rec);
+            }
+        }
+    }
+
+    /// The first quiet record of `records` (a run of this group's records, ids
+    /// rising: recalled messages among them) that does not check out, with
+    /// why. Erasing a recalled message writes a new CRC over its header, which
+    /// would make damage there look valid; so a copy leaves a run holding one
+    /// where it is (`rewrite.rs`, `copy_run`), as the cold writer does a run with any
+    /// record that fails.
+    pub(crate) fn damaged_recalled(&self, records: &[u8]) -> Option<(u64, record::RecordError)> {
+        let walk = record::records_walk(records);
+        let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+            return None;
+        };
+        let quiet = self.quiet_between(first_id, last_id);
+        walk.into_iter()
+            .filter(|(id, _, _)| quiet.binary_search(id).is_ok())
+            .find_map(|(id, at, len)| {
+                record::decode_verified(&records[at..at + len], record::RECORD_BYTES_STORED_MAX)
+                    .err()
+                    .map(|e| (id, e))
+            })
+    }
+
     /// The quiet ids in `lo ..= hi` (a read's range: what its presentation
     /// needs, `Engine::present`); empty for a group without any.
     pub fn quiet_between(&self, lo: u64, hi: u64) -> Vec<u64> {
@@ -448,7 +499,11 @@ impl Group {
     /// At run time only the maintenance worker calls this (one thread, so
     /// two loads of a group never overlap); recovery calls it before the
     /// worker starts.
-    pub fn load_if_unloaded(&self, ctx: &LogContext) -> Option<LoadReport> {
+    pub fn load_if_unloaded(
+        &self,
+        ctx: &LogContext,
+        dirty: &DirtyList<Group>,
+    ) -> Option<LoadReport> {
         let state = match &*self.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
             _ => return None,
@@ -460,7 +515,7 @@ impl Group {
             return None;
         }
         let before = state.stored_messages();
-        let installed = self.install_load(ctx, &mut slot, state, loaded);
+        let installed = self.install_load(ctx, dirty, &mut slot, state, loaded);
         if !self.erase_ids().is_empty() {
             // Its active segment can be rolled now (`erase_segments.rs`).
             ctx.erase_groups.lock().insert(self.id);
@@ -474,6 +529,7 @@ impl Group {
     fn install_load(
         &self,
         ctx: &LogContext,
+        dirty: &DirtyList<Group>,
         slot: &mut LogSlot,
         state: LogState,
         loaded: crate::Result<(GroupLog, LoadReport)>,
@@ -491,7 +547,7 @@ impl Group {
             }
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
-                ctx.dirty.damaged(self.id);
+                dirty.damaged(self.id);
                 ctx.damaged_groups
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 *slot = LogSlot::Damaged {

@@ -35,13 +35,13 @@
 
 use std::sync::Arc;
 
+use crate::commit::small_log;
 use crate::commit::worker_jobs;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LogContext, NeedsIndex, ReadBatch, Scan, Scanned};
-use crate::logs::small_log;
 use crate::worker::Need;
 
 impl Engine {

@@ -272,11 +272,11 @@ impl DedupWindow {
     /// Rebuilds the window of a small group (`list`, copied under its
     /// slot's lock) from its records, and gives the timestamp of its last
     /// record. A small group holds at most `small_group_bytes_max` bytes, so
-    /// all of them within the entry cap are read.
+    /// all of them within the entry cap are read, a page at a time by
+    /// `read_above` (the records above an id: `small_log::read_above`).
     pub fn rebuild_small(
-        ctx: &LogContext,
-        group: &crate::group::Group,
         list: &crate::logs::extents::ExtentList,
+        mut read_above: impl FnMut(u64) -> Result<crate::logs::group_log::ReadBatch>,
         now_ms: u64,
         limits: WindowLimits,
     ) -> Result<(DedupWindow, u64)> {
@@ -288,8 +288,7 @@ impl DedupWindow {
             .max(list.floor());
         let mut after = start - 1;
         while after < head {
-            let batch =
-                crate::logs::small_log::read_above(ctx, group, list, after, 4096, usize::MAX)?;
+            let batch = read_above(after)?;
             last_ts = window.insert_batch(&batch, limits).unwrap_or(last_ts);
             after = batch.last_id;
         }

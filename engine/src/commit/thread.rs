@@ -33,6 +33,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::catalog::Catalog;
 use crate::commit::apply;
 use crate::commit::capture::{Capture, Coordination};
+use crate::commit::context::Context;
 use crate::commit::dedup::DedupBudget;
 use crate::commit::flusher::Flusher;
 use crate::commit::gate::Gate;
@@ -43,7 +44,6 @@ use crate::commit::warn_limit::RepeatedWarning;
 use crate::config::FsyncPolicy;
 use crate::error::{Error, Result};
 use crate::group::{Group, Unload};
-use crate::logs::group_log::LogContext;
 use crate::logs::trash;
 use crate::members::cursors::CursorTable;
 use crate::worker::Worker;
@@ -311,7 +311,7 @@ fn evict_idle_up_to(
 pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
 pub(crate) struct Shared {
-    pub ctx: LogContext,
+    pub ctx: Context,
     pub catalog: RwLock<Catalog>,
     pub cursors: CursorTable,
     pub pending: Mutex<Pending>,

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::clock::now_ms;
 use crate::commit::dedup::{DedupWindow, WindowLimits};
+use crate::commit::small_log;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
@@ -69,7 +70,7 @@ fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
 /// lock: `Group::load_if_unloaded`), and lists the group for the idle
 /// sweep, which unloads a small log again once it is idle (`commit.rs`).
 fn load(shared: &Shared, group: &Group) {
-    if let Some(load) = group.load_if_unloaded(&shared.ctx) {
+    if let Some(load) = group.load_if_unloaded(&shared.ctx, &shared.ctx.dirty) {
         shared.dedup.touch_used(group.id);
         shared.counters.group_loads.fetch_add(1, Ordering::Relaxed);
         if load.bytes_cut > 0 {
@@ -127,7 +128,12 @@ fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
         };
         let rebuilt = match small {
             Some(list) => {
-                let (w, last_ts) = DedupWindow::rebuild_small(ctx, group, &list, now_ms(), limits)?;
+                let (w, last_ts) = DedupWindow::rebuild_small(
+                    &list,
+                    |after| small_log::read_above(ctx, group, &list, after, 4096, usize::MAX),
+                    now_ms(),
+                    limits,
+                )?;
                 Ok((w, list.next_id() - 1, last_ts))
             }
             None => match &*group.log.read() {

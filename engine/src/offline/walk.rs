@@ -214,13 +214,13 @@ fn walk_small(
             .as_deref()
             .and_then(|b| b.get(offset as usize..(offset as usize).checked_add(bytes as usize)?));
         // The file must say the extent is this group's (the node's read
-        // check, `small_read::check_owner`): another group's valid records
+        // check, `shared_files::check_owner`): another group's valid records
         // at that place are damage, never this group's records.
         let not_owned = files[&file].as_deref().zip(window).and_then(|(all, _)| {
             let ext =
                 crate::logs::extents::Extent::new(FileId::from_raw(file), offset, bytes, count)?;
             let piece = crate::logs::extents::Piece { first_id: id, ext };
-            crate::logs::small_read::check_owner(all, group, &piece).err()
+            crate::logs::shared_files::check_owner(all, group, &piece).err()
         });
         match window {
             Some(_) if not_owned.is_some() => sink(Event::Damage {

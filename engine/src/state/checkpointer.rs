@@ -49,7 +49,7 @@ use crate::logs::retention;
 use crate::members::cursors::CursorTable;
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::merge::{self, Merge};
-use crate::state::pins;
+use crate::state::pins::{self, Holds};
 use crate::state::run::{self, RunItems, RunWriter, WriteError};
 use crate::state::{GroupRecord, Item, Key};
 
@@ -77,6 +77,9 @@ pub(crate) struct OnDisk {
 
 struct Checkpointer {
     shared: Arc<Shared>,
+    /// Snapshot holds (`pins.rs`): told each stored manifest; while one is
+    /// active, K7 deletes nothing.
+    holds: Arc<Holds>,
     flush: FlushCheck,
     last: Option<Manifest>,
     prev: Option<Manifest>,
@@ -93,17 +96,19 @@ struct Checkpointer {
     last_retention: Instant,
     /// Copies small groups' records out of old shared files after each
     /// checkpoint (rewrite.rs).
-    reclaimer: Option<crate::logs::rewrite::Reclaimer>,
+    reclaimer: Option<crate::state::rewrite::Reclaimer>,
 }
 
 /// Starts the checkpointer thread.
 pub(crate) fn start(
     shared: Arc<Shared>,
+    holds: Arc<Holds>,
     flush: FlushCheck,
     on_disk: OnDisk,
 ) -> Result<std::thread::JoinHandle<()>> {
     let mut c = Checkpointer {
         shared,
+        holds,
         flush,
         last: on_disk.last,
         prev: on_disk.prev,
@@ -122,9 +127,9 @@ pub(crate) fn start(
         .flatten()
         .flat_map(|m| m.pinned.iter().copied())
         .collect();
-    c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx, pinned));
+    c.reclaimer = Some(crate::state::rewrite::Reclaimer::new(&c.shared.ctx, pinned));
     if let Some(m) = &c.last {
-        c.shared.ctx.holds.set_newest(m);
+        c.holds.set_newest(m);
     }
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
@@ -650,9 +655,7 @@ impl Checkpointer {
             ),
         };
         let small = match &*slot {
-            LogSlot::Small(list) if list.next_id() > 1 => {
-                Some(crate::logs::small_log::to_record(list))
-            }
+            LogSlot::Small(list) if list.next_id() > 1 => Some(crate::state::SmallRecord::of(list)),
             _ => None,
         };
         drop(slot);
@@ -857,7 +860,7 @@ impl Checkpointer {
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;
         // Snapshots begun from now on copy this checkpoint (`pins::Holds`).
-        ctx.holds.set_newest(&m);
+        self.holds.set_newest(&m);
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
         let items = self.delta.len();
@@ -874,7 +877,7 @@ impl Checkpointer {
         // Then recalled messages out of large groups' segments.
         let shared = &self.shared;
         let load = |g: &Arc<Group>| crate::commit::worker_jobs::queue_load(shared, g);
-        let erased = crate::logs::erase_segments::run(ctx, &shared.catalog, &load);
+        let erased = crate::state::erase_segments::run(ctx, &shared.catalog, &load);
         if erased.segments_rewritten > 0 {
             log::info!(
                 "erasure: {} segments rewritten ({} bytes)",
@@ -980,7 +983,7 @@ impl Checkpointer {
         // would have (its rules read listings and the graveyard list).
         // A hold begun after this check holds this manifest or the one
         // before it, whose files this K7 keeps anyway.
-        if ctx.holds.active() {
+        if self.holds.active() {
             log::debug!(
                 "checkpoint {}: deletions deferred by a snapshot",
                 last.ckpt_seq
