@@ -11,7 +11,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::clock::now_ms;
 use crate::commit::context::Context;
-use crate::commit::dedup::{DedupBudget, Keyed, WindowLimits};
+use crate::commit::dedup::{DedupBudget, Keyed, Sent, WindowDrop, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::thread::{Counters, Op, Pending, Progress, Reply, Shared};
@@ -158,7 +158,7 @@ pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     checkpointer_thread: Option<JoinHandle<()>>,
-    /// The maintenance worker (`worker.rs`, `ready.rs`).
+    /// The maintenance worker (`worker.rs`, `commit/worker_jobs.rs`).
     worker_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     /// The snapshot holds (`state/pins.rs`): the checkpointer sets the
@@ -708,7 +708,7 @@ impl Engine {
     /// The group's send state. When it is not in memory (first send since
     /// open, or since it was dropped: idle, or for the dedup
     /// budget), `NotReady`: the maintenance worker loads the log, rebuilds
-    /// the window and installs the state (`ready.rs`); only a loaded log
+    /// the window and installs the state (`commit/worker_jobs.rs`); only a loaded log
     /// holding no record gets its state here, an empty window needing no
     /// disk. The caller holds `assign`.
     pub(crate) fn ready_to_assign<'a>(
@@ -738,39 +738,28 @@ impl Engine {
     /// lock held. Costs the windows it looks at; each dropped one costs its
     /// group one rebuild, exactly as after a restart.
     pub(crate) fn fit_dedup_budget(&self, current: u64) {
-        let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
-        if budget.entries() <= max {
+        if self.shared.dedup.entries() <= max {
             return;
         }
         let completed = self.shared.progress.lock().completed;
-        let mut busy = Vec::new();
-        while budget.entries() > max {
-            let Some(id) = budget.take_least_recent() else {
-                break;
-            };
+        self.shared.dedup.fit(max, |id| {
             let Ok(group) = self.group(id) else {
-                continue; // deleted: its entries were given back then
+                return WindowDrop::Gone; // deleted: its entries were given back then
             };
             let Some(mut slot) = (id != current).then(|| group.assign.try_lock()).flatten() else {
-                busy.push(id);
-                continue;
+                return WindowDrop::Busy;
             };
             let Some(assign) = slot.as_deref() else {
-                continue; // dropped meanwhile (idle)
+                return WindowDrop::Gone; // dropped meanwhile (idle)
             };
             if assign.last_round > completed {
-                busy.push(id);
-                continue;
+                return WindowDrop::Busy;
             }
             let len = assign.dedup.len();
             *slot = None;
-            budget.resized(len, 0);
-            budget.count_dropped();
-        }
-        for id in busy {
-            budget.touch_window(id);
-        }
+            WindowDrop::Dropped { len }
+        });
     }
 
     /// The original of a retransmit, if the window remembers it; `keyed`
@@ -852,20 +841,19 @@ impl Engine {
         assign.last_id = msg_id;
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
-        let limits = WindowLimits::from_config(&self.shared.ctx.config);
-        let budget = &self.shared.dedup;
-        let over = budget.entries() >= self.shared.ctx.config.dedup_entries_total_max;
-        let before = assign.dedup.len();
-        assign.dedup.insert(
-            msg_id,
-            req.sender_id,
-            req.client_msg_id,
-            timestamp_ms,
-            keyed,
-            limits,
-            over,
+        let config = &self.shared.ctx.config;
+        self.shared.dedup.remember_sent(
+            &mut assign.dedup,
+            &Sent {
+                msg_id,
+                sender_id: req.sender_id,
+                client_msg_id: req.client_msg_id,
+                timestamp_ms,
+                keyed,
+            },
+            WindowLimits::from_config(config),
+            config.dedup_entries_total_max,
         );
-        budget.resized(before, assign.dedup.len());
         let c = &self.shared.counters;
         c.appends.fetch_add(1, Ordering::Relaxed);
         c.bytes_appended

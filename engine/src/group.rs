@@ -31,7 +31,7 @@
 //! commit thread evicts them, `commit.rs`):
 //! - the send state with its dedup window ([`AssignState`], `assign` is
 //!   `None` until the next send has the maintenance worker rebuild
-//!   it from the log, as after a restart, `ready.rs`);
+//!   it from the log, as after a restart, `commit/worker_jobs.rs`);
 //! - the loaded log ([`LogSlot::Loaded`]): a small quiet log goes back to
 //!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
 //!   and is loaded again on its next use ([`Group::unload_if_quiet`]).
@@ -122,7 +122,7 @@ pub enum LogSlot {
     /// 9). The applying thread (commit thread, replay) appends its records'
     /// extents while it stays within `small_group_bytes_max`, and promotes
     /// it to `Loaded` (its own segment files) when a round would take it
-    /// past (`small_log.rs`). Deleting it touches no file. A checkpoint
+    /// past (`commit/apply.rs`). Deleting it touches no file. A checkpoint
     /// records it with its extents and no segment (format-spec/storage.md
     /// section 6.1).
     Small(ExtentList),
@@ -262,7 +262,7 @@ impl Group {
     /// once per run (one lock, a binary search per record of the run's range).
     /// A run whose lengths do not walk is left as it is: the cold writer
     /// refuses it whole. Also used by a small group's promotion, which copies
-    /// its records into its first segment (`small_log::promote`).
+    /// its records into its first segment (`apply.rs`, `promote`).
     pub(crate) fn erase_recalled(&self, records: &mut [u8]) {
         let walk = record::records_walk(records);
         let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
@@ -569,7 +569,8 @@ impl Group {
     /// maintenance worker installs a send state only over a loaded log, so
     /// a group with one keeps its log loaded, and a record is never applied
     /// to an unloaded log); a request that finds the log unloaded gets
-    /// `NotReady` and the worker loads it again (`ready.rs`). Does not wait
+    /// `NotReady` and the worker loads it again (`ready.rs`,
+    /// `commit/worker_jobs.rs`). Does not wait
     /// for the lock.
     pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
         if !self.retention().keeps_everything() {

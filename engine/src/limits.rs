@@ -60,7 +60,7 @@ impl Config {
             ));
         }
         // A promotion copies a small group's records on the applying
-        // thread (small_log.rs), so the threshold bounds that copy.
+        // thread (`commit/apply.rs`), so the threshold bounds that copy.
         if self.small_group_bytes_max > SMALL_GROUP_BYTES_LIMIT {
             return bad(format!(
                 "small_group_bytes_max {} must be at most {SMALL_GROUP_BYTES_LIMIT}",

@@ -342,7 +342,7 @@ fn records_into_slot(
     let ctx = st.ctx;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
-    // A small group: its extent list, or its promotion (small_log.rs).
+    // A small group: its extent list, or its promotion (`small_records`).
     if let Some(done) = small_records(st, group, &mut ck, run, at, mode, lsn)? {
         return Ok(done);
     }
@@ -388,7 +388,7 @@ fn records_into_slot(
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
         // Replay: a full disk fails the open with nothing marked (the next
-        // open replays the frame again), as in a promotion (small_log.rs).
+        // open replays the frame again), as in a promotion (`promote`).
         Err(e) if mode != Mode::Replay || e.found_no_space() => return Err(e),
         Err(e) => {
             done.appended = 0;

@@ -1,6 +1,8 @@
 //! A small group's log in the shared journal (storage v2 step S5, design
-//! sections 3.1 and 4): applying a round's records to it, its promotion to
-//! segment files, its reads, and its form in a checkpoint.
+//! sections 3.1 and 4): its reads, its damage, and the live bytes of its
+//! extents. Applying a round's records to it and its promotion to segment
+//! files are the applier's (`apply.rs`, `small_records`); its form in a
+//! checkpoint is `state::SmallRecord`.
 //!
 //! A group starts small ([`LogSlot::Small`]): its records stay where the
 //! commit thread wrote them, inside the Records entries of the journal

@@ -73,7 +73,7 @@ pub struct LogContext {
     pub erase_journal_seq: std::sync::atomic::AtomicU64,
     /// Groups with a non-empty erase list (recalled messages whose
     /// payload a segment may still hold; `Group::erase_ids`): the
-    /// checkpointer's erasure pass (`logs/erase_segments.rs`) visits them
+    /// checkpointer's erasure pass (`state/erase_segments.rs`) visits them
     /// after each stored checkpoint, and asks for checkpoints while any is
     /// here. Added by `apply::records` and recovery; removed by the pass
     /// once the group's list is empty (or the group is gone).

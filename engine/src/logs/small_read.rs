@@ -35,8 +35,8 @@
 //! marks the extents this read verified afterwards
 //! ([`ExtentList::mark_verified`]).
 //!
-//! Used by `small_log.rs` (the reads behind `with_log`, the dedup rebuild
-//! and the promotion's copy).
+//! Used by `commit/small_log.rs` (the reads behind `with_log` and the
+//! dedup rebuild) and `commit/apply.rs` (the promotion's copy).
 
 use crate::error::Result;
 use crate::logs::extents::{self, Extent, ExtentList};

@@ -314,7 +314,7 @@ impl Reclaimer {
             );
             log::error!("group {} is damaged: {reason}", l.group.id);
             // Under the checkpoint lock the applier holds while it uses
-            // the small slot (`small_log::apply_records`).
+            // the small slot (`apply.rs`, `small_records`).
             let _ck = l.group.ckpt(&ctx.dirty);
             crate::commit::small_log::damage(ctx, &l.group, reason);
             ctx.erase_groups.lock().remove(&l.group.id);
