@@ -1,6 +1,6 @@
 //! Physical erasure of a small group's recalled payload that a cold file
 //! held when it was recalled (format-spec/storage.md section 16, item 16;
-//! `logs/rewrite.rs`, "Erasure in cold files"): the reclaimer compacts
+//! `state/rewrite.rs`, "Erasure in cold files"): the reclaimer compacts
 //! the file in full, the copy is written erased, and K7 deletes the old
 //! file; reads stay dense and unread exact.
 

@@ -153,7 +153,7 @@ impl Engine {
             return Err(refused(ChangeRefusal::NotSender));
         }
         let window = self.shared.ctx.config.change_window_ms;
-        if crate::now_ms().saturating_sub(h.timestamp_ms) > window {
+        if crate::clock::now_ms().saturating_sub(h.timestamp_ms) > window {
             return Err(refused(ChangeRefusal::WindowPassed));
         }
         Ok(())

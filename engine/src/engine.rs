@@ -9,7 +9,9 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::commit::dedup::{DedupBudget, Keyed, WindowLimits};
+use crate::clock::now_ms;
+use crate::commit::context::Context;
+use crate::commit::dedup::{DedupBudget, Keyed, Sent, WindowDrop, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::thread::{Counters, Op, Pending, Progress, Reply, Shared};
@@ -19,7 +21,7 @@ use crate::group::{AssignState, Group, LogSlot};
 use crate::io::{OsVfs, Vfs};
 use crate::logs::group_log::{LogContext, ReadBatch, Scan};
 use crate::logs::record::NewRecord;
-use crate::now_ms;
+use crate::state::pins::Holds;
 use crate::state::recovery::{self, RecoveryReport};
 use crate::worker::Worker;
 
@@ -156,9 +158,12 @@ pub struct Engine {
     pub(crate) shared: Arc<Shared>,
     commit_thread: Option<JoinHandle<()>>,
     checkpointer_thread: Option<JoinHandle<()>>,
-    /// The maintenance worker (`worker.rs`, `ready.rs`).
+    /// The maintenance worker (`worker.rs`, `commit/worker_jobs.rs`).
     worker_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
+    /// The snapshot holds (`state/pins.rs`): the checkpointer sets the
+    /// newest stored manifest, the journal writer its end, snapshots hold.
+    holds: Arc<Holds>,
     _lock: File,
 }
 
@@ -204,7 +209,8 @@ impl Engine {
         let lock = recovery::lock_data_dir(&*vfs, &config.data_dir)?;
         let mut config = config;
         config.open_segments_max = crate::io::fit_open_file_limit(config.open_segments_max);
-        let ctx = LogContext::new(vfs, config);
+        let holds: Arc<Holds> = Arc::default();
+        let ctx = Context::new(LogContext::new(vfs, config, holds.clone()));
         let recovered = recovery::recover(&ctx).map_err(|e| no_space_at_open(&ctx, e))?;
         let (mut journal, report, on_disk) =
             (recovered.journal, recovered.report, recovered.on_disk);
@@ -216,7 +222,7 @@ impl Engine {
             journal.seq.saturating_sub(1),
             std::sync::atomic::Ordering::Relaxed,
         );
-        journal.publish_to(ctx.holds.clone());
+        journal.publish_to(holds.clone());
         // A group with recalled payloads still in its segments (its stored
         // erase list) gets the erasure pass, which runs after a stored
         // checkpoint, soon after open even on a quiet node: the bound of
@@ -262,8 +268,12 @@ impl Engine {
             shared.ctx.config.data_dir.clone(),
             shared.ctx.config.checkpoint_journal_bytes,
         );
-        let checkpointer_thread =
-            crate::state::checkpointer::start(shared.clone(), flusher.checker(), on_disk)?;
+        let checkpointer_thread = crate::state::checkpointer::start(
+            shared.clone(),
+            holds.clone(),
+            flusher.checker(),
+            on_disk,
+        )?;
         let thread_shared = shared.clone();
         let commit_thread = match std::thread::Builder::new()
             .name("tidemark-commit".into())
@@ -275,7 +285,7 @@ impl Engine {
                 return Err(Error::io("spawn commit thread", e));
             }
         };
-        let worker_thread = match crate::ready::start_worker(&shared) {
+        let worker_thread = match crate::commit::worker_jobs::start_worker(&shared) {
             Ok(handle) => handle,
             Err(e) => {
                 shared.pending.lock().shutdown = true;
@@ -302,6 +312,7 @@ impl Engine {
             checkpointer_thread: Some(checkpointer_thread),
             worker_thread: Some(worker_thread),
             recovery: report,
+            holds,
             _lock: lock,
         })
     }
@@ -631,7 +642,9 @@ impl Engine {
         for (group, slot) in groups.iter().zip(assigns.iter_mut()) {
             match self.ready_to_assign(group, slot) {
                 Ok(_) => {}
-                Err(e @ Error::NotReady { .. }) => crate::ready::keep_latest(&mut not_ready, e),
+                Err(e @ Error::NotReady { .. }) => {
+                    crate::commit::worker_jobs::keep_latest(&mut not_ready, e)
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -695,7 +708,7 @@ impl Engine {
     /// The group's send state. When it is not in memory (first send since
     /// open, or since it was dropped: idle, or for the dedup
     /// budget), `NotReady`: the maintenance worker loads the log, rebuilds
-    /// the window and installs the state (`ready.rs`); only a loaded log
+    /// the window and installs the state (`commit/worker_jobs.rs`); only a loaded log
     /// holding no record gets its state here, an empty window needing no
     /// disk. The caller holds `assign`.
     pub(crate) fn ready_to_assign<'a>(
@@ -708,7 +721,7 @@ impl Engine {
         }
         let assign = match slot {
             Some(a) => a,
-            None => match crate::ready::empty_send_state(group) {
+            None => match crate::commit::worker_jobs::empty_send_state(group) {
                 Some(state) => slot.insert(Box::new(state)),
                 None => return Err(self.assign_not_ready(group)),
             },
@@ -725,39 +738,28 @@ impl Engine {
     /// lock held. Costs the windows it looks at; each dropped one costs its
     /// group one rebuild, exactly as after a restart.
     pub(crate) fn fit_dedup_budget(&self, current: u64) {
-        let budget = &self.shared.dedup;
         let max = self.shared.ctx.config.dedup_entries_total_max;
-        if budget.entries() <= max {
+        if self.shared.dedup.entries() <= max {
             return;
         }
         let completed = self.shared.progress.lock().completed;
-        let mut busy = Vec::new();
-        while budget.entries() > max {
-            let Some(id) = budget.take_least_recent() else {
-                break;
-            };
+        self.shared.dedup.fit(max, |id| {
             let Ok(group) = self.group(id) else {
-                continue; // deleted: its entries were given back then
+                return WindowDrop::Gone; // deleted: its entries were given back then
             };
             let Some(mut slot) = (id != current).then(|| group.assign.try_lock()).flatten() else {
-                busy.push(id);
-                continue;
+                return WindowDrop::Busy;
             };
             let Some(assign) = slot.as_deref() else {
-                continue; // dropped meanwhile (idle)
+                return WindowDrop::Gone; // dropped meanwhile (idle)
             };
             if assign.last_round > completed {
-                busy.push(id);
-                continue;
+                return WindowDrop::Busy;
             }
             let len = assign.dedup.len();
             *slot = None;
-            budget.resized(len, 0);
-            budget.count_dropped();
-        }
-        for id in busy {
-            budget.touch_window(id);
-        }
+            WindowDrop::Dropped { len }
+        });
     }
 
     /// The original of a retransmit, if the window remembers it; `keyed`
@@ -839,20 +841,19 @@ impl Engine {
         assign.last_id = msg_id;
         assign.last_timestamp_ms = timestamp_ms;
         assign.last_round = round;
-        let limits = WindowLimits::from_config(&self.shared.ctx.config);
-        let budget = &self.shared.dedup;
-        let over = budget.entries() >= self.shared.ctx.config.dedup_entries_total_max;
-        let before = assign.dedup.len();
-        assign.dedup.insert(
-            msg_id,
-            req.sender_id,
-            req.client_msg_id,
-            timestamp_ms,
-            keyed,
-            limits,
-            over,
+        let config = &self.shared.ctx.config;
+        self.shared.dedup.remember_sent(
+            &mut assign.dedup,
+            &Sent {
+                msg_id,
+                sender_id: req.sender_id,
+                client_msg_id: req.client_msg_id,
+                timestamp_ms,
+                keyed,
+            },
+            WindowLimits::from_config(config),
+            config.dedup_entries_total_max,
         );
-        budget.resized(before, assign.dedup.len());
         let c = &self.shared.counters;
         c.appends.fetch_add(1, Ordering::Relaxed);
         c.bytes_appended
@@ -917,7 +918,7 @@ impl Engine {
     /// runs on the caller's thread while rounds go on, and deletions wait
     /// until the snapshot is dropped.
     pub fn snapshot(&self) -> Result<crate::Snapshot> {
-        crate::state::snapshot::Snapshot::begin(self.shared.clone())
+        crate::state::snapshot::Snapshot::begin(self.shared.clone(), self.holds.clone())
     }
 
     /// Takes a checkpoint of everything committed so far and returns when

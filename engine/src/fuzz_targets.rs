@@ -664,7 +664,7 @@ impl ScratchDir {
         let name = format!(
             "tidemark-fuzz-{what}-{}-{n}-{}",
             std::process::id(),
-            crate::now_ms()
+            crate::clock::now_ms()
         );
         let shm = Path::new("/dev/shm");
         if std::env::var_os("TMPDIR").is_none() && shm.is_dir() {

@@ -31,7 +31,7 @@
 //! commit thread evicts them, `commit.rs`):
 //! - the send state with its dedup window ([`AssignState`], `assign` is
 //!   `None` until the next send has the maintenance worker rebuild
-//!   it from the log, as after a restart, `ready.rs`);
+//!   it from the log, as after a restart, `commit/worker_jobs.rs`);
 //! - the loaded log ([`LogSlot::Loaded`]): a small quiet log goes back to
 //!   [`LogSlot::Unloaded`], its recorded state (head and segment lengths),
 //!   and is loaded again on its next use ([`Group::unload_if_quiet`]).
@@ -43,17 +43,19 @@
 //! included); the test `engine/tests/memory.rs` measures it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::commit::dedup::DedupWindow;
+use crate::commit::dirty::{CkptGuard, DirtyList};
 use crate::logs::changes::QuietIds;
 use crate::logs::extents::ExtentList;
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext, LogState};
+use crate::logs::record;
 use crate::logs::retention::Retention;
 use crate::members::cursors::CursorTable;
 use crate::members::membership::GroupMembers;
-use crate::state::dirty::{CkptGuard, DirtyList};
 
 /// A log whose only segment is at most this long is unloaded when its group
 /// goes idle: loading it again verifies (CRC-scans) at most this much. The
@@ -120,7 +122,7 @@ pub enum LogSlot {
     /// 9). The applying thread (commit thread, replay) appends its records'
     /// extents while it stays within `small_group_bytes_max`, and promotes
     /// it to `Loaded` (its own segment files) when a round would take it
-    /// past (`small_log.rs`). Deleting it touches no file. A checkpoint
+    /// past (`commit/apply.rs`). Deleting it touches no file. A checkpoint
     /// records it with its extents and no segment (format-spec/storage.md
     /// section 6.1).
     Small(ExtentList),
@@ -252,6 +254,56 @@ impl Group {
             .is_some_and(|x| x.quiet.contains(id))
     }
 
+    /// Puts the recalled messages among `records` (the copy of a run of
+    /// this group's records, ids rising) in erased form
+    /// (`record::erase_in_place`; storage.md section 3, "Erasure"), so the
+    /// copy holds none of their payload bytes. A recalled message is a message
+    /// (kind 0) whose id is quiet; the ids come from the group's quiet list
+    /// once per run (one lock, a binary search per record of the run's range).
+    /// A run whose lengths do not walk is left as it is: the cold writer
+    /// refuses it whole. Also used by a small group's promotion, which copies
+    /// its records into its first segment (`apply.rs`, `promote`).
+    pub(crate) fn erase_recalled(&self, records: &mut [u8]) {
+        let walk = record::records_walk(records);
+        let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+            return;
+        };
+        let quiet = self.quiet_between(first_id, last_id);
+        if quiet.is_empty() {
+            return;
+        }
+        for (id, at, len) in walk {
+            let rec = &mut records[at..at + len];
+            if record::peek_kind(rec) == record::KIND_MESSAGE
+                && !record::peek_erased(rec)
+                && quiet.binary_search(&id).is_ok()
+            {
+                record::erase_in_place(rec);
+            }
+        }
+    }
+
+    /// The first quiet record of `records` (a run of this group's records, ids
+    /// rising: recalled messages among them) that does not check out, with
+    /// why. Erasing a recalled message writes a new CRC over its header, which
+    /// would make damage there look valid; so a copy leaves a run holding one
+    /// where it is (`rewrite.rs`, `copy_run`), as the cold writer does a run with any
+    /// record that fails.
+    pub(crate) fn damaged_recalled(&self, records: &[u8]) -> Option<(u64, record::RecordError)> {
+        let walk = record::records_walk(records);
+        let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
+            return None;
+        };
+        let quiet = self.quiet_between(first_id, last_id);
+        walk.into_iter()
+            .filter(|(id, _, _)| quiet.binary_search(id).is_ok())
+            .find_map(|(id, at, len)| {
+                record::decode_verified(&records[at..at + len], record::RECORD_BYTES_STORED_MAX)
+                    .err()
+                    .map(|e| (id, e))
+            })
+    }
+
     /// The quiet ids in `lo ..= hi` (a read's range: what its presentation
     /// needs, `Engine::present`); empty for a group without any.
     pub fn quiet_between(&self, lo: u64, hi: u64) -> Vec<u64> {
@@ -364,12 +416,16 @@ impl Group {
 
     /// Takes the group's checkpoint lock (`dirty.rs`): what a capture reads
     /// and an applied entry changes, atomically with each other.
-    pub fn ckpt<'a>(&'a self, dirty: &'a DirtyList) -> CkptGuard<'a> {
-        CkptGuard {
-            group: self,
-            dirty,
-            _lock: self.ckpt_lock.lock(),
-        }
+    pub fn ckpt<'a>(&'a self, dirty: &'a DirtyList<Group>) -> CkptGuard<'a> {
+        dirty.guard(self, &self.ckpt_word, self.slot, self.ckpt_lock.lock())
+    }
+
+    /// A queued cursor move of `user` (its checkpoint bit went up): takes
+    /// the group's `ckpt` lock and puts it on the dirty list.
+    pub fn cursor_moved(self: &Arc<Self>, dirty: &DirtyList<Group>, user: u64) {
+        let mut st = self.ckpt(dirty);
+        st.cursor_moved(user);
+        dirty.mark(self, &mut st);
     }
 
     /// True once the group's deletion was accepted: every request treats the
@@ -443,7 +499,11 @@ impl Group {
     /// At run time only the maintenance worker calls this (one thread, so
     /// two loads of a group never overlap); recovery calls it before the
     /// worker starts.
-    pub fn load_if_unloaded(&self, ctx: &LogContext) -> Option<LoadReport> {
+    pub fn load_if_unloaded(
+        &self,
+        ctx: &LogContext,
+        dirty: &DirtyList<Group>,
+    ) -> Option<LoadReport> {
         let state = match &*self.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
             _ => return None,
@@ -455,7 +515,7 @@ impl Group {
             return None;
         }
         let before = state.stored_messages();
-        let installed = self.install_load(ctx, &mut slot, state, loaded);
+        let installed = self.install_load(ctx, dirty, &mut slot, state, loaded);
         if !self.erase_ids().is_empty() {
             // Its active segment can be rolled now (`erase_segments.rs`).
             ctx.erase_groups.lock().insert(self.id);
@@ -469,6 +529,7 @@ impl Group {
     fn install_load(
         &self,
         ctx: &LogContext,
+        dirty: &DirtyList<Group>,
         slot: &mut LogSlot,
         state: LogState,
         loaded: crate::Result<(GroupLog, LoadReport)>,
@@ -486,7 +547,7 @@ impl Group {
             }
             Err(e) => {
                 log::error!("group {} is damaged: {e}", self.id);
-                ctx.dirty.damaged(self.id);
+                dirty.damaged(self.id);
                 ctx.damaged_groups
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 *slot = LogSlot::Damaged {
@@ -508,7 +569,8 @@ impl Group {
     /// maintenance worker installs a send state only over a loaded log, so
     /// a group with one keeps its log loaded, and a record is never applied
     /// to an unloaded log); a request that finds the log unloaded gets
-    /// `NotReady` and the worker loads it again (`ready.rs`). Does not wait
+    /// `NotReady` and the worker loads it again (`ready.rs`,
+    /// `commit/worker_jobs.rs`). Does not wait
     /// for the lock.
     pub fn unload_if_quiet(&self, ctx: &LogContext) -> Unload {
         if !self.retention().keeps_everything() {
@@ -661,7 +723,7 @@ mod tests {
     /// Runs the commit thread's idle sweep to the end, as if every group
     /// had been idle for [`IDLE_MS`].
     fn sweep(e: &Engine) {
-        while evict_idle(&e.shared, crate::now_ms() + IDLE_MS, usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms() + IDLE_MS, usize::MAX) {}
     }
 
     fn group(e: &Engine, id: u64) -> Arc<Group> {
@@ -726,7 +788,7 @@ mod tests {
         let (_dir, e) = idle_engine();
         e.create_group(1).unwrap();
         e.append(1, 7, 1, b"a").unwrap();
-        let later = crate::now_ms() + IDLE_MS;
+        let later = crate::clock::now_ms() + IDLE_MS;
         assert!(
             !evict_idle(&e.shared, later, 8),
             "the sweep ended with its list, not at its bound"
@@ -775,11 +837,11 @@ mod tests {
         e.create_group(1).unwrap();
         e.append(1, 7, 1, b"a").unwrap();
         e.checkpoint().unwrap();
-        while evict_idle(&e.shared, crate::now_ms(), usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms(), usize::MAX) {}
         let g = group(&e, 1);
         assert!(g.assign.lock().is_some());
         assert!(matches!(&*g.log.read(), LogSlot::Loaded(_)));
-        while evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+        while evict_idle(&e.shared, crate::clock::now_ms() + 60_000, usize::MAX) {}
         assert!(g.assign.lock().is_none(), "idle a minute later: evicted");
         assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
     }

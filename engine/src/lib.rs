@@ -33,6 +33,7 @@
 // recovery), `io` (the file layer) and `offline` (a stopped node's
 // directory: inspect, verify, repair, for `tidemark ctl`).
 mod catalog;
+mod clock;
 #[cfg(test)]
 mod cold_erasure_tests;
 mod commit;
@@ -61,6 +62,7 @@ mod segment_erasure_tests;
 pub mod io;
 #[cfg(not(any(test, feature = "testing")))]
 mod io;
+mod limits;
 mod logs;
 mod members;
 #[cfg(test)]
@@ -108,12 +110,3 @@ pub use offline::{
 };
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};
-
-/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before
-/// it): record timestamps, checkpoint and segment creation times.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}

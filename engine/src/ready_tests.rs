@@ -358,7 +358,9 @@ fn open_idle(dir: &Path) -> Engine {
 
 /// Runs the commit thread's idle sweep as if a minute had passed.
 fn sweep_idle(e: &Engine) {
-    while crate::commit::thread::evict_idle(&e.shared, crate::now_ms() + 60_000, usize::MAX) {}
+    while crate::commit::thread::evict_idle(&e.shared, crate::clock::now_ms() + 60_000, usize::MAX)
+    {
+    }
 }
 
 /// True if the group holds neither a send state nor a loaded log.

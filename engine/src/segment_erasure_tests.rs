@@ -1,6 +1,6 @@
 //! Physical erasure of recalled payloads from large groups' segment files
 //! (format-spec/storage.md section 3, "Erasure", and
-//! `logs/erase_segments.rs`): after the first stored checkpoint following
+//! `state/erase_segments.rs`): after the first stored checkpoint following
 //! a recall, no segment holds the payload (sealed ones rewritten, the
 //! active one rolled first); after the journal bound, no file at all;
 //! reads stay dense, the message shown recalled, unread exact, across a

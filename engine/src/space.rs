@@ -19,9 +19,9 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::io::Vfs;
-use crate::Config;
 
 /// What the background writers share about the reserve: one per engine
 /// (in `LogContext`).

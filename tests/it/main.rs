@@ -29,6 +29,7 @@ mod history_check;
 mod hostile;
 mod hostile_peer;
 mod idle;
+mod layers;
 mod members;
 mod net_faults;
 mod netns;

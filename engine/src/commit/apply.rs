@@ -51,14 +51,18 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
+use crate::commit::context::Context;
+use crate::commit::dirty::CkptGuard;
 use crate::commit::journal::{body, Entry, EntryKind};
+use crate::commit::small_log;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
+use crate::logs::extents::{Extent, ExtentList, FileId};
 use crate::logs::group_log::{GroupLog, LoadReport, LogContext};
 use crate::logs::record;
+use crate::logs::small_read;
 use crate::members::cursors::{CursorTable, InsertError};
-use crate::state::dirty::CkptGuard;
 
 /// Where a Records entry's body lies in the journal: file `seq`, at byte
 /// `offset` (a small group's extent points there, small_log.rs).
@@ -87,7 +91,7 @@ pub(crate) enum Mode {
 /// The state entries are applied to.
 #[derive(Clone, Copy)]
 pub(crate) struct State<'a> {
-    pub ctx: &'a LogContext,
+    pub ctx: &'a Context,
     pub catalog: &'a RwLock<Catalog>,
     pub cursors: &'a CursorTable,
 }
@@ -338,15 +342,13 @@ fn records_into_slot(
     let ctx = st.ctx;
     let mut ck = group.ckpt(&st.ctx.dirty);
     st.ctx.dirty.mark(group, &mut ck);
-    // A small group: its extent list, or its promotion (small_log.rs).
-    if let Some(done) =
-        crate::logs::small_log::apply_records(st, group, &mut ck, run, at, mode, lsn)?
-    {
+    // A small group: its extent list, or its promotion (`small_records`).
+    if let Some(done) = small_records(st, group, &mut ck, run, at, mode, lsn)? {
         return Ok(done);
     }
     let mut done = RecordsApplied {
         // Live, the send path loaded the group before assigning an id.
-        loaded: group.load_if_unloaded(ctx),
+        loaded: group.load_if_unloaded(ctx, &ctx.dirty),
         ..RecordsApplied::default()
     };
     let mut slot = group.log.write();
@@ -386,7 +388,7 @@ fn records_into_slot(
     match taken {
         Ok(()) => done.held = Some((first, log.head())),
         // Replay: a full disk fails the open with nothing marked (the next
-        // open replays the frame again), as in a promotion (small_log.rs).
+        // open replays the frame again), as in a promotion (`promote`).
         Err(e) if mode != Mode::Replay || e.found_no_space() => return Err(e),
         Err(e) => {
             done.appended = 0;
@@ -415,7 +417,7 @@ pub(crate) fn count_records(mut buf: &[u8]) -> u64 {
 /// must name only bytes in its files, so the log's unwritten tail is
 /// written first (if that fails too, the journals, kept while a group is
 /// damaged, still hold it).
-fn damage(ctx: &LogContext, log: &mut GroupLog, reason: String) -> LogSlot {
+fn damage(ctx: &Context, log: &mut GroupLog, reason: String) -> LogSlot {
     if let Err(e) = log.flush_tail(ctx) {
         log::warn!("damaged group: its unwritten records stay in the journal: {e}");
     }
@@ -585,7 +587,7 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
     }
     if let LogSlot::Small(list) = &old {
         // No file of its own: its records leave the shared files' counts.
-        crate::logs::small_log::forget_extents(st.ctx, list);
+        small_log::forget_extents(st.ctx, list);
         return Ok(());
     }
     if let Some(state) = old.state() {
@@ -607,15 +609,166 @@ fn remove_all_members(cursors: &CursorTable, group: &Group) {
     }
 }
 
+/// Applies a Records body (`run`, whose bytes lie at `at` in the journal,
+/// if they do) to `group`, whose `ckpt` lock the caller holds, if its slot
+/// is small: the records go into its
+/// extent list, or the group is promoted. `None` if the slot is not small
+/// (the caller appends to the segment log).
+fn small_records(
+    st: &State<'_>,
+    group: &Arc<Group>,
+    ck: &mut CkptGuard<'_>,
+    run: &[u8],
+    at: Option<BodyAt>,
+    mode: Mode,
+    lsn: u64,
+) -> Result<Option<RecordsApplied>> {
+    let ctx = st.ctx;
+    // What the decision needs, without copying the list: only a
+    // promotion reads it. This thread alone appends to a small slot or
+    // turns it into another kind, so head and bytes stay as read (a
+    // rewrite moves extents, never records).
+    let (head, bytes) = match &*group.log.read() {
+        LogSlot::Small(list) => (list.next_id() - 1, list.bytes()),
+        _ => return Ok(None),
+    };
+    let mut done = RecordsApplied::default();
+    if mode != Mode::Live && body::decode_records(run).is_none() {
+        let reason = format!("journal frame lsn {lsn} holds an invalid Records entry");
+        small_log::damage(st.ctx, group, reason);
+        return Ok(Some(done));
+    }
+    let first = record::peek_msg_id(run);
+    let above = record::records_above(run, head);
+    done.already_present = count_records(&run[..run.len() - above.len()]);
+    if above.is_empty() {
+        done.held = Some((first, head));
+        return Ok(Some(done));
+    }
+    let next = record::peek_msg_id(above);
+    if next != head + 1 {
+        debug_assert_eq!(mode, Mode::Replay, "live records continue the head");
+        let reason =
+            format!("journal frame lsn {lsn} holds msg_id {next} but the log ends at {head}");
+        small_log::damage(st.ctx, group, reason);
+        return Ok(Some(done));
+    }
+    let count = count_records(above);
+    let threshold = ctx.config.small_group_bytes_max;
+    let extent = at
+        .filter(|_| bytes + above.len() as u64 <= threshold)
+        .and_then(|at| extent_of(at, run.len() - above.len(), above.len(), count));
+    if let Some(ext) = extent {
+        let mut slot = group.log.write();
+        // Invariant: only this thread turns a small slot into another kind
+        // (a rewrite only moves its extents; module docs), but for the
+        // cold-file erasure's damage, which holds the `ckpt` lock this
+        // caller holds (`rewrite.rs`).
+        let LogSlot::Small(list) = &mut *slot else {
+            unreachable!("a small slot changed under its applier");
+        };
+        list.append(next, ext);
+        ctx.live.lock().add(&ext);
+        group.publish_head(list.next_id() - 1);
+        done.appended = count;
+        done.held = Some((first, list.next_id() - 1));
+    } else {
+        // Outside every lock: the files, the copy.
+        let list = match &*group.log.read() {
+            LogSlot::Small(list) => list.clone(),
+            _ => unreachable!("a small slot changed under its applier"),
+        };
+        match promote(ctx, group, &list, above) {
+            Ok(log) => {
+                let mut slot = group.log.write();
+                let new_head = log.head();
+                // The list as it is now: a rewrite (rewrite.rs) may have
+                // moved extents since the copy (same records, new places).
+                let old = std::mem::replace(&mut *slot, LogSlot::Loaded(Box::new(log)));
+                group.publish_head(new_head);
+                drop(slot);
+                if let LogSlot::Small(now) = &old {
+                    small_log::forget_extents(ctx, now);
+                }
+                done.appended = count;
+                done.held = Some((first, new_head));
+            }
+            // Live: writes stop, or a full disk holds the round and this
+            // runs again from the same list (the half-made directory goes
+            // to the trash first). Replay: a full disk is a reason to
+            // wait, never damage: the open fails with it, nothing marked,
+            // and the next open replays the same frames and promotes
+            // again (the half-made directory goes to the trash then).
+            Err(e) if mode != Mode::Replay || e.found_no_space() => return Err(e),
+            Err(e) => {
+                small_log::damage(st.ctx, group, format!("its promotion failed: {e}"));
+                return Ok(Some(done));
+            }
+        }
+    }
+    if mode == Mode::Live {
+        advance_caught_up_senders(st.cursors, group, ck, run);
+    }
+    Ok(Some(done))
+}
+
+/// The extent of `bytes` bytes holding `count` records at `skip` bytes into
+/// the body at `at`; `None` if it cannot be one (an offset past 4 GiB, a
+/// journal sequence past 2^31: the group is promoted instead).
+fn extent_of(at: BodyAt, skip: usize, bytes: usize, count: u64) -> Option<Extent> {
+    let offset = u32::try_from(at.offset.checked_add(skip as u64)?).ok()?;
+    Extent::new(
+        FileId::journal(at.seq)?,
+        offset,
+        u32::try_from(bytes).ok()?,
+        u32::try_from(count).ok()?,
+    )
+}
+
+/// The segment log of a group being promoted: its files made (a directory
+/// at its path first moves to the trash), its records so far read from the
+/// shared files (CRC checked) and appended, then `more`. Nothing of the
+/// group's state changes here.
+fn promote(ctx: &LogContext, group: &Group, list: &ExtentList, more: &[u8]) -> Result<GroupLog> {
+    let floor = list.floor();
+    let old = small_read::read_above(
+        &ctx.shared_files,
+        group.id,
+        list,
+        floor - 1,
+        u64::MAX,
+        usize::MAX,
+    )?;
+    GroupLog::create_files(ctx, group.id, floor)?;
+    let mut log = GroupLog::empty_at(ctx, group.id, floor);
+    // Recalled messages go into the segment erased (storage.md section 3,
+    // "Erasure"): the segment is a new file, and the journal copies go
+    // within the erasure bound. The quiet ids of this entry's records were
+    // taken in before (`records`), so a recall in `more` counts.
+    // A copy of the records only in a group with quiet ids.
+    let erase = !group.quiet_between(floor, u64::MAX).is_empty();
+    for bytes in old.batch.chunks.iter().map(|c| c.bytes()).chain([more]) {
+        if erase {
+            let mut copy = bytes.to_vec();
+            group.erase_recalled(&mut copy);
+            log.append(ctx, &copy)?;
+        } else {
+            log.append(ctx, bytes)?;
+        }
+    }
+    Ok(log)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::io::OsVfs;
+    use crate::logs::group_log::LogContext;
     use crate::logs::record::NewRecord;
 
     struct Fixture {
         _dir: tempfile::TempDir,
-        ctx: LogContext,
+        ctx: Context,
         catalog: RwLock<Catalog>,
         cursors: CursorTable,
     }
@@ -626,7 +779,11 @@ mod tests {
             let mut config = Config::new(dir.path());
             config.members_per_group_max = members_per_group_max;
             Fixture {
-                ctx: LogContext::new(Arc::new(OsVfs), config),
+                ctx: Context::new(LogContext::new(
+                    Arc::new(OsVfs),
+                    config,
+                    Arc::new(crate::state::pins::Holds::default()),
+                )),
                 _dir: dir,
                 catalog: RwLock::new(Catalog::default()),
                 cursors: CursorTable::new(),

@@ -97,6 +97,16 @@ struct Entry {
     timestamp_ms: u64,
 }
 
+/// A send the send path assigned an id to: what its group's window
+/// remembers of it ([`DedupBudget::remember_sent`]).
+pub struct Sent {
+    pub msg_id: u64,
+    pub sender_id: u64,
+    pub client_msg_id: u64,
+    pub timestamp_ms: u64,
+    pub keyed: Keyed,
+}
+
 /// The limits of a window, taken from [`Config`].
 #[derive(Clone, Copy, Debug)]
 pub struct WindowLimits {
@@ -272,11 +282,11 @@ impl DedupWindow {
     /// Rebuilds the window of a small group (`list`, copied under its
     /// slot's lock) from its records, and gives the timestamp of its last
     /// record. A small group holds at most `small_group_bytes_max` bytes, so
-    /// all of them within the entry cap are read.
+    /// all of them within the entry cap are read, a page at a time by
+    /// `read_above` (the records above an id: `small_log::read_above`).
     pub fn rebuild_small(
-        ctx: &LogContext,
-        group: &crate::group::Group,
         list: &crate::logs::extents::ExtentList,
+        mut read_above: impl FnMut(u64) -> Result<crate::logs::group_log::ReadBatch>,
         now_ms: u64,
         limits: WindowLimits,
     ) -> Result<(DedupWindow, u64)> {
@@ -288,8 +298,7 @@ impl DedupWindow {
             .max(list.floor());
         let mut after = start - 1;
         while after < head {
-            let batch =
-                crate::logs::small_log::read_above(ctx, group, list, after, 4096, usize::MAX)?;
+            let batch = read_above(after)?;
             last_ts = window.insert_batch(&batch, limits).unwrap_or(last_ts);
             after = batch.last_id;
         }
@@ -445,6 +454,62 @@ impl DedupBudget {
         self.dropped.load(Ordering::Relaxed)
     }
 
+    /// The send path's one call into the budget, under the group's assign
+    /// lock once the id is assigned: remembers `sent` in the group's
+    /// `window` and counts what the window gained and lost. While all
+    /// windows hold `total_max` entries or more, the window keeps only its
+    /// last `limits.sends` sends ([`DedupWindow::insert`]); dropping whole
+    /// windows for the budget is `Engine::fit_dedup_budget`'s, after the
+    /// locks are given back.
+    pub fn remember_sent(
+        &self,
+        window: &mut DedupWindow,
+        sent: &Sent,
+        limits: WindowLimits,
+        total_max: usize,
+    ) {
+        self.counted(window, total_max, |w, over| {
+            w.insert(
+                sent.msg_id,
+                sent.sender_id,
+                sent.client_msg_id,
+                sent.timestamp_ms,
+                sent.keyed,
+                limits,
+                over,
+            )
+        });
+    }
+
+    /// As [`Self::remember_sent`] for a verified record of a replicated
+    /// round (`DedupWindow::remember`: a gap record keeps only its place).
+    pub fn remember_record(
+        &self,
+        window: &mut DedupWindow,
+        h: &record::RecordHeader,
+        rec: &[u8],
+        limits: WindowLimits,
+        total_max: usize,
+    ) {
+        self.counted(window, total_max, |w, over| {
+            w.remember(h, rec, limits, over)
+        });
+    }
+
+    /// Runs `change` on `window`, telling it whether the node is over its
+    /// budget, and counts the entries it gained or lost.
+    fn counted(
+        &self,
+        window: &mut DedupWindow,
+        total_max: usize,
+        change: impl FnOnce(&mut DedupWindow, bool),
+    ) {
+        let over = self.entries() >= total_max;
+        let before = window.len();
+        change(window, over);
+        self.resized(before, window.len());
+    }
+
     /// A window changed size from `before` to `after` entries.
     pub fn resized(&self, before: usize, after: usize) {
         if after >= before {
@@ -457,7 +522,7 @@ impl DedupBudget {
     /// `group`'s window was just used (a send): it leaves memory
     /// last, and the group is not idle.
     pub fn touch(&self, group: u64) {
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         let mut lists = self.lists.lock();
         lists.windows.put(group, ());
         lists.used.put(group, now);
@@ -468,7 +533,7 @@ impl DedupBudget {
     /// `group` was just used without its window (its log was loaded or
     /// created): it is not idle.
     pub fn touch_used(&self, group: u64) {
-        let now = crate::now_ms();
+        let now = crate::clock::now_ms();
         let mut lists = self.lists.lock();
         lists.used.put(group, now);
         lists.used_peak = lists.used_peak.max(lists.used.len());
@@ -534,6 +599,42 @@ impl DedupBudget {
     pub fn count_dropped(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// While all windows hold more than `total_max` entries, drops the
+    /// windows of the groups sent to least recently: `drop_window(group)`
+    /// drops one (the caller has the groups and their locks) and says what
+    /// came of it. The windows it could not drop are listed again, as used
+    /// last, once the budget fits. Called with no lock held.
+    pub fn fit(&self, total_max: usize, mut drop_window: impl FnMut(u64) -> WindowDrop) {
+        let mut busy = Vec::new();
+        while self.entries() > total_max {
+            let Some(id) = self.take_least_recent() else {
+                break;
+            };
+            match drop_window(id) {
+                WindowDrop::Dropped { len } => {
+                    self.resized(len, 0);
+                    self.count_dropped();
+                }
+                WindowDrop::Busy => busy.push(id),
+                WindowDrop::Gone => {}
+            }
+        }
+        for id in busy {
+            self.touch_window(id);
+        }
+    }
+}
+
+/// What came of dropping a group's window for the budget
+/// ([`DedupBudget::fit`]).
+pub enum WindowDrop {
+    /// Dropped; it held `len` entries.
+    Dropped { len: usize },
+    /// Kept for now (in use): listed again.
+    Busy,
+    /// No window to drop (the group was deleted, or went idle).
+    Gone,
 }
 
 #[cfg(test)]
@@ -552,6 +653,61 @@ mod tests {
             timestamp_ms,
             keyed: Keyed::Message,
         })
+    }
+
+    /// A send is remembered and counted in the budget by one call; over the
+    /// node-wide budget the window keeps only its last `sends` sends and
+    /// the budget counts what left.
+    #[test]
+    fn a_send_is_remembered_and_counted_by_one_call() {
+        let budget = DedupBudget::new();
+        let mut w = DedupWindow::default();
+        let sent = |msg_id| Sent {
+            msg_id,
+            sender_id: 7,
+            client_msg_id: 100 + msg_id,
+            timestamp_ms: 10,
+            keyed: Keyed::Message,
+        };
+        for id in 1..=4 {
+            budget.remember_sent(&mut w, &sent(id), LIMITS, 100);
+        }
+        assert_eq!((w.len(), budget.entries()), (4, 4));
+        assert_eq!(w.lookup(7, 104), at(4, 10));
+        // The node holds its budget's worth: this window shrinks to its
+        // last `sends` sends, and the budget gives back what left.
+        budget.remember_sent(&mut w, &sent(5), LIMITS, 4);
+        assert_eq!((w.len(), budget.entries()), (LIMITS.sends, LIMITS.sends));
+        assert_eq!(w.lookup(7, 102), None);
+        assert_eq!(w.lookup(7, 105), at(5, 10));
+    }
+
+    /// The budget drops the windows sent to least recently until it fits,
+    /// lists the busy ones again, and counts what it dropped.
+    #[test]
+    fn fit_drops_the_least_recent_windows_until_the_budget_holds() {
+        let budget = DedupBudget::new();
+        for g in [1, 2, 3] {
+            budget.touch(g);
+            budget.resized(0, 4);
+        }
+        let mut asked = Vec::new();
+        budget.fit(5, |g| {
+            asked.push(g);
+            if g == 1 {
+                WindowDrop::Busy
+            } else {
+                WindowDrop::Dropped { len: 4 }
+            }
+        });
+        assert_eq!(asked, vec![1, 2, 3]);
+        assert_eq!((budget.entries(), budget.dropped()), (4, 2));
+        assert_eq!(
+            budget.take_least_recent(),
+            Some(1),
+            "the busy one is listed again"
+        );
+        assert_eq!(budget.take_least_recent(), None);
     }
 
     /// A change's key remembers what it changed, for as long as the key is

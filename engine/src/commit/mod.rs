@@ -6,7 +6,10 @@
 //! write-back ahead of checkpoints.
 
 pub(crate) mod apply;
+pub(crate) mod capture;
+pub(crate) mod context;
 pub(crate) mod dedup;
+pub(crate) mod dirty;
 pub(crate) mod flusher;
 pub(crate) mod gate;
 #[cfg(test)]
@@ -17,5 +20,7 @@ pub(crate) mod journal_crash_tests;
 mod replicate;
 #[cfg(test)]
 pub(crate) mod replicate_tests;
+pub(crate) mod small_log;
 pub(crate) mod thread;
 mod warn_limit;
+pub(crate) mod worker_jobs;

@@ -38,7 +38,7 @@
 //! Costs: `append_replicated` is one pass over the payload (CRC, entry
 //! walk, record CRCs), one assign lock per group with records, one commit
 //! round (and, for groups whose send state is not in memory, a wait for
-//! the maintenance worker to build them, `ready.rs`, then the pass again); calls are serialised (one payload in flight), each waiting for
+//! the maintenance worker to build them, `commit/worker_jobs.rs`, then the pass again); calls are serialised (one payload in flight), each waiting for
 //! its round to be durable under the fsync policy. `read_rounds` is two
 //! positioned reads per round.
 
@@ -123,7 +123,7 @@ impl Engine {
             });
         }
         // A group without a send state in memory has the maintenance
-        // worker build it (`ready.rs`): the payload waits for that, as a
+        // worker build it (`worker_jobs.rs`): the payload waits for that, as a
         // blocking request does, and is checked again.
         self.blocking(|| self.append_replicated_once(payload, header.round_index))
     }
@@ -142,7 +142,7 @@ impl Engine {
             let assign = match self.ready_to_assign(&g.group, slot) {
                 Ok(assign) => assign,
                 Err(e @ Error::NotReady { .. }) => {
-                    crate::ready::keep_latest(&mut not_ready, e);
+                    crate::commit::worker_jobs::keep_latest(&mut not_ready, e);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -178,14 +178,15 @@ impl Engine {
                     // Invariant: check_entries verified every record.
                     let h = record::decode_header(rest, usize::MAX)
                         .expect("invariant: verified records");
-                    let over = budget.entries() >= self.shared.ctx.config.dedup_entries_total_max;
-                    let before = assign.dedup.len();
                     // As the leader's send path remembered it: its kind
                     // and target too (a gap without a key).
-                    assign
-                        .dedup
-                        .remember(&h, &rest[..h.record_len as usize], limits, over);
-                    budget.resized(before, assign.dedup.len());
+                    budget.remember_record(
+                        &mut assign.dedup,
+                        &h,
+                        &rest[..h.record_len as usize],
+                        limits,
+                        self.shared.ctx.config.dedup_entries_total_max,
+                    );
                     assign.last_id = h.msg_id;
                     assign.last_timestamp_ms = assign.last_timestamp_ms.max(h.timestamp_ms);
                     rest = &rest[h.record_len as usize..];

@@ -32,6 +32,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::catalog::Catalog;
 use crate::commit::apply;
+use crate::commit::capture::{Capture, Coordination};
+use crate::commit::context::Context;
 use crate::commit::dedup::DedupBudget;
 use crate::commit::flusher::Flusher;
 use crate::commit::gate::Gate;
@@ -42,10 +44,8 @@ use crate::commit::warn_limit::RepeatedWarning;
 use crate::config::FsyncPolicy;
 use crate::error::{Error, Result};
 use crate::group::{Group, Unload};
-use crate::logs::group_log::LogContext;
 use crate::logs::trash;
 use crate::members::cursors::CursorTable;
-use crate::state::checkpointer::{self, Capture};
 use crate::worker::Worker;
 
 struct Committer {
@@ -311,7 +311,7 @@ fn evict_idle_up_to(
 pub type CommitListener = Arc<dyn Fn(&CommitNotice) + Send + Sync>;
 
 pub(crate) struct Shared {
-    pub ctx: LogContext,
+    pub ctx: Context,
     pub catalog: RwLock<Catalog>,
     pub cursors: CursorTable,
     pub pending: Mutex<Pending>,
@@ -330,7 +330,7 @@ pub(crate) struct Shared {
     /// Entries of all dedup windows, against `dedup_entries_total_max`.
     pub dedup: DedupBudget,
     /// The commit thread's and the checkpointer's hand-over.
-    pub ckpt: checkpointer::Coordination,
+    pub ckpt: Coordination,
     /// Held by `Engine::append_replicated` while its payload is checked,
     /// queued and committed: one replicated round in flight.
     pub replicating: Mutex<()>,
@@ -566,7 +566,7 @@ impl Committer {
         };
         // The files small groups' records are in: those at or after P are
         // kept by the replay window anyway.
-        let pinned = crate::state::pins::pinned(&self.shared.ctx.live.lock(), replay.seq);
+        let pinned = crate::logs::reclaim::pinned(&self.shared.ctx.live.lock(), replay.seq);
         let co = &self.shared.ckpt;
         let mut st = co.status.lock();
         if st.job.is_some() || st.busy || st.exited {
@@ -818,7 +818,11 @@ impl Committer {
     /// Evicts what groups idle for `idle_evict_ms` hold (module docs) and
     /// sets when the sweep runs next: soon if it stopped at its bound.
     fn idle_sweep(&mut self) {
-        let more = evict_idle(&self.shared, crate::now_ms(), IDLE_EVICTIONS_PER_SWEEP);
+        let more = evict_idle(
+            &self.shared,
+            crate::clock::now_ms(),
+            IDLE_EVICTIONS_PER_SWEEP,
+        );
         let wait = if more {
             Duration::from_millis(1)
         } else {

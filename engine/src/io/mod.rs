@@ -131,7 +131,7 @@ pub trait Vfs: Send + Sync + 'static {
         OsVfs.free_bytes(path)
     }
     /// rename(2): the erasure pass renames an erased copy over a segment
-    /// (`logs/erase_segments.rs`); the fault-injecting and power-cut
+    /// (`state/erase_segments.rs`); the fault-injecting and power-cut
     /// layers model its atomicity.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove_file(&self, path: &Path) -> io::Result<()>;

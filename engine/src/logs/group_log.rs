@@ -17,15 +17,16 @@ use crate::logs::index::SparseIndex;
 use crate::logs::record::{self, RecordHeader};
 use crate::logs::segment::{self, SegmentFile, SegmentHeader, SEGMENT_HEADER_BYTES};
 use crate::logs::segment_cache::SegmentCache;
-use crate::logs::trash::Trash;
+use crate::logs::trash::{Holding, Trash};
 
-/// What a group log needs from the engine around it.
+/// What group logs and the shared files need from the engine around
+/// them, and the counts over all groups' logs. The layers above add their
+/// own (`commit/context.rs`: the dirty list of groups); the snapshot holds
+/// (`state/pins.rs`) are known here only as what the trash asks of them.
 pub struct LogContext {
     pub vfs: Arc<dyn Vfs>,
     pub config: Config,
     pub cache: SegmentCache,
-    /// What changed since the last checkpoint capture.
-    pub dirty: crate::state::dirty::DirtyList,
     /// Where directories of deleted groups go before they are removed.
     pub trash: Trash,
     /// Where the retained journal's rounds lie (replication): kept here
@@ -34,7 +35,7 @@ pub struct LogContext {
     pub rounds: crate::commit::journal::rounds::RoundIndex,
     /// Read-only mappings of the journal files small groups' records are
     /// in (storage v2 S5), shared by every reader of a small group.
-    pub shared_files: crate::logs::small_read::SharedFiles,
+    pub shared_files: crate::logs::shared_files::SharedFiles,
     /// Bytes of small groups' records per journal file (invariant A1 of
     /// `reclaim.rs`): changed by whoever applies entries (the commit thread,
     /// replay) and by recovery's restore; read at checkpoint capture (the
@@ -60,9 +61,6 @@ pub struct LogContext {
     /// The other slot changes (unload, rewrite, marking extents verified)
     /// keep head and floor.
     pub messages_stored: std::sync::atomic::AtomicU64,
-    /// Snapshot holds (`state/pins.rs`): the newest stored manifest, the
-    /// journal end, and what deletions wait while a snapshot is copied.
-    pub holds: Arc<crate::state::pins::Holds>,
     /// Erasure of recalled payloads (format-spec/storage.md section 16,
     /// item 16): the newest journal file that holds a Recall record or
     /// may hold a recalled payload a crash kept from its erasure. While a
@@ -75,7 +73,7 @@ pub struct LogContext {
     pub erase_journal_seq: std::sync::atomic::AtomicU64,
     /// Groups with a non-empty erase list (recalled messages whose
     /// payload a segment may still hold; `Group::erase_ids`): the
-    /// checkpointer's erasure pass (`logs/erase_segments.rs`) visits them
+    /// checkpointer's erasure pass (`state/erase_segments.rs`) visits them
     /// after each stored checkpoint, and asks for checkpoints while any is
     /// here. Added by `apply::records` and recovery; removed by the pass
     /// once the group's list is empty (or the group is gone).
@@ -85,11 +83,12 @@ pub struct LogContext {
 }
 
 impl LogContext {
-    pub fn new(vfs: Arc<dyn Vfs>, config: Config) -> Self {
+    /// The context of the logs in `config.data_dir`; `holds` are the
+    /// engine's snapshot holds, which the trash asks before it removes.
+    pub fn new(vfs: Arc<dyn Vfs>, config: Config, holds: Arc<dyn Holding>) -> Self {
         let cache = SegmentCache::new(config.open_segments_max, config.segment_bytes_max);
-        let holds: Arc<crate::state::pins::Holds> = Arc::default();
-        let trash = Trash::new(&config.data_dir, holds.clone());
-        let shared_files = crate::logs::small_read::SharedFiles::new(
+        let trash = Trash::new(&config.data_dir, holds);
+        let shared_files = crate::logs::shared_files::SharedFiles::new(
             vfs.clone(),
             crate::commit::journal::journal_dir(&config.data_dir),
             config.open_segments_max,
@@ -98,14 +97,12 @@ impl LogContext {
             vfs,
             config,
             cache,
-            dirty: Default::default(),
             trash,
             rounds: Default::default(),
             shared_files,
             live: Default::default(),
             damaged_groups: Default::default(),
             messages_stored: Default::default(),
-            holds,
             erase_journal_seq: Default::default(),
             erase_groups: Default::default(),
             reserve: Default::default(),
@@ -323,7 +320,7 @@ enum ChunkSource {
     Copied(Arc<[u8]>),
     /// A small group's records where the commit round wrote them: a slice
     /// of a shared (journal) file's mapping (storage v2, `small_read.rs`).
-    Shared(Arc<crate::logs::small_read::SharedMap>),
+    Shared(Arc<crate::logs::shared_files::SharedMap>),
 }
 
 impl ChunkSource {
@@ -340,7 +337,7 @@ impl Chunk {
     /// Whole records at `[start, end)` of a shared file's mapping, which
     /// holds them (the caller checked the range).
     pub(crate) fn shared(
-        map: Arc<crate::logs::small_read::SharedMap>,
+        map: Arc<crate::logs::shared_files::SharedMap>,
         start: usize,
         end: usize,
     ) -> Chunk {
@@ -604,7 +601,7 @@ impl GroupLog {
         let header = SegmentHeader {
             group_id,
             base_msg_id: base,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         ctx.cache
             .create(&*ctx.vfs, &dir.join(segment::file_name(base)), &header)?;
@@ -801,7 +798,7 @@ impl GroupLog {
         let header = SegmentHeader {
             group_id: self.group_id,
             base_msg_id: base_id,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         ctx.cache.create(&*ctx.vfs, &path, &header)?;
         self.segments.push(SegmentMeta {

@@ -11,7 +11,6 @@
 
 pub(crate) mod changes;
 pub(crate) mod cold;
-pub(crate) mod erase_segments;
 pub(crate) mod extents;
 pub(crate) mod group_log;
 mod index;
@@ -23,10 +22,9 @@ pub(crate) mod record;
 pub(crate) mod retention;
 #[cfg(test)]
 pub(crate) mod retention_index_tests;
-pub(crate) mod rewrite;
 pub(crate) mod segment;
 mod segment_cache;
-pub(crate) mod small_log;
+pub(crate) mod shared_files;
 #[cfg(test)]
 pub(crate) mod small_log_tests;
 pub(crate) mod small_read;

@@ -221,6 +221,19 @@ pub fn plan(files: &[ColdFile], cold_file_bytes: u64) -> Plan {
     plan
 }
 
+/// `pinned(k)` (the rule that needs it is in `state/pins.rs`): the shared
+/// files with live bytes at K1 (`at_k1` is the accounting as it was
+/// then) that the replay window does not keep anyway (journal files before
+/// `replay_seq`, and every cold file), as [`FileId::raw`] values, sorted
+/// (journal files first).
+pub fn pinned(at_k1: &LiveBytes, replay_seq: u64) -> Vec<u64> {
+    at_k1
+        .files()
+        .filter(|(f, u)| u.live > 0 && (f.kind() == FileKind::Cold || f.seq() < replay_seq))
+        .map(|(f, _)| u64::from(f.raw()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -423,6 +423,22 @@ impl<'a> Iterator for RecordIter<'a> {
     }
 }
 
+/// `(msg_id, offset, len)` of each record of `bytes` while the lengths
+/// walk inside it (the bytes are checked whole later, by the cold writer).
+pub(crate) fn records_walk(bytes: &[u8]) -> Vec<(u64, usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while let Some(len) = bytes.get(at..).and_then(peek_len) {
+        let end = match at.checked_add(len) {
+            Some(end) if len >= RECORD_HEADER_BYTES && end <= bytes.len() => end,
+            _ => break,
+        };
+        out.push((peek_msg_id(&bytes[at..]), at, len));
+        at = end;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,11 +4,11 @@
 //! this module maps the files and serves the records as slices of the
 //! mappings, so disk bytes are wire bytes (the record CRC included).
 //!
-//! Representation: [`SharedFiles`] keeps a read-only mapping of each
-//! shared file a read used ([`SharedMap`]: the whole file as long as it was
-//! when mapped), at most `max_open` of them, least recently used first out.
-//! A mapping of the journal file still being written is mapped again when
-//! a read needs bytes past its end.
+//! Representation: [`SharedFiles`] (`shared_files.rs`) keeps a read-only
+//! mapping of each shared file a read used ([`SharedMap`]: the whole file
+//! as long as it was when mapped), at most `max_open` of them, least
+//! recently used first out. A mapping of the journal file still being
+//! written is mapped again when a read needs bytes past its end.
 //!
 //! Invariants:
 //! - a mapping is touched only below the length the file has now: every
@@ -35,182 +35,19 @@
 //! marks the extents this read verified afterwards
 //! ([`ExtentList::mark_verified`]).
 //!
-//! Used by `small_log.rs` (the reads behind `with_log`, the dedup rebuild
-//! and the promotion's copy).
+//! Used by `commit/small_log.rs` (the reads behind `with_log` and the
+//! dedup rebuild) and `commit/apply.rs` (the promotion's copy).
 
-use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use parking_lot::Mutex;
-
-use crate::error::{Error, Result};
-use crate::io::{OpenMode, Vfs, VfsFile};
-use crate::logs::extents::{self, Extent, ExtentList, FileId, FileKind, Piece};
+use crate::error::Result;
+use crate::logs::extents::{self, Extent, ExtentList};
 use crate::logs::group_log::{Chunk, ReadBatch};
-
-/// A read-only mapping of a whole shared file, as long as the file was
-/// when it was mapped, with the open file: every use measures it first
-/// ([`SharedFiles::map`]).
-pub struct SharedMap {
-    path: PathBuf,
-    file: Box<dyn VfsFile>,
-    map: memmap2::Mmap,
-}
-
-impl SharedMap {
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-/// The mappings of shared files that reads of small groups use.
-pub struct SharedFiles {
-    vfs: Arc<dyn Vfs>,
-    journal_dir: PathBuf,
-    max_open: usize,
-    /// Most recently used last.
-    maps: Mutex<VecDeque<(FileId, Arc<SharedMap>)>>,
-}
+use crate::logs::shared_files::SharedFiles;
 
 /// What a read of a small group found: the records, and the extents it
 /// verified (every record's CRC checked), whose flags the caller sets.
 pub struct SmallRead {
     pub batch: ReadBatch,
     pub verified: Vec<Extent>,
-}
-
-impl SharedFiles {
-    pub fn new(vfs: Arc<dyn Vfs>, journal_dir: PathBuf, max_open: usize) -> SharedFiles {
-        SharedFiles {
-            vfs,
-            journal_dir,
-            max_open: max_open.max(1),
-            maps: Mutex::new(VecDeque::new()),
-        }
-    }
-
-    /// Drops the cached mapping of `file` (deleted): its disk space is
-    /// given back once the readers holding chunks of it are done.
-    pub fn forget(&self, file: FileId) {
-        self.maps.lock().retain(|(f, _)| *f != file);
-    }
-
-    /// The path of a shared file.
-    pub fn path(&self, file: FileId) -> PathBuf {
-        match file.kind() {
-            FileKind::Journal => {
-                crate::commit::journal::journal_path(&self.journal_dir, file.seq())
-            }
-            FileKind::Cold => self
-                .journal_dir
-                .join(crate::logs::cold::file_name(file.seq())),
-        }
-    }
-
-    /// A mapping of `file` holding at least `end` bytes. The file is
-    /// opened, measured and mapped only if no cached mapping is that long
-    /// (the active journal file grows); a cached one is used only after
-    /// the file is measured again (one fstat: a file cut under the engine
-    /// since it was mapped must not be touched there, storage.md section
-    /// 4 "Reads"). A missing file, or one shorter than `end`, is damage
-    /// of `group` (its extent names bytes the file does not hold).
-    pub fn map(&self, group: u64, file: FileId, end: u64) -> Result<Arc<SharedMap>> {
-        let cached = {
-            let mut maps = self.maps.lock();
-            match maps.iter().position(|(f, _)| *f == file) {
-                Some(i) if maps[i].1.bytes().len() as u64 >= end => {
-                    let hit = maps.remove(i).expect("invariant: index found above");
-                    let map = hit.1.clone();
-                    maps.push_back(hit);
-                    Some(map)
-                }
-                _ => None,
-            }
-        };
-        if let Some(map) = cached {
-            crate::io::check_mapped_len(&*map.file, &map.path, group, end)?;
-            return Ok(map);
-        }
-        let path = self.path(file);
-        let damaged = |reason: String| Error::GroupDamaged {
-            group,
-            reason: format!("{}: {reason}", path.display()),
-        };
-        let f = self.vfs.open(&path, OpenMode::Read).map_err(|e| {
-            damaged(format!(
-                "cannot open the shared file the group's records are in: {e}"
-            ))
-        })?;
-        let len = f
-            .file_len()
-            .map_err(|e| damaged(format!("cannot measure the file: {e}")))?;
-        if len < end {
-            return Err(damaged(format!(
-                "the file holds {len} bytes, but an extent of the group ends at offset {end}"
-            )));
-        }
-        let len =
-            usize::try_from(len).map_err(|_| damaged("larger than the address space".into()))?;
-        let map = f
-            .map(len)
-            .map_err(|e| damaged(format!("cannot map the file: {e}")))?;
-        let map = Arc::new(SharedMap { path, file: f, map });
-        let mut maps = self.maps.lock();
-        maps.retain(|(f, _)| *f != file);
-        maps.push_back((file, map.clone()));
-        while maps.len() > self.max_open {
-            maps.pop_front();
-        }
-        Ok(map)
-    }
-
-    /// The mapping of the file holding `piece`, an extent of `group`,
-    /// once [`Self::map`] found the file long enough and the file proves
-    /// to hold `group`'s records there (storage.md section 9, "Small
-    /// groups"): a cold file by the extent header before the records
-    /// (`cold::check_owner`: group, first id, count, bytes, under its
-    /// CRC), a journal file by its header naming the file's own seq (file
-    /// numbers are never given twice, so it is the file the extent was
-    /// made in). Anything else is `GroupDamaged` naming the file; nothing
-    /// of it is served.
-    pub fn map_piece(&self, group: u64, piece: &Piece) -> Result<Arc<SharedMap>> {
-        let map = self.map(group, piece.ext.file(), piece.ext.end())?;
-        check_owner(map.bytes(), group, piece).map_err(|why| Error::GroupDamaged {
-            group,
-            reason: format!("{}: {why}", map.path().display()),
-        })?;
-        Ok(map)
-    }
-}
-
-/// Whether `file` (the bytes of the shared file holding `piece`, at
-/// least up to its end) holds `group`'s records there, by what the file
-/// itself says ([`SharedFiles::map_piece`]); also what `ctl verify` and
-/// `ctl repair` check before they take an extent's records. `Err` says
-/// what does not match, with the offset.
-pub(crate) fn check_owner(file: &[u8], group: u64, piece: &Piece) -> Result<(), String> {
-    match piece.ext.file().kind() {
-        FileKind::Cold => crate::logs::cold::check_owner(file, group, piece),
-        FileKind::Journal => journal_file_is(file, piece.ext.file().seq()),
-    }
-}
-
-/// Whether the journal file mapped as `map` is file `seq` by its own
-/// header (checked under its CRC).
-fn journal_file_is(map: &[u8], seq: u64) -> Result<(), String> {
-    let h = crate::commit::journal::decode_header_of(map).map_err(|e| format!("offset 0: {e}"))?;
-    if h.seq != seq {
-        return Err(format!(
-            "offset 16: the file's header names journal file {}, not {seq}",
-            h.seq
-        ));
-    }
-    Ok(())
 }
 
 /// The records of `group` above `after`, at most `count_max` of them and
@@ -353,10 +190,13 @@ pub fn retention_view(
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::Arc;
 
     use super::*;
     use crate::commit::journal::{self, EntryKind, ENTRY_HEADER_BYTES};
+    use crate::error::Error;
     use crate::io::OsVfs;
+    use crate::logs::extents::FileId;
     use crate::{AppendRequest, Engine, FsyncPolicy};
 
     /// An engine that rolls its journal every 4 KiB and deletes none of
@@ -585,7 +425,7 @@ mod tests {
         let list = extents_of(dir.path(), 1);
         let seen = read_above(&shared, 1, &list, 0, u64::MAX, usize::MAX).unwrap();
         assert_eq!(seen.batch.last_id, e.head(1).unwrap());
-        assert!(shared.maps.lock().len() <= 2, "at most max_open mappings");
+        assert!(shared.mapped() <= 2, "at most max_open mappings");
         // More records in the journal file being written: the cached
         // mapping of it is too short for the new extent and is renewed.
         e.append(1, 9, 1_000_000, b"later").unwrap();

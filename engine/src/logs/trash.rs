@@ -30,7 +30,6 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::io::Vfs;
-use crate::state::pins::Holds;
 use crate::worker::Worker;
 
 /// Tries of a rename that meets a taken name (only a clock far behind the
@@ -42,14 +41,30 @@ pub struct Trash {
     next_suffix: AtomicU64,
     /// Entries moved in since the commit thread last queued their removal.
     moved: Mutex<Vec<PathBuf>>,
-    /// Snapshot holds (`pins.rs`): moves are noted in them, and while any
-    /// is active the entries stay (a snapshot may be copying from them).
-    holds: Arc<Holds>,
+    /// Snapshot holds: moves are noted in them, and while any is active
+    /// the entries stay (a snapshot may be copying from them).
+    holds: Arc<dyn Holding>,
+}
+
+/// What the trash asks of the snapshot holds (`state/pins.rs`), which it
+/// knows only as this.
+pub(crate) trait Holding: Send + Sync {
+    /// Whether any hold is active.
+    fn active(&self) -> bool;
+
+    /// Renames group `group`'s directory to the trash entry `to` with
+    /// `rename`, noting the move in every active hold.
+    fn moving(
+        &self,
+        group: u64,
+        to: &Path,
+        rename: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()>;
 }
 
 impl Trash {
     /// The trash of the data directory `data_dir` (nothing is created yet).
-    pub fn new(data_dir: &Path, holds: Arc<Holds>) -> Trash {
+    pub fn new(data_dir: &Path, holds: Arc<dyn Holding>) -> Trash {
         let now_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
@@ -78,7 +93,10 @@ impl Trash {
         for _ in 0..RENAME_TRIES {
             let suffix = self.next_suffix.fetch_add(1, Ordering::Relaxed);
             let to = self.dir.join(format!("{group_id:016x}-{suffix:016x}"));
-            match self.holds.moving(group_id, &to, || vfs.rename(from, &to)) {
+            match self
+                .holds
+                .moving(group_id, &to, &mut || vfs.rename(from, &to))
+            {
                 Ok(()) => {
                     self.moved.lock().push(to);
                     return Ok(());
@@ -207,7 +225,7 @@ mod tests {
     #[test]
     fn a_moved_directory_is_removed_one_file_per_step_and_never_looks_like_a_group() {
         let dir = tempfile::tempdir().unwrap();
-        let trash = Trash::new(dir.path(), Arc::default());
+        let trash = Trash::new(dir.path(), Arc::new(crate::state::pins::Holds::default()));
         let group_dir = dir
             .path()
             .join("groups")

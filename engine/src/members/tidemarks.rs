@@ -387,7 +387,7 @@ impl Engine {
         drop(members);
         if m.newly_checkpoint_dirty {
             // Once per membership per checkpoint: the next one stores it.
-            self.shared.ctx.dirty.cursor_moved(&group, user);
+            group.cursor_moved(&self.shared.ctx.dirty, user);
         }
         Ok(AckMove {
             cursor: m.new,

@@ -45,6 +45,7 @@ use crate::logs::group_log::LogContext;
 use crate::logs::record::{self, RECORD_HEADER_BYTES};
 use crate::state::damage::{self, Located};
 use crate::state::manifest::{self, Manifest};
+use crate::state::pins::Holds;
 use crate::state::{checkpointer, GroupRecord, Item};
 
 pub use repair::{RepairPlan, RepairTarget};
@@ -261,7 +262,7 @@ impl DataDir {
             });
         }
         let lock = lock(path)?;
-        let ctx = LogContext::new(vfs, Config::new(path));
+        let ctx = LogContext::new(vfs, Config::new(path), Arc::new(Holds::default()));
         let mut dir = DataDir {
             path: path.to_owned(),
             _lock: lock,
@@ -486,7 +487,7 @@ impl DataDir {
                 })
             }
             walk::Event::Record { .. } => {}
-            other => out.damage.push(verify::describe(&other)),
+            other => out.damage.push(walk::describe(&other)),
         })?;
         if !walked {
             out.damage.push(format!(

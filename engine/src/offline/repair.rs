@@ -160,7 +160,7 @@ impl Rebuild {
         let header = SegmentHeader {
             group_id: group,
             base_msg_id: base,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
         };
         Rebuild {
             bytes: header.encode().to_vec(),
@@ -861,7 +861,7 @@ impl DataDir {
         items.sort_by_key(Item::key);
         let mut new = m.clone();
         new.ckpt_seq = self.next_ckpt_seq(&m);
-        new.created_ms = crate::now_ms();
+        new.created_ms = crate::clock::now_ms();
         if let Some(run) = checkpointer::write_run(&self.ctx, m.next_run_seq, items.iter().map(Ok))?
         {
             new.next_run_seq = m.next_run_seq + 1;

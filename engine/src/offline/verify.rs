@@ -77,34 +77,6 @@ impl Verified {
     }
 }
 
-/// An event of the walk as one line of text, naming its file and offset.
-pub(crate) fn describe(ev: &Event<'_>) -> String {
-    match ev {
-        Event::Record { header, .. } => format!("record {}", header.msg_id),
-        Event::Damage { file, offset, .. } | Event::TornTail { file, offset } => {
-            format!("{} offset {offset}: {}", file.display(), what(ev))
-        }
-        Event::LengthMismatch { file, .. } => format!("{}: {}", file.display(), what(ev)),
-    }
-}
-
-/// What an event says, without its file and offset.
-fn what(ev: &Event<'_>) -> String {
-    match ev {
-        Event::Record { header, .. } => format!("record {}", header.msg_id),
-        Event::Damage { reason, lost, .. } => {
-            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
-            format!("{reason}{lost}")
-        }
-        Event::TornTail { .. } => {
-            "torn tail after the last record (cut by the node at its next open)".into()
-        }
-        Event::LengthMismatch {
-            recorded, found, ..
-        } => format!("its records end at offset {found}, the checkpoint records {recorded} bytes"),
-    }
-}
-
 impl DataDir {
     /// Checks everything the module docs list. Findings are returned, not
     /// errors: an `Err` means the check itself could not run (I/O).
@@ -200,7 +172,7 @@ impl DataDir {
                     group: Some(id),
                     file: Some(file),
                     offset,
-                    what: what(&ev),
+                    what: walk::what(&ev),
                     damage,
                 });
             })?;

@@ -214,13 +214,13 @@ fn walk_small(
             .as_deref()
             .and_then(|b| b.get(offset as usize..(offset as usize).checked_add(bytes as usize)?));
         // The file must say the extent is this group's (the node's read
-        // check, `small_read::check_owner`): another group's valid records
+        // check, `shared_files::check_owner`): another group's valid records
         // at that place are damage, never this group's records.
         let not_owned = files[&file].as_deref().zip(window).and_then(|(all, _)| {
             let ext =
                 crate::logs::extents::Extent::new(FileId::from_raw(file), offset, bytes, count)?;
             let piece = crate::logs::extents::Piece { first_id: id, ext };
-            crate::logs::small_read::check_owner(all, group, &piece).err()
+            crate::logs::shared_files::check_owner(all, group, &piece).err()
         });
         match window {
             Some(_) if not_owned.is_some() => sink(Event::Damage {
@@ -388,4 +388,32 @@ fn resync(bytes: &[u8], from: usize, next: u64, last: Option<u64>) -> Option<(us
         }
     }
     None
+}
+
+/// An event of the walk as one line of text, naming its file and offset.
+pub(crate) fn describe(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage { file, offset, .. } | Event::TornTail { file, offset } => {
+            format!("{} offset {offset}: {}", file.display(), what(ev))
+        }
+        Event::LengthMismatch { file, .. } => format!("{}: {}", file.display(), what(ev)),
+    }
+}
+
+/// What an event says, without its file and offset.
+pub(crate) fn what(ev: &Event<'_>) -> String {
+    match ev {
+        Event::Record { header, .. } => format!("record {}", header.msg_id),
+        Event::Damage { reason, lost, .. } => {
+            let lost = lost.map_or(String::new(), |(a, b)| format!(" (msg_ids {a}..={b} lost)"));
+            format!("{reason}{lost}")
+        }
+        Event::TornTail { .. } => {
+            "torn tail after the last record (cut by the node at its next open)".into()
+        }
+        Event::LengthMismatch {
+            recorded, found, ..
+        } => format!("its records end at offset {found}, the checkpoint records {recorded} bytes"),
+    }
 }

@@ -33,10 +33,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
+use crate::commit::capture::Capture;
+use crate::commit::dirty::Taken;
 use crate::commit::flusher::FlushCheck;
-use crate::commit::journal::{self, JournalStart};
+use crate::commit::journal;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -45,10 +47,9 @@ use crate::logs::extents::FileId;
 use crate::logs::group_log::{LogContext, LogState, SyncDuties};
 use crate::logs::retention;
 use crate::members::cursors::CursorTable;
-use crate::state::dirty::Taken;
 use crate::state::manifest::{self, Manifest, RunMeta};
 use crate::state::merge::{self, Merge};
-use crate::state::pins;
+use crate::state::pins::{self, Holds};
 use crate::state::run::{self, RunItems, RunWriter, WriteError};
 use crate::state::{GroupRecord, Item, Key};
 
@@ -61,49 +62,6 @@ const CURSORS_PER_LOCK: usize = 4096;
 
 /// How long a checkpoint that found the disk full is put off.
 const RETRY_AFTER_NO_SPACE: Duration = Duration::from_secs(1);
-
-/// One capture (K1), handed from the commit thread.
-pub(crate) struct Capture {
-    pub taken: Taken,
-    /// Replay starts with the frame numbered `replay.lsn` (the next one at
-    /// the capture), in journal file `replay.seq`; `replay.round` is the
-    /// round index it will carry.
-    pub replay: JournalStart,
-    /// The last round applied before the capture.
-    pub round: u64,
-    /// The last capture of a clean shutdown.
-    pub clean: bool,
-    /// Apply the retention policies first (`Engine::checkpoint`).
-    pub retention: bool,
-    /// The journal files with small groups' records at the capture
-    /// (`pins::pinned`), which the manifest keeps.
-    pub pinned: Vec<u64>,
-}
-
-/// What the commit thread, the facade and the checkpointer share.
-#[derive(Default)]
-pub(crate) struct Status {
-    /// A capture waiting for this thread.
-    pub job: Option<Capture>,
-    /// This thread is working on a capture.
-    pub busy: bool,
-    /// The round of the last capture whose checkpoint was stored or put
-    /// off (`Engine::checkpoint` waits for it).
-    pub attempted_through: u64,
-    /// This thread asks for a capture (retention dropped segments, or a
-    /// put-off checkpoint is due again), not before `wanted_at`.
-    pub wanted: bool,
-    pub wanted_at: Option<Instant>,
-    pub shutdown: bool,
-    pub exited: bool,
-}
-
-/// The checkpointer's half of the shared state.
-#[derive(Default)]
-pub(crate) struct Coordination {
-    pub status: Mutex<Status>,
-    pub cv: Condvar,
-}
 
 /// What recovery found on disk for the checkpointer to go on from.
 #[derive(Default)]
@@ -119,6 +77,9 @@ pub(crate) struct OnDisk {
 
 struct Checkpointer {
     shared: Arc<Shared>,
+    /// Snapshot holds (`pins.rs`): told each stored manifest; while one is
+    /// active, K7 deletes nothing.
+    holds: Arc<Holds>,
     flush: FlushCheck,
     last: Option<Manifest>,
     prev: Option<Manifest>,
@@ -135,17 +96,19 @@ struct Checkpointer {
     last_retention: Instant,
     /// Copies small groups' records out of old shared files after each
     /// checkpoint (rewrite.rs).
-    reclaimer: Option<crate::logs::rewrite::Reclaimer>,
+    reclaimer: Option<crate::state::rewrite::Reclaimer>,
 }
 
 /// Starts the checkpointer thread.
 pub(crate) fn start(
     shared: Arc<Shared>,
+    holds: Arc<Holds>,
     flush: FlushCheck,
     on_disk: OnDisk,
 ) -> Result<std::thread::JoinHandle<()>> {
     let mut c = Checkpointer {
         shared,
+        holds,
         flush,
         last: on_disk.last,
         prev: on_disk.prev,
@@ -164,9 +127,9 @@ pub(crate) fn start(
         .flatten()
         .flat_map(|m| m.pinned.iter().copied())
         .collect();
-    c.reclaimer = Some(crate::logs::rewrite::Reclaimer::new(&c.shared.ctx, pinned));
+    c.reclaimer = Some(crate::state::rewrite::Reclaimer::new(&c.shared.ctx, pinned));
     if let Some(m) = &c.last {
-        c.shared.ctx.holds.set_newest(m);
+        c.holds.set_newest(m);
     }
     std::thread::Builder::new()
         .name("tidemark-ckpt".into())
@@ -256,7 +219,7 @@ fn plan_retention(
                 &sealed,
                 log.total_bytes(),
                 min_cursor,
-                crate::now_ms(),
+                crate::clock::now_ms(),
             );
             Ok((n > 0).then_some(RetentionCut::Segments(n)))
         }
@@ -276,7 +239,7 @@ fn plan_retention(
                 list.floor(),
                 head,
                 min_cursor,
-                crate::now_ms(),
+                crate::clock::now_ms(),
             )
             .map(RetentionCut::SmallFloor))
         }
@@ -323,7 +286,7 @@ pub(crate) fn write_run<T: std::borrow::Borrow<Item>>(
         let mut w = RunWriter::new(
             run_seq,
             ctx.config.run_file_bytes_max,
-            crate::now_ms(),
+            crate::clock::now_ms(),
             |part| {
                 let path = dir.join(run::part_file_name(run_seq, part));
                 created.lock().push(path.clone());
@@ -633,7 +596,7 @@ impl Checkpointer {
 
     /// K2: copies what changed into the delta buffer. On an error, the
     /// groups not yet copied go back on the dirty list.
-    fn capture(&mut self, taken: Taken) -> Result<()> {
+    fn capture(&mut self, taken: Taken<Group>) -> Result<()> {
         for &group in &taken.deleted {
             self.put(Item::GroupDelete { group });
             self.damaged.remove(&group);
@@ -692,9 +655,7 @@ impl Checkpointer {
             ),
         };
         let small = match &*slot {
-            LogSlot::Small(list) if list.next_id() > 1 => {
-                Some(crate::logs::small_log::to_record(list))
-            }
+            LogSlot::Small(list) if list.next_id() > 1 => Some(crate::state::SmallRecord::of(list)),
             _ => None,
         };
         drop(slot);
@@ -890,7 +851,7 @@ impl Checkpointer {
             replay_journal_seq: job.replay.seq,
             replay_lsn: job.replay.lsn,
             replay_round: job.replay.round,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
             next_run_seq: self.next_run_seq,
             clean: job.clean,
             runs,
@@ -899,7 +860,7 @@ impl Checkpointer {
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;
         // Snapshots begun from now on copy this checkpoint (`pins::Holds`).
-        ctx.holds.set_newest(&m);
+        self.holds.set_newest(&m);
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
         let items = self.delta.len();
@@ -915,8 +876,8 @@ impl Checkpointer {
         self.reclaim();
         // Then recalled messages out of large groups' segments.
         let shared = &self.shared;
-        let load = |g: &Arc<Group>| crate::ready::queue_load(shared, g);
-        let erased = crate::logs::erase_segments::run(ctx, &shared.catalog, &load);
+        let load = |g: &Arc<Group>| crate::commit::worker_jobs::queue_load(shared, g);
+        let erased = crate::state::erase_segments::run(ctx, &shared.catalog, &load);
         if erased.segments_rewritten > 0 {
             log::info!(
                 "erasure: {} segments rewritten ({} bytes)",
@@ -1022,7 +983,7 @@ impl Checkpointer {
         // would have (its rules read listings and the graveyard list).
         // A hold begun after this check holds this manifest or the one
         // before it, whose files this K7 keeps anyway.
-        if ctx.holds.active() {
+        if self.holds.active() {
             log::debug!(
                 "checkpoint {}: deletions deferred by a snapshot",
                 last.ckpt_seq

@@ -141,7 +141,7 @@ pub(crate) fn create(vfs: &dyn Vfs, data_dir: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
     file.set_len(0)
         .map_err(|e| Error::io(format!("truncate {}", tmp.display()), e))?;
-    file.write_all_at(&encode(FORMAT_VERSION, crate::now_ms()), 0)
+    file.write_all_at(&encode(FORMAT_VERSION, crate::clock::now_ms()), 0)
         .map_err(|e| Error::write(format!("write {}", tmp.display()), e))?;
     file.sync_data()
         .map_err(|e| Error::io(format!("fdatasync {}", tmp.display()), e))?;

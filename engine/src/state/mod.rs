@@ -33,18 +33,20 @@ pub(crate) mod checkpoint_stats_tests;
 pub(crate) mod checkpoint_tests;
 pub(crate) mod checkpointer;
 pub(crate) mod damage;
-pub(crate) mod dirty;
+pub(crate) mod erase_segments;
 pub(crate) mod format;
 pub(crate) mod manifest;
 mod merge;
 pub(crate) mod pins;
 pub(crate) mod recovery;
+pub(crate) mod rewrite;
 pub(crate) mod run;
 // Consistent snapshots of a running engine (online backup, Raft later).
 pub(crate) mod snapshot;
 #[cfg(test)]
 mod snapshot_tests;
 
+use crate::logs::extents::{Extent, ExtentList, FileId};
 use crate::logs::retention::Retention;
 
 /// The key of an item: `(group, None)` is the group record, `(group,
@@ -117,6 +119,43 @@ pub(crate) struct SmallRecord {
     /// the shared file's id as stored (`FileId::raw`: a journal file's seq,
     /// or 2^31 + a cold file's seq).
     pub extents: Vec<(u32, u32, u32, u32)>,
+}
+
+impl SmallRecord {
+    /// A small group's extents as a checkpoint records them.
+    pub(crate) fn of(list: &ExtentList) -> SmallRecord {
+        SmallRecord {
+            first_id: list.first_id(),
+            floor: list.floor(),
+            extents: list
+                .extents()
+                .iter()
+                .map(|e| (e.file().raw(), e.offset(), e.bytes(), e.count()))
+                .collect(),
+        }
+    }
+
+    /// The extent list a checkpoint recorded, or why it cannot be one. The
+    /// extents are not verified: the first read of each checks its records.
+    pub(crate) fn extent_list(&self, head: u64) -> Result<ExtentList, String> {
+        let mut list = ExtentList::new(self.first_id);
+        for &(file, offset, bytes, count) in &self.extents {
+            let ext = Extent::new(FileId::from_raw(file), offset, bytes, count)
+                .ok_or_else(|| format!("extent ({file}, {offset}, {bytes}, {count}) is invalid"))?;
+            list.append(list.next_id(), ext);
+        }
+        if list.next_id() - 1 != head {
+            return Err(format!(
+                "extents end at msg_id {} but the head is {head}",
+                list.next_id() - 1
+            ));
+        }
+        if self.floor < self.first_id || self.floor > head + 1 {
+            return Err(format!("floor {} outside the extents", self.floor));
+        }
+        list.trim(self.floor, |_| {});
+        Ok(list)
+    }
 }
 
 /// One item of a run.

@@ -30,7 +30,8 @@
 //! Cost: `pinned(k)` is O(journal files) at K1 (memory only); the deletion
 //! rule O(log pins) per file.
 //!
-//! Wired in: `commit.rs` takes `pinned` at K1 into the capture, the
+//! Wired in: the commit thread takes `pinned` (`logs/reclaim.rs`, beside
+//! the accounting it reads) at K1 into the capture, the
 //! manifest stores it (format-spec/storage.md section 6.3), and
 //! `checkpointer.rs` K7 asks `journal_file_deletable`.
 //!
@@ -63,16 +64,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::commit::journal::{EndWatcher, JournalEnd};
 use crate::logs::extents::{FileId, FileKind};
 use crate::logs::reclaim::LiveBytes;
+use crate::logs::trash::Holding;
 use crate::state::manifest::Manifest;
-
-/// The end of the journal's written frames: file `seq`, `len` bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct JournalEnd {
-    pub seq: u64,
-    pub len: u64,
-}
 
 /// What a hold captured: the manifest, the journal end, how long the
 /// capture held the lock.
@@ -103,6 +99,28 @@ struct HoldsInner {
     renaming: u32,
 }
 
+impl EndWatcher for Holds {
+    /// The journal writer after each frame write and roll.
+    fn journal_at(&self, end: JournalEnd) {
+        self.inner.lock().journal_end = end;
+    }
+}
+
+impl Holding for Holds {
+    fn active(&self) -> bool {
+        Holds::active(self)
+    }
+
+    fn moving(
+        &self,
+        group: u64,
+        to: &Path,
+        rename: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        Holds::moving(self, group, to, rename)
+    }
+}
+
 /// The snapshot holds of an engine (module doc).
 #[derive(Default)]
 pub struct Holds {
@@ -113,11 +131,6 @@ impl Holds {
     /// After K6 (and at open): `m` is the newest stored manifest.
     pub(crate) fn set_newest(&self, m: &Manifest) {
         self.inner.lock().newest = Some(Arc::new(m.clone()));
-    }
-
-    /// The journal writer after each frame write and roll.
-    pub(crate) fn journal_at(&self, end: JournalEnd) {
-        self.inner.lock().journal_end = end;
     }
 
     /// Begins a hold: the newest stored manifest and the journal end now,
@@ -190,18 +203,6 @@ impl Holds {
     }
 }
 
-/// `pinned(k)`: the shared files with live bytes at K1 (`at_k1` is the
-/// accounting as it was then) that the replay window does not keep anyway
-/// (journal files before `replay_seq`, and every cold file), as
-/// [`FileId::raw`] values, sorted (journal files first).
-pub fn pinned(at_k1: &LiveBytes, replay_seq: u64) -> Vec<u64> {
-    at_k1
-        .files()
-        .filter(|(f, u)| u.live > 0 && (f.kind() == FileKind::Cold || f.seq() < replay_seq))
-        .map(|(f, _)| u64::from(f.raw()))
-        .collect()
-}
-
 /// K7 of checkpoint k: may shared file `file` go? `replay_floor` is the
 /// lower of the two kept manifests' replay files (a journal file at or
 /// after it stays); `pins` and `pins_prev` their pinned lists (sorted raw
@@ -229,6 +230,7 @@ mod tests {
 
     use super::*;
     use crate::logs::extents::Extent;
+    use crate::logs::reclaim::pinned;
 
     fn ext(seq: u64, offset: u32) -> Extent {
         Extent::new(FileId::journal(seq).unwrap(), offset, 100, 1).unwrap()

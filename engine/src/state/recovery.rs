@@ -24,6 +24,7 @@ use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
 use crate::commit::apply;
+use crate::commit::context::Context;
 use crate::commit::journal::frame::{self, FrameIter, PAYLOAD_HEADER_BYTES};
 use crate::commit::journal::{
     self, EntryIter, EntryKind, FrameKind, Journal, JournalStart, JOURNAL_HEADER_BYTES,
@@ -32,7 +33,7 @@ use crate::commit::journal::{
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::io::Vfs;
-use crate::logs::group_log::{LoadReport, LogContext, LogState};
+use crate::logs::group_log::{LoadReport, LogState};
 use crate::logs::record;
 use crate::members::cursors::CursorTable;
 use crate::members::membership::GroupMembers;
@@ -213,7 +214,7 @@ pub(crate) struct Recovered {
 
 /// Rebuilds the in-memory state from disk and returns the journal to
 /// append to (a new file after every existing one).
-pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
+pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     let vfs = &*ctx.vfs;
     let data_dir = &ctx.config.data_dir;
     // Checked again under the lock (`Engine::open` checked before taking
@@ -496,7 +497,7 @@ pub(crate) fn recover(ctx: &LogContext) -> Result<Recovered> {
             replay_journal_seq: next.seq,
             replay_lsn: next.lsn,
             replay_round: next.round,
-            created_ms: crate::now_ms(),
+            created_ms: crate::clock::now_ms(),
             next_run_seq: on_disk.next_run_seq,
             clean: false,
             runs: Vec::new(),
@@ -588,7 +589,7 @@ fn later_than<'a>(
 /// with its unsynced bytes (`small_log::cut_past_journal_ends`): cut, and
 /// reported as a cut; the next checkpoint records the shorter list.
 fn cut_small_groups_past_journal_ends(
-    ctx: &LogContext,
+    ctx: &Context,
     catalog: &Catalog,
     ends: &[(u64, u64)],
     report: &mut RecoveryReport,
@@ -598,7 +599,7 @@ fn cut_small_groups_past_journal_ends(
     }
     for g in catalog.groups() {
         let mut ck = g.ckpt(&ctx.dirty);
-        if let Some(lost) = crate::logs::small_log::cut_past_journal_ends(ctx, g, ends) {
+        if let Some(lost) = crate::commit::small_log::cut_past_journal_ends(ctx, g, ends) {
             report.cuts.push((
                 format!("small group {}", g.id),
                 0,
@@ -621,7 +622,7 @@ fn cut_small_groups_past_journal_ends(
 /// first, checkpointer K3). Lowered, so that replay after the next crash
 /// applies the new frames of those numbers to the group instead of taking
 /// them for reflected.
-fn lower_applied_lsns(ctx: &LogContext, catalog: &Catalog, next_lsn: u64) {
+fn lower_applied_lsns(ctx: &Context, catalog: &Catalog, next_lsn: u64) {
     for g in catalog.groups() {
         let mut ck = g.ckpt(&ctx.dirty);
         if ck.applied_lsn() >= next_lsn {
@@ -701,11 +702,7 @@ fn check_journal_sequence(
 /// its recorded head: such a group got records after the checkpoint that
 /// the journal no longer holds. One open and one directory lookup per
 /// unloaded group; done only when the journal may have lost records.
-fn load_groups_whose_segments_lead(
-    ctx: &LogContext,
-    catalog: &Catalog,
-    report: &mut RecoveryReport,
-) {
+fn load_groups_whose_segments_lead(ctx: &Context, catalog: &Catalog, report: &mut RecoveryReport) {
     for group in catalog.groups() {
         let (state, lead) = match &*group.log.read() {
             LogSlot::Unloaded(state) => (state.clone(), segments_lead(ctx, group.id, state)),
@@ -745,7 +742,7 @@ fn load_groups_whose_segments_lead(
     }
 }
 
-fn segments_lead(ctx: &LogContext, group_id: u64, state: &LogState) -> bool {
+fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
     let Some(&(base, len)) = state.segments.last() else {
         return true; // loading reports the damage
     };
@@ -767,7 +764,7 @@ fn segments_lead(ctx: &LogContext, group_id: u64, state: &LogState) -> bool {
 /// manifest's runs yields. The runs hold what was accepted: no limit is
 /// applied again; a cursor is never above its group's head.
 fn restore_runs(
-    ctx: &LogContext,
+    ctx: &Context,
     catalog: &mut Catalog,
     cursors: &CursorTable,
     m: &Manifest,
@@ -798,9 +795,10 @@ fn restore_runs(
                         (Some(reason), _) => LogSlot::Damaged { state, reason },
                         // A small group: its records in the journal files.
                         (None, Some(small)) => {
-                            let list = crate::logs::small_log::from_record(&small, state.head)
+                            let list = small
+                                .extent_list(state.head)
                                 .map_err(|why| format!("group {}: {why}", rec.group))?;
-                            crate::logs::small_log::restore_live(ctx, &list);
+                            crate::commit::small_log::restore_live(ctx, &list);
                             LogSlot::Small(list)
                         }
                         // No segment: a group without record or file.
@@ -862,7 +860,7 @@ fn restore_runs(
 /// rewrite a stop cut short) is removed. Each is logged. A damaged group's
 /// files are evidence for `ctl repair` and are left alone, and so is a
 /// stray segment that holds records (loading the group adopts them).
-fn sweep_strays(ctx: &LogContext, catalog: &Catalog) -> Result<()> {
+fn sweep_strays(ctx: &Context, catalog: &Catalog) -> Result<()> {
     let vfs = &*ctx.vfs;
     let files = |id: u64| {
         let Some(g) = catalog.get(id) else {
@@ -1381,8 +1379,8 @@ fn damaged_header_with_frames(path: &Path, reason: &str) -> Error {
     }
 }
 
-fn ensure_loaded_reporting(ctx: &LogContext, group: &Group, report: &mut RecoveryReport) {
-    if let Some(load) = group.load_if_unloaded(ctx) {
+fn ensure_loaded_reporting(ctx: &Context, group: &Group, report: &mut RecoveryReport) {
+    if let Some(load) = group.load_if_unloaded(ctx, &ctx.dirty) {
         report_load(report, group.id, &load);
     }
 }

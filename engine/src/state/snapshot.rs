@@ -38,7 +38,7 @@ use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::io::{OpenMode, VfsFile};
 use crate::logs::extents::{FileId, FileKind};
-use crate::state::pins::{Held, Whereabouts};
+use crate::state::pins::{Held, Holds, Whereabouts};
 use crate::state::{manifest, run, Item};
 
 /// Where a snapshot stands.
@@ -72,6 +72,7 @@ enum Source {
 /// A snapshot under way (module doc). Dropping it ends the hold.
 pub struct Snapshot {
     shared: Arc<Shared>,
+    holds: Arc<Holds>,
     held: Held,
 }
 
@@ -88,15 +89,15 @@ pub struct SnapshotReader {
 const RENAME_WAITS_MAX: u32 = 5000;
 
 impl Snapshot {
-    pub(crate) fn begin(shared: Arc<Shared>) -> Result<Snapshot> {
-        let held = shared
-            .ctx
-            .holds
-            .hold()
-            .ok_or_else(|| Error::WritesStopped {
-                reason: "no stored checkpoint to snapshot yet".into(),
-            })?;
-        Ok(Snapshot { shared, held })
+    pub(crate) fn begin(shared: Arc<Shared>, holds: Arc<Holds>) -> Result<Snapshot> {
+        let held = holds.hold().ok_or_else(|| Error::WritesStopped {
+            reason: "no stored checkpoint to snapshot yet".into(),
+        })?;
+        Ok(Snapshot {
+            shared,
+            holds,
+            held,
+        })
     }
 
     pub fn info(&self) -> SnapshotInfo {
@@ -248,7 +249,7 @@ impl Snapshot {
                 Ok(Some(reader(path.clone(), file)))
             }
             Source::Segment { group, base } => {
-                let holds = &self.shared.ctx.holds;
+                let holds = &self.holds;
                 let name = crate::logs::segment::file_name(*base);
                 let in_place =
                     crate::logs::group_log::group_dir(self.data_dir(), *group).join(&name);
@@ -294,7 +295,7 @@ impl Snapshot {
 
 impl Drop for Snapshot {
     fn drop(&mut self) {
-        self.shared.ctx.holds.release(self.held.id);
+        self.holds.release(self.held.id);
     }
 }
 

@@ -17,7 +17,29 @@
 
 use std::ops::Range;
 
-use super::frame::FrameKind;
+/// What a frame carries (`frame.rs`). It is defined with the entries
+/// because each entry kind belongs to one ([`EntryKind::frame`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A commit round (or a cursor flush): replicated state, numbered by
+    /// `round_index`.
+    Round = 1,
+    /// Local decisions of this node, never shipped (`round_index` 0). No
+    /// entry kind of this version may be in one: a later version's Promote
+    /// will be.
+    Local = 2,
+}
+
+impl FrameKind {
+    pub(super) fn from_u8(b: u8) -> Option<FrameKind> {
+        match b {
+            1 => Some(FrameKind::Round),
+            2 => Some(FrameKind::Local),
+            _ => None,
+        }
+    }
+}
 
 /// Bytes of an entry header.
 pub const ENTRY_HEADER_BYTES: usize = 16;

@@ -34,8 +34,9 @@
 
 use std::ops::Range;
 
+pub use super::entry::FrameKind;
 use super::entry::{self, Entry, EntryIter, EntryKind};
-use super::JOURNAL_HEADER_BYTES;
+use super::header::JOURNAL_HEADER_BYTES;
 
 /// Bytes of a frame envelope.
 pub const ENVELOPE_BYTES: usize = 32;
@@ -43,29 +44,6 @@ pub const ENVELOPE_BYTES: usize = 32;
 pub const PAYLOAD_HEADER_BYTES: usize = 32;
 /// Envelope plus payload header: the bytes a frame adds to its entries.
 pub const FRAME_OVERHEAD_BYTES: usize = ENVELOPE_BYTES + PAYLOAD_HEADER_BYTES;
-
-/// What a frame carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum FrameKind {
-    /// A commit round (or a cursor flush): replicated state, numbered by
-    /// `round_index`.
-    Round = 1,
-    /// Local decisions of this node, never shipped (`round_index` 0). No
-    /// entry kind of this version may be in one: a later version's Promote
-    /// will be.
-    Local = 2,
-}
-
-impl FrameKind {
-    fn from_u8(b: u8) -> Option<FrameKind> {
-        match b {
-            1 => Some(FrameKind::Round),
-            2 => Some(FrameKind::Local),
-            _ => None,
-        }
-    }
-}
 
 /// A decoded envelope.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

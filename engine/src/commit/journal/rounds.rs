@@ -32,7 +32,7 @@ use std::path::Path;
 use parking_lot::Mutex;
 
 use super::frame::{self, FrameKind, ENVELOPE_BYTES};
-use super::{decode_header_of, journal_path, JOURNAL_HEADER_BYTES};
+use super::header::{decode_header_of, journal_path, JOURNAL_HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs, VfsFile};
 

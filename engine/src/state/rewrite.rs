@@ -25,7 +25,7 @@
 //! later checkpoint.
 //!
 //! Every copy writes the group's recalled messages in erased form
-//! (`erase_recalled`; storage.md section 3, "Erasure"), so a journal file
+//! (`Group::erase_recalled`; storage.md section 3, "Erasure"), so a journal file
 //! that held a recalled payload leaves it behind when it is deleted; the
 //! checkpointer keeps checkpoints coming until it is (`erase_journal_seq`,
 //! storage.md section 16 item 16). A small group's message recalled once
@@ -60,6 +60,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
+use crate::commit::context::Context;
 use crate::commit::journal::{self, EntryKind};
 use crate::error::Result;
 use crate::group::{Group, LogSlot};
@@ -180,7 +181,7 @@ impl Reclaimer {
     /// stays, and the next pass goes on.
     pub fn run(
         &mut self,
-        ctx: &LogContext,
+        ctx: &Context,
         catalog: &RwLock<Catalog>,
         replay_floor: u64,
     ) -> Result<ReclaimStats> {
@@ -238,7 +239,7 @@ impl Reclaimer {
     /// lists walked, and the victims' live bytes copied.
     fn erase_cold(
         &mut self,
-        ctx: &LogContext,
+        ctx: &Context,
         catalog: &RwLock<Catalog>,
         stats: &mut ReclaimStats,
     ) -> Result<()> {
@@ -313,9 +314,9 @@ impl Reclaimer {
             );
             log::error!("group {} is damaged: {reason}", l.group.id);
             // Under the checkpoint lock the applier holds while it uses
-            // the small slot (`small_log::apply_records`).
+            // the small slot (`apply.rs`, `small_records`).
             let _ck = l.group.ckpt(&ctx.dirty);
-            crate::logs::small_log::damage(ctx, &l.group, reason);
+            crate::commit::small_log::damage(ctx, &l.group, reason);
             ctx.erase_groups.lock().remove(&l.group.id);
         }
         for (g, ids) in groups {
@@ -346,7 +347,7 @@ impl Reclaimer {
     /// where it is and goes to `left` (the erasure pass acts on it).
     fn copy_out(
         &mut self,
-        ctx: &LogContext,
+        ctx: &Context,
         catalog: &RwLock<Catalog>,
         file: FileId,
         groups: BTreeSet<u64>,
@@ -401,7 +402,7 @@ impl Reclaimer {
     /// extents stay where they are).
     fn copy_run(
         &mut self,
-        ctx: &LogContext,
+        ctx: &Context,
         group: &Arc<Group>,
         run: &[Piece],
         floor: u64,
@@ -438,7 +439,7 @@ impl Reclaimer {
         }
         // Before the copy erases them: an install compares (`install`).
         let quiet = group.quiet_between(first_id, (first_id + u64::from(count)).saturating_sub(1));
-        if let Some((id, e)) = damaged_recalled(group, &records) {
+        if let Some((id, e)) = group.damaged_recalled(&records) {
             let why = format!(
                 "{}: recalled message {id} does not check out: {e}",
                 ctx.shared_files.path(run[0].ext.file()).display()
@@ -446,7 +447,7 @@ impl Reclaimer {
             log::warn!("group {}: records left in place: {why}", group.id);
             return Ok(Err(why));
         }
-        erase_recalled(group, &mut records);
+        group.erase_recalled(&mut records);
         // The copy (and a new cold file's header) must leave the
         // free-space reserve whole; else the pass ends and the next
         // checkpoint's tries again (`space.rs`).
@@ -506,7 +507,7 @@ impl Reclaimer {
     /// this pass or the next) compacts the new file.
     fn install(
         &mut self,
-        ctx: &LogContext,
+        ctx: &Context,
         copies: Vec<Copy>,
         stats: &mut ReclaimStats,
     ) -> Result<()> {
@@ -549,72 +550,6 @@ fn cold_file_of(list: &crate::logs::extents::ExtentList, id: u64) -> Option<File
         .find(|p| p.first_id <= id && id < p.end_id())
         .map(|p| p.ext.file())
         .filter(|f| f.kind() == FileKind::Cold)
-}
-
-/// Puts the recalled messages among `records` (the copy of a run of
-/// `group`'s records, ids rising) in erased form
-/// (`record::erase_in_place`; storage.md section 3, "Erasure"), so the
-/// copy holds none of their payload bytes. A recalled message is a message
-/// (kind 0) whose id is quiet; the ids come from the group's quiet list
-/// once per run (one lock, a binary search per record of the run's range).
-/// A run whose lengths do not walk is left as it is: the cold writer
-/// refuses it whole. Also used by a small group's promotion, which copies
-/// its records into its first segment (`small_log::promote`).
-pub(crate) fn erase_recalled(group: &Group, records: &mut [u8]) {
-    let walk = records_walk(records);
-    let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
-        return;
-    };
-    let quiet = group.quiet_between(first_id, last_id);
-    if quiet.is_empty() {
-        return;
-    }
-    for (id, at, len) in walk {
-        let rec = &mut records[at..at + len];
-        if record::peek_kind(rec) == record::KIND_MESSAGE
-            && !record::peek_erased(rec)
-            && quiet.binary_search(&id).is_ok()
-        {
-            record::erase_in_place(rec);
-        }
-    }
-}
-
-/// The first quiet record of `records` (a run of `group`'s records, ids
-/// rising: recalled messages among them) that does not check out, with
-/// why. Erasing a recalled message writes a new CRC over its header, which
-/// would make damage there look valid; so a copy leaves a run holding one
-/// where it is (`copy_run`), as the cold writer does a run with any
-/// record that fails.
-fn damaged_recalled(group: &Group, records: &[u8]) -> Option<(u64, record::RecordError)> {
-    let walk = records_walk(records);
-    let (Some(&(first_id, _, _)), Some(&(last_id, _, _))) = (walk.first(), walk.last()) else {
-        return None;
-    };
-    let quiet = group.quiet_between(first_id, last_id);
-    walk.into_iter()
-        .filter(|(id, _, _)| quiet.binary_search(id).is_ok())
-        .find_map(|(id, at, len)| {
-            record::decode_verified(&records[at..at + len], record::RECORD_BYTES_STORED_MAX)
-                .err()
-                .map(|e| (id, e))
-        })
-}
-
-/// `(msg_id, offset, len)` of each record of `bytes` while the lengths
-/// walk inside it (the bytes are checked whole later, by the cold writer).
-fn records_walk(bytes: &[u8]) -> Vec<(u64, usize, usize)> {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while let Some(len) = bytes.get(at..).and_then(record::peek_len) {
-        let end = match at.checked_add(len) {
-            Some(end) if len >= record::RECORD_HEADER_BYTES && end <= bytes.len() => end,
-            _ => break,
-        };
-        out.push((record::peek_msg_id(&bytes[at..]), at, len));
-        at = end;
-    }
-    out
 }
 
 /// `bytes` (a run of records) without its first `skip` records, or `None`

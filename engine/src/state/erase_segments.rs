@@ -1,7 +1,7 @@
 //! Erasure of recalled messages from large groups' segment files
 //! (format-spec/storage.md section 3, "Erasure"; section 16, item 16): the
 //! checkpointer's pass after each stored checkpoint, over the groups of
-//! `LogContext::erase_groups`.
+//! `Context::erase_groups`.
 //!
 //! Representation: each such group has an *erase list* (`Group::erase_ids`,
 //! GroupPut bit 6): the recalled messages whose payload a segment file may
@@ -19,7 +19,7 @@
 //! 2. Each *sealed* segment `(base, len)` holding a listed id is copied:
 //!    bytes `[0, len)` read with no lock (bytes below a sealed segment's
 //!    `len` never change, the same argument as `IndexJob::build`), the
-//!    recalled messages put in erased form (`rewrite::erase_recalled`,
+//!    recalled messages put in erased form (`Group::erase_recalled`,
 //!    same length), the copy written to `<base>.seg.erasing` and
 //!    fdatasynced, then renamed over the segment under the checkpoint lock
 //!    and `log.read` once the slot is seen to still hold that segment with
@@ -67,10 +67,10 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
+use crate::commit::context::Context;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::io::OpenMode;
-use crate::logs::group_log::LogContext;
 use crate::logs::segment::{self, SEGMENT_HEADER_BYTES};
 
 /// What one pass did (checkpoint counters, tests).
@@ -91,7 +91,7 @@ pub(crate) fn erasing_path(dir: &Path, base: u64) -> PathBuf {
 /// `load` queues the load of an unloaded group's log on the maintenance
 /// worker (it must not wait for it).
 pub(crate) fn run(
-    ctx: &LogContext,
+    ctx: &Context,
     catalog: &RwLock<Catalog>,
     load: &dyn Fn(&Arc<Group>),
 ) -> EraseStats {
@@ -113,7 +113,7 @@ pub(crate) fn run(
 }
 
 fn erase_group(
-    ctx: &LogContext,
+    ctx: &Context,
     g: &Arc<Group>,
     load: &dyn Fn(&Arc<Group>),
     stats: &mut EraseStats,
@@ -201,7 +201,7 @@ fn erase_group(
 /// erased durably (or is gone); `false`: it changed meanwhile, the next
 /// pass looks again.
 fn rewrite_segment(
-    ctx: &LogContext,
+    ctx: &Context,
     g: &Arc<Group>,
     dir: &Path,
     base: u64,
@@ -221,7 +221,7 @@ fn rewrite_segment(
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     }
     let before = bytes.clone();
-    crate::logs::rewrite::erase_recalled(g, &mut bytes[SEGMENT_HEADER_BYTES..]);
+    g.erase_recalled(&mut bytes[SEGMENT_HEADER_BYTES..]);
     if bytes == before {
         // Already erased (a rerun after a crash).
         return Ok(true);

@@ -24,14 +24,17 @@
 //! Lock order: `group.ckpt` -> `catalog` -> the group's other locks ->
 //! cursor-table shard -> the dirty list. Costs: O(1) per change (a flag
 //! test, at most one push per group and per membership per capture).
+//!
+//! The list is generic over what it lists (`Group`, `group.rs`), which
+//! keeps its word and lock and takes a [`CkptGuard`] through
+//! [`DirtyList::guard`]: the applier marks groups here and the
+//! checkpointer (`state/`) takes them, and this module imports neither.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
-use crate::group::Group;
+use parking_lot::{Mutex, MutexGuard};
 
 /// Users whose membership changed (join, leave) or whose cursor's
 /// checkpoint bit went up since the last capture (duplicates allowed).
@@ -50,18 +53,23 @@ const CAPTURED_ONCE: u64 = 1 << 63;
 /// lsn, below 2^62, and two flags) and a one-byte lock; the lists of
 /// changed users live in the [`DirtyList`]'s map by slot while non-empty.
 pub struct CkptGuard<'a> {
-    pub(crate) group: &'a Group,
-    pub(crate) dirty: &'a DirtyList,
-    pub(crate) _lock: parking_lot::MutexGuard<'a, ()>,
+    /// The group's word.
+    word: &'a AtomicU64,
+    /// The group's slot: the key of its changed users.
+    slot: u32,
+    /// The group's address, to check that a mark names this group.
+    owner: usize,
+    changed: &'a Mutex<HashMap<u32, Changed>>,
+    _lock: MutexGuard<'a, ()>,
 }
 
 impl CkptGuard<'_> {
     fn word(&self) -> u64 {
-        self.group.ckpt_word.load(Ordering::Relaxed)
+        self.word.load(Ordering::Relaxed)
     }
 
     fn set_word(&self, w: u64) {
-        self.group.ckpt_word.store(w, Ordering::Relaxed);
+        self.word.store(w, Ordering::Relaxed);
     }
 
     /// The lsn of the last journal frame whose entries for this group were
@@ -98,20 +106,19 @@ impl CkptGuard<'_> {
     }
 
     pub fn member_changed(&mut self, user: u64) {
-        let mut m = self.dirty.changed.lock();
-        m.entry(self.group.slot).or_default().members.push(user);
+        let mut m = self.changed.lock();
+        m.entry(self.slot).or_default().members.push(user);
     }
 
     pub fn cursor_moved(&mut self, user: u64) {
-        let mut m = self.dirty.changed.lock();
-        m.entry(self.group.slot).or_default().cursors.push(user);
+        let mut m = self.changed.lock();
+        m.entry(self.slot).or_default().cursors.push(user);
     }
 
     /// Whether `user`'s membership changed since the last capture.
     pub fn member_changed_since(&self, user: u64) -> bool {
-        let m = self.dirty.changed.lock();
-        m.get(&self.group.slot)
-            .is_some_and(|c| c.members.contains(&user))
+        let m = self.changed.lock();
+        m.get(&self.slot).is_some_and(|c| c.members.contains(&user))
     }
 
     pub fn take_members_changed(&mut self) -> Vec<u64> {
@@ -124,17 +131,17 @@ impl CkptGuard<'_> {
 
     /// Forgets the lists (the group is deleted; its slot may be reused).
     pub fn forget_changes(&mut self) {
-        self.dirty.changed.lock().remove(&self.group.slot);
+        self.changed.lock().remove(&self.slot);
     }
 
     fn take(&mut self, list: impl Fn(&mut Changed) -> &mut Vec<u64>) -> Vec<u64> {
-        let mut m = self.dirty.changed.lock();
-        let Some(c) = m.get_mut(&self.group.slot) else {
+        let mut m = self.changed.lock();
+        let Some(c) = m.get_mut(&self.slot) else {
             return Vec::new();
         };
         let v = std::mem::take(list(c));
         if c.members.is_empty() && c.cursors.is_empty() {
-            m.remove(&self.group.slot);
+            m.remove(&self.slot);
             // Given back after a capture of many groups.
             if m.is_empty() && m.capacity() > 1024 {
                 *m = HashMap::new();
@@ -144,47 +151,77 @@ impl CkptGuard<'_> {
     }
 }
 
-#[derive(Default)]
-struct Lists {
-    groups: Vec<Arc<Group>>,
+struct Lists<G> {
+    groups: Vec<Arc<G>>,
     deleted: Vec<u64>,
     damaged: Vec<u64>,
 }
 
+impl<G> Default for Lists<G> {
+    fn default() -> Self {
+        Lists {
+            groups: Vec::new(),
+            deleted: Vec::new(),
+            damaged: Vec::new(),
+        }
+    }
+}
+
 /// The groups that changed and the groups deleted since the last capture,
 /// and the changed users of each group by slot.
-#[derive(Default)]
-pub struct DirtyList {
-    lists: Mutex<Lists>,
+pub struct DirtyList<G> {
+    lists: Mutex<Lists<G>>,
     changed: Mutex<HashMap<u32, Changed>>,
 }
 
+impl<G> Default for DirtyList<G> {
+    fn default() -> Self {
+        DirtyList {
+            lists: Mutex::default(),
+            changed: Mutex::default(),
+        }
+    }
+}
+
 /// What one capture takes.
-#[derive(Default)]
-pub struct Taken {
-    pub groups: Vec<Arc<Group>>,
+pub struct Taken<G> {
+    pub groups: Vec<Arc<G>>,
     pub deleted: Vec<u64>,
     /// Groups found damaged when first loaded (no entry changed them).
     pub damaged: Vec<u64>,
 }
 
-impl DirtyList {
+impl<G> DirtyList<G> {
+    /// The checkpoint state of `group`, whose word, slot and held `ckpt`
+    /// lock these are.
+    pub fn guard<'a>(
+        &'a self,
+        group: &'a G,
+        word: &'a AtomicU64,
+        slot: u32,
+        lock: MutexGuard<'a, ()>,
+    ) -> CkptGuard<'a> {
+        CkptGuard {
+            word,
+            slot,
+            owner: group as *const G as usize,
+            changed: &self.changed,
+            _lock: lock,
+        }
+    }
+
     /// Puts `group` on the list unless it is there; `st` is its locked
     /// `ckpt` state.
-    pub fn mark(&self, group: &Arc<Group>, st: &mut CkptGuard<'_>) {
-        debug_assert!(std::ptr::eq(&**group, st.group));
+    pub fn mark(&self, group: &Arc<G>, st: &mut CkptGuard<'_>) {
+        debug_assert_eq!(
+            Arc::as_ptr(group) as usize,
+            st.owner,
+            "the guard of another group"
+        );
         if !st.is_dirty() {
             st.set_dirty();
             self.lists.lock().groups.push(group.clone());
         }
-    }
-
-    /// A queued cursor move of `user` in `group` (its checkpoint bit went
-    /// up): takes the group's `ckpt` lock.
-    pub fn cursor_moved(&self, group: &Arc<Group>, user: u64) {
-        let mut st = group.ckpt(self);
-        st.cursor_moved(user);
-        self.mark(group, &mut st);
     }
 
     /// A group was deleted: its next capture writes a tombstone.
@@ -210,7 +247,7 @@ impl DirtyList {
     }
 
     /// Takes both lists (checkpoint step K1): O(1).
-    pub fn take(&self) -> Taken {
+    pub fn take(&self) -> Taken<G> {
         let mut l = self.lists.lock();
         Taken {
             groups: std::mem::take(&mut l.groups),
@@ -221,7 +258,7 @@ impl DirtyList {
 
     /// Puts groups a capture could not take back on the list (their flags
     /// are still set).
-    pub fn put_back(&self, groups: Vec<Arc<Group>>) {
+    pub fn put_back(&self, groups: Vec<Arc<G>>) {
         self.lists.lock().groups.extend(groups);
     }
 }
@@ -229,11 +266,11 @@ impl DirtyList {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::group::LogSlot;
+    use crate::group::{Group, LogSlot};
 
     #[test]
     fn the_lists_live_only_while_a_group_has_changes() {
-        let dirty = DirtyList::default();
+        let dirty = DirtyList::<Group>::default();
         let g = Arc::new(Group::new(5, 3, LogSlot::damaged("x".into())));
         let mut st = g.ckpt(&dirty);
         st.member_changed(3);
