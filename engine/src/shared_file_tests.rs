@@ -18,7 +18,7 @@ use crate::{AppendRequest, Change, ChangeRequest, Config, Engine, Error};
 
 /// Small groups up to 1,500 bytes, journal and cold files of `file_bytes`,
 /// checkpoints only on request.
-fn config(dir: &Path, file_bytes: u64) -> Config {
+pub(crate) fn config(dir: &Path, file_bytes: u64) -> Config {
     let mut c = small_config(dir);
     c.small_group_bytes_max = 1500;
     c.journal_file_bytes = file_bytes;
@@ -75,7 +75,7 @@ fn payloads(e: &Engine, g: u64) -> crate::Result<Vec<Vec<u8>>> {
 /// A directory where group 11's five records are in cold file 1, named by
 /// the manifest in force, and group 21's five records (same lengths) in
 /// the journal; closed.
-fn group_11_in_a_cold_file(dir: &Path) {
+pub(crate) fn group_11_in_a_cold_file(dir: &Path) {
     let e = Engine::open(config(dir, 4096)).unwrap();
     for g in [2, 11, 21] {
         e.create_group(g).unwrap();
@@ -182,7 +182,7 @@ fn group_11_past_the_first_page(e: &Engine) {
     e.append_batch(&reqs).unwrap();
 }
 
-fn cut(path: &Path, len: u64) {
+pub(crate) fn cut(path: &Path, len: u64) {
     std::fs::OpenOptions::new()
         .write(true)
         .open(path)

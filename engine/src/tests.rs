@@ -51,7 +51,8 @@ pub(crate) fn assert_dense_and_exact(e: &Engine, group: u64, count: u64) {
     assert_eq!(e.head(group).unwrap(), count);
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
+/// Copies a data directory (without its lock file).
+pub(crate) fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for entry in std::fs::read_dir(src).unwrap() {
         let entry = entry.unwrap();

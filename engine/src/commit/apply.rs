@@ -356,6 +356,9 @@ fn records_into_slot(
     // kept); a group cannot be unloaded here, nor deleted before its
     // DeleteGroup entry.
     let LogSlot::Loaded(log) = &mut *slot else {
+        if let LogSlot::Damaged { state, .. } = &mut *slot {
+            keep_skipped_ids(group, state, run);
+        }
         return Ok(done);
     };
     if mode != Mode::Live && body::decode_records(run).is_none() {
@@ -401,6 +404,23 @@ fn records_into_slot(
         advance_caught_up_senders(st.cursors, group, &mut ck, run);
     }
     Ok(done)
+}
+
+/// A damaged group skips a Records entry (replay applies none to it), but
+/// the entry's ids were given out: its head moves over them. So a read
+/// after its old head answers `GroupDamaged`, not "nothing new"; the
+/// checkpoint records a head at or above every quiet id the entry's
+/// changes added (a record its reader accepts, storage.md section 6.1);
+/// and repair makes them gap records (`offline/repair.rs`), never ids given
+/// again. Only a valid body (records verified, ids consecutive) moves it.
+fn keep_skipped_ids(group: &Group, state: &mut crate::logs::group_log::LogState, run: &[u8]) {
+    if let Some((first, count)) = body::decode_records(run) {
+        let last = first.saturating_add(count - 1);
+        if last > state.head {
+            state.head = last;
+            group.publish_head(last);
+        }
+    }
 }
 
 /// Number of whole records at the front of `buf`.

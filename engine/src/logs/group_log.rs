@@ -1057,9 +1057,27 @@ impl GroupLog {
     /// first use), the tail attached if it is the active segment.
     fn view(&self, ctx: &LogContext, i: usize, scan: Scan) -> Result<Scanned<SegView<'_>>> {
         let meta = &self.segments[i];
-        let seg = ctx.cache.get(&*ctx.vfs, self.group_id, meta.base_id, || {
-            self.segment_path(meta.base_id)
-        })?;
+        let seg = ctx
+            .cache
+            .get(&*ctx.vfs, self.group_id, meta.base_id, || {
+                self.segment_path(meta.base_id)
+            })
+            .map_err(|e| match e {
+                // A file the log names, deleted outside the node: damage,
+                // like a cut one (`io::check_mapped_len`), not an I/O error.
+                Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                    Error::GroupDamaged {
+                        group: self.group_id,
+                        reason: format!(
+                            "{}: file is missing but the log holds {} bytes in it (deleted \
+                             outside the node)",
+                            self.segment_path(meta.base_id).display(),
+                            meta.len
+                        ),
+                    }
+                }
+                other => other,
+            })?;
         // The active segment's last records may still be in the tail:
         // positions from `file_end` on are in `self.tail`.
         let tail: &[u8] = if i + 1 == self.segments.len() {

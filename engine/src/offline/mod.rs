@@ -25,6 +25,8 @@
 //! Invariant: nothing in this subsystem writes to the directory except
 //! [`DataDir::repair`], and it only writes what a plan it was given says.
 
+#[cfg(test)]
+mod damage_table_tests;
 pub(crate) mod repair;
 #[cfg(test)]
 mod tests;

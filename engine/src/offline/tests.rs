@@ -56,7 +56,7 @@ fn read_all(e: &Engine, g: u64) -> Vec<(u64, u8, Vec<u8>)> {
     }
 }
 
-fn segments(dir: &Path, g: u64) -> Vec<(u64, PathBuf)> {
+pub(super) fn segments(dir: &Path, g: u64) -> Vec<(u64, PathBuf)> {
     let d = DataDir::open(dir).unwrap();
     let info = d.inspect().unwrap();
     let gi = info.groups.iter().find(|x| x.id == g).unwrap();
@@ -66,7 +66,7 @@ fn segments(dir: &Path, g: u64) -> Vec<(u64, PathBuf)> {
         .collect()
 }
 
-fn flip(path: &Path, at: u64) {
+pub(super) fn flip(path: &Path, at: u64) {
     let mut b = std::fs::read(path).unwrap();
     b[at as usize] ^= 0x5a;
     std::fs::write(path, b).unwrap();

@@ -108,7 +108,7 @@ pub(crate) fn parse_part_file_name(name: &str) -> Option<(u64, u32)> {
 
 /// Appends the item's bytes; `prev` is the key of the previous item of the
 /// block (`None` for the first).
-pub(super) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
+pub(crate) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
     let key = item.key();
     let kind = match item {
         Item::GroupPut(_) => KIND_GROUP_PUT,
