@@ -96,6 +96,13 @@ pub struct EngineStats {
     pub journal_syncs: u64,
     /// Checkpoints stored since open.
     pub checkpoints: u64,
+    /// Checkpoints that failed since open (put off for want of space, or
+    /// an I/O error that stopped writes).
+    pub checkpoints_failed: u64,
+    /// When the last checkpoint was stored, and when the last one failed,
+    /// in ms since the Unix epoch; 0 if none was since open.
+    pub last_checkpoint_unix_ms: u64,
+    pub last_checkpoint_failed_unix_ms: u64,
     pub checkpoint_syncs: u64,
     /// Bytes checkpoints wrote (run parts, delta and merged, and
     /// manifests), and the most one checkpoint wrote.
@@ -1038,6 +1045,11 @@ impl Engine {
             round_records_max: c.round_records_max.load(Ordering::Relaxed),
             journal_syncs: c.journal_syncs.load(Ordering::Relaxed),
             checkpoints: c.checkpoints.load(Ordering::Relaxed),
+            checkpoints_failed: c.checkpoints_failed.load(Ordering::Relaxed),
+            last_checkpoint_unix_ms: c.last_checkpoint_unix_ms.load(Ordering::Relaxed),
+            last_checkpoint_failed_unix_ms: c
+                .last_checkpoint_failed_unix_ms
+                .load(Ordering::Relaxed),
             checkpoint_syncs: c.checkpoint_syncs.load(Ordering::Relaxed),
             checkpoint_bytes: c.checkpoint_bytes.load(Ordering::Relaxed),
             checkpoint_bytes_max: c.checkpoint_bytes_max.load(Ordering::Relaxed),

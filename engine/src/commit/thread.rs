@@ -130,6 +130,12 @@ pub(crate) struct Counters {
     pub round_records_max: AtomicU64,
     pub journal_syncs: AtomicU64,
     pub checkpoints: AtomicU64,
+    /// Checkpoints that ended in an error, and when the last one stored
+    /// and the last one failed (ms since the Unix epoch, 0: none yet):
+    /// written by the checkpointer thread once per checkpoint.
+    pub checkpoints_failed: AtomicU64,
+    pub last_checkpoint_unix_ms: AtomicU64,
+    pub last_checkpoint_failed_unix_ms: AtomicU64,
     pub checkpoint_syncs: AtomicU64,
     /// Bytes of checkpoint files written, and the largest one: with
     /// `journal_bytes`, what a checkpoint costs per byte of work.
@@ -151,6 +157,23 @@ pub(crate) struct Counters {
     /// Group logs the maintenance worker loaded.
     pub group_loads: AtomicU64,
     pub retention_groups_planned: AtomicU64,
+}
+
+impl Counters {
+    /// Notes a checkpoint's outcome and its time (`EngineStats`): stored,
+    /// or failed at its capture (commit thread) or while it was written
+    /// (checkpointer). What an operator alerts on when checkpoints stop
+    /// being stored.
+    pub fn checkpoint_ended(&self, stored: bool) {
+        let now = crate::clock::now_ms();
+        if stored {
+            self.last_checkpoint_unix_ms.store(now, Ordering::Relaxed);
+        } else {
+            self.checkpoints_failed.fetch_add(1, Ordering::Relaxed);
+            self.last_checkpoint_failed_unix_ms
+                .store(now, Ordering::Relaxed);
+        }
+    }
 }
 
 /// One entry of a round's frame: where it lies in the frame, and the
@@ -594,6 +617,7 @@ impl Committer {
     /// A step of a capture (its cursor round, its roll) failed: a full disk
     /// puts the capture off, any other failure stops writes.
     fn capture_step_failed(&mut self, e: &Error) {
+        self.shared.counters.checkpoint_ended(false);
         if matches!(e, Error::NoSpace { .. }) {
             self.capture_put_off(e);
         } else {

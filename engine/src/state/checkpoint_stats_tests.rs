@@ -70,3 +70,56 @@ fn checkpoint_and_journal_bytes_count_what_was_written() {
     assert!(s3.journal_bytes > s2.journal_bytes);
     assert!(s3.checkpoint_ms_max <= s3.checkpoint_ms_total);
 }
+
+/// Each checkpoint's outcome is counted with its time: a stored one sets
+/// `last_checkpoint_unix_ms`, a failed one (here a sync that fails, which
+/// also stops writes) counts in `checkpoints_failed` and sets
+/// `last_checkpoint_failed_unix_ms` (whether its capture or its writing
+/// failed); neither touches the other's figures.
+#[test]
+fn a_checkpoints_outcome_and_time_are_counted() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let now_ms = crate::clock::now_ms;
+    let dir = tempfile::tempdir().unwrap();
+    let vfs = crate::io::FaultyVfs::new();
+    let control = vfs.control.clone();
+    // No journal syncs for the rounds: the syncs that fail are the
+    // checkpoint's (its capture's journal roll, its files).
+    let mut config = Config::new(dir.path());
+    config.fsync = FsyncPolicy::Never;
+    let e = Engine::open_with_vfs(config, Arc::new(vfs)).unwrap();
+    let s0 = e.stats();
+    assert_eq!(
+        (
+            s0.checkpoints_failed,
+            s0.last_checkpoint_unix_ms,
+            s0.last_checkpoint_failed_unix_ms
+        ),
+        (0, 0, 0),
+        "nothing since open"
+    );
+
+    let before = now_ms();
+    e.create_group(1).unwrap();
+    e.checkpoint().unwrap();
+    let s1 = e.stats();
+    assert_eq!(s1.checkpoints, s0.checkpoints + 1);
+    assert!((before..=now_ms()).contains(&s1.last_checkpoint_unix_ms));
+    assert_eq!(
+        (s1.checkpoints_failed, s1.last_checkpoint_failed_unix_ms),
+        (0, 0)
+    );
+
+    e.create_group(2).unwrap();
+    control.fail_syncs.store(true, Ordering::SeqCst);
+    let before = now_ms();
+    assert!(e.checkpoint().is_err());
+    control.fail_syncs.store(false, Ordering::SeqCst);
+    let s2 = e.stats();
+    assert_eq!(s2.checkpoints, s1.checkpoints, "not stored");
+    assert_eq!(s2.checkpoints_failed, 1);
+    assert!((before..=now_ms()).contains(&s2.last_checkpoint_failed_unix_ms));
+    assert_eq!(s2.last_checkpoint_unix_ms, s1.last_checkpoint_unix_ms);
+}

@@ -423,6 +423,7 @@ impl Checkpointer {
                 Some(job) => {
                     let round = job.round;
                     let outcome = self.checkpoint(job);
+                    self.shared.counters.checkpoint_ended(outcome.is_ok());
                     let co = &self.shared.ckpt;
                     let mut st = co.status.lock();
                     st.busy = false;

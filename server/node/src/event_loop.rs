@@ -50,7 +50,7 @@ use crate::handlers::{self, Action, Ctx, LongPoll, Parked, Report};
 use crate::host::HostFigures;
 use crate::log_limit::{EventKind, LogLimiter};
 use crate::long_poll::{LongPolls, PollKey};
-use crate::metrics::{MetricsServer, Published};
+use crate::metrics::{MetricsServer, Published, Scrape};
 use crate::outgoing::{self, Outgoing};
 use crate::receipts::Receipts;
 use crate::slowlog::{SlowLog, Summary};
@@ -196,6 +196,14 @@ pub struct EventLoop {
     changes: Arc<Mutex<Vec<AnsweredChange>>>,
 }
 
+/// Wall-clock ms since the Unix epoch (0 if the clock is before it): the
+/// times STATS reports (`server.started_unix_ms`, `backup.last_*`).
+fn unix_ms_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Holds one descriptor number for `EventLoop::spare_fd`.
 fn open_spare_fd() -> Option<std::fs::File> {
     std::fs::File::open("/dev/null").ok()
@@ -281,9 +289,7 @@ impl EventLoop {
             published: Arc::default(),
             info: Vec::new(),
             started: Instant::now(),
-            started_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            started_unix_ms: unix_ms_now(),
             config,
             backups: Vec::new(),
             changes: Arc::default(),
@@ -359,8 +365,10 @@ impl EventLoop {
                 log::warn!("{n} similar events suppressed: {}", kind.name());
             }
             if self.published.take_wanted() {
-                let figures = self.figures();
-                self.published.publish(figures);
+                self.published.publish(Scrape {
+                    figures: self.figures(),
+                    durations: self.stats.durations(),
+                });
             }
             self.flush_receipts(now);
             self.shed_output();
@@ -976,7 +984,10 @@ impl EventLoop {
             self.waker.clone(),
         ) {
             Ok(stream) => self.backups.push(stream),
-            Err(out) => self.respond(conn, op, args, started, out),
+            Err(out) => {
+                self.stats.backup_ended(false, unix_ms_now());
+                self.respond(conn, op, args, started, out)
+            }
         }
     }
 
@@ -1001,6 +1012,7 @@ impl EventLoop {
                         conn.index,
                         backup::STALL_MAX
                     );
+                    self.stats.backup_ended(false, unix_ms_now());
                     self.backups.swap_remove(i);
                     if let Some(slot) = self.slot_mut(conn) {
                         slot.conn.drop_output();
@@ -1011,6 +1023,8 @@ impl EventLoop {
             }
             loop {
                 let Some(slot) = self.slot_mut(conn) else {
+                    // The client went away before the end.
+                    self.stats.backup_ended(false, unix_ms_now());
                     over = true;
                     break;
                 };
@@ -1027,6 +1041,7 @@ impl EventLoop {
                         if let Some(code) = error {
                             self.stats.error(code);
                         }
+                        self.stats.backup_ended(error.is_none(), unix_ms_now());
                         self.send(conn, backup::outgoing(request_id, frame, error));
                         over = true;
                     }
@@ -1039,6 +1054,7 @@ impl EventLoop {
                             "the backup thread ended without finishing",
                         );
                         self.stats.error(ErrorCode::Internal);
+                        self.stats.backup_ended(false, unix_ms_now());
                         self.send(conn, out);
                         over = true;
                     }

@@ -37,6 +37,9 @@
 //! - `host`: the background refresher of disk and memory figures;
 //! - `metrics`: `--metrics-listen`, the figures in the Prometheus text
 //!   format over HTTP on their own thread;
+//! - `durations`: request durations in the fixed buckets of the
+//!   `/metrics` histogram;
+//! - `process`: the standard `process_*` series, read from `/proc`;
 //! - `receipts`: who gets receipts, what moved since the last flush, the
 //!   RECEIPT and RECEIPT_COUNTS frames;
 //! - `backup`: BACKUP, a snapshot of the engine streamed by a backup
@@ -48,6 +51,7 @@ mod conn_id;
 mod connection;
 #[cfg(test)]
 mod cursor_hold_tests;
+mod durations;
 mod event_loop;
 mod handlers;
 mod host;
@@ -55,6 +59,7 @@ mod log_limit;
 mod long_poll;
 mod metrics;
 mod outgoing;
+mod process;
 mod receipts;
 mod shards;
 mod slowlog;
@@ -67,7 +72,7 @@ pub use config::{
     INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES, READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, serve_engine, Shutdown};
-pub use metrics::{prometheus_series, stat_kind};
+pub use metrics::{prometheus_series, served_as, stat_kind};
 pub use receipts::RECENT_SENDS_MAX;
 pub use shards::{ClusterShards, SetMembers, WrongSet};
 pub use stats::parse_raft_figures;

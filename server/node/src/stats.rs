@@ -24,6 +24,7 @@ use tidemark_engine::{Engine, FsyncPolicy};
 use crate::config::{
     Limits, NodeConfig, RaftFigures, RaftPeerFigures, RAFT_PROGRESS_STATES, RAFT_ROLES,
 };
+use crate::durations::Durations;
 use crate::host::HostFigures;
 use crate::slowlog::SlowLog;
 use tidemark_protocol::{ErrorCode, Opcode};
@@ -35,16 +36,18 @@ pub enum StatKind {
     Gauge,
 }
 
-/// How a figure's Prometheus series is named (`metrics.rs`,
-/// format-spec/protocol.md 4.4.2).
+/// How a figure is served at `/metrics` (`metrics.rs`,
+/// format-spec/metrics.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Naming {
-    /// `tidemark_` and the STATS name with `.` made `_`, the value as is
-    /// (the names from before the `raft.*` ones).
-    AsStats,
-    /// As [`Naming::AsStats`], then Prometheus's conventions: a counter's
-    /// name ends `_total`; a figure in `_ms` is served in `_seconds`.
+pub enum Metric {
+    /// A series named by Prometheus's conventions from the STATS name
+    /// (`metrics.rs`): base units, `_total` on counters.
     Conventional,
+    /// A series of this name (where the conventional one would mislead).
+    Renamed(&'static str),
+    /// Not a series of its own: the figure is served by this standard
+    /// series (so no figure is served twice).
+    ServedAs(&'static str),
 }
 
 /// One documented STATS name. In `name`, `{op}` stands for every request
@@ -58,7 +61,7 @@ pub struct StatName {
     pub name: &'static str,
     pub kind: StatKind,
     pub unit: &'static str,
-    pub naming: Naming,
+    pub metric: Metric,
 }
 
 #[cfg(test)]
@@ -80,19 +83,27 @@ const fn stat(name: &'static str, kind: StatKind, unit: &'static str) -> StatNam
         name,
         kind,
         unit,
-        naming: Naming::AsStats,
+        metric: Metric::Conventional,
     }
 }
 
-/// A name whose metric follows Prometheus's conventions ([`Naming`]).
-const fn conventional(name: &'static str, kind: StatKind, unit: &'static str) -> StatName {
+/// A name whose figure `/metrics` serves as `metric` ([`Metric`]).
+const fn served(
+    name: &'static str,
+    kind: StatKind,
+    unit: &'static str,
+    metric: Metric,
+) -> StatName {
     StatName {
         name,
         kind,
         unit,
-        naming: Naming::Conventional,
+        metric,
     }
 }
+
+/// The `/metrics` histogram that serves the latency quantiles.
+const DURATIONS: Metric = Metric::ServedAs(crate::metrics::REQUEST_DURATION);
 
 use StatKind::{Counter, Gauge};
 
@@ -164,8 +175,13 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.open_segments_max", Gauge, "files"),
     stat("limits.segment_bytes_max", Gauge, "bytes"),
     stat("requests.{op}", Counter, "requests"),
-    stat("latency.{op}.{q}_us", Gauge, "us"),
-    stat("server.uptime_ms", Counter, "ms"),
+    served("latency.{op}.{q}_us", Gauge, "us", DURATIONS),
+    served(
+        "server.uptime_ms",
+        Counter,
+        "ms",
+        Metric::ServedAs("process_start_time_seconds"),
+    ),
     stat("server.pid", Gauge, "id"),
     stat("server.started_unix_ms", Gauge, "ms"),
     stat("server.stats_omitted", Gauge, "names"),
@@ -177,11 +193,26 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("storage.disk_bytes_used", Gauge, "bytes"),
     stat("storage.journal_bytes", Gauge, "bytes"),
     stat("storage.disk_bytes_free", Gauge, "bytes"),
-    stat("storage.disk_bytes_total", Gauge, "bytes"),
+    served(
+        "storage.disk_bytes_total",
+        Gauge,
+        "bytes",
+        Metric::Renamed("tidemark_storage_disk_size_bytes"),
+    ),
     stat("storage.disk_scan_ms", Gauge, "ms"),
     stat("storage.disk_scan_age_ms", Gauge, "ms"),
-    stat("memory.resident_bytes", Gauge, "bytes"),
-    stat("memory.virtual_bytes", Gauge, "bytes"),
+    served(
+        "memory.resident_bytes",
+        Gauge,
+        "bytes",
+        Metric::ServedAs("process_resident_memory_bytes"),
+    ),
+    served(
+        "memory.virtual_bytes",
+        Gauge,
+        "bytes",
+        Metric::ServedAs("process_virtual_memory_bytes"),
+    ),
     stat("errors.{code}", Counter, "frames"),
     stat("slowlog.entries", Gauge, "entries"),
     stat("slowlog.recorded", Counter, "requests"),
@@ -190,29 +221,36 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("limits.slowlog_entries_max", Gauge, "entries"),
     stat("server.cluster_map_epoch", Gauge, "epoch"),
     stat("server.cluster_node_id", Gauge, "id"),
-    stat("latency.{op}.{q}_ns", Gauge, "ns"),
-    conventional("raft.role.{role}", Gauge, "flag"),
-    conventional("raft.term", Gauge, "term"),
-    conventional("raft.leader_id", Gauge, "id"),
-    conventional("raft.commit_index", Gauge, "index"),
-    conventional("raft.applied_index", Gauge, "index"),
-    conventional("raft.last_index", Gauge, "index"),
-    conventional("raft.elections_started", Counter, "elections"),
-    conventional("raft.elections_won", Counter, "elections"),
-    conventional("raft.leader_changes", Counter, "leaders"),
-    conventional("raft.proposals_refused", Counter, "proposals"),
-    conventional("raft.snapshot_sends_started", Counter, "snapshots"),
-    conventional("raft.snapshot_sends_finished", Counter, "snapshots"),
-    conventional("raft.snapshot_sends_failed", Counter, "snapshots"),
-    conventional("raft.snapshots_installed", Counter, "snapshots"),
-    conventional("raft.peer_{peer}.voter", Gauge, "flag"),
-    conventional("raft.peer_{peer}.match_index", Gauge, "index"),
-    conventional("raft.peer_{peer}.next_index", Gauge, "index"),
-    conventional("raft.peer_{peer}.lag_entries", Gauge, "entries"),
-    conventional("raft.peer_{peer}.lag_bytes", Gauge, "bytes"),
-    conventional("raft.peer_{peer}.last_contact_ms", Gauge, "ms"),
-    conventional("raft.peer_{peer}.snapshot_sending", Gauge, "flag"),
-    conventional("raft.peer_{peer}.progress.{state}", Gauge, "flag"),
+    served("latency.{op}.{q}_ns", Gauge, "ns", DURATIONS),
+    stat("raft.role.{role}", Gauge, "flag"),
+    stat("raft.term", Gauge, "term"),
+    stat("raft.leader_id", Gauge, "id"),
+    stat("raft.commit_index", Gauge, "index"),
+    stat("raft.applied_index", Gauge, "index"),
+    stat("raft.last_index", Gauge, "index"),
+    stat("raft.elections_started", Counter, "elections"),
+    stat("raft.elections_won", Counter, "elections"),
+    stat("raft.leader_changes", Counter, "leaders"),
+    stat("raft.proposals_refused", Counter, "proposals"),
+    stat("raft.snapshot_sends_started", Counter, "snapshots"),
+    stat("raft.snapshot_sends_finished", Counter, "snapshots"),
+    stat("raft.snapshot_sends_failed", Counter, "snapshots"),
+    stat("raft.snapshots_installed", Counter, "snapshots"),
+    stat("raft.peer_{peer}.voter", Gauge, "flag"),
+    stat("raft.peer_{peer}.match_index", Gauge, "index"),
+    stat("raft.peer_{peer}.next_index", Gauge, "index"),
+    stat("raft.peer_{peer}.lag_entries", Gauge, "entries"),
+    stat("raft.peer_{peer}.lag_bytes", Gauge, "bytes"),
+    stat("raft.peer_{peer}.last_contact_ms", Gauge, "ms"),
+    stat("raft.peer_{peer}.snapshot_sending", Gauge, "flag"),
+    stat("raft.peer_{peer}.progress.{state}", Gauge, "flag"),
+    stat("engine.checkpoints_failed", Counter, "checkpoints"),
+    stat("engine.last_checkpoint_unix_ms", Gauge, "ms"),
+    stat("engine.last_checkpoint_failed_unix_ms", Gauge, "ms"),
+    stat("backup.streams_finished", Counter, "backups"),
+    stat("backup.streams_failed", Counter, "backups"),
+    stat("backup.last_finished_unix_ms", Gauge, "ms"),
+    stat("backup.last_failed_unix_ms", Gauge, "ms"),
 ];
 
 #[cfg(test)]
@@ -378,11 +416,27 @@ pub struct Stats {
     /// Requests that waited in the input buffer for the engine's
     /// maintenance worker (their group's first use since open).
     pub requests_waited_for_load: u64,
+    /// BACKUP streams that ended with their BACKUP response, and those
+    /// that did not (an error, the client gone or stalled), with the Unix
+    /// ms of the last of each (0: none yet).
+    backups_finished: u64,
+    backups_failed: u64,
+    last_backup_finished_unix_ms: u64,
+    last_backup_failed_unix_ms: u64,
     requests: BTreeMap<&'static str, u64>,
-    /// Per opcode, in nanoseconds.
-    latency: BTreeMap<&'static str, Histogram<u64>>,
+    /// Per opcode.
+    latency: BTreeMap<&'static str, OpLatency>,
     /// ERROR frames by code, in [`ErrorCode::ALL`] order.
     errors_by_code: [u64; ErrorCode::ALL.len()],
+}
+
+/// One opcode's request durations, recorded twice from one measurement:
+/// the HDR histogram gives STATS' quantiles, the fixed buckets
+/// `/metrics`' histogram (`durations.rs` says why both).
+struct OpLatency {
+    /// In nanoseconds, 3 significant digits.
+    quantiles: Histogram<u64>,
+    buckets: Durations,
 }
 
 /// What a report reads besides the loop's own counters.
@@ -451,17 +505,42 @@ impl Stats {
     }
 
     /// Records the time from handling a request to queueing its response,
-    /// to the nanosecond (3 significant digits).
+    /// to the nanosecond: in the HDR histogram (3 significant digits) and
+    /// in the fixed buckets. O(1).
     pub fn latency(&mut self, op: Opcode, elapsed: Duration) {
-        let h = self
+        let l = self
             .latency
             .entry(op_name(op))
-            // Invariant: constant, valid bounds (1 ns .. 1 h, 3 significant digits).
-            .or_insert_with(|| {
-                Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-                    .expect("invariant: valid bounds")
+            .or_insert_with(|| OpLatency {
+                // Invariant: constant, valid bounds (1 ns .. 1 h, 3 significant digits).
+                quantiles: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                    .expect("invariant: valid bounds"),
+                buckets: Durations::default(),
             });
-        h.saturating_record(elapsed.as_nanos().max(1) as u64);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
+        l.quantiles.saturating_record(ns);
+        l.buckets.observe(ns);
+    }
+
+    /// Each answered opcode's request durations in the fixed buckets, for
+    /// `/metrics`: O(opcodes).
+    pub fn durations(&self) -> Vec<(&'static str, Durations)> {
+        self.latency
+            .iter()
+            .map(|(op, l)| (*op, l.buckets))
+            .collect()
+    }
+
+    /// Counts a BACKUP stream that ended, `finished` with its BACKUP
+    /// response or not, at `unix_ms` (`backup.*`).
+    pub fn backup_ended(&mut self, finished: bool, unix_ms: u64) {
+        if finished {
+            self.backups_finished += 1;
+            self.last_backup_finished_unix_ms = unix_ms;
+        } else {
+            self.backups_failed += 1;
+            self.last_backup_failed_unix_ms = unix_ms;
+        }
     }
 
     /// Counts an ERROR frame with this code (`net.errors`, `errors.{code}`).
@@ -651,7 +730,8 @@ impl Stats {
         for (op, count) in &self.requests {
             out.push((format!("requests.{op}"), *count));
         }
-        for (op, h) in &self.latency {
+        for (op, l) in &self.latency {
+            let h = &l.quantiles;
             for (label, q) in LATENCY_FIGURES {
                 let ns = q.map_or_else(|| h.max(), |q| h.value_at_quantile(q));
                 // Microseconds rounded up: a request is never reported as
@@ -663,6 +743,27 @@ impl Stats {
         if let Some(raft) = src.raft {
             raft_report(raft, &mut out);
         }
+        out.extend([
+            ("engine.checkpoints_failed".into(), e.checkpoints_failed),
+            (
+                "engine.last_checkpoint_unix_ms".into(),
+                e.last_checkpoint_unix_ms,
+            ),
+            (
+                "engine.last_checkpoint_failed_unix_ms".into(),
+                e.last_checkpoint_failed_unix_ms,
+            ),
+            ("backup.streams_finished".into(), self.backups_finished),
+            ("backup.streams_failed".into(), self.backups_failed),
+            (
+                "backup.last_finished_unix_ms".into(),
+                self.last_backup_finished_unix_ms,
+            ),
+            (
+                "backup.last_failed_unix_ms".into(),
+                self.last_backup_failed_unix_ms,
+            ),
+        ]);
         out
     }
 }
@@ -865,6 +966,9 @@ mod tests {
         stats.error(ErrorCode::NotMember);
         stats.error(ErrorCode::NotMember);
         stats.latency(Opcode::Ping, Duration::from_nanos(420));
+        stats.backup_ended(true, 1_700_000_000_100);
+        stats.backup_ended(false, 1_700_000_000_200);
+        stats.backup_ended(true, 1_700_000_000_300);
         let limits = Limits::default();
         let mut slowlog = SlowLog::new(0, 4);
         let addr = "127.0.0.1:1".parse().unwrap();
@@ -935,6 +1039,25 @@ mod tests {
         assert_eq!(get("raft.peer_3.snapshot_sending"), Some(1));
         assert_eq!(get("raft.peer_2.voter"), Some(1));
         assert_eq!(get("raft.peer_3.voter"), Some(0));
+        assert_eq!(get("backup.streams_finished"), Some(2));
+        assert_eq!(get("backup.streams_failed"), Some(1));
+        assert_eq!(get("backup.last_finished_unix_ms"), Some(1_700_000_000_300));
+        assert_eq!(get("backup.last_failed_unix_ms"), Some(1_700_000_000_200));
+        assert_eq!(get("engine.checkpoints_failed"), Some(0));
+        // The same measurements in the fixed buckets of /metrics: every
+        // opcode once at 250 us, PING once more at 420 ns.
+        let durations = stats.durations();
+        assert_eq!(durations.len(), Opcode::ALL.len());
+        for (op, d) in &durations {
+            let (count, sum) = if *op == "ping" {
+                (2, 250_420)
+            } else {
+                (1, 250_000)
+            };
+            assert_eq!((d.count(), d.sum_ns()), (count, sum), "{op}");
+            let at_250_us = d.cumulative().find(|(le, _)| *le == 250_000).unwrap();
+            assert_eq!(at_250_us.1, count, "{op}");
+        }
     }
 
     #[test]

@@ -19,9 +19,9 @@ use super::{connect, emit, utc, CliError, ConnArgs, StatsArgs};
 const ADDITION_MARK: &str = "limits.slowlog_entries_max";
 
 /// The areas in the order `stats` prints them; others follow, by name.
-const AREAS: [&str; 12] = [
-    "server", "raft", "storage", "memory", "net", "engine", "errors", "requests", "latency",
-    "slowlog", "log", "limits",
+const AREAS: [&str; 13] = [
+    "server", "raft", "storage", "memory", "net", "engine", "backup", "errors", "requests",
+    "latency", "slowlog", "log", "limits",
 ];
 
 #[derive(Args, Debug)]
