@@ -106,7 +106,8 @@ pub use members::tidemarks::{
 };
 pub use offline::{
     member_engine, DataDir, Dump, DumpRecord, Finding, Inspection, JournalDump, JournalFrame,
-    ManifestInfo, Member, OfflineGroup, RecordShape, RepairPlan, RepairTarget, Verified,
+    ManifestInfo, Member, OfflineGroup, Reading, RecordShape, RepairPlan, RepairTarget, Verified,
+    VerifyProgress,
 };
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};

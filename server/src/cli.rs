@@ -36,6 +36,7 @@ pub mod membership;
 pub mod observe;
 pub mod ops;
 pub mod payload;
+pub mod progress;
 pub mod raft_log;
 pub mod retention;
 

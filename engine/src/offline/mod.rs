@@ -12,7 +12,9 @@
 //!   what the directory holds, a group's records (`walk.rs`), the frames
 //!   and entries of journal files.
 //! - [`DataDir::verify`] (`verify.rs`): every CRC and every checked
-//!   invariant of format-spec/storage.md section 8 that the node would read.
+//!   invariant of format-spec/storage.md section 8 that the node would read;
+//!   [`DataDir::verify_with_progress`] also reports how far it is
+//!   (`progress.rs`).
 //! - [`DataDir::plan_repair`] and [`DataDir::repair`] (`repair.rs`): what
 //!   an operator may do to a damaged group, first as a plan to print, then
 //!   done as crash-safe steps.
@@ -27,6 +29,7 @@
 
 #[cfg(test)]
 mod damage_table_tests;
+pub(crate) mod progress;
 pub(crate) mod repair;
 #[cfg(test)]
 mod tests;
@@ -50,6 +53,7 @@ use crate::state::manifest::{self, Manifest};
 use crate::state::pins::Holds;
 use crate::state::{checkpointer, GroupRecord, Item};
 
+pub use progress::{Reading, VerifyProgress};
 pub use repair::{RepairPlan, RepairTarget};
 pub use verify::{Finding, Verified};
 

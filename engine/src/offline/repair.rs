@@ -365,7 +365,11 @@ impl DataDir {
             return Ok(());
         };
         let mut v = super::Verified::default();
-        self.verify_journal(&mut v)?;
+        self.verify_journal(
+            &mut v,
+            self.journal_window()?,
+            &mut super::progress::Meter::quiet(),
+        )?;
         let damage: Vec<String> = v
             .findings
             .iter()

@@ -802,3 +802,88 @@ fn stray_files_are_noted_by_verify_and_swept_at_open() {
     e.close().unwrap();
     serves(dir.path(), BIG, BIG_RECORDS, &[]);
 }
+
+/// Every report `verify_with_progress` makes on `dir`.
+fn progress_of(dir: &Path) -> (super::Verified, Vec<super::VerifyProgress>) {
+    let d = DataDir::open(dir).unwrap();
+    let mut seen = Vec::new();
+    let v = d.verify_with_progress(&mut |p| seen.push(p)).unwrap();
+    (v, seen)
+}
+
+/// The bytes verify reads, from what `inspect` lists: every segment's
+/// recorded length, every small extent, the journal files from the replay
+/// position on.
+fn bytes_to_check(dir: &Path) -> u64 {
+    let info = DataDir::open(dir).unwrap().inspect().unwrap();
+    let replay_from = info.manifest.as_ref().unwrap().replay_journal_seq;
+    let groups: u64 = info
+        .groups
+        .iter()
+        .map(|g| {
+            g.segments.iter().map(|s| s.1).sum::<u64>()
+                + g.extents.iter().map(|e| u64::from(e.2)).sum::<u64>()
+        })
+        .sum();
+    let journal: u64 = info
+        .journal_files
+        .iter()
+        .filter(|f| f.0 >= replay_from)
+        .map(|f| f.1)
+        .sum();
+    groups + journal
+}
+
+/// The reports never go back, all name the same total (the bytes the
+/// directory's listing names), and the last one reaches it.
+fn assert_monotone_to_total(seen: &[super::VerifyProgress], total: u64) {
+    assert!(total > 0);
+    assert!(seen.len() >= 3, "{seen:?}");
+    assert!(seen.iter().all(|p| p.total == total), "{seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0].checked <= w[1].checked),
+        "checked goes back: {seen:?}"
+    );
+    assert!(seen.iter().all(|p| p.checked <= p.total), "{seen:?}");
+    assert_eq!(seen.last().unwrap().checked, total, "{seen:?}");
+}
+
+#[test]
+fn verify_reports_monotone_progress_reaching_the_bytes_it_reads() {
+    use super::Reading;
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let (v, seen) = progress_of(dir.path());
+    assert!(v.clean(), "{:?}", v.findings);
+    assert_monotone_to_total(&seen, bytes_to_check(dir.path()));
+    for kind in [Reading::Journal, Reading::Segments, Reading::Extents] {
+        assert!(seen.iter().any(|p| p.reading == kind), "{kind:?}: {seen:?}");
+    }
+    // The big group's unit is its segments' bytes: a report at its start
+    // and its end, which differ by them.
+    let segs: u64 = DataDir::open(dir.path()).unwrap().inspect().unwrap().groups[0]
+        .segments
+        .iter()
+        .map(|s| s.1)
+        .sum();
+    let big: Vec<_> = seen
+        .iter()
+        .filter(|p| p.reading == Reading::Segments)
+        .collect();
+    assert_eq!(
+        big.last().unwrap().checked - big[0].checked,
+        segs,
+        "{big:?}"
+    );
+
+    // Damage (bytes skipped, a segment missing) still ends at the total,
+    // never going back.
+    let segs = segments(dir.path(), BIG);
+    let len = std::fs::metadata(&segs[0].1).unwrap().len();
+    flip(&segs[0].1, len / 2);
+    std::fs::remove_file(&segs[1].1).unwrap();
+    let total = bytes_to_check(dir.path());
+    let (v, seen) = progress_of(dir.path());
+    assert!(!v.clean());
+    assert_monotone_to_total(&seen, total);
+}

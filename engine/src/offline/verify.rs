@@ -27,14 +27,20 @@
 //!   nothing was written after the checkpoint.
 //!
 //! Costs: one read of every file named, linear in the directory's bytes.
+//! [`DataDir::verify_with_progress`] reports how far it is (`progress.rs`).
 
 use std::path::PathBuf;
 
+use super::progress::{Meter, Reading, VerifyProgress};
 use super::walk::{self, Event};
 use super::DataDir;
 use crate::commit::journal::{self, frame, JOURNAL_HEADER_BYTES};
 use crate::error::Result;
 use crate::state::damage::{self, GroupFiles, HeaderVerdict};
+use crate::state::GroupRecord;
+
+/// A journal file replay would read: `(seq, path, bytes)`.
+pub(super) type JournalFile = (u64, PathBuf, u64);
 
 /// One thing `verify` found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,6 +87,24 @@ impl DataDir {
     /// Checks everything the module docs list. Findings are returned, not
     /// errors: an `Err` means the check itself could not run (I/O).
     pub fn verify(&self) -> Result<Verified> {
+        self.verify_with_progress(&mut |_| {})
+    }
+
+    /// [`DataDir::verify`], reporting to `progress` how many of the bytes
+    /// it reads it has checked, and what it is reading (`progress.rs`).
+    pub fn verify_with_progress(
+        &self,
+        progress: &mut dyn FnMut(VerifyProgress),
+    ) -> Result<Verified> {
+        let journal = self.journal_window()?;
+        let fallback_bytes = self
+            .fallback
+            .as_ref()
+            .map_or(0, |(_, m)| m.runs.iter().map(|r| r.bytes()).sum::<u64>());
+        let total = fallback_bytes
+            + journal.iter().map(|f| f.2).sum::<u64>()
+            + self.groups.values().map(|g| group_bytes(g).1).sum::<u64>();
+        let mut meter = Meter::new(total, progress);
         let mut v = Verified::default();
         for (manifest, at) in &self.rejected {
             v.findings.push(Finding {
@@ -92,6 +116,7 @@ impl DataDir {
             });
         }
         if let Some((manifest, m)) = &self.fallback {
+            meter.begin(Reading::FallbackRuns, fallback_bytes);
             // The fallback's runs: every part checked alone, as a failed
             // merge is located (`damage::locate_run_damage`).
             if let Some(at) = damage::locate_run_damage(&*self.ctx.vfs, &self.path, &m.runs) {
@@ -108,6 +133,7 @@ impl DataDir {
                     damage: true,
                 });
             }
+            meter.end();
         }
         if self.manifest.is_none() && self.rejected.is_empty() {
             if let Some(data) = damage::data_without_checkpoint(&*self.ctx.vfs, &self.path)? {
@@ -124,10 +150,12 @@ impl DataDir {
                 });
             }
         }
-        self.verify_journal(&mut v)?;
+        self.verify_journal(&mut v, journal, &mut meter)?;
         for g in self.groups.values() {
             v.groups += 1;
             let id = g.group;
+            let (reading, bytes) = group_bytes(g);
+            meter.begin(reading, bytes);
             if let Some(reason) = &g.damaged {
                 v.findings.push(Finding {
                     group: Some(id),
@@ -144,11 +172,12 @@ impl DataDir {
                 let (file, offset, damage) = match &ev {
                     Event::Record {
                         header,
+                        bytes,
                         file,
                         offset,
-                        ..
                     } => {
                         records += 1;
+                        meter.walked(bytes.len() as u64);
                         if header.timestamp_ms < last_ts {
                             findings.push(Finding {
                                 group: Some(id),
@@ -187,8 +216,10 @@ impl DataDir {
             }
             v.records += records;
             v.findings.extend(findings);
+            meter.end();
         }
         self.verify_strays(&mut v)?;
+        meter.finish();
         Ok(v)
     }
 
@@ -231,13 +262,38 @@ impl DataDir {
         Ok(())
     }
 
-    pub(super) fn verify_journal(&self, v: &mut Verified) -> Result<()> {
+    /// The journal files replay would read (from the manifest's replay
+    /// file on, every file without a manifest), with their lengths.
+    pub(super) fn journal_window(&self) -> Result<Vec<JournalFile>> {
         let jdir = journal::journal_dir(&self.path);
         let files = if jdir.exists() {
             journal::list(&*self.ctx.vfs, &jdir)?
         } else {
             Vec::new()
         };
+        let replay_from = self
+            .manifest
+            .as_ref()
+            .map_or(0, |(_, m)| m.replay_journal_seq);
+        Ok(files
+            .into_iter()
+            .filter(|(s, _)| *s >= replay_from)
+            .map(|(s, path)| {
+                let bytes = super::file_len(&path).unwrap_or(0);
+                (s, path, bytes)
+            })
+            .collect())
+    }
+
+    /// The journal checks of the module docs over `window`
+    /// ([`DataDir::journal_window`]), each file a unit of `meter`.
+    pub(super) fn verify_journal(
+        &self,
+        v: &mut Verified,
+        window: Vec<JournalFile>,
+        meter: &mut Meter<'_>,
+    ) -> Result<()> {
+        let jdir = journal::journal_dir(&self.path);
         let mut finding = |file: Option<PathBuf>, offset: u64, what: String, damage: bool| {
             v.findings.push(Finding {
                 group: None,
@@ -266,10 +322,6 @@ impl DataDir {
                 );
             }
         }
-        let window: Vec<_> = files
-            .into_iter()
-            .filter(|(s, _)| *s >= replay_from)
-            .collect();
         // Replay's sequence rule (storage.md section 11, step 4): the
         // manifest's file first (unless a clean shutdown's: it held no
         // frame), then no gap.
@@ -284,7 +336,11 @@ impl DataDir {
         }
         // The newest file holding frames: a torn tail may only be there.
         let mut walked = Vec::new();
-        for (seq, path) in &window {
+        for (seq, path, file_bytes) in &window {
+            // The previous file's unit ends here (its checks end early on
+            // several paths) or after the loop.
+            meter.end();
+            meter.begin(Reading::Journal, *file_bytes);
             if let Some(e) = expect {
                 if *seq != e {
                     finding(
@@ -347,6 +403,7 @@ impl DataDir {
                 .filter(|&(synced, _)| synced > stop.as_ref().map_or(0, |s| s.0 as u64));
             walked.push((path.clone(), frames > 0, stop, proof.is_some()));
         }
+        meter.end();
         let newest_with_frames = walked.iter().rposition(|w| w.1);
         for (i, (path, _, stop, durable)) in walked.into_iter().enumerate() {
             let Some((at, why)) = stop else { continue };
@@ -361,5 +418,20 @@ impl DataDir {
             finding(Some(path), at as u64, what, !torn);
         }
         Ok(())
+    }
+}
+
+/// What a group's walk reads and how many bytes, as its checkpoint record
+/// says: its segments' recorded lengths, or a small group's extents.
+fn group_bytes(g: &GroupRecord) -> (Reading, u64) {
+    match &g.small {
+        Some(small) => (
+            Reading::Extents,
+            small.extents.iter().map(|e| u64::from(e.2)).sum(),
+        ),
+        None => (
+            Reading::Segments,
+            g.segments.iter().map(|&(_, len)| len).sum(),
+        ),
     }
 }

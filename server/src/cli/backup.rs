@@ -17,6 +17,12 @@
 //! when complete, every directory made and `DIR`'s parent fsynced at the
 //! end. On any failure `DIR` is removed (it was made or empty), so a
 //! partial copy is never left to be served.
+//!
+//! Progress: the copy reports bytes and files written ([`Copied`]) after
+//! every chunk; `cli/progress.rs` draws them on a terminal's standard
+//! error. The node says how many bytes the snapshot holds only in its last
+//! frame (protocol.md section 4.23), so the line shows what was copied and
+//! how fast, without a total.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -30,6 +36,7 @@ use serde_json::json;
 use tidemark_client::protocol::BackupChunk;
 use tidemark_client::{Client, ClientConfig, ClientError};
 
+use super::progress::Progress;
 use super::{emit, read_token_file, CliError, ConnArgs};
 
 #[derive(Args, Debug)]
@@ -54,14 +61,31 @@ struct Current {
     at: u64,
 }
 
+/// How far a copy is, reported after every chunk written and every file
+/// completed. `bytes` never decreases; at the end it is the `bytes` of the
+/// node's BACKUP response, and `files` its `files`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copied<'a> {
+    /// Files complete (written whole and fdatasynced).
+    pub files: u32,
+    /// Bytes written, of every file so far.
+    pub bytes: u64,
+    /// The file being written (the last one, once complete).
+    pub file: &'a str,
+}
+
 /// What arrived so far.
-struct Writer {
+struct Writer<'p> {
     root: PathBuf,
     current: Option<Current>,
     seen: BTreeSet<String>,
     dirs: BTreeSet<PathBuf>,
+    /// Complete files and their bytes (what the end's counts must match).
     files: u32,
     bytes: u64,
+    /// Bytes written, the current file's included.
+    written: u64,
+    progress: &'p mut dyn FnMut(&Copied<'_>),
 }
 
 /// A name the node may send: 1 to 4 components of `[A-Za-z0-9._-]`, none
@@ -83,7 +107,28 @@ fn bad(message: String) -> ClientError {
     ClientError::Protocol(message)
 }
 
-impl Writer {
+impl<'p> Writer<'p> {
+    fn new(root: &Path, progress: &'p mut dyn FnMut(&Copied<'_>)) -> Writer<'p> {
+        Writer {
+            root: root.to_owned(),
+            current: None,
+            seen: BTreeSet::new(),
+            dirs: BTreeSet::new(),
+            files: 0,
+            bytes: 0,
+            written: 0,
+            progress,
+        }
+    }
+
+    fn report(&mut self, file: &str) {
+        (self.progress)(&Copied {
+            files: self.files,
+            bytes: self.written,
+            file,
+        });
+    }
+
     fn finish_current(&mut self) -> Result<(), ClientError> {
         if let Some(c) = self.current.take() {
             if c.at != c.len {
@@ -95,6 +140,7 @@ impl Writer {
             c.file.sync_data()?;
             self.files += 1;
             self.bytes += c.len;
+            self.report(&c.name);
         }
         Ok(())
     }
@@ -138,6 +184,8 @@ impl Writer {
         }
         cur.file.write_all(c.data)?;
         cur.at += c.data.len() as u64;
+        self.written += c.data.len() as u64;
+        self.report(c.name);
         Ok(())
     }
 
@@ -175,8 +223,11 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| CliError::new("output", format!("mkdir {}: {e}", dir.display())))?;
     let started = Instant::now();
-    let result = copy(&a, dir);
-    let (end, w) = match result.and_then(|x| settle(dir).map(|()| x)) {
+    let mut progress = Progress::backup(a.conn.json);
+    let result = copy(&a, dir, &mut |c| progress.copied(c));
+    // The line is cleared before anything is printed.
+    drop(progress);
+    let (end, (files, bytes)) = match result.and_then(|x| settle(dir).map(|()| x)) {
         Ok(x) => x,
         Err(e) => {
             // Never leave a partial copy that could be served.
@@ -185,7 +236,7 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
         }
     };
     let took = started.elapsed();
-    let mib_s = w.bytes as f64 / (1 << 20) as f64 / took.as_secs_f64().max(1e-9);
+    let mib_s = bytes as f64 / (1 << 20) as f64 / took.as_secs_f64().max(1e-9);
     emit(
         a.conn.json,
         format!(
@@ -195,8 +246,8 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
              restore: tidemark serve --data {dir}\n",
             addr = a.conn.addr,
             dir = dir.display(),
-            files = w.files,
-            bytes = w.bytes,
+            files = files,
+            bytes = bytes,
             secs = took.as_secs_f64(),
             ckpt = end.checkpoint_seq,
             jseq = end.journal_seq,
@@ -206,8 +257,8 @@ pub fn run(a: BackupArgs) -> Result<(), CliError> {
         json!({
             "addr": a.conn.addr,
             "dir": dir.display().to_string(),
-            "files": w.files,
-            "bytes": w.bytes,
+            "files": files,
+            "bytes": bytes,
             "elapsed_ms": took.as_millis() as u64,
             "checkpoint_seq": end.checkpoint_seq,
             "journal_seq": end.journal_seq,
@@ -237,10 +288,14 @@ fn settle(dir: &Path) -> Result<(), CliError> {
     engine.close().map_err(fail)
 }
 
+/// The node's end of the stream and the copy's counts `(files, bytes)`.
+type CopyDone = (tidemark_client::protocol::BackupEnd, (u32, u64));
+
 fn copy(
     a: &BackupArgs,
     dir: &Path,
-) -> Result<(tidemark_client::protocol::BackupEnd, Writer), CliError> {
+    progress: &mut dyn FnMut(&Copied<'_>),
+) -> Result<CopyDone, CliError> {
     let mut config = ClientConfig::new(a.conn.addr.clone());
     config.client_name = "tidemark-backup".into();
     if let Some(path) = &a.conn.token_file {
@@ -256,14 +311,7 @@ fn copy(
         e => CliError::new("unavailable", format!("{}: {e}", a.conn.addr)),
     };
     let mut client = Client::connect(&config).map_err(fail)?;
-    let mut w = Writer {
-        root: dir.to_owned(),
-        current: None,
-        seen: BTreeSet::new(),
-        dirs: BTreeSet::new(),
-        files: 0,
-        bytes: 0,
-    };
+    let mut w = Writer::new(dir, progress);
     let end = client.backup(|c| w.chunk(c)).map_err(fail)?;
     w.finish_current().map_err(fail)?;
     if end.files != w.files || end.bytes != w.bytes {
@@ -277,12 +325,65 @@ fn copy(
     }
     w.sync_dirs()
         .map_err(|e| CliError::new("output", format!("fsync {}: {e}", dir.display())))?;
-    Ok((end, w))
+    Ok((end, (w.files, w.bytes)))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::valid_name;
+    use super::{valid_name, Copied, Writer};
+    use tidemark_client::protocol::BackupChunk;
+
+    /// Chunks of three files (one empty, one in three chunks) into a
+    /// writer: every report's bytes are at least the last's, and the last
+    /// report counts every file and byte, as the end's counts must.
+    #[test]
+    fn a_copy_reports_monotone_progress_reaching_every_file_and_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: [(&str, Vec<u8>); 3] = [
+            ("FORMAT", vec![1; 32]),
+            ("journal/00000000000000000001.tmj", vec![2; 700]),
+            ("state/empty", Vec::new()),
+        ];
+        let mut seen: Vec<(u32, u64, String)> = Vec::new();
+        let mut progress = |c: &Copied<'_>| seen.push((c.files, c.bytes, c.file.to_owned()));
+        let mut w = Writer::new(dir.path(), &mut progress);
+        for (name, data) in &files {
+            let pieces: Vec<&[u8]> = if data.is_empty() {
+                vec![&[]]
+            } else {
+                data.chunks(300).collect()
+            };
+            let mut offset = 0;
+            for piece in pieces {
+                w.chunk(&BackupChunk {
+                    name,
+                    file_len: data.len() as u64,
+                    offset,
+                    // The codec checks it, not the writer.
+                    crc32: 0,
+                    data: piece,
+                })
+                .unwrap();
+                offset += piece.len() as u64;
+            }
+        }
+        w.finish_current().unwrap();
+        let (files_done, bytes_done) = (w.files, w.bytes);
+        drop(w);
+        assert_eq!((files_done, bytes_done), (3, 732));
+        assert!(
+            seen.windows(2)
+                .all(|p| p[0].1 <= p[1].1 && p[0].0 <= p[1].0),
+            "{seen:?}"
+        );
+        assert!(seen
+            .iter()
+            .any(|p| p.1 == 332 && p.2.starts_with("journal/")));
+        assert_eq!(seen.last().unwrap(), &(3, 732, "state/empty".to_owned()));
+        for (name, data) in &files {
+            assert_eq!(&std::fs::read(dir.path().join(name)).unwrap(), data);
+        }
+    }
 
     #[test]
     fn only_plain_relative_names_are_written() {

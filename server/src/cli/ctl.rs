@@ -6,6 +6,9 @@
 //! the command line and prints, as text or (`--json`, for `inspect`,
 //! `dump` and `verify`) JSON.
 //!
+//! `verify` draws its progress on standard error when that is a terminal
+//! (`cli/progress.rs`).
+//!
 //! Nothing is written unless `repair` is given `--yes`; without it, repair
 //! prints what it would do. A directory a running node holds (its `LOCK`)
 //! is refused.
@@ -487,7 +490,13 @@ fn dump(a: DumpArgs) -> Result<u8, String> {
 
 fn verify(a: VerifyArgs) -> Result<u8, String> {
     let d = open_to_read(&a.dir.data)?;
-    let v = d.verify().map_err(|e| e.to_string())?;
+    let mut progress = super::progress::Progress::verify(a.json);
+    let v = d
+        .verify_with_progress(&mut |p| progress.verified(p))
+        .map_err(|e| e.to_string());
+    // The line is cleared before anything is printed.
+    drop(progress);
+    let v = v?;
     let status = if v.clean() { EXIT_CLEAN } else { EXIT_DAMAGE };
     if a.json {
         let j = json!({
