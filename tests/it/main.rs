@@ -41,6 +41,7 @@ mod recall;
 mod receipts;
 mod retention;
 mod segment_damage;
+mod service;
 mod shards;
 mod shared_file_damage;
 mod spec_limits;
