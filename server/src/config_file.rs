@@ -275,7 +275,7 @@ fn check_value(serve: &clap::Command, flag: &OsString) -> Result<(), String> {
 }
 
 /// clap's message without its `error: ` prefix and usage advice.
-fn first_line_of_clap_error(e: &clap::Error) -> String {
+pub fn first_line_of_clap_error(e: &clap::Error) -> String {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default();
     first.strip_prefix("error: ").unwrap_or(first).to_string()

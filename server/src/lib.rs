@@ -13,8 +13,12 @@
 //! - [`config_file`]: `tidemark serve --config FILE`, the TOML file of
 //!   serve's flags.
 //! - [`cluster`]: `tidemark serve --cluster-*`, a replica set member.
-//! - [`signals`]: SIGINT and SIGTERM for `tidemark serve`, none lost
-//!   across a member's restart in place.
+//! - [`signals`]: SIGINT, SIGTERM and SIGHUP for `tidemark serve`, none
+//!   lost across a member's restart in place.
+//! - [`reload`]: what SIGHUP's new reading of the configuration changes,
+//!   and which changes a running node takes.
+//! - [`logging`]: the log's level (`--log-level`, `RUST_LOG`) and format
+//!   (`--log-format text|json`), and a level change at run time.
 //! - [`units`]: the one parser of sizes, durations and listen addresses
 //!   of every command line.
 
@@ -24,6 +28,8 @@ pub mod cluster;
 pub mod cluster_map;
 pub mod config_file;
 pub mod demo;
+pub mod logging;
+pub mod reload;
 pub mod signals;
 pub mod token_file;
 pub mod units;

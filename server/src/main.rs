@@ -1,6 +1,7 @@
 //! The `tidemark` binary: `tidemark serve` runs a node; the client
 //! subcommands (`send`, `pull`, ..., `demo`) live in `tidemark_server::cli`,
-//! the node in `tidemark_node`.
+//! the node in `tidemark_node`; `completions` and `man` print what a shell
+//! and `man` take, made from these definitions.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -9,10 +10,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use log::LevelFilter;
 use tidemark_engine::FsyncPolicy;
-use tidemark_node::NodeConfig;
+use tidemark_node::{LiveLimits, NodeConfig};
 use tidemark_server::cluster::Served;
+use tidemark_server::logging::{LogFormat, LogLevel, LogSettings};
+use tidemark_server::reload::{Plan, Settings};
 use tidemark_server::signals::Signals;
 
 #[derive(Parser)]
@@ -38,6 +42,27 @@ enum Command {
     /// verify, repair. Exit status 0: done / clean; 1: damage found or
     /// repair not done; 2: could not run.
     Ctl(tidemark_server::cli::ctl::CtlArgs),
+    /// Print the shell completion script of `tidemark` for SHELL on
+    /// standard output (e.g. `tidemark completions bash >
+    /// /usr/share/bash-completion/completions/tidemark`).
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff) of `tidemark`, or of one of its
+    /// commands, on standard output (`tidemark man | man -l -`).
+    Man(ManArgs),
+}
+
+#[derive(Args)]
+struct CompletionsArgs {
+    /// The shell the script is for.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+#[derive(Args)]
+struct ManArgs {
+    /// The command whose page to print (`serve`, `send`, ...); without
+    /// it, the page of `tidemark`, which lists every command.
+    command: Option<String>,
 }
 
 #[derive(Args)]
@@ -203,6 +228,18 @@ struct ServeArgs {
     /// keeps none.
     #[arg(long, default_value_t = tidemark_node::defaults::SLOWLOG_ENTRIES_MAX)]
     slowlog_entries_max: usize,
+    /// Log level of every module: off, error, warn, info, debug, trace.
+    /// Given here or as `log_level` in the config file it wins over the
+    /// RUST_LOG environment variable (env_logger's directives, per module
+    /// if wanted: `warn,tidemark_node=debug`), which applies only when
+    /// neither gives it. SIGHUP applies a change made in the config file.
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    log_level: LogLevel,
+    /// Format of the log on standard error: text, or json (one object per
+    /// line with the members ts, level, target and message, for log
+    /// shippers).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// This node's id in its replica set (non-zero). With --cluster-listen
     /// and --cluster-peer the node is a replica set member: only the leader
     /// serves requests, the others answer NOT_LEADER (format-spec/cluster.md).
@@ -264,11 +301,21 @@ enum ParseError {
 /// A `serve --config` file that was applied: its path and what it set.
 type LoadedFile = (PathBuf, tidemark_server::config_file::FileArgs);
 
+/// A command line as parsed.
+struct Parsed {
+    cli: Cli,
+    /// The config file of `serve --config`.
+    file: Option<LoadedFile>,
+    /// What clap made of it (with the file's keys as flags): where each
+    /// value came from, and its text.
+    matches: ArgMatches,
+}
+
 /// Parses the command line. For `serve --config FILE`, the file's keys
 /// become flags placed before the command line's own serve arguments, and
 /// keys whose flag is on the command line are left out: flags override
 /// the file, and both go through the same parsers.
-fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseError> {
+fn parse_cli(argv: Vec<OsString>) -> Result<Parsed, ParseError> {
     let command = Cli::command();
     // A first look for `--config` and the flags given, without judging how
     // they fit together: what a flag requires may be in the file.
@@ -282,8 +329,7 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseErro
         Some((serve, serve.get_one::<PathBuf>("config")?.clone()))
     });
     let Some((serve, path)) = config else {
-        let cli = Cli::try_parse_from(&argv).map_err(ParseError::Usage)?;
-        return Ok((cli, None));
+        return parsed(command, argv, None);
     };
     let serve_command = command
         .find_subcommand("serve")
@@ -298,8 +344,32 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<LoadedFile>), ParseErro
     let mut with_file = argv[..split].to_vec();
     with_file.extend(file.args.iter().cloned());
     with_file.extend(argv[split..].iter().cloned());
-    let cli = Cli::try_parse_from(with_file).map_err(ParseError::Usage)?;
-    Ok((cli, Some((path, file))))
+    parsed(command, with_file, Some((path, file)))
+}
+
+/// `argv` parsed by `command` (the [`Cli`]'s), as `Cli::try_parse_from`
+/// does, keeping the matches.
+fn parsed(
+    command: clap::Command,
+    argv: Vec<OsString>,
+    file: Option<LoadedFile>,
+) -> Result<Parsed, ParseError> {
+    let matches = command
+        .try_get_matches_from(argv)
+        .map_err(ParseError::Usage)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(ParseError::Usage)?;
+    Ok(Parsed { cli, file, matches })
+}
+
+/// `tidemark serve`'s log settings (logging.rs: which level wins); `serve`
+/// are the matches `a` came from.
+fn serve_log(a: &ServeArgs, serve: &ArgMatches) -> LogSettings {
+    let given = serve.value_source("log_level") != Some(ValueSource::DefaultValue);
+    LogSettings {
+        level: given.then_some(a.log_level),
+        fallback: LevelFilter::Info,
+        format: a.log_format,
+    }
 }
 
 /// `--metrics-listen`: `HOST:PORT`, or a port alone (`PORT`, `:PORT`) on
@@ -335,6 +405,8 @@ fn cluster_args(a: &ServeArgs) -> tidemark_server::cluster::ClusterArgs {
 fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     // Applied before: its keys are among the flags below.
     let _ = a.config;
+    // The logger's, set up in `main` and by a reload.
+    let _ = (a.log_level, a.log_format);
     let mut c = NodeConfig::new(a.data);
     c.listen = a.listen;
     c.engine.fsync = a.fsync;
@@ -385,12 +457,27 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     Ok(c)
 }
 
-fn serve(a: ServeArgs) -> Result<(), String> {
-    // First, before any thread starts: every thread inherits the block of
-    // SIGINT and SIGTERM, which only the signal thread takes (signals.rs).
-    let signals = Signals::start(abrupt_exit_note(a.fsync))?;
+/// `tidemark serve` with the arguments `a`, parsed from `argv` (the
+/// settings `running`, with the config file `file`).
+fn serve(
+    a: ServeArgs,
+    argv: Vec<OsString>,
+    file: Option<PathBuf>,
+    running: Settings,
+) -> Result<(), String> {
+    let abrupt = abrupt_exit_note(a.fsync);
     let cluster = cluster_args(&a).check()?;
     let c = node_config(a)?;
+    let mut reloader = Reloader {
+        argv,
+        file,
+        running,
+        config: c.clone(),
+    };
+    // Before any thread starts (reading the settings above starts none):
+    // every thread inherits the block of SIGINT, SIGTERM and SIGHUP, which
+    // only the signal thread takes (signals.rs).
+    let signals = Signals::start(abrupt, Box::new(move || reloader.reload()))?;
     // The engine would fail on a file here with a bare "mkdir: File exists".
     let data = &c.engine.data_dir;
     if data.exists() && !data.is_dir() {
@@ -455,7 +542,12 @@ fn abrupt_exit_note(fsync: FsyncPolicy) -> String {
 }
 
 fn main() -> ExitCode {
-    let (cli, config_file) = match parse_cli(std::env::args_os().collect()) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let Parsed {
+        cli,
+        file: config_file,
+        matches,
+    } = match parse_cli(argv.clone()) {
         Ok(parsed) => parsed,
         Err(ParseError::Usage(e)) => return usage_error(e),
         Err(ParseError::Config(e)) => {
@@ -463,13 +555,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let serve_matches = matches.subcommand_matches("serve");
     // A node logs its progress; a client command prints only its result
-    // (RUST_LOG still overrides both).
-    let default_log = match cli.command {
-        Command::Serve(_) => "info",
-        Command::Client(_) | Command::Bench(_) | Command::Ctl(_) => "warn",
-    };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_log)).init();
+    // (RUST_LOG overrides that; `serve --log-level` overrides RUST_LOG).
+    tidemark_server::logging::init(match (&cli.command, serve_matches) {
+        (Command::Serve(a), Some(m)) => serve_log(a, m),
+        _ => LogSettings {
+            level: None,
+            fallback: LevelFilter::Warn,
+            format: LogFormat::Text,
+        },
+    });
     if let Some((path, file)) = &config_file {
         log::info!(
             "config file {}: {} key(s) applied [{}]; overridden by flags: [{}]",
@@ -480,7 +576,13 @@ fn main() -> ExitCode {
         );
     }
     let result = match cli.command {
-        Command::Serve(a) => serve(a),
+        Command::Serve(a) => {
+            // Invariant: `serve` parsed, so it has matches.
+            let running = serve_matches
+                .map(|m| Settings::of(&serve_command(), m))
+                .unwrap_or_default();
+            serve(a, argv, config_file.map(|(path, _)| path), running)
+        }
         Command::Client(c) => {
             let json = c.json();
             return match tidemark_server::cli::run(c) {
@@ -493,6 +595,8 @@ fn main() -> ExitCode {
         }
         Command::Bench(b) => tidemark_server::bench::run(b),
         Command::Ctl(c) => return tidemark_server::cli::ctl::run(c),
+        Command::Completions(c) => completions(c.shell),
+        Command::Man(m) => man(m.command.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -501,6 +605,139 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What SIGHUP needs to read `serve`'s configuration again
+/// (`tidemark_server::reload`: what is live and why).
+struct Reloader {
+    /// The command line, read again with the file as it is now.
+    argv: Vec<OsString>,
+    /// `--config`; without one there is nothing to reload.
+    file: Option<PathBuf>,
+    /// The settings the node runs with, as text: those of the start, with
+    /// the live changes applied since.
+    running: Settings,
+    /// ... and as the node's configuration (limits before the descriptor
+    /// fit at start, which lowers only limits that are not live).
+    config: NodeConfig,
+}
+
+impl Reloader {
+    /// Reads the command line and the config file again, logs one line of
+    /// what changed (applied, or needing a restart), sets the log level,
+    /// and returns the node's live limits when they changed. Nothing is
+    /// applied when the file or a value is refused, or when the new limits
+    /// do not fit together. Runs on the signal thread.
+    fn reload(&mut self) -> Option<LiveLimits> {
+        let Some(file) = &self.file else {
+            log::warn!("SIGHUP: no config file (--config) to reload; nothing changed");
+            return None;
+        };
+        let shown = file.display().to_string();
+        let refuse = |why: String| {
+            log::error!(
+                "config file {shown} not reloaded (SIGHUP): {why}; the node runs on with the settings it had"
+            );
+            None
+        };
+        let parsed = match parse_cli(self.argv.clone()) {
+            Ok(p) => p,
+            Err(ParseError::Usage(e)) => {
+                return refuse(tidemark_server::config_file::first_line_of_clap_error(&e))
+            }
+            Err(ParseError::Config(e)) => return refuse(e.to_string()),
+        };
+        let (Command::Serve(args), Some(matches)) = (
+            parsed.cli.command,
+            parsed.matches.subcommand_matches("serve"),
+        ) else {
+            return refuse("the command line is no longer `serve`".into());
+        };
+        let log = serve_log(&args, matches);
+        let new = Settings::of(&serve_command(), matches);
+        let read = match node_config(args) {
+            Ok(c) => c,
+            Err(e) => return refuse(e),
+        };
+        let mut config = self.config.clone();
+        let live = LiveLimits::of(&read.limits);
+        live.apply_to(&mut config.limits);
+        if let Err(e) = config.validate() {
+            return refuse(e);
+        }
+        let plan = Plan::of(self.running.changes(&new));
+        let line = plan.describe(&shown);
+        if plan.restart.is_empty() {
+            log::info!("{line}");
+        } else {
+            log::warn!("{line}");
+        }
+        // After the line: a level that hides info lines hides it otherwise.
+        if plan
+            .live
+            .iter()
+            .any(|c| c.key == tidemark_server::reload::LOG_LEVEL)
+        {
+            tidemark_server::logging::set_level(log.level, log.fallback);
+        }
+        self.running = std::mem::take(&mut self.running).with(&plan.live);
+        let changed = config.limits != self.config.limits;
+        self.config = config;
+        changed.then_some(live)
+    }
+}
+
+/// The `serve` command, built (as when parsing).
+fn serve_command() -> clap::Command {
+    let mut cli = Cli::command();
+    cli.build();
+    cli.find_subcommand("serve")
+        .expect("invariant: Cli has a serve subcommand")
+        .clone()
+}
+
+/// `tidemark completions SHELL`.
+fn completions(shell: clap_complete::Shell) -> Result<(), String> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "tidemark", &mut script);
+    write_stdout(&script)
+}
+
+/// `tidemark man [COMMAND]`.
+fn man(command: Option<&str>) -> Result<(), String> {
+    let mut cli = Cli::command();
+    // Built: each command's page is named `tidemark-COMMAND`.
+    cli.build();
+    let page = match command {
+        None => cli,
+        Some(name) => match cli.find_subcommand(name) {
+            // Its title names the version, as the main page's does.
+            Some(sub) => sub.clone().version(tidemark_server::VERSION),
+            None => {
+                let names: Vec<&str> = cli
+                    .get_subcommands()
+                    .map(|c| c.get_name())
+                    .filter(|n| *n != "help")
+                    .collect();
+                return Err(format!(
+                    "no command `{name}`; the commands: {}",
+                    names.join(", ")
+                ));
+            }
+        },
+    };
+    let mut roff = Vec::new();
+    clap_mangen::Man::new(page)
+        .render(&mut roff)
+        .map_err(|e| format!("man page: {e}"))?;
+    write_stdout(&roff)
+}
+
+fn write_stdout(bytes: &[u8]) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("standard output: {e}"))
 }
 
 /// A command line clap refused. With `--json` anywhere on it, the refusal
@@ -518,12 +755,12 @@ fn usage_error(e: clap::Error) -> ExitCode {
     if !wants_json || informational {
         e.exit();
     }
-    let text = e.to_string();
     // clap's first line is the error ("error: invalid value ..."); the rest
     // is usage advice for a human.
-    let first = text.lines().next().unwrap_or_default();
-    let message = first.strip_prefix("error: ").unwrap_or(first);
-    let err = tidemark_server::cli::CliError::new("usage", message);
+    let err = tidemark_server::cli::CliError::new(
+        "usage",
+        tidemark_server::config_file::first_line_of_clap_error(&e),
+    );
     tidemark_server::cli::report_error(&err, true);
     // clap's own status for a usage error.
     ExitCode::from(2)
@@ -594,8 +831,8 @@ mod tests {
             .map(OsString::from)
             .chain(args.iter().cloned())
             .collect();
-        let (cli, _) = match parse_cli(argv) {
-            Ok(parsed) => parsed,
+        let cli = match parse_cli(argv) {
+            Ok(parsed) => parsed.cli,
             Err(ParseError::Usage(e)) => panic!("{args:?}: {e}"),
             Err(ParseError::Config(e)) => panic!("{args:?}: {e}"),
         };
@@ -603,14 +840,12 @@ mod tests {
             panic!("not serve");
         };
         let cluster = cluster_args(&serve);
-        format!("{:?} {cluster:?}", node_config(serve).expect("config"))
-    }
-
-    /// Built, as when parsing: switches then have their default, "false".
-    fn serve_command() -> clap::Command {
-        let mut cli = Cli::command();
-        cli.build();
-        cli.find_subcommand("serve").expect("serve").clone()
+        // The log's settings are the logger's, not the node's.
+        let log = (serve.log_level, serve.log_format);
+        format!(
+            "{:?} {cluster:?} {log:?}",
+            node_config(serve).expect("config")
+        )
     }
 
     /// The serve arguments that are config keys, with their keys.
@@ -724,6 +959,9 @@ mod tests {
                 ("token_file" | "cluster_token_file", _) => (token_a.clone(), token_b.clone()),
                 ("metrics_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
                 ("cluster_listen", _) => ("127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()),
+                ("log_level", _) => ("debug".to_string(), "trace".to_string()),
+                // Two values only: the flag's overrides the file's all the same.
+                ("log_format", _) => ("json".to_string(), "text".to_string()),
                 ("cluster_map", _) => {
                     ("/tmp/map-a.toml".to_string(), "/tmp/map-b.toml".to_string())
                 }
@@ -754,6 +992,31 @@ mod tests {
             let both = serve_config(&["--config".into(), file, long(arg).into(), b.clone().into()]);
             assert_eq!(both, flags(&[&long(arg), &b]), "the flag overrides `{key}`");
             assert_ne!(both, with_file, "the flag overrides `{key}`");
+        }
+    }
+
+    /// Every live key is a serve key, and its flag sets the live limit of
+    /// its name (the names tie the reload's diff to what the node takes).
+    #[test]
+    fn every_live_key_is_a_serve_key_that_sets_its_limit() {
+        let keys: Vec<String> = keys().into_iter().map(|(_, k)| k).collect();
+        for key in tidemark_server::reload::live_keys() {
+            assert!(keys.iter().any(|k| k == key), "`{key}` is no serve key");
+        }
+        let live_of = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from([&["tidemark", "serve"][..], args].concat()).expect("parses");
+            let Command::Serve(a) = cli.command else {
+                panic!("not serve");
+            };
+            LiveLimits::of(&node_config(a).expect("config").limits)
+        };
+        let defaults = format!("{:?}", live_of(&[]));
+        for key in LiveLimits::KEYS {
+            let flag = format!("--{}", key.replace('_', "-"));
+            let changed = format!("{:?}", live_of(&[&flag, "12345"]));
+            assert!(changed.contains(&format!("{key}: 12345")), "{changed}");
+            assert!(!defaults.contains(&format!("{key}: 12345")), "{defaults}");
         }
     }
 

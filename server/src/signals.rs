@@ -1,13 +1,20 @@
-//! SIGINT and SIGTERM for `tidemark serve` (protocol.md "Shutdown";
-//! format-spec/cluster.md section 5.1): a graceful shutdown, and none
-//! lost when a replica set member restarts itself in place.
+//! SIGINT, SIGTERM and SIGHUP for `tidemark serve` (protocol.md
+//! "Shutdown"; format-spec/cluster.md section 5.1): a graceful shutdown,
+//! none lost when a replica set member restarts itself in place, and a
+//! reload of the config file.
 //!
-//! Representation: both signals are blocked in the main thread before any
-//! other thread starts ([`Signals::start`]), so every thread inherits the
-//! block and neither is ever delivered to a handler; one thread of this
-//! module takes them from a `signalfd` (Linux). The first one shuts the
-//! node down (at once if it serves, else as soon as it does:
-//! [`Signals::serving`]); a second one ends the process at once.
+//! Representation: the three signals are blocked in the main thread before
+//! any other thread starts ([`Signals::start`]), so every thread inherits
+//! the block and none is ever delivered to a handler; one thread of this
+//! module takes them from a `signalfd` (Linux). The first SIGINT or
+//! SIGTERM shuts the node down (at once if it serves, else as soon as it
+//! does: [`Signals::serving`]); a second one ends the process at once.
+//!
+//! SIGHUP runs the reload given to [`Signals::start`] on this thread: the
+//! config file is read and parsed here, never on the event loop, which
+//! only takes the resulting limits at its next pass
+//! ([`tidemark_node::Shutdown::apply_live`]); limits from a SIGHUP that
+//! came before the node served are handed over when it does.
 //!
 //! Invariants: a signal is either taken by the thread (and the node shuts
 //! down, or does not re-execute itself: [`Signals::stop`] says so) or
@@ -16,9 +23,11 @@
 //! `Command::exec` would clear it, delivering a pending SIGTERM to its
 //! default action first), so the new run finds a signal that arrived
 //! during the restart at once and shuts down: a supervisor's stop is never
-//! lost across the re-exec.
+//! lost across the re-exec (a pending SIGHUP makes the new run read its
+//! config file again, which it has just read).
 //!
-//! Costs: one thread asleep in `poll` until a signal or [`Signals::stop`].
+//! Costs: one thread asleep in `poll` until a signal or [`Signals::stop`];
+//! a reload reads one small file and parses it as at start.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -26,7 +35,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use tidemark_node::Shutdown;
+use tidemark_node::{LiveLimits, Shutdown};
+
+/// What SIGHUP runs (on the signal thread): reads the configuration again,
+/// logs what changed, and returns the node's live limits if they changed.
+pub type Reload = Box<dyn FnMut() -> Option<LiveLimits> + Send>;
 
 /// What the signal thread and the node share.
 #[derive(Default)]
@@ -35,6 +48,8 @@ struct State {
     taken: Option<i32>,
     /// Set once the node serves.
     shutdown: Option<Shutdown>,
+    /// Live limits of a reload before the node served.
+    live: Option<LiveLimits>,
 }
 
 /// The signal thread (module docs).
@@ -45,14 +60,15 @@ pub struct Signals {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The two signals, as a set.
-fn shutdown_signals() -> libc::sigset_t {
+/// The three signals, as a set.
+fn taken_signals() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset initialise and fill a set we own.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         set
     }
 }
@@ -62,17 +78,18 @@ fn last_os_error(what: &str) -> String {
 }
 
 impl Signals {
-    /// Blocks SIGINT and SIGTERM in the calling thread (to be called before
-    /// any other thread starts: threads inherit it) and starts the thread
-    /// that takes them. `abrupt` is what a second signal logs before the
-    /// process ends.
-    pub fn start(abrupt: String) -> Result<Signals, String> {
-        let set = shutdown_signals();
+    /// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread (to be
+    /// called before any other thread starts: threads inherit it) and
+    /// starts the thread that takes them. `abrupt` is what a second
+    /// stopping signal logs before the process ends; `reload` is what
+    /// SIGHUP runs.
+    pub fn start(abrupt: String, reload: Reload) -> Result<Signals, String> {
+        let set = taken_signals();
         // SAFETY: a valid set; the old mask is not wanted.
         let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
         if rc != 0 {
             return Err(format!(
-                "block SIGINT and SIGTERM: {}",
+                "block SIGINT, SIGTERM and SIGHUP: {}",
                 std::io::Error::from_raw_os_error(rc)
             ));
         }
@@ -95,7 +112,7 @@ impl Signals {
         let shared = state.clone();
         let thread = std::thread::Builder::new()
             .name("tidemark-signals".into())
-            .spawn(move || take_signals(&sfd, &wake, &shared, &abrupt))
+            .spawn(move || take_signals(&sfd, &wake, &shared, &abrupt, reload))
             .map_err(|e| format!("signal thread: {e}"))?;
         Ok(Signals {
             state,
@@ -110,6 +127,9 @@ impl Signals {
         let mut st = lock(&self.state);
         if st.taken.is_some() {
             shutdown.request();
+        }
+        if let Some(live) = st.live.take() {
+            shutdown.apply_live(live);
         }
         st.shutdown = Some(shutdown);
     }
@@ -133,7 +153,13 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 /// The thread: waits for a signal or the stop pipe.
-fn take_signals(sfd: &OwnedFd, wake: &OwnedFd, state: &Mutex<State>, abrupt: &str) {
+fn take_signals(
+    sfd: &OwnedFd,
+    wake: &OwnedFd,
+    state: &Mutex<State>,
+    abrupt: &str,
+    mut reload: Reload,
+) {
     loop {
         let mut fds = [
             libc::pollfd {
@@ -172,6 +198,17 @@ fn take_signals(sfd: &OwnedFd, wake: &OwnedFd, state: &Mutex<State>, abrupt: &st
             };
             if got == size as isize {
                 let sig = info.ssi_signo as i32;
+                if sig == libc::SIGHUP {
+                    // Outside the lock: the reload reads a file.
+                    if let Some(live) = reload() {
+                        let mut st = lock(state);
+                        match &st.shutdown {
+                            Some(s) => s.apply_live(live),
+                            None => st.live = Some(live),
+                        }
+                    }
+                    continue;
+                }
                 let mut st = lock(state);
                 if st.taken.is_some() {
                     // A graceful shutdown waits for held work (a full disk

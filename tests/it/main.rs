@@ -43,6 +43,7 @@ mod recall;
 mod receipts;
 mod retention;
 mod segment_damage;
+mod service;
 mod shards;
 mod shared_file_damage;
 mod spec_limits;

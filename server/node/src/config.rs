@@ -423,6 +423,76 @@ impl Default for Limits {
     }
 }
 
+/// The limits a running node changes without a restart (`tidemark serve`
+/// applies them on SIGHUP): the event loop reads each where it is used,
+/// for the next request, frame or buffer check, and nothing was sized,
+/// bound or announced from it at start. A change applies from the loop's
+/// next pass. Work already under way keeps what it was given (a parked
+/// long poll its deadline, an armed frame timer its time); a budget
+/// lowered below what is buffered now acts as when the buffers grow past
+/// it (reads stop, the connections with the most output queued are
+/// closed, a frame that would pass the input total gets OVERLOADED); a
+/// smaller slow log drops its oldest entries; existing subscriptions are
+/// kept and only new ones are refused.
+///
+/// The other limits need a restart: `frame_bytes_max` and
+/// `requests_in_flight_max` are announced to each client in HELLO (and
+/// the frame limit sizes each connection's decoder and the receipts'
+/// frames); `connections_max` is fitted with the engine's open segment
+/// files into the descriptor limit at start; the receipt limits shape the
+/// receipts state made at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveLimits {
+    pub output_bytes_max: usize,
+    pub output_bytes_total_max: usize,
+    pub input_bytes_total_max: usize,
+    pub long_poll_ms_max: u32,
+    pub subscriptions_max: usize,
+    pub frame_timeout_ms: u64,
+    pub slowlog_threshold_us: u64,
+    pub slowlog_entries_max: usize,
+}
+
+impl LiveLimits {
+    /// Their names: the [`Limits`] fields, `tidemark serve`'s config keys.
+    pub const KEYS: [&'static str; 8] = [
+        "output_bytes_max",
+        "output_bytes_total_max",
+        "input_bytes_total_max",
+        "long_poll_ms_max",
+        "subscriptions_max",
+        "frame_timeout_ms",
+        "slowlog_threshold_us",
+        "slowlog_entries_max",
+    ];
+
+    /// The live limits of `limits`.
+    pub fn of(limits: &Limits) -> LiveLimits {
+        LiveLimits {
+            output_bytes_max: limits.output_bytes_max,
+            output_bytes_total_max: limits.output_bytes_total_max,
+            input_bytes_total_max: limits.input_bytes_total_max,
+            long_poll_ms_max: limits.long_poll_ms_max,
+            subscriptions_max: limits.subscriptions_max,
+            frame_timeout_ms: limits.frame_timeout_ms,
+            slowlog_threshold_us: limits.slowlog_threshold_us,
+            slowlog_entries_max: limits.slowlog_entries_max,
+        }
+    }
+
+    /// Sets these in `limits`, leaving the others as they are.
+    pub fn apply_to(&self, limits: &mut Limits) {
+        limits.output_bytes_max = self.output_bytes_max;
+        limits.output_bytes_total_max = self.output_bytes_total_max;
+        limits.input_bytes_total_max = self.input_bytes_total_max;
+        limits.long_poll_ms_max = self.long_poll_ms_max;
+        limits.subscriptions_max = self.subscriptions_max;
+        limits.frame_timeout_ms = self.frame_timeout_ms;
+        limits.slowlog_threshold_us = self.slowlog_threshold_us;
+        limits.slowlog_entries_max = self.slowlog_entries_max;
+    }
+}
+
 impl NodeConfig {
     /// Defaults: data in `data_dir`, [`defaults::LISTEN`], fsync always.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -570,6 +640,29 @@ mod tests {
         );
         let mut c = NodeConfig::new("/tmp/x");
         assert!(c.fit_descriptors(FD_RESERVE + 3).is_err());
+    }
+
+    /// Live limits move between configurations whole, and only they.
+    #[test]
+    fn live_limits_change_only_themselves() {
+        let mut changed = Limits::default();
+        changed.output_bytes_max += 1;
+        changed.output_bytes_total_max += 1;
+        changed.input_bytes_total_max += 1;
+        changed.long_poll_ms_max += 1;
+        changed.subscriptions_max += 1;
+        changed.frame_timeout_ms += 1;
+        changed.slowlog_threshold_us += 1;
+        changed.slowlog_entries_max += 1;
+        changed.frame_bytes_max += 1;
+        changed.connections_max += 1;
+        let mut running = Limits::default();
+        LiveLimits::of(&changed).apply_to(&mut running);
+        let mut want = changed;
+        want.frame_bytes_max = running.frame_bytes_max;
+        want.connections_max = running.connections_max;
+        assert_eq!(running, want);
+        assert_eq!(running.frame_bytes_max, Limits::default().frame_bytes_max);
     }
 
     #[test]

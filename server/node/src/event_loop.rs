@@ -43,7 +43,9 @@ use parking_lot::Mutex;
 use tidemark_engine::{raise_open_file_limit, CommitNotice, Engine, ReadBatch};
 
 use crate::backup;
-use crate::config::{NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX};
+use crate::config::{
+    LiveLimits, NodeConfig, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, READ_BYTES_PER_PASS_MAX,
+};
 use crate::conn_id::ConnId;
 use crate::connection::{Barrier, Connection, Next};
 use crate::handlers::{self, Action, Ctx, LongPoll, Parked, Report};
@@ -103,16 +105,28 @@ struct Waiting<W> {
 /// A CLUSTER_CHANGE and how it ended, queued by the leadership's callback.
 type AnsweredChange = (Waiting<()>, crate::config::ChangeOutcome);
 
-/// Handle to stop a running node from another thread (signal handler, tests).
+/// Handle on a running node from another thread (the signal thread,
+/// tests): stop it, or hand it new live limits.
 #[derive(Clone)]
 pub struct Shutdown {
     flag: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    live: Arc<Mutex<Option<LiveLimits>>>,
 }
 
 impl Shutdown {
     pub fn request(&self) {
         self.flag.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+
+    /// New live limits ([`LiveLimits`]: which, and what a change does to
+    /// work under way): the loop takes them at the start of its next pass,
+    /// before it handles any event of that pass. A second call before then
+    /// replaces the first.
+    pub fn apply_live(&self, limits: LiveLimits) {
+        *self.live.lock() = Some(limits);
+        // A failed wake means the loop is gone; nothing to do.
         let _ = self.waker.wake();
     }
 }
@@ -124,6 +138,8 @@ pub struct EventLoop {
     listener: Option<TcpListener>,
     waker: Arc<Waker>,
     shutdown: Arc<AtomicBool>,
+    /// Live limits handed over by a [`Shutdown`] handle, not yet applied.
+    live: Arc<Mutex<Option<LiveLimits>>>,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     connections: usize,
@@ -258,6 +274,7 @@ impl EventLoop {
             listener: Some(listener),
             waker,
             shutdown: Arc::new(AtomicBool::new(false)),
+            live: Arc::default(),
             slots: Vec::new(),
             free: Vec::new(),
             connections: 0,
@@ -312,6 +329,7 @@ impl EventLoop {
         Shutdown {
             flag: self.shutdown.clone(),
             waker: self.waker.clone(),
+            live: self.live.clone(),
         }
     }
 
@@ -332,6 +350,11 @@ impl EventLoop {
                     continue;
                 }
                 return Err(e);
+            }
+            // New live limits first: whatever this pass handles sees them.
+            let live = self.live.lock().take();
+            if let Some(limits) = live {
+                self.apply_live(limits);
             }
             let again = std::mem::take(&mut self.ready);
             for event in events.iter() {
@@ -399,6 +422,16 @@ impl EventLoop {
                 }
             }
         }
+    }
+
+    /// Takes new live limits (SIGHUP). Everything that reads them reads
+    /// `config.limits` at its next use, but the slow log, which holds its
+    /// own copy; what is buffered over a lowered budget is dealt with by
+    /// the checks of this pass (`shed_output`, the read and input checks).
+    fn apply_live(&mut self, limits: LiveLimits) {
+        limits.apply_to(&mut self.config.limits);
+        self.slowlog
+            .set_limits(limits.slowlog_threshold_us, limits.slowlog_entries_max);
     }
 
     fn next_timeout(&mut self, drain_deadline: Option<Instant>) -> Option<Duration> {

@@ -10,7 +10,7 @@
 //! [`NodeConfig`] (the engine's config, the listen address, the token,
 //! the node's [`Limits`] and its [`SendPolicy`]), the limits' [`defaults`] and fixed values,
 //! [`serve`], and the [`Shutdown`] handle it hands out once the node
-//! accepts connections. The modules are private:
+//! accepts connections (which also hands it new [`LiveLimits`]). The modules are private:
 //!
 //! - `config`: the node's limits, their defaults and the checks between
 //!   them and the engine's;
@@ -68,8 +68,9 @@ mod subscriptions;
 
 pub use config::{
     defaults, Build, ChangeDone, ChangeOutcome, ChangeRequest, ClusterView, LeaderGate, Leadership,
-    Limits, NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, SendPolicy, FRAMES_PER_PASS_MAX,
-    INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES, READ_BYTES_PER_PASS_MAX,
+    Limits, LiveLimits, NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, SendPolicy,
+    FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES,
+    READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, serve_engine, Shutdown};
 pub use metrics::{prometheus_series, served_as, stat_kind};

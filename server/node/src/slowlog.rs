@@ -268,6 +268,16 @@ impl SlowLog {
         }
     }
 
+    /// New limits (SIGHUP): the threshold judges requests from now on; a
+    /// smaller log drops its oldest entries. O(entries dropped).
+    pub fn set_limits(&mut self, threshold_us: u64, entries_max: usize) {
+        self.threshold = Duration::from_micros(threshold_us);
+        self.entries_max = entries_max;
+        while self.ring.len() > entries_max {
+            self.ring.pop_front();
+        }
+    }
+
     /// A request finished after `took`: kept if it took at least the
     /// threshold (and the log keeps any entry). O(1).
     pub fn finished(&mut self, op: Opcode, took: Duration, client: SocketAddr, args: Summary) {
@@ -351,6 +361,27 @@ mod tests {
         let mut off = SlowLog::new(0, 0);
         off.finished(Opcode::Ping, slow, addr(), Summary::default());
         assert_eq!((off.len(), off.recorded()), (0, 0));
+    }
+
+    /// New limits: the threshold judges the next requests, and a smaller
+    /// log keeps its newest entries.
+    #[test]
+    fn new_limits_apply_to_the_next_request_and_shrink_the_log() {
+        let mut log = SlowLog::new(1_000, 4);
+        let slow = Duration::from_micros(1_000);
+        for _ in 0..4 {
+            log.finished(Opcode::Ping, slow, addr(), Summary::default());
+        }
+        log.set_limits(2_000, 2);
+        assert_eq!((log.threshold_us(), log.entries_max()), (2_000, 2));
+        let ids: Vec<u64> = log.newest_first().map(|e| e.id).collect();
+        assert_eq!(ids, vec![4, 3]);
+        log.finished(Opcode::Ping, slow, addr(), Summary::default());
+        assert_eq!(log.recorded(), 4, "under the new threshold");
+        log.set_limits(0, 3);
+        log.finished(Opcode::Ping, slow, addr(), Summary::default());
+        let ids: Vec<u64> = log.newest_first().map(|e| e.id).collect();
+        assert_eq!(ids, vec![5, 4, 3]);
     }
 
     #[test]
