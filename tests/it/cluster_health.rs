@@ -325,14 +325,22 @@ fn retried_membership_changes_that_applied_succeed_and_a_joining_node_says_it_wa
     let root = tempfile::tempdir().expect("temp dir");
     let ports = free_ports();
     let mut members = start_set(root.path(), &ports);
-    settled_leader(&ports);
-    let at = client_addr(&ports, 1);
-    members.get_mut(&3).unwrap().kill();
-    let remove = ["remove", "--node-id", "3", "--addr", &at];
+    // The leader is the one killed and removed: the remove is asked while
+    // the other two elect a new leader (NOT_LEADER, no leader known), which
+    // the command waits out instead of giving up.
+    let gone = settled_leader(&ports);
+    let [a, b] = match [1, 2, 3].map(|id| (id != gone).then_some(id)) {
+        [None, Some(a), Some(b)] | [Some(a), None, Some(b)] | [Some(a), Some(b), None] => [a, b],
+        other => unreachable!("one leader among three: {other:?}"),
+    };
+    let at = client_addr(&ports, a);
+    members.get_mut(&gone).unwrap().kill();
+    let gone_id = gone.to_string();
+    let remove = ["remove", "--node-id", &gone_id, "--addr", &at];
     let out = cluster_cli(&remove);
     assert!(out.status.success(), "first remove: {out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("node 3 removed"), "{text}");
+    assert!(text.contains(&format!("node {gone} removed")), "{text}");
     // Asked again (as after an interruption or a lost answer): done.
     let out = cluster_cli(&remove);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -342,18 +350,19 @@ fn retried_membership_changes_that_applied_succeed_and_a_joining_node_says_it_wa
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("already applied"), "{text}");
-    let out = cluster_cli(&["remove", "--json", "--node-id", "3", "--addr", &at]);
+    let out = cluster_cli(&["remove", "--json", "--node-id", &gone_id, "--addr", &at]);
     assert!(out.status.success(), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["already_applied"], true, "{v}");
     assert_eq!(v["members"].as_array().map(Vec::len), Some(2), "{v}");
 
     // An add of a member with its own addresses: applied already.
-    let (raft, client) = (peer_addr(&ports, 2), client_addr(&ports, 2));
+    let (raft, client) = (peer_addr(&ports, b), client_addr(&ports, b));
+    let b_id = b.to_string();
     let add = [
         "add",
         "--node-id",
-        "2",
+        &b_id,
         "--raft",
         &raft,
         "--client",
@@ -370,7 +379,7 @@ fn retried_membership_changes_that_applied_succeed_and_a_joining_node_says_it_wa
     let out = cluster_cli(&[
         "add",
         "--node-id",
-        "2",
+        &b_id,
         "--raft",
         &raft,
         "--client",
@@ -383,13 +392,13 @@ fn retried_membership_changes_that_applied_succeed_and_a_joining_node_says_it_wa
         "an add with other addresses: {out:?}"
     );
 
-    // A node started to join {1, 2} and not added yet says so.
-    let _joiner = member(4, root.path(), &ports, &[1, 2], true);
+    // A node started to join the two and not added yet says so.
+    let _joiner = member(4, root.path(), &ports, &[a, b], true);
     let addr4 = client_addr(&ports, 4);
     let out = cluster_cli(&["status", "--addr", &addr4]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
-    let set = format!("{}, {}", client_addr(&ports, 1), client_addr(&ports, 2));
+    let set = format!("{}, {}", client_addr(&ports, a), client_addr(&ports, b));
     assert!(
         text.contains(&format!(
             "node 4 ({addr4}): waiting to be added to the set at {set}"

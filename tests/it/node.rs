@@ -589,7 +589,7 @@ fn stats_report_the_limits_and_cursor_flush_ms_is_a_serve_flag() {
         assert!(
             [
                 "net", "engine", "limits", "requests", "latency", "server", "storage", "memory",
-                "errors", "slowlog", "log"
+                "errors", "slowlog", "log", "backup"
             ]
             .contains(&area),
             "{name}"

@@ -13,6 +13,12 @@
 //! bounds, at most 5 comparisons) and two additions, O(1) on the event
 //! loop. A copy for a scrape is 19 integers.
 
+/// The name of the histogram on `/metrics`: request durations, per
+/// opcode. It lives beside the buckets it names so that `stats.rs` (which
+/// maps STATS' latency names to it) and `metrics.rs` (which writes it) both
+/// import it from below.
+pub const REQUEST_DURATION: &str = "tidemark_request_duration_seconds";
+
 /// The upper bounds of the buckets, in nanoseconds: 50 µs to 10 s, about
 /// 1-2.5-5 per decade, for a storage node whose requests take from tens of
 /// microseconds (a read from memory) to seconds (a commit round stuck

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use mio::Waker;
 use parking_lot::{Condvar, Mutex};
 
-use crate::durations::Durations;
+use crate::durations::{Durations, REQUEST_DURATION};
 use crate::process::ProcessFigures;
 use crate::stats::{placeholder_admits, Metric, StatKind, StatName, STAT_NAMES};
 
@@ -61,9 +61,6 @@ pub const FRESH_WAIT: Duration = Duration::from_secs(1);
 
 /// The content type of the text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// The histogram of request durations, per opcode (`durations.rs`).
-pub const REQUEST_DURATION: &str = "tidemark_request_duration_seconds";
 
 /// What the event loop hands the metrics thread for a scrape.
 #[derive(Debug, Default, PartialEq)]

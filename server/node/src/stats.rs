@@ -103,7 +103,7 @@ const fn served(
 }
 
 /// The `/metrics` histogram that serves the latency quantiles.
-const DURATIONS: Metric = Metric::ServedAs(crate::metrics::REQUEST_DURATION);
+const DURATIONS: Metric = Metric::ServedAs(crate::durations::REQUEST_DURATION);
 
 use StatKind::{Counter, Gauge};
 

@@ -5,12 +5,14 @@
 //! One CLUSTER_CHANGE on a plain connection ([`tidemark_client::Client`]:
 //! the reliable client has no reason to send it), to the node given; a
 //! `NOT_LEADER` is followed to the leader that CLUSTER names there (at most
-//! [`HOPS_MAX`] times; a leader that cannot be reached sends it back to the
-//! node given), and an interrupted change (leadership lost before
-//! it applied, detail 5) is asked again of the new leader until
-//! `--timeout-ms`: asking again is safe (cluster.md section 11.4). The
-//! answer waits for the change to apply; an add waits for the new node's
-//! snapshot and promotion, hence `--wait-ms`.
+//! [`HOPS_MAX`] redirects in a row; a leader that cannot be reached sends
+//! it back to the node given, and while no leader is known, an election,
+//! the same node is asked again, both until `--timeout-ms`), and an
+//! interrupted change (leadership lost before it applied, detail 5) is
+//! asked again of the new leader until `--timeout-ms`: asking again is
+//! safe (cluster.md section 11.4). The answer waits for the change to
+//! apply; an add waits for the new node's snapshot and promotion, hence
+//! `--wait-ms`.
 //!
 //! A change already in place succeeds (exit 0) and says it was already
 //! applied: a retry of a change whose answer was lost (an interruption, a
@@ -32,7 +34,7 @@ use tidemark_client::{Client, ClientConfig, ClientError, ClusterMap};
 
 use super::{emit, nonzero, read_token_file, CliError, ConnArgs};
 
-/// Leaders followed before giving up.
+/// Redirects in a row between nodes that answer before giving up.
 const HOPS_MAX: u32 = 5;
 /// Pause before asking again after an interruption or an election.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -180,12 +182,16 @@ fn change_at_leader(
         let mut c = match Client::connect(&config) {
             Ok(c) => c,
             // A leader named a moment ago may be gone (killed, or an
-            // election since): start again from the node given.
+            // election since): start again from the node given. The hops
+            // start again too: they count redirects in a row between
+            // nodes that answer (a circle), while a dead leader still
+            // named during an election is waited out until the deadline.
             Err(e @ (ClientError::Io(_) | ClientError::Timeout)) => {
                 if Instant::now() >= deadline {
                     return Err(fail(e, &addr));
                 }
                 addr = conn.addr.clone();
+                hops = 0;
                 std::thread::sleep(RETRY_PAUSE);
                 continue;
             }
@@ -219,15 +225,17 @@ fn change_at_leader(
                 code: ErrorCode::NotLeader,
                 ..
             } => {
-                // Where the leader is, as this node knows it (none during
-                // an election: ask the same node again).
+                // Where the leader is, as this node knows it. None during
+                // an election: ask the same node again until the deadline
+                // (an election is not a hop; only a redirect is, and the
+                // hop limit stops redirects that go round in a circle).
                 let leader = c
                     .cluster()
                     .ok()
                     .and_then(|m| m.leader_addr().map(String::from));
-                hops += 1;
                 if let Some(l) = leader {
                     addr = l;
+                    hops += 1;
                 }
                 hops <= HOPS_MAX
             }
