@@ -324,3 +324,20 @@ fn bench_takes_data_and_still_data_dir() {
         );
     }
 }
+
+/// The joins workload at a tiny scale: every JOIN answered and counted
+/// among its group's members.
+#[test]
+fn joins_workload_verifies_at_a_tiny_scale() {
+    let r = run(&[
+        "-w", "joins", "--fsync", "never", "--groups", "7", "--ops", "500",
+    ]);
+    check(&r[0], "joins", 500);
+    assert!(
+        r[0]["commit"]
+            .as_str()
+            .is_some_and(|c| c.contains("500 joins")),
+        "{:#}",
+        r[0]
+    );
+}

@@ -15,11 +15,11 @@ use tidemark_protocol::{
 
 use crate::harness::Node;
 
-fn encode(id: u64, req: &Request<'_>, out: &mut Vec<u8>) {
+pub(crate) fn encode(id: u64, req: &Request<'_>, out: &mut Vec<u8>) {
     encode_request(id, req, out).unwrap();
 }
 
-fn hello(out: &mut Vec<u8>) {
+pub(crate) fn hello(out: &mut Vec<u8>) {
     encode(
         1,
         &Request::Hello {
@@ -32,7 +32,7 @@ fn hello(out: &mut Vec<u8>) {
 }
 
 /// Reads one frame (length prefix included); None at end of stream.
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+pub(crate) fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).ok()?;
     let mut rest = vec![0u8; u32::from_le_bytes(len) as usize];
@@ -41,7 +41,7 @@ fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
 }
 
 /// Reads frames until every id in `ids` was answered; returns them by id.
-fn responses(s: &mut TcpStream, ids: &[u64]) -> HashMap<u64, Vec<u8>> {
+pub(crate) fn responses(s: &mut TcpStream, ids: &[u64]) -> HashMap<u64, Vec<u8>> {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut got = HashMap::new();
     while ids.iter().any(|id| !got.contains_key(id)) {
@@ -52,11 +52,11 @@ fn responses(s: &mut TcpStream, ids: &[u64]) -> HashMap<u64, Vec<u8>> {
     got
 }
 
-fn decode(f: &[u8]) -> Response<'_> {
+pub(crate) fn decode(f: &[u8]) -> Response<'_> {
     decode_response(&Frame::parse(f).unwrap()).unwrap()
 }
 
-fn pull(group: u64, user: u64) -> Request<'static> {
+pub(crate) fn pull(group: u64, user: u64) -> Request<'static> {
     Request::Pull {
         group,
         user,
@@ -166,7 +166,7 @@ fn pipelined_requests_observe_every_earlier_request() {
     ));
 }
 
-fn stats(c: &mut tidemark_client::Client) -> HashMap<String, u64> {
+pub(crate) fn stats(c: &mut tidemark_client::Client) -> HashMap<String, u64> {
     c.stats().unwrap().into_iter().collect()
 }
 

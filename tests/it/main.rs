@@ -37,6 +37,7 @@ mod netns_faults;
 mod node;
 mod observe;
 mod ops_cli;
+mod ops_pipelined;
 mod progress_off;
 mod proxy;
 mod recall;

@@ -16,7 +16,10 @@
 //!   handlers can park) is refused TOO_MANY_REQUESTS_IN_FLIGHT when
 //!   `requests_in_flight_max` are; the count moves when a request parks and
 //!   when the loop reports it answered (`parked_done`);
-//! - the ordering barrier (1.4): which parked requests hold back later ones;
+//! - the ordering barrier (1.4): which parked requests hold back later ones
+//!   (`waits_for`: a write starts behind parked writes whose outcome it
+//!   cannot observe early, since the engine applies writes in submission
+//!   order, so pipelined operations share commit rounds);
 //! - closing and fatal: a fatal ERROR is the last frame queued, nothing is
 //!   read after it, and the connection ends once its output is written and
 //!   nothing is in flight;
@@ -39,7 +42,7 @@ use std::time::Instant;
 use tidemark_engine::{Chunk, Engine, Error as EngineError};
 
 use crate::conn_id::ConnId;
-use crate::handlers::{self, Action, Ctx, OwnRequest, Parked, Route};
+use crate::handlers::{self, Action, Ctx, OpKind, OwnRequest, Parked, Route};
 use crate::outgoing::{self, Outgoing};
 use crate::receipts::Receipts;
 use crate::slowlog::Summary;
@@ -187,10 +190,9 @@ struct Session {
     /// Requests accepted and not yet answered (parked sends and operations,
     /// long polls).
     in_flight: u32,
-    /// Parked SENDs waiting for their commit round.
-    parked_sends: u32,
-    /// Parked CREATE_GROUP, DELETE_GROUP, JOIN and LEAVE requests.
-    parked_ops: u32,
+    /// Parked requests waiting for their commit round, by [`Barrier`]
+    /// (`Barrier::index`; long polls are not counted here).
+    parked: [u32; Barrier::PARKED_KINDS],
     /// The groups and users this connection is subscribed to.
     sub_groups: HashSet<u64>,
     sub_users: HashSet<u64>,
@@ -202,34 +204,101 @@ struct Session {
     version: u8,
 }
 
-/// Which parked requests hold back the later requests of their connection
+/// What a parked request is, for the ordering barrier: which later
+/// requests of its connection wait for it is [`waits_for`]'s table
 /// (format-spec/protocol.md section 1.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Barrier {
     /// A long-poll PULL: its ACK was applied when it started and it changes
-    /// nothing later, so it holds nothing back.
+    /// nothing later, so it holds nothing back. Also an answer held for
+    /// its Cursors round or read ticket.
     None,
-    /// A SEND: later SENDs may start (ids are assigned in request order
-    /// whatever the outcome), anything else but PING waits.
+    /// A SEND, RECALL or EDIT.
     Send,
-    /// A group or membership operation: everything but PING waits.
-    Op,
+    CreateGroup,
+    DeleteGroup,
+    Join,
+    Leave,
+    SetRetention,
+    ClearHistory,
 }
 
 impl Barrier {
-    /// What a parked request holds back on its connection while parked
+    /// The kinds that are counted while parked (all but `None`).
+    const PARKED_KINDS: usize = 7;
+    const PARKED: [Barrier; Barrier::PARKED_KINDS] = [
+        Barrier::Send,
+        Barrier::CreateGroup,
+        Barrier::DeleteGroup,
+        Barrier::Join,
+        Barrier::Leave,
+        Barrier::SetRetention,
+        Barrier::ClearHistory,
+    ];
+
+    /// What a parked request is on its connection while parked
     /// (format-spec/protocol.md 1.4).
     pub fn of(parked: &Parked) -> Barrier {
         match parked {
             // A change is assigned its id like a SEND (its rules were
             // checked when it started, after every earlier request).
             Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
-            Parked::Op(..) => Barrier::Op,
+            Parked::Op(_, kind) => match kind {
+                OpKind::CreateGroup => Barrier::CreateGroup,
+                OpKind::DeleteGroup => Barrier::DeleteGroup,
+                OpKind::Join { .. } => Barrier::Join,
+                OpKind::Leave => Barrier::Leave,
+                OpKind::SetRetention => Barrier::SetRetention,
+                OpKind::ClearHistory { .. } => Barrier::ClearHistory,
+            },
             // Every later answer of the connection that shows cursors waits
             // for this round or a later one (`Connection`'s cursor hold),
             // so nothing needs to wait behind it.
             Parked::Cursors { .. } => Barrier::None,
         }
+    }
+
+    /// Its counter in `Session::parked`; `None` is not counted.
+    fn index(self) -> Option<usize> {
+        Barrier::PARKED.iter().position(|&b| b == self)
+    }
+}
+
+/// The parked requests of its connection a request with this opcode byte
+/// waits for (format-spec/protocol.md 1.4's table). The engine applies
+/// writes in the order they were submitted, and decides on the commit
+/// thread, when it applies them, what depends on an earlier write's
+/// outcome (a join's membership limits, a leave's or a clear's membership,
+/// a join of a member again); so a write starts at once behind parked
+/// writes unless the engine checks, when it is submitted, something such a
+/// write changes only when it is applied:
+/// - SEND, RECALL, EDIT: the sender's membership (a members-only send
+///   policy) behind JOIN and LEAVE;
+/// - CREATE_GROUP: that the id is free and `groups_max`, behind
+///   DELETE_GROUP (a group leaves the registry when its deletion is
+///   applied; a creation enters it when submitted, so creations and
+///   everything behind them see it at once);
+/// - JOIN: whether the user is a member already and its cursor (a member's
+///   JOIN answers its cursor at once), behind LEAVE, CLEAR_HISTORY and a
+///   SEND (its sender's cursor follows its message when applied), and the
+///   head a JOIN at an explicit cursor is checked against (the readable
+///   head, which a SEND's round moves);
+/// - LEAVE, CLEAR_HISTORY: the user's membership, behind JOIN.
+///
+/// DELETE_GROUP and SET_RETENTION observe nothing a parked write changes
+/// later (a deletion marks its group at once). PING observes nothing.
+/// Every other request (reads, cursor moves, subscriptions, reports), and
+/// an unknown opcode byte (answered BAD_FRAME in its turn), waits for
+/// every parked request.
+fn waits_for(opcode: u8) -> &'static [Barrier] {
+    use Barrier::*;
+    match Opcode::from_request_byte(opcode) {
+        Some(Opcode::Ping | Opcode::DeleteGroup | Opcode::SetRetention) => &[],
+        Some(Opcode::Send | Opcode::Recall | Opcode::Edit) => &[Join, Leave],
+        Some(Opcode::CreateGroup) => &[DeleteGroup],
+        Some(Opcode::Join) => &[Send, Leave, ClearHistory],
+        Some(Opcode::Leave | Opcode::ClearHistory) => &[Join],
+        _ => &Barrier::PARKED,
     }
 }
 
@@ -269,8 +338,7 @@ impl Connection {
             session: Session {
                 phase: Phase::AwaitHello,
                 in_flight: 0,
-                parked_sends: 0,
-                parked_ops: 0,
+                parked: [0; Barrier::PARKED_KINDS],
                 sub_groups: HashSet::new(),
                 sub_users: HashSet::new(),
                 sub_receipts: HashSet::new(),
@@ -574,35 +642,28 @@ impl Session {
     /// Whether a request with this opcode byte may start now, given the
     /// requests of this connection parked before it: execution order is
     /// request order, so a request that could observe a parked request's
-    /// effect waits until it is answered. PING observes nothing; a SEND
-    /// behind SENDs only needs the order of id assignment, which is request
-    /// order. An unknown opcode byte waits like any request (it is then
-    /// answered BAD_FRAME in its turn).
+    /// outcome early waits until that request is answered ([`waits_for`]).
+    /// A request that waits holds back everything behind it, so a later
+    /// request never overtakes an earlier one that has not started.
     fn may_start(&self, opcode: u8) -> bool {
-        match Opcode::from_request_byte(opcode) {
-            Some(Opcode::Ping) => true,
-            Some(Opcode::Send) => self.parked_ops == 0,
-            _ => self.parked_ops == 0 && self.parked_sends == 0,
-        }
+        waits_for(opcode)
+            .iter()
+            .all(|b| b.index().is_none_or(|i| self.parked[i] == 0))
     }
 
     /// Counts a request parked with this barrier.
     fn park(&mut self, barrier: Barrier) {
         self.in_flight += 1;
-        match barrier {
-            Barrier::None => {}
-            Barrier::Send => self.parked_sends += 1,
-            Barrier::Op => self.parked_ops += 1,
+        if let Some(i) = barrier.index() {
+            self.parked[i] += 1;
         }
     }
 
     /// Counts a parked request answered.
     fn unpark(&mut self, barrier: Barrier) {
         self.in_flight = self.in_flight.saturating_sub(1);
-        match barrier {
-            Barrier::None => {}
-            Barrier::Send => self.parked_sends = self.parked_sends.saturating_sub(1),
-            Barrier::Op => self.parked_ops = self.parked_ops.saturating_sub(1),
+        if let Some(i) = barrier.index() {
+            self.parked[i] = self.parked[i].saturating_sub(1);
         }
     }
 
@@ -937,13 +998,80 @@ mod tests {
         assert!(c.may_start(send) && c.may_start(ping));
         assert!(!c.may_start(pull));
         assert!(!c.may_start(0x7E), "an unknown opcode waits its turn");
-        c.park(Barrier::Op);
+        c.park(Barrier::Join);
         assert!(!c.may_start(send) && !c.may_start(pull));
         assert!(c.may_start(ping));
-        c.unpark(Barrier::Op);
+        c.unpark(Barrier::Join);
         c.unpark(Barrier::Send);
         assert!(c.may_start(pull));
         assert_eq!(c.in_flight, 1);
+    }
+
+    /// The barrier table (format-spec/protocol.md 1.4), one parked request
+    /// at a time: which later requests start at once behind it.
+    #[test]
+    fn writes_start_behind_parked_writes_they_cannot_observe_early() {
+        use Opcode::*;
+        let writes = [
+            Send,
+            Recall,
+            Edit,
+            CreateGroup,
+            DeleteGroup,
+            Join,
+            Leave,
+            SetRetention,
+            ClearHistory,
+        ];
+        let reads = [
+            Pull, Ack, BatchAck, Unread, Sync, History, Members, GroupInfo,
+        ];
+        // (parked, the later writes that wait for it)
+        let table: [(Barrier, &[Opcode]); 7] = [
+            (Barrier::Send, &[Join]),
+            (Barrier::CreateGroup, &[]),
+            (Barrier::DeleteGroup, &[CreateGroup]),
+            (Barrier::Join, &[Send, Recall, Edit, Leave, ClearHistory]),
+            (Barrier::Leave, &[Send, Recall, Edit, Join]),
+            (Barrier::SetRetention, &[]),
+            (Barrier::ClearHistory, &[Join]),
+        ];
+        for (parked, waiting) in table {
+            let mut c = Connection::new(4096).session;
+            c.park(parked);
+            for w in writes {
+                assert_eq!(
+                    c.may_start(w.request_byte()),
+                    !waiting.contains(&w),
+                    "{w:?} behind a parked {parked:?}"
+                );
+            }
+            for r in reads {
+                assert!(!c.may_start(r.request_byte()), "{r:?} behind {parked:?}");
+            }
+            assert!(c.may_start(Ping.request_byte()));
+            c.unpark(parked);
+            assert!(reads.iter().all(|r| c.may_start(r.request_byte())));
+        }
+    }
+
+    /// Counts are per kind: a request waits while any parked request it
+    /// depends on is, however many others were answered.
+    #[test]
+    fn a_wait_lasts_until_the_last_parked_request_it_depends_on_is_answered() {
+        let mut c = Connection::new(4096).session;
+        let (join, leave) = (Opcode::Join.request_byte(), Opcode::Leave.request_byte());
+        c.park(Barrier::Join);
+        c.park(Barrier::Join);
+        c.park(Barrier::CreateGroup);
+        assert!(c.may_start(join), "joins share rounds behind joins");
+        assert!(!c.may_start(leave));
+        c.unpark(Barrier::Join);
+        c.unpark(Barrier::CreateGroup);
+        assert!(!c.may_start(leave), "one join is still parked");
+        c.unpark(Barrier::Join);
+        assert!(c.may_start(leave));
+        assert_eq!(c.in_flight, 0);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub enum Workload {
     /// Receipts: the W3 ACK storm in one large group without, then with,
     /// receipt subscribers (SUBSCRIBE_RECEIPTS): what a receipt costs.
     Receipts,
+    /// Joins: memberships loaded with pipelined JOINs (`-c 1`: what one
+    /// connection's pipelined JOINs cost in commit rounds).
+    Joins,
     /// W1, W2, W3, W4 and mixed (not population, not receipts).
     All,
 }
@@ -34,7 +37,10 @@ impl Workload {
     /// receipts' ACKs, W4's queries); the others measure messages
     /// (`--messages`) or a population.
     pub fn takes_ops(self) -> bool {
-        matches!(self, Workload::W3 | Workload::W4 | Workload::Receipts)
+        matches!(
+            self,
+            Workload::W3 | Workload::W4 | Workload::Receipts | Workload::Joins
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -46,6 +52,7 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Population => "population",
             Workload::Receipts => "receipts",
+            Workload::Joins => "joins",
             Workload::All => "all",
         }
     }
@@ -53,8 +60,8 @@ impl Workload {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts, all
-    /// (all = w1..w4 and mixed).
+    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts,
+    /// joins, all (all = w1..w4 and mixed).
     #[arg(
         long,
         short = 'w',
@@ -96,7 +103,8 @@ pub struct BenchArgs {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 200)]
     pub size: usize,
-    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population: 1,000,000).
+    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population: 1,000,000;
+    /// joins: 1,000).
     #[arg(long)]
     pub groups: Option<u64>,
     /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000;
@@ -108,8 +116,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub messages: Option<u64>,
     /// Measured operations: W3 ACKs (1,000,000), W4 queries (100,000),
-    /// receipts ACKs (200,000). Refused unless one of those runs: W1 and
-    /// mixed are sized by --messages.
+    /// receipts ACKs (200,000), joins JOINs (200,000). Refused unless one of
+    /// those runs: W1 and mixed are sized by --messages.
     #[arg(long)]
     pub ops: Option<u64>,
     /// W4: groups per user.

@@ -14,7 +14,7 @@
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
 //!   population workload (groups held, restarts); `receipts`:
 //!   the ACK storm of one large group without and with receipt
-//!   subscribers.
+//!   subscribers; `joins`: memberships loaded with pipelined JOINs.
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
 //! - `node`: `--spawn` (and the population's stops, kills, restarts,
 //!   memory and disk readings).
@@ -26,6 +26,7 @@
 pub mod args;
 mod conn;
 mod driver;
+mod joins;
 mod mixed;
 mod node;
 pub mod plan;
@@ -100,7 +101,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
     if args.ops.is_some() && !args.workloads().iter().any(|w| w.takes_ops()) {
         let names: Vec<&str> = args.workloads().iter().map(|w| w.name()).collect();
         return Err(format!(
-            "--ops sets the measured operations of w3, w4 and receipts, none of which runs \
+            "--ops sets the measured operations of w3, w4, receipts and joins, none of which runs \
              here ({}); size w1, mixed and population with --messages",
             names.join(", ")
         ));
@@ -162,6 +163,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 None => return Err("the population workload needs --spawn".into()),
             },
             Workload::Receipts => receipts::receipts(&ctx)?,
+            Workload::Joins => joins::joins(&ctx)?,
             Workload::All => continue,
         };
         if let Some(n) = &spawned {

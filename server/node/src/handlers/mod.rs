@@ -41,7 +41,7 @@ mod member_tests;
 mod tests;
 
 // What the connection, the loop and STATS call besides the dispatch.
-pub use action::{Action, LongPoll, Parked, Report};
+pub use action::{Action, LongPoll, OpKind, Parked, Report};
 pub use admin::{cluster_change, info, not_leader, slowlog, stats, wrong_set};
 pub use context::Ctx;
 pub use handshake::{auth, hello};
