@@ -25,7 +25,10 @@ pub enum Workload {
     /// Receipts: the W3 ACK storm in one large group without, then with,
     /// receipt subscribers (SUBSCRIBE_RECEIPTS): what a receipt costs.
     Receipts,
-    /// W1, W2, W3, W4 and mixed (not population, not receipts).
+    /// Creation: many groups created over the wire, then their members
+    /// joined; groups/s and joins/s with the commit rounds behind them.
+    Create,
+    /// W1, W2, W3, W4 and mixed (not population, not receipts, not create).
     All,
 }
 
@@ -46,6 +49,7 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Population => "population",
             Workload::Receipts => "receipts",
+            Workload::Create => "create",
             Workload::All => "all",
         }
     }
@@ -53,7 +57,7 @@ impl Workload {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts, all
+    /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts, create, all
     /// (all = w1..w4 and mixed).
     #[arg(
         long,
@@ -96,11 +100,12 @@ pub struct BenchArgs {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 200)]
     pub size: usize,
-    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population: 1,000,000).
+    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population, create: 1,000,000).
     #[arg(long)]
     pub groups: Option<u64>,
     /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000;
-    /// population: as many as groups, at least 1,000).
+    /// population: as many as groups, at least 1,000); create: members
+    /// joined to each group (2; 0: creation only).
     #[arg(long)]
     pub members: Option<u64>,
     /// Messages sent (W1, population: 1,000,000; mixed: 20,000) or stored before the

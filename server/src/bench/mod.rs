@@ -14,7 +14,7 @@
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
 //!   population workload (groups held, restarts); `receipts`:
 //!   the ACK storm of one large group without and with receipt
-//!   subscribers.
+//!   subscribers; `create`: group creation and first joins.
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
 //! - `node`: `--spawn` (and the population's stops, kills, restarts,
 //!   memory and disk readings).
@@ -25,6 +25,7 @@
 
 pub mod args;
 mod conn;
+mod create;
 mod driver;
 mod mixed;
 mod node;
@@ -162,6 +163,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
                 None => return Err("the population workload needs --spawn".into()),
             },
             Workload::Receipts => receipts::receipts(&ctx)?,
+            Workload::Create => create::create(&ctx)?,
             Workload::All => continue,
         };
         if let Some(n) = &spawned {
