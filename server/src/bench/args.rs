@@ -28,7 +28,10 @@ pub enum Workload {
     /// Joins: memberships loaded with pipelined JOINs (`-c 1`: what one
     /// connection's pipelined JOINs cost in commit rounds).
     Joins,
-    /// W1, W2, W3, W4 and mixed (not population, not receipts).
+    /// Creation: many groups created over the wire, then their members
+    /// joined; groups/s and joins/s with the commit rounds behind them.
+    Create,
+    /// W1, W2, W3, W4 and mixed (not population, receipts, joins or create).
     All,
 }
 
@@ -53,6 +56,7 @@ impl Workload {
             Workload::Population => "population",
             Workload::Receipts => "receipts",
             Workload::Joins => "joins",
+            Workload::Create => "create",
             Workload::All => "all",
         }
     }
@@ -61,7 +65,7 @@ impl Workload {
 #[derive(clap::Args, Clone, Debug)]
 pub struct BenchArgs {
     /// Workloads, comma-separated: w1, w2, w3, w4, mixed, population, receipts,
-    /// joins, all (all = w1..w4 and mixed).
+    /// joins, create, all (all = w1..w4 and mixed).
     #[arg(
         long,
         short = 'w',
@@ -103,12 +107,13 @@ pub struct BenchArgs {
     /// Payload bytes per message.
     #[arg(long, default_value_t = 200)]
     pub size: usize,
-    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population: 1,000,000;
-    /// joins: 1,000).
+    /// Groups (W1: 10,000; W4: 10,000; mixed: 100; population, create:
+    /// 1,000,000; joins: 1,000).
     #[arg(long)]
     pub groups: Option<u64>,
     /// Members (W2: 2,000; W3: 100,000), users (W4, mixed: 100,000;
-    /// population: as many as groups, at least 1,000).
+    /// population: as many as groups, at least 1,000); create: members
+    /// joined to each group (2; 0: creation only).
     #[arg(long)]
     pub members: Option<u64>,
     /// Messages sent (W1, population: 1,000,000; mixed: 20,000) or stored before the

@@ -14,7 +14,8 @@
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
 //!   population workload (groups held, restarts); `receipts`:
 //!   the ACK storm of one large group without and with receipt
-//!   subscribers; `joins`: memberships loaded with pipelined JOINs.
+//!   subscribers; `joins`: memberships loaded with pipelined JOINs;
+//!   `create`: group creation and first joins.
 //! - `report`: summaries and JSON; `progress`: the live line on stderr.
 //! - `node`: `--spawn` (and the population's stops, kills, restarts,
 //!   memory and disk readings).
@@ -25,6 +26,7 @@
 
 pub mod args;
 mod conn;
+mod create;
 mod driver;
 mod joins;
 mod mixed;
@@ -164,6 +166,7 @@ fn run_each(args: &BenchArgs, on_report: &mut dyn FnMut(&Report)) -> Result<(), 
             },
             Workload::Receipts => receipts::receipts(&ctx)?,
             Workload::Joins => joins::joins(&ctx)?,
+            Workload::Create => create::create(&ctx)?,
             Workload::All => continue,
         };
         if let Some(n) = &spawned {

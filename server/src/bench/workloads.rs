@@ -84,6 +84,28 @@ impl<G: FnMut(u64) -> SetupOp + Send> Job for SetupJob<'_, G> {
     }
 }
 
+/// The jobs of `n` setup requests `gen(i)`, split over `conns` connections.
+pub(crate) fn setup_jobs<'a, G, F>(
+    ctx: &Ctx<'a>,
+    conns: usize,
+    n: u64,
+    make_gen: F,
+) -> Vec<SetupJob<'a, G>>
+where
+    F: Fn() -> G,
+    G: FnMut(u64) -> SetupOp + Send,
+{
+    split(n, conns)
+        .into_iter()
+        .map(|range| SetupJob {
+            range,
+            gen: make_gen(),
+            base: ctx.base,
+            payloads: ctx.payloads,
+        })
+        .collect()
+}
+
 /// Runs `n` setup requests split over the connections; fails on any error.
 /// Returns the seconds it took.
 pub(crate) fn setup<G, F>(
@@ -98,15 +120,7 @@ where
     F: Fn() -> G,
     G: FnMut(u64) -> SetupOp + Send,
 {
-    let jobs: Vec<_> = split(n, conns.len())
-        .into_iter()
-        .map(|range| SetupJob {
-            range,
-            gen: make_gen(),
-            base: ctx.base,
-            payloads: ctx.payloads,
-        })
-        .collect();
+    let jobs = setup_jobs(ctx, conns.len(), n, make_gen);
     let r = run_phase(conns, jobs, &ctx.setup_phase(label, unit))?;
     if r.tally.errors > 0 {
         return Err(format!(
