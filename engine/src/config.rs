@@ -74,7 +74,9 @@ pub mod defaults {
     pub const JOURNAL_FILE_BYTES: u64 = 64 << 20;
     pub const SEGMENT_TAIL_BYTES: usize = 16 << 10;
     pub const COMMIT_ROUND_BYTES_MAX: usize = 8 << 20;
-    pub const GROUPS_MAX: usize = 10_000_000;
+    /// `groups_max` has no constant: it follows the memory the process
+    /// may use ([`crate::sizing::default_groups_max`]).
+    pub use crate::sizing::default_groups_max as groups_max;
     pub const MEMBERS_PER_GROUP_MAX: usize = 500_000;
     pub const GROUPS_PER_USER_MAX: usize = 20_000;
     pub const CURSOR_FLUSH_MS: u64 = 1000;
@@ -141,7 +143,8 @@ pub struct Config {
     pub segment_tail_bytes: usize,
     /// Bytes of records one commit round takes at most.
     pub commit_round_bytes_max: usize,
-    /// Groups an engine holds.
+    /// Groups an engine holds. Default: from the memory the process may
+    /// use (`sizing.rs`).
     pub groups_max: usize,
     pub members_per_group_max: usize,
     pub groups_per_user_max: usize,
@@ -187,7 +190,7 @@ impl Config {
             journal_file_bytes: JOURNAL_FILE_BYTES,
             segment_tail_bytes: SEGMENT_TAIL_BYTES,
             commit_round_bytes_max: COMMIT_ROUND_BYTES_MAX,
-            groups_max: GROUPS_MAX,
+            groups_max: groups_max(),
             members_per_group_max: MEMBERS_PER_GROUP_MAX,
             groups_per_user_max: GROUPS_PER_USER_MAX,
             cursor_flush_ms: CURSOR_FLUSH_MS,

@@ -39,8 +39,10 @@
 //! A retention policy other than "keep everything" and the quiet ids of a
 //! group with edits or recalls (`logs/changes.rs`) are boxed too, together
 //! ([`GroupExtras`], rare).
-//! Idle, a two-member group costs about 200 bytes in all (catalog entry
-//! included); the test `engine/tests/memory.rs` measures it.
+//! Idle, a group costs about 218 bytes counted by the allocator (catalog
+//! entries included), a two-member chat about 260 with its memberships;
+//! the test `engine/tests/memory.rs` measures it, and `sizing.rs` sizes
+//! `groups_max` on the resident figures.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

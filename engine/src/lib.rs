@@ -77,6 +77,7 @@ mod ready_tests;
 mod retention_race_tests;
 #[cfg(test)]
 mod shared_file_tests;
+pub mod sizing;
 mod space;
 #[cfg(test)]
 mod spec_vectors;

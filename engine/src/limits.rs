@@ -26,7 +26,7 @@ const _: () = {
     assert!(JOURNAL_FILE_BYTES >= journal_min as u64 && JOURNAL_FILE_BYTES <= u32::MAX as u64);
     assert!(INDEX_INTERVAL_BYTES > 0 && OPEN_SEGMENTS_MAX >= 2);
     assert!(COMMIT_ROUND_BYTES_MAX >= record_bytes_max);
-    assert!(GROUPS_MAX < u32::MAX as usize);
+    assert!(crate::sizing::GROUPS_MAX_CEILING < u32::MAX as usize);
     assert!(CURSOR_FLUSH_MS > 0 && RETENTION_CHECK_MS > 0);
     assert!(RUN_FILE_BYTES_MAX >= RUN_FILE_BYTES_MIN);
     assert!(RUN_FILE_BYTES_MAX <= RUN_FILE_BYTES_READ_MAX);

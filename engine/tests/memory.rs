@@ -1,6 +1,6 @@
 //! Memory per idle group and per membership, counted by the allocator
-//! (design 3.3; the goals: at most 256 bytes per idle group and 32
-//! per membership).
+//! (design 3.3; the goals: at most 256 resident bytes per idle group and
+//! 32 per membership; `engine/src/sizing.rs` sizes `groups_max` on them).
 //!
 //! A test binary of its own because its global allocator counts every
 //! allocation of the process: the two tests take a lock so neither counts
@@ -166,8 +166,11 @@ fn join_all(e: &Engine, joins: impl Iterator<Item = (u64, u64)>) -> u64 {
     n
 }
 
+/// The goal is 256 resident bytes per idle group; the allocator's size
+/// classes and the free pages it keeps add to what it counts here, so the
+/// count keeps 32 bytes of room below the goal.
 #[test]
-fn an_idle_group_costs_under_256_bytes_and_a_membership_under_32() {
+fn an_idle_group_costs_under_224_bytes_and_a_membership_under_32() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const GROUPS: u64 = 100_000;
     const USERS: u64 = 20_000;
@@ -190,7 +193,7 @@ fn an_idle_group_costs_under_256_bytes_and_a_membership_under_32() {
         "idle group (3 messages, no members): {per_group:.1} bytes; membership: \
          {per_membership:.1} bytes; idle two-member chat in all: {per_chat:.1} bytes"
     );
-    assert!(per_group < 256.0, "{per_group:.1} bytes per idle group");
+    assert!(per_group < 224.0, "{per_group:.1} bytes per idle group");
     assert!(
         per_membership < 32.0,
         "{per_membership:.1} bytes per membership"

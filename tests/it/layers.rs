@@ -29,10 +29,17 @@ const ENGINE_LAYERS: &[(&str, &[&str])] = &[
     // The journal's files and frames are a log too: only the applier of
     // rounds (`commit/`) knows what they mean for groups. `config.rs` is a
     // plain value here (its checks against the formats are `limits.rs`),
-    // `space.rs` the free-space reserve that writers ask.
+    // `sizing.rs` the memory its `groups_max` default follows, `space.rs`
+    // the free-space reserve that writers ask.
     (
         "logs",
-        &["logs/", "config.rs", "space.rs", "commit/journal/"],
+        &[
+            "logs/",
+            "config.rs",
+            "sizing.rs",
+            "space.rs",
+            "commit/journal/",
+        ],
     ),
     // Memberships, cursors, tidemarks' tables.
     ("members", &["members/"]),

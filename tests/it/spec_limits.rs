@@ -72,6 +72,20 @@ fn n(v: impl TryInto<u64>) -> Option<u64> {
     Some(v.try_into().ok().expect("fits u64"))
 }
 
+/// The `groups_max` row of a limits table states the bytes per group its
+/// default divides the memory by, as `tidemark_engine::sizing` has them.
+fn sizing_stated(text: &str, doc: &str) {
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| `groups_max`"))
+        .unwrap_or_else(|| panic!("{doc}: no groups_max row"));
+    let bytes = format!("{} bytes", tidemark_engine::sizing::SIZED_GROUP_BYTES);
+    assert!(
+        row.contains(&bytes),
+        "{doc}: groups_max row without {bytes}: {row}"
+    );
+}
+
 #[test]
 fn storage_md_limits_are_the_engine_defaults() {
     let expected = BTreeMap::from([
@@ -102,7 +116,8 @@ fn storage_md_limits_are_the_engine_defaults() {
         ("run_file_bytes_max", n(engine::RUN_FILE_BYTES_MAX)),
         ("journal_file_bytes", n(engine::JOURNAL_FILE_BYTES)),
         ("commit_round_bytes_max", n(engine::COMMIT_ROUND_BYTES_MAX)),
-        ("groups_max", n(engine::GROUPS_MAX)),
+        // From the memory (`tidemark_engine::sizing`): no number.
+        ("groups_max", None),
         ("members_per_group_max", n(engine::MEMBERS_PER_GROUP_MAX)),
         ("groups_per_user_max", n(engine::GROUPS_PER_USER_MAX)),
         ("cursor_flush_ms", n(engine::CURSOR_FLUSH_MS)),
@@ -111,8 +126,10 @@ fn storage_md_limits_are_the_engine_defaults() {
         ("segment_tail_bytes", n(engine::SEGMENT_TAIL_BYTES)),
         ("disk_free_min_bytes", n(engine::DISK_FREE_MIN_BYTES)),
     ]);
-    let rows = table(&spec("storage.md"), "\n## 13. Limits\n", 3);
+    let text = spec("storage.md");
+    let rows = table(&text, "\n## 13. Limits\n", 3);
     check(rows, expected, "storage.md section 13");
+    sizing_stated(&text, "storage.md");
 }
 
 #[test]
@@ -146,7 +163,8 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
         ("RECENT_SENDS_MAX", n(tidemark_node::RECENT_SENDS_MAX)),
         ("members_per_group_max", n(engine::MEMBERS_PER_GROUP_MAX)),
         ("groups_per_user_max", n(engine::GROUPS_PER_USER_MAX)),
-        ("groups_max", n(engine::GROUPS_MAX)),
+        // From the memory (`tidemark_engine::sizing`): no number.
+        ("groups_max", None),
         ("disk_free_min_bytes", n(engine::DISK_FREE_MIN_BYTES)),
         // The dedup window's row starts with its sends (the rest of the
         // window is checked in storage.md's table).
@@ -171,6 +189,7 @@ fn protocol_md_limits_are_the_node_and_engine_defaults() {
     let text = spec("protocol.md");
     let rows = table(&text, "\n### 1.8 Limits\n", 2);
     check(rows, expected, "protocol.md section 1.8");
+    sizing_stated(&text, "protocol.md");
     // The serve options the table leaves to storage.md, in the prose below it.
     let spaced = |v: u64| {
         let digits = v.to_string();

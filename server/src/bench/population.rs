@@ -31,7 +31,8 @@
 //! go idle before reading memory ([`settle`]): it polls STATS
 //! `engine.groups_in_use` until it is 0 or stops falling after a
 //! checkpoint (new groups' files must be synced before their memory can
-//! go), or, from a node that has the flag but not that figure, waits a
+//! go), and until a checkpoint was stored since the phase (what it changed
+//! is held for the next capture until then), or, from a node that has the flag but not that figure, waits a
 //! fixed [`SETTLE_FIXED_SLACK`] past the idle time. A binary without the flag
 //! (0.1) gets neither flag nor wait: its groups never go idle; nor does
 //! any node with `--node-idle-evict-ms 0` (the node's own idle time). The send
@@ -835,7 +836,9 @@ impl Settled {
 /// [`SETTLE_SWEEP_SLACK`] have passed *and* a checkpoint was stored since
 /// the wait began (a group whose new files are not synced yet stays in use
 /// until a checkpoint syncs them), or at the latest [`SETTLE_MAX`] past the
-/// idle time. Without that figure it waits the idle time and
+/// idle time; and, when the node reports its checkpoints, until one was
+/// stored since the wait began (what the phase changed is then no longer
+/// held for the next capture), within the same bound. Without that figure it waits the idle time and
 /// [`SETTLE_FIXED_SLACK`].
 fn settle(conn: &mut Conn, idle_ms: Option<u64>) -> Result<Settled, String> {
     let started = Instant::now();
@@ -866,7 +869,12 @@ fn settle(conn: &mut Conn, idle_ms: Option<u64>) -> Result<Settled, String> {
     let stalled_for = (2 * idle).max(Duration::from_secs(5));
     let mut fell_at = Instant::now();
     let mut stored = Some(0);
-    while last > 0 {
+    // Idle also means nothing waiting for a checkpoint: the users whose
+    // membership changed are listed per group until the next capture
+    // (`dirty.rs`), state of the phase, not of idle groups. So the wait
+    // goes on until a checkpoint was stored since it began (at most
+    // `checkpoint_interval_ms` after the phase; `--node-checkpoint-interval-ms`).
+    while last > 0 || stored == Some(0) {
         let waited = started.elapsed();
         let checkpointed = stored.is_none_or(|n| n > 0);
         if waited >= idle + SETTLE_MAX
