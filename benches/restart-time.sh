@@ -1,26 +1,40 @@
 #!/bin/bash
-# Times a clean restart of a kept data directory: copies DIR (so every run
+# Times a restart of a kept data directory: copies DIR (so every run
 # starts from the same bytes), starts `BIN serve` on the copy, and prints
-# the seconds from spawn to its `listening` line; then stops it (SIGTERM).
+# the seconds from spawn to its `listening` line; with GROUP and USER also
+# the seconds from spawn to the answer of a first PULL (`BIN pull
+# --no-ack`) of that member of that group; then stops it (SIGTERM).
 # Alternate two builds on one directory to compare them:
-#   tidemark bench --spawn -w population --groups 200000 --data-dir /tmp/pop --keep-data
+#   tidemark bench --spawn -w population --groups 200000 --data /tmp/pop --keep-data
 #   for i in 1 2 3; do bash benches/restart-time.sh OLD /tmp/pop/tidemark-bench-*; \
 #                      bash benches/restart-time.sh NEW /tmp/pop/tidemark-bench-*; done
+# A directory left by a SIGKILL times a crash restart the same way (the
+# copy replays its journal tail every time).
 set -euo pipefail
 BIN=$1
 SRC=$2
+GROUP=${3:-}
+USER_ID=${4:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cp -a "$SRC" "$WORK/data"
 sync
 start=$(date +%s.%N)
-"$BIN" serve --data "$WORK/data" --listen 127.0.0.1:0 >"$WORK/out" 2>&1 &
+"$BIN" serve --data "$WORK/data" --listen 127.0.0.1:0 >"$WORK/out" 2>"$WORK/err" &
 pid=$!
 until grep -q listening "$WORK/out"; do
-    kill -0 "$pid" 2>/dev/null || { cat "$WORK/out" >&2; exit 1; }
+    kill -0 "$pid" 2>/dev/null || { cat "$WORK/out" "$WORK/err" >&2; exit 1; }
     sleep 0.01
 done
 end=$(date +%s.%N)
+listening=$(echo "$end - $start" | bc)
+if [ -n "$GROUP" ]; then
+    addr=$(sed -n 's/^tidemark listening on //p' "$WORK/out")
+    "$BIN" pull --addr "$addr" --group "$GROUP" --user "$USER_ID" --no-ack --json >/dev/null
+    pulled=$(date +%s.%N)
+    echo "$listening $(echo "$pulled - $start" | bc)"
+else
+    echo "$listening"
+fi
 kill -TERM "$pid"
 wait "$pid" || true
-echo "$end - $start" | bc

@@ -1660,6 +1660,47 @@ fn stored_cursors_far_above_the_head_are_clamped_not_trusted() {
 }
 
 #[test]
+fn a_restored_applied_lsn_beyond_the_journal_is_lowered_and_new_frames_replay() {
+    // A checkpoint whose group record reflects a frame number the journal
+    // never reached (an older build's checkpoint, then a power cut under
+    // `never`): recovery lowers it, else the next frames of the group,
+    // numbered from the journal, would be taken for reflected and skipped.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = small_config(dir.path());
+    c.checkpoint_journal_bytes = 1 << 30; // no checkpoint during the test
+    c.checkpoint_interval_ms = 3_600_000;
+    let e = Engine::open(c.clone()).unwrap();
+    e.create_group(1).unwrap();
+    e.close().unwrap();
+    crate::state::checkpoint_tests::add_run(
+        dir.path(),
+        &[crate::state::Item::GroupPut(Box::new(
+            crate::state::GroupRecord {
+                group: 1,
+                fresh: false,
+                applied_lsn: 1 << 40,
+                head: 0,
+                segments: Vec::new(),
+                retention: Default::default(),
+                damaged: None,
+                small: None,
+                quiet: Vec::new(),
+                edits: Vec::new(),
+                erase: Vec::new(),
+            },
+        ))],
+    );
+    let e = Engine::open(c.clone()).unwrap();
+    // The first checkpoint after the open stores what recovery lowered.
+    e.checkpoint().unwrap();
+    e.append(1, 7, 1, b"after the checkpoint").unwrap();
+    e.simulate_crash();
+    let e = Engine::open(c).unwrap();
+    assert_eq!(e.head(1).unwrap(), 1, "the append was replayed");
+    e.close().unwrap();
+}
+
+#[test]
 fn a_journal_sequence_number_at_the_end_of_its_range_is_an_error_not_a_panic() {
     // Fuzz finding F4: `seq + 1` overflowed for a journal named u64::MAX.
     let dir = tempfile::tempdir().unwrap();

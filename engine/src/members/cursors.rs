@@ -137,6 +137,11 @@ impl CursorTable {
         (h.finish() as usize) % SHARDS
     }
 
+    /// The shard a user's memberships are in, for [`Loader::push_in_shard`].
+    pub fn shard_of(&self, user: u64) -> usize {
+        self.shard_index(user)
+    }
+
     fn shard(&self, user: u64) -> &RwLock<HashMap<u64, UserEntry>> {
         &self.shards[self.shard_index(user)]
     }
@@ -533,7 +538,18 @@ pub struct Loader<'a> {
 impl Loader<'_> {
     /// Queues a membership (as [`CursorTable::insert`] without a limit;
     /// the caller never queues one twice: a checkpoint's keys are unique).
-    pub fn push(&mut self, user: u64, slot: u32, cursor: u64, join_point: u64) {
+    /// `shard` is the user's ([`CursorTable::shard_of`]), which the caller
+    /// computes, on another thread if it likes: it is a keyed hash, a fair
+    /// share of a load's cost.
+    pub fn push_in_shard(
+        &mut self,
+        shard: usize,
+        user: u64,
+        slot: u32,
+        cursor: u64,
+        join_point: u64,
+    ) {
+        debug_assert_eq!(shard, self.table.shard_index(user));
         let join_lo = match u32::try_from(join_point) {
             Ok(j) if j != JOIN_OVERFLOW => j,
             _ => {
@@ -544,7 +560,6 @@ impl Loader<'_> {
                 JOIN_OVERFLOW
             }
         };
-        let shard = self.table.shard_index(user);
         self.by_shard[shard].push(LoadRow {
             user,
             cursor,
@@ -572,7 +587,10 @@ impl CursorTable {
         for (index, mut rows) in shards {
             rows.sort_unstable_by_key(|r| (r.user, r.slot));
             let mut map = self.shards[index].write();
-            map.reserve(rows.len() / 2);
+            // Exactly the users to come (the rows are sorted by user): a
+            // guess from the rows alone would over-reserve buckets that the
+            // inserts then touch, page by page.
+            map.reserve(rows.chunk_by(|a, b| a.user == b.user).count());
             for run in rows.chunk_by(|a, b| a.user == b.user) {
                 let entry = map.entry(run[0].user).or_default();
                 let v = &mut entry.memberships;
@@ -838,7 +856,7 @@ mod tests {
             by_group.sort_by_key(|((user, slot), _)| (*slot, *user));
             for (&(user, slot), &(cursor, join)) in by_group {
                 one_by_one.insert(user, slot, cursor, join, None).unwrap();
-                loader.push(user, slot, cursor, join);
+                loader.push_in_shard(bulk.shard_of(user), user, slot, cursor, join);
             }
             loader.finish();
             for (&(user, slot), &(cursor, join)) in &rows {
@@ -855,5 +873,34 @@ mod tests {
             prop_assert_eq!(bulk.memberships(), one_by_one.memberships());
             prop_assert_eq!(bulk.memberships(), rows.len() as u64);
         });
+    }
+
+    /// A load reserves map buckets for the users it builds, not for its
+    /// rows: reserved buckets are touched by the inserts, so an
+    /// over-reservation (half the rows, for users with ten memberships
+    /// each) cost memory and page faults at every restart. The bulk table
+    /// holds no more than the one built by inserts (whose maps and lists
+    /// grow as needed).
+    #[test]
+    fn a_load_reserves_buckets_for_its_users_not_for_its_rows() {
+        let one_by_one = CursorTable::new();
+        let bulk = CursorTable::new();
+        let (users, per_user) = (4_000u64, 10u32);
+        let mut loader = bulk.loader((users * u64::from(per_user)) as usize);
+        // By group (slot), then user: as a checkpoint's rows come.
+        for slot in 0..per_user {
+            for user in 0..users {
+                one_by_one.insert(user, slot, 0, 1, None).unwrap();
+                loader.push_in_shard(bulk.shard_of(user), user, slot, 0, 1);
+            }
+        }
+        loader.finish();
+        assert_eq!(bulk.memberships(), one_by_one.memberships());
+        assert!(
+            bulk.heap_bytes() <= one_by_one.heap_bytes(),
+            "bulk {} bytes, one by one {}",
+            bulk.heap_bytes(),
+            one_by_one.heap_bytes()
+        );
     }
 }

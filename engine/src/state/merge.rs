@@ -21,6 +21,7 @@
 //! plus the items of one key.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 
 use super::{Item, Key, StopAtError};
@@ -39,10 +40,11 @@ pub(crate) struct Merge<I: Iterator<Item = Result<Item, String>>> {
     /// An input failed while the merge was set up; reported first.
     pending_error: Option<String>,
     failed: bool,
+    /// The items of the key being resolved, `(run index, item)` newest
+    /// first: one buffer for the whole merge, so a key costs no
+    /// allocation (a load at open resolves one key per item).
+    key_items: Vec<(usize, Item)>,
 }
-
-/// A key and its items, `(run index, item)` newest run first.
-type KeyItems = (Key, Vec<(usize, Item)>);
 
 /// What the merge decided about the group whose items it is in.
 struct GroupState {
@@ -77,6 +79,7 @@ impl<I: Iterator<Item = Result<Item, String>>> Merge<I> {
             group: None,
             pending_error: None,
             failed: false,
+            key_items: Vec::with_capacity(n),
         };
         for i in 0..n {
             if let Err(e) = m.advance(i) {
@@ -88,50 +91,68 @@ impl<I: Iterator<Item = Result<Item, String>>> Merge<I> {
         m
     }
 
-    /// Reads run `i`'s next item into its head.
+    /// Reads run `i`'s next item into its head and puts the run on the
+    /// heap (not if it is done).
     fn advance(&mut self, i: usize) -> Result<(), String> {
+        if let Some(key) = self.read_head(i)? {
+            self.heap.push(Reverse((key, i)));
+        }
+        Ok(())
+    }
+
+    /// Reads run `i`'s next item into its head; returns its key, `None`
+    /// when the run is done.
+    fn read_head(&mut self, i: usize) -> Result<Option<Key>, String> {
         let prev = self.last_keys[i];
         match self.runs[i].next() {
-            None => self.heads[i] = None,
-            Some(Err(e)) => return Err(e),
+            None => {
+                self.heads[i] = None;
+                Ok(None)
+            }
+            Some(Err(e)) => Err(e),
             Some(Ok(item)) => {
                 let key = item.key();
                 if prev.is_some_and(|p| key <= p) {
                     return Err(format!("run {i}: key {key:?} does not follow {prev:?}"));
                 }
                 self.last_keys[i] = Some(key);
-                self.heap.push(Reverse((key, i)));
                 self.heads[i] = Some(item);
+                Ok(Some(key))
             }
         }
-        Ok(())
     }
 
-    /// Takes every head whose key is the smallest: `(run index, item)`,
-    /// newest run first.
-    fn pop_key(&mut self) -> Result<Option<KeyItems>, String> {
-        let Some(Reverse((key, i))) = self.heap.pop() else {
+    /// Takes every head whose key is the smallest into `items` (emptied
+    /// first): `(run index, item)`, newest run first (the heap orders equal
+    /// keys by run index). Returns the key, or `None` once every run is
+    /// done. Each run taken is read on and its heap entry replaced in
+    /// place: one sift, not a pop and a push, per item.
+    fn pop_key(&mut self, items: &mut Vec<(usize, Item)>) -> Result<Option<Key>, String> {
+        items.clear();
+        let Some(&Reverse((key, _))) = self.heap.peek() else {
             return Ok(None);
         };
-        let mut taken = vec![i];
-        while let Some(&Reverse((k, j))) = self.heap.peek() {
+        while let Some(&Reverse((k, i))) = self.heap.peek() {
             if k != key {
                 break;
             }
-            self.heap.pop();
-            taken.push(j);
-        }
-        taken.sort_unstable();
-        let mut items = Vec::with_capacity(taken.len());
-        for i in taken {
             // Invariant: a run is in the heap exactly while its head is set.
             let item = self.heads[i]
                 .take()
                 .expect("invariant: heap entry has a head");
-            self.advance(i)?;
+            let next = self.read_head(i)?;
+            // Invariant: the top is still run `i`'s entry (read_head
+            // leaves the heap alone).
+            let mut top = self.heap.peek_mut().expect("invariant: the heap has a top");
+            match next {
+                Some(next) => *top = Reverse((next, i)),
+                None => {
+                    PeekMut::pop(top);
+                }
+            }
             items.push((i, item));
         }
-        Ok(Some((key, items)))
+        Ok(Some(key))
     }
 }
 
@@ -141,7 +162,18 @@ impl<I: Iterator<Item = Result<Item, String>>> StopAtError for Merge<I> {
     }
 
     fn next_inner(&mut self) -> Result<Option<Item>, String> {
-        while let Some((key, items)) = self.pop_key()? {
+        let mut items = std::mem::take(&mut self.key_items);
+        let next = self.resolve_next(&mut items);
+        self.key_items = items;
+        next
+    }
+}
+
+impl<I: Iterator<Item = Result<Item, String>>> Merge<I> {
+    /// The next item of the output (the table in the module docs), with
+    /// `items` as the buffer of each key's items.
+    fn resolve_next(&mut self, items: &mut Vec<(usize, Item)>) -> Result<Option<Item>, String> {
+        while let Some(key) = self.pop_key(items)? {
             if key.user.is_none() {
                 let masking = |it: &Item| match it {
                     Item::GroupDelete { .. } => true,
@@ -151,7 +183,7 @@ impl<I: Iterator<Item = Result<Item, String>>> StopAtError for Merge<I> {
                 let mask = items.iter().find(|(_, it)| masking(it)).map(|&(i, _)| i);
                 // Invariant: `items` is non-empty and newest first.
                 let (_, newest) = items
-                    .into_iter()
+                    .drain(..)
                     .next()
                     .expect("invariant: a popped key has an item");
                 let (resolved, out) = match newest {
@@ -189,7 +221,7 @@ impl<I: Iterator<Item = Result<Item, String>>> StopAtError for Merge<I> {
             // Invariant: set just above.
             let st = self.group.as_ref().expect("invariant: group state set");
             let Some((_, newest)) = items
-                .into_iter()
+                .drain(..)
                 .find(|&(i, _)| st.mask.is_none_or(|m| i <= m))
             else {
                 continue; // every row of this key is hidden

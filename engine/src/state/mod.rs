@@ -39,6 +39,7 @@ pub(crate) mod manifest;
 mod merge;
 pub(crate) mod pins;
 pub(crate) mod recovery;
+mod restore;
 pub(crate) mod rewrite;
 pub(crate) mod run;
 // Consistent snapshots of a running engine (online backup, Raft later).

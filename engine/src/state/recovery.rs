@@ -18,8 +18,6 @@ use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-use std::sync::Arc;
-
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
@@ -36,11 +34,10 @@ use crate::io::Vfs;
 use crate::logs::group_log::{LoadReport, LogState};
 use crate::logs::record;
 use crate::members::cursors::CursorTable;
-use crate::members::membership::GroupMembers;
-use crate::state::checkpointer::{self, OnDisk};
+use crate::state::checkpointer::OnDisk;
 use crate::state::damage::{self, HeaderVerdict};
 use crate::state::manifest::{self, Manifest};
-use crate::state::{run, Item};
+use crate::state::{restore, run};
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -242,6 +239,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     on_disk.next_ckpt_seq = manifests.last().map_or(1, |(seq, _)| seq.saturating_add(1));
     let mut replay_from = 0;
     let mut loaded = false;
+    // The highest `applied_lsn` of a restored group record.
+    let mut restored_applied_lsn_max = 0;
     // Where the newest rejected checkpoint is damaged (the run part and
     // offset when its runs did not merge, else the manifest itself).
     let mut first_damage: Option<damage::Located> = None;
@@ -251,8 +250,9 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         let (reason, located) = match manifest::load(vfs, path)? {
             Err(reason) => (reason, None),
             Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
-            Ok(m) => match restore_runs(ctx, &mut catalog, &cursors, &m) {
-                Ok(()) => {
+            Ok(m) => match restore::restore_runs(ctx, &mut catalog, &cursors, &m) {
+                Ok(applied_max) => {
+                    restored_applied_lsn_max = applied_max;
                     replay_from = m.replay_journal_seq;
                     report.clean_shutdown = m.clean;
                     report.checkpoint_used = true;
@@ -436,7 +436,11 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
     cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
-    lower_applied_lsns(ctx, &catalog, next_numbers.0);
+    // Replay sets `applied_lsn`s below `next_numbers.0` only: the walk is
+    // needed only when a restored record reaches it.
+    if restored_applied_lsn_max >= next_numbers.0 {
+        lower_applied_lsns(ctx, &catalog, next_numbers.0);
+    }
     if segments_may_lead {
         // The journal may have lost records that group segments hold. Their
         // msg_ids were given out, so every such group is loaded now: its
@@ -444,7 +448,12 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         // and it does not jump when the group is first used.
         load_groups_whose_segments_lead(ctx, &catalog, &mut report);
     }
-    clamp_cursors_to_heads(&catalog, &cursors);
+    // The restore clamped every cursor to its group's head: only replay
+    // and cuts change heads since (loading groups whose segments lead only
+    // raises them).
+    if report.journal_entries_replayed > 0 || !report.cuts.is_empty() {
+        clamp_cursors_to_heads(&catalog, &cursors);
+    }
     sweep_strays(ctx, &catalog)?;
     let mut loaded_groups = Vec::new();
     let mut stored = 0;
@@ -760,97 +769,6 @@ fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
         )))
 }
 
-/// Registers the groups (unloaded) and memberships the merge of a
-/// manifest's runs yields. The runs hold what was accepted: no limit is
-/// applied again; a cursor is never above its group's head.
-fn restore_runs(
-    ctx: &Context,
-    catalog: &mut Catalog,
-    cursors: &CursorTable,
-    m: &Manifest,
-) -> Result<(), String> {
-    // The runs' items bound the memberships (a full merge yields fewer
-    // when newer runs replace or delete older items). The counts are the
-    // manifest's, not yet checked against the parts: the reservation is
-    // capped (it is address space; beyond it the buffers grow).
-    let items = m.runs.iter().map(|r| r.items()).sum::<u64>();
-    let mut loader = cursors.loader(usize::try_from(items.min(1 << 24)).unwrap_or(1 << 24));
-    checkpointer::with_merge(ctx, &m.runs, true, |items| {
-        // The group whose rows come now, and its members so far: rows
-        // follow their group's record in key order, users ascending.
-        let mut current: Option<Arc<Group>> = None;
-        let mut members: Vec<(u64, u64)> = Vec::new();
-        for item in items {
-            match item? {
-                Item::GroupPut(rec) => {
-                    if let Some(g) = current.take() {
-                        *g.members.lock() = GroupMembers::from_sorted(&members);
-                    }
-                    members.clear();
-                    let state = LogState {
-                        head: rec.head,
-                        segments: rec.segments,
-                    };
-                    let slot = match (rec.damaged, rec.small) {
-                        (Some(reason), _) => LogSlot::Damaged { state, reason },
-                        // A small group: its records in the journal files.
-                        (None, Some(small)) => {
-                            let list = small
-                                .extent_list(state.head)
-                                .map_err(|why| format!("group {}: {why}", rec.group))?;
-                            crate::commit::small_log::restore_live(ctx, &list);
-                            LogSlot::Small(list)
-                        }
-                        // No segment: a group without record or file.
-                        (None, None) if state.segments.is_empty() => LogSlot::new_small(),
-                        (None, None) => LogSlot::Unloaded(state),
-                    };
-                    let g = catalog.insert(rec.group, slot);
-                    catalog.set_retention(&g, rec.retention);
-                    if !rec.quiet.is_empty() || !rec.edits.is_empty() {
-                        g.restore_quiet(rec.quiet, rec.edits);
-                    }
-                    if !rec.erase.is_empty() {
-                        // Recalled payloads a segment may still hold: the
-                        // erasure pass goes on with them.
-                        g.add_erase(&rec.erase);
-                        ctx.erase_groups.lock().insert(rec.group);
-                    }
-                    let mut ck = g.ckpt(&ctx.dirty);
-                    ck.set_applied_lsn(rec.applied_lsn);
-                    ck.capture_once();
-                    drop(ck);
-                    current = Some(g);
-                }
-                Item::MemberPut {
-                    group,
-                    user,
-                    cursor,
-                    join_point,
-                } => {
-                    let g = current
-                        .as_ref()
-                        .filter(|g| g.id == group)
-                        .ok_or_else(|| format!("member row of group {group} without its record"))?;
-                    if members.last().is_some_and(|&(last, _)| last >= user) {
-                        return Err(format!("member rows of group {group} out of order"));
-                    }
-                    let cursor = cursor.min(g.head());
-                    loader.push(user, g.slot, cursor, join_point);
-                    members.push((user, cursor));
-                }
-                other => return Err(format!("a full merge yielded {other:?}")),
-            }
-        }
-        if let Some(g) = current.take() {
-            *g.members.lock() = GroupMembers::from_sorted(&members);
-        }
-        Ok(())
-    })??;
-    loader.finish();
-    Ok(())
-}
-
 /// After replay, before anything is served: what no group explains under
 /// `groups/` (`damage::find_strays`) goes. The directory of a group that
 /// does not exist (a deletion whose move to the trash was not durable, a
@@ -900,10 +818,21 @@ fn sweep_strays(ctx: &Context, catalog: &Catalog) -> Result<()> {
 }
 
 /// After replay: no cursor beyond its group's head.
+/// The heads are copied by slot first: the walk goes by user, and reading
+/// each membership's group in place would cost a cache miss per
+/// membership.
 fn clamp_cursors_to_heads(catalog: &Catalog, cursors: &CursorTable) {
+    let mut heads: Vec<u64> = Vec::new();
+    for g in catalog.groups() {
+        let slot = g.slot as usize;
+        if heads.len() <= slot {
+            heads.resize(slot + 1, u64::MAX);
+        }
+        heads[slot] = g.head();
+    }
     let mut moved = Vec::new();
     cursors.clamp_all(
-        |slot| catalog.by_slot(slot).map_or(u64::MAX, |g| g.head()),
+        |slot| heads.get(slot as usize).copied().unwrap_or(u64::MAX),
         |slot, old, new| moved.push((slot, old, new)),
     );
     for (slot, old, new) in moved {
