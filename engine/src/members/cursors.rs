@@ -4,9 +4,10 @@
 //! Memory: a membership is 16 bytes here (cursor, group slot, join point)
 //! plus the 8-byte user id in the group's member list; see the bench
 //! `memberships` for the measured total. An ACK is a hash lookup, a binary
-//! search over the user's groups and one atomic compare-and-swap, plus an
-//! insert into its shard's flush queue when the move raises the flush bit
-//! (the only allocation, amortised): no system call, no exclusive lock.
+//! search over the user's groups and one atomic compare-and-swap, plus a
+//! push onto its shard's flush queue when the move raises the flush bit
+//! (the only allocation, amortised; no hashing beyond the one that picks
+//! the shard): no system call, no exclusive lock.
 //!
 //! Each cursor word is `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`
 //! (msg_ids stay below 2^62). The *flush* bit makes the commit thread's
@@ -23,15 +24,20 @@
 //! Invariants: a flush bit is cleared only atomically with reading the
 //! value it covers (the flush keeps the entries until written); every
 //! membership whose flush bit is set is on its shard's flush queue
-//! (queued by the move that raises it, taken by the flush that clears it,
-//! dropped by the leave that removes it); the queue is a set, so it holds
-//! at most one entry per membership, and an entry whose bit a flush
-//! cleared between a move's raise and its queueing is skipped once; a
+//! (queued by the move that raises it, taken by the flush that clears
+//! it). The queue is a list with one entry per raise of a bit from 0 to
+//! 1: a bit stays up until a flush takes the queue, so a membership has
+//! at most one entry per flush, plus one per leave since that flush (a
+//! leave leaves its entry, as finding it in a list would cost a walk).
+//! The flush reads each entry's bit as it clears it and writes only the
+//! values whose bit it found up, so an entry of a membership that left
+//! (gone, or joined again clean), or a second entry after a leave and a
+//! rejoin, writes nothing: every moved cursor is written once. A
 //! checkpoint bit is set only by a move that reports it (so every set bit
 //! has its user queued) and cleared only atomically with the read of the
 //! value the checkpoint stores.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -80,9 +86,11 @@ pub enum InsertError {
 pub struct CursorTable {
     shards: Vec<RwLock<HashMap<u64, UserEntry>>>,
     /// By shard: the `(user, slot)` of every membership of the shard's
-    /// users whose flush bit is set (module invariants). Its own lock, as a
-    /// move holds its shard only shared; taken after the shard's.
-    flush_queues: Vec<Mutex<HashSet<(u64, u32)>>>,
+    /// users whose flush bit is set, one entry per raise of the bit, and
+    /// of memberships that left since the last flush (module invariants).
+    /// Its own lock, as a move holds its shard only shared; taken after
+    /// the shard's.
+    flush_queues: Vec<Mutex<Vec<(u64, u32)>>>,
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
@@ -147,11 +155,10 @@ impl CursorTable {
     }
 
     /// Queues a membership whose flush bit this caller raised (0 -> 1);
-    /// the caller holds its shard.
-    fn queue_flush(&self, user: u64, slot: u32) {
-        self.flush_queues[self.shard_index(user)]
-            .lock()
-            .insert((user, slot));
+    /// the caller holds its shard, number `shard` (the index it already
+    /// hashed the user to: a move hashes the user once for both).
+    fn queue_flush(&self, shard: usize, user: u64, slot: u32) {
+        self.flush_queues[shard].lock().push((user, slot));
     }
 
     fn join_point(&self, user: u64, m: &Membership) -> u64 {
@@ -232,14 +239,10 @@ impl CursorTable {
             .memberships
             .binary_search_by_key(&slot, |m| m.slot)
             .ok()?;
+        // A queued flush entry stays: the flush finds no membership (or a
+        // clean one, joined again) and writes nothing for it.
         let m = entry.memberships.remove(at);
         self.len.fetch_sub(1, Ordering::Relaxed);
-        if m.cursor.load(Ordering::Acquire) & FLUSH_DIRTY != 0 {
-            // Under the shard's write lock: no move races this read.
-            self.flush_queues[self.shard_index(user)]
-                .lock()
-                .remove(&(user, slot));
-        }
         if m.join_lo == JOIN_OVERFLOW {
             self.join_overflow.lock().remove(&(slot, user));
         }
@@ -311,11 +314,12 @@ impl CursorTable {
     /// dirty bits. `None` if `user` is not a member. The caller checks
     /// `msg_id` against the head first.
     pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<Moved> {
-        let shard = self.shard(user).read();
+        let index = self.shard_index(user);
+        let shard = self.shards[index].read();
         let entry = shard.get(&user)?;
         let m = entry.find(slot)?;
         let seen = m.cursor.load(Ordering::Acquire);
-        Some(self.raise(user, slot, m, seen, msg_id))
+        Some(self.raise(index, user, slot, m, seen, msg_id))
     }
 
     /// Moves `m` to `msg_id` if that is forward of what it holds, setting
@@ -325,7 +329,15 @@ impl CursorTable {
     /// id got there first, maybe read by a flush or a checkpoint since)
     /// writes nothing, so a bit is only ever raised together with the
     /// report (and the queueing) of its raise.
-    fn raise(&self, user: u64, slot: u32, m: &Membership, seen: u64, msg_id: u64) -> Moved {
+    fn raise(
+        &self,
+        shard: usize,
+        user: u64,
+        slot: u32,
+        m: &Membership,
+        seen: u64,
+        msg_id: u64,
+    ) -> Moved {
         let mut current = seen;
         loop {
             let old = current >> SHIFT;
@@ -343,7 +355,7 @@ impl CursorTable {
             {
                 Ok(_) => {
                     if current & FLUSH_DIRTY == 0 {
-                        self.queue_flush(user, slot);
+                        self.queue_flush(shard, user, slot);
                     }
                     return Moved {
                         old,
@@ -359,7 +371,8 @@ impl CursorTable {
     /// Moves the cursor from exactly `expected` to `msg_id` (a caught-up
     /// sender's own message). `Some(newly checkpoint dirty)` if it moved.
     pub fn advance_if_at(&self, user: u64, slot: u32, expected: u64, msg_id: u64) -> Option<bool> {
-        let shard = self.shard(user).read();
+        let index = self.shard_index(user);
+        let shard = self.shards[index].read();
         let entry = shard.get(&user)?;
         let m = entry.find(slot)?;
         let current = m.cursor.load(Ordering::Acquire);
@@ -375,7 +388,7 @@ impl CursorTable {
             )
             .ok()?;
         if current & FLUSH_DIRTY == 0 {
-            self.queue_flush(user, slot);
+            self.queue_flush(index, user, slot);
         }
         Some(current & CKPT_DIRTY == 0)
     }
@@ -395,8 +408,9 @@ impl CursorTable {
     /// read, so an ACK racing with this is taken next time (its move either
     /// finds the bit still set, and this read takes its value, or raises it
     /// again and queues the membership again). Visits the flush queues
-    /// only: O(moved cursors + shards), whatever the table holds. Returns
-    /// the number of queued entries it visited.
+    /// only: O(moved cursors + leaves since the last take + shards),
+    /// whatever the table holds. Returns the number of queued entries it
+    /// visited.
     pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) -> usize {
         let mut visited = 0;
         for (queue, shard) in self.flush_queues.iter().zip(&self.shards) {
@@ -409,8 +423,8 @@ impl CursorTable {
             visited += queued.len();
             let shard = shard.read();
             for (user, slot) in queued {
-                // A leave since the move took its entry off the queue, but
-                // a take that already held the entry finds it gone here.
+                // A membership that left since its move is gone (or, joined
+                // again, clean: its bit is down and nothing is written).
                 let Some(m) = shard.get(&user).and_then(|e| e.find(slot)) else {
                     continue;
                 };
@@ -465,7 +479,7 @@ impl CursorTable {
     /// checkpoint bit is left as it was, since only a reported move may set
     /// it (every later open clamps again whatever a checkpoint holds).
     pub fn clamp_all(&self, head_of: impl Fn(u32) -> u64, mut moved: impl FnMut(u32, u64, u64)) {
-        for shard in &self.shards {
+        for (index, shard) in self.shards.iter().enumerate() {
             let shard = shard.read();
             for (user, entry) in shard.iter() {
                 for m in &entry.memberships {
@@ -478,7 +492,7 @@ impl CursorTable {
                             Ordering::Release,
                         );
                         if v & FLUSH_DIRTY == 0 {
-                            self.queue_flush(*user, m.slot);
+                            self.queue_flush(index, *user, m.slot);
                         }
                         moved(m.slot, v >> SHIFT, head);
                     }
@@ -490,7 +504,7 @@ impl CursorTable {
     /// Heap bytes held (the shard maps' buckets and the membership vectors).
     pub fn heap_bytes(&self) -> usize {
         let per_bucket = std::mem::size_of::<(u64, UserEntry)>() + 1;
-        let per_queued = std::mem::size_of::<(u64, u32)>() + 1;
+        let per_queued = std::mem::size_of::<(u64, u32)>();
         let queues: usize = self
             .flush_queues
             .iter()
@@ -692,19 +706,47 @@ mod tests {
             "one moved cursor among 100,000 users: one entry visited, queued once"
         );
         assert_eq!(seen, vec![(42, 9, 7)]);
-        // A leave drops its queued entry; a rejoin starts clean.
+        // A leave leaves its queued entry, which writes nothing; a rejoin
+        // starts clean.
         t.advance(42, 9, 8);
         t.advance(7, 0, 3);
         t.remove(42, 9);
         t.insert(42, 9, 8, 1, None).unwrap();
         seen.clear();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 2);
         assert_eq!(seen, vec![(7, 0, 3)]);
         // Recovery's clamp queues what it lowers.
         t.clamp_all(|slot| if slot == 0 { 2 } else { u64::MAX }, |_, _, _| {});
         seen.clear();
         assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
         assert_eq!(seen, vec![(7, 0, 2)]);
+    }
+
+    #[test]
+    fn a_cursor_that_left_and_joined_again_between_flushes_is_written_once_with_its_new_value() {
+        // Queued, left, joined again and moved again before one flush: the
+        // membership has two entries on its flush queue (the leave leaves
+        // the first), and the flush writes its cursor once, as it is now.
+        let t = CursorTable::new();
+        t.insert(5, 3, 0, 1, None).unwrap();
+        t.advance(5, 3, 4);
+        assert_eq!(t.remove(5, 3), Some(4));
+        t.insert(5, 3, 2, 3, None).unwrap();
+        t.advance(5, 3, 6);
+        // A leave without a rejoin: its entry finds no membership.
+        t.insert(6, 3, 0, 1, None).unwrap();
+        t.advance(6, 3, 1);
+        t.remove(6, 3);
+        let mut seen = Vec::new();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 3);
+        assert_eq!(seen, vec![(5, 3, 6)]);
+        seen.clear();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 0);
+        assert!(seen.is_empty(), "nothing left queued");
+        // The next move is queued again.
+        t.advance(5, 3, 7);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(seen, vec![(5, 3, 7)]);
     }
 
     #[test]
@@ -717,9 +759,10 @@ mod tests {
         let t = CursorTable::new();
         t.insert(1, 1, 0, 1, None).unwrap();
         let raise_from_stale = |seen: u64, msg_id: u64| {
-            let shard = t.shard(1).read();
+            let index = t.shard_index(1);
+            let shard = t.shards[index].read();
             let m = shard.get(&1).unwrap().find(1).unwrap();
-            t.raise(1, 1, m, seen, msg_id)
+            t.raise(index, 1, 1, m, seen, msg_id)
         };
         let stale = 0;
         assert!(t.advance(1, 1, 5).unwrap().newly_checkpoint_dirty);

@@ -84,6 +84,12 @@ struct Slot {
     frame_timer_armed: bool,
     /// This connection's queued output as counted in `EventLoop::out_total`.
     out_counted: usize,
+    /// This connection's queued output as `EventLoop::out_by_size` holds it
+    /// (0: no entry); brought up to `out_counted` before output is shed.
+    out_indexed: usize,
+    /// On `EventLoop::out_unindexed`: `out_indexed` may differ from
+    /// `out_counted`.
+    out_index_stale: bool,
     /// This connection's input memory as counted in `EventLoop::in_total`.
     in_counted: usize,
     /// The client's address (event lines, the slow log).
@@ -171,8 +177,16 @@ pub struct EventLoop {
     out_total: usize,
     /// `(queued output, slot index)` of every connection with output
     /// queued: the largest is the first closed when `out_total` passes
-    /// `output_bytes_total_max`.
+    /// `output_bytes_total_max`. Brought up to date (from
+    /// `out_unindexed`) where output may be shed, after a connection's turn
+    /// and once per loop pass, not with every response queued or written:
+    /// a response costs an addition, a turn at most one update of this
+    /// set.
     out_by_size: BTreeSet<(usize, usize)>,
+    /// Slots whose `out_indexed` may differ from `out_counted` (each at
+    /// most once while `Slot::out_index_stale`; a slot closed and reused
+    /// meanwhile may appear twice, which indexing tolerates).
+    out_unindexed: Vec<usize>,
     /// Input memory of all connections (sum of `Slot::in_counted`).
     in_total: usize,
     subs: Subscriptions<ConnId>,
@@ -290,6 +304,7 @@ impl EventLoop {
             frame_timers: BinaryHeap::new(),
             out_total: 0,
             out_by_size: BTreeSet::new(),
+            out_unindexed: Vec::new(),
             in_total: 0,
             subs: Subscriptions::default(),
             stats: Stats::default(),
@@ -535,6 +550,8 @@ impl EventLoop {
                 ready: false,
                 frame_timer_armed: false,
                 out_counted: 0,
+                out_indexed: 0,
+                out_index_stale: false,
                 in_counted: 0,
                 peer,
             };
@@ -721,21 +738,42 @@ impl EventLoop {
     }
 
     /// Brings the node-wide output total up to date with this connection's
-    /// queue. O(log connections).
+    /// queue. O(1): the ordered index `shed_output` reads is updated there
+    /// (`index_output`).
     fn account(&mut self, index: usize) {
         let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
             return;
         };
         let out = slot.conn.output_bytes();
         if out != slot.out_counted {
-            if slot.out_counted > 0 {
-                self.out_by_size.remove(&(slot.out_counted, index));
-            }
-            if out > 0 {
-                self.out_by_size.insert((out, index));
-            }
             self.out_total = self.out_total - slot.out_counted + out;
             slot.out_counted = out;
+            if !slot.out_index_stale {
+                slot.out_index_stale = true;
+                self.out_unindexed.push(index);
+            }
+        }
+    }
+
+    /// Brings `out_by_size` up to date with every connection's counted
+    /// output: O(log connections) for each connection whose output changed
+    /// since the last call.
+    fn index_output(&mut self) {
+        for index in std::mem::take(&mut self.out_unindexed) {
+            let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
+                continue;
+            };
+            slot.out_index_stale = false;
+            if slot.out_indexed == slot.out_counted {
+                continue;
+            }
+            if slot.out_indexed > 0 {
+                self.out_by_size.remove(&(slot.out_indexed, index));
+            }
+            if slot.out_counted > 0 {
+                self.out_by_size.insert((slot.out_counted, index));
+            }
+            slot.out_indexed = slot.out_counted;
         }
     }
 
@@ -746,6 +784,7 @@ impl EventLoop {
     /// queued output, so the clients closed are the ones that do not read.
     fn shed_output(&mut self) {
         let max = self.config.limits.output_bytes_total_max;
+        self.index_output();
         while self.out_total > max {
             let Some(&(queued, index)) = self.out_by_size.last() else {
                 break;
@@ -1545,8 +1584,8 @@ impl EventLoop {
             if slot.interest.is_some() {
                 let _ = self.poll.registry().deregister(&mut slot.stream);
             }
-            if slot.out_counted > 0 {
-                self.out_by_size.remove(&(slot.out_counted, index));
+            if slot.out_indexed > 0 {
+                self.out_by_size.remove(&(slot.out_indexed, index));
             }
             self.out_total -= slot.out_counted;
             self.in_total -= slot.in_counted;
