@@ -562,17 +562,21 @@ impl Committer {
             return false;
         }
         // The capture starts a new journal file, as a roll does (the file
-        // left is synced first, whatever the policy): P is the new file's
+        // left is synced to its end first, whatever the policy; under
+        // `fsync always` the last round already did): P is the new file's
         // start, so journal files go whole once neither kept manifest
         // needs them, and a fallback to the older manifest replays synced
         // files.
         if self.journal.holds_frames() {
-            if let Err(e) = self.journal.roll() {
-                self.capture_step_failed(&e);
-                return false;
-            }
+            let syncs = match self.journal.roll() {
+                Ok(syncs) => syncs,
+                Err(e) => {
+                    self.capture_step_failed(&e);
+                    return false;
+                }
+            };
             let c = &self.shared.counters;
-            c.journal_syncs.fetch_add(2, Ordering::Relaxed);
+            c.journal_syncs.fetch_add(syncs, Ordering::Relaxed);
             c.journal_bytes
                 .fetch_add(journal::JOURNAL_HEADER_BYTES as u64, Ordering::Relaxed);
             self.unsynced_bytes = 0;

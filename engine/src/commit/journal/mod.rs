@@ -249,8 +249,7 @@ impl Journal {
     fn roll_for(&mut self, len: usize) -> Result<u64> {
         let would_be = self.len.saturating_add(len as u64);
         if would_be > self.options.file_bytes_max && self.len > JOURNAL_HEADER_BYTES as u64 {
-            self.roll()?;
-            return Ok(2);
+            return self.roll();
         }
         Ok(0)
     }
@@ -290,8 +289,12 @@ impl Journal {
 
     /// Moves to file `seq + 1`: this file is synced first (so a torn tail
     /// can only be in the newest file holding frames), then the next one
-    /// is created durable. Nothing changes if either step fails.
-    pub(crate) fn roll(&mut self) -> Result<()> {
+    /// is created durable. Nothing changes if either step fails. Returns
+    /// the fdatasyncs of files that took: this file's is skipped when the
+    /// last one already covered all of it (every round under `fsync
+    /// always`), since a sync of a clean file still waits for the disk's
+    /// cache flush, on the commit thread, at every checkpoint's capture.
+    pub(crate) fn roll(&mut self) -> Result<u64> {
         let seq = self
             .seq
             .checked_add(1)
@@ -299,7 +302,11 @@ impl Journal {
             .ok_or_else(|| Error::WritesStopped {
                 reason: "journal sequence numbers exhausted".into(),
             })?;
-        self.sync()?;
+        let mut syncs = 1;
+        if self.synced < self.len {
+            self.sync()?;
+            syncs += 1;
+        }
         let start = self.next_start_at(seq);
         let (path, file, mark_key) = create_file(&*self.vfs, &self.dir, start, self.options)?;
         self.seq = seq;
@@ -310,7 +317,7 @@ impl Journal {
         self.mark_key = mark_key;
         self.written += JOURNAL_HEADER_BYTES as u64;
         self.publish();
-        Ok(())
+        Ok(syncs)
     }
 
     pub fn sync(&mut self) -> Result<()> {
@@ -527,6 +534,46 @@ mod tests {
         assert_eq!(files.len(), 1, "no file numbered past the limit");
         let first = std::fs::read(&files[0].1).unwrap();
         assert_eq!(frames_of_file(&first).len(), 1);
+    }
+
+    /// A roll syncs the file it leaves only when the last sync did not
+    /// cover all of it: the capture of every checkpoint rolls, and under
+    /// `fsync always` the file was synced by the round before, so a second
+    /// fdatasync (which still waits for the disk's cache flush) only held
+    /// the commit thread.
+    #[test]
+    fn a_roll_syncs_the_file_it_leaves_only_if_unsynced_bytes_remain() {
+        let dir = tempfile::tempdir().unwrap();
+        let faulty = crate::io::FaultyVfs::new();
+        let control = faulty.control.clone();
+        let vfs: Arc<dyn Vfs> = Arc::new(faulty);
+        let options = JournalOptions {
+            segments_may_lead: false,
+            file_bytes_max: 1 << 20,
+        };
+        let mut j =
+            Journal::create(vfs.clone(), dir.path(), JournalStart::first(1), options).unwrap();
+        let syncs = || control.file_syncs.load(std::sync::atomic::Ordering::SeqCst);
+        let mut f = FrameBuf::default();
+        f.push_entry(EntryKind::CreateGroup, 1, |b| b.extend_from_slice(&[0; 40]));
+        j.append(&mut f, FrameKind::Round).unwrap();
+        j.sync().unwrap();
+        let before = syncs();
+        assert_eq!(j.roll().unwrap(), 1, "only the new file is synced");
+        assert_eq!(syncs() - before, 1);
+        // Unsynced frames: the file left is synced before the next exists.
+        f.clear();
+        f.push_entry(EntryKind::CreateGroup, 2, |b| b.extend_from_slice(&[0; 40]));
+        j.append(&mut f, FrameKind::Round).unwrap();
+        let before = syncs();
+        assert_eq!(j.roll().unwrap(), 2, "the file left, then the new one");
+        assert_eq!(syncs() - before, 2);
+        let files = list(&*vfs, dir.path()).unwrap();
+        assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+        for (seq, frames) in [(0, 1), (1, 1), (2, 0)] {
+            let bytes = std::fs::read(&files[seq].1).unwrap();
+            assert_eq!(frames_of_file(&bytes).len(), frames, "file {}", seq + 1);
+        }
     }
 
     #[test]
