@@ -2074,13 +2074,28 @@ fn check_change(
         assert!(matches!(r, Err(Error::GroupNotFound { .. })), "{r:?}");
         return;
     };
+    let kind = match change {
+        crate::Change::Edit(_) => KIND_EDIT,
+        crate::Change::Recall => KIND_RECALL,
+    };
+    // One key space (protocol.md "One key space"): a remembered key names
+    // one request; the same kind and target is a retransmit, anything else
+    // is refused as a reused key naming the original.
+    let repeats = |id: u64| {
+        let m = gm.messages[id as usize - 1];
+        m.kind == kind && m.target == target
+    };
     match (gm.original(s, c), r) {
+        (Some(Ok(id)), Err(Error::KeyReused { msg_id, .. })) if !repeats(id) => {
+            assert_eq!(msg_id, id, "a reused key names its original");
+        }
         (Some(Ok(id)), r) => {
             let a = r.unwrap();
             assert!(a.duplicate, "a retransmitted change was stored again");
             assert_eq!(a.msg_id, id);
         }
         (Some(Err(id)), Ok(a)) if a.duplicate => assert_eq!(a.msg_id, id),
+        (Some(Err(id)), Err(Error::KeyReused { msg_id, .. })) => assert_eq!(msg_id, id),
         (_, r) => match gm.change_refusal(s, target) {
             Some(why) => match r {
                 Err(Error::ChangeRefused { why: got, .. }) => {
@@ -2091,10 +2106,6 @@ fn check_change(
             None => {
                 let a = r.unwrap();
                 assert!(!a.duplicate);
-                let kind = match change {
-                    crate::Change::Edit(_) => KIND_EDIT,
-                    crate::Change::Recall => KIND_RECALL,
-                };
                 let rec = Rec {
                     s,
                     c,
