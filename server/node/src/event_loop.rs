@@ -759,7 +759,10 @@ impl EventLoop {
     /// output: O(log connections) for each connection whose output changed
     /// since the last call.
     fn index_output(&mut self) {
-        for index in std::mem::take(&mut self.out_unindexed) {
+        // Taken and given back, so the list keeps its capacity: a turn
+        // allocates nothing here.
+        let mut pending = std::mem::take(&mut self.out_unindexed);
+        for index in pending.drain(..) {
             let Some(slot) = self.slots.get_mut(index).and_then(|s| s.as_mut()) else {
                 continue;
             };
@@ -775,6 +778,7 @@ impl EventLoop {
             }
             slot.out_indexed = slot.out_counted;
         }
+        self.out_unindexed = pending;
     }
 
     /// While the output queued by all connections is above
