@@ -12,7 +12,7 @@ use crate::commit::journal::{self, EntryKind};
 use crate::io::power_cut::{Cut, PowerCutVfs};
 use crate::io::FaultyVfs;
 use crate::tests::{
-    assert_dense_and_exact, batch_of, fill, newest_file, payload, requests, small_config,
+    assert_dense_and_exact, batch_of, copy_dir, fill, newest_file, payload, requests, small_config,
 };
 use crate::{Config, Engine, Error};
 
@@ -222,7 +222,7 @@ fn j5_a_crash_while_rolling_to_a_new_file_loses_nothing_acknowledged_before_it()
         ("header only", Some(48)),
     ] {
         let dst = base.path().join(what.replace(' ', "-"));
-        copy_tree(&src, &dst);
+        copy_dir(&src, &dst);
         let file = dst.join("journal").join(rolled.file_name().unwrap());
         match len {
             None => std::fs::remove_file(&file).unwrap(),
@@ -398,20 +398,6 @@ fn sends_until_a_roll(e: &Engine, jdir: &Path) -> u64 {
         fill_more(e, 1, i..=i);
     }
     i
-}
-
-/// Copies a directory tree (without the lock file).
-fn copy_tree(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &to);
-        } else if entry.file_name() != "LOCK" {
-            std::fs::copy(entry.path(), &to).unwrap();
-        }
-    }
 }
 
 /// The header of a tidemark 0.1 journal file (journal version 2, the

@@ -10,8 +10,7 @@ use parking_lot::{Condvar, Mutex};
 use tidemark_engine::{Config, Engine, JoinStart, RoundGate};
 use tidemark_protocol::{decode_response, Frame, Request, Response};
 
-use crate::config::{ClusterView, Leadership, Limits, NotLeader, SendPolicy};
-use crate::conn_id::ConnId;
+use crate::config::{ClusterView, Leadership, Limits, NotLeader};
 use crate::connection::Connection;
 use crate::handlers::{Action, Ctx, Parked};
 use crate::receipts::Receipts;
@@ -140,24 +139,11 @@ fn handle(
     req: Request<'_>,
 ) -> Action {
     let limits = Limits::default();
-    let anyone = SendPolicy::anyone();
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, limits.frame_bytes_max);
     let mut ctx = Ctx {
-        engine: e,
-        limits: &limits,
-        sends: &anyone,
-        token: None,
-        shutting_down: false,
-        subs: &mut subs,
-        receipts: &mut receipts,
-        conn: ConnId {
-            index: 0,
-            generation: 0,
-        },
-        version: 1,
         leadership,
-        shards: None,
+        ..Ctx::for_tests(e, &limits, &mut subs, &mut receipts)
     };
     match conn.handle_request(&mut ctx, 9, req) {
         Ok(action) => action,

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use tidemark_engine::{Config, Engine};
 
-use crate::config::{ClusterView, Leadership, Limits, NotLeader, SendPolicy};
-use crate::conn_id::ConnId;
+use crate::config::{ClusterView, Leadership, Limits, NotLeader};
 use crate::connection::Connection;
 use crate::handlers::action::Action;
 use crate::handlers::context::Ctx;
@@ -87,24 +86,12 @@ fn answer(
     req: Request<'_>,
 ) -> Vec<u8> {
     let limits = Limits::default();
-    let anyone = SendPolicy::anyone();
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, limits.frame_bytes_max);
     let mut ctx = Ctx {
-        engine: e,
-        limits: &limits,
-        sends: &anyone,
-        token: None,
-        shutting_down: false,
-        subs: &mut subs,
-        receipts: &mut receipts,
-        conn: ConnId {
-            index: 0,
-            generation: 0,
-        },
-        version: 1,
         leadership,
         shards,
+        ..Ctx::for_tests(e, &limits, &mut subs, &mut receipts)
     };
     let mut conn = Connection::ready(limits.frame_bytes_max);
     match conn.handle_request(&mut ctx, 9, req) {

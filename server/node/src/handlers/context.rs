@@ -52,3 +52,39 @@ impl Ctx<'_> {
         }
     }
 }
+
+/// Anyone may send: the policy [`Ctx::for_tests`] starts with.
+#[cfg(test)]
+static ANYONE: SendPolicy = SendPolicy::anyone();
+
+#[cfg(test)]
+impl<'a> Ctx<'a> {
+    /// What a READY connection hands a handler in a unit test: connection
+    /// 0 of generation 0, protocol version 1 (a connection sets its own
+    /// when it handles a request), anyone may send, no token, not shutting
+    /// down, a single node owning every shard. A test changes the fields
+    /// it is about with struct update syntax.
+    pub fn for_tests(
+        engine: &'a Engine,
+        limits: &'a Limits,
+        subs: &'a mut Subscriptions<ConnId>,
+        receipts: &'a mut Receipts<ConnId>,
+    ) -> Ctx<'a> {
+        Ctx {
+            engine,
+            limits,
+            sends: &ANYONE,
+            token: None,
+            shutting_down: false,
+            subs,
+            receipts,
+            conn: ConnId {
+                index: 0,
+                generation: 0,
+            },
+            version: 1,
+            leadership: None,
+            shards: None,
+        }
+    }
+}

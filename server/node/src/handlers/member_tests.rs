@@ -24,20 +24,8 @@ fn call(e: &Engine, limits: &Limits, sends: &SendPolicy, req: Request<'_>) -> Op
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, limits.frame_bytes_max);
     let mut ctx = Ctx {
-        engine: e,
-        limits,
         sends,
-        token: None,
-        shutting_down: false,
-        subs: &mut subs,
-        receipts: &mut receipts,
-        conn: ConnId {
-            index: 0,
-            generation: 0,
-        },
-        version: 1,
-        leadership: None,
-        shards: None,
+        ..Ctx::for_tests(e, limits, &mut subs, &mut receipts)
     };
     let mut conn = Connection::ready(limits.frame_bytes_max);
     match conn.handle_request(&mut ctx, 9, req) {
@@ -163,25 +151,9 @@ fn readers_examine_a_bounded_page_and_continue_where_they_stopped() {
         members_page_max: 3,
         ..Limits::default()
     };
-    let sends = SendPolicy::anyone();
     let mut subs = Subscriptions::default();
     let mut receipts: Receipts<ConnId> = Receipts::new(Duration::ZERO, 5, 1 << 20);
-    let ctx = Ctx {
-        engine: &e,
-        limits: &limits,
-        sends: &sends,
-        token: None,
-        shutting_down: false,
-        subs: &mut subs,
-        receipts: &mut receipts,
-        conn: ConnId {
-            index: 0,
-            generation: 0,
-        },
-        version: 1,
-        leadership: None,
-        shards: None,
-    };
+    let ctx = Ctx::for_tests(&e, &limits, &mut subs, &mut receipts);
     let page = |after: u64, max: u32| -> (Vec<u64>, u64) {
         let out = readers(&ctx, 1, 1, id, after, max).unwrap();
         match decode_response(&Frame::parse(&out.head).unwrap()).unwrap() {

@@ -8,8 +8,7 @@ use std::time::Duration;
 use tidemark_engine::io::FaultyVfs;
 use tidemark_engine::{AppendRequest, Config, Engine, JoinStart as EngineJoinStart, Ticket};
 
-use crate::config::{Limits, SendPolicy};
-use crate::conn_id::ConnId;
+use crate::config::Limits;
 use crate::connection::{Connection, Stop};
 use crate::handlers::action::{Action, Parked};
 use crate::handlers::context::Ctx;
@@ -29,7 +28,7 @@ fn engine(dir: &std::path::Path) -> Engine {
 fn call(e: &Engine, limits: &Limits, req: Request<'_>) -> Option<Vec<u8>> {
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
-    let mut ctx = test_ctx(e, limits, None, &mut subs, &mut receipts);
+    let mut ctx = Ctx::for_tests(e, limits, &mut subs, &mut receipts);
     let mut conn = Connection::ready(limits.frame_bytes_max);
     match conn.handle_request(&mut ctx, 9, req) {
         Ok(Action::Answer(out)) | Err(Stop::Fatal(out)) => {
@@ -40,34 +39,6 @@ fn call(e: &Engine, limits: &Limits, req: Request<'_>) -> Option<Vec<u8>> {
             Some(frame)
         }
         _ => None,
-    }
-}
-
-static ANYONE: SendPolicy = SendPolicy::anyone();
-
-/// What a connection hands a handler, for a connection of its own.
-fn test_ctx<'a>(
-    engine: &'a Engine,
-    limits: &'a Limits,
-    token: Option<&'a [u8]>,
-    subs: &'a mut Subscriptions<ConnId>,
-    receipts: &'a mut Receipts<ConnId>,
-) -> Ctx<'a> {
-    Ctx {
-        engine,
-        limits,
-        sends: &ANYONE,
-        token,
-        shutting_down: false,
-        subs,
-        receipts,
-        conn: ConnId {
-            index: 0,
-            generation: 0,
-        },
-        version: 1,
-        leadership: None,
-        shards: None,
     }
 }
 
@@ -255,7 +226,10 @@ fn the_hello_response_is_the_vector() {
     let limits = Limits::default();
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
-    let mut ctx = test_ctx(&e, &limits, Some(b"s3cret"), &mut subs, &mut receipts);
+    let mut ctx = Ctx {
+        token: Some(b"s3cret"),
+        ..Ctx::for_tests(&e, &limits, &mut subs, &mut receipts)
+    };
     let hello = Request::Hello {
         min_version: 1,
         max_version: 1,
@@ -365,7 +339,7 @@ fn a_pending_delete_is_group_not_found_for_every_request() {
     let (held, release) = hold_a_round(&e, &control, 2);
     let mut subs = Subscriptions::default();
     let mut receipts = Receipts::new(Duration::ZERO, usize::MAX, 1 << 20);
-    let mut ctx = test_ctx(&e, &limits, None, &mut subs, &mut receipts);
+    let mut ctx = Ctx::for_tests(&e, &limits, &mut subs, &mut receipts);
     let mut conn = Connection::ready(limits.frame_bytes_max);
     let Ok(Action::Park(Parked::Op(delete, _))) =
         conn.handle_request(&mut ctx, 1, Request::DeleteGroup { group: 1 })
