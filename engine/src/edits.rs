@@ -11,8 +11,11 @@
 //! The rules, checked when the change is submitted, under the group's
 //! `assign` lock (after the retransmit lookup: a retransmit of an accepted
 //! recall gets the original's answer, not "recalled already"):
-//! - the target is a stored message (kind 0, `floor <= target <= head`),
-//!   else `NoSuchMessage`;
+//! - the target is a stored message (kind 0, `floor <= target <= head`,
+//!   the visible head: a message whose round is not applied yet is not
+//!   there; the node starts a change only once the SENDs before it on its
+//!   connection are answered, format-spec/protocol.md 1.4), else
+//!   `NoSuchMessage`;
 //! - it was not recalled, else `Recalled`;
 //! - the requester is its sender, or the caller says it is an
 //!   administrator (the node's configured admin senders), else `NotSender`;

@@ -82,15 +82,20 @@ pub(crate) fn free_ports() -> HashMap<u64, Ports> {
         .collect()
 }
 
+/// Member `id`'s client address.
+pub(crate) fn client_addr(ports: &HashMap<u64, Ports>, id: u64) -> String {
+    format!("127.0.0.1:{}", ports[&id].client)
+}
+
 fn connect(ports: &HashMap<u64, Ports>, id: u64) -> Option<Client> {
-    let mut config = ClientConfig::new(format!("127.0.0.1:{}", ports[&id].client));
+    let mut config = ClientConfig::new(client_addr(ports, id));
     config.io_timeout = Duration::from_secs(3);
     Client::connect(&config).ok()
 }
 
 /// The member that serves requests now (a read answered), found by
 /// following NOT_LEADER's detail or trying each member in turn.
-fn leader(ports: &HashMap<u64, Ports>) -> u64 {
+pub(crate) fn leader(ports: &HashMap<u64, Ports>) -> u64 {
     let deadline = Instant::now() + LEADER_WAIT;
     let mut next = IDS[0];
     loop {

@@ -10,19 +10,35 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::TcpStream;
 
-use tidemark_protocol::{ErrorCode, JoinStart, MemberEntry, Request, Response};
+use tidemark_protocol::{encode_request_in, ErrorCode, JoinStart, MemberEntry, Request, Response};
 
+use crate::cluster::{client_addr, free_ports, leader, start_member};
 use crate::event_loop::{decode, encode, hello, pull, responses, stats};
 use crate::harness::Node;
 
 /// Sends HELLO (id 1) and `reqs` (ids 2, 3, ...) in one write on a new
 /// connection and returns every response by request id.
 fn one_write(node: &Node, reqs: &[Request<'_>]) -> HashMap<u64, Vec<u8>> {
-    let mut s = TcpStream::connect(&node.addr).unwrap();
+    one_write_in(&node.addr, 1, reqs)
+}
+
+/// [`one_write`] to `addr` at protocol `version` (2: RECALL and EDIT): HELLO
+/// asks for it, and every frame behind HELLO carries it.
+fn one_write_in(addr: &str, version: u8, reqs: &[Request<'_>]) -> HashMap<u64, Vec<u8>> {
+    let mut s = TcpStream::connect(addr).unwrap();
     let mut out = Vec::new();
-    hello(&mut out);
+    if version == 1 {
+        hello(&mut out);
+    } else {
+        let hello = Request::Hello {
+            min_version: version,
+            max_version: version,
+            client_name: "pipelined",
+        };
+        encode(1, &hello, &mut out);
+    }
     for (i, r) in reqs.iter().enumerate() {
-        encode(i as u64 + 2, r, &mut out);
+        encode_request_in(version, i as u64 + 2, r, &mut out).unwrap();
     }
     s.write_all(&out).unwrap();
     let ids: Vec<u64> = (1..=reqs.len() as u64 + 1).collect();
@@ -305,4 +321,114 @@ fn joins_pipelined_on_one_connection_share_commit_rounds() {
         Response::GroupInfo(i) => assert_eq!(i.member_count, JOINS),
         other => panic!("GROUP_INFO got {other:?}"),
     }
+}
+
+/// SENDs, then RECALL and EDIT of their messages, in one write (the ids
+/// are the ones the SENDs get, as a sole writer of a new group knows
+/// them): each change starts once the SENDs before it are answered, so its
+/// target is checked against their messages (protocol.md 1.4); changes
+/// behind changes start at once. Returns the answers by request id.
+fn sends_then_changes_of_their_messages(addr: &str, group: u64) -> HashMap<u64, Vec<u8>> {
+    one_write_in(
+        addr,
+        2,
+        &[
+            Request::CreateGroup { group },      // 2
+            join(group, 5, JoinStart::Earliest), // 3
+            send(group, 5, 1),                   // 4: message 1
+            send(group, 5, 2),                   // 5: message 2
+            Request::Recall {
+                group,
+                sender: 5,
+                client_msg_id: 3,
+                target: 1,
+            }, // 6: record 3
+            Request::Edit {
+                group,
+                sender: 5,
+                client_msg_id: 4,
+                target: 2,
+                payload: b"edited",
+            }, // 7: record 4
+            send(group, 5, 5),                   // 8: message 5
+            Request::Recall {
+                group,
+                sender: 5,
+                client_msg_id: 6,
+                target: 5,
+            }, // 9: record 6, right behind the SEND of its target
+            Request::History {
+                group,
+                user: 5,
+                before_msg_id: 0,
+                max_count: 100,
+            }, // 10
+        ],
+    )
+}
+
+/// The answers of [`sends_then_changes_of_their_messages`], checked.
+fn check_changes_of_pipelined_sends(got: &HashMap<u64, Vec<u8>>) {
+    let id_of = |req: u64| match decode(&got[&req]) {
+        Response::Send { msg_id, .. }
+        | Response::Recall { msg_id, .. }
+        | Response::Edit { msg_id, .. } => msg_id,
+        other => panic!("request {req}: got {other:?}"),
+    };
+    assert_eq!(
+        [4, 5, 6, 7, 8, 9].map(id_of),
+        [1, 2, 3, 4, 5, 6],
+        "the SENDs' messages and the changes of them, in request order"
+    );
+    match decode(&got[&10]) {
+        Response::History { records, .. } => {
+            let mut shown: Vec<(u64, u8, u8)> = records
+                .iter(true)
+                .map(|r| {
+                    let r = r.expect("a valid record");
+                    (r.msg_id(), r.kind(), r.flags())
+                })
+                .collect();
+            shown.sort_unstable();
+            // (id, kind, flags): messages 1 and 5 shown recalled (flag 1),
+            // 2 edited by record 4 (kind 1), records 3 and 6 recalls
+            // (kind 2).
+            assert_eq!(
+                shown,
+                vec![
+                    (1, 0, 1),
+                    (2, 0, 0),
+                    (3, 2, 0),
+                    (4, 1, 0),
+                    (5, 0, 1),
+                    (6, 2, 0)
+                ]
+            );
+        }
+        other => panic!("HISTORY behind the changes got {other:?}"),
+    }
+}
+
+/// RECALL and EDIT pipelined behind the SENDs of their targets on one
+/// connection are checked against those messages, not refused "no such
+/// message" while the SENDs' round is still being written.
+#[test]
+fn a_change_pipelined_behind_the_send_of_its_target_sees_the_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &[]);
+    check_changes_of_pipelined_sends(&sends_then_changes_of_their_messages(&node.addr, 1));
+}
+
+/// The same on a replica set's leader, whose rounds take a Raft commit
+/// before they are applied (the same connection code; a longer round).
+#[test]
+fn a_change_pipelined_behind_the_send_of_its_target_sees_it_on_a_replica_set() {
+    let root = tempfile::tempdir().unwrap();
+    let ports = free_ports();
+    let _members: Vec<_> = ports
+        .keys()
+        .map(|&id| start_member(id, root.path(), &ports))
+        .collect();
+    let addr = client_addr(&ports, leader(&ports));
+    check_changes_of_pipelined_sends(&sends_then_changes_of_their_messages(&addr, 9));
 }

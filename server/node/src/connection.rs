@@ -213,8 +213,10 @@ pub enum Barrier {
     /// nothing later, so it holds nothing back. Also an answer held for
     /// its Cursors round or read ticket.
     None,
-    /// A SEND, RECALL or EDIT.
+    /// A SEND.
     Send,
+    /// A RECALL or an EDIT.
+    Change,
     CreateGroup,
     DeleteGroup,
     Join,
@@ -225,9 +227,10 @@ pub enum Barrier {
 
 impl Barrier {
     /// The kinds that are counted while parked (all but `None`).
-    const PARKED_KINDS: usize = 7;
+    const PARKED_KINDS: usize = 8;
     const PARKED: [Barrier; Barrier::PARKED_KINDS] = [
         Barrier::Send,
+        Barrier::Change,
         Barrier::CreateGroup,
         Barrier::DeleteGroup,
         Barrier::Join,
@@ -240,9 +243,10 @@ impl Barrier {
     /// (format-spec/protocol.md 1.4).
     pub fn of(parked: &Parked) -> Barrier {
         match parked {
-            // A change is assigned its id like a SEND (its rules were
-            // checked when it started, after every earlier request).
-            Parked::Send { .. } | Parked::Change { .. } => Barrier::Send,
+            Parked::Send { .. } => Barrier::Send,
+            // Assigned its id like a SEND; its rules were checked when it
+            // started, after every earlier SEND of the connection.
+            Parked::Change { .. } => Barrier::Change,
             Parked::Op(_, kind) => match kind {
                 OpKind::CreateGroup => Barrier::CreateGroup,
                 OpKind::DeleteGroup => Barrier::DeleteGroup,
@@ -274,15 +278,21 @@ impl Barrier {
 /// write changes only when it is applied:
 /// - SEND, RECALL, EDIT: the sender's membership (a members-only send
 ///   policy) behind JOIN and LEAVE;
+/// - RECALL, EDIT: also their target, behind a SEND: the rules are checked
+///   against the group's readable messages, and a parked SEND's message
+///   becomes readable only when its round is applied (a change behind a
+///   parked change starts at once: the one rule a change decides about
+///   another, "recalled already", is documented to let two changes of one
+///   message that share a round both be stored);
 /// - CREATE_GROUP: that the id is free and `groups_max`, behind
 ///   DELETE_GROUP (a group leaves the registry when its deletion is
 ///   applied; a creation enters it when submitted, so creations and
 ///   everything behind them see it at once);
 /// - JOIN: whether the user is a member already and its cursor (a member's
 ///   JOIN answers its cursor at once), behind LEAVE, CLEAR_HISTORY and a
-///   SEND (its sender's cursor follows its message when applied), and the
-///   head a JOIN at an explicit cursor is checked against (the readable
-///   head, which a SEND's round moves);
+///   SEND, RECALL or EDIT (its sender's cursor follows its record when
+///   applied), and the head a JOIN at an explicit cursor is checked
+///   against (the readable head, which a SEND's round moves);
 /// - LEAVE, CLEAR_HISTORY: the user's membership, behind JOIN.
 ///
 /// DELETE_GROUP and SET_RETENTION observe nothing a parked write changes
@@ -294,9 +304,10 @@ fn waits_for(opcode: u8) -> &'static [Barrier] {
     use Barrier::*;
     match Opcode::from_request_byte(opcode) {
         Some(Opcode::Ping | Opcode::DeleteGroup | Opcode::SetRetention) => &[],
-        Some(Opcode::Send | Opcode::Recall | Opcode::Edit) => &[Join, Leave],
+        Some(Opcode::Send) => &[Join, Leave],
+        Some(Opcode::Recall | Opcode::Edit) => &[Send, Join, Leave],
         Some(Opcode::CreateGroup) => &[DeleteGroup],
-        Some(Opcode::Join) => &[Send, Leave, ClearHistory],
+        Some(Opcode::Join) => &[Send, Change, Leave, ClearHistory],
         Some(Opcode::Leave | Opcode::ClearHistory) => &[Join],
         _ => &Barrier::PARKED,
     }
@@ -1027,8 +1038,9 @@ mod tests {
             Pull, Ack, BatchAck, Unread, Sync, History, Members, GroupInfo,
         ];
         // (parked, the later writes that wait for it)
-        let table: [(Barrier, &[Opcode]); 7] = [
-            (Barrier::Send, &[Join]),
+        let table: [(Barrier, &[Opcode]); 8] = [
+            (Barrier::Send, &[Join, Recall, Edit]),
+            (Barrier::Change, &[Join]),
             (Barrier::CreateGroup, &[]),
             (Barrier::DeleteGroup, &[CreateGroup]),
             (Barrier::Join, &[Send, Recall, Edit, Leave, ClearHistory]),
@@ -1134,29 +1146,31 @@ mod state_tests {
             }
         }
 
+        /// What this node hands a handler: its token, connection 0 of
+        /// generation 1.
+        fn ctx(&mut self) -> Ctx<'_> {
+            Ctx {
+                token: Some(TOKEN),
+                shutting_down: self.shutting_down,
+                conn: ConnId {
+                    index: 0,
+                    generation: 1,
+                },
+                ..Ctx::for_tests(
+                    &self.engine,
+                    &self.limits,
+                    &mut self.subs,
+                    &mut self.receipts,
+                )
+            }
+        }
+
         /// Sends `req` on `conn` and lets it handle its next request.
         fn request(&mut self, conn: &mut Connection, id: u64, req: Request<'_>) -> Next {
             let mut frame = Vec::new();
             encode_request(id, &req, &mut frame).unwrap();
             assert_eq!(conn.decoder.push(&frame), frame.len());
-            let sends = crate::config::SendPolicy::anyone();
-            let mut ctx = Ctx {
-                engine: &self.engine,
-                limits: &self.limits,
-                sends: &sends,
-                token: Some(TOKEN),
-                shutting_down: self.shutting_down,
-                subs: &mut self.subs,
-                receipts: &mut self.receipts,
-                conn: ConnId {
-                    index: 0,
-                    generation: 1,
-                },
-                version: 1,
-                leadership: None,
-                shards: None,
-            };
-            conn.handle_next(&mut ctx)
+            conn.handle_next(&mut self.ctx())
         }
 
         /// [`Node::request`] as a frame of protocol `version`.
@@ -1170,24 +1184,7 @@ mod state_tests {
             let mut frame = Vec::new();
             tidemark_protocol::encode_request_in(version, id, &req, &mut frame).unwrap();
             assert_eq!(conn.decoder.push(&frame), frame.len());
-            let sends = crate::config::SendPolicy::anyone();
-            let mut ctx = Ctx {
-                engine: &self.engine,
-                limits: &self.limits,
-                sends: &sends,
-                token: Some(TOKEN),
-                shutting_down: self.shutting_down,
-                subs: &mut self.subs,
-                receipts: &mut self.receipts,
-                conn: ConnId {
-                    index: 0,
-                    generation: 1,
-                },
-                version: 1,
-                leadership: None,
-                shards: None,
-            };
-            conn.handle_next(&mut ctx)
+            conn.handle_next(&mut self.ctx())
         }
 
         /// A connection through HELLO and AUTH.
