@@ -1,6 +1,7 @@
 //! The source files of a crate against the layering they promise: no two
-//! files import each other, directly or round a circle, and in the engine
-//! no file imports from a layer above its own.
+//! files import each other, directly or round a circle (the engine, the
+//! node, the replica set crate, the server crate with its commands), and in
+//! the engine no file imports from a layer above its own.
 //!
 //! The check reads the code as text, without compiling it: every
 //! `crate::`, `super::` and `self::` path of a file (in `use` items and in
@@ -79,6 +80,15 @@ const ENGINE_UPWARD_ALLOWED: &[(&str, &str)] = &[];
 /// none.
 const NODE_CIRCLES_ALLOWED: &[&[&str]] = &[];
 
+/// The replica set crate's circles allowed for now, with the same rule.
+/// It has none.
+const CLUSTER_CIRCLES_ALLOWED: &[&[&str]] = &[];
+
+/// The server crate's (the binary's library: serving, the commands of
+/// `cli/`, the bench tool) circles allowed for now, with the same rule. It
+/// has none.
+const SERVER_CIRCLES_ALLOWED: &[&[&str]] = &[];
+
 #[test]
 fn the_engine_has_no_import_circle_and_no_upward_import() {
     let tree = Tree::read(&root().join("engine/src"));
@@ -90,9 +100,27 @@ fn the_engine_has_no_import_circle_and_no_upward_import() {
 
 #[test]
 fn the_node_has_no_import_circle() {
-    let tree = Tree::read(&root().join("server/node/src"));
-    let faults = circle_faults(&tree.graph(), NODE_CIRCLES_ALLOWED);
-    assert!(faults.is_empty(), "server/node/src:\n{}", faults.join("\n"));
+    assert_no_import_circle("server/node/src", NODE_CIRCLES_ALLOWED);
+}
+
+#[test]
+fn the_cluster_has_no_import_circle() {
+    assert_no_import_circle("server/cluster/src", CLUSTER_CIRCLES_ALLOWED);
+}
+
+/// The server crate, its `cli/` commands included (`main.rs` is a crate
+/// of its own that imports the library by name: no arrow of this tree).
+#[test]
+fn the_server_and_its_commands_have_no_import_circle() {
+    assert_no_import_circle("server/src", SERVER_CIRCLES_ALLOWED);
+}
+
+/// The circle check of the crate whose sources are at `src` (relative to
+/// the workspace root).
+fn assert_no_import_circle(src: &str, allowed: &[&[&str]]) {
+    let tree = Tree::read(&root().join(src));
+    let faults = circle_faults(&tree.graph(), allowed);
+    assert!(faults.is_empty(), "{src}:\n{}", faults.join("\n"));
 }
 
 #[test]

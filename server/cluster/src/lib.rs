@@ -20,6 +20,7 @@ mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fuzz_targets;
 pub mod health;
+mod le;
 pub mod members;
 #[cfg(test)]
 mod members_tests;

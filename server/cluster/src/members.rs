@@ -25,7 +25,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use raft::eraftpb::{ConfChange, ConfChangeType, ConfState};
 
-use crate::raft_log::u64_at;
+use crate::le::u64_at;
 
 /// A member's role: a voter counts toward the quorum; a learner receives
 /// the log (and snapshots) but neither votes nor counts.

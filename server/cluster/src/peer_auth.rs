@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::le::u64_at;
+
 /// The first 6 bytes of every handshake message. Read as a frame's `len`
 /// (section 7), `"TMPE"` is 0x45504d54, above any `frame_bytes_max`: a
 /// node without authentication closes such a connection.
@@ -213,12 +215,6 @@ pub fn check_header(kind: u8, got: &[u8]) -> Result<(), HandshakeError> {
         }),
         None => Ok(()),
     }
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(x)
 }
 
 fn array_at<const N: usize>(b: &[u8], at: usize) -> [u8; N] {

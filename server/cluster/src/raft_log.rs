@@ -51,7 +51,7 @@ use raft::{GetEntriesContext, RaftState, Storage, StorageError};
 use crate::error::{ClusterError, Result};
 
 pub use crate::raft_log_format::{
-    encode_record, u64_at, ENTRY_FIXED_BYTES, FILE_HEADER_BYTES, HARD_STATE_BYTES, KIND_ENTRY,
+    encode_record, ENTRY_FIXED_BYTES, FILE_HEADER_BYTES, HARD_STATE_BYTES, KIND_ENTRY,
     KIND_HARD_STATE, KIND_MEMBERS, KIND_START, MAGIC, RECORD_HEADER_BYTES, RECORD_HEADER_V3_BYTES,
     START_BYTES, START_INDEX_MAX, VERSION, VERSION_1, VERSION_2,
 };

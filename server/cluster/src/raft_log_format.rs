@@ -47,6 +47,7 @@
 
 use raft::eraftpb::{Entry, EntryType, HardState};
 
+use crate::le::u64_at;
 use crate::members::{self, Members};
 
 /// `"TMRAFTL\0"`, the file's magic.
@@ -638,13 +639,6 @@ fn decode_entry(body: &[u8]) -> Result<Entry, String> {
     }
     e.data = body[ENTRY_FIXED_BYTES..].to_vec().into();
     Ok(e)
-}
-
-/// The little-endian u64 at `at` (the caller checked the bounds).
-pub fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(x)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

@@ -45,7 +45,8 @@ use protobuf::Message as _;
 use raft::eraftpb::Message;
 
 use crate::error::{ClusterError, Result};
-use crate::raft_log::{encode_record, sync_dir, u64_at, RECORD_HEADER_BYTES};
+use crate::le::u64_at;
+use crate::raft_log::{encode_record, sync_dir, RECORD_HEADER_BYTES};
 
 /// The stream's first 8 bytes. Read as a frame's `len` (cluster.md section
 /// 7), `"TMSN"` is 0x4e534d54, above any `frame_bytes_max`: a node that

@@ -25,11 +25,11 @@
 use serde_json::Map;
 
 use super::conn::Conn;
+use super::context::Ctx;
 use super::driver::{run_phase, split, Job, PhaseResult, Tally};
 use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{delta, node_stats, setup_jobs, SetupJob, SetupOp};
-use super::Ctx;
 use tidemark_protocol::{JoinStart, Request, Response};
 
 /// Groups created when `--groups` is not given.

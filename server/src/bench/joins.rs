@@ -11,11 +11,11 @@ use std::ops::Range;
 use serde_json::Map;
 
 use super::conn::Conn;
+use super::context::Ctx;
 use super::driver::{run_phase, split, Job, Tally};
 use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{delta, node_stats, setup, SetupOp};
-use super::Ctx;
 use tidemark_protocol::{JoinStart, Request, Response};
 
 struct JoinJob {

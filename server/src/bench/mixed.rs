@@ -20,12 +20,12 @@ use hdrhistogram::Histogram;
 use serde_json::{json, Map};
 
 use super::conn::Conn;
+use super::context::Ctx;
 use super::driver::{run_phase, split, Job, Tally};
 use super::plan::{self, Zipf};
 use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{setup, SetupOp, W1Job};
-use super::Ctx;
 use tidemark_protocol::{AckItem, JoinStart, Request, Response, ResyncScope, Subscription};
 
 /// How long gateways wait for the last pushes once the sends are done.

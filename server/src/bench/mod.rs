@@ -9,7 +9,8 @@
 //! - [`args`]: the command line.
 //! - [`plan`]: the deterministic inputs (payloads, groups, cursors, ACK
 //!   moves, memberships, queries), shared with benches/compare.
-//! - `conn`: a pipelining connection on the protocol codec.
+//! - `conn`: a pipelining connection on the protocol codec; `context`:
+//!   what every workload is handed ([`Ctx`]).
 //! - `driver`: one thread per connection, requests in flight, latency.
 //! - `workloads`: W1-W4; `mixed`: the mixed workload; `population`: the
 //!   population workload (groups held, restarts); `receipts`:
@@ -26,6 +27,7 @@
 
 pub mod args;
 mod conn;
+mod context;
 mod create;
 mod driver;
 mod joins;
@@ -38,20 +40,14 @@ mod receipts;
 mod report;
 mod workloads;
 
-use std::time::{Duration, Instant};
-
 use serde_json::Value;
 
 pub use args::{BenchArgs, Workload};
-use conn::Conn;
-use driver::PhaseConfig;
+use context::Ctx;
 use node::SpawnedNode;
 pub use report::Report;
 /// The type of the JSON objects [`run_workloads`] returns.
 pub use serde_json::Value as JsonValue;
-
-/// Longest wait for a response before a connection is given up.
-const IO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs the workloads and prints each result as it completes: a human
 /// summary on stdout, or with `--json` one JSON object per line.
@@ -188,62 +184,4 @@ fn clock_id_base() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or(1);
     (secs % 1_000_000_000) << 32
-}
-
-/// What every workload needs: the arguments, where the node is, the ids'
-/// offset and the payloads.
-pub(crate) struct Ctx<'a> {
-    pub args: &'a BenchArgs,
-    pub addr: String,
-    pub token: Option<Vec<u8>>,
-    pub base: u64,
-    pub payloads: &'a [Vec<u8>],
-    pub fsync: String,
-}
-
-impl Ctx<'_> {
-    pub fn connect(&self, n: usize) -> Result<Vec<Conn>, String> {
-        (0..n)
-            .map(|_| Conn::connect(&self.addr, self.token.as_deref(), IO_TIMEOUT))
-            .collect()
-    }
-
-    /// A setup phase: no deadline, progress unless `--quiet`.
-    pub fn setup_phase<'b>(&self, label: &'b str, unit: &'b str) -> PhaseConfig<'b> {
-        PhaseConfig {
-            label,
-            unit,
-            in_flight: self.args.in_flight,
-            deadline: None,
-            progress: !self.args.quiet,
-            until_disconnect: false,
-        }
-    }
-
-    /// The measured phase, starting now (`--duration` counts from here).
-    pub fn measured_phase<'b>(&self, label: &'b str, unit: &'b str) -> PhaseConfig<'b> {
-        PhaseConfig {
-            label,
-            unit,
-            in_flight: self.args.in_flight,
-            deadline: self
-                .args
-                .duration
-                .map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0))),
-            progress: !self.args.quiet,
-            until_disconnect: false,
-        }
-    }
-
-    /// `(connections, in_flight, size, fsync, seed)` as report parameters.
-    pub fn common_params(&self) -> serde_json::Map<String, Value> {
-        let mut m = serde_json::Map::new();
-        m.insert("connections".into(), self.args.connections.into());
-        m.insert("in_flight".into(), self.args.in_flight.into());
-        m.insert("size".into(), self.args.size.into());
-        m.insert("fsync".into(), self.fsync.clone().into());
-        m.insert("seed".into(), self.args.seed.into());
-        m.insert("spawned".into(), self.args.spawn.into());
-        m
-    }
 }

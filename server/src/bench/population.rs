@@ -56,13 +56,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::conn::Conn;
+use super::context::{Ctx, IO_TIMEOUT};
 use super::driver::{run_phase, split, Job, Tally};
 use super::node::{kill_now, serve_has_flag, DiskUsage, Memory, SpawnedNode};
 use super::plan::{self, hash, Rng, Zipf};
 use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{node_stats, send_request, setup, SetupOp};
-use super::{Ctx, IO_TIMEOUT};
 use tidemark_protocol::{JoinStart, Request, Response};
 
 /// Groups per thousand in the middle band and in the big band (the rest

@@ -28,13 +28,14 @@ use std::time::Duration;
 
 use serde_json::Map;
 
+use super::args::BenchArgs;
 use super::conn::Conn;
+use super::context::Ctx;
 use super::driver::{run_phase, Job, Tally};
 use super::plan;
 use super::progress::group_digits;
 use super::report::Report;
 use super::workloads::{delta, node_stats, one_group_setup, W3Job};
-use super::{BenchArgs, Ctx};
 use tidemark_protocol::{JoinStart, Request, Response};
 
 /// Sender ids of the subscribers start here (above any member).

@@ -4,9 +4,9 @@
 
 use serde_json::{json, Map, Value};
 
+use super::context::Ctx;
 use super::driver::Tally;
 use super::progress::group_digits;
-use super::Ctx;
 
 /// What one workload measured and whether its result checked out.
 pub struct Report {

@@ -7,11 +7,11 @@ use std::ops::Range;
 use serde_json::Map;
 
 use super::conn::Conn;
+use super::context::Ctx;
 use super::driver::{run_phase, split, Job, Tally};
 use super::plan::{self, W4Plan};
 use super::progress::group_digits;
 use super::report::Report;
-use super::Ctx;
 use tidemark_protocol::{JoinStart, Request, Response};
 
 /// One setup request; group and user ids before the `--id-base` offset.

@@ -36,7 +36,7 @@ use serde_json::json;
 use tidemark_client::protocol::BackupChunk;
 use tidemark_client::{Client, ClientConfig, ClientError};
 
-use super::progress::Progress;
+use super::progress::{Copied, Progress};
 use super::{emit, read_token_file, CliError, ConnArgs};
 
 #[derive(Args, Debug)]
@@ -59,19 +59,6 @@ struct Current {
     file: File,
     len: u64,
     at: u64,
-}
-
-/// How far a copy is, reported after every chunk written and every file
-/// completed. `bytes` never decreases; at the end it is the `bytes` of the
-/// node's BACKUP response, and `files` its `files`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Copied<'a> {
-    /// Files complete (written whole and fdatasynced).
-    pub files: u32,
-    /// Bytes written, of every file so far.
-    pub bytes: u64,
-    /// The file being written (the last one, once complete).
-    pub file: &'a str,
 }
 
 /// What arrived so far.

@@ -10,13 +10,20 @@
 //! A node started with `--cluster-join` and not added yet says which set
 //! it waits for (CLUSTER lists that set's members without it).
 
+use clap::Args;
 use serde_json::{json, Value};
 
 use tidemark_client::ClusterMap;
 use tidemark_node::{RaftFigures, RaftPeerFigures};
 
-use super::ops::ClusterStatusArgs;
-use super::{connect, emit, CliError};
+use super::{connect, emit, CliError, ConnArgs};
+
+/// Where `cluster status` and `cluster map` ask.
+#[derive(Args, Debug)]
+pub struct ClusterStatusArgs {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
 
 pub fn status(a: ClusterStatusArgs) -> Result<(), CliError> {
     let mut c = connect(&a.conn)?;

@@ -22,7 +22,6 @@
 //! command could not run (usage, a locked, missing or unreadable directory,
 //! a group that does not exist).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -30,12 +29,9 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use tidemark_engine::{DataDir, Error, RecordShape, RepairTarget};
 
-/// Nothing damaged (verify), or the command did what was asked.
-pub const EXIT_CLEAN: u8 = 0;
-/// Damage found, or a repair not done (refused, unrepairable, no `--yes`).
-pub const EXIT_DAMAGE: u8 = 1;
-/// The command could not run.
-pub const EXIT_ERROR: u8 = 2;
+use super::common::out;
+
+pub use super::common::{EXIT_CLEAN, EXIT_DAMAGE, EXIT_ERROR};
 
 /// Payload bytes `dump` prints as text before it cuts (`--json` prints all).
 const PAYLOAD_SHOWN_MAX: usize = 64;
@@ -182,11 +178,6 @@ fn open(dir: &Path) -> Result<DataDir, String> {
         Error::Locked { .. } => format!("{e}; ctl works on stopped nodes only"),
         other => other.to_string(),
     })
-}
-
-pub(super) fn out(text: &str) {
-    // A closed pipe (`| head`) ends the output; nothing to report.
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 fn inspect(a: InspectArgs) -> Result<u8, String> {

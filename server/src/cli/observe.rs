@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use tidemark_client::protocol::Opcode;
 
-use super::{connect, emit, utc, CliError, ConnArgs, StatsArgs};
+use super::{connect, emit, utc, CliError, ConnArgs};
 
 /// The STATS name whose presence says the node answers INFO and SLOWLOG.
 const ADDITION_MARK: &str = "limits.slowlog_entries_max";
@@ -23,6 +23,12 @@ const AREAS: [&str; 13] = [
     "server", "raft", "storage", "memory", "net", "engine", "backup", "errors", "requests",
     "latency", "slowlog", "log", "limits",
 ];
+
+#[derive(Args, Debug)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub(crate) conn: ConnArgs,
+}
 
 #[derive(Args, Debug)]
 pub struct SlowlogArgs {

@@ -32,6 +32,7 @@ use tidemark_client::protocol::{ErrorCode, Subscription};
 use tidemark_client::reliable::{Ctx, Error};
 use tidemark_client::{Client, ClientConfig, ClientError, Event, Message};
 
+use super::cluster_status::ClusterStatusArgs;
 use super::{
     connect, emit, message_json, message_line, nonzero, output_error, reliable_config, CliError,
     ConnArgs,
@@ -96,12 +97,6 @@ pub enum ClusterCommand {
     /// Remove a member of the replica set (CLUSTER_CHANGE), e.g. a dead
     /// one; --addr may be any member.
     Remove(super::membership::ClusterRemoveArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct ClusterStatusArgs {
-    #[command(flatten)]
-    pub conn: ConnArgs,
 }
 
 #[derive(Args, Debug)]

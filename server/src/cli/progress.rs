@@ -9,8 +9,8 @@
 //! error of a script or a test are what they are without it.
 //!
 //! The engine and the copy only report (`tidemark_engine::VerifyProgress`,
-//! [`super::backup::Copied`]); this module is the one that draws, with
-//! `indicatif`.
+//! [`Copied`], which the copy in `backup.rs` fills); this module is the
+//! one that draws, with `indicatif`.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -18,7 +18,18 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tidemark_engine::{Reading, VerifyProgress};
 
-use super::backup::Copied;
+/// How far a copy is, reported after every chunk written and every file
+/// completed. `bytes` never decreases; at the end it is the `bytes` of the
+/// node's BACKUP response, and `files` its `files`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copied<'a> {
+    /// Files complete (written whole and fdatasynced).
+    pub files: u32,
+    /// Bytes written, of every file so far.
+    pub bytes: u64,
+    /// The file being written (the last one, once complete).
+    pub file: &'a str,
+}
 
 /// How often the spinner turns while no report arrives (a big file being
 /// read, a slow node).

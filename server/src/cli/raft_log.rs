@@ -17,7 +17,7 @@ use tidemark_cluster::members::Role;
 use tidemark_cluster::raft_log::FILE_NAME;
 use tidemark_cluster::raft_log_format::{self as format, Outcome, Reading};
 
-use super::ctl::{out, EXIT_CLEAN, EXIT_DAMAGE};
+use super::common::{out, EXIT_CLEAN, EXIT_DAMAGE};
 
 #[derive(Args, Debug)]
 pub struct RaftLogArgs {
