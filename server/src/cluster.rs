@@ -31,16 +31,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tidemark_cluster::members::{Change, ChangeRefused, Member, Members, Role};
 use tidemark_cluster::peer_auth::ClusterSecret;
-use tidemark_cluster::tcp::{BoundListener, ListenerLimits, TcpTransport};
+use tidemark_cluster::tcp::{BoundListener, ListenerLimits, PeerStats, TcpTransport};
 use tidemark_cluster::{Health, Replica, ReplicaConfig};
 use tidemark_node::{
     ChangeDone, ChangeOutcome, ChangeRequest, ClusterShards, ClusterView, LeaderGate, Leadership,
-    NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, Shutdown,
+    NodeConfig, NotLeader, RaftFigures, RaftInboundFigures, RaftPeerFigures, Shutdown,
 };
 
 use crate::cluster_map;
@@ -268,6 +269,9 @@ struct ReplicaLeadership {
     /// address the durable membership does not have (a set made before
     /// membership was recorded).
     clients: BTreeMap<u64, String>,
+    /// What the Raft listener saw of its inbound connections; set each
+    /// time a listener starts (with the replica).
+    inbound: Mutex<Option<Arc<PeerStats>>>,
 }
 
 impl ReplicaLeadership {
@@ -292,10 +296,22 @@ impl ReplicaLeadership {
 }
 
 /// The node's `raft.*` figures from the replica's health, with each
-/// follower's time since its last contact as of `now`.
-fn raft_figures(h: &Health, now: Instant) -> RaftFigures {
+/// follower's time since its last contact as of `now`, and its listener's
+/// `inbound` counts.
+fn raft_figures(h: &Health, inbound: Option<&PeerStats>, now: Instant) -> RaftFigures {
     let c = &h.counters;
+    let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let level = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
     RaftFigures {
+        inbound: inbound.map_or_else(RaftInboundFigures::default, |i| RaftInboundFigures {
+            authenticated: count(&i.authenticated),
+            handshakes_failed: count(&i.handshakes_failed),
+            refused_at_cap: count(&i.refused_at_cap),
+            frames_forged: count(&i.frames_forged),
+            idle_closed: count(&i.idle_closed),
+            handshaking: level(&i.handshaking),
+            open: level(&i.open),
+        }),
         role: h.role.name(),
         term: h.term,
         leader_id: h.leader.unwrap_or(0),
@@ -452,7 +468,12 @@ impl Leadership for ReplicaLeadership {
 
     fn raft_figures(&self) -> Option<RaftFigures> {
         let health = self.replica.get()?.health();
-        Some(raft_figures(&health, Instant::now()))
+        let inbound = self
+            .inbound
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Some(raft_figures(&health, inbound.as_deref(), Instant::now()))
     }
 
     fn map(&self) -> ClusterView {
@@ -500,6 +521,7 @@ pub fn serve(
         replica: OnceLock::new(),
         node_id: cluster.node_id,
         clients,
+        inbound: Mutex::new(None),
     });
     node.leadership = Some(LeaderGate(leadership.clone()));
     if let Some(shards) = cluster.shards.clone() {
@@ -558,6 +580,8 @@ pub fn serve(
                 ListenerLimits::default(),
             )
             .map_err(|e| format!("cluster listener thread: {e}"))?;
+        *leadership.inbound.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(handle.stats().clone());
         *raft_listener.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         let engine = replica
             .engine()
@@ -591,7 +615,7 @@ pub fn serve(
         }
         on_ready(addr, shutdown);
     });
-    watcher_stop.store(true, std::sync::atomic::Ordering::Release);
+    watcher_stop.store(true, Ordering::Release);
     if let Some(t) = watcher {
         let _ = t.join();
     }

@@ -420,3 +420,67 @@ fn retried_membership_changes_that_applied_succeed_and_a_joining_node_says_it_wa
     assert_eq!(stats.get("raft.role.joining"), Some(&1));
     assert_eq!(stats.get("server.cluster_node_id"), Some(&4));
 }
+
+/// A peer that passed the handshake with the set's secret and then sends a
+/// frame claiming to come from another member is refused, its connection
+/// closed, and the member's STATS and `/metrics` count the frame
+/// (`raft.inbound.frames_forged`, format-spec/protocol.md 4.4.1,
+/// cluster.md section 7); the set keeps serving.
+#[test]
+fn a_forged_frame_from_an_authenticated_peer_is_counted_in_stats_and_metrics() {
+    use raft::eraftpb::{Message, MessageType};
+    use tidemark_cluster::peer_auth::{self, ClusterSecret};
+
+    let root = tempfile::tempdir().unwrap();
+    let ports = free_ports();
+    let _set = start_set(root.path(), &ports);
+    settled_leader(&ports);
+    let forged = |c: &mut Client| -> u64 {
+        let stats: BTreeMap<String, u64> = c.stats().expect("STATS").into_iter().collect();
+        *stats
+            .get("raft.inbound.frames_forged")
+            .expect("STATS reports raft.inbound.frames_forged")
+    };
+    // Member 1's count before: no member forges.
+    assert_eq!(forged(&mut connect(&ports, 1)), 0);
+
+    // Authenticated as member 2, a heartbeat that claims member 3.
+    let secret = ClusterSecret::new(crate::harness::CLUSTER_SECRET.as_bytes().to_vec()).unwrap();
+    let mut s = TcpStream::connect(peer_addr(&ports, 1)).unwrap();
+    peer_auth::dial(&mut s, &secret, 2, 1, Duration::from_secs(5)).expect("the handshake");
+    let heartbeat = Message {
+        msg_type: MessageType::MsgHeartbeat,
+        from: 3,
+        to: 1,
+        term: 1,
+        ..Default::default()
+    };
+    let mut frame = Vec::new();
+    tidemark_cluster::tcp::encode_frame(&mut frame, &heartbeat);
+    s.write_all(&frame).unwrap();
+    // The member closes the connection with the frame.
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    assert_eq!(s.read(&mut [0u8; 16]).unwrap_or(0), 0, "connection closed");
+
+    let deadline = Instant::now() + WAIT;
+    let mut c = connect(&ports, 1);
+    while forged(&mut c) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "STATS never counted the forged frame"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats: BTreeMap<String, u64> = c.stats().expect("STATS").into_iter().collect();
+    assert!(stats["raft.inbound.authenticated"] >= 3, "{stats:?}");
+    let info: BTreeMap<String, String> = c.info().expect("INFO").into_iter().collect();
+    let metrics = samples(&http_get(&info["server.metrics_listen"], "/metrics"));
+    assert_eq!(
+        metrics.get("tidemark_raft_inbound_frames_forged_total"),
+        Some(&1.0)
+    );
+    // The set still serves.
+    let lead = settled_leader(&ports);
+    let mut c = connect(&ports, lead);
+    c.create_group(GROUP).unwrap();
+}

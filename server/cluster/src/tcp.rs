@@ -101,6 +101,17 @@ const SNAPSHOT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one write of a frame may block before its connection is
 /// dropped.
 const FRAME_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long bytes written on a frame connection may stay unacknowledged
+/// by the peer's TCP before the kernel gives the connection up
+/// (`TCP_USER_TIMEOUT`, cluster.md section 7): about the longest election
+/// timeout at the defaults (2 x 100 ticks of 10 ms). A peer whose packets
+/// vanish (a silent partition) is then noticed in that time rather than
+/// after TCP's retransmissions end (about 15 minutes), and the next frame
+/// dials a new connection; without it, frames written after the heal wait
+/// behind the old connection's retransmission backoff (up to 2 minutes).
+/// Not set on snapshot streams: their receiver may hold the window closed
+/// while it syncs files, and their writes have a timeout of their own.
+pub const FRAME_UNACKED_MAX: Duration = Duration::from_secs(2);
 /// How often idle threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(100);
 /// The same warning (a refused handshake, a connection refused at a cap)
@@ -455,9 +466,19 @@ enum DialError {
 
 impl Link {
     /// A connection to the peer, authenticated (cluster.md section 7.1).
-    fn dial(&self, write_timeout: Duration) -> Result<TcpStream, DialError> {
+    /// With `unacked_max`, the kernel gives the connection up once written
+    /// bytes stayed unacknowledged that long ([`FRAME_UNACKED_MAX`]).
+    fn dial(
+        &self,
+        write_timeout: Duration,
+        unacked_max: Option<Duration>,
+    ) -> Result<TcpStream, DialError> {
         let mut s = TcpStream::connect_timeout(&self.addr, CONNECT_TIMEOUT)
             .and_then(|s| s.set_nodelay(true).map(|()| s))
+            .and_then(|s| match unacked_max {
+                Some(max) => set_unacked_max(&s, max).map(|()| s),
+                None => Ok(s),
+            })
             .map_err(DialError::Connect)?;
         let handshake = Duration::from_millis(peer_auth::HANDSHAKE_MS_DEFAULT);
         peer_auth::dial(&mut s, &self.secret, self.me, self.peer, handshake)
@@ -473,6 +494,30 @@ impl Link {
              --cluster-token-file)",
             self.peer, self.addr
         )
+    }
+}
+
+/// Sets `TCP_USER_TIMEOUT` on `s` (Linux): the longest written bytes may
+/// stay unacknowledged before the kernel ends the connection with
+/// `ETIMEDOUT`, which the next write returns.
+fn set_unacked_max(s: &TcpStream, max: Duration) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ms = libc::c_uint::try_from(max.as_millis()).unwrap_or(libc::c_uint::MAX);
+    // SAFETY: the descriptor is `s`'s, open for the call; the option value
+    // is a c_uint that lives across it, and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -599,7 +644,7 @@ impl Transport for TcpTransport {
             .spawn(move || {
                 let started = std::time::Instant::now();
                 let sent = link
-                    .dial(SNAPSHOT_WRITE_TIMEOUT)
+                    .dial(SNAPSHOT_WRITE_TIMEOUT, None)
                     .map_err(|e| match e {
                         DialError::Connect(e) => format!("connect: {e}"),
                         DialError::Handshake(e) => link.refused(&e),
@@ -655,7 +700,7 @@ fn send_loop(link: &Link, rx: Receiver<Vec<u8>>, stop: &AtomicBool) {
             continue;
         };
         if conn.is_none() {
-            conn = match link.dial(FRAME_WRITE_TIMEOUT) {
+            conn = match link.dial(FRAME_WRITE_TIMEOUT, Some(FRAME_UNACKED_MAX)) {
                 Ok(s) => Some(s),
                 Err(DialError::Handshake(e)) if e.is_refusal() => {
                     warn.warn(|| link.refused(&e));

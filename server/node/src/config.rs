@@ -193,6 +193,32 @@ pub struct RaftFigures {
     pub snapshots_installed: u64,
     /// On the leader, every other member; empty on any other node.
     pub peers: Vec<RaftPeerFigures>,
+    /// What the member's Raft listener saw of the connections its peers
+    /// opened (`raft.inbound.*`).
+    pub inbound: RaftInboundFigures,
+}
+
+/// What a member's Raft listener saw of its inbound peer connections
+/// (`raft.inbound.*`, format-spec/cluster.md section 7.2): counters since
+/// the start, and two gauges of now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaftInboundFigures {
+    /// Connections that completed the peer handshake.
+    pub authenticated: u64,
+    /// Handshakes that failed (a wrong proof, a dialer that is no member,
+    /// the deadline).
+    pub handshakes_failed: u64,
+    /// Connections closed at a cap (`handshakes_max`, `connections_max`).
+    pub refused_at_cap: u64,
+    /// Frames refused because their `from` is not the connection's
+    /// authenticated peer (the connection closed with each).
+    pub frames_forged: u64,
+    /// Authenticated connections closed for idleness.
+    pub idle_closed: u64,
+    /// Connections in their handshake now.
+    pub handshaking: u64,
+    /// Authenticated connections open now.
+    pub open: u64,
 }
 
 /// A follower as the leader reports it (`raft.peer_{peer}.*`).

@@ -68,8 +68,8 @@ mod subscriptions;
 
 pub use config::{
     defaults, Build, ChangeDone, ChangeOutcome, ChangeRequest, ClusterView, LeaderGate, Leadership,
-    Limits, LiveLimits, NodeConfig, NotLeader, RaftFigures, RaftPeerFigures, SendPolicy,
-    FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES,
+    Limits, LiveLimits, NodeConfig, NotLeader, RaftFigures, RaftInboundFigures, RaftPeerFigures,
+    SendPolicy, FRAMES_PER_PASS_MAX, INPUT_BYTES_FREE, RAFT_PROGRESS_STATES, RAFT_ROLES,
     READ_BYTES_PER_PASS_MAX,
 };
 pub use event_loop::{serve, serve_engine, Shutdown};

@@ -584,6 +584,11 @@ mod tests {
         );
         assert_eq!(s("raft.term"), plain("tidemark_raft_term"));
         assert_eq!(
+            s("raft.inbound.frames_forged"),
+            plain("tidemark_raft_inbound_frames_forged_total")
+        );
+        assert_eq!(s("raft.inbound.open"), plain("tidemark_raft_inbound_open"));
+        assert_eq!(
             s("raft.role.pre_candidate"),
             (
                 "tidemark_raft_role".into(),

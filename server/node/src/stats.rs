@@ -244,6 +244,13 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("raft.peer_{peer}.last_contact_ms", Gauge, "ms"),
     stat("raft.peer_{peer}.snapshot_sending", Gauge, "flag"),
     stat("raft.peer_{peer}.progress.{state}", Gauge, "flag"),
+    stat("raft.inbound.authenticated", Counter, "connections"),
+    stat("raft.inbound.handshakes_failed", Counter, "handshakes"),
+    stat("raft.inbound.refused_at_cap", Counter, "connections"),
+    stat("raft.inbound.frames_forged", Counter, "frames"),
+    stat("raft.inbound.idle_closed", Counter, "connections"),
+    stat("raft.inbound.handshaking", Gauge, "connections"),
+    stat("raft.inbound.open", Gauge, "connections"),
     stat("engine.checkpoints_failed", Counter, "checkpoints"),
     stat("engine.last_checkpoint_unix_ms", Gauge, "ms"),
     stat("engine.last_checkpoint_failed_unix_ms", Gauge, "ms"),
@@ -833,6 +840,13 @@ pub fn parse_raft_figures(stats: &[(String, u64)]) -> Option<RaftFigures> {
             "snapshot_sends_finished" => &mut r.snapshot_sends_finished,
             "snapshot_sends_failed" => &mut r.snapshot_sends_failed,
             "snapshots_installed" => &mut r.snapshots_installed,
+            "inbound.authenticated" => &mut r.inbound.authenticated,
+            "inbound.handshakes_failed" => &mut r.inbound.handshakes_failed,
+            "inbound.refused_at_cap" => &mut r.inbound.refused_at_cap,
+            "inbound.frames_forged" => &mut r.inbound.frames_forged,
+            "inbound.idle_closed" => &mut r.inbound.idle_closed,
+            "inbound.handshaking" => &mut r.inbound.handshaking,
+            "inbound.open" => &mut r.inbound.open,
             _ => continue,
         };
         *field = v;
@@ -868,6 +882,16 @@ fn raft_report(r: &RaftFigures, out: &mut Vec<(String, u64)>) {
         ),
         ("raft.snapshot_sends_failed".into(), r.snapshot_sends_failed),
         ("raft.snapshots_installed".into(), r.snapshots_installed),
+    ]);
+    let i = &r.inbound;
+    out.extend([
+        ("raft.inbound.authenticated".into(), i.authenticated),
+        ("raft.inbound.handshakes_failed".into(), i.handshakes_failed),
+        ("raft.inbound.refused_at_cap".into(), i.refused_at_cap),
+        ("raft.inbound.frames_forged".into(), i.frames_forged),
+        ("raft.inbound.idle_closed".into(), i.idle_closed),
+        ("raft.inbound.handshaking".into(), i.handshaking),
+        ("raft.inbound.open".into(), i.open),
     ]);
     for p in &r.peers {
         let name = |figure: &str| format!("raft.peer_{}.{figure}", p.node_id);
@@ -1129,6 +1153,15 @@ mod tests {
             snapshot_sends_finished: 1,
             snapshot_sends_failed: 0,
             snapshots_installed: 0,
+            inbound: crate::config::RaftInboundFigures {
+                authenticated: 5,
+                handshakes_failed: 2,
+                refused_at_cap: 1,
+                frames_forged: 3,
+                idle_closed: 4,
+                handshaking: 1,
+                open: 2,
+            },
             peers: vec![
                 crate::config::RaftPeerFigures {
                     node_id: 2,
