@@ -45,8 +45,10 @@ for round in $(seq 1 "$ROUNDS"); do
         bin=$OLD; [ "$which" = new ] && bin=$NEW
         for w in w1 w3; do
             json=$OUT/$w-$which-$round.json
+            # --ops sizes W3 only: the load tool refuses it for W1.
+            ops=(); [ "$w" = w3 ] && ops=(--ops 200000)
             "$NEW" bench --spawn --node-bin "$bin" --fsync never -w "$w" --messages 200000 \
-                --ops 200000 --data "$DATA" --json --quiet >"$json"
+                "${ops[@]}" --data "$DATA" --json --quiet >"$json"
             python3 -c "import json,sys; d=json.load(open(sys.argv[1])); d=d[0] if isinstance(d,list) else d; print('  %s %s: %.0f ops/s, p50 %s us, p99 %s us' % (sys.argv[2], sys.argv[3], d['ops_per_sec'], d['latency_us']['p50'], d['latency_us']['p99']))" "$json" "$w" "$which"
         done
     done

@@ -3,7 +3,13 @@
 //!
 //! Memory: a membership is 16 bytes here (cursor, group slot, join point)
 //! plus the 8-byte user id in the group's member list; see the bench
-//! `memberships` for the measured total. An ACK is a hash lookup, a binary
+//! `memberships` for the measured total. A user's list is sized to the
+//! allocator's size classes ([`list_capacity`]): it grows to the next
+//! class, so it is always in the smallest class that holds it and uses
+//! all of it (growing by a quarter of its length put a quarter of slack
+//! on top of the class's rounding). A shard's users
+//! are a [`UserIndex`] (a dense list and a table of 4-byte indexes, not a
+//! map whose empty buckets hold whole entries). An ACK is a hash lookup, a binary
 //! search over the user's groups and one atomic compare-and-swap, plus a
 //! push onto its shard's flush queue when the move raises the flush bit
 //! (the only allocation, amortised; no hashing beyond the one that picks
@@ -38,10 +44,12 @@
 //! value the checkpoint stores.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
+
+use crate::members::user_index::UserIndex;
 
 const SHARDS: usize = 64;
 /// `join_lo` value meaning "the join point is in the overflow map".
@@ -64,6 +72,23 @@ struct UserEntry {
     memberships: Vec<Membership>,
 }
 
+/// The capacity a user's list of at least `len` memberships takes: as
+/// many as fit the allocator's size class for `len` (mimalloc's, the
+/// binary's, and the common shape of others: 16-byte steps up to 64 bytes,
+/// then four classes per power of two), so the list uses the bytes the
+/// allocator hands out anyway.
+fn list_capacity(len: usize) -> usize {
+    const ENTRY: usize = std::mem::size_of::<Membership>();
+    let bytes = len * ENTRY;
+    let class = if bytes <= 64 {
+        bytes.next_multiple_of(16)
+    } else {
+        // For bytes in (2^k, 2^(k+1)]: steps of 2^(k-2).
+        bytes.next_multiple_of((bytes - 1).next_power_of_two() / 8)
+    };
+    class / ENTRY
+}
+
 impl UserEntry {
     fn find(&self, slot: u32) -> Option<&Membership> {
         let i = self
@@ -84,7 +109,7 @@ pub enum InsertError {
 /// The cursor table. Its shards are keyed by user id with std's randomly
 /// keyed SipHash (user ids come from clients).
 pub struct CursorTable {
-    shards: Vec<RwLock<HashMap<u64, UserEntry>>>,
+    shards: Vec<RwLock<UserIndex<UserEntry>>>,
     /// By shard: the `(user, slot)` of every membership of the shard's
     /// users whose flush bit is set, one entry per raise of the bit, and
     /// of memberships that left since the last flush (module invariants).
@@ -126,7 +151,7 @@ pub struct MemberCursor {
 impl CursorTable {
     pub fn new() -> Self {
         CursorTable {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             flush_queues: (0..SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
             join_overflow: Mutex::new(HashMap::new()),
@@ -139,19 +164,26 @@ impl CursorTable {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn shard_index(&self, user: u64) -> usize {
-        let mut h = self.hasher.build_hasher();
-        h.write_u64(user);
-        (h.finish() as usize) % SHARDS
+    /// The user's hash: its shard is taken from bits 32 and up, its
+    /// bucket in the shard's index from the low bits and the top 7
+    /// (hashbrown's), so the two stay independent.
+    fn hash(&self, user: u64) -> u64 {
+        self.hasher.hash_one(user)
+    }
+
+    fn shard_of_hash(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
+    }
+
+    /// The user's shard and hash.
+    fn locate(&self, user: u64) -> (usize, u64) {
+        let hash = self.hash(user);
+        (Self::shard_of_hash(hash), hash)
     }
 
     /// The shard a user's memberships are in, for [`Loader::push_in_shard`].
     pub fn shard_of(&self, user: u64) -> usize {
-        self.shard_index(user)
-    }
-
-    fn shard(&self, user: u64) -> &RwLock<HashMap<u64, UserEntry>> {
-        &self.shards[self.shard_index(user)]
+        self.locate(user).0
     }
 
     /// Queues a membership whose flush bit this caller raised (0 -> 1);
@@ -197,8 +229,9 @@ impl CursorTable {
         join_point: u64,
         groups_per_user_max: Option<usize>,
     ) -> Result<(), InsertError> {
-        let mut shard = self.shard(user).write();
-        let entry = shard.entry(user).or_default();
+        let (index, hash) = self.locate(user);
+        let mut shard = self.shards[index].write();
+        let entry = shard.get_or_insert_with(hash, user, |u| self.hash(u), UserEntry::default);
         let at = match entry.memberships.binary_search_by_key(&slot, |m| m.slot) {
             Ok(_) => return Err(InsertError::AlreadyMember),
             Err(at) => at,
@@ -213,10 +246,12 @@ impl CursorTable {
                 JOIN_OVERFLOW
             }
         };
-        // Grow by a quarter, not double: bounds the slack per membership.
+        // To the next size class (module docs): the list is always in the
+        // smallest class that holds it; classes are geometric (at least an
+        // eighth apart above 64 bytes), so the copies are amortised O(1).
         let v = &mut entry.memberships;
         if v.len() == v.capacity() {
-            v.reserve_exact((v.len() / 4).max(2));
+            v.reserve_exact(list_capacity(v.len() + 1) - v.len());
         }
         v.insert(
             at,
@@ -233,8 +268,9 @@ impl CursorTable {
 
     /// Removes a membership; returns its cursor.
     pub fn remove(&self, user: u64, slot: u32) -> Option<u64> {
-        let mut shard = self.shard(user).write();
-        let entry = shard.get_mut(&user)?;
+        let (index, hash) = self.locate(user);
+        let mut shard = self.shards[index].write();
+        let entry = shard.get_mut(hash, user)?;
         let at = entry
             .memberships
             .binary_search_by_key(&slot, |m| m.slot)
@@ -247,16 +283,18 @@ impl CursorTable {
             self.join_overflow.lock().remove(&(slot, user));
         }
         if entry.memberships.is_empty() {
-            shard.remove(&user);
+            shard.remove(hash, user, |u| self.hash(u));
         } else if entry.memberships.capacity() > entry.memberships.len() * 2 {
-            entry.memberships.shrink_to_fit();
+            let len = entry.memberships.len();
+            entry.memberships.shrink_to(list_capacity(len));
         }
         Some(m.cursor.load(Ordering::Acquire) >> SHIFT)
     }
 
     pub fn get(&self, user: u64, slot: u32) -> Option<MemberCursor> {
-        let shard = self.shard(user).read();
-        let entry = shard.get(&user)?;
+        let (index, hash) = self.locate(user);
+        let shard = self.shards[index].read();
+        let entry = shard.get(hash, user)?;
         let m = entry.find(slot)?;
         Some(MemberCursor {
             slot,
@@ -271,8 +309,9 @@ impl CursorTable {
     /// a history clear is rare, never on an ACK's path. The caller queues
     /// the membership for the next checkpoint, which stores the join point.
     pub fn raise_join_point(&self, user: u64, slot: u32, join_point: u64) -> Option<u64> {
-        let mut shard = self.shard(user).write();
-        let entry = shard.get_mut(&user)?;
+        let (index, hash) = self.locate(user);
+        let mut shard = self.shards[index].write();
+        let entry = shard.get_mut(hash, user)?;
         let at = entry
             .memberships
             .binary_search_by_key(&slot, |m| m.slot)
@@ -299,8 +338,9 @@ impl CursorTable {
     /// with the read: a move after it sets the bit again (and is queued
     /// again).
     pub fn take_for_checkpoint(&self, user: u64, slot: u32) -> Option<MemberCursor> {
-        let shard = self.shard(user).read();
-        let entry = shard.get(&user)?;
+        let (index, hash) = self.locate(user);
+        let shard = self.shards[index].read();
+        let entry = shard.get(hash, user)?;
         let m = entry.find(slot)?;
         let v = m.cursor.fetch_and(!CKPT_DIRTY, Ordering::AcqRel);
         Some(MemberCursor {
@@ -314,9 +354,9 @@ impl CursorTable {
     /// dirty bits. `None` if `user` is not a member. The caller checks
     /// `msg_id` against the head first.
     pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<Moved> {
-        let index = self.shard_index(user);
+        let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(&user)?;
+        let entry = shard.get(hash, user)?;
         let m = entry.find(slot)?;
         let seen = m.cursor.load(Ordering::Acquire);
         Some(self.raise(index, user, slot, m, seen, msg_id))
@@ -371,9 +411,9 @@ impl CursorTable {
     /// Moves the cursor from exactly `expected` to `msg_id` (a caught-up
     /// sender's own message). `Some(newly checkpoint dirty)` if it moved.
     pub fn advance_if_at(&self, user: u64, slot: u32, expected: u64, msg_id: u64) -> Option<bool> {
-        let index = self.shard_index(user);
+        let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(&user)?;
+        let entry = shard.get(hash, user)?;
         let m = entry.find(slot)?;
         let current = m.cursor.load(Ordering::Acquire);
         if current >> SHIFT != expected {
@@ -395,8 +435,9 @@ impl CursorTable {
 
     /// Calls `f(slot, cursor)` for every group of `user`, in slot order.
     pub fn for_each_of_user(&self, user: u64, mut f: impl FnMut(u32, u64)) {
-        let shard = self.shard(user).read();
-        if let Some(entry) = shard.get(&user) {
+        let (index, hash) = self.locate(user);
+        let shard = self.shards[index].read();
+        if let Some(entry) = shard.get(hash, user) {
             for m in &entry.memberships {
                 f(m.slot, m.cursor.load(Ordering::Acquire) >> SHIFT);
             }
@@ -425,7 +466,8 @@ impl CursorTable {
             for (user, slot) in queued {
                 // A membership that left since its move is gone (or, joined
                 // again, clean: its bit is down and nothing is written).
-                let Some(m) = shard.get(&user).and_then(|e| e.find(slot)) else {
+                let found = shard.get(self.hash(user), user);
+                let Some(m) = found.and_then(|e| e.find(slot)) else {
                     continue;
                 };
                 let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
@@ -442,8 +484,9 @@ impl CursorTable {
     /// the next checkpoints, the value must not). `None` if the membership
     /// does not exist.
     pub fn restore(&self, user: u64, slot: u32, cursor: u64) -> Option<Moved> {
-        let shard = self.shard(user).read();
-        let entry = shard.get(&user)?;
+        let (index, hash) = self.locate(user);
+        let shard = self.shards[index].read();
+        let entry = shard.get(hash, user)?;
         let m = entry.find(slot)?;
         let mut current = m.cursor.load(Ordering::Acquire);
         loop {
@@ -492,7 +535,7 @@ impl CursorTable {
                             Ordering::Release,
                         );
                         if v & FLUSH_DIRTY == 0 {
-                            self.queue_flush(index, *user, m.slot);
+                            self.queue_flush(index, user, m.slot);
                         }
                         moved(m.slot, v >> SHIFT, head);
                     }
@@ -501,9 +544,8 @@ impl CursorTable {
         }
     }
 
-    /// Heap bytes held (the shard maps' buckets and the membership vectors).
+    /// Heap bytes held (the shards' indexes and the membership vectors).
     pub fn heap_bytes(&self) -> usize {
-        let per_bucket = std::mem::size_of::<(u64, UserEntry)>() + 1;
         let per_queued = std::mem::size_of::<(u64, u32)>();
         let queues: usize = self
             .flush_queues
@@ -516,7 +558,7 @@ impl CursorTable {
                 .iter()
                 .map(|s| {
                     let s = s.read();
-                    s.capacity() * per_bucket
+                    s.heap_bytes()
                         + s.values()
                             .map(|e| e.memberships.capacity() * std::mem::size_of::<Membership>())
                             .sum::<usize>()
@@ -541,8 +583,8 @@ struct LoadRow {
 /// about 60% of a clean restart with 1.8 M memberships, measured with
 /// `perf`. The loader appends rows to per-shard buffers (sequential
 /// writes), then sorts each shard's rows by user and slot (a shard's rows
-/// fit the caches) and builds each user's list at its exact size with one
-/// map insert per user. The two cores each build half of the shards.
+/// fit the caches) and builds each user's list at its size class with one
+/// index insert per user. The two cores each build half of the shards.
 /// Cost: 24 bytes per membership while loading, freed at the end.
 pub struct Loader<'a> {
     table: &'a CursorTable,
@@ -563,7 +605,7 @@ impl Loader<'_> {
         cursor: u64,
         join_point: u64,
     ) {
-        debug_assert_eq!(shard, self.table.shard_index(user));
+        debug_assert_eq!(shard, self.table.shard_of(user));
         let join_lo = match u32::try_from(join_point) {
             Ok(j) if j != JOIN_OVERFLOW => j,
             _ => {
@@ -604,11 +646,15 @@ impl CursorTable {
             // Exactly the users to come (the rows are sorted by user): a
             // guess from the rows alone would over-reserve buckets that the
             // inserts then touch, page by page.
-            map.reserve(rows.chunk_by(|a, b| a.user == b.user).count());
+            let rehash = |u| self.hash(u);
+            map.reserve(rows.chunk_by(|a, b| a.user == b.user).count(), rehash);
             for run in rows.chunk_by(|a, b| a.user == b.user) {
-                let entry = map.entry(run[0].user).or_default();
+                let user = run[0].user;
+                let entry =
+                    map.get_or_insert_with(self.hash(user), user, rehash, UserEntry::default);
                 let v = &mut entry.memberships;
-                v.reserve_exact(run.len());
+                // At its size class (module docs): a later join fills it.
+                v.reserve_exact(list_capacity(v.len() + run.len()) - v.len());
                 v.extend(run.iter().map(|r| Membership {
                     // Clean: the checkpoint holds it.
                     cursor: AtomicU64::new(r.cursor << SHIFT),
@@ -637,6 +683,52 @@ mod tests {
     #[test]
     fn membership_is_sixteen_bytes() {
         assert_eq!(std::mem::size_of::<Membership>(), 16);
+    }
+
+    /// A user's list takes whole size classes of the allocator as it
+    /// grows and shrinks: every capacity fills its class, and the class is
+    /// the smallest that holds the list (shrunk once below half of it).
+    /// Growing by a quarter of the length alone left lists between the
+    /// classes (51 memberships of 16 bytes: 816 bytes in an 896-byte class).
+    #[test]
+    fn a_users_list_fills_the_size_classes_it_takes() {
+        let t = CursorTable::new();
+        let capacity = |user: u64| {
+            let (index, hash) = t.locate(user);
+            let shard = t.shards[index].read();
+            shard
+                .get(hash, user)
+                .map_or(0, |e| e.memberships.capacity())
+        };
+        let in_class = |cap: usize| list_capacity(cap) == cap;
+        for slot in 0..3_000u32 {
+            t.insert(1, slot, 0, 1, None).unwrap();
+            let (len, cap) = (slot as usize + 1, capacity(1));
+            assert!(
+                in_class(cap),
+                "{len} memberships: capacity {cap} is between classes"
+            );
+            assert_eq!(
+                cap,
+                list_capacity(len),
+                "{len} memberships: not the smallest class"
+            );
+        }
+        for slot in (100..3_000u32).rev() {
+            t.remove(1, slot);
+            let (len, cap) = (slot as usize, capacity(1));
+            assert!(
+                in_class(cap),
+                "{len} memberships: capacity {cap} is between classes"
+            );
+            assert!(cap <= 2 * len.max(2), "{len} memberships: capacity {cap}");
+        }
+        // The classes: 16-byte steps to 64 bytes, then four per power of two.
+        let classes: Vec<usize> = (1..=40).filter(|&c| in_class(c)).map(|c| c * 16).collect();
+        assert_eq!(
+            classes,
+            [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640]
+        );
     }
 
     #[test]
@@ -759,9 +851,9 @@ mod tests {
         let t = CursorTable::new();
         t.insert(1, 1, 0, 1, None).unwrap();
         let raise_from_stale = |seen: u64, msg_id: u64| {
-            let index = t.shard_index(1);
+            let (index, hash) = t.locate(1);
             let shard = t.shards[index].read();
-            let m = shard.get(&1).unwrap().find(1).unwrap();
+            let m = shard.get(hash, 1).unwrap().find(1).unwrap();
             t.raise(index, 1, 1, m, seen, msg_id)
         };
         let stale = 0;
@@ -918,7 +1010,7 @@ mod tests {
         });
     }
 
-    /// A load reserves map buckets for the users it builds, not for its
+    /// A load reserves index buckets for the users it builds, not for its
     /// rows: reserved buckets are touched by the inserts, so an
     /// over-reservation (half the rows, for users with ten memberships
     /// each) cost memory and page faults at every restart. The bulk table

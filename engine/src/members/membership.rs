@@ -4,17 +4,21 @@
 //!
 //! Representation, by size (most groups are one-to-one chats):
 //! - up to 2 members: inline, no allocation (24 bytes in the group);
-//! - more: a boxed list. Inserts go to a small sorted buffer merged into
-//!   the main list when it grows past 1/16 of it, so bulk joins cost
-//!   O(n log n), not O(n^2), and the main list is reallocated at its exact
-//!   size on every merge. Below 1,024 members a join inserts in place,
-//!   at exact size (no buffer, no slack).
+//! - up to [`READ_COUNTS_MEMBERS_MIN`] members: a boxed slice of the ids at
+//!   its exact size, 8 bytes per member and nothing else (most groups
+//!   above two members are this small: a list header and a tree slot of
+//!   their own, 96 bytes, cost them more than their ids);
+//! - more: a boxed list with its read-count tree. Inserts go to a small
+//!   sorted buffer merged into the main list when it grows past 1/16 of
+//!   it, so bulk joins cost O(n log n), not O(n^2), and the main list is
+//!   reallocated at its exact size on every merge. Below 1,024 members a
+//!   join inserts in place, at exact size (no buffer, no slack).
 //!
 //! Read counts ("how many cursors are >= m", "the lowest cursor"): above
 //! [`READ_COUNTS_MEMBERS_MIN`] members a Fenwick tree answers in O(log
 //! range) ([`ReadCounts`]); it is built from the members' cursors when a
-//! join crosses that size and dropped when leaves bring the group down to
-//! half of it. Without a tree the answer is computed from the members'
+//! join crosses that size and dropped (the list going back to a boxed
+//! slice) when leaves bring the group down to half of it. Without a tree the answer is computed from the members'
 //! cursors (at most [`READ_COUNTS_MEMBERS_MIN`] lookups): a small group pays
 //! no tree (0.1 paid at least 256 bytes each) and an ACK in it does not
 //! touch one.
@@ -51,11 +55,29 @@ pub struct GroupMembers {
 
 enum Users {
     /// Up to two members, `ids[..len]` sorted.
-    Inline {
-        len: u8,
-        ids: [u64; 2],
-    },
+    Inline { len: u8, ids: [u64; 2] },
+    /// 3 to [`READ_COUNTS_MEMBERS_MIN`] members (down to 2 after leaves
+    /// from a larger list), sorted, at exact size.
+    Few(Box<[u64]>),
+    /// More: above [`READ_COUNTS_MEMBERS_MIN`] members, or above half of it
+    /// after leaves.
     Many(Box<Many>),
+}
+
+impl Users {
+    /// `ids` (sorted) in the smallest form without a tree.
+    fn without_tree(ids: Vec<u64>) -> Users {
+        if ids.len() <= 2 {
+            let mut inline = [0; 2];
+            inline[..ids.len()].copy_from_slice(&ids);
+            Users::Inline {
+                len: ids.len() as u8,
+                ids: inline,
+            }
+        } else {
+            Users::Few(ids.into_boxed_slice())
+        }
+    }
 }
 
 struct Many {
@@ -66,11 +88,6 @@ struct Many {
 }
 
 impl Many {
-    #[cfg(test)]
-    fn contains(&self, user: u64) -> bool {
-        self.sorted.binary_search(&user).is_ok() || self.recent.binary_search(&user).is_ok()
-    }
-
     fn len(&self) -> usize {
         self.sorted.len() + self.recent.len()
     }
@@ -117,27 +134,18 @@ impl GroupMembers {
     /// the given cursors, with no lookup in the cursor table.
     pub fn from_sorted(members: &[(u64, u64)]) -> Self {
         debug_assert!(members.windows(2).all(|w| w[0].0 < w[1].0));
-        let users = if members.len() <= 2 {
-            let mut ids = [0; 2];
-            for (i, &(u, _)) in members.iter().enumerate() {
-                ids[i] = u;
-            }
-            Users::Inline {
-                len: members.len() as u8,
-                ids,
-            }
+        let ids: Vec<u64> = members.iter().map(|&(u, _)| u).collect();
+        let users = if members.len() <= READ_COUNTS_MEMBERS_MIN {
+            Users::without_tree(ids)
         } else {
-            let read_counts = (members.len() > READ_COUNTS_MEMBERS_MIN).then(|| {
-                let mut rc = ReadCounts::new(0);
-                for &(_, cursor) in members {
-                    rc.insert(cursor);
-                }
-                rc
-            });
+            let mut rc = ReadCounts::new(0);
+            for &(_, cursor) in members {
+                rc.insert(cursor);
+            }
             Users::Many(Box::new(Many {
-                sorted: members.iter().map(|&(u, _)| u).collect(),
+                sorted: ids,
                 recent: Vec::new(),
-                read_counts,
+                read_counts: Some(rc),
             }))
         };
         GroupMembers {
@@ -153,19 +161,25 @@ impl GroupMembers {
         self.version
     }
 
-    #[cfg(test)]
-    fn contains(&self, user: u64) -> bool {
+    /// The members as two sorted, disjoint parts: the main list and the
+    /// buffer of recent joins (empty but in a large list).
+    fn parts(&self) -> (&[u64], &[u64]) {
         match &self.users {
-            Users::Inline { len, ids } => ids[..*len as usize].contains(&user),
-            Users::Many(m) => m.contains(user),
+            Users::Inline { len, ids } => (&ids[..*len as usize], &[]),
+            Users::Few(ids) => (ids, &[]),
+            Users::Many(m) => (&m.sorted, &m.recent),
         }
     }
 
+    #[cfg(test)]
+    fn contains(&self, user: u64) -> bool {
+        let (a, b) = self.parts();
+        a.binary_search(&user).is_ok() || b.binary_search(&user).is_ok()
+    }
+
     pub fn len(&self) -> usize {
-        match &self.users {
-            Users::Inline { len, .. } => *len as usize,
-            Users::Many(m) => m.len(),
-        }
+        let (a, b) = self.parts();
+        a.len() + b.len()
     }
 
     /// Adds `user` with cursor `cursor`; false if already a member.
@@ -188,10 +202,30 @@ impl GroupMembers {
                     sorted.extend_from_slice(&ids[..at]);
                     sorted.push(user);
                     sorted.extend_from_slice(&ids[at..]);
+                    self.users = Users::Few(sorted.into_boxed_slice());
+                }
+            }
+            Users::Few(ids) => {
+                let Err(at) = ids.binary_search(&user) else {
+                    return false;
+                };
+                // The slice as a vector of capacity == length: one more
+                // at exact size (the allocator grows it in place while its
+                // size class has room).
+                let mut sorted = std::mem::take(ids).into_vec();
+                sorted.reserve_exact(1);
+                sorted.insert(at, user);
+                if sorted.len() <= READ_COUNTS_MEMBERS_MIN {
+                    *ids = sorted.into_boxed_slice();
+                } else {
+                    let mut rc = ReadCounts::new(0);
+                    for &u in &sorted {
+                        rc.insert(cursor_of(u));
+                    }
                     self.users = Users::Many(Box::new(Many {
                         sorted,
                         recent: Vec::new(),
-                        read_counts: None,
+                        read_counts: Some(rc),
                     }));
                 }
             }
@@ -246,6 +280,14 @@ impl GroupMembers {
                 ids.copy_within(at + 1..n, at);
                 *len -= 1;
             }
+            Users::Few(ids) => {
+                let Ok(at) = ids.binary_search(&user) else {
+                    return false;
+                };
+                let mut sorted = std::mem::take(ids).into_vec();
+                sorted.remove(at);
+                self.users = Users::without_tree(sorted);
+            }
             Users::Many(m) => {
                 if let Ok(i) = m.sorted.binary_search(&user) {
                     m.sorted.remove(i);
@@ -258,16 +300,7 @@ impl GroupMembers {
                     rc.remove(cursor);
                 }
                 if m.len() <= READ_COUNTS_MEMBERS_MIN / 2 {
-                    m.read_counts = None;
-                }
-                if m.len() <= 2 {
-                    let all = self.users();
-                    let mut ids = [0; 2];
-                    ids[..all.len()].copy_from_slice(&all);
-                    self.users = Users::Inline {
-                        len: all.len() as u8,
-                        ids,
-                    };
+                    self.users = Users::without_tree(self.users());
                 }
             }
         }
@@ -320,28 +353,20 @@ impl GroupMembers {
         cursor_of: impl Fn(u64) -> u64,
         mut f: impl FnMut(u64) -> bool,
     ) -> usize {
-        let ids: &[u64] = match &self.users {
-            Users::Inline { len, ids } => &ids[..*len as usize],
-            Users::Many(m) => {
-                let (a, b) = (&m.sorted, &m.recent);
-                return a.iter().chain(b).filter(|&&u| f(cursor_of(u))).count();
-            }
-        };
-        ids.iter().filter(|&&u| f(cursor_of(u))).count()
+        let (a, b) = self.parts();
+        a.iter().chain(b).filter(|&&u| f(cursor_of(u))).count()
     }
 
     /// Members in ascending user id order.
     pub fn users(&self) -> Vec<u64> {
-        match &self.users {
-            Users::Inline { len, ids } => ids[..*len as usize].to_vec(),
-            Users::Many(m) => {
-                let mut all = Vec::with_capacity(m.len());
-                all.extend_from_slice(&m.sorted);
-                all.extend_from_slice(&m.recent);
-                all.sort_unstable();
-                all
-            }
+        let (a, b) = self.parts();
+        let mut all = Vec::with_capacity(a.len() + b.len());
+        all.extend_from_slice(a);
+        if !b.is_empty() {
+            all.extend_from_slice(b);
+            all.sort_unstable();
         }
+        all
     }
 
     /// A page of the members in ascending user id order: at most `max`
@@ -350,10 +375,7 @@ impl GroupMembers {
     /// parts (the main list and the buffer of recent joins) are searched
     /// for `after` and merged from there, never walked from the start.
     pub fn page_after(&self, after: u64, max: usize) -> (Vec<u64>, bool) {
-        let (a, b): (&[u64], &[u64]) = match &self.users {
-            Users::Inline { len, ids } => (&ids[..*len as usize], &[]),
-            Users::Many(m) => (&m.sorted, &m.recent),
-        };
+        let (a, b) = self.parts();
         let (mut a, mut b) = (
             &a[a.partition_point(|&u| u <= after)..],
             &b[b.partition_point(|&u| u <= after)..],
@@ -385,6 +407,7 @@ impl GroupMembers {
     pub fn heap_bytes(&self) -> usize {
         match &self.users {
             Users::Inline { .. } => 0,
+            Users::Few(ids) => ids.len() * 8,
             Users::Many(m) => {
                 std::mem::size_of::<Many>()
                     + (m.sorted.capacity() + m.recent.capacity()) * 8
@@ -447,6 +470,30 @@ mod tests {
         assert!(!m.contains(first));
         assert!(!m.remove(first, 0));
         assert_eq!(m.read_count(0, |_| 0), (model.len() - 1) as u32);
+    }
+
+    /// Up to [`READ_COUNTS_MEMBERS_MIN`] members a group's list costs its
+    /// ids and nothing else, built by joins, left or at once: a list
+    /// header and a tree slot of its own (96 bytes) were more than the
+    /// ids of a group of 3-12 members.
+    #[test]
+    fn a_small_list_holds_its_ids_only() {
+        let mut m = GroupMembers::new();
+        for n in 1..=READ_COUNTS_MEMBERS_MIN as u64 {
+            assert!(m.insert(n * 5, 0, |_| 0));
+            let ids = if n <= 2 { 0 } else { n as usize * 8 };
+            assert_eq!(m.heap_bytes(), ids, "{n} members");
+        }
+        assert!(m.insert(1, 0, |_| 0));
+        assert!(m.has_tree(), "a tree above the threshold");
+        for n in (3..=READ_COUNTS_MEMBERS_MIN as u64).rev() {
+            assert!(m.remove(n * 5, 0));
+        }
+        assert!(!m.has_tree());
+        assert_eq!(m.users(), [1, 5, 10]);
+        assert_eq!(m.heap_bytes(), 3 * 8, "back to the ids alone");
+        let built = GroupMembers::from_sorted(&[(1, 0), (5, 0), (10, 0)]);
+        assert_eq!(built.heap_bytes(), 3 * 8);
     }
 
     /// A list built at once answers what one built by inserts answers:

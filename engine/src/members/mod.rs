@@ -12,3 +12,4 @@ mod read_counts;
 #[cfg(test)]
 pub(crate) mod tidemark_tests;
 pub(crate) mod tidemarks;
+mod user_index;

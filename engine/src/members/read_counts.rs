@@ -44,7 +44,7 @@ impl ReadCounts {
         }
         // Rebuild at double size: O(n) amortised over the growth.
         let mut counts = self.counts();
-        let size = (index + 1).next_power_of_two().clamp(64, TREE_ENTRIES_MAX);
+        let size = (index + 1).next_power_of_two().clamp(16, TREE_ENTRIES_MAX);
         counts.resize(size, 0);
         self.tree = Self::build(&counts);
     }
