@@ -1741,7 +1741,7 @@ fn journal_entries(bytes: &[u8]) -> Vec<(usize, usize, crate::commit::journal::E
         .collect()
 }
 
-fn seq_of(journal: &Path) -> u64 {
+pub(crate) fn seq_of(journal: &Path) -> u64 {
     journal
         .file_stem()
         .unwrap()
@@ -2100,7 +2100,11 @@ fn a_gap_in_journal_sequence_numbers_refuses_to_open() {
     e.simulate_crash();
     let jdir = dir.path().join("journal");
     let seq = seq_of(&newest_file(&jdir, ".tmj"));
-    // File seq + 1 is missing; seq + 2 holds a frame.
+    // File seq + 1 is missing (the spare made ahead of the next roll is
+    // removed); seq + 2 holds a frame.
+    let spare = crate::commit::journal::journal_path(&jdir, seq + 1);
+    assert_eq!(std::fs::metadata(&spare).unwrap().len(), 0, "the spare");
+    std::fs::remove_file(&spare).unwrap();
     let mut j = crate::commit::journal::Journal::create(
         Arc::new(crate::io::OsVfs),
         &jdir,

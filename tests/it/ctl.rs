@@ -547,7 +547,13 @@ fn checkpoint_and_journal_header_damage_is_named_and_never_reissues_an_id() {
     // still says "clean", but frames follow it. The node refuses; repair
     // must not drop the frames (and give their ids again): it refuses.
     let served = damage_verify_repair_serve(&crashed, &acked_crashed, "journal frame", |d| {
-        let (path, _) = files(&d.join("journal"), ".tmj").pop().unwrap();
+        // The newest file with frames (an empty spare, made ahead of the
+        // next roll, may follow it).
+        let (path, _) = files(&d.join("journal"), ".tmj")
+            .into_iter()
+            .rev()
+            .find(|(_, len)| *len > 0)
+            .unwrap();
         // Header 48, envelope 32, payload header 32, entry header 16, the
         // record's header 44: a byte of its payload.
         flip(&path, 48 + 32 + 32 + 16 + 44 + 2);

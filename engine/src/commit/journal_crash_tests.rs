@@ -12,7 +12,8 @@ use crate::commit::journal::{self, EntryKind};
 use crate::io::power_cut::{Cut, PowerCutVfs};
 use crate::io::FaultyVfs;
 use crate::tests::{
-    assert_dense_and_exact, batch_of, copy_dir, fill, newest_file, payload, requests, small_config,
+    assert_dense_and_exact, batch_of, copy_dir, fill, newest_file, payload, requests, seq_of,
+    small_config,
 };
 use crate::{Config, Engine, Error};
 
@@ -200,7 +201,10 @@ fn fill_more(e: &Engine, group: u64, ids: std::ops::RangeInclusive<u64>) {
 /// J5 by file state: the round that rolled to a new file crashed while the
 /// new file was being created (missing, a torn header, a header and no
 /// frame). The old file was synced first, so every state opens with every
-/// earlier round, and a torn header is cut.
+/// earlier round, and a torn header is cut. The spare made ahead of the
+/// roll after (an empty file numbered next) is left by every crash once
+/// the roll took its own: it is no damage and holds nothing; when the
+/// rolled file is missing, so is the spare made after it.
 #[test]
 fn j5_a_crash_while_rolling_to_a_new_file_loses_nothing_acknowledged_before_it() {
     let base = tempfile::tempdir().unwrap();
@@ -224,8 +228,17 @@ fn j5_a_crash_while_rolling_to_a_new_file_loses_nothing_acknowledged_before_it()
         let dst = base.path().join(what.replace(' ', "-"));
         copy_dir(&src, &dst);
         let file = dst.join("journal").join(rolled.file_name().unwrap());
+        let spare = journal::journal_path(&dst.join("journal"), seq_of(&rolled) + 1);
+        assert_eq!(
+            std::fs::metadata(&spare).unwrap().len(),
+            0,
+            "{what}: the spare"
+        );
         match len {
-            None => std::fs::remove_file(&file).unwrap(),
+            None => {
+                std::fs::remove_file(&file).unwrap();
+                std::fs::remove_file(&spare).unwrap();
+            }
             Some(n) => std::fs::OpenOptions::new()
                 .write(true)
                 .open(&file)
@@ -251,6 +264,72 @@ fn j5_a_crash_while_rolling_to_a_new_file_loses_nothing_acknowledged_before_it()
                 .msg_id,
             i
         );
+        e.close().unwrap();
+    }
+}
+
+/// The spare journal file made ahead of the next roll (empty, its name
+/// durable) is what a crash or a power cut leaves next to the newest
+/// file. It holds no frame: recovery opens with every acknowledged send,
+/// `ctl verify` finds nothing and `ctl repair` plans nothing; recovery
+/// numbers its own file after it, and the empty file left between two
+/// files is no gap at the next open either.
+#[test]
+fn j5_a_spare_file_left_by_a_crash_is_no_damage_to_recovery_verify_or_repair() {
+    for seed in 0..4 {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let mut c = small_config(&dir);
+        c.checkpoint_journal_bytes = 1 << 30;
+        c.journal_file_bytes = 4096;
+        c.cursor_flush_ms = 3_600_000;
+        c.retention_check_ms = 3_600_000;
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        let jdir = dir.join("journal");
+        let i = sends_until_a_roll(&e, &jdir);
+        fill_more(&e, 1, i + 1..=i + 3);
+        let rolled = seq_of(&newest_file(&jdir, ".tmj"));
+        let spare = journal::journal_path(&jdir, rolled + 1);
+        // The spare is made on its own thread: wait for its file and for
+        // the file layer to go quiet (its directory sync done).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut ops = control.ops();
+        while !spare.exists() || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::mem::replace(&mut ops, control.ops()) != ops
+        } {
+            assert!(std::time::Instant::now() < deadline, "the spare is made");
+        }
+        e.simulate_crash();
+        control.cut(Cut::Seeded(seed)).unwrap();
+        let len = std::fs::metadata(&spare).map(|m| m.len());
+        assert_eq!(
+            len.ok(),
+            Some(0),
+            "seed {seed}: the spare, durable and empty"
+        );
+        let d = crate::offline::DataDir::open(&dir).unwrap();
+        let v = d.verify().unwrap();
+        assert!(v.clean(), "seed {seed}: {:?}", v.findings);
+        let plan = d
+            .plan_repair(crate::offline::RepairTarget::AllDamaged)
+            .unwrap();
+        assert!(plan.is_empty(), "seed {seed}: {plan:?}");
+        drop(d);
+        let e = Engine::open(c.clone()).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        assert_eq!(e.head(1).unwrap(), i + 3, "seed {seed}");
+        assert_dense_and_exact(&e, 1, i + 3);
+        assert_eq!(e.recovery_report().bytes_cut(), 0, "seed {seed}");
+        // Recovery's own file comes after the spare, which stays empty
+        // between two files until a checkpoint no longer needs either.
+        fill_more(&e, 1, i + 4..=i + 5);
+        e.simulate_crash();
+        assert_eq!(seq_of(&newest_file(&jdir, ".tmj")), rolled + 2);
+        assert_eq!(std::fs::metadata(&spare).unwrap().len(), 0);
+        let e = Engine::open(c).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        assert_dense_and_exact(&e, 1, i + 5);
         e.close().unwrap();
     }
 }

@@ -465,12 +465,15 @@ fn dump_names_edits_recalls_and_erased_messages() {
     );
 }
 
-/// The newest journal file (`.tmj`) of `dir`.
+/// The newest journal file (`.tmj`) of `dir` that is not empty (the
+/// spare made ahead of the next roll is).
 fn newest_journal(dir: &Path) -> PathBuf {
     let jdir = crate::commit::journal::journal_dir(dir);
     crate::commit::journal::list(&crate::io::OsVfs, &jdir)
         .unwrap()
-        .pop()
+        .into_iter()
+        .rev()
+        .find(|(_, p)| std::fs::metadata(p).unwrap().len() > 0)
         .unwrap()
         .1
 }

@@ -525,3 +525,64 @@ fn a_group_deleted_and_created_again_between_checkpoints_shows_nothing_old() {
     assert_eq!(e.members(4).unwrap(), vec![3]);
     assert_eq!(e.head(4).unwrap(), 0);
 }
+
+/// K7 deletes the journal files neither kept manifest needs without
+/// holding the table of small groups' live bytes: the commit thread takes
+/// that lock for every send to a small group (and at every capture), so
+/// an unlink that waits for the disk (behind other writers' I/O) held
+/// every send. Here the unlink of journal file 1 is held; a send to a
+/// small group still completes.
+#[test]
+fn k7_deletes_journal_files_without_holding_the_small_groups_live_table() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = crate::tests::small_config(dir.path());
+    c.checkpoint_journal_bytes = 1 << 30;
+    c.checkpoint_interval_ms = 3_600_000;
+    let faulty = crate::io::FaultyVfs::new();
+    let control = faulty.control.clone();
+    let e = Arc::new(crate::Engine::open_with_vfs(c, Arc::new(faulty)).unwrap());
+    // File 1 holds group creations only: no small group's record pins it.
+    e.create_group(1).unwrap();
+    e.create_group(2).unwrap();
+    let first = crate::commit::journal::journal_path(&dir.path().join("journal"), 1);
+    control.hold_paths_containing(first.file_name().unwrap().to_str().unwrap());
+    // File 1 goes once neither kept manifest replays it: after the second
+    // checkpoint that starts past it.
+    let checkpoints = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                e.checkpoint().unwrap();
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while control.ops_held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "K7 never removed file 1");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The checkpointer waits in the unlink of file 1; a send to small
+    // group 2 is applied meanwhile (bounded wait, then the hold ends).
+    let (done, sent) = std::sync::mpsc::channel();
+    let sender = {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            let r = e.append(2, 7, 1, b"sent while K7 unlinks");
+            let _ = done.send(r.map(|a| a.msg_id));
+        })
+    };
+    let got = sent.recv_timeout(Duration::from_secs(10));
+    control.release_paths();
+    sender.join().unwrap();
+    checkpoints.join().unwrap();
+    assert_eq!(
+        got.ok().map(|r| r.unwrap()),
+        Some(1),
+        "the send waited for the unlink of a journal file"
+    );
+    assert!(!first.exists(), "file 1 was removed");
+}

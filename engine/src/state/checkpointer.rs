@@ -1031,8 +1031,15 @@ impl Checkpointer {
             // manifest or the memory state names it (`pins.rs`); the cold
             // file being written stays whatever it holds.
             let writing = self.reclaimer.as_ref().and_then(|r| r.writing());
+            // The files are listed and unlinked without the live-bytes
+            // lock: the commit thread takes it for every send to a small
+            // group, and an unlink may wait for the disk. A file judged
+            // deletable holds no live record and lies before both kept
+            // replay positions, so nothing adds to it meanwhile.
+            let files = shared_files(ctx, &jdir);
             let mut live = ctx.live.lock();
-            for (file, path) in shared_files(ctx, &jdir) {
+            let mut gone = Vec::new();
+            for (file, path) in files {
                 let go = Some(file) != writing
                     && pins::deletable(
                         file,
@@ -1042,10 +1049,14 @@ impl Checkpointer {
                         &live,
                     );
                 if go {
-                    remove(&path);
                     live.forget(file);
-                    ctx.shared_files.forget(file);
+                    gone.push((file, path));
                 }
+            }
+            drop(live);
+            for (file, path) in gone {
+                remove(&path);
+                ctx.shared_files.forget(file);
             }
         }
         let stored = last.ckpt_seq;

@@ -24,14 +24,21 @@
 //! on). Versions 1 and 2 of the header are storage format 1 (32 bytes,
 //! CRC at 28): such a file is refused, never read.
 //!
-//! Costs: a frame is one `pwrite`; a roll (every `journal_file_bytes`) is
-//! one fdatasync of the old file and the creation of the next one (header,
-//! fdatasync, directory fsync) on the commit thread.
+//! Costs: a frame is one `pwrite`; a roll (every `journal_file_bytes` and
+//! at every checkpoint's capture) is, on the commit thread, an fdatasync
+//! of the old file if bytes of it are unsynced, and the header write and
+//! fdatasync of the next file. The next file itself is created (and its
+//! directory entry synced) ahead of time on a helper thread (`spare.rs`);
+//! only if that failed does the roll create it. The header's fdatasync
+//! stays on the roll: recovery relies on a file's header being durable
+//! before any frame of it (section 11), and the header names the first
+//! frame's numbers, known only at the roll.
 
 pub mod entry;
 pub mod frame;
 pub mod header;
 pub mod rounds;
+mod spare;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -137,6 +144,8 @@ pub struct Journal {
     /// Where the end of the written frames is published for snapshots
     /// (the engine's snapshot holds), once the engine is open.
     published: Option<Arc<dyn EndWatcher>>,
+    /// File `seq + 1`, made ahead of time.
+    spare: spare::Spare,
 }
 
 impl Journal {
@@ -149,6 +158,10 @@ impl Journal {
         options: JournalOptions,
     ) -> Result<Journal> {
         let (path, file, mark_key) = create_file(&*vfs, dir, start, options)?;
+        let mut spare = spare::Spare::start(vfs.clone(), dir.to_owned());
+        if let Some(next) = start.seq.checked_add(1).filter(|&s| s < u64::MAX) {
+            spare.ask(next);
+        }
         Ok(Journal {
             vfs,
             dir: dir.to_owned(),
@@ -163,6 +176,7 @@ impl Journal {
             next_round: start.round,
             written: JOURNAL_HEADER_BYTES as u64,
             published: None,
+            spare,
         })
     }
 
@@ -289,7 +303,9 @@ impl Journal {
 
     /// Moves to file `seq + 1`: this file is synced first (so a torn tail
     /// can only be in the newest file holding frames), then the next one
-    /// is created durable. Nothing changes if either step fails. Returns
+    /// gets its header, synced: the spare made ahead of time, or a file
+    /// created here if there is none. Nothing changes if either step
+    /// fails. The spare of the file after is asked for. Returns
     /// the fdatasyncs of files that took: this file's is skipped when the
     /// last one already covered all of it (every round under `fsync
     /// always`), since a sync of a clean file still waits for the disk's
@@ -308,7 +324,18 @@ impl Journal {
             syncs += 1;
         }
         let start = self.next_start_at(seq);
-        let (path, file, mark_key) = create_file(&*self.vfs, &self.dir, start, self.options)?;
+        lsn_available(start.lsn)?;
+        let (path, file, mark_key) = match self.spare.take(seq) {
+            Some(file) => {
+                let path = journal_path(&self.dir, seq);
+                let mark_key = write_header(&*file, &path, start, self.options)?;
+                (path, file, mark_key)
+            }
+            None => create_file(&*self.vfs, &self.dir, start, self.options)?,
+        };
+        if let Some(after) = seq.checked_add(1).filter(|&s| s < u64::MAX) {
+            self.spare.ask(after);
+        }
         self.seq = seq;
         self.path = path;
         self.file = file;
@@ -318,6 +345,12 @@ impl Journal {
         self.written += JOURNAL_HEADER_BYTES as u64;
         self.publish();
         Ok(syncs)
+    }
+
+    /// Waits until the next file's spare is made; whether it is.
+    #[cfg(test)]
+    pub(crate) fn wait_for_spare(&mut self) -> bool {
+        self.spare.wait_ready()
     }
 
     pub fn sync(&mut self) -> Result<()> {
@@ -387,6 +420,22 @@ fn create_file(
         .open(&path, OpenMode::ReadWriteCreate)
         .map_err(|e| Error::io(ctx("create"), e))?;
     file.set_len(0).map_err(|e| Error::io(ctx("truncate"), e))?;
+    let mark_key = write_header(&*file, &path, start, options)?;
+    vfs.sync_dir(dir)
+        .map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))?;
+    Ok((path, file, mark_key))
+}
+
+/// Writes the header of journal file `start.seq` (`path`, empty) and
+/// syncs it; returns its mark key.
+fn write_header(
+    file: &dyn VfsFile,
+    path: &Path,
+    start: JournalStart,
+    options: JournalOptions,
+) -> Result<u32> {
+    lsn_available(start.lsn)?;
+    let ctx = |op: &str| format!("{op} {}", path.display());
     let header = JournalHeader {
         flags: if options.segments_may_lead {
             FLAG_SEGMENTS_MAY_LEAD
@@ -402,9 +451,7 @@ fn create_file(
         .map_err(|e| Error::write(ctx("write"), e))?;
     file.sync_data()
         .map_err(|e| Error::io(ctx("fdatasync"), e))?;
-    vfs.sync_dir(dir)
-        .map_err(|e| Error::io(format!("fsync dir {}", dir.display()), e))?;
-    Ok((path, file, header.mark_key))
+    Ok(header.mark_key)
 }
 
 /// Maps a whole journal file for replay.
@@ -482,6 +529,72 @@ mod tests {
     use super::*;
     use crate::io::OsVfs;
 
+    /// The journal files that hold a header: all but the spare, which is
+    /// empty until a roll takes it.
+    fn files_with_header(vfs: &dyn Vfs, dir: &Path) -> Vec<(u64, PathBuf)> {
+        list(vfs, dir)
+            .unwrap()
+            .into_iter()
+            .filter(|(_, p)| std::fs::metadata(p).unwrap().len() > 0)
+            .collect()
+    }
+
+    /// A roll whose spare is ready writes the next file's header and
+    /// syncs it, and nothing else: the file was created and its directory
+    /// entry synced on the spare's thread. Without a spare the roll
+    /// creates the file, cuts it, and syncs the directory on the commit
+    /// thread, behind every other metadata change of the file system.
+    #[test]
+    fn a_roll_with_its_spare_ready_creates_no_file_and_syncs_no_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let faulty = crate::io::FaultyVfs::new();
+        let control = faulty.control.clone();
+        let vfs: Arc<dyn Vfs> = Arc::new(faulty);
+        let options = JournalOptions {
+            segments_may_lead: false,
+            file_bytes_max: 1 << 20,
+        };
+        let mut j =
+            Journal::create(vfs.clone(), dir.path(), JournalStart::first(1), options).unwrap();
+        let me = std::thread::current().id();
+        let mut f = FrameBuf::default();
+        for g in 1..=3u64 {
+            f.clear();
+            f.push_entry(EntryKind::CreateGroup, g, |b| b.extend_from_slice(&[0; 40]));
+            j.append(&mut f, FrameKind::Round).unwrap();
+            j.sync().unwrap();
+            assert!(
+                j.wait_for_spare(),
+                "the spare of file {} is made",
+                j.seq + 1
+            );
+            // Operations of the file layer on this thread (the spare's
+            // thread makes the next spare meanwhile).
+            let ops = control.ops_on(me);
+            assert_eq!(j.roll().unwrap(), 1, "only the new header is synced");
+            assert_eq!(
+                control.ops_on(me) - ops,
+                2,
+                "the header's write and sync: no open, cut or directory sync"
+            );
+        }
+        drop(j);
+        // The files rolled to hold their headers; the spare of the next
+        // one is there, empty, its name durable.
+        let files = list(&*vfs, dir.path()).unwrap();
+        assert_eq!(
+            files.iter().map(|f| f.0).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
+        for (seq, path) in &files {
+            let bytes = std::fs::read(path).unwrap();
+            match seq {
+                5 => assert!(bytes.is_empty(), "the spare is empty"),
+                _ => assert_eq!(decode_header_of(&bytes).unwrap().seq, *seq),
+            }
+        }
+    }
+
     #[test]
     fn header_round_trips_and_detects_damage() {
         let start = JournalStart {
@@ -530,7 +643,7 @@ mod tests {
             Err(Error::WritesStopped { .. })
         ));
         assert!(matches!(j.roll(), Err(Error::WritesStopped { .. })));
-        let files = list(&*vfs, dir.path()).unwrap();
+        let files = files_with_header(&*vfs, dir.path());
         assert_eq!(files.len(), 1, "no file numbered past the limit");
         let first = std::fs::read(&files[0].1).unwrap();
         assert_eq!(frames_of_file(&first).len(), 1);
@@ -568,7 +681,7 @@ mod tests {
         let before = syncs();
         assert_eq!(j.roll().unwrap(), 2, "the file left, then the new one");
         assert_eq!(syncs() - before, 2);
-        let files = list(&*vfs, dir.path()).unwrap();
+        let files = files_with_header(&*vfs, dir.path());
         assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![1, 2, 3]);
         for (seq, frames) in [(0, 1), (1, 1), (2, 0)] {
             let bytes = std::fs::read(&files[seq].1).unwrap();
@@ -606,7 +719,7 @@ mod tests {
                 (6, 5, 0)
             ]
         );
-        let files = list(&*vfs, dir.path()).unwrap();
+        let files = files_with_header(&*vfs, dir.path());
         assert_eq!(files.iter().map(|f| f.0).collect::<Vec<_>>(), vec![3, 4, 5]);
         let second = std::fs::read(&files[1].1).unwrap();
         let h = decode_header_of(&second).unwrap();
