@@ -31,6 +31,7 @@ use hashbrown::HashTable;
 
 use crate::group::{Group, LogSlot};
 use crate::logs::retention::Retention;
+use crate::state::lazy::Pending;
 
 #[derive(Default)]
 pub struct Catalog {
@@ -41,6 +42,9 @@ pub struct Catalog {
     free: Vec<u32>,
     /// Slots of the groups with a retention policy (module invariant).
     retained: BTreeSet<u32>,
+    /// The checkpoint state not registered yet (`state::lazy`): while it
+    /// is here, a group missing from the catalog may still be in it.
+    pending: Option<Arc<Pending>>,
 }
 
 /// The group in `slot` of `by_slot`.
@@ -62,6 +66,16 @@ impl Catalog {
             in_slot(&self.by_slot, s).is_some_and(|g| g.id == id)
         })?;
         in_slot(&self.by_slot, *slot)
+    }
+
+    /// The state still loading in the background, if any.
+    pub(crate) fn pending(&self) -> Option<&Arc<Pending>> {
+        self.pending.as_ref()
+    }
+
+    /// Starts (`Some`) or ends (`None`) a load in the background.
+    pub(crate) fn set_pending(&mut self, pending: Option<Arc<Pending>>) {
+        self.pending = pending;
     }
 
     pub fn by_slot(&self, slot: u32) -> Option<&Arc<Group>> {

@@ -110,5 +110,6 @@ pub use offline::{
     ManifestInfo, Member, OfflineGroup, Reading, RecordShape, RepairPlan, RepairTarget, Verified,
     VerifyProgress,
 };
+pub use state::lazy::STATE_TICKET;
 pub use state::recovery::RecoveryReport;
 pub use state::snapshot::{Snapshot, SnapshotFile, SnapshotInfo, SnapshotReader};

@@ -37,7 +37,7 @@ use crate::members::cursors::CursorTable;
 use crate::state::checkpointer::OnDisk;
 use crate::state::damage::{self, HeaderVerdict};
 use crate::state::manifest::{self, Manifest};
-use crate::state::{restore, run};
+use crate::state::{lazy, restore, run};
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -54,7 +54,13 @@ pub struct RecoveryReport {
     /// Journal entries of frames a group's checkpointed record already
     /// reflected (at or below its `applied_lsn`), skipped.
     pub entries_reflected: u64,
+    /// Groups registered when the engine opened: all of them, or, when
+    /// `loading_in_background`, those replay and the sweep of `groups/`
+    /// took from the runs (the rest follow, `state::lazy`).
     pub groups: u64,
+    /// The checkpoint's groups and memberships are still loading: the
+    /// group counts here are of the groups registered so far.
+    pub loading_in_background: bool,
     pub journal_files_replayed: u64,
     pub journal_entries_replayed: u64,
     /// Records appended to group logs from the journal.
@@ -91,11 +97,16 @@ impl RecoveryReport {
     /// and how many groups were verified, left unverified or found damaged.
     pub fn summary(&self) -> String {
         format!(
-            "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
+            "{} groups{}, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
              journal records repaired: {}, damaged frame envelopes repaired: {}, bytes cut: {}, \
              groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
              damaged groups: {}",
             self.groups,
+            if self.loading_in_background {
+                " registered (the rest load in the background)"
+            } else {
+                ""
+            },
             self.clean_shutdown,
             self.journal_entries_replayed,
             self.records_replayed,
@@ -250,7 +261,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         let (reason, located) = match manifest::load(vfs, path)? {
             Err(reason) => (reason, None),
             Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
-            Ok(m) => match restore::restore_runs(ctx, &mut catalog, &cursors, &m) {
+            Ok(m) => match restore_or_defer(ctx, &mut catalog, &cursors, &m) {
                 Ok(applied_max) => {
                     restored_applied_lsn_max = applied_max;
                     replay_from = m.replay_journal_seq;
@@ -320,13 +331,22 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         .filter(|(seq, _)| *seq >= replay_from)
         .collect();
     // The newest journal file the restored small groups' extents name.
-    let named_newest = ctx
-        .live
-        .lock()
-        .files()
-        .filter(|(f, _)| f.kind() == crate::logs::extents::FileKind::Journal)
-        .map(|(f, _)| f.seq())
-        .max();
+    // Loaded in the background, the groups are not read yet: their
+    // extents lie in files before the replay start (a capture starts a new
+    // journal file), which the manifest pins.
+    let named_newest = match catalog.pending() {
+        None => ctx
+            .live
+            .lock()
+            .files()
+            .filter(|(f, _)| f.kind() == crate::logs::extents::FileKind::Journal)
+            .map(|(f, _)| f.seq())
+            .max(),
+        Some(_) => on_disk
+            .last
+            .as_ref()
+            .and_then(|m| m.pinned.iter().filter(|&&id| id < 1 << 31).max().copied()),
+    };
     check_journal_sequence(
         &jdir,
         &files,
@@ -419,7 +439,6 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             reason: "journal sequence numbers exhausted".into(),
         })?;
     }
-    let catalog = shared_catalog.into_inner();
     for t in torn {
         let file = vfs
             .open(&t.path, crate::io::OpenMode::ReadWriteCreate)
@@ -435,9 +454,24 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
+    let deferred = shared_catalog.read().pending().cloned();
+    if let Some(pending) = deferred {
+        if segments_may_lead || !unsynced_ends.is_empty() || !report.cuts.is_empty() {
+            // Passes over every group follow: the rest is loaded now.
+            lazy::finish_now(ctx, &shared_catalog, &cursors)?;
+            restored_applied_lsn_max = u64::MAX;
+        } else {
+            // The groups registered from now on are lowered as they come.
+            pending.lower_applied_lsns_from(next_numbers.0);
+            restored_applied_lsn_max = u64::MAX;
+        }
+    }
+    sweep_strays(ctx, &shared_catalog, &cursors)?;
+    let catalog = shared_catalog.into_inner();
     cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
     // Replay sets `applied_lsn`s below `next_numbers.0` only: the walk is
-    // needed only when a restored record reaches it.
+    // needed only when a restored record reaches it (loaded in the
+    // background: the groups registered so far, the others as they come).
     if restored_applied_lsn_max >= next_numbers.0 {
         lower_applied_lsns(ctx, &catalog, next_numbers.0);
     }
@@ -454,7 +488,6 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     if report.journal_entries_replayed > 0 || !report.cuts.is_empty() {
         clamp_cursors_to_heads(&catalog, &cursors);
     }
-    sweep_strays(ctx, &catalog)?;
     let mut loaded_groups = Vec::new();
     let mut stored = 0;
     for g in catalog.groups() {
@@ -471,6 +504,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         }
     }
     report.groups = catalog.len() as u64;
+    report.loading_in_background = catalog.pending().is_some();
     // Replay's own damages are counted here, with those the checkpoint
     // recorded; from now on the count changes where damage happens. The
     // same for the stored messages.
@@ -534,6 +568,23 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         needs_checkpoint,
         loaded: loaded_groups,
     })
+}
+
+/// Loads a manifest's runs now (returning the highest `applied_lsn` of a
+/// group record) or, with `load_in_background`, checks their checksums and
+/// leaves them to `state::lazy` (returning 0: no record is read yet).
+fn restore_or_defer(
+    ctx: &Context,
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    m: &manifest::Manifest,
+) -> std::result::Result<u64, String> {
+    if !ctx.config.load_in_background {
+        return restore::restore_runs(ctx, catalog, cursors, m);
+    }
+    let pending = lazy::Pending::open(ctx, &m.runs)?;
+    catalog.set_pending(Some(std::sync::Arc::new(pending)));
+    Ok(0)
 }
 
 /// Without a usable checkpoint the node does not open: a directory scan
@@ -778,11 +829,15 @@ fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
 /// rewrite a stop cut short) is removed. Each is logged. A damaged group's
 /// files are evidence for `ctl repair` and are left alone, and so is a
 /// stray segment that holds records (loading the group adopts them).
-fn sweep_strays(ctx: &Context, catalog: &Catalog) -> Result<()> {
+fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable) -> Result<()> {
     let vfs = &*ctx.vfs;
     let files = |id: u64| {
-        let Some(g) = catalog.get(id) else {
-            return damage::GroupFiles::None;
+        // Loaded in the background, a group with files is taken from the
+        // runs now; one that cannot be read is left alone.
+        let g = match lazy::find(ctx, catalog, cursors, id) {
+            Ok(Some(g)) => g,
+            Ok(None) => return damage::GroupFiles::None,
+            Err(_) => return damage::GroupFiles::NoSegments,
         };
         let state = match &*g.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
@@ -1214,7 +1269,7 @@ impl Replay<'_> {
     /// The stored (verified) record `msg_id` of a registered, undamaged
     /// group, loading the group if needed.
     fn stored_record(&mut self, group_id: u64, msg_id: u64) -> Option<Vec<u8>> {
-        let group = self.st.catalog.read().get(group_id)?.clone();
+        let group = self.st.group(group_id).ok()??;
         ensure_loaded_reporting(self.st.ctx, &group, self.report);
         let slot = group.log.read();
         let LogSlot::Loaded(log) = &*slot else {
@@ -1253,8 +1308,7 @@ impl Replay<'_> {
         let Some(id) = group else {
             return;
         };
-        let group = self.st.catalog.read().get(id).cloned();
-        if let Some(g) = group {
+        if let Ok(Some(g)) = self.st.group(id) {
             apply::frame_done(&self.st, &g, lsn);
         }
     }
@@ -1262,7 +1316,12 @@ impl Replay<'_> {
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
-        let group = self.st.catalog.read().get(entry.group_id).cloned();
+        if entry.kind == EntryKind::Join {
+            // A join's per-user limit counts every group of its user: the
+            // rest of a background load comes first.
+            lazy::finish_now(self.st.ctx, self.st.catalog, self.st.cursors)?;
+        }
+        let group = self.st.group(entry.group_id)?;
         match apply::entry(
             &self.st,
             entry,
