@@ -128,6 +128,10 @@ pub struct Config {
     /// library's default) loads everything before `open` returns; the
     /// node's default is `true`.
     pub load_in_background: bool,
+    /// Test knob, 0 in production: the background loader waits this long
+    /// before each batch, so that tests can act (and crash) while a load
+    /// is pending.
+    pub load_batch_pause_ms: u64,
     /// A checkpoint is taken once this many journal bytes were written
     /// since the last one's replay position...
     pub checkpoint_journal_bytes: u64,
@@ -191,6 +195,7 @@ impl Config {
             dedup_entries_total_max: DEDUP_ENTRIES_TOTAL_MAX,
             idle_evict_ms: IDLE_EVICT_MS,
             load_in_background: false,
+            load_batch_pause_ms: 0,
             checkpoint_journal_bytes: CHECKPOINT_JOURNAL_BYTES,
             checkpoint_dirty_groups_max: CHECKPOINT_DIRTY_GROUPS_MAX,
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS,

@@ -241,7 +241,11 @@ impl Engine {
         // erase list) gets the erasure pass, which runs after a stored
         // checkpoint, soon after open even on a quiet node: the bound of
         // storage.md section 16 item 16 counts from here.
-        let needs_checkpoint = recovered.needs_checkpoint || !ctx.erase_groups.lock().is_empty();
+        // So do groups registered by a background load (their erase lists
+        // are read as they come): a checkpoint follows the load at once.
+        let needs_checkpoint = recovered.needs_checkpoint
+            || !ctx.erase_groups.lock().is_empty()
+            || recovered.catalog.pending().is_some();
         // Measured before the first send can arrive: starting from "plenty
         // free" would accept sends on a nearly full disk until the commit
         // thread's first measurement (a race seen as a flaky refusal test).
@@ -275,7 +279,7 @@ impl Engine {
             load: Default::default(),
         });
         // Before any other thread: a failure here opens nothing.
-        let loader_thread = crate::state::lazy::start_loader(&shared)?;
+        let loader_thread = crate::state::lazy::start_loader(&shared, recovered.pending)?;
         // Logs recovery loaded leave memory when idle, like any other.
         for id in recovered.loaded {
             shared.dedup.touch_used(id);
@@ -356,7 +360,7 @@ impl Engine {
     /// finds its group here, so a pending delete looks the same to all.
     pub(crate) fn group(&self, group_id: u64) -> Result<Arc<Group>> {
         let s = &self.shared;
-        crate::state::lazy::find(&s.ctx, &s.catalog, &s.cursors, group_id)?
+        crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)?
             .filter(|g| !g.is_deleting())
             .ok_or(Error::GroupNotFound { group: group_id })
     }
@@ -366,7 +370,7 @@ impl Engine {
     /// `state/lazy.rs`): for the requests that need all of a user's groups
     /// or the number of groups.
     pub(crate) fn whole_state(&self) -> Result<()> {
-        crate::state::lazy::whole_state(&self.shared)
+        crate::commit::loading::whole_state(&self.shared.load, &self.shared.catalog)
     }
 
     /// Whether requests that got `NotReady` with [`crate::STATE_TICKET`]
@@ -949,10 +953,14 @@ impl Engine {
     /// more than that); the copy ([`Snapshot::files`], [`Snapshot::open`])
     /// runs on the caller's thread while rounds go on, and deletions wait
     /// until the snapshot is dropped.
+    ///
+    /// While the checkpoint's state loads in the background it is refused
+    /// with `NotReady` and [`crate::STATE_TICKET`] (it never waits: the
+    /// server's event loop and a replica's driver call it): the newest
+    /// stored checkpoint must cover every group it holds, and no capture
+    /// is taken before the load ends.
     pub fn snapshot(&self) -> Result<crate::Snapshot> {
-        // The newest stored checkpoint must cover every group a snapshot
-        // holds: captures wait for the background load.
-        self.shared.load.wait_settled();
+        self.whole_state()?;
         crate::state::snapshot::Snapshot::begin(self.shared.clone(), self.holds.clone())
     }
 

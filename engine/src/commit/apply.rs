@@ -100,7 +100,7 @@ impl State<'_> {
     /// The registered group `id` (taken from the runs first while a
     /// checkpoint loads in the background, `state::lazy`).
     pub(crate) fn group(&self, id: u64) -> Result<Option<Arc<Group>>> {
-        crate::state::lazy::find(self.ctx, self.catalog, self.cursors, id)
+        Catalog::find(self.catalog, self.ctx, self.cursors, id)
     }
 }
 

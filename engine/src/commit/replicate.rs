@@ -142,7 +142,7 @@ impl Engine {
         let mut joins = false;
         for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round) {
             joins |= e.kind == EntryKind::Join;
-            crate::state::lazy::find(&s.ctx, &s.catalog, &s.cursors, e.group_id)?;
+            crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
         }
         if joins {
             s.load.wait_settled();

@@ -366,7 +366,7 @@ pub(crate) struct Shared {
     pub ready_failures: Mutex<HashMap<u64, Error>>,
     /// The load of the checkpoint's state in the background
     /// (`state::lazy`).
-    pub load: crate::state::lazy::LoadStatus,
+    pub load: crate::commit::loading::LoadStatus,
 }
 
 /// Called by the maintenance worker after each job a request waits for:

@@ -1036,7 +1036,7 @@ fn a_group_looked_up_by_its_key_equals_its_items_in_the_full_merge() {
             Some((rec, rows)) => std::iter::once(Item::GroupPut(rec))
                 .chain(
                     rows.into_iter()
-                        .map(|(user, cursor, join_point)| Item::MemberPut {
+                        .map(|(user, cursor, join_point, _)| Item::MemberPut {
                             group: g,
                             user,
                             cursor,

@@ -39,12 +39,11 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use std::sync::atomic::AtomicBool;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
-use crate::catalog::Catalog;
+use crate::catalog::{Catalog, Unregistered};
 use crate::commit::context::Context;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
@@ -54,7 +53,7 @@ use crate::members::membership::GroupMembers;
 use crate::state::checkpointer;
 use crate::state::manifest::RunMeta;
 use crate::state::merge::Merge;
-use crate::state::restore::register_group;
+use crate::state::restore::{self, register_group};
 use crate::state::run::{self, PartMeta, RunItems};
 use crate::state::{GroupRecord, Item, Key};
 
@@ -63,8 +62,9 @@ use crate::state::{GroupRecord, Item, Key};
 const BATCH_ITEMS: usize = 16 * 1024;
 
 /// A group's items in a checkpoint: its record and its member rows
-/// `(user, cursor, join_point)`, users ascending.
-pub(crate) type GroupItems = (Box<GroupRecord>, Vec<(u64, u64, u64)>);
+/// `(user, cursor, join_point, cursor-table shard of the user)`, users
+/// ascending (the shard is 0 where no one computed it).
+pub(crate) type GroupItems = (Box<GroupRecord>, Vec<(u64, u64, u64, usize)>);
 
 /// The state of a checkpoint not yet registered: its runs, mapped and
 /// checked, and who owns which group.
@@ -76,6 +76,11 @@ pub(crate) struct Pending {
     /// this get it lowered to just below it (`recovery::lower_applied_lsns`,
     /// group by group); `u64::MAX` until replay ends.
     lower_from: AtomicU64,
+    /// `(seq, valid length)` of the replayed journal files written under
+    /// `never` or `interval`: a small group registered from now on loses
+    /// the records past them (`recovery::cut_small_groups_past_journal_ends`,
+    /// group by group). Set once, when replay ends.
+    cut_ends: Mutex<Vec<(u64, u64)>>,
 }
 
 #[derive(Default)]
@@ -122,13 +127,17 @@ impl Pending {
             maps,
             progress: Mutex::new(Progress::default()),
             lower_from: AtomicU64::new(u64::MAX),
+            cut_ends: Mutex::new(Vec::new()),
         })
     }
 
-    /// From now on, groups registered with an `applied_lsn` at or above
-    /// `next_lsn` get it lowered (replay ended and numbered its frames).
-    pub(crate) fn lower_applied_lsns_from(&self, next_lsn: u64) {
+    /// Replay ended: from now on, groups registered with an `applied_lsn`
+    /// at or above `next_lsn` get it lowered, and small groups lose their
+    /// records past `cut_ends`, as recovery does to the groups registered
+    /// so far.
+    pub(crate) fn after_replay(&self, next_lsn: u64, cut_ends: Vec<(u64, u64)>) {
         self.lower_from.store(next_lsn, Ordering::Release);
+        *self.cut_ends.lock() = cut_ends;
     }
 
     fn slices(&self) -> Vec<Vec<&[u8]>> {
@@ -149,7 +158,7 @@ impl Pending {
     /// The group `id` taken from the runs by a request: registered now
     /// unless the loader or another request owns it (then the catalog
     /// answers). The caller holds no catalog lock.
-    fn take(
+    fn take_group(
         &self,
         ctx: &Context,
         catalog: &RwLock<Catalog>,
@@ -172,7 +181,7 @@ impl Pending {
                     .map_err(|why| self.fail(ctx, &mut progress, why, Some(id)))?;
                 let head = g.head();
                 let mut list = Vec::with_capacity(members.len());
-                for (user, cursor, join_point) in members {
+                for (user, cursor, join_point, _) in members {
                     let cursor = cursor.min(head);
                     // A run's keys are unique: the user is not a member yet.
                     let _ = cursors.insert(user, g.slot, cursor, join_point, None);
@@ -189,7 +198,9 @@ impl Pending {
     }
 
     /// Registers every group no request took, in key order, `BATCH_ITEMS`
-    /// items at a time; ends early (`Ok(false)`) once `stop` says so.
+    /// items at a time (decoded on a second thread, as the load at open
+    /// is: `restore::for_each_batch`); ends early (`Ok(false)`) once
+    /// `stop` says so.
     pub(crate) fn load_rest(
         &self,
         ctx: &Context,
@@ -197,31 +208,42 @@ impl Pending {
         cursors: &CursorTable,
         stop: &dyn Fn() -> bool,
     ) -> Result<bool> {
-        let slices = self.slices();
-        let inputs: Vec<RunItems<'_>> = slices
-            .iter()
-            .zip(&self.runs)
-            .map(|(s, r)| RunItems::new(s, &r.parts))
-            .collect();
+        let pause = std::time::Duration::from_millis(ctx.config.load_batch_pause_ms);
         let mut batch: Vec<GroupItems> = Vec::new();
         let mut items = 0;
-        for item in Merge::new(inputs, true) {
-            let starts_group = matches!(item, Ok(Item::GroupPut(_)));
-            if starts_group && items >= BATCH_ITEMS {
-                self.install(ctx, catalog, cursors, std::mem::take(&mut batch))?;
-                items = 0;
-                if stop() {
-                    return Ok(false);
+        // Why the registering side ended the merge: stopped, or an error
+        // already recorded (`fail`).
+        let mut ended: Option<Result<bool>> = None;
+        let mut install = |batch: Vec<GroupItems>| -> std::result::Result<(), String> {
+            std::thread::sleep(pause);
+            if stop() {
+                ended = Some(Ok(false));
+                return Err(String::new());
+            }
+            self.install(ctx, catalog, cursors, batch).map_err(|e| {
+                ended = Some(Err(e));
+                String::new()
+            })
+        };
+        let merged = restore::for_each_batch(ctx, cursors, &self.runs, |decoded| {
+            for (item, shard) in decoded {
+                if matches!(item, Item::GroupPut(_)) && items >= BATCH_ITEMS {
+                    install(std::mem::take(&mut batch))?;
+                    items = 0;
                 }
+                push_batch_item(&mut batch, item, shard)?;
+                items += 1;
             }
-            let pushed = item.and_then(|item| push_batch_item(&mut batch, item));
-            if let Err(why) = pushed {
-                let mut progress = self.progress.lock();
-                return Err(self.fail(ctx, &mut progress, why, None));
-            }
-            items += 1;
+            Ok(())
+        })
+        .and_then(|()| install(batch));
+        if let Some(end) = ended {
+            return end;
         }
-        self.install(ctx, catalog, cursors, batch)?;
+        if let Err(why) = merged {
+            let mut progress = self.progress.lock();
+            return Err(self.fail(ctx, &mut progress, why, None));
+        }
         self.progress.lock().through = Some(u64::MAX);
         Ok(true)
     }
@@ -258,9 +280,9 @@ impl Pending {
             };
             let head = g.head();
             list.clear();
-            for (user, cursor, join_point) in members {
+            for (user, cursor, join_point, shard) in members {
                 let cursor = cursor.min(head);
-                loader.push_in_shard(cursors.shard_of(user), user, g.slot, cursor, join_point);
+                loader.push_in_shard(shard, user, g.slot, cursor, join_point);
                 list.push((user, cursor));
             }
             *g.members.lock() = GroupMembers::from_sorted(&list);
@@ -285,6 +307,16 @@ impl Pending {
             if ck.applied_lsn() >= from {
                 ck.set_applied_lsn(from.saturating_sub(1));
                 ctx.dirty.mark(&g, &mut ck);
+            }
+        }
+        {
+            let ends = self.cut_ends.lock();
+            if !ends.is_empty() {
+                if let Some(why) =
+                    crate::commit::small_log::cut_and_mark_past_journal_ends(ctx, &g, &ends)
+                {
+                    log::warn!("recovery cut small group {}: {why}", g.id);
+                }
             }
         }
         let slot = g.log.read();
@@ -338,12 +370,28 @@ impl Pending {
     }
 
     /// Why the load stopped, if it did.
-    pub(crate) fn failure(&self) -> Option<Error> {
+    fn stopped_at(&self) -> Option<Error> {
         self.progress
             .lock()
             .failed
             .as_ref()
             .map(|at| at.error(None))
+    }
+}
+
+impl Unregistered for Pending {
+    fn take(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        id: u64,
+    ) -> Result<Option<Arc<Group>>> {
+        self.take_group(ctx, catalog, cursors, id)
+    }
+
+    fn failure(&self) -> Option<Error> {
+        self.stopped_at()
     }
 }
 
@@ -356,28 +404,6 @@ impl Located {
             reason: format!("the checkpoint's state does not load: {}", self.why),
         }
     }
-}
-
-/// The group `id`: from the catalog, or, while a load is pending and no
-/// one registered it yet, from the runs (registered now). `None`: no such
-/// group. The caller holds no catalog lock.
-pub(crate) fn find(
-    ctx: &Context,
-    catalog: &RwLock<Catalog>,
-    cursors: &CursorTable,
-    id: u64,
-) -> Result<Option<Arc<Group>>> {
-    let pending = {
-        let c = catalog.read();
-        if let Some(g) = c.get(id) {
-            return Ok(Some(g.clone()));
-        }
-        match c.pending() {
-            Some(p) => p.clone(),
-            None => return Ok(None),
-        }
-    };
-    pending.take(ctx, catalog, cursors, id)
 }
 
 /// The items the merge of runs (`slices[i]` the parts of the run
@@ -408,16 +434,18 @@ pub(crate) fn items_of_group(
 
 /// Registers the rest of a pending load now, on the calling thread, if
 /// one is pending (recovery, before passes over every group or a join's
-/// limit). A failure refuses the open like a damaged checkpoint.
+/// limit; it is no longer pending after). A failure refuses the open like
+/// a damaged checkpoint.
 pub(crate) fn finish_now(
     ctx: &Context,
     catalog: &RwLock<Catalog>,
     cursors: &CursorTable,
+    pending: &mut Option<Arc<Pending>>,
 ) -> Result<()> {
-    let Some(pending) = catalog.read().pending().cloned() else {
+    let Some(p) = pending.take() else {
         return Ok(());
     };
-    pending.load_rest(ctx, catalog, cursors, &|| false)?;
+    p.load_rest(ctx, catalog, cursors, &|| false)?;
     catalog.write().set_pending(None);
     Ok(())
 }
@@ -430,7 +458,7 @@ fn push_item(found: &mut Option<GroupItems>, item: Item) -> std::result::Result<
             Ok(())
         }
         (Item::GroupPut(rec), Some(_)) => Err(format!("group {} has two records", rec.group)),
-        (item, Some((_, members))) => push_row(members, item),
+        (item, Some((_, members))) => push_row(members, item, 0),
         (item, None) => Err(format!(
             "member row of group {} without its record",
             item.key().group
@@ -438,22 +466,31 @@ fn push_item(found: &mut Option<GroupItems>, item: Item) -> std::result::Result<
     }
 }
 
-/// Adds one merged item to a batch of whole groups.
-fn push_batch_item(batch: &mut Vec<GroupItems>, item: Item) -> std::result::Result<(), String> {
+/// Adds one merged item (a member row with its user's shard) to a batch
+/// of whole groups.
+fn push_batch_item(
+    batch: &mut Vec<GroupItems>,
+    item: Item,
+    shard: usize,
+) -> std::result::Result<(), String> {
     let group = item.key().group;
     match (item, batch.last_mut()) {
         (Item::GroupPut(rec), _) => {
             batch.push((rec, Vec::new()));
             Ok(())
         }
-        (item, Some((rec, members))) if rec.group == group => push_row(members, item),
+        (item, Some((rec, members))) if rec.group == group => push_row(members, item, shard),
         (_, _) => Err(format!("member row of group {group} without its record")),
     }
 }
 
 /// Adds a member row (the only other kind a full merge yields) after the
 /// rows of its group so far.
-fn push_row(members: &mut Vec<(u64, u64, u64)>, item: Item) -> std::result::Result<(), String> {
+fn push_row(
+    members: &mut Vec<(u64, u64, u64, usize)>,
+    item: Item,
+    shard: usize,
+) -> std::result::Result<(), String> {
     match item {
         Item::MemberPut {
             group,
@@ -461,10 +498,10 @@ fn push_row(members: &mut Vec<(u64, u64, u64)>, item: Item) -> std::result::Resu
             cursor,
             join_point,
         } => {
-            if members.last().is_some_and(|&(last, _, _)| last >= user) {
+            if members.last().is_some_and(|&(last, ..)| last >= user) {
                 return Err(format!("member rows of group {group} out of order"));
             }
-            members.push((user, cursor, join_point));
+            members.push((user, cursor, join_point, shard));
             Ok(())
         }
         other => Err(format!("a full merge yielded {other:?}")),
@@ -508,91 +545,24 @@ impl Iterator for OfGroup<'_> {
     }
 }
 
-/// The ticket of `Error::NotReady` for a request that waits for the whole
-/// state (its group id is 0): settled once the background load ended
-/// ([`LoadStatus::settled`]), never by the maintenance worker, whose
-/// tickets count up from 1.
-pub const STATE_TICKET: u64 = u64::MAX - 1;
-
-/// Whether the checkpoint's state is still loading, for the engine's
-/// requests and threads. One owner: the loader thread ends it.
-#[derive(Default)]
-pub(crate) struct LoadStatus {
-    loading: AtomicBool,
-    /// The loader stopped at damage: waiters go on and get the error.
-    failed: AtomicBool,
-    /// Ask the loader to stop between batches (a simulated crash).
-    stop: AtomicBool,
-    ended: Mutex<()>,
-    ended_cv: Condvar,
-}
-
-impl LoadStatus {
-    pub(crate) fn loading(&self) -> bool {
-        self.loading.load(Ordering::Acquire)
-    }
-
-    /// Requests waiting for the whole state may run (again): the load
-    /// ended, or stopped at damage (they then get its error).
-    pub(crate) fn settled(&self) -> bool {
-        !self.loading() || self.failed.load(Ordering::Acquire)
-    }
-
-    /// Blocks until [`LoadStatus::settled`].
-    pub(crate) fn wait_settled(&self) {
-        let mut g = self.ended.lock();
-        while !self.settled() {
-            self.ended_cv.wait(&mut g);
-        }
-    }
-
-    fn end(&self, failed: bool) {
-        let _g = self.ended.lock();
-        if failed {
-            self.failed.store(true, Ordering::Release);
-        } else {
-            self.loading.store(false, Ordering::Release);
-        }
-        self.ended_cv.notify_all();
-    }
-
-    /// Asks a running loader to stop at its next batch.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-    }
-}
-
-/// `Err` for a request that needs every group or every membership of a
-/// user while the state loads: `NotReady` with [`STATE_TICKET`], or the
-/// load's own error if it stopped at damage.
-pub(crate) fn whole_state(shared: &Shared) -> Result<()> {
-    if !shared.load.loading() {
-        return Ok(());
-    }
-    let failure = shared.catalog.read().pending().and_then(|p| p.failure());
-    match failure {
-        Some(e) => Err(e),
-        None => Err(Error::NotReady {
-            group: 0,
-            ticket: STATE_TICKET,
-        }),
-    }
-}
-
 /// Starts the loader thread if the catalog holds a pending load (loading
 /// it here when no thread can be started). After it registered the last
 /// group, the catalog alone answers, captures and retention start, and the
 /// commit listeners are told (the server's parked requests run again).
-pub(crate) fn start_loader(shared: &Arc<Shared>) -> Result<Option<JoinHandle<()>>> {
-    let Some(pending) = shared.catalog.read().pending().cloned() else {
+pub(crate) fn start_loader(
+    shared: &Arc<Shared>,
+    pending: Option<Arc<Pending>>,
+) -> Result<Option<JoinHandle<()>>> {
+    let Some(pending) = pending else {
         return Ok(None);
     };
-    shared.load.loading.store(true, Ordering::Release);
+    shared.load.start();
+    let spare = pending.clone();
     let run = {
         let shared = shared.clone();
         move || {
             let s = &*shared;
-            let stop = || s.load.stop.load(Ordering::Acquire);
+            let stop = || s.load.stopping();
             #[cfg(test)]
             hold::wait_while_held(&s.ctx.config.data_dir, &stop);
             if stop() {
@@ -625,7 +595,12 @@ pub(crate) fn start_loader(shared: &Arc<Shared>) -> Result<Option<JoinHandle<()>
         Ok(handle) => Ok(Some(handle)),
         Err(e) => {
             log::warn!("no loader thread ({e}): the state loads before the engine opens");
-            finish_now(&shared.ctx, &shared.catalog, &shared.cursors)?;
+            finish_now(
+                &shared.ctx,
+                &shared.catalog,
+                &shared.cursors,
+                &mut Some(spare),
+            )?;
             shared.load.end(false);
             Ok(None)
         }

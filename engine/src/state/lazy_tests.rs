@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::state::lazy::{hold, STATE_TICKET};
+use crate::state::lazy::hold;
 use crate::tests::payload;
+use crate::STATE_TICKET;
 use crate::{Config, Engine, Error, JoinStart};
 
 const GROUPS: u64 = 120;

@@ -18,6 +18,8 @@ use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use std::sync::Arc;
+
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
@@ -218,6 +220,8 @@ pub(crate) struct Recovered {
     /// that may lead the journal, creations replayed): the engine lists
     /// them for the idle sweep, as it lists every log loaded later.
     pub loaded: Vec<u64>,
+    /// The saved state left to load in the background (`state/lazy.rs`).
+    pub pending: Option<Arc<lazy::Pending>>,
 }
 
 /// Rebuilds the in-memory state from disk and returns the journal to
@@ -252,6 +256,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     let mut loaded = false;
     // The highest `applied_lsn` of a restored group record.
     let mut restored_applied_lsn_max = 0;
+    // The saved state loaded in the background, while it is.
+    let mut pending: Option<Arc<lazy::Pending>> = None;
     // Where the newest rejected checkpoint is damaged (the run part and
     // offset when its runs did not merge, else the manifest itself).
     let mut first_damage: Option<damage::Located> = None;
@@ -262,7 +268,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             Err(reason) => (reason, None),
             Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
             Ok(m) => match restore_or_defer(ctx, &mut catalog, &cursors, &m) {
-                Ok(applied_max) => {
+                Ok((applied_max, deferred)) => {
+                    pending = deferred;
                     restored_applied_lsn_max = applied_max;
                     replay_from = m.replay_journal_seq;
                     report.clean_shutdown = m.clean;
@@ -385,6 +392,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     // Replay applies entries the way the commit thread does, to the
     // registry behind the lock the commit thread uses (uncontended here).
     let shared_catalog = RwLock::new(catalog);
+    let pending = std::cell::RefCell::new(pending);
     for (i, (seq, path)) in files.iter().enumerate() {
         let mut replay = Replay {
             st: apply::State {
@@ -395,6 +403,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             report: &mut report,
             later: &files[i + 1..],
             replay_lsn,
+            pending: &pending,
         };
         let outcome = replay.file(*seq, path, header_durable(*seq))?;
         if let Some((lsn, round)) = outcome.next {
@@ -454,17 +463,17 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
-    let deferred = shared_catalog.read().pending().cloned();
-    if let Some(pending) = deferred {
-        if segments_may_lead || !unsynced_ends.is_empty() || !report.cuts.is_empty() {
+    let mut pending = pending.into_inner();
+    if let Some(deferred) = pending.clone() {
+        if segments_may_lead || !report.cuts.is_empty() {
             // Passes over every group follow: the rest is loaded now.
-            lazy::finish_now(ctx, &shared_catalog, &cursors)?;
-            restored_applied_lsn_max = u64::MAX;
+            lazy::finish_now(ctx, &shared_catalog, &cursors, &mut pending)?;
         } else {
-            // The groups registered from now on are lowered as they come.
-            pending.lower_applied_lsns_from(next_numbers.0);
-            restored_applied_lsn_max = u64::MAX;
+            // The groups registered from now on get the lowering and the
+            // cut as they come; those registered so far get them below.
+            deferred.after_replay(next_numbers.0, unsynced_ends.clone());
         }
+        restored_applied_lsn_max = u64::MAX;
     }
     sweep_strays(ctx, &shared_catalog, &cursors)?;
     let catalog = shared_catalog.into_inner();
@@ -567,24 +576,27 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         on_disk,
         needs_checkpoint,
         loaded: loaded_groups,
+        pending,
     })
 }
 
 /// Loads a manifest's runs now (returning the highest `applied_lsn` of a
 /// group record) or, with `load_in_background`, checks their checksums and
-/// leaves them to `state::lazy` (returning 0: no record is read yet).
+/// leaves them to `state::lazy` (returning 0, no record being read yet,
+/// and the load to finish).
+#[allow(clippy::type_complexity)]
 fn restore_or_defer(
     ctx: &Context,
     catalog: &mut Catalog,
     cursors: &CursorTable,
     m: &manifest::Manifest,
-) -> std::result::Result<u64, String> {
+) -> std::result::Result<(u64, Option<Arc<lazy::Pending>>), String> {
     if !ctx.config.load_in_background {
-        return restore::restore_runs(ctx, catalog, cursors, m);
+        return restore::restore_runs(ctx, catalog, cursors, m).map(|max| (max, None));
     }
-    let pending = lazy::Pending::open(ctx, &m.runs)?;
-    catalog.set_pending(Some(std::sync::Arc::new(pending)));
-    Ok(0)
+    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs)?);
+    catalog.set_pending(Some(pending.clone()));
+    Ok((0, Some(pending)))
 }
 
 /// Without a usable checkpoint the node does not open: a directory scan
@@ -658,19 +670,8 @@ fn cut_small_groups_past_journal_ends(
         return;
     }
     for g in catalog.groups() {
-        let mut ck = g.ckpt(&ctx.dirty);
-        if let Some(lost) = crate::commit::small_log::cut_past_journal_ends(ctx, g, ends) {
-            report.cuts.push((
-                format!("small group {}", g.id),
-                0,
-                format!(
-                    "records {}..={} were in journal bytes a power cut lost (fsync policy \
-                     never or interval)",
-                    lost.start(),
-                    lost.end()
-                ),
-            ));
-            ctx.dirty.mark(g, &mut ck);
+        if let Some(why) = crate::commit::small_log::cut_and_mark_past_journal_ends(ctx, g, ends) {
+            report.cuts.push((format!("small group {}", g.id), 0, why));
         }
     }
 }
@@ -834,7 +835,7 @@ fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable)
     let files = |id: u64| {
         // Loaded in the background, a group with files is taken from the
         // runs now; one that cannot be read is left alone.
-        let g = match lazy::find(ctx, catalog, cursors, id) {
+        let g = match Catalog::find(catalog, ctx, cursors, id) {
             Ok(Some(g)) => g,
             Ok(None) => return damage::GroupFiles::None,
             Err(_) => return damage::GroupFiles::NoSegments,
@@ -951,6 +952,9 @@ struct Replay<'a> {
     later: &'a [(u64, std::path::PathBuf)],
     /// Frames before this lsn are reflected in the checkpoint: skipped.
     replay_lsn: u64,
+    /// The saved state still to load (`state/lazy.rs`), until a join
+    /// needs all of it.
+    pending: &'a std::cell::RefCell<Option<Arc<lazy::Pending>>>,
 }
 
 impl Replay<'_> {
@@ -1319,7 +1323,12 @@ impl Replay<'_> {
         if entry.kind == EntryKind::Join {
             // A join's per-user limit counts every group of its user: the
             // rest of a background load comes first.
-            lazy::finish_now(self.st.ctx, self.st.catalog, self.st.cursors)?;
+            lazy::finish_now(
+                self.st.ctx,
+                self.st.catalog,
+                self.st.cursors,
+                &mut self.pending.borrow_mut(),
+            )?;
         }
         let group = self.st.group(entry.group_id)?;
         match apply::entry(

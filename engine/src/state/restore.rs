@@ -26,7 +26,7 @@ use crate::logs::group_log::LogState;
 use crate::members::cursors::{CursorTable, Loader};
 use crate::members::membership::GroupMembers;
 use crate::state::checkpointer;
-use crate::state::manifest::Manifest;
+use crate::state::manifest::{Manifest, RunMeta};
 use crate::state::{GroupRecord, Item};
 
 /// Items per batch handed from the decoder to the registering thread:
@@ -60,7 +60,7 @@ pub(crate) fn restore_runs(
         members: Vec::new(),
         applied_lsn_max: 0,
     };
-    for_each_batch(ctx, cursors, m, |batch| {
+    for_each_batch(ctx, cursors, &m.runs, |batch| {
         batch
             .into_iter()
             .try_for_each(|(item, shard)| registry.item(item, shard))
@@ -75,19 +75,20 @@ pub(crate) fn restore_runs(
 }
 
 /// Merged items, each with its cursor-table shard (0 for a group item).
-type Batch = Vec<(Item, usize)>;
+pub(crate) type Batch = Vec<(Item, usize)>;
 
-/// Calls `consume` with the merged items of `m`'s runs, in key order, in
+/// Calls `consume` with the merged items of `runs`, in key order, in
 /// batches decoded on a thread of its own (inline if no thread can be
 /// started). The first error, of the merge or of `consume`, ends it.
-fn for_each_batch(
+/// Also the background load's (`state::lazy`).
+pub(crate) fn for_each_batch(
     ctx: &Context,
     cursors: &CursorTable,
-    m: &Manifest,
+    runs: &[RunMeta],
     mut consume: impl FnMut(Batch) -> Result<(), String>,
 ) -> Result<(), String> {
     let decode = |send: &mut dyn FnMut(Result<Batch, String>) -> bool| {
-        let merged = checkpointer::with_merge(ctx, &m.runs, true, |items| {
+        let merged = checkpointer::with_merge(ctx, runs, true, |items| {
             let mut batch = Vec::with_capacity(BATCH_ITEMS);
             for item in items {
                 match item {
