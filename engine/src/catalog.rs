@@ -32,7 +32,7 @@ use hashbrown::HashTable;
 use parking_lot::RwLock;
 
 use crate::commit::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::group::{Group, LogSlot};
 use crate::logs::retention::Retention;
 use crate::members::cursors::CursorTable;
@@ -64,9 +64,6 @@ pub(crate) trait Unregistered: Send + Sync {
         cursors: &CursorTable,
         id: u64,
     ) -> Result<Option<Arc<Group>>>;
-
-    /// Why the saved state stopped loading (damage), if it did.
-    fn failure(&self) -> Option<Error>;
 }
 
 /// The group in `slot` of `by_slot`.

@@ -370,7 +370,7 @@ impl Engine {
     /// `state/lazy.rs`): for the requests that need all of a user's groups
     /// or the number of groups.
     pub(crate) fn whole_state(&self) -> Result<()> {
-        crate::commit::loading::whole_state(&self.shared.load, &self.shared.catalog)
+        crate::commit::loading::whole_state(&self.shared.load)
     }
 
     /// Whether requests that got `NotReady` with [`crate::STATE_TICKET`]

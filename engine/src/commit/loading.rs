@@ -3,11 +3,11 @@
 //! "Loading in the background"), for the requests and threads that need
 //! every group: the flag they read, the wait, and their refusal meanwhile.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex};
 
-use crate::catalog::Catalog;
 use crate::error::{Error, Result, STATE_TICKET};
 
 /// Whether the checkpoint's state is still loading, for the engine's
@@ -15,8 +15,9 @@ use crate::error::{Error, Result, STATE_TICKET};
 #[derive(Default)]
 pub(crate) struct LoadStatus {
     loading: AtomicBool,
-    /// The loader stopped at damage: waiters go on and get the error.
-    failed: AtomicBool,
+    /// The loader stopped at damage (or panicked): waiters go on and get
+    /// this error, as `Error::Corrupt` (path, group, offset, reason).
+    failed: Mutex<Option<(PathBuf, Option<u64>, u64, String)>>,
     /// Ask the loader to stop between batches (a simulated crash).
     stop: AtomicBool,
     ended: Mutex<()>,
@@ -31,7 +32,19 @@ impl LoadStatus {
     /// Requests waiting for the whole state may run (again): the load
     /// ended, or stopped at damage (they then get its error).
     pub(crate) fn settled(&self) -> bool {
-        !self.loading() || self.failed.load(Ordering::Acquire)
+        !self.loading() || self.failed.lock().is_some()
+    }
+
+    /// Why the load stopped, if it did.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        let failed = self.failed.lock();
+        let (path, group, offset, reason) = failed.as_ref()?;
+        Some(Error::Corrupt {
+            path: path.clone(),
+            group: *group,
+            offset: *offset,
+            reason: reason.clone(),
+        })
     }
 
     /// Blocks until [`LoadStatus::settled`].
@@ -42,13 +55,20 @@ impl LoadStatus {
         }
     }
 
-    /// The loader ended: done, or stopped at damage.
-    pub(crate) fn end(&self, failed: bool) {
+    /// The loader ended: done (`None`), or stopped at `failed` (then the
+    /// state stays loading: what needs all of it gets the error).
+    /// `state_dir` names the failure when it is not `Error::Corrupt`.
+    pub(crate) fn end(&self, failed: Option<&Error>, state_dir: PathBuf) {
         let _g = self.ended.lock();
-        if failed {
-            self.failed.store(true, Ordering::Release);
-        } else {
-            self.loading.store(false, Ordering::Release);
+        match failed {
+            None => self.loading.store(false, Ordering::Release),
+            Some(Error::Corrupt {
+                path,
+                group,
+                offset,
+                reason,
+            }) => *self.failed.lock() = Some((path.clone(), *group, *offset, reason.clone())),
+            Some(other) => *self.failed.lock() = Some((state_dir, None, 0, other.to_string())),
         }
         self.ended_cv.notify_all();
     }
@@ -72,12 +92,11 @@ impl LoadStatus {
 /// `Err` for a request that needs every group or every membership of a
 /// user while the state loads: `NotReady` with [`STATE_TICKET`], or the
 /// load's own error if it stopped at damage.
-pub(crate) fn whole_state(load: &LoadStatus, catalog: &RwLock<Catalog>) -> Result<()> {
+pub(crate) fn whole_state(load: &LoadStatus) -> Result<()> {
     if !load.loading() {
         return Ok(());
     }
-    let failure = catalog.read().pending().and_then(|p| p.failure());
-    match failure {
+    match load.failure() {
         Some(e) => Err(e),
         None => Err(Error::NotReady {
             group: 0,

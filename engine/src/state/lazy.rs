@@ -368,15 +368,6 @@ impl Pending {
         });
         at.error(group)
     }
-
-    /// Why the load stopped, if it did.
-    fn stopped_at(&self) -> Option<Error> {
-        self.progress
-            .lock()
-            .failed
-            .as_ref()
-            .map(|at| at.error(None))
-    }
 }
 
 impl Unregistered for Pending {
@@ -388,10 +379,6 @@ impl Unregistered for Pending {
         id: u64,
     ) -> Result<Option<Arc<Group>>> {
         self.take_group(ctx, catalog, cursors, id)
-    }
-
-    fn failure(&self) -> Option<Error> {
-        self.stopped_at()
     }
 }
 
@@ -562,10 +549,14 @@ pub(crate) fn start_loader(
         let shared = shared.clone();
         move || {
             let s = &*shared;
+            // A panic of the loader (a bug) ends the load as damage would:
+            // waiters get an error instead of waiting for ever.
+            let guard = EndOnPanic(s);
             let stop = || s.load.stopping();
             #[cfg(test)]
             hold::wait_while_held(&s.ctx.config.data_dir, &stop);
             if stop() {
+                std::mem::forget(guard);
                 return;
             }
             match pending.load_rest(&s.ctx, &s.catalog, &s.cursors, &stop) {
@@ -576,14 +567,19 @@ pub(crate) fn start_loader(
                         s.catalog.read().len(),
                         s.cursors.memberships()
                     );
-                    s.load.end(false);
+                    s.load.end(None, state_dir(s));
                 }
-                Ok(false) => return, // stopped: the engine is going away
+                Ok(false) => {
+                    // Stopped: the engine is going away.
+                    std::mem::forget(guard);
+                    return;
+                }
                 Err(e) => {
                     crate::commit::thread::stop_writes(s, &e);
-                    s.load.end(true);
+                    s.load.end(Some(&e), state_dir(s));
                 }
             }
+            std::mem::forget(guard);
             s.ckpt.cv.notify_all();
             crate::commit::thread::worker_settled(s);
         }
@@ -601,9 +597,32 @@ pub(crate) fn start_loader(
                 &shared.cursors,
                 &mut Some(spare),
             )?;
-            shared.load.end(false);
+            shared.load.end(None, state_dir(shared));
             Ok(None)
         }
+    }
+}
+
+fn state_dir(shared: &Shared) -> std::path::PathBuf {
+    shared.ctx.config.data_dir.join("state")
+}
+
+/// Ends the load as stopped at damage if the loader thread unwinds.
+struct EndOnPanic<'a>(&'a Shared);
+
+impl Drop for EndOnPanic<'_> {
+    fn drop(&mut self) {
+        let e = Error::Corrupt {
+            path: state_dir(self.0),
+            group: None,
+            offset: 0,
+            reason: "the background load of the saved state panicked (a bug): restart \
+                     with --load-before-listening"
+                .into(),
+        };
+        crate::commit::thread::stop_writes(self.0, &e);
+        self.0.load.end(Some(&e), state_dir(self.0));
+        crate::commit::thread::worker_settled(self.0);
     }
 }
 
