@@ -10,14 +10,18 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result, STATE_TICKET};
 
+/// Why a load stopped, as `Error::Corrupt` says it: path, group, offset,
+/// reason.
+type Failure = (PathBuf, Option<u64>, u64, String);
+
 /// Whether the checkpoint's state is still loading, for the engine's
 /// requests and threads. One owner: the loader thread ends it.
 #[derive(Default)]
 pub(crate) struct LoadStatus {
     loading: AtomicBool,
     /// The loader stopped at damage (or panicked): waiters go on and get
-    /// this error, as `Error::Corrupt` (path, group, offset, reason).
-    failed: Mutex<Option<(PathBuf, Option<u64>, u64, String)>>,
+    /// this error.
+    failed: Mutex<Option<Failure>>,
     /// Ask the loader to stop between batches (a simulated crash).
     stop: AtomicBool,
     ended: Mutex<()>,
