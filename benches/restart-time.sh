@@ -3,7 +3,11 @@
 # starts from the same bytes), starts `BIN serve` on the copy, and prints
 # the seconds from spawn to its `listening` line; with GROUP and USER also
 # the seconds from spawn to the answer of a first PULL (`BIN pull
-# --no-ack`) of that member of that group; then stops it (SIGTERM).
+# --no-ack`) of that member of that group, and from spawn to the end of
+# the background load of the saved state (STATS `storage.state_loading`
+# back to 0; a build without that figure, or started with
+# --load-before-listening, loaded everything before listening); then
+# stops it (SIGTERM). Extra `serve` flags go in SERVE_FLAGS.
 # Alternate two builds on one directory to compare them:
 #   tidemark bench --spawn -w population --groups 200000 --data /tmp/pop --keep-data
 #   for i in 1 2 3; do bash benches/restart-time.sh OLD /tmp/pop/tidemark-bench-*; \
@@ -20,7 +24,8 @@ trap 'rm -rf "$WORK"' EXIT
 cp -a "$SRC" "$WORK/data"
 sync
 start=$(date +%s.%N)
-"$BIN" serve --data "$WORK/data" --listen 127.0.0.1:0 >"$WORK/out" 2>"$WORK/err" &
+# shellcheck disable=SC2086 # SERVE_FLAGS is a list of flags
+"$BIN" serve --data "$WORK/data" --listen 127.0.0.1:0 ${SERVE_FLAGS:-} >"$WORK/out" 2>"$WORK/err" &
 pid=$!
 until grep -q listening "$WORK/out"; do
     kill -0 "$pid" 2>/dev/null || { cat "$WORK/out" "$WORK/err" >&2; exit 1; }
@@ -32,7 +37,11 @@ if [ -n "$GROUP" ]; then
     addr=$(sed -n 's/^tidemark listening on //p' "$WORK/out")
     "$BIN" pull --addr "$addr" --group "$GROUP" --user "$USER_ID" --no-ack --json >/dev/null
     pulled=$(date +%s.%N)
-    echo "$listening $(echo "$pulled - $start" | bc)"
+    while "$BIN" stats --addr "$addr" --json | grep -q '"storage.state_loading":1'; do
+        sleep 0.01
+    done
+    loaded=$(date +%s.%N)
+    echo "$listening $(echo "$pulled - $start" | bc) $(echo "$loaded - $start" | bc)"
 else
     echo "$listening"
 fi

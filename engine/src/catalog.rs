@@ -29,8 +29,13 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
+use parking_lot::RwLock;
+
+use crate::commit::context::Context;
+use crate::error::Result;
 use crate::group::{Group, LogSlot};
 use crate::logs::retention::Retention;
+use crate::members::cursors::CursorTable;
 
 #[derive(Default)]
 pub struct Catalog {
@@ -41,6 +46,24 @@ pub struct Catalog {
     free: Vec<u32>,
     /// Slots of the groups with a retention policy (module invariant).
     retained: BTreeSet<u32>,
+    /// The saved state not registered yet (`state/lazy.rs`): while it is
+    /// here, a group missing from the catalog may still be in it.
+    pending: Option<Arc<dyn Unregistered>>,
+}
+
+/// Saved groups not registered yet, which a lookup registers on demand
+/// (`state/lazy.rs` implements it over a checkpoint's runs).
+pub(crate) trait Unregistered: Send + Sync {
+    /// The group `id`, registered now from the saved state unless someone
+    /// did (then the catalog answers); `None`: there is no such group. The
+    /// caller holds no catalog lock.
+    fn take(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        id: u64,
+    ) -> Result<Option<Arc<Group>>>;
 }
 
 /// The group in `slot` of `by_slot`.
@@ -62,6 +85,40 @@ impl Catalog {
             in_slot(&self.by_slot, s).is_some_and(|g| g.id == id)
         })?;
         in_slot(&self.by_slot, *slot)
+    }
+
+    /// The saved state still loading in the background, if any.
+    pub(crate) fn pending(&self) -> Option<&Arc<dyn Unregistered>> {
+        self.pending.as_ref()
+    }
+
+    /// Starts (`Some`) or ends (`None`) a load in the background.
+    pub(crate) fn set_pending(&mut self, pending: Option<Arc<dyn Unregistered>>) {
+        self.pending = pending;
+    }
+
+    /// The group `id`: registered, or, while saved state loads in the
+    /// background and no one registered it yet, registered now from it.
+    /// `None`: no such group. The caller holds no catalog lock: every
+    /// lookup of a group by id goes through here (or through [`Self::get`]
+    /// once no load is pending).
+    pub(crate) fn find(
+        catalog: &RwLock<Catalog>,
+        ctx: &Context,
+        cursors: &CursorTable,
+        id: u64,
+    ) -> Result<Option<Arc<Group>>> {
+        let pending = {
+            let c = catalog.read();
+            if let Some(g) = c.get(id) {
+                return Ok(Some(g.clone()));
+            }
+            match c.pending() {
+                Some(p) => p.clone(),
+                None => return Ok(None),
+            }
+        };
+        pending.take(ctx, catalog, cursors, id)
     }
 
     pub fn by_slot(&self, slot: u32) -> Option<&Arc<Group>> {

@@ -121,6 +121,17 @@ pub struct Config {
     /// log; its next send rebuilds the window from the log as after a
     /// restart, so retransmits are answered exactly as before.
     pub idle_evict_ms: u64,
+    /// Open with the checkpoint's groups and memberships loaded in the
+    /// background (`state/lazy.rs`): the engine opens once the runs'
+    /// checksums are checked and the journal tail is replayed, and a
+    /// group is taken from the runs by its first request. `false` (the
+    /// library's default) loads everything before `open` returns; the
+    /// node's default is `true`.
+    pub load_in_background: bool,
+    /// Test knob, 0 in production: the background loader waits this long
+    /// before each batch, so that tests can act (and crash) while a load
+    /// is pending.
+    pub load_batch_pause_ms: u64,
     /// A checkpoint is taken once this many journal bytes were written
     /// since the last one's replay position...
     pub checkpoint_journal_bytes: u64,
@@ -183,6 +194,8 @@ impl Config {
             dedup_entries_max: DEDUP_ENTRIES_MAX,
             dedup_entries_total_max: DEDUP_ENTRIES_TOTAL_MAX,
             idle_evict_ms: IDLE_EVICT_MS,
+            load_in_background: false,
+            load_batch_pause_ms: 0,
             checkpoint_journal_bytes: CHECKPOINT_JOURNAL_BYTES,
             checkpoint_dirty_groups_max: CHECKPOINT_DIRTY_GROUPS_MAX,
             checkpoint_interval_ms: CHECKPOINT_INTERVAL_MS,

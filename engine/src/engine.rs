@@ -89,6 +89,10 @@ pub struct AppendRequest<'a> {
 /// Counters of an engine since open.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// The checkpoint's groups and memberships are still loading in the
+    /// background: `groups` and `memberships` count those registered so
+    /// far.
+    pub state_loading: bool,
     pub appends: u64,
     pub duplicates: u64,
     pub rounds: u64,
@@ -167,6 +171,9 @@ pub struct Engine {
     checkpointer_thread: Option<JoinHandle<()>>,
     /// The maintenance worker (`worker.rs`, `commit/worker_jobs.rs`).
     worker_thread: Option<JoinHandle<()>>,
+    /// The background load of the checkpoint's state (`state/lazy.rs`),
+    /// while it runs.
+    loader_thread: Option<JoinHandle<()>>,
     recovery: RecoveryReport,
     /// The snapshot holds (`state/pins.rs`): the checkpointer sets the
     /// newest stored manifest, the journal writer its end, snapshots hold.
@@ -234,7 +241,11 @@ impl Engine {
         // erase list) gets the erasure pass, which runs after a stored
         // checkpoint, soon after open even on a quiet node: the bound of
         // storage.md section 16 item 16 counts from here.
-        let needs_checkpoint = recovered.needs_checkpoint || !ctx.erase_groups.lock().is_empty();
+        // So do groups registered by a background load (their erase lists
+        // are read as they come): a checkpoint follows the load at once.
+        let needs_checkpoint = recovered.needs_checkpoint
+            || !ctx.erase_groups.lock().is_empty()
+            || recovered.catalog.pending().is_some();
         // Measured before the first send can arrive: starting from "plenty
         // free" would accept sends on a nearly full disk until the commit
         // thread's first measurement (a race seen as a flaky refusal test).
@@ -265,7 +276,10 @@ impl Engine {
             worker: Worker::new(),
             ready_failures: Mutex::new(Default::default()),
             replicating: Mutex::new(()),
+            load: Default::default(),
         });
+        // Before any other thread: a failure here opens nothing.
+        let loader_thread = crate::state::lazy::start_loader(&shared, recovered.pending)?;
         // Logs recovery loaded leave memory when idle, like any other.
         for id in recovered.loaded {
             shared.dedup.touch_used(id);
@@ -318,6 +332,7 @@ impl Engine {
             commit_thread: Some(commit_thread),
             checkpointer_thread: Some(checkpointer_thread),
             worker_thread: Some(worker_thread),
+            loader_thread,
             recovery: report,
             holds,
             _lock: lock,
@@ -344,13 +359,25 @@ impl Engine {
     /// deletion is pending ([`Group::is_deleting`]). Every request path
     /// finds its group here, so a pending delete looks the same to all.
     pub(crate) fn group(&self, group_id: u64) -> Result<Arc<Group>> {
-        self.shared
-            .catalog
-            .read()
-            .get(group_id)
+        let s = &self.shared;
+        crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)?
             .filter(|g| !g.is_deleting())
-            .cloned()
             .ok_or(Error::GroupNotFound { group: group_id })
+    }
+
+    /// `Ok` once every group and membership of the checkpoint is
+    /// registered; before, `NotReady` with [`crate::STATE_TICKET`] (see
+    /// `state/lazy.rs`): for the requests that need all of a user's groups
+    /// or the number of groups.
+    pub(crate) fn whole_state(&self) -> Result<()> {
+        crate::commit::loading::whole_state(&self.shared.load)
+    }
+
+    /// Whether requests that got `NotReady` with [`crate::STATE_TICKET`]
+    /// may run again: the background load ended (or stopped at damage,
+    /// whose error they then get). One atomic load.
+    pub fn state_load_settled(&self) -> bool {
+        self.shared.load.settled()
     }
 
     /// Whether new writes are accepted now: `Err(DiskFull)` while the disk is
@@ -399,6 +426,8 @@ impl Engine {
     /// record. Appends may follow at once.
     pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
+        // `groups_max` counts every group.
+        self.whole_state()?;
         let mut catalog = self.shared.catalog.write();
         if catalog.contains(group_id) {
             return Err(Error::GroupExists { group: group_id });
@@ -924,7 +953,14 @@ impl Engine {
     /// more than that); the copy ([`Snapshot::files`], [`Snapshot::open`])
     /// runs on the caller's thread while rounds go on, and deletions wait
     /// until the snapshot is dropped.
+    ///
+    /// While the checkpoint's state loads in the background it is refused
+    /// with `NotReady` and [`crate::STATE_TICKET`] (it never waits: the
+    /// server's event loop and a replica's driver call it): the newest
+    /// stored checkpoint must cover every group it holds, and no capture
+    /// is taken before the load ends.
     pub fn snapshot(&self) -> Result<crate::Snapshot> {
+        self.whole_state()?;
         crate::state::snapshot::Snapshot::begin(self.shared.clone(), self.holds.clone())
     }
 
@@ -937,6 +973,7 @@ impl Engine {
     /// covered) and is put off: this returns `Ok` and it is tried again
     /// about a second later.
     pub fn checkpoint(&self) -> Result<()> {
+        self.shared.load.wait_settled();
         let round = self.request_round(|p| p.checkpoint = true)?;
         self.wait_round(round)?;
         let co = &self.shared.ckpt;
@@ -1033,6 +1070,7 @@ impl Engine {
 
     /// Ids of all groups (unordered).
     pub fn group_ids(&self) -> Vec<u64> {
+        self.shared.load.wait_settled();
         self.shared.catalog.read().ids()
     }
 
@@ -1063,6 +1101,7 @@ impl Engine {
             acks: c.acks.load(Ordering::Relaxed),
             membership_rows_listed: c.membership_rows_listed.load(Ordering::Relaxed),
             groups: self.shared.catalog.read().len() as u64,
+            state_loading: self.shared.load.loading(),
             open_segments: self.shared.ctx.cache.len() as u64,
             dedup_entries: self.shared.dedup.entries() as u64,
             dedup_windows_dropped: self.shared.dedup.dropped(),
@@ -1079,6 +1118,7 @@ impl Engine {
     /// Memberships and the heap bytes of the tables that hold them (cursor
     /// table, member lists, read counts).
     pub fn membership_memory(&self) -> (u64, usize) {
+        self.shared.load.wait_settled();
         let catalog = self.shared.catalog.read();
         let mut count = 0;
         let mut bytes = self.shared.cursors.heap_bytes();
@@ -1108,6 +1148,15 @@ impl Engine {
     }
 
     fn shutdown(&mut self) -> Result<()> {
+        // A clean stop lets the load finish (the final checkpoint covers
+        // every group); a crash, or a drop while the thread panics, stops
+        // it between batches.
+        if let Some(loader) = self.loader_thread.take() {
+            if self.shared.pending.lock().crash || std::thread::panicking() {
+                self.shared.load.stop();
+            }
+            let _ = loader.join();
+        }
         let Some(handle) = self.commit_thread.take() else {
             return Ok(());
         };

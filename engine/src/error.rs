@@ -18,6 +18,12 @@ pub const DAMAGED_GROUP_HINT: &str = "what an operator can do: stop the node and
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The ticket of `Error::NotReady` for a request that waits for the whole
+/// state (its group id is 0): settled once the background load ended
+/// (`commit::loading::LoadStatus::settled`), never by the maintenance worker, whose
+/// tickets count up from 1.
+pub const STATE_TICKET: u64 = u64::MAX - 1;
+
 /// What went wrong, with enough structure for the server to map each variant
 /// onto one wire error code.
 #[derive(Debug)]
@@ -326,6 +332,11 @@ impl fmt::Display for Error {
                 "the key (sender {sender_id}, client_msg_id {client_msg_id}) names message \
                  {msg_id} of group {group}, a request of another kind or target; a new \
                  request needs a new client_msg_id"
+            ),
+            Error::NotReady { ticket, .. } if *ticket == STATE_TICKET => write!(
+                f,
+                "the node is still loading its saved groups and memberships (STATS \
+                 storage.state_loading); run the request again once it is done"
             ),
             Error::NotReady { group, ticket } => write!(
                 f,

@@ -97,6 +97,7 @@ pub use edits::{Change, ChangeRequest, LatestPage, FLAG_EDITED, FLAG_RECALLED};
 pub use engine::{
     AppendRequest, Appended, CommitNotice, Engine, EngineStats, GroupAppend, OpTicket, Ticket,
 };
+pub use error::STATE_TICKET;
 pub use error::{ChangeRefusal, Error, Result, DAMAGED_GROUP_HINT};
 pub use io::{raise_open_file_limit, FD_RESERVE};
 pub use logs::group_log::{Chunk, ReadBatch};

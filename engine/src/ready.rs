@@ -65,7 +65,7 @@ impl Engine {
     pub(crate) fn blocking<R>(&self, mut request: impl FnMut() -> Result<R>) -> Result<R> {
         loop {
             match request() {
-                Err(Error::NotReady { ticket, .. }) => self.shared.worker.wait(ticket)?,
+                Err(Error::NotReady { ticket, .. }) => self.wait_ready(ticket)?,
                 other => return other,
             }
         }
@@ -82,6 +82,10 @@ impl Engine {
 
     /// Blocks until the job of `ticket` (from `Error::NotReady`) is done.
     pub fn wait_ready(&self, ticket: u64) -> Result<()> {
+        if ticket == crate::STATE_TICKET {
+            self.shared.load.wait_settled();
+            return Ok(());
+        }
         self.shared.worker.wait(ticket)
     }
 

@@ -184,6 +184,16 @@ struct ServeArgs {
     /// window (rebuilt from its log on its next SEND) and its small log.
     #[arg(long, value_parser = tidemark_server::units::parse_ms, default_value_t = tidemark_engine::defaults::IDLE_EVICT_MS)]
     idle_evict_ms: u64,
+    /// Register every saved group and membership before listening. By
+    /// default the node listens once the journal tail is replayed and the
+    /// saved state's checksums are checked, takes a group from the saved
+    /// state at its first request, and loads the rest in the background.
+    #[arg(long)]
+    load_before_listening: bool,
+    /// Test knob: the background load waits this long (ms) before each
+    /// batch, so tests can act while it is pending.
+    #[arg(long, default_value_t = 0, hide = true)]
+    load_batch_pause_ms: u64,
     /// Members per group.
     #[arg(long, default_value_t = tidemark_engine::defaults::MEMBERS_PER_GROUP_MAX)]
     members_per_group_max: usize,
@@ -486,6 +496,8 @@ fn node_config(a: ServeArgs) -> Result<NodeConfig, String> {
     c.limits.input_bytes_total_max = a.input_bytes_total_max;
     c.engine.dedup_entries_total_max = a.dedup_entries_total_max;
     c.engine.idle_evict_ms = a.idle_evict_ms;
+    c.engine.load_in_background = !a.load_before_listening;
+    c.engine.load_batch_pause_ms = a.load_batch_pause_ms;
     c.metrics_listen = a.metrics_listen;
     c.limits.slowlog_threshold_us = a.slowlog_threshold_us;
     c.limits.slowlog_entries_max = a.slowlog_entries_max;

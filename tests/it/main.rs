@@ -6,6 +6,7 @@
 //! switched on by environment variables documented in each module (no
 //! `#[ignore]`).
 
+mod background_load;
 mod backup;
 mod bench_tool;
 mod cli;

@@ -96,6 +96,14 @@ pub(crate) struct State<'a> {
     pub cursors: &'a CursorTable,
 }
 
+impl State<'_> {
+    /// The registered group `id` (taken from the runs first while a
+    /// checkpoint loads in the background, `state::lazy`).
+    pub(crate) fn group(&self, id: u64) -> Result<Option<Arc<Group>>> {
+        Catalog::find(self.catalog, self.ctx, self.cursors, id)
+    }
+}
+
 /// What applying one entry did.
 #[derive(Debug)]
 pub(crate) enum Applied {

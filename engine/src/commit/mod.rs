@@ -17,6 +17,7 @@ mod gate_tests;
 pub(crate) mod journal;
 #[cfg(test)]
 pub(crate) mod journal_crash_tests;
+pub(crate) mod loading;
 mod replicate;
 #[cfg(test)]
 pub(crate) mod replicate_tests;

@@ -122,10 +122,32 @@ impl Engine {
                 expected,
             });
         }
+        self.take_groups_of(payload)?;
         // A group without a send state in memory has the maintenance
         // worker build it (`worker_jobs.rs`): the payload waits for that, as a
         // blocking request does, and is checked again.
         self.blocking(|| self.append_replicated_once(payload, header.round_index))
+    }
+
+    /// While the checkpoint's state loads in the background: the groups a
+    /// payload names are taken from the runs first (its checks read them
+    /// under the catalog's lock), and a payload with a join waits for the
+    /// whole load, since a join's per-user limit counts every group of
+    /// its user and must decide as the leader decided.
+    fn take_groups_of(&self, payload: &[u8]) -> Result<()> {
+        if !self.shared.load.loading() {
+            return Ok(());
+        }
+        let s = &self.shared;
+        let mut joins = false;
+        for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round) {
+            joins |= e.kind == EntryKind::Join;
+            crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
+        }
+        if joins {
+            s.load.wait_settled();
+        }
+        Ok(())
     }
 
     /// One try of [`Engine::append_replicated`] once the payload's CRC,

@@ -41,6 +41,8 @@
 //! Costs: an append is O(extents of the group) in memory; a read walks the
 //! extents it serves (`small_read.rs`); a promotion is bounded as above.
 
+use std::sync::Arc;
+
 use crate::commit::context::Context;
 use crate::error::Result;
 use crate::group::{Group, LogSlot};
@@ -146,6 +148,26 @@ pub(crate) fn restore_live(ctx: &LogContext, list: &ExtentList) {
     for ext in list.extents() {
         live.add(ext);
     }
+}
+
+/// [`cut_past_journal_ends`] under the group's checkpoint lock, marking it
+/// dirty when something was cut: why its records were cut, if they were.
+/// Recovery calls it for every registered group; a background load
+/// (`state/lazy.rs`) for each group it registers.
+pub(crate) fn cut_and_mark_past_journal_ends(
+    ctx: &Context,
+    g: &Arc<Group>,
+    ends: &[(u64, u64)],
+) -> Option<String> {
+    let mut ck = g.ckpt(&ctx.dirty);
+    let lost = cut_past_journal_ends(ctx, g, ends)?;
+    ctx.dirty.mark(g, &mut ck);
+    Some(format!(
+        "records {}..={} were in journal bytes a power cut lost (fsync policy never or \
+         interval)",
+        lost.start(),
+        lost.end()
+    ))
 }
 
 /// Recovery, after the journal's torn tails were cut: the extents a

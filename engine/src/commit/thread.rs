@@ -364,6 +364,9 @@ pub(crate) struct Shared {
     /// request gets the error instead of waiting for the same failure
     /// again. Taken by that request.
     pub ready_failures: Mutex<HashMap<u64, Error>>,
+    /// The load of the checkpoint's state in the background
+    /// (`state::lazy`).
+    pub load: crate::commit::loading::LoadStatus,
 }
 
 /// Called by the maintenance worker after each job a request waits for:
@@ -538,6 +541,11 @@ impl Committer {
 
     /// Whether the checkpointer can take a capture now.
     fn checkpointer_ready(&self) -> bool {
+        // A capture's pinned files and dirty lists cover the registered
+        // groups only: none is taken before every group is.
+        if self.shared.load.loading() {
+            return false;
+        }
         let st = self.shared.ckpt.status.lock();
         st.job.is_none() && !st.busy && !st.exited
     }
@@ -653,7 +661,10 @@ impl Committer {
         let co = &shared.ckpt;
         let stored_before = shared.counters.checkpoints.load(Ordering::Acquire);
         loop {
-            if self.failed() {
+            // A background load that did not end (stopped, or at damage)
+            // leaves no clean checkpoint: the next open replays the
+            // journal.
+            if self.failed() || self.shared.load.loading() {
                 return Ok(());
             }
             if self.maybe_capture(true) {
@@ -1223,7 +1234,7 @@ impl Committer {
         );
         let mut entries = entries.skip(*next).peekable();
         while let Some(entry) = entries.next() {
-            let group = self.shared.catalog.read().get(entry.group_id).cloned();
+            let group = st.group(entry.group_id)?;
             if matches!(entry.kind, EntryKind::CreateGroup | EntryKind::Records) {
                 // Listed for the idle sweep, as a local create or send does.
                 self.shared.dedup.touch_used(entry.group_id);
@@ -1257,7 +1268,7 @@ impl Committer {
             // reflects the frame (as for a local round).
             let last_of_group = entries.peek().is_none_or(|e| e.group_id != entry.group_id);
             if last_of_group {
-                if let Some(g) = self.shared.catalog.read().get(entry.group_id).cloned() {
+                if let Some(g) = st.group(entry.group_id)? {
                     apply::frame_done(&st, &g, lsn);
                 }
             }

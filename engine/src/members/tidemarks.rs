@@ -151,6 +151,8 @@ impl Engine {
     /// [`Engine::submit_join`], the name the event loop's requests use: a
     /// join never gets `NotReady`.
     pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
+        // Its limit counts every group of the user.
+        self.whole_state()?;
         let group = self.group(group_id)?;
         if let Some(c) = self.shared.cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
@@ -496,6 +498,19 @@ impl Engine {
     /// ascending group id order. O(groups of the user). A group whose
     /// deletion is pending is left out, as every request treats it as gone.
     pub fn unread(&self, user: u64) -> Vec<Unread> {
+        self.shared.load.wait_settled();
+        self.unread_now(user)
+    }
+
+    /// [`Engine::unread`] that never waits: `NotReady` while the
+    /// checkpoint's state loads in the background (a user's groups are
+    /// known only once every group is).
+    pub fn try_unread(&self, user: u64) -> Result<Vec<Unread>> {
+        self.whole_state()?;
+        Ok(self.unread_now(user))
+    }
+
+    fn unread_now(&self, user: u64) -> Vec<Unread> {
         let mut out = Vec::new();
         let mut rows = 0u64;
         let catalog = self.shared.catalog.read();
@@ -552,7 +567,7 @@ impl Engine {
         let mut budget = total_max_bytes;
         let mut continue_after = None;
         let pending: Vec<Unread> = self
-            .unread(user)
+            .try_unread(user)?
             .into_iter()
             // Records above the cursor, counted or not: an edit or a
             // recall of a read message is not unread but is delivered.

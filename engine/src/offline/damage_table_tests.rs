@@ -55,6 +55,15 @@ fn cfg(dir: &Path) -> Config {
     config(dir, 4096)
 }
 
+/// The node's configuration: its state loaded before it opens, or in the
+/// background (`state/lazy.rs`, the node's default).
+fn node_cfg(dir: &Path, background: bool) -> Config {
+    Config {
+        load_in_background: background,
+        ..cfg(dir)
+    }
+}
+
 /// What an acknowledged record must read back as.
 #[derive(Clone, Debug)]
 enum Expect {
@@ -607,6 +616,7 @@ fn run_case(
     damage: &'static str,
     apply: Apply,
     when: &'static str,
+    background: bool,
     failures: &mut Vec<String>,
 ) -> Row {
     let tmp = tempfile::tempdir().unwrap();
@@ -648,7 +658,7 @@ fn run_case(
     // The node: refused naming the file, or every record classified.
     let all: u64 = model.values().map(|m| m.len() as u64).sum();
     let mut notes = Vec::new();
-    let (open, first) = match Engine::open(cfg(&dir)) {
+    let (open, first) = match Engine::open(node_cfg(&dir, background)) {
         Err(e) => {
             let msg = e.to_string();
             if !msg.contains(&name) {
@@ -717,7 +727,7 @@ fn run_case(
 
     // The node again: every record classified, the next send to every
     // group above every acknowledged id.
-    let (after, next) = match Engine::open(cfg(&dir)) {
+    let (after, next) = match Engine::open(node_cfg(&dir, background)) {
         Err(e) => {
             if refused.is_none() {
                 fail(format!("repaired, but the node refuses: {e}"));
@@ -772,8 +782,10 @@ fn run_case(
     }
 }
 
-#[test]
-fn damage_table_every_v2_file_type_after_a_crash_and_after_a_clean_stop() {
+/// Every case after a crash and after a clean stop, the node's state
+/// loaded before it opens or in the background: the rows, and what broke
+/// a rule.
+fn damage_table(background: bool) -> (Vec<Row>, Vec<String>) {
     let root = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     let mut rows = Vec::new();
@@ -781,9 +793,33 @@ fn damage_table_every_v2_file_type_after_a_crash_and_after_a_clean_stop() {
         let base = root.path().join(when.replace(' ', "-"));
         let model = build(&base, crash);
         for (damage, apply) in CASES {
-            rows.push(run_case(&base, &model, damage, apply, when, &mut failures));
+            rows.push(run_case(
+                &base,
+                &model,
+                damage,
+                apply,
+                when,
+                background,
+                &mut failures,
+            ));
         }
     }
+    (rows, failures)
+}
+
+/// The same rules with the node's state loaded in the background (the
+/// node's default): damage is found by the check of every run part's
+/// checksums before it opens, or where a full load finds it.
+#[test]
+fn the_damage_table_holds_with_the_state_loaded_in_the_background() {
+    let (rows, failures) = damage_table(true);
+    assert_eq!(rows.len(), 2 * CASES.len());
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn damage_table_every_v2_file_type_after_a_crash_and_after_a_clean_stop() {
+    let (rows, failures) = damage_table(false);
     let acked: u64 = rows.first().map_or(0, |r| {
         r.first.intact + r.first.reported + r.first.gap + r.first.wrong + r.first.lost
     });

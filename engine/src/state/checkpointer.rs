@@ -468,7 +468,11 @@ impl Checkpointer {
     }
 
     fn retention_due(&self) -> bool {
-        self.last_retention.elapsed() >= Duration::from_millis(self.ctx().config.retention_check_ms)
+        // Retention walks the registered groups' policies: it waits for
+        // every group to be registered (`state::lazy`).
+        !self.shared.load.loading()
+            && self.last_retention.elapsed()
+                >= Duration::from_millis(self.ctx().config.retention_check_ms)
     }
 
     /// Applies every group's retention policy: drops the sealed segments it

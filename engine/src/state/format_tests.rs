@@ -954,3 +954,97 @@ mod erase_list {
         }
     }
 }
+
+/// A group taken from the runs by its key alone (the background load's
+/// lookup, `lazy::items_of_group`: each run read from the block its index
+/// names) is exactly what the full merge yields for it, over runs of
+/// several parts of several blocks each, with deletions, re-creations and
+/// leaves masked across runs, and for ids no run holds.
+#[test]
+fn a_group_looked_up_by_its_key_equals_its_items_in_the_full_merge() {
+    const GROUPS: u64 = 6000;
+    let mut model = Model::default();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    // Runs newest first, as parts.
+    let mut runs: Vec<Vec<(Vec<u8>, PartMeta)>> = Vec::new();
+    for g in 0..GROUPS {
+        model.apply(&Op::Create(g));
+        for _ in 0..next(16) {
+            let user = next(200);
+            model.apply(&Op::Join(g, user));
+        }
+    }
+    runs.push(write_run(&model.capture(), 200 << 10));
+    for round in 0..6u64 {
+        for _ in 0..4000 {
+            let (g, u) = (next(GROUPS + 50), next(200));
+            let op = match next(10) {
+                0 => Op::Delete(g),
+                1 => Op::Create(g),
+                2 | 3 => Op::Send(g),
+                4 | 5 => Op::Join(g, u),
+                6 => Op::Leave(g, u),
+                _ => Op::Ack(g, u),
+            };
+            model.apply(&op);
+        }
+        let delta = model.capture();
+        let part_max = if round % 2 == 0 {
+            RUN_FILE_BYTES_MIN
+        } else {
+            200 << 10
+        };
+        runs.insert(0, write_run(&delta, part_max));
+        if round == 3 {
+            // The two newest merged into one, as the checkpointer does.
+            let newest: Vec<Vec<Item>> = runs.drain(..2).map(|r| read_run(&r).unwrap()).collect();
+            runs.insert(0, write_run(&merge(newest, false), 200 << 10));
+        }
+    }
+    let oldest = runs.last().unwrap();
+    assert!(oldest.len() > 1, "the oldest run has several parts");
+    assert!(
+        oldest[0].0.len() > 2 * BLOCK_BYTES_TARGET,
+        "its first part has several blocks"
+    );
+    let slices: Vec<Vec<&[u8]>> = runs
+        .iter()
+        .map(|r| r.iter().map(|(b, _)| &b[..]).collect())
+        .collect();
+    let metas: Vec<Vec<PartMeta>> = runs
+        .iter()
+        .map(|r| r.iter().map(|(_, m)| m.clone()).collect())
+        .collect();
+    let parts: Vec<&[PartMeta]> = metas.iter().map(|m| &m[..]).collect();
+    let expected = model.state();
+    let all: Vec<Vec<Item>> = runs.iter().map(|r| read_run(r).unwrap()).collect();
+    assert_eq!(merge(all, true), expected, "the full merge is the model");
+    for g in 0..GROUPS + 60 {
+        let want: Vec<Item> = expected
+            .iter()
+            .filter(|i| i.key().group == g)
+            .cloned()
+            .collect();
+        let got: Vec<Item> = match super::lazy::items_of_group(&slices, &parts, g).unwrap() {
+            None => Vec::new(),
+            Some((rec, rows)) => std::iter::once(Item::GroupPut(rec))
+                .chain(
+                    rows.into_iter()
+                        .map(|(user, cursor, join_point, _)| Item::MemberPut {
+                            group: g,
+                            user,
+                            cursor,
+                            join_point,
+                        }),
+                )
+                .collect(),
+        };
+        assert_eq!(got, want, "group {g}");
+    }
+}

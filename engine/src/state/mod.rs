@@ -35,6 +35,9 @@ pub(crate) mod checkpointer;
 pub(crate) mod damage;
 pub(crate) mod erase_segments;
 pub(crate) mod format;
+pub(crate) mod lazy;
+#[cfg(test)]
+mod lazy_tests;
 pub(crate) mod manifest;
 mod merge;
 pub(crate) mod pins;

@@ -18,6 +18,8 @@ use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
+use std::sync::Arc;
+
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
@@ -37,7 +39,7 @@ use crate::members::cursors::CursorTable;
 use crate::state::checkpointer::OnDisk;
 use crate::state::damage::{self, HeaderVerdict};
 use crate::state::manifest::{self, Manifest};
-use crate::state::{restore, run};
+use crate::state::{lazy, restore, run};
 
 /// What opening the engine found and repaired.
 #[derive(Clone, Debug, Default)]
@@ -54,7 +56,13 @@ pub struct RecoveryReport {
     /// Journal entries of frames a group's checkpointed record already
     /// reflected (at or below its `applied_lsn`), skipped.
     pub entries_reflected: u64,
+    /// Groups registered when the engine opened: all of them, or, when
+    /// `loading_in_background`, those replay and the sweep of `groups/`
+    /// took from the runs (the rest follow, `state::lazy`).
     pub groups: u64,
+    /// The checkpoint's groups and memberships are still loading: the
+    /// group counts here are of the groups registered so far.
+    pub loading_in_background: bool,
     pub journal_files_replayed: u64,
     pub journal_entries_replayed: u64,
     /// Records appended to group logs from the journal.
@@ -91,11 +99,16 @@ impl RecoveryReport {
     /// and how many groups were verified, left unverified or found damaged.
     pub fn summary(&self) -> String {
         format!(
-            "{} groups, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
+            "{} groups{}, clean shutdown: {}, journal entries replayed: {}, records replayed: {}, \
              journal records repaired: {}, damaged frame envelopes repaired: {}, bytes cut: {}, \
              groups loaded and verified: {}, groups not yet verified (loaded on first use): {}, \
              damaged groups: {}",
             self.groups,
+            if self.loading_in_background {
+                " registered (the rest load in the background)"
+            } else {
+                ""
+            },
             self.clean_shutdown,
             self.journal_entries_replayed,
             self.records_replayed,
@@ -207,6 +220,8 @@ pub(crate) struct Recovered {
     /// that may lead the journal, creations replayed): the engine lists
     /// them for the idle sweep, as it lists every log loaded later.
     pub loaded: Vec<u64>,
+    /// The saved state left to load in the background (`state/lazy.rs`).
+    pub pending: Option<Arc<lazy::Pending>>,
 }
 
 /// Rebuilds the in-memory state from disk and returns the journal to
@@ -241,6 +256,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     let mut loaded = false;
     // The highest `applied_lsn` of a restored group record.
     let mut restored_applied_lsn_max = 0;
+    // The saved state loaded in the background, while it is.
+    let mut pending: Option<Arc<lazy::Pending>> = None;
     // Where the newest rejected checkpoint is damaged (the run part and
     // offset when its runs did not merge, else the manifest itself).
     let mut first_damage: Option<damage::Located> = None;
@@ -250,8 +267,9 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         let (reason, located) = match manifest::load(vfs, path)? {
             Err(reason) => (reason, None),
             Ok(m) if m.ckpt_seq != *seq => (format!("names checkpoint {}", m.ckpt_seq), None),
-            Ok(m) => match restore::restore_runs(ctx, &mut catalog, &cursors, &m) {
-                Ok(applied_max) => {
+            Ok(m) => match restore_or_defer(ctx, &mut catalog, &cursors, &m) {
+                Ok((applied_max, deferred)) => {
+                    pending = deferred;
                     restored_applied_lsn_max = applied_max;
                     replay_from = m.replay_journal_seq;
                     report.clean_shutdown = m.clean;
@@ -320,13 +338,22 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         .filter(|(seq, _)| *seq >= replay_from)
         .collect();
     // The newest journal file the restored small groups' extents name.
-    let named_newest = ctx
-        .live
-        .lock()
-        .files()
-        .filter(|(f, _)| f.kind() == crate::logs::extents::FileKind::Journal)
-        .map(|(f, _)| f.seq())
-        .max();
+    // Loaded in the background, the groups are not read yet: their
+    // extents lie in files before the replay start (a capture starts a new
+    // journal file), which the manifest pins.
+    let named_newest = match catalog.pending() {
+        None => ctx
+            .live
+            .lock()
+            .files()
+            .filter(|(f, _)| f.kind() == crate::logs::extents::FileKind::Journal)
+            .map(|(f, _)| f.seq())
+            .max(),
+        Some(_) => on_disk
+            .last
+            .as_ref()
+            .and_then(|m| m.pinned.iter().filter(|&&id| id < 1 << 31).max().copied()),
+    };
     check_journal_sequence(
         &jdir,
         &files,
@@ -365,6 +392,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     // Replay applies entries the way the commit thread does, to the
     // registry behind the lock the commit thread uses (uncontended here).
     let shared_catalog = RwLock::new(catalog);
+    let pending = std::cell::RefCell::new(pending);
     for (i, (seq, path)) in files.iter().enumerate() {
         let mut replay = Replay {
             st: apply::State {
@@ -375,6 +403,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             report: &mut report,
             later: &files[i + 1..],
             replay_lsn,
+            pending: &pending,
         };
         let outcome = replay.file(*seq, path, header_durable(*seq))?;
         if let Some((lsn, round)) = outcome.next {
@@ -419,7 +448,6 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             reason: "journal sequence numbers exhausted".into(),
         })?;
     }
-    let catalog = shared_catalog.into_inner();
     for t in torn {
         let file = vfs
             .open(&t.path, crate::io::OpenMode::ReadWriteCreate)
@@ -435,9 +463,24 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
+    let mut pending = pending.into_inner();
+    if let Some(deferred) = pending.clone() {
+        if segments_may_lead || !report.cuts.is_empty() {
+            // Passes over every group follow: the rest is loaded now.
+            lazy::finish_now(ctx, &shared_catalog, &cursors, &mut pending)?;
+        } else {
+            // The groups registered from now on get the lowering and the
+            // cut as they come; those registered so far get them below.
+            deferred.after_replay(next_numbers.0, unsynced_ends.clone());
+        }
+        restored_applied_lsn_max = u64::MAX;
+    }
+    sweep_strays(ctx, &shared_catalog, &cursors)?;
+    let catalog = shared_catalog.into_inner();
     cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
     // Replay sets `applied_lsn`s below `next_numbers.0` only: the walk is
-    // needed only when a restored record reaches it.
+    // needed only when a restored record reaches it (loaded in the
+    // background: the groups registered so far, the others as they come).
     if restored_applied_lsn_max >= next_numbers.0 {
         lower_applied_lsns(ctx, &catalog, next_numbers.0);
     }
@@ -454,7 +497,6 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     if report.journal_entries_replayed > 0 || !report.cuts.is_empty() {
         clamp_cursors_to_heads(&catalog, &cursors);
     }
-    sweep_strays(ctx, &catalog)?;
     let mut loaded_groups = Vec::new();
     let mut stored = 0;
     for g in catalog.groups() {
@@ -471,6 +513,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         }
     }
     report.groups = catalog.len() as u64;
+    report.loading_in_background = catalog.pending().is_some();
     // Replay's own damages are counted here, with those the checkpoint
     // recorded; from now on the count changes where damage happens. The
     // same for the stored messages.
@@ -533,7 +576,27 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         on_disk,
         needs_checkpoint,
         loaded: loaded_groups,
+        pending,
     })
+}
+
+/// Loads a manifest's runs now (returning the highest `applied_lsn` of a
+/// group record) or, with `load_in_background`, checks their checksums and
+/// leaves them to `state::lazy` (returning 0, no record being read yet,
+/// and the load to finish).
+#[allow(clippy::type_complexity)]
+fn restore_or_defer(
+    ctx: &Context,
+    catalog: &mut Catalog,
+    cursors: &CursorTable,
+    m: &manifest::Manifest,
+) -> std::result::Result<(u64, Option<Arc<lazy::Pending>>), String> {
+    if !ctx.config.load_in_background {
+        return restore::restore_runs(ctx, catalog, cursors, m).map(|max| (max, None));
+    }
+    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs)?);
+    catalog.set_pending(Some(pending.clone()));
+    Ok((0, Some(pending)))
 }
 
 /// Without a usable checkpoint the node does not open: a directory scan
@@ -607,19 +670,8 @@ fn cut_small_groups_past_journal_ends(
         return;
     }
     for g in catalog.groups() {
-        let mut ck = g.ckpt(&ctx.dirty);
-        if let Some(lost) = crate::commit::small_log::cut_past_journal_ends(ctx, g, ends) {
-            report.cuts.push((
-                format!("small group {}", g.id),
-                0,
-                format!(
-                    "records {}..={} were in journal bytes a power cut lost (fsync policy \
-                     never or interval)",
-                    lost.start(),
-                    lost.end()
-                ),
-            ));
-            ctx.dirty.mark(g, &mut ck);
+        if let Some(why) = crate::commit::small_log::cut_and_mark_past_journal_ends(ctx, g, ends) {
+            report.cuts.push((format!("small group {}", g.id), 0, why));
         }
     }
 }
@@ -778,11 +830,15 @@ fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
 /// rewrite a stop cut short) is removed. Each is logged. A damaged group's
 /// files are evidence for `ctl repair` and are left alone, and so is a
 /// stray segment that holds records (loading the group adopts them).
-fn sweep_strays(ctx: &Context, catalog: &Catalog) -> Result<()> {
+fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable) -> Result<()> {
     let vfs = &*ctx.vfs;
     let files = |id: u64| {
-        let Some(g) = catalog.get(id) else {
-            return damage::GroupFiles::None;
+        // Loaded in the background, a group with files is taken from the
+        // runs now; one that cannot be read is left alone.
+        let g = match Catalog::find(catalog, ctx, cursors, id) {
+            Ok(Some(g)) => g,
+            Ok(None) => return damage::GroupFiles::None,
+            Err(_) => return damage::GroupFiles::NoSegments,
         };
         let state = match &*g.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
@@ -896,6 +952,9 @@ struct Replay<'a> {
     later: &'a [(u64, std::path::PathBuf)],
     /// Frames before this lsn are reflected in the checkpoint: skipped.
     replay_lsn: u64,
+    /// The saved state still to load (`state/lazy.rs`), until a join
+    /// needs all of it.
+    pending: &'a std::cell::RefCell<Option<Arc<lazy::Pending>>>,
 }
 
 impl Replay<'_> {
@@ -1214,7 +1273,7 @@ impl Replay<'_> {
     /// The stored (verified) record `msg_id` of a registered, undamaged
     /// group, loading the group if needed.
     fn stored_record(&mut self, group_id: u64, msg_id: u64) -> Option<Vec<u8>> {
-        let group = self.st.catalog.read().get(group_id)?.clone();
+        let group = self.st.group(group_id).ok()??;
         ensure_loaded_reporting(self.st.ctx, &group, self.report);
         let slot = group.log.read();
         let LogSlot::Loaded(log) = &*slot else {
@@ -1253,8 +1312,7 @@ impl Replay<'_> {
         let Some(id) = group else {
             return;
         };
-        let group = self.st.catalog.read().get(id).cloned();
-        if let Some(g) = group {
+        if let Ok(Some(g)) = self.st.group(id) {
             apply::frame_done(&self.st, &g, lsn);
         }
     }
@@ -1262,7 +1320,17 @@ impl Replay<'_> {
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
-        let group = self.st.catalog.read().get(entry.group_id).cloned();
+        if entry.kind == EntryKind::Join {
+            // A join's per-user limit counts every group of its user: the
+            // rest of a background load comes first.
+            lazy::finish_now(
+                self.st.ctx,
+                self.st.catalog,
+                self.st.cursors,
+                &mut self.pending.borrow_mut(),
+            )?;
+        }
+        let group = self.st.group(entry.group_id)?;
         match apply::entry(
             &self.st,
             entry,

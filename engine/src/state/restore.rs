@@ -26,8 +26,8 @@ use crate::logs::group_log::LogState;
 use crate::members::cursors::{CursorTable, Loader};
 use crate::members::membership::GroupMembers;
 use crate::state::checkpointer;
-use crate::state::manifest::Manifest;
-use crate::state::Item;
+use crate::state::manifest::{Manifest, RunMeta};
+use crate::state::{GroupRecord, Item};
 
 /// Items per batch handed from the decoder to the registering thread:
 /// large enough that the hand-over costs nothing per item, small enough to
@@ -60,7 +60,7 @@ pub(crate) fn restore_runs(
         members: Vec::new(),
         applied_lsn_max: 0,
     };
-    for_each_batch(ctx, cursors, m, |batch| {
+    for_each_batch(ctx, cursors, &m.runs, |batch| {
         batch
             .into_iter()
             .try_for_each(|(item, shard)| registry.item(item, shard))
@@ -75,19 +75,20 @@ pub(crate) fn restore_runs(
 }
 
 /// Merged items, each with its cursor-table shard (0 for a group item).
-type Batch = Vec<(Item, usize)>;
+pub(crate) type Batch = Vec<(Item, usize)>;
 
-/// Calls `consume` with the merged items of `m`'s runs, in key order, in
+/// Calls `consume` with the merged items of `runs`, in key order, in
 /// batches decoded on a thread of its own (inline if no thread can be
 /// started). The first error, of the merge or of `consume`, ends it.
-fn for_each_batch(
+/// Also the background load's (`state::lazy`).
+pub(crate) fn for_each_batch(
     ctx: &Context,
     cursors: &CursorTable,
-    m: &Manifest,
+    runs: &[RunMeta],
     mut consume: impl FnMut(Batch) -> Result<(), String>,
 ) -> Result<(), String> {
     let decode = |send: &mut dyn FnMut(Result<Batch, String>) -> bool| {
-        let merged = checkpointer::with_merge(ctx, &m.runs, true, |items| {
+        let merged = checkpointer::with_merge(ctx, runs, true, |items| {
             let mut batch = Vec::with_capacity(BATCH_ITEMS);
             for item in items {
                 match item {
@@ -139,6 +140,57 @@ fn for_each_batch(
     })
 }
 
+/// Registers a group as its checkpoint record says (its log unloaded,
+/// read on first use), with its small extents counted as live and its
+/// pending erasures queued; its members come separately. The record's
+/// `applied_lsn` is its captured one. Shared by the load at open and the
+/// background load (`state::lazy`).
+pub(crate) fn register_group(
+    ctx: &Context,
+    catalog: &mut Catalog,
+    rec: Box<GroupRecord>,
+) -> Result<Arc<Group>, String> {
+    let rec = *rec;
+    let state = LogState {
+        head: rec.head,
+        segments: rec.segments,
+    };
+    let slot = match (rec.damaged, rec.small) {
+        (Some(reason), _) => LogSlot::Damaged { state, reason },
+        // A small group: its records in the journal files.
+        (None, Some(small)) => {
+            let list = small
+                .extent_list(state.head)
+                .map_err(|why| format!("group {}: {why}", rec.group))?;
+            crate::commit::small_log::restore_live(ctx, &list);
+            LogSlot::Small(list)
+        }
+        // No segment: a group without record or file.
+        (None, None) if state.segments.is_empty() => LogSlot::new_small(),
+        (None, None) => LogSlot::Unloaded(state),
+    };
+    let g = catalog.insert(rec.group, slot);
+    // A new group keeps everything already (and setting that would box and
+    // drop its extras).
+    if !rec.retention.keeps_everything() {
+        catalog.set_retention(&g, rec.retention);
+    }
+    if !rec.quiet.is_empty() || !rec.edits.is_empty() {
+        g.restore_quiet(rec.quiet, rec.edits);
+    }
+    if !rec.erase.is_empty() {
+        // Recalled payloads a segment may still hold: the erasure pass goes
+        // on with them.
+        g.add_erase(&rec.erase);
+        ctx.erase_groups.lock().insert(rec.group);
+    }
+    let mut ck = g.ckpt(&ctx.dirty);
+    ck.set_applied_lsn(rec.applied_lsn);
+    ck.capture_once();
+    drop(ck);
+    Ok(g)
+}
+
 /// The registering side of a load.
 struct Registry<'a> {
     ctx: &'a Context,
@@ -157,46 +209,8 @@ impl Registry<'_> {
         match item {
             Item::GroupPut(rec) => {
                 self.close_group();
-                let ctx = self.ctx;
-                let state = LogState {
-                    head: rec.head,
-                    segments: rec.segments,
-                };
-                let slot = match (rec.damaged, rec.small) {
-                    (Some(reason), _) => LogSlot::Damaged { state, reason },
-                    // A small group: its records in the journal files.
-                    (None, Some(small)) => {
-                        let list = small
-                            .extent_list(state.head)
-                            .map_err(|why| format!("group {}: {why}", rec.group))?;
-                        crate::commit::small_log::restore_live(ctx, &list);
-                        LogSlot::Small(list)
-                    }
-                    // No segment: a group without record or file.
-                    (None, None) if state.segments.is_empty() => LogSlot::new_small(),
-                    (None, None) => LogSlot::Unloaded(state),
-                };
-                let g = self.catalog.insert(rec.group, slot);
-                // A new group keeps everything already (and setting that
-                // would box and drop its extras).
-                if !rec.retention.keeps_everything() {
-                    self.catalog.set_retention(&g, rec.retention);
-                }
-                if !rec.quiet.is_empty() || !rec.edits.is_empty() {
-                    g.restore_quiet(rec.quiet, rec.edits);
-                }
-                if !rec.erase.is_empty() {
-                    // Recalled payloads a segment may still hold: the
-                    // erasure pass goes on with them.
-                    g.add_erase(&rec.erase);
-                    ctx.erase_groups.lock().insert(rec.group);
-                }
-                let mut ck = g.ckpt(&ctx.dirty);
-                ck.set_applied_lsn(rec.applied_lsn);
                 self.applied_lsn_max = self.applied_lsn_max.max(rec.applied_lsn);
-                ck.capture_once();
-                drop(ck);
-                self.current = Some(g);
+                self.current = Some(register_group(self.ctx, self.catalog, rec)?);
             }
             Item::MemberPut {
                 group,

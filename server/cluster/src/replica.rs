@@ -1123,6 +1123,18 @@ impl Driver {
         if !self.want_snapshot || self.awaiting.is_some() {
             return Ok(());
         }
+        // A snapshot holds every group: while the engine's saved state
+        // still loads in the background, the offer waits (asked again on
+        // the next turn).
+        let loading = self
+            .shared
+            .engine
+            .read()
+            .as_ref()
+            .is_some_and(|e| !e.state_load_settled());
+        if loading {
+            return Ok(());
+        }
         self.want_snapshot = false;
         let index = self.applied;
         let term =

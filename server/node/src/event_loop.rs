@@ -1280,7 +1280,13 @@ impl EventLoop {
         if self.loads.is_empty() {
             return;
         }
-        let due = take_settled(&mut self.loads, self.engine.settled_load());
+        let mut due = take_settled(&mut self.loads, self.engine.settled_load());
+        // Requests that need the whole state (UNREAD, SYNC, JOIN,
+        // CREATE_GROUP while the engine loads it) wait for its own ticket,
+        // which the worker's never reach.
+        if self.engine.state_load_settled() {
+            due.extend(self.loads.remove_entry(&tidemark_engine::STATE_TICKET));
+        }
         for conn in due.into_values().flatten() {
             if let Some(slot) = self.slot_mut(conn) {
                 slot.conn.load_settled();

@@ -88,8 +88,16 @@ impl<C: Copy + Eq + Hash> Subscriptions<C> {
         if self.through_members.is_empty() {
             return;
         }
-        for g in engine.unread(user) {
-            self.through_members.remove(&g.group_id);
+        // While the engine's state loads, a user's groups are not known
+        // yet (and never waited for here, on the event loop): every entry
+        // goes, a superset of those that can change.
+        match engine.try_unread(user) {
+            Ok(groups) => {
+                for g in groups {
+                    self.through_members.remove(&g.group_id);
+                }
+            }
+            Err(_) => self.through_members.clear(),
         }
     }
 

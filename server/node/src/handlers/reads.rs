@@ -235,7 +235,7 @@ fn unread_entry(u: &Unread) -> UnreadEntry {
 pub fn unread(ctx: &Ctx<'_>, request_id: u64, user: u64) -> Result<Outgoing, EngineError> {
     let list = ctx
         .engine
-        .unread(user)
+        .try_unread(user)?
         .into_iter()
         .map(|u| unread_entry(&u))
         .collect();
@@ -256,7 +256,7 @@ pub fn sync(
     // The groups SYNC lists: records above the cursor (4.14).
     let groups = ctx
         .engine
-        .unread(user)
+        .try_unread(user)?
         .iter()
         .filter(|u| u.head > u.cursor)
         .count();

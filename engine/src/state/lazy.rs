@@ -1,0 +1,653 @@
+//! Loading a checkpoint's state after the node listens (format-spec/
+//! storage.md section 11, "Loading in the background").
+//!
+//! Before the engine opens, recovery maps the manifest's run parts and
+//! checks every byte of them against its CRC ([`run::check_part_sums`]): a
+//! damaged part still rejects the checkpoint for the previous one, as a
+//! full load does. The journal tail is then replayed with every group it
+//! names taken from the runs on its own ([`find`]). After that the engine
+//! opens, and a loader thread registers the rest in key order
+//! ([`Pending::load_rest`]).
+//!
+//! One owner per group: a group is registered from the runs exactly once,
+//! either by the loader or by the first request (or replayed entry) that
+//! names it, which looks it up in the runs itself: one binary search of
+//! each part's block index and the blocks holding its items, merged with
+//! the usual masking (`merge.rs`). [`Progress`] says which: every group at
+//! or below `through` is the loader's (the catalog answers for it, also
+//! when it was deleted since), every group in `taken` is a request's (the
+//! loader skips it). The catalog alone answers once the load is done.
+//!
+//! Invariant: while a load is pending, nothing reads or changes a group
+//! but through [`find`] (the engine's `group`, replay, replicated rounds),
+//! and whatever needs every group or every membership of a user (UNREAD,
+//! SYNC, JOIN's per-user limit, creation's group count, checkpoints,
+//! snapshots) waits for the load to finish (`Engine::state_loaded`).
+//! Lock order: `Progress`, then the catalog, then the cursor table.
+//!
+//! A run whose CRCs held but whose items do not decode is a writer's bug:
+//! the load stops there, writes stop, and every group not yet registered
+//! answers `Corrupt` naming the part and offset; a full load at the next
+//! open falls back to the previous checkpoint.
+//!
+//! Costs: the parts stay mapped until the load ends (page cache, not
+//! heap); a lookup costs O(runs x log blocks) plus the blocks of its group;
+//! the loader costs what the load at open costs, on one core, in batches
+//! of [`BATCH_ITEMS`] items each registered under one catalog write lock.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use std::thread::JoinHandle;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::catalog::{Catalog, Unregistered};
+use crate::commit::context::Context;
+use crate::commit::thread::Shared;
+use crate::error::{Error, Result};
+use crate::group::{Group, LogSlot};
+use crate::members::cursors::CursorTable;
+use crate::members::membership::GroupMembers;
+use crate::state::checkpointer;
+use crate::state::manifest::RunMeta;
+use crate::state::merge::Merge;
+use crate::state::restore::{self, register_group};
+use crate::state::run::{self, PartMeta, RunItems};
+use crate::state::{GroupRecord, Item, Key};
+
+/// Items the loader registers under one catalog write lock: small enough
+/// that a request waits for it a few milliseconds at most.
+const BATCH_ITEMS: usize = 16 * 1024;
+
+/// A group's items in a checkpoint: its record and its member rows
+/// `(user, cursor, join_point, cursor-table shard of the user)`, users
+/// ascending (the shard is 0 where no one computed it).
+pub(crate) type GroupItems = (Box<GroupRecord>, Vec<(u64, u64, u64, usize)>);
+
+/// The state of a checkpoint not yet registered: its runs, mapped and
+/// checked, and who owns which group.
+pub(crate) struct Pending {
+    runs: Vec<RunMeta>,
+    maps: Vec<Vec<memmap2::Mmap>>,
+    progress: Mutex<Progress>,
+    /// Groups registered from now on with an `applied_lsn` at or above
+    /// this get it lowered to just below it (`recovery::lower_applied_lsns`,
+    /// group by group); `u64::MAX` until replay ends.
+    lower_from: AtomicU64,
+    /// `(seq, valid length)` of the replayed journal files written under
+    /// `never` or `interval`: a small group registered from now on loses
+    /// the records past them (`recovery::cut_small_groups_past_journal_ends`,
+    /// group by group). Set once, when replay ends.
+    cut_ends: Mutex<Vec<(u64, u64)>>,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// The loader registered every group at or below this id that the
+    /// runs hold and no request took.
+    through: Option<u64>,
+    /// Groups above `through` taken from the runs by a request (or found
+    /// absent there): the loader skips them.
+    taken: HashSet<u64>,
+    /// Why the load stopped: the items did not decode.
+    failed: Option<Located>,
+}
+
+/// Where a load that stopped found the damage.
+#[derive(Clone)]
+struct Located {
+    path: std::path::PathBuf,
+    offset: u64,
+    why: String,
+}
+
+impl Pending {
+    /// Maps the runs of a manifest and checks their checksums, every
+    /// byte; `Err` says why the checkpoint cannot be used (then recovery
+    /// names the damaged part and tries the previous one).
+    pub(crate) fn open(ctx: &Context, runs: &[RunMeta]) -> std::result::Result<Pending, String> {
+        let maps = runs
+            .iter()
+            .map(|r| checkpointer::map_run(ctx, r))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for (run, map) in runs.iter().zip(&maps) {
+            for (meta, bytes) in run.parts.iter().zip(map) {
+                run::check_part_sums(bytes, meta).map_err(|(offset, why)| {
+                    format!(
+                        "run {} part {} offset {offset}: {why}",
+                        meta.run_seq, meta.part
+                    )
+                })?;
+            }
+        }
+        Ok(Pending {
+            runs: runs.to_vec(),
+            maps,
+            progress: Mutex::new(Progress::default()),
+            lower_from: AtomicU64::new(u64::MAX),
+            cut_ends: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Replay ended: from now on, groups registered with an `applied_lsn`
+    /// at or above `next_lsn` get it lowered, and small groups lose their
+    /// records past `cut_ends`, as recovery does to the groups registered
+    /// so far.
+    pub(crate) fn after_replay(&self, next_lsn: u64, cut_ends: Vec<(u64, u64)>) {
+        self.lower_from.store(next_lsn, Ordering::Release);
+        *self.cut_ends.lock() = cut_ends;
+    }
+
+    fn slices(&self) -> Vec<Vec<&[u8]>> {
+        self.maps
+            .iter()
+            .map(|m| m.iter().map(|m| &m[..]).collect())
+            .collect()
+    }
+
+    /// The items the merge of every run yields for `group` (what a full
+    /// load registers for it), found through the block indexes.
+    fn group_items(&self, group: u64) -> std::result::Result<Option<GroupItems>, String> {
+        let slices = self.slices();
+        let parts: Vec<&[PartMeta]> = self.runs.iter().map(|r| &r.parts[..]).collect();
+        items_of_group(&slices, &parts, group)
+    }
+
+    /// The group `id` taken from the runs by a request: registered now
+    /// unless the loader or another request owns it (then the catalog
+    /// answers). The caller holds no catalog lock.
+    fn take_group(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        id: u64,
+    ) -> Result<Option<Arc<Group>>> {
+        let mut progress = self.progress.lock();
+        if let Some(at) = &progress.failed {
+            return Err(at.error(Some(id)));
+        }
+        if progress.through.is_some_and(|t| id <= t) || !progress.taken.insert(id) {
+            return Ok(catalog.read().get(id).cloned());
+        }
+        match self.group_items(id) {
+            Ok(None) => Ok(None),
+            Ok(Some((rec, members))) => {
+                let mut catalog = catalog.write();
+                let g = self
+                    .register(ctx, &mut catalog, rec)
+                    .map_err(|why| self.fail(ctx, &mut progress, why, Some(id)))?;
+                let head = g.head();
+                let mut list = Vec::with_capacity(members.len());
+                for (user, cursor, join_point, _) in members {
+                    let cursor = cursor.min(head);
+                    // A run's keys are unique: the user is not a member yet.
+                    let _ = cursors.insert(user, g.slot, cursor, join_point, None);
+                    list.push((user, cursor));
+                }
+                *g.members.lock() = GroupMembers::from_sorted(&list);
+                Ok(Some(g))
+            }
+            Err(why) => {
+                progress.taken.remove(&id);
+                Err(self.fail(ctx, &mut progress, why, Some(id)))
+            }
+        }
+    }
+
+    /// Registers every group no request took, in key order, `BATCH_ITEMS`
+    /// items at a time (decoded on a second thread, as the load at open
+    /// is: `restore::for_each_batch`); ends early (`Ok(false)`) once
+    /// `stop` says so.
+    pub(crate) fn load_rest(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<bool> {
+        let pause = std::time::Duration::from_millis(ctx.config.load_batch_pause_ms);
+        let mut batch: Vec<GroupItems> = Vec::new();
+        let mut items = 0;
+        // Why the registering side ended the merge: stopped, or an error
+        // already recorded (`fail`).
+        let mut ended: Option<Result<bool>> = None;
+        let mut install = |batch: Vec<GroupItems>| -> std::result::Result<(), String> {
+            std::thread::sleep(pause);
+            if stop() {
+                ended = Some(Ok(false));
+                return Err(String::new());
+            }
+            self.install(ctx, catalog, cursors, batch).map_err(|e| {
+                ended = Some(Err(e));
+                String::new()
+            })
+        };
+        let merged = restore::for_each_batch(ctx, cursors, &self.runs, |decoded| {
+            for (item, shard) in decoded {
+                if matches!(item, Item::GroupPut(_)) && items >= BATCH_ITEMS {
+                    install(std::mem::take(&mut batch))?;
+                    items = 0;
+                }
+                push_batch_item(&mut batch, item, shard)?;
+                items += 1;
+            }
+            Ok(())
+        })
+        .and_then(|()| install(batch));
+        if let Some(end) = ended {
+            return end;
+        }
+        if let Err(why) = merged {
+            let mut progress = self.progress.lock();
+            return Err(self.fail(ctx, &mut progress, why, None));
+        }
+        self.progress.lock().through = Some(u64::MAX);
+        Ok(true)
+    }
+
+    /// Registers a batch of whole groups (those no request took) and their
+    /// rows, visible to requests only once their rows are in the cursor
+    /// table (the catalog's write lock is held until then).
+    fn install(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        batch: Vec<GroupItems>,
+    ) -> Result<()> {
+        let Some(last) = batch.last().map(|(rec, _)| rec.group) else {
+            return Ok(());
+        };
+        let mut progress = self.progress.lock();
+        let mut cat = catalog.write();
+        let rows = batch.iter().map(|(_, m)| m.len()).sum();
+        let mut loader = cursors.loader(rows);
+        let mut list = Vec::new();
+        for (rec, members) in batch {
+            if progress.taken.remove(&rec.group) {
+                continue;
+            }
+            let id = rec.group;
+            let g = match self.register(ctx, &mut cat, rec) {
+                Ok(g) => g,
+                Err(why) => {
+                    drop(cat);
+                    return Err(self.fail(ctx, &mut progress, why, Some(id)));
+                }
+            };
+            let head = g.head();
+            list.clear();
+            for (user, cursor, join_point, shard) in members {
+                let cursor = cursor.min(head);
+                loader.push_in_shard(shard, user, g.slot, cursor, join_point);
+                list.push((user, cursor));
+            }
+            *g.members.lock() = GroupMembers::from_sorted(&list);
+        }
+        loader.finish();
+        progress.through = Some(last);
+        Ok(())
+    }
+
+    /// Registers one group's record: as the load at open, then the
+    /// lowering of its `applied_lsn` and the counts recovery keeps.
+    fn register(
+        &self,
+        ctx: &Context,
+        catalog: &mut Catalog,
+        rec: Box<GroupRecord>,
+    ) -> std::result::Result<Arc<Group>, String> {
+        let g = register_group(ctx, catalog, rec)?;
+        let from = self.lower_from.load(Ordering::Acquire);
+        {
+            let mut ck = g.ckpt(&ctx.dirty);
+            if ck.applied_lsn() >= from {
+                ck.set_applied_lsn(from.saturating_sub(1));
+                ctx.dirty.mark(&g, &mut ck);
+            }
+        }
+        {
+            let ends = self.cut_ends.lock();
+            if !ends.is_empty() {
+                if let Some(why) =
+                    crate::commit::small_log::cut_and_mark_past_journal_ends(ctx, &g, &ends)
+                {
+                    log::warn!("recovery cut small group {}: {why}", g.id);
+                }
+            }
+        }
+        let slot = g.log.read();
+        ctx.messages_stored
+            .fetch_add(slot.stored_messages(), Ordering::Relaxed);
+        if let LogSlot::Damaged { reason, .. } = &*slot {
+            log::error!("group {} is damaged: {reason}", g.id);
+            ctx.damaged_groups.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(slot);
+        Ok(g)
+    }
+
+    /// Records that the load stopped at items that do not decode, names
+    /// where, and returns the error every later lookup gets.
+    fn fail(
+        &self,
+        ctx: &Context,
+        progress: &mut Progress,
+        why: String,
+        group: Option<u64>,
+    ) -> Error {
+        let at = progress.failed.get_or_insert_with(|| {
+            let located = crate::state::damage::locate_run_damage(
+                &*ctx.vfs,
+                &ctx.config.data_dir,
+                &self.runs,
+            );
+            let at = match located {
+                Some(l) => Located {
+                    path: l.path,
+                    offset: l.offset,
+                    why: l.why,
+                },
+                None => Located {
+                    path: ctx.config.data_dir.join("state"),
+                    offset: 0,
+                    why,
+                },
+            };
+            log::error!(
+                "the checkpoint's state does not load: {} offset {}: {}; writes stop. \
+                 A restart loads the previous checkpoint",
+                at.path.display(),
+                at.offset,
+                at.why
+            );
+            at
+        });
+        at.error(group)
+    }
+}
+
+impl Unregistered for Pending {
+    fn take(
+        &self,
+        ctx: &Context,
+        catalog: &RwLock<Catalog>,
+        cursors: &CursorTable,
+        id: u64,
+    ) -> Result<Option<Arc<Group>>> {
+        self.take_group(ctx, catalog, cursors, id)
+    }
+}
+
+impl Located {
+    fn error(&self, group: Option<u64>) -> Error {
+        Error::Corrupt {
+            path: self.path.clone(),
+            group,
+            offset: self.offset,
+            reason: format!("the checkpoint's state does not load: {}", self.why),
+        }
+    }
+}
+
+/// The items the merge of runs (`slices[i]` the parts of the run
+/// `parts[i]` describes, newest first) yields for `group`: its record and
+/// member rows, or `None` if it has no record. The same merge as a full
+/// load's, over each run's items of that group only (masking is per
+/// group), each run read from the block its index says holds the group.
+pub(crate) fn items_of_group(
+    slices: &[Vec<&[u8]>],
+    parts: &[&[PartMeta]],
+    group: u64,
+) -> std::result::Result<Option<GroupItems>, String> {
+    let inputs: Vec<OfGroup<'_>> = slices
+        .iter()
+        .zip(parts)
+        .map(|(s, p)| OfGroup {
+            items: RunItems::from_key(s, p, Key::group(group)),
+            group,
+            done: false,
+        })
+        .collect();
+    let mut found: Option<GroupItems> = None;
+    for item in Merge::new(inputs, true) {
+        push_item(&mut found, item?)?;
+    }
+    Ok(found)
+}
+
+/// Registers the rest of a pending load now, on the calling thread, if
+/// one is pending (recovery, before passes over every group or a join's
+/// limit; it is no longer pending after). A failure refuses the open like
+/// a damaged checkpoint.
+pub(crate) fn finish_now(
+    ctx: &Context,
+    catalog: &RwLock<Catalog>,
+    cursors: &CursorTable,
+    pending: &mut Option<Arc<Pending>>,
+) -> Result<()> {
+    let Some(p) = pending.take() else {
+        return Ok(());
+    };
+    p.load_rest(ctx, catalog, cursors, &|| false)?;
+    catalog.write().set_pending(None);
+    Ok(())
+}
+
+/// Adds one merged item of one group to what was found of it.
+fn push_item(found: &mut Option<GroupItems>, item: Item) -> std::result::Result<(), String> {
+    match (item, found) {
+        (Item::GroupPut(rec), found @ None) => {
+            *found = Some((rec, Vec::new()));
+            Ok(())
+        }
+        (Item::GroupPut(rec), Some(_)) => Err(format!("group {} has two records", rec.group)),
+        (item, Some((_, members))) => push_row(members, item, 0),
+        (item, None) => Err(format!(
+            "member row of group {} without its record",
+            item.key().group
+        )),
+    }
+}
+
+/// Adds one merged item (a member row with its user's shard) to a batch
+/// of whole groups.
+fn push_batch_item(
+    batch: &mut Vec<GroupItems>,
+    item: Item,
+    shard: usize,
+) -> std::result::Result<(), String> {
+    let group = item.key().group;
+    match (item, batch.last_mut()) {
+        (Item::GroupPut(rec), _) => {
+            batch.push((rec, Vec::new()));
+            Ok(())
+        }
+        (item, Some((rec, members))) if rec.group == group => push_row(members, item, shard),
+        (_, _) => Err(format!("member row of group {group} without its record")),
+    }
+}
+
+/// Adds a member row (the only other kind a full merge yields) after the
+/// rows of its group so far.
+fn push_row(
+    members: &mut Vec<(u64, u64, u64, usize)>,
+    item: Item,
+    shard: usize,
+) -> std::result::Result<(), String> {
+    match item {
+        Item::MemberPut {
+            group,
+            user,
+            cursor,
+            join_point,
+        } => {
+            if members.last().is_some_and(|&(last, ..)| last >= user) {
+                return Err(format!("member rows of group {group} out of order"));
+            }
+            members.push((user, cursor, join_point, shard));
+            Ok(())
+        }
+        other => Err(format!("a full merge yielded {other:?}")),
+    }
+}
+
+/// One run's items of one group: those below its key skipped, the end at
+/// the first item of a later group.
+struct OfGroup<'a> {
+    items: RunItems<'a>,
+    group: u64,
+    done: bool,
+}
+
+impl Iterator for OfGroup<'_> {
+    type Item = std::result::Result<Item, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.items.next()? {
+                Ok(item) => {
+                    let group = item.key().group;
+                    if group < self.group {
+                        continue;
+                    }
+                    if group > self.group {
+                        self.done = true;
+                        return None;
+                    }
+                    return Some(Ok(item));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Starts the loader thread if the catalog holds a pending load (loading
+/// it here when no thread can be started). After it registered the last
+/// group, the catalog alone answers, captures and retention start, and the
+/// commit listeners are told (the server's parked requests run again).
+pub(crate) fn start_loader(
+    shared: &Arc<Shared>,
+    pending: Option<Arc<Pending>>,
+) -> Result<Option<JoinHandle<()>>> {
+    let Some(pending) = pending else {
+        return Ok(None);
+    };
+    shared.load.start();
+    let spare = pending.clone();
+    let run = {
+        let shared = shared.clone();
+        move || {
+            let s = &*shared;
+            // A panic of the loader (a bug) ends the load as damage would:
+            // waiters get an error instead of waiting for ever.
+            let guard = EndOnPanic(s);
+            let stop = || s.load.stopping();
+            #[cfg(test)]
+            hold::wait_while_held(&s.ctx.config.data_dir, &stop);
+            if stop() {
+                std::mem::forget(guard);
+                return;
+            }
+            match pending.load_rest(&s.ctx, &s.catalog, &s.cursors, &stop) {
+                Ok(true) => {
+                    s.catalog.write().set_pending(None);
+                    log::info!(
+                        "state loaded: {} groups, {} memberships",
+                        s.catalog.read().len(),
+                        s.cursors.memberships()
+                    );
+                    s.load.end(None, state_dir(s));
+                }
+                Ok(false) => {
+                    // Stopped: the engine is going away.
+                    std::mem::forget(guard);
+                    return;
+                }
+                Err(e) => {
+                    crate::commit::thread::stop_writes(s, &e);
+                    s.load.end(Some(&e), state_dir(s));
+                }
+            }
+            std::mem::forget(guard);
+            s.ckpt.cv.notify_all();
+            crate::commit::thread::worker_settled(s);
+        }
+    };
+    match std::thread::Builder::new()
+        .name("tidemark-load".into())
+        .spawn(run)
+    {
+        Ok(handle) => Ok(Some(handle)),
+        Err(e) => {
+            log::warn!("no loader thread ({e}): the state loads before the engine opens");
+            finish_now(
+                &shared.ctx,
+                &shared.catalog,
+                &shared.cursors,
+                &mut Some(spare),
+            )?;
+            shared.load.end(None, state_dir(shared));
+            Ok(None)
+        }
+    }
+}
+
+fn state_dir(shared: &Shared) -> std::path::PathBuf {
+    shared.ctx.config.data_dir.join("state")
+}
+
+/// Ends the load as stopped at damage if the loader thread unwinds.
+struct EndOnPanic<'a>(&'a Shared);
+
+impl Drop for EndOnPanic<'_> {
+    fn drop(&mut self) {
+        let e = Error::Corrupt {
+            path: state_dir(self.0),
+            group: None,
+            offset: 0,
+            reason: "the background load of the saved state panicked (a bug): restart \
+                     with --load-before-listening"
+                .into(),
+        };
+        crate::commit::thread::stop_writes(self.0, &e);
+        self.0.load.end(Some(&e), state_dir(self.0));
+        crate::commit::thread::worker_settled(self.0);
+    }
+}
+
+/// Tests: holds the loader of the engine opened on a data directory
+/// before its first batch, so that what requests do while a load is
+/// pending is deterministic.
+#[cfg(test)]
+pub(crate) mod hold {
+    use std::path::{Path, PathBuf};
+
+    use parking_lot::Mutex;
+
+    static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    pub(crate) fn hold(dir: &Path) {
+        HELD.lock().push(dir.to_path_buf());
+    }
+
+    pub(crate) fn release(dir: &Path) {
+        HELD.lock().retain(|d| d != dir);
+    }
+
+    pub(super) fn wait_while_held(dir: &Path, stop: &dyn Fn() -> bool) {
+        while HELD.lock().iter().any(|d| d == dir) && !stop() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The background load (`lazy.rs`) seen through the engine's API: with
+//! the loader held before its first batch, every group a request names is
+//! taken from the runs and answers exactly as after a full load; what
+//! needs the whole state waits; a deletion, a send and an ack made while
+//! the load is pending survive the load, a clean stop and a crash.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::state::lazy::hold;
+use crate::tests::payload;
+use crate::STATE_TICKET;
+use crate::{Config, Engine, Error, JoinStart};
+
+const GROUPS: u64 = 120;
+const USERS: u64 = 9;
+
+/// What a client can see of one group.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    head: u64,
+    records: Vec<(u64, Vec<u8>)>,
+    members: Vec<u64>,
+    cursors: Vec<(u64, u64)>,
+}
+
+fn config(dir: &Path, background: bool) -> Config {
+    let mut c = Config::new(dir);
+    // Some groups outgrow a small group (their records go to segments).
+    c.small_group_bytes_max = 4 << 10;
+    c.load_in_background = background;
+    c
+}
+
+/// Groups 1..=GROUPS with members and records (a few large enough for
+/// segments), acks, a leave, and two groups deleted; several checkpoints,
+/// so the state is in several runs.
+fn populate(e: &Engine) {
+    for g in 1..=GROUPS {
+        e.create_group(g).unwrap();
+        for u in 0..(g % USERS) {
+            e.join(g, u, JoinStart::Earliest).unwrap();
+        }
+        let count = if g % 17 == 0 { 60 } else { g % 5 };
+        for i in 1..=count {
+            e.append(g, 7, g * 1000 + i, &payload(g, i)).unwrap();
+        }
+        if g % 30 == 0 {
+            e.checkpoint().unwrap();
+        }
+    }
+    for g in (1..=GROUPS).step_by(3) {
+        let head = e.head(g).unwrap();
+        if g % USERS > 1 && head > 0 {
+            e.ack(g, 1, head.min(2)).unwrap();
+        }
+    }
+    e.leave(16, 2).unwrap();
+    e.delete_group(11).unwrap();
+    e.delete_group(44).unwrap();
+    e.checkpoint().unwrap();
+}
+
+fn read_all(e: &Engine, group: u64) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let b = e.read(group, after, 16, 1 << 20).unwrap();
+        for r in b.records() {
+            out.push((r.header.msg_id, r.payload().to_vec()));
+        }
+        if !b.has_more {
+            return out;
+        }
+        after = b.last_id;
+    }
+}
+
+fn seen(e: &Engine, group: u64) -> Option<Seen> {
+    let head = match e.head(group) {
+        Ok(h) => h,
+        Err(Error::GroupNotFound { .. }) => return None,
+        Err(other) => panic!("group {group}: {other}"),
+    };
+    let members = e.members(group).unwrap();
+    let cursors = members
+        .iter()
+        .map(|&u| (u, e.cursor(group, u).unwrap()))
+        .collect();
+    Some(Seen {
+        head,
+        records: read_all(e, group),
+        members,
+        cursors,
+    })
+}
+
+/// What every group id looks like (`None`: no such group).
+type Groups = BTreeMap<u64, Option<Seen>>;
+
+/// Each user's UNREAD: `(group, head, cursor)`.
+type Unreads = Vec<Vec<(u64, u64, u64)>>;
+
+fn everything(e: &Engine) -> Groups {
+    (0..=GROUPS + 2).map(|g| (g, seen(e, g))).collect()
+}
+
+fn unread_of_all(e: &Engine) -> Unreads {
+    (0..USERS)
+        .map(|u| {
+            e.unread(u)
+                .into_iter()
+                .map(|x| (x.group_id, x.head, x.cursor))
+                .collect()
+        })
+        .collect()
+}
+
+fn is_state_wait<T>(r: crate::Result<T>) -> bool {
+    matches!(r, Err(Error::NotReady { ticket, .. }) if ticket == STATE_TICKET)
+}
+
+/// A directory populated and stopped cleanly, with what a full load shows.
+fn stopped_dir(dir: &Path) -> (Groups, Unreads) {
+    let e = Engine::open(config(dir, false)).unwrap();
+    populate(&e);
+    e.close().unwrap();
+    let e = Engine::open(config(dir, false)).unwrap();
+    let expected = (everything(&e), unread_of_all(&e));
+    e.close().unwrap();
+    expected
+}
+
+#[test]
+fn every_group_answers_while_the_load_is_held_as_after_a_full_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (groups, unread) = stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    assert!(e.recovery_report().loading_in_background);
+    assert!(e.stats().state_loading);
+    // Only the groups with files were taken (by the sweep of `groups/`).
+    let with_files = (1..=GROUPS).filter(|g| g % 17 == 0).count() as u64;
+    assert_eq!(e.stats().groups, with_files);
+    // What needs every group waits for the load.
+    assert!(is_state_wait(e.try_unread(1)));
+    assert!(is_state_wait(e.submit_create_group(GROUPS + 5)));
+    assert!(is_state_wait(e.try_submit_join(5, 8, JoinStart::Head)));
+    assert!(is_state_wait(e.try_sync(1, 10, 1 << 20, None)));
+    // Every group, each taken from the runs by its first request.
+    assert_eq!(everything(&e), groups);
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
+    assert_eq!(unread_of_all(&e), unread, "UNREAD waits, then answers");
+    assert!(!e.stats().state_loading);
+    assert_eq!(everything(&e), groups);
+    e.close().unwrap();
+}
+
+#[test]
+fn changes_made_while_the_load_is_pending_survive_the_load_and_a_clean_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut groups, _) = stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    // Deleted, sent to, acked and left while no batch was loaded: the
+    // loader must not bring back what these changed.
+    e.delete_group(20).unwrap();
+    groups.insert(20, None);
+    let a = e.append(21, 7, 21_000_777, b"while loading").unwrap();
+    assert_eq!(a.msg_id, groups[&21].as_ref().unwrap().head + 1);
+    e.ack(24, 1, 3).unwrap();
+    e.leave(23, 0).unwrap();
+    hold::release(dir.path());
+    // Full load done (UNREAD waits for it).
+    e.unread(0);
+    assert_eq!(
+        seen(&e, 20),
+        None,
+        "a group deleted while loading stays deleted"
+    );
+    assert_eq!(e.head(21).unwrap(), a.msg_id);
+    assert_eq!(e.cursor(24, 1).unwrap(), 3);
+    assert!(!e.members(23).unwrap().contains(&0));
+    let now = everything(&e);
+    e.close().unwrap();
+    let e = Engine::open(config(dir.path(), false)).unwrap();
+    assert_eq!(everything(&e), now, "after a clean stop, loaded in full");
+    assert_eq!(now[&20], None);
+    e.close().unwrap();
+}
+
+#[test]
+fn a_crash_while_the_load_is_pending_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (groups, _) = stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    e.delete_group(30).unwrap();
+    let sent: Vec<(u64, u64)> = [31u64, 34, 51, 85]
+        .iter()
+        .map(|&g| {
+            (
+                g,
+                e.append(g, 7, g * 1000 + 999, &payload(g, 999))
+                    .unwrap()
+                    .msg_id,
+            )
+        })
+        .collect();
+    e.ack(32, 1, 1).unwrap();
+    e.flush_cursors().unwrap();
+    // The loader never ran a batch: a crash now.
+    e.simulate_crash();
+    hold::release(dir.path());
+    for background in [true, false] {
+        let e = Engine::open(config(dir.path(), background)).unwrap();
+        assert_eq!(seen(&e, 30), None, "the deletion was acknowledged");
+        for &(g, id) in &sent {
+            let records = read_all(&e, g);
+            assert_eq!(records.last(), Some(&(id, payload(g, 999))), "group {g}");
+        }
+        assert_eq!(e.cursor(32, 1).unwrap(), 1);
+        let untouched = [1u64, 2, 17, 50, 119];
+        for g in untouched {
+            assert_eq!(seen(&e, g), groups[&g], "group {g}");
+        }
+        e.simulate_crash();
+    }
+}
+
+#[test]
+fn the_journal_tail_is_replayed_into_the_groups_it_names_before_the_engine_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path(), false)).unwrap();
+    populate(&e);
+    // After the last checkpoint: sends, an ack and a deletion only in the
+    // journal.
+    let a = e.append(60, 7, 60_000_500, b"tail").unwrap();
+    e.ack(61, 1, 1).unwrap();
+    e.delete_group(62).unwrap();
+    e.simulate_crash();
+    // What a full load shows, on a copy (its open checkpoints the tail).
+    let copy = tempfile::tempdir().unwrap();
+    crate::tests::copy_dir(dir.path(), copy.path());
+    let expected = {
+        let e = Engine::open(config(copy.path(), false)).unwrap();
+        let all = everything(&e);
+        e.simulate_crash();
+        all
+    };
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    let report = e.recovery_report();
+    assert!(report.loading_in_background);
+    assert!(report.journal_entries_replayed > 0);
+    assert_eq!(e.head(60).unwrap(), a.msg_id);
+    assert_eq!(everything(&e), expected);
+    hold::release(dir.path());
+    e.close().unwrap();
+}
+
+#[test]
+fn a_join_in_the_journal_tail_loads_every_group_before_the_engine_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path(), false)).unwrap();
+    populate(&e);
+    e.join(70, 8, JoinStart::Head).unwrap();
+    e.simulate_crash();
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    hold::release(dir.path());
+    assert!(
+        !e.recovery_report().loading_in_background,
+        "a join's per-user limit needs every group of its user"
+    );
+    assert!(e.members(70).unwrap().contains(&8));
+    assert!(e.try_unread(8).is_ok());
+    e.close().unwrap();
+}
