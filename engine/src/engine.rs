@@ -241,11 +241,9 @@ impl Engine {
         // erase list) gets the erasure pass, which runs after a stored
         // checkpoint, soon after open even on a quiet node: the bound of
         // storage.md section 16 item 16 counts from here.
-        // So do groups registered by a background load (their erase lists
-        // are read as they come): a checkpoint follows the load at once.
-        let needs_checkpoint = recovered.needs_checkpoint
-            || !ctx.erase_groups.lock().is_empty()
-            || recovered.catalog.pending().is_some();
+        // (Groups a background load registers later with such a list ask
+        // for it when the load ends, `state::lazy::start_loader`.)
+        let needs_checkpoint = recovered.needs_checkpoint || !ctx.erase_groups.lock().is_empty();
         // Measured before the first send can arrive: starting from "plenty
         // free" would accept sends on a nearly full disk until the commit
         // thread's first measurement (a race seen as a flaky refusal test).

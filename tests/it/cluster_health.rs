@@ -472,7 +472,10 @@ fn a_forged_frame_from_an_authenticated_peer_is_counted_in_stats_and_metrics() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let stats: BTreeMap<String, u64> = c.stats().expect("STATS").into_iter().collect();
-    assert!(stats["raft.inbound.authenticated"] >= 3, "{stats:?}");
+    // This test's own connection at least; the set's other members
+    // connect to member 1 only when they have something to send it (the
+    // leader always, a follower when it campaigns).
+    assert!(stats["raft.inbound.authenticated"] >= 2, "{stats:?}");
     let info: BTreeMap<String, String> = c.info().expect("INFO").into_iter().collect();
     let metrics = samples(&http_get(&info["server.metrics_listen"], "/metrics"));
     assert_eq!(

@@ -568,6 +568,13 @@ pub(crate) fn start_loader(
                         s.cursors.memberships()
                     );
                     s.load.end(None, state_dir(s));
+                    // Recalled payloads the registered groups' segments may
+                    // still hold: the erasure pass runs after a stored
+                    // checkpoint, and its bound counts from the open.
+                    if !s.ctx.erase_groups.lock().is_empty() {
+                        s.pending.lock().checkpoint = true;
+                        s.pending_cv.notify_all();
+                    }
                 }
                 Ok(false) => {
                     // Stopped: the engine is going away.
