@@ -520,10 +520,13 @@ impl LiveLimits {
 }
 
 impl NodeConfig {
-    /// Defaults: data in `data_dir`, [`defaults::LISTEN`], fsync always.
+    /// Defaults: data in `data_dir`, [`defaults::LISTEN`], fsync always,
+    /// the saved state loaded in the background once the node listens
+    /// (format-spec/storage.md section 11, "Loading in the background").
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let mut engine = EngineConfig::new(data_dir);
         engine.fsync = FsyncPolicy::Always;
+        engine.load_in_background = true;
         NodeConfig {
             // Invariant: a literal address.
             listen: defaults::LISTEN
