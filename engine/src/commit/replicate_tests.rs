@@ -191,7 +191,12 @@ fn differential(seed: u64, steps: u64) {
     catch_up(&a, &b);
     // Rounds reached the follower (here or in a checkpoint step's catch-up:
     // some seeds ship everything there).
-    assert!(b.last_round() > 0, "seed {seed}: nothing was shipped");
+    // (A seed whose leader wrote no round at all ships nothing: found by
+    // CI, seed 8312197824839141437 with 60 steps.)
+    assert!(
+        a.last_round() == 0 || b.last_round() > 0,
+        "seed {seed}: nothing was shipped"
+    );
     assert_eq!(b.last_round(), a.last_round());
     let want = state_of(&a);
     assert_eq!(state_of(&b), want, "seed {seed}");
@@ -450,4 +455,12 @@ fn a_follower_remembers_what_each_replicated_key_was_for() {
         assert_eq!((dup.msg_id, dup.duplicate), (3, true));
     }
     assert_eq!(b.head(5).unwrap(), 3);
+}
+
+#[test]
+fn a_seed_whose_leader_creates_no_group_ships_nothing_and_still_matches() {
+    // Found by CI: none of this seed's 60 steps creates a group (one in
+    // ten does; about one seed in 550 has none), so the leader writes no
+    // round and there is nothing to ship.
+    differential(8312197824839141437, 60);
 }
