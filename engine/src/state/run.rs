@@ -972,17 +972,7 @@ impl<'a> PartReader<'a> {
         let first = read_key(&mut ir)?;
         self.block_at = off as u64;
         let b = &self.bytes[off..off + blen];
-        let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let len_field = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
-        let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if crc32fast::hash(&b[4..]) != stored {
-            return Err(format!("run block at offset {off}: checksum mismatch"));
-        }
-        if len_field != blen || count == 0 {
-            return Err(format!(
-                "run block at offset {off}: length {len_field}, {count} items"
-            ));
-        }
+        let count = check_block(b, off as u64)?;
         self.block = Reader::new(&b[BLOCK_HEADER_BYTES..]);
         self.block_left = count;
         self.next_block += 1;
@@ -1061,7 +1051,16 @@ impl Iterator for PartReader<'_> {
 /// checkpoint's file and offset with it.
 pub(crate) fn check_part(bytes: &[u8], meta: &PartMeta) -> Result<(), (u64, String)> {
     let trailer_at = bytes.len().saturating_sub(RUN_TRAILER_BYTES) as u64;
-    let mut r = open_as_named(bytes, meta)?;
+    read_to_last_key(open_as_named(bytes, meta)?, meta, trailer_at)
+}
+
+/// Reads `r`'s items to its end and checks the last key against the
+/// manifest's (`meta`): the end of [`check_part`] and [`check_part_sums`].
+fn read_to_last_key(
+    mut r: PartReader<'_>,
+    meta: &PartMeta,
+    trailer_at: u64,
+) -> Result<(), (u64, String)> {
     while let Some(item) = r.next() {
         if let Err(why) = item {
             return Err((r.block_at, why));
@@ -1071,6 +1070,26 @@ pub(crate) fn check_part(bytes: &[u8], meta: &PartMeta) -> Result<(), (u64, Stri
         return Err((trailer_at, "last key differs from the manifest".into()));
     }
     Ok(())
+}
+
+/// Checks a block (`b`, its index entry's bytes, at offset `off` of its
+/// part) against its header: the CRC of bytes 4.., the length field equal
+/// to the entry's, at least one item. Returns the item count. The index
+/// entry's length was checked to be at least the header's when the part
+/// was opened.
+fn check_block(b: &[u8], off: u64) -> Result<u32, String> {
+    let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let len_field = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+    let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+    if crc32fast::hash(&b[4..]) != stored {
+        return Err(format!("run block at offset {off}: checksum mismatch"));
+    }
+    if len_field != b.len() || count == 0 {
+        return Err(format!(
+            "run block at offset {off}: length {len_field}, {count} items"
+        ));
+    }
+    Ok(count)
 }
 
 /// Checks one part's checksums only, every byte of it, against what its
@@ -1086,32 +1105,12 @@ pub(crate) fn check_part_sums(bytes: &[u8], meta: &PartMeta) -> Result<(), (u64,
     let mut r = open_as_named(bytes, meta)?;
     for block in 0..r.blocks {
         let (off, len) = r.index_entry(block).map_err(|why| (trailer_at, why))?;
-        let b = &bytes[off as usize..][..len as usize];
-        let stored = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let len_field = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
-        let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
-        if crc32fast::hash(&b[4..]) != stored {
-            return Err((off, format!("run block at offset {off}: checksum mismatch")));
-        }
-        if len_field != len || count == 0 {
-            return Err((
-                off,
-                format!("run block at offset {off}: length {len_field}, {count} items"),
-            ));
-        }
+        check_block(&bytes[off as usize..][..len as usize], off).map_err(|why| (off, why))?;
     }
     // The last key: decode the last block alone.
     r.partial = true;
     r.next_block = r.blocks - 1;
-    while let Some(item) = r.next() {
-        if let Err(why) = item {
-            return Err((r.block_at, why));
-        }
-    }
-    if r.last_key() != Some(meta.last_key) {
-        return Err((trailer_at, "last key differs from the manifest".into()));
-    }
-    Ok(())
+    read_to_last_key(r, meta, trailer_at)
 }
 
 /// Opens a part and checks it is the one its manifest entry names (run,
