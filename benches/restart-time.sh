@@ -14,6 +14,10 @@
 #                      bash benches/restart-time.sh NEW /tmp/pop/tidemark-bench-*; done
 # A directory left by a SIGKILL times a crash restart the same way (the
 # copy replays its journal tail every time).
+# With JOIN_USER set (and GROUP, USER), the seconds to a JOIN of that new
+# user to GROUP answered follow the first PULL, and the node is then
+# killed (SIGKILL) without waiting for the end of the load: at 10 M
+# groups a full load takes minutes.
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -37,6 +41,14 @@ if [ -n "$GROUP" ]; then
     addr=$(sed -n 's/^tidemark listening on //p' "$WORK/out")
     "$BIN" pull --addr "$addr" --group "$GROUP" --user "$USER_ID" --no-ack --json >/dev/null
     pulled=$(date +%s.%N)
+    if [ -n "${JOIN_USER:-}" ]; then
+        "$BIN" join --addr "$addr" --group "$GROUP" --user "$JOIN_USER" --timeout-ms 3600000 >/dev/null
+        joined=$(date +%s.%N)
+        echo "$listening $(echo "$pulled - $start" | bc) $(echo "$joined - $start" | bc)"
+        kill -KILL "$pid"
+        wait "$pid" || true
+        exit 0
+    fi
     while "$BIN" stats --addr "$addr" --json | grep -q '"storage.state_loading":1'; do
         sleep 0.01
     done

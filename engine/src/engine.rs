@@ -413,7 +413,9 @@ impl Engine {
 
     /// Creates an empty group; returns when its creation is durable.
     pub fn create_group(&self, group_id: u64) -> Result<()> {
-        let ticket = self.submit_create_group(group_id)?;
+        // It may wait for a background load of the saved state
+        // ([`Engine::submit_create_group`] answers `NotReady` meanwhile).
+        let ticket = self.blocking(|| self.submit_create_group(group_id))?;
         self.wait_op(ticket).map(|_| ())
     }
 
@@ -421,16 +423,31 @@ impl Engine {
     /// none under the registry lock) and queues its creation; durable once
     /// the ticket's round completes. The creation itself makes no file:
     /// the commit thread makes the group's files when it applies its first
-    /// record. Appends may follow at once.
+    /// record. Appends may follow at once. While the saved state loads in
+    /// the background: `NotReady` with [`crate::STATE_TICKET`] if the
+    /// groups may be near `groups_max` (`commit/loading.rs`).
     pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
-        // `groups_max` counts every group.
-        self.whole_state()?;
-        let mut catalog = self.shared.catalog.write();
+        let s = &self.shared;
+        if s.load.loading() {
+            // The saved state may hold it: taken from the runs first (a
+            // lookup at or below the loader's position gets the catalog's
+            // answer, so the check below sees every group of that id).
+            crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)?;
+        }
+        let mut catalog = s.catalog.write();
         if catalog.contains(group_id) {
             return Err(Error::GroupExists { group: group_id });
         }
-        let max = self.shared.ctx.config.groups_max;
+        let max = s.ctx.config.groups_max;
+        // `groups_max` counts every group: while the state loads, the
+        // creation waits unless the load's bound decides it already.
+        if !s.load.admits_create(catalog.len(), max) {
+            drop(catalog);
+            return self
+                .whole_state()
+                .and_then(|()| self.submit_create_group(group_id));
+        }
         if catalog.len() >= max {
             return Err(Error::LimitExceeded {
                 what: "groups_max",

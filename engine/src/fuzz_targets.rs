@@ -637,6 +637,8 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         clean: false,
         runs,
         pinned: vec![1, 2],
+        groups_per_user_bound: Some(3),
+        groups_bound: Some(4),
     };
     out.push((
         "manifest_decode",

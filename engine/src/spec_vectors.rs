@@ -903,6 +903,8 @@ fn manifest_vector_matches_the_encoder_and_decodes_to_its_fields() {
             parts: vec![run_part_meta()],
         }],
         pinned: vec![1],
+        groups_per_user_bound: Some(5),
+        groups_bound: Some(2),
     };
     assert_eq!(manifest::encode(&m).unwrap(), v);
     assert_eq!(manifest::decode(&v).unwrap(), m);

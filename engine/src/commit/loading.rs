@@ -3,8 +3,10 @@
 //! "Loading in the background"), for the requests and threads that need
 //! every group: the flag they read, the wait, and their refusal meanwhile.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -26,6 +28,8 @@ pub(crate) struct LoadStatus {
     stop: AtomicBool,
     ended: Mutex<()>,
     ended_cv: Condvar,
+    /// How the limits are decided while the load runs (set by `start`).
+    limits: Mutex<Option<Arc<LimitsWhileLoading>>>,
 }
 
 impl LoadStatus {
@@ -65,7 +69,10 @@ impl LoadStatus {
     pub(crate) fn end(&self, failed: Option<&Error>, state_dir: PathBuf) {
         let _g = self.ended.lock();
         match failed {
-            None => self.loading.store(false, Ordering::Release),
+            None => {
+                self.loading.store(false, Ordering::Release);
+                *self.limits.lock() = None;
+            }
             Some(Error::Corrupt {
                 path,
                 group,
@@ -87,9 +94,100 @@ impl LoadStatus {
         self.stop.load(Ordering::Acquire)
     }
 
-    /// A load starts (before the engine's threads do).
-    pub(crate) fn start(&self) {
+    /// A load starts (before the engine's threads do); `limits` decides
+    /// joins and creations until it ends (replay's joins counted in it).
+    pub(crate) fn start(&self, limits: Arc<LimitsWhileLoading>) {
+        *self.limits.lock() = Some(limits);
         self.loading.store(true, Ordering::Release);
+    }
+
+    /// Whether a join of `user`, who has `registered` memberships in the
+    /// groups registered so far, may go on now: the state is whole, or
+    /// [`LimitsWhileLoading::admit`] proves it passes `groups_per_user_max`
+    /// (`limit`). `false`: it waits for the load.
+    pub(crate) fn admit_join(&self, user: u64, registered: usize, limit: usize) -> bool {
+        if !self.loading() {
+            return true;
+        }
+        let limits = self.limits.lock().clone();
+        limits.is_some_and(|l| l.admit_join(user, registered, limit))
+    }
+
+    /// Whether a group may be created now with `registered` groups
+    /// registered: the state is whole, or
+    /// [`LimitsWhileLoading::admits_create`] proves it passes
+    /// `groups_max` (`max`). `false`: it waits for the load.
+    pub(crate) fn admits_create(&self, registered: usize, max: usize) -> bool {
+        if !self.loading() {
+            return true;
+        }
+        let limits = self.limits.lock().clone();
+        limits.is_some_and(|l| l.admits_create(registered, max))
+    }
+}
+
+/// How the limits that count every group are decided before every group
+/// is registered: `groups_per_user_max` for a join, `groups_max` for a
+/// creation.
+///
+/// A join is refused when its user already has `groups_per_user_max`
+/// groups, and replay, a replica and the live node must all decide it as
+/// they would with every group registered. The manifest being loaded says
+/// no user had more than `groups_per_user_bound` groups in its state
+/// (storage.md section 6.3), and a group not yet registered is as the
+/// checkpoint left it. So when a join applies, its user has at most: the
+/// memberships registered now, plus the bound in groups still in the runs,
+/// plus the joins of that user admitted earlier and not yet applied. If
+/// that sum is below the limit, the join passes with every group
+/// registered too, and it is admitted now; otherwise it waits for the
+/// whole state, where the limit is counted exactly. The earlier joins are
+/// counted by user, never uncounted (an applied one is then counted
+/// twice: the sum only errs high). Counted only while the load runs.
+///
+/// A creation is checked when it is queued, under the registry's lock
+/// (never on replay): the groups are at most those registered plus the
+/// manifest's `groups_bound`.
+pub(crate) struct LimitsWhileLoading {
+    /// `None`: a manifest without bounds (version 2): every join and every
+    /// creation waits.
+    groups_per_user_bound: Option<u64>,
+    groups_bound: Option<u64>,
+    joins_admitted: Mutex<HashMap<u64, u64>>,
+}
+
+impl LimitsWhileLoading {
+    pub(crate) fn new(groups_per_user_bound: Option<u64>, groups_bound: Option<u64>) -> Self {
+        LimitsWhileLoading {
+            groups_per_user_bound,
+            groups_bound,
+            joins_admitted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether a join of `user`, with `registered` memberships registered
+    /// now, passes `limit` whatever the groups not yet registered hold; if
+    /// so it is counted for the user's later joins (type docs).
+    pub(crate) fn admit_join(&self, user: u64, registered: usize, limit: usize) -> bool {
+        let Some(bound) = self.groups_per_user_bound else {
+            return false;
+        };
+        let mut admitted = self.joins_admitted.lock();
+        let earlier = admitted.get(&user).copied().unwrap_or(0);
+        let most = (registered as u64)
+            .saturating_add(bound)
+            .saturating_add(earlier);
+        if most >= limit as u64 {
+            return false;
+        }
+        admitted.insert(user, earlier + 1);
+        true
+    }
+
+    /// Whether one more group passes `max` with `registered` groups
+    /// registered, whatever the runs still hold.
+    pub(crate) fn admits_create(&self, registered: usize, max: usize) -> bool {
+        self.groups_bound
+            .is_some_and(|bound| (registered as u64).saturating_add(bound) < max as u64)
     }
 }
 
@@ -106,5 +204,51 @@ pub(crate) fn whole_state(load: &LoadStatus) -> Result<()> {
             group: 0,
             ticket: STATE_TICKET,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_join_is_admitted_while_registered_plus_bound_plus_earlier_joins_stay_below_the_limit() {
+        let joins = LimitsWhileLoading::new(Some(3), None);
+        // 0 registered + 3 + 0 < 5, then 0 + 3 + 1 < 5, then 0 + 3 + 2 = 5.
+        assert!(joins.admit_join(1, 0, 5));
+        assert!(joins.admit_join(1, 0, 5));
+        assert!(!joins.admit_join(1, 0, 5));
+        // Counted per user; registered memberships count too.
+        assert!(joins.admit_join(2, 1, 5));
+        assert!(!joins.admit_join(3, 2, 5));
+        // Without a bound nothing is admitted.
+        assert!(!LimitsWhileLoading::new(None, Some(0)).admit_join(1, 0, usize::MAX));
+        // A bound at the top never overflows into an admission.
+        let top = LimitsWhileLoading::new(Some(u64::MAX), Some(u64::MAX));
+        assert!(!top.admit_join(1, 5, usize::MAX));
+        assert!(!top.admits_create(5, usize::MAX));
+    }
+
+    #[test]
+    fn a_creation_is_admitted_while_registered_plus_bound_stay_below_the_limit() {
+        let limits = LimitsWhileLoading::new(None, Some(3));
+        assert!(limits.admits_create(1, 5));
+        assert!(!limits.admits_create(2, 5));
+        assert!(!LimitsWhileLoading::new(Some(0), None).admits_create(0, usize::MAX));
+    }
+
+    #[test]
+    fn with_the_state_whole_every_join_goes_on() {
+        let status = LoadStatus::default();
+        assert!(status.admit_join(1, 10, 1));
+        assert!(status.admits_create(10, 1));
+        status.start(Arc::new(LimitsWhileLoading::new(Some(0), Some(0))));
+        assert!(!status.admit_join(1, 10, 1));
+        assert!(status.admit_join(1, 0, 1));
+        assert!(!status.admits_create(10, 1));
+        assert!(status.admits_create(0, 1));
+        status.end(None, PathBuf::new());
+        assert!(status.admit_join(1, 10, 1));
+        assert!(status.admits_create(10, 1));
     }
 }

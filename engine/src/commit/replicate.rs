@@ -131,20 +131,27 @@ impl Engine {
 
     /// While the checkpoint's state loads in the background: the groups a
     /// payload names are taken from the runs first (its checks read them
-    /// under the catalog's lock), and a payload with a join waits for the
-    /// whole load, since a join's per-user limit counts every group of
-    /// its user and must decide as the leader decided.
+    /// under the catalog's lock), and a payload with a join the load's
+    /// bound does not decide waits for the whole load, since a join's
+    /// per-user limit counts every group of its user and must decide as
+    /// the leader decided (`LimitsWhileLoading`).
     fn take_groups_of(&self, payload: &[u8]) -> Result<()> {
         if !self.shared.load.loading() {
             return Ok(());
         }
         let s = &self.shared;
-        let mut joins = false;
+        let limit = s.ctx.config.groups_per_user_max;
+        let mut wait = false;
         for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round) {
-            joins |= e.kind == EntryKind::Join;
             crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
+            if e.kind == EntryKind::Join && !wait {
+                // A body that does not decode is refused by the checks.
+                wait = body::decode_join(e.body).is_some_and(|(user, _)| {
+                    !s.load.admit_join(user, s.cursors.groups_of(user), limit)
+                });
+            }
         }
-        if joins {
+        if wait {
             s.load.wait_settled();
         }
         Ok(())

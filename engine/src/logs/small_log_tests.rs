@@ -562,17 +562,16 @@ fn age_retention_drops_every_old_record_of_a_small_group() {
     for i in 1..=4u64 {
         e.append(1, 7, i, &payload(1, i)).unwrap();
     }
-    e.set_retention(
-        1,
-        Retention {
-            max_age_ms: 50,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let max_age = |max_age_ms| Retention {
+        max_age_ms,
+        ..Default::default()
+    };
+    // A limit no record can reach while the test runs, however slowly.
+    e.set_retention(1, max_age(600_000)).unwrap();
     e.checkpoint().unwrap();
     assert_eq!(e.group_info(1).unwrap().floor, 1, "nothing is old yet");
     // The records' timestamps come from the clock; make them old.
+    e.set_retention(1, max_age(50)).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(120));
     e.checkpoint().unwrap();
     assert_eq!(e.group_info(1).unwrap().floor, 5);

@@ -124,6 +124,14 @@ pub struct CursorTable {
     /// three that add or drop one, so [`CursorTable::memberships`] is O(1)
     /// (STATS `storage.memberships`).
     len: AtomicU64,
+    /// At least as many as any user's memberships in the table, at any
+    /// time: raised to a user's count by every `insert` and [`Loader`]
+    /// that adds to it, never lowered (a removal only lowers a count), so
+    /// it is the most any user held since the table was made. Checkpoints
+    /// store it (format-spec/storage.md section 6.3,
+    /// `groups_per_user_bound`) so that a join can be decided before every
+    /// group of its user is loaded.
+    groups_per_user_high: AtomicU64,
 }
 
 const FLUSH_DIRTY: u64 = 1;
@@ -156,7 +164,29 @@ impl CursorTable {
             hasher: std::collections::hash_map::RandomState::new(),
             join_overflow: Mutex::new(HashMap::new()),
             len: AtomicU64::new(0),
+            groups_per_user_high: AtomicU64::new(0),
         }
+    }
+
+    /// No user has, or had since the table was made, more memberships in
+    /// the table than this.
+    pub fn groups_per_user_high(&self) -> u64 {
+        self.groups_per_user_high.load(Ordering::Acquire)
+    }
+
+    /// The user's memberships in the table now.
+    pub fn groups_of(&self, user: u64) -> usize {
+        let (index, hash) = self.locate(user);
+        let shard = self.shards[index].read();
+        shard.get(hash, user).map_or(0, |e| e.memberships.len())
+    }
+
+    /// A user's list grew to `len`: the high mark covers it. Called under
+    /// the user's shard lock, so a reader that sees the count through the
+    /// shard later sees the mark too.
+    fn raise_high(&self, len: usize) {
+        self.groups_per_user_high
+            .fetch_max(len as u64, Ordering::AcqRel);
     }
 
     /// Memberships in the table now. O(1).
@@ -262,6 +292,7 @@ impl CursorTable {
                 join_lo,
             },
         );
+        self.raise_high(v.len());
         self.len.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -666,6 +697,7 @@ impl CursorTable {
                 if v.len() > run.len() {
                     v.sort_unstable_by_key(|m| m.slot);
                 }
+                self.raise_high(v.len());
             }
             // Counted with them, under the shard's write lock (as `insert`).
             self.len.fetch_add(rows.len() as u64, Ordering::Relaxed);

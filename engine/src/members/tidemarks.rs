@@ -143,19 +143,31 @@ impl Engine {
     }
 
     /// Queues a join; the ticket's value is the member's cursor. A join
-    /// reads no file and builds no send state: it never waits for the disk.
+    /// reads no file and builds no send state: it never waits for the
+    /// disk. It may wait for a background load of the saved state to end
+    /// (its user may be near `groups_per_user_max`).
     pub fn submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
-        self.try_submit_join(group_id, user, start)
+        self.blocking(|| self.try_submit_join(group_id, user, start))
     }
 
-    /// [`Engine::submit_join`], the name the event loop's requests use: a
-    /// join never gets `NotReady`.
+    /// [`Engine::submit_join`] that never waits: `NotReady` with
+    /// [`crate::STATE_TICKET`] while the saved state loads and the load's
+    /// bound does not decide the join (`commit/loading.rs`).
     pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
-        // Its limit counts every group of the user.
-        self.whole_state()?;
         let group = self.group(group_id)?;
-        if let Some(c) = self.shared.cursors.get(user, group.slot) {
+        let cursors = &self.shared.cursors;
+        if let Some(c) = cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
+        }
+        // Its limit counts every group of the user: while the state loads,
+        // it waits unless the load's bound decides it already.
+        let limit = self.shared.ctx.config.groups_per_user_max;
+        if !self
+            .shared
+            .load
+            .admit_join(user, cursors.groups_of(user), limit)
+        {
+            self.whole_state()?;
         }
         self.check_writable()?;
         let assign = group.assign.lock();

@@ -113,6 +113,10 @@ pub struct ManifestInfo {
     pub replay_round: u64,
     pub runs: Vec<(u64, usize, u64, u64)>,
     pub pinned: Vec<u64>,
+    /// The manifest's bounds on any user's groups and on the groups
+    /// (`None`: unknown, a version 2 manifest).
+    pub groups_per_user_bound: Option<u64>,
+    pub groups_bound: Option<u64>,
 }
 
 /// One group as the checkpoint records it.
@@ -411,6 +415,8 @@ impl DataDir {
                 .map(|r| (r.run_seq, r.parts.len(), r.items(), r.bytes()))
                 .collect(),
             pinned: m.pinned.clone(),
+            groups_per_user_bound: m.groups_per_user_bound,
+            groups_bound: m.groups_bound,
         });
         let groups = self.groups.values().map(|g| self.group_info(g)).collect();
         Ok(Inspection {

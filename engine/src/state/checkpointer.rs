@@ -861,6 +861,11 @@ impl Checkpointer {
             clean: job.clean,
             runs,
             pinned: job.pinned,
+            // Read after the capture: both only rise, so they cover the
+            // captured state (captures wait for a background load, so
+            // every group and membership is registered).
+            groups_per_user_bound: Some(self.shared.cursors.groups_per_user_high()),
+            groups_bound: Some(self.shared.catalog.read().len_high() as u64),
         };
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;

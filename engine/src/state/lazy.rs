@@ -45,6 +45,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::catalog::{Catalog, Unregistered};
 use crate::commit::context::Context;
+use crate::commit::loading::LimitsWhileLoading;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
@@ -81,6 +82,9 @@ pub(crate) struct Pending {
     /// the records past them (`recovery::cut_small_groups_past_journal_ends`,
     /// group by group). Set once, when replay ends.
     cut_ends: Mutex<Vec<(u64, u64)>>,
+    /// How joins and creations are decided until the load ends (replay's,
+    /// then the engine's: `LoadStatus::start`).
+    limits: Arc<LimitsWhileLoading>,
 }
 
 #[derive(Default)]
@@ -107,7 +111,13 @@ impl Pending {
     /// Maps the runs of a manifest and checks their checksums, every
     /// byte; `Err` says why the checkpoint cannot be used (then recovery
     /// names the damaged part and tries the previous one).
-    pub(crate) fn open(ctx: &Context, runs: &[RunMeta]) -> std::result::Result<Pending, String> {
+    /// `limits` decide joins and creations meanwhile, from the manifest's
+    /// bounds.
+    pub(crate) fn open(
+        ctx: &Context,
+        runs: &[RunMeta],
+        limits: LimitsWhileLoading,
+    ) -> std::result::Result<Pending, String> {
         let maps = runs
             .iter()
             .map(|r| checkpointer::map_run(ctx, r))
@@ -128,7 +138,13 @@ impl Pending {
             progress: Mutex::new(Progress::default()),
             lower_from: AtomicU64::new(u64::MAX),
             cut_ends: Mutex::new(Vec::new()),
+            limits: Arc::new(limits),
         })
+    }
+
+    /// How joins and creations are decided while this load runs.
+    pub(crate) fn limits(&self) -> &LimitsWhileLoading {
+        &self.limits
     }
 
     /// Replay ended: from now on, groups registered with an `applied_lsn`
@@ -543,7 +559,7 @@ pub(crate) fn start_loader(
     let Some(pending) = pending else {
         return Ok(None);
     };
-    shared.load.start();
+    shared.load.start(pending.limits.clone());
     let spare = pending.clone();
     let run = {
         let shared = shared.clone();

@@ -144,8 +144,11 @@ fn every_group_answers_while_the_load_is_held_as_after_a_full_load() {
     assert_eq!(e.stats().groups, with_files);
     // What needs every group waits for the load.
     assert!(is_state_wait(e.try_unread(1)));
-    assert!(is_state_wait(e.submit_create_group(GROUPS + 5)));
-    assert!(is_state_wait(e.try_submit_join(5, 8, JoinStart::Head)));
+    // A saved group not yet registered exists for a creation.
+    assert!(matches!(
+        e.create_group(7),
+        Err(Error::GroupExists { group: 7 })
+    ));
     assert!(is_state_wait(e.try_sync(1, 10, 1 << 20, None)));
     // Every group, each taken from the runs by its first request.
     assert_eq!(everything(&e), groups);
@@ -260,8 +263,53 @@ fn the_journal_tail_is_replayed_into_the_groups_it_names_before_the_engine_opens
     e.close().unwrap();
 }
 
+/// The most groups any user of [`populate`] is in at once: user 0 is in
+/// every group with `g % USERS > 0` (107 of 120), before two of them are
+/// deleted.
+const USER_0_PEAK: usize = 107;
+/// User 0's groups once [`populate`] is done.
+const USER_0_GROUPS: usize = USER_0_PEAK - 2;
+
+fn config_with_limit(dir: &Path, background: bool, groups_per_user_max: usize) -> Config {
+    Config {
+        groups_per_user_max,
+        ..config(dir, background)
+    }
+}
+
+fn members_of(e: &Engine, groups: &[u64]) -> Vec<Vec<u64>> {
+    groups.iter().map(|&g| e.members(g).unwrap()).collect()
+}
+
+/// A checkpoint's manifest bounds every user's groups: the most any user
+/// held since the node opened (user 0's peak before two of its groups were
+/// deleted); an open counts it again from the memberships it loads.
 #[test]
-fn a_join_in_the_journal_tail_loads_every_group_before_the_engine_opens() {
+fn the_manifest_bounds_every_users_groups_and_an_open_counts_it_again() {
+    use crate::state::checkpoint_tests::{load_manifest, newest_manifest};
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config(dir.path(), false)).unwrap();
+    populate(&e);
+    let bound = |d: &Path| load_manifest(&newest_manifest(d)).groups_per_user_bound;
+    assert_eq!(bound(dir.path()), Some(USER_0_PEAK as u64));
+    e.close().unwrap();
+    for background in [false, true] {
+        let e = Engine::open(config(dir.path(), background)).unwrap();
+        e.join(9, 0, JoinStart::Head).unwrap();
+        e.close().unwrap();
+        assert_eq!(bound(dir.path()), Some(USER_0_GROUPS as u64 + 1));
+        let e = Engine::open(config(dir.path(), false)).unwrap();
+        e.leave(9, 0).unwrap();
+        e.close().unwrap();
+        assert_eq!(bound(dir.path()), Some(USER_0_GROUPS as u64 + 1));
+    }
+}
+
+/// A join in the journal tail whose user is far below the limit is
+/// decided with the groups registered so far: the open leaves the rest to
+/// the background load.
+#[test]
+fn a_join_the_bound_decides_leaves_the_state_loading_in_the_background() {
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(config(dir.path(), false)).unwrap();
     populate(&e);
@@ -269,12 +317,132 @@ fn a_join_in_the_journal_tail_loads_every_group_before_the_engine_opens() {
     e.simulate_crash();
     hold::hold(dir.path());
     let e = Engine::open(config(dir.path(), true)).unwrap();
-    hold::release(dir.path());
     assert!(
-        !e.recovery_report().loading_in_background,
-        "a join's per-user limit needs every group of its user"
+        e.recovery_report().loading_in_background,
+        "user 8 is in no group: no count of its groups can reach the limit"
     );
     assert!(e.members(70).unwrap().contains(&8));
-    assert!(e.try_unread(8).is_ok());
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
+    assert_eq!(e.unread(8).len(), 1);
+    e.close().unwrap();
+}
+
+/// Joins in the journal tail of a user at the limit: the live node took
+/// two and refused the third; replay must decide alike, so the bound
+/// cannot decide them and the open loads every group first.
+#[test]
+fn a_join_near_the_limit_in_the_journal_tail_is_decided_as_the_live_node_did() {
+    let limit = USER_0_PEAK;
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(config_with_limit(dir.path(), false, limit)).unwrap();
+    populate(&e);
+    e.join(9, 0, JoinStart::Head).unwrap();
+    e.join(18, 0, JoinStart::Head).unwrap();
+    assert!(matches!(
+        e.join(27, 0, JoinStart::Head),
+        Err(Error::LimitExceeded {
+            what: "groups_per_user_max",
+            ..
+        })
+    ));
+    let live = members_of(&e, &[9, 18, 27]);
+    e.simulate_crash();
+    hold::hold(dir.path());
+    let e = Engine::open(config_with_limit(dir.path(), true, limit)).unwrap();
+    hold::release(dir.path());
+    assert_eq!(
+        members_of(&e, &[9, 18, 27]),
+        live,
+        "replay decided otherwise"
+    );
+    assert!(
+        !e.recovery_report().loading_in_background,
+        "user 0's joins may meet its limit: every group of it comes first"
+    );
+    assert_eq!(e.unread(0).len(), limit);
+    e.close().unwrap();
+}
+
+/// A client's JOIN while the state loads: admitted at once when the bound
+/// proves its user below the limit, counting the joins admitted before it;
+/// otherwise it waits for the load, then is decided exactly.
+#[test]
+fn a_join_while_loading_waits_only_when_its_user_may_be_near_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    stopped_dir(dir.path());
+    // The open's count: user 0's groups now, below its peak.
+    let limit = USER_0_GROUPS + 2;
+    hold::hold(dir.path());
+    let e = Engine::open(config_with_limit(dir.path(), true, limit)).unwrap();
+    assert!(e.stats().state_loading);
+    // User 8 is in no group: 0 registered + the bound is below the limit.
+    e.join(5, 8, JoinStart::Head).unwrap();
+    // A second: 1 registered + the bound + 1 admitted before reaches it.
+    assert!(is_state_wait(e.try_submit_join(6, 8, JoinStart::Head)));
+    // User 0 is in the groups the sweep registered (those with files).
+    assert!(is_state_wait(e.try_submit_join(9, 0, JoinStart::Head)));
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
+    e.join(6, 8, JoinStart::Head).unwrap();
+    e.join(9, 0, JoinStart::Head).unwrap();
+    e.join(18, 0, JoinStart::Head).unwrap();
+    assert!(matches!(
+        e.join(27, 0, JoinStart::Head),
+        Err(Error::LimitExceeded {
+            what: "groups_per_user_max",
+            ..
+        })
+    ));
+    assert_eq!(e.unread(8).len(), 2);
+    e.close().unwrap();
+}
+
+/// A creation while the state loads: admitted at once when the groups
+/// registered plus the manifest's bound stay below `groups_max`, otherwise
+/// it waits for the load and is decided exactly; a saved group not yet
+/// registered exists for it, a deleted one does not.
+#[test]
+fn a_creation_while_loading_waits_only_when_the_groups_may_be_near_groups_max() {
+    let dir = tempfile::tempdir().unwrap();
+    stopped_dir(dir.path());
+    let saved = GROUPS as usize - 2;
+    let limit = saved + 12;
+    hold::hold(dir.path());
+    let e = Engine::open(Config {
+        groups_max: limit,
+        ..config(dir.path(), true)
+    })
+    .unwrap();
+    // The sweep registered the groups with files.
+    let registered = e.stats().groups as usize;
+    assert_eq!(registered, 7);
+    // Each is admitted while registered + the bound stays below the limit.
+    let admitted = limit - saved - registered;
+    // Deleted before the checkpoint: its id is free.
+    e.create_group(11).unwrap();
+    for g in 1..admitted as u64 {
+        e.submit_create_group(1_000 + g).unwrap();
+    }
+    assert!(is_state_wait(e.submit_create_group(2_000)));
+    assert!(matches!(
+        e.submit_create_group(8),
+        Err(Error::GroupExists { group: 8 })
+    ));
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
+    // Counted exactly now: the saved groups and the new ones.
+    let mut made = saved + admitted;
+    while made < limit {
+        e.create_group(2_000 + made as u64).unwrap();
+        made += 1;
+    }
+    assert!(matches!(
+        e.create_group(3_000),
+        Err(Error::LimitExceeded {
+            what: "groups_max",
+            ..
+        })
+    ));
     e.close().unwrap();
 }

@@ -14,10 +14,14 @@
 //!    parts: { item_count u64 | file_len u64 | trailer_crc u32 |
 //!    first_key (17) | last_key (17) } } |
 //!    pinned_count u32 | pinned: file id u64 (a journal file's seq, each
-//!    below replay_journal_seq, or 2^31 + a cold file's seq), ascending }`.
+//!    below replay_journal_seq, or 2^31 + a cold file's seq), ascending |
+//!    groups_per_user_bound u64 | groups_bound u64 }`.
 //! Version 2 added the pinned list (the journal files before the replay
-//! position that small groups' records are in, `pins.rs`); a version 1
-//! manifest is refused like any unsupported version.
+//! position that small groups' records are in, `pins.rs`); version 3 the
+//! bounds on any user's groups and on the groups (a join or a creation
+//! decided before every group is loaded, `commit/loading.rs`). Version 2
+//! is still read (the bounds unknown); a version 1 manifest is refused
+//! like any unsupported version.
 //!
 //! Its size grows with the number of run parts, not with the state; the
 //! reader refuses more than [`MANIFEST_BYTES_MAX`] and the encoder checks
@@ -31,7 +35,9 @@ use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs};
 
 pub(crate) const MANIFEST_MAGIC: [u8; 8] = *b"TDMKMANI";
-pub(crate) const MANIFEST_VERSION: u16 = 2;
+pub(crate) const MANIFEST_VERSION: u16 = 3;
+/// The version before `groups_per_user_bound`, still read.
+const MANIFEST_VERSION_UNBOUNDED: u16 = 2;
 pub(crate) const MANIFEST_HEADER_BYTES: usize = 32;
 /// The largest manifest a reader accepts and a writer writes.
 pub(crate) const MANIFEST_BYTES_MAX: u64 = 64 << 20;
@@ -81,6 +87,14 @@ pub(crate) struct Manifest {
     /// captured (`pins.rs`), as `FileId::raw` values, ascending: kept while
     /// this manifest is (journal files also before the replay position).
     pub pinned: Vec<u64>,
+    /// No user had more groups than this in the checkpoint's state
+    /// (`CursorTable::groups_per_user_high` when it was stored); `None`
+    /// in a version 2 manifest.
+    pub groups_per_user_bound: Option<u64>,
+    /// No more groups than this in the checkpoint's state
+    /// (`Catalog::len_high` when it was stored); `None` in a version 2
+    /// manifest.
+    pub groups_bound: Option<u64>,
 }
 
 pub(crate) fn manifest_dir(data_dir: &Path) -> PathBuf {
@@ -128,6 +142,11 @@ pub(crate) fn encode(m: &Manifest) -> Result<Vec<u8>, String> {
     for seq in &m.pinned {
         body.extend_from_slice(&seq.to_le_bytes());
     }
+    // A writer always knows them; `u64::MAX` stands for "unknown" (it
+    // admits nothing before the load ends) should one not.
+    for bound in [m.groups_per_user_bound, m.groups_bound] {
+        body.extend_from_slice(&bound.unwrap_or(u64::MAX).to_le_bytes());
+    }
     let total = (MANIFEST_HEADER_BYTES + body.len()) as u64;
     if total > MANIFEST_BYTES_MAX {
         return Err(format!(
@@ -166,11 +185,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     let reserved = h.u32()?;
     let body_len = h.u64()?;
     let body_crc = h.u32()?;
+    // Version 2 differs only by its missing bound: checked as it says.
+    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+    let bounded = version != MANIFEST_VERSION_UNBOUNDED;
     check_header(
         &bytes[..MANIFEST_HEADER_BYTES],
         "manifest",
         &MANIFEST_MAGIC,
-        MANIFEST_VERSION,
+        if bounded {
+            MANIFEST_VERSION
+        } else {
+            MANIFEST_VERSION_UNBOUNDED
+        },
         reserved == 0,
     )?;
     let body = &bytes[MANIFEST_HEADER_BYTES..];
@@ -270,9 +296,17 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         }
         pinned.push(id);
     }
+    let mut bound = || -> Result<Option<u64>, String> {
+        Ok(match bounded {
+            true => Some(r.u64()?).filter(|&b| b != u64::MAX),
+            false => None,
+        })
+    };
+    let groups_per_user_bound = bound()?;
+    let groups_bound = bound()?;
     if !r.is_empty() {
         return Err(format!(
-            "{} bytes after the manifest's pinned list",
+            "{} bytes after the manifest's last field",
             r.remaining()
         ));
     }
@@ -286,6 +320,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         clean,
         runs,
         pinned,
+        groups_per_user_bound,
+        groups_bound,
     })
 }
 
@@ -380,7 +416,61 @@ mod tests {
                 },
             ],
             pinned: vec![1, 3],
+            groups_per_user_bound: Some(41),
+            groups_bound: Some(40_000),
         }
+    }
+
+    /// `m` as a version 2 writer wrote it: without the bound.
+    fn as_version_2(m: &Manifest) -> Vec<u8> {
+        let mut bytes = encode(m).unwrap();
+        bytes.truncate(bytes.len() - 16);
+        bytes[8..10].copy_from_slice(&MANIFEST_VERSION_UNBOUNDED.to_le_bytes());
+        let body = &bytes[MANIFEST_HEADER_BYTES..];
+        let (body_len, body_crc) = (body.len() as u64, crc32fast::hash(body));
+        bytes[16..24].copy_from_slice(&body_len.to_le_bytes());
+        bytes[24..28].copy_from_slice(&body_crc.to_le_bytes());
+        let header_crc = crc32fast::hash(&bytes[..28]);
+        bytes[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        bytes
+    }
+
+    /// A directory written before the bounds existed still opens: its
+    /// manifests read with the bounds unknown (every join and creation
+    /// then waits for the whole state), and a version 3 reader does not
+    /// take a version 2 file's last pinned entries for bounds, nor the
+    /// reverse.
+    #[test]
+    fn a_version_2_manifest_reads_with_its_bound_unknown() {
+        let m = sample();
+        let old = as_version_2(&m);
+        let read = decode(&old).unwrap();
+        assert_eq!(
+            read,
+            Manifest {
+                groups_per_user_bound: None,
+                groups_bound: None,
+                ..m.clone()
+            }
+        );
+        // Version 2's length with version 3's number, and the reverse.
+        let mut short = old.clone();
+        short[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        let header_crc = crc32fast::hash(&short[..28]);
+        short[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        assert!(decode(&short).is_err());
+        let mut long = encode(&m).unwrap();
+        long[8..10].copy_from_slice(&MANIFEST_VERSION_UNBOUNDED.to_le_bytes());
+        let header_crc = crc32fast::hash(&long[..28]);
+        long[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        assert!(decode(&long).is_err());
+        // Unknown also when a writer did not know it.
+        let unknown = Manifest {
+            groups_per_user_bound: None,
+            groups_bound: None,
+            ..m
+        };
+        assert_eq!(decode(&encode(&unknown).unwrap()).unwrap(), unknown);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use crate::commit::journal::{
     self, EntryIter, EntryKind, FrameKind, Journal, JournalStart, JOURNAL_HEADER_BYTES,
     JOURNAL_VERSION,
 };
+use crate::commit::loading::LimitsWhileLoading;
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::io::Vfs;
@@ -554,6 +555,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             clean: false,
             runs: Vec::new(),
             pinned: Vec::new(),
+            groups_per_user_bound: Some(cursors.groups_per_user_high()),
+            groups_bound: Some(catalog.len_high() as u64),
         };
         manifest::store(vfs, &mdir, &m)?;
         on_disk.next_ckpt_seq = on_disk.next_ckpt_seq.saturating_add(1);
@@ -591,10 +594,19 @@ fn restore_or_defer(
     cursors: &CursorTable,
     m: &manifest::Manifest,
 ) -> std::result::Result<(u64, Option<Arc<lazy::Pending>>), String> {
+    // The slots the state needs at most, taken at once: grown one
+    // doubling at a time, the list would be copied under the registry's
+    // write lock while requests wait (a background load). Capped by
+    // `groups_max`: the bound is a figure a writer stored.
+    if let Some(bound) = m.groups_bound {
+        let cap = ctx.config.groups_max as u64;
+        catalog.reserve_slots(usize::try_from(bound.min(cap)).unwrap_or(0));
+    }
     if !ctx.config.load_in_background {
         return restore::restore_runs(ctx, catalog, cursors, m).map(|max| (max, None));
     }
-    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs)?);
+    let limits = LimitsWhileLoading::new(m.groups_per_user_bound, m.groups_bound);
+    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs, limits)?);
     catalog.set_pending(Some(pending.clone()));
     Ok((0, Some(pending)))
 }
@@ -1317,12 +1329,32 @@ impl Replay<'_> {
         }
     }
 
+    /// Whether a Join entry can be decided with the groups registered so
+    /// far, as it would be with every group (`LimitsWhileLoading`): with
+    /// no background load, or when the load's bound proves its user below
+    /// `groups_per_user_max`. A body that does not decode is decided by
+    /// the apply (which refuses it) and needs nothing loaded.
+    fn join_decidable_now(&self, entry: &journal::Entry<'_>) -> bool {
+        let pending = self.pending.borrow();
+        let Some(pending) = pending.as_ref() else {
+            return true;
+        };
+        let Some((user, _cursor)) = journal::body::decode_join(entry.body) else {
+            return true;
+        };
+        pending.limits().admit_join(
+            user,
+            self.st.cursors.groups_of(user),
+            self.st.ctx.config.groups_per_user_max,
+        )
+    }
+
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
-        if entry.kind == EntryKind::Join {
-            // A join's per-user limit counts every group of its user: the
-            // rest of a background load comes first.
+        if entry.kind == EntryKind::Join && !self.join_decidable_now(entry) {
+            // Its per-user limit may bind: it counts every group of its
+            // user, so the rest of a background load comes first.
             lazy::finish_now(
                 self.st.ctx,
                 self.st.catalog,

@@ -1281,8 +1281,9 @@ impl EventLoop {
             return;
         }
         let mut due = take_settled(&mut self.loads, self.engine.settled_load());
-        // Requests that need the whole state (UNREAD, SYNC, JOIN,
-        // CREATE_GROUP while the engine loads it) wait for its own ticket,
+        // Requests that need the whole state while the engine loads it
+        // (UNREAD, SYNC, a JOIN or CREATE_GROUP near its limit) wait for
+        // its own ticket,
         // which the worker's never reach.
         if self.engine.state_load_settled() {
             due.extend(self.loads.remove_entry(&tidemark_engine::STATE_TICKET));

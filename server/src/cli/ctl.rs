@@ -203,6 +203,8 @@ fn inspect(a: InspectArgs) -> Result<u8, String> {
                     "seq": r.0, "parts": r.1, "items": r.2, "bytes": r.3,
                 })).collect::<Vec<_>>(),
                 "pinned": m.pinned.iter().map(|&p| pinned_name(p)).collect::<Vec<_>>(),
+                "groups_per_user_bound": m.groups_per_user_bound,
+                "groups_bound": m.groups_bound,
             })),
             "rejected_manifests": i.rejected_manifests.iter().map(|(p, why)| json!({
                 "file": p.display().to_string(), "reason": why,
@@ -265,6 +267,12 @@ fn inspect(a: InspectArgs) -> Result<u8, String> {
                 let names: Vec<String> = m.pinned.iter().map(|&p| pinned_name(p)).collect();
                 s.push_str(&format!("  pinned: {}\n", names.join(", ")));
             }
+            let bound = |b: Option<u64>| b.map_or("unknown".to_string(), |b| b.to_string());
+            s.push_str(&format!(
+                "  at most {} groups, at most {} per user\n",
+                bound(m.groups_bound),
+                bound(m.groups_per_user_bound)
+            ));
         }
     }
     for (p, why) in &i.rejected_manifests {
