@@ -279,7 +279,9 @@ mod tests {
             worst = worst.max(SLOT_HASHES.with(|n| n.get()) - before);
         }
         assert_eq!(c.len(), GROUPS as usize);
-        let share = GROUPS / ID_SHARDS as u64;
+        // A 64th of the groups: fixed here, not read from ID_SHARDS, so
+        // that fewer shards fail the test.
+        let share = GROUPS / 64;
         assert!(
             worst <= 2 * share,
             "one insert rehashed {worst} slots (a shard holds about {share})"
