@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 pub const IDLE_GROUP_BYTES: u64 = 256;
 /// Resident bytes of one membership: 16 in the cursor table (plus the
 /// room of the user's range in its shard's store) and 8 in the group's
-/// member list (`user_lists.rs`, `membership.rs`): 30.0 measured since
+/// member list (`user_lists.rs`, `membership.rs`): 29.6 measured since
 /// the lists share one store per shard (37.3 when this figure was set; it
 /// keeps that margin).
 pub const MEMBERSHIP_BYTES: u64 = 40;
