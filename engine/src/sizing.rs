@@ -24,9 +24,10 @@ use std::sync::OnceLock;
 /// catalog entries (`catalog.rs`), an idle small group's extent list.
 pub const IDLE_GROUP_BYTES: u64 = 256;
 /// Resident bytes of one membership: 16 in the cursor table (plus the
-/// slack of the user's list and the allocator's size classes) and 8 in
-/// the group's member list (`cursors.rs`, `membership.rs`): 37.3 measured
-/// (the goal, 32, is not reached yet).
+/// room of the user's range in its shard's store) and 8 in the group's
+/// member list (`user_lists.rs`, `membership.rs`): 29.6 measured since
+/// the lists share one store per shard (37.3 when this figure was set; it
+/// keeps that margin).
 pub const MEMBERSHIP_BYTES: u64 = 40;
 /// Resident bytes of one user (a member of any group): its cursor-table
 /// hash entry at the map's load factor and its list's allocation.

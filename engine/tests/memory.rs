@@ -256,9 +256,10 @@ fn a_million_memberships_cost_under_32_bytes_each_and_their_checkpoint_under_160
 /// of 16,384): the worst case of a map whose buckets hold whole entries.
 /// It was 40.0 bytes a membership while such a group's list had a header
 /// and a tree slot of 96 bytes on top of its ids, and the shards' maps
-/// held 69 bytes per user.
+/// held 69 bytes per user; 31.1 while each user's list was a `Vec` of its
+/// own (a 32-byte entry per user, lists at their size class).
 #[test]
-fn memberships_of_small_groups_cost_under_32_bytes_each() {
+fn memberships_of_small_groups_cost_under_31_bytes_each() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const GROUPS: u64 = 100_000;
     const USERS: u64 = 240_000;
@@ -276,7 +277,7 @@ fn memberships_of_small_groups_cost_under_32_bytes_each() {
     let per_membership = (heap() - before) as f64 / memberships as f64;
     println!("{memberships} memberships of small groups: {per_membership:.1} bytes each");
     assert!(
-        per_membership < 32.0,
+        per_membership < 31.0,
         "{per_membership:.1} bytes per membership"
     );
 }

@@ -3,11 +3,11 @@
 //!
 //! Memory: a membership is 16 bytes here (cursor, group slot, join point)
 //! plus the 8-byte user id in the group's member list; see the bench
-//! `memberships` for the measured total. A user's list is sized to the
-//! allocator's size classes ([`list_capacity`]): it grows to the next
-//! class, so it is always in the smallest class that holds it and uses
-//! all of it (growing by a quarter of its length put a quarter of slack
-//! on top of the class's rounding). A shard's users
+//! `memberships` for the measured total. A shard's users' lists are
+//! ranges of one store, compacted when the room that moves and leaves
+//! left behind passes a bound ([`Shard`], `user_lists.rs`): not a block
+//! per user, whose growth through the allocator's size classes left
+//! freed blocks resident among live ones. A shard's users
 //! are a [`UserIndex`] (a dense list and a table of 4-byte indexes, not a
 //! map whose empty buckets hold whole entries). An ACK is a hash lookup, a binary
 //! search over the user's groups and one atomic compare-and-swap, plus a
@@ -49,67 +49,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::members::user_index::UserIndex;
+pub use crate::members::user_lists::InsertError;
+use crate::members::user_lists::{Membership, Shard};
 
 const SHARDS: usize = 64;
 /// `join_lo` value meaning "the join point is in the overflow map".
 const JOIN_OVERFLOW: u32 = u32::MAX;
 
-/// One membership, as the user's side holds it.
-#[repr(C)]
-struct Membership {
-    /// `cursor << 2 | checkpoint_dirty << 1 | flush_dirty`.
-    cursor: AtomicU64,
-    /// The group's slot (dense small integer standing for the group id).
-    slot: u32,
-    /// First msg_id this member may read in history, if it fits.
-    join_lo: u32,
-}
-
-#[derive(Default)]
-struct UserEntry {
-    /// Sorted by slot.
-    memberships: Vec<Membership>,
-}
-
-/// The capacity a user's list of at least `len` memberships takes: as
-/// many as fit the allocator's size class for `len` (mimalloc's, the
-/// binary's, and the common shape of others: 16-byte steps up to 64 bytes,
-/// then four classes per power of two), so the list uses the bytes the
-/// allocator hands out anyway.
-fn list_capacity(len: usize) -> usize {
-    const ENTRY: usize = std::mem::size_of::<Membership>();
-    let bytes = len * ENTRY;
-    let class = if bytes <= 64 {
-        bytes.next_multiple_of(16)
-    } else {
-        // For bytes in (2^k, 2^(k+1)]: steps of 2^(k-2).
-        bytes.next_multiple_of((bytes - 1).next_power_of_two() / 8)
-    };
-    class / ENTRY
-}
-
-impl UserEntry {
-    fn find(&self, slot: u32) -> Option<&Membership> {
-        let i = self
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?;
-        Some(&self.memberships[i])
-    }
-}
-
-/// Why a membership could not be added.
-#[derive(Debug, PartialEq, Eq)]
-pub enum InsertError {
-    AlreadyMember,
-    GroupsPerUserLimit { max: usize },
+/// The memberships of a user's list with `slot`.
+fn find(list: &[Membership], slot: u32) -> Option<&Membership> {
+    let i = list.binary_search_by_key(&slot, |m| m.slot).ok()?;
+    Some(&list[i])
 }
 
 /// The cursor table. Its shards are keyed by user id with std's randomly
 /// keyed SipHash (user ids come from clients).
 pub struct CursorTable {
-    shards: Vec<RwLock<UserIndex<UserEntry>>>,
+    shards: Vec<RwLock<Shard>>,
     /// By shard: the `(user, slot)` of every membership of the shard's
     /// users whose flush bit is set, one entry per raise of the bit, and
     /// of memberships that left since the last flush (module invariants).
@@ -178,7 +134,7 @@ impl CursorTable {
     pub fn groups_of(&self, user: u64) -> usize {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        shard.get(hash, user).map_or(0, |e| e.memberships.len())
+        shard.list(hash, user).map_or(0, <[Membership]>::len)
     }
 
     /// A user's list grew to `len`: the high mark covers it. Called under
@@ -261,38 +217,23 @@ impl CursorTable {
     ) -> Result<(), InsertError> {
         let (index, hash) = self.locate(user);
         let mut shard = self.shards[index].write();
-        let entry = shard.get_or_insert_with(hash, user, |u| self.hash(u), UserEntry::default);
-        let at = match entry.memberships.binary_search_by_key(&slot, |m| m.slot) {
-            Ok(_) => return Err(InsertError::AlreadyMember),
-            Err(at) => at,
-        };
-        if let Some(max) = groups_per_user_max.filter(|&max| entry.memberships.len() >= max) {
-            return Err(InsertError::GroupsPerUserLimit { max });
-        }
         let join_lo = match u32::try_from(join_point) {
             Ok(j) if j != JOIN_OVERFLOW => j,
-            _ => {
-                self.join_overflow.lock().insert((slot, user), join_point);
-                JOIN_OVERFLOW
-            }
+            _ => JOIN_OVERFLOW,
         };
-        // To the next size class (module docs): the list is always in the
-        // smallest class that holds it; classes are geometric (at least an
-        // eighth apart above 64 bytes), so the copies are amortised O(1).
-        let v = &mut entry.memberships;
-        if v.len() == v.capacity() {
-            v.reserve_exact(list_capacity(v.len() + 1) - v.len());
+        let m = Membership {
+            // Clean: the join entry (or the checkpoint) already holds it.
+            cursor: AtomicU64::new(cursor << SHIFT),
+            slot,
+            join_lo,
+        };
+        let len = shard.insert(hash, user, |u| self.hash(u), m, groups_per_user_max)?;
+        if join_lo == JOIN_OVERFLOW {
+            // Under the shard's write lock: no reader sees the membership
+            // before its record.
+            self.join_overflow.lock().insert((slot, user), join_point);
         }
-        v.insert(
-            at,
-            Membership {
-                // Clean: the join entry (or the checkpoint) already holds it.
-                cursor: AtomicU64::new(cursor << SHIFT),
-                slot,
-                join_lo,
-            },
-        );
-        self.raise_high(v.len());
+        self.raise_high(len);
         self.len.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -301,23 +242,12 @@ impl CursorTable {
     pub fn remove(&self, user: u64, slot: u32) -> Option<u64> {
         let (index, hash) = self.locate(user);
         let mut shard = self.shards[index].write();
-        let entry = shard.get_mut(hash, user)?;
-        let at = entry
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?;
         // A queued flush entry stays: the flush finds no membership (or a
         // clean one, joined again) and writes nothing for it.
-        let m = entry.memberships.remove(at);
+        let m = shard.remove(hash, user, slot, |u| self.hash(u))?;
         self.len.fetch_sub(1, Ordering::Relaxed);
         if m.join_lo == JOIN_OVERFLOW {
             self.join_overflow.lock().remove(&(slot, user));
-        }
-        if entry.memberships.is_empty() {
-            shard.remove(hash, user, |u| self.hash(u));
-        } else if entry.memberships.capacity() > entry.memberships.len() * 2 {
-            let len = entry.memberships.len();
-            entry.memberships.shrink_to(list_capacity(len));
         }
         Some(m.cursor.load(Ordering::Acquire) >> SHIFT)
     }
@@ -325,8 +255,7 @@ impl CursorTable {
     pub fn get(&self, user: u64, slot: u32) -> Option<MemberCursor> {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(hash, user)?;
-        let m = entry.find(slot)?;
+        let m = find(shard.list(hash, user)?, slot)?;
         Some(MemberCursor {
             slot,
             cursor: m.cursor.load(Ordering::Acquire) >> SHIFT,
@@ -342,16 +271,13 @@ impl CursorTable {
     pub fn raise_join_point(&self, user: u64, slot: u32, join_point: u64) -> Option<u64> {
         let (index, hash) = self.locate(user);
         let mut shard = self.shards[index].write();
-        let entry = shard.get_mut(hash, user)?;
-        let at = entry
-            .memberships
-            .binary_search_by_key(&slot, |m| m.slot)
-            .ok()?;
-        let old = self.join_point(user, &entry.memberships[at]);
+        let list = shard.list_mut(hash, user)?;
+        let at = list.binary_search_by_key(&slot, |m| m.slot).ok()?;
+        let old = self.join_point(user, &list[at]);
         if join_point <= old {
             return Some(old);
         }
-        let m = &mut entry.memberships[at];
+        let m = &mut list[at];
         let mut overflow = self.join_overflow.lock();
         match u32::try_from(join_point) {
             Ok(j) if j != JOIN_OVERFLOW => {
@@ -371,8 +297,7 @@ impl CursorTable {
     pub fn take_for_checkpoint(&self, user: u64, slot: u32) -> Option<MemberCursor> {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(hash, user)?;
-        let m = entry.find(slot)?;
+        let m = find(shard.list(hash, user)?, slot)?;
         let v = m.cursor.fetch_and(!CKPT_DIRTY, Ordering::AcqRel);
         Some(MemberCursor {
             slot,
@@ -387,8 +312,7 @@ impl CursorTable {
     pub fn advance(&self, user: u64, slot: u32, msg_id: u64) -> Option<Moved> {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(hash, user)?;
-        let m = entry.find(slot)?;
+        let m = find(shard.list(hash, user)?, slot)?;
         let seen = m.cursor.load(Ordering::Acquire);
         Some(self.raise(index, user, slot, m, seen, msg_id))
     }
@@ -444,8 +368,7 @@ impl CursorTable {
     pub fn advance_if_at(&self, user: u64, slot: u32, expected: u64, msg_id: u64) -> Option<bool> {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(hash, user)?;
-        let m = entry.find(slot)?;
+        let m = find(shard.list(hash, user)?, slot)?;
         let current = m.cursor.load(Ordering::Acquire);
         if current >> SHIFT != expected {
             return None;
@@ -468,8 +391,8 @@ impl CursorTable {
     pub fn for_each_of_user(&self, user: u64, mut f: impl FnMut(u32, u64)) {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        if let Some(entry) = shard.get(hash, user) {
-            for m in &entry.memberships {
+        if let Some(list) = shard.list(hash, user) {
+            for m in list {
                 f(m.slot, m.cursor.load(Ordering::Acquire) >> SHIFT);
             }
         }
@@ -497,8 +420,8 @@ impl CursorTable {
             for (user, slot) in queued {
                 // A membership that left since its move is gone (or, joined
                 // again, clean: its bit is down and nothing is written).
-                let found = shard.get(self.hash(user), user);
-                let Some(m) = found.and_then(|e| e.find(slot)) else {
+                let found = shard.list(self.hash(user), user);
+                let Some(m) = found.and_then(|list| find(list, slot)) else {
                     continue;
                 };
                 let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
@@ -517,8 +440,7 @@ impl CursorTable {
     pub fn restore(&self, user: u64, slot: u32, cursor: u64) -> Option<Moved> {
         let (index, hash) = self.locate(user);
         let shard = self.shards[index].read();
-        let entry = shard.get(hash, user)?;
-        let m = entry.find(slot)?;
+        let m = find(shard.list(hash, user)?, slot)?;
         let mut current = m.cursor.load(Ordering::Acquire);
         loop {
             let old = current >> SHIFT;
@@ -555,8 +477,8 @@ impl CursorTable {
     pub fn clamp_all(&self, head_of: impl Fn(u32) -> u64, mut moved: impl FnMut(u32, u64, u64)) {
         for (index, shard) in self.shards.iter().enumerate() {
             let shard = shard.read();
-            for (user, entry) in shard.iter() {
-                for m in &entry.memberships {
+            for (user, list) in shard.iter() {
+                for m in list {
                     let head = head_of(m.slot);
                     let v = m.cursor.load(Ordering::Acquire);
                     if v >> SHIFT > head {
@@ -587,14 +509,22 @@ impl CursorTable {
             + self
                 .shards
                 .iter()
-                .map(|s| {
-                    let s = s.read();
-                    s.heap_bytes()
-                        + s.values()
-                            .map(|e| e.memberships.capacity() * std::mem::size_of::<Membership>())
-                            .sum::<usize>()
-                })
+                .map(|s| s.read().heap_bytes())
                 .sum::<usize>()
+    }
+
+    /// Compacts the shards whose lists hold more than a little room (a
+    /// thirty-second of their store, `user_lists.rs`), one shard at a
+    /// time: for the checkpoint thread, after the bursts it stores, so an
+    /// idle table holds its memberships nearly without room. A shard in
+    /// use (its lock taken) is left to the next call: this never waits.
+    /// Amortised O(1) per join and leave since the last compaction.
+    pub fn compact_lists(&self) {
+        for shard in &self.shards {
+            if let Some(mut shard) = shard.try_write() {
+                shard.compact_if_slack();
+            }
+        }
     }
 }
 
@@ -678,26 +608,20 @@ impl CursorTable {
             // guess from the rows alone would over-reserve buckets that the
             // inserts then touch, page by page.
             let rehash = |u| self.hash(u);
-            map.reserve(rows.chunk_by(|a, b| a.user == b.user).count(), rehash);
+            let users = rows.chunk_by(|a, b| a.user == b.user).count();
+            map.reserve_for(users, rows.len(), rehash);
             for run in rows.chunk_by(|a, b| a.user == b.user) {
                 let user = run[0].user;
-                let entry =
-                    map.get_or_insert_with(self.hash(user), user, rehash, UserEntry::default);
-                let v = &mut entry.memberships;
-                // At its size class (module docs): a later join fills it.
-                v.reserve_exact(list_capacity(v.len() + run.len()) - v.len());
-                v.extend(run.iter().map(|r| Membership {
+                // A user who had memberships before the load (none in
+                // recovery) keeps one sorted list.
+                let add = run.iter().map(|r| Membership {
                     // Clean: the checkpoint holds it.
                     cursor: AtomicU64::new(r.cursor << SHIFT),
                     slot: r.slot,
                     join_lo: r.join_lo,
-                }));
-                // A user who had memberships before the load (none in
-                // recovery) keeps one sorted list.
-                if v.len() > run.len() {
-                    v.sort_unstable_by_key(|m| m.slot);
-                }
-                self.raise_high(v.len());
+                });
+                let len = map.extend(self.hash(user), user, rehash, add);
+                self.raise_high(len);
             }
             // Counted with them, under the shard's write lock (as `insert`).
             self.len.fetch_add(rows.len() as u64, Ordering::Relaxed);
@@ -715,52 +639,6 @@ mod tests {
     #[test]
     fn membership_is_sixteen_bytes() {
         assert_eq!(std::mem::size_of::<Membership>(), 16);
-    }
-
-    /// A user's list takes whole size classes of the allocator as it
-    /// grows and shrinks: every capacity fills its class, and the class is
-    /// the smallest that holds the list (shrunk once below half of it).
-    /// Growing by a quarter of the length alone left lists between the
-    /// classes (51 memberships of 16 bytes: 816 bytes in an 896-byte class).
-    #[test]
-    fn a_users_list_fills_the_size_classes_it_takes() {
-        let t = CursorTable::new();
-        let capacity = |user: u64| {
-            let (index, hash) = t.locate(user);
-            let shard = t.shards[index].read();
-            shard
-                .get(hash, user)
-                .map_or(0, |e| e.memberships.capacity())
-        };
-        let in_class = |cap: usize| list_capacity(cap) == cap;
-        for slot in 0..3_000u32 {
-            t.insert(1, slot, 0, 1, None).unwrap();
-            let (len, cap) = (slot as usize + 1, capacity(1));
-            assert!(
-                in_class(cap),
-                "{len} memberships: capacity {cap} is between classes"
-            );
-            assert_eq!(
-                cap,
-                list_capacity(len),
-                "{len} memberships: not the smallest class"
-            );
-        }
-        for slot in (100..3_000u32).rev() {
-            t.remove(1, slot);
-            let (len, cap) = (slot as usize, capacity(1));
-            assert!(
-                in_class(cap),
-                "{len} memberships: capacity {cap} is between classes"
-            );
-            assert!(cap <= 2 * len.max(2), "{len} memberships: capacity {cap}");
-        }
-        // The classes: 16-byte steps to 64 bytes, then four per power of two.
-        let classes: Vec<usize> = (1..=40).filter(|&c| in_class(c)).map(|c| c * 16).collect();
-        assert_eq!(
-            classes,
-            [16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640]
-        );
     }
 
     #[test]
@@ -885,7 +763,7 @@ mod tests {
         let raise_from_stale = |seen: u64, msg_id: u64| {
             let (index, hash) = t.locate(1);
             let shard = t.shards[index].read();
-            let m = shard.get(hash, 1).unwrap().find(1).unwrap();
+            let m = find(shard.list(hash, 1).unwrap(), 1).unwrap();
             t.raise(index, 1, 1, m, seen, msg_id)
         };
         let stale = 0;

@@ -13,3 +13,4 @@ mod read_counts;
 pub(crate) mod tidemark_tests;
 pub(crate) mod tidemarks;
 mod user_index;
+mod user_lists;

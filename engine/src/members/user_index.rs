@@ -123,8 +123,13 @@ impl<V> UserIndex<V> {
         self.entries.iter().map(|(user, value)| (*user, value))
     }
 
+    #[cfg(test)]
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.entries.iter().map(|(_, value)| value)
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.entries.iter_mut().map(|(_, value)| value)
     }
 
     /// Heap bytes of the index and the list (not what the values hold).

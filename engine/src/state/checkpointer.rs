@@ -884,6 +884,10 @@ impl Checkpointer {
         self.release(ctx);
         // Then small groups' records out of files they alone keep.
         self.reclaim();
+        // Then the room a burst of joins and leaves left in the users'
+        // lists of memberships (stored now, so the lists stay as they are
+        // until the next burst).
+        self.shared.cursors.compact_lists();
         // Then recalled messages out of large groups' segments.
         let shared = &self.shared;
         let load = |g: &Arc<Group>| crate::commit::worker_jobs::queue_load(shared, g);
