@@ -358,9 +358,12 @@ impl Engine {
     /// finds its group here, so a pending delete looks the same to all.
     pub(crate) fn group(&self, group_id: u64) -> Result<Arc<Group>> {
         let s = &self.shared;
-        crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)?
-            .filter(|g| !g.is_deleting())
-            .ok_or(Error::GroupNotFound { group: group_id })
+        // The error is made only when returned (it has drop glue: made
+        // eagerly, it would be built and dropped on every found group).
+        match crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)? {
+            Some(g) if !g.is_deleting() => Ok(g),
+            _ => Err(Error::GroupNotFound { group: group_id }),
+        }
     }
 
     /// `Ok` once every group and membership of the checkpoint is

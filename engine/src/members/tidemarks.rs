@@ -385,14 +385,12 @@ impl Engine {
         }
         // The members lock spans the move (membership.rs invariant).
         let mut members = group.members.lock();
-        let m = self
-            .shared
-            .cursors
-            .advance(user, group.slot, msg_id)
-            .ok_or(Error::NotMember {
+        let Some(m) = self.shared.cursors.advance(user, group.slot, msg_id) else {
+            return Err(Error::NotMember {
                 group: group_id,
                 user,
-            })?;
+            });
+        };
         if m.new != m.old {
             members.advance(m.old, m.new);
             self.shared.counters.acks.fetch_add(1, Ordering::Relaxed);

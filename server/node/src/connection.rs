@@ -412,8 +412,11 @@ impl Connection {
             tidemark_protocol::set_version(&mut head, self.session.version);
         }
         self.out.push(OutChunk::Bytes(head));
-        for c in out.chunks {
-            self.out.push(OutChunk::Records(c));
+        // Most responses (ACK's, SEND's...) carry no records.
+        if !out.chunks.is_empty() {
+            for c in out.chunks {
+                self.out.push(OutChunk::Records(c));
+            }
         }
         true
     }
@@ -575,7 +578,7 @@ impl Connection {
             }
             // A frame of another version than the connection's (1 until
             // HELLO chose one) is fatal (format-spec/protocol.md 7).
-            Ok(Some(frame)) if frame.header.version != self.session.version => {
+            Ok(Some(ref frame)) if frame.header.version != self.session.version => {
                 let id = frame.header.request_id;
                 let out = outgoing::error(
                     id,
@@ -588,17 +591,19 @@ impl Connection {
                 );
                 (id, None, Err(Stop::Fatal(out)))
             }
-            Ok(Some(frame)) => {
+            Ok(Some(ref frame)) => {
                 let id = frame.header.request_id;
-                match decode_request(&frame) {
-                    Err(de) => {
+                // Matched in place, by reference: the decoded request is
+                // read where it was decoded, not moved (nor is the frame).
+                match decode_request(frame) {
+                    Err(ref de) => {
                         let detail =
                             (de.error_code() == ErrorCode::UnsupportedVersion).then_some(1);
                         let out = outgoing::error(id, de.error_code(), detail, &de.to_string());
                         (id, None, Err(Stop::Fatal(out)))
                     }
-                    Ok(req) => {
-                        args = Summary::of_request(&req);
+                    Ok(ref req) => {
+                        args = Summary::of_request(req);
                         (id, Some(req.opcode()), self.session.handle(ctx, id, req))
                     }
                 }
@@ -637,7 +642,7 @@ impl Connection {
         request_id: u64,
         req: Request<'_>,
     ) -> Result<Action, Stop> {
-        self.session.handle(ctx, request_id, req)
+        self.session.handle(ctx, request_id, &req)
     }
 
     /// A connection past its handshake, for tests of the handlers.
@@ -684,7 +689,7 @@ impl Session {
     /// this connection's own state); the requests that may stay in flight
     /// go through the in-flight limit (1.5) first and are counted when
     /// they park.
-    fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: Request<'_>) -> Result<Action, Stop> {
+    fn handle(&mut self, ctx: &mut Ctx<'_>, id: u64, req: &Request<'_>) -> Result<Action, Stop> {
         ctx.version = self.version;
         if ctx.shutting_down {
             return Ok(answer(outgoing::error(
@@ -696,7 +701,7 @@ impl Session {
         }
         // The handshake gate. Nothing parks before READY, so the in-flight
         // limit below never refuses a request the gate would.
-        let refused = match (&req, self.phase) {
+        let refused = match (req, self.phase) {
             (Request::Hello { .. }, Phase::AwaitHello) => None,
             (Request::Hello { .. }, _) => {
                 let out = outgoing::error(id, ErrorCode::BadFrame, None, "a second HELLO");
@@ -715,7 +720,7 @@ impl Session {
         // group of another set is refused on every member of this one, so
         // a client goes straight to the right set (a follower knows the
         // map as well as its leader does). Nothing of the request is done.
-        if let Some(wrong) = ctx.shards.and_then(|m| m.foreign(&req).map(|w| (m, w))) {
+        if let Some(wrong) = ctx.shards.and_then(|m| m.foreign(req).map(|w| (m, w))) {
             let (map, wrong) = wrong;
             return Ok(answer(handlers::wrong_set(id, map, &wrong)));
         }
@@ -735,7 +740,7 @@ impl Session {
         // `ack_up_to`): on a replica set its answer waits for a Cursors
         // round (`hold_for_cursors`).
         let moves_cursor = matches!(req, Request::Ack { .. } | Request::BatchAck { .. })
-            || matches!(req, Request::Pull { ack_up_to, .. } if ack_up_to > 0);
+            || matches!(req, Request::Pull { ack_up_to, .. } if *ack_up_to > 0);
         // Refused at once, not run, while `requests_in_flight_max` are in
         // flight: every request that may stay in flight (even a PULL that
         // would not wait), and only those (format-spec/protocol.md 1.5).
@@ -748,13 +753,12 @@ impl Session {
                 "too many requests in flight",
             )));
         }
-        let result = match handlers::dispatch(ctx, id, req) {
-            Route::Connection(own) => return self.handle_own(ctx, id, own),
-            Route::Node(action) => return Ok(action),
-            Route::Engine(result) => result,
-        };
-        match result {
-            Ok(action) => {
+        // One match of the route, so that an action is moved once, into
+        // the answer.
+        match handlers::dispatch(ctx, id, req) {
+            Route::Connection(own) => self.handle_own(ctx, id, own),
+            Route::Node(action) => Ok(action),
+            Route::Engine(Ok(action)) => {
                 self.count_in_flight(&action);
                 if ctx.leadership.is_some() {
                     let action = self.hold_for_cursors(ctx, id, action, moves_cursor);
@@ -763,8 +767,8 @@ impl Session {
                     Ok(action)
                 }
             }
-            Err(EngineError::NotReady { ticket, .. }) => Err(Stop::NotReady(ticket)),
-            Err(e) => Ok(answer(outgoing::engine_error(id, &e))),
+            Route::Engine(Err(EngineError::NotReady { ticket, .. })) => Err(Stop::NotReady(ticket)),
+            Route::Engine(Err(e)) => Ok(answer(outgoing::engine_error(id, &e))),
         }
     }
 
@@ -802,7 +806,7 @@ impl Session {
             }
             OwnRequest::Subscribe(sub) => Ok(answer(self.subscribe(ctx, id, sub))),
             OwnRequest::SubscribeReceipts { sender, groups } => {
-                Ok(answer(self.subscribe_receipts(ctx, id, sender, &groups)))
+                Ok(answer(self.subscribe_receipts(ctx, id, sender, groups)))
             }
             OwnRequest::Unsubscribe => {
                 self.unsubscribe_all(ctx.engine, ctx.subs, ctx.receipts, ctx.conn);
@@ -903,17 +907,17 @@ impl Session {
 
     /// SUBSCRIBE: checked by its handler, then added to this connection's
     /// list and the node's index.
-    fn subscribe(&mut self, ctx: &mut Ctx<'_>, id: u64, sub: Subscription) -> Outgoing {
-        match handlers::subscribe(ctx, id, self.held(), &sub) {
+    fn subscribe(&mut self, ctx: &mut Ctx<'_>, id: u64, sub: &Subscription) -> Outgoing {
+        match handlers::subscribe(ctx, id, self.held(), sub) {
             Err(refusal) => refusal,
             Ok(out) => {
-                match sub {
+                match *sub {
                     Subscription::User(user) => {
                         self.sub_users.insert(user);
                         ctx.subs.add_user(ctx.engine, ctx.conn, user);
                     }
-                    Subscription::Groups(groups) => {
-                        for g in groups {
+                    Subscription::Groups(ref groups) => {
+                        for &g in groups {
                             self.sub_groups.insert(g);
                             ctx.subs.add_group(ctx.conn, g);
                         }

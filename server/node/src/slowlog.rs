@@ -27,18 +27,31 @@ pub const ARGS_BYTES_MAX: usize = 128;
 
 /// What a request asked, in a few numbers: enough to find it again
 /// (group, user, ids, sizes), nothing of its payload. `Copy` and fixed
-/// size, so that every request can carry one at no allocation.
+/// size, so that every request can carry one at no allocation; 48 bytes
+/// (the names are one static list per kind of request), since every
+/// request's summary moves with it from the connection to its answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
-    /// Up to four `(field name, value)` pairs; unused ones are `None`.
-    fields: [Option<(&'static str, u64)>; 4],
+    /// The fields' names, at most [`Summary::FIELDS_MAX`].
+    names: &'static [&'static str],
+    /// `values[i]` is the value of `names[i]`; the rest are 0.
+    values: [u64; Summary::FIELDS_MAX],
 }
 
 impl Summary {
-    fn of(fields: &[(&'static str, u64)]) -> Summary {
-        let mut s = Summary::default();
-        for (slot, f) in s.fields.iter_mut().zip(fields) {
-            *slot = Some(*f);
+    /// Fields kept; a request's later ones are left out.
+    const FIELDS_MAX: usize = 4;
+
+    /// The fields `names`, with `values` in the same order (as many).
+    fn of(names: &'static [&'static str], values: &[u64]) -> Summary {
+        debug_assert_eq!(names.len(), values.len());
+        let kept = names.len().min(Self::FIELDS_MAX);
+        let mut s = Summary {
+            names: &names[..kept],
+            values: [0; Self::FIELDS_MAX],
+        };
+        for (slot, v) in s.values.iter_mut().zip(values) {
+            *slot = *v;
         }
         s
     }
@@ -51,12 +64,15 @@ impl Summary {
                 min_version,
                 max_version,
                 client_name,
-            } => Summary::of(&[
-                ("min_version", u64::from(*min_version)),
-                ("max_version", u64::from(*max_version)),
-                ("client_name_bytes", client_name.len() as u64),
-            ]),
-            Request::Auth { token } => Summary::of(&[("token_bytes", token.len() as u64)]),
+            } => Summary::of(
+                &["min_version", "max_version", "client_name_bytes"],
+                &[
+                    u64::from(*min_version),
+                    u64::from(*max_version),
+                    client_name.len() as u64,
+                ],
+            ),
+            Request::Auth { token } => Summary::of(&["token_bytes"], &[token.len() as u64]),
             Request::Ping
             | Request::Cluster
             | Request::ClusterMap
@@ -64,154 +80,147 @@ impl Summary {
             | Request::Backup
             | Request::Info
             | Request::Unsubscribe => Summary::default(),
-            Request::SlowLog { reset, max_count } => Summary::of(&[
-                ("reset", u64::from(*reset)),
-                ("max_count", u64::from(*max_count)),
-            ]),
-            Request::ClusterChange(c) => Summary::of(&[(
-                "node_id",
-                match c {
+            Request::SlowLog { reset, max_count } => Summary::of(
+                &["reset", "max_count"],
+                &[u64::from(*reset), u64::from(*max_count)],
+            ),
+            Request::ClusterChange(c) => Summary::of(
+                &["node_id"],
+                &[match c {
                     tidemark_protocol::MemberChange::Add { node_id, .. }
                     | tidemark_protocol::MemberChange::Remove { node_id } => *node_id,
-                },
-            )]),
+                }],
+            ),
             Request::CreateGroup { group }
             | Request::DeleteGroup { group }
-            | Request::GroupInfo { group } => Summary::of(&[("group", *group)]),
+            | Request::GroupInfo { group } => Summary::of(&["group"], &[*group]),
             Request::Join { group, user, .. } | Request::Leave { group, user } => {
-                Summary::of(&[("group", *group), ("user", *user)])
+                Summary::of(&["group", "user"], &[*group, *user])
             }
             Request::SetRetention {
                 group,
                 by_cursor,
                 max_age_ms,
                 max_bytes,
-            } => Summary::of(&[
-                ("group", *group),
-                ("by_cursor", u64::from(*by_cursor)),
-                ("max_age_ms", *max_age_ms),
-                ("max_bytes", *max_bytes),
-            ]),
+            } => Summary::of(
+                &["group", "by_cursor", "max_age_ms", "max_bytes"],
+                &[*group, u64::from(*by_cursor), *max_age_ms, *max_bytes],
+            ),
             Request::ClearHistory { group, user, up_to } => {
-                Summary::of(&[("group", *group), ("user", *user), ("up_to", *up_to)])
+                Summary::of(&["group", "user", "up_to"], &[*group, *user, *up_to])
             }
             Request::Send {
                 group,
                 sender,
                 client_msg_id,
                 payload,
-            } => Summary::of(&[
-                ("group", *group),
-                ("sender", *sender),
-                ("client_msg_id", *client_msg_id),
-                ("payload_bytes", payload.len() as u64),
-            ]),
+            } => Summary::of(
+                &["group", "sender", "client_msg_id", "payload_bytes"],
+                &[*group, *sender, *client_msg_id, payload.len() as u64],
+            ),
             Request::HistoryLatest {
                 group,
                 user,
                 before_msg_id,
                 max_count,
-            } => Summary::of(&[
-                ("group", *group),
-                ("user", *user),
-                ("before_msg_id", *before_msg_id),
-                ("max_count", u64::from(*max_count)),
-            ]),
+            } => Summary::of(
+                &["group", "user", "before_msg_id", "max_count"],
+                &[*group, *user, *before_msg_id, u64::from(*max_count)],
+            ),
             Request::Recall {
                 group,
                 sender,
                 client_msg_id,
                 target,
-            } => Summary::of(&[
-                ("group", *group),
-                ("sender", *sender),
-                ("client_msg_id", *client_msg_id),
-                ("target", *target),
-            ]),
+            } => Summary::of(
+                &["group", "sender", "client_msg_id", "target"],
+                &[*group, *sender, *client_msg_id, *target],
+            ),
             Request::Edit {
                 group,
                 sender,
                 client_msg_id,
                 target,
                 payload,
-            } => Summary::of(&[
-                ("group", *group),
-                ("sender", *sender),
-                ("client_msg_id", *client_msg_id),
-                ("target", *target),
-                ("payload_bytes", payload.len() as u64),
-            ]),
+            } => Summary::of(
+                &[
+                    "group",
+                    "sender",
+                    "client_msg_id",
+                    "target",
+                    "payload_bytes",
+                ],
+                &[
+                    *group,
+                    *sender,
+                    *client_msg_id,
+                    *target,
+                    payload.len() as u64,
+                ],
+            ),
             Request::Pull {
                 group,
                 user,
                 max_count,
                 wait_ms,
                 ..
-            } => Summary::of(&[
-                ("group", *group),
-                ("user", *user),
-                ("max_count", u64::from(*max_count)),
-                ("wait_ms", u64::from(*wait_ms)),
-            ]),
+            } => Summary::of(
+                &["group", "user", "max_count", "wait_ms"],
+                &[*group, *user, u64::from(*max_count), u64::from(*wait_ms)],
+            ),
             Request::Ack {
                 group,
                 user,
                 msg_id,
-            } => Summary::of(&[("group", *group), ("user", *user), ("msg_id", *msg_id)]),
+            } => Summary::of(&["group", "user", "msg_id"], &[*group, *user, *msg_id]),
             Request::BatchAck { user, items } => {
-                Summary::of(&[("user", *user), ("items", items.len() as u64)])
+                Summary::of(&["user", "items"], &[*user, items.len() as u64])
             }
-            Request::Unread { user } => Summary::of(&[("user", *user)]),
+            Request::Unread { user } => Summary::of(&["user"], &[*user]),
             Request::Sync {
                 user,
                 per_group_max,
                 continuation,
                 ..
-            } => Summary::of(&[
-                ("user", *user),
-                ("per_group_max", u64::from(*per_group_max)),
-                ("continuation", *continuation),
-            ]),
+            } => Summary::of(
+                &["user", "per_group_max", "continuation"],
+                &[*user, u64::from(*per_group_max), *continuation],
+            ),
             Request::History {
                 group,
                 user,
                 before_msg_id,
                 max_count,
-            } => Summary::of(&[
-                ("group", *group),
-                ("user", *user),
-                ("before_msg_id", *before_msg_id),
-                ("max_count", u64::from(*max_count)),
-            ]),
+            } => Summary::of(
+                &["group", "user", "before_msg_id", "max_count"],
+                &[*group, *user, *before_msg_id, u64::from(*max_count)],
+            ),
             Request::ReadCount { group, msg_id } => {
-                Summary::of(&[("group", *group), ("msg_id", *msg_id)])
+                Summary::of(&["group", "msg_id"], &[*group, *msg_id])
             }
             Request::Members {
                 group,
                 after_user,
                 max_count,
-            } => Summary::of(&[
-                ("group", *group),
-                ("after_user", *after_user),
-                ("max_count", u64::from(*max_count)),
-            ]),
+            } => Summary::of(
+                &["group", "after_user", "max_count"],
+                &[*group, *after_user, u64::from(*max_count)],
+            ),
             Request::Readers {
                 group,
                 msg_id,
                 after_user,
                 max_count,
-            } => Summary::of(&[
-                ("group", *group),
-                ("msg_id", *msg_id),
-                ("after_user", *after_user),
-                ("max_count", u64::from(*max_count)),
-            ]),
+            } => Summary::of(
+                &["group", "msg_id", "after_user", "max_count"],
+                &[*group, *msg_id, *after_user, u64::from(*max_count)],
+            ),
             Request::SubscribeReceipts { sender, groups } => {
-                Summary::of(&[("sender", *sender), ("groups", groups.len() as u64)])
+                Summary::of(&["sender", "groups"], &[*sender, groups.len() as u64])
             }
-            Request::Subscribe(Subscription::User(user)) => Summary::of(&[("user", *user)]),
+            Request::Subscribe(Subscription::User(user)) => Summary::of(&["user"], &[*user]),
             Request::Subscribe(Subscription::Groups(groups)) => {
-                Summary::of(&[("groups", groups.len() as u64)])
+                Summary::of(&["groups"], &[groups.len() as u64])
             }
         }
     }
@@ -220,7 +229,7 @@ impl Summary {
     /// bytes.
     pub fn text(&self) -> String {
         let mut out = String::new();
-        for (name, value) in self.fields.iter().flatten() {
+        for (name, value) in self.names.iter().zip(self.values) {
             if !out.is_empty() {
                 out.push(' ');
             }
@@ -398,7 +407,28 @@ mod tests {
         let auth = Summary::of_request(&Request::Auth { token: b"s3cret" }).text();
         assert_eq!(auth, "token_bytes=6");
         // The longest summary fits the wire bound with room to spare.
-        let max = Summary::of(&[("a_long_field_name", u64::MAX); 4]).text();
+        let max = Summary::of(&["a_long_field_name"; 4], &[u64::MAX; 4]).text();
         assert!(max.len() <= ARGS_BYTES_MAX, "{}", max.len());
+    }
+
+    #[test]
+    fn a_summary_keeps_the_first_four_fields_in_48_bytes() {
+        let edit = Request::Edit {
+            group: 7,
+            sender: 42,
+            client_msg_id: 9,
+            target: 3,
+            payload: b"new words",
+        };
+        let text = Summary::of_request(&edit).text();
+        assert_eq!(text, "group=7 sender=42 client_msg_id=9 target=3");
+        let ack = Request::Ack {
+            group: 7,
+            user: 8,
+            msg_id: 0,
+        };
+        assert_eq!(Summary::of_request(&ack).text(), "group=7 user=8 msg_id=0");
+        assert_eq!(Summary::default().text(), "");
+        assert_eq!(std::mem::size_of::<Summary>(), 48);
     }
 }

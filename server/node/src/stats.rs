@@ -431,11 +431,51 @@ pub struct Stats {
     backups_failed: u64,
     last_backup_finished_unix_ms: u64,
     last_backup_failed_unix_ms: u64,
-    requests: BTreeMap<&'static str, u64>,
+    /// Requests handled, per opcode.
+    requests: ByOpcode<u64>,
     /// Per opcode.
-    latency: BTreeMap<&'static str, OpLatency>,
+    latency: ByOpcode<OpLatency>,
     /// ERROR frames by code, in [`ErrorCode::ALL`] order.
     errors_by_code: [u64; ErrorCode::ALL.len()],
+}
+
+/// A figure per request opcode, held at the opcode's byte: every request
+/// updates two (its count and its durations) with one index each, neither
+/// hashing nor comparing names. A report lists the opcodes that have one
+/// by name ([`ByOpcode::by_name`]), the order STATS and `/metrics` give.
+struct ByOpcode<T> {
+    /// Indexed by [`Opcode::request_byte`]; grown on first use.
+    slots: Vec<Option<T>>,
+}
+
+impl<T> Default for ByOpcode<T> {
+    fn default() -> Self {
+        ByOpcode { slots: Vec::new() }
+    }
+}
+
+impl<T> ByOpcode<T> {
+    /// The opcode's figure, made by `new` on its first use.
+    fn entry(&mut self, op: Opcode, new: impl FnOnce() -> T) -> &mut T {
+        let i = usize::from(op.request_byte());
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, || None);
+        }
+        self.slots[i].get_or_insert_with(new)
+    }
+
+    /// The opcodes with a figure, by [`op_name`]. O(opcodes), for reports.
+    fn by_name(&self) -> Vec<(&'static str, &T)> {
+        let mut named: Vec<(&'static str, &T)> = Opcode::ALL
+            .iter()
+            .filter_map(|op| {
+                let figure = self.slots.get(usize::from(op.request_byte()))?.as_ref()?;
+                Some((op_name(*op), figure))
+            })
+            .collect();
+        named.sort_unstable_by_key(|(name, _)| *name);
+        named
+    }
 }
 
 /// One opcode's request durations, recorded twice from one measurement:
@@ -509,22 +549,19 @@ pub fn op_name(op: Opcode) -> &'static str {
 
 impl Stats {
     pub fn request(&mut self, op: Opcode) {
-        *self.requests.entry(op_name(op)).or_default() += 1;
+        *self.requests.entry(op, || 0) += 1;
     }
 
     /// Records the time from handling a request to queueing its response,
     /// to the nanosecond: in the HDR histogram (3 significant digits) and
     /// in the fixed buckets. O(1).
     pub fn latency(&mut self, op: Opcode, elapsed: Duration) {
-        let l = self
-            .latency
-            .entry(op_name(op))
-            .or_insert_with(|| OpLatency {
-                // Invariant: constant, valid bounds (1 ns .. 1 h, 3 significant digits).
-                quantiles: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-                    .expect("invariant: valid bounds"),
-                buckets: Durations::default(),
-            });
+        let l = self.latency.entry(op, || OpLatency {
+            // Invariant: constant, valid bounds (1 ns .. 1 h, 3 significant digits).
+            quantiles: Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .expect("invariant: valid bounds"),
+            buckets: Durations::default(),
+        });
         let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX).max(1);
         l.quantiles.saturating_record(ns);
         l.buckets.observe(ns);
@@ -534,8 +571,9 @@ impl Stats {
     /// `/metrics`: O(opcodes).
     pub fn durations(&self) -> Vec<(&'static str, Durations)> {
         self.latency
-            .iter()
-            .map(|(op, l)| (*op, l.buckets))
+            .by_name()
+            .into_iter()
+            .map(|(op, l)| (op, l.buckets))
             .collect()
     }
 
@@ -736,10 +774,10 @@ impl Stats {
         for (code, count) in ErrorCode::ALL.iter().zip(self.errors_by_code) {
             out.push((format!("errors.{}", code_name(*code)), count));
         }
-        for (op, count) in &self.requests {
+        for (op, count) in self.requests.by_name() {
             out.push((format!("requests.{op}"), *count));
         }
-        for (op, l) in &self.latency {
+        for (op, l) in self.latency.by_name() {
             let h = &l.quantiles;
             for (label, q) in LATENCY_FIGURES {
                 let ns = q.map_or_else(|| h.max(), |q| h.value_at_quantile(q));
@@ -978,6 +1016,32 @@ mod tests {
         for example in ["engine.appends", "net.connections", "latency.send.p99_us"] {
             assert!(expanded().iter().any(|n| n == example), "{example}");
         }
+    }
+
+    #[test]
+    fn figures_per_opcode_list_the_opcodes_seen_by_name() {
+        let mut counts = ByOpcode::<u64>::default();
+        for op in [
+            Opcode::Send,
+            Opcode::Ack,
+            Opcode::Ping,
+            Opcode::Ack,
+            Opcode::Pull,
+        ] {
+            *counts.entry(op, || 0) += 1;
+        }
+        let listed: Vec<(&str, u64)> = counts.by_name().into_iter().map(|(n, c)| (n, *c)).collect();
+        assert_eq!(
+            listed,
+            [("ack", 2), ("ping", 1), ("pull", 1), ("send", 1)],
+            "only the opcodes counted, in name order"
+        );
+        let mut stats = Stats::default();
+        for op in [Opcode::SubscribeReceipts, Opcode::Hello, Opcode::Ack] {
+            stats.latency(op, Duration::from_micros(3));
+        }
+        let names: Vec<&str> = stats.durations().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["ack", "hello", "subscribe_receipts"]);
     }
 
     #[test]

@@ -168,9 +168,11 @@ impl Opcode {
         self as u8 | RESPONSE_BIT
     }
 
-    /// The request opcode with this byte, if version 1 has one.
+    /// The request opcode with this byte, if version 1 has one. One index
+    /// into [`BY_REQUEST_BYTE`] (every request's frame is classified by it,
+    /// twice: its ordering check and its decoding).
     pub fn from_request_byte(b: u8) -> Option<Opcode> {
-        Opcode::ALL.iter().copied().find(|op| *op as u8 == b)
+        BY_REQUEST_BYTE.get(usize::from(b)).copied().flatten()
     }
 
     /// The name used in the spec.
@@ -312,6 +314,20 @@ impl FrameKind {
     }
 }
 
+/// The request opcode of each byte up to [`REQUEST_OPCODE_MAX`], made from
+/// [`Opcode::ALL`] (so the two cannot disagree): `None` where no request
+/// has the byte.
+const BY_REQUEST_BYTE: [Option<Opcode>; REQUEST_OPCODE_MAX as usize + 1] = {
+    let mut table = [None; REQUEST_OPCODE_MAX as usize + 1];
+    let mut i = 0;
+    while i < Opcode::ALL.len() {
+        let op = Opcode::ALL[i];
+        table[op as usize] = Some(op);
+        i += 1;
+    }
+    table
+};
+
 // Request opcodes must leave room for the response bit and must not collide
 // with the server-initiated and error opcodes.
 const _: () = {
@@ -340,5 +356,13 @@ mod tests {
         // Requests, their responses, PUSH, RESYNC, RECEIPT, RECEIPT_COUNTS,
         // BACKUP_CHUNK and ERROR.
         assert_eq!(kinds, Opcode::ALL.len() * 2 + 6);
+    }
+
+    #[test]
+    fn every_request_byte_names_the_opcode_of_the_list() {
+        for b in 0..=u8::MAX {
+            let listed = Opcode::ALL.iter().copied().find(|op| *op as u8 == b);
+            assert_eq!(Opcode::from_request_byte(b), listed, "byte 0x{b:02x}");
+        }
     }
 }

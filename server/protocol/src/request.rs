@@ -611,14 +611,14 @@ pub fn decode_request<'a>(frame: &Frame<'a>) -> Result<Request<'a>, DecodeError>
             reason: "requests need a nonzero request id",
         });
     }
-    let mut r = Reader::new(frame.body, FRAME_HEADER_BYTES);
-    let req = decode_body(op, &mut r)?;
-    r.finish()?;
-    Ok(req)
+    decode_body(op, Reader::new(frame.body, FRAME_HEADER_BYTES))
 }
 
-fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, DecodeError> {
-    Ok(match op {
+/// The body of a request `op`, to its end (a byte left over is an error).
+/// Its result is `decode_request`'s as it is: the request is built once,
+/// where the caller wants it, not copied on its way out.
+fn decode_body<'a>(op: Opcode, mut r: Reader<'a>) -> Result<Request<'a>, DecodeError> {
+    let req = match op {
         Opcode::Hello => {
             // Format: { min_version: u8 | max_version: u8 | client_name: string }
             Request::Hello {
@@ -874,5 +874,7 @@ fn decode_body<'a>(op: Opcode, r: &mut Reader<'a>) -> Result<Request<'a>, Decode
                 }
             }
         }
-    })
+    };
+    r.finish()?;
+    Ok(req)
 }

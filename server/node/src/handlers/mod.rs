@@ -53,7 +53,7 @@ use tidemark_engine::{Change, Error as EngineError};
 use tidemark_protocol::{Request, RetentionPolicy, Subscription};
 
 /// Where [`dispatch`] sent a request.
-pub enum Route<'r> {
+pub enum Route<'q> {
     /// Answered from what the node itself holds, not from the engine's
     /// replicated state (PING, STATS, INFO, SLOWLOG, BACKUP, CLUSTER,
     /// CLUSTER_MAP, CLUSTER_CHANGE): the action goes to the loop as it is.
@@ -64,25 +64,28 @@ pub enum Route<'r> {
     Engine(Result<Action, EngineError>),
     /// A request whose effect is on its connection's own state: the
     /// connection runs it.
-    Connection(OwnRequest<'r>),
+    Connection(OwnRequest<'q>),
 }
 
 /// The requests that change their connection's own state: HELLO and AUTH
 /// (its phase and protocol version, format-spec/protocol.md 1.7),
 /// SUBSCRIBE, SUBSCRIBE_RECEIPTS and UNSUBSCRIBE (its subscriptions).
-pub enum OwnRequest<'r> {
+/// It borrows what it carries from the decoded request.
+pub enum OwnRequest<'q> {
     Hello { min_version: u8, max_version: u8 },
-    Auth { token: &'r [u8] },
-    Subscribe(Subscription),
-    SubscribeReceipts { sender: u64, groups: Vec<u64> },
+    Auth { token: &'q [u8] },
+    Subscribe(&'q Subscription),
+    SubscribeReceipts { sender: u64, groups: &'q [u64] },
     Unsubscribe,
 }
 
 /// Sends a request that passed its connection's gates (shutdown, the
 /// handshake, the shard and leader gates, the in-flight limit) to the
-/// handler of its family.
-pub fn dispatch<'r>(ctx: &mut Ctx<'_>, id: u64, req: Request<'r>) -> Route<'r> {
-    let result = match req {
+/// handler of its family. The request is borrowed where its frame was
+/// decoded: what a handler needs is read from there, never moved
+/// (a request is as large as its largest kind).
+pub fn dispatch<'q>(ctx: &mut Ctx<'_>, id: u64, req: &'q Request<'_>) -> Route<'q> {
+    let result = match *req {
         Request::Hello {
             min_version,
             max_version,
@@ -94,8 +97,8 @@ pub fn dispatch<'r>(ctx: &mut Ctx<'_>, id: u64, req: Request<'r>) -> Route<'r> {
             })
         }
         Request::Auth { token } => return Route::Connection(OwnRequest::Auth { token }),
-        Request::Subscribe(sub) => return Route::Connection(OwnRequest::Subscribe(sub)),
-        Request::SubscribeReceipts { sender, groups } => {
+        Request::Subscribe(ref sub) => return Route::Connection(OwnRequest::Subscribe(sub)),
+        Request::SubscribeReceipts { sender, ref groups } => {
             return Route::Connection(OwnRequest::SubscribeReceipts { sender, groups })
         }
         Request::Unsubscribe => return Route::Connection(OwnRequest::Unsubscribe),
@@ -176,8 +179,8 @@ pub fn dispatch<'r>(ctx: &mut Ctx<'_>, id: u64, req: Request<'r>) -> Route<'r> {
             user,
             msg_id,
         } => reads::ack(ctx, id, group, user, msg_id).map(Action::Answer),
-        Request::BatchAck { user, items } => {
-            reads::batch_ack(ctx, id, user, &items).map(Action::Answer)
+        Request::BatchAck { user, ref items } => {
+            reads::batch_ack(ctx, id, user, items).map(Action::Answer)
         }
         Request::Unread { user } => reads::unread(ctx, id, user).map(Action::Answer),
         Request::Sync {
