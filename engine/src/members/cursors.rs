@@ -575,7 +575,9 @@ struct LoadRow {
     join_lo: u32,
 }
 
-/// Restores many memberships at once (recovery, from a checkpoint's runs).
+/// Restores many memberships at once (recovery, from a checkpoint's runs;
+/// the background load, one batch of groups at a time, adding to the
+/// users earlier batches built).
 ///
 /// Why: inserting one membership at a time costs a hash-bucket miss and a
 /// miss in the user's list per membership, in random order (a checkpoint's
@@ -624,7 +626,17 @@ impl Loader<'_> {
         });
     }
 
-    /// Builds the queued memberships into the table.
+    /// Builds the queued memberships into the table on this thread alone
+    /// (the background load's batches: its decoder thread keeps the other
+    /// core busy, and a helper thread per batch only waited to be
+    /// scheduled).
+    pub fn finish_here(self) {
+        self.table
+            .build_shards(self.by_shard.into_iter().enumerate().collect());
+    }
+
+    /// Builds the queued memberships into the table, half of the shards
+    /// on a second thread.
     pub fn finish(self) {
         let table = self.table;
         let mut shards: Vec<(usize, Vec<LoadRow>)> =
@@ -641,29 +653,47 @@ impl Loader<'_> {
 impl CursorTable {
     fn build_shards(&self, shards: Vec<(usize, Vec<LoadRow>)>) {
         for (index, mut rows) in shards {
+            if rows.is_empty() {
+                continue;
+            }
             rows.sort_unstable_by_key(|r| (r.user, r.slot));
-            let mut map = self.shards[index].write();
-            // Exactly the users to come (the rows are sorted by user): a
-            // guess from the rows alone would over-reserve buckets that the
-            // inserts then touch, page by page.
+            let users: Vec<&[LoadRow]> = rows.chunk_by(|a, b| a.user == b.user).collect();
+            let hashes: Vec<u64> = users.iter().map(|run| self.hash(run[0].user)).collect();
             let rehash = |u| self.hash(u);
-            map.reserve(rows.chunk_by(|a, b| a.user == b.user).count(), rehash);
-            for run in rows.chunk_by(|a, b| a.user == b.user) {
+            let mut map = self.shards[index].write();
+            // Every user's entry first, then the lists: the lookups do not
+            // depend on each other, so the core overlaps their cache
+            // misses, which the list work between them kept apart. (A load
+            // in batches makes a lookup per row in a table far larger than
+            // the caches: a user's memberships come in many batches.)
+            let found: Vec<Option<usize>> = users
+                .iter()
+                .zip(&hashes)
+                .map(|(run, &hash)| map.position(hash, run[0].user))
+                .collect();
+            // Exactly the users to come: a guess from the rows alone would
+            // over-reserve buckets that the inserts then touch, page by page.
+            map.reserve(found.iter().filter(|at| at.is_none()).count(), rehash);
+            for ((run, &hash), at) in users.iter().zip(&hashes).zip(found) {
                 let user = run[0].user;
-                let entry =
-                    map.get_or_insert_with(self.hash(user), user, rehash, UserEntry::default);
+                let entry = match at {
+                    Some(at) => map.value_at_mut(at),
+                    None => map.get_or_insert_with(hash, user, rehash, UserEntry::default),
+                };
                 let v = &mut entry.memberships;
+                let had = v.len();
                 // At its size class (module docs): a later join fills it.
-                v.reserve_exact(list_capacity(v.len() + run.len()) - v.len());
+                v.reserve_exact(list_capacity(had + run.len()) - had);
                 v.extend(run.iter().map(|r| Membership {
                     // Clean: the checkpoint holds it.
                     cursor: AtomicU64::new(r.cursor << SHIFT),
                     slot: r.slot,
                     join_lo: r.join_lo,
                 }));
-                // A user who had memberships before the load (none in
-                // recovery) keeps one sorted list.
-                if v.len() > run.len() {
+                // A user who had memberships before keeps one sorted list
+                // (a load in batches mostly adds slots above the user's:
+                // its groups take fresh slots in order).
+                if had > 0 && v[had - 1].slot > v[had].slot {
                     v.sort_unstable_by_key(|m| m.slot);
                 }
             }
@@ -671,6 +701,7 @@ impl CursorTable {
             self.len.fetch_add(rows.len() as u64, Ordering::Relaxed);
             // The rows' memory goes now, shard by shard.
             drop(map);
+            drop(users);
             drop(rows);
         }
     }
@@ -1006,6 +1037,51 @@ mod tests {
             }
             prop_assert_eq!(bulk.take_dirty(|_, _, _| {}), 0);
             prop_assert_eq!(bulk.memberships(), one_by_one.memberships());
+            prop_assert_eq!(bulk.memberships(), rows.len() as u64);
+        });
+    }
+
+    /// Loads in batches (the background load's: each adds to the users
+    /// that earlier batches and inserts built) build what one insert per
+    /// membership builds: each user's list sorted by slot, whether a
+    /// batch's slots come above the user's others (the usual case) or
+    /// below them.
+    #[test]
+    fn loads_in_batches_build_what_inserts_build() {
+        use proptest::prelude::*;
+        let rows = proptest::collection::btree_map(
+            (0u64..50, 0u32..300),
+            (0u64..1_000, 0u64..1_000, 0usize..4),
+            0..400,
+        );
+        proptest!(ProptestConfig::with_cases(64), |(rows in rows)| {
+            let one_by_one = CursorTable::new();
+            let bulk = CursorTable::new();
+            // Batch b holds the rows drawn b; batch 3 is inserted one by one.
+            for batch in 0..4 {
+                let mut loader = bulk.loader(0);
+                for (&(user, slot), &(cursor, join, b)) in &rows {
+                    if b != batch {
+                        continue;
+                    }
+                    one_by_one.insert(user, slot, cursor, join, None).unwrap();
+                    if batch == 3 {
+                        bulk.insert(user, slot, cursor, join, None).unwrap();
+                    } else {
+                        loader.push_in_shard(bulk.shard_of(user), user, slot, cursor, join);
+                    }
+                }
+                loader.finish_here();
+            }
+            for user in 0..50u64 {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                bulk.for_each_of_user(user, |slot, c| a.push((slot, c)));
+                one_by_one.for_each_of_user(user, |slot, c| b.push((slot, c)));
+                prop_assert_eq!(a, b);
+            }
+            for &(user, slot) in rows.keys() {
+                prop_assert_eq!(bulk.get(user, slot), one_by_one.get(user, slot));
+            }
             prop_assert_eq!(bulk.memberships(), rows.len() as u64);
         });
     }
