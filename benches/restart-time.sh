@@ -6,8 +6,9 @@
 # --no-ack`) of that member of that group, and from spawn to the end of
 # the background load of the saved state (STATS `storage.state_loading`
 # back to 0; a build without that figure, or started with
-# --load-before-listening, loaded everything before listening); then
-# stops it (SIGTERM). Extra `serve` flags go in SERVE_FLAGS.
+# --load-before-listening, loaded everything before listening) and the
+# node's CPU seconds to then (user + system: on a shared machine a
+# steadier figure than the wall clock); then stops it (SIGTERM). Extra `serve` flags go in SERVE_FLAGS.
 # Alternate two builds on one directory to compare them:
 #   tidemark bench --spawn -w population --groups 200000 --data /tmp/pop --keep-data
 #   for i in 1 2 3; do bash benches/restart-time.sh OLD /tmp/pop/tidemark-bench-*; \
@@ -53,7 +54,10 @@ if [ -n "$GROUP" ]; then
         sleep 0.01
     done
     loaded=$(date +%s.%N)
-    echo "$listening $(echo "$pulled - $start" | bc) $(echo "$loaded - $start" | bc)"
+    # The node's CPU seconds (user + system, all its threads) to here:
+    # what the load cost, apart from what other processes took.
+    cpu=$(awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$pid/stat")
+    echo "$listening $(echo "$pulled - $start" | bc) $(echo "$loaded - $start" | bc) $cpu"
 else
     echo "$listening"
 fi

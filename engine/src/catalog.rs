@@ -183,22 +183,63 @@ impl Catalog {
     /// Registers a new group in a free slot and returns it. The caller
     /// checked that `id` is not registered.
     pub fn insert(&mut self, id: u64, log: LogSlot) -> Arc<Group> {
-        debug_assert!(!self.contains(id), "group {id} registered twice");
-        let slot = match self.free.pop() {
+        let slot = self.reserve_slot();
+        let group = Arc::new(Group::new(id, slot, log));
+        self.publish(group.clone());
+        group
+    }
+
+    /// Takes a free slot for a group made without the catalog's lock
+    /// (the background load builds a batch's groups and their cursor rows
+    /// first): no other group gets it until [`Self::publish`] registers
+    /// its group or [`Self::release_slot`] gives it back. A reserved slot
+    /// holds no group: nothing finds it by id or by slot.
+    pub(crate) fn reserve_slot(&mut self) -> u32 {
+        match self.free.pop() {
             Some(s) => s,
             None => {
                 self.by_slot.push(None);
                 // Invariant: groups_max (validated) keeps slots below u32::MAX.
                 u32::try_from(self.by_slot.len() - 1).expect("invariant: slot fits u32")
             }
-        };
-        let group = Arc::new(Group::new(id, slot, log));
-        self.by_slot[slot as usize] = Some(group.clone());
+        }
+    }
+
+    /// Gives back a reserved slot whose group was not published.
+    pub(crate) fn release_slot(&mut self, slot: u32) {
+        debug_assert!(self.by_slot(slot).is_none(), "slot {slot} holds a group");
+        self.free.push(slot);
+    }
+
+    /// Registers a group made in a slot [`Self::reserve_slot`] gave, with
+    /// the retention policy it holds. The caller checked that its id is
+    /// not registered.
+    pub(crate) fn publish(&mut self, group: Arc<Group>) {
+        let (id, slot) = (group.id, group.slot);
+        debug_assert!(!self.contains(id), "group {id} registered twice");
+        debug_assert!(self.by_slot(slot).is_none(), "slot {slot} taken");
+        if !group.retention().keeps_everything() {
+            self.retained.insert(slot);
+        }
+        self.by_slot[slot as usize] = Some(group);
         let (hasher, by_slot) = (&self.hasher, &self.by_slot);
         let hash = hasher.hash_one(id);
         self.by_id[shard_of(hash)].insert_unique(hash, slot, |&s| slot_hash(hasher, by_slot, s));
         self.len += 1;
-        group
+    }
+
+    /// Room in the index by id for `additional` more groups without
+    /// growing: a growth rehashes the ids of its shard (reading each
+    /// group), under the catalog's write lock. (`by_slot` grows by copying
+    /// pointers, which costs little.)
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        let (hasher, by_slot) = (&self.hasher, &self.by_slot);
+        // The ids spread evenly over the shards; an eighth more for the
+        // spread.
+        let per_shard = additional / ID_SHARDS + additional / ID_SHARDS / 8 + 1;
+        for shard in self.by_id.iter_mut() {
+            shard.reserve(per_shard, |&s| slot_hash(hasher, by_slot, s));
+        }
     }
 
     /// Unregisters a group; its slot becomes free once the caller removed
@@ -294,5 +335,33 @@ mod tests {
         assert_eq!(c.len(), GROUPS as usize / 2);
         assert!(c.get(1).is_none() && c.get(2).is_some());
         assert_eq!(c.len_high(), GROUPS as usize);
+    }
+
+    /// A reserved slot holds no group and goes to no other group until its
+    /// group is published there (then found by id and by slot) or it is
+    /// given back (then the next group may take it).
+    #[test]
+    fn a_reserved_slot_is_nobodys_until_published_or_released() {
+        let mut c = Catalog::default();
+        let a = c.reserve_slot();
+        let b = c.reserve_slot();
+        assert_ne!(a, b);
+        assert!(c.by_slot(a).is_none() && c.by_slot(b).is_none());
+        let other = c.insert(7, LogSlot::new_small());
+        assert!(other.slot != a && other.slot != b);
+        assert_eq!(c.len(), 1);
+        let g = Arc::new(Group::new(5, a, LogSlot::new_small()));
+        g.set_retention(Retention {
+            max_bytes: 1 << 20,
+            ..Retention::default()
+        });
+        c.publish(g.clone());
+        assert!(Arc::ptr_eq(c.get(5).unwrap(), &g));
+        assert!(Arc::ptr_eq(c.by_slot(a).unwrap(), &g));
+        // Its retention policy is indexed, as set_retention indexes one.
+        assert_eq!(c.retained_from(0, 10).len(), 1);
+        c.release_slot(b);
+        assert_eq!(c.insert(8, LogSlot::new_small()).slot, b);
+        assert_eq!(c.len(), 3);
     }
 }

@@ -214,7 +214,8 @@ impl Group {
     }
 
     /// Only through [`crate::catalog::Catalog::set_retention`], which keeps
-    /// the index of groups with a policy that retention planning walks.
+    /// the index of groups with a policy that retention planning walks, or
+    /// on a group not yet registered (`Catalog::publish` indexes it).
     pub(crate) fn set_retention(&self, policy: Retention) {
         self.with_extras(|x| x.retention = policy);
     }

@@ -92,6 +92,7 @@ pub use logs::record;
 pub use commit::gate::RoundGate;
 pub use commit::journal::journal_dir;
 pub use commit::journal::rounds::RoundPayload;
+pub use commit::loading::set_loading_hook;
 pub use config::{defaults, Config, FsyncPolicy};
 pub use edits::{Change, ChangeRequest, LatestPage, FLAG_EDITED, FLAG_RECALLED};
 pub use engine::{

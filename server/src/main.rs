@@ -60,6 +60,41 @@ extern "C" fn tune_allocator() {
     }
 }
 
+/// mimalloc's `purge_delay` while the saved state loads in the
+/// background: a second (mimalloc's default) instead of 0. The loader
+/// frees and takes pages again at a high rate (its batches, users' lists
+/// growing a membership at a time); giving each back to the kernel at
+/// once and faulting it in again cost about a fifth of the load
+/// (BENCHMARKS.md, "Restart: the background load ..."). Back to 0 when
+/// the load ends, with a collection that gives back what the delay kept.
+const LOADING_PURGE_DELAY_MS: std::os::raw::c_long = 1_000;
+
+/// The engine's loading hook ([`tidemark_engine::set_loading_hook`]):
+/// [`LOADING_PURGE_DELAY_MS`] from the first load's start to the last
+/// one's end. A delay set in the environment is left as it is.
+fn purge_later_while_loading(loading: bool) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static LOADS: AtomicUsize = AtomicUsize::new(0);
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    if loading {
+        if LOADS.fetch_add(1, Ordering::AcqRel) == 0 {
+            // SAFETY: a setter of mimalloc's option table (one atomic store).
+            unsafe {
+                libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, LOADING_PURGE_DELAY_MS)
+            };
+        }
+    } else if LOADS.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // SAFETY: the setter as above; a collection of this thread's heap,
+        // which purges the pages whose purge the delay put off.
+        unsafe {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+            libmimalloc_sys::mi_collect(true);
+        }
+    }
+}
+
 /// [`tune_allocator`] in the ELF constructor list, which the loader runs
 /// before the Rust runtime starts (and allocates).
 #[used]
@@ -551,6 +586,8 @@ fn serve(
         c.engine.data_dir.display(),
         c.engine.fsync
     );
+    // Once per process: a restart in place (exec) starts a new one.
+    tidemark_engine::set_loading_hook(purge_later_while_loading);
     let on_ready = |addr: SocketAddr, shutdown: tidemark_node::Shutdown| {
         // A signal that came while the node started shuts it down now.
         signals.serving(shutdown);
@@ -833,9 +870,13 @@ mod tests {
     /// (`purge_decommits` 1 after `arena_eager_commit`; `os_tag` 100,
     /// `max_errors` and `max_warnings` 32, three to five after
     /// `purge_delay`), so a vendored mimalloc whose enum moved fails here.
+    /// Held by the tests that set mimalloc's options (process-wide).
+    static ALLOCATOR_OPTIONS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn the_allocator_options_are_the_ones_named() {
         use super::{MI_OPTION_ARENA_EAGER_COMMIT, MI_OPTION_PURGE_DELAY};
+        let _options = ALLOCATOR_OPTIONS.lock();
         use libmimalloc_sys::{mi_option_get, mi_option_set};
         // SAFETY: the getter of mimalloc's option table.
         let get = |o| unsafe { mi_option_get(o) };
@@ -862,6 +903,29 @@ mod tests {
                 mi_option_set(option, 0);
             }
         }
+    }
+
+    /// The loading hook keeps freed pages a second from the first load's
+    /// start to the last one's end, then gives them back at once again.
+    #[test]
+    fn the_purge_delay_is_raised_while_a_load_runs_and_put_back_after() {
+        use super::{
+            purge_later_while_loading as hook, LOADING_PURGE_DELAY_MS, MI_OPTION_PURGE_DELAY,
+        };
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return;
+        }
+        let _options = ALLOCATOR_OPTIONS.lock();
+        // SAFETY: the getter of mimalloc's option table.
+        let delay = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
+        assert_eq!(delay(), 0);
+        hook(true);
+        assert_eq!(delay(), LOADING_PURGE_DELAY_MS);
+        hook(true);
+        hook(false);
+        assert_eq!(delay(), LOADING_PURGE_DELAY_MS, "one load still runs");
+        hook(false);
+        assert_eq!(delay(), 0);
     }
 
     #[test]

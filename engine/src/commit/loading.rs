@@ -191,6 +191,42 @@ impl LimitsWhileLoading {
     }
 }
 
+/// The process's hook told when a background load starts (`true`) and
+/// when its loader thread ends (`false`), however it ends: the binary
+/// tunes its allocator meanwhile (a load frees and takes pages again at a
+/// high rate). Process-wide, as the allocator is; loads of several
+/// engines overlap, so the hook counts them.
+static LOADING_HOOK: std::sync::OnceLock<fn(bool)> = std::sync::OnceLock::new();
+
+/// Sets the hook told when a background load of the saved state starts
+/// (`true`) and ends (`false`); once per process (`false` if one was set
+/// already). It runs on the engine's threads and must not block.
+pub fn set_loading_hook(hook: fn(bool)) -> bool {
+    LOADING_HOOK.set(hook).is_ok()
+}
+
+/// A background load in progress, for the hook: told `true` when made,
+/// `false` when dropped (the loader thread holds it; a panic drops it
+/// too).
+pub(crate) struct LoadingHint(());
+
+impl LoadingHint {
+    pub(crate) fn start() -> LoadingHint {
+        if let Some(hook) = LOADING_HOOK.get() {
+            hook(true);
+        }
+        LoadingHint(())
+    }
+}
+
+impl Drop for LoadingHint {
+    fn drop(&mut self) {
+        if let Some(hook) = LOADING_HOOK.get() {
+            hook(false);
+        }
+    }
+}
+
 /// `Err` for a request that needs every group or every membership of a
 /// user while the state loads: `NotReady` with [`STATE_TICKET`], or the
 /// load's own error if it stopped at damage.

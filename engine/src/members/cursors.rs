@@ -536,7 +536,9 @@ struct LoadRow {
     join_lo: u32,
 }
 
-/// Restores many memberships at once (recovery, from a checkpoint's runs).
+/// Restores many memberships at once (recovery, from a checkpoint's runs;
+/// the background load, one batch of groups at a time, adding to the
+/// users earlier batches built).
 ///
 /// Why: inserting one membership at a time costs a hash-bucket miss and a
 /// miss in the user's list per membership, in random order (a checkpoint's
@@ -585,7 +587,17 @@ impl Loader<'_> {
         });
     }
 
-    /// Builds the queued memberships into the table.
+    /// Builds the queued memberships into the table on this thread alone
+    /// (the background load's batches: its decoder thread keeps the other
+    /// core busy, and a helper thread per batch only waited to be
+    /// scheduled).
+    pub fn finish_here(self) {
+        self.table
+            .build_shards(self.by_shard.into_iter().enumerate().collect());
+    }
+
+    /// Builds the queued memberships into the table, half of the shards
+    /// on a second thread.
     pub fn finish(self) {
         let table = self.table;
         let mut shards: Vec<(usize, Vec<LoadRow>)> =
@@ -602,15 +614,18 @@ impl Loader<'_> {
 impl CursorTable {
     fn build_shards(&self, shards: Vec<(usize, Vec<LoadRow>)>) {
         for (index, mut rows) in shards {
+            if rows.is_empty() {
+                continue;
+            }
             rows.sort_unstable_by_key(|r| (r.user, r.slot));
-            let mut map = self.shards[index].write();
-            // Exactly the users to come (the rows are sorted by user): a
-            // guess from the rows alone would over-reserve buckets that the
-            // inserts then touch, page by page.
+            let users: Vec<&[LoadRow]> = rows.chunk_by(|a, b| a.user == b.user).collect();
+            let hashes: Vec<u64> = users.iter().map(|run| self.hash(run[0].user)).collect();
             let rehash = |u| self.hash(u);
-            let users = rows.chunk_by(|a, b| a.user == b.user).count();
-            map.reserve_for(users, rows.len(), rehash);
-            for run in rows.chunk_by(|a, b| a.user == b.user) {
+            let mut map = self.shards[index].write();
+            // Exactly the users to come: a guess from the rows alone would
+            // over-reserve buckets that the inserts then touch, page by page.
+            map.reserve_for(users.len(), rows.len(), rehash);
+            for (run, &hash) in users.iter().zip(&hashes) {
                 let user = run[0].user;
                 // A user who had memberships before the load (none in
                 // recovery) keeps one sorted list.
@@ -620,13 +635,14 @@ impl CursorTable {
                     slot: r.slot,
                     join_lo: r.join_lo,
                 });
-                let len = map.extend(self.hash(user), user, rehash, add);
+                let len = map.extend(hash, user, rehash, add);
                 self.raise_high(len);
             }
             // Counted with them, under the shard's write lock (as `insert`).
             self.len.fetch_add(rows.len() as u64, Ordering::Relaxed);
             // The rows' memory goes now, shard by shard.
             drop(map);
+            drop(users);
             drop(rows);
         }
     }
@@ -916,6 +932,51 @@ mod tests {
             }
             prop_assert_eq!(bulk.take_dirty(|_, _, _| {}), 0);
             prop_assert_eq!(bulk.memberships(), one_by_one.memberships());
+            prop_assert_eq!(bulk.memberships(), rows.len() as u64);
+        });
+    }
+
+    /// Loads in batches (the background load's: each adds to the users
+    /// that earlier batches and inserts built) build what one insert per
+    /// membership builds: each user's list sorted by slot, whether a
+    /// batch's slots come above the user's others (the usual case) or
+    /// below them.
+    #[test]
+    fn loads_in_batches_build_what_inserts_build() {
+        use proptest::prelude::*;
+        let rows = proptest::collection::btree_map(
+            (0u64..50, 0u32..300),
+            (0u64..1_000, 0u64..1_000, 0usize..4),
+            0..400,
+        );
+        proptest!(ProptestConfig::with_cases(64), |(rows in rows)| {
+            let one_by_one = CursorTable::new();
+            let bulk = CursorTable::new();
+            // Batch b holds the rows drawn b; batch 3 is inserted one by one.
+            for batch in 0..4 {
+                let mut loader = bulk.loader(0);
+                for (&(user, slot), &(cursor, join, b)) in &rows {
+                    if b != batch {
+                        continue;
+                    }
+                    one_by_one.insert(user, slot, cursor, join, None).unwrap();
+                    if batch == 3 {
+                        bulk.insert(user, slot, cursor, join, None).unwrap();
+                    } else {
+                        loader.push_in_shard(bulk.shard_of(user), user, slot, cursor, join);
+                    }
+                }
+                loader.finish_here();
+            }
+            for user in 0..50u64 {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                bulk.for_each_of_user(user, |slot, c| a.push((slot, c)));
+                one_by_one.for_each_of_user(user, |slot, c| b.push((slot, c)));
+                prop_assert_eq!(a, b);
+            }
+            for &(user, slot) in rows.keys() {
+                prop_assert_eq!(bulk.get(user, slot), one_by_one.get(user, slot));
+            }
             prop_assert_eq!(bulk.memberships(), rows.len() as u64);
         });
     }

@@ -255,7 +255,9 @@ impl Shard {
         rehash: impl Fn(u64) -> u64,
     ) {
         self.users.reserve(users, rehash);
-        self.store.reserve_exact(memberships);
+        // By an eighth at least: a load in batches reserves once per batch,
+        // and an exact reservation would copy the store every time.
+        self.reserve(memberships);
     }
 
     /// Adds memberships the user does not have (a checkpoint's, restored),

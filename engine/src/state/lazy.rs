@@ -32,8 +32,13 @@
 //!
 //! Costs: the parts stay mapped until the load ends (page cache, not
 //! heap); a lookup costs O(runs x log blocks) plus the blocks of its group;
-//! the loader costs what the load at open costs, on one core, in batches
-//! of [`BATCH_ITEMS`] items each registered under one catalog write lock.
+//! the loader costs what the load at open costs, in batches of
+//! [`BATCH_ITEMS`] items: each batch's groups are made and its cursor rows
+//! built in slots reserved for them, then published under one short
+//! catalog write lock (`Pending::install`). What it costs beyond the load
+//! at open is that a user's memberships come in many batches, each adding
+//! to the user's list (one lookup each) where the load at open builds it
+//! once.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,13 +59,18 @@ use crate::members::membership::GroupMembers;
 use crate::state::checkpointer;
 use crate::state::manifest::RunMeta;
 use crate::state::merge::Merge;
-use crate::state::restore::{self, register_group};
+use crate::state::restore::{self, make_group};
 use crate::state::run::{self, PartMeta, RunItems};
 use crate::state::{GroupRecord, Item, Key};
 
-/// Items the loader registers under one catalog write lock: small enough
-/// that a request waits for it a few milliseconds at most.
+/// Items the loader registers at a time: small enough that a request for
+/// a group not yet registered (which waits for the batch being installed)
+/// waits a few milliseconds at most. A few groups in tests, whose
+/// checkpoints then load in many batches.
+#[cfg(not(test))]
 const BATCH_ITEMS: usize = 16 * 1024;
+#[cfg(test)]
+const BATCH_ITEMS: usize = 48;
 
 /// A group's items in a checkpoint: its record and its member rows
 /// `(user, cursor, join_point, cursor-table shard of the user)`, users
@@ -230,16 +240,28 @@ impl Pending {
         // Why the registering side ended the merge: stopped, or an error
         // already recorded (`fail`).
         let mut ended: Option<Result<bool>> = None;
+        // The catalog is presized once, from the first batch's share of
+        // groups among its items: growing it rehashes every group (half a
+        // second at a million), under its write lock.
+        let items_total = self.runs.iter().map(RunMeta::items).sum::<u64>();
+        let mut presized = false;
         let mut install = |batch: Vec<GroupItems>| -> std::result::Result<(), String> {
             std::thread::sleep(pause);
             if stop() {
                 ended = Some(Ok(false));
                 return Err(String::new());
             }
-            self.install(ctx, catalog, cursors, batch).map_err(|e| {
-                ended = Some(Err(e));
-                String::new()
-            })
+            let expected = if presized {
+                0
+            } else {
+                presized = true;
+                groups_expected(&batch, items_total)
+            };
+            self.install(ctx, catalog, cursors, batch, expected)
+                .map_err(|e| {
+                    ended = Some(Err(e));
+                    String::new()
+                })
         };
         let merged = restore::for_each_batch(ctx, cursors, &self.runs, |decoded| {
             for (item, shard) in decoded {
@@ -265,33 +287,48 @@ impl Pending {
     }
 
     /// Registers a batch of whole groups (those no request took) and their
-    /// rows, visible to requests only once their rows are in the cursor
-    /// table (the catalog's write lock is held until then).
+    /// rows. The groups are made and their rows built into the cursor
+    /// table in slots reserved for them before the catalog's write lock is
+    /// taken, which then only publishes them: requests wait on it for the
+    /// batch's groups, not for its rows (rows in a reserved slot are
+    /// reached by no one: no group is found there until it is published).
+    /// `Progress` is held throughout: a request for a group of the batch
+    /// waits for it, then finds the group in the catalog. `groups_expected`
+    /// presizes the catalog (the first batch's estimate of the load's
+    /// groups).
     fn install(
         &self,
         ctx: &Context,
         catalog: &RwLock<Catalog>,
         cursors: &CursorTable,
         batch: Vec<GroupItems>,
+        groups_expected: usize,
     ) -> Result<()> {
         let Some(last) = batch.last().map(|(rec, _)| rec.group) else {
             return Ok(());
         };
         let mut progress = self.progress.lock();
-        let mut cat = catalog.write();
+        let batch: Vec<GroupItems> = batch
+            .into_iter()
+            .filter(|(rec, _)| !progress.taken.remove(&rec.group))
+            .collect();
+        let slots: Vec<u32> = {
+            let mut cat = catalog.write();
+            cat.reserve(groups_expected);
+            batch.iter().map(|_| cat.reserve_slot()).collect()
+        };
         let rows = batch.iter().map(|(_, m)| m.len()).sum();
         let mut loader = cursors.loader(rows);
+        let mut made = Vec::with_capacity(batch.len());
+        let mut failed = None;
         let mut list = Vec::new();
-        for (rec, members) in batch {
-            if progress.taken.remove(&rec.group) {
-                continue;
-            }
+        for ((rec, members), &slot) in batch.into_iter().zip(&slots) {
             let id = rec.group;
-            let g = match self.register(ctx, &mut cat, rec) {
+            let g = match self.make(ctx, rec, slot) {
                 Ok(g) => g,
                 Err(why) => {
-                    drop(cat);
-                    return Err(self.fail(ctx, &mut progress, why, Some(id)));
+                    failed = Some((id, why));
+                    break;
                 }
             };
             let head = g.head();
@@ -302,21 +339,58 @@ impl Pending {
                 list.push((user, cursor));
             }
             *g.members.lock() = GroupMembers::from_sorted(&list);
+            made.push(g);
         }
-        loader.finish();
+        #[cfg(test)]
+        hold::wait_before_rows(&ctx.config.data_dir);
+        loader.finish_here();
+        {
+            let mut cat = catalog.write();
+            for &slot in &slots[made.len()..] {
+                cat.release_slot(slot);
+            }
+            for g in made {
+                cat.publish(g);
+            }
+        }
+        if let Some((id, why)) = failed {
+            return Err(self.fail(ctx, &mut progress, why, Some(id)));
+        }
         progress.through = Some(last);
         Ok(())
     }
 
-    /// Registers one group's record: as the load at open, then the
-    /// lowering of its `applied_lsn` and the counts recovery keeps.
+    /// Registers one group's record (a request's lookup): as the load at
+    /// open, then what [`Self::make`] adds.
     fn register(
         &self,
         ctx: &Context,
         catalog: &mut Catalog,
         rec: Box<GroupRecord>,
     ) -> std::result::Result<Arc<Group>, String> {
-        let g = register_group(ctx, catalog, rec)?;
+        let slot = catalog.reserve_slot();
+        match self.make(ctx, rec, slot) {
+            Ok(g) => {
+                catalog.publish(g.clone());
+                Ok(g)
+            }
+            Err(why) => {
+                catalog.release_slot(slot);
+                Err(why)
+            }
+        }
+    }
+
+    /// Makes one group's record in a reserved slot, not yet registered:
+    /// as the load at open makes it, then the lowering of its
+    /// `applied_lsn` and the counts recovery keeps.
+    fn make(
+        &self,
+        ctx: &Context,
+        rec: Box<GroupRecord>,
+        slot: u32,
+    ) -> std::result::Result<Arc<Group>, String> {
+        let g = make_group(ctx, rec, slot)?;
         let from = self.lower_from.load(Ordering::Acquire);
         {
             let mut ck = g.ckpt(&ctx.dirty);
@@ -453,6 +527,20 @@ pub(crate) fn finish_now(
     Ok(())
 }
 
+/// The groups a load of `items_total` items holds if the rest is like
+/// `batch` (its first groups): their share among its items, at most the
+/// items (each group is one). An estimate: the catalog it presizes grows
+/// as usual past it.
+fn groups_expected(batch: &[GroupItems], items_total: u64) -> usize {
+    let groups = batch.len() as u64;
+    let items = groups + batch.iter().map(|(_, m)| m.len() as u64).sum::<u64>();
+    if items == 0 {
+        return 0;
+    }
+    let expected = u128::from(items_total) * u128::from(groups) / u128::from(items);
+    usize::try_from(expected.min(u128::from(items_total))).unwrap_or(usize::MAX)
+}
+
 /// Adds one merged item of one group to what was found of it.
 fn push_item(found: &mut Option<GroupItems>, item: Item) -> std::result::Result<(), String> {
     match (item, found) {
@@ -561,9 +649,12 @@ pub(crate) fn start_loader(
     };
     shared.load.start(pending.limits.clone());
     let spare = pending.clone();
+    let hint = crate::commit::loading::LoadingHint::start();
     let run = {
         let shared = shared.clone();
         move || {
+            // Told the hook when the thread ends, however it ends.
+            let _hint = hint;
             let s = &*shared;
             // A panic of the loader (a bug) ends the load as damage would:
             // waiters get an error instead of waiting for ever.
@@ -672,5 +763,37 @@ pub(crate) mod hold {
         while HELD.lock().iter().any(|d| d == dir) && !stop() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// Loaders held before they build a batch's rows, and those waiting
+    /// there now.
+    static ROWS_HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static AT_ROWS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    /// Holds the loader of the engine opened on `dir` before it builds
+    /// the cursor rows of its next batch (its groups are made, not yet
+    /// published).
+    pub(crate) fn hold_rows(dir: &Path) {
+        ROWS_HELD.lock().push(dir.to_path_buf());
+    }
+
+    pub(crate) fn release_rows(dir: &Path) {
+        ROWS_HELD.lock().retain(|d| d != dir);
+    }
+
+    /// Whether that loader waits there now.
+    pub(crate) fn at_rows(dir: &Path) -> bool {
+        AT_ROWS.lock().iter().any(|d| d == dir)
+    }
+
+    pub(super) fn wait_before_rows(dir: &Path) {
+        if !ROWS_HELD.lock().iter().any(|d| d == dir) {
+            return;
+        }
+        AT_ROWS.lock().push(dir.to_path_buf());
+        while ROWS_HELD.lock().iter().any(|d| d == dir) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        AT_ROWS.lock().retain(|d| d != dir);
     }
 }

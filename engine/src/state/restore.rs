@@ -150,12 +150,34 @@ pub(crate) fn register_group(
     catalog: &mut Catalog,
     rec: Box<GroupRecord>,
 ) -> Result<Arc<Group>, String> {
+    let slot = catalog.reserve_slot();
+    match make_group(ctx, rec, slot) {
+        Ok(g) => {
+            catalog.publish(g.clone());
+            Ok(g)
+        }
+        Err(why) => {
+            catalog.release_slot(slot);
+            Err(why)
+        }
+    }
+}
+
+/// The group a checkpoint record describes, in a slot reserved for it
+/// ([`Catalog::reserve_slot`]), made as [`register_group`] registers it
+/// but not registered: the background load makes a batch's groups and
+/// their cursor rows before it takes the catalog's lock to publish them.
+pub(crate) fn make_group(
+    ctx: &Context,
+    rec: Box<GroupRecord>,
+    slot: u32,
+) -> Result<Arc<Group>, String> {
     let rec = *rec;
     let state = LogState {
         head: rec.head,
         segments: rec.segments,
     };
-    let slot = match (rec.damaged, rec.small) {
+    let log = match (rec.damaged, rec.small) {
         (Some(reason), _) => LogSlot::Damaged { state, reason },
         // A small group: its records in the journal files.
         (None, Some(small)) => {
@@ -169,11 +191,11 @@ pub(crate) fn register_group(
         (None, None) if state.segments.is_empty() => LogSlot::new_small(),
         (None, None) => LogSlot::Unloaded(state),
     };
-    let g = catalog.insert(rec.group, slot);
+    let g = Arc::new(Group::new(rec.group, slot, log));
     // A new group keeps everything already (and setting that would box and
-    // drop its extras).
+    // drop its extras). Not registered yet: `Catalog::publish` indexes it.
     if !rec.retention.keeps_everything() {
-        catalog.set_retention(&g, rec.retention);
+        g.set_retention(rec.retention);
     }
     if !rec.quiet.is_empty() || !rec.edits.is_empty() {
         g.restore_quiet(rec.quiet, rec.edits);
