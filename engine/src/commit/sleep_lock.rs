@@ -125,11 +125,12 @@ mod tests {
     /// machine) sleeps until the lock is free: it does not hand its CPU
     /// over again and again by yielding, which is what kept the commit
     /// thread off the CPU for hundreds of milliseconds behind a lock held
-    /// for microseconds. Counted in context switches, not in time.
+    /// for microseconds. Counted in context switches over several waits,
+    /// not in time.
     #[test]
     fn a_waiter_sleeps_instead_of_yielding_its_cpu_to_busy_threads() {
+        const WAITS: u64 = 8;
         let lock = Arc::new(SleepMutex::new(0u64));
-        let held = lock.lock();
         let stop = Arc::new(AtomicBool::new(false));
         let cpu = first_allowed_cpu();
         let hog = {
@@ -141,26 +142,39 @@ mod tests {
                 }
             })
         };
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (done, done_rx) = std::sync::mpsc::channel::<()>();
         let waiter = {
             let lock = lock.clone();
             std::thread::spawn(move || {
                 pin_to(cpu);
-                let before = involuntary_switches();
-                *lock.lock() += 1;
-                involuntary_switches() - before
+                let mut switches = 0;
+                while go_rx.recv().is_ok() {
+                    let before = involuntary_switches();
+                    *lock.lock() += 1;
+                    switches += involuntary_switches() - before;
+                    let _ = done.send(());
+                }
+                switches
             })
         };
-        // Long enough for the waiter to reach the lock and give up
-        // spinning (a yielding waiter yields within microseconds).
-        std::thread::sleep(Duration::from_millis(300));
-        drop(held);
+        for _ in 0..WAITS {
+            let held = lock.lock();
+            go.send(()).unwrap();
+            // Long enough for the waiter to reach the lock and give up
+            // spinning (a yielding waiter yields within microseconds).
+            std::thread::sleep(Duration::from_millis(50));
+            drop(held);
+            done_rx.recv().unwrap();
+        }
+        drop(go);
         let switches = waiter.join().unwrap();
         stop.store(true, Ordering::Relaxed);
         hog.join().unwrap();
-        assert_eq!(*lock.lock(), 1);
+        assert_eq!(*lock.lock(), WAITS);
         assert!(
-            switches <= 2,
-            "the waiter gave its CPU away {switches} times while it waited"
+            switches <= 3,
+            "the waiter gave its CPU away {switches} times in {WAITS} waits"
         );
     }
 }
