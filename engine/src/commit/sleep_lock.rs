@@ -1,6 +1,6 @@
 //! The locks the commit thread shares with the senders (the server's event
-//! loop): the pending round, the rounds' progress, the dedup budget's
-//! lists. A waiter for one of them sleeps in the kernel (a futex) once a
+//! loop) and the checkpointer: the pending round, the rounds' progress,
+//! the dedup budget's lists, the live bytes of the shared files. A waiter for one of them sleeps in the kernel (a futex) once a
 //! short busy spin did not get it, and the thread that unlocks wakes it.
 //!
 //! Why not `parking_lot` here, as elsewhere: its waiter calls
@@ -16,6 +16,7 @@
 //! is held leaves its state as it was (the commit thread's exit guard
 //! stops writes then).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::Instant;
 
@@ -46,16 +47,26 @@ impl<T> SleepMutex<T> {
 }
 
 /// A condition variable for [`SleepMutex`]: `wait` gives the guard back.
+/// It counts its waiters, so a notify with none waiting (every send
+/// notifies) costs no system call, as with `parking_lot`'s: a waiter is
+/// counted while it holds the mutex, before it sleeps, so a notifier that
+/// changed the state under the mutex after that sees it.
 #[derive(Default)]
-pub(crate) struct SleepCondvar(Condvar);
+pub(crate) struct SleepCondvar {
+    cv: Condvar,
+    waiters: AtomicUsize,
+}
 
 impl SleepCondvar {
     pub fn new() -> Self {
-        SleepCondvar(Condvar::new())
+        SleepCondvar::default()
     }
 
     pub fn wait<'a, T>(&self, guard: SleepGuard<'a, T>) -> SleepGuard<'a, T> {
-        self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let guard = self.cv.wait(guard).unwrap_or_else(PoisonError::into_inner);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        guard
     }
 
     /// Waits until notified or until `deadline` (a spurious wake-up
@@ -66,14 +77,19 @@ impl SleepCondvar {
         deadline: Instant,
     ) -> SleepGuard<'a, T> {
         let timeout = deadline.saturating_duration_since(Instant::now());
-        match self.0.wait_timeout(guard, timeout) {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let guard = match self.cv.wait_timeout(guard, timeout) {
             Ok((guard, _)) => guard,
             Err(p) => p.into_inner().0,
-        }
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        guard
     }
 
     pub fn notify_all(&self) {
-        self.0.notify_all();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
     }
 }
 
