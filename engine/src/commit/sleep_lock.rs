@@ -178,8 +178,10 @@ mod tests {
             let held = lock.lock();
             go.send(()).unwrap();
             // Long enough for the waiter to reach the lock and give up
-            // spinning (a yielding waiter yields within microseconds).
-            std::thread::sleep(Duration::from_millis(50));
+            // spinning (a yielding waiter yields within microseconds),
+            // short enough that the busy loop slows the tests that run
+            // beside this one for a fraction of a second only.
+            std::thread::sleep(Duration::from_millis(10));
             drop(held);
             done_rx.recv().unwrap();
         }
