@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::clock::now_ms;
 use crate::commit::context::Context;
 use crate::commit::dedup::{DedupBudget, Keyed, Sent, WindowDrop, WindowLimits};
 use crate::commit::journal::{self, EntryKind};
+use crate::commit::sleep_lock::{SleepCondvar, SleepGuard, SleepMutex};
 pub use crate::commit::thread::{CommitListener, CommitNotice, GroupAppend};
 use crate::commit::thread::{Counters, Op, Pending, Progress, Reply, Shared};
 use crate::config::Config;
@@ -256,14 +257,14 @@ impl Engine {
             ctx,
             catalog: RwLock::new(recovered.catalog),
             cursors: recovered.cursors,
-            pending: Mutex::new(Pending {
+            pending: SleepMutex::new(Pending {
                 round: 1,
                 checkpoint: needs_checkpoint,
                 ..Default::default()
             }),
-            pending_cv: Condvar::new(),
-            progress: Mutex::new(Progress::default()),
-            progress_cv: Condvar::new(),
+            pending_cv: SleepCondvar::new(),
+            progress: SleepMutex::new(Progress::default()),
+            progress_cv: SleepCondvar::new(),
             writes_stopped: AtomicBool::new(false),
             disk_free_bytes: AtomicU64::new(free_at_open),
             held_for_space: AtomicBool::new(false),
@@ -580,7 +581,7 @@ impl Engine {
         &self,
         wait: bool,
         full_matters: bool,
-    ) -> Result<parking_lot::MutexGuard<'_, Pending>> {
+    ) -> Result<SleepGuard<'_, Pending>> {
         let mut p = self.shared.pending.lock();
         while full_matters
             && !p.ops.is_empty()
@@ -590,7 +591,7 @@ impl Engine {
             if !wait {
                 return Err(Error::Overloaded);
             }
-            self.shared.pending_cv.wait(&mut p);
+            p = self.shared.pending_cv.wait(p);
         }
         if p.shutdown {
             return Err(Error::ShuttingDown);
@@ -1031,7 +1032,7 @@ impl Engine {
             if let Some(r) = round_outcome(&p, round) {
                 return r;
             }
-            self.shared.progress_cv.wait(&mut p);
+            p = self.shared.progress_cv.wait(p);
         }
     }
 

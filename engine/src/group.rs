@@ -799,6 +799,43 @@ mod tests {
         assert!(matches!(&*group(&e, 1).log.read(), LogSlot::Loaded(_)));
     }
 
+    /// Every send takes the dedup lists' lock; the idle sweep runs on the
+    /// commit thread, so it never waits for that lock: held by another
+    /// thread, the sweep returns at once, asking to run again, and the
+    /// next sweep once the lock is free evicts.
+    #[test]
+    fn the_idle_sweep_does_not_wait_for_the_lock_a_send_holds() {
+        let (_dir, e) = idle_engine();
+        e.create_group(1).unwrap();
+        e.append(1, 7, 1, b"a").unwrap();
+        e.checkpoint().unwrap();
+        let held = e.shared.dedup.hold_lists();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = e.shared.clone();
+        let sweeper = std::thread::spawn(move || {
+            let again = evict_idle(&shared, crate::clock::now_ms() + IDLE_MS, usize::MAX);
+            let _ = tx.send(again);
+        });
+        // A deadline for liveness only: the sweep returns in microseconds.
+        let swept = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        sweeper.join().unwrap();
+        assert_eq!(
+            swept,
+            Ok(true),
+            "the sweep waited for the dedup lists' lock another thread held"
+        );
+        let g = group(&e, 1);
+        assert!(
+            g.assign.lock().is_some(),
+            "nothing taken while the lock was held"
+        );
+        sweep(&e);
+        assert!(g.assign.lock().is_none(), "evicted by the next sweep");
+        assert!(matches!(&*g.log.read(), LogSlot::Unloaded(_)));
+        assert_eq!(e.stats().dedup_entries, 0);
+    }
+
     #[test]
     fn unsynced_logs_and_logs_with_a_policy_stay_loaded() {
         let (_dir, e) = idle_engine();

@@ -34,12 +34,18 @@
 //! front of that list and drops their state (`commit.rs`, "idle sweep"),
 //! which the next send rebuilds by the same rule. Both lists cost one
 //! entry per group holding such state, nothing per idle group.
+//!
+//! Every send takes the lists' lock, so the commit thread's sweep never
+//! waits for it: it takes its groups and gives back what it learnt (the
+//! windows it dropped, the groups to list again) only when the lock is
+//! free ([`DedupBudget::try_sweep`]), else one sweep later. Rebuilding a
+//! sparse list (O(entries)) is the maintenance worker's, never the
+//! sweep's.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
-
+use crate::commit::sleep_lock::SleepMutex;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
@@ -385,7 +391,45 @@ impl DedupWindow {
 pub struct DedupBudget {
     entries: AtomicUsize,
     dropped: AtomicU64,
-    lists: Mutex<Lists>,
+    /// Taken by every send and by the commit thread's sweep: a lock whose
+    /// waiters sleep (`sleep_lock.rs`).
+    lists: SleepMutex<Lists>,
+    /// What the idle sweep could not give back to `lists` yet (the lock
+    /// was held); a leaf lock, held only to take or keep it.
+    swept: SleepMutex<Swept>,
+    /// A rebuild of sparse lists is queued on the maintenance worker.
+    shrink_queued: AtomicBool,
+}
+
+/// What an idle sweep learnt that `lists` must be told
+/// ([`DedupBudget::try_sweep`]).
+#[derive(Default)]
+struct Swept {
+    /// Groups whose window the sweep dropped: they leave the windows list.
+    windows_dropped: Vec<u64>,
+    /// Groups the sweep left for later: listed again as used now.
+    later: Vec<u64>,
+}
+
+/// What the idle sweep did with one of the groups [`DedupBudget::try_sweep`]
+/// gave it, with no lock of the budget held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStep {
+    /// The group's window was dropped; it held this many entries.
+    pub window_dropped: Option<usize>,
+    /// Some of its state stays for now (a lock held, records not synced):
+    /// listed again as used once the sweep is over.
+    pub later: bool,
+}
+
+/// How a sweep ([`DedupBudget::try_sweep`]) ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SweepEnd {
+    /// Every group idle now was taken.
+    Done,
+    /// It stopped at its bound, or found the lists' lock held: sweep
+    /// again soon.
+    Again,
 }
 
 /// Both lists under one lock: a send updates both with one lock taken.
@@ -401,6 +445,12 @@ struct Lists {
 }
 
 impl Lists {
+    /// A list holds less than a quarter of its peak ([`Self::shrink_if_sparse`]).
+    fn is_sparse(&self) -> bool {
+        (self.windows_peak > 1024 && self.windows.len() * 4 < self.windows_peak)
+            || (self.used_peak > 1024 && self.used.len() * 4 < self.used_peak)
+    }
+
     /// A hash map keeps its capacity when emptied: once a list holds less
     /// than a quarter of its peak, it is rebuilt at its size (in order), so
     /// a burst of busy groups does not cost memory after they went idle.
@@ -424,6 +474,34 @@ impl Lists {
     }
 }
 
+impl Swept {
+    fn is_empty(&self) -> bool {
+        self.windows_dropped.is_empty() && self.later.is_empty()
+    }
+
+    /// Keeps what `other` could not give back, for the next sweep.
+    fn keep(&mut self, mut other: Swept) {
+        self.windows_dropped.append(&mut other.windows_dropped);
+        self.later.append(&mut other.later);
+    }
+
+    /// Tells `lists` what the sweep learnt. A dropped window leaves the
+    /// windows list unless its group was used again since it was taken
+    /// (it is back on the used list: its window may be a new one).
+    fn give_back(&mut self, lists: &mut Lists) {
+        let now = crate::clock::now_ms();
+        for g in self.windows_dropped.drain(..) {
+            if !lists.used.contains(&g) {
+                lists.windows.pop(&g);
+            }
+        }
+        for g in self.later.drain(..) {
+            lists.used.put(g, now);
+        }
+        lists.used_peak = lists.used_peak.max(lists.used.len());
+    }
+}
+
 impl Default for DedupBudget {
     fn default() -> Self {
         DedupBudget::new()
@@ -435,12 +513,14 @@ impl DedupBudget {
         DedupBudget {
             entries: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
-            lists: Mutex::new(Lists {
+            lists: SleepMutex::new(Lists {
                 windows: lru::LruCache::unbounded(),
                 used: lru::LruCache::unbounded(),
                 windows_peak: 0,
                 used_peak: 0,
             }),
+            swept: SleepMutex::default(),
+            shrink_queued: AtomicBool::new(false),
         }
     }
 
@@ -557,16 +637,6 @@ impl DedupBudget {
         self.resized(len, 0);
     }
 
-    /// `group`'s window left memory while the group stays listed as used
-    /// (the idle sweep, which unloads its log next); `len` is what it held.
-    pub fn forget_window(&self, group: u64, len: usize) {
-        let mut lists = self.lists.lock();
-        lists.windows.pop(&group);
-        lists.shrink_if_sparse();
-        drop(lists);
-        self.resized(len, 0);
-    }
-
     /// The group whose window was used least recently, taken out of the
     /// order (the caller drops its window, or puts it back with
     /// [`Self::touch_window`]).
@@ -577,18 +647,83 @@ impl DedupBudget {
         g
     }
 
-    /// The group used least recently if its last use is at least `idle_ms`
-    /// before `now_ms`, taken out of the list (the caller drops its state,
-    /// or lists it again with [`Self::touch_used`] if it could not).
-    pub fn take_idle(&self, now_ms: u64, idle_ms: u64) -> Option<u64> {
-        let mut lists = self.lists.lock();
-        let (_, &used) = lists.used.peek_lru()?;
-        if used.saturating_add(idle_ms) > now_ms {
-            return None;
+    /// The idle sweep: takes up to `max` groups whose last use is at least
+    /// `idle_ms` before `now_ms` off the used list and hands each to
+    /// `step` (which drops its state), with no lock of the budget held.
+    /// It never waits for the lists' lock: what the last sweep learnt and
+    /// the groups to take are exchanged with the lists under one
+    /// `try_lock`, what this one learnt under a second; a lock held by a
+    /// send leaves them for the next sweep (`Again`). A list left sparse
+    /// is rebuilt by `shrink` (queued on the maintenance worker; it calls
+    /// [`Self::shrink_if_sparse`]).
+    pub fn try_sweep(
+        &self,
+        now_ms: u64,
+        idle_ms: u64,
+        max: usize,
+        mut step: impl FnMut(u64) -> SweepStep,
+        shrink: impl FnOnce(),
+    ) -> SweepEnd {
+        // Taken out, so no lock of the budget is held while `step` runs.
+        let mut swept = std::mem::take(&mut *self.swept.lock());
+        let Some(mut lists) = self.lists.try_lock() else {
+            self.swept.lock().keep(swept);
+            return SweepEnd::Again;
+        };
+        swept.give_back(&mut lists);
+        let mut idle = Vec::new();
+        while idle.len() < max {
+            match lists.used.peek_lru() {
+                Some((_, &used)) if used.saturating_add(idle_ms) <= now_ms => {}
+                _ => break,
+            }
+            if let Some((g, _)) = lists.used.pop_lru() {
+                idle.push(g);
+            }
         }
-        let g = lists.used.pop_lru().map(|(g, _)| g);
-        lists.shrink_if_sparse();
-        g
+        drop(lists);
+        for &id in &idle {
+            let done = step(id);
+            if let Some(len) = done.window_dropped {
+                self.resized(len, 0);
+                swept.windows_dropped.push(id);
+            }
+            if done.later {
+                swept.later.push(id);
+            }
+        }
+        let sparse = match self.lists.try_lock() {
+            Some(mut lists) => {
+                swept.give_back(&mut lists);
+                lists.is_sparse()
+            }
+            None => false,
+        };
+        if sparse && !self.shrink_queued.swap(true, Ordering::AcqRel) {
+            shrink();
+        }
+        let left = !swept.is_empty();
+        self.swept.lock().keep(swept);
+        if idle.len() == max || left {
+            SweepEnd::Again
+        } else {
+            SweepEnd::Done
+        }
+    }
+
+    /// Rebuilds a list that holds less than a quarter of its peak (the
+    /// maintenance worker's job the sweep queues): O(entries) under the
+    /// lists' lock, off the commit thread.
+    pub fn shrink_if_sparse(&self) {
+        self.shrink_queued.store(false, Ordering::Release);
+        self.lists.lock().shrink_if_sparse();
+    }
+
+    /// Holds the lists' lock as a send does while it lists its group
+    /// (tests: what waits for it).
+    #[cfg(test)]
+    pub(crate) fn hold_lists(&self) -> impl Drop + '_ {
+        self.lists.lock()
     }
 
     /// Groups listed as holding state an idle group gives back.

@@ -14,8 +14,10 @@
 //! `idle_evict_ms` give back their send state (dedup window) and their
 //! small loaded log (`group.rs`, "Memory"), at most
 //! [`IDLE_EVICTIONS_PER_SWEEP`] per sweep so a round never waits long
-//! behind one; a sweep that stopped at that bound runs again a millisecond
-//! later. It costs the groups that went idle, nothing per idle group.
+//! behind one; a sweep that stopped at that bound, or found the dedup
+//! lists' lock held by a send (it never waits for it), runs again a
+//! millisecond later. It costs the groups that went idle, nothing per
+//! idle group.
 //!
 //! A failed sync, or a write that failed for any reason but a full disk, is
 //! never retried: the round and every later one fail with `WritesStopped`,
@@ -28,18 +30,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::catalog::Catalog;
 use crate::commit::apply;
 use crate::commit::capture::{Capture, Coordination};
 use crate::commit::context::Context;
-use crate::commit::dedup::DedupBudget;
+use crate::commit::dedup::{DedupBudget, SweepEnd, SweepStep};
 use crate::commit::flusher::Flusher;
 use crate::commit::gate::Gate;
 use crate::commit::journal::{
     self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
 };
+use crate::commit::sleep_lock::{SleepCondvar, SleepMutex};
 use crate::commit::warn_limit::RepeatedWarning;
 use crate::config::FsyncPolicy;
 use crate::error::{Error, Result};
@@ -277,57 +280,54 @@ pub struct GroupAppend {
 /// uncompleted round, writes not yet synced) is listed again as used now,
 /// once the sweep is over: listed at once, it would be idle again at once
 /// under a short `idle_evict_ms` and taken again by this same sweep.
-/// Returns true if it stopped at `max`. On the commit thread, between
-/// rounds (so `completed` is every round applied), holding no lock.
+/// Returns true if it should run again soon: it stopped at `max`, or a
+/// send held the dedup lists' lock, which the sweep never waits for
+/// ([`DedupBudget::try_sweep`]). On the commit thread, between rounds (so
+/// `completed` is every round applied), holding no lock.
 pub(crate) fn evict_idle(shared: &Shared, now_ms: u64, max: usize) -> bool {
     let idle_ms = shared.ctx.config.idle_evict_ms;
     let completed = shared.progress.lock().completed;
-    let mut later = Vec::new();
-    let stopped_at_max = evict_idle_up_to(shared, now_ms, idle_ms, completed, max, &mut later);
-    for id in later {
-        shared.dedup.touch_used(id);
-    }
-    stopped_at_max
+    let end = shared.dedup.try_sweep(
+        now_ms,
+        idle_ms,
+        max,
+        |id| evict_one(shared, id, completed),
+        || {
+            shared
+                .worker
+                .background(|_, shared: &Shared| shared.dedup.shrink_if_sparse())
+        },
+    );
+    end == SweepEnd::Again
 }
 
-/// The loop of [`evict_idle`]; the groups to list again go to `later`.
-fn evict_idle_up_to(
-    shared: &Shared,
-    now_ms: u64,
-    idle_ms: u64,
-    completed: u64,
-    max: usize,
-    later: &mut Vec<u64>,
-) -> bool {
-    for _ in 0..max {
-        let Some(id) = shared.dedup.take_idle(now_ms, idle_ms) else {
-            return false;
-        };
-        let Some(group) = shared.catalog.read().get(id).cloned() else {
-            continue; // deleted
-        };
-        let Some(mut slot) = group.assign.try_lock() else {
-            later.push(id);
-            continue;
-        };
-        if group.is_deleting() {
-            continue; // its window was given back with the delete
-        }
-        if let Some(assign) = slot.as_deref() {
-            if assign.last_round > completed {
-                later.push(id);
-                continue;
-            }
-            let len = assign.dedup.len();
-            *slot = None;
-            shared.dedup.forget_window(id, len);
-        }
-        // Under `assign`: no send can load the log again meanwhile.
-        if group.unload_if_quiet(&shared.ctx) == Unload::Later {
-            later.push(id);
-        }
+/// Drops what idle group `id` holds (its send state, its small quiet
+/// loaded log), with no lock of the dedup budget held.
+fn evict_one(shared: &Shared, id: u64, completed: u64) -> SweepStep {
+    let mut done = SweepStep::default();
+    let Some(group) = shared.catalog.read().get(id).cloned() else {
+        return done; // deleted
+    };
+    let Some(mut slot) = group.assign.try_lock() else {
+        done.later = true;
+        return done;
+    };
+    if group.is_deleting() {
+        return done; // its window was given back with the delete
     }
-    true
+    if let Some(assign) = slot.as_deref() {
+        if assign.last_round > completed {
+            done.later = true;
+            return done;
+        }
+        done.window_dropped = Some(assign.dedup.len());
+        *slot = None;
+    }
+    // Under `assign`: no send can load the log again meanwhile.
+    if group.unload_if_quiet(&shared.ctx) == Unload::Later {
+        done.later = true;
+    }
+    done
 }
 
 /// Called on the commit thread after each completed round.
@@ -337,11 +337,13 @@ pub(crate) struct Shared {
     pub ctx: Context,
     pub catalog: RwLock<Catalog>,
     pub cursors: CursorTable,
-    pub pending: Mutex<Pending>,
+    /// The pending round and the rounds' progress: locks the senders and
+    /// the commit thread share, so their waiters sleep (`sleep_lock.rs`).
+    pub pending: SleepMutex<Pending>,
     /// Wakes the commit thread (work arrived) and senders (room in the round).
-    pub pending_cv: Condvar,
-    pub progress: Mutex<Progress>,
-    pub progress_cv: Condvar,
+    pub pending_cv: SleepCondvar,
+    pub progress: SleepMutex<Progress>,
+    pub progress_cv: SleepCondvar,
     pub writes_stopped: AtomicBool,
     /// Free disk space as last measured: at open, then by the commit thread.
     pub disk_free_bytes: AtomicU64,
@@ -773,7 +775,7 @@ impl Committer {
             if Instant::now() >= deadline {
                 return Work::Timer;
             }
-            self.shared.pending_cv.wait_until(&mut p, deadline);
+            p = self.shared.pending_cv.wait_until(p, deadline);
         }
         std::mem::swap(&mut p.buf, &mut self.round_buf);
         p.buf.clear();
