@@ -55,6 +55,7 @@ pub mod fuzz_targets;
 mod group;
 #[cfg(test)]
 mod segment_erasure_tests;
+mod sleep_lock;
 // The file layer and the record layout are internals; tests, benches and
 // fuzz targets (the `testing` feature) reach into them to build fault
 // injection and raw images, so only they see them as public.

@@ -23,8 +23,11 @@ use std::path::Path;
 /// is placed on purpose. The longest matching prefix places a file.
 const ENGINE_LAYERS: &[(&str, &[&str])] = &[
     // The file layer and what every layer shares: errors, the clock, the
-    // background worker.
-    ("io", &["io/", "error.rs", "clock.rs", "worker.rs"]),
+    // background worker, the locks whose waiters sleep.
+    (
+        "io",
+        &["io/", "error.rs", "clock.rs", "worker.rs", "sleep_lock.rs"],
+    ),
     // Records, segments, extents, cold files, journal framing and the
     // limits that size them: no knowledge of checkpoints or groups.
     // The journal's files and frames are a log too: only the applier of

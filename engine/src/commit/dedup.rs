@@ -45,11 +45,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::commit::sleep_lock::SleepMutex;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::logs::group_log::{scanned, GroupLog, LogContext, Scan, Scanned};
 use crate::logs::record;
+use crate::sleep_lock::SleepMutex;
 
 /// What an idempotence key was used for: a retransmit is the same request
 /// only if it repeats this (storage.md section 12, "One key space"). The

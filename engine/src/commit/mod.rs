@@ -4,7 +4,7 @@
 //! replay, the send path's dedup windows, replication of rounds (and the
 //! round gate a Raft layer holds a leader's rounds at), and the background
 //! write-back ahead of checkpoints; the locks the commit thread shares
-//! with the senders (`sleep_lock.rs`).
+//! with the senders are `SleepMutex`es (`src/sleep_lock.rs`).
 
 pub(crate) mod apply;
 pub(crate) mod capture;
@@ -22,7 +22,6 @@ pub(crate) mod loading;
 mod replicate;
 #[cfg(test)]
 pub(crate) mod replicate_tests;
-pub(crate) mod sleep_lock;
 pub(crate) mod small_log;
 pub(crate) mod thread;
 mod warn_limit;

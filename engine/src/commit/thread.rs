@@ -42,13 +42,13 @@ use crate::commit::gate::Gate;
 use crate::commit::journal::{
     self, body, EntryKind, FrameBuf, FrameKind, FrameWritten, Journal, ENTRY_HEADER_BYTES,
 };
-use crate::commit::sleep_lock::{SleepCondvar, SleepMutex};
 use crate::commit::warn_limit::RepeatedWarning;
 use crate::config::FsyncPolicy;
 use crate::error::{Error, Result};
 use crate::group::{Group, Unload};
 use crate::logs::trash;
 use crate::members::cursors::CursorTable;
+use crate::sleep_lock::{SleepCondvar, SleepMutex};
 use crate::worker::Worker;
 
 struct Committer {

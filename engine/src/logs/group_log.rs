@@ -41,8 +41,8 @@ pub struct LogContext {
     /// replay) and by recovery's restore; read at checkpoint capture (the
     /// pinned list) and by the checkpoint's deletion of journal files.
     /// The commit thread and the checkpointer's reclamation share it, so
-    /// its waiters sleep (`commit/sleep_lock.rs`).
-    pub live: crate::commit::sleep_lock::SleepMutex<crate::logs::reclaim::LiveBytes>,
+    /// its waiters sleep (`sleep_lock.rs`).
+    pub live: crate::sleep_lock::SleepMutex<crate::logs::reclaim::LiveBytes>,
     /// Groups whose log slot is `Damaged` now (STATS
     /// `storage.groups_damaged`, read in O(1)): set by recovery from its
     /// walk over the groups, then one more where a slot becomes damaged (a
