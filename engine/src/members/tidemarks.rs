@@ -160,13 +160,11 @@ impl Engine {
             return Ok(OpTicket::done(c.cursor));
         }
         // Its limit counts every group of the user: while the state loads,
-        // it waits unless the load's bound decides it already.
+        // it waits unless the load's bound decides it already (the user's
+        // count is looked up only then: a join's path pays one atomic load).
+        let load = &self.shared.load;
         let limit = self.shared.ctx.config.groups_per_user_max;
-        if !self
-            .shared
-            .load
-            .admit_join(user, cursors.groups_of(user), limit)
-        {
+        if load.loading() && !load.admit_join(user, cursors.groups_of(user), limit) {
             self.whole_state()?;
         }
         self.check_writable()?;
