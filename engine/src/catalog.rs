@@ -205,6 +205,25 @@ impl Catalog {
         }
     }
 
+    /// Registers the group `make` builds in a slot reserved for it
+    /// ([`Self::reserve_slot`]); the slot is given back if `make` fails.
+    pub(crate) fn register_made<E>(
+        &mut self,
+        make: impl FnOnce(u32) -> std::result::Result<Arc<Group>, E>,
+    ) -> std::result::Result<Arc<Group>, E> {
+        let slot = self.reserve_slot();
+        match make(slot) {
+            Ok(g) => {
+                self.publish(g.clone());
+                Ok(g)
+            }
+            Err(e) => {
+                self.release_slot(slot);
+                Err(e)
+            }
+        }
+    }
+
     /// Gives back a reserved slot whose group was not published.
     pub(crate) fn release_slot(&mut self, slot: u32) {
         debug_assert!(self.by_slot(slot).is_none(), "slot {slot} holds a group");

@@ -368,17 +368,7 @@ impl Pending {
         catalog: &mut Catalog,
         rec: Box<GroupRecord>,
     ) -> std::result::Result<Arc<Group>, String> {
-        let slot = catalog.reserve_slot();
-        match self.make(ctx, rec, slot) {
-            Ok(g) => {
-                catalog.publish(g.clone());
-                Ok(g)
-            }
-            Err(why) => {
-                catalog.release_slot(slot);
-                Err(why)
-            }
-        }
+        catalog.register_made(|slot| self.make(ctx, rec, slot))
     }
 
     /// Makes one group's record in a reserved slot, not yet registered:

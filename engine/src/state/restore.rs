@@ -150,17 +150,7 @@ pub(crate) fn register_group(
     catalog: &mut Catalog,
     rec: Box<GroupRecord>,
 ) -> Result<Arc<Group>, String> {
-    let slot = catalog.reserve_slot();
-    match make_group(ctx, rec, slot) {
-        Ok(g) => {
-            catalog.publish(g.clone());
-            Ok(g)
-        }
-        Err(why) => {
-            catalog.release_slot(slot);
-            Err(why)
-        }
-    }
+    catalog.register_made(|slot| make_group(ctx, rec, slot))
 }
 
 /// The group a checkpoint record describes, in a slot reserved for it
