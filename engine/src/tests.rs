@@ -2275,9 +2275,10 @@ fn check_mixed(e: &Engine, x: &Expected, what: &str) -> Expected {
         let mut records = std::collections::BTreeMap::new();
         // Reads start at the floor (the oldest stored id).
         let head = e.head(g).unwrap();
-        let floor = match floor_of(e, g) {
-            0 => head + 1, // nothing stored
-            f => f,
+        let floor = match e.read(g, 0, 7, 1 << 10) {
+            Ok(b) => b.records().next().map_or(head + 1, |r| r.header.msg_id),
+            Err(Error::BelowRetentionFloor { earliest, .. }) => earliest,
+            Err(other) => panic!("{what}: group {g}: {other}"),
         };
         let mut after = 0;
         loop {
@@ -2373,7 +2374,7 @@ fn mixed_work_until_power_cut(root: &Path, c: &Config, start: Expected, seed: u6
     let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
     // What recovery rebuilt came from the disk alone, so it must survive
     // a cut during recovery too (format-spec/storage.md crash case 7).
-    let x = check_mixed(&e, &start, &format!("seed {seed} at open"));
+    let x = check_mixed(&e, &start, &format!("{:?} seed {seed} at open", c.fsync));
     let ops = Arc::new(AtomicU64::new(0));
     let defer = c.fsync != crate::FsyncPolicy::Always;
     let driver = {
@@ -2790,4 +2791,99 @@ fn a_group_created_again_does_not_keep_the_old_dedup_window() {
     assert_eq!((retry.msg_id, retry.duplicate), (1, true));
     let other = e.append(1, 7, 3, b"new").unwrap();
     assert_eq!((other.msg_id, other.duplicate), (2, false));
+}
+
+/// Under `never` a DeleteGroup is acknowledged before its frame is
+/// durable, so a power cut may take the deletion back. Whatever the cut
+/// keeps of the directory changes the deletion made (its move to the trash,
+/// the removal of its files), a group that comes back comes back whole.
+#[test]
+fn a_deletion_a_power_cut_takes_back_leaves_the_group_whole() {
+    use crate::io::power_cut::{Cut, PowerCutVfs};
+    let mut back = 0;
+    for seed in 0..power_cuts(24) {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = small_config(&root.path().join("data"));
+        c.fsync = crate::FsyncPolicy::Never;
+        c.checkpoint_journal_bytes = 1 << 30;
+        c.cursor_flush_ms = 3_600_000;
+        c.retention_check_ms = 3_600_000;
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        fill(&e, &[1], 30);
+        // Durable: a manifest names group 1 and its segments.
+        e.checkpoint().unwrap();
+        e.delete_group(1).unwrap();
+        // Whatever the worker does with the deleted group's files, it has
+        // done it before the cut.
+        e.wait_worker_idle();
+        e.simulate_crash();
+        control.cut(Cut::Seeded(seed)).unwrap();
+        let e = Engine::open(c).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        match e.head(1) {
+            Err(Error::GroupNotFound { .. }) => {}
+            Ok(head) => {
+                back += 1;
+                assert_eq!(head, 30, "seed {seed}");
+                assert_dense_and_exact(&e, 1, 30);
+            }
+            Err(other) => panic!("seed {seed}: {other}"),
+        }
+        e.close().unwrap();
+    }
+    assert!(back > 0, "some cut took the deletion back");
+}
+
+/// As above, with the id created again and written to before the cut:
+/// the new incarnation's files take the old one's path, so the old
+/// directory may move only once the deletion is durable. A group that
+/// comes back is the old one whole or the new one, never a mix.
+#[test]
+fn a_group_created_again_after_a_deletion_a_power_cut_takes_back_is_never_a_mix() {
+    use crate::io::power_cut::{Cut, PowerCutVfs};
+    let (mut old_back, mut new_back) = (0, 0);
+    for seed in 0..power_cuts(24) {
+        let root = tempfile::tempdir().unwrap();
+        let mut c = small_config(&root.path().join("data"));
+        c.fsync = crate::FsyncPolicy::Never;
+        c.checkpoint_journal_bytes = 1 << 30;
+        c.cursor_flush_ms = 3_600_000;
+        c.retention_check_ms = 3_600_000;
+        let vfs = PowerCutVfs::new(root.path());
+        let control = vfs.control.clone();
+        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        fill(&e, &[1], 30);
+        e.checkpoint().unwrap();
+        e.delete_group(1).unwrap();
+        e.create_group(1).unwrap();
+        for i in 1..=5u64 {
+            let a = e
+                .append(1, 9, 500 + i, format!("new-{i}").as_bytes())
+                .unwrap();
+            assert_eq!(a.msg_id, i);
+        }
+        e.wait_worker_idle();
+        e.simulate_crash();
+        control.cut(Cut::Seeded(seed)).unwrap();
+        let e = Engine::open(c).unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        match e.head(1) {
+            Err(Error::GroupNotFound { .. }) => {}
+            Ok(30) => {
+                old_back += 1;
+                assert_dense_and_exact(&e, 1, 30);
+            }
+            Ok(head) => {
+                new_back += 1;
+                let all = read_all(&e, 1);
+                assert_eq!(all.len() as u64, head, "seed {seed}");
+                for (id, p) in all {
+                    assert_eq!(p, format!("new-{id}").into_bytes(), "seed {seed}: {id}");
+                }
+            }
+            Err(other) => panic!("seed {seed}: {other}"),
+        }
+        e.close().unwrap();
+    }
+    assert!(old_back + new_back > 0, "some cut kept group 1");
 }

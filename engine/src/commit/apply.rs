@@ -183,7 +183,7 @@ pub(crate) fn entry(
     };
     let outcome = match kind {
         EntryKind::DeleteGroup => {
-            delete_group(st, group)?;
+            delete_group(st, group, mode)?;
             // Its next capture writes a tombstone; the group object itself
             // (maybe still on the dirty list) is skipped by captures, and
             // its slot's lists are forgotten (the slot may be reused).
@@ -594,9 +594,14 @@ pub(crate) fn leave(cursors: &CursorTable, group: &Group, user: u64) -> Result<u
 /// DeleteGroup: the group's memberships and registry entry (memory, under
 /// the registry lock), then its files: moved to the trash with one rename,
 /// outside every lock (the maintenance worker removes them, see
-/// `trash.rs`). Repeatable: live, a round a full disk held applies it again
-/// (the group is then unregistered already, and only the move is redone).
-pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
+/// `trash.rs`). Live and replicated, the move waits until the commit
+/// thread knows the journal durable through this entry (under `fsync
+/// always` at the end of its round): a power cut may take back a deletion
+/// whose frame was not durable, and the group must then come back whole.
+/// Replayed, the entry is already in the journal file and moves at once.
+/// Repeatable: live, a round a full disk held applies it again (the group
+/// is then unregistered already, and only the move is redone).
+pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>, mode: Mode) -> Result<()> {
     let id = group.id;
     {
         let mut catalog = st.catalog.write();
@@ -624,7 +629,12 @@ pub(crate) fn delete_group(st: &State<'_>, group: &Arc<Group>) -> Result<()> {
         }
     }
     drop(old);
-    st.ctx.trash.put(&*st.ctx.vfs, id, &st.ctx.group_dir(id))
+    if mode == Mode::Replay {
+        st.ctx.trash.put(&*st.ctx.vfs, id, &st.ctx.group_dir(id))
+    } else {
+        st.ctx.trash.put_when_durable(id, st.ctx.group_dir(id));
+        Ok(())
+    }
 }
 
 /// Removes every membership of a group being deleted.

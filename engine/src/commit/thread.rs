@@ -590,6 +590,7 @@ impl Committer {
             c.journal_bytes
                 .fetch_add(journal::JOURNAL_HEADER_BYTES as u64, Ordering::Relaxed);
             self.unsynced_bytes = 0;
+            self.move_deleted_if_durable();
         }
         let Ok(next) = self.journal.next_start() else {
             return false; // sequence numbers exhausted: writes stop on the next roll
@@ -880,6 +881,8 @@ impl Committer {
             .fetch_add(1, Ordering::Relaxed);
         self.unsynced_bytes = 0;
         self.last_sync = Instant::now();
+        self.move_deleted_if_durable();
+        self.queue_trash_removals();
         Ok(())
     }
 
@@ -976,6 +979,7 @@ impl Committer {
         }
         self.end_hold();
         let lsn = result?;
+        self.make_deletions_durable_before(ops.iter().map(|op| op.group.id))?;
         // A full disk at a segment write: the round is in the journal, so it
         // is durable; the groups before the one that failed are applied, and
         // `apply` goes on from that group once space returns (see there).
@@ -1185,6 +1189,11 @@ impl Committer {
                 }
                 other => other?,
             };
+            // The payload's groups are known only by decoding it: any
+            // deletion waiting for durability is made durable first.
+            if self.shared.ctx.trash.any_awaiting() {
+                self.sync_journal()?;
+            }
             let mut next = 0;
             let mut result = self.apply_replicated(&r.payload, lsn, &mut next);
             while let Err(e @ Error::NoSpace { .. }) = &result {
@@ -1195,6 +1204,8 @@ impl Committer {
             }
             self.end_hold();
             result?;
+            self.move_deleted_if_durable();
+            self.queue_trash_removals();
             self.note_writes_resumed();
             r.reply.set(Ok(r.round_index));
         }
@@ -1281,6 +1292,7 @@ impl Committer {
     fn finish_round(&mut self, round: u64, ops: &[Op], result: Result<()>) {
         match result {
             Ok(()) => {
+                self.move_deleted_if_durable();
                 self.queue_trash_removals();
                 let c = &self.shared.counters;
                 c.rounds.fetch_add(1, Ordering::Relaxed);
@@ -1293,6 +1305,26 @@ impl Committer {
             }
             Err(e) => self.fail(round, e),
         }
+    }
+
+    /// Moves deleted groups' directories into the trash once every frame
+    /// written is durable (`trash.rs`: a deletion a power cut may take
+    /// back leaves its files alone).
+    fn move_deleted_if_durable(&self) {
+        if self.unsynced_bytes == 0 {
+            self.shared.ctx.trash.move_awaiting(&*self.shared.ctx.vfs);
+        }
+    }
+
+    /// A round that names a group whose deletion is not durable yet (the
+    /// id created again, whose first record makes files at the same path)
+    /// first syncs the journal, which holds the deletion, so the old
+    /// directory moves away first.
+    fn make_deletions_durable_before(&mut self, groups: impl Iterator<Item = u64>) -> Result<()> {
+        if self.shared.ctx.trash.awaits_any(groups) {
+            self.sync_journal()?;
+        }
+        Ok(())
     }
 
     /// Directories the round moved to the trash (deleted groups) are

@@ -19,8 +19,20 @@
 //! stays a stray directory of a group that does not exist, moved to the
 //! trash when a group of that id is created again (as 0.1 removed it then).
 //!
+//! A deletion the journal may still lose does not touch the disk: under
+//! `fsync never` or `interval` a DeleteGroup is applied before its frame is
+//! durable, and a power cut may keep any subset of the directory changes
+//! made since (the move, each file's removal), so a deletion the cut takes
+//! back would find its group's files gone. Such a directory waits at its
+//! path ([`Trash::put_when_durable`]) until the commit thread knows the
+//! journal durable through the deletion ([`Trash::move_awaiting`]): after
+//! a sync, or before a round that makes files for the same id. A crash
+//! meanwhile leaves it at its path: replayed, the deletion moves it;
+//! otherwise the stray sweep at the next open does.
+//!
 //! Cost: one rename per deleted group on the commit thread; one unlink per
-//! file and one rmdir per directory on the worker.
+//! file and one rmdir per directory on the worker; a deletion waiting for
+//! durability costs one entry in a list, and a round one atomic load.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +53,11 @@ pub struct Trash {
     next_suffix: AtomicU64,
     /// Entries moved in since the commit thread last queued their removal.
     moved: Mutex<Vec<PathBuf>>,
+    /// Directories of deleted groups whose DeleteGroup may not be durable
+    /// yet, `(group, directory)` in deletion order; `awaiting_count` is
+    /// their number, so a round that finds none pays one atomic load.
+    awaiting: Mutex<Vec<(u64, PathBuf)>>,
+    awaiting_count: AtomicU64,
     /// Snapshot holds: moves are noted in them, and while any is active
     /// the entries stay (a snapshot may be copying from them).
     holds: Arc<dyn Holding>,
@@ -72,6 +89,8 @@ impl Trash {
             dir: data_dir.join("groups").join("trash"),
             next_suffix: AtomicU64::new(now_ns),
             moved: Mutex::new(Vec::new()),
+            awaiting: Mutex::new(Vec::new()),
+            awaiting_count: AtomicU64::new(0),
             holds,
         }
     }
@@ -114,6 +133,52 @@ impl Trash {
             format!("move {} to {}", from.display(), self.dir.display()),
             e,
         ))
+    }
+
+    /// Notes the directory `from` of the deleted group `group_id`, to be
+    /// moved into the trash once the deletion is durable
+    /// ([`Trash::move_awaiting`]). No file-system call.
+    pub fn put_when_durable(&self, group_id: u64, from: PathBuf) {
+        let mut awaiting = self.awaiting.lock();
+        awaiting.push((group_id, from));
+        self.awaiting_count
+            .store(awaiting.len() as u64, Ordering::Release);
+    }
+
+    /// Whether any deletion waits for durability.
+    pub fn any_awaiting(&self) -> bool {
+        self.awaiting_count.load(Ordering::Acquire) > 0
+    }
+
+    /// Whether a deletion of one of `groups` waits for durability: a round
+    /// that makes files at such a group's path must first make the
+    /// deletion durable and move the old directory away.
+    pub fn awaits_any(&self, mut groups: impl Iterator<Item = u64>) -> bool {
+        if !self.any_awaiting() {
+            return false;
+        }
+        let awaiting = self.awaiting.lock();
+        groups.any(|g| awaiting.iter().any(|(id, _)| *id == g))
+    }
+
+    /// Moves into the trash every directory noted by
+    /// [`Trash::put_when_durable`]; the caller knows the journal durable
+    /// through their deletions. A move that fails leaves the directory at
+    /// its path, a stray the next open's sweep moves (logged).
+    pub fn move_awaiting(&self, vfs: &dyn Vfs) {
+        if !self.any_awaiting() {
+            return;
+        }
+        let awaiting = {
+            let mut awaiting = self.awaiting.lock();
+            self.awaiting_count.store(0, Ordering::Release);
+            std::mem::take(&mut *awaiting)
+        };
+        for (group, dir) in awaiting {
+            if let Err(e) = self.put(vfs, group, &dir) {
+                log::warn!("trash: the directory of deleted group {group} stays at its path: {e}");
+            }
+        }
     }
 
     /// The entries moved in since the last call (the commit thread queues
