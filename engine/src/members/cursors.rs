@@ -27,15 +27,28 @@
 //! group's checkpoint state (`dirty.rs`), so a checkpoint reads only the
 //! cursors that moved, never the whole table.
 //!
+//! A flush that finds a quarter or more of a shard's memberships queued
+//! reads the whole shard in its order instead of looking each entry up
+//! (`take_dirty`): an entry's lookup is three dependent cache misses (the
+//! index's control byte, the user's entry, the list), in the order the
+//! ACKs came, while the shard read in order streams through memory, so
+//! the flush of a busy table (W3: every member moves every second) costs
+//! a fraction, and no more than four sequential visits per queued entry.
+//! The queue's buffer is kept from one flush to the next while flushes
+//! use a quarter of it or more: it no longer grows again from nothing,
+//! page by page, on the event loop after every flush.
+//!
 //! Invariants: a flush bit is cleared only atomically with reading the
 //! value it covers (the flush keeps the entries until written); every
 //! membership whose flush bit is set is on its shard's flush queue
 //! (queued by the move that raises it, taken by the flush that clears
 //! it). The queue is a list with one entry per raise of a bit from 0 to
-//! 1: a bit stays up until a flush takes the queue, so a membership has
-//! at most one entry per flush, plus one per leave since that flush (a
-//! leave leaves its entry, as finding it in a list would cost a walk).
-//! The flush reads each entry's bit as it clears it and writes only the
+//! 1: a bit stays up until a flush clears it, so a membership has at most
+//! one entry per flush, plus one per leave since that flush (a leave
+//! leaves its entry, as finding it in a list would cost a walk), plus one
+//! if a flush that read its shard in order cleared a bit raised after it
+//! took the queue (that move's entry is on the next queue).
+//! The flush reads each bit as it clears it and writes only the
 //! values whose bit it found up, so an entry of a membership that left
 //! (gone, or joined again clean), or a second entry after a leave and a
 //! rejoin, writes nothing: every moved cursor is written once. A
@@ -62,6 +75,25 @@ fn find(list: &[Membership], slot: u32) -> Option<&Membership> {
     Some(&list[i])
 }
 
+/// Clears `m`'s flush bit and, if it was up, gives `f` the cursor read
+/// with the clearing.
+fn take_flush_bit(m: &Membership, f: impl FnOnce(u64)) {
+    let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
+    if v & FLUSH_DIRTY != 0 {
+        f(v >> SHIFT);
+    }
+}
+
+/// Gives a flushed queue's buffer back for the next flush to swap in, if
+/// this flush used at least one in [`KEEP_SHARE`] of it; else it is freed
+/// (the moves slowed down: the next queue grows to what they need).
+fn keep_for_next_flush(queue: &Mutex<FlushQueue>, mut taken: Vec<(u64, u32)>) {
+    if taken.len() * KEEP_SHARE >= taken.capacity() && taken.capacity() > 0 {
+        taken.clear();
+        queue.lock().spare = taken;
+    }
+}
+
 /// The cursor table. Its shards are keyed by user id with std's randomly
 /// keyed SipHash (user ids come from clients).
 pub struct CursorTable {
@@ -71,7 +103,7 @@ pub struct CursorTable {
     /// of memberships that left since the last flush (module invariants).
     /// Its own lock, as a move holds its shard only shared; taken after
     /// the shard's.
-    flush_queues: Vec<Mutex<Vec<(u64, u32)>>>,
+    flush_queues: Vec<Mutex<FlushQueue>>,
     hasher: std::collections::hash_map::RandomState,
     /// Join points that do not fit 32 bits, by (slot, user).
     join_overflow: Mutex<HashMap<(u32, u64), u64>>,
@@ -93,6 +125,30 @@ pub struct CursorTable {
 const FLUSH_DIRTY: u64 = 1;
 const CKPT_DIRTY: u64 = 2;
 const SHIFT: u32 = 2;
+
+/// A flush reads a shard in order, not entry by entry, once at least one
+/// in this many of its memberships are queued (module docs).
+const SCAN_SHARE: usize = 4;
+/// A flush keeps a queue's buffer for the next one if it used at least
+/// one in this many of its entries (module docs).
+const KEEP_SHARE: usize = 4;
+
+/// One shard's flush queue (module invariants) and the buffer the next
+/// flush swaps in for it.
+#[derive(Default)]
+struct FlushQueue {
+    queued: Vec<(u64, u32)>,
+    spare: Vec<(u64, u32)>,
+}
+
+/// What a flush ([`CursorTable::take_dirty`]) visited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushVisit {
+    /// Queued entries it took.
+    pub queued: usize,
+    /// Shards it read in order instead of looking their entries up.
+    pub shards_read_in_order: usize,
+}
 
 /// A cursor that moved: its old and new value, and whether this move set
 /// its checkpoint bit (then the caller queues the user for the next
@@ -176,7 +232,7 @@ impl CursorTable {
     /// the caller holds its shard, number `shard` (the index it already
     /// hashed the user to: a move hashes the user once for both).
     fn queue_flush(&self, shard: usize, user: u64, slot: u32) {
-        self.flush_queues[shard].lock().push((user, slot));
+        self.flush_queues[shard].lock().queued.push((user, slot));
     }
 
     fn join_point(&self, user: u64, m: &Membership) -> u64 {
@@ -402,35 +458,52 @@ impl CursorTable {
     /// `f(user, slot, cursor)` and clears its flush bit atomically with the
     /// read, so an ACK racing with this is taken next time (its move either
     /// finds the bit still set, and this read takes its value, or raises it
-    /// again and queues the membership again). Visits the flush queues
-    /// only: O(moved cursors + leaves since the last take + shards),
-    /// whatever the table holds. Returns the number of queued entries it
-    /// visited.
-    pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) -> usize {
-        let mut visited = 0;
+    /// again and queues the membership again). Visits the flush queues'
+    /// entries, or, for a shard with at least one in [`SCAN_SHARE`] of its
+    /// memberships queued, the shard in order (module docs): O(moved
+    /// cursors + leaves since the last take + shards), whatever the table
+    /// holds.
+    pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) -> FlushVisit {
+        let mut visit = FlushVisit::default();
         for (queue, shard) in self.flush_queues.iter().zip(&self.shards) {
             // Taken before the shard is read: a move queues after raising
-            // the bit, so every entry taken has its bit raised by now.
-            let queued = std::mem::take(&mut *queue.lock());
-            if queued.is_empty() {
-                continue;
-            }
-            visited += queued.len();
-            let shard = shard.read();
-            for (user, slot) in queued {
-                // A membership that left since its move is gone (or, joined
-                // again, clean: its bit is down and nothing is written).
-                let found = shard.list(self.hash(user), user);
-                let Some(m) = found.and_then(|list| find(list, slot)) else {
-                    continue;
-                };
-                let v = m.cursor.fetch_and(!FLUSH_DIRTY, Ordering::AcqRel);
-                if v & FLUSH_DIRTY != 0 {
-                    f(user, slot, v >> SHIFT);
+            // the bit, so every entry taken has its bit raised by now (or
+            // cleared by a flush that read the shard in order since).
+            let queued = {
+                let mut queue = queue.lock();
+                let spare = std::mem::take(&mut queue.spare);
+                std::mem::replace(&mut queue.queued, spare)
+            };
+            if !queued.is_empty() {
+                visit.queued += queued.len();
+                let shard = shard.read();
+                if queued.len() * SCAN_SHARE >= shard.memberships() {
+                    visit.shards_read_in_order += 1;
+                    for (user, list) in shard.iter() {
+                        for m in list {
+                            // A plain read first: most bits are down in a
+                            // shard where a quarter moved, and a cleared
+                            // bit needs no locked write.
+                            if m.cursor.load(Ordering::Acquire) & FLUSH_DIRTY != 0 {
+                                take_flush_bit(m, |cursor| f(user, m.slot, cursor));
+                            }
+                        }
+                    }
+                } else {
+                    for &(user, slot) in &queued {
+                        // A membership that left since its move is gone
+                        // (or, joined again, clean: its bit is down and
+                        // nothing is written).
+                        let found = shard.list(self.hash(user), user);
+                        if let Some(m) = found.and_then(|list| find(list, slot)) {
+                            take_flush_bit(m, |cursor| f(user, slot, cursor));
+                        }
+                    }
                 }
             }
+            keep_for_next_flush(queue, queued);
         }
-        visited
+        visit
     }
 
     /// Raises a cursor to a value read from the journal (never lowers it);
@@ -503,7 +576,10 @@ impl CursorTable {
         let queues: usize = self
             .flush_queues
             .iter()
-            .map(|q| q.lock().capacity() * per_queued)
+            .map(|q| {
+                let q = q.lock();
+                (q.queued.capacity() + q.spare.capacity()) * per_queued
+            })
             .sum();
         queues
             + self
@@ -723,13 +799,16 @@ mod tests {
         }
         t.insert(42, 9, 0, 1, None).unwrap();
         let mut seen = Vec::new();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 0);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 0);
         t.advance(42, 9, 5);
         t.advance(42, 9, 6);
         assert!(t.advance_if_at(42, 9, 6, 7).is_some());
         assert_eq!(
             t.take_dirty(|u, s, c| seen.push((u, s, c))),
-            1,
+            FlushVisit {
+                queued: 1,
+                shards_read_in_order: 0
+            },
             "one moved cursor among 100,000 users: one entry visited, queued once"
         );
         assert_eq!(seen, vec![(42, 9, 7)]);
@@ -740,13 +819,130 @@ mod tests {
         t.remove(42, 9);
         t.insert(42, 9, 8, 1, None).unwrap();
         seen.clear();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 2);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 2);
         assert_eq!(seen, vec![(7, 0, 3)]);
         // Recovery's clamp queues what it lowers.
         t.clamp_all(|slot| if slot == 0 { 2 } else { u64::MAX }, |_, _, _| {});
         seen.clear();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 1);
         assert_eq!(seen, vec![(7, 0, 2)]);
+    }
+
+    #[test]
+    fn a_flush_reads_in_order_a_shard_whose_memberships_moved_by_a_quarter_or_more() {
+        // Two memberships per user, one of them moved: half of every
+        // shard's memberships are queued, so every shard is read in
+        // order, and every moved cursor is written once, with its value.
+        let t = CursorTable::new();
+        let users = 20_000u64;
+        for user in 0..users {
+            t.insert(user, 1, 0, 1, None).unwrap();
+            t.insert(user, 2, 0, 1, None).unwrap();
+        }
+        for user in 0..users {
+            t.advance(user, 1, user % 50 + 1);
+        }
+        let mut seen = Vec::new();
+        let visit = t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(
+            visit,
+            FlushVisit {
+                queued: users as usize,
+                shards_read_in_order: SHARDS
+            }
+        );
+        seen.sort_unstable();
+        let moved: Vec<_> = (0..users).map(|u| (u, 1, u % 50 + 1)).collect();
+        assert_eq!(seen, moved);
+        // One move among 40,000 memberships is looked up.
+        t.advance(7, 2, 3);
+        seen.clear();
+        let visit = t.take_dirty(|u, s, c| seen.push((u, s, c)));
+        assert_eq!(
+            visit,
+            FlushVisit {
+                queued: 1,
+                shards_read_in_order: 0
+            }
+        );
+        assert_eq!(seen, vec![(7, 2, 3)]);
+    }
+
+    #[test]
+    fn a_move_behind_a_flush_that_reads_the_shard_in_order_is_written_once() {
+        // Users a and b in one shard, a first in its order; a moved. While
+        // the flush reads the shard it meets a, then b moves (queued on
+        // the next queue): the flush meets b's raised bit and writes its
+        // value, and the next flush finds b's entry with its bit down
+        // and writes nothing more.
+        let t = CursorTable::new();
+        let a = 1;
+        let b = (2..).find(|&u| t.shard_of(u) == t.shard_of(a)).unwrap();
+        t.insert(a, 1, 0, 1, None).unwrap();
+        t.insert(b, 1, 0, 1, None).unwrap();
+        t.advance(a, 1, 4);
+        let mut seen = Vec::new();
+        let visit = t.take_dirty(|u, s, c| {
+            if u == a {
+                t.advance(b, 1, 9);
+            }
+            seen.push((u, s, c));
+        });
+        assert_eq!(
+            visit,
+            FlushVisit {
+                queued: 1,
+                shards_read_in_order: 1
+            }
+        );
+        assert_eq!(seen, vec![(a, 1, 4), (b, 1, 9)]);
+        seen.clear();
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 1);
+        assert!(seen.is_empty(), "b's value was written once");
+        // Its next move is queued and written as any.
+        t.advance(b, 1, 10);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 1);
+        assert_eq!(seen, vec![(b, 1, 10)]);
+    }
+
+    #[test]
+    fn a_flush_queue_keeps_its_buffer_while_the_cursors_keep_moving() {
+        // After two busy flushes each shard has two buffers (the queue and
+        // the one the next flush swaps in): the moves that follow allocate
+        // nothing, where a queue made anew after each flush grew again,
+        // page by page, on the thread that ACKs. Flushes that use under a
+        // quarter of a buffer give it back.
+        let t = CursorTable::new();
+        let users = 20_000u64;
+        for user in 0..users {
+            t.insert(user, 1, 0, 1, None).unwrap();
+        }
+        let idle = t.heap_bytes();
+        let move_all = |to| {
+            for user in 0..users {
+                t.advance(user, 1, to);
+            }
+        };
+        move_all(1);
+        t.take_dirty(|_, _, _| {});
+        move_all(2);
+        t.take_dirty(|_, _, _| {});
+        let kept = t.heap_bytes();
+        let per_entry = std::mem::size_of::<(u64, u32)>();
+        assert!(
+            kept - idle >= 2 * users as usize * per_entry,
+            "two buffers of {users} entries kept: {} bytes",
+            kept - idle
+        );
+        move_all(3);
+        assert_eq!(t.heap_bytes(), kept, "the moves filled a kept buffer");
+        t.take_dirty(|_, _, _| {});
+        assert_eq!(t.heap_bytes(), kept);
+        // Few moves, then none: both buffers go.
+        t.advance(5, 1, 4);
+        t.take_dirty(|_, _, _| {});
+        t.take_dirty(|_, _, _| {});
+        assert_eq!(t.heap_bytes(), idle);
     }
 
     #[test]
@@ -765,14 +961,14 @@ mod tests {
         t.advance(6, 3, 1);
         t.remove(6, 3);
         let mut seen = Vec::new();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 3);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 3);
         assert_eq!(seen, vec![(5, 3, 6)]);
         seen.clear();
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 0);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 0);
         assert!(seen.is_empty(), "nothing left queued");
         // The next move is queued again.
         t.advance(5, 3, 7);
-        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))), 1);
+        assert_eq!(t.take_dirty(|u, s, c| seen.push((u, s, c))).queued, 1);
         assert_eq!(seen, vec![(5, 3, 7)]);
     }
 
@@ -939,7 +1135,7 @@ mod tests {
                 one_by_one.for_each_of_user(user, |slot, c| b.push((slot, c)));
                 prop_assert_eq!(a, b);
             }
-            prop_assert_eq!(bulk.take_dirty(|_, _, _| {}), 0);
+            prop_assert_eq!(bulk.take_dirty(|_, _, _| {}).queued, 0);
             prop_assert_eq!(bulk.memberships(), one_by_one.memberships());
             prop_assert_eq!(bulk.memberships(), rows.len() as u64);
         });

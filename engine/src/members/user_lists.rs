@@ -137,7 +137,13 @@ impl Shard {
         Some(&mut self.store[range.of()])
     }
 
-    /// Every user and their memberships.
+    /// Memberships in the shard. O(1).
+    pub(super) fn memberships(&self) -> usize {
+        self.live
+    }
+
+    /// Every user and their memberships, in the order of the users' index
+    /// (the store's order, but for lists moved since the last compaction).
     pub(super) fn iter(&self) -> impl Iterator<Item = (u64, &[Membership])> {
         self.users
             .iter()
