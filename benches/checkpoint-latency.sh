@@ -8,6 +8,16 @@
 # usage: benches/checkpoint-latency.sh OLD_BIN NEW_BIN [PAIRS] [GROUPS] [MESSAGES]
 #   defaults: 2 pairs, 200,000 groups, 400,000 messages.
 # The load tool is NEW_BIN's `bench` for both (the same driver).
+#
+# Optional, from the moment STATS shows every W1 group created (its sends
+# begin), beside the measured W1:
+#   SIDE_LOAD=1  promotions and creations during the sends: a second W1 of
+#                4,000-byte sends to 256 other groups (100 each, so each
+#                passes the 64 KiB small-group threshold and is promoted),
+#                and 100,000 group creations (`-w create --members 0`).
+#   PERF_DIR=D   `perf record -e sched:sched_switch -e sched:sched_wakeup -g`
+#                of the node until W1 ends, into D/<run>.data (read it with
+#                `perf sched timehist -i D/<run>.data --state`).
 set -euo pipefail
 old=$1
 new=$2
@@ -16,6 +26,41 @@ groups=${4:-200000}
 messages=${5:-400000}
 work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-latency.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+
+# What runs beside the measured W1 once its groups exist (see the top).
+beside() {
+    local pid=$1 port=$2 tag=$3
+    until "$new" stats --addr "127.0.0.1:$port" 2>/dev/null |
+        awk -v n="$groups" '$1 == "engine.groups" && $2 >= n { ok = 1 } END { exit !ok }'; do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.5
+    done
+    local perf_pid="" side=()
+    if [[ -n "${PERF_DIR:-}" ]]; then
+        perf record -e sched:sched_switch -e sched:sched_wakeup -g -p "$pid" \
+            -o "$PERF_DIR/$tag.data" >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
+    if [[ -n "${SIDE_LOAD:-}" ]]; then
+        "$new" bench -w w1 --addr "127.0.0.1:$port" --groups 256 --size 4000 \
+            --messages 25600 -c 1 --in-flight 4 --id-base 1000000000 --json --quiet \
+            >"$work/$tag.promote.json" 2>&1 &
+        side+=($!)
+        "$new" bench -w create --addr "127.0.0.1:$port" --groups 100000 --members 0 \
+            -c 2 --in-flight 16 --id-base 2000000000 --json --quiet \
+            >"$work/$tag.create.json" 2>&1 &
+        side+=($!)
+    fi
+    # Until the measured W1 ends (its STATS are read after it).
+    while kill -0 "$pid" 2>/dev/null && pgrep -f -- "--addr 127.0.0.1:$port --groups $groups " >/dev/null; do
+        sleep 0.2
+    done
+    for p in "${side[@]}"; do wait "$p" || echo "$tag: a side load failed: $(tail -c 300 "$work/$tag".*.json)"; done
+    if [[ -n "$perf_pid" ]]; then
+        kill -INT "$perf_pid" 2>/dev/null || true
+        wait "$perf_pid" || true
+    fi
+}
 
 run() {
     local bin=$1 tag=$2
@@ -28,11 +73,18 @@ run() {
     "$new" ping --addr "127.0.0.1:$port" >/dev/null 2>&1 || sleep 1
     local load_before
     load_before=$(cut -d' ' -f1 /proc/loadavg)
+    if [[ -n "${SIDE_LOAD:-}" || -n "${PERF_DIR:-}" ]]; then
+        beside "$pid" "$port" "$tag" &
+    fi
+    local beside_pid=$!
     "$new" bench -w w1 --addr "127.0.0.1:$port" --groups "$groups" \
         --messages "$messages" -c 8 --in-flight 16 --id-base 0 --json --quiet \
         >"$work/$tag.json"
     local load_after
     load_after=$(cut -d' ' -f1 /proc/loadavg)
+    if [[ -n "${SIDE_LOAD:-}" || -n "${PERF_DIR:-}" ]]; then
+        wait "$beside_pid" || true
+    fi
     "$new" stats --addr "127.0.0.1:$port" >"$work/$tag.stats"
     kill -TERM "$pid"
     wait "$pid" || true

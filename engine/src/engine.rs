@@ -217,6 +217,11 @@ impl Engine {
         gate: Option<crate::commit::gate::Gate>,
     ) -> Result<Engine> {
         config.validate()?;
+        // Every file written from here on is noted for the flusher's next
+        // pass (`io/written.rs`).
+        let written = Arc::new(crate::io::written::WrittenFiles::default());
+        let vfs: Arc<dyn Vfs> =
+            Arc::new(crate::io::written::TrackWrites::new(vfs, written.clone()));
         // A directory of another storage format is refused before anything
         // (the lock file, a directory) is written to it; recovery checks
         // again under the lock and marks a new directory.
@@ -285,7 +290,7 @@ impl Engine {
         }
         let flusher = crate::commit::flusher::Flusher::start(
             shared.ctx.vfs.clone(),
-            shared.ctx.config.data_dir.clone(),
+            written,
             shared.ctx.config.checkpoint_journal_bytes,
         );
         let checkpointer_thread = crate::state::checkpointer::start(

@@ -24,7 +24,7 @@ pub struct FaultyVfs {
 /// Counters and switches of a [`FaultyVfs`].
 #[derive(Default)]
 pub struct FaultControl {
-    /// fdatasync calls on files.
+    /// fdatasync (and write-back) calls on files.
     pub file_syncs: AtomicU64,
     /// fsync calls on directories.
     pub dir_syncs: AtomicU64,
@@ -78,11 +78,24 @@ pub struct FaultControl {
     /// what a step touched, whichever thread did it
     /// ([`FaultControl::log_paths`]).
     path_log: Mutex<Option<Vec<PathBuf>>>,
+    /// The path of every file synced (`sync_data`, `write_back`), in order, until
+    /// [`FaultControl::take_synced_files`].
+    synced_files: Mutex<Vec<PathBuf>>,
 }
 
 impl FaultControl {
     pub fn syncs(&self) -> u64 {
         self.file_syncs.load(Ordering::SeqCst) + self.dir_syncs.load(Ordering::SeqCst)
+    }
+
+    /// The files synced since the last call, in the order of their syncs.
+    pub fn take_synced_files(&self) -> Vec<PathBuf> {
+        std::mem::take(&mut *self.synced_files.lock())
+    }
+
+    /// How many file syncs [`FaultControl::take_synced_files`] would return.
+    pub fn synced_files_len(&self) -> usize {
+        self.synced_files.lock().len()
     }
 
     /// Operations of the file layer made by `thread` so far.
@@ -255,7 +268,16 @@ impl VfsFile for FaultyFile {
         self.control.count_op(&self.path);
         self.control.check_sync(&self.path)?;
         self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
+        self.control.synced_files.lock().push(self.path.clone());
         self.inner.sync_data()
+    }
+    /// Counted and failed like a sync (it reports write-back errors).
+    fn write_back(&self) -> io::Result<()> {
+        self.control.count_op(&self.path);
+        self.control.check_sync(&self.path)?;
+        self.control.file_syncs.fetch_add(1, Ordering::SeqCst);
+        self.control.synced_files.lock().push(self.path.clone());
+        self.inner.write_back()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.control.count_op(&self.path);

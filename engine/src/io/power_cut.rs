@@ -466,6 +466,11 @@ impl VfsFile for PowerCutFile {
         self.control.sync_file(self.ino);
         Ok(())
     }
+    /// Written back to the device, durable only once synced: the model
+    /// keeps every byte since the last sync at risk.
+    fn write_back(&self) -> io::Result<()> {
+        self.inner.write_back()
+    }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)?;
         self.control.set_len(self.ino, len);

@@ -1,6 +1,6 @@
 //! `--spawn`: a node started as a child process on a fresh data directory,
-//! stopped (SIGTERM, then SIGKILL) and its directory removed when dropped
-//! (kept with `--keep-data`).
+//! stopped (SIGTERM, then SIGKILL once it stops making progress) and its
+//! directory removed when dropped (kept with `--keep-data`).
 //! The population workload also stops it cleanly, kills it, restarts the
 //! same binary on the same directory, and reads its memory (`/proc`) and
 //! its directory's size. A workload may pass the node extra `serve` flags
@@ -15,10 +15,15 @@ use std::time::{Duration, Instant};
 use super::conn::Conn;
 use tidemark_protocol::{Request, Response};
 
-/// How long a node may take to exit after SIGTERM before it is killed.
-const STOP_WAIT: Duration = Duration::from_secs(20);
+/// How long a node stopping after SIGTERM may go without any progress (no
+/// CPU time used, no byte read or written) before it is killed. A clean
+/// stop first finishes a background load and then checkpoints, which at
+/// ten million groups takes minutes; a fixed wait of 20 s killed such
+/// nodes mid-checkpoint and left crash directories behind.
+const STOP_STALL: Duration = Duration::from_secs(20);
 /// How long a clean stop that is measured may take (its final checkpoint
-/// grows with the population on 0.1) before it counts as failed.
+/// grows with the population on 0.1) before it counts as failed; also the
+/// ceiling of the wait for a node stopped when dropped, however busy.
 const CLEAN_STOP_WAIT: Duration = Duration::from_secs(1800);
 /// How long a restart may take to answer its first request.
 const RESTART_WAIT: Duration = Duration::from_secs(3600);
@@ -325,20 +330,8 @@ impl Drop for SpawnedNode {
             // SAFETY: kill(2) on our own child's pid, not yet reaped.
             unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         }
-        let start = Instant::now();
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if start.elapsed() < STOP_WAIT => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                _ => {
-                    eprintln!("tidemark bench: the node did not stop after SIGTERM; killing it");
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-            }
+        if !wait_while_progressing(&mut self.child, STOP_STALL, CLEAN_STOP_WAIT) {
+            eprintln!("tidemark bench: the node did not stop after SIGTERM; killed it");
         }
         if self.keep {
             eprintln!(
@@ -348,5 +341,120 @@ impl Drop for SpawnedNode {
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// What a process has done so far: its CPU time in clock ticks (`utime` +
+/// `stime` of `/proc/<pid>/stat`) and the bytes it read and wrote
+/// (`rchar` + `wchar` of `/proc/<pid>/io`, 0 where that file cannot be
+/// read). Either grows while the process works. `None` once the process
+/// is gone.
+fn progress_of(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: the
+    // fields counted from the state (field 3) follow its last ')'.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    // utime and stime are fields 14 and 15, so the 12th and 13th here.
+    let cpu = tick(11)? + tick(12)?;
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .map(|text| {
+            text.lines()
+                .filter_map(|l| {
+                    l.strip_prefix("rchar:")
+                        .or_else(|| l.strip_prefix("wchar:"))
+                })
+                .filter_map(|v| v.trim().parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    Some((cpu, io))
+}
+
+/// Waits for `child`, already asked to stop, to exit: as long as it keeps
+/// making progress ([`progress_of`]) and at most `ceiling`; kills it once
+/// it made none for `stall`, or at the ceiling. True if it exited by
+/// itself.
+fn wait_while_progressing(child: &mut Child, stall: Duration, ceiling: Duration) -> bool {
+    let start = Instant::now();
+    let mut last = progress_of(child.id());
+    let mut last_change = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return true,
+            Ok(None) => {}
+            Err(_) => break,
+        }
+        let now = progress_of(child.id());
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        }
+        if last_change.elapsed() >= stall || start.elapsed() >= ceiling {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that ignores SIGTERM and runs `script` (bash).
+    fn stubborn(script: &str) -> Child {
+        let mut child = Command::new("bash")
+            .arg("-c")
+            .arg(format!("trap '' TERM; {script}"))
+            .spawn()
+            .unwrap();
+        // Let bash set its trap before the signal comes.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) on our own child's pid, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        assert!(matches!(child.try_wait(), Ok(None)), "ignores SIGTERM");
+        child
+    }
+
+    #[test]
+    fn a_stopping_process_that_works_is_waited_for_past_the_stall_time() {
+        // Busy for 4 s, twice the stall time: a fixed wait kills it.
+        let mut child = stubborn("while [ $SECONDS -lt 4 ]; do :; done");
+        let start = Instant::now();
+        assert!(
+            wait_while_progressing(&mut child, Duration::from_secs(2), Duration::from_secs(60)),
+            "killed while it was working, after {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_stopping_process_that_does_nothing_is_killed_after_the_stall_time() {
+        let mut child = stubborn("exec sleep 60");
+        let start = Instant::now();
+        assert!(!wait_while_progressing(
+            &mut child,
+            Duration::from_secs(1),
+            Duration::from_secs(60)
+        ));
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_ceiling_ends_the_wait_for_a_process_that_keeps_working() {
+        let mut child = stubborn("while :; do :; done");
+        assert!(!wait_while_progressing(
+            &mut child,
+            Duration::from_secs(5),
+            Duration::from_secs(1)
+        ));
     }
 }
