@@ -19,6 +19,11 @@
 # user to GROUP answered follow the first PULL, and the node is then
 # killed (SIGKILL) without waiting for the end of the load: at 10 M
 # groups a full load takes minutes.
+# With UNREAD_USER set (GROUP and USER not needed), the first request is
+# an UNREAD of that user: the seconds from spawn to its answer follow the
+# listening time, with the number of groups it listed, and the node is
+# then killed (SIGKILL). A build or directory without a user index
+# answers it only after the whole load; with one, from the index.
 set -euo pipefail
 BIN=$1
 SRC=$2
@@ -38,6 +43,16 @@ until grep -q listening "$WORK/out"; do
 done
 end=$(date +%s.%N)
 listening=$(echo "$end - $start" | bc)
+if [ -n "${UNREAD_USER:-}" ]; then
+    addr=$(sed -n 's/^tidemark listening on //p' "$WORK/out")
+    "$BIN" unread --addr "$addr" --user "$UNREAD_USER" --timeout-ms 3600000 --json >"$WORK/unread"
+    answered=$(date +%s.%N)
+    groups=$(grep -o '"group"' "$WORK/unread" | wc -l)
+    echo "$listening $(echo "$answered - $start" | bc) $groups"
+    kill -KILL "$pid"
+    wait "$pid" || true
+    exit 0
+fi
 if [ -n "$GROUP" ]; then
     addr=$(sed -n 's/^tidemark listening on //p' "$WORK/out")
     "$BIN" pull --addr "$addr" --group "$GROUP" --user "$USER_ID" --no-ack --json >/dev/null

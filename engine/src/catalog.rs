@@ -76,6 +76,12 @@ pub(crate) trait Unregistered: Send + Sync {
         cursors: &CursorTable,
         id: u64,
     ) -> Result<Option<Arc<Group>>>;
+
+    /// The saved groups `user` may be a member of (a superset, from the
+    /// user index: each is checked by [`Self::take`], whose member rows
+    /// decide), or `None` when the saved state holds no complete index
+    /// (then only the whole load tells a user's groups).
+    fn groups_of_user(&self, ctx: &Context, user: u64) -> Result<Option<Vec<u64>>>;
 }
 
 impl Default for Catalog {
@@ -154,6 +160,30 @@ impl Catalog {
             }
         };
         pending.take(ctx, catalog, cursors, id)
+    }
+
+    /// Registers every saved group `user` is a member of, so that the
+    /// cursor table holds all of the user's memberships: `true` when done
+    /// (or no load is pending), `false` when the saved state holds no
+    /// complete user index (then only the whole load does it). Each group
+    /// the index names goes through [`Self::find`]: a stale entry costs a
+    /// lookup and registers nothing of the user.
+    pub(crate) fn find_groups_of_user(
+        catalog: &RwLock<Catalog>,
+        ctx: &Context,
+        cursors: &CursorTable,
+        user: u64,
+    ) -> Result<bool> {
+        let Some(pending) = catalog.read().pending().cloned() else {
+            return Ok(true);
+        };
+        let Some(groups) = pending.groups_of_user(ctx, user)? else {
+            return Ok(false);
+        };
+        for id in groups {
+            Self::find(catalog, ctx, cursors, id)?;
+        }
+        Ok(true)
     }
 
     pub fn by_slot(&self, slot: u32) -> Option<&Arc<Group>> {

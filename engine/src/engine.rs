@@ -380,6 +380,25 @@ impl Engine {
         crate::commit::loading::whole_state(&self.shared.load)
     }
 
+    /// `Ok` once the cursor table holds every membership of `user`: the
+    /// state is whole, or every saved group the user index names for the
+    /// user is registered now (`Catalog::find_groups_of_user`); before,
+    /// as [`Self::whole_state`] (a saved state without a complete index
+    /// tells a user's groups only once every group is loaded).
+    pub(crate) fn user_state(&self, user: u64) -> Result<()> {
+        let s = &self.shared;
+        if !s.load.loading() {
+            return Ok(());
+        }
+        if let Some(e) = s.load.failure() {
+            return Err(e);
+        }
+        if crate::catalog::Catalog::find_groups_of_user(&s.catalog, &s.ctx, &s.cursors, user)? {
+            return Ok(());
+        }
+        self.whole_state()
+    }
+
     /// Whether requests that got `NotReady` with [`crate::STATE_TICKET`]
     /// may run again: the background load ended (or stopped at damage,
     /// whose error they then get). One atomic load.

@@ -639,6 +639,7 @@ fn state_seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         pinned: vec![1, 2],
         groups_per_user_bound: Some(3),
         groups_bound: Some(4),
+        user_index: false,
     };
     out.push((
         "manifest_decode",

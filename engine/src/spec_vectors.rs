@@ -778,14 +778,22 @@ fn the_engine_writes_the_membership_vectors() {
         ),
         (5, true, 1, vec![(1, 113)], None)
     );
+    // The member row, and the user index's entry of the join (under the
+    // user's id, after every item of group 5).
     assert_eq!(
         items[1..],
-        [crate::state::Item::MemberPut {
-            group: 5,
-            user: 300,
-            cursor: 1,
-            join_point: 1
-        }]
+        [
+            crate::state::Item::MemberPut {
+                group: 5,
+                user: 300,
+                cursor: 1,
+                join_point: 1
+            },
+            crate::state::Item::IndexPut {
+                user: 300,
+                group: 5
+            }
+        ]
     );
 
     engine
@@ -905,6 +913,7 @@ fn manifest_vector_matches_the_encoder_and_decodes_to_its_fields() {
         pinned: vec![1],
         groups_per_user_bound: Some(5),
         groups_bound: Some(2),
+        user_index: false,
     };
     assert_eq!(manifest::encode(&m).unwrap(), v);
     assert_eq!(manifest::decode(&v).unwrap(), m);

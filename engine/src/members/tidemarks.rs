@@ -506,15 +506,19 @@ impl Engine {
     /// ascending group id order. O(groups of the user). A group whose
     /// deletion is pending is left out, as every request treats it as gone.
     pub fn unread(&self, user: u64) -> Vec<Unread> {
-        self.shared.load.wait_settled();
+        if self.user_state(user).is_err() {
+            self.shared.load.wait_settled();
+        }
         self.unread_now(user)
     }
 
-    /// [`Engine::unread`] that never waits: `NotReady` while the
-    /// checkpoint's state loads in the background (a user's groups are
-    /// known only once every group is).
+    /// [`Engine::unread`] that never waits for the whole state: while the
+    /// checkpoint's state loads in the background, the user's saved groups
+    /// are registered from the user index first (a lookup per group it
+    /// names); `NotReady` when the saved state has no complete index (a
+    /// user's groups are then known only once every group is).
     pub fn try_unread(&self, user: u64) -> Result<Vec<Unread>> {
-        self.whole_state()?;
+        self.user_state(user)?;
         Ok(self.unread_now(user))
     }
 

@@ -76,6 +76,9 @@ pub struct DataDir {
     rejected: Vec<(PathBuf, Located)>,
     groups: BTreeMap<u64, GroupRecord>,
     members: BTreeMap<u64, Vec<Member>>,
+    /// The user index's entries, `(user, group)` ascending (the merge's
+    /// order): `verify` checks they cover every member row.
+    user_index: Vec<(u64, u64)>,
 }
 
 /// One membership as the checkpoint records it.
@@ -282,6 +285,7 @@ impl DataDir {
             rejected: Vec::new(),
             groups: BTreeMap::new(),
             members: BTreeMap::new(),
+            user_index: Vec::new(),
         };
         dir.load_state()?;
         Ok(dir)
@@ -323,6 +327,7 @@ impl DataDir {
                     Err(reason) => {
                         self.groups.clear();
                         self.members.clear();
+                        self.user_index.clear();
                         let at = damage::locate_run_damage(&*self.ctx.vfs, &self.path, &m.runs);
                         (reason, at)
                     }
@@ -350,7 +355,7 @@ impl DataDir {
     }
 
     fn merge(&mut self, m: &Manifest) -> std::result::Result<(), String> {
-        let (groups, members) = (&mut self.groups, &mut self.members);
+        let (groups, members, index) = (&mut self.groups, &mut self.members, &mut self.user_index);
         checkpointer::with_merge(&self.ctx, &m.runs, true, |items| {
             for item in items {
                 match item? {
@@ -367,6 +372,7 @@ impl DataDir {
                         cursor,
                         join_point,
                     }),
+                    Item::IndexPut { user, group } => index.push((user, group)),
                     other => return Err(format!("a full merge yielded {other:?}")),
                 }
             }

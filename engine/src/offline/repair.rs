@@ -885,6 +885,7 @@ impl DataDir {
         self.rejected.clear();
         self.groups.clear();
         self.members.clear();
+        self.user_index.clear();
         self.load_state()
     }
 }

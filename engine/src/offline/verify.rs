@@ -23,6 +23,8 @@
 //!   checkpoint records (invariants 1, 2, 4), timestamps that never
 //!   decrease (8), a small group's extents in journal and cold files; a
 //!   group the checkpoint records damaged is a finding;
+//! - when the manifest says its runs hold a complete user index, an entry
+//!   for every member row (storage.md 6.1), each missing one named;
 //! - files the node's open sweeps (`damage::find_strays`), as notes, when
 //!   nothing was written after the checkpoint.
 //!
@@ -218,9 +220,45 @@ impl DataDir {
             v.findings.extend(findings);
             meter.end();
         }
+        self.verify_user_index(&mut v);
         self.verify_strays(&mut v)?;
         meter.finish();
         Ok(v)
+    }
+
+    /// When the manifest says its runs hold a complete user index: an
+    /// entry for every member row (storage.md 6.1). A missing one is a
+    /// writer's bug no read notices otherwise: while a later open loads
+    /// the state, UNREAD and SYNC of that user would leave the group out.
+    fn verify_user_index(&self, v: &mut Verified) {
+        let Some((file, m)) = &self.manifest else {
+            return;
+        };
+        if !m.user_index {
+            return;
+        }
+        for (&group, members) in &self.members {
+            for member in members {
+                if self
+                    .user_index
+                    .binary_search(&(member.user, group))
+                    .is_err()
+                {
+                    v.findings.push(Finding {
+                        group: Some(group),
+                        file: Some(file.clone()),
+                        offset: 0,
+                        what: format!(
+                            "the user index has no entry (user {}, tag 2, group {group}) for \
+                             the member row of user {} in group {group}: while a background \
+                             load runs, UNREAD and SYNC of that user would leave the group out",
+                            member.user, member.user
+                        ),
+                        damage: true,
+                    });
+                }
+            }
+        }
     }
 
     /// Files under `groups/` that no group of a checkpoint explains, as

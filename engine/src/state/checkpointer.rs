@@ -337,6 +337,97 @@ pub(crate) fn write_run<T: std::borrow::Borrow<Item>>(
     result
 }
 
+/// Tests: the checkpointer of the engine opened on a data directory
+/// writes as a build before the user index did (no index entries, the
+/// manifest's flag off), to make the directories such a build left.
+pub(crate) mod older_build {
+    use std::path::Path;
+
+    #[cfg(test)]
+    static DIRS: parking_lot::Mutex<Vec<std::path::PathBuf>> = parking_lot::Mutex::new(Vec::new());
+
+    /// Whether the checkpointer of `dir` writes as an older build.
+    #[cfg(not(test))]
+    pub(crate) fn acts_on(_dir: &Path) -> bool {
+        false
+    }
+
+    #[cfg(test)]
+    pub(crate) fn acts_on(dir: &Path) -> bool {
+        DIRS.lock().iter().any(|d| d == dir)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set(dir: &Path, on: bool) {
+        let mut dirs = DIRS.lock();
+        dirs.retain(|d| d != dir);
+        if on {
+            dirs.push(dir.to_path_buf());
+        }
+    }
+}
+
+/// `(user, group)` of every member row the merge of `runs` (every run of
+/// the checkpoint in force) yields, ascending: the user index of a state
+/// written without one. Costs a full merge of the runs and 16 bytes a
+/// membership, once per directory (the first checkpoint after an older
+/// build's), on the checkpointer thread.
+fn user_index_of_runs(ctx: &LogContext, runs: &[RunMeta]) -> Result<Vec<(u64, u64)>> {
+    let mut index = Vec::new();
+    with_merge(ctx, runs, true, |items| {
+        for item in items {
+            if let Item::MemberPut { group, user, .. } = item? {
+                index.push((user, group));
+            }
+        }
+        Ok(())
+    })
+    .and_then(|r| r)
+    .map_err(|reason| Error::Corrupt {
+        path: state_dir(&ctx.config.data_dir),
+        group: None,
+        offset: 0,
+        reason: format!("the runs to index cannot be read: {reason}"),
+    })?;
+    index.sort_unstable();
+    log::info!(
+        "user index: {} entries written for a state stored without one",
+        index.len()
+    );
+    Ok(index)
+}
+
+/// The delta buffer's items with an `IndexPut` for each of `index`
+/// (ascending, unique) merged in, in key order; on a key both hold, the
+/// buffer's item (a change captured now) wins.
+fn with_index_entries<'a>(
+    delta: &'a BTreeMap<Key, Item>,
+    index: &'a [(u64, u64)],
+) -> impl Iterator<Item = std::result::Result<std::borrow::Cow<'a, Item>, String>> + 'a {
+    use std::borrow::Cow;
+    let mut buffered = delta.values().peekable();
+    let mut entries = index
+        .iter()
+        .map(|&(user, group)| Item::IndexPut { user, group })
+        .peekable();
+    std::iter::from_fn(move || {
+        let from_buffer = match (buffered.peek(), entries.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(a), Some(b)) => a.key() <= b.key(),
+        };
+        if !from_buffer {
+            return entries.next().map(|e| Ok(Cow::Owned(e)));
+        }
+        let item = buffered.next()?;
+        if entries.peek().is_some_and(|e| e.key() == item.key()) {
+            entries.next();
+        }
+        Some(Ok(Cow::Borrowed(item)))
+    })
+}
+
 /// The mappings of a run's parts, checked against their lengths.
 pub(crate) fn map_run(ctx: &LogContext, run: &RunMeta) -> Result<Vec<memmap2::Mmap>, String> {
     let dir = state_dir(&ctx.config.data_dir);
@@ -689,16 +780,30 @@ impl Checkpointer {
         let mut changed = ck.take_members_changed();
         changed.sort_unstable();
         changed.dedup();
+        // The user index follows the member row (storage.md 6.1): a join's
+        // entry is written with its row, so the index holds every
+        // membership of the state; a leave's delete with its.
+        let indexed = !older_build::acts_on(&ctx.config.data_dir);
         for &user in &changed {
-            self.put(match cursors.take_for_checkpoint(user, g.slot) {
-                Some(m) => Item::MemberPut {
-                    group: g.id,
-                    user,
-                    cursor: m.cursor,
-                    join_point: m.join_point,
-                },
-                None => Item::MemberDelete { group: g.id, user },
-            });
+            match cursors.take_for_checkpoint(user, g.slot) {
+                Some(m) => {
+                    self.put(Item::MemberPut {
+                        group: g.id,
+                        user,
+                        cursor: m.cursor,
+                        join_point: m.join_point,
+                    });
+                    if indexed {
+                        self.put(Item::IndexPut { user, group: g.id });
+                    }
+                }
+                None => {
+                    self.put(Item::MemberDelete { group: g.id, user });
+                    if indexed {
+                        self.put(Item::IndexDelete { user, group: g.id });
+                    }
+                }
+            }
         }
         let moved = ck.take_cursors_moved();
         drop(ck);
@@ -806,7 +911,15 @@ impl Checkpointer {
         let mut runs: Vec<RunMeta> = self.last.as_ref().map_or(Vec::new(), |m| m.runs.clone());
         let mut written = 0u64;
         let delta_seq = self.next_run_seq;
-        let delta = write_run(ctx, delta_seq, self.delta.values().map(Ok))?;
+        // Runs without a complete user index (written by an older build)
+        // get one now: an entry for every member row they hold, written
+        // with this delta, whose own rows carry theirs.
+        let older_build = older_build::acts_on(&ctx.config.data_dir);
+        let index = match &self.last {
+            Some(m) if !m.user_index && !older_build => user_index_of_runs(ctx, &runs)?,
+            _ => Vec::new(),
+        };
+        let delta = write_run(ctx, delta_seq, with_index_entries(&self.delta, &index))?;
         if let Some(run) = delta {
             self.next_run_seq = next_seq(self.next_run_seq, "run")?;
             written += run.bytes();
@@ -866,6 +979,8 @@ impl Checkpointer {
             // every group and membership is registered).
             groups_per_user_bound: Some(self.shared.cursors.groups_per_user_high()),
             groups_bound: Some(self.shared.catalog.read().len_high() as u64),
+            // Complete before, or made complete by this delta (above).
+            user_index: !older_build,
         };
         let mdir = manifest::manifest_dir(&ctx.config.data_dir);
         manifest::store(&*ctx.vfs, &mdir, &m)?;

@@ -477,6 +477,8 @@ fn merge(runs: Vec<Vec<Item>>, includes_oldest: bool) -> Vec<Item> {
 #[test]
 fn merge_masking_table() {
     let del = |g| Item::GroupDelete { group: g };
+    let iput = |user, group| Item::IndexPut { user, group };
+    let idel = |user, group| Item::IndexDelete { user, group };
     let mdel = |g, u| Item::MemberDelete { group: g, user: u };
     // (name, runs newest first, output of a partial merge, output of a full merge)
     type Case = (&'static str, Vec<Vec<Item>>, Vec<Item>, Vec<Item>);
@@ -553,6 +555,33 @@ fn merge_masking_table() {
             vec![group(1, true, 4)],
             vec![group(1, false, 4)],
         ),
+        (
+            "a group's masking items hide no index entry of the user with its id",
+            vec![
+                vec![del(1), group(2, true, 0)],
+                vec![
+                    group(1, false, 3),
+                    member(1, 2, 3),
+                    iput(1, 7),
+                    iput(2, 1),
+                    iput(2, 5),
+                ],
+            ],
+            vec![
+                del(1),
+                iput(1, 7),
+                group(2, true, 0),
+                iput(2, 1),
+                iput(2, 5),
+            ],
+            vec![iput(1, 7), group(2, false, 0), iput(2, 1), iput(2, 5)],
+        ),
+        (
+            "index entries: newest wins, deletes go with the oldest run",
+            vec![vec![idel(3, 1), iput(3, 2)], vec![iput(3, 1), idel(3, 2)]],
+            vec![idel(3, 1), iput(3, 2)],
+            vec![iput(3, 2)],
+        ),
     ];
     for (name, runs, partial, full) in cases {
         let n = runs.len();
@@ -566,6 +595,69 @@ fn merge_masking_table() {
             "{name}: partial then full ({n} runs)"
         );
     }
+}
+
+/// The user index's items (storage.md 6.1, kinds 5 and 6): exactly the
+/// documented bytes, after a member row of the group whose id is the
+/// user's, and found by a lookup of the user's entries.
+#[test]
+fn index_items_as_documented() {
+    let items = vec![
+        Item::MemberPut {
+            group: 7,
+            user: 5,
+            cursor: 0,
+            join_point: 1,
+        },
+        Item::IndexPut { user: 7, group: 3 },
+        Item::IndexDelete { user: 7, group: 5 },
+    ];
+    let mut raw = Vec::new();
+    let mut prev = None;
+    for it in &items {
+        encode_item(&mut raw, it, prev);
+        prev = Some(it.key());
+    }
+    assert_eq!(
+        raw,
+        [0x03, 0x07, 0x05, 0x00, 0x00, 0x05, 0x00, 0x03, 0x06, 0x00, 0x02]
+    );
+    assert_eq!(decode_raw(&raw, 3, Key::member(7, 5)).unwrap(), items);
+    // The user's entries, newest run first, through the block indexes.
+    let newer = write_run(
+        &[group(6, false, 0), Item::IndexDelete { user: 7, group: 3 }],
+        RUN_FILE_BYTES_MIN,
+    );
+    let older = write_run(
+        &[
+            group(7, false, 0),
+            member(7, 5, 0),
+            Item::IndexPut { user: 7, group: 3 },
+            Item::IndexPut { user: 7, group: 9 },
+            Item::IndexPut { user: 8, group: 1 },
+        ],
+        RUN_FILE_BYTES_MIN,
+    );
+    let slices: Vec<Vec<&[u8]>> = [&newer, &older]
+        .iter()
+        .map(|r| r.iter().map(|(b, _)| &b[..]).collect())
+        .collect();
+    let metas: Vec<Vec<PartMeta>> = [&newer, &older]
+        .iter()
+        .map(|r| r.iter().map(|(_, m)| m.clone()).collect())
+        .collect();
+    let parts: Vec<&[PartMeta]> = metas.iter().map(|m| &m[..]).collect();
+    assert_eq!(
+        crate::state::lazy::index_of_user(&slices, &parts, 7).unwrap(),
+        vec![9]
+    );
+    assert_eq!(
+        crate::state::lazy::index_of_user(&slices, &parts, 8).unwrap(),
+        vec![1]
+    );
+    assert!(crate::state::lazy::index_of_user(&slices, &parts, 6)
+        .unwrap()
+        .is_empty());
 }
 
 #[test]

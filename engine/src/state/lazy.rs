@@ -20,9 +20,14 @@
 //!
 //! Invariant: while a load is pending, nothing reads or changes a group
 //! but through [`find`] (the engine's `group`, replay, replicated rounds),
-//! and whatever needs every group or every membership of a user (UNREAD,
-//! SYNC, JOIN's per-user limit, creation's group count, checkpoints,
-//! snapshots) waits for the load to finish (`Engine::state_loaded`).
+//! and whatever needs every group (JOIN's per-user limit, creation's group
+//! count, checkpoints, snapshots) waits for the load to finish
+//! (`Engine::whole_state`). What needs every membership of one user
+//! (UNREAD, SYNC) takes the groups the user index names for the user
+//! ([`index_of_user`], storage.md 6.1) through [`find`] when the manifest
+//! says the index is complete: a superset of the user's saved
+//! memberships, each checked by its group's own rows; it waits for the
+//! load otherwise.
 //! Lock order: `Progress`, then the catalog, then the cursor table.
 //!
 //! A run whose CRCs held but whose items do not decode is a writer's bug:
@@ -95,6 +100,9 @@ pub(crate) struct Pending {
     /// How joins and creations are decided until the load ends (replay's,
     /// then the engine's: `LoadStatus::start`).
     limits: Arc<LimitsWhileLoading>,
+    /// The runs hold a complete user index (the manifest's flag): a
+    /// user's groups are found without the whole load.
+    user_index: bool,
 }
 
 #[derive(Default)]
@@ -127,6 +135,7 @@ impl Pending {
         ctx: &Context,
         runs: &[RunMeta],
         limits: LimitsWhileLoading,
+        user_index: bool,
     ) -> std::result::Result<Pending, String> {
         let maps = runs
             .iter()
@@ -149,6 +158,7 @@ impl Pending {
             lower_from: AtomicU64::new(u64::MAX),
             cut_ends: Mutex::new(Vec::new()),
             limits: Arc::new(limits),
+            user_index,
         })
     }
 
@@ -179,6 +189,14 @@ impl Pending {
         let slices = self.slices();
         let parts: Vec<&[PartMeta]> = self.runs.iter().map(|r| &r.parts[..]).collect();
         items_of_group(&slices, &parts, group)
+    }
+
+    /// The groups the user index of the runs names for `user`: newest
+    /// entry per group wins, deletes drop out (`Merge` with every run).
+    fn groups_of_user_in_runs(&self, user: u64) -> std::result::Result<Vec<u64>, String> {
+        let slices = self.slices();
+        let parts: Vec<&[PartMeta]> = self.runs.iter().map(|r| &r.parts[..]).collect();
+        index_of_user(&slices, &parts, user)
     }
 
     /// The group `id` taken from the runs by a request: registered now
@@ -460,6 +478,19 @@ impl Unregistered for Pending {
     ) -> Result<Option<Arc<Group>>> {
         self.take_group(ctx, catalog, cursors, id)
     }
+
+    fn groups_of_user(&self, ctx: &Context, user: u64) -> Result<Option<Vec<u64>>> {
+        if !self.user_index {
+            return Ok(None);
+        }
+        if let Some(at) = &self.progress.lock().failed {
+            return Err(at.error(None));
+        }
+        self.groups_of_user_in_runs(user).map(Some).map_err(|why| {
+            let mut progress = self.progress.lock();
+            self.fail(ctx, &mut progress, why, None)
+        })
+    }
 }
 
 impl Located {
@@ -497,6 +528,72 @@ pub(crate) fn items_of_group(
         push_item(&mut found, item?)?;
     }
     Ok(found)
+}
+
+/// The groups the user index of runs (as in [`items_of_group`]) names for
+/// `user`, ascending: a superset of the user's memberships in the merge of
+/// the runs when the manifest says the index is complete (storage.md
+/// 6.1), each to be checked against its group's own member rows. Each run
+/// is read from the block its index says holds the user's first entry.
+pub(crate) fn index_of_user(
+    slices: &[Vec<&[u8]>],
+    parts: &[&[PartMeta]],
+    user: u64,
+) -> std::result::Result<Vec<u64>, String> {
+    let inputs: Vec<OfUser<'_>> = slices
+        .iter()
+        .zip(parts)
+        .map(|(s, p)| OfUser {
+            items: RunItems::from_key(s, p, Key::user_index(user, 0)),
+            user,
+            done: false,
+        })
+        .collect();
+    let mut groups = Vec::new();
+    for item in Merge::new(inputs, true) {
+        match item? {
+            Item::IndexPut { group, .. } => groups.push(group),
+            other => return Err(format!("the user index of user {user} yielded {other:?}")),
+        }
+    }
+    Ok(groups)
+}
+
+/// One run's user index entries of one user: the items before them
+/// skipped, the end at the first item past them.
+struct OfUser<'a> {
+    items: RunItems<'a>,
+    user: u64,
+    done: bool,
+}
+
+impl Iterator for OfUser<'_> {
+    type Item = std::result::Result<Item, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.items.next()? {
+                Ok(item) => {
+                    let key = item.key();
+                    if key < Key::user_index(self.user, 0) {
+                        continue;
+                    }
+                    if key.group > self.user {
+                        self.done = true;
+                        return None;
+                    }
+                    return Some(Ok(item));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
 }
 
 /// Registers the rest of a pending load now, on the calling thread, if
@@ -607,11 +704,13 @@ impl Iterator for OfGroup<'_> {
         loop {
             match self.items.next()? {
                 Ok(item) => {
-                    let group = item.key().group;
-                    if group < self.group {
+                    let key = item.key();
+                    if key.group < self.group {
                         continue;
                     }
-                    if group > self.group {
+                    // The user index's entries of the user whose id is
+                    // the group's come after the group's items.
+                    if key.group > self.group || key.index {
                         self.done = true;
                         return None;
                     }

@@ -15,13 +15,15 @@
 //!    first_key (17) | last_key (17) } } |
 //!    pinned_count u32 | pinned: file id u64 (a journal file's seq, each
 //!    below replay_journal_seq, or 2^31 + a cold file's seq), ascending |
-//!    groups_per_user_bound u64 | groups_bound u64 }`.
+//!    groups_per_user_bound u64 | groups_bound u64 | user_index u8 (0/1) }`.
 //! Version 2 added the pinned list (the journal files before the replay
 //! position that small groups' records are in, `pins.rs`); version 3 the
 //! bounds on any user's groups and on the groups (a join or a creation
-//! decided before every group is loaded, `commit/loading.rs`). Version 2
-//! is still read (the bounds unknown); a version 1 manifest is refused
-//! like any unsupported version.
+//! decided before every group is loaded, `commit/loading.rs`); version 4
+//! the flag saying the runs hold a complete user index (storage.md 6.1:
+//! a user's groups looked up before every group is loaded). Versions 2
+//! and 3 are still read (the bounds unknown in 2, the index incomplete in
+//! both); a version 1 manifest is refused like any unsupported version.
 //!
 //! Its size grows with the number of run parts, not with the state; the
 //! reader refuses more than [`MANIFEST_BYTES_MAX`] and the encoder checks
@@ -35,7 +37,10 @@ use crate::error::{Error, Result};
 use crate::io::{OpenMode, Vfs};
 
 pub(crate) const MANIFEST_MAGIC: [u8; 8] = *b"TDMKMANI";
-pub(crate) const MANIFEST_VERSION: u16 = 3;
+pub(crate) const MANIFEST_VERSION: u16 = 4;
+/// The version before the `user_index` flag, still read (the index is
+/// then incomplete).
+const MANIFEST_VERSION_UNINDEXED: u16 = 3;
 /// The version before `groups_per_user_bound`, still read.
 const MANIFEST_VERSION_UNBOUNDED: u16 = 2;
 pub(crate) const MANIFEST_HEADER_BYTES: usize = 32;
@@ -95,6 +100,10 @@ pub(crate) struct Manifest {
     /// (`Catalog::len_high` when it was stored); `None` in a version 2
     /// manifest.
     pub groups_bound: Option<u64>,
+    /// The runs hold a complete user index: an entry for every membership
+    /// of the checkpoint's state (storage.md 6.1). `false` in a version 2
+    /// or 3 manifest, and until a checkpoint after a full load wrote one.
+    pub user_index: bool,
 }
 
 pub(crate) fn manifest_dir(data_dir: &Path) -> PathBuf {
@@ -147,6 +156,7 @@ pub(crate) fn encode(m: &Manifest) -> Result<Vec<u8>, String> {
     for bound in [m.groups_per_user_bound, m.groups_bound] {
         body.extend_from_slice(&bound.unwrap_or(u64::MAX).to_le_bytes());
     }
+    body.push(u8::from(m.user_index));
     let total = (MANIFEST_HEADER_BYTES + body.len()) as u64;
     if total > MANIFEST_BYTES_MAX {
         return Err(format!(
@@ -185,18 +195,26 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     let reserved = h.u32()?;
     let body_len = h.u64()?;
     let body_crc = h.u32()?;
-    // Version 2 differs only by its missing bound: checked as it says.
+    // Versions 2 and 3 differ only by their missing last fields: checked
+    // as they say.
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    let bounded = version != MANIFEST_VERSION_UNBOUNDED;
+    let known = [
+        MANIFEST_VERSION,
+        MANIFEST_VERSION_UNINDEXED,
+        MANIFEST_VERSION_UNBOUNDED,
+    ];
+    let read_as = if known.contains(&version) {
+        version
+    } else {
+        MANIFEST_VERSION
+    };
+    let bounded = read_as != MANIFEST_VERSION_UNBOUNDED;
+    let indexed = read_as == MANIFEST_VERSION;
     check_header(
         &bytes[..MANIFEST_HEADER_BYTES],
         "manifest",
         &MANIFEST_MAGIC,
-        if bounded {
-            MANIFEST_VERSION
-        } else {
-            MANIFEST_VERSION_UNBOUNDED
-        },
+        read_as,
         reserved == 0,
     )?;
     let body = &bytes[MANIFEST_HEADER_BYTES..];
@@ -304,6 +322,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
     };
     let groups_per_user_bound = bound()?;
     let groups_bound = bound()?;
+    let user_index = match indexed {
+        false => false,
+        true => match r.u8()? {
+            0 => false,
+            1 => true,
+            v => return Err(format!("manifest user_index flag {v}")),
+        },
+    };
     if !r.is_empty() {
         return Err(format!(
             "{} bytes after the manifest's last field",
@@ -322,6 +348,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         pinned,
         groups_per_user_bound,
         groups_bound,
+        user_index,
     })
 }
 
@@ -418,14 +445,22 @@ mod tests {
             pinned: vec![1, 3],
             groups_per_user_bound: Some(41),
             groups_bound: Some(40_000),
+            user_index: true,
         }
     }
 
-    /// `m` as a version 2 writer wrote it: without the bound.
+    /// `m` as a version 2 writer wrote it: without the bounds and the
+    /// index flag.
     fn as_version_2(m: &Manifest) -> Vec<u8> {
+        as_older(m, 17, MANIFEST_VERSION_UNBOUNDED)
+    }
+
+    /// `m` as an older writer wrote it: its last `cut` bytes left out and
+    /// `version` in the header.
+    fn as_older(m: &Manifest, cut: usize, version: u16) -> Vec<u8> {
         let mut bytes = encode(m).unwrap();
-        bytes.truncate(bytes.len() - 16);
-        bytes[8..10].copy_from_slice(&MANIFEST_VERSION_UNBOUNDED.to_le_bytes());
+        bytes.truncate(bytes.len() - cut);
+        bytes[8..10].copy_from_slice(&version.to_le_bytes());
         let body = &bytes[MANIFEST_HEADER_BYTES..];
         let (body_len, body_crc) = (body.len() as u64, crc32fast::hash(body));
         bytes[16..24].copy_from_slice(&body_len.to_le_bytes());
@@ -450,10 +485,11 @@ mod tests {
             Manifest {
                 groups_per_user_bound: None,
                 groups_bound: None,
+                user_index: false,
                 ..m.clone()
             }
         );
-        // Version 2's length with version 3's number, and the reverse.
+        // Version 2's length with version 4's number, and the reverse.
         let mut short = old.clone();
         short[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
         let header_crc = crc32fast::hash(&short[..28]);
@@ -471,6 +507,40 @@ mod tests {
             ..m
         };
         assert_eq!(decode(&encode(&unknown).unwrap()).unwrap(), unknown);
+    }
+
+    /// A directory written before the user index existed still opens: its
+    /// version 3 manifests read with the index incomplete (a user's groups
+    /// are then known only after the whole load), and the lengths of
+    /// versions 3 and 4 are not taken for each other; a flag other than 0
+    /// and 1 is refused.
+    #[test]
+    fn a_version_3_manifest_reads_with_its_user_index_incomplete() {
+        let m = sample();
+        let old = as_older(&m, 1, MANIFEST_VERSION_UNINDEXED);
+        assert_eq!(
+            decode(&old).unwrap(),
+            Manifest {
+                user_index: false,
+                ..m.clone()
+            }
+        );
+        let mut short = old.clone();
+        short[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
+        let header_crc = crc32fast::hash(&short[..28]);
+        short[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        assert!(decode(&short).is_err());
+        let long = as_older(&m, 0, MANIFEST_VERSION_UNINDEXED);
+        assert!(decode(&long).is_err());
+        let mut two = encode(&m).unwrap();
+        let at = two.len() - 1;
+        two[at] = 2;
+        let body = &two[MANIFEST_HEADER_BYTES..];
+        let body_crc = crc32fast::hash(body);
+        two[24..28].copy_from_slice(&body_crc.to_le_bytes());
+        let header_crc = crc32fast::hash(&two[..28]);
+        two[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        assert!(decode(&two).unwrap_err().contains("user_index"));
     }
 
     #[test]

@@ -12,7 +12,10 @@
 //! | `GroupDelete` | `GroupDelete` (dropped with the oldest run) | dropped |
 //!
 //! A *masking* item is a `GroupDelete` or a `fresh` `GroupPut`: it hides
-//! every item of its group in older runs. A `MemberDelete` is kept only
+//! every item of its group in older runs. The user index's entries
+//! (`IndexPut`, `IndexDelete`, keyed by user) are never masked: the newest
+//! per key wins, and an `IndexDelete` is dropped when the oldest run is in
+//! the merge. A `MemberDelete` is kept only
 //! while it can still hide something: not when the oldest run is in the
 //! merge, nor when the output group record is `fresh` (which hides every
 //! older row anyway).
@@ -174,6 +177,20 @@ impl<I: Iterator<Item = Result<Item, String>>> Merge<I> {
     /// `items` as the buffer of each key's items.
     fn resolve_next(&mut self, items: &mut Vec<(usize, Item)>) -> Result<Option<Item>, String> {
         while let Some(key) = self.pop_key(items)? {
+            if key.index {
+                // The user index: newest wins, never masked (a group item
+                // of the id its user has hides nothing of it); a delete
+                // is kept while an older run may hold the entry.
+                // Invariant: `items` is non-empty and newest first.
+                let (_, newest) = items
+                    .drain(..)
+                    .next()
+                    .expect("invariant: a popped key has an item");
+                if !(self.includes_oldest && matches!(newest, Item::IndexDelete { .. })) {
+                    return Ok(Some(newest));
+                }
+                continue;
+            }
             if key.user.is_none() {
                 let masking = |it: &Item| match it {
                     Item::GroupDelete { .. } => true,

@@ -49,28 +49,62 @@ pub(crate) mod run;
 pub(crate) mod snapshot;
 #[cfg(test)]
 mod snapshot_tests;
+#[cfg(test)]
+mod user_index_tests;
 
 use crate::logs::extents::{Extent, ExtentList, FileId};
 use crate::logs::retention::Retention;
 
 /// The key of an item: `(group, None)` is the group record, `(group,
-/// Some(user))` a member row. Ordered by group, then the group record
-/// before the group's member rows, then by user.
+/// Some(user))` a member row, and with `index` set an entry of the **user
+/// index**, `(user, Some(group))`: the first field then holds the user,
+/// which orders the index by user so that a user's groups are one range
+/// (storage.md 6.1, key tag 2). Ordered by the first field, then the group
+/// record, the member rows and the index entries (`index` false before
+/// true), then by the second field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Key {
+    /// The group; the user in an index entry.
     pub group: u64,
+    /// An entry of the user index: never masked by a group item whose id
+    /// equals its first field.
+    pub index: bool,
+    /// The user of a member row; the group of an index entry.
     pub user: Option<u64>,
 }
 
 impl Key {
     pub fn group(group: u64) -> Key {
-        Key { group, user: None }
+        Key {
+            group,
+            index: false,
+            user: None,
+        }
     }
 
     pub fn member(group: u64, user: u64) -> Key {
         Key {
             group,
+            index: false,
             user: Some(user),
+        }
+    }
+
+    /// The user index's entry saying `user` may be a member of `group`.
+    pub fn user_index(user: u64, group: u64) -> Key {
+        Key {
+            group: user,
+            index: true,
+            user: Some(group),
+        }
+    }
+
+    /// The key's tag as stored: 0 group record, 1 member row, 2 index entry.
+    pub fn tag(&self) -> u8 {
+        match (self.index, self.user) {
+            (true, _) => 2,
+            (false, Some(_)) => 1,
+            (false, None) => 0,
         }
     }
 }
@@ -179,6 +213,12 @@ pub(crate) enum Item {
     },
     /// The membership is gone.
     MemberDelete { group: u64, user: u64 },
+    /// The user index: `user` may be a member of `group` (storage.md 6.1:
+    /// the index holds at least every membership of the state; a lookup
+    /// checks each entry against the group's own member rows).
+    IndexPut { user: u64, group: u64 },
+    /// The user index: `user` left `group`.
+    IndexDelete { user: u64, group: u64 },
 }
 
 impl Item {
@@ -188,6 +228,9 @@ impl Item {
             Item::GroupDelete { group } => Key::group(*group),
             Item::MemberPut { group, user, .. } | Item::MemberDelete { group, user } => {
                 Key::member(*group, *user)
+            }
+            Item::IndexPut { user, group } | Item::IndexDelete { user, group } => {
+                Key::user_index(*user, *group)
             }
         }
     }
@@ -285,10 +328,11 @@ impl<'a> Reader<'a> {
 }
 
 /// Encodes a key as stored in block indexes and manifests (17 bytes):
-/// `{ group: u64 | tag: u8 (0 group record, 1 member row) | user: u64 (0 for tag 0) }`.
+/// `{ group: u64 | tag: u8 (0 group record, 1 member row, 2 index entry)
+/// | user: u64 (0 for tag 0) }` (an index entry: `{ user | 2 | group }`).
 pub(crate) fn put_key(out: &mut Vec<u8>, k: Key) {
     out.extend_from_slice(&k.group.to_le_bytes());
-    out.push(u8::from(k.user.is_some()));
+    out.push(k.tag());
     out.extend_from_slice(&k.user.unwrap_or(0).to_le_bytes());
 }
 
@@ -359,6 +403,7 @@ pub(crate) fn read_key(r: &mut Reader<'_>) -> Result<Key, String> {
     match tag {
         0 if user == 0 => Ok(Key::group(group)),
         1 => Ok(Key::member(group, user)),
+        2 => Ok(Key::user_index(group, user)),
         _ => Err(format!("invalid key tag {tag} (user {user})")),
     }
 }
@@ -372,6 +417,7 @@ mod tests {
         let mut keys = vec![
             Key::member(2, 0),
             Key::group(2),
+            Key::user_index(1, 0),
             Key::member(1, u64::MAX),
             Key::group(1),
             Key::member(1, 3),
@@ -383,6 +429,7 @@ mod tests {
                 Key::group(1),
                 Key::member(1, 3),
                 Key::member(1, u64::MAX),
+                Key::user_index(1, 0),
                 Key::group(2),
                 Key::member(2, 0),
             ]
@@ -410,7 +457,13 @@ mod tests {
         for v in [0i64, -1, 1, i64::MIN, i64::MAX] {
             assert_eq!(unzigzag(zigzag(v)), v);
         }
-        for k in [Key::group(7), Key::member(7, 0), Key::member(u64::MAX, 9)] {
+        for k in [
+            Key::group(7),
+            Key::member(7, 0),
+            Key::member(u64::MAX, 9),
+            Key::user_index(7, 0),
+            Key::user_index(u64::MAX, 3),
+        ] {
             let mut out = Vec::new();
             put_key(&mut out, k);
             assert_eq!(out.len(), KEY_BYTES);
@@ -418,7 +471,7 @@ mod tests {
         }
         let mut bad = Vec::new();
         put_key(&mut bad, Key::group(7));
-        bad[8] = 2;
+        bad[8] = 3;
         assert!(read_key(&mut Reader::new(&bad)).is_err());
         bad[8] = 0;
         bad[9] = 1; // a group key with a user

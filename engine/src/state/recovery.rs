@@ -557,6 +557,8 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             pinned: Vec::new(),
             groups_per_user_bound: Some(cursors.groups_per_user_high()),
             groups_bound: Some(catalog.len_high() as u64),
+            // No run: the index of an empty state is complete.
+            user_index: true,
         };
         manifest::store(vfs, &mdir, &m)?;
         on_disk.next_ckpt_seq = on_disk.next_ckpt_seq.saturating_add(1);
@@ -606,7 +608,7 @@ fn restore_or_defer(
         return restore::restore_runs(ctx, catalog, cursors, m).map(|max| (max, None));
     }
     let limits = LimitsWhileLoading::new(m.groups_per_user_bound, m.groups_bound);
-    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs, limits)?);
+    let pending = Arc::new(lazy::Pending::open(ctx, &m.runs, limits, m.user_index)?);
     catalog.set_pending(Some(pending.clone()));
     Ok((0, Some(pending)))
 }

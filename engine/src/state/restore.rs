@@ -77,7 +77,8 @@ pub(crate) fn restore_runs(
 /// Merged items, each with its cursor-table shard (0 for a group item).
 pub(crate) type Batch = Vec<(Item, usize)>;
 
-/// Calls `consume` with the merged items of `runs`, in key order, in
+/// Calls `consume` with the merged items of `runs` but the user index's,
+/// in key order, in
 /// batches decoded on a thread of its own (inline if no thread can be
 /// started). The first error, of the merge or of `consume`, ends it.
 /// Also the background load's (`state::lazy`).
@@ -95,6 +96,9 @@ pub(crate) fn for_each_batch(
                     Ok(item) => {
                         let shard = match &item {
                             Item::MemberPut { user, .. } => cursors.shard_of(*user),
+                            // The user index is for lookups before the
+                            // load ends: the load registers member rows.
+                            Item::IndexPut { .. } | Item::IndexDelete { .. } => continue,
                             _ => 0,
                         };
                         batch.push((item, shard));

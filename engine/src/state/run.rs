@@ -15,10 +15,12 @@
 //! - trailer: `{ magic "TDMKRUNT" | index_offset u64 | item_count u64 |
 //!   block_count u32 | crc32 of the index and trailer bytes 0..28 }`.
 //!
-//! Item: `{ kind u8 | varint group (delta from the previous item of the
-//! block; the first absolute) | member kinds: varint user (delta from the
-//! previous member row of the same group in the block, else absolute) |
-//! value }` with values as [`encode_value`] writes them.
+//! Item: `{ kind u8 | varint first id (the group; an index entry's user;
+//! delta from the previous item's first id in the block, the first item
+//! absolute) | member and index kinds: varint second id (the user; an index
+//! entry's group; delta from the previous item's when that item has the
+//! same first id and the same tag, else absolute) | value }` with values as
+//! [`encode_value`] writes them.
 //!
 //! Invariants: keys strictly increase within a part and from one part of a
 //! run to the next; a writer never produces a part larger than its
@@ -64,6 +66,8 @@ const KIND_GROUP_PUT: u8 = 1;
 const KIND_GROUP_DELETE: u8 = 2;
 const KIND_MEMBER_PUT: u8 = 3;
 const KIND_MEMBER_DELETE: u8 = 4;
+const KIND_INDEX_PUT: u8 = 5;
+const KIND_INDEX_DELETE: u8 = 6;
 
 const FLAG_FRESH: u8 = 1;
 const FLAG_DAMAGED: u8 = 2;
@@ -115,17 +119,20 @@ pub(crate) fn encode_item(out: &mut Vec<u8>, item: &Item, prev: Option<Key>) {
         Item::GroupDelete { .. } => KIND_GROUP_DELETE,
         Item::MemberPut { .. } => KIND_MEMBER_PUT,
         Item::MemberDelete { .. } => KIND_MEMBER_DELETE,
+        Item::IndexPut { .. } => KIND_INDEX_PUT,
+        Item::IndexDelete { .. } => KIND_INDEX_DELETE,
     };
     out.push(kind);
     let prev_group = prev.map_or(0, |p| p.group);
     put_varint(out, key.group - prev_group);
-    if let Some(user) = key.user {
+    if let Some(second) = key.user {
         match prev {
             Some(Key {
                 group,
-                user: Some(pu),
-            }) if group == key.group => put_varint(out, user - pu),
-            _ => put_varint(out, user),
+                index,
+                user: Some(ps),
+            }) if group == key.group && index == key.index => put_varint(out, second - ps),
+            _ => put_varint(out, second),
         }
     }
     encode_value(out, item);
@@ -239,7 +246,10 @@ fn encode_value(out: &mut Vec<u8>, item: &Item) {
                 ),
             );
         }
-        Item::GroupDelete { .. } | Item::MemberDelete { .. } => {}
+        Item::GroupDelete { .. }
+        | Item::MemberDelete { .. }
+        | Item::IndexPut { .. }
+        | Item::IndexDelete { .. } => {}
     }
 }
 
@@ -269,16 +279,18 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
         .map_or(0, |p| p.group)
         .checked_add(delta)
         .ok_or_else(|| format!("group id overflows at offset {at}"))?;
-    let member = matches!(kind, KIND_MEMBER_PUT | KIND_MEMBER_DELETE);
-    let user = if member {
+    let index = matches!(kind, KIND_INDEX_PUT | KIND_INDEX_DELETE);
+    let two_ids = index || matches!(kind, KIND_MEMBER_PUT | KIND_MEMBER_DELETE);
+    let user = if two_ids {
         let v = r.varint()?;
         match prev {
             Some(Key {
                 group: pg,
-                user: Some(pu),
-            }) if pg == group => Some(
-                pu.checked_add(v)
-                    .ok_or_else(|| format!("user id overflows at offset {at}"))?,
+                index: pi,
+                user: Some(ps),
+            }) if pg == group && pi == index => Some(
+                ps.checked_add(v)
+                    .ok_or_else(|| format!("second id overflows at offset {at}"))?,
             ),
             _ => Some(v),
         }
@@ -302,6 +314,15 @@ pub(super) fn decode_item(r: &mut Reader<'_>, prev: Option<Key>) -> Result<Item,
         KIND_MEMBER_DELETE => Item::MemberDelete {
             group,
             user: user.unwrap_or_default(),
+        },
+        // An index entry's first id is its user, the second its group.
+        KIND_INDEX_PUT => Item::IndexPut {
+            user: group,
+            group: user.unwrap_or_default(),
+        },
+        KIND_INDEX_DELETE => Item::IndexDelete {
+            user: group,
+            group: user.unwrap_or_default(),
         },
         other => return Err(format!("invalid item kind {other} at offset {at}")),
     };

@@ -1282,7 +1282,8 @@ impl EventLoop {
         }
         let mut due = take_settled(&mut self.loads, self.engine.settled_load());
         // Requests that need the whole state while the engine loads it
-        // (UNREAD, SYNC, a JOIN or CREATE_GROUP near its limit) wait for
+        // (a JOIN or CREATE_GROUP near its limit; UNREAD and SYNC without
+        // a saved user index) wait for
         // its own ticket,
         // which the worker's never reach.
         if self.engine.state_load_settled() {
