@@ -358,8 +358,9 @@ pub fn check_owner(map: &[u8], group: u64, piece: &Piece) -> Result<(), String> 
 
 /// Writes cold files: one per `cold_file_bytes`, each created new (never
 /// one left by an earlier run), extents appended with one `pwrite` each.
-/// Syncing is the checkpoint's (K3 syncs every cold file up to the length
-/// it records), not the writer's.
+/// The caller syncs the file being written ([`ColdWriter::sync`]) before
+/// it points a group at an extent; a roll syncs the file it leaves, so
+/// that sync covers every extent appended before it.
 pub struct ColdWriter {
     vfs: Arc<dyn Vfs>,
     dir: PathBuf,
@@ -454,6 +455,12 @@ impl ColdWriter {
         let mut sealed = None;
         if let Some(c) = &self.current {
             if c.len > COLD_HEADER_BYTES as u64 && c.len + need > self.cold_file_bytes {
+                // The file left is synced now: the caller's sync covers
+                // only the file being written, and its install points
+                // groups at the extents appended here before the roll.
+                c.file
+                    .sync_data()
+                    .map_err(|e| Error::io(format!("fdatasync {}", c.path.display()), e))?;
                 sealed = Some((c.seq, c.len));
                 self.current = None;
             }
@@ -1054,6 +1061,44 @@ mod tests {
             scan_all(&b[..10], 0),
             Err(ColdError::FileHeader { .. })
         ));
+    }
+
+    /// The caller syncs the file being written ([`ColdWriter::sync`]) and
+    /// then points groups at every extent it appended, also at those in a
+    /// file the writer rolled away from meanwhile: a roll syncs the file it
+    /// leaves, so a power cut keeps every extent appended before the last
+    /// sync.
+    #[test]
+    fn a_roll_makes_the_file_it_leaves_durable() {
+        use crate::io::power_cut::{Cut, PowerCutVfs};
+        for seed in 0..8 {
+            let root = tempfile::tempdir().unwrap();
+            let dir = root.path().join("journal");
+            std::fs::create_dir_all(&dir).unwrap();
+            let vfs = PowerCutVfs::new(root.path());
+            let control = vfs.control.clone();
+            let vfs: Arc<dyn Vfs> = Arc::new(vfs);
+            let mut w = ColdWriter::new(vfs.clone(), &dir, 4, 32 + 2 * 140);
+            let mut got = Vec::new();
+            for g in 0..3u64 {
+                let r = records(10 * g + 1, 2, 10);
+                got.push((g, r.clone(), w.append(g, 10 * g + 1, 2, &r).unwrap()));
+            }
+            assert_eq!(got[2].2.sealed, Some((4, 32 + 2 * 140)), "the third rolled");
+            w.sync().unwrap();
+            vfs.sync_dir(&dir).unwrap();
+            control.cut(Cut::Seeded(seed)).unwrap();
+            for (g, r, a) in &got {
+                let e = a.extent;
+                let bytes = std::fs::read(dir.join(file_name(e.file().seq()))).unwrap();
+                assert_eq!(
+                    bytes.get(e.offset() as usize..e.end() as usize),
+                    Some(&r[..]),
+                    "seed {seed}: group {g}'s extent in file {}",
+                    e.file().seq()
+                );
+            }
+        }
     }
 
     #[test]
