@@ -351,24 +351,21 @@ fn a_recall_applied_while_a_cold_file_is_compacted_for_another_is_erased() {
     }
 }
 
-/// storage.md crash case S5: under `never`, a checkpoint whose copy (K2)
-/// took a small group's extent written after its capture, then a power
-/// cut right after the manifest. The manifest must name only journal
-/// bytes that survive (K3 syncs the journal from P on): the group reads
-/// back, its records from before the capture included.
-#[test]
-fn a_power_cut_right_after_a_checkpoint_leaves_every_small_group_readable() {
-    use crate::io::power_cut::{Cut, PowerCutVfs};
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("data");
-    let vfs = PowerCutVfs::new(root.path());
-    let control = vfs.control.clone();
-    let mut c = config(&dir, 1 << 16);
+/// Under `never`, on a directory inside `root`: group 3 small, with one
+/// record durable at a first checkpoint, one written before a second
+/// checkpoint's capture and one after it, which that checkpoint's copy
+/// (K2) took nevertheless (it waited for group 1's checkpoint lock while
+/// the record was written). Returns the engine after that checkpoint.
+fn a_checkpoint_copying_a_record_written_after_its_capture(
+    dir: &Path,
+    vfs: Arc<dyn Vfs>,
+) -> (Config, Arc<Engine>) {
+    let mut c = config(dir, 1 << 16);
     c.fsync = crate::FsyncPolicy::Never;
     c.cursor_flush_ms = 3_600_000;
     c.retention_check_ms = 3_600_000;
     c.checkpoint_interval_ms = 3_600_000;
-    let e = Arc::new(Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap());
+    let e = Arc::new(Engine::open_with_vfs(c.clone(), vfs).unwrap());
     e.create_group(1).unwrap();
     e.create_group(3).unwrap();
     e.append(3, 1, 1, b"durable at the first checkpoint")
@@ -379,7 +376,7 @@ fn a_power_cut_right_after_a_checkpoint_leaves_every_small_group_readable() {
     e.append(1, 1, 1, b"first").unwrap();
     e.append(3, 1, 2, b"before the capture").unwrap();
     let files = || {
-        journal::list(&crate::io::OsVfs, &journal::journal_dir(&dir))
+        journal::list(&crate::io::OsVfs, &journal::journal_dir(dir))
             .unwrap()
             .len()
     };
@@ -399,8 +396,23 @@ fn a_power_cut_right_after_a_checkpoint_leaves_every_small_group_readable() {
     e.append(3, 1, 3, b"after the capture").unwrap();
     drop(held);
     ckpt.join().unwrap().unwrap();
+    (c, e)
+}
+
+/// storage.md crash case S5: under `never`, a checkpoint whose copy (K2)
+/// took a small group's extent written after its capture, then a power
+/// cut right after the manifest. The manifest must name only journal
+/// bytes that survive (K3 syncs the journal from P on): the group reads
+/// back, its records from before the capture included.
+#[test]
+fn a_power_cut_right_after_a_checkpoint_leaves_every_small_group_readable() {
+    use crate::io::power_cut::{Cut, PowerCutVfs};
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let vfs = PowerCutVfs::new(root.path());
+    let control = vfs.control.clone();
+    let (c, e) = a_checkpoint_copying_a_record_written_after_its_capture(&dir, Arc::new(vfs));
     control.freeze();
-    drop(g1);
     Arc::try_unwrap(e)
         .ok()
         .expect("the only handle")
@@ -416,4 +428,105 @@ fn a_power_cut_right_after_a_checkpoint_leaves_every_small_group_readable() {
             b"before the capture".to_vec()
         ]
     );
+}
+
+/// storage.md crash case S5 as a build without K3's journal sync left it,
+/// loaded in the background: the manifest names group 3's record written
+/// after its capture, and the power cut took that record's journal
+/// frame (the file is cut inside it, a torn tail). The cut of the
+/// group's extents past the journal's valid end is made when the group
+/// is registered, before anyone sees it: by the loader, or by the
+/// request that names it first. Either way the group answers as after a
+/// full load: its two earlier records, head 2, and the next send gets
+/// id 3 (the lost id is given again, as for any append a power cut
+/// loses under `never`).
+#[test]
+fn a_small_group_past_a_lost_journal_end_is_cut_whoever_registers_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let (c, e) =
+        a_checkpoint_copying_a_record_written_after_its_capture(&dir, Arc::new(crate::io::OsVfs));
+    Arc::try_unwrap(e)
+        .ok()
+        .expect("the only handle")
+        .simulate_crash();
+    // The power cut: the frame of the record written after the capture
+    // is lost but for its first bytes.
+    let jdir = journal::journal_dir(&dir);
+    let (path, frame) = journal::list(&crate::io::OsVfs, &jdir)
+        .unwrap()
+        .into_iter()
+        .filter_map(|(_, p)| {
+            let frames = journal::frames_of_file(&std::fs::read(&p).unwrap());
+            let last = frames.into_iter().rev().find(|f| {
+                f.entries
+                    .iter()
+                    .any(|&(_, _, kind, g)| kind == journal::EntryKind::Records && g == 3)
+            })?;
+            Some((p, last.offset))
+        })
+        .next_back()
+        .expect("group 3's records are in the journal");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(frame as u64 + 20)
+        .unwrap();
+    let expected = {
+        let copy = root.path().join("full");
+        crate::tests::copy_dir(&dir, &copy);
+        let mut c = c.clone();
+        c.data_dir = copy;
+        let e = Engine::open(c).unwrap();
+        let seen = (e.head(3).unwrap(), payloads(&e, 3).unwrap());
+        e.simulate_crash();
+        seen
+    };
+    assert_eq!(
+        expected,
+        (
+            2,
+            vec![
+                b"durable at the first checkpoint".to_vec(),
+                b"before the capture".to_vec()
+            ]
+        ),
+        "a full load cuts the group"
+    );
+    for by_request in [true, false] {
+        let copy = root.path().join(format!("background-{by_request}"));
+        crate::tests::copy_dir(&dir, &copy);
+        let mut c = c.clone();
+        c.data_dir = copy.clone();
+        c.load_in_background = true;
+        crate::state::lazy::hold::hold(&copy);
+        let e = Engine::open(c).unwrap();
+        let report = e.recovery_report().clone();
+        assert!(report.loading_in_background, "{report:?}");
+        assert!(report.bytes_cut() > 0, "the torn tail was cut: {report:?}");
+        if !by_request {
+            crate::state::lazy::hold::release(&copy);
+            // UNREAD waits for the whole state: the loader registered it.
+            e.unread(1);
+            assert!(!e.stats().state_loading);
+        }
+        let got = (
+            e.head(3).unwrap(),
+            payloads(&e, 3).map_err(|e| e.to_string()),
+        );
+        assert_eq!(
+            (got.0, got.1.expect("group 3 reads back")),
+            expected,
+            "registered by {}",
+            if by_request {
+                "a request"
+            } else {
+                "the loader"
+            }
+        );
+        assert_eq!(e.append(3, 1, 4, b"next").unwrap().msg_id, 3);
+        crate::state::lazy::hold::release(&copy);
+        e.close().unwrap();
+    }
 }

@@ -1584,6 +1584,13 @@ fn a_data_directory_the_engine_created_survives_a_power_cut() {
     assert_dense_and_exact(&e, 1, 1);
 }
 
+/// Every other power cut is followed by opens that load the checkpoint's
+/// state in the background (the node's default), the others by opens
+/// that load it before they return.
+fn background_every_other(seed: u64) -> bool {
+    seed.is_multiple_of(2)
+}
+
 /// Power cuts per power-cut test: a few in CI; `TIDEMARK_POWER_CUTS=N`
 /// runs N (RELIABILITY.md, long modes).
 fn power_cuts(ci: u64) -> u64 {
@@ -1605,6 +1612,7 @@ fn a_power_cut_keeps_every_append_acknowledged_under_fsync_always() {
         let mut c = small_config(&dir);
         c.checkpoint_journal_bytes = 64 << 10; // checkpoints happen during the run
         c.journal_file_bytes = 16 << 10; // and journal rolls between them
+        c.load_in_background = background_every_other(seed);
         let (acked, _) = run_until_power_cut(root.path(), c.clone(), seed * 17);
         let (required, _) = check_after_power_cut(&dir, c, &acked, |_| true);
         assert!(required > 0);
@@ -1624,6 +1632,7 @@ fn a_power_cut_under_fsync_interval_loses_at_most_what_followed_the_last_sync() 
         c.fsync = FsyncPolicy::Interval(std::time::Duration::from_millis(5));
         c.checkpoint_journal_bytes = 64 << 10;
         c.journal_file_bytes = 16 << 10;
+        c.load_in_background = background_every_other(seed);
         let (acked, syncs_before_cut) = run_until_power_cut(root.path(), c.clone(), seed * 23);
         // The allowance, exactly: an append is covered by the second journal
         // sync that completed after it returned (the first may have started
@@ -2557,6 +2566,7 @@ fn power_cuts_during_mixed_work_lose_nothing_acknowledged() {
         c.checkpoint_journal_bytes = 16 << 10; // checkpoints happen during the run
         c.journal_file_bytes = 4 << 10; // and journal rolls between them
         c.retention_check_ms = 5;
+        c.load_in_background = background_every_other(seed);
         let mut x = Expected::default();
         // Three cuts in a row on one directory: each recovery's own writes
         // are subject to the next cut.
@@ -2593,6 +2603,7 @@ fn power_cuts_with_small_groups_lose_nothing_durable_under_every_fsync_policy() 
             c.checkpoint_journal_bytes = 16 << 10;
             c.journal_file_bytes = 4 << 10;
             c.retention_check_ms = 5;
+            c.load_in_background = background_every_other(seed);
             let mut x = Expected::default();
             for round in 0..3 {
                 x = mixed_work_until_power_cut(root.path(), &c, x, 1000 + seed * 3 + round);
@@ -2621,6 +2632,7 @@ fn a_power_cut_may_keep_later_pages_of_the_last_round_but_not_earlier_ones() {
         let mut c = small_config(&dir);
         c.cursor_flush_ms = 3_600_000;
         c.retention_check_ms = 3_600_000;
+        c.load_in_background = background_every_other(seed);
         let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
         fill(&e, &[1], 3);
         // One round of 57 records (several pages): its journal write reaches

@@ -464,3 +464,94 @@ fn a_seed_whose_leader_creates_no_group_ships_nothing_and_still_matches() {
     // round and there is nothing to ship.
     differential(8312197824839141437, 60);
 }
+
+/// A follower whose saved state still loads (its loader held) applies a
+/// leader's joins near `groups_per_user_max` as the leader decided them
+/// (`take_groups_of`, `commit/loading.rs`): user 1's first join is
+/// admitted by the checkpoint's bound at once; the next ones wait for
+/// the whole state, where the limit is counted exactly, so the join the
+/// leader refused (user 1 already in five groups) is refused too, and
+/// the join after a leave is admitted. The follower ends with exactly
+/// the leader's memberships.
+#[test]
+fn a_loading_follower_decides_joins_near_the_per_user_limit_as_its_leader() {
+    use crate::state::lazy::hold;
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let limited = |dir: &Path| {
+        let mut c = config(dir);
+        c.groups_per_user_max = 5;
+        c
+    };
+    let a = Engine::open(limited(da.path())).unwrap();
+    let b = Engine::open(limited(db.path())).unwrap();
+    // Groups without records have no directory: nothing registers them
+    // at the follower's open.
+    for g in 1..=8 {
+        a.create_group(g).unwrap();
+    }
+    for g in [1, 2, 3] {
+        a.join(g, 1, JoinStart::Earliest).unwrap();
+    }
+    a.join(1, 2, JoinStart::Earliest).unwrap();
+    catch_up(&a, &b);
+    // A clean stop: the manifest bounds every user's groups by 3.
+    b.close().unwrap();
+    hold::hold(db.path());
+    let mut c = limited(db.path());
+    c.load_in_background = true;
+    let b = Engine::open(c).unwrap();
+    assert!(b.stats().state_loading);
+
+    a.join(4, 1, JoinStart::Earliest).unwrap();
+    let first_join = a.last_round();
+    a.join(5, 1, JoinStart::Earliest).unwrap();
+    let refused = a.join(6, 1, JoinStart::Earliest);
+    assert!(
+        matches!(
+            refused,
+            Err(Error::LimitExceeded {
+                what: "groups_per_user_max",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    a.leave(4, 1).unwrap();
+    a.join(7, 1, JoinStart::Earliest).unwrap();
+    a.join(6, 2, JoinStart::Earliest).unwrap();
+
+    std::thread::scope(|s| {
+        let follower = s.spawn(|| catch_up(&a, &b));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while b.last_round() < first_join {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first join applies"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(b.stats().state_loading, "applied while the load is held");
+        // The later joins wait for the whole state; a while later the
+        // load is let go (a gate that admitted them would have applied
+        // them by then).
+        let wait = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while b.last_round() < a.last_round() && std::time::Instant::now() < wait {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        hold::release(db.path());
+        follower.join().unwrap();
+    });
+    let _ = b.unread(1);
+    assert!(!b.stats().state_loading);
+    assert_eq!(a.members(6).unwrap(), vec![2], "the leader refused user 1");
+    let groups_of_1 = |e: &Engine| {
+        e.unread(1)
+            .into_iter()
+            .map(|u| u.group_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(groups_of_1(&a), vec![1, 2, 3, 5, 7]);
+    assert_eq!(groups_of_1(&b), groups_of_1(&a));
+    assert_eq!(state_of(&b), state_of(&a));
+    b.close().unwrap();
+}

@@ -597,8 +597,8 @@ impl Iterator for OfUser<'_> {
 }
 
 /// Registers the rest of a pending load now, on the calling thread, if
-/// one is pending (recovery, before passes over every group or a join's
-/// limit; it is no longer pending after). A failure refuses the open like
+/// one is pending (recovery, before a replayed join the bound does not
+/// decide; it is no longer pending after). A failure refuses the open like
 /// a damaged checkpoint.
 pub(crate) fn finish_now(
     ctx: &Context,

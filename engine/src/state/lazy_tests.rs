@@ -532,3 +532,85 @@ fn a_creation_while_loading_waits_only_when_the_groups_may_be_near_groups_max() 
     ));
     e.close().unwrap();
 }
+
+/// A power cut under `never` (storage.md crash case 5) left the journal
+/// torn inside the first frame written after the last checkpoint, while
+/// group 34's active segment holds that frame's records and those of the
+/// frames after it (their journal bytes were lost), and a small group's
+/// record is lost with its frame. The open cuts the tail, loads group 34
+/// (the sweep of `groups/` registers every group with a directory, and
+/// only those can hold records the journal lost) and leaves the rest of
+/// the state loading: every group answers as after a full load, while
+/// the loader is held and once it finished.
+#[test]
+fn a_power_cut_with_a_torn_tail_and_leading_segments_leaves_the_state_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), false);
+    c.fsync = crate::FsyncPolicy::Never;
+    // Each round's records reach the group's segment at once.
+    c.segment_tail_bytes = 0;
+    let e = Engine::open(c.clone()).unwrap();
+    populate(&e);
+    let head = e.head(34).unwrap();
+    for i in 1..=30 {
+        e.append(34, 7, 34_000_000 + i, &payload(34, 100 + i))
+            .unwrap();
+    }
+    e.append(2, 7, 2_000_000, b"only in the journal").unwrap();
+    e.simulate_crash();
+    let journal = crate::tests::newest_file(&dir.path().join("journal"), ".tmj");
+    let first_of_34 = crate::commit::journal::frames_of_file(&std::fs::read(&journal).unwrap())
+        .into_iter()
+        .find(|f| {
+            f.entries.iter().any(|&(_, _, kind, g)| {
+                kind == crate::commit::journal::EntryKind::Records && g == 34
+            })
+        })
+        .expect("group 34's records are in the newest journal file")
+        .offset;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .unwrap()
+        .set_len(first_of_34 as u64 + 20)
+        .unwrap();
+    // What a full load shows, on a copy.
+    let copy = tempfile::tempdir().unwrap();
+    crate::tests::copy_dir(dir.path(), copy.path());
+    let expected = {
+        let mut c = c.clone();
+        c.data_dir = copy.path().to_path_buf();
+        let e = Engine::open(c).unwrap();
+        let all = everything(&e);
+        e.simulate_crash();
+        all
+    };
+    let of_34 = expected[&34].as_ref().expect("group 34");
+    assert_eq!(of_34.head, head + 30, "the segment's records are kept");
+    assert_eq!(
+        of_34.records.last(),
+        Some(&(head + 30, payload(34, 130))),
+        "the segment's records are kept"
+    );
+
+    hold::hold(dir.path());
+    let mut c = c.clone();
+    c.load_in_background = true;
+    let e = Engine::open(c).unwrap();
+    let report = e.recovery_report().clone();
+    assert!(report.loading_in_background, "{report:?}");
+    assert!(report.bytes_cut() > 0, "the torn tail was cut: {report:?}");
+    assert!(report.groups_verified >= 1, "group 34 loaded: {report:?}");
+    assert!(e.stats().state_loading);
+    assert_eq!(everything(&e), expected, "while the loader is held");
+    hold::release(dir.path());
+    let _ = unread_of_all(&e);
+    assert!(!e.stats().state_loading);
+    assert_eq!(everything(&e), expected, "once loaded");
+    // No id is given twice.
+    assert_eq!(
+        e.append(34, 7, 35_000_000, b"next").unwrap().msg_id,
+        head + 31
+    );
+    e.close().unwrap();
+}

@@ -464,19 +464,16 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
             .cuts
             .push((t.path.display().to_string(), t.len - t.valid, t.reason));
     }
-    let mut pending = pending.into_inner();
-    if let Some(deferred) = pending.clone() {
-        if segments_may_lead || !report.cuts.is_empty() {
-            // Passes over every group follow: the rest is loaded now.
-            lazy::finish_now(ctx, &shared_catalog, &cursors, &mut pending)?;
-        } else {
-            // The groups registered from now on get the lowering and the
-            // cut as they come; those registered so far get them below.
-            deferred.after_replay(next_numbers.0, unsynced_ends.clone());
-        }
+    let pending = pending.into_inner();
+    if let Some(deferred) = &pending {
+        // The groups registered from now on get the lowering and the cut
+        // as they come, before they are published; those registered so
+        // far get them below. Segments that lead the journal are in group
+        // directories, whose groups the sweep registers.
+        deferred.after_replay(next_numbers.0, unsynced_ends.clone());
         restored_applied_lsn_max = u64::MAX;
     }
-    sweep_strays(ctx, &shared_catalog, &cursors)?;
+    let with_directory = sweep_strays(ctx, &shared_catalog, &cursors)?;
     let catalog = shared_catalog.into_inner();
     cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
     // Replay sets `applied_lsn`s below `next_numbers.0` only: the walk is
@@ -490,7 +487,7 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
         // msg_ids were given out, so every such group is loaded now: its
         // head covers them before anyone reads it or sends to the group,
         // and it does not jump when the group is first used.
-        load_groups_whose_segments_lead(ctx, &catalog, &mut report);
+        load_groups_whose_segments_lead(ctx, &catalog, &with_directory, &mut report);
     }
     // The restore clamped every cursor to its group's head: only replay
     // and cuts change heads since (loading groups whose segments lead only
@@ -775,10 +772,20 @@ fn check_journal_sequence(
 /// Loads every group still unloaded whose active segment is longer than
 /// the checkpoint recorded or that has a segment file starting just above
 /// its recorded head: such a group got records after the checkpoint that
-/// the journal no longer holds. One open and one directory lookup per
-/// unloaded group; done only when the journal may have lost records.
-fn load_groups_whose_segments_lead(ctx: &Context, catalog: &Catalog, report: &mut RecoveryReport) {
-    for group in catalog.groups() {
+/// the journal no longer holds. Only groups with a directory under
+/// `groups/` can hold such records, so only those the sweep found
+/// (`with_directory`, all registered by it) are looked at: one open and
+/// one lookup per such unloaded group, done only when the journal may
+/// have lost records. A group recorded with segments whose directory is
+/// missing is damage no crash explains; its load finds it on first use,
+/// like any unloaded group's.
+fn load_groups_whose_segments_lead(
+    ctx: &Context,
+    catalog: &Catalog,
+    with_directory: &[u64],
+    report: &mut RecoveryReport,
+) {
+    for group in with_directory.iter().filter_map(|&id| catalog.get(id)) {
         let (state, lead) = match &*group.log.read() {
             LogSlot::Unloaded(state) => (state.clone(), segments_lead(ctx, group.id, state)),
             // Files made for a first record that the journal lost: loaded
@@ -844,8 +851,14 @@ fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
 /// rewrite a stop cut short) is removed. Each is logged. A damaged group's
 /// files are evidence for `ctl repair` and are left alone, and so is a
 /// stray segment that holds records (loading the group adopts them).
-fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable) -> Result<()> {
+/// Returns the groups that have a directory (every one registered now).
+fn sweep_strays(
+    ctx: &Context,
+    catalog: &RwLock<Catalog>,
+    cursors: &CursorTable,
+) -> Result<Vec<u64>> {
     let vfs = &*ctx.vfs;
+    let with_directory = std::cell::RefCell::new(Vec::new());
     let files = |id: u64| {
         // Loaded in the background, a group with files is taken from the
         // runs now; one that cannot be read is left alone.
@@ -854,6 +867,7 @@ fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable)
             Ok(None) => return damage::GroupFiles::None,
             Err(_) => return damage::GroupFiles::NoSegments,
         };
+        with_directory.borrow_mut().push(id);
         let state = match &*g.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
             LogSlot::Loaded(log) => log.state(),
@@ -884,7 +898,7 @@ fn sweep_strays(ctx: &Context, catalog: &RwLock<Catalog>, cursors: &CursorTable)
             damage::Stray::Segment { .. } => {}
         }
     }
-    Ok(())
+    Ok(with_directory.into_inner())
 }
 
 /// After replay: no cursor beyond its group's head.
