@@ -507,8 +507,8 @@ fn a_small_group_past_a_lost_journal_end_is_cut_whoever_registers_it() {
         assert!(report.bytes_cut() > 0, "the torn tail was cut: {report:?}");
         if !by_request {
             crate::state::lazy::hold::release(&copy);
-            // UNREAD waits for the whole state: the loader registered it.
-            e.unread(1);
+            // The loader registered it.
+            e.wait_ready(crate::STATE_TICKET).unwrap();
             assert!(!e.stats().state_loading);
         }
         let got = (

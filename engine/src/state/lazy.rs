@@ -514,14 +514,10 @@ pub(crate) fn items_of_group(
     parts: &[&[PartMeta]],
     group: u64,
 ) -> std::result::Result<Option<GroupItems>, String> {
-    let inputs: Vec<OfGroup<'_>> = slices
+    let inputs: Vec<KeyRange<'_>> = slices
         .iter()
         .zip(parts)
-        .map(|(s, p)| OfGroup {
-            items: RunItems::from_key(s, p, Key::group(group)),
-            group,
-            done: false,
-        })
+        .map(|(s, p)| KeyRange::new(s, p, group, false))
         .collect();
     let mut found: Option<GroupItems> = None;
     for item in Merge::new(inputs, true) {
@@ -540,14 +536,10 @@ pub(crate) fn index_of_user(
     parts: &[&[PartMeta]],
     user: u64,
 ) -> std::result::Result<Vec<u64>, String> {
-    let inputs: Vec<OfUser<'_>> = slices
+    let inputs: Vec<KeyRange<'_>> = slices
         .iter()
         .zip(parts)
-        .map(|(s, p)| OfUser {
-            items: RunItems::from_key(s, p, Key::user_index(user, 0)),
-            user,
-            done: false,
-        })
+        .map(|(s, p)| KeyRange::new(s, p, user, true))
         .collect();
     let mut groups = Vec::new();
     for item in Merge::new(inputs, true) {
@@ -557,43 +549,6 @@ pub(crate) fn index_of_user(
         }
     }
     Ok(groups)
-}
-
-/// One run's user index entries of one user: the items before them
-/// skipped, the end at the first item past them.
-struct OfUser<'a> {
-    items: RunItems<'a>,
-    user: u64,
-    done: bool,
-}
-
-impl Iterator for OfUser<'_> {
-    type Item = std::result::Result<Item, String>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        loop {
-            match self.items.next()? {
-                Ok(item) => {
-                    let key = item.key();
-                    if key < Key::user_index(self.user, 0) {
-                        continue;
-                    }
-                    if key.group > self.user {
-                        self.done = true;
-                        return None;
-                    }
-                    return Some(Ok(item));
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
-    }
 }
 
 /// Registers the rest of a pending load now, on the calling thread, if
@@ -686,31 +641,52 @@ fn push_row(
     }
 }
 
-/// One run's items of one group: those below its key skipped, the end at
-/// the first item of a later group.
-struct OfGroup<'a> {
+/// One run's items under one id of the key space: a group's record and
+/// member rows (`index` false), or a user's index entries (`index` true,
+/// which sort after the items of the group of the same id). Items below
+/// the range are skipped, the end is at the first item past it.
+struct KeyRange<'a> {
     items: RunItems<'a>,
-    group: u64,
+    id: u64,
+    index: bool,
     done: bool,
 }
 
-impl Iterator for OfGroup<'_> {
+impl<'a> KeyRange<'a> {
+    fn new(slices: &'a [&'a [u8]], parts: &'a [PartMeta], id: u64, index: bool) -> KeyRange<'a> {
+        KeyRange {
+            items: RunItems::from_key(slices, parts, Self::first(id, index)),
+            id,
+            index,
+            done: false,
+        }
+    }
+
+    fn first(id: u64, index: bool) -> Key {
+        if index {
+            Key::user_index(id, 0)
+        } else {
+            Key::group(id)
+        }
+    }
+}
+
+impl Iterator for KeyRange<'_> {
     type Item = std::result::Result<Item, String>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
             return None;
         }
+        let first = Self::first(self.id, self.index);
         loop {
             match self.items.next()? {
                 Ok(item) => {
                     let key = item.key();
-                    if key.group < self.group {
+                    if key < first {
                         continue;
                     }
-                    // The user index's entries of the user whose id is
-                    // the group's come after the group's items.
-                    if key.group > self.group || key.index {
+                    if key.group != self.id || key.index != self.index {
                         self.done = true;
                         return None;
                     }

@@ -604,7 +604,7 @@ fn a_power_cut_with_a_torn_tail_and_leading_segments_leaves_the_state_loading() 
     assert!(e.stats().state_loading);
     assert_eq!(everything(&e), expected, "while the loader is held");
     hold::release(dir.path());
-    let _ = unread_of_all(&e);
+    e.wait_ready(crate::STATE_TICKET).unwrap();
     assert!(!e.stats().state_loading);
     assert_eq!(everything(&e), expected, "once loaded");
     // No id is given twice.
