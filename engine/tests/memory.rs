@@ -213,7 +213,7 @@ fn an_idle_group_costs_under_240_bytes_and_a_membership_under_26() {
 }
 
 #[test]
-fn a_million_memberships_cost_under_32_bytes_each_and_their_checkpoint_under_160() {
+fn a_million_memberships_cost_under_32_bytes_each_and_their_checkpoint_under_200() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const GROUPS: u64 = 10_000;
     const USERS: u64 = 20_000;
@@ -232,11 +232,13 @@ fn a_million_memberships_cost_under_32_bytes_each_and_their_checkpoint_under_160
     // delta buffer while it writes the run: its transient cost per change
     // (what the process keeps from the allocator after it) is bounded too.
     // It was 304 bytes while a delta item was as large as a group record
-    // and the buffer was copied for the write.
+    // and the buffer was copied for the write. Each change also has a user
+    // index entry, 24 bytes in a list of its own (plus the list's growth
+    // and its sort): 182 bytes in all; as a second map item it was 281.
     let peak = peak_during(|| e.checkpoint().unwrap()) as f64 / memberships as f64;
     println!("checkpoint of {memberships} joins: peak {peak:.1} bytes each");
     assert!(
-        peak < 160.0,
+        peak < 200.0,
         "checkpoint peak {peak:.1} bytes per changed membership"
     );
     wait_idle(&e);

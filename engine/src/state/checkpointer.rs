@@ -87,6 +87,11 @@ struct Checkpointer {
     next_run_seq: u64,
     /// Captured items not yet in a stored checkpoint.
     delta: BTreeMap<Key, Item>,
+    /// Captured changes of the user index not yet in a stored checkpoint,
+    /// `(user, group, put)` in capture order (a later one of a key wins).
+    /// Kept apart from `delta`: 24 bytes a change instead of a map entry,
+    /// and every membership change has one.
+    index_changes: Vec<(u64, u64, bool)>,
     /// Files those items need durable.
     duties: Vec<SyncDuties>,
     /// `(file, first checkpoint not naming it)`: unlinked once the one
@@ -115,6 +120,7 @@ pub(crate) fn start(
         next_ckpt_seq: on_disk.next_ckpt_seq,
         next_run_seq: on_disk.next_run_seq,
         delta: BTreeMap::new(),
+        index_changes: Vec::new(),
         duties: Vec::new(),
         graveyard: Vec::new(),
         damaged: on_disk.damaged,
@@ -397,18 +403,58 @@ fn user_index_of_runs(ctx: &LogContext, runs: &[RunMeta]) -> Result<Vec<(u64, u6
     Ok(index)
 }
 
-/// The delta buffer's items with an `IndexPut` for each of `index`
-/// (ascending, unique) merged in, in key order; on a key both hold, the
-/// buffer's item (a change captured now) wins.
+/// Sorts captured user index changes `(user, group, put)` by key, in
+/// place, keeping the last change of each key (the sort is stable, so the
+/// changes of one key stay in capture order). In place because a
+/// checkpoint that fails keeps its changes for the next one.
+fn normalize_index_changes(changes: &mut Vec<(u64, u64, bool)>) {
+    changes.sort_by_key(|&(user, group, _)| (user, group));
+    changes.dedup_by(|later, kept| {
+        let same = (later.0, later.1) == (kept.0, kept.1);
+        if same {
+            *kept = *later;
+        }
+        same
+    });
+}
+
+/// The user index entries of a delta run that also indexes runs written
+/// without an index: `catch_up` (their memberships, ascending, all puts)
+/// merged with `changes` (normalized), a change winning on its key.
+fn with_catch_up(catch_up: &[(u64, u64)], changes: &[(u64, u64, bool)]) -> Vec<(u64, u64, bool)> {
+    let mut out = Vec::with_capacity(catch_up.len() + changes.len());
+    let mut changes = changes.iter().copied().peekable();
+    for &(user, group) in catch_up {
+        while let Some(c) = changes.next_if(|c| (c.0, c.1) < (user, group)) {
+            out.push(c);
+        }
+        match changes.next_if(|c| (c.0, c.1) == (user, group)) {
+            Some(c) => out.push(c),
+            None => out.push((user, group, true)),
+        }
+    }
+    out.extend(changes);
+    out
+}
+
+/// The delta buffer's items with the user index entries `index`
+/// (ascending, unique) merged in, in key order. The buffer
+/// holds no index item, so no key is in both.
 fn with_index_entries<'a>(
     delta: &'a BTreeMap<Key, Item>,
-    index: &'a [(u64, u64)],
+    index: &'a [(u64, u64, bool)],
 ) -> impl Iterator<Item = std::result::Result<std::borrow::Cow<'a, Item>, String>> + 'a {
     use std::borrow::Cow;
     let mut buffered = delta.values().peekable();
     let mut entries = index
         .iter()
-        .map(|&(user, group)| Item::IndexPut { user, group })
+        .map(|&(user, group, put)| {
+            if put {
+                Item::IndexPut { user, group }
+            } else {
+                Item::IndexDelete { user, group }
+            }
+        })
         .peekable();
     std::iter::from_fn(move || {
         let from_buffer = match (buffered.peek(), entries.peek()) {
@@ -794,13 +840,13 @@ impl Checkpointer {
                         join_point: m.join_point,
                     });
                     if indexed {
-                        self.put(Item::IndexPut { user, group: g.id });
+                        self.index_changes.push((user, g.id, true));
                     }
                 }
                 None => {
                     self.put(Item::MemberDelete { group: g.id, user });
                     if indexed {
-                        self.put(Item::IndexDelete { user, group: g.id });
+                        self.index_changes.push((user, g.id, false));
                     }
                 }
             }
@@ -919,6 +965,12 @@ impl Checkpointer {
             Some(m) if !m.user_index && !older_build => user_index_of_runs(ctx, &runs)?,
             _ => Vec::new(),
         };
+        normalize_index_changes(&mut self.index_changes);
+        let index = if index.is_empty() {
+            std::borrow::Cow::Borrowed(&self.index_changes[..])
+        } else {
+            std::borrow::Cow::Owned(with_catch_up(&index, &self.index_changes))
+        };
         let delta = write_run(ctx, delta_seq, with_index_entries(&self.delta, &index))?;
         if let Some(run) = delta {
             self.next_run_seq = next_seq(self.next_run_seq, "run")?;
@@ -988,10 +1040,11 @@ impl Checkpointer {
         self.holds.set_newest(&m);
         syncs += 2;
         written += manifest::encode(&m).map_or(0, |b| b.len() as u64);
-        let items = self.delta.len();
+        let items = self.delta.len() + index.len();
         // Given back, not kept at their peak size (a checkpoint of many
         // groups must not leave memory per group behind).
         self.delta = BTreeMap::new();
+        self.index_changes = Vec::new();
         self.duties = Vec::new();
         self.next_ckpt_seq = next_seq(self.next_ckpt_seq, "checkpoint")?;
         self.prev = self.last.replace(m);
@@ -1209,5 +1262,31 @@ impl Checkpointer {
             drop(st);
             self.shared.pending_cv.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod index_change_tests {
+    use super::{normalize_index_changes, with_catch_up};
+
+    #[test]
+    fn the_last_change_of_a_key_wins_and_a_change_wins_over_the_catch_up() {
+        // A join, a leave and a join again of (1, 5); (2, 3) left; a
+        // retried checkpoint appends after a normalized prefix.
+        let mut changes = vec![(1, 5, true), (2, 3, false), (1, 5, false), (1, 5, true)];
+        normalize_index_changes(&mut changes);
+        assert_eq!(changes, vec![(1, 5, true), (2, 3, false)]);
+        changes.push((1, 5, false));
+        normalize_index_changes(&mut changes);
+        assert_eq!(changes, vec![(1, 5, false), (2, 3, false)]);
+        let catch_up = [(1, 4), (1, 5), (2, 3), (9, 9)];
+        assert_eq!(
+            with_catch_up(&catch_up, &changes),
+            vec![(1, 4, true), (1, 5, false), (2, 3, false), (9, 9, true)]
+        );
+        assert_eq!(
+            with_catch_up(&[(3, 3)], &[(1, 1, true), (4, 4, false)]),
+            vec![(1, 1, true), (3, 3, true), (4, 4, false)]
+        );
     }
 }
