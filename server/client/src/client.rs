@@ -566,8 +566,13 @@ impl Client {
             if !self.decoder.wants_read() {
                 return Err(ClientError::Protocol("frame decoder stalled".into()));
             }
-            if self.decoder.read_from(&mut self.stream)? == 0 {
-                return Err(ClientError::Closed);
+            match self.decoder.read_from(&mut self.stream) {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(_) => {}
+                // A signal delivered to this process while it waited (a
+                // child's exit, a timer): nothing was read, wait again.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
