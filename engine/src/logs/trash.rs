@@ -34,6 +34,7 @@
 //! file and one rmdir per directory on the worker; a deletion waiting for
 //! durability costs one entry in a list, and a round one atomic load.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -53,14 +54,27 @@ pub struct Trash {
     next_suffix: AtomicU64,
     /// Entries moved in since the commit thread last queued their removal.
     moved: Mutex<Vec<PathBuf>>,
-    /// Directories of deleted groups whose DeleteGroup may not be durable
-    /// yet, `(group, directory)` in deletion order; `awaiting_count` is
-    /// their number, so a round that finds none pays one atomic load.
-    awaiting: Mutex<Vec<(u64, PathBuf)>>,
+    /// Deletions whose DeleteGroup may not be durable yet; `awaiting_count`
+    /// is their number, so a round that finds none pays one atomic load.
+    awaiting: Mutex<Awaiting>,
     awaiting_count: AtomicU64,
     /// Snapshot holds: moves are noted in them, and while any is active
     /// the entries stay (a snapshot may be copying from them).
     holds: Arc<dyn Holding>,
+}
+
+/// Directories of deleted groups waiting for their deletion to be
+/// durable. Invariant: `ids` holds exactly the groups of `dirs`, so a
+/// round asks about each of its groups at the cost of one hash lookup,
+/// however many deletions wait (under `never` they wait until the next
+/// capture syncs the journal).
+#[derive(Default)]
+struct Awaiting {
+    /// `(group, directory)` in deletion order (a group deleted, made again
+    /// and deleted again before a sync appears twice; its first directory
+    /// was moved before the round that made it again).
+    dirs: Vec<(u64, PathBuf)>,
+    ids: HashSet<u64>,
 }
 
 /// What the trash asks of the snapshot holds (`state/pins.rs`), which it
@@ -89,7 +103,7 @@ impl Trash {
             dir: data_dir.join("groups").join("trash"),
             next_suffix: AtomicU64::new(now_ns),
             moved: Mutex::new(Vec::new()),
-            awaiting: Mutex::new(Vec::new()),
+            awaiting: Mutex::new(Awaiting::default()),
             awaiting_count: AtomicU64::new(0),
             holds,
         }
@@ -140,9 +154,10 @@ impl Trash {
     /// ([`Trash::move_awaiting`]). No file-system call.
     pub fn put_when_durable(&self, group_id: u64, from: PathBuf) {
         let mut awaiting = self.awaiting.lock();
-        awaiting.push((group_id, from));
+        awaiting.ids.insert(group_id);
+        awaiting.dirs.push((group_id, from));
         self.awaiting_count
-            .store(awaiting.len() as u64, Ordering::Release);
+            .store(awaiting.dirs.len() as u64, Ordering::Release);
     }
 
     /// Whether any deletion waits for durability.
@@ -158,7 +173,7 @@ impl Trash {
             return false;
         }
         let awaiting = self.awaiting.lock();
-        groups.any(|g| awaiting.iter().any(|(id, _)| *id == g))
+        groups.any(|g| awaiting.ids.contains(&g))
     }
 
     /// Moves into the trash every directory noted by
@@ -174,7 +189,7 @@ impl Trash {
             self.awaiting_count.store(0, Ordering::Release);
             std::mem::take(&mut *awaiting)
         };
-        for (group, dir) in awaiting {
+        for (group, dir) in awaiting.dirs {
             if let Err(e) = self.put(vfs, group, &dir) {
                 log::warn!("trash: the directory of deleted group {group} stays at its path: {e}");
             }
@@ -286,6 +301,29 @@ fn list(vfs: &dyn Vfs, dir: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use crate::io::OsVfs;
+
+    #[test]
+    fn a_deletion_waits_at_its_path_until_moved_and_is_found_by_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let trash = Trash::new(dir.path(), Arc::new(crate::state::pins::Holds::default()));
+        let group_dir = |id: u64| dir.path().join("groups").join(format!("{id:016x}"));
+        for id in [3u64, 9] {
+            std::fs::create_dir_all(group_dir(id)).unwrap();
+            trash.put_when_durable(id, group_dir(id));
+        }
+        assert!(trash.any_awaiting());
+        assert!(trash.awaits_any([1u64, 9].into_iter()));
+        assert!(!trash.awaits_any([1u64, 2, 4].into_iter()));
+        assert!(group_dir(3).exists(), "no file-system call before the move");
+        trash.move_awaiting(&OsVfs);
+        assert!(!group_dir(3).exists() && !group_dir(9).exists());
+        assert_eq!(trash.take_moved().len(), 2);
+        assert!(!trash.any_awaiting());
+        assert!(
+            !trash.awaits_any([3u64, 9].into_iter()),
+            "moved: nothing waits"
+        );
+    }
 
     #[test]
     fn a_moved_directory_is_removed_one_file_per_step_and_never_looks_like_a_group() {
