@@ -2805,24 +2805,35 @@ fn a_group_created_again_does_not_keep_the_old_dedup_window() {
     assert_eq!((other.msg_id, other.duplicate), (2, false));
 }
 
+/// An engine under `fsync never` on a file system that power cuts can
+/// take back, in `root/data`, that neither checkpoints, flushes cursors
+/// nor checks retention by itself: what a test writes after its own
+/// `checkpoint()` is only in the journal when the power is cut.
+fn open_never_synced_on_power_cuts(
+    root: &Path,
+) -> (Config, Engine, Arc<crate::io::power_cut::PowerControl>) {
+    let mut c = small_config(&root.join("data"));
+    c.fsync = FsyncPolicy::Never;
+    c.checkpoint_journal_bytes = 1 << 30;
+    c.cursor_flush_ms = 3_600_000;
+    c.retention_check_ms = 3_600_000;
+    let vfs = crate::io::power_cut::PowerCutVfs::new(root);
+    let control = vfs.control.clone();
+    let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+    (c, e, control)
+}
+
 /// Under `never` a DeleteGroup is acknowledged before its frame is
 /// durable, so a power cut may take the deletion back. Whatever the cut
 /// keeps of the directory changes the deletion made (its move to the trash,
 /// the removal of its files), a group that comes back comes back whole.
 #[test]
 fn a_deletion_a_power_cut_takes_back_leaves_the_group_whole() {
-    use crate::io::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::Cut;
     let mut back = 0;
     for seed in 0..power_cuts(24) {
         let root = tempfile::tempdir().unwrap();
-        let mut c = small_config(&root.path().join("data"));
-        c.fsync = crate::FsyncPolicy::Never;
-        c.checkpoint_journal_bytes = 1 << 30;
-        c.cursor_flush_ms = 3_600_000;
-        c.retention_check_ms = 3_600_000;
-        let vfs = PowerCutVfs::new(root.path());
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        let (c, e, control) = open_never_synced_on_power_cuts(root.path());
         fill(&e, &[1], 30);
         // Durable: a manifest names group 1 and its segments.
         e.checkpoint().unwrap();
@@ -2853,18 +2864,11 @@ fn a_deletion_a_power_cut_takes_back_leaves_the_group_whole() {
 /// comes back is the old one whole or the new one, never a mix.
 #[test]
 fn a_group_created_again_after_a_deletion_a_power_cut_takes_back_is_never_a_mix() {
-    use crate::io::power_cut::{Cut, PowerCutVfs};
+    use crate::io::power_cut::Cut;
     let (mut old_back, mut new_back) = (0, 0);
     for seed in 0..power_cuts(24) {
         let root = tempfile::tempdir().unwrap();
-        let mut c = small_config(&root.path().join("data"));
-        c.fsync = crate::FsyncPolicy::Never;
-        c.checkpoint_journal_bytes = 1 << 30;
-        c.cursor_flush_ms = 3_600_000;
-        c.retention_check_ms = 3_600_000;
-        let vfs = PowerCutVfs::new(root.path());
-        let control = vfs.control.clone();
-        let e = Engine::open_with_vfs(c.clone(), Arc::new(vfs)).unwrap();
+        let (c, e, control) = open_never_synced_on_power_cuts(root.path());
         fill(&e, &[1], 30);
         e.checkpoint().unwrap();
         e.delete_group(1).unwrap();

@@ -24,7 +24,9 @@ struct Seen {
     cursors: Vec<(u64, u64)>,
 }
 
-fn config(dir: &Path, background: bool) -> Config {
+/// A configuration whose state loads in the background (`background`)
+/// or at open.
+pub(super) fn config(dir: &Path, background: bool) -> Config {
     let mut c = Config::new(dir);
     // Some groups outgrow a small group (their records go to segments).
     c.small_group_bytes_max = 4 << 10;

@@ -460,6 +460,12 @@ mod tests {
     fn as_older(m: &Manifest, cut: usize, version: u16) -> Vec<u8> {
         let mut bytes = encode(m).unwrap();
         bytes.truncate(bytes.len() - cut);
+        with_version(bytes, version)
+    }
+
+    /// `bytes` with `version` in the header and its lengths and checksums
+    /// made to match: only the version check can refuse it.
+    fn with_version(mut bytes: Vec<u8>, version: u16) -> Vec<u8> {
         bytes[8..10].copy_from_slice(&version.to_le_bytes());
         let body = &bytes[MANIFEST_HEADER_BYTES..];
         let (body_len, body_crc) = (body.len() as u64, crc32fast::hash(body));
@@ -490,15 +496,9 @@ mod tests {
             }
         );
         // Version 2's length with version 4's number, and the reverse.
-        let mut short = old.clone();
-        short[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        let header_crc = crc32fast::hash(&short[..28]);
-        short[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        let short = with_version(old.clone(), MANIFEST_VERSION);
         assert!(decode(&short).is_err());
-        let mut long = encode(&m).unwrap();
-        long[8..10].copy_from_slice(&MANIFEST_VERSION_UNBOUNDED.to_le_bytes());
-        let header_crc = crc32fast::hash(&long[..28]);
-        long[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        let long = with_version(encode(&m).unwrap(), MANIFEST_VERSION_UNBOUNDED);
         assert!(decode(&long).is_err());
         // Unknown also when a writer did not know it.
         let unknown = Manifest {
@@ -525,21 +525,14 @@ mod tests {
                 ..m.clone()
             }
         );
-        let mut short = old.clone();
-        short[8..10].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        let header_crc = crc32fast::hash(&short[..28]);
-        short[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        let short = with_version(old.clone(), MANIFEST_VERSION);
         assert!(decode(&short).is_err());
         let long = as_older(&m, 0, MANIFEST_VERSION_UNINDEXED);
         assert!(decode(&long).is_err());
         let mut two = encode(&m).unwrap();
         let at = two.len() - 1;
         two[at] = 2;
-        let body = &two[MANIFEST_HEADER_BYTES..];
-        let body_crc = crc32fast::hash(body);
-        two[24..28].copy_from_slice(&body_crc.to_le_bytes());
-        let header_crc = crc32fast::hash(&two[..28]);
-        two[28..32].copy_from_slice(&header_crc.to_le_bytes());
+        let two = with_version(two, MANIFEST_VERSION);
         assert!(decode(&two).unwrap_err().contains("user_index"));
     }
 

@@ -14,21 +14,15 @@ use proptest::prelude::*;
 
 use super::checkpoint_tests::{load_manifest, manifests, newest_manifest, run_items};
 use super::checkpointer::older_build;
+use super::lazy_tests::config;
 use super::merge::Merge;
 use super::Item;
 use crate::state::lazy::hold;
 use crate::tests::{copy_dir, payload};
-use crate::{Config, Engine, Error, JoinStart, STATE_TICKET};
+use crate::{Engine, Error, JoinStart, STATE_TICKET};
 
 const GROUPS: u64 = 60;
 const USERS: u64 = 12;
-
-fn config(dir: &Path, background: bool) -> Config {
-    let mut c = Config::new(dir);
-    c.small_group_bytes_max = 4 << 10;
-    c.load_in_background = background;
-    c
-}
 
 /// Memberships over many groups and several runs: user `u` is in group
 /// `g` when `(g + u) % 3 == 0` or `u == 0`, some groups hold records;
