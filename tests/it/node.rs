@@ -646,3 +646,51 @@ fn under_fsync_never_answered_sends_survive_a_sigkill() {
     assert_eq!(got, (1..=50).collect::<Vec<_>>());
     assert_eq!(page.messages[49].payload, payload(50));
 }
+
+/// Does nothing: its only effect is that a blocking read of the thread it
+/// runs on returns `EINTR` (installed without `SA_RESTART`).
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// A signal delivered to the client's thread while it waits for a
+/// response (a child's exit, a timer in the application) interrupts its
+/// read with `EINTR`: the client waits again and returns the response,
+/// never an I/O error for a request the node answers.
+#[test]
+fn a_signal_while_the_client_waits_does_not_fail_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(&dir.path().join("data"), &[]);
+    let mut waiter = node.client();
+    waiter.create_group(1).unwrap();
+    waiter.join(1, 7, JoinStart::Earliest).unwrap();
+    // SAFETY: a handler that touches nothing, installed for SIGUSR1, which
+    // only this test sends, and only to its own thread.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ignore_signal as *const () as usize;
+        action.sa_flags = 0;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()),
+            0
+        );
+    }
+    let waiting = unsafe { libc::pthread_self() };
+    let addr = node.addr.clone();
+    let signaller = std::thread::spawn(move || {
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(100));
+            // SAFETY: the test thread outlives this thread (joined below).
+            assert_eq!(unsafe { libc::pthread_kill(waiting, libc::SIGUSR1) }, 0);
+        }
+        let mut sender = Client::connect(&ClientConfig::new(addr)).unwrap();
+        sender.send(1, 9, 1, b"after the signals").unwrap();
+    });
+    // A long poll: the client waits in its read while the signals arrive,
+    // until the send wakes it.
+    let page = waiter
+        .pull(1, 7, 0, 10, 30_000)
+        .expect("the long poll is answered despite the signals");
+    signaller.join().unwrap();
+    assert_eq!(page.messages.len(), 1);
+    assert_eq!(page.messages[0].payload, b"after the signals");
+}
