@@ -10,9 +10,10 @@
 //! Asserts outcomes, never time.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tidemark_client::Client;
+use tidemark_client::{Client, ClientError};
 use tidemark_protocol::{ErrorCode, JoinStart, Request};
 
 use crate::harness::Node;
@@ -338,4 +339,141 @@ fn twenty_kills_in_a_row_while_the_state_loads_lose_nothing_acknowledged() {
     assert_eq!(value(&mut c, "engine.groups"), SCRATCH);
     assert_eq!(answers(&mut c, SERIES_GROUPS), after_full_load, "loaded");
     assert_eq!(captures_while_loading, 0, "no capture while loading");
+}
+
+/// The biggest run part of `data` (one the checkpoint in force names),
+/// which must have more than one block: `(path, the first id of its second
+/// block's first key)`.
+fn part_of_two_blocks(data: &Path) -> (PathBuf, u64) {
+    let mut parts: Vec<(u64, PathBuf)> = std::fs::read_dir(data.join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tmr"))
+        .map(|p| (std::fs::metadata(&p).unwrap().len(), p))
+        .collect();
+    parts.sort();
+    let (_, part) = parts.pop().expect("a run part");
+    let b = std::fs::read(&part).unwrap();
+    let trailer = &b[b.len() - 32..];
+    let index_at = u64::from_le_bytes(trailer[8..16].try_into().unwrap()) as usize;
+    let blocks = u32::from_le_bytes(trailer[24..28].try_into().unwrap());
+    assert!(blocks >= 2, "{} holds {blocks} block", part.display());
+    // Index entry 1: offset u64 | len u32 | first key (first id u64 ...).
+    let entry = &b[index_at + 29..index_at + 58];
+    let second_first_id = u64::from_le_bytes(entry[12..20].try_into().unwrap());
+    (part, second_first_id)
+}
+
+/// A writer's bug: the kind byte of the first item of `part`'s first block
+/// (offset 64) becomes 9, no kind, and the block's CRC is made valid again.
+fn damage_first_item_behind_its_crc(part: &Path) {
+    let mut b = std::fs::read(part).unwrap();
+    let len = u32::from_le_bytes(b[68..72].try_into().unwrap()) as usize;
+    b[76] = 9;
+    let crc = crc32fast::hash(&b[68..64 + len]);
+    b[64..68].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(part, b).unwrap();
+}
+
+/// Expects GROUP_DAMAGED naming `part` at offset 64.
+fn assert_names(r: Result<impl std::fmt::Debug, ClientError>, part: &Path, what: &str) {
+    let name = part.file_name().unwrap().to_str().unwrap();
+    match r {
+        Err(ClientError::Server {
+            code: ErrorCode::GroupDamaged,
+            message,
+            ..
+        }) => assert!(
+            message.contains(name) && message.contains("at offset 64"),
+            "{what}: {message:?} does not name {name} at offset 64"
+        ),
+        other => panic!("{what}: expected GROUP_DAMAGED, got {other:?}"),
+    }
+}
+
+/// Items of the saved state that do not decode behind a valid CRC (a
+/// writer's bug), in the first block of a run part: the group whose first
+/// read meets them, the groups the loader meets them in, and `ctl verify`
+/// all name the same part and offset; every group outside that block is
+/// served, before and after the loader stopped there.
+#[test]
+fn damage_behind_a_valid_crc_is_named_alike_by_a_first_read_the_loader_and_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    const DAMAGE_GROUPS: u64 = 3000;
+    {
+        let mut node = Node::start(dir.path(), &[]);
+        let mut c = node.client();
+        for first in (1..=DAMAGE_GROUPS).step_by(50) {
+            let mut waiting = Vec::new();
+            for g in first..(first + 50).min(DAMAGE_GROUPS + 1) {
+                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
+                for i in 0..MEMBERS {
+                    let join = Request::Join {
+                        group: g,
+                        user: member(g, i),
+                        start: JoinStart::Earliest,
+                    };
+                    waiting.push(c.submit(&join).unwrap());
+                }
+            }
+            for id in waiting {
+                c.wait(id, Duration::from_secs(60))
+                    .unwrap()
+                    .response()
+                    .unwrap();
+            }
+        }
+        drop(c);
+        assert!(node.terminate().success(), "a clean stop");
+    }
+    let (part, second_block_from) = part_of_two_blocks(dir.path());
+    let served = second_block_from + 1;
+    assert!(served < DAMAGE_GROUPS, "group {served} is saved");
+    damage_first_item_behind_its_crc(&part);
+    let members_of = |c: &mut Client, g: u64| c.members(g, 0, 1000).map(|(m, _)| m.len());
+
+    // The loader held: the first read of group 1 meets the damage.
+    let mut node = Node::start(dir.path(), &["--load-batch-pause-ms", "600000"]);
+    let mut c = node.client();
+    assert_names(c.pull(1, member(1, 0), 0, 100, 0), &part, "group 1");
+    assert_eq!(members_of(&mut c, served).unwrap(), MEMBERS as usize);
+    assert_eq!(members_of(&mut c, DAMAGE_GROUPS).unwrap(), MEMBERS as usize);
+    drop(c);
+    node.kill();
+
+    // The loader meets it first: writes stop, the same part and offset.
+    let node = Node::start(dir.path(), &[]);
+    let mut c = node.client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match c.send(served, 9, 1, b"x") {
+            Err(ClientError::Server {
+                code: ErrorCode::WritesStopped,
+                ..
+            }) => break,
+            // Accepted before the loader met the damage (then deduplicated).
+            Ok(_) => {}
+            other => panic!("send: {other:?}"),
+        }
+        assert!(Instant::now() < deadline, "the load never stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_names(c.members(2, 0, 1000), &part, "group 2 after the loader");
+    assert_eq!(members_of(&mut c, served + 1).unwrap(), MEMBERS as usize);
+    drop(c);
+    drop(node);
+
+    let verify = std::process::Command::new(crate::harness::tidemark_bin())
+        .args(["ctl", "verify", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&verify.stdout);
+    assert_eq!(verify.status.code(), Some(1), "{out}");
+    assert!(
+        out.lines().any(
+            |l| l.starts_with("DAMAGE") && l.contains(&format!("{} offset 64", part.display()))
+        ),
+        "{out}"
+    );
 }

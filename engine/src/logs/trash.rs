@@ -115,13 +115,25 @@ impl Trash {
 
     /// Moves the directory `from` (of group `group_id`) into the trash, if
     /// it exists. One rename (and, the first time, a mkdir of the trash).
-    /// The entry is remembered for [`Trash::take_moved`].
+    /// The entry is remembered for [`Trash::take_moved`]. A file at the
+    /// trash's own path (damage, another program) is garbage like
+    /// everything in the trash: it is removed and the directory made, so
+    /// that it never fails a deletion or the replay of one.
     pub fn put(&self, vfs: &dyn Vfs, group_id: u64, from: &Path) -> Result<()> {
         if !vfs.exists(from) {
             return Ok(());
         }
-        vfs.create_dir_all(&self.dir)
-            .map_err(|e| Error::write(format!("mkdir {}", self.dir.display()), e))?;
+        if let Err(e) = vfs.create_dir_all(&self.dir) {
+            if vfs.remove_file(&self.dir).is_err() {
+                return Err(Error::write(format!("mkdir {}", self.dir.display()), e));
+            }
+            log::warn!(
+                "trash: {} was a file, not a directory: removed",
+                self.dir.display()
+            );
+            vfs.create_dir_all(&self.dir)
+                .map_err(|e| Error::write(format!("mkdir {}", self.dir.display()), e))?;
+        }
         let mut last = None;
         for _ in 0..RENAME_TRIES {
             let suffix = self.next_suffix.fetch_add(1, Ordering::Relaxed);
@@ -247,9 +259,12 @@ impl Removal {
             }
             return false;
         }
-        if let Err(e) = vfs.remove_dir_all(&self.entry) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("trash: cannot remove {}: {e}", self.entry.display());
+        // An entry that is a file (not made by the engine) goes as one.
+        if vfs.remove_file(&self.entry).is_err() {
+            if let Err(e) = vfs.remove_dir_all(&self.entry) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!("trash: cannot remove {}: {e}", self.entry.display());
+                }
             }
         }
         true
@@ -357,5 +372,59 @@ mod tests {
             "three files (the first step lists them), then the directory"
         );
         assert!(trash.entries(&OsVfs).is_empty());
+    }
+
+    /// Damage in the trash (a file system repair, another program): an
+    /// entry that is a file, an entry holding a directory, an entry gone
+    /// meanwhile. Each is removed (or found gone) by the sweep, so a
+    /// trash is emptied whatever it holds.
+    #[test]
+    fn entries_that_are_files_hold_directories_or_vanish_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let trash = dir.path().join("groups").join("trash");
+        std::fs::create_dir_all(trash.join("0000000000000002-0000000000000001/sub")).unwrap();
+        std::fs::write(
+            trash.join("0000000000000002-0000000000000001/sub/x.seg"),
+            b"x",
+        )
+        .unwrap();
+        std::fs::write(
+            trash.join("0000000000000003-0000000000000001"),
+            b"not a dir",
+        )
+        .unwrap();
+        for entry in list(&OsVfs, &trash) {
+            let mut removal = Removal::new(entry.clone());
+            let mut steps = 0;
+            while !removal.step(&OsVfs) {
+                steps += 1;
+                assert!(steps < 10, "{} is never removed", entry.display());
+            }
+        }
+        let left = list(&OsVfs, &trash);
+        assert!(left.is_empty(), "left in the trash: {left:?}");
+        let mut gone = Removal::new(trash.join("0000000000000004-0000000000000001"));
+        assert!(gone.step(&OsVfs), "an entry gone meanwhile ends at once");
+    }
+
+    /// A file where the trash directory goes: a deletion (and the replay
+    /// of one, which would fail the open) still moves the group's
+    /// directory in.
+    #[test]
+    fn a_file_at_the_trash_path_does_not_fail_a_deletion() {
+        let dir = tempfile::tempdir().unwrap();
+        let trash = Trash::new(dir.path(), Arc::new(crate::state::pins::Holds::default()));
+        std::fs::create_dir_all(dir.path().join("groups")).unwrap();
+        std::fs::write(trash.dir(), b"not a directory").unwrap();
+        let group_dir = dir
+            .path()
+            .join("groups")
+            .join("007")
+            .join("0000000000000007");
+        std::fs::create_dir_all(&group_dir).unwrap();
+        std::fs::write(group_dir.join("1.seg"), b"x").unwrap();
+        trash.put(&OsVfs, 7, &group_dir).unwrap();
+        assert!(!group_dir.exists());
+        assert_eq!(trash.entries(&OsVfs).len(), 1);
     }
 }

@@ -60,6 +60,11 @@
 //! - **A journal file that holds no frame with a damaged header**, which
 //!   the node refuses: its header is written anew (nothing is lost), in
 //!   any directory.
+//! - **A user index that misses entries** (`verify` names each member row
+//!   without one): the checkpoint is stored again saying its runs hold no
+//!   complete index, in any directory (nothing else changes, so replay
+//!   cannot contradict it); the node then waits for its whole load before
+//!   UNREAD and SYNC and writes the index anew at its next checkpoint.
 //!
 //! Repair otherwise requires a checkpoint after which nothing was written:
 //! its manifest's `clean` set *and* no journal file from its replay
@@ -145,6 +150,9 @@ enum Step {
         path: PathBuf,
         header: [u8; JOURNAL_HEADER_BYTES],
     },
+    /// The new checkpoint says its runs hold no complete user index
+    /// (manifest `user_index` 0): the index in force misses entries.
+    DropUserIndex,
 }
 
 /// A segment being rebuilt from the walk's events.
@@ -267,9 +275,15 @@ impl DataDir {
             };
             // A damaged header of a journal file that holds no frame loses
             // nothing and is fixed whatever the checkpoint: the node refuses
-            // the directory until it is.
+            // the directory until it is. So is an incomplete user index's
+            // claim dropped: the new checkpoint differs from the one in
+            // force in that flag only, so replay cannot contradict it.
             if target == RepairTarget::AllDamaged {
                 self.plan_journal_headers(&mut plan)?;
+                self.plan_user_index(&mut plan);
+                if plan.steps.iter().any(|s| matches!(s, Step::DropUserIndex)) {
+                    self.plan_checkpoint(&mut plan);
+                }
             }
             if plan.steps.is_empty() {
                 plan.refused = Some(format!(
@@ -311,6 +325,7 @@ impl DataDir {
             RepairTarget::AllDamaged => {
                 self.plan_journal(&mut plan)?;
                 self.plan_fallback(&mut plan);
+                self.plan_user_index(&mut plan);
                 self.groups.keys().copied().collect()
             }
         };
@@ -533,6 +548,31 @@ impl DataDir {
             ));
             plan.steps.push(Step::Restore);
         }
+    }
+
+    /// The manifest in force says its runs hold a complete user index
+    /// and they miss entries (`verify` names each): while a load runs, the
+    /// node would answer UNREAD and SYNC of those users without the
+    /// groups. The checkpoint is stored again without the claim
+    /// (`user_index` 0), which the node reads as an index it cannot use:
+    /// UNREAD and SYNC wait for the whole load, and its first checkpoint
+    /// after the load writes an entry for every member row (storage.md
+    /// 6.1), so the index is a superset again. The entries the runs hold
+    /// stay (stale ones cost a lookup, never an answer).
+    fn plan_user_index(&self, plan: &mut RepairPlan) {
+        let missing = self.index_entries_missing();
+        let (Some(&(group, user)), Some((manifest, _))) = (missing.first(), &self.manifest) else {
+            return;
+        };
+        plan.actions.push(format!(
+            "the user index of {} misses {} entries (the first: user {user}, tag 2, group \
+             {group}): store the checkpoint without claiming a complete index; the node then \
+             answers UNREAD and SYNC after its whole load, and its first checkpoint after it \
+             writes the index anew",
+            manifest.display(),
+            missing.len()
+        ));
+        plan.steps.push(Step::DropUserIndex);
     }
 
     fn next_ckpt_seq(&self, m: &Manifest) -> u64 {
@@ -805,6 +845,7 @@ impl DataDir {
         let mut deletes = Vec::new();
         let mut journal = None;
         let mut restore = false;
+        let mut drop_user_index = false;
         for step in plan.steps {
             match step {
                 Step::Segment {
@@ -830,6 +871,7 @@ impl DataDir {
                 }
                 Step::Journal { seq, pinned } => journal = Some((seq, pinned)),
                 Step::Restore => restore = true,
+                Step::DropUserIndex => drop_user_index = true,
                 Step::JournalHeader { path, header } => {
                     write_replacing(&path, &header)?;
                     let jdir = crate::commit::journal::journal_dir(&self.path);
@@ -843,6 +885,7 @@ impl DataDir {
             deletes,
             journal,
             restore,
+            drop_user_index,
         })
     }
 
@@ -854,11 +897,12 @@ impl DataDir {
             deletes,
             journal,
             restore,
+            drop_user_index,
         } = w;
         let Some((_, m)) = self.manifest.clone() else {
             return Ok(());
         };
-        if items.is_empty() && journal.is_none() && !restore {
+        if items.is_empty() && journal.is_none() && !restore && !drop_user_index {
             return Ok(());
         }
         let vfs = &*self.ctx.vfs;
@@ -866,6 +910,7 @@ impl DataDir {
         let mut new = m.clone();
         new.ckpt_seq = self.next_ckpt_seq(&m);
         new.created_ms = crate::clock::now_ms();
+        new.user_index = m.user_index && !drop_user_index;
         if let Some(run) = checkpointer::write_run(&self.ctx, m.next_run_seq, items.iter().map(Ok))?
         {
             new.next_run_seq = m.next_run_seq + 1;
@@ -898,6 +943,9 @@ pub(super) struct Written {
     journal: Option<(u64, Vec<u64>)>,
     /// Store the checkpoint in force again (`Step::Restore`).
     restore: bool,
+    /// Store it without claiming a complete user index
+    /// (`Step::DropUserIndex`).
+    drop_user_index: bool,
 }
 
 /// The frame at `at` of a journal file whose key is `mark_key`, if its

@@ -231,12 +231,33 @@ impl DataDir {
     /// writer's bug no read notices otherwise: while a later open loads
     /// the state, UNREAD and SYNC of that user would leave the group out.
     fn verify_user_index(&self, v: &mut Verified) {
-        let Some((file, m)) = &self.manifest else {
+        let Some((file, _)) = &self.manifest else {
             return;
         };
-        if !m.user_index {
-            return;
+        for (group, user) in self.index_entries_missing() {
+            v.findings.push(Finding {
+                group: Some(group),
+                file: Some(file.clone()),
+                offset: 0,
+                what: format!(
+                    "the user index has no entry (user {user}, tag 2, group {group}) for \
+                     the member row of user {user} in group {group}: while a background \
+                     load runs, UNREAD and SYNC of that user would leave the group out"
+                ),
+                damage: true,
+            });
         }
+    }
+
+    /// `(group, user)` of every member row the user index has no entry
+    /// for, when the manifest in force says the index is complete (none
+    /// otherwise): what `verify` names and `repair` stores the checkpoint
+    /// without the claim for.
+    pub(super) fn index_entries_missing(&self) -> Vec<(u64, u64)> {
+        if !self.manifest.as_ref().is_some_and(|(_, m)| m.user_index) {
+            return Vec::new();
+        }
+        let mut missing = Vec::new();
         for (&group, members) in &self.members {
             for member in members {
                 if self
@@ -244,21 +265,11 @@ impl DataDir {
                     .binary_search(&(member.user, group))
                     .is_err()
                 {
-                    v.findings.push(Finding {
-                        group: Some(group),
-                        file: Some(file.clone()),
-                        offset: 0,
-                        what: format!(
-                            "the user index has no entry (user {}, tag 2, group {group}) for \
-                             the member row of user {} in group {group}: while a background \
-                             load runs, UNREAD and SYNC of that user would leave the group out",
-                            member.user, member.user
-                        ),
-                        damage: true,
-                    });
+                    missing.push((group, member.user));
                 }
             }
         }
+        missing
     }
 
     /// Files under `groups/` that no group of a checkpoint explains, as

@@ -31,9 +31,12 @@
 //! Lock order: `Progress`, then the catalog, then the cursor table.
 //!
 //! A run whose CRCs held but whose items do not decode is a writer's bug:
-//! the load stops there, writes stop, and every group not yet registered
-//! answers `Corrupt` naming the part and offset; a full load at the next
-//! open falls back to the previous checkpoint.
+//! the load stops there, writes stop, and every group whose own items do
+//! not decode, and whatever needs the whole state or a user's index
+//! entries, answers `Corrupt` naming the part and offset (the first damage
+//! met, located as `verify` locates it); every other group is still
+//! looked up and served. A full load at the next open falls back to the
+//! previous checkpoint.
 //!
 //! Costs: the parts stay mapped until the load ends (page cache, not
 //! heap); a lookup costs O(runs x log blocks) plus the blocks of its group;
@@ -201,7 +204,10 @@ impl Pending {
 
     /// The group `id` taken from the runs by a request: registered now
     /// unless the loader or another request owns it (then the catalog
-    /// answers). The caller holds no catalog lock.
+    /// answers). The caller holds no catalog lock. Also after the load
+    /// stopped at damage: a group whose own items decode is served (its
+    /// lookup is the merge of its items only), one whose items do not
+    /// gets the load's error.
     fn take_group(
         &self,
         ctx: &Context,
@@ -210,9 +216,6 @@ impl Pending {
         id: u64,
     ) -> Result<Option<Arc<Group>>> {
         let mut progress = self.progress.lock();
-        if let Some(at) = &progress.failed {
-            return Err(at.error(Some(id)));
-        }
         if progress.through.is_some_and(|t| id <= t) || !progress.taken.insert(id) {
             return Ok(catalog.read().get(id).cloned());
         }
@@ -362,6 +365,11 @@ impl Pending {
         #[cfg(test)]
         hold::wait_before_rows(&ctx.config.data_dir);
         loader.finish_here();
+        if failed.is_some() {
+            // `through` stays below them: lookups get the catalog's answer
+            // for the groups published here (also once deleted).
+            progress.taken.extend(made.iter().map(|g| g.id));
+        }
         {
             let mut cat = catalog.write();
             for &slot in &slots[made.len()..] {

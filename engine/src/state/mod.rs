@@ -38,6 +38,8 @@ pub(crate) mod format;
 pub(crate) mod lazy;
 #[cfg(test)]
 mod lazy_tests;
+#[cfg(test)]
+mod load_damage_tests;
 pub(crate) mod manifest;
 mod merge;
 pub(crate) mod pins;

@@ -21,15 +21,15 @@ use crate::state::lazy::hold;
 use crate::tests::{copy_dir, payload};
 use crate::{Engine, Error, JoinStart, STATE_TICKET};
 
-const GROUPS: u64 = 60;
-const USERS: u64 = 12;
+pub(super) const GROUPS: u64 = 60;
+pub(super) const USERS: u64 = 12;
 
 /// Memberships over many groups and several runs: user `u` is in group
 /// `g` when `(g + u) % 3 == 0` or `u == 0`, some groups hold records;
 /// then leaves (before and after a checkpoint), a group deleted, one
 /// deleted and created again with other members within one checkpoint,
 /// one deleted in one checkpoint and created again in the next.
-fn populate(e: &Engine) {
+pub(super) fn populate(e: &Engine) {
     for g in 1..=GROUPS {
         e.create_group(g).unwrap();
         for u in (0..USERS).filter(|u| (g + u) % 3 == 0 || *u == 0) {
@@ -72,9 +72,9 @@ fn journal_tail(e: &Engine) {
 }
 
 /// `(group, head, cursor, unread)` of each row of a user's UNREAD.
-type Rows = Vec<(u64, u64, u64, u64)>;
+pub(super) type Rows = Vec<(u64, u64, u64, u64)>;
 /// Per group of a user's SYNC: the row and the records' ids and payloads.
-type Synced = Vec<((u64, u64, u64, u64), Vec<(u64, Vec<u8>)>)>;
+pub(super) type Synced = Vec<((u64, u64, u64, u64), Vec<(u64, Vec<u8>)>)>;
 
 fn rows(list: Vec<crate::Unread>) -> Rows {
     list.into_iter()
@@ -116,7 +116,7 @@ fn sync_of(e: &Engine, user: u64) -> Synced {
 }
 
 /// UNREAD and SYNC of every user, none waiting for the whole state.
-fn answers(e: &Engine) -> Vec<(Rows, Synced)> {
+pub(super) fn answers(e: &Engine) -> Vec<(Rows, Synced)> {
     (0..USERS)
         .map(|u| {
             let unread = match e.try_unread(u) {
@@ -130,7 +130,7 @@ fn answers(e: &Engine) -> Vec<(Rows, Synced)> {
 
 /// UNREAD and SYNC of every user after a full load, on a copy (its open
 /// checkpoints what it replayed).
-fn after_a_full_load(dir: &Path) -> Vec<(Rows, Synced)> {
+pub(super) fn after_a_full_load(dir: &Path) -> Vec<(Rows, Synced)> {
     let copy = tempfile::tempdir().unwrap();
     copy_dir(dir, copy.path());
     let e = Engine::open(config(copy.path(), false)).unwrap();
