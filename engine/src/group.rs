@@ -618,6 +618,7 @@ impl LogSlot {
     }
 
     /// Whether this is a small group without any record.
+    #[cfg(test)]
     pub fn is_small_without_records(&self) -> bool {
         matches!(self, LogSlot::Small(list) if list.extents().is_empty())
     }

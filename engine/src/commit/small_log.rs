@@ -27,7 +27,13 @@
 //! checkpoint (design 4.1): until a stored manifest records the group
 //! segmented, every kept manifest records it small, the journal files its
 //! extents name stay (they are pinned, `pins.rs`), and a crash brings it
-//! back small; the next promotion moves the stale directory to the trash.
+//! back small; replay promotes it again at the same entry, and the
+//! promotion moves the stale directory to the trash first. When a power
+//! cut took that entry (fsync `never` or `interval`) while the segment's
+//! pages reached the disk, the segment holds acknowledged ids past the
+//! group's head: recovery judges the files (`logs/promotion_left.rs`) and
+//! the group adopts them ([`take_in_promotion_left`]), so no id is given
+//! twice.
 //!
 //! Invariants:
 //! - only the applying thread appends to a small slot, promotes it or
@@ -44,10 +50,11 @@
 use std::sync::Arc;
 
 use crate::commit::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::logs::extents::{Extent, ExtentList};
-use crate::logs::group_log::{LogContext, LogState, ReadBatch};
+use crate::logs::group_log::{LoadReport, LogContext, LogState, ReadBatch};
+use crate::logs::promotion_left::{self, Left};
 use crate::logs::small_read;
 
 /// Takes the extents of `list` out of the live-byte accounting (a group
@@ -207,4 +214,76 @@ pub(crate) fn cut_past_journal_ends(
     let new_head = list.next_id() - 1;
     group.recover_head(new_head);
     Some(new_head + 1..=head)
+}
+
+/// Recovery, for a small group whose directory exists (after replay, and
+/// when replay meets a gap in its ids): the segment files a promotion left
+/// (storage.md section 10, S1) are judged against the group's records
+/// (`promotion_left::judge`). Files that hold the group's records up to
+/// its head and more after it become its log (their torn tails cut, the
+/// directory to be synced by the next checkpoint with its parents, the
+/// quiet ids of the records taken in), replacing its extents: returns what
+/// loading them found. Files that prove nothing past the head go to the
+/// trash; files that are not its promotion's (a deleted incarnation's)
+/// are left to its next promotion. Each is logged. Damage found in the
+/// group's own records while comparing damages it, as its first read
+/// would. `journal_lost`: the journal may have lost records
+/// (`promotion_left::judge`). The caller holds the group's checkpoint lock
+/// and marks it dirty when something was adopted.
+pub(crate) fn take_in_promotion_left(
+    ctx: &Context,
+    group: &Group,
+    journal_lost: bool,
+) -> Result<Option<LoadReport>> {
+    let list = match &*group.log.read() {
+        LogSlot::Small(list) => list.clone(),
+        _ => return Ok(None),
+    };
+    let left = match promotion_left::judge(ctx, group.id, &list, journal_lost) {
+        Ok(Some(left)) => left,
+        Ok(None) => return Ok(None),
+        Err(e @ Error::Corrupt { .. }) => {
+            let reason = format!(
+                "its records could not be compared with the segment files a promotion left: {e}"
+            );
+            damage(ctx, group, reason);
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let (path, offset) = left.place();
+    let finding = format!("{} offset {offset}: {}", path.display(), left.describe());
+    log::warn!("group {}: {finding}", group.id);
+    let Left::Leads {
+        mut log,
+        load,
+        head,
+        ..
+    } = left
+    else {
+        if let Left::Moot { dir } = &left {
+            ctx.trash.put(&*ctx.vfs, group.id, dir)?;
+        }
+        return Ok(None);
+    };
+    log.cut_tails(ctx, &load.cuts)?;
+    log.files_not_known_durable();
+    let adopted = log.read(ctx, head, usize::MAX, usize::MAX)?;
+    {
+        let mut slot = group.log.write();
+        let before = slot.stored_messages();
+        if let LogSlot::Small(now) = &*slot {
+            forget_extents(ctx, now);
+        }
+        group.publish_head(log.head());
+        *slot = LogSlot::Loaded(log);
+        ctx.stored_changed(before, slot.stored_messages());
+    }
+    // Nothing is served yet: the edits and recalls among the adopted
+    // records count as quiet, and recalled payloads in the segments go on
+    // the erase list, as if the lost entries had been replayed.
+    for chunk in &adopted.chunks {
+        crate::commit::apply::take_in_changes(ctx, group, chunk.bytes(), true, None);
+    }
+    Ok(Some(load))
 }

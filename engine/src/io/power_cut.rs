@@ -216,6 +216,44 @@ impl PowerControl {
             .store(now.saturating_add(n), Ordering::SeqCst);
     }
 
+    /// The system wrote `path` back on its own before the cut, as the
+    /// kernel's write-back may do to any file at any time, before or
+    /// after other files: its bytes as the process wrote them, and every
+    /// change of the entries on the way to it (its own and its parent
+    /// directories'), are durable from now on. Other files and entries
+    /// are untouched. A test that needs one file kept while the rest of
+    /// what was not synced goes (a segment kept, the journal's tail lost)
+    /// calls this, then `cut(Cut::DropUnsynced)`.
+    pub fn write_back(&self, path: &Path) -> io::Result<()> {
+        let names = self.names_under_root(path);
+        let mut m = self.model.lock();
+        let ino = self
+            .resolve(&mut m, &names)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        if let Some(Node::File { current, durable }) = m.nodes.get_mut(&ino) {
+            durable.clone_from(current);
+        }
+        let mut entries = Vec::new();
+        let mut dir = ROOT;
+        for name in names {
+            let child = m.current[&(dir, name.clone())];
+            entries.push((dir, name));
+            dir = child;
+        }
+        let (now, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut m.pending)
+                .into_iter()
+                .partition(|unit| {
+                    unit.iter()
+                        .any(|(d, n, _)| entries.iter().any(|(ed, en)| ed == d && en == n))
+                });
+        for unit in &now {
+            m.apply_durably(unit);
+        }
+        m.pending = later;
+        Ok(())
+    }
+
     /// Operations that changed files or directories so far.
     pub fn ops(&self) -> u64 {
         self.ops.load(Ordering::SeqCst)

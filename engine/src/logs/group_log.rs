@@ -969,6 +969,15 @@ impl GroupLog {
         }
     }
 
+    /// Neither the log's segment files nor its directory's entry (nor its
+    /// shard directory's) are known durable: the next checkpoint syncs them
+    /// all, as for a new group's (a log adopted from the files a promotion
+    /// left, whose creation nothing synced, `promotion_left.rs`).
+    pub fn files_not_known_durable(&mut self) {
+        self.unsynced = self.segments.iter().map(|s| s.base_id).collect();
+        self.dir_unsynced = true;
+    }
+
     /// True if writes since the last checkpoint have not been synced.
     pub fn needs_sync(&self) -> bool {
         !self.unsynced.is_empty() || self.dir_unsynced

@@ -14,6 +14,9 @@ pub(crate) mod cold;
 pub(crate) mod extents;
 pub(crate) mod group_log;
 mod index;
+pub(crate) mod promotion_left;
+#[cfg(test)]
+mod promotion_left_tests;
 pub(crate) mod reclaim;
 #[cfg(any(test, feature = "testing"))]
 pub mod record;

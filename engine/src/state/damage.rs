@@ -250,8 +250,9 @@ pub(crate) enum GroupFiles {
     /// No such group.
     None,
     /// A group without segments (a small group, or one without a record):
-    /// a directory at its path is left alone (a promotion a crash made moot
-    /// left it, and the next promotion moves it to the trash).
+    /// a directory at its path is not a stray (the files of a promotion
+    /// before a crash: recovery judges them against the group's records
+    /// after replay, `logs/promotion_left.rs`).
     NoSegments,
     /// A group with segments, its head, and whether the state names a
     /// segment starting just above it.

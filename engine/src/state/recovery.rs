@@ -476,6 +476,13 @@ pub(crate) fn recover(ctx: &Context) -> Result<Recovered> {
     let with_directory = sweep_strays(ctx, &shared_catalog, &cursors)?;
     let catalog = shared_catalog.into_inner();
     cut_small_groups_past_journal_ends(ctx, &catalog, &unsynced_ends, &mut report);
+    take_in_promotions_left(
+        ctx,
+        &catalog,
+        &with_directory,
+        segments_may_lead,
+        &mut report,
+    )?;
     // Replay sets `applied_lsn`s below `next_numbers.0` only: the walk is
     // needed only when a restored record reaches it (loaded in the
     // background: the groups registered so far, the others as they come).
@@ -786,42 +793,47 @@ fn load_groups_whose_segments_lead(
     report: &mut RecoveryReport,
 ) {
     for group in with_directory.iter().filter_map(|&id| catalog.get(id)) {
-        let (state, lead) = match &*group.log.read() {
-            LogSlot::Unloaded(state) => (state.clone(), segments_lead(ctx, group.id, state)),
-            // Files made for a first record that the journal lost: loaded
-            // as a log recorded empty, if its first segment holds a record
-            // (a group without files costs one failed open).
-            slot if slot.is_small_without_records() => {
-                let header = crate::logs::segment::SEGMENT_HEADER_BYTES as u64;
-                let first = ctx
-                    .group_dir(group.id)
-                    .join(crate::logs::segment::file_name(1));
-                let lead = ctx
-                    .vfs
-                    .open(&first, crate::io::OpenMode::Read)
-                    .and_then(|f| f.file_len())
-                    .is_ok_and(|len| len > header);
-                let state = LogState {
-                    head: 0,
-                    segments: vec![(1, header)],
-                };
-                (state, lead)
-            }
+        let lead = match &*group.log.read() {
+            LogSlot::Unloaded(state) => segments_lead(ctx, group.id, state),
             _ => continue,
         };
         if lead {
-            {
-                let mut slot = group.log.write();
-                if slot.is_small_without_records() {
-                    *slot = LogSlot::Unloaded(state);
-                }
-            }
             ensure_loaded_reporting(ctx, group, report);
             // Its head may have moved past what the runs say: record it.
             let mut ck = group.ckpt(&ctx.dirty);
             ctx.dirty.mark(group, &mut ck);
         }
     }
+}
+
+/// Every small group with a directory (`with_directory`, all registered
+/// by the sweep): the segment files a promotion left, which a power cut
+/// may have kept while it took the journal entries that promoted the
+/// group (storage.md section 10, S1), are judged against the group's
+/// records now that replay and the cuts are done: adopted when they hold
+/// the group's records and more, the group damaged when they are not its
+/// records (`small_log::take_in_promotion_left`; files that are not its
+/// promotion's, a deleted incarnation's, are left alone). Not only when
+/// the journal may have lost records (`journal_lost`, which only files
+/// that share no id with the group need): a directory a build without
+/// this check left is judged too, at the cost of one listing per such
+/// group (a crash during the life of a promotion leaves one).
+fn take_in_promotions_left(
+    ctx: &Context,
+    catalog: &Catalog,
+    with_directory: &[u64],
+    journal_lost: bool,
+    report: &mut RecoveryReport,
+) -> Result<()> {
+    for group in with_directory.iter().filter_map(|&id| catalog.get(id)) {
+        let mut ck = group.ckpt(&ctx.dirty);
+        let left = crate::commit::small_log::take_in_promotion_left(ctx, group, journal_lost)?;
+        if let Some(load) = left {
+            report_load(report, group.id, &load);
+            ctx.dirty.mark(group, &mut ck);
+        }
+    }
+    Ok(())
 }
 
 fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
@@ -850,7 +862,9 @@ fn segments_lead(ctx: &Context, group_id: u64, state: &LogState) -> bool {
 /// its state does not name and that holds no record (left by a roll or a
 /// rewrite a stop cut short) is removed. Each is logged. A damaged group's
 /// files are evidence for `ctl repair` and are left alone, and so is a
-/// stray segment that holds records (loading the group adopts them).
+/// stray segment that holds records (loading the group adopts them) and a
+/// small group's directory (judged after replay,
+/// [`take_in_promotions_left`]).
 /// Returns the groups that have a directory (every one registered now).
 fn sweep_strays(
     ctx: &Context,
