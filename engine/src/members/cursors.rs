@@ -29,14 +29,17 @@
 //!
 //! A flush that finds a quarter or more of a shard's memberships queued
 //! reads the whole shard in its order instead of looking each entry up
-//! (`take_dirty`): an entry's lookup is three dependent cache misses (the
+//! (`take_dirty_pausing`): an entry's lookup is three dependent cache misses (the
 //! index's control byte, the user's entry, the list), in the order the
 //! ACKs came, while the shard read in order streams through memory, so
 //! the flush of a busy table (W3: every member moves every second) costs
 //! a fraction, and no more than four sequential visits per queued entry.
 //! The queue's buffer is kept from one flush to the next while flushes
 //! use a quarter of it or more: it no longer grows again from nothing,
-//! page by page, on the event loop after every flush.
+//! page by page, on the event loop after every flush. A flush pauses
+//! between shards every thousand or so entries it visits, holding no lock
+//! ([`CursorTable::take_dirty_pausing`]): the commit thread yields its CPU
+//! there, so a busy table's flush runs in short slices between the ACKs.
 //!
 //! Invariants: a flush bit is cleared only atomically with reading the
 //! value it covers (the flush keeps the entries until written); every
@@ -132,6 +135,12 @@ const SCAN_SHARE: usize = 4;
 /// A flush keeps a queue's buffer for the next one if it used at least
 /// one in this many of its entries (module docs).
 const KEEP_SHARE: usize = 4;
+/// A pausing flush ([`CursorTable::take_dirty_pausing`]) pauses between
+/// shards after this many queued entries looked up or memberships read in
+/// order since its last pause: about a tenth of a millisecond of work on
+/// the machines of BENCHMARKS.md ("W3's p99: the cursor flush in
+/// slices"), and a pause is one system call.
+const PAUSE_EVERY_VISITS: usize = 1_024;
 
 /// One shard's flush queue (module invariants) and the buffer the next
 /// flush swaps in for it.
@@ -141,13 +150,16 @@ struct FlushQueue {
     spare: Vec<(u64, u32)>,
 }
 
-/// What a flush ([`CursorTable::take_dirty`]) visited.
+/// What a flush ([`CursorTable::take_dirty_pausing`]) visited.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlushVisit {
     /// Queued entries it took.
     pub queued: usize,
     /// Shards it read in order instead of looking their entries up.
     pub shards_read_in_order: usize,
+    /// Times it paused between shards
+    /// ([`CursorTable::take_dirty_pausing`]).
+    pub pauses: usize,
 }
 
 /// A cursor that moved: its old and new value, and whether this move set
@@ -454,6 +466,12 @@ impl CursorTable {
         }
     }
 
+    /// [`CursorTable::take_dirty_pausing`] without pauses.
+    #[cfg(test)]
+    pub fn take_dirty(&self, f: impl FnMut(u64, u32, u64)) -> FlushVisit {
+        self.take_dirty_pausing(f, || {})
+    }
+
     /// Takes every cursor that moved since it was last taken: calls
     /// `f(user, slot, cursor)` and clears its flush bit atomically with the
     /// read, so an ACK racing with this is taken next time (its move either
@@ -463,9 +481,29 @@ impl CursorTable {
     /// memberships queued, the shard in order (module docs): O(moved
     /// cursors + leaves since the last take + shards), whatever the table
     /// holds.
-    pub fn take_dirty(&self, mut f: impl FnMut(u64, u32, u64)) -> FlushVisit {
+    ///
+    /// Calls `pause` between two shards
+    /// once the flush has visited [`PAUSE_EVERY_VISITS`] entries or
+    /// memberships since its last pause, with no lock of the table held:
+    /// the commit thread gives the CPU to whoever waits for it there
+    /// (`std::thread::yield_now`), so a flush of a busy table (W3:
+    /// 100,000 moved cursors, milliseconds of one CPU) runs in slices of
+    /// a fraction of a millisecond between the ACKs' turns instead of in
+    /// one piece that delays every ACK in flight. A small flush never
+    /// pauses.
+    pub fn take_dirty_pausing(
+        &self,
+        mut f: impl FnMut(u64, u32, u64),
+        mut pause: impl FnMut(),
+    ) -> FlushVisit {
         let mut visit = FlushVisit::default();
+        let mut since_pause = 0;
         for (queue, shard) in self.flush_queues.iter().zip(&self.shards) {
+            if since_pause >= PAUSE_EVERY_VISITS {
+                pause();
+                visit.pauses += 1;
+                since_pause = 0;
+            }
             // Taken before the shard is read: a move queues after raising
             // the bit, so every entry taken has its bit raised by now (or
             // cleared by a flush that read the shard in order since).
@@ -479,6 +517,7 @@ impl CursorTable {
                 let shard = shard.read();
                 if queued.len() * SCAN_SHARE >= shard.memberships() {
                     visit.shards_read_in_order += 1;
+                    since_pause += shard.memberships();
                     for (user, list) in shard.iter() {
                         for m in list {
                             // A plain read first: most bits are down in a
@@ -490,6 +529,7 @@ impl CursorTable {
                         }
                     }
                 } else {
+                    since_pause += queued.len();
                     for &(user, slot) in &queued {
                         // A membership that left since its move is gone
                         // (or, joined again, clean: its bit is down and
@@ -807,7 +847,8 @@ mod tests {
             t.take_dirty(|u, s, c| seen.push((u, s, c))),
             FlushVisit {
                 queued: 1,
-                shards_read_in_order: 0
+                shards_read_in_order: 0,
+                pauses: 0
             },
             "one moved cursor among 100,000 users: one entry visited, queued once"
         );
@@ -845,11 +886,8 @@ mod tests {
         let mut seen = Vec::new();
         let visit = t.take_dirty(|u, s, c| seen.push((u, s, c)));
         assert_eq!(
-            visit,
-            FlushVisit {
-                queued: users as usize,
-                shards_read_in_order: SHARDS
-            }
+            (visit.queued, visit.shards_read_in_order),
+            (users as usize, SHARDS)
         );
         seen.sort_unstable();
         let moved: Vec<_> = (0..users).map(|u| (u, 1, u % 50 + 1)).collect();
@@ -862,7 +900,8 @@ mod tests {
             visit,
             FlushVisit {
                 queued: 1,
-                shards_read_in_order: 0
+                shards_read_in_order: 0,
+                pauses: 0
             }
         );
         assert_eq!(seen, vec![(7, 2, 3)]);
@@ -892,7 +931,8 @@ mod tests {
             visit,
             FlushVisit {
                 queued: 1,
-                shards_read_in_order: 1
+                shards_read_in_order: 1,
+                pauses: 0
             }
         );
         assert_eq!(seen, vec![(a, 1, 4), (b, 1, 9)]);
@@ -943,6 +983,55 @@ mod tests {
         t.take_dirty(|_, _, _| {});
         t.take_dirty(|_, _, _| {});
         assert_eq!(t.heap_bytes(), idle);
+    }
+
+    #[test]
+    fn a_busy_flush_pauses_between_shards_with_no_lock_held_and_a_small_one_never() {
+        // 20,000 moved cursors: the flush pauses after each 1,024 or so
+        // entries visited, between two shards, with every shard free (a
+        // move can go on during the pause), and still writes every moved
+        // cursor once, with its value.
+        let t = CursorTable::new();
+        let users = 20_000u64;
+        for user in 0..users {
+            t.insert(user, 1, 0, 1, None).unwrap();
+        }
+        for user in 0..users {
+            t.advance(user, 1, user % 50 + 1);
+        }
+        let seen = std::cell::RefCell::new(Vec::new());
+        let mut at_pauses = Vec::new();
+        let visit = t.take_dirty_pausing(
+            |u, s, c| seen.borrow_mut().push((u, s, c)),
+            || {
+                assert!(
+                    t.shards.iter().all(|shard| shard.try_write().is_some()),
+                    "a pause holds no shard"
+                );
+                assert!(t.flush_queues.iter().all(|q| q.try_lock().is_some()));
+                at_pauses.push(seen.borrow().len());
+            },
+        );
+        let most = users as usize / PAUSE_EVERY_VISITS;
+        assert!(
+            (most / 2..=most).contains(&visit.pauses),
+            "{} pauses for {users} moved cursors",
+            visit.pauses
+        );
+        assert_eq!(at_pauses.len(), visit.pauses);
+        for pair in at_pauses.windows(2) {
+            assert!(pair[1] - pair[0] >= PAUSE_EVERY_VISITS, "{at_pauses:?}");
+        }
+        let mut seen = seen.into_inner();
+        seen.sort_unstable();
+        let moved: Vec<_> = (0..users).map(|u| (u, 1, u % 50 + 1)).collect();
+        assert_eq!(seen, moved);
+        // A flush of a few moves does not pause.
+        for user in 0..100 {
+            t.advance(user, 1, 60);
+        }
+        let visit = t.take_dirty_pausing(|_, _, _| {}, || panic!("paused"));
+        assert_eq!((visit.queued, visit.pauses), (100, 0));
     }
 
     #[test]
