@@ -1375,14 +1375,17 @@ impl Replay<'_> {
             // user index names are registered first, or, without a complete
             // index, the rest of a background load.
             let (user, needs) = self.join_needs(entry)?;
-            let registered = needs == JoinNeeds::UserGroups
-                && Catalog::find_groups_of_user(
+            let whole_state_first = match needs {
+                JoinNeeds::Nothing => false,
+                JoinNeeds::UserGroups => !Catalog::find_groups_of_user(
                     self.st.catalog,
                     self.st.ctx,
                     self.st.cursors,
                     user,
-                )?;
-            if needs == JoinNeeds::WholeState || (needs == JoinNeeds::UserGroups && !registered) {
+                )?,
+                JoinNeeds::WholeState => true,
+            };
+            if whole_state_first {
                 lazy::finish_now(
                     self.st.ctx,
                     self.st.catalog,
