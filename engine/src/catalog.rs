@@ -82,6 +82,34 @@ pub(crate) trait Unregistered: Send + Sync {
     /// decide), or `None` when the saved state holds no complete index
     /// (then only the whole load tells a user's groups).
     fn groups_of_user(&self, ctx: &Context, user: u64) -> Result<Option<Vec<u64>>>;
+
+    /// Whether every saved group of `user` is registered, told without
+    /// reading the runs (one lookup in a set): `Err` once the load
+    /// stopped at damage.
+    fn user_groups(&self, user: u64) -> Result<UserGroups>;
+
+    /// Every saved group the index names for `user` is registered now
+    /// ([`Catalog::find_groups_of_user`] did it): [`Self::user_groups`]
+    /// says `Registered` from now on.
+    fn mark_user_registered(&self, user: u64);
+}
+
+/// Whether the cursor table holds every membership of a user while saved
+/// state loads in the background ([`Unregistered::user_groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UserGroups {
+    /// Every saved group the user index names for the user is registered:
+    /// with the groups made since (registered when made), the cursor
+    /// table holds every membership of the user, and keeps holding them
+    /// (a registered group stays so until deleted, which removes its
+    /// memberships), so a count of the user's groups is exact.
+    Registered,
+    /// Not yet: a lookup of the user index in the runs and of each group it
+    /// names registers them ([`Catalog::find_groups_of_user`]).
+    Unregistered,
+    /// The saved state holds no complete user index: only the whole load
+    /// registers every group of a user.
+    Unindexed,
 }
 
 impl Default for Catalog {
@@ -168,6 +196,11 @@ impl Catalog {
     /// complete user index (then only the whole load does it). Each group
     /// the index names goes through [`Self::find`]: a stale entry costs a
     /// lookup and registers nothing of the user.
+    ///
+    /// Done once per user and load: the user is marked then, and later
+    /// calls cost one lookup in a set. Reads the mapped runs: never on the
+    /// event loop (the maintenance worker does it for requests,
+    /// `Engine::try_user_groups`).
     pub(crate) fn find_groups_of_user(
         catalog: &RwLock<Catalog>,
         ctx: &Context,
@@ -177,13 +210,28 @@ impl Catalog {
         let Some(pending) = catalog.read().pending().cloned() else {
             return Ok(true);
         };
+        match pending.user_groups(user)? {
+            UserGroups::Registered => return Ok(true),
+            UserGroups::Unindexed => return Ok(false),
+            UserGroups::Unregistered => {}
+        }
         let Some(groups) = pending.groups_of_user(ctx, user)? else {
             return Ok(false);
         };
         for id in groups {
             Self::find(catalog, ctx, cursors, id)?;
         }
+        pending.mark_user_registered(user);
         Ok(true)
+    }
+
+    /// What [`Self::find_groups_of_user`] would find for `user` without
+    /// reading the runs: `Registered` too when no load is pending.
+    pub(crate) fn user_groups(catalog: &RwLock<Catalog>, user: u64) -> Result<UserGroups> {
+        match catalog.read().pending() {
+            Some(pending) => pending.user_groups(user),
+            None => Ok(UserGroups::Registered),
+        }
     }
 
     pub fn by_slot(&self, slot: u32) -> Option<&Arc<Group>> {

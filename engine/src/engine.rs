@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::catalog::UserGroups;
 use crate::clock::now_ms;
 use crate::commit::context::Context;
 use crate::commit::dedup::{DedupBudget, Keyed, Sent, WindowDrop, WindowLimits};
@@ -382,21 +383,40 @@ impl Engine {
 
     /// `Ok` once the cursor table holds every membership of `user`: the
     /// state is whole, or every saved group the user index names for the
-    /// user is registered now (`Catalog::find_groups_of_user`); before,
-    /// as [`Self::whole_state`] (a saved state without a complete index
-    /// tells a user's groups only once every group is loaded).
+    /// user is registered ([`Self::try_user_groups`]); before, `NotReady`
+    /// with the ticket of the worker's job that registers them, or as
+    /// [`Self::whole_state`] (a saved state without a complete index tells
+    /// a user's groups only once every group is loaded). Reads no file.
     pub(crate) fn user_state(&self, user: u64) -> Result<()> {
+        match self.try_user_groups(user)? {
+            UserGroups::Registered => Ok(()),
+            UserGroups::Unregistered => Err(self.register_user_groups(user)),
+            UserGroups::Unindexed => self.whole_state(),
+        }
+    }
+
+    /// Whether every saved group of `user` is registered (`Registered`
+    /// also once the state is whole), told without reading the runs; the
+    /// load's error if it stopped at damage.
+    pub(crate) fn try_user_groups(&self, user: u64) -> Result<UserGroups> {
         let s = &self.shared;
         if !s.load.loading() {
-            return Ok(());
+            return Ok(UserGroups::Registered);
         }
         if let Some(e) = s.load.failure() {
             return Err(e);
         }
-        if crate::catalog::Catalog::find_groups_of_user(&s.catalog, &s.ctx, &s.cursors, user)? {
-            return Ok(());
+        crate::catalog::Catalog::user_groups(&s.catalog, user)
+    }
+
+    /// `NotReady` with the ticket of the maintenance worker's job that
+    /// registers every saved group of `user` (lookups in the mapped runs,
+    /// never on a request's thread), queued now or found queued.
+    pub(crate) fn register_user_groups(&self, user: u64) -> Error {
+        match crate::commit::worker_jobs::request_user_groups(&self.shared, user) {
+            Some(ticket) => Error::NotReady { group: 0, ticket },
+            None => Error::ShuttingDown,
         }
-        self.whole_state()
     }
 
     /// Whether requests that got `NotReady` with [`crate::STATE_TICKET`]

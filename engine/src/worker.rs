@@ -48,7 +48,8 @@ pub(crate) struct Worker<C> {
     settled_cv: Condvar,
 }
 
-/// Identifies a request job for coalescing: the group and what it needs.
+/// Identifies a request job for coalescing: the group (a user for
+/// [`Need::UserGroups`]) and what it needs.
 pub(crate) type Key = (u64, Need);
 
 /// What a request job makes ready.
@@ -60,6 +61,10 @@ pub(crate) enum Need {
     Index(u64),
     /// The group's send path is ready: log loaded, dedup window in memory.
     Assign,
+    /// While saved state loads in the background: every saved group of
+    /// the user (the key's id) is registered, from the user index in the
+    /// mapped runs.
+    UserGroups,
 }
 
 struct Queues<C> {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::catalog::UserGroups;
 use crate::error::{Error, Result, STATE_TICKET};
 
 /// Why a load stopped, as `Error::Corrupt` says it: path, group, offset,
@@ -101,16 +102,25 @@ impl LoadStatus {
         self.loading.store(true, Ordering::Release);
     }
 
-    /// Whether a join of `user`, who has `registered` memberships in the
-    /// groups registered so far, may go on now: the state is whole, or
-    /// [`LimitsWhileLoading::admit`] proves it passes `groups_per_user_max`
-    /// (`limit`). `false`: it waits for the load.
-    pub(crate) fn admit_join(&self, user: u64, registered: usize, limit: usize) -> bool {
+    /// What a join of `user` needs before it goes on (is queued, replayed
+    /// or applied from a replicated round): nothing once the state is
+    /// whole, else [`LimitsWhileLoading::join_needs`] with the user's
+    /// saved groups as `user_groups` says and `registered` memberships of
+    /// the user registered now; `limit` is `groups_per_user_max`.
+    pub(crate) fn join_needs(
+        &self,
+        user: u64,
+        user_groups: UserGroups,
+        registered: usize,
+        limit: usize,
+    ) -> JoinNeeds {
         if !self.loading() {
-            return true;
+            return JoinNeeds::Nothing;
         }
         let limits = self.limits.lock().clone();
-        limits.is_some_and(|l| l.admit_join(user, registered, limit))
+        limits.map_or(JoinNeeds::WholeState, |l| {
+            l.join_needs(user, user_groups, registered, limit)
+        })
     }
 
     /// Whether a group may be created now with `registered` groups
@@ -132,27 +142,59 @@ impl LoadStatus {
 ///
 /// A join is refused when its user already has `groups_per_user_max`
 /// groups, and replay, a replica and the live node must all decide it as
-/// they would with every group registered. The manifest being loaded says
-/// no user had more than `groups_per_user_bound` groups in its state
-/// (storage.md section 6.3), and a group not yet registered is as the
-/// checkpoint left it. So when a join applies, its user has at most: the
-/// memberships registered now, plus the bound in groups still in the runs,
-/// plus the joins of that user admitted earlier and not yet applied. If
-/// that sum is below the limit, the join passes with every group
-/// registered too, and it is admitted now; otherwise it waits for the
-/// whole state, where the limit is counted exactly. The earlier joins are
-/// counted by user, never uncounted (an applied one is then counted
-/// twice: the sum only errs high). Counted only while the load runs.
+/// they would with every group registered: each of the rules below admits
+/// a join only when its apply decides it so, which is why a replica that
+/// applies a round decides its joins as its leader did, whichever rule
+/// each used (format-spec/storage.md section 11).
+///
+/// 1. Exact, from the user index (a manifest saying its index is
+///    complete, version 4): once every saved group the index names for the
+///    user is registered (`Catalog::find_groups_of_user`, then
+///    [`UserGroups::Registered`]), the cursor table holds every membership
+///    of the user and keeps holding them (groups made since are registered
+///    when made; a leave, a join or a deletion changes the table itself),
+///    so the apply's own check counts the user's groups exactly, also for
+///    joins admitted earlier and applied in between. An index entry of a
+///    group deleted since, or of a membership left since, costs a lookup
+///    and registers nothing of the user (its group's own rows decide).
+/// 2. The manifest's bound, before any lookup: the manifest being loaded
+///    says no user had more than `groups_per_user_bound` groups in its
+///    state (storage.md section 6.3), and a group not yet registered is as
+///    the checkpoint left it. So when a join applies, its user has at
+///    most: the memberships registered now, plus the bound in groups still
+///    in the runs, plus the joins of that user admitted earlier by this
+///    rule and not yet applied. If that sum is below the limit, the join
+///    passes with every group registered too, and it is admitted now. The
+///    earlier joins are counted by user, never uncounted (an applied one is
+///    then counted twice: the sum only errs high).
+///
+/// A join neither rule admits needs its user's groups registered first
+/// ([`JoinNeeds::UserGroups`]) or, without a complete index, the whole
+/// state ([`JoinNeeds::WholeState`]). Counted only while the load runs.
 ///
 /// A creation is checked when it is queued, under the registry's lock
 /// (never on replay): the groups are at most those registered plus the
 /// manifest's `groups_bound`.
 pub(crate) struct LimitsWhileLoading {
-    /// `None`: a manifest without bounds (version 2): every join and every
-    /// creation waits.
+    /// `None`: a manifest without bounds (version 2): no join and no
+    /// creation is admitted by a bound.
     groups_per_user_bound: Option<u64>,
     groups_bound: Option<u64>,
     joins_admitted: Mutex<HashMap<u64, u64>>,
+}
+
+/// What a join needs before it goes on while the state loads
+/// ([`LimitsWhileLoading`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JoinNeeds {
+    /// It is decided as with every group registered: go on.
+    Nothing,
+    /// Every saved group of its user registered first
+    /// (`Catalog::find_groups_of_user`: lookups in the mapped runs), then
+    /// it goes on.
+    UserGroups,
+    /// The whole state first (no complete user index).
+    WholeState,
 }
 
 impl LimitsWhileLoading {
@@ -164,10 +206,28 @@ impl LimitsWhileLoading {
         }
     }
 
+    /// What a join of `user`, with `registered` memberships registered now
+    /// and its saved groups as `user_groups` says, needs before it goes on
+    /// (type docs: the exact rule, then the bound).
+    pub(crate) fn join_needs(
+        &self,
+        user: u64,
+        user_groups: UserGroups,
+        registered: usize,
+        limit: usize,
+    ) -> JoinNeeds {
+        match user_groups {
+            UserGroups::Registered => JoinNeeds::Nothing,
+            _ if self.admit_join(user, registered, limit) => JoinNeeds::Nothing,
+            UserGroups::Unregistered => JoinNeeds::UserGroups,
+            UserGroups::Unindexed => JoinNeeds::WholeState,
+        }
+    }
+
     /// Whether a join of `user`, with `registered` memberships registered
     /// now, passes `limit` whatever the groups not yet registered hold; if
-    /// so it is counted for the user's later joins (type docs).
-    pub(crate) fn admit_join(&self, user: u64, registered: usize, limit: usize) -> bool {
+    /// so it is counted for the user's later joins (type docs, rule 2).
+    fn admit_join(&self, user: u64, registered: usize, limit: usize) -> bool {
         let Some(bound) = self.groups_per_user_bound else {
             return false;
         };
@@ -273,18 +333,50 @@ mod tests {
         assert!(!LimitsWhileLoading::new(Some(0), None).admits_create(0, usize::MAX));
     }
 
+    /// The exact rule first (a user whose saved groups are registered),
+    /// then the bound; a join neither admits needs the user's groups, or
+    /// the whole state without a complete index.
+    #[test]
+    fn a_join_the_bound_cannot_decide_needs_its_users_groups_or_the_whole_state() {
+        use UserGroups::{Registered, Unindexed, Unregistered};
+        let joins = LimitsWhileLoading::new(Some(5), None);
+        assert_eq!(
+            joins.join_needs(1, Unregistered, 0, 5),
+            JoinNeeds::UserGroups
+        );
+        assert_eq!(joins.join_needs(1, Unindexed, 0, 5), JoinNeeds::WholeState);
+        // Exact: however many the user has, the apply counts them.
+        assert_eq!(joins.join_needs(1, Registered, 9, 5), JoinNeeds::Nothing);
+        assert_eq!(joins.join_needs(2, Unregistered, 0, 6), JoinNeeds::Nothing);
+        assert_eq!(
+            joins.join_needs(2, Unregistered, 0, 6),
+            JoinNeeds::UserGroups
+        );
+        // Without bounds only the exact rule admits.
+        let none = LimitsWhileLoading::new(None, None);
+        assert_eq!(
+            none.join_needs(1, Unregistered, 0, 99),
+            JoinNeeds::UserGroups
+        );
+        assert_eq!(none.join_needs(1, Registered, 0, 99), JoinNeeds::Nothing);
+    }
+
     #[test]
     fn with_the_state_whole_every_join_goes_on() {
+        use UserGroups::Unindexed;
         let status = LoadStatus::default();
-        assert!(status.admit_join(1, 10, 1));
+        assert_eq!(status.join_needs(1, Unindexed, 10, 1), JoinNeeds::Nothing);
         assert!(status.admits_create(10, 1));
         status.start(Arc::new(LimitsWhileLoading::new(Some(0), Some(0))));
-        assert!(!status.admit_join(1, 10, 1));
-        assert!(status.admit_join(1, 0, 1));
+        assert_eq!(
+            status.join_needs(1, Unindexed, 10, 1),
+            JoinNeeds::WholeState
+        );
+        assert_eq!(status.join_needs(1, Unindexed, 0, 1), JoinNeeds::Nothing);
         assert!(!status.admits_create(10, 1));
         assert!(status.admits_create(0, 1));
         status.end(None, PathBuf::new());
-        assert!(status.admit_join(1, 10, 1));
+        assert_eq!(status.join_needs(1, Unindexed, 10, 1), JoinNeeds::Nothing);
         assert!(status.admits_create(10, 1));
     }
 }

@@ -44,10 +44,12 @@
 
 use std::sync::Arc;
 
+use crate::catalog::Catalog;
 use crate::commit::dedup::WindowLimits;
 use crate::commit::journal::frame::{self, PAYLOAD_HEADER_BYTES};
 use crate::commit::journal::rounds::{self, RoundPayload};
 use crate::commit::journal::{body, EntryIter, EntryKind, FrameKind};
+use crate::commit::loading::JoinNeeds;
 use crate::commit::thread::{ReplicatedRound, Reply};
 use crate::engine::{Engine, OpTicket};
 use crate::error::{Error, Result};
@@ -131,10 +133,16 @@ impl Engine {
 
     /// While the checkpoint's state loads in the background: the groups a
     /// payload names are taken from the runs first (its checks read them
-    /// under the catalog's lock), and a payload with a join the load's
-    /// bound does not decide waits for the whole load, since a join's
-    /// per-user limit counts every group of its user and must decide as
-    /// the leader decided (`LimitsWhileLoading`).
+    /// under the catalog's lock), and a join's per-user limit, which counts
+    /// every group of its user, is decided as the leader decided it
+    /// (`LimitsWhileLoading`): the user's saved groups are registered first
+    /// when the load's bound does not decide it, or, without a complete
+    /// user index, the payload waits for the whole load.
+    ///
+    /// The lookups in the mapped runs happen here, on the thread that hands
+    /// the round over (the replica's), before the round is queued: the
+    /// commit thread that applies it finds every group and membership it
+    /// needs registered, and reads no run.
     fn take_groups_of(&self, payload: &[u8]) -> Result<()> {
         if !self.shared.load.loading() {
             return Ok(());
@@ -143,12 +151,26 @@ impl Engine {
         let limit = s.ctx.config.groups_per_user_max;
         let mut wait = false;
         for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round) {
-            crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
-            if e.kind == EntryKind::Join && !wait {
-                // A body that does not decode is refused by the checks.
-                wait = body::decode_join(e.body).is_some_and(|(user, _)| {
-                    !s.load.admit_join(user, s.cursors.groups_of(user), limit)
-                });
+            Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
+            if e.kind != EntryKind::Join || wait {
+                continue;
+            }
+            // A body that does not decode is refused by the checks.
+            let Some((user, _)) = body::decode_join(e.body) else {
+                continue;
+            };
+            let registered = self.try_user_groups(user)?;
+            match s
+                .load
+                .join_needs(user, registered, s.cursors.groups_of(user), limit)
+            {
+                JoinNeeds::Nothing => {}
+                JoinNeeds::UserGroups => {
+                    if !Catalog::find_groups_of_user(&s.catalog, &s.ctx, &s.cursors, user)? {
+                        wait = true;
+                    }
+                }
+                JoinNeeds::WholeState => wait = true,
             }
         }
         if wait {

@@ -52,9 +52,33 @@ pub(crate) fn request(shared: &Shared, group: &Arc<Group>, need: Need) -> Option
         .request((group.id, need), move |_, shared| run(shared, &g, need))
 }
 
+/// Queues the registration of every saved group of `user` while the
+/// checkpoint's state loads in the background
+/// (`Catalog::find_groups_of_user`: it reads the mapped runs), or finds it
+/// queued: its ticket (`None` once the worker stopped). A failure is the
+/// load's (damage in the runs): recorded there, and the request that runs
+/// again gets it.
+pub(crate) fn request_user_groups(shared: &Shared, user: u64) -> Option<u64> {
+    shared
+        .worker
+        .request((user, Need::UserGroups), move |_, shared: &Shared| {
+            let found = crate::catalog::Catalog::find_groups_of_user(
+                &shared.catalog,
+                &shared.ctx,
+                &shared.cursors,
+                user,
+            );
+            if let Err(e) = found {
+                log::error!("the saved groups of user {user} do not register: {e}");
+            }
+        })
+}
+
 /// A worker job: makes `group` meet `need`.
 fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
     match need {
+        // Queued by `request_user_groups`, never for a group.
+        Need::UserGroups => {}
         Need::Log => load(shared, group),
         Need::Index(base) => build_index(shared, group, base),
         Need::Assign => {

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::commit::journal::{body, EntryKind};
+use crate::commit::loading::JoinNeeds;
 use crate::commit::thread::Reply;
 use crate::engine::{Engine, OpTicket};
 use crate::error::{Error, Result};
@@ -150,9 +151,12 @@ impl Engine {
         self.blocking(|| self.try_submit_join(group_id, user, start))
     }
 
-    /// [`Engine::submit_join`] that never waits: `NotReady` with
-    /// [`crate::STATE_TICKET`] while the saved state loads and the load's
-    /// bound does not decide the join (`commit/loading.rs`).
+    /// [`Engine::submit_join`] that never waits: while the saved state
+    /// loads and neither the user's registered groups nor the load's bound
+    /// decide the join (`commit/loading.rs`), `NotReady` with the ticket of
+    /// the worker's job that registers the user's saved groups (then it is
+    /// decided exactly), or with [`crate::STATE_TICKET`] when the saved
+    /// state has no complete user index.
     pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
         let group = self.group(group_id)?;
         let cursors = &self.shared.cursors;
@@ -160,12 +164,17 @@ impl Engine {
             return Ok(OpTicket::done(c.cursor));
         }
         // Its limit counts every group of the user: while the state loads,
-        // it waits unless the load's bound decides it already (the user's
-        // count is looked up only then: a join's path pays one atomic load).
+        // it goes on once the count is exact or the load's bound decides it
+        // (looked up only then: a join's path pays one atomic load).
         let load = &self.shared.load;
-        let limit = self.shared.ctx.config.groups_per_user_max;
-        if load.loading() && !load.admit_join(user, cursors.groups_of(user), limit) {
-            self.whole_state()?;
+        if load.loading() {
+            let limit = self.shared.ctx.config.groups_per_user_max;
+            let registered = self.try_user_groups(user)?;
+            match load.join_needs(user, registered, cursors.groups_of(user), limit) {
+                JoinNeeds::Nothing => {}
+                JoinNeeds::UserGroups => return Err(self.register_user_groups(user)),
+                JoinNeeds::WholeState => self.whole_state()?,
+            }
         }
         self.check_writable()?;
         let assign = group.assign.lock();
@@ -506,17 +515,19 @@ impl Engine {
     /// ascending group id order. O(groups of the user). A group whose
     /// deletion is pending is left out, as every request treats it as gone.
     pub fn unread(&self, user: u64) -> Vec<Unread> {
-        if self.user_state(user).is_err() {
+        if self.blocking(|| self.user_state(user)).is_err() {
             self.shared.load.wait_settled();
         }
         self.unread_now(user)
     }
 
-    /// [`Engine::unread`] that never waits for the whole state: while the
+    /// [`Engine::unread`] that never waits for the disk: while the
     /// checkpoint's state loads in the background, the user's saved groups
-    /// are registered from the user index first (a lookup per group it
-    /// names); `NotReady` when the saved state has no complete index (a
-    /// user's groups are then known only once every group is).
+    /// are registered from the user index first, by the maintenance
+    /// worker (a lookup per group it names, once per user and load):
+    /// `NotReady` with its job's ticket until then, or with
+    /// [`crate::STATE_TICKET`] when the saved state has no complete index
+    /// (a user's groups are then known only once every group is).
     pub fn try_unread(&self, user: u64) -> Result<Vec<Unread>> {
         self.user_state(user)?;
         Ok(self.unread_now(user))

@@ -20,14 +20,17 @@
 //!
 //! Invariant: while a load is pending, nothing reads or changes a group
 //! but through [`find`] (the engine's `group`, replay, replicated rounds),
-//! and whatever needs every group (JOIN's per-user limit, creation's group
-//! count, checkpoints, snapshots) waits for the load to finish
-//! (`Engine::whole_state`). What needs every membership of one user
-//! (UNREAD, SYNC) takes the groups the user index names for the user
-//! ([`index_of_user`], storage.md 6.1) through [`find`] when the manifest
-//! says the index is complete: a superset of the user's saved
-//! memberships, each checked by its group's own rows; it waits for the
-//! load otherwise.
+//! and whatever needs every group (creation's group count, checkpoints,
+//! snapshots) waits for the load to finish (`Engine::whole_state`). What
+//! needs every membership of one user (UNREAD, SYNC, a JOIN's per-user
+//! limit the manifest's bound does not decide: `commit/loading.rs`) takes
+//! the groups the user index names for the user ([`index_of_user`],
+//! storage.md 6.1) through [`find`] when the manifest says the index is
+//! complete: a superset of the user's saved memberships, each checked by
+//! its group's own rows; the user is then marked (`users_registered`), so
+//! it is done once per user and load. A request's lookups are made by the
+//! maintenance worker, never on the event loop (`Engine::user_state`);
+//! without a complete index it waits for the load.
 //! Lock order: `Progress`, then the catalog, then the cursor table.
 //!
 //! A run whose CRCs held but whose items do not decode is a writer's bug:
@@ -49,14 +52,14 @@
 //! once.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::catalog::{Catalog, Unregistered};
+use crate::catalog::{Catalog, Unregistered, UserGroups};
 use crate::commit::context::Context;
 use crate::commit::loading::LimitsWhileLoading;
 use crate::commit::thread::Shared;
@@ -106,6 +109,15 @@ pub(crate) struct Pending {
     /// The runs hold a complete user index (the manifest's flag): a
     /// user's groups are found without the whole load.
     user_index: bool,
+    /// Users every saved group of whom is registered
+    /// (`Catalog::find_groups_of_user` marked them): their memberships
+    /// are all in the cursor table. A leaf lock, held for one set
+    /// operation, so that the event loop may ask it (`Progress` is held
+    /// through a batch's install).
+    users_registered: Mutex<HashSet<u64>>,
+    /// The load stopped at damage (`Progress::failed` says where): read
+    /// without `Progress`'s lock.
+    stopped: AtomicBool,
 }
 
 #[derive(Default)]
@@ -162,6 +174,8 @@ impl Pending {
             cut_ends: Mutex::new(Vec::new()),
             limits: Arc::new(limits),
             user_index,
+            users_registered: Mutex::new(HashSet::new()),
+            stopped: AtomicBool::new(false),
         })
     }
 
@@ -472,6 +486,7 @@ impl Pending {
             );
             at
         });
+        self.stopped.store(true, Ordering::Release);
         at.error(group)
     }
 }
@@ -499,6 +514,26 @@ impl Unregistered for Pending {
             self.fail(ctx, &mut progress, why, None)
         })
     }
+
+    fn user_groups(&self, user: u64) -> Result<UserGroups> {
+        if self.stopped.load(Ordering::Acquire) {
+            if let Some(at) = &self.progress.lock().failed {
+                return Err(at.error(None));
+            }
+        }
+        if !self.user_index {
+            return Ok(UserGroups::Unindexed);
+        }
+        Ok(if self.users_registered.lock().contains(&user) {
+            UserGroups::Registered
+        } else {
+            UserGroups::Unregistered
+        })
+    }
+
+    fn mark_user_registered(&self, user: u64) {
+        self.users_registered.lock().insert(user);
+    }
 }
 
 impl Located {
@@ -522,6 +557,8 @@ pub(crate) fn items_of_group(
     parts: &[&[PartMeta]],
     group: u64,
 ) -> std::result::Result<Option<GroupItems>, String> {
+    #[cfg(test)]
+    hold::count_run_lookup();
     let inputs: Vec<KeyRange<'_>> = slices
         .iter()
         .zip(parts)
@@ -544,6 +581,8 @@ pub(crate) fn index_of_user(
     parts: &[&[PartMeta]],
     user: u64,
 ) -> std::result::Result<Vec<u64>, String> {
+    #[cfg(test)]
+    hold::count_run_lookup();
     let inputs: Vec<KeyRange<'_>> = slices
         .iter()
         .zip(parts)
@@ -823,6 +862,21 @@ pub(crate) mod hold {
     use parking_lot::Mutex;
 
     static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    thread_local! {
+        /// Lookups in the mapped runs (a group's items, a user's index
+        /// entries) made on this thread.
+        static RUN_LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    pub(super) fn count_run_lookup() {
+        RUN_LOOKUPS.with(|n| n.set(n.get() + 1));
+    }
+
+    /// Lookups in the mapped runs made on the calling thread so far.
+    pub(crate) fn run_lookups() -> u64 {
+        RUN_LOOKUPS.with(std::cell::Cell::get)
+    }
 
     pub(crate) fn hold(dir: &Path) {
         HELD.lock().push(dir.to_path_buf());

@@ -122,6 +122,31 @@ fn is_state_wait<T>(r: crate::Result<T>) -> bool {
     matches!(r, Err(Error::NotReady { ticket, .. }) if ticket == STATE_TICKET)
 }
 
+/// `NotReady` with a ticket of the maintenance worker (not the whole
+/// state's).
+fn is_worker_wait<T>(r: &crate::Result<T>) -> bool {
+    matches!(r, Err(Error::NotReady { ticket, .. }) if *ticket != STATE_TICKET)
+}
+
+/// Runs a `try_` request until it answers, waiting for the worker's
+/// tickets in between; fails if it waits for the whole state (the load
+/// is held: it would wait for ever).
+fn without_state_wait<T>(
+    e: &Engine,
+    what: &str,
+    mut request: impl FnMut() -> crate::Result<T>,
+) -> crate::Result<T> {
+    loop {
+        match request() {
+            Err(Error::NotReady { ticket, .. }) => {
+                assert_ne!(ticket, STATE_TICKET, "{what} waited for the whole load");
+                e.wait_ready(ticket).unwrap();
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A directory populated and stopped cleanly, with what a full load shows.
 fn stopped_dir(dir: &Path) -> (Groups, Unreads) {
     let e = Engine::open(config(dir, false)).unwrap();
@@ -145,7 +170,7 @@ fn every_group_answers_while_the_load_is_held_as_after_a_full_load() {
     let with_files = (1..=GROUPS).filter(|g| g % 17 == 0).count() as u64;
     assert_eq!(e.stats().groups, with_files);
     // A user's groups come from the user index (`user_index_tests`).
-    let unread_of_1 = e.try_unread(1).unwrap();
+    let unread_of_1 = without_state_wait(&e, "UNREAD", || e.try_unread(1)).unwrap();
     let as_rows = |list: Vec<crate::Unread>| -> Vec<(u64, u64, u64)> {
         list.into_iter()
             .map(|x| (x.group_id, x.head, x.cursor))
@@ -417,44 +442,152 @@ fn a_join_the_bound_decides_leaves_the_state_loading_in_the_background() {
 }
 
 /// Joins in the journal tail of a user at the limit: the live node took
-/// two and refused the third; replay must decide alike, so the bound
-/// cannot decide them and the open loads every group first.
+/// two and refused the third, took one after a leave and refused the
+/// next. Replay must decide alike: the bound cannot decide them (user 0 is
+/// at it), so the user's saved groups are registered from the user index
+/// first and each join is counted exactly, and the rest of the state stays
+/// loading in the background.
 #[test]
 fn a_join_near_the_limit_in_the_journal_tail_is_decided_as_the_live_node_did() {
     let limit = USER_0_PEAK;
     let dir = tempfile::tempdir().unwrap();
     let e = Engine::open(config_with_limit(dir.path(), false, limit)).unwrap();
     populate(&e);
+    let refused = |r: crate::Result<u64>| {
+        matches!(
+            r,
+            Err(Error::LimitExceeded {
+                what: "groups_per_user_max",
+                ..
+            })
+        )
+    };
     e.join(9, 0, JoinStart::Head).unwrap();
     e.join(18, 0, JoinStart::Head).unwrap();
-    assert!(matches!(
-        e.join(27, 0, JoinStart::Head),
-        Err(Error::LimitExceeded {
-            what: "groups_per_user_max",
-            ..
-        })
-    ));
-    let live = members_of(&e, &[9, 18, 27]);
+    assert!(refused(e.join(27, 0, JoinStart::Head)));
+    e.leave(9, 0).unwrap();
+    e.join(27, 0, JoinStart::Head).unwrap();
+    assert!(refused(e.join(36, 0, JoinStart::Head)));
+    let tail_groups = [9, 18, 27, 36];
+    let live = members_of(&e, &tail_groups);
     e.simulate_crash();
     hold::hold(dir.path());
     let e = Engine::open(config_with_limit(dir.path(), true, limit)).unwrap();
-    hold::release(dir.path());
+    assert!(
+        e.recovery_report().loading_in_background,
+        "user 0's joins were decided from its saved groups: the rest stays in the background"
+    );
     assert_eq!(
-        members_of(&e, &[9, 18, 27]),
+        members_of(&e, &tail_groups),
         live,
         "replay decided otherwise"
     );
-    assert!(
-        !e.recovery_report().loading_in_background,
-        "user 0's joins may meet its limit: every group of it comes first"
-    );
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
     assert_eq!(e.unread(0).len(), limit);
+    assert_eq!(members_of(&e, &tail_groups), live);
+    e.close().unwrap();
+}
+
+/// A JOIN of a user near `groups_per_user_max` while the state loads,
+/// with a user at the limit in the manifest (its bound decides no join):
+/// the worker registers the user's saved groups from the user index, then
+/// each join is decided exactly, as after the load: joins queued together
+/// pass until the limit and the next is refused; a leave and a deletion
+/// make room again. A user in no group joins too.
+#[test]
+fn a_join_near_the_limit_while_loading_is_decided_as_after_the_load() {
+    let limit = USER_0_PEAK;
+    let ops = |e: &Engine| -> Vec<String> {
+        let submit = |g: u64, u: u64| {
+            without_state_wait(e, "JOIN", || e.try_submit_join(g, u, JoinStart::Head))
+                .and_then(|t| e.wait_op(t))
+        };
+        let mut out = Vec::new();
+        // Queued together: each is counted when it applies.
+        let queued: Vec<_> = [9, 18, 27]
+            .into_iter()
+            .map(|g| without_state_wait(e, "JOIN", || e.try_submit_join(g, 0, JoinStart::Head)))
+            .collect();
+        for t in queued {
+            out.push(format!("{:?}", t.and_then(|t| e.wait_op(t))));
+        }
+        e.leave(9, 0).unwrap();
+        out.push(format!("{:?}", submit(27, 0)));
+        e.delete_group(1).unwrap();
+        out.push(format!("{:?}", submit(36, 0)));
+        out.push(format!("{:?}", submit(45, 0)));
+        out.push(format!("{:?}", submit(5, 8)));
+        let unread_0: Vec<u64> = e.unread(0).into_iter().map(|u| u.group_id).collect();
+        out.push(format!(
+            "{unread_0:?} {:?}",
+            members_of(e, &[5, 18, 27, 36, 45])
+        ));
+        out
+    };
+    let full = tempfile::tempdir().unwrap();
+    stopped_dir(full.path());
+    let e = Engine::open(config_with_limit(full.path(), false, limit)).unwrap();
+    let expected = ops(&e);
+    e.close().unwrap();
+    assert!(expected[2].contains("groups_per_user_max"), "{expected:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config_with_limit(dir.path(), true, limit)).unwrap();
+    let answered = ops(&e);
+    assert!(e.stats().state_loading, "answered while the load is held");
+    hold::release(dir.path());
+    assert_eq!(answered, expected);
+    e.close().unwrap();
+}
+
+/// UNREAD and SYNC while the state loads: the user's saved groups are
+/// registered by the maintenance worker (`NotReady` with its ticket), not
+/// on the calling thread (the event loop's), which makes no lookup in the
+/// mapped runs; then they answer as after a full load.
+#[test]
+fn unread_and_sync_while_loading_read_no_run_on_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, unread) = stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    let before = hold::run_lookups();
+    let first = e.try_unread(1);
+    assert!(
+        is_worker_wait(&first),
+        "UNREAD answered {:?} groups",
+        first.map(|l| l.len())
+    );
+    assert_eq!(hold::run_lookups(), before, "UNREAD read the runs");
+    let rows = |list: Vec<crate::Unread>| -> Vec<(u64, u64, u64)> {
+        list.into_iter()
+            .map(|x| (x.group_id, x.head, x.cursor))
+            .collect()
+    };
+    let list = without_state_wait(&e, "UNREAD", || e.try_unread(1)).unwrap();
+    assert_eq!(rows(list), unread[1]);
+    let first = e.try_sync(2, 4, 1 << 20, None);
+    assert!(is_worker_wait(&first), "SYNC answered {:?}", first.err());
+    let synced = without_state_wait(&e, "SYNC", || e.try_sync(2, 4, 1 << 20, None)).unwrap();
+    let listed: Vec<u64> = synced.groups.iter().map(|g| g.unread.group_id).collect();
+    let expected: Vec<u64> = unread[2]
+        .iter()
+        .filter(|(_, head, cursor)| head > cursor)
+        .map(|&(g, ..)| g)
+        .collect();
+    assert_eq!(listed, expected);
+    assert_eq!(hold::run_lookups(), before, "UNREAD or SYNC read the runs");
+    assert!(e.stats().state_loading, "still held");
+    hold::release(dir.path());
     e.close().unwrap();
 }
 
 /// A client's JOIN while the state loads: admitted at once when the bound
 /// proves its user below the limit, counting the joins admitted before it;
-/// otherwise it waits for the load, then is decided exactly.
+/// otherwise it waits for the worker to register its user's saved groups,
+/// then is decided exactly.
 #[test]
 fn a_join_while_loading_waits_only_when_its_user_may_be_near_the_limit() {
     let dir = tempfile::tempdir().unwrap();
@@ -467,9 +600,9 @@ fn a_join_while_loading_waits_only_when_its_user_may_be_near_the_limit() {
     // User 8 is in no group: 0 registered + the bound is below the limit.
     e.join(5, 8, JoinStart::Head).unwrap();
     // A second: 1 registered + the bound + 1 admitted before reaches it.
-    assert!(is_state_wait(e.try_submit_join(6, 8, JoinStart::Head)));
+    assert!(is_worker_wait(&e.try_submit_join(6, 8, JoinStart::Head)));
     // User 0 is in the groups the sweep registered (those with files).
-    assert!(is_state_wait(e.try_submit_join(9, 0, JoinStart::Head)));
+    assert!(is_worker_wait(&e.try_submit_join(9, 0, JoinStart::Head)));
     assert!(e.stats().state_loading, "still held");
     hold::release(dir.path());
     e.join(6, 8, JoinStart::Head).unwrap();

@@ -30,7 +30,7 @@ use crate::commit::journal::{
     self, EntryIter, EntryKind, FrameKind, Journal, JournalStart, JOURNAL_HEADER_BYTES,
     JOURNAL_VERSION,
 };
-use crate::commit::loading::LimitsWhileLoading;
+use crate::commit::loading::{JoinNeeds, LimitsWhileLoading};
 use crate::error::{Error, Result};
 use crate::group::{Group, LogSlot};
 use crate::io::Vfs;
@@ -1359,38 +1359,54 @@ impl Replay<'_> {
         }
     }
 
-    /// Whether a Join entry can be decided with the groups registered so
-    /// far, as it would be with every group (`LimitsWhileLoading`): with
-    /// no background load, or when the load's bound proves its user below
-    /// `groups_per_user_max`. A body that does not decode is decided by
-    /// the apply (which refuses it) and needs nothing loaded.
-    fn join_decidable_now(&self, entry: &journal::Entry<'_>) -> bool {
+    /// What a Join entry needs before it is applied as the live node
+    /// applied it (`LimitsWhileLoading`): nothing with no background load,
+    /// or when its user's saved groups are registered or the load's bound
+    /// proves its user below `groups_per_user_max`. A body that does not
+    /// decode is decided by the apply (which refuses it) and needs nothing.
+    fn join_needs(&self, entry: &journal::Entry<'_>) -> Result<(u64, JoinNeeds)> {
         let pending = self.pending.borrow();
         let Some(pending) = pending.as_ref() else {
-            return true;
+            return Ok((0, JoinNeeds::Nothing));
         };
         let Some((user, _cursor)) = journal::body::decode_join(entry.body) else {
-            return true;
+            return Ok((0, JoinNeeds::Nothing));
         };
-        pending.limits().admit_join(
+        let needs = pending.limits().join_needs(
             user,
+            Catalog::user_groups(self.st.catalog, user)?,
             self.st.cursors.groups_of(user),
             self.st.ctx.config.groups_per_user_max,
-        )
+        );
+        Ok((user, needs))
     }
 
     /// Applies one valid entry (the same apply as the commit thread's)
     /// and counts what it did.
     fn entry(&mut self, entry: &journal::Entry<'_>, lsn: u64, at: apply::BodyAt) -> Result<()> {
-        if entry.kind == EntryKind::Join && !self.join_decidable_now(entry) {
-            // Its per-user limit may bind: it counts every group of its
-            // user, so the rest of a background load comes first.
-            lazy::finish_now(
-                self.st.ctx,
-                self.st.catalog,
-                self.st.cursors,
-                &mut self.pending.borrow_mut(),
-            )?;
+        if entry.kind == EntryKind::Join {
+            // Its per-user limit counts every group of its user: those the
+            // user index names are registered first, or, without a complete
+            // index, the rest of a background load.
+            let (user, needs) = self.join_needs(entry)?;
+            let whole_state_first = match needs {
+                JoinNeeds::Nothing => false,
+                JoinNeeds::UserGroups => !Catalog::find_groups_of_user(
+                    self.st.catalog,
+                    self.st.ctx,
+                    self.st.cursors,
+                    user,
+                )?,
+                JoinNeeds::WholeState => true,
+            };
+            if whole_state_first {
+                lazy::finish_now(
+                    self.st.ctx,
+                    self.st.catalog,
+                    self.st.cursors,
+                    &mut self.pending.borrow_mut(),
+                )?;
+            }
         }
         let group = self.st.group(entry.group_id)?;
         match apply::entry(

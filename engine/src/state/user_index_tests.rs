@@ -119,9 +119,15 @@ fn sync_of(e: &Engine, user: u64) -> Synced {
 pub(super) fn answers(e: &Engine) -> Vec<(Rows, Synced)> {
     (0..USERS)
         .map(|u| {
-            let unread = match e.try_unread(u) {
-                Ok(list) => rows(list),
-                Err(other) => panic!("UNREAD of user {u}: {other}"),
+            let unread = loop {
+                match e.try_unread(u) {
+                    Ok(list) => break rows(list),
+                    // The worker registers the user's saved groups.
+                    Err(Error::NotReady { ticket, .. }) if ticket != STATE_TICKET => {
+                        e.wait_ready(ticket).unwrap();
+                    }
+                    Err(other) => panic!("UNREAD of user {u}: {other}"),
+                }
             };
             (unread, sync_of(e, u))
         })
