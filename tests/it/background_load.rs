@@ -411,39 +411,6 @@ fn damage_behind_a_valid_crc_is_named_alike_by_a_first_read_the_loader_and_verif
                     let join = Request::Join {
                         group: g,
                         user: member(g, i),
-/// While the saved state loads (the loader held before each batch), with
-/// one user at `groups_per_user_max` in the saved state (so the manifest's
-/// bound decides no join): a JOIN of a user two groups below the limit is
-/// answered, the join past the limit is refused as after the load, and
-/// UNREAD lists the user's groups as after the load. The node reads the
-/// user's saved groups from its user index in the background (the
-/// requests are held meanwhile); the same answers come after the whole
-/// load.
-#[test]
-fn a_join_near_the_per_user_limit_is_decided_while_the_state_loads() {
-    const LIMIT: u64 = 40;
-    const GROUPS_N: u64 = 600;
-    const HEAVY: u64 = 7;
-    const NEAR: u64 = 8;
-    let limit = LIMIT.to_string();
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let mut node = Node::start(dir.path(), &["--groups-per-user-max", &limit]);
-        let mut c = node.client();
-        for first in (1..=GROUPS_N).step_by(50) {
-            let mut waiting = Vec::new();
-            for g in first..(first + 50).min(GROUPS_N + 1) {
-                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
-                let mut users = vec![member(g, 0)];
-                if g <= LIMIT {
-                    users.push(HEAVY);
-                } else if g <= 2 * LIMIT - 2 {
-                    users.push(NEAR);
-                }
-                for user in users {
-                    let join = Request::Join {
-                        group: g,
-                        user,
                         start: JoinStart::Earliest,
                     };
                     waiting.push(c.submit(&join).unwrap());
@@ -509,6 +476,56 @@ fn a_join_near_the_per_user_limit_is_decided_while_the_state_loads() {
         ),
         "{out}"
     );
+}
+
+/// While the saved state loads (the loader held before each batch), with
+/// one user at `groups_per_user_max` in the saved state (so the manifest's
+/// bound decides no join): a JOIN of a user two groups below the limit is
+/// answered, the join past the limit is refused as after the load, and
+/// UNREAD lists the user's groups as after the load. The node reads the
+/// user's saved groups from its user index in the background (the
+/// requests are held meanwhile); the same answers come after the whole
+/// load.
+#[test]
+fn a_join_near_the_per_user_limit_is_decided_while_the_state_loads() {
+    const LIMIT: u64 = 40;
+    const GROUPS_N: u64 = 600;
+    const HEAVY: u64 = 7;
+    const NEAR: u64 = 8;
+    let limit = LIMIT.to_string();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut node = Node::start(dir.path(), &["--groups-per-user-max", &limit]);
+        let mut c = node.client();
+        for first in (1..=GROUPS_N).step_by(50) {
+            let mut waiting = Vec::new();
+            for g in first..(first + 50).min(GROUPS_N + 1) {
+                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
+                let mut users = vec![member(g, 0)];
+                if g <= LIMIT {
+                    users.push(HEAVY);
+                } else if g <= 2 * LIMIT - 2 {
+                    users.push(NEAR);
+                }
+                for user in users {
+                    let join = Request::Join {
+                        group: g,
+                        user,
+                        start: JoinStart::Earliest,
+                    };
+                    waiting.push(c.submit(&join).unwrap());
+                }
+            }
+            for id in waiting {
+                c.wait(id, Duration::from_secs(60))
+                    .unwrap()
+                    .response()
+                    .unwrap();
+            }
+        }
+        drop(c);
+        assert!(node.terminate().success(), "a clean stop");
+    }
     let refused = |r: Result<u64, tidemark_client::ClientError>| match r {
         Err(e) => e.code() == Some(ErrorCode::LimitExceeded),
         Ok(_) => false,
