@@ -46,6 +46,32 @@ fn messages(c: &mut Client, g: u64) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
+/// Creates groups `1..=groups`, each with the members `members_of(g)`
+/// joined at the earliest message. Pipelined, fifty groups at a time:
+/// within the requests a connection may have in flight.
+fn create_groups(c: &mut Client, groups: u64, members_of: impl Fn(u64) -> Vec<u64>) {
+    for first in (1..=groups).step_by(50) {
+        let mut waiting = Vec::new();
+        for g in first..(first + 50).min(groups + 1) {
+            waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
+            for user in members_of(g) {
+                let join = Request::Join {
+                    group: g,
+                    user,
+                    start: JoinStart::Earliest,
+                };
+                waiting.push(c.submit(&join).unwrap());
+            }
+        }
+        for id in waiting {
+            c.wait(id, Duration::from_secs(60))
+                .unwrap()
+                .response()
+                .unwrap();
+        }
+    }
+}
+
 /// Sends one message to each group of `groups` (pipelined, 200 at a time:
 /// within the requests a connection may have in flight); returns what
 /// each was acknowledged as.
@@ -90,29 +116,10 @@ fn a_node_killed_while_its_state_loads_in_the_background_loses_nothing() {
     {
         let mut node = Node::start(dir.path(), &[]);
         let mut c = node.client();
-        // Pipelined, fifty groups (200 requests) at a time: within the
-        // requests a connection may have in flight.
-        for first in (1..=GROUPS).step_by(50) {
-            let mut waiting = Vec::new();
-            for g in first..(first + 50).min(GROUPS + 1) {
-                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
-                for i in 0..MEMBERS {
-                    let join = Request::Join {
-                        group: g,
-                        user: member(g, i),
-                        start: JoinStart::Earliest,
-                    };
-                    waiting.push(c.submit(&join).unwrap());
-                }
-                expected.insert(g, Vec::new());
-            }
-            for id in waiting {
-                c.wait(id, Duration::from_secs(60))
-                    .unwrap()
-                    .response()
-                    .unwrap();
-            }
-        }
+        create_groups(&mut c, GROUPS, |g| {
+            (0..MEMBERS).map(|i| member(g, i)).collect()
+        });
+        expected.extend((1..=GROUPS).map(|g| (g, Vec::new())));
         let some: Vec<u64> = (1..=GROUPS).filter(|g| g % WITH_MESSAGES == 0).collect();
         for (g, m) in send_each(&mut c, &some, "before", 0) {
             expected.get_mut(&g).unwrap().push(m);
@@ -403,26 +410,9 @@ fn damage_behind_a_valid_crc_is_named_alike_by_a_first_read_the_loader_and_verif
     {
         let mut node = Node::start(dir.path(), &[]);
         let mut c = node.client();
-        for first in (1..=DAMAGE_GROUPS).step_by(50) {
-            let mut waiting = Vec::new();
-            for g in first..(first + 50).min(DAMAGE_GROUPS + 1) {
-                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
-                for i in 0..MEMBERS {
-                    let join = Request::Join {
-                        group: g,
-                        user: member(g, i),
-                        start: JoinStart::Earliest,
-                    };
-                    waiting.push(c.submit(&join).unwrap());
-                }
-            }
-            for id in waiting {
-                c.wait(id, Duration::from_secs(60))
-                    .unwrap()
-                    .response()
-                    .unwrap();
-            }
-        }
+        create_groups(&mut c, DAMAGE_GROUPS, |g| {
+            (0..MEMBERS).map(|i| member(g, i)).collect()
+        });
         drop(c);
         assert!(node.terminate().success(), "a clean stop");
     }
@@ -497,32 +487,15 @@ fn a_join_near_the_per_user_limit_is_decided_while_the_state_loads() {
     {
         let mut node = Node::start(dir.path(), &["--groups-per-user-max", &limit]);
         let mut c = node.client();
-        for first in (1..=GROUPS_N).step_by(50) {
-            let mut waiting = Vec::new();
-            for g in first..(first + 50).min(GROUPS_N + 1) {
-                waiting.push(c.submit(&Request::CreateGroup { group: g }).unwrap());
-                let mut users = vec![member(g, 0)];
-                if g <= LIMIT {
-                    users.push(HEAVY);
-                } else if g <= 2 * LIMIT - 2 {
-                    users.push(NEAR);
-                }
-                for user in users {
-                    let join = Request::Join {
-                        group: g,
-                        user,
-                        start: JoinStart::Earliest,
-                    };
-                    waiting.push(c.submit(&join).unwrap());
-                }
+        create_groups(&mut c, GROUPS_N, |g| {
+            let mut users = vec![member(g, 0)];
+            if g <= LIMIT {
+                users.push(HEAVY);
+            } else if g <= 2 * LIMIT - 2 {
+                users.push(NEAR);
             }
-            for id in waiting {
-                c.wait(id, Duration::from_secs(60))
-                    .unwrap()
-                    .response()
-                    .unwrap();
-            }
-        }
+            users
+        });
         drop(c);
         assert!(node.terminate().success(), "a clean stop");
     }
