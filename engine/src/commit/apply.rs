@@ -51,6 +51,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use crate::catalog::Catalog;
+use crate::commit::change_intake;
 use crate::commit::context::Context;
 use crate::commit::dirty::CkptGuard;
 use crate::commit::journal::{body, Entry, EntryKind};
@@ -295,62 +296,12 @@ pub(crate) fn records(
         // Quiet ids first (edits, recalls: not unread), under the
         // checkpoint lock a capture takes too (`changes.rs`).
         let _ck = group.ckpt(&st.ctx.dirty);
-        take_in_changes(st.ctx, group, run, mode != Mode::Live, at);
+        change_intake::take_in_changes(st.ctx, group, run, mode != Mode::Live, at.map(|a| a.seq));
     }
     let done = records_into_slot(st, group, run, at, mode, lsn);
     st.ctx
         .stored_changed(before, group.log.read().stored_messages());
     done
-}
-
-/// Takes in the edits and recalls of a run of the group's records (its
-/// quiet ids, `changes.rs`; `verify`: the run came from a file or another
-/// node) and puts the recalled payloads on the erase lists. `at` is where
-/// the run lies in the journal, if it does. The caller holds the group's
-/// checkpoint lock (a capture takes it too).
-pub(crate) fn take_in_changes(
-    ctx: &Context,
-    group: &Group,
-    run: &[u8],
-    verify: bool,
-    at: Option<BodyAt>,
-) {
-    if group.changes_applied(run, verify) {
-        // The journal file holding the recall (and, in it or before
-        // it, the recalled payload) must go within the erasure bound.
-        if let Some(at) = at {
-            ctx.erase_journal_seq
-                .fetch_max(at.seq, std::sync::atomic::Ordering::Relaxed);
-        }
-        // A group with segment files: the recalled payloads are in
-        // them (or in the active segment's tail), so they go on the
-        // erase list the checkpointer's erasure pass works through
-        // (storage.md section 3, "Erasure"). A small group's are in
-        // the journal (above; its evacuation and its promotion copy
-        // them erased) or in a cold file: those go on the list too,
-        // and the reclaimer compacts the file (`rewrite.rs`).
-        let mut targets = Vec::new();
-        crate::logs::record::for_each_change(run, |_, kind, target| {
-            if kind == crate::logs::record::KIND_RECALL {
-                targets.extend(target);
-            }
-        });
-        match &*group.log.read() {
-            LogSlot::Loaded(_) | LogSlot::Unloaded(_) => {}
-            LogSlot::Small(list) => targets.retain(|&id| {
-                list.pieces().any(|p| {
-                    p.first_id <= id
-                        && id < p.end_id()
-                        && p.ext.file().kind() == crate::logs::extents::FileKind::Cold
-                })
-            }),
-            _ => targets.clear(),
-        }
-        if !targets.is_empty() {
-            group.add_erase(&targets);
-            ctx.erase_groups.lock().insert(group.id);
-        }
-    }
 }
 
 fn records_into_slot(

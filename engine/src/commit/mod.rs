@@ -8,6 +8,7 @@
 
 pub(crate) mod apply;
 pub(crate) mod capture;
+pub(crate) mod change_intake;
 pub(crate) mod context;
 pub(crate) mod dedup;
 pub(crate) mod dirty;

@@ -283,7 +283,7 @@ pub(crate) fn take_in_promotion_left(
     // records count as quiet, and recalled payloads in the segments go on
     // the erase list, as if the lost entries had been replayed.
     for chunk in &adopted.chunks {
-        crate::commit::apply::take_in_changes(ctx, group, chunk.bytes(), true, None);
+        crate::commit::change_intake::take_in_changes(ctx, group, chunk.bytes(), true, None);
     }
     Ok(Some(load))
 }

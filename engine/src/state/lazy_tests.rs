@@ -131,7 +131,7 @@ fn is_worker_wait<T>(r: &crate::Result<T>) -> bool {
 /// Runs a `try_` request until it answers, waiting for the worker's
 /// tickets in between; fails if it waits for the whole state (the load
 /// is held: it would wait for ever).
-fn without_state_wait<T>(
+pub(super) fn without_state_wait<T>(
     e: &Engine,
     what: &str,
     mut request: impl FnMut() -> crate::Result<T>,
