@@ -83,6 +83,12 @@ pub(crate) trait Unregistered: Send + Sync {
     /// (then only the whole load tells a user's groups).
     fn groups_of_user(&self, ctx: &Context, user: u64) -> Result<Option<Vec<u64>>>;
 
+    /// What [`Self::take`] answers for `id`, told without reading the
+    /// saved state and without waiting for a lock the loader holds
+    /// through a batch (the event loop asks it): `NeedsLookup` when only
+    /// [`Self::take`] tells.
+    fn try_take(&self, catalog: &RwLock<Catalog>, id: u64) -> Result<Found>;
+
     /// Whether every saved group of `user` is registered, told without
     /// reading the runs (one lookup in a set): `Err` once the load
     /// stopped at damage.
@@ -92,6 +98,16 @@ pub(crate) trait Unregistered: Send + Sync {
     /// ([`Catalog::find_groups_of_user`] did it): [`Self::user_groups`]
     /// says `Registered` from now on.
     fn mark_user_registered(&self, user: u64);
+}
+
+/// What a lookup of a group finds without reading the saved state
+/// ([`Catalog::try_find`]).
+pub(crate) enum Found {
+    /// [`Catalog::find`]'s answer: the group, or `None` (no such group).
+    Final(Option<Arc<Group>>),
+    /// The group is neither registered nor known absent: only a lookup in
+    /// the saved state ([`Catalog::find`], which may read the disk) tells.
+    NeedsLookup,
 }
 
 /// Whether the cursor table holds every membership of a user while saved
@@ -188,6 +204,26 @@ impl Catalog {
             }
         };
         pending.take(ctx, catalog, cursors, id)
+    }
+
+    /// [`Self::find`] without reading the saved state: its answer when
+    /// the catalog holds the group or the saved state tells that it is
+    /// final (`Unregistered::try_take`), `NeedsLookup` otherwise (then
+    /// [`Self::find`] on a thread that may wait for the disk: the
+    /// maintenance worker's, `Engine::try_group`). Never waits for the
+    /// loader.
+    pub(crate) fn try_find(catalog: &RwLock<Catalog>, id: u64) -> Result<Found> {
+        let pending = {
+            let c = catalog.read();
+            if let Some(g) = c.get(id) {
+                return Ok(Found::Final(Some(g.clone())));
+            }
+            match c.pending() {
+                Some(p) => p.clone(),
+                None => return Ok(Found::Final(None)),
+            }
+        };
+        pending.try_take(catalog, id)
     }
 
     /// Registers every saved group `user` is a member of, so that the

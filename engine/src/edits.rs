@@ -105,7 +105,7 @@ impl Engine {
             client_msg_id: req.client_msg_id,
             payload: &payload,
         };
-        let group = self.group(req.group_id)?;
+        let group = self.try_group(req.group_id)?;
         let mut slot = group.assign.lock();
         let assign = self.ready_to_assign(&group, &mut slot)?;
         if let Some(dup) = self.duplicate_of(assign, &append, keyed)? {
@@ -330,7 +330,7 @@ impl Engine {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<LatestPage> {
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         let mut before = before_msg_id;
         let (mut ids_left, mut shown_bytes) = (max_count, 0usize);
         // Oldest page first: each read's chunks go before the newer ones.

@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::catalog::UserGroups;
+use crate::catalog::{Found, UserGroups};
 use crate::clock::now_ms;
 use crate::commit::context::Context;
 use crate::commit::dedup::{DedupBudget, Keyed, Sent, WindowDrop, WindowLimits};
@@ -373,6 +373,34 @@ impl Engine {
         }
     }
 
+    /// [`Self::group`] that never reads the disk (for the requests of an
+    /// event loop): while the saved state loads in the background, a
+    /// group neither registered nor known absent is looked up in the
+    /// mapped runs by the maintenance worker, and the request gets
+    /// `NotReady` with that job's ticket (one job per group, however many
+    /// requests ask); run again after it, the request gets the group,
+    /// `GroupNotFound`, or the load's error for a group whose items do not
+    /// decode. Once the load ended: [`Self::group`] and one atomic load.
+    pub(crate) fn try_group(&self, group_id: u64) -> Result<Arc<Group>> {
+        let s = &self.shared;
+        if !s.load.loading() {
+            return self.group(group_id);
+        }
+        match crate::catalog::Catalog::try_find(&s.catalog, group_id)? {
+            Found::Final(Some(g)) if !g.is_deleting() => Ok(g),
+            Found::Final(_) => Err(Error::GroupNotFound { group: group_id }),
+            Found::NeedsLookup => {
+                match crate::commit::worker_jobs::request_group(&self.shared, group_id) {
+                    Some(ticket) => Err(Error::NotReady {
+                        group: group_id,
+                        ticket,
+                    }),
+                    None => Err(Error::ShuttingDown),
+                }
+            }
+        }
+    }
+
     /// `Ok` once every group and membership of the checkpoint is
     /// registered; before, `NotReady` with [`crate::STATE_TICKET`] (see
     /// `state/lazy.rs`): for the requests that need all of a user's groups
@@ -695,7 +723,7 @@ impl Engine {
 
     fn submit_inner(&self, req: &AppendRequest<'_>, wait_for_room: bool) -> Result<Ticket> {
         self.check_request(req)?;
-        let group = self.group(req.group_id)?;
+        let group = self.try_group(req.group_id)?;
         let mut slot = group.assign.lock();
         let assign = self.ready_to_assign(&group, &mut slot)?;
         if let Some(dup) = self.duplicate_of(assign, req, Keyed::Message)? {
@@ -1108,7 +1136,7 @@ impl Engine {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<ReadBatch> {
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         if after_msg_id >= group.head() {
             return Ok(ReadBatch {
                 last_id: after_msg_id,

@@ -3,8 +3,9 @@
 //! (ARCHITECTURE.md, "Threads and locks"). Today: a group's first load
 //! after open (the verifying scan of its active segment, up to
 //! `segment_bytes_max`), the index of a sealed segment on its first read, a
-//! dedup window rebuilt from the log, and the removal of deleted groups'
-//! directories. Later steps of storage v2 add promotions and reclamation.
+//! dedup window rebuilt from the log, a user's or a group's lookup in the
+//! mapped runs while the saved state loads, and the removal of deleted
+//! groups' directories. Later steps of storage v2 add promotions and reclamation.
 //!
 //! Representation: two FIFO queues behind one mutex (memory only; a job
 //! never runs under it).
@@ -65,6 +66,9 @@ pub(crate) enum Need {
     /// the user (the key's id) is registered, from the user index in the
     /// mapped runs.
     UserGroups,
+    /// While saved state loads in the background: the group (the key's
+    /// id) is registered from the mapped runs, or known absent there.
+    Registered,
 }
 
 struct Queues<C> {

@@ -74,11 +74,31 @@ pub(crate) fn request_user_groups(shared: &Shared, user: u64) -> Option<u64> {
         })
 }
 
+/// Queues the lookup of group `id` in the mapped runs while the
+/// checkpoint's state loads in the background (`Catalog::find`: it
+/// registers the group, or records it absent, so that
+/// `Catalog::try_find` answers for it from then on), or finds it queued:
+/// its ticket (`None` once the worker stopped). A failure is the load's
+/// (the group's items do not decode): recorded there, and the request
+/// that runs again gets it.
+pub(crate) fn request_group(shared: &Shared, id: u64) -> Option<u64> {
+    shared
+        .worker
+        .request((id, Need::Registered), move |_, shared: &Shared| {
+            let found =
+                crate::catalog::Catalog::find(&shared.catalog, &shared.ctx, &shared.cursors, id);
+            if let Err(e) = found {
+                log::error!("group {id} does not register: {e}");
+            }
+        })
+}
+
 /// A worker job: makes `group` meet `need`.
 fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
     match need {
-        // Queued by `request_user_groups`, never for a group.
-        Need::UserGroups => {}
+        // Queued by `request_user_groups` and `request_group`, for groups
+        // not registered yet.
+        Need::UserGroups | Need::Registered => {}
         Need::Log => load(shared, group),
         Need::Index(base) => build_index(shared, group, base),
         Need::Assign => {

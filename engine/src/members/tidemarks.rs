@@ -158,7 +158,7 @@ impl Engine {
     /// decided exactly), or with [`crate::STATE_TICKET`] when the saved
     /// state has no complete user index.
     pub fn try_submit_join(&self, group_id: u64, user: u64, start: JoinStart) -> Result<OpTicket> {
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         let cursors = &self.shared.cursors;
         if let Some(c) = cursors.get(user, group.slot) {
             return Ok(OpTicket::done(c.cursor));
@@ -234,7 +234,14 @@ impl Engine {
 
     /// Queues a leave.
     pub fn submit_leave(&self, group_id: u64, user: u64) -> Result<OpTicket> {
-        let group = self.group(group_id)?;
+        self.blocking(|| self.try_submit_leave(group_id, user))
+    }
+
+    /// [`Engine::submit_leave`] that never reads the disk: `NotReady`
+    /// while the group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_submit_leave(&self, group_id: u64, user: u64) -> Result<OpTicket> {
+        let group = self.try_group(group_id)?;
         if self.shared.cursors.get(user, group.slot).is_none() {
             return Err(Error::NotMember {
                 group: group_id,
@@ -379,7 +386,14 @@ impl Engine {
     /// [`Engine::ack`], also saying whether the cursor moved (what a
     /// receipt reports), at no extra cost.
     pub fn ack_move(&self, group_id: u64, user: u64, msg_id: u64) -> Result<AckMove> {
-        let group = self.group(group_id)?;
+        self.blocking(|| self.try_ack_move(group_id, user, msg_id))
+    }
+
+    /// [`Engine::ack_move`] that never reads the disk: `NotReady` (before
+    /// anything moved) while the group is looked up in the saved state
+    /// still loading (`Engine::try_group`).
+    pub fn try_ack_move(&self, group_id: u64, user: u64, msg_id: u64) -> Result<AckMove> {
+        let group = self.try_group(group_id)?;
         let head = group.head();
         if msg_id > head {
             // Checked before touching the cursor so a refused ACK moves nothing.
@@ -482,7 +496,7 @@ impl Engine {
         max_bytes: usize,
         ack_up_to: Option<u64>,
     ) -> Result<Pull> {
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         self.ensure_loaded(&group)?;
         if let Some(a) = ack_up_to {
             self.ack(group_id, user, a)?;
@@ -598,7 +612,7 @@ impl Engine {
             .collect();
         let mut not_ready = None;
         for u in &pending {
-            if let Ok(group) = self.group(u.group_id) {
+            if let Ok(group) = self.try_group(u.group_id) {
                 if let Err(e @ Error::NotReady { .. }) = self.ensure_loaded(&group) {
                     not_ready = Some(e);
                 }
@@ -640,9 +654,11 @@ impl Engine {
             let unread = Unread {
                 cursor: pull.cursor,
                 head: pull.head,
-                unread: self.group(u.group_id).map_or(pull.head - pull.cursor, |g| {
-                    g.unread_of(pull.cursor, pull.head)
-                }),
+                unread: self
+                    .try_group(u.group_id)
+                    .map_or(pull.head - pull.cursor, |g| {
+                        g.unread_of(pull.cursor, pull.head)
+                    }),
                 ..u
             };
             groups.push(SyncGroup {
@@ -682,7 +698,7 @@ impl Engine {
         max_count: usize,
         max_bytes: usize,
     ) -> Result<History> {
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         let join_point = self.member_cursor(&group, user)?.join_point;
         let head = group.head();
         self.with_log(&group, |log| {

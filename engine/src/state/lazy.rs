@@ -30,7 +30,12 @@
 //! its group's own rows; the user is then marked (`users_registered`), so
 //! it is done once per user and load. A request's lookups are made by the
 //! maintenance worker, never on the event loop (`Engine::user_state`);
-//! without a complete index it waits for the load.
+//! without a complete index it waits for the load. So is a request's
+//! first lookup of a group (`Engine::try_group`): the event loop asks
+//! [`Progress`] only with `try_lock` (the loader holds it through a
+//! batch's install), and gets the catalog's answer when it is final; a
+//! group whose items did not decode is remembered (`damaged`), so the
+//! request run again after the worker's lookup gets the error.
 //! Lock order: `Progress`, then the catalog, then the cursor table.
 //!
 //! A run whose CRCs held but whose items do not decode is a writer's bug:
@@ -59,7 +64,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::catalog::{Catalog, Unregistered, UserGroups};
+use crate::catalog::{Catalog, Found, Unregistered, UserGroups};
 use crate::commit::context::Context;
 use crate::commit::loading::LimitsWhileLoading;
 use crate::commit::thread::Shared;
@@ -130,6 +135,11 @@ struct Progress {
     taken: HashSet<u64>,
     /// Why the load stopped: the items did not decode.
     failed: Option<Located>,
+    /// Groups whose own items did not decode (a lookup met the damage):
+    /// every later lookup of one answers `failed`'s error without reading
+    /// the runs again, so a request retried after the worker's lookup
+    /// gets it at once.
+    damaged: HashSet<u64>,
 }
 
 /// Where a load that stopped found the damage.
@@ -230,6 +240,9 @@ impl Pending {
         id: u64,
     ) -> Result<Option<Arc<Group>>> {
         let mut progress = self.progress.lock();
+        if let Some(e) = progress.damage_of(id) {
+            return Err(e);
+        }
         if progress.through.is_some_and(|t| id <= t) || !progress.taken.insert(id) {
             return Ok(catalog.read().get(id).cloned());
         }
@@ -253,9 +266,33 @@ impl Pending {
             }
             Err(why) => {
                 progress.taken.remove(&id);
+                progress.damaged.insert(id);
                 Err(self.fail(ctx, &mut progress, why, Some(id)))
             }
         }
+    }
+
+    /// What [`Self::take_group`] answers for `id` when that is told
+    /// without reading the runs: `Final` when the loader or a lookup owns
+    /// the group (the catalog's answer is final: registered, deleted
+    /// since, or absent from the runs), `Err` for a group whose items did
+    /// not decode; `NeedsLookup` when only a lookup in the runs tells, or when
+    /// the loader holds `Progress` (it installs a batch: a few
+    /// milliseconds). Never waits for that lock (`try_lock`): the event
+    /// loop asks this, and `through` and `taken` are only meaningful
+    /// together, under it.
+    fn try_take_group(&self, catalog: &RwLock<Catalog>, id: u64) -> Result<Found> {
+        let Some(progress) = self.progress.try_lock() else {
+            return Ok(Found::NeedsLookup);
+        };
+        if let Some(e) = progress.damage_of(id) {
+            return Err(e);
+        }
+        if progress.through.is_some_and(|t| id <= t) || progress.taken.contains(&id) {
+            // Lock order: `Progress`, then the catalog.
+            return Ok(Found::Final(catalog.read().get(id).cloned()));
+        }
+        Ok(Found::NeedsLookup)
     }
 
     /// Registers every group no request took, in key order, `BATCH_ITEMS`
@@ -491,6 +528,16 @@ impl Pending {
     }
 }
 
+impl Progress {
+    /// The load's error for group `id` if its own items did not decode.
+    fn damage_of(&self, id: u64) -> Option<Error> {
+        if !self.damaged.contains(&id) {
+            return None;
+        }
+        self.failed.as_ref().map(|at| at.error(Some(id)))
+    }
+}
+
 impl Unregistered for Pending {
     fn take(
         &self,
@@ -500,6 +547,10 @@ impl Unregistered for Pending {
         id: u64,
     ) -> Result<Option<Arc<Group>>> {
         self.take_group(ctx, catalog, cursors, id)
+    }
+
+    fn try_take(&self, catalog: &RwLock<Catalog>, id: u64) -> Result<Found> {
+        self.try_take_group(catalog, id)
     }
 
     fn groups_of_user(&self, ctx: &Context, user: u64) -> Result<Option<Vec<u64>>> {

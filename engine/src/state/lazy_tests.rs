@@ -584,6 +584,107 @@ fn unread_and_sync_while_loading_read_no_run_on_the_calling_thread() {
     e.close().unwrap();
 }
 
+/// The first PULL, SEND, JOIN, ACK or LEAVE of a group not yet registered while the
+/// state loads: the group is looked up in the mapped runs by the
+/// maintenance worker (`NotReady` with its ticket, one job for every
+/// request of the group), not on the calling thread (the event loop's);
+/// run again, the request answers as after a full load. A group that does
+/// not exist, or was deleted before the checkpoint, is `GroupNotFound`
+/// after that one hop.
+#[test]
+fn first_requests_of_an_unregistered_group_while_loading_read_no_run_on_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (groups, _) = stopped_dir(dir.path());
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    let before = hold::run_lookups();
+    let seen = |g: u64| groups[&g].clone().expect("a saved group");
+    fn ticket_of<T>(r: &crate::Result<T>) -> u64 {
+        match r {
+            Err(Error::NotReady { ticket, .. }) if *ticket != STATE_TICKET => *ticket,
+            _ => panic!("not a worker's wait"),
+        }
+    }
+
+    // PULL of group 6 (user 1 is a member): the worker's lookup, then its
+    // cursor, head and records as after a full load.
+    let first = e.try_pull(6, 1, 100, 1 << 20, None);
+    assert!(is_worker_wait(&first), "PULL answered {:?}", first.err());
+    // A JOIN of the same group meanwhile waits for the same job.
+    let join = e.try_submit_join(6, 8, JoinStart::Head);
+    assert_eq!(ticket_of(&join), ticket_of(&first), "a second lookup job");
+    let pull = without_state_wait(&e, "PULL", || e.try_pull(6, 1, 100, 1 << 20, None)).unwrap();
+    let expected = seen(6);
+    assert_eq!(
+        (pull.cursor, pull.head),
+        (expected.cursors[1].1, expected.head)
+    );
+    let records: Vec<(u64, Vec<u8>)> = pull
+        .batch
+        .records()
+        .map(|r| (r.header.msg_id, r.payload().to_vec()))
+        .collect();
+    let unread: Vec<_> = (expected.records.iter())
+        .filter(|(id, _)| *id > pull.cursor)
+        .cloned()
+        .collect();
+    assert_eq!(records, unread);
+
+    // SEND to group 7.
+    let first = e.try_submit(&crate::AppendRequest {
+        group_id: 7,
+        sender_id: 7,
+        client_msg_id: 1 << 40,
+        payload: b"sent while loading",
+    });
+    assert!(is_worker_wait(&first), "SEND answered {:?}", first.err());
+    let sent = without_state_wait(&e, "SEND", || {
+        e.try_submit(&crate::AppendRequest {
+            group_id: 7,
+            sender_id: 7,
+            client_msg_id: 1 << 40,
+            payload: b"sent while loading",
+        })
+    })
+    .unwrap();
+
+    // JOIN of group 8 by user 8 (not a member).
+    let first = e.try_submit_join(8, 8, JoinStart::Head);
+    assert!(is_worker_wait(&first), "JOIN answered {:?}", first.err());
+    let joined = without_state_wait(&e, "JOIN", || e.try_submit_join(8, 8, JoinStart::Head));
+    let joined = joined.unwrap();
+
+    // ACK of group 12 and LEAVE of group 13, by members.
+    assert_eq!(seen(12).cursors[1], (1, 0));
+    let first = e.try_ack_move(12, 1, 1);
+    assert!(is_worker_wait(&first), "ACK answered {:?}", first.err());
+    let acked = without_state_wait(&e, "ACK", || e.try_ack_move(12, 1, 1)).unwrap();
+    assert_eq!((acked.cursor, acked.moved), (1, true));
+    let first = e.try_submit_leave(13, 2);
+    assert!(is_worker_wait(&first), "LEAVE answered {:?}", first.err());
+    let left = without_state_wait(&e, "LEAVE", || e.try_submit_leave(13, 2)).unwrap();
+
+    // A group that never existed, and one deleted before the checkpoint:
+    // not found after exactly one hop.
+    for g in [GROUPS + 50, 11] {
+        let first = e.try_pull(g, 1, 100, 1 << 20, None);
+        e.wait_ready(ticket_of(&first)).unwrap();
+        assert!(
+            matches!(e.try_pull(g, 1, 100, 1 << 20, None), Err(Error::GroupNotFound { group }) if group == g),
+            "group {g}"
+        );
+    }
+    assert_eq!(hold::run_lookups(), before, "a request read the runs");
+    assert!(e.stats().state_loading, "still held");
+
+    assert_eq!(e.wait(sent).unwrap().msg_id, seen(7).head + 1);
+    assert_eq!(e.wait_op(joined).unwrap(), seen(8).head);
+    e.wait_op(left).unwrap();
+    assert!(!e.members(13).unwrap().contains(&2));
+    hold::release(dir.path());
+    e.close().unwrap();
+}
+
 /// A client's JOIN while the state loads: admitted at once when the bound
 /// proves its user below the limit, counting the joins admitted before it;
 /// otherwise it waits for the worker to register its user's saved groups,

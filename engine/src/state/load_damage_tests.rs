@@ -139,15 +139,17 @@ fn an_index_item_that_does_not_decode_is_named_alike_by_unread_the_loader_and_ve
     let block = damage_behind_the_crc(&part, FIRST_ITEM + 3, &[5, 0, 1], 9);
     let part_name = part.file_name().unwrap().to_string_lossy().into_owned();
 
-    // A request meets it: UNREAD of user 1 reads the user's entries.
+    // A request meets it: UNREAD of user 1 has the user's entries read.
     let first = copy_of(dir.path());
     hold::hold(first.path());
     let e = Engine::open(config(first.path(), true)).unwrap();
     // Group 1 sorts before the damaged block: its lookup is served.
     let read_before = e.read(1, 0, 100, 1 << 20).unwrap().last_id;
+    // The user's lookups are the maintenance worker's: UNREAD run again
+    // after its ticket gets the error.
     let by_unread = named(
         "UNREAD of user 1",
-        without_state_wait(&e, "UNREAD of user 1", || e.try_unread(1)),
+        without_state_wait(&e, "UNREAD", || e.try_unread(1)),
     );
     assert_eq!((&by_unread.0[..], by_unread.1), (&part_name[..], block));
     // What needs the index is refused after one worker hop; every group
@@ -211,16 +213,31 @@ fn a_member_row_that_does_not_decode_is_named_alike_by_a_first_read_the_loader_a
     let block = damage_behind_the_crc(&part, FIRST_ITEM + 5, &[3, 0, 1, 0, 0], 9);
     let part_name = part.file_name().unwrap().to_string_lossy().into_owned();
 
-    // The group's first read meets it.
+    // The group's first lookup meets it.
     let first = copy_of(dir.path());
     hold::hold(first.path());
     let e = Engine::open(config(first.path(), true)).unwrap();
     // Group 2 sorts before the damaged block: its lookup is served.
     let two = e.read(2, 0, 100, 1 << 20).unwrap().last_id;
+    // A PULL (the event loop's request): the worker's lookup meets the
+    // damage, the calling thread reads no run, and the PULL run again
+    // after its ticket gets the error.
+    let lookups = hold::run_lookups();
+    let ticket = match e.try_pull(5, 20, 100, 1 << 20, None) {
+        Err(Error::NotReady { ticket, .. }) if ticket != STATE_TICKET => ticket,
+        other => panic!("the first PULL of group 5: {:?}", other.map(|p| p.head)),
+    };
+    e.wait_ready(ticket).unwrap();
+    let by_pull = named(
+        "the PULL of group 5 after the worker's lookup",
+        e.try_pull(5, 20, 100, 1 << 20, None).map(|p| p.head),
+    );
+    assert_eq!(hold::run_lookups(), lookups, "the PULL read the runs");
     let by_read = named(
         "the first read of group 5",
         e.read(5, 0, 100, 1 << 20).map(|b| b.last_id),
     );
+    assert_eq!(by_read, by_pull);
     assert_eq!((&by_read.0[..], by_read.1), (&part_name[..], block));
     assert_eq!(named("again", e.head(5)), by_read);
     // Every other group is still served, registered before or not.

@@ -49,7 +49,7 @@ pub fn join(ctx: &Ctx<'_>, group: u64, user: u64, start: JoinStart) -> Result<Ac
 
 /// LEAVE (4.8): parked until its round commits.
 pub fn leave(ctx: &Ctx<'_>, group: u64, user: u64) -> Result<Action, EngineError> {
-    let ticket = ctx.engine.submit_leave(group, user)?;
+    let ticket = ctx.engine.try_submit_leave(group, user)?;
     Ok(Action::Park(Parked::Op(ticket, OpKind::Leave)))
 }
 

@@ -131,7 +131,7 @@ pub fn ack(
     user: u64,
     msg_id: u64,
 ) -> Result<Outgoing, EngineError> {
-    let ack = ctx.engine.ack_move(group, user, msg_id)?;
+    let ack = ctx.engine.try_ack_move(group, user, msg_id)?;
     if ack.moved {
         // One hash lookup when nobody watches the group.
         ctx.receipts.moved(ctx.engine, group, user, ack.cursor);
