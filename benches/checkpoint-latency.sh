@@ -17,7 +17,12 @@
 #                and 100,000 group creations (`-w create --members 0`).
 #   PERF_DIR=D   `perf record -e sched:sched_switch -e sched:sched_wakeup -g`
 #                of the node until W1 ends, into D/<run>.data (read it with
-#                `perf sched timehist -i D/<run>.data --state`).
+#                `perf sched timehist -i D/<run>.data --state`, or
+#                benches/offcpu-spans.py).
+#   PERF_ALL=1   with PERF_DIR: record the whole machine (`-a`) instead of the
+#                node (`-p PID`), which misses a switch into a node thread
+#                from another process's (offcpu-spans.py says what that
+#                loses); about 8 MB per second of W1 on this machine.
 set -euo pipefail
 old=$1
 new=$2
@@ -37,7 +42,9 @@ beside() {
     done
     local perf_pid="" side=()
     if [[ -n "${PERF_DIR:-}" ]]; then
-        perf record -e sched:sched_switch -e sched:sched_wakeup -g -p "$pid" \
+        local target=(-p "$pid")
+        [[ -n "${PERF_ALL:-}" ]] && target=(-a)
+        perf record -e sched:sched_switch -e sched:sched_wakeup -g "${target[@]}" \
             -o "$PERF_DIR/$tag.data" >/dev/null 2>&1 &
         perf_pid=$!
     fi

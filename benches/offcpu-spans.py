@@ -4,7 +4,7 @@ sched:sched_switch -g` of the node (benches/checkpoint-latency.sh with
 PERF_DIR=...).
 
 usage: perf script -i RUN.data -F comm,tid,time,event,trace,ip,sym | \
-           python3 benches/offcpu-spans.py [MIN_MS] [TOP]
+           python3 benches/offcpu-spans.py [MIN_MS] [TOP] [MATCH]
 
 For each thread whose name starts with `tidemark` (the commit thread, the
 event loop, the checkpointer, the flusher, the maintenance worker...): the
@@ -12,7 +12,21 @@ time from each switch out to its next switch in, with the state it left
 in (S: asleep, D: waiting for the disk, R: preempted) and the frames of
 its stack at the switch that say why (the scheduler's own frames left
 out). Prints, per thread, the spans of at least MIN_MS ms (default 20)
-grouped by their leading frames, and the TOP (default 8) longest.
+grouped by their leading frames, and the TOP (default 8) longest with the
+time each began (perf's clock, to compare with other threads' spans).
+
+MATCH (a regular expression) keeps only the spans whose whole stack at the
+switch names a matching frame: the grouping shows four leading frames, so
+a wait deep in a call (a file creation waiting for an inode block:
+`bit_wait_io < ... < __ext4_get_inode_loc < __ext4_new_inode <
+ext4_create`) groups with every other wait of its kind; with MATCH
+`ext4_create|ext4_mkdir` and MIN_MS 0 it prints every creation's wait.
+
+Record the whole machine (`perf record -a`, PERF_ALL=1 in
+benches/checkpoint-latency.sh) rather than the node (`-p PID`): with
+`-p` a switch into a node thread from another process's thread (the
+idle task after a disk wait, most often) is not recorded, and a span
+that ended that way is lost from the counts.
 """
 import re
 import sys
@@ -20,6 +34,7 @@ from collections import defaultdict
 
 MIN_MS = float(sys.argv[1]) if len(sys.argv) > 1 else 20.0
 TOP = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+MATCH = re.compile(sys.argv[3]) if len(sys.argv) > 3 else None
 
 HEAD = re.compile(r"^\s*(\S.*?)\s+(\d+)\s+(\d+\.\d+):\s+(\S+):\s*(.*)$")
 SWITCH = re.compile(
@@ -75,10 +90,13 @@ def main():
         t = float(ts)
         if prev_comm.startswith("tidemark"):
             names[prev_pid] = prev_comm
-            out[prev_pid] = (t, state, where(stack))
+            if MATCH is None or any(MATCH.search(f) for f in stack):
+                out[prev_pid] = (t, state, where(stack))
+            else:
+                out.pop(prev_pid, None)
         if next_pid in out:
             t0, st, w = out.pop(next_pid)
-            spans[next_pid].append(((t - t0) * 1000.0, st, w))
+            spans[next_pid].append(((t - t0) * 1000.0, st, w, t0))
     for tid, ss in sorted(spans.items(), key=lambda kv: names.get(kv[0], "")):
         long = [s for s in ss if s[0] >= MIN_MS]
         if not long:
@@ -86,13 +104,13 @@ def main():
         print(f"== {names.get(tid, '?')} ({tid}): {len(ss)} spans off CPU, "
               f"{len(long)} of at least {MIN_MS:g} ms")
         groups = defaultdict(list)
-        for ms, st, w in long:
+        for ms, st, w, _ in long:
             groups[(st[:1], w)].append(ms)
         for (st, w), ms in sorted(groups.items(), key=lambda kv: -max(kv[1])):
             print(f"  {len(ms):4d} x  longest {max(ms):8.1f} ms  total {sum(ms):8.1f} ms  [{st}] {w}")
         print("  longest:")
-        for ms, st, w in sorted(long, reverse=True)[:TOP]:
-            print(f"    {ms:8.1f} ms [{st}] {w}")
+        for ms, st, w, t0 in sorted(long, reverse=True)[:TOP]:
+            print(f"    {ms:8.1f} ms [{st}] from {t0:.3f} {w}")
 
 
 if __name__ == "__main__":
