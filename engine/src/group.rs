@@ -499,6 +499,14 @@ impl Group {
     /// install under `log` for that reason (a deleted group's id may be
     /// reused by a new group at the same path).
     ///
+    /// Records the load finds past the recorded head (segment records a
+    /// power cut kept while it took their journal entries: no replay
+    /// brings them) are handed to `adopted` with that head before the log
+    /// is installed, while no reader can see them: the caller takes in
+    /// the edits and recalls among them (`commit/change_intake.rs`, which
+    /// this file cannot import: it imports this one). An error there is
+    /// the load's.
+    ///
     /// At run time only the maintenance worker calls this (one thread, so
     /// two loads of a group never overlap); recovery calls it before the
     /// worker starts.
@@ -506,12 +514,18 @@ impl Group {
         &self,
         ctx: &LogContext,
         dirty: &DirtyList<Group>,
+        adopted: impl FnOnce(&GroupLog, u64) -> crate::Result<()>,
     ) -> Option<LoadReport> {
         let state = match &*self.log.read() {
             LogSlot::Unloaded(state) => state.clone(),
             _ => return None,
         };
-        let loaded = GroupLog::load(ctx, self.id, &state);
+        let loaded = GroupLog::load(ctx, self.id, &state).and_then(|(log, load)| {
+            if log.head() > state.head {
+                adopted(&log, state.head)?;
+            }
+            Ok((log, load))
+        });
         let mut slot = self.log.write();
         if !matches!(&*slot, LogSlot::Unloaded(s) if *s == state) {
             // Deleted meanwhile: nothing is installed.

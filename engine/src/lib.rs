@@ -32,6 +32,8 @@
 // (the journal, rounds and their one applier), `state` (checkpoints and
 // recovery), `io` (the file layer) and `offline` (a stopped node's
 // directory: inspect, verify, repair, for `tidemark ctl`).
+#[cfg(test)]
+mod adopted_segment_tests;
 mod catalog;
 mod clock;
 #[cfg(test)]

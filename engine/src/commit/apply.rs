@@ -321,7 +321,11 @@ fn records_into_slot(
     }
     let mut done = RecordsApplied {
         // Live, the send path loaded the group before assigning an id.
-        loaded: group.load_if_unloaded(ctx, &ctx.dirty),
+        // Under the checkpoint lock (`ck`): the load takes in the changes
+        // among the segment records it adopts past the recorded head.
+        loaded: group.load_if_unloaded(ctx, &ctx.dirty, |log, after| {
+            change_intake::take_in_adopted(ctx, group, log, after)
+        }),
         ..RecordsApplied::default()
     };
     let mut slot = group.log.write();

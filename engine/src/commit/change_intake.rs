@@ -1,11 +1,40 @@
 //! The intake of edits and recalls among records a group takes from
-//! outside its own appends: replayed or replicated rounds (`apply.rs`) and
+//! outside its own appends: replayed or replicated rounds (`apply.rs`),
 //! the records a promotion left that a small group adopts at open
-//! (`small_log.rs`). Its own module so that both call one function
-//! without importing each other.
+//! (`small_log.rs`), and the segment records past its recorded head that
+//! a big group's load adopts (`Group::load_if_unloaded`, called by
+//! recovery, replay and the maintenance worker). Its own module so that
+//! all of them call one function without importing each other.
 
 use crate::commit::context::Context;
+use crate::error::Result;
 use crate::group::{Group, LogSlot};
+use crate::logs::group_log::{GroupLog, ReadBatch};
+
+/// Takes in the edits and recalls among the records of `log` past
+/// `after`: the records a load adopted past the group's recorded head
+/// (storage.md section 11, step 6), whose journal entries a power cut
+/// took, so no replay takes them in. Called before the log is installed
+/// (the slot still unloaded: recalled payloads go on the erase list, as
+/// for a loaded group). The caller holds the group's checkpoint lock.
+pub(crate) fn take_in_adopted(
+    ctx: &Context,
+    group: &Group,
+    log: &GroupLog,
+    after: u64,
+) -> Result<()> {
+    let adopted = log.read(ctx, after, usize::MAX, usize::MAX)?;
+    take_in_read(ctx, group, &adopted);
+    Ok(())
+}
+
+/// [`take_in_changes`] for every chunk of a read of records adopted from
+/// segment files (verified, in no journal file the open writes to).
+pub(crate) fn take_in_read(ctx: &Context, group: &Group, batch: &ReadBatch) {
+    for chunk in &batch.chunks {
+        take_in_changes(ctx, group, chunk.bytes(), true, None);
+    }
+}
 
 /// Takes in the edits and recalls of a run of the group's records (its
 /// quiet ids, `changes.rs`; `verify`: the run came from a file or another

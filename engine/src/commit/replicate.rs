@@ -37,14 +37,18 @@
 //!
 //! Costs: `append_replicated` is one pass over the payload (CRC, entry
 //! walk, record CRCs), one assign lock per group with records, one commit
-//! round (and, for groups whose send state is not in memory, a wait for
-//! the maintenance worker to build them, `commit/worker_jobs.rs`, then the pass again); calls are serialised (one payload in flight), each waiting for
-//! its round to be durable under the fsync policy. `read_rounds` is two
-//! positioned reads per round.
+//! round; calls are serialised (one payload in flight), each waiting for
+//! its round to be durable under the fsync policy. A round that needs the
+//! maintenance worker first (a group's send state not in memory; while
+//! the saved state loads, a group or a user's saved groups not registered
+//! yet) is not taken: `try_append_replicated` answers `NotReady` with the
+//! job's ticket, and the caller hands it over again once the ticket is
+//! settled (`append_replicated` waits for it), so the caller's thread
+//! never reads the mapped runs nor waits for the worker. `read_rounds`
+//! is two positioned reads per round.
 
 use std::sync::Arc;
 
-use crate::catalog::Catalog;
 use crate::commit::dedup::WindowLimits;
 use crate::commit::journal::frame::{self, PAYLOAD_HEADER_BYTES};
 use crate::commit::journal::rounds::{self, RoundPayload};
@@ -101,13 +105,31 @@ impl Engine {
         )
     }
 
+    /// [`Engine::try_append_replicated`], waiting for the maintenance
+    /// worker's jobs it needs (for a caller that may wait: tests, tools).
+    pub fn append_replicated(&self, payload: &[u8]) -> Result<u64> {
+        self.blocking(|| self.try_append_replicated(payload))
+    }
+
     /// Takes a round another node wrote (a payload [`Engine::read_rounds`]
     /// returned there): checks it (module docs), writes it unchanged in
     /// this node's envelope, syncs it per the fsync policy and applies it.
     /// Returns its `round_index` once it is durable and applied. A refused
     /// payload is `InvalidRound` or `RoundOutOfOrder` (or the error of a
     /// group it names, e.g. `GroupDamaged`), and nothing was written.
-    pub fn append_replicated(&self, payload: &[u8]) -> Result<u64> {
+    ///
+    /// `NotReady` (nothing written, nothing queued, the round still the
+    /// next one) when the round needs a job of the maintenance worker
+    /// first: a group's send state, or, while the saved state loads in the
+    /// background, a group or a user's saved groups registered from the
+    /// mapped runs ([`Self::groups_registered`]). The caller hands the same
+    /// payload over again once the ticket is settled
+    /// ([`Engine::settled_load`]; [`Engine::state_load_settled`] for
+    /// [`crate::STATE_TICKET`]); the commit listeners are told when it is.
+    /// So the calling thread (a replica's raft driver) never reads a run
+    /// nor waits for the worker; it waits only for the round's own write
+    /// (and sync).
+    pub fn try_append_replicated(&self, payload: &[u8]) -> Result<u64> {
         self.check_writable()?;
         // One payload in flight: each is checked against the rounds
         // written before it.
@@ -124,35 +146,49 @@ impl Engine {
                 expected,
             });
         }
-        self.take_groups_of(payload)?;
-        // A group without a send state in memory has the maintenance
-        // worker build it (`worker_jobs.rs`): the payload waits for that, as a
-        // blocking request does, and is checked again.
-        self.blocking(|| self.append_replicated_once(payload, header.round_index))
+        self.groups_registered(payload)?;
+        self.append_replicated_once(payload, header.round_index)
     }
 
-    /// While the checkpoint's state loads in the background: the groups a
-    /// payload names are taken from the runs first (its checks read them
-    /// under the catalog's lock), and a join's per-user limit, which counts
-    /// every group of its user, is decided as the leader decided it
-    /// (`LimitsWhileLoading`): the user's saved groups are registered first
-    /// when the load's bound does not decide it, or, without a complete
-    /// user index, the payload waits for the whole load.
+    /// While the checkpoint's state loads in the background: `Ok` once
+    /// every group the payload names is registered or known absent (its
+    /// checks look the groups up in the catalog) and every join's
+    /// per-user limit, which counts every group of its user, is decided as
+    /// the leader decided it (`LimitsWhileLoading`): by the load's bound,
+    /// or with the user's saved groups registered, or, without a complete
+    /// user index, once the whole state is. Otherwise `NotReady` with the
+    /// ticket of the maintenance worker's job that does the lookups in the
+    /// mapped runs (`Need::Registered`, `Need::UserGroups`: the jobs a
+    /// client's request queues, so both coalesce) or
+    /// [`crate::STATE_TICKET`]: every job the round needs is asked for at
+    /// once, and the ticket is the latest of them.
     ///
-    /// The lookups in the mapped runs happen here, on the thread that hands
-    /// the round over (the replica's), before the round is queued: the
-    /// commit thread that applies it finds every group and membership it
-    /// needs registered, and reads no run.
-    fn take_groups_of(&self, payload: &[u8]) -> Result<()> {
+    /// No run is read here, on the thread that hands the round over (a
+    /// replica's driver, whose ticks and heartbeats must not wait for a
+    /// block read), nor by the commit thread that applies the round: it
+    /// finds every group and membership it needs registered.
+    fn groups_registered(&self, payload: &[u8]) -> Result<()> {
         if !self.shared.load.loading() {
             return Ok(());
         }
         let s = &self.shared;
         let limit = s.ctx.config.groups_per_user_max;
-        let mut wait = false;
+        let mut not_ready = None;
+        let mut wait = |e: Error| match e {
+            Error::NotReady { .. } => {
+                crate::commit::worker_jobs::keep_latest(&mut not_ready, e);
+                Ok(())
+            }
+            other => Err(other),
+        };
         for e in EntryIter::new(&payload[PAYLOAD_HEADER_BYTES..], FrameKind::Round) {
-            Catalog::find(&s.catalog, &s.ctx, &s.cursors, e.group_id)?;
-            if e.kind != EntryKind::Join || wait {
+            // Registered, or known absent (the checks refuse an entry of
+            // a group that does not exist), or the worker's lookup.
+            match self.try_group(e.group_id) {
+                Ok(_) | Err(Error::GroupNotFound { .. }) => {}
+                Err(other) => wait(other)?,
+            }
+            if e.kind != EntryKind::Join {
                 continue;
             }
             // A body that does not decode is refused by the checks.
@@ -165,18 +201,15 @@ impl Engine {
                 .join_needs(user, registered, s.cursors.groups_of(user), limit)
             {
                 JoinNeeds::Nothing => {}
-                JoinNeeds::UserGroups => {
-                    if !Catalog::find_groups_of_user(&s.catalog, &s.ctx, &s.cursors, user)? {
-                        wait = true;
+                JoinNeeds::UserGroups => wait(self.register_user_groups(user))?,
+                JoinNeeds::WholeState => {
+                    if let Err(whole) = self.whole_state() {
+                        wait(whole)?;
                     }
                 }
-                JoinNeeds::WholeState => wait = true,
             }
         }
-        if wait {
-            s.load.wait_settled();
-        }
-        Ok(())
+        not_ready.map_or(Ok(()), Err)
     }
 
     /// One try of [`Engine::append_replicated`] once the payload's CRC,

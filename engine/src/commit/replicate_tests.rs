@@ -467,7 +467,7 @@ fn a_seed_whose_leader_creates_no_group_ships_nothing_and_still_matches() {
 
 /// A follower whose saved state still loads (its loader held) applies a
 /// leader's joins near `groups_per_user_max` as the leader decided them
-/// (`take_groups_of`, `commit/loading.rs`), all while its load is held:
+/// (`groups_registered`, `commit/loading.rs`), all while its load is held:
 /// user 1's first joins are admitted by the checkpoint's bound at once;
 /// for the next ones user 1's saved groups are registered from the user
 /// index (one of them deleted since the checkpoint: a stale entry), then
@@ -552,6 +552,89 @@ fn a_loading_follower_decides_joins_near_the_per_user_limit_as_its_leader() {
     };
     assert_eq!(groups_of_1(&a), vec![1, 3, 5, 6, 7]);
     assert_eq!(groups_of_1(&b), groups_of_1(&a));
+    assert_eq!(state_of(&b), state_of(&a));
+    b.close().unwrap();
+}
+
+/// A follower whose saved state loads in the background takes a leader's
+/// rounds that name groups it has not registered yet and joins of a user
+/// near `groups_per_user_max`: the lookups in the mapped runs (each group
+/// a round names, the user's saved groups) are the maintenance worker's
+/// jobs, never a read on the thread that hands the rounds over (a
+/// replica's raft driver, whose ticks and heartbeats must not wait for a
+/// block read): the rounds wait for the jobs' tickets, in order, and
+/// apply as the leader applied them, all while the load is held.
+#[test]
+fn a_loading_follower_hands_rounds_over_without_reading_a_run_on_its_thread() {
+    use crate::state::lazy::hold;
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let limited = |dir: &Path| {
+        let mut c = config(dir);
+        c.groups_per_user_max = 5;
+        c
+    };
+    let a = Engine::open(limited(da.path())).unwrap();
+    let b = Engine::open(limited(db.path())).unwrap();
+    for g in 1..=8 {
+        a.create_group(g).unwrap();
+    }
+    for g in [1, 2, 3] {
+        a.join(g, 1, JoinStart::Earliest).unwrap();
+    }
+    catch_up(&a, &b);
+    b.close().unwrap();
+    hold::hold(db.path());
+    let mut c = limited(db.path());
+    c.load_in_background = true;
+    let b = Engine::open(c).unwrap();
+    assert!(b.stats().state_loading);
+
+    // Records to groups without a directory at the follower (not
+    // registered by its open), joins up to user 1's limit and one over it.
+    for g in [3, 4] {
+        a.append(g, 7, g, &payload(g, 1)).unwrap();
+    }
+    for g in [4, 5, 6, 7] {
+        let _ = a.join(g, 1, JoinStart::Earliest);
+    }
+    assert_eq!(a.members(7).unwrap(), Vec::<u64>::new(), "over the limit");
+    a.leave(5, 1).unwrap();
+    a.join(8, 1, JoinStart::Earliest).unwrap();
+
+    // As a replica's driver hands them over: a round that needs a job
+    // is not taken (`NotReady`, nothing applied) and is handed over again
+    // once the job's ticket is settled.
+    let before = hold::run_lookups();
+    let mut waits = 0;
+    for r in a
+        .read_rounds(b.last_round() + 1, a.last_round(), usize::MAX)
+        .unwrap()
+    {
+        loop {
+            match b.try_append_replicated(&r.bytes) {
+                Ok(round) => {
+                    assert_eq!(round, r.round_index);
+                    break;
+                }
+                Err(Error::NotReady { ticket, .. }) => {
+                    assert_ne!(ticket, crate::STATE_TICKET, "waits for the whole load");
+                    assert_eq!(b.last_round(), r.round_index - 1, "nothing applied");
+                    waits += 1;
+                    b.wait_ready(ticket).unwrap();
+                }
+                Err(e) => panic!("round {}: {e}", r.round_index),
+            }
+        }
+    }
+    assert!(waits > 0, "some round needed a lookup");
+    assert_eq!(
+        hold::run_lookups(),
+        before,
+        "the thread that handed the rounds over read the runs"
+    );
+    assert!(b.stats().state_loading, "still held");
+    hold::release(db.path());
+    b.wait_ready(crate::STATE_TICKET).unwrap();
     assert_eq!(state_of(&b), state_of(&a));
     b.close().unwrap();
 }

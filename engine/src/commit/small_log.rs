@@ -282,8 +282,6 @@ pub(crate) fn take_in_promotion_left(
     // Nothing is served yet: the edits and recalls among the adopted
     // records count as quiet, and recalled payloads in the segments go on
     // the erase list, as if the lost entries had been replayed.
-    for chunk in &adopted.chunks {
-        crate::commit::change_intake::take_in_changes(ctx, group, chunk.bytes(), true, None);
-    }
+    crate::commit::change_intake::take_in_read(ctx, group, &adopted);
     Ok(Some(load))
 }

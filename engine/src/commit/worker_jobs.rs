@@ -13,12 +13,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::clock::now_ms;
+use crate::commit::change_intake;
 use crate::commit::dedup::{DedupWindow, WindowLimits};
 use crate::commit::small_log;
 use crate::commit::thread::Shared;
 use crate::error::{Error, Result};
 use crate::group::{AssignState, Group, LogSlot};
-use crate::logs::group_log::{NeedsIndex, Scan};
+use crate::logs::group_log::{GroupLog, NeedsIndex, Scan};
 use crate::worker::{Need, Worker};
 
 /// Keeps in `acc` the `NotReady` with the latest ticket (`e` is one): a
@@ -113,8 +114,20 @@ fn run(shared: &Shared, group: &Arc<Group>, need: Need) {
 /// Loads the group's log if it is unloaded (the verifying scan without a
 /// lock: `Group::load_if_unloaded`), and lists the group for the idle
 /// sweep, which unloads a small log again once it is idle (`commit.rs`).
-fn load(shared: &Shared, group: &Group) {
-    if let Some(load) = group.load_if_unloaded(&shared.ctx, &shared.ctx.dirty) {
+/// Records the load finds past the recorded head have their edits and
+/// recalls taken in under the group's checkpoint lock, taken for that
+/// only (never across the scan), and the group goes on the dirty list.
+/// (Recovery loads every group whose segments lead the journal, so a
+/// load here normally finds none.)
+fn load(shared: &Shared, group: &Arc<Group>) {
+    let ctx = &shared.ctx;
+    let adopted = |log: &GroupLog, after: u64| {
+        let mut ck = group.ckpt(&ctx.dirty);
+        change_intake::take_in_adopted(ctx, group, log, after)?;
+        ctx.dirty.mark(group, &mut ck);
+        Ok(())
+    };
+    if let Some(load) = group.load_if_unloaded(ctx, &ctx.dirty, adopted) {
         shared.dedup.touch_used(group.id);
         shared.counters.group_loads.fetch_add(1, Ordering::Relaxed);
         if load.bytes_cut > 0 {
@@ -158,7 +171,7 @@ fn build_index(shared: &Shared, group: &Group, base: u64) {
 /// its log loaded and the commit thread never loads one to apply a record.
 /// Each round of the loop needs the sweep to have found the group idle
 /// since this job loaded it (`idle_evict_ms`), so it ends.
-fn prepare_assign(shared: &Shared, group: &Group) -> Result<()> {
+fn prepare_assign(shared: &Shared, group: &Arc<Group>) -> Result<()> {
     let ctx = &shared.ctx;
     let limits = WindowLimits::from_config(&ctx.config);
     loop {

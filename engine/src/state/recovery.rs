@@ -1454,9 +1454,23 @@ fn damaged_header_with_frames(path: &Path, reason: &str) -> Error {
     }
 }
 
-fn ensure_loaded_reporting(ctx: &Context, group: &Group, report: &mut RecoveryReport) {
-    if let Some(load) = group.load_if_unloaded(ctx, &ctx.dirty) {
+/// Loads `group` if it is unloaded, reporting what the load cut. Records
+/// it finds past the recorded head (segment records whose journal
+/// entries a power cut took) have their edits and recalls taken in, under
+/// the group's checkpoint lock, and the group is marked dirty so that the
+/// next checkpoint records them.
+fn ensure_loaded_reporting(ctx: &Context, group: &Arc<Group>, report: &mut RecoveryReport) {
+    let mut ck = group.ckpt(&ctx.dirty);
+    let mut adopted = false;
+    let loaded = group.load_if_unloaded(ctx, &ctx.dirty, |log, after| {
+        adopted = true;
+        crate::commit::change_intake::take_in_adopted(ctx, group, log, after)
+    });
+    if let Some(load) = loaded {
         report_load(report, group.id, &load);
+    }
+    if adopted {
+        ctx.dirty.mark(group, &mut ck);
     }
 }
 

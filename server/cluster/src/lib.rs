@@ -6,7 +6,7 @@
 //! ([`raft_log`]) and uses the engine as the state machine of committed
 //! rounds: a leader's rounds pass the engine's round gate (they are
 //! written only once committed), a follower's arrive through
-//! `Engine::append_replicated`. The transport is the caller's
+//! `Engine::try_append_replicated`. The transport is the caller's
 //! ([`Transport`], [`Mailbox`]); [`tcp`] is the one between nodes
 //! (cluster.md section 7), each of whose connections opens with the
 //! [`peer_auth`] handshake over the members' shared secret. The Raft log

@@ -10,7 +10,14 @@
 //! apply committed entries in index order (cluster.md section 4): a round
 //! the engine has is skipped, the round this leader's commit thread waits
 //! for at the gate is answered "committed" (the commit thread writes it),
-//! any other goes through `Engine::append_replicated`. After each turn it
+//! any other goes through `Engine::try_append_replicated`. A round the
+//! engine cannot take yet (`NotReady`: a job of its maintenance worker
+//! first, such as a lookup in its saved state while it loads, or a
+//! group's send state) is *parked*: nothing was written, the driver goes
+//! on ticking and answering Raft, and hands the same round over again once
+//! the job's ticket is settled (the engine's commit listener wakes it);
+//! the entries after it wait, so rounds apply in index order, each once,
+//! and the driver never reads the engine's files. After each turn it
 //! compacts the Raft log past its bound (cluster.md section 3.5) and, if
 //! raft-rs asked for a snapshot, takes one of the engine for the log to
 //! offer (section 8.1); a `MsgSnapshot` goes to the transport with the
@@ -337,6 +344,10 @@ struct Shared {
     /// The driver waits for the commit thread to write a round: the commit
     /// listener wakes it.
     awaiting: AtomicBool,
+    /// The driver waits for the engine's maintenance worker to settle the
+    /// ticket of a parked round (`Driver::parked`): the commit listener,
+    /// told after every such job, wakes it.
+    parked: AtomicBool,
     /// Why the driver stopped, if it did.
     stopped: Mutex<Option<String>>,
     /// The driver stopped to finish a snapshot's install (cluster.md
@@ -439,6 +450,7 @@ impl Replica {
         let shared = Arc::new(Shared {
             engine: RwLock::new(None),
             awaiting: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
             stopped: Mutex::new(None),
             restart_to_install: AtomicBool::new(false),
             restart_after_refusal: AtomicBool::new(false),
@@ -478,6 +490,7 @@ impl Replica {
             term_start: None,
             pending: None,
             awaiting: None,
+            parked: None,
             peers: peers.clone(),
             change: None,
             own_rounds: false,
@@ -704,8 +717,19 @@ impl Drop for Replica {
     }
 }
 
+/// Whether the maintenance worker's job of `ticket` (from a round's
+/// `NotReady`) is done: every job up to it, or, for the whole saved
+/// state's ticket, the background load.
+fn ticket_settled(engine: &Engine, ticket: u64) -> bool {
+    if ticket == tidemark_engine::STATE_TICKET {
+        engine.state_load_settled()
+    } else {
+        engine.settled_load() >= ticket
+    }
+}
+
 /// Opens the engine with the gate, its commit listener waking the driver
-/// while it waits for the commit thread.
+/// while it waits for the commit thread or for the maintenance worker.
 fn open_engine(
     config: &tidemark_engine::Config,
     gate: &Arc<Gate>,
@@ -718,7 +742,7 @@ fn open_engine(
     engine.add_commit_listener(Arc::new(move |_| {
         if weak
             .upgrade()
-            .is_some_and(|s| s.awaiting.load(Ordering::Acquire))
+            .is_some_and(|s| s.awaiting.load(Ordering::Acquire) || s.parked.load(Ordering::Acquire))
         {
             let _ = wake.lock().send(Input::Wake);
         }
@@ -827,6 +851,10 @@ struct Driver {
     /// A committed round of this leader's that its commit thread writes
     /// now: (Raft index, round index).
     awaiting: Option<(u64, u64)>,
+    /// The ticket of the maintenance worker's job the next committed round
+    /// waits for (module docs: a parked round); it is handed over again
+    /// once the ticket is settled.
+    parked: Option<u64>,
     /// The members the transport's receivers admit messages from.
     peers: KnownPeers,
     /// The membership change under way, on a leader.
@@ -1240,6 +1268,7 @@ impl Driver {
         self.close_gate("a snapshot is being installed");
         self.awaiting = None;
         self.shared.awaiting.store(false, Ordering::Release);
+        self.unpark();
         let mut slot = self.shared.engine.write();
         if let Some(old) = slot.take() {
             match Arc::try_unwrap(old) {
@@ -1408,6 +1437,11 @@ impl Driver {
                 } else {
                     return Ok(false);
                 }
+            } else if let Some(ticket) = self.parked {
+                if !ticket_settled(engine, ticket) {
+                    return Ok(false);
+                }
+                self.unpark();
             }
             let store = self.raw.store();
             let committed = self.raw.raft.raft_log.committed.min(store.last());
@@ -1463,8 +1497,15 @@ impl Driver {
                         let _ = p.reply.send(Err(format!("entry {index} overwritten")));
                     }
                 }
-                match engine.append_replicated(&entry.data) {
+                match engine.try_append_replicated(&entry.data) {
                     Ok(_) => self.applied = index,
+                    Err(tidemark_engine::Error::NotReady { ticket, .. }) => {
+                        // Nothing was written: handed over again once the
+                        // worker's job is done (module docs).
+                        self.parked = Some(ticket);
+                        self.shared.parked.store(true, Ordering::Release);
+                        break;
+                    }
                     Err(tidemark_engine::Error::WritesStopped { .. }) => reopen = true,
                     Err(e @ tidemark_engine::Error::InvalidRound { .. }) if self.own_rounds => {
                         // Its send states may count a round of this node's
@@ -1704,9 +1745,20 @@ impl Driver {
     }
 
     /// Committed entries wait to be applied (and no round of this
-    /// leader's is being written by its commit thread).
+    /// leader's is being written by its commit thread, nor is the next
+    /// round parked on a ticket not settled yet). Checked at the top of
+    /// every turn, so a ticket settled before the round was marked parked
+    /// (its wake-up missed) is seen there.
     fn apply_behind(&self) -> bool {
+        let parked = self.parked.is_some_and(|ticket| {
+            self.shared
+                .engine
+                .read()
+                .as_ref()
+                .is_some_and(|e| !ticket_settled(e, ticket))
+        });
         self.awaiting.is_none()
+            && !parked
             && self.applied
                 < self
                     .raw
@@ -1714,6 +1766,12 @@ impl Driver {
                     .raft_log
                     .committed
                     .min(self.raw.store().last())
+    }
+
+    /// No round is parked (its ticket settled, or its engine replaced).
+    fn unpark(&mut self) {
+        self.parked = None;
+        self.shared.parked.store(false, Ordering::Release);
     }
 
     /// The awaited round (at Raft `index`) is in the engine.
@@ -1730,6 +1788,7 @@ impl Driver {
         self.close_gate("the engine is being reopened");
         self.awaiting = None;
         self.shared.awaiting.store(false, Ordering::Release);
+        self.unpark();
         let mut slot = self.shared.engine.write();
         if let Some(old) = slot.take() {
             match Arc::try_unwrap(old) {
