@@ -10,6 +10,7 @@ pub(crate) mod apply;
 pub(crate) mod capture;
 pub(crate) mod change_intake;
 pub(crate) mod context;
+mod cursor_rows;
 pub(crate) mod dedup;
 pub(crate) mod dirty;
 pub(crate) mod flusher;

@@ -36,6 +36,7 @@ use crate::catalog::Catalog;
 use crate::commit::apply;
 use crate::commit::capture::{Capture, Coordination};
 use crate::commit::context::Context;
+use crate::commit::cursor_rows::CursorRows;
 use crate::commit::dedup::{DedupBudget, SweepEnd, SweepStep};
 use crate::commit::flusher::Flusher;
 use crate::commit::gate::Gate;
@@ -78,6 +79,8 @@ struct Committer {
     /// extents of small groups point into it).
     frame_at: Option<(u64, u64)>,
     cursor_frame: FrameBuf,
+    /// The rows of a cursor flush, its buffers kept between flushes.
+    cursor_rows: CursorRows,
     /// The round's ops in frame order (a stable sort by group id), and
     /// the frame's entries with the ops each came from.
     order: Vec<usize>,
@@ -410,6 +413,7 @@ pub(crate) fn run(shared: Arc<Shared>, journal: Journal, flusher: Flusher, gate:
         frame: FrameBuf::default(),
         frame_at: None,
         cursor_frame: FrameBuf::default(),
+        cursor_rows: CursorRows::default(),
         order: Vec::new(),
         spans: Vec::new(),
         cursor_buf_unwritten: false,
@@ -900,57 +904,49 @@ impl Committer {
         if held_written {
             self.append_cursor_frame()?;
         }
-        // The moved cursors by group slot. A row of the same group as the
-        // row before goes to its list without hashing the slot again: a
-        // busy group's rows come in runs when its members are in one group
-        // each (an ACK storm in one large group: 100,000 rows a flush).
-        let mut by_slot: Vec<(u32, Vec<(u64, u64)>)> = Vec::new();
-        let mut slot_index: HashMap<u32, usize> = HashMap::new();
-        let mut last: Option<(u32, usize)> = None;
-        // Between shards, after every thousand or so cursors, the thread
-        // yields its CPU to whoever waits for it (an ACK storm's event
-        // loop and clients on a small machine): a flush of a busy table
-        // runs in slices of a fraction of a millisecond, not in one piece
-        // of several that delays every ACK in flight (`take_dirty_pausing`).
+        // The moved cursors by group slot, in buffers kept from one flush
+        // to the next (`cursor_rows.rs`). Between shards, after every
+        // thousand or so cursors, the thread yields its CPU to whoever
+        // waits for it (an ACK storm's event loop and clients on a small
+        // machine): a flush of a busy table runs in slices of a fraction
+        // of a millisecond, not in one piece of several that delays every
+        // ACK in flight (`take_dirty_pausing`).
+        let rows = &mut self.cursor_rows;
+        rows.expect(self.shared.cursors.queued());
         self.shared.cursors.take_dirty_pausing(
-            |user, slot, cursor| {
-                let at = match last {
-                    Some((run, at)) if run == slot => at,
-                    _ => {
-                        let at = *slot_index.entry(slot).or_insert_with(|| {
-                            by_slot.push((slot, Vec::new()));
-                            by_slot.len() - 1
-                        });
-                        last = Some((slot, at));
-                        at
-                    }
-                };
-                by_slot[at].1.push((user, cursor));
-            },
+            |user, slot, cursor| rows.push(slot, user, cursor),
             std::thread::yield_now,
         );
-        if by_slot.is_empty() {
+        if self.cursor_rows.is_empty() {
+            self.cursor_rows.finish();
             return Ok(held_written);
         }
         self.cursor_frame.clear();
-        let per_entry = self.config().record_bytes_max() / 16;
-        let catalog = self.shared.catalog.read();
+        let per_entry = self.config().record_bytes_max() / body::CURSOR_ROW_BYTES;
+        // The frame's size is known: each row, and an entry header per
+        // `per_entry` rows of a group (one frame growth, not doublings).
+        let rows = self.cursor_rows.rows();
+        let entries = rows / per_entry.max(1) + self.cursor_rows.slots();
+        self.cursor_frame
+            .reserve(rows * body::CURSOR_ROW_BYTES + entries * ENTRY_HEADER_BYTES);
         // A frame's entries are in group id order (format-spec/storage.md
         // section 5); cost O(k log k) for the k groups with moved cursors.
-        let mut groups: Vec<(u64, Vec<(u64, u64)>)> = by_slot
-            .into_iter()
-            .filter_map(|(slot, rows)| Some((catalog.by_slot(slot)?.id, rows)))
-            .collect();
-        drop(catalog);
-        groups.sort_unstable_by_key(|g| g.0);
-        for (group_id, rows) in groups {
-            for chunk in rows.chunks(per_entry) {
-                self.cursor_frame
-                    .push_entry(EntryKind::Cursors, group_id, |b| {
-                        body::encode_cursors(b, chunk)
-                    });
-            }
+        // The catalog is held for the ids only, not while the frame is
+        // encoded.
+        {
+            let catalog = self.shared.catalog.read();
+            self.cursor_rows
+                .order_by_group(|slot| Some(catalog.by_slot(slot)?.id));
         }
+        let frame = &mut self.cursor_frame;
+        self.cursor_rows.for_each_group(|group_id, rows| {
+            for chunk in rows.chunks(per_entry) {
+                frame.push_entry(EntryKind::Cursors, group_id, |b| {
+                    body::encode_cursors(b, chunk)
+                });
+            }
+        });
+        self.cursor_rows.finish();
         if self.cursor_frame.entry_count() == 0 {
             // Every moved cursor's group is gone.
             return Ok(held_written);

@@ -35,9 +35,13 @@
 //! the flush of a busy table (W3: every member moves every second) costs
 //! a fraction, and no more than four sequential visits per queued entry.
 //! The queue's buffer is kept from one flush to the next while flushes
-//! use a quarter of it or more: it no longer grows again from nothing,
-//! page by page, on the event loop after every flush. A flush pauses
-//! between shards every thousand or so entries it visits, holding no lock
+//! use a quarter of it or more, and a flush that takes a queue larger
+//! than the buffer it leaves in its place leaves one of the queue's size
+//! and a quarter more instead, its pages written by the flush on the
+//! commit thread (`take_queue`): the moves after a flush neither grow the
+//! queue again from nothing nor take its first-touch page faults on the
+//! event loop. A flush pauses between shards every thousand or so
+//! entries it visits, holding no lock
 //! ([`CursorTable::take_dirty_pausing`]): the commit thread yields its CPU
 //! there, so a busy table's flush runs in short slices between the ACKs.
 //!
@@ -87,14 +91,54 @@ fn take_flush_bit(m: &Membership, f: impl FnOnce(u64)) {
     }
 }
 
+/// Whether a flush's buffer of `capacity` entries, of which it used
+/// `used`, is kept for the next flush: if it used at least one in
+/// [`KEEP_SHARE`] of it, so that what is kept stays proportional to what
+/// the flushes use (the flush queues here, the commit thread's rows).
+pub(crate) fn worth_keeping(used: usize, capacity: usize) -> bool {
+    capacity > 0 && used * KEEP_SHARE >= capacity
+}
+
 /// Gives a flushed queue's buffer back for the next flush to swap in, if
-/// this flush used at least one in [`KEEP_SHARE`] of it; else it is freed
-/// (the moves slowed down: the next queue grows to what they need).
+/// [`worth_keeping`]; else it is freed (the moves slowed down: the next
+/// queue grows to what they need).
 fn keep_for_next_flush(queue: &Mutex<FlushQueue>, mut taken: Vec<(u64, u32)>) {
-    if taken.len() * KEEP_SHARE >= taken.capacity() && taken.capacity() > 0 {
+    if worth_keeping(taken.len(), taken.capacity()) {
         taken.clear();
         queue.lock().spare = taken;
     }
+}
+
+/// Takes a shard's flush queue, leaving the spare buffer in its place. A
+/// spare that could not hold as many entries as the queue taken (the
+/// first flushes of a busy table, or moves that sped up) is first
+/// replaced by one that can, with a [`QUEUE_HEADROOM`] share more, whose
+/// pages this thread writes once: the moves that fill it (on the event
+/// loop) then neither grow it nor take its first-touch page faults, and
+/// a next second with a few more moves than this one still fits (no new
+/// buffer every flush). The fresh buffer is made with no lock held; a
+/// move that queues meanwhile is taken with the rest.
+fn take_queue(queue: &Mutex<FlushQueue>) -> Vec<(u64, u32)> {
+    let (queued, spare) = {
+        let queue = queue.lock();
+        (queue.queued.len(), queue.spare.capacity())
+    };
+    let fresh = (queued > spare).then(|| {
+        let room = queued + queued / QUEUE_HEADROOM;
+        let mut fresh = Vec::with_capacity(room);
+        // Writes every page of the buffer; `clear` keeps them.
+        fresh.resize(room, (0, 0));
+        fresh.clear();
+        fresh
+    });
+    let mut queue = queue.lock();
+    if let Some(fresh) = fresh {
+        if fresh.capacity() > queue.spare.capacity() {
+            queue.spare = fresh;
+        }
+    }
+    let spare = std::mem::take(&mut queue.spare);
+    std::mem::replace(&mut queue.queued, spare)
 }
 
 /// The cursor table. Its shards are keyed by user id with std's randomly
@@ -135,6 +179,9 @@ const SCAN_SHARE: usize = 4;
 /// A flush keeps a queue's buffer for the next one if it used at least
 /// one in this many of its entries (module docs).
 const KEEP_SHARE: usize = 4;
+/// A buffer a flush makes for a queue ([`take_queue`]) holds the
+/// entries it took and one in this many more.
+const QUEUE_HEADROOM: usize = 4;
 /// A pausing flush ([`CursorTable::take_dirty_pausing`]) pauses between
 /// shards after this many queued entries looked up or memberships read in
 /// order since its last pause: about a tenth of a millisecond of work on
@@ -466,6 +513,16 @@ impl CursorTable {
         }
     }
 
+    /// Entries on the flush queues now: about as many cursors as the next
+    /// flush takes (fewer if leaves left entries, more if moves queue
+    /// meanwhile), so its buffers can be sized once. O(shards).
+    pub fn queued(&self) -> usize {
+        self.flush_queues
+            .iter()
+            .map(|q| q.lock().queued.len())
+            .sum()
+    }
+
     /// [`CursorTable::take_dirty_pausing`] without pauses.
     #[cfg(test)]
     pub fn take_dirty(&self, f: impl FnMut(u64, u32, u64)) -> FlushVisit {
@@ -507,11 +564,7 @@ impl CursorTable {
             // Taken before the shard is read: a move queues after raising
             // the bit, so every entry taken has its bit raised by now (or
             // cleared by a flush that read the shard in order since).
-            let queued = {
-                let mut queue = queue.lock();
-                let spare = std::mem::take(&mut queue.spare);
-                std::mem::replace(&mut queue.queued, spare)
-            };
+            let queued = take_queue(queue);
             if !queued.is_empty() {
                 visit.queued += queued.len();
                 let shard = shard.read();
@@ -983,6 +1036,43 @@ mod tests {
         t.take_dirty(|_, _, _| {});
         t.take_dirty(|_, _, _| {});
         assert_eq!(t.heap_bytes(), idle);
+    }
+
+    #[test]
+    fn a_flush_leaves_each_queue_room_for_as_many_moves_as_it_took() {
+        // The first busy flush already leaves every shard a queue that
+        // holds what it took and a little more: the same moves after it,
+        // and those of a few more members, grow nothing (on the event
+        // loop, a queue that grows takes the first-touch page faults of
+        // its new pages), where the queue it left was the empty spare.
+        let t = CursorTable::new();
+        let users = 20_000u64;
+        let all = users + users / 16;
+        for user in 0..all {
+            t.insert(user, 1, 0, 1, None).unwrap();
+        }
+        let move_up_to = |last, to| {
+            for user in 0..last {
+                t.advance(user, 1, to);
+            }
+        };
+        move_up_to(users, 1);
+        assert_eq!(t.queued(), users as usize);
+        let mut taken = 0;
+        t.take_dirty(|_, _, _| taken += 1);
+        assert_eq!(taken, users);
+        assert_eq!(t.queued(), 0);
+        let after_flush = t.heap_bytes();
+        move_up_to(all, 2);
+        assert_eq!(
+            t.heap_bytes(),
+            after_flush,
+            "the moves after the first flush filled a queue that held them"
+        );
+        let mut taken = Vec::new();
+        t.take_dirty(|u, _, c| taken.push((u, c)));
+        taken.sort_unstable();
+        assert_eq!(taken, (0..all).map(|u| (u, 2)).collect::<Vec<_>>());
     }
 
     #[test]

@@ -378,6 +378,13 @@ impl FrameBuf {
         self.entries = 0;
     }
 
+    /// Makes room for `additional` more bytes of entries at once (a
+    /// frame whose size is known before it is built grows once, not by
+    /// doublings that copy it and touch twice its pages).
+    pub fn reserve(&mut self, additional: usize) {
+        self.bytes.reserve(additional);
+    }
+
     pub fn entry_count(&self) -> u32 {
         self.entries
     }
