@@ -465,6 +465,42 @@ fn a_seed_whose_leader_creates_no_group_ships_nothing_and_still_matches() {
     differential(8312197824839141437, 60);
 }
 
+/// A leader and a follower with `groups_per_user_max` 5: groups 1-8
+/// created (without records, so without a directory: nothing registers
+/// them at the follower's open), user 1 in groups 1-3, then `more` on the
+/// leader; the follower caught up, stopped cleanly (its manifest bounds
+/// every user's groups by 3) and opened again with its saved state held
+/// loading in the background. The directories live as long as the first
+/// value.
+fn a_follower_loading_user_1_in_three_of_eight_groups(
+    more: impl FnOnce(&Engine),
+) -> ((tempfile::TempDir, tempfile::TempDir), Engine, Engine) {
+    use crate::state::lazy::hold;
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let limited = |dir: &Path| {
+        let mut c = config(dir);
+        c.groups_per_user_max = 5;
+        c
+    };
+    let a = Engine::open(limited(da.path())).unwrap();
+    let b = Engine::open(limited(db.path())).unwrap();
+    for g in 1..=8 {
+        a.create_group(g).unwrap();
+    }
+    for g in [1, 2, 3] {
+        a.join(g, 1, JoinStart::Earliest).unwrap();
+    }
+    more(&a);
+    catch_up(&a, &b);
+    b.close().unwrap();
+    hold::hold(db.path());
+    let mut c = limited(db.path());
+    c.load_in_background = true;
+    let b = Engine::open(c).unwrap();
+    assert!(b.stats().state_loading);
+    ((da, db), a, b)
+}
+
 /// A follower whose saved state still loads (its loader held) applies a
 /// leader's joins near `groups_per_user_max` as the leader decided them
 /// (`groups_registered`, `commit/loading.rs`), all while its load is held:
@@ -477,31 +513,9 @@ fn a_seed_whose_leader_creates_no_group_ships_nothing_and_still_matches() {
 #[test]
 fn a_loading_follower_decides_joins_near_the_per_user_limit_as_its_leader() {
     use crate::state::lazy::hold;
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let limited = |dir: &Path| {
-        let mut c = config(dir);
-        c.groups_per_user_max = 5;
-        c
-    };
-    let a = Engine::open(limited(da.path())).unwrap();
-    let b = Engine::open(limited(db.path())).unwrap();
-    // Groups without records have no directory: nothing registers them
-    // at the follower's open.
-    for g in 1..=8 {
-        a.create_group(g).unwrap();
-    }
-    for g in [1, 2, 3] {
-        a.join(g, 1, JoinStart::Earliest).unwrap();
-    }
-    a.join(1, 2, JoinStart::Earliest).unwrap();
-    catch_up(&a, &b);
-    // A clean stop: the manifest bounds every user's groups by 3.
-    b.close().unwrap();
-    hold::hold(db.path());
-    let mut c = limited(db.path());
-    c.load_in_background = true;
-    let b = Engine::open(c).unwrap();
-    assert!(b.stats().state_loading);
+    let ((_da, db), a, b) = a_follower_loading_user_1_in_three_of_eight_groups(|a| {
+        a.join(1, 2, JoinStart::Earliest).unwrap();
+    });
 
     a.delete_group(2).unwrap();
     a.join(4, 1, JoinStart::Earliest).unwrap();
@@ -567,27 +581,7 @@ fn a_loading_follower_decides_joins_near_the_per_user_limit_as_its_leader() {
 #[test]
 fn a_loading_follower_hands_rounds_over_without_reading_a_run_on_its_thread() {
     use crate::state::lazy::hold;
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let limited = |dir: &Path| {
-        let mut c = config(dir);
-        c.groups_per_user_max = 5;
-        c
-    };
-    let a = Engine::open(limited(da.path())).unwrap();
-    let b = Engine::open(limited(db.path())).unwrap();
-    for g in 1..=8 {
-        a.create_group(g).unwrap();
-    }
-    for g in [1, 2, 3] {
-        a.join(g, 1, JoinStart::Earliest).unwrap();
-    }
-    catch_up(&a, &b);
-    b.close().unwrap();
-    hold::hold(db.path());
-    let mut c = limited(db.path());
-    c.load_in_background = true;
-    let b = Engine::open(c).unwrap();
-    assert!(b.stats().state_loading);
+    let ((_da, db), a, b) = a_follower_loading_user_1_in_three_of_eight_groups(|_| {});
 
     // Records to groups without a directory at the follower (not
     // registered by its open), joins up to user 1's limit and one over it.
