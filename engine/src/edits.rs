@@ -180,7 +180,9 @@ impl Engine {
     /// the mapping).
     pub fn present(&self, group_id: u64, batch: ReadBatch, kinds: bool) -> ReadBatch {
         let first = batch.last_id + 1 - batch.count.min(batch.last_id);
-        let quiet = match self.group(group_id) {
+        // The group's lookup never reads the disk (the event loop calls
+        // this after a read of the group, which looked it up).
+        let quiet = match self.try_group(group_id) {
             Ok(g) if batch.count > 0 => g.quiet_between(first, batch.last_id),
             _ => Vec::new(),
         };

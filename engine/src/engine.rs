@@ -2,6 +2,7 @@
 //! read above an id, head. Owns the group registry, the pending commit round
 //! and the commit thread.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -382,13 +383,23 @@ impl Engine {
     /// `GroupNotFound`, or the load's error for a group whose items do not
     /// decode. Once the load ended: [`Self::group`] and one atomic load.
     pub(crate) fn try_group(&self, group_id: u64) -> Result<Arc<Group>> {
+        match self.try_lookup(group_id)? {
+            Some(g) if !g.is_deleting() => Ok(g),
+            _ => Err(Error::GroupNotFound { group: group_id }),
+        }
+    }
+
+    /// The registry's final answer for `group_id` (the group, also one
+    /// whose deletion is pending, or `None`: no such group), told without
+    /// reading the disk, as [`Self::try_group`] tells it: `NotReady` with
+    /// the worker's ticket while only a lookup in the mapped runs tells.
+    pub(crate) fn try_lookup(&self, group_id: u64) -> Result<Option<Arc<Group>>> {
         let s = &self.shared;
         if !s.load.loading() {
-            return self.group(group_id);
+            return crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id);
         }
         match crate::catalog::Catalog::try_find(&s.catalog, group_id)? {
-            Found::Final(Some(g)) if !g.is_deleting() => Ok(g),
-            Found::Final(_) => Err(Error::GroupNotFound { group: group_id }),
+            Found::Final(g) => Ok(g),
             Found::NeedsLookup => {
                 match crate::commit::worker_jobs::request_group(&self.shared, group_id) {
                     Some(ticket) => Err(Error::NotReady {
@@ -399,6 +410,51 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// [`Self::try_lookup`] of every group `ids` names (once per group):
+    /// their final answers, or `NotReady` while some must be looked up in
+    /// the saved state still loading. Every such lookup is queued at once,
+    /// and the ticket is the highest of theirs (every job up to a ticket is
+    /// done when it is), so one worker hop serves the whole request. Cost:
+    /// one registry lookup per group named.
+    pub(crate) fn try_lookup_all(
+        &self,
+        ids: impl Iterator<Item = u64>,
+    ) -> Result<HashMap<u64, Result<Option<Arc<Group>>>>> {
+        let mut found = HashMap::new();
+        let mut wait: Option<(u64, u64)> = None;
+        for id in ids {
+            if found.contains_key(&id) {
+                continue;
+            }
+            match self.try_lookup(id) {
+                Err(Error::NotReady { group, ticket }) => {
+                    if wait.is_none_or(|(_, t)| ticket > t) {
+                        wait = Some((group, ticket));
+                    }
+                }
+                lookup => {
+                    found.insert(id, lookup);
+                }
+            }
+        }
+        match wait {
+            Some((group, ticket)) => Err(Error::NotReady { group, ticket }),
+            None => Ok(found),
+        }
+    }
+
+    /// The first of `groups` that does not exist (or is being deleted, or
+    /// whose saved items do not decode), told without reading the disk:
+    /// `NotReady` while one of them must be looked up in the saved state
+    /// still loading ([`Self::try_lookup_all`]: one wait for all).
+    pub fn try_missing_group(&self, groups: &[u64]) -> Result<Option<u64>> {
+        let found = self.try_lookup_all(groups.iter().copied())?;
+        Ok(groups
+            .iter()
+            .copied()
+            .find(|g| !matches!(found.get(g), Some(Ok(Some(group))) if !group.is_deleting())))
     }
 
     /// `Ok` once every group and membership of the checkpoint is
@@ -490,9 +546,16 @@ impl Engine {
     /// Creates an empty group; returns when its creation is durable.
     pub fn create_group(&self, group_id: u64) -> Result<()> {
         // It may wait for a background load of the saved state
-        // ([`Engine::submit_create_group`] answers `NotReady` meanwhile).
-        let ticket = self.blocking(|| self.submit_create_group(group_id))?;
+        // ([`Engine::try_submit_create_group`] answers `NotReady` meanwhile).
+        let ticket = self.submit_create_group(group_id)?;
         self.wait_op(ticket).map(|_| ())
+    }
+
+    /// Registers the group and queues its creation; durable once the
+    /// ticket's round completes. It may wait for a background load of the
+    /// saved state (see [`Engine::try_submit_create_group`]).
+    pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
+        self.blocking(|| self.try_submit_create_group(group_id))
     }
 
     /// Registers the group (memory only: no file-system call here, and
@@ -500,16 +563,18 @@ impl Engine {
     /// the ticket's round completes. The creation itself makes no file:
     /// the commit thread makes the group's files when it applies its first
     /// record. Appends may follow at once. While the saved state loads in
-    /// the background: `NotReady` with [`crate::STATE_TICKET`] if the
-    /// groups may be near `groups_max` (`commit/loading.rs`).
-    pub fn submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
+    /// the background: `NotReady` with the worker's ticket while the
+    /// saved state is searched for the id (`Engine::try_lookup`), and with
+    /// [`crate::STATE_TICKET`] if the groups may be near `groups_max`
+    /// (`commit/loading.rs`).
+    pub fn try_submit_create_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_writable()?;
         let s = &self.shared;
         if s.load.loading() {
-            // The saved state may hold it: taken from the runs first (a
-            // lookup at or below the loader's position gets the catalog's
-            // answer, so the check below sees every group of that id).
-            crate::catalog::Catalog::find(&s.catalog, &s.ctx, &s.cursors, group_id)?;
+            // The saved state may hold it: taken from the runs first, by
+            // the worker (once the lookup's answer is final, the catalog's
+            // is, so the check below sees every group of that id).
+            self.try_lookup(group_id)?;
         }
         let mut catalog = s.catalog.write();
         if catalog.contains(group_id) {
@@ -522,7 +587,7 @@ impl Engine {
             drop(catalog);
             return self
                 .whole_state()
-                .and_then(|()| self.submit_create_group(group_id));
+                .and_then(|()| self.try_submit_create_group(group_id));
         }
         if catalog.len() >= max {
             return Err(Error::LimitExceeded {
@@ -561,8 +626,15 @@ impl Engine {
 
     /// Queues the deletion of a group; see [`Engine::delete_group`].
     pub fn submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
+        self.blocking(|| self.try_submit_delete_group(group_id))
+    }
+
+    /// [`Engine::submit_delete_group`] that never reads the disk:
+    /// `NotReady` while the group is looked up in the saved state still
+    /// loading (`Engine::try_group`).
+    pub fn try_submit_delete_group(&self, group_id: u64) -> Result<OpTicket> {
         self.check_not_stopped()?;
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         let mut assign = group.assign.lock();
         // Checked again under the lock: another thread may have won the race.
         if group.is_deleting() {
@@ -1157,6 +1229,13 @@ impl Engine {
     /// The group's newest readable msg_id, in O(1) without locks.
     pub fn head(&self, group_id: u64) -> Result<u64> {
         Ok(self.group(group_id)?.head())
+    }
+
+    /// [`Engine::head`] that never reads the disk: `NotReady` while the
+    /// group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_head(&self, group_id: u64) -> Result<u64> {
+        Ok(self.try_group(group_id)?.head())
     }
 
     /// Ids of all groups (unordered).

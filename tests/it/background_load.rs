@@ -543,3 +543,167 @@ fn a_join_near_the_per_user_limit_is_decided_while_the_state_loads() {
     assert!(refused(c.join(502, NEAR, JoinStart::Head)));
     assert_eq!(groups_of(&mut c, HEAVY), (1..=LIMIT).collect::<Vec<_>>());
 }
+
+/// The requests whose group was still looked up on the event loop while
+/// the state loaded (format-spec/storage.md section 11, "Where each path
+/// makes its lookups"), each the first of its group, sent while the
+/// loader is held: BATCH_ACK (one wait for all its groups, every item's
+/// outcome kept, and a request pipelined behind it sees its ACKs),
+/// DELETE_GROUP, SET_RETENTION, CLEAR_HISTORY, CREATE_GROUP, READ_COUNT,
+/// GROUP_INFO, MEMBERS, READERS, SUBSCRIBE, SUBSCRIBE_RECEIPTS and a JOIN
+/// at a cursor. Each answers as the node answered before its restart
+/// (GROUP_NOT_FOUND for a group that does not exist), and STATS
+/// `storage.state_loading` is still 1 after them.
+#[test]
+fn every_request_that_names_a_group_is_answered_while_the_state_loads() {
+    use tidemark_protocol::{Response, RetentionPolicy, Subscription};
+    const GROUPS_N: u64 = 600;
+    let missing = GROUPS_N + 100;
+    let dir = tempfile::tempdir().unwrap();
+    let member_of = |g: u64| member(g, 0);
+    let expected = {
+        let mut node = Node::start(dir.path(), &[]);
+        let mut c = node.client();
+        create_groups(&mut c, GROUPS_N, |g| vec![member(g, 0), member(g, 1)]);
+        let with_one: Vec<u64> = (1..=GROUPS_N).filter(|g| g % 10 == 1).collect();
+        send_each(&mut c, &with_one, "before", 0);
+        c.ack(111, member(111, 1), 1).unwrap();
+        let expected = (
+            c.group_info(101).unwrap(),
+            c.read_count(111, 1).unwrap(),
+            c.members(121, 0, 100).unwrap(),
+        );
+        drop(c);
+        assert!(node.terminate().success(), "a clean stop");
+        expected
+    };
+    assert_eq!(expected.1, 1, "one member read group 111's message");
+
+    let node = Node::start(dir.path(), &["--load-batch-pause-ms", "600000"]);
+    let mut c = node.client();
+    assert_eq!(value(&mut c, "storage.state_loading"), 1);
+    let code = |r: Result<(), ClientError>| r.err().and_then(|e| e.code());
+
+    assert_eq!(c.group_info(101).unwrap(), expected.0);
+    assert_eq!(c.read_count(111, 1).unwrap(), expected.1);
+    let members = c.members(121, 0, 100).unwrap();
+    assert_eq!(
+        members
+            .0
+            .iter()
+            .map(|m| (m.user, m.cursor))
+            .collect::<Vec<_>>(),
+        expected
+            .2
+             .0
+            .iter()
+            .map(|m| (m.user, m.cursor))
+            .collect::<Vec<_>>()
+    );
+    let (readers, _) = c.readers(111, 1, 0, 100).unwrap();
+    assert_eq!(
+        readers.iter().map(|m| m.user).collect::<Vec<_>>(),
+        vec![member(111, 1)]
+    );
+
+    // BATCH_ACK of two groups not registered, one that does not exist,
+    // and an id above a head; the MEMBERS pipelined behind it sees its
+    // ACK.
+    let user = member_of(131);
+    let items = [
+        tidemark_protocol::AckItem {
+            group: 131,
+            msg_id: 1,
+        },
+        tidemark_protocol::AckItem {
+            group: missing,
+            msg_id: 1,
+        },
+        tidemark_protocol::AckItem {
+            group: 131,
+            msg_id: 9,
+        },
+    ];
+    let batch = c
+        .submit(&Request::BatchAck {
+            user,
+            items: items.to_vec(),
+        })
+        .unwrap();
+    let after = c
+        .submit(&Request::Members {
+            group: 131,
+            after_user: 0,
+            max_count: 10,
+        })
+        .unwrap();
+    let f = c.wait(batch, Duration::from_secs(60)).unwrap();
+    match f.response().unwrap() {
+        Response::BatchAck(results) => {
+            let got: Vec<_> = results.iter().map(|r| (r.error, r.cursor)).collect();
+            assert_eq!(
+                got,
+                vec![
+                    (None, 1),
+                    (Some(ErrorCode::GroupNotFound), 0),
+                    (Some(ErrorCode::CursorAboveHead), 1),
+                ]
+            );
+        }
+        other => panic!("BATCH_ACK: {other:?}"),
+    }
+    let f = c.wait(after, Duration::from_secs(60)).unwrap();
+    match f.response().unwrap() {
+        Response::Members { members, .. } => {
+            assert!(members.iter().any(|m| m.user == user && m.cursor == 1));
+        }
+        other => panic!("MEMBERS: {other:?}"),
+    }
+
+    // Subscriptions: their groups must exist.
+    let subscribe = |c: &mut Client, groups: Vec<u64>| c.subscribe(Subscription::Groups(groups));
+    assert_eq!(
+        code(subscribe(&mut c, vec![141, missing])),
+        Some(ErrorCode::GroupNotFound)
+    );
+    subscribe(&mut c, vec![141, 151]).unwrap();
+    assert_eq!(
+        code(c.subscribe_receipts(9, &[152, missing + 1])),
+        Some(ErrorCode::GroupNotFound)
+    );
+    c.subscribe_receipts(9, &[152]).unwrap();
+
+    // A JOIN at a cursor checks it against the head first.
+    assert_eq!(c.join(161, 5, JoinStart::At(1)).unwrap(), 1);
+    assert_eq!(
+        code(c.join(171, 5, JoinStart::At(2)).map(drop)),
+        Some(ErrorCode::CursorAboveHead)
+    );
+
+    // CLEAR_HISTORY, SET_RETENTION, DELETE_GROUP, CREATE_GROUP.
+    assert_eq!(c.clear_history(181, member_of(181), 1).unwrap(), (2, 1));
+    let policy = RetentionPolicy {
+        by_cursor: true,
+        max_age_ms: 0,
+        max_bytes: 1 << 20,
+    };
+    c.set_retention(191, policy).unwrap();
+    assert_eq!(c.group_info(191).unwrap().retention, policy);
+    c.delete_group(201).unwrap();
+    assert_eq!(
+        code(c.group_info(201).map(drop)),
+        Some(ErrorCode::GroupNotFound)
+    );
+    assert_eq!(
+        code(c.delete_group(missing + 2)),
+        Some(ErrorCode::GroupNotFound)
+    );
+    assert_eq!(code(c.create_group(211)), Some(ErrorCode::GroupExists));
+    c.create_group(missing + 3).unwrap();
+    assert_eq!(c.group_info(missing + 3).unwrap().head, 0);
+    assert_eq!(
+        value(&mut c, "storage.state_loading"),
+        1,
+        "answered while the state loads"
+    );
+}

@@ -107,32 +107,23 @@ pub fn direct_group_id(a: u64, b: u64) -> u64 {
 }
 
 impl Engine {
-    fn submit_member_op(
-        &self,
-        group_id: u64,
-        kind: EntryKind,
-        body: impl FnOnce(&mut Vec<u8>),
-    ) -> Result<OpTicket> {
-        self.check_writable()?;
-        self.submit_group_entry(group_id, kind, body)
-    }
-
-    /// Queues one entry of the group with a reply, without the free-space
-    /// check (the caller made the checks its request needs).
+    /// Queues one entry of `group` (found by the caller) with a reply,
+    /// without the free-space check (the caller made the checks its
+    /// request needs).
     fn submit_group_entry(
         &self,
-        group_id: u64,
+        group: &Arc<Group>,
         kind: EntryKind,
         body: impl FnOnce(&mut Vec<u8>),
     ) -> Result<OpTicket> {
-        let group = self.group(group_id)?;
+        let group_id = group.id;
         let reply = Arc::new(Reply::default());
         let _assign = group.assign.lock();
         // Checked again under the lock, which orders this op against a delete.
         if group.is_deleting() {
             return Err(Error::GroupNotFound { group: group_id });
         }
-        let round = self.push_entry_with_reply(&group, kind, body, Some(reply.clone()))?;
+        let round = self.push_entry_with_reply(group, kind, body, Some(reply.clone()))?;
         Ok(OpTicket::pending(round, Some(reply)))
     }
 
@@ -248,7 +239,8 @@ impl Engine {
                 user,
             });
         }
-        self.submit_member_op(group_id, EntryKind::Leave, |b| body::encode_leave(b, user))
+        self.check_writable()?;
+        self.submit_group_entry(&group, EntryKind::Leave, |b| body::encode_leave(b, user))
     }
 
     /// Sets the group's retention policy. Durable when it returns.
@@ -262,8 +254,16 @@ impl Engine {
     /// Accepted while the disk is nearly full, like a delete: a policy is
     /// how an operator gives space back, and its entry is 33 bytes.
     pub fn submit_set_retention(&self, group_id: u64, policy: Retention) -> Result<OpTicket> {
+        self.blocking(|| self.try_submit_set_retention(group_id, policy))
+    }
+
+    /// [`Engine::submit_set_retention`] that never reads the disk:
+    /// `NotReady` while the group is looked up in the saved state still
+    /// loading (`Engine::try_group`).
+    pub fn try_submit_set_retention(&self, group_id: u64, policy: Retention) -> Result<OpTicket> {
         self.check_not_stopped()?;
-        self.submit_group_entry(group_id, EntryKind::SetRetention, |b| {
+        let group = self.try_group(group_id)?;
+        self.submit_group_entry(&group, EntryKind::SetRetention, |b| {
             body::encode_set_retention(b, &policy)
         })
     }
@@ -283,11 +283,23 @@ impl Engine {
     }
 
     /// Queues a history clear (a ClearHistory entry); the ticket's value is
-    /// the member's join point after it. Memory only, never waits for the
-    /// disk: `NotMember` at once for a user who is no member.
+    /// the member's join point after it. `NotMember` for a user who is no
+    /// member.
     pub fn submit_clear_history(&self, group_id: u64, user: u64, up_to: u64) -> Result<OpTicket> {
+        self.blocking(|| self.try_submit_clear_history(group_id, user, up_to))
+    }
+
+    /// [`Engine::submit_clear_history`] that never reads the disk (memory
+    /// only): `NotReady` while the group is looked up in the saved state
+    /// still loading (`Engine::try_group`).
+    pub fn try_submit_clear_history(
+        &self,
+        group_id: u64,
+        user: u64,
+        up_to: u64,
+    ) -> Result<OpTicket> {
         self.check_writable()?;
-        let group = self.group(group_id)?;
+        let group = self.try_group(group_id)?;
         self.member_cursor(&group, user)?;
         let assign = group.assign.lock();
         // Checked again under the lock, which orders this op against a delete.
@@ -347,7 +359,19 @@ impl Engine {
     /// throughout exactly once (ids only ascend from page to page); one who
     /// joins or leaves meanwhile may or may not be listed.
     pub fn members_page(&self, group_id: u64, after_user: u64, max: usize) -> Result<MembersPage> {
-        let group = self.group(group_id)?;
+        self.blocking(|| self.try_members_page(group_id, after_user, max))
+    }
+
+    /// [`Engine::members_page`] that never reads the disk: `NotReady`
+    /// while the group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_members_page(
+        &self,
+        group_id: u64,
+        after_user: u64,
+        max: usize,
+    ) -> Result<MembersPage> {
+        let group = self.try_group(group_id)?;
         // Under the members lock the list and the cursor table agree
         // (membership.rs invariant), so every listed user has a cursor.
         let members = group.members.lock();
@@ -364,7 +388,14 @@ impl Engine {
     /// floor, its member count and its retention policy. O(1) (memory only:
     /// a log left unloaded still knows its segments).
     pub fn group_info(&self, group_id: u64) -> Result<GroupInfo> {
-        let group = self.group(group_id)?;
+        self.blocking(|| self.try_group_info(group_id))
+    }
+
+    /// [`Engine::group_info`] that never reads the disk: `NotReady` while
+    /// the group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_group_info(&self, group_id: u64) -> Result<GroupInfo> {
+        let group = self.try_group(group_id)?;
         let head = group.head();
         let floor = group.log.read().floor();
         let members = group.members.lock().len();
@@ -394,10 +425,16 @@ impl Engine {
     /// still loading (`Engine::try_group`).
     pub fn try_ack_move(&self, group_id: u64, user: u64, msg_id: u64) -> Result<AckMove> {
         let group = self.try_group(group_id)?;
+        self.ack_in(&group, user, msg_id)
+    }
+
+    /// The ACK of [`Engine::try_ack_move`] in `group`, found by the caller.
+    fn ack_in(&self, group: &Arc<Group>, user: u64, msg_id: u64) -> Result<AckMove> {
+        let group_id = group.id;
         let head = group.head();
         if msg_id > head {
             // Checked before touching the cursor so a refused ACK moves nothing.
-            self.member_cursor(&group, user)?;
+            self.member_cursor(group, user)?;
             return Err(Error::CursorAboveHead {
                 group: group_id,
                 requested: msg_id,
@@ -432,20 +469,58 @@ impl Engine {
     /// outcome per pair. A failed pair reports the member's cursor as it
     /// stands right after that pair (before the next one is applied), found
     /// with one membership lookup: the cost is O(pairs × log(groups of the
-    /// user)), never pairs × groups.
+    /// user)), never pairs × groups. It may wait for the lookups of its
+    /// groups in a saved state still loading ([`Engine::try_batch_ack`]).
     pub fn batch_ack(&self, user: u64, acks: &[(u64, u64)]) -> Vec<AckOutcome> {
-        acks.iter()
-            .map(|&(g, m)| match self.ack(g, user, m) {
-                Ok(cursor) => AckOutcome {
-                    cursor,
+        match self.blocking(|| self.try_batch_ack(user, acks)) {
+            Ok(outcomes) => outcomes,
+            // The worker stopped while the lookups waited for it: nothing
+            // was applied.
+            Err(_) => acks
+                .iter()
+                .map(|_| AckOutcome {
+                    cursor: 0,
+                    error: Some(Error::ShuttingDown),
+                })
+                .collect(),
+        }
+    }
+
+    /// [`Engine::batch_ack`] that never reads the disk. Every group the
+    /// pairs name is looked up first (`Engine::try_lookup`, one lookup
+    /// per group): while one of them must be looked up in the saved state
+    /// still loading, nothing is applied and the whole batch gets
+    /// `NotReady` with the ticket of the last of those lookups, so one
+    /// worker hop covers them all; run again after it, every lookup's
+    /// answer is final and the pairs are applied in order with the groups
+    /// found, each getting its outcome as after a full load. (Applying the
+    /// pairs up to the first unregistered group and parking the rest would
+    /// have to keep a partial answer and ACKs already applied: a batch
+    /// applies whole or not at all, so running it again is the same
+    /// request.) The only error is `NotReady`.
+    pub fn try_batch_ack(&self, user: u64, acks: &[(u64, u64)]) -> Result<Vec<AckOutcome>> {
+        let found = self.try_lookup_all(acks.iter().map(|&(g, _)| g))?;
+        let outcomes = acks.iter().map(|&(g, m)| match found.get(&g) {
+            Some(Ok(Some(group))) if !group.is_deleting() => match self.ack_in(group, user, m) {
+                Ok(a) => AckOutcome {
+                    cursor: a.cursor,
                     error: None,
                 },
                 Err(e) => AckOutcome {
-                    cursor: self.cursor(g, user).unwrap_or(0),
+                    cursor: self.member_cursor(group, user).map_or(0, |c| c.cursor),
                     error: Some(e),
                 },
-            })
-            .collect()
+            },
+            Some(Err(e)) => AckOutcome {
+                cursor: 0,
+                error: Some(lookup_error_again(g, e)),
+            },
+            _ => AckOutcome {
+                cursor: 0,
+                error: Some(Error::GroupNotFound { group: g }),
+            },
+        });
+        Ok(outcomes.collect())
     }
 
     /// The member's cursor in one group: a hash lookup of the user and a
@@ -453,6 +528,14 @@ impl Engine {
     /// group's deletion is pending) or `NotMember`.
     pub fn cursor(&self, group_id: u64, user: u64) -> Result<u64> {
         let group = self.group(group_id)?;
+        Ok(self.member_cursor(&group, user)?.cursor)
+    }
+
+    /// [`Engine::cursor`] that never reads the disk: `NotReady` while the
+    /// group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_cursor(&self, group_id: u64, user: u64) -> Result<u64> {
+        let group = self.try_group(group_id)?;
         Ok(self.member_cursor(&group, user)?.cursor)
     }
 
@@ -733,8 +816,15 @@ impl Engine {
     /// O(log of the cursor range) in a group of more than 64 members (a
     /// tree), one cursor lookup per member in a smaller one.
     pub fn read_count(&self, group_id: u64, msg_id: u64) -> Result<u32> {
+        self.blocking(|| self.try_read_count(group_id, msg_id))
+    }
+
+    /// [`Engine::read_count`] that never reads the disk: `NotReady` while
+    /// the group is looked up in the saved state still loading
+    /// (`Engine::try_group`).
+    pub fn try_read_count(&self, group_id: u64, msg_id: u64) -> Result<u32> {
         Ok(self
-            .group(group_id)?
+            .try_group(group_id)?
             .read_count(&self.shared.cursors, msg_id))
     }
 
@@ -743,6 +833,32 @@ impl Engine {
     pub fn flush_cursors(&self) -> Result<()> {
         let round = self.request_cursor_flush()?;
         self.wait_round(round)
+    }
+}
+
+/// A group's lookup error again, for each pair of a batch that names the
+/// group (`Error` is not `Clone`: an `Io` error's source is not): a lookup
+/// fails only with the load's `Corrupt` (the group's saved items do not
+/// decode) or `ShuttingDown`; any other kind would be told as
+/// `GroupDamaged` with its text.
+fn lookup_error_again(group: u64, e: &Error) -> Error {
+    match e {
+        Error::Corrupt {
+            path,
+            group,
+            offset,
+            reason,
+        } => Error::Corrupt {
+            path: path.clone(),
+            group: *group,
+            offset: *offset,
+            reason: reason.clone(),
+        },
+        Error::ShuttingDown => Error::ShuttingDown,
+        other => Error::GroupDamaged {
+            group,
+            reason: other.to_string(),
+        },
     }
 }
 

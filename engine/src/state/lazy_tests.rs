@@ -685,6 +685,153 @@ fn first_requests_of_an_unregistered_group_while_loading_read_no_run_on_the_call
     e.close().unwrap();
 }
 
+/// What a request answers after a full load of `dir`, on a copy (the
+/// request may change it; the copy is dropped).
+fn after_a_full_load<T>(dir: &Path, request: impl FnOnce(&Engine) -> T) -> T {
+    let copy = tempfile::tempdir().unwrap();
+    crate::tests::copy_dir(dir, copy.path());
+    let e = Engine::open(config(copy.path(), false)).unwrap();
+    let answer = request(&e);
+    e.simulate_crash();
+    answer
+}
+
+/// A BATCH_ACK's outcomes as a client sees them: each pair's cursor and
+/// error.
+fn outcomes(list: Vec<crate::AckOutcome>) -> Vec<(u64, Option<String>)> {
+    list.into_iter()
+        .map(|o| (o.cursor, o.error.map(|e| e.to_string())))
+        .collect()
+}
+
+/// The other requests that name groups (BATCH_ACK, DELETE_GROUP,
+/// SET_RETENTION, CLEAR_HISTORY, CREATE_GROUP's check of the id,
+/// READ_COUNT, GROUP_INFO, MEMBERS, and the node's own lookups of a
+/// cursor, a head and a subscription's groups), each the first of its
+/// group while the state loads: the group is looked up by the
+/// maintenance worker (`NotReady` with its ticket), never on the calling
+/// thread; run again, each answers as after a full load, `GroupNotFound`
+/// for a group that does not exist included. A BATCH_ACK waits whole,
+/// once for all its groups, and applies nothing before.
+#[test]
+fn the_other_requests_of_unregistered_groups_while_loading_read_no_run_on_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (groups, _) = stopped_dir(dir.path());
+    let missing = GROUPS + 50;
+    let policy = crate::Retention {
+        by_cursor: true,
+        max_age_ms: 0,
+        max_bytes: 1 << 20,
+    };
+    // Group 17 has files (registered at open), 27, 28 and 29 not; user 1
+    // is a member of 17, 27 and 28, not of 36; 11 was deleted.
+    let pairs = [
+        (17, 1),
+        (27, 1),
+        (28, 9_999),
+        (missing, 1),
+        (36, 1),
+        (27, 2),
+        (11, 1),
+    ];
+    let expected = after_a_full_load(dir.path(), |e| {
+        (
+            e.group_info(20).unwrap(),
+            e.read_count(22, 1).unwrap(),
+            e.members_page(21, 0, 100).unwrap(),
+            outcomes(e.batch_ack(1, &pairs)),
+            e.clear_history(32, 1, 1).unwrap(),
+        )
+    });
+    assert_eq!(expected.1, 1, "user 1 read group 22's first message");
+    hold::hold(dir.path());
+    let e = Engine::open(config(dir.path(), true)).unwrap();
+    let before = hold::run_lookups();
+    /// The ticket of a request's first answer, a worker's wait.
+    fn first<T>(what: &str, r: crate::Result<T>) -> u64 {
+        match r {
+            Err(Error::NotReady { ticket, .. }) if ticket != STATE_TICKET => ticket,
+            other => panic!("{what} answered {:?}", other.err()),
+        }
+    }
+    let seen = |g: u64| groups[&g].clone().expect("a saved group");
+
+    first("GROUP_INFO", e.try_group_info(20));
+    let info = without_state_wait(&e, "GROUP_INFO", || e.try_group_info(20));
+    assert_eq!(info.unwrap(), expected.0);
+    first("READ_COUNT", e.try_read_count(22, 1));
+    let count = without_state_wait(&e, "READ_COUNT", || e.try_read_count(22, 1));
+    assert_eq!(count.unwrap(), expected.1);
+    first("MEMBERS", e.try_members_page(21, 0, 100));
+    let page = without_state_wait(&e, "MEMBERS", || e.try_members_page(21, 0, 100));
+    assert_eq!(page.unwrap(), expected.2);
+    first("the cursor", e.try_cursor(23, 1));
+    let cursor = without_state_wait(&e, "the cursor", || e.try_cursor(23, 1));
+    assert_eq!(cursor.unwrap(), seen(23).cursors[1].1);
+    first("the head", e.try_head(24));
+    assert_eq!(
+        without_state_wait(&e, "the head", || e.try_head(24)).unwrap(),
+        seen(24).head
+    );
+    // A subscription's groups: one wait for all of them.
+    let ticket = first("the groups' check", e.try_missing_group(&[25, 26, missing]));
+    e.wait_ready(ticket).unwrap();
+    assert_eq!(
+        e.try_missing_group(&[25, 26, missing]).unwrap(),
+        Some(missing)
+    );
+    assert_eq!(e.try_missing_group(&[25, 26]).unwrap(), None);
+
+    // BATCH_ACK: nothing applied before its groups are looked up, then
+    // every pair's outcome as after a full load, after one wait.
+    let cursor_17 = e.cursor(17, 1).unwrap();
+    let ticket = first("BATCH_ACK", e.try_batch_ack(1, &pairs));
+    assert_eq!(e.cursor(17, 1).unwrap(), cursor_17, "a pair was applied");
+    e.wait_ready(ticket).unwrap();
+    assert_eq!(outcomes(e.try_batch_ack(1, &pairs).unwrap()), expected.3);
+
+    // DELETE_GROUP, SET_RETENTION, CLEAR_HISTORY, CREATE_GROUP.
+    first("DELETE_GROUP", e.try_submit_delete_group(30));
+    let deleted = without_state_wait(&e, "DELETE_GROUP", || e.try_submit_delete_group(30));
+    for g in [missing + 2, 44] {
+        first("DELETE_GROUP", e.try_submit_delete_group(g));
+        let gone = without_state_wait(&e, "DELETE_GROUP", || e.try_submit_delete_group(g));
+        assert!(matches!(gone, Err(Error::GroupNotFound { group }) if group == g));
+    }
+    first("SET_RETENTION", e.try_submit_set_retention(31, policy));
+    let set = without_state_wait(&e, "SET_RETENTION", || {
+        e.try_submit_set_retention(31, policy)
+    });
+    first("CLEAR_HISTORY", e.try_submit_clear_history(32, 1, 1));
+    let cleared = without_state_wait(&e, "CLEAR_HISTORY", || e.try_submit_clear_history(32, 1, 1));
+    assert!(matches!(
+        e.try_submit_clear_history(32, 8, 1),
+        Err(Error::NotMember { group: 32, user: 8 })
+    ));
+    first("CREATE_GROUP", e.try_submit_create_group(33));
+    let exists = without_state_wait(&e, "CREATE_GROUP", || e.try_submit_create_group(33));
+    assert!(matches!(exists, Err(Error::GroupExists { group: 33 })));
+    first("CREATE_GROUP", e.try_submit_create_group(missing + 1));
+    let created = without_state_wait(&e, "CREATE_GROUP", || {
+        e.try_submit_create_group(missing + 1)
+    });
+    assert_eq!(hold::run_lookups(), before, "a request read the runs");
+    assert!(e.stats().state_loading, "still held");
+
+    e.wait_op(deleted.unwrap()).unwrap();
+    assert!(matches!(
+        e.head(30),
+        Err(Error::GroupNotFound { group: 30 })
+    ));
+    e.wait_op(set.unwrap()).unwrap();
+    assert_eq!(e.group_info(31).unwrap().retention, policy);
+    assert_eq!(e.wait_op(cleared.unwrap()).unwrap(), expected.4);
+    e.wait_op(created.unwrap()).unwrap();
+    assert_eq!(e.head(missing + 1).unwrap(), 0);
+    hold::release(dir.path());
+    e.close().unwrap();
+}
+
 /// A client's JOIN while the state loads: admitted at once when the bound
 /// proves its user below the limit, counting the joins admitted before it;
 /// otherwise it waits for the worker to register its user's saved groups,
@@ -746,7 +893,17 @@ fn a_creation_while_loading_waits_only_when_the_groups_may_be_near_groups_max() 
     for g in 1..admitted as u64 {
         e.submit_create_group(1_000 + g).unwrap();
     }
-    assert!(is_state_wait(e.submit_create_group(2_000)));
+    // Its id is looked up in the runs by the worker, then it waits for
+    // the whole load.
+    let mut create = e.try_submit_create_group(2_000);
+    while let Err(Error::NotReady { ticket, .. }) = create {
+        if ticket == STATE_TICKET {
+            break;
+        }
+        e.wait_ready(ticket).unwrap();
+        create = e.try_submit_create_group(2_000);
+    }
+    assert!(is_state_wait(create));
     assert!(matches!(
         e.submit_create_group(8),
         Err(Error::GroupExists { group: 8 })

@@ -232,6 +232,36 @@ fn a_member_row_that_does_not_decode_is_named_alike_by_a_first_read_the_loader_a
         "the PULL of group 5 after the worker's lookup",
         e.try_pull(5, 20, 100, 1 << 20, None).map(|p| p.head),
     );
+    // Every other request of the group after the lookup: the same error
+    // (a BATCH_ACK's at each of its pairs), without a run read.
+    let pairs = [(2, 0), (5, 1), (5, 2)];
+    let acks = e.try_batch_ack(0, &pairs).unwrap();
+    assert!(acks[0].error.is_none(), "{:?}", acks[0].error);
+    for (what, r) in [
+        ("GROUP_INFO", e.try_group_info(5).map(drop)),
+        ("READ_COUNT", e.try_read_count(5, 1).map(drop)),
+        ("MEMBERS", e.try_members_page(5, 0, 10).map(drop)),
+        ("the cursor", e.try_cursor(5, 20).map(drop)),
+        ("the head", e.try_head(5).map(drop)),
+        ("DELETE_GROUP", e.try_submit_delete_group(5).map(drop)),
+        (
+            "SET_RETENTION",
+            e.try_submit_set_retention(5, Default::default()).map(drop),
+        ),
+        (
+            "CLEAR_HISTORY",
+            e.try_submit_clear_history(5, 20, 1).map(drop),
+        ),
+        ("CREATE_GROUP", e.try_submit_create_group(5).map(drop)),
+    ]
+    .into_iter()
+    .chain(acks.into_iter().skip(1).map(|a| {
+        assert_eq!(a.cursor, 0);
+        ("a BATCH_ACK pair", Err(a.error.expect("refused")))
+    })) {
+        assert_eq!(named(what, r), by_pull, "{what}");
+    }
+    assert_eq!(e.try_missing_group(&[2, 5]).unwrap(), Some(5));
     assert_eq!(hold::run_lookups(), lookups, "the PULL read the runs");
     let by_read = named(
         "the first read of group 5",

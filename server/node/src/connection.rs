@@ -767,8 +767,7 @@ impl Session {
                     Ok(action)
                 }
             }
-            Route::Engine(Err(EngineError::NotReady { ticket, .. })) => Err(Stop::NotReady(ticket)),
-            Route::Engine(Err(e)) => Ok(answer(outgoing::engine_error(id, &e))),
+            Route::Engine(Err(e)) => engine_outcome(id, &e),
         }
     }
 
@@ -804,9 +803,9 @@ impl Session {
                 self.phase = Phase::Ready;
                 Ok(answer(out))
             }
-            OwnRequest::Subscribe(sub) => Ok(answer(self.subscribe(ctx, id, sub))),
+            OwnRequest::Subscribe(sub) => self.subscribe(ctx, id, sub),
             OwnRequest::SubscribeReceipts { sender, groups } => {
-                Ok(answer(self.subscribe_receipts(ctx, id, sender, groups)))
+                self.subscribe_receipts(ctx, id, sender, groups)
             }
             OwnRequest::Unsubscribe => {
                 self.unsubscribe_all(ctx.engine, ctx.subs, ctx.receipts, ctx.conn);
@@ -907,9 +906,18 @@ impl Session {
 
     /// SUBSCRIBE: checked by its handler, then added to this connection's
     /// list and the node's index.
-    fn subscribe(&mut self, ctx: &mut Ctx<'_>, id: u64, sub: &Subscription) -> Outgoing {
-        match handlers::subscribe(ctx, id, self.held(), sub) {
-            Err(refusal) => refusal,
+    fn subscribe(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        id: u64,
+        sub: &Subscription,
+    ) -> Result<Action, Stop> {
+        let checked = match handlers::subscribe(ctx, id, self.held(), sub) {
+            Ok(checked) => checked,
+            Err(e) => return engine_outcome(id, &e),
+        };
+        match checked {
+            Err(refusal) => Ok(answer(refusal)),
             Ok(out) => {
                 match *sub {
                     Subscription::User(user) => {
@@ -923,7 +931,7 @@ impl Session {
                         }
                     }
                 }
-                out
+                Ok(answer(out))
             }
         }
     }
@@ -942,16 +950,20 @@ impl Session {
         id: u64,
         sender: u64,
         groups: &[u64],
-    ) -> Outgoing {
-        match handlers::subscribe_receipts(ctx, id, self.held(), groups) {
-            Err(refusal) => refusal,
+    ) -> Result<Action, Stop> {
+        let checked = match handlers::subscribe_receipts(ctx, id, self.held(), groups) {
+            Ok(checked) => checked,
+            Err(e) => return engine_outcome(id, &e),
+        };
+        match checked {
+            Err(refusal) => Ok(answer(refusal)),
             Ok(out) => {
                 for &g in groups {
                     if self.sub_receipts.insert((g, sender)) {
                         ctx.receipts.add(ctx.conn, sender, g);
                     }
                 }
-                out
+                Ok(answer(out))
             }
         }
     }
@@ -972,6 +984,16 @@ impl Session {
 
 fn answer(out: Outgoing) -> Action {
     Action::Answer(out)
+}
+
+/// What an engine error makes of a request: `NotReady` leaves it in the
+/// input buffer until the worker's ticket is done (it runs again then);
+/// any other is its answer.
+fn engine_outcome(id: u64, e: &EngineError) -> Result<Action, Stop> {
+    match *e {
+        EngineError::NotReady { ticket, .. } => Err(Stop::NotReady(ticket)),
+        _ => Ok(answer(outgoing::engine_error(id, e))),
+    }
 }
 
 #[cfg(test)]

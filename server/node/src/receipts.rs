@@ -230,7 +230,7 @@ impl<C: Copy + Eq + Hash + Ord> Receipts<C> {
                         .into_iter()
                         .flatten()
                         .filter_map(|&msg_id| {
-                            let count = engine.read_count(group, msg_id).ok()?;
+                            let count = engine.try_read_count(group, msg_id).ok()?;
                             Some(ReceiptCount {
                                 msg_id,
                                 count: u64::from(count),

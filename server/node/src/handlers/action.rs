@@ -108,12 +108,12 @@ impl Parked {
                             // Only ever raised: what it is now is at
                             // least what the clear set.
                             cursor: engine
-                                .cursor(*group, *user)
+                                .try_cursor(*group, *user)
                                 .unwrap_or(value.saturating_sub(1)),
                         },
                         OpKind::Join { group } => Response::Join {
                             cursor: value,
-                            head: engine.head(*group).unwrap_or(value),
+                            head: engine.try_head(*group).unwrap_or(value),
                         },
                     };
                     reply(request_id, &resp, Vec::new(), 0)

@@ -187,7 +187,7 @@ pub fn set_retention(
     group: u64,
     policy: RetentionPolicy,
 ) -> Result<Action, EngineError> {
-    let ticket = ctx.engine.submit_set_retention(
+    let ticket = ctx.engine.try_submit_set_retention(
         group,
         tidemark_engine::Retention {
             by_cursor: policy.by_cursor,
@@ -205,7 +205,7 @@ pub fn clear_history(
     user: u64,
     up_to: u64,
 ) -> Result<Action, EngineError> {
-    let ticket = ctx.engine.submit_clear_history(group, user, up_to)?;
+    let ticket = ctx.engine.try_submit_clear_history(group, user, up_to)?;
     Ok(Action::Park(Parked::Op(
         ticket,
         OpKind::ClearHistory { group, user },

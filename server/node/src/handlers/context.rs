@@ -42,7 +42,7 @@ impl Ctx<'_> {
         if !self.receipts.watches(group) {
             return None;
         }
-        self.engine.cursor(group, user).ok()
+        self.engine.try_cursor(group, user).ok()
     }
 
     /// Reports the cursor an ACK left if it moved from `before`.

@@ -14,13 +14,13 @@ use tidemark_protocol::{
 
 /// CREATE_GROUP (4.5): parked until its round commits.
 pub fn create_group(ctx: &Ctx<'_>, group: u64) -> Result<Action, EngineError> {
-    let ticket = ctx.engine.submit_create_group(group)?;
+    let ticket = ctx.engine.try_submit_create_group(group)?;
     Ok(Action::Park(Parked::Op(ticket, OpKind::CreateGroup)))
 }
 
 /// DELETE_GROUP (4.6): parked until its round commits.
 pub fn delete_group(ctx: &Ctx<'_>, group: u64) -> Result<Action, EngineError> {
-    let ticket = ctx.engine.submit_delete_group(group)?;
+    let ticket = ctx.engine.try_submit_delete_group(group)?;
     Ok(Action::Park(Parked::Op(ticket, OpKind::DeleteGroup)))
 }
 
@@ -31,7 +31,7 @@ pub fn join(ctx: &Ctx<'_>, group: u64, user: u64, start: JoinStart) -> Result<Ac
         JoinStart::Head => EngineJoinStart::Head,
         JoinStart::Earliest => EngineJoinStart::Earliest,
         JoinStart::At(cursor) => {
-            let head = e.head(group)?;
+            let head = e.try_head(group)?;
             if cursor > head {
                 return Err(EngineError::CursorAboveHead {
                     group,
@@ -73,7 +73,7 @@ pub fn members(
     max_count: u32,
 ) -> Result<Outgoing, EngineError> {
     let max = (max_count as usize).min(members_page_max(ctx.limits));
-    let page = ctx.engine.members_page(group, after_user, max)?;
+    let page = ctx.engine.try_members_page(group, after_user, max)?;
     let members = page
         .members
         .iter()
@@ -92,7 +92,7 @@ pub fn members(
 
 /// GROUP_INFO (4.20): head, retention floor, member count and policy.
 pub fn group_info(ctx: &Ctx<'_>, request_id: u64, group: u64) -> Result<Outgoing, EngineError> {
-    let g = ctx.engine.group_info(group)?;
+    let g = ctx.engine.try_group_info(group)?;
     let resp = Response::GroupInfo(GroupInfo {
         head: g.head,
         floor: g.floor,

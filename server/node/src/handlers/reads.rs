@@ -43,7 +43,7 @@ pub fn pull(
     if before.is_some() {
         // Also after a refusal: a pull that must wait for an index applied
         // its ACK first, and its re-run finds the cursor moved already.
-        if let Ok(after) = ctx.engine.cursor(group, user) {
+        if let Ok(after) = ctx.engine.try_cursor(group, user) {
             ctx.report_move(group, user, before, after);
         }
     }
@@ -175,8 +175,10 @@ pub fn batch_ack(
     }
     // Each outcome carries the cursor as it stood right after its item,
     // found by one membership lookup (never a walk of the user's groups):
-    // the cost is bounded by the request's size.
-    let outcomes = ctx.engine.batch_ack(user, &pairs);
+    // the cost is bounded by the request's size. While the saved state
+    // loads, the whole batch waits (`NotReady`, nothing applied) until
+    // every group it names is looked up, then runs again from the start.
+    let outcomes = ctx.engine.try_batch_ack(user, &pairs)?;
     for &(g, start) in &before {
         // Cursors only move forward: the last item of the group left the
         // highest.
@@ -414,7 +416,7 @@ pub fn read_count(
     group: u64,
     msg_id: u64,
 ) -> Result<Outgoing, EngineError> {
-    let count = ctx.engine.read_count(group, msg_id)? as u64;
+    let count = ctx.engine.try_read_count(group, msg_id)? as u64;
     Ok(reply(
         request_id,
         &Response::ReadCount { count },
@@ -441,7 +443,7 @@ pub fn readers(
     // At least one, so that a page always makes progress or ends.
     let list_max = (max_count as usize).clamp(1, fit.max(1));
     let examine = members_page_max(ctx.limits);
-    let page = ctx.engine.members_page(group, after_user, examine)?;
+    let page = ctx.engine.try_members_page(group, after_user, examine)?;
     let mut readers = Vec::new();
     let mut last_examined = after_user;
     let mut stopped_early = false;

@@ -27,7 +27,7 @@ pub fn send(
         && payload.len() <= e.config().payload_bytes_max
         && e.accepting_writes().is_ok()
     {
-        match e.cursor(group, sender) {
+        match e.try_cursor(group, sender) {
             Ok(_) => {}
             Err(EngineError::NotMember { .. }) => {
                 return Ok(Action::Answer(error(
@@ -71,7 +71,7 @@ pub fn change(
 ) -> Result<Action, EngineError> {
     let e = ctx.engine;
     if ctx.sends.needs_membership(sender) && !ctx.sends.is_admin(sender) {
-        match e.cursor(group, sender) {
+        match e.try_cursor(group, sender) {
             Ok(_) => {}
             Err(EngineError::NotMember { .. }) => {
                 return Ok(Action::Answer(error(
