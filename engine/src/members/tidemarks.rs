@@ -499,26 +499,46 @@ impl Engine {
     /// applies whole or not at all, so running it again is the same
     /// request.) The only error is `NotReady`.
     pub fn try_batch_ack(&self, user: u64, acks: &[(u64, u64)]) -> Result<Vec<AckOutcome>> {
-        let found = self.try_lookup_all(acks.iter().map(|&(g, _)| g))?;
-        let outcomes = acks.iter().map(|&(g, m)| match found.get(&g) {
-            Some(Ok(Some(group))) if !group.is_deleting() => match self.ack_in(group, user, m) {
-                Ok(a) => AckOutcome {
-                    cursor: a.cursor,
-                    error: None,
+        // After the load (it starts only at open, so it never starts
+        // again) every lookup's answer is final at once: each pair looks
+        // its group up as it is applied, with no map of the batch's groups
+        // on the ACK path.
+        let found = if self.shared.load.loading() {
+            Some(self.try_lookup_all(acks.iter().map(|&(g, _)| g))?)
+        } else {
+            None
+        };
+        let outcomes = acks.iter().map(|&(g, m)| {
+            let looked_up;
+            let lookup = match &found {
+                Some(found) => found.get(&g),
+                None => {
+                    looked_up = self.try_lookup(g);
+                    Some(&looked_up)
+                }
+            };
+            match lookup {
+                Some(Ok(Some(group))) if !group.is_deleting() => {
+                    match self.ack_in(group, user, m) {
+                        Ok(a) => AckOutcome {
+                            cursor: a.cursor,
+                            error: None,
+                        },
+                        Err(e) => AckOutcome {
+                            cursor: self.member_cursor(group, user).map_or(0, |c| c.cursor),
+                            error: Some(e),
+                        },
+                    }
+                }
+                Some(Err(e)) => AckOutcome {
+                    cursor: 0,
+                    error: Some(lookup_error_again(g, e)),
                 },
-                Err(e) => AckOutcome {
-                    cursor: self.member_cursor(group, user).map_or(0, |c| c.cursor),
-                    error: Some(e),
+                _ => AckOutcome {
+                    cursor: 0,
+                    error: Some(Error::GroupNotFound { group: g }),
                 },
-            },
-            Some(Err(e)) => AckOutcome {
-                cursor: 0,
-                error: Some(lookup_error_again(g, e)),
-            },
-            _ => AckOutcome {
-                cursor: 0,
-                error: Some(Error::GroupNotFound { group: g }),
-            },
+            }
         });
         Ok(outcomes.collect())
     }
