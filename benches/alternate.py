@@ -16,13 +16,22 @@ NICE=-10 runs every bench at that niceness (root only), in a session of
 its own whose scheduling group (autogroup) gets that niceness too: on a
 machine other work keeps busy, the bench and its node then get most of
 the CPU, closer to a quiet machine (say so with the figures).
+
+PIN=TOOL_CPUS:NODE_CPUS (e.g. PIN=0:1) runs the load tool on TOOL_CPUS and
+each node (through a wrapper script that `taskset`s it) on NODE_CPUS, so
+the node's threads never share a CPU with the tool's: on a 2-core machine
+the tool's 16 connection threads otherwise preempt the node's event loop,
+and how often depends on how the node orders its connections' turns.
 """
 
 import json
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 
 
 def main():
@@ -33,11 +42,26 @@ def main():
         args = args[:args.index("--")]
     tool, rounds, builds = args[0], int(args[1]), [b.split("=", 1) for b in args[2:]]
     nice = os.environ.get("NICE")
+    pin = os.environ.get("PIN")
+    if pin:
+        tool_cpus, node_cpus = pin.split(":")
+        wrappers = tempfile.mkdtemp(prefix="alternate-pin-")
+        atexit.register(shutil.rmtree, wrappers, True)
+        pinned = []
+        for name, node in builds:
+            path = os.path.join(wrappers, name)
+            with open(path, "w") as f:
+                f.write(f'#!/bin/sh\nexec taskset -c {node_cpus} {os.path.abspath(node)} "$@"\n')
+            os.chmod(path, 0o755)
+            pinned.append([name, path])
+        builds = pinned
     runs = {name: [] for name, _ in builds}
     for r in range(rounds):
         for name, node in builds:
             load = open("/proc/loadavg").read().split()[0]
             cmd = [tool, "bench", "--spawn", "--node-bin", node, "--json", "--quiet"] + bench_args
+            if pin:
+                cmd = ["taskset", "-c", tool_cpus] + cmd
             if nice:
                 # A session of its own is a scheduling group of its own
                 # (autogroup): its niceness weighs against the other
@@ -61,19 +85,23 @@ def main():
     first = statistics.median(t for t, _, _ in runs[builds[0][0]]) if runs[builds[0][0]] else None
     p99_first = statistics.median(l["p99"] for _, l, _ in runs[builds[0][0]]) if first else None
     print("| build | ops/s median | ops/s by round | p50 median (us) | p99 median (us) "
-          "| p99 by round (us) | p99.9 median (us) | vs first: ops/s, p99 | 1-min load at start |")
-    print("|---|---:|---|---:|---:|---|---:|---|---|")
+          "| p99 by round (us) | p99 quartiles (us) | p99.9 median (us) | vs first: ops/s, p99 "
+          "| 1-min load at start |")
+    print("|---|---:|---|---:|---:|---|---|---:|---|---|")
     for name, _ in builds:
         rs = runs[name]
         if not rs:
-            print(f"| {name} | no verified run | | | | | | | |")
+            print(f"| {name} | no verified run | | | | | | | | |")
             continue
         ops = statistics.median(t for t, _, _ in rs)
         p99 = statistics.median(l["p99"] for _, l, _ in rs)
         ratio = f"{ops / first:.2f}x, {p99 / p99_first:.2f}x" if first else ""
+        p99s = [l["p99"] for _, l, _ in rs]
+        quartiles = ("{:.0f}-{:.0f}".format(*statistics.quantiles(p99s, n=4)[::2])
+                     if len(p99s) >= 4 else "")
         print(f"| {name} | {ops:,.0f} | {' / '.join(f'{t:,.0f}' for t, _, _ in rs)} "
               f"| {statistics.median(l['p50'] for _, l, _ in rs):,.0f} | {p99:,.0f} "
-              f"| {' / '.join(str(l['p99']) for _, l, _ in rs)} "
+              f"| {' / '.join(str(l['p99']) for _, l, _ in rs)} | {quartiles} "
               f"| {statistics.median(l['p999'] for _, l, _ in rs):,.0f} | {ratio} "
               f"| {' / '.join(load for _, _, load in rs)} |")
 
