@@ -269,6 +269,75 @@ fn ping_floods_do_not_starve_a_normal_client() {
     }
 }
 
+/// A connection with thousands of requests buffered gets a bounded turn
+/// before another connection's request runs (protocol.md 1.5: at most
+/// FRAMES_PER_PASS_MAX frames per turn). The node is stopped (SIGSTOP)
+/// while both connections' bytes arrive, so they are ready in the same
+/// pass, the deep one first. STATS on the other connection then counts
+/// the deep connection's PINGs handled before it: at most a turn or two,
+/// never all of them.
+#[test]
+fn a_request_waits_a_bounded_turn_behind_another_connections_deep_pipeline() {
+    const DEEP: u64 = 2_000; // about 40 KB: fits the socket buffers while stopped
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path(), &["--fsync", "never"]);
+    let pid = node.child.id();
+    let connect = || {
+        let mut s = TcpStream::connect(&node.addr).unwrap();
+        // A write that blocks while the node is stopped fails, not hangs.
+        s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut b = Vec::new();
+        hello(&mut b);
+        s.write_all(&b).unwrap();
+        responses(&mut s, &[1]);
+        s
+    };
+    let mut deep = connect();
+    let mut other = connect();
+    let mut pings = Vec::new();
+    for id in 2..DEEP + 2 {
+        encode(id, &Request::Ping, &mut pings);
+    }
+    let mut ask = Vec::new();
+    encode(2, &Request::Stats, &mut ask);
+
+    signal(pid, libc::SIGSTOP);
+    let stopped = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    };
+    while !stopped() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    deep.write_all(&pings).unwrap();
+    other.write_all(&ask).unwrap();
+    signal(pid, libc::SIGCONT);
+
+    let answer = responses(&mut other, &[2]);
+    let Response::Stats(figures) = decode(&answer[&2]) else {
+        panic!("STATS answered with something else");
+    };
+    let pings_before = figures
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case("requests.ping"))
+        .map_or(0, |f| f.value);
+    // A turn or two of the deep connection, and (whatever the constant
+    // says) far from all of it.
+    assert!(
+        pings_before <= 2 * tidemark_node::FRAMES_PER_PASS_MAX as u64 && pings_before < DEEP / 2,
+        "{pings_before} of the other connection's {DEEP} PINGs ran before this STATS"
+    );
+    // The deep connection is served whole too.
+    let ids: Vec<u64> = (2..DEEP + 2).collect();
+    assert_eq!(responses(&mut deep, &ids).len(), DEEP as usize);
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid (not yet reaped: `node` holds it).
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
 /// Polls STATS until `cond` holds (or panics after a generous while): a
 /// wait for the node to get there, not a timing assertion.
 fn wait_for_stats(
