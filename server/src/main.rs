@@ -571,7 +571,10 @@ fn serve(
     // Before any thread starts (reading the settings above starts none):
     // every thread inherits the block of SIGINT, SIGTERM and SIGHUP, which
     // only the signal thread takes (signals.rs).
-    let signals = Signals::start(abrupt, Box::new(move || reloader.reload()))?;
+    let signals = Signals::start(
+        abrupt,
+        Box::new(move |hand_over| reloader.reload(hand_over)),
+    )?;
     // The engine would fail on a file here with a bare "mkdir: File exists".
     let data = &c.engine.data_dir;
     if data.exists() && !data.is_dir() {
@@ -719,12 +722,40 @@ struct Reloader {
 }
 
 impl Reloader {
-    /// Reads the command line and the config file again, logs one line of
-    /// what changed (applied, or needing a restart), sets the log level,
-    /// and returns the node's live limits when they changed. Nothing is
-    /// applied when the file or a value is refused, or when the new limits
-    /// do not fit together. Runs on the signal thread.
-    fn reload(&mut self) -> Option<LiveLimits> {
+    /// Reads the command line and the config file again; when they are
+    /// taken, hands the node's live limits to `hand_over` if they changed,
+    /// then logs one line of what changed (applied, or needing a restart)
+    /// and sets the log level. The line comes after the hand-over: an
+    /// operator (or a script) that sees it can rely on the new limits for
+    /// the requests it sends next. Nothing is applied when the file or a
+    /// value is refused, or when the new limits do not fit together. Runs
+    /// on the signal thread.
+    fn reload(&mut self, hand_over: &mut dyn FnMut(LiveLimits)) {
+        let Some(taken) = self.read_again() else {
+            return;
+        };
+        if let Some(live) = taken.live {
+            hand_over(live);
+        }
+        if taken.plan.restart.is_empty() {
+            log::info!("{}", taken.line);
+        } else {
+            log::warn!("{}", taken.line);
+        }
+        // After the line: a level that hides info lines hides it otherwise.
+        if taken
+            .plan
+            .live
+            .iter()
+            .any(|c| c.key == tidemark_server::reload::LOG_LEVEL)
+        {
+            tidemark_server::logging::set_level(taken.log.level, taken.log.fallback);
+        }
+    }
+
+    /// The configuration as it is now, checked, with what changed: `None`
+    /// (logged) when it is refused. Takes it as the running one.
+    fn read_again(&mut self) -> Option<Reread> {
         let Some(file) = &self.file else {
             log::warn!("SIGHUP: no config file (--config) to reload; nothing changed");
             return None;
@@ -763,24 +794,28 @@ impl Reloader {
         }
         let plan = Plan::of(self.running.changes(&new));
         let line = plan.describe(&shown);
-        if plan.restart.is_empty() {
-            log::info!("{line}");
-        } else {
-            log::warn!("{line}");
-        }
-        // After the line: a level that hides info lines hides it otherwise.
-        if plan
-            .live
-            .iter()
-            .any(|c| c.key == tidemark_server::reload::LOG_LEVEL)
-        {
-            tidemark_server::logging::set_level(log.level, log.fallback);
-        }
         self.running = std::mem::take(&mut self.running).with(&plan.live);
         let changed = config.limits != self.config.limits;
         self.config = config;
-        changed.then_some(live)
+        Some(Reread {
+            live: changed.then_some(live),
+            plan,
+            line,
+            log,
+        })
     }
+}
+
+/// A configuration read again and taken ([`Reloader::read_again`]).
+struct Reread {
+    /// The node's live limits, when they changed.
+    live: Option<LiveLimits>,
+    /// What changed: applied, or needing a restart.
+    plan: Plan,
+    /// The log line that says so.
+    line: String,
+    /// The log settings read.
+    log: LogSettings,
 }
 
 /// The `serve` command, built (as when parsing).

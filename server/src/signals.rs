@@ -38,8 +38,10 @@ use std::thread::JoinHandle;
 use tidemark_node::{LiveLimits, Shutdown};
 
 /// What SIGHUP runs (on the signal thread): reads the configuration again,
-/// logs what changed, and returns the node's live limits if they changed.
-pub type Reload = Box<dyn FnMut() -> Option<LiveLimits> + Send>;
+/// hands the node's live limits to the given function if they changed,
+/// then logs what changed. The line comes after the hand-over, so a
+/// request sent once the line is seen is handled with the new limits.
+pub type Reload = Box<dyn FnMut(&mut dyn FnMut(LiveLimits)) + Send>;
 
 /// What the signal thread and the node share.
 #[derive(Default)]
@@ -200,13 +202,13 @@ fn take_signals(
                 let sig = info.ssi_signo as i32;
                 if sig == libc::SIGHUP {
                     // Outside the lock: the reload reads a file.
-                    if let Some(live) = reload() {
+                    reload(&mut |live| {
                         let mut st = lock(state);
                         match &st.shutdown {
                             Some(s) => s.apply_live(live),
                             None => st.live = Some(live),
                         }
-                    }
+                    });
                     continue;
                 }
                 let mut st = lock(state);
