@@ -1317,6 +1317,25 @@ impl Engine {
         let _ = self.shutdown();
     }
 
+    /// Holds the background load of the engine that opens on `data_dir`
+    /// (`Config::load_in_background`) before its first batch, until
+    /// [`Engine::release_load`]: the groups its open did not register stay
+    /// to be looked up, so that a test acts while the load is pending. A
+    /// clean stop of a held engine waits for the release (it lets the
+    /// load finish). Only with the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn hold_load(data_dir: &std::path::Path) {
+        crate::state::lazy::hold::hold(data_dir);
+    }
+
+    /// Ends [`Engine::hold_load`]'s hold on `data_dir`.
+    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn release_load(data_dir: &std::path::Path) {
+        crate::state::lazy::hold::release(data_dir);
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         // A clean stop lets the load finish (the final checkpoint covers
         // every group); a crash, or a drop while the thread panics, stops

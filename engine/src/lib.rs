@@ -21,8 +21,10 @@
 //!
 //! The `testing` feature adds what only tests and fuzzing use: the
 //! fault-injecting file layers (`io::FaultyVfs`, `io::power_cut`),
-//! `Engine::open_with_vfs`, `Engine::simulate_crash`, the fuzz target
-//! bodies (`fuzz_targets`), and public `io` and `record` modules. The
+//! `Engine::open_with_vfs`, `Engine::simulate_crash`, `Engine::hold_load`
+//! (a background load held, for tests of what runs while it is pending),
+//! the fuzz target bodies (`fuzz_targets`), and public `io` and `record`
+//! modules. The
 //! workspace's tests and benches and `fuzz/` enable it; a release build of
 //! the node never does, so it contains no fault injection.
 

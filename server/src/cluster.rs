@@ -326,6 +326,7 @@ fn raft_figures(h: &Health, inbound: Option<&PeerStats>, now: Instant) -> RaftFi
         snapshot_sends_finished: c.snapshot_sends_finished,
         snapshot_sends_failed: c.snapshot_sends_failed,
         snapshots_installed: c.snapshots_installed,
+        rounds_parked: c.rounds_parked,
         peers: h
             .peers
             .iter()

@@ -823,7 +823,7 @@ pub(crate) fn start_loader(
             // waiters get an error instead of waiting for ever.
             let guard = EndOnPanic(s);
             let stop = || s.load.stopping();
-            #[cfg(test)]
+            #[cfg(any(test, feature = "testing"))]
             hold::wait_while_held(&s.ctx.config.data_dir, &stop);
             if stop() {
                 std::mem::forget(guard);
@@ -905,8 +905,10 @@ impl Drop for EndOnPanic<'_> {
 
 /// Tests: holds the loader of the engine opened on a data directory
 /// before its first batch, so that what requests do while a load is
-/// pending is deterministic.
-#[cfg(test)]
+/// pending is deterministic. The hold itself is in the `testing` feature
+/// too (`Engine::hold_load`), for the replica set's tests; the rest is
+/// the engine's own tests'.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) mod hold {
     use std::path::{Path, PathBuf};
 
@@ -914,17 +916,20 @@ pub(crate) mod hold {
 
     static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+    #[cfg(test)]
     thread_local! {
         /// Lookups in the mapped runs (a group's items, a user's index
         /// entries) made on this thread.
         static RUN_LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     }
 
+    #[cfg(test)]
     pub(super) fn count_run_lookup() {
         RUN_LOOKUPS.with(|n| n.set(n.get() + 1));
     }
 
     /// Lookups in the mapped runs made on the calling thread so far.
+    #[cfg(test)]
     pub(crate) fn run_lookups() -> u64 {
         RUN_LOOKUPS.with(std::cell::Cell::get)
     }
@@ -945,25 +950,31 @@ pub(crate) mod hold {
 
     /// Loaders held before they build a batch's rows, and those waiting
     /// there now.
+    #[cfg(test)]
     static ROWS_HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    #[cfg(test)]
     static AT_ROWS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
     /// Holds the loader of the engine opened on `dir` before it builds
     /// the cursor rows of its next batch (its groups are made, not yet
     /// published).
+    #[cfg(test)]
     pub(crate) fn hold_rows(dir: &Path) {
         ROWS_HELD.lock().push(dir.to_path_buf());
     }
 
+    #[cfg(test)]
     pub(crate) fn release_rows(dir: &Path) {
         ROWS_HELD.lock().retain(|d| d != dir);
     }
 
     /// Whether that loader waits there now.
+    #[cfg(test)]
     pub(crate) fn at_rows(dir: &Path) -> bool {
         AT_ROWS.lock().iter().any(|d| d == dir)
     }
 
+    #[cfg(test)]
     pub(super) fn wait_before_rows(dir: &Path) {
         if !ROWS_HELD.lock().iter().any(|d| d == dir) {
             return;

@@ -2,7 +2,7 @@
 //! 4.4.1, the `raft.*` names): this node's role, term, leader, commit and
 //! applied index; on the leader, per follower, how far behind it is and
 //! when it was last heard from; counters of elections, leaders, refused
-//! proposals and snapshots.
+//! proposals, snapshots and parked rounds.
 //!
 //! Who owns what: the driver thread owns a [`Tracker`]. It notes the
 //! events it handles (a message from a peer, a refused proposal, a
@@ -153,6 +153,11 @@ pub struct Counters {
     /// Snapshots this replica installed while it ran (not one its start
     /// finished: `snapshot::recover`).
     pub snapshots_installed: u64,
+    /// Committed rounds the engine could not take yet (`NotReady`: a job
+    /// of its maintenance worker first) and the driver parked until that
+    /// job was done (cluster.md section 4); a round parked again when
+    /// handed over again counts again.
+    pub rounds_parked: u64,
 }
 
 /// What [`crate::Replica::health`] answers (module docs).
@@ -248,6 +253,11 @@ impl Tracker {
 
     pub(crate) fn proposal_refused(&mut self) {
         self.counters.proposals_refused += 1;
+    }
+
+    /// A committed round was parked (`Counters::rounds_parked`).
+    pub(crate) fn round_parked(&mut self) {
+        self.counters.rounds_parked += 1;
     }
 
     /// A snapshot stream to `to` was handed to the transport (or, if the

@@ -1504,6 +1504,7 @@ impl Driver {
                         // worker's job is done (module docs).
                         self.parked = Some(ticket);
                         self.shared.parked.store(true, Ordering::Release);
+                        self.health.round_parked();
                         break;
                     }
                     Err(tidemark_engine::Error::WritesStopped { .. }) => reopen = true,

@@ -20,6 +20,7 @@ use crate::{ClusterError, Replica, ReplicaConfig};
 
 mod health;
 mod membership;
+mod parked;
 
 const IDS: [u64; 3] = [1, 2, 3];
 const GROUPS: [u64; 3] = [11, 12, 13];
@@ -35,6 +36,9 @@ struct Cluster {
     replicas: Mutex<HashMap<u64, Arc<Replica>>>,
     /// Every replica's `raft_log_max_bytes`.
     raft_log_max_bytes: std::sync::atomic::AtomicU64,
+    /// Every replica's engine's `load_in_background` (off: the engine's
+    /// default).
+    load_in_background: std::sync::atomic::AtomicBool,
 }
 
 impl Cluster {
@@ -50,6 +54,7 @@ impl Cluster {
             net: Net::new(seed),
             replicas: Mutex::new(HashMap::new()),
             raft_log_max_bytes: crate::replica::RAFT_LOG_MAX_BYTES_DEFAULT.into(),
+            load_in_background: false.into(),
         };
         for id in IDS {
             c.start_node(id);
@@ -71,6 +76,9 @@ impl Cluster {
         cfg.engine.checkpoint_journal_bytes = 64 << 10;
         cfg.raft_log_max_bytes = self
             .raft_log_max_bytes
+            .load(std::sync::atomic::Ordering::Acquire);
+        cfg.engine.load_in_background = self
+            .load_in_background
             .load(std::sync::atomic::Ordering::Acquire);
         cfg
     }

@@ -191,6 +191,9 @@ pub struct RaftFigures {
     pub snapshot_sends_finished: u64,
     pub snapshot_sends_failed: u64,
     pub snapshots_installed: u64,
+    /// Committed rounds the replica parked until its engine's maintenance
+    /// worker looked up what they name (cluster.md section 4).
+    pub rounds_parked: u64,
     /// On the leader, every other member; empty on any other node.
     pub peers: Vec<RaftPeerFigures>,
     /// What the member's Raft listener saw of the connections its peers

@@ -237,6 +237,7 @@ pub const STAT_NAMES: &[StatName] = &[
     stat("raft.snapshot_sends_finished", Counter, "snapshots"),
     stat("raft.snapshot_sends_failed", Counter, "snapshots"),
     stat("raft.snapshots_installed", Counter, "snapshots"),
+    stat("raft.rounds_parked", Counter, "rounds"),
     stat("raft.peer_{peer}.voter", Gauge, "flag"),
     stat("raft.peer_{peer}.match_index", Gauge, "index"),
     stat("raft.peer_{peer}.next_index", Gauge, "index"),
@@ -880,6 +881,7 @@ pub fn parse_raft_figures(stats: &[(String, u64)]) -> Option<RaftFigures> {
             "snapshot_sends_finished" => &mut r.snapshot_sends_finished,
             "snapshot_sends_failed" => &mut r.snapshot_sends_failed,
             "snapshots_installed" => &mut r.snapshots_installed,
+            "rounds_parked" => &mut r.rounds_parked,
             "inbound.authenticated" => &mut r.inbound.authenticated,
             "inbound.handshakes_failed" => &mut r.inbound.handshakes_failed,
             "inbound.refused_at_cap" => &mut r.inbound.refused_at_cap,
@@ -922,6 +924,7 @@ fn raft_report(r: &RaftFigures, out: &mut Vec<(String, u64)>) {
         ),
         ("raft.snapshot_sends_failed".into(), r.snapshot_sends_failed),
         ("raft.snapshots_installed".into(), r.snapshots_installed),
+        ("raft.rounds_parked".into(), r.rounds_parked),
     ]);
     let i = &r.inbound;
     out.extend([
@@ -1219,6 +1222,7 @@ mod tests {
             snapshot_sends_finished: 1,
             snapshot_sends_failed: 0,
             snapshots_installed: 0,
+            rounds_parked: 6,
             inbound: crate::config::RaftInboundFigures {
                 authenticated: 5,
                 handshakes_failed: 2,

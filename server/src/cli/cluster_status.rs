@@ -143,7 +143,8 @@ fn member(map: &ClusterMap, raft: Option<&RaftFigures>, addr: &str) -> (String, 
     }
     t.push_str(&format!(
         "  elections: {} started, {} won; {} leader(s) seen; {} proposal(s) refused\n  \
-         snapshots: {} send(s) started, {} finished, {} failed; {} installed\n",
+         snapshots: {} send(s) started, {} finished, {} failed; {} installed\n  \
+         applying: {} round(s) parked\n",
         r.elections_started,
         r.elections_won,
         r.leader_changes,
@@ -151,7 +152,8 @@ fn member(map: &ClusterMap, raft: Option<&RaftFigures>, addr: &str) -> (String, 
         r.snapshot_sends_started,
         r.snapshot_sends_finished,
         r.snapshot_sends_failed,
-        r.snapshots_installed
+        r.snapshots_installed,
+        r.rounds_parked
     ));
     let json = json!({
         "node_id": map.node_id,
@@ -171,6 +173,7 @@ fn member(map: &ClusterMap, raft: Option<&RaftFigures>, addr: &str) -> (String, 
             "snapshot_sends_finished": r.snapshot_sends_finished,
             "snapshot_sends_failed": r.snapshot_sends_failed,
             "snapshots_installed": r.snapshots_installed,
+            "rounds_parked": r.rounds_parked,
         },
     });
     (t, json)
