@@ -138,7 +138,12 @@ impl Cluster {
     }
 
     fn create_groups(&self) {
-        for g in GROUPS {
+        self.create_groups_of(GROUPS);
+    }
+
+    /// Creates each group with MEMBERS joined at its head.
+    fn create_groups_of(&self, groups: impl IntoIterator<Item = u64>) {
+        for g in groups {
             // A retry of a creation that was committed finds the group.
             self.write(|e| match e.create_group(g) {
                 Err(EngineError::GroupExists { .. }) => Ok(()),

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_engine::{Engine, Error as EngineError, JoinStart};
+use tidemark_engine::{Engine, JoinStart};
 
 use super::{check_acknowledged, Acked, Cluster, IDS, MEMBERS, WAIT};
 
@@ -84,14 +84,8 @@ fn a_loading_follower_parks_rounds_naming_unregistered_groups_and_applies_each_o
     c.load_in_background.store(true, Ordering::Release);
     c.create_groups();
     let mut acked: Acked = HashMap::new();
+    c.create_groups_of(SAVED);
     for g in SAVED {
-        c.write(|e| match e.create_group(g) {
-            Err(EngineError::GroupExists { .. }) => Ok(()),
-            other => other,
-        });
-        for u in MEMBERS {
-            c.write(|e| e.join(g, u, JoinStart::Head));
-        }
         for i in 1..=SAVED_RECORDS {
             acked.insert((g, SENDER, i), c.send(g, SENDER, i));
         }
