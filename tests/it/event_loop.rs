@@ -301,7 +301,7 @@ fn a_request_waits_a_bounded_turn_behind_another_connections_deep_pipeline() {
     let mut ask = Vec::new();
     encode(2, &Request::Stats, &mut ask);
 
-    signal(pid, libc::SIGSTOP);
+    node.signal(libc::SIGSTOP);
     let stopped = || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         stat.rsplit_once(") ")
@@ -312,7 +312,7 @@ fn a_request_waits_a_bounded_turn_behind_another_connections_deep_pipeline() {
     }
     deep.write_all(&pings).unwrap();
     other.write_all(&ask).unwrap();
-    signal(pid, libc::SIGCONT);
+    node.signal(libc::SIGCONT);
 
     let answer = responses(&mut other, &[2]);
     let Response::Stats(figures) = decode(&answer[&2]) else {
@@ -331,11 +331,6 @@ fn a_request_waits_a_bounded_turn_behind_another_connections_deep_pipeline() {
     // The deep connection is served whole too.
     let ids: Vec<u64> = (2..DEEP + 2).collect();
     assert_eq!(responses(&mut deep, &ids).len(), DEEP as usize);
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on our own child's pid (not yet reaped: `node` holds it).
-    unsafe { libc::kill(pid as i32, sig) };
 }
 
 /// Polls STATS until `cond` holds (or panics after a generous while): a

@@ -148,6 +148,13 @@ impl Node {
         let _ = self.child.wait();
     }
 
+    /// Sends `sig` (SIGSTOP, SIGCONT, SIGHUP) to the node's process.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid (not yet reaped: `self`
+        // holds it).
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
     /// SIGTERM and wait for the exit status (graceful shutdown).
     pub fn terminate(&mut self) -> ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
